@@ -133,6 +133,7 @@ class Manifest(_Model):
     version: int = MANIFEST_VERSION
     encoding: EncodingSpec
     encoding_hash: str
+    contract_hash: str = Field(description="hash of what the config decides about the encoding (columns, window, target)")
     data_fingerprint: str
     shards: list[ShardInfo]
     rows: dict[str, int]

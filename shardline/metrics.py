@@ -1,0 +1,475 @@
+"""Evaluation metrics, naive baselines and PNG plots, in plain numpy and matplotlib.
+
+No torch, sklearn, Prefect or MLflow here: every function takes numpy arrays (or things
+``np.asarray`` accepts) and returns plain floats, arrays, strings or paths, so the module is
+cheap to import and easy to test. Plots are drawn on a bare :class:`matplotlib.figure.Figure`
+with the Agg canvas (no pyplot, no global backend state, safe from worker threads) and written
+atomically: to a temporary file beside the target, then ``os.replace``-d into place.
+
+Every metric is finite: empty inputs, non-finite values and labels out of range raise
+``ValueError`` with a message naming the problem instead of returning NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+__all__ = [
+    "classification_metrics",
+    "regression_metrics",
+    "majority_baseline_probs",
+    "mean_baseline",
+    "plot_learning_curves",
+    "plot_confusion_matrix",
+    "plot_residuals",
+    "format_metrics_table",
+]
+
+LOG_LOSS_EPS = 1e-12
+BASELINE_SMOOTHING = 1e-6
+TOP_K = 5
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _labels(y: object, name: str) -> np.ndarray:
+    """A 1-D int64 array of class ids; floats are accepted only when they are whole numbers."""
+    arr = np.asarray(y)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D class ids, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty (N=0): cannot compute metrics on zero samples")
+    if arr.dtype.kind == "b":
+        arr = arr.astype(np.int64)
+    elif arr.dtype.kind in "iu":
+        arr = arr.astype(np.int64, copy=False)
+    elif arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        if not np.all(arr == np.round(arr)):
+            raise ValueError(f"{name} must hold integer class ids, got non-integer floats")
+        arr = arr.astype(np.int64)
+    else:
+        raise ValueError(f"{name} must hold integer class ids, got dtype {arr.dtype}")
+    if arr.min() < 0:
+        raise ValueError(f"{name} contains negative class ids (min {int(arr.min())})")
+    return arr
+
+
+def _values(y: object, name: str) -> np.ndarray:
+    """A 1-D finite float64 array (a trailing singleton axis, e.g. [N, 1], is squeezed)."""
+    arr = np.asarray(y, dtype=np.float64)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty (N=0): cannot compute metrics on zero samples")
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.count_nonzero(~np.isfinite(arr)))
+        raise ValueError(f"{name} contains {bad} NaN or infinite value(s)")
+    return arr
+
+
+def _same_length(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"{name_a} and {name_b} have different lengths ({a.shape[0]} vs {b.shape[0]})"
+        )
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def classification_metrics(y_true: np.ndarray, probs: np.ndarray) -> dict[str, float]:
+    """Accuracy, top-5 accuracy, log loss and macro F1 of class probabilities.
+
+    ``y_true``: int class ids ``[N]``; ``probs``: ``[N, C]`` probabilities (rows sum to 1).
+
+    - ``accuracy``: fraction where ``argmax(probs) == y_true`` (ties go to the lowest class id).
+    - ``top5_accuracy``: fraction where ``y_true`` is among the 5 highest probabilities
+      (all ``C`` of them when ``C < 5``, so it is 1.0 then).
+    - ``log_loss``: mean of ``-log(clip(p[y], 1e-12))``.
+    - ``macro_f1``: mean F1 over the classes present in ``y_true`` or in the predictions.
+    """
+    y = _labels(y_true, "y_true")
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 2:
+        raise ValueError(f"probs must be 2-D [N, C], got shape {p.shape}")
+    if p.shape[0] == 0:
+        raise ValueError("probs is empty (N=0): cannot compute metrics on zero samples")
+    if p.shape[1] == 0:
+        raise ValueError("probs has zero columns (C=0): there are no classes")
+    _same_length(y, p, "y_true", "probs")
+    if not np.all(np.isfinite(p)):
+        raise ValueError("probs contains NaN or infinite values")
+    n, c = p.shape
+    if y.max() >= c:
+        raise ValueError(f"y_true has class id {int(y.max())} but probs has only {c} columns")
+
+    pred = np.argmax(p, axis=1)
+    accuracy = float(np.mean(pred == y))
+
+    k = min(TOP_K, c)
+    if k == c:
+        top5 = 1.0
+    else:
+        topk = np.argpartition(-p, k - 1, axis=1)[:, :k]
+        top5 = float(np.mean(np.any(topk == y[:, None], axis=1)))
+
+    p_true = np.clip(p[np.arange(n), y], LOG_LOSS_EPS, None)
+    log_loss = float(np.mean(-np.log(p_true)))
+
+    classes = np.union1d(y, pred)
+    f1s = []
+    for cls in classes:
+        t = y == cls
+        q = pred == cls
+        tp = np.count_nonzero(t & q)
+        fp = np.count_nonzero(~t & q)
+        fn = np.count_nonzero(t & ~q)
+        f1s.append(2.0 * tp / (2.0 * tp + fp + fn))  # > 0 denominator: cls is in t or q
+    macro_f1 = float(np.mean(f1s))
+
+    return {
+        "accuracy": accuracy,
+        "top5_accuracy": top5,
+        "log_loss": log_loss,
+        "macro_f1": macro_f1,
+    }
+
+
+def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+    """MAE, RMSE and R² of point predictions.
+
+    ``r2 = 1 - SS_res / SS_tot``. When ``y_true`` is constant (``SS_tot == 0``) R² is
+    undefined; it is reported as 1.0 for a perfect prediction and 0.0 otherwise (the
+    scikit-learn ``force_finite`` convention), so the result is never NaN or infinite.
+    """
+    t = _values(y_true, "y_true")
+    p = _values(y_pred, "y_pred")
+    _same_length(t, p, "y_true", "y_pred")
+    err = p - t
+    mae = float(np.mean(np.abs(err)))
+    rmse = float(np.sqrt(np.mean(err**2)))
+    ss_res = float(np.sum(err**2))
+    ss_tot = float(np.sum((t - t.mean()) ** 2))
+    if ss_tot == 0.0:
+        r2 = 1.0 if ss_res == 0.0 else 0.0
+    else:
+        r2 = 1.0 - ss_res / ss_tot
+    return {"mae": mae, "rmse": rmse, "r2": float(r2)}
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def majority_baseline_probs(train_class_counts: np.ndarray, n: int) -> np.ndarray:
+    """``[n, C]`` rows that all equal the training class distribution.
+
+    Counts are smoothed by ``+1e-6`` and renormalised, so no class has probability zero (the
+    log loss stays finite) and the argmax of every row is the majority class (the lowest id
+    on ties).
+    """
+    counts = np.asarray(train_class_counts, dtype=np.float64)
+    if counts.ndim != 1 or counts.size == 0:
+        raise ValueError(
+            f"train_class_counts must be a non-empty 1-D array, got shape {counts.shape}"
+        )
+    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+        raise ValueError("train_class_counts must be finite and non-negative")
+    n = int(n)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    smoothed = counts + BASELINE_SMOOTHING
+    dist = smoothed / smoothed.sum()
+    return np.tile(dist, (n, 1))
+
+
+def mean_baseline(train_mean: float, n: int) -> np.ndarray:
+    """``[n]`` predictions that all equal the training-set mean target."""
+    value = float(train_mean)
+    if not math.isfinite(value):
+        raise ValueError(f"train_mean must be finite, got {train_mean!r}")
+    n = int(n)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return np.full(n, value, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save_atomic(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as PNG to a temporary file beside ``path``, then rename it into place."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fig.savefig(fh, format="png")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return target
+
+
+def _as_float(value: object) -> float:
+    if value is None:
+        return math.nan
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def plot_learning_curves(history: list[dict], path: str | Path) -> Path:
+    """Two panels: train/val loss vs epoch, and every other ``val_*`` metric vs epoch.
+
+    ``history`` has one dict per epoch with ``epoch``, ``train_loss``, ``val_loss`` and
+    optionally more ``val_*`` keys. Missing or ``None`` values leave gaps; lines carry
+    markers, so a single epoch still shows as points.
+    """
+    if not history:
+        raise ValueError("history is empty: no epochs to plot")
+    if not all(isinstance(row, Mapping) for row in history):
+        raise ValueError("history must be a list of dicts, one per epoch")
+
+    epochs = np.array(
+        [_as_float(row.get("epoch", i + 1)) for i, row in enumerate(history)], dtype=float
+    )
+    epochs = np.where(np.isfinite(epochs), epochs, np.arange(1, len(history) + 1))
+
+    def series(key: str) -> np.ndarray:
+        return np.array([_as_float(row.get(key)) for row in history], dtype=float)
+
+    extra: list[str] = []
+    for row in history:
+        for key in row:
+            if key.startswith("val_") and key != "val_loss" and key not in extra:
+                if np.any(np.isfinite(series(key))):
+                    extra.append(key)
+
+    fig = _new_figure(11.0, 4.2)
+    ax_loss, ax_val = fig.subplots(1, 2)
+
+    plotted = False
+    for key, style in (("train_loss", "-o"), ("val_loss", "--s")):
+        ys = series(key)
+        if np.any(np.isfinite(ys)):
+            ax_loss.plot(epochs, ys, style, label=key, markersize=5)
+            plotted = True
+    ax_loss.set_title("Loss")
+    ax_loss.set_xlabel("epoch")
+    ax_loss.set_ylabel("loss")
+    ax_loss.grid(True, alpha=0.3)
+    if plotted:
+        ax_loss.legend()
+    else:
+        ax_loss.text(0.5, 0.5, "no loss values", ha="center", va="center",
+                     transform=ax_loss.transAxes)
+
+    for key in extra:
+        ax_val.plot(epochs, series(key), "-o", label=key, markersize=5)
+    ax_val.set_title("Validation metrics")
+    ax_val.set_xlabel("epoch")
+    ax_val.grid(True, alpha=0.3)
+    if extra:
+        ax_val.legend()
+    else:
+        ax_val.text(0.5, 0.5, "no other validation metrics", ha="center", va="center",
+                    transform=ax_val.transAxes)
+
+    for ax in (ax_loss, ax_val):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(epochs) == 1:  # a single point: give the x axis some room around it
+        for ax in (ax_loss, ax_val):
+            ax.set_xlim(epochs[0] - 1, epochs[0] + 1)
+
+    fig.tight_layout()
+    return _save_atomic(fig, path)
+
+
+def plot_confusion_matrix(
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    class_names: list[str],
+    path: str | Path,
+    top_k: int = 20,
+) -> Path:
+    """Row-normalised confusion matrix over the ``top_k`` most frequent true classes.
+
+    Every other class (true or predicted) is lumped into an ``other`` row/column, which is
+    shown only when some sample falls in it. Rows with no samples stay all zero. Class ids
+    beyond ``class_names`` are labelled by their number.
+    """
+    t = _labels(y_true, "y_true")
+    p = _labels(y_pred, "y_pred")
+    _same_length(t, p, "y_true", "y_pred")
+    top_k = int(top_k)
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    names = list(class_names)
+
+    ids, counts = np.unique(t, return_counts=True)
+    order = np.lexsort((ids, -counts))  # most frequent first, lowest id on ties
+    kept = ids[order][:top_k]
+    index = {int(c): i for i, c in enumerate(kept)}
+    other = len(kept)
+
+    def slot(arr: np.ndarray) -> np.ndarray:
+        return np.array([index.get(int(v), other) for v in arr], dtype=np.int64)
+
+    ti, pi = slot(t), slot(p)
+    has_other = bool(np.any(ti == other) or np.any(pi == other))
+    size = other + 1 if has_other else other
+    cm = np.zeros((size, size), dtype=np.float64)
+    np.add.at(cm, (ti, pi), 1.0)
+    row_sums = cm.sum(axis=1, keepdims=True)
+    norm = np.divide(cm, row_sums, out=np.zeros_like(cm), where=row_sums > 0)
+
+    labels = [names[c] if c < len(names) else str(c) for c in (int(k) for k in kept)]
+    if has_other:
+        labels.append("other")
+
+    side = max(4.5, 0.45 * size + 2.5)
+    fig = _new_figure(side + 1.2, side)
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(norm, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xticks(range(size))
+    ax.set_yticks(range(size))
+    fontsize = 9 if size <= 12 else 7
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=fontsize)
+    ax.set_yticklabels(labels, fontsize=fontsize)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    shown = len(kept)
+    ax.set_title(
+        f"Confusion matrix (row-normalised, top {shown} true classes"
+        + (", rest as 'other')" if has_other else ")")
+    )
+    if size <= 25:
+        for i in range(size):
+            for j in range(size):
+                v = norm[i, j]
+                if v > 0:
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center",
+                            fontsize=max(5, fontsize - 2),
+                            color="white" if v > 0.5 else "black")
+    fig.tight_layout()
+    return _save_atomic(fig, path)
+
+
+def plot_residuals(y_true: np.ndarray, y_pred: np.ndarray, path: str | Path) -> Path:
+    """Predicted vs true scatter (with the identity line) beside a histogram of residuals."""
+    t = _values(y_true, "y_true")
+    p = _values(y_pred, "y_pred")
+    _same_length(t, p, "y_true", "y_pred")
+    resid = p - t
+
+    fig = _new_figure(11.0, 4.5)
+    ax_sc, ax_hist = fig.subplots(1, 2)
+
+    alpha = 0.6 if t.size <= 2000 else 0.25
+    ax_sc.scatter(t, p, s=10, alpha=alpha, edgecolors="none")
+    lo = float(min(t.min(), p.min()))
+    hi = float(max(t.max(), p.max()))
+    if hi == lo:
+        lo, hi = lo - 1.0, hi + 1.0
+    ax_sc.plot([lo, hi], [lo, hi], "r--", linewidth=1, label="y = x")
+    ax_sc.set_xlim(lo, hi)
+    ax_sc.set_ylim(lo, hi)
+    ax_sc.set_xlabel("true")
+    ax_sc.set_ylabel("predicted")
+    ax_sc.set_title("Predicted vs true")
+    ax_sc.legend(loc="upper left")
+    ax_sc.grid(True, alpha=0.3)
+
+    bins = int(np.clip(np.sqrt(resid.size), 5, 60))
+    if np.ptp(resid) == 0:
+        r0 = float(resid[0])
+        ax_hist.hist(resid, bins=bins, range=(r0 - 0.5, r0 + 0.5))
+    else:
+        ax_hist.hist(resid, bins=bins)
+    ax_hist.axvline(0.0, color="r", linestyle="--", linewidth=1)
+    ax_hist.set_xlabel("residual (predicted - true)")
+    ax_hist.set_ylabel("count")
+    ax_hist.set_title("Residuals")
+    ax_hist.grid(True, alpha=0.3)
+
+    fig.tight_layout()
+    return _save_atomic(fig, path)
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _fmt(value: object) -> str:
+    v = _as_float(value)
+    if math.isnan(v):
+        return "n/a"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v != 0 and (abs(v) < 1e-4 or abs(v) >= 1e9):
+        return f"{v:.4e}"
+    return f"{v:.4f}"
+
+
+def format_metrics_table(
+    model: dict[str, float],
+    baseline: dict[str, float],
+    directions: dict[str, str],
+) -> str:
+    """Markdown table ``| metric | model | baseline | better? |`` with 4 decimals.
+
+    Rows follow the order of ``model`` (then metrics only in ``baseline``). ``better?`` is
+    ``model``, ``baseline`` or ``tie`` by ``directions[metric]`` (``maximize``/``minimize``),
+    and ``n/a`` when the direction or either value is missing.
+    """
+    header = "| metric | model | baseline | better? |\n|---|---:|---:|:---:|"
+    keys = list(model) + [k for k in baseline if k not in model]
+    lines = [header]
+    for key in keys:
+        m = _as_float(model.get(key))
+        b = _as_float(baseline.get(key))
+        direction = directions.get(key)
+        if direction is not None:
+            direction = str(direction).strip().lower()
+            if direction not in ("maximize", "minimize"):
+                raise ValueError(
+                    f"direction for {key!r} must be 'maximize' or 'minimize', got {direction!r}"
+                )
+        if direction is None or math.isnan(m) or math.isnan(b):
+            better = "n/a"
+        elif m == b:
+            better = "tie"
+        elif (m > b) == (direction == "maximize"):
+            better = "model"
+        else:
+            better = "baseline"
+        name = str(key).replace("|", "\\|")
+        lines.append(f"| {name} | {_fmt(m)} | {_fmt(b)} | {better} |")
+    return "\n".join(lines)

@@ -1,0 +1,214 @@
+"""Encode: fit the encoding on the training split, write shards per file group, write the manifest last."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import polars as pl
+from prefect import task
+from prefect.logging import get_run_logger
+
+from shardline import storage
+from shardline.config import SPLITS, DataConfig, stable_hash
+from shardline.encoding import (
+    SPLIT,
+    DataError,
+    assign_split,
+    contract,
+    contract_hash,
+    encode_frame,
+    fit_spec,
+    partial_stats,
+    prepare,
+)
+from shardline.manifest import EncodingSpec, Manifest, ShardInfo, Snapshot
+from shardline.shards import window_starts, write_arrays
+
+ENCODER_VERSION = "1"  # bump when the shard layout or the encoding rules change
+
+
+def file_groups(snapshot: Snapshot, per_group: int) -> list[list[str]]:
+    uris = [f.uri for f in snapshot.files]
+    return [uris[i : i + per_group] for i in range(0, len(uris), per_group)]
+
+
+def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
+    """Content address of an encoded data set: the raw files' fingerprint, the data config, the encoder."""
+    dumped = data.model_dump(mode="json")
+    dumped.pop("source")  # where the files are listed from does not change what they hold
+    dumped.pop("on_bad_file")
+    return stable_hash({"files": snapshot.fingerprint, "data": dumped, "encoder": ENCODER_VERSION})[:20]
+
+
+def read_raw(uri: str, data: DataConfig) -> pl.DataFrame:
+    """One raw file's needed columns, with `__seq` and `__order` added."""
+    columns = data.raw_columns()
+    try:
+        if storage.is_remote(uri):
+            fs, path = storage.filesystem(uri)
+            with fs.open(path, "rb") as f:
+                df = pl.read_parquet(f, columns=columns)
+        else:
+            df = pl.read_parquet(storage.local_path(uri), columns=columns)
+    except Exception as e:
+        raise DataError(f"{uri}: cannot read columns {columns}: {e}") from e
+    target = data.target.column
+    if df[target].null_count():
+        raise DataError(
+            f"{uri}: the target column '{target}' has {df[target].null_count()} null value(s); "
+            "fill or drop those rows before training (a row without a target cannot be learned or scored)"
+        )
+    return prepare(df, data.sequence_key, data.order_by, uri)
+
+
+def read_group(uris: list[str], data: DataConfig) -> pl.DataFrame:
+    return assign_split(pl.concat([read_raw(u, data) for u in uris], how="vertical_relaxed"), data)
+
+
+def fit_group_stats(uris: list[str], data: DataConfig) -> dict:
+    df = read_group(uris, data)
+    stats = partial_stats(df.filter(pl.col(SPLIT) == "train"), data)
+    stats["split_rows"] = {s: int((df[SPLIT] == s).sum()) for s in SPLITS}
+    return stats
+
+
+def encode_group_to_shards(uris: list[str], group: int, spec: EncodingSpec, data: DataConfig, out_dir: str) -> list[ShardInfo]:
+    """Encode one group of raw files into one shard per split under `out_dir` (each written atomically)."""
+    df = read_group(uris, data)
+    infos = []
+    for split in SPLITS:
+        part = df.filter(pl.col(SPLIT) == split)
+        if part.height == 0:
+            continue
+        arrays, keys = encode_frame(part, spec)
+        name = f"g{group:05d}-{split}"
+        shard_uri = storage.join(out_dir, f"{name}.bin")
+        keys_uri = storage.join(out_dir, f"{name}.keys.parquet")
+        staged = storage.staging_path(shard_uri)
+        try:
+            specs = write_arrays(staged, arrays)
+            size, digest = staged.stat().st_size, storage.sha256_file(staged)
+            storage.publish_file(staged, shard_uri)
+        finally:
+            staged.unlink(missing_ok=True)
+        buf = io.BytesIO()
+        pl.DataFrame({"segment": np.arange(len(keys), dtype=np.int64), "sequence": keys}).write_parquet(buf)
+        storage.write_bytes(keys_uri, buf.getvalue())
+        infos.append(
+            ShardInfo(
+                path=f"{name}.bin",
+                split=split,
+                rows=int(part.height),
+                segments=len(keys),
+                windows=int(len(window_starts(arrays["offsets"], spec.window, spec.horizon))),
+                bytes=size,
+                sha256=digest,
+                arrays=specs,
+                keys_path=f"{name}.keys.parquet",
+                keys_sha256=storage.sha256_uri(keys_uri),
+            )
+        )
+    return infos
+
+
+def check_splits(windows: dict[str, int], data: DataConfig) -> None:
+    empty = [s for s in SPLITS if windows.get(s, 0) == 0]
+    if empty:
+        how = (
+            f"data.split.fractions={data.split.fractions}" if data.split.method == "hash" else f"data.split.ranges={data.split.ranges}"
+        )
+        raise DataError(
+            f"the split leaves {', '.join(empty)} with no window (windows per split: {windows}; {how}, "
+            f"data.window={data.window}); widen that split, add data, or shorten the window"
+        )
+
+
+def build_manifest(snapshot: Snapshot, spec: EncodingSpec, shard_lists: list[list[ShardInfo]], data: DataConfig) -> Manifest:
+    shards = [s for group in shard_lists for s in group]
+    rows = {s: sum(x.rows for x in shards if x.split == s) for s in SPLITS}
+    windows = {s: sum(x.windows for x in shards if x.split == s) for s in SPLITS}
+    check_splits(windows, data)
+    return Manifest(
+        encoding=spec,
+        encoding_hash=spec.hash(),
+        contract_hash=contract_hash(contract(data)),
+        data_fingerprint=snapshot.fingerprint,
+        shards=shards,
+        rows=rows,
+        windows=windows,
+        source_files=len(snapshot.files),
+    )
+
+
+def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
+    """The manifest at `manifest_uri` if it and every shard it lists are there (and, when deep, match their checksums)."""
+    if not storage.exists(manifest_uri):
+        return None
+    try:
+        manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+    except Exception:
+        return None
+    folder = manifest_uri.rsplit("/", 1)[0]
+    for s in manifest.shards:
+        for rel, digest in ((s.path, s.sha256), (s.keys_path, s.keys_sha256)):
+            uri = storage.join(folder, rel)
+            if not storage.exists(uri) or (deep and storage.sha256_uri(uri) != digest):
+                return None
+    return manifest
+
+
+# ---------------------------------------------------------------- Prefect tasks
+
+
+@task(name="fit-encoding-stats", retries=2, retry_delay_seconds=5)
+def fit_group(uris: list[str], data: DataConfig) -> dict:
+    """Statistics of one file group's training rows (means, vocabularies, split sizes)."""
+    return fit_group_stats(uris, data)
+
+
+@task(name="encode-group", retries=2, retry_delay_seconds=5)
+def encode_group(uris: list[str], group: int, n_groups: int, spec: EncodingSpec, data: DataConfig, out_dir: str) -> list[ShardInfo]:
+    """Encode one file group into shards (one per split)."""
+    t0 = time.perf_counter()
+    infos = encode_group_to_shards(uris, group, spec, data, out_dir)
+    rows = sum(i.rows for i in infos)
+    get_run_logger().info(
+        "encode: group %d/%d done: %d file(s), %d rows in %.1fs", group + 1, n_groups, len(uris), rows, time.perf_counter() - t0
+    )
+    return infos
+
+
+@task(name="write-manifest")
+def write_manifest(snapshot: Snapshot, spec: EncodingSpec, shard_lists: list[list[ShardInfo]], data: DataConfig, out_dir: str) -> str:
+    """Check the splits and publish the manifest (last: until it exists, the shards are not a data set)."""
+    manifest = build_manifest(snapshot, spec, shard_lists, data)
+    uri = storage.join(out_dir, "manifest.json")
+    storage.write_text(uri, manifest.model_dump_json(indent=1))
+    get_run_logger().info(
+        "encode: manifest %s: rows %s, windows %s, %.1f MB of shards",
+        uri, manifest.rows, manifest.windows, sum(s.bytes for s in manifest.shards) / 1e6,
+    )
+    return uri
+
+
+def encode(snapshot: Snapshot, data: DataConfig, storage_root: str) -> str:
+    """Wire the encode step (called inside a flow): map the fit over groups, merge, map the encode, write the manifest."""
+    log = get_run_logger()
+    out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
+    manifest_uri = storage.join(out_dir, "manifest.json")
+    if verify_manifest(manifest_uri) is not None:
+        log.info("encode: %s already holds this data set (same files, same config); reusing it", out_dir)
+        return manifest_uri
+    groups = file_groups(snapshot, data.files_per_group)
+    log.info("encode: %d file(s) in %d group(s) -> %s", len(snapshot.files), len(groups), out_dir)
+    partials = fit_group.map(groups, data=data).result()
+    spec = fit_spec(partials, data)
+    split_rows = {s: sum(p["split_rows"][s] for p in partials) for s in SPLITS}
+    if split_rows["train"] == 0:
+        check_splits(split_rows, data)
+    shard_lists = encode_group.map(
+        groups, list(range(len(groups))), n_groups=len(groups), spec=spec, data=data, out_dir=out_dir
+    ).result()
+    return write_manifest(snapshot, spec, shard_lists, data, out_dir)
