@@ -1,0 +1,103 @@
+"""The training flow: shards in, best checkpoint out. A flow of its own so it can run on a GPU pool."""
+
+from __future__ import annotations
+
+import time
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from shardline import storage
+from shardline.config import PipelineConfig, stable_hash
+from shardline.encoding import contract, contract_differences, contract_hash, contract_of
+from shardline.manifest import Manifest
+from shardline.tracking import Tracker, flatten
+from shardline.version import code_version
+
+
+def run_dir(config: PipelineConfig, manifest: Manifest) -> str:
+    """Where one training run's checkpoints and evaluation live: addressed by data + model + training config."""
+    key = stable_hash(
+        {"manifest": manifest.hash(), "model": config.model.model_dump(mode="json"), "training": config.training.model_dump(mode="json")}
+    )[:20]
+    return storage.join(config.storage.root, "runs", key)
+
+
+def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
+    """Read the manifest and refuse it when its encoding disagrees with the config."""
+    manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+    expected = contract(config.data)
+    if manifest.contract_hash != contract_hash(expected):
+        diffs = contract_differences(expected, contract_of(manifest.encoding))
+        raise ValueError(
+            f"the shards in {manifest_uri} were encoded for another config:\n  "
+            + "\n  ".join(diffs or ["(the encoding contract hash differs)"])
+            + "\nRe-run the pipeline so the encode step writes shards for this config."
+        )
+    return manifest
+
+
+@flow(name="train", log_prints=True)
+def train(manifest_uri: str, config: PipelineConfig) -> dict:
+    """Train the configured model on the manifest's shards; return the best checkpoint and its scores."""
+    from trainer.checkpoint import latest_checkpoint
+    from trainer.data import open_split
+    from trainer.loop import fit
+    from trainer.models import model_spec
+
+    log = get_run_logger()
+    manifest = load_manifest(manifest_uri, config)
+    spec = manifest.encoding
+    train_data = open_split(manifest, manifest_uri, "train")
+    val_data = open_split(manifest, manifest_uri, "validation")
+    folder = run_dir(config, manifest)
+    ckpt_dir = storage.join(folder, "checkpoints")
+
+    tracker = Tracker(config.mlflow, config.storage.root, journal=None if storage.is_remote(folder) else storage.join(folder, "mlflow-journal.jsonl"))
+    previous = latest_checkpoint(ckpt_dir)
+    prev_run = (previous[1].get("run_meta") or {}).get("mlflow_run_id") if previous else None
+    run_id = tracker.start(
+        prev_run,
+        run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+        tags={"shardline.config_hash": config.hash(), "shardline.data_fingerprint": manifest.data_fingerprint, "shardline.code_version": code_version()},
+    )
+    tracker.log_params(flatten(config.model_dump(mode="json")))
+    if previous:
+        log.info("train: resuming from %s (MLflow run %s)", previous[0], run_id)
+
+    total = config.training.epochs
+    progress = create_progress_artifact(progress=0.0, key="train-progress", description="epochs done (%)")
+
+    def on_step(step: int, metrics: dict) -> None:
+        tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)
+
+    def on_epoch(epoch: int, metrics: dict) -> None:
+        tracker.log_metrics({f"epoch/{k}": v for k, v in metrics.items()}, epoch)
+        update_progress_artifact(artifact_id=progress, progress=100.0 * (epoch + 1) / total)
+
+    n_cont = len(spec.continuous)
+    mspec = model_spec(config.model, n_cont, spec.cat_cardinalities, spec.window, spec.target.n_outputs)
+    try:
+        result = fit(
+            train_data, val_data, mspec, config.training, spec.target.task, ckpt_dir,
+            on_step=on_step, on_epoch=on_epoch,
+            run_meta={"mlflow_run_id": run_id, "config_hash": config.hash(), "manifest": manifest_uri},
+            log=log.info,
+        )
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    tracker.end("FINISHED")
+    return {
+        "run_dir": folder,
+        "best_checkpoint": result.best_checkpoint,
+        "last_checkpoint": result.last_checkpoint,
+        "best_val_loss": result.best_score,
+        "history": result.history,
+        "steps": result.steps,
+        "device": result.device,
+        "precision": result.precision,
+        "resumed_from": result.resumed_from,
+        "mlflow_run_id": run_id,
+        "tracking_uri": tracker.uri,
+    }

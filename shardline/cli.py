@@ -1,0 +1,176 @@
+"""`shardline`: demo, run, predict."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+# Prefect's ephemeral API takes 15-25 s to start on a small machine; its default allows 20.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Raw parquet -> shards -> a trained, evaluated model in the MLflow registry, as one Prefect pipeline.",
+)
+
+DEMO_CONFIG = Path(__file__).resolve().parent / "configs" / "demo.yaml"
+
+
+def _fail(msg: str, code: int = 1) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _load(path: Path | None, overrides: list[str], base: dict | None = None):
+    from shardline.config import ConfigError, load_config
+
+    try:
+        return load_config(path, overrides, base=base)
+    except ConfigError as e:
+        _fail(str(e), 2)
+
+
+def _run_pipeline(config) -> dict:
+    from shardline.encoding import DataError
+
+    from flows.pipeline import pipeline
+
+    try:
+        return pipeline(config)
+    except (DataError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; run the same command again to resume", 130)
+
+
+def _summary(result: dict, home_hint: str | None = None) -> None:
+    reg = result["registered"]
+    tr = result["train"]
+    typer.echo("")
+    typer.secho(f"Registered {reg['model_name']} version {reg['version']} as @{reg['alias']}", fg=typer.colors.GREEN, bold=True)
+    typer.echo(f"trained on {tr['device']} ({tr['precision']}), {tr['steps']} optimizer steps; test metrics against the trivial baseline:\n")
+    typer.echo(result["table"])
+    if result["snapshot"]["skipped"]:
+        typer.secho(f"\nskipped {len(result['snapshot']['skipped'])} raw file(s):", fg=typer.colors.YELLOW)
+        for r in result["snapshot"]["skipped"]:
+            typer.echo(f"  - {r['uri']}: {r['reason']}")
+    uri = reg["tracking_uri"]
+    typer.echo("\nInspect it:")
+    typer.echo(f"  mlflow ui --backend-store-uri {uri}        # then open http://127.0.0.1:5000")
+    typer.echo(f"  shardline predict models:/{reg['model_name']}@{reg['alias']} INPUT.parquet --out predictions.parquet --tracking-uri {uri}")
+    typer.echo("  prefect server start                      # the Prefect UI; runs from now on show up there")
+
+
+@app.command()
+def demo(
+    home: Path = typer.Option(Path("shardline-home"), "--home", help="folder for the demo data, shards, checkpoints and the MLflow store"),
+    games: int = typer.Option(48, help="number of generated games (one parquet file each)"),
+    frames: int = typer.Option(2000, help="frames per game"),
+    seed: int = typer.Option(0, help="seed of the data generator"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.epochs=1 (repeatable)"),
+) -> None:
+    """Make the demo data set, then run the whole pipeline on it with embedded defaults (no server, CPU/GPU auto)."""
+    from shardline.demo import generate_demo
+
+    home = home.resolve()
+    raw = home / "data" / "raw"
+    marker = raw / f".generated-{games}x{frames}-seed{seed}"
+    if not marker.exists():
+        typer.echo(f"generating {games} demo games x {frames} frames into {raw} ...")
+        if raw.exists():
+            for old in raw.glob("*.parquet"):
+                old.unlink()
+        generate_demo(raw, n_games=games, frames=frames, seed=seed)
+        for old in raw.glob(".generated-*"):
+            old.unlink()
+        marker.touch()
+    base = {
+        "data": {"source": str(raw / "*.parquet")},
+        "storage": {"root": str(home / "store")},
+        "mlflow": {"tracking_uri": f"sqlite:///{home / 'mlflow.db'}"},
+    }
+    from shardline.config import _read_yaml
+
+    defaults = _read_yaml(DEMO_CONFIG)
+    for section, values in base.items():
+        defaults.setdefault(section, {}).update(values)
+    config = _load(None, list(set_), base=defaults)
+    _summary(_run_pipeline(config))
+
+
+@app.command()
+def run(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml", help="the pipeline config (may `extends:` another)"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.lr=3e-4 (repeatable)"),
+) -> None:
+    """Run the pipeline on your own data, as the config file describes."""
+    config = _load(config_path, list(set_))
+    _summary(_run_pipeline(config))
+
+
+@app.command("check-config")
+def check_config(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+) -> None:
+    """Validate a config and print it resolved (after `extends:` and `--set`), without running anything."""
+    import yaml
+
+    config = _load(config_path, list(set_))
+    typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    typer.echo(f"# config hash {config.hash()[:16]}")
+
+
+@app.command()
+def predict(
+    model_uri: str = typer.Argument(..., help="models:/NAME@champion, models:/NAME/3, runs:/..., or a model folder"),
+    input_path: str = typer.Argument(..., metavar="INPUT.parquet", help="raw rows with the columns the model was trained on"),
+    out: Path = typer.Option(..., "--out", help="where to write the predictions (parquet)"),
+    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./shardline-home/mlflow.db)"),
+) -> None:
+    """Write one prediction per window in INPUT, keyed by sequence key and order column so it joins back."""
+    import polars as pl
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri is None and Path("shardline-home/mlflow.db").exists():
+        uri = f"sqlite:///{Path('shardline-home/mlflow.db').resolve()}"
+    import mlflow
+
+    if uri:
+        mlflow.set_tracking_uri(uri)
+    elif model_uri.startswith(("models:/", "runs:/")):
+        _fail("no MLflow tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI", 2)
+    try:
+        df = pl.read_parquet(input_path)
+    except Exception as e:
+        _fail(f"cannot read {input_path}: {e}", 2)
+    try:
+        model = mlflow.pyfunc.load_model(model_uri)
+    except Exception as e:
+        _fail(f"cannot load model {model_uri} from {uri}: {e}")
+    preds = model.predict(df.to_pandas())
+    result = pl.from_pandas(preds)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp-{out.name}")
+    result.write_parquet(tmp)
+    os.replace(tmp, out)
+    typer.echo(f"wrote {result.height} prediction(s) for {df.height} input row(s) to {out}")
+
+
+def main() -> None:
+    try:
+        app()
+    except SystemExit:
+        raise
+    except Exception as e:  # unexpected: show the message, keep a non-zero exit
+        typer.secho(f"error: {type(e).__name__}: {e}", fg=typer.colors.RED, err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

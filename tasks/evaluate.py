@@ -1,0 +1,100 @@
+"""Evaluate: the best checkpoint on the test split, beside a trivial baseline, with plots."""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from prefect import task
+from prefect.logging import get_run_logger
+
+from shardline import metrics as M
+from shardline import storage
+from shardline.config import CLASSIFICATION_METRICS, REGRESSION_METRICS, PipelineConfig
+from shardline.manifest import Manifest
+from shardline.predicting import decode_outputs, key_columns
+from shardline.shards import read_arrays, window_starts
+
+
+def window_keys(manifest: Manifest, manifest_uri: str, split: str) -> pl.DataFrame:
+    """Sequence key and order of every window's target row, in the order the trainer yields windows."""
+    spec = manifest.encoding
+    folder = manifest_uri.rsplit("/", 1)[0]
+    seqs, orders = [], []
+    for info in manifest.shards_of(split):
+        path = storage.fetch_verified(storage.join(folder, info.path), info.sha256)
+        arrays = read_arrays(path, {k: info.arrays[k] for k in ("offsets", "order")})
+        keys = pl.read_parquet(io.BytesIO(storage.read_bytes(storage.join(folder, info.keys_path))))["sequence"].to_list()
+        rows = window_starts(arrays["offsets"], spec.window, spec.horizon) + spec.window - 1 + spec.horizon
+        seg = np.searchsorted(arrays["offsets"], rows, side="right") - 1
+        seqs.extend(keys[i] for i in seg)
+        orders.append(np.asarray(arrays["order"])[rows])
+    return pl.DataFrame({"sequence": seqs, "order": np.concatenate(orders) if orders else np.zeros(0, np.int64)})
+
+
+def split_targets(data) -> np.ndarray:
+    """The target of every window of a split, in window order."""
+    out = []
+    for i in range(0, data.n_windows, 65536):
+        out.append(data.batch(np.arange(i, min(i + 65536, data.n_windows))).target.numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig, out_dir: Path) -> dict:
+    from trainer.data import open_split
+    from trainer.loop import load_model, predict
+
+    manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+    spec = manifest.encoding
+    model = load_model(train_result["best_checkpoint"])
+    test = open_split(manifest, manifest_uri, "test")
+    outputs = predict(model, test)
+    y = split_targets(test)
+    train_y = split_targets(open_split(manifest, manifest_uri, "train"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = [M.plot_learning_curves(train_result["history"], out_dir / "learning_curves.png")]
+    if spec.target.task == "classification":
+        y = y.astype(np.int64)
+        metrics = M.classification_metrics(y, outputs)
+        counts = np.bincount(train_y.astype(np.int64), minlength=outputs.shape[1])
+        baseline = M.classification_metrics(y, M.majority_baseline_probs(counts, len(y)))
+        names = ["<unseen>", *(spec.target.classes or [])]
+        plots.append(M.plot_confusion_matrix(y, outputs.argmax(1), names, out_dir / "confusion_matrix.png"))
+        directions = CLASSIFICATION_METRICS
+    else:
+        t = spec.target
+        y_raw = y.astype(np.float64) * t.std + t.mean
+        pred_raw = outputs[:, 0].astype(np.float64) * t.std + t.mean
+        metrics = M.regression_metrics(y_raw, pred_raw)
+        baseline = M.regression_metrics(y_raw, M.mean_baseline(float(train_y.mean() * t.std + t.mean), len(y_raw)))
+        plots.append(M.plot_residuals(y_raw, pred_raw, out_dir / "residuals.png"))
+        directions = REGRESSION_METRICS
+    keys = window_keys(manifest, manifest_uri, "test")
+    key_names = key_columns(spec)
+    decoded = decode_outputs(spec, outputs)
+    preds = pl.DataFrame({**({key_names[0]: keys["sequence"]} if len(key_names) == 2 else {}), key_names[-1]: keys["order"], **decoded})
+    preds.write_parquet(out_dir / "test_predictions.parquet")
+    return {
+        "metrics": metrics,
+        "baseline": baseline,
+        "table": M.format_metrics_table(metrics, baseline, directions),
+        "test_windows": int(len(y)),
+        "files": [str(p) for p in plots] + [str(out_dir / "test_predictions.parquet")],
+    }
+
+
+@task(name="evaluate")
+def evaluate(manifest_uri: str, train_result: dict, config: PipelineConfig) -> dict:
+    """Score the best checkpoint on the test split against the trivial baseline; write plots and predictions."""
+    log = get_run_logger()
+    local = not storage.is_remote(train_result["run_dir"])
+    out_dir = Path(storage.local_path(storage.join(train_result["run_dir"], "eval"))) if local else Path(tempfile.mkdtemp(prefix="shardline-eval-"))
+    result = evaluate_model(manifest_uri, train_result, config, out_dir)
+    if not local:  # keep the evaluation beside the checkpoints in the storage root
+        for f in result["files"]:
+            storage.write_bytes(storage.join(train_result["run_dir"], "eval", Path(f).name), Path(f).read_bytes())
+    log.info("evaluate: %d test windows\n%s", result["test_windows"], result["table"])
+    return result
