@@ -255,7 +255,7 @@ def encode_frame(df: pl.DataFrame, spec: EncodingSpec, with_target: bool = True)
         cont = np.zeros((n, 0), dtype=cont_dtype)
     cat_cols = [_ids(df[v.name], v.values) for v in spec.categorical]
     cat_cols += [
-        df[b].cast(pl.Boolean).cast(pl.Int64).add(1).fill_null(0) for b in spec.boolean
+        (df[b].cast(pl.Boolean).cast(pl.Int64) + 1).fill_null(0) for b in spec.boolean
     ]
     card = spec.cat_cardinalities
     cat_dtype = _int_dtype(max(card) if card else 1)

@@ -1,0 +1,83 @@
+import os
+
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+import pytest  # noqa: E402
+
+
+def make_raw(folder: Path, n_seq: int = 12, rows: int = 60, seed: int = 0, prefix: str = "s") -> list[Path]:
+    """Tiny sequences whose next `label` is the current `kind` (learnable), one file per 3 sequences."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    frames = []
+    for i in range(n_seq):
+        kind = rng.choice(["a", "b", "c"], size=rows)
+        frames.append(
+            pl.DataFrame(
+                {
+                    "seq": [f"{prefix}{i:03d}"] * rows,
+                    "t": np.arange(rows, dtype=np.int32),
+                    "x": rng.normal(size=rows).astype(np.float32),
+                    "y": rng.normal(loc=5, scale=2, size=rows),
+                    "flag": rng.random(rows) > 0.5,
+                    "kind": kind,
+                    "label": np.roll(kind, -1),
+                    "value": rng.normal(size=rows) + (kind == "a") * 3.0,
+                    "season": np.full(rows, 2020 + i % 4, dtype=np.int16),
+                }
+            )
+        )
+    paths = []
+    for j in range(0, n_seq, 3):
+        p = folder / f"{prefix}-{j // 3:03d}.parquet"
+        pl.concat(frames[j : j + 3]).write_parquet(p)
+        paths.append(p)
+    return paths
+
+
+def tiny_config(source: str, root: str, **over) -> dict:
+    cfg = {
+        "name": "tiny",
+        "data": {
+            "source": source,
+            "sequence_key": "seq",
+            "order_by": "t",
+            "window": 3,
+            "features": {"continuous": ["x", "y"], "boolean": ["flag"], "categorical": ["kind"]},
+            "target": {"column": "label", "task": "classification"},
+            "split": {"method": "hash", "seed": 1, "fractions": {"train": 0.6, "validation": 0.2, "test": 0.2}},
+            "files_per_group": 2,
+        },
+        "model": {"family": "mlp", "hidden": 32, "layers": 1, "dropout": 0.0},
+        "training": {"epochs": 2, "batch_size": 32, "lr": 0.01, "warmup_steps": 2, "checkpoint_every_steps": 5},
+        "storage": {"root": root},
+        "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "tiny", "model_name": "tiny-model"},
+    }
+    for key, value in over.items():
+        node = cfg
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node[p]
+        node[parts[-1]] = value
+    return cfg
+
+
+@pytest.fixture
+def raw_dir(tmp_path) -> Path:
+    make_raw(tmp_path / "raw")
+    return tmp_path / "raw"
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A real, throwaway Prefect API (SQLite) for every flow run in the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

@@ -1,0 +1,148 @@
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from shardline.config import validate_config
+from shardline.encoding import DataError, encode_frame, prepare
+from shardline.manifest import Manifest
+from shardline.shards import read_arrays, window_starts
+from tasks.encode import build_manifest, dataset_id, encode_group_to_shards, file_groups, fit_group_stats, verify_manifest
+from shardline.encoding import fit_spec
+from tasks.ingest import snapshot_source
+from tests.conftest import make_raw, tiny_config
+
+
+def cfg_for(raw_dir, tmp_path, **over):
+    return validate_config(tiny_config(str(raw_dir / "*.parquet"), str(tmp_path / "store"), **over))
+
+
+def encode_all(cfg):
+    snap = snapshot_source(cfg.data)
+    groups = file_groups(snap, cfg.data.files_per_group)
+    partials = [fit_group_stats(g, cfg.data) for g in groups]
+    spec = fit_spec(partials, cfg.data)
+    out_dir = f"{cfg.storage.root}/datasets/{dataset_id(snap, cfg.data)}"
+    lists = [encode_group_to_shards(g, i, spec, cfg.data, out_dir) for i, g in enumerate(groups)]
+    return snap, spec, out_dir, build_manifest(snap, spec, lists, cfg.data)
+
+
+def test_snapshot_lists_files_with_versions(raw_dir, tmp_path):
+    snap = snapshot_source(cfg_for(raw_dir, tmp_path).data)
+    assert [f.uri.rsplit("/", 1)[1] for f in snap.files] == [f"s-{i:03d}.parquet" for i in range(4)]
+    assert all(f.size > 0 and f.version for f in snap.files)
+    again = snapshot_source(cfg_for(raw_dir, tmp_path).data)
+    assert again.fingerprint == snap.fingerprint
+    make_raw(raw_dir, n_seq=3, prefix="new")
+    assert snapshot_source(cfg_for(raw_dir, tmp_path).data).fingerprint != snap.fingerprint
+
+
+def test_missing_column_and_wrong_dtype_are_named(raw_dir, tmp_path):
+    pl.read_parquet(raw_dir / "s-000.parquet").drop("kind").write_parquet(raw_dir / "s-000.parquet")
+    df = pl.read_parquet(raw_dir / "s-001.parquet")
+    df.with_columns(pl.col("x").cast(pl.Utf8)).write_parquet(raw_dir / "s-001.parquet")
+    with pytest.raises(DataError) as e:
+        snapshot_source(cfg_for(raw_dir, tmp_path).data)
+    msg = str(e.value)
+    assert "s-000.parquet: missing column 'kind'" in msg
+    assert "s-001.parquet: column 'x' has type large_string" in msg and "must be a number" in msg
+    assert "on_bad_file: skip" in msg
+    # with skip, the run goes on without them and says which were skipped
+    snap = snapshot_source(cfg_for(raw_dir, tmp_path, **{"data.on_bad_file": "skip"}).data)
+    assert len(snap.files) == 2
+    assert sorted(r.uri.rsplit("/", 1)[1] for r in snap.rejected) == ["s-000.parquet", "s-001.parquet"]
+
+
+def test_corrupt_file_is_reported(raw_dir, tmp_path):
+    (raw_dir / "s-002.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match="s-002.parquet: not a readable parquet file"):
+        snapshot_source(cfg_for(raw_dir, tmp_path).data)
+
+
+def test_empty_source(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"data.source '.*empty/\*.parquet' matched no parquet file"):
+        snapshot_source(cfg_for(tmp_path / "empty", tmp_path).data)
+
+
+def test_encoding_is_fitted_on_train_only_and_shards_round_trip(raw_dir, tmp_path):
+    cfg = cfg_for(raw_dir, tmp_path)
+    snap, spec, out_dir, manifest = encode_all(cfg)
+    # statistics come from the training rows only
+    raw = pl.concat([pl.read_parquet(f.uri) for f in snap.files])
+    train_keys = set()
+    for info in manifest.shards_of("train"):
+        train_keys |= set(pl.read_parquet(f"{out_dir}/{info.keys_path}")["sequence"].to_list())
+    train_rows = raw.filter(pl.col("seq").is_in(list(train_keys)))
+    assert spec.continuous[1].mean == pytest.approx(train_rows["y"].mean(), rel=1e-9)
+    assert spec.continuous[1].mean != pytest.approx(raw["y"].mean(), rel=1e-9)
+    assert sum(manifest.rows.values()) == raw.height
+    assert all(manifest.windows[s] > 0 for s in ("train", "validation", "test"))
+    # each shard's arrays decode back to the raw rows, sequences contiguous and ordered
+    info = manifest.shards_of("train")[0]
+    arrays = read_arrays(f"{out_dir}/{info.path}", info.arrays)
+    keys = pl.read_parquet(f"{out_dir}/{info.keys_path}")["sequence"].to_list()
+    offsets = arrays["offsets"]
+    for seg, key in enumerate(keys):
+        rows = raw.filter(pl.col("seq") == key).sort("t")
+        lo, hi = offsets[seg], offsets[seg + 1]
+        assert np.array_equal(arrays["order"][lo:hi], rows["t"].to_numpy())
+        expect_x = (rows["x"].to_numpy() - spec.continuous[0].mean) / spec.continuous[0].std
+        assert np.allclose(arrays["cont"][lo:hi, 0], expect_x, atol=1e-5)
+        kind_ids = {v: i + 1 for i, v in enumerate(spec.categorical[0].values)}
+        assert arrays["cat"][lo:hi, 0].tolist() == [kind_ids[k] for k in rows["kind"].to_list()]
+        assert arrays["cat"][lo:hi, 1].tolist() == [2 if f else 1 for f in rows["flag"].to_list()]
+    # windows: K rows of history, target is the row after them
+    starts = window_starts(offsets, 3, 1)
+    assert len(starts) == info.windows == sum(max(0, offsets[i + 1] - offsets[i] - 3) for i in range(len(keys)))
+
+
+def test_unseen_and_null_categories_get_id_zero(raw_dir, tmp_path):
+    cfg = cfg_for(raw_dir, tmp_path)
+    _, spec, _, _ = encode_all(cfg)
+    df = pl.DataFrame({"seq": ["q"] * 3, "t": [0, 1, 2], "x": [0.0, None, float("nan")], "y": [1.0, 2.0, 3.0],
+                       "flag": [True, None, False], "kind": ["a", "zzz", None], "label": ["a", "b", "c"]})
+    arrays, _ = encode_frame(prepare(df, "seq", "t", "mem"), spec)
+    assert arrays["cat"][:, 0].tolist()[1:] == [0, 0]
+    assert arrays["cat"][:, 1].tolist() == [2, 0, 1]
+    # null and NaN continuous values become the training mean: 0 after standardisation
+    assert arrays["cont"][1:, 0].tolist() == [0.0, 0.0]
+
+
+def test_target_with_nulls_names_file_and_column(raw_dir, tmp_path):
+    df = pl.read_parquet(raw_dir / "s-003.parquet")
+    df.with_columns(pl.when(pl.col("t") == 5).then(None).otherwise(pl.col("label")).alias("label")).write_parquet(raw_dir / "s-003.parquet")
+    cfg = cfg_for(raw_dir, tmp_path)
+    with pytest.raises(DataError, match=r"s-003.parquet: the target column 'label' has 3 null value\(s\)"):
+        encode_all(cfg)
+
+
+def test_split_without_test_windows_is_refused_before_the_manifest(raw_dir, tmp_path):
+    cfg = cfg_for(raw_dir, tmp_path, **{"data.split": {"method": "range", "column": "season",
+                                                       "ranges": {"train": [2020, 2021], "validation": [2022, 2022], "test": [2030, None]}}})
+    with pytest.raises(DataError, match=r"leaves test with no window"):
+        encode_all(cfg)
+    # nothing that a later run would take as a complete data set
+    assert not list((tmp_path / "store").rglob("manifest.json"))
+
+
+def test_range_split_follows_values(raw_dir, tmp_path):
+    cfg = cfg_for(raw_dir, tmp_path, **{"data.split": {"method": "range", "column": "season",
+                                                       "ranges": {"train": [None, 2021], "validation": [2022, 2022], "test": [2023, None]}}})
+    snap, spec, out_dir, manifest = encode_all(cfg)
+    per_split = {s: manifest.rows[s] for s in manifest.rows}
+    assert per_split == {"train": 6 * 60, "validation": 3 * 60, "test": 3 * 60}
+
+
+def test_manifest_verification_rejects_missing_shard(raw_dir, tmp_path):
+    from shardline import storage
+
+    cfg = cfg_for(raw_dir, tmp_path)
+    _, _, out_dir, manifest = encode_all(cfg)
+    uri = f"{out_dir}/manifest.json"
+    storage.write_text(uri, manifest.model_dump_json())
+    assert verify_manifest(uri, deep=True) is not None
+    (tmp_path / "store").joinpath(out_dir.split("/store/", 1)[1], manifest.shards[0].path).unlink()
+    assert verify_manifest(uri) is None
+    assert Manifest.model_validate(json.loads(storage.read_text(uri))).shards  # the manifest itself is intact
