@@ -11,6 +11,7 @@ import typer
 
 # Prefect's ephemeral API takes 15-25 s to start on a small machine; its default allows 20.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 app = typer.Typer(
     add_completion=False,

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import polars as pl
-from prefect import task
+from prefect import task, unmapped
 from prefect.logging import get_run_logger
 
 from shardline import storage
@@ -203,12 +203,12 @@ def encode(snapshot: Snapshot, data: DataConfig, storage_root: str) -> str:
         return manifest_uri
     groups = file_groups(snapshot, data.files_per_group)
     log.info("encode: %d file(s) in %d group(s) -> %s", len(snapshot.files), len(groups), out_dir)
-    partials = fit_group.map(groups, data=data).result()
+    partials = fit_group.map(groups, data=unmapped(data)).result()
     spec = fit_spec(partials, data)
     split_rows = {s: sum(p["split_rows"][s] for p in partials) for s in SPLITS}
     if split_rows["train"] == 0:
         check_splits(split_rows, data)
     shard_lists = encode_group.map(
-        groups, list(range(len(groups))), n_groups=len(groups), spec=spec, data=data, out_dir=out_dir
+        groups, list(range(len(groups))), n_groups=len(groups), spec=unmapped(spec), data=unmapped(data), out_dir=out_dir
     ).result()
     return write_manifest(snapshot, spec, shard_lists, data, out_dir)

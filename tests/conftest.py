@@ -2,6 +2,7 @@ import os
 
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 
 from pathlib import Path  # noqa: E402
@@ -12,7 +13,7 @@ import pytest  # noqa: E402
 
 
 def make_raw(folder: Path, n_seq: int = 12, rows: int = 60, seed: int = 0, prefix: str = "s") -> list[Path]:
-    """Tiny sequences whose next `label` is the current `kind` (learnable), one file per 3 sequences."""
+    """Tiny sequences whose `label` is the previous row's `kind` (learnable from a window), 3 sequences a file."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     frames = []
@@ -27,7 +28,7 @@ def make_raw(folder: Path, n_seq: int = 12, rows: int = 60, seed: int = 0, prefi
                     "y": rng.normal(loc=5, scale=2, size=rows),
                     "flag": rng.random(rows) > 0.5,
                     "kind": kind,
-                    "label": np.roll(kind, -1),
+                    "label": np.roll(kind, 1),  # the previous row's kind: learnable from the window
                     "value": rng.normal(size=rows) + (kind == "a") * 3.0,
                     "season": np.full(rows, 2020 + i % 4, dtype=np.int16),
                 }

@@ -1,0 +1,78 @@
+"""The whole pipeline through a real Prefect API and a real MLflow SQLite store, on tiny data."""
+
+import polars as pl
+import pytest
+from mlflow import MlflowClient
+
+from shardline.config import validate_config
+from tests.conftest import make_raw, tiny_config
+
+pytestmark = pytest.mark.e2e
+
+
+def run_pipeline(cfg_dict):
+    from flows.pipeline import pipeline
+
+    return pipeline(validate_config(cfg_dict))
+
+
+def test_pipeline_registers_a_champion_whose_predictions_match_evaluation(tmp_path, prefect_api):
+    import mlflow
+
+    make_raw(tmp_path / "raw", n_seq=15, rows=80)
+    root = str(tmp_path / "store")
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), root, **{"training.epochs": 3})
+    result = run_pipeline(cfg)
+
+    reg = result["registered"]
+    assert (reg["version"], reg["alias"]) == (1, "champion")
+    client = MlflowClient(reg["tracking_uri"])
+    assert int(client.get_model_version_by_alias("tiny-model", "champion").version) == 1
+    run = client.get_run(reg["run_id"])
+    assert run.info.status == "FINISHED"
+    m = run.data.metrics
+    # the label is the previous row's kind: a window model gets it, the majority class does not
+    assert m["test/accuracy"] > 0.9 and m["baseline/accuracy"] < 0.5
+    assert {"test/top5_accuracy", "test/log_loss", "test/macro_f1", "epoch/val_loss", "train/train_loss"} <= set(m)
+    history = client.get_metric_history(reg["run_id"], "epoch/val_loss")
+    assert [h.step for h in history] == [0, 1, 2]
+    version = client.get_model_version("tiny-model", "1")
+    assert version.tags["shardline.data_fingerprint"] == result["snapshot"]["fingerprint"]
+    assert {"shardline.config_hash", "shardline.code_version", "metric.accuracy"} <= set(version.tags)
+    artifacts = {a.path for a in client.list_artifacts(reg["run_id"], "evaluation")}
+    assert {"evaluation/learning_curves.png", "evaluation/confusion_matrix.png"} <= artifacts
+
+    # the registered model takes raw rows and agrees with the evaluation on the test split
+    run_dir = result["train"]["best_checkpoint"].rsplit("/checkpoints/", 1)[0]
+    eval_preds = pl.read_parquet(f"{run_dir}/eval/test_predictions.parquet")
+    raw = pl.concat([pl.read_parquet(p) for p in sorted((tmp_path / "raw").glob("*.parquet"))])
+    test_rows = raw.filter(pl.col("seq").is_in(eval_preds["seq"].unique().to_list()))
+    mlflow.set_tracking_uri(reg["tracking_uri"])
+    served = pl.from_pandas(mlflow.pyfunc.load_model("models:/tiny-model@champion").predict(test_rows.drop("label").to_pandas()))
+    joined = eval_preds.join(served, on=["seq", "t"], suffix="_served")
+    assert joined.height == eval_preds.height == served.height
+    assert (joined["prediction"] == joined["prediction_served"]).all()
+    assert (joined["probability"] - joined["probability_served"]).abs().max() < 1e-5
+
+    # a worse model is registered as challenger; the champion stays
+    worse = tiny_config(str(tmp_path / "raw" / "*.parquet"), root, **{"training.epochs": 1, "training.lr": 1e-7})
+    second = run_pipeline(worse)["registered"]
+    assert (second["version"], second["alias"]) == (2, "challenger")
+    assert int(client.get_model_version_by_alias("tiny-model", "champion").version) == 1
+    assert int(client.get_model_version_by_alias("tiny-model", "challenger").version) == 2
+
+
+def test_regression_with_a_transformer(tmp_path, prefect_api):
+    make_raw(tmp_path / "raw", n_seq=12, rows=60, seed=3)
+    cfg = tiny_config(
+        str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"),
+        **{"data.target": {"column": "value", "task": "regression"}, "data.horizon": 0,
+           "model": {"family": "transformer", "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.0},
+           "training.epochs": 4, "mlflow.model_name": "tiny-reg"},
+    )
+    result = run_pipeline(cfg)
+    assert result["registered"]["alias"] == "champion"
+    assert result["registered"]["promotion_metric"] == "rmse"
+    # value = noise + 3 * (kind == 'a') of the window's last row: learnable, the mean is not
+    assert result["metrics"]["rmse"] < 0.8 * result["baseline"]["rmse"]
+    assert result["metrics"]["r2"] > 0.3

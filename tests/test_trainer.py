@@ -1,0 +1,446 @@
+"""The trainer on tiny synthetic shards: gathering, loader position, models, checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardline.config import ModelConfig, TrainingConfig
+from shardline.manifest import ContinuousStat, EncodingSpec, Manifest, ShardInfo, TargetSpec, Vocabulary
+from shardline.shards import read_arrays, write_arrays
+from trainer.checkpoint import (
+    best_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from trainer.data import SplitData, WindowLoader, open_split
+from trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
+from trainer.loop import Preempted, fit, load_model, predict
+from trainer.models import build_model, model_from_spec, model_spec
+
+K, H = 4, 1
+CARDS = [6, 4]  # ids 1..5 and 1..3; 0 = unseen
+N_CLASSES = 4  # ids 1..3 plus the unseen id 0
+TIMING = ("windows_per_s", "seconds")
+
+
+def make_arrays(seed: int, seg_lengths: list[int], task: str = "classification") -> dict[str, np.ndarray]:
+    """Rows with a learnable rule: the target of row r depends on row r-1 (the window's last frame)."""
+    rng = np.random.default_rng(seed)
+    rows = sum(seg_lengths)
+    cat = np.stack([rng.integers(1, c, rows) for c in CARDS], axis=1).astype(np.uint8)
+    cont = rng.standard_normal((rows, 2)).astype(np.float32)
+    if task == "classification":
+        target = np.zeros(rows, dtype=np.int32)
+        target[1:] = cat[:-1, 0] % 3 + 1
+    else:
+        target = np.zeros(rows, dtype=np.float32)
+        target[1:] = 1.5 * cont[:-1, 0] - 0.5 * cont[:-1, 1]
+    return {
+        "cont": cont,
+        "cat": cat,
+        "target": target,
+        "order": (np.arange(rows, dtype=np.int64) * 10 + seed),
+        "offsets": np.concatenate([[0], np.cumsum(seg_lengths)]).astype(np.int64),
+    }
+
+
+def write_shard(folder: Path, name: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    path = folder / name
+    specs = write_arrays(path, arrays)
+    return read_arrays(path, specs)  # memory-mapped, as in training
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, SplitData]:
+    folder = tmp_path_factory.mktemp("shards")
+    out = {}
+    for task in ("classification", "regression"):
+        train = [write_shard(folder, f"{task}-train-{i}.bin", make_arrays(i, [200, 150, 250][: 2 + i], task)) for i in range(2)]
+        val = [write_shard(folder, f"{task}-val.bin", make_arrays(7, [120, 80], task))]
+        out[task] = SplitData(train, K, H)
+        out[f"{task}-val"] = SplitData(val, K, H)
+    return out
+
+
+def spec_for(family: str = "mlp", task: str = "classification", **model) -> dict:
+    cfg = ModelConfig(family=family, hidden=32, layers=1 if family == "transformer" else 2, heads=4, dropout=0.1, **model)
+    return model_spec(cfg, n_cont=2, cat_cardinalities=CARDS, window=K, n_outputs=N_CLASSES if task == "classification" else 1)
+
+
+def train_cfg(**over) -> TrainingConfig:
+    base = dict(epochs=2, batch_size=32, lr=1e-2, warmup_steps=2, grad_accum=2, device="cpu", precision="fp32",
+                seed=1, checkpoint_every_steps=3, keep_checkpoints=2)
+    return TrainingConfig(**{**base, **over})
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+def no_timing(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+
+
+# ---------------------------------------------------------------- data
+
+
+def slow_windows(shards: list[dict[str, np.ndarray]]) -> list[tuple[int, int]]:
+    out = []
+    for s, a in enumerate(shards):
+        off = a["offsets"]
+        for seg in range(len(off) - 1):
+            for start in range(off[seg], off[seg + 1] - K - H + 1):
+                out.append((s, start))
+    return out
+
+
+def test_batch_gathers_the_right_rows(data):
+    split = data["classification"]
+    ref = slow_windows(split.shards)
+    assert split.n_windows == len(ref)
+    idx = np.random.default_rng(0).permutation(split.n_windows)[:50]
+    b = split.batch(idx)
+    assert b.cont.dtype == torch.float32 and b.cat.dtype == torch.int64 and b.target.dtype == torch.int64
+    assert tuple(b.cont.shape) == (50, K, 2) and tuple(b.cat.shape) == (50, K, 2) and tuple(b.target.shape) == (50,)
+    for j, i in enumerate(idx):
+        s, start = ref[i]
+        a = split.shards[s]
+        np.testing.assert_array_equal(b.cont[j].numpy(), a["cont"][start : start + K])
+        np.testing.assert_array_equal(b.cat[j].numpy(), a["cat"][start : start + K])
+        assert b.target[j].item() == a["target"][start + K - 1 + H]
+    reg = data["regression"].batch(np.arange(5))
+    assert reg.target.dtype == torch.float32
+
+
+def test_window_keys_name_each_target_row(data):
+    split = data["classification"]
+    keys = split.window_keys()
+    ref = slow_windows(split.shards)
+    for i in (0, 1, 195, 196, len(ref) - 1):
+        s, start = ref[i]
+        row = start + K - 1 + H
+        a = split.shards[s]
+        assert (keys["shard"][i], keys["row"][i]) == (s, row)
+        assert keys["order"][i] == a["order"][row]
+        assert a["offsets"][keys["segment"][i]] <= row < a["offsets"][keys["segment"][i] + 1]
+    np.testing.assert_array_equal(split.targets(), split.batch(np.arange(split.n_windows)).target.numpy())
+
+
+def test_open_split_reads_the_manifest_shards(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDLINE_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "store" / "shards-v1"
+    (folder / "train").mkdir(parents=True)
+    infos = []
+    for i, lengths in enumerate([[30, 40], [25]]):
+        arrays = make_arrays(i, lengths)
+        specs = write_arrays(folder / "train" / f"part-{i}.bin", arrays)
+        raw = (folder / "train" / f"part-{i}.bin").read_bytes()
+        infos.append(ShardInfo(
+            path=f"train/part-{i}.bin", split="train", rows=sum(lengths), segments=len(lengths),
+            windows=sum(max(0, n - K - H + 1) for n in lengths), bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest(),
+            arrays=specs, keys_path=f"train/part-{i}.keys.parquet", keys_sha256="0" * 64,
+        ))
+    encoding = EncodingSpec(
+        sequence_key="id", order_by="t", window=K, horizon=H,
+        continuous=[ContinuousStat(name="x", mean=0, std=1), ContinuousStat(name="y", mean=0, std=1)],
+        boolean=[], categorical=[Vocabulary(name="a", values=list("abcde")), Vocabulary(name="b", values=list("xyz"))],
+        target=TargetSpec(column="c", task="classification", classes=["1", "2", "3"]),
+    )
+    fields = dict(encoding=encoding, encoding_hash=encoding.hash(), data_fingerprint="f", shards=infos,
+                  rows={"train": 95}, windows={"train": sum(s.windows for s in infos)}, source_files=2)
+    if "contract_hash" in Manifest.model_fields:
+        fields["contract_hash"] = "c"
+    manifest = Manifest(**fields)
+    split = open_split(manifest, str(folder / "manifest.json"), "train")
+    assert split.n_windows == manifest.windows["train"] == 26 + 36 + 21
+    assert encoding.cat_cardinalities == CARDS and encoding.target.n_outputs == N_CLASSES
+
+    # the same shards through an fsspec URL: copied into the cache and checked against the manifest's sha256
+    import fsspec
+
+    mem = fsspec.filesystem("memory")
+    for info in infos:
+        mem.pipe_file(f"/store/{info.path}", (folder / info.path).read_bytes())
+    remote = open_split(manifest, "memory://store/manifest.json", "train")
+    np.testing.assert_array_equal(remote.batch(np.arange(remote.n_windows)).cat, split.batch(np.arange(split.n_windows)).cat)
+    mem.pipe_file(f"/store/{infos[0].path}", b"damaged")
+    monkeypatch.setenv("SHARDLINE_CACHE", str(tmp_path / "cache2"))
+    with pytest.raises(IOError, match="checksum mismatch"):
+        open_split(manifest, "memory://store/manifest.json", "train")
+    mem.rm("/store", recursive=True)
+
+
+def test_loader_order_is_a_function_of_seed_and_epoch(data):
+    split = data["classification"]
+    first = [b.target for b in WindowLoader(split, 64, seed=3)]
+    again = [b.target for b in WindowLoader(split, 64, seed=3)]
+    assert all(torch.equal(x, y) for x, y in zip(first, again)) and len(first) == len(again) == -(-split.n_windows // 64)
+    loader = WindowLoader(split, 64, seed=3)
+    loader.set_epoch(1)
+    assert not np.array_equal(loader.order(0), loader.order(1))
+    assert sorted(loader.order(1)) == list(range(split.n_windows))  # every window once per epoch
+    np.testing.assert_array_equal(WindowLoader(split, 64, seed=3, shuffle=False).order(5), np.arange(split.n_windows))
+    assert sum(len(b) for b in WindowLoader(split, 64, seed=3, drop_last=True)) == split.n_windows // 64 * 64
+
+
+def test_loader_state_round_trip_resumes_mid_epoch(data):
+    split = data["classification"]
+    loader = WindowLoader(split, 50, seed=11)
+    loader.set_epoch(2)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    assert state == {"version": 1, "epoch": 2, "offset": 150, "seed": 11, "n_windows": split.n_windows}
+    rest = list(it)
+
+    restored = WindowLoader(split, 50, seed=11)
+    restored.load_state_dict(json.loads(json.dumps(state)))
+    again = list(restored)
+    assert len(again) == len(rest) > 0
+    for x, y in zip(rest, again):
+        assert torch.equal(x.cont, y.cont) and torch.equal(x.cat, y.cat) and torch.equal(x.target, y.target)
+
+    with pytest.raises(ValueError, match="seed"):
+        WindowLoader(split, 50, seed=12).load_state_dict(state)
+    with pytest.raises(ValueError, match="windows"):
+        WindowLoader(data["classification-val"], 50, seed=11).load_state_dict(state)
+    with pytest.raises(ValueError, match="version"):
+        WindowLoader(split, 50, seed=11).load_state_dict({**state, "version": 99})
+
+
+# ---------------------------------------------------------------- device and models
+
+
+def test_device_and_precision_on_cpu():
+    if not torch.cuda.is_available():
+        assert pick_device("auto").type in ("cpu", "mps")
+        with pytest.raises(ValueError, match=r"training\.device='cuda'.*available: .*cpu"):
+            pick_device("cuda")
+    assert pick_device("cpu").type == "cpu"
+    cpu = torch.device("cpu")
+    assert pick_precision("auto", cpu) == "fp32"
+    assert pick_precision("bf16", cpu) == "bf16"
+    with pytest.raises(ValueError, match=r"training\.precision='fp16' is not supported on the CPU.*fp32 or bf16"):
+        pick_precision("fp16", cpu)
+    assert needs_grad_scaler("fp16") and not needs_grad_scaler("bf16") and not needs_grad_scaler("fp32")
+    with autocast(cpu, "bf16"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with autocast(cpu, "fp32"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+@pytest.mark.parametrize("family", ["mlp", "transformer"])
+def test_models_rebuild_from_their_spec(family):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(family=family, hidden=16, heads=2), 2, CARDS, K, N_CLASSES)
+    assert json.loads(json.dumps(model.spec)) == model.spec
+    twin = model_from_spec(model.spec)
+    twin.load_state_dict(model.state_dict())
+    model.eval(), twin.eval()
+    cont, cat = torch.randn(3, K, 2), torch.randint(0, 4, (3, K, 2))
+    out = model(cont, cat)
+    assert out.shape == (3, N_CLASSES) and out.dtype == torch.float32
+    assert torch.equal(out, twin(cont, cat))
+    assert model_spec(ModelConfig(), 2, CARDS, K, 1)["n_outputs"] == 1
+
+
+@pytest.mark.parametrize("family", ["mlp", "transformer"])
+def test_both_families_learn_the_rule(data, tmp_path, family):
+    cfg = train_cfg(epochs=2, grad_accum=1, checkpoint_every_steps=0)
+    result = fit(data["classification"], data["classification-val"], spec_for(family), cfg, "classification",
+                 str(tmp_path / "ckpt"), log=quiet)
+    losses = [h["val_loss"] for h in result.history]
+    assert losses[-1] < losses[0] and losses[-1] < 0.25 * np.log(3)  # a uniform guess among the 3 classes scores ln 3
+    assert result.history[-1]["val_accuracy"] > 0.9  # chance is 1/3
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+    assert result.best_score == min(losses) and result.device == "cpu" and result.precision == "fp32"
+
+    model = load_model(result.best_checkpoint)
+    probs = predict(model, data["classification-val"], batch_size=100)
+    assert probs.shape == (data["classification-val"].n_windows, N_CLASSES) and probs.dtype == np.float32
+    assert np.all(probs[:, 0] == 0) and np.allclose(probs.sum(1), 1, atol=1e-5)
+    accuracy = (probs.argmax(1) == data["classification-val"].targets()).mean()
+    assert accuracy == pytest.approx(next(h for h in result.history if h["val_loss"] == result.best_score)["val_accuracy"])
+
+
+def test_regression_trains(data, tmp_path):
+    cfg = train_cfg(epochs=3, grad_accum=1, lr=5e-3, checkpoint_every_steps=0)
+    result = fit(data["regression"], data["regression-val"], spec_for("mlp", "regression"), cfg, "regression",
+                 str(tmp_path / "ckpt"), log=quiet)
+    val = data["regression-val"]
+    baseline = np.abs(val.targets() - val.targets().mean()).mean()
+    assert result.history[-1]["val_mae"] < 0.5 * baseline
+    assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]
+    preds = predict(load_model(result.last_checkpoint), val)
+    assert preds.shape == (val.n_windows, 1)
+    assert np.abs(preds[:, 0] - val.targets()).mean() == pytest.approx(result.history[-1]["val_mae"], rel=1e-4)
+
+
+def test_bf16_on_cpu_runs(data, tmp_path):
+    result = fit(data["classification"], data["classification-val"], spec_for("mlp"),
+                 train_cfg(epochs=1, precision="bf16", max_steps_per_epoch=3), "classification", str(tmp_path), log=quiet)
+    assert result.precision == "bf16" and result.steps == 3 and np.isfinite(result.history[0]["val_loss"])
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_pruning_keeps_newest_and_best(tmp_path, where):
+    folder = str(tmp_path / "ck") if where == "local" else f"memory://ckpt-test-{os.getpid()}"
+    for step in range(1, 7):
+        save_checkpoint(folder, step, {"w": torch.full((3,), float(step))}, {"best_score": 0.1 * step}, is_best=step == 2, keep=2)
+    assert list_checkpoints(folder) == ["ckpt-000000002.pt", "ckpt-000000005.pt", "ckpt-000000006.pt"]
+    pt, side = latest_checkpoint(folder)
+    assert pt.endswith("ckpt-000000006.pt") and side["step"] == 6 and side["file"] == "ckpt-000000006.pt"
+    assert torch.equal(load_checkpoint(pt)["w"], torch.full((3,), 6.0))
+    best_pt, best_side = best_checkpoint(folder)
+    assert best_pt.endswith("ckpt-000000002.pt") and best_side["best_score"] == pytest.approx(0.2)
+    if where == "local":
+        names = sorted(os.listdir(folder))
+        assert names == ["best.json", *[f"ckpt-00000000{s}.{e}" for s in (2, 5, 6) for e in ("json", "pt")]]
+    else:
+        import fsspec
+
+        fsspec.filesystem("memory").rm(folder.removeprefix("memory:/"), recursive=True)
+
+
+def test_incomplete_checkpoints_are_skipped(tmp_path):
+    folder = tmp_path / "ck"
+    for step in (1, 2, 3, 4):
+        save_checkpoint(str(folder), step, {"w": torch.arange(1000.0)}, {}, is_best=step == 1, keep=5)
+    pt4 = folder / "ckpt-000000004.pt"
+    pt4.write_bytes(pt4.read_bytes()[:100])  # truncated
+    (folder / "ckpt-000000003.pt").unlink()  # missing
+    (folder / "ckpt-000000005.pt").write_bytes(b"a save that died before its sidecar")
+    (folder / ".tmp-abc-ckpt-000000006.json").write_text("{}")
+    pt, side = latest_checkpoint(str(folder))
+    assert pt.endswith("ckpt-000000002.pt") and side["step"] == 2
+    with pytest.raises(IOError, match="checksum"):
+        load_checkpoint(str(pt4))
+    (folder / "ckpt-000000002.json").write_text("{not json")
+    assert latest_checkpoint(str(folder))[1]["step"] == 1
+    assert latest_checkpoint(str(tmp_path / "nowhere")) is None
+
+
+# ---------------------------------------------------------------- exact resume
+
+
+@pytest.fixture(scope="module")
+def straight(data, tmp_path_factory):
+    """Uninterrupted 2-epoch runs (930 windows, 30 batches of 32, 15 optimizer steps per epoch), one per family."""
+    runs = {}
+    for family in ("mlp", "transformer"):
+        folder = str(tmp_path_factory.mktemp(f"straight-{family}"))
+        result = fit(data["classification"], data["classification-val"], spec_for(family), train_cfg(), "classification",
+                     folder, log=quiet)
+        runs[family] = (result, load_model(result.last_checkpoint).state_dict())
+    return runs
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("family,crash_at", [("mlp", 5), ("mlp", 16), ("transformer", 8)])
+def test_resume_after_a_crash_is_bit_identical(data, tmp_path, straight, family, crash_at):
+    reference, ref_weights = straight[family]
+    assert reference.steps == 30
+    folder = str(tmp_path / "ckpt")
+
+    def crash(step, metrics):
+        assert set(metrics) == {"train_loss", "lr"}
+        if step == crash_at:
+            raise Crash
+
+    with pytest.raises(Crash):
+        fit(data["classification"], data["classification-val"], spec_for(family), train_cfg(), "classification", folder,
+            on_step=crash, step_every=1, run_meta={"run_id": "abc"}, log=quiet)
+    saved = latest_checkpoint(folder)[1]
+    assert saved["step"] == crash_at // 3 * 3  # the last checkpoint before the crash (15: the end of epoch 0)
+    epochs = []
+    result = fit(data["classification"], data["classification-val"], spec_for(family), train_cfg(), "classification", folder,
+                 on_epoch=lambda e, m: epochs.append(e), log=quiet)
+    assert result.resumed_from and result.resumed_from.endswith(f"ckpt-{saved['step']:09d}.pt")
+    assert result.run_meta == {"run_id": "abc"} and result.steps == 30
+    assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
+    assert no_timing(result.history) == no_timing(reference.history)
+    assert epochs == ([1] if saved["epoch_complete"] or saved["epoch"] == 1 else [0, 1])
+    assert result.best_checkpoint.rsplit("/", 1)[-1] == reference.best_checkpoint.rsplit("/", 1)[-1]
+
+
+def test_sigterm_checkpoints_then_resume_is_bit_identical(data, tmp_path, straight):
+    reference, ref_weights = straight["mlp"]
+    folder = str(tmp_path / "ckpt")
+    before = signal.getsignal(signal.SIGTERM)
+
+    def terminate(step, metrics):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    # checkpoint_every_steps differs from the reference run: it does not change what is computed
+    with pytest.raises(Preempted) as stopped:
+        fit(data["classification"], data["classification-val"], spec_for("mlp"), train_cfg(checkpoint_every_steps=0),
+            "classification", folder, on_step=terminate, step_every=1, log=quiet)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert stopped.value.checkpoint.endswith("ckpt-000000004.pt")
+    side = latest_checkpoint(folder)[1]
+    assert (side["step"], side["epoch"], side["epoch_complete"]) == (4, 0, False)
+    assert side["loader"]["offset"] == 4 * 2 * 32  # 4 steps of 2 micro-batches of 32
+    result = fit(data["classification"], data["classification-val"], spec_for("mlp"), train_cfg(checkpoint_every_steps=0),
+                 "classification", folder, log=quiet)
+    assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
+    assert no_timing(result.history) == no_timing(reference.history)
+
+
+def test_finished_run_is_not_trained_again(data, tmp_path, straight):
+    reference, _ = straight["mlp"]
+    folder = Path(reference.last_checkpoint).parent
+    calls = []
+    again = fit(data["classification"], data["classification-val"], spec_for("mlp"), train_cfg(), "classification",
+                str(folder), on_step=lambda s, m: calls.append(s), step_every=1, log=quiet)
+    assert calls == [] and again.steps == 30 and again.history == reference.history
+    assert again.best_checkpoint == reference.best_checkpoint and again.last_checkpoint == reference.last_checkpoint
+
+
+def test_resume_refuses_another_config(data, tmp_path, straight):
+    folder = str(Path(straight["mlp"][0].last_checkpoint).parent)
+    with pytest.raises(ValueError, match="another model config"):
+        fit(data["classification"], data["classification-val"], spec_for("mlp", embedding_dim=3), train_cfg(),
+            "classification", folder, log=quiet)
+    with pytest.raises(ValueError, match=r"training\.lr"):
+        fit(data["classification"], data["classification-val"], spec_for("mlp"), train_cfg(lr=0.5), "classification",
+            folder, log=quiet)
+
+
+def test_checkpoint_layout_is_tensors_plus_readable_sidecar(data, straight):
+    result, _ = straight["mlp"]
+    folder = Path(result.last_checkpoint).parent
+    side = json.loads((folder / "ckpt-000000030.json").read_text())
+    assert side["step"] == 30 and side["epoch"] == 1 and side["epoch_complete"] is True
+    assert side["loader"] == {"version": 1, "epoch": 1, "offset": data["classification"].n_windows, "seed": 1,
+                              "n_windows": data["classification"].n_windows}
+    assert side["sha256"] == hashlib.sha256((folder / "ckpt-000000030.pt").read_bytes()).hexdigest()
+    assert side["model_spec"] == spec_for("mlp") and side["training"]["lr"] == 1e-2 and len(side["history"]) == 2
+    best = json.loads((folder / "best.json").read_text())
+    assert best["file"] == Path(result.best_checkpoint).name
+    ckpt = load_checkpoint(result.last_checkpoint)  # weights_only=True
+    assert set(ckpt) >= {"model", "optimizer", "scaler", "rng", "loader", "loop", "history", "run_meta", "model_spec"}
+    assert isinstance(ckpt["rng"]["torch"], torch.Tensor) and isinstance(ckpt["rng"]["numpy"][1], list)
