@@ -444,3 +444,15 @@ def test_checkpoint_layout_is_tensors_plus_readable_sidecar(data, straight):
     ckpt = load_checkpoint(result.last_checkpoint)  # weights_only=True
     assert set(ckpt) >= {"model", "optimizer", "scaler", "rng", "loader", "loop", "history", "run_meta", "model_spec"}
     assert isinstance(ckpt["rng"]["torch"], torch.Tensor) and isinstance(ckpt["rng"]["numpy"][1], list)
+
+
+def test_resume_false_starts_over_in_a_used_folder(data, tmp_path):
+    folder = tmp_path / "ckpt"
+    quick = train_cfg(epochs=1, max_steps_per_epoch=2, checkpoint_every_steps=1)
+    fit(data["classification"], data["classification-val"], spec_for("mlp"), quick, "classification", str(folder), log=quiet)
+    other = spec_for("mlp", embedding_dim=3)
+    result = fit(data["classification"], data["classification-val"], other, train_cfg(epochs=1, max_steps_per_epoch=1),
+                 "classification", str(folder), resume=False, log=quiet)
+    assert result.resumed_from is None and result.steps == 1
+    assert sorted(os.listdir(folder)) == ["best.json", "ckpt-000000001.json", "ckpt-000000001.pt"]
+    assert load_checkpoint(result.last_checkpoint)["model_spec"] == other
