@@ -80,3 +80,14 @@ def test_extends_loop_and_missing_file(tmp_path):
 def test_bad_set_syntax(tmp_path):
     with pytest.raises(ConfigError, match="expected key.path=value"):
         load_config(write(tmp_path / "c.yaml", tiny_config("raw", "store")), ["training.epochs"])
+
+
+def test_demo_config_declares_exactly_the_demo_columns():
+    from shardline.cli import DEMO_CONFIG
+    from shardline.demo import DEMO_BOOLEAN, DEMO_CATEGORICAL, DEMO_CONTINUOUS, DEMO_TARGET
+
+    cfg = load_config(DEMO_CONFIG)
+    assert cfg.data.features.continuous == DEMO_CONTINUOUS
+    assert cfg.data.features.boolean == DEMO_BOOLEAN
+    assert cfg.data.features.categorical == DEMO_CATEGORICAL
+    assert cfg.data.target.column == DEMO_TARGET

@@ -1,0 +1,79 @@
+"""What the README promises, run as a user would: the `shardline` command in a subprocess."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from tests.conftest import make_raw, tiny_config
+
+BIN = Path(sys.executable).parent / "shardline"
+
+
+def shardline(*args, cwd=None, timeout=600):
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
+
+
+def test_help_everywhere():
+    for cmd in ([], ["demo"], ["run"], ["predict"], ["check-config"]):
+        out = shardline(*cmd, "--help")
+        assert out.returncode == 0, out.stderr
+        assert "Usage" in out.stdout
+
+
+def test_unknown_config_key_fails_before_any_work(tmp_path):
+    make_raw(tmp_path / "raw")
+    cfg = tiny_config("raw/*.parquet", "store")
+    cfg["model"]["hiden"] = 64
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = shardline("run", tmp_path / "c.yaml")
+    assert out.returncode == 2
+    assert "unknown key 'model.hiden'" in out.stderr
+    assert not (tmp_path / "store").exists()
+
+
+def test_check_config_prints_the_resolved_config(tmp_path):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config("raw/*.parquet", "store")))
+    out = shardline("check-config", tmp_path / "c.yaml", "--set", "training.epochs=9")
+    assert out.returncode == 0, out.stderr
+    resolved = yaml.safe_load(out.stdout)
+    assert resolved["training"]["epochs"] == 9
+    assert resolved["data"]["source"] == str(tmp_path / "raw" / "*.parquet")
+
+
+@pytest.mark.e2e
+def test_run_with_a_bad_file_names_it_and_exits_nonzero(tmp_path):
+    make_raw(tmp_path / "raw")
+    pl.read_parquet(tmp_path / "raw" / "s-002.parquet").drop("y").write_parquet(tmp_path / "raw" / "s-002.parquet")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config("raw/*.parquet", "store")))
+    out = shardline("run", tmp_path / "c.yaml")
+    assert out.returncode == 1
+    assert "s-002.parquet: missing column 'y'" in out.stderr
+    assert not list((tmp_path / "store").rglob("manifest.json"))
+
+
+@pytest.mark.e2e
+def test_demo_then_predict(tmp_path):
+    home = tmp_path / "home"
+    out = shardline("demo", "--home", home, "--games", 10, "--frames", 400, "--set", "training.epochs=2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Registered shardline-demo version 1 as @champion" in out.stdout
+    assert f"mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}" in out.stdout
+    game = sorted((home / "data" / "raw").glob("*.parquet"))[0]
+    preds_path = tmp_path / "preds.parquet"
+    out = shardline("predict", "models:/shardline-demo@champion", game, "--out", preds_path,
+                    "--tracking-uri", f"sqlite:///{home / 'mlflow.db'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    preds = pl.read_parquet(preds_path)
+    raw = pl.read_parquet(game)
+    # one prediction per row with 8 frames of history, keyed so it joins back to the input
+    assert preds.height == raw.height - 8
+    assert preds.columns == ["game_id", "frame", "prediction", "probability"]
+    joined = preds.join(raw, on=["game_id", "frame"], how="inner")
+    assert joined.height == preds.height
+    assert joined["frame"].min() == 8
