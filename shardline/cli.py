@@ -70,7 +70,7 @@ def _summary(result: dict, home_hint: str | None = None) -> None:
 @app.command()
 def demo(
     home: Path = typer.Option(Path("shardline-home"), "--home", help="folder for the demo data, shards, checkpoints and the MLflow store"),
-    games: int = typer.Option(48, help="number of generated games (one parquet file each)"),
+    games: int = typer.Option(160, help="number of generated games (one parquet file each)"),
     frames: int = typer.Option(2000, help="frames per game"),
     seed: int = typer.Option(0, help="seed of the data generator"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.epochs=1 (repeatable)"),

@@ -12,7 +12,6 @@ import polars as pl
 from shardline.config import FILE_SEQUENCE
 from shardline.encoding import ORDER, SEQ, DataError, encode_frame, prepare
 from shardline.manifest import EncodingSpec
-from shardline.shards import window_starts
 
 
 def bundle_dict(spec: EncodingSpec, model_spec: dict, extra: dict | None = None) -> dict:
@@ -78,20 +77,14 @@ class Predictor:
         key_dtype = df[seq_col].dtype if seq_col else None
         prepared = prepare(df, spec.sequence_key, spec.order_by, "input")
         arrays, keys = encode_frame(prepared, spec, with_target=False)
-        starts = window_starts(arrays["offsets"], spec.window, spec.horizon)
-        rows = starts + spec.window - 1 + spec.horizon
+        data = SplitData([arrays], spec.window, spec.horizon)
+        where = data.window_keys()
         out: dict[str, object] = {}
         if seq_col:
-            seg = np.searchsorted(arrays["offsets"], rows, side="right") - 1
-            out[seq_col] = pl.Series(seq_col, [keys[i] for i in seg], dtype=pl.Utf8).cast(key_dtype)
+            out[seq_col] = pl.Series(seq_col, [keys[i] for i in where["segment"].tolist()], dtype=pl.Utf8).cast(key_dtype)
         order_name = spec.order_by or "row"
-        order_vals = arrays["order"][rows]
-        out[order_name] = pl.Series(order_name, order_vals).cast(df[spec.order_by].dtype) if spec.order_by else order_vals
-        if len(rows) == 0:
-            decoded = decode_outputs(spec, np.zeros((0, spec.target.n_outputs), np.float32))
-        else:
-            data = SplitData([arrays], spec.window, spec.horizon)
-            decoded = decode_outputs(spec, predict(self.model, data, batch_size=batch_size))
-        for k, v in decoded.items():
-            out[k] = v
+        order_vals = pl.Series(order_name, where["order"])
+        out[order_name] = order_vals.cast(df[spec.order_by].dtype) if spec.order_by else order_vals
+        outputs = predict(self.model, data, batch_size=batch_size) if data.n_windows else np.zeros((0, spec.target.n_outputs), np.float32)
+        out.update(decode_outputs(spec, outputs))
         return pl.DataFrame(out)

@@ -16,31 +16,17 @@ from shardline import storage
 from shardline.config import CLASSIFICATION_METRICS, REGRESSION_METRICS, PipelineConfig
 from shardline.manifest import Manifest
 from shardline.predicting import decode_outputs, key_columns
-from shardline.shards import read_arrays, window_starts
 
 
-def window_keys(manifest: Manifest, manifest_uri: str, split: str) -> pl.DataFrame:
-    """Sequence key and order of every window's target row, in the order the trainer yields windows."""
-    spec = manifest.encoding
+def sequence_keys(manifest: Manifest, manifest_uri: str, split: str, data) -> list[str]:
+    """The sequence key of every window's target row, in window order (from the shards' key files)."""
     folder = manifest_uri.rsplit("/", 1)[0]
-    seqs, orders = [], []
-    for info in manifest.shards_of(split):
-        path = storage.fetch_verified(storage.join(folder, info.path), info.sha256)
-        arrays = read_arrays(path, {k: info.arrays[k] for k in ("offsets", "order")})
-        keys = pl.read_parquet(io.BytesIO(storage.read_bytes(storage.join(folder, info.keys_path))))["sequence"].to_list()
-        rows = window_starts(arrays["offsets"], spec.window, spec.horizon) + spec.window - 1 + spec.horizon
-        seg = np.searchsorted(arrays["offsets"], rows, side="right") - 1
-        seqs.extend(keys[i] for i in seg)
-        orders.append(np.asarray(arrays["order"])[rows])
-    return pl.DataFrame({"sequence": seqs, "order": np.concatenate(orders) if orders else np.zeros(0, np.int64)})
-
-
-def split_targets(data) -> np.ndarray:
-    """The target of every window of a split, in window order."""
-    out = []
-    for i in range(0, data.n_windows, 65536):
-        out.append(data.batch(np.arange(i, min(i + 65536, data.n_windows))).target.numpy())
-    return np.concatenate(out) if out else np.zeros(0)
+    where = data.window_keys()
+    per_shard = [
+        pl.read_parquet(io.BytesIO(storage.read_bytes(storage.join(folder, info.keys_path))))["sequence"].to_list()
+        for info in manifest.shards_of(split)
+    ]
+    return [per_shard[s][g] for s, g in zip(where["shard"].tolist(), where["segment"].tolist())]
 
 
 def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig, out_dir: Path) -> dict:
@@ -52,8 +38,8 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     model = load_model(train_result["best_checkpoint"])
     test = open_split(manifest, manifest_uri, "test")
     outputs = predict(model, test)
-    y = split_targets(test)
-    train_y = split_targets(open_split(manifest, manifest_uri, "train"))
+    y = test.targets()
+    train_y = open_split(manifest, manifest_uri, "train").targets()
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [M.plot_learning_curves(train_result["history"], out_dir / "learning_curves.png")]
     if spec.target.task == "classification":
@@ -72,10 +58,11 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
         baseline = M.regression_metrics(y_raw, M.mean_baseline(float(train_y.mean() * t.std + t.mean), len(y_raw)))
         plots.append(M.plot_residuals(y_raw, pred_raw, out_dir / "residuals.png"))
         directions = REGRESSION_METRICS
-    keys = window_keys(manifest, manifest_uri, "test")
     key_names = key_columns(spec)
-    decoded = decode_outputs(spec, outputs)
-    preds = pl.DataFrame({**({key_names[0]: keys["sequence"]} if len(key_names) == 2 else {}), key_names[-1]: keys["order"], **decoded})
+    columns = {key_names[-1]: test.window_keys()["order"]}
+    if len(key_names) == 2:  # a sequence key column, then the order column
+        columns = {key_names[0]: sequence_keys(manifest, manifest_uri, "test", test), **columns}
+    preds = pl.DataFrame({**columns, **decode_outputs(spec, outputs)})
     preds.write_parquet(out_dir / "test_predictions.parquet")
     return {
         "metrics": metrics,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from pathlib import Path
 
 import yaml
@@ -46,7 +47,9 @@ def _signature(spec, sample_uri: str):
         out.update(prediction=np.array(["a"], dtype=object), probability=np.zeros(1, np.float32))
     else:
         out.update(prediction=np.zeros(1, np.float64))
-    return infer_signature(sample, pd.DataFrame(out)), sample
+    with warnings.catch_warnings():  # the integer-columns hint: nulls in them are handled by the encoding
+        warnings.simplefilter("ignore", UserWarning)
+        return infer_signature(sample, pd.DataFrame(out)), sample
 
 
 def champion_gate(client, name: str, metric: str, direction: str, new_value: float) -> tuple[bool, dict | None]:
