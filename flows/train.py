@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import yaml
+
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
@@ -52,6 +54,8 @@ def train(manifest_uri: str, config: PipelineConfig) -> dict:
     val_data = open_split(manifest, manifest_uri, "validation")
     folder = run_dir(config, manifest)
     ckpt_dir = storage.join(folder, "checkpoints")
+    # the resolved config (after extends and --set) is stored with what it produced
+    storage.write_text(storage.join(folder, "config.yaml"), yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
     tracker = Tracker(config.mlflow, config.storage.root, journal=None if storage.is_remote(folder) else storage.join(folder, "mlflow-journal.jsonl"))
     previous = latest_checkpoint(ckpt_dir)

@@ -146,3 +146,20 @@ def test_manifest_verification_rejects_missing_shard(raw_dir, tmp_path):
     (tmp_path / "store").joinpath(out_dir.split("/store/", 1)[1], manifest.shards[0].path).unlink()
     assert verify_manifest(uri) is None
     assert Manifest.model_validate(json.loads(storage.read_text(uri))).shards  # the manifest itself is intact
+
+
+def test_training_refuses_shards_encoded_for_another_config(raw_dir, tmp_path):
+    from shardline import storage
+    from flows.train import load_manifest
+
+    cfg = cfg_for(raw_dir, tmp_path)
+    _, _, out_dir, manifest = encode_all(cfg)
+    uri = f"{out_dir}/manifest.json"
+    storage.write_text(uri, manifest.model_dump_json())
+    assert load_manifest(uri, cfg).encoding_hash == manifest.encoding_hash
+    other = cfg_for(raw_dir, tmp_path, **{"data.window": 4, "data.features": {"continuous": ["x"], "boolean": ["flag"], "categorical": ["kind"]}})
+    with pytest.raises(ValueError) as e:
+        load_manifest(uri, other)
+    msg = str(e.value)
+    assert "data.window: the shards were encoded with 3, the config says 4" in msg
+    assert "data.continuous: the shards were encoded with ['x', 'y'], the config says ['x']" in msg
