@@ -1,0 +1,49 @@
+import json
+import socket
+import time
+
+from shardline.config import MlflowConfig
+from shardline.tracking import Tracker, tracking_uri
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_unreachable_mlflow_never_raises_and_keeps_metrics(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    journal = tmp_path / "journal.jsonl"
+    t0 = time.perf_counter()
+    tracker = Tracker(MlflowConfig(tracking_uri=f"http://127.0.0.1:{closed_port()}"), str(tmp_path), journal=str(journal))
+    assert tracker.start(None, "r", {}) is None
+    tracker.log_metrics({"train/loss": 1.5}, step=3)
+    tracker.log_metrics({"train/loss": 1.2}, step=4)
+    tracker.end("FINISHED")
+    assert time.perf_counter() - t0 < 30
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    assert [line["args"] for line in lines if line["call"] == "log_metrics"] == [[{"train/loss": 1.5}, 3], [{"train/loss": 1.2}, 4]]
+
+
+def test_sqlite_tracking_logs_and_resumes_the_same_run(tmp_path):
+    from mlflow import MlflowClient
+
+    cfg = MlflowConfig(experiment="e")
+    tracker = Tracker(cfg, str(tmp_path / "store"))
+    assert tracker.uri == f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}" == tracking_uri(cfg, str(tmp_path / "store"))
+    run_id = tracker.start(None, "r", {"k": "v"})
+    tracker.log_metrics({"a": 1.0}, step=0)
+    tracker.end("FAILED")
+    again = Tracker(cfg, str(tmp_path / "store"))
+    assert again.start(run_id, "r", {}) == run_id
+    again.log_metrics({"a": 2.0}, step=1)
+    again.end("FINISHED")
+    client = MlflowClient(tracker.uri)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert [m.value for m in client.get_metric_history(run_id, "a")] == [1.0, 2.0]
+    exp = client.get_experiment_by_name("e")
+    assert exp.artifact_location == (tmp_path / "store" / "mlflow-artifacts").as_uri()
