@@ -17,11 +17,14 @@ from shardline.tracking import Tracker, flatten
 from shardline.version import code_version
 
 
+# settings that do not change what is trained: a rerun with other values resumes the same run
+RESUMABLE_ACROSS = {"checkpoint_every_steps", "checkpoint_every_seconds", "keep_checkpoints", "num_workers", "device", "precision"}
+
+
 def run_dir(config: PipelineConfig, manifest: Manifest) -> str:
     """Where one training run's checkpoints and evaluation live: addressed by data + model + training config."""
-    key = stable_hash(
-        {"manifest": manifest.hash(), "model": config.model.model_dump(mode="json"), "training": config.training.model_dump(mode="json")}
-    )[:20]
+    training = config.training.model_dump(mode="json", exclude=RESUMABLE_ACROSS)
+    key = stable_hash({"manifest": manifest.hash(), "model": config.model.model_dump(mode="json"), "training": training})[:20]
     return storage.join(config.storage.root, "runs", key)
 
 

@@ -162,6 +162,7 @@ class TrainingConfig(_Strict):
     seed: int = 0
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     checkpoint_every_steps: int = Field(0, ge=0, description="0: only at epoch end")
+    checkpoint_every_seconds: float = Field(0, ge=0, description="also checkpoint when this long has passed since the last one; 0: off")
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept, besides the best")
     max_steps_per_epoch: int | None = Field(None, ge=1, description="cap optimizer steps per epoch (quick runs)")
     num_workers: int = Field(0, ge=0)
