@@ -45,7 +45,7 @@ def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
 @flow(name="train", log_prints=True)
 def train(manifest_uri: str, config: PipelineConfig) -> dict:
     """Train the configured model on the manifest's shards; return the best checkpoint and its scores."""
-    from trainer.checkpoint import latest_checkpoint
+    from trainer.checkpoint import best_checkpoint, latest_checkpoint
     from trainer.data import open_split
     from trainer.loop import fit
     from trainer.models import model_spec
@@ -95,7 +95,9 @@ def train(manifest_uri: str, config: PipelineConfig) -> dict:
         tracker.end("FAILED")
         raise
     tracker.end("FINISHED")
+    best = best_checkpoint(ckpt_dir)
     return {
+        "best_sha256": best[1]["sha256"] if best else None,
         "run_dir": folder,
         "best_checkpoint": result.best_checkpoint,
         "last_checkpoint": result.last_checkpoint,

@@ -23,15 +23,15 @@ from shardline.encoding import (
     partial_stats,
     prepare,
 )
-from shardline.manifest import EncodingSpec, Manifest, ShardInfo, Snapshot
+from shardline.manifest import EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.shards import window_starts, write_arrays
 
 ENCODER_VERSION = "1"  # bump when the shard layout or the encoding rules change
 
 
-def file_groups(snapshot: Snapshot, per_group: int) -> list[list[str]]:
-    uris = [f.uri for f in snapshot.files]
-    return [uris[i : i + per_group] for i in range(0, len(uris), per_group)]
+def file_groups(snapshot: Snapshot, per_group: int) -> list[list[RawFile]]:
+    files = snapshot.files
+    return [files[i : i + per_group] for i in range(0, len(files), per_group)]
 
 
 def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
@@ -63,20 +63,21 @@ def read_raw(uri: str, data: DataConfig) -> pl.DataFrame:
     return prepare(df, data.sequence_key, data.order_by, uri)
 
 
-def read_group(uris: list[str], data: DataConfig) -> pl.DataFrame:
+def read_group(files: list[RawFile] | list[str], data: DataConfig) -> pl.DataFrame:
+    uris = [f.uri if isinstance(f, RawFile) else f for f in files]
     return assign_split(pl.concat([read_raw(u, data) for u in uris], how="vertical_relaxed"), data)
 
 
-def fit_group_stats(uris: list[str], data: DataConfig) -> dict:
-    df = read_group(uris, data)
+def fit_group_stats(files: list[RawFile] | list[str], data: DataConfig) -> dict:
+    df = read_group(files, data)
     stats = partial_stats(df.filter(pl.col(SPLIT) == "train"), data)
     stats["split_rows"] = {s: int((df[SPLIT] == s).sum()) for s in SPLITS}
     return stats
 
 
-def encode_group_to_shards(uris: list[str], group: int, spec: EncodingSpec, data: DataConfig, out_dir: str) -> list[ShardInfo]:
+def encode_group_to_shards(files: list[RawFile] | list[str], group: int, spec: EncodingSpec, data: DataConfig, out_dir: str) -> list[ShardInfo]:
     """Encode one group of raw files into one shard per split under `out_dir` (each written atomically)."""
-    df = read_group(uris, data)
+    df = read_group(files, data)
     infos = []
     for split in SPLITS:
         part = df.filter(pl.col(SPLIT) == split)
@@ -163,19 +164,19 @@ def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
 
 
 @task(name="fit-encoding-stats", retries=2, retry_delay_seconds=5)
-def fit_group(uris: list[str], data: DataConfig) -> dict:
+def fit_group(files: list[RawFile], data: DataConfig) -> dict:
     """Statistics of one file group's training rows (means, vocabularies, split sizes)."""
-    return fit_group_stats(uris, data)
+    return fit_group_stats(files, data)
 
 
 @task(name="encode-group", retries=2, retry_delay_seconds=5)
-def encode_group(uris: list[str], group: int, n_groups: int, spec: EncodingSpec, data: DataConfig, out_dir: str) -> list[ShardInfo]:
+def encode_group(files: list[RawFile], group: int, n_groups: int, spec: EncodingSpec, data: DataConfig, out_dir: str) -> list[ShardInfo]:
     """Encode one file group into shards (one per split)."""
     t0 = time.perf_counter()
-    infos = encode_group_to_shards(uris, group, spec, data, out_dir)
+    infos = encode_group_to_shards(files, group, spec, data, out_dir)
     rows = sum(i.rows for i in infos)
     get_run_logger().info(
-        "encode: group %d/%d done: %d file(s), %d rows in %.1fs", group + 1, n_groups, len(uris), rows, time.perf_counter() - t0
+        "encode: group %d/%d done: %d file(s), %d rows in %.1fs", group + 1, n_groups, len(files), rows, time.perf_counter() - t0
     )
     return infos
 
@@ -193,22 +194,52 @@ def write_manifest(snapshot: Snapshot, spec: EncodingSpec, shard_lists: list[lis
     return uri
 
 
-def encode(snapshot: Snapshot, data: DataConfig, storage_root: str) -> str:
-    """Wire the encode step (called inside a flow): map the fit over groups, merge, map the encode, write the manifest."""
+def _data_key(data: DataConfig) -> dict:
+    return data.model_dump(mode="json", exclude={"source", "on_bad_file", "files_per_group"})
+
+
+def shards_intact(infos: list[ShardInfo], out_dir: str) -> bool:
+    """Every shard (and key file) a cached encode result lists is there with its checksum."""
+    for info in infos:
+        for rel, digest in ((info.path, info.sha256), (info.keys_path, info.keys_sha256)):
+            uri = storage.join(out_dir, rel)
+            if not storage.exists(uri) or storage.sha256_uri(uri) != digest:
+                return False
+    return True
+
+
+def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: bool = False) -> tuple[str, bool]:
+    """Wire the encode step (inside a flow): map the fit over file groups, merge, map the encode, write
+    the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache)."""
+    from tasks.caching import cached, raw_files_key
+
     log = get_run_logger()
     out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
-    manifest_uri = storage.join(out_dir, "manifest.json")
-    if verify_manifest(manifest_uri) is not None:
-        log.info("encode: %s already holds this data set (same files, same config); reusing it", out_dir)
-        return manifest_uri
     groups = file_groups(snapshot, data.files_per_group)
     log.info("encode: %d file(s) in %d group(s) -> %s", len(snapshot.files), len(groups), out_dir)
-    partials = fit_group.map(groups, data=unmapped(data)).result()
+    code = ("tasks.encode",)
+    fit_t = cached(fit_group, "fit", code, lambda i: (raw_files_key(i["files"]), _data_key(i["data"])), storage_root, refresh=refresh)
+    enc_t = cached(
+        encode_group, "encode", code,
+        lambda i: (raw_files_key(i["files"]), i["group"], i["spec"].hash(), _data_key(i["data"]), i["out_dir"]),
+        storage_root, validate=lambda infos: shards_intact(infos, out_dir), refresh=refresh,
+    )
+    man_t = cached(
+        write_manifest, "manifest", code,
+        lambda i: (i["snapshot"].fingerprint, i["spec"].hash(), [[x.sha256 for x in g] for g in i["shard_lists"]], _data_key(i["data"]), i["out_dir"]),
+        storage_root, validate=lambda uri: verify_manifest(uri) is not None, refresh=refresh,
+    )
+    fit_futures = fit_t.map(groups, data=unmapped(data))
+    partials = fit_futures.result()
     spec = fit_spec(partials, data)
     split_rows = {s: sum(p["split_rows"][s] for p in partials) for s in SPLITS}
     if split_rows["train"] == 0:
         check_splits(split_rows, data)
-    shard_lists = encode_group.map(
+    enc_futures = enc_t.map(
         groups, list(range(len(groups))), n_groups=len(groups), spec=unmapped(spec), data=unmapped(data), out_dir=out_dir
-    ).result()
-    return write_manifest(snapshot, spec, shard_lists, data, out_dir)
+    )
+    shard_lists = enc_futures.result()
+    man_state = man_t(snapshot, spec, shard_lists, data, out_dir, return_state=True)
+    uri = man_state.result()
+    ran = any(not f.state.name == "Cached" for f in [*fit_futures, *enc_futures]) or man_state.name != "Cached"
+    return uri, ran

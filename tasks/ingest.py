@@ -108,6 +108,25 @@ def _version(info: dict, local: bool) -> str:
     return str(mtime)
 
 
+def stat_files(uris: list[str]) -> list[tuple[str, int, str]]:
+    """(uri, size, version) per file: mtime_ns on local disks, the etag on object stores."""
+    out = []
+    for uri in uris:
+        if not is_remote(uri):
+            st = os.stat(uri)
+            out.append((uri, st.st_size, str(st.st_mtime_ns)))
+        else:
+            fs, path = filesystem(uri)
+            info = fs.info(path)
+            out.append((uri, int(info["size"]), _version(info, False)))
+    return out
+
+
+def source_listing(data: DataConfig) -> list[tuple[str, int, str]]:
+    """What the source holds now, cheaply (a listing, no file read): the ingest step's cache key."""
+    return stat_files(list_source(data.source))
+
+
 def snapshot_source(data: DataConfig) -> Snapshot:
     """List and check the raw files (footers only); raise on a bad file unless data.on_bad_file is 'skip'."""
     uris = list_source(data.source)
@@ -117,16 +136,9 @@ def snapshot_source(data: DataConfig) -> Snapshot:
         )
     files: list[RawFile] = []
     rejected: list[RejectedFile] = []
-    for uri in uris:
+    for uri, size, version in stat_files(uris):
         fs, path = filesystem(uri)
-        local = not is_remote(uri)
         try:
-            if local:
-                st = os.stat(path)
-                size, version = st.st_size, str(st.st_mtime_ns)
-            else:
-                info = fs.info(path)
-                size, version = int(info["size"]), _version(info, local)
             with fs.open(path, "rb") as f:
                 schema = pq.read_schema(f)
         except Exception as e:  # unreadable footer: a truncated or non-parquet file

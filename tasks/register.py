@@ -158,3 +158,14 @@ def register(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, trai
     )
     log.info("register: %s v%s -> %s", reg["model_name"], reg["version"], reg["alias"])
     return reg
+
+
+def version_exists(reg: dict) -> bool:
+    """A cached registration still stands: its model version is in the registry, from the same run."""
+    from mlflow import MlflowClient
+
+    try:
+        version = MlflowClient(reg["tracking_uri"]).get_model_version(reg["model_name"], str(reg["version"]))
+    except Exception:
+        return False
+    return version.run_id == reg["run_id"]

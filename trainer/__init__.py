@@ -15,6 +15,7 @@ _EXPORTS = {
     "save_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint", "best_checkpoint": "checkpoint",
     "load_checkpoint": "checkpoint",
     "fit": "loop", "predict": "loop", "load_model": "loop", "evaluate": "loop", "FitResult": "loop", "Preempted": "loop",
+    "PREEMPTED_EXIT_CODE": "loop",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -5,7 +5,13 @@ Write order makes every reader safe without locks:
   2. `ckpt-N.json` (records the .pt's sha256 and size; a checkpoint exists only once this exists and matches)
   3. `best.json`   (when this one is the best so far)
   4. pruning: older checkpoints beyond the newest `keep` (the best is always kept), sidecar first.
+A process killed anywhere in that sequence leaves at worst a .pt without a sidecar (ignored, pruned
+later), a stale `best.json` (`point_best` repairs it on resume) or a temp file (`remove_temp_files`).
 Works on local paths and fsspec URLs. Loading is `torch.load(..., weights_only=True)`: no pickles.
+
+Test hook, off unless set: SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE=<seconds>[@tensors|@sidecar] makes a save
+pause that long after writing its .pt and/or after its sidecar, announcing each pause on stderr, so a test
+can kill the process inside a save deterministically (tests/test_resume_kill.py).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import io
 import json
 import os
 import re
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -82,6 +90,13 @@ def _verified(dir_uri: str, name: str, check_sha: bool = True) -> tuple[str, dic
     return pt_uri, side
 
 
+def _test_pause(name: str, written: str) -> None:
+    seconds, _, stage = os.environ.get("SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE", "").partition("@")
+    if seconds and float(seconds) > 0 and stage in ("", written):
+        print(f"checkpoint-write-paused {name} {written}", file=sys.stderr, flush=True)
+        time.sleep(float(seconds))
+
+
 def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: bool, keep: int) -> str:
     """Write checkpoint `step` (tensors `state`, sidecar from `meta`), point best.json at it when `is_best`,
     prune to the newest `keep` plus the best. Returns the .pt URI."""
@@ -93,6 +108,7 @@ def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: b
     name = checkpoint_name(step)
     pt_uri = storage.join(dir_uri, name)
     storage.write_bytes(pt_uri, data)
+    _test_pause(name, "tensors")
     sidecar = {
         **meta,
         "format": FORMAT_VERSION,
@@ -103,11 +119,40 @@ def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: b
         "saved_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     storage.write_text(sidecar_uri(pt_uri), json.dumps(sidecar, indent=2, sort_keys=True))
+    _test_pause(name, "sidecar")
     if is_best:
-        pointer = {"file": name, "step": step, "sha256": sidecar["sha256"], "best_score": meta.get("best_score")}
-        storage.write_text(storage.join(dir_uri, BEST), json.dumps(pointer, indent=2, sort_keys=True))
+        _write_best(dir_uri, sidecar)
     prune_checkpoints(dir_uri, keep)
     return pt_uri
+
+
+def _write_best(dir_uri: str, sidecar: dict) -> None:
+    pointer = {k: sidecar.get(k) for k in ("file", "step", "sha256", "best_score")}
+    storage.write_text(storage.join(dir_uri, BEST), json.dumps(pointer, indent=2, sort_keys=True))
+
+
+def point_best(dir_uri: str, name: str) -> bool:
+    """Make best.json name checkpoint `name` unless it already does (a save killed between its sidecar and
+    best.json leaves the pointer one best behind). False when `name` is not a complete checkpoint."""
+    pointer = _read_json(storage.join(dir_uri, BEST)) or {}
+    found = _verified(dir_uri, name)
+    if found is None:
+        return False
+    if pointer.get("file") != name or pointer.get("sha256") != found[1].get("sha256"):
+        _write_best(dir_uri, found[1])
+    return True
+
+
+def remove_temp_files(dir_uri: str) -> list[str]:
+    """Delete the temp files of local writes that a killed process left in a checkpoint folder (its only
+    writer must be the caller). Object stores have none: their puts are atomic."""
+    folder = Path(storage.local_path(dir_uri))
+    if storage.is_remote(dir_uri) or not folder.is_dir():
+        return []
+    stale = sorted(n for n in os.listdir(folder) if n.startswith(storage.TMP_MARK))
+    for n in stale:
+        (folder / n).unlink(missing_ok=True)
+    return stale
 
 
 def prune_checkpoints(dir_uri: str, keep: int) -> list[str]:

@@ -5,6 +5,12 @@ loader position (epoch, windows already yielded), the loop counters (global step
 epoch, the epoch's running train loss) and the history. The LR is a pure function of the global step,
 so there is no scheduler state. Restoring one and continuing gives the same weights, to the bit, as a
 run that never stopped (on the same device, precision and thread count).
+
+Checkpoints are taken at each epoch end, every `checkpoint_every_steps` optimizer steps, and at the first
+step boundary `checkpoint_every_seconds` after the last one; the cadence changes when state is saved,
+never what is computed, so it may change across a resume. A process killed anywhere (SIGKILL included)
+resumes from its newest complete checkpoint; SIGTERM/SIGINT save one first and raise `Preempted`, which
+a script turns into exit status PREEMPTED_EXIT_CODE (tests/test_resume_kill.py kills real processes).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from trainer.checkpoint import (
     clear_checkpoints,
     latest_checkpoint,
     load_checkpoint,
+    point_best,
+    remove_temp_files,
     save_checkpoint,
 )
 from trainer.data import SplitData, WindowLoader
@@ -42,8 +50,11 @@ from trainer.models import model_from_spec
 TASKS = ("classification", "regression")
 # training settings that may change between a run and its resume: they do not change what is computed
 # (device/precision can change the arithmetic; a resume on other hardware is allowed but not bit-exact)
-RESUMABLE_CHANGES = ("device", "precision", "num_workers", "checkpoint_every_steps", "keep_checkpoints")
+RESUMABLE_CHANGES = (
+    "device", "precision", "num_workers", "checkpoint_every_steps", "checkpoint_every_seconds", "keep_checkpoints",
+)
 TIMING_KEYS = ("windows_per_s", "seconds")
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: what a script exits with on `Preempted`; "run me again to resume"
 
 
 class Preempted(Exception):
@@ -283,10 +294,15 @@ def fit(
     training = cfg.model_dump(mode="json")
     windows = {"train": train.n_windows, "validation": val.n_windows}
 
+    removed = remove_temp_files(ckpt_dir)  # left by a process killed inside a write
+    if removed:
+        log(f"deleted {len(removed)} temp file(s) of an interrupted checkpoint write in {ckpt_dir}")
     found = latest_checkpoint(ckpt_dir) if resume else None
     if found:
         _check_same_run(found[1], spec, training, task, windows, ckpt_dir)
         side = found[1]
+        if side.get("best_checkpoint") and not point_best(ckpt_dir, side["best_checkpoint"]):
+            log(f"warning: the best checkpoint {side['best_checkpoint']} in {ckpt_dir} is missing or damaged")
         if side["epoch_complete"] and side["epoch"] == cfg.epochs - 1:
             log(f"training already finished in {ckpt_dir} ({side['step']} steps): returning its result")
             best = best_checkpoint(ckpt_dir)
@@ -335,7 +351,10 @@ def fit(
         log(f"resuming from {found[0]}: epoch {loop['epoch'] + 1}, step {loop['step']}, "
             f"{loader.offset}/{loader.n_windows} windows of the epoch done")
 
+    last_save = time.monotonic()  # checkpoint_every_seconds counts from here and from the end of each save
+
     def save(is_best: bool) -> str:
+        nonlocal last_save
         loop["last_checkpoint"] = checkpoint_name(loop["step"])
         if is_best:
             loop["best_checkpoint"] = loop["last_checkpoint"]
@@ -350,7 +369,9 @@ def fit(
             "history": history, "run_meta": run_meta, "model_spec": spec, "training": training, "task": task,
             "windows": windows, "device": device.type, "precision": precision, "steps_per_epoch": steps_per_epoch,
         }
-        return save_checkpoint(ckpt_dir, loop["step"], state, meta, is_best=is_best, keep=cfg.keep_checkpoints)
+        uri = save_checkpoint(ckpt_dir, loop["step"], state, meta, is_best=is_best, keep=cfg.keep_checkpoints)
+        last_save = time.monotonic()
+        return uri
 
     log(f"training {spec['model']['family']} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
         f"{device.type}/{precision}: {cfg.epochs} epochs x {steps_per_epoch} steps, {train.n_windows:,} train windows")
@@ -401,9 +422,10 @@ def fit(
                     wps = windows_done / max(time.perf_counter() - t0, 1e-9)
                     log(f"  epoch {epoch + 1}/{cfg.epochs} step {loop['epoch_step']}/{steps_per_epoch} "
                         f"loss {step_loss.item():.4f} lr {lr:.2e} {wps:,.0f} windows/s")
-                every = cfg.checkpoint_every_steps
+                every, seconds = cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds
+                due = (every and loop["step"] % every == 0) or (seconds and time.monotonic() - last_save >= seconds)
                 # the epoch's last step is checkpointed after validation instead
-                if loop["epoch_step"] < steps_per_epoch and (stop.signal_name or (every and loop["step"] % every == 0)):
+                if loop["epoch_step"] < steps_per_epoch and (stop.signal_name or due):
                     loop["train_loss_sum"] = loss_sum.item()
                     last = save(is_best=False)
                     if stop.signal_name:

@@ -1,0 +1,97 @@
+"""One training process for tests/test_resume_kill.py, which kills it: `python tests/_train_child.py JOB.json`.
+
+JOB (JSON): `shards` (a folder with train.bin, val.bin and specs.json), `window`, `horizon`, `model_spec`,
+`training` (TrainingConfig fields), `ckpt` (the checkpoint folder), `result` (where the FitResult goes, as
+JSON), and optional controls that only decide WHERE the test's kill lands, never what is computed:
+  hold_at_step: N       after optimizer step N, print "held N" and wait to be killed
+  hold_after_save: NAME after checkpoint NAME is complete, print "held NAME" and wait to be killed
+  slow_write_at: N      from step N on, checkpoint writes pause `slow_write_seconds` (default 600) after the
+                        .pt and after the sidecar, or only after `slow_write_stage` ("tensors" or "sidecar")
+                        (SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE, trainer/checkpoint.py)
+  step_sleep: S         sleep S seconds after each step, so a kill sent while it runs lands mid-run
+stdout: "step N" after each optimizer step, "saved NAME" after each complete checkpoint, "done" at the end;
+the checkpoint pauses are announced on stderr (merged by the test). Exit status 0 when training finished,
+PREEMPTED_EXIT_CODE when SIGTERM/SIGINT stopped it after a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)  # the reference and every resumed process compute with the same thread count
+
+import trainer.loop as loop  # noqa: E402
+from shardline.config import TrainingConfig  # noqa: E402
+from shardline.manifest import ArraySpec  # noqa: E402
+from shardline.shards import read_arrays  # noqa: E402
+from trainer.data import SplitData  # noqa: E402
+
+HOLD_SECONDS = 600  # the test kills a held process long before this
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def hold(what: str) -> None:
+    say(f"held {what}")
+    time.sleep(HOLD_SECONDS)
+    sys.exit(f"held at {what} for {HOLD_SECONDS}s and nobody killed this process")
+
+
+def split(folder: Path, name: str, window: int, horizon: int) -> SplitData:
+    specs = json.loads((folder / "specs.json").read_text())[name]
+    return SplitData([read_arrays(folder / name, {k: ArraySpec(**v) for k, v in specs.items()})], window, horizon)
+
+
+def main(job_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    shards = Path(job["shards"])
+    train = split(shards, "train.bin", job["window"], job["horizon"])
+    val = split(shards, "val.bin", job["window"], job["horizon"])
+
+    save = loop.save_checkpoint
+
+    def announced_save(dir_uri, step, *args, **kwargs):
+        uri = save(dir_uri, step, *args, **kwargs)
+        name = uri.rsplit("/", 1)[-1]
+        say(f"saved {name}")
+        if name == job.get("hold_after_save"):
+            hold(name)
+        return uri
+
+    loop.save_checkpoint = announced_save  # the real save, announced once it has returned
+
+    def on_step(step: int, metrics: dict) -> None:
+        say(f"step {step}")
+        if job.get("slow_write_at") is not None and step >= job["slow_write_at"]:
+            stage = f"@{job['slow_write_stage']}" if job.get("slow_write_stage") else ""
+            os.environ["SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE"] = f"{job.get('slow_write_seconds', HOLD_SECONDS)}{stage}"
+        if step == job.get("hold_at_step"):
+            hold(str(step))
+        if job.get("step_sleep"):
+            time.sleep(job["step_sleep"])
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    try:
+        result = loop.fit(train, val, job["model_spec"], TrainingConfig(**job["training"]), "classification", job["ckpt"],
+                          on_step=on_step, step_every=1, log=log)
+    except loop.Preempted as stopped:
+        log(f"preempted: {stopped}")
+        return loop.PREEMPTED_EXIT_CODE
+    Path(job["result"]).write_text(json.dumps(dataclasses.asdict(result)))
+    say("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,290 @@
+"""Kill a real training process anywhere, run it again, lose nothing.
+
+Every run is a child process (tests/_train_child.py, one thread) on the same small shards: an uninterrupted
+reference, and runs that the test kills with SIGKILL mid-epoch, right after a checkpoint, inside a checkpoint
+write, twice in a row, or stops with SIGTERM. A fresh child then resumes to the end, and the result must be
+the reference to the bit: every weight and optimizer tensor, the validation history, the best checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardline.config import ModelConfig
+from shardline.shards import write_arrays
+from trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from trainer.loop import PREEMPTED_EXIT_CODE, TIMING_KEYS
+from trainer.models import model_spec
+
+CHILD = Path(__file__).with_name("_train_child.py")
+WINDOW, HORIZON = 4, 1
+CARDS = [6, 4]  # ids 1..5 and 1..3; 0 = unseen
+N_CLASSES = 4
+EVERY = 7  # checkpoint_every_steps of the reference run
+STEPS_PER_EPOCH = 60  # 1,920 train windows / batch 32
+WAIT = 60  # seconds to wait for a line from a child before failing
+
+
+def make_arrays(seed: int, seg_lengths: list[int]) -> dict[str, np.ndarray]:
+    """Rows whose target is a function of the previous row: learnable from a window."""
+    rng = np.random.default_rng(seed)
+    rows = sum(seg_lengths)
+    cat = np.stack([rng.integers(1, c, rows) for c in CARDS], axis=1).astype(np.uint8)
+    target = np.zeros(rows, dtype=np.int32)
+    target[1:] = cat[:-1, 0] % 3 + 1
+    return {
+        "cont": rng.standard_normal((rows, 2)).astype(np.float32), "cat": cat, "target": target,
+        "order": np.arange(rows, dtype=np.int64),
+        "offsets": np.concatenate([[0], np.cumsum(seg_lengths)]).astype(np.int64),
+    }
+
+
+def training(**over) -> dict:
+    base = dict(epochs=2, batch_size=32, lr=1e-2, warmup_steps=5, device="cpu", precision="fp32", seed=3,
+                checkpoint_every_steps=EVERY, checkpoint_every_seconds=0, keep_checkpoints=2)
+    return {**base, **over}
+
+
+def name(step: int) -> str:
+    return f"ckpt-{step:09d}.pt"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("kill-shards")
+    specs = {
+        "train.bin": write_arrays(folder / "train.bin", make_arrays(0, [484, 704, 744])),  # 1,920 windows
+        "val.bin": write_arrays(folder / "val.bin", make_arrays(1, [150, 160])),
+    }
+    (folder / "specs.json").write_text(json.dumps({f: {k: v.model_dump() for k, v in s.items()} for f, s in specs.items()}))
+    return folder
+
+
+class Child:
+    """A training process; its stdout and stderr are read line by line on a thread."""
+
+    def __init__(self, tmp: Path, shards: Path, ckpt: Path, label: str, **job):
+        self.result = tmp / f"{label}-result.json"
+        job = {"shards": str(shards), "window": WINDOW, "horizon": HORIZON, "ckpt": str(ckpt), "result": str(self.result),
+               "model_spec": model_spec(ModelConfig(hidden=32, layers=2, dropout=0.1), 2, CARDS, WINDOW, N_CLASSES),
+               "training": training(), **job}
+        (tmp / f"{label}-job.json").write_text(json.dumps(job))
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self.proc = subprocess.Popen([sys.executable, str(CHILD), str(tmp / f"{label}-job.json")], text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, line: str) -> None:
+        """Read until `line` (the process keeps running)."""
+        while True:
+            try:
+                got = self._queue.get(timeout=WAIT)
+            except queue.Empty:
+                pytest.fail(f"no '{line}' from the child in {WAIT}s; it said:\n" + "\n".join(self.lines[-30:]))
+            if got is None:
+                self.proc.wait()
+                pytest.fail(f"the child exited ({self.proc.returncode}) before '{line}'; it said:\n" + "\n".join(self.lines[-30:]))
+            self.lines.append(got)
+            if got == line:
+                return
+
+    def send(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        assert self.proc.wait(WAIT) == -signal.SIGKILL
+
+    def finish(self, expect: int = 0) -> dict | None:
+        try:
+            code = self.proc.wait(WAIT)
+        finally:
+            self.proc.kill()
+        while (got := self._queue.get(timeout=WAIT)) is not None:
+            self.lines.append(got)
+        assert code == expect, f"exit status {code}, expected {expect}; the child said:\n" + "\n".join(self.lines[-30:])
+        return json.loads(self.result.read_text()) if expect == 0 else None
+
+
+@pytest.fixture
+def run(tmp_path, shards):
+    """run(label, ckpt_folder, **job) starts a child; any child still alive at the end is killed."""
+    children = []
+
+    def start(label: str, ckpt: Path, **job) -> Child:
+        children.append(Child(tmp_path, shards, ckpt, label, **job))
+        return children[-1]
+
+    yield start
+    for child in children:
+        child.proc.kill()
+        child.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, shards) -> tuple[dict, dict]:
+    """The uninterrupted run: (its FitResult as JSON, its last checkpoint)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    result = Child(tmp, shards, tmp / "ckpt", "reference").finish()
+    assert result["steps"] == 2 * STEPS_PER_EPOCH and result["resumed_from"] is None
+    return result, load_checkpoint(result["last_checkpoint"])
+
+
+def assert_sound(folder: Path, finished: bool = False) -> None:
+    """Every checkpoint with a sidecar is complete, best.json names a complete one, the newest loads;
+    once a run has finished in the folder, no temp file of a killed write is left either."""
+    for pt in list_checkpoints(str(folder)):
+        side = json.loads((folder / pt).with_suffix(".json").read_text())
+        data = (folder / pt).read_bytes()
+        assert (hashlib.sha256(data).hexdigest(), len(data)) == (side["sha256"], side["bytes"]), pt
+    if (folder / "best.json").exists():
+        best = json.loads((folder / "best.json").read_text())
+        assert best["sha256"] == hashlib.sha256((folder / best["file"]).read_bytes()).hexdigest()
+    found = latest_checkpoint(str(folder))
+    assert found is not None and load_checkpoint(found[0])["loop"]["step"] == found[1]["step"]
+    if finished:
+        assert not [n for n in os.listdir(folder) if n.startswith(".tmp-")]
+
+
+def assert_same_as_reference(result: dict, reference: tuple[dict, dict], folder: Path) -> None:
+    ref_result, ref_ckpt = reference
+    ckpt = load_checkpoint(result["last_checkpoint"])
+    assert ckpt["model"].keys() == ref_ckpt["model"].keys()
+    for k in ref_ckpt["model"]:
+        assert torch.equal(ckpt["model"][k], ref_ckpt["model"][k]), k
+    for key, ref_state in ref_ckpt["optimizer"]["state"].items():
+        for k, v in ref_state.items():
+            assert torch.equal(ckpt["optimizer"]["state"][key][k], v), (key, k)
+    no_timing = lambda history: [{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in history]  # noqa: E731
+    assert no_timing(result["history"]) == no_timing(ref_result["history"])
+    assert result["steps"] == ref_result["steps"] and result["best_score"] == ref_result["best_score"]
+    assert Path(result["best_checkpoint"]).name == Path(ref_result["best_checkpoint"]).name
+    assert json.loads((folder / "best.json").read_text())["file"] == Path(ref_result["best_checkpoint"]).name
+    assert_sound(folder, finished=True)
+
+
+def resumed(run, folder: Path, from_step: int, reference, **job) -> None:
+    """A fresh child resumes from checkpoint `from_step` and must end exactly where the reference did."""
+    result = run("resume", folder, **job).finish()
+    assert Path(result["resumed_from"]).name == name(from_step)
+    assert_same_as_reference(result, reference, folder)
+
+
+# ---------------------------------------------------------------- SIGKILL
+
+
+def test_kill_mid_epoch_between_checkpoints(run, tmp_path, reference):
+    folder = tmp_path / "ckpt"
+    child = run("killed", folder, hold_at_step=17)
+    child.wait_for("held 17")
+    child.kill()
+    assert latest_checkpoint(str(folder))[1]["step"] == 14  # steps 15-17 are lost and redone
+    assert_sound(folder)
+    resumed(run, folder, 14, reference)
+
+
+def test_kill_right_after_a_checkpoint(run, tmp_path, reference):
+    folder = tmp_path / "ckpt"
+    child = run("killed", folder, hold_after_save=name(21))
+    child.wait_for(f"held {name(21)}")
+    child.kill()
+    assert_sound(folder)
+    resumed(run, folder, 21, reference)
+
+
+def test_kill_inside_a_checkpoint_write_keeps_the_previous_one(run, tmp_path, reference):
+    folder = tmp_path / "ckpt"
+    child = run("killed", folder, slow_write_at=28, slow_write_stage="tensors")
+    child.wait_for(f"checkpoint-write-paused {name(28)} tensors")  # its .pt is written, its sidecar not yet
+    child.kill()
+    assert (folder / name(28)).exists() and not (folder / name(28)).with_suffix(".json").exists()
+    pt, side = latest_checkpoint(str(folder))
+    assert side["step"] == 21 and load_checkpoint(pt)["loop"]["step"] == 21  # the half-saved 28 is never offered
+    assert_sound(folder)
+    (folder / f".tmp-0123abcd-{name(35)}").write_bytes(b"what a kill inside write_bytes leaves")
+    resumed(run, folder, 21, reference)
+
+
+def test_two_kills_the_first_before_best_json_is_written(run, tmp_path, reference):
+    """Killed between the epoch-end checkpoint's sidecar and best.json; the resume repairs the pointer (else
+    pruning would delete the true best) and is killed again right after its next checkpoint."""
+    folder = tmp_path / "ckpt"
+    end_of_epoch = STEPS_PER_EPOCH
+    child = run("killed-1", folder, slow_write_at=end_of_epoch, slow_write_stage="sidecar")
+    child.wait_for(f"checkpoint-write-paused {name(end_of_epoch)} sidecar")
+    child.kill()
+    assert latest_checkpoint(str(folder))[1]["step"] == end_of_epoch and not (folder / "best.json").exists()
+    assert_sound(folder)
+
+    child = run("killed-2", folder, hold_after_save=name(63))
+    child.wait_for(f"held {name(63)}")
+    child.kill()
+    assert json.loads((folder / "best.json").read_text())["file"] == name(end_of_epoch)
+    assert_sound(folder)
+    resumed(run, folder, 63, reference)
+
+
+def test_two_kills_anywhere_with_time_based_checkpoints(run, tmp_path, reference):
+    """Checkpoints every few hundredths of a second land on whatever step the clock says; the kills are sent
+    while the child runs, so they land wherever it is (inside a step or a write). Then the cadence changes."""
+    folder = tmp_path / "ckpt"
+    timed = dict(step_sleep=0.01, training=training(checkpoint_every_steps=0, checkpoint_every_seconds=0.05))
+    child = run("killed-1", folder, **timed)
+    child.wait_for("step 40")
+    child.kill()
+    first = latest_checkpoint(str(folder))[1]["step"]
+    assert 0 < first < STEPS_PER_EPOCH  # without the clock there would be no checkpoint before the epoch's end
+    assert_sound(folder)
+
+    child = run("killed-2", folder, **{**timed, "training": training(checkpoint_every_steps=0, checkpoint_every_seconds=0.03)})
+    child.wait_for("step 90")
+    child.kill()
+    second = latest_checkpoint(str(folder))[1]["step"]
+    assert first < second < 2 * STEPS_PER_EPOCH
+    assert_sound(folder)
+    resumed(run, folder, second, reference)
+
+
+# ---------------------------------------------------------------- SIGTERM
+
+
+def test_sigterm_exits_preempted_then_resume_is_bit_identical(run, tmp_path, reference):
+    folder = tmp_path / "ckpt"
+    child = run("stopped", folder, step_sleep=0.01)
+    child.wait_for("step 30")
+    child.send(signal.SIGTERM)
+    assert child.finish(expect=PREEMPTED_EXIT_CODE) is None
+    side = latest_checkpoint(str(folder))[1]
+    assert side["step"] >= 30 and not side["epoch_complete"]  # the checkpoint taken at the next step boundary
+    assert_sound(folder)
+    resumed(run, folder, side["step"], reference)
+
+
+def test_sigterm_inside_a_checkpoint_write_finishes_it_then_stops(run, tmp_path, reference):
+    folder = tmp_path / "ckpt"
+    child = run("stopped", folder, slow_write_at=28, slow_write_seconds=0.3)
+    child.wait_for(f"checkpoint-write-paused {name(28)} tensors")
+    child.send(signal.SIGTERM)
+    assert child.finish(expect=PREEMPTED_EXIT_CODE) is None
+    assert [n for n in child.lines if n.startswith("saved")][-2:] == [f"saved {name(28)}", f"saved {name(29)}"]
+    assert latest_checkpoint(str(folder))[1]["step"] == 29
+    assert_sound(folder)
+    resumed(run, folder, 29, reference)
