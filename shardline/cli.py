@@ -36,13 +36,19 @@ def _load(path: Path | None, overrides: list[str], base: dict | None = None):
         _fail(str(e), 2)
 
 
-def _run_pipeline(config) -> dict:
+FORCE_HELP = "recompute this step and every step after it: ingest, encode, train, evaluate or register"
+
+
+def _run_pipeline(config, force: str | None = None) -> dict:
     from shardline.encoding import DataError
+    from tasks.caching import STEPS
 
     from flows.pipeline import pipeline
 
+    if force is not None and force not in STEPS:
+        _fail(f"--force {force}: not a step; choose one of {', '.join(STEPS)}", 2)
     try:
-        return pipeline(config)
+        return pipeline(config, force=force)
     except (DataError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -53,6 +59,8 @@ def _summary(result: dict, home_hint: str | None = None) -> None:
     reg = result["registered"]
     tr = result["train"]
     typer.echo("")
+    steps = result["steps"]
+    typer.echo("steps: " + ", ".join(f"{k} {v}" for k, v in steps.items()))
     typer.secho(f"Registered {reg['model_name']} version {reg['version']} as @{reg['alias']}", fg=typer.colors.GREEN, bold=True)
     typer.echo(f"trained on {tr['device']} ({tr['precision']}), {tr['steps']} optimizer steps; test metrics against the trivial baseline:\n")
     typer.echo(result["table"])
@@ -74,6 +82,7 @@ def demo(
     frames: int = typer.Option(2000, help="frames per game"),
     seed: int = typer.Option(0, help="seed of the data generator"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.epochs=1 (repeatable)"),
+    force: Optional[str] = typer.Option(None, "--force", help=FORCE_HELP),
 ) -> None:
     """Make the demo data set, then run the whole pipeline on it with embedded defaults (no server, CPU/GPU auto)."""
     from shardline.demo import generate_demo
@@ -101,17 +110,18 @@ def demo(
     for section, values in base.items():
         defaults.setdefault(section, {}).update(values)
     config = _load(None, list(set_), base=defaults)
-    _summary(_run_pipeline(config))
+    _summary(_run_pipeline(config, force))
 
 
 @app.command()
 def run(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml", help="the pipeline config (may `extends:` another)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.lr=3e-4 (repeatable)"),
+    force: Optional[str] = typer.Option(None, "--force", help=FORCE_HELP),
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
     config = _load(config_path, list(set_))
-    _summary(_run_pipeline(config))
+    _summary(_run_pipeline(config, force))
 
 
 @app.command("check-config")

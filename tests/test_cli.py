@@ -64,6 +64,11 @@ def test_demo_then_predict(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Registered shardline-demo version 1 as @champion" in out.stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}" in out.stdout
+    # the same command again: every step comes from the cache
+    again = shardline("demo", "--home", home, "--games", 10, "--frames", 400, "--set", "training.epochs=2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "steps: ingest cached, encode cached, train cached, evaluate cached, register cached" in again.stdout
+    assert "Registered shardline-demo version 1 as @champion" in again.stdout
     game = sorted((home / "data" / "raw").glob("*.parquet"))[0]
     preds_path = tmp_path / "preds.parquet"
     out = shardline("predict", "models:/shardline-demo@champion", game, "--out", preds_path,

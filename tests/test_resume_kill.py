@@ -278,13 +278,14 @@ def test_sigterm_exits_preempted_then_resume_is_bit_identical(run, tmp_path, ref
     resumed(run, folder, side["step"], reference)
 
 
-def test_sigterm_inside_a_checkpoint_write_finishes_it_then_stops(run, tmp_path, reference):
+def test_sigterm_inside_a_checkpoint_write_completes_it_then_stops(run, tmp_path, reference):
     folder = tmp_path / "ckpt"
     child = run("stopped", folder, slow_write_at=28, slow_write_seconds=0.3)
     child.wait_for(f"checkpoint-write-paused {name(28)} tensors")
     child.send(signal.SIGTERM)
     assert child.finish(expect=PREEMPTED_EXIT_CODE) is None
-    assert [n for n in child.lines if n.startswith("saved")][-2:] == [f"saved {name(28)}", f"saved {name(29)}"]
-    assert latest_checkpoint(str(folder))[1]["step"] == 29
+    # the write that was under way completes and is the checkpoint it stops with
+    assert [n for n in child.lines if n.startswith(("saved", "step"))][-2:] == ["step 28", f"saved {name(28)}"]
+    assert latest_checkpoint(str(folder))[1]["step"] == 28
     assert_sound(folder)
-    resumed(run, folder, 29, reference)
+    resumed(run, folder, 28, reference)
