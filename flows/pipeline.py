@@ -17,7 +17,7 @@ from tasks.encode import encode
 from tasks.evaluate import evaluate
 from tasks.ingest import ingest, source_listing
 from tasks.register import register, version_exists
-from tasks.train import checkpoint_intact, train_key, train_step
+from tasks.train import checkpoint_intact, retry_on_infrastructure, train_key, train_step
 
 
 def _refreshed(force: str | None) -> set[str]:
@@ -45,7 +45,9 @@ def pipeline(config: PipelineConfig, force: str | None = None) -> dict:
     manifest_uri, ran["encode"] = encode(snapshot, config.data, root, refresh="encode" in refresh)
     manifest_hash = storage.sha256_uri(manifest_uri)
 
-    train_t = cached(train_step, "train", ("tasks.train", "flows.train"), train_key, root, validate=checkpoint_intact, refresh="train" in refresh)
+    train_t = cached(
+        train_step, "train", ("tasks.train", "flows.train"), train_key, root, validate=checkpoint_intact, refresh="train" in refresh
+    ).with_options(retries=config.training.max_restarts, retry_delay_seconds=5, retry_condition_fn=retry_on_infrastructure)
     state = train_t(manifest_uri, manifest_hash, config, return_state=True)
     trained, ran["train"] = state.result(), state.name != "Cached"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import yaml
@@ -47,7 +48,7 @@ def train(manifest_uri: str, config: PipelineConfig) -> dict:
     """Train the configured model on the manifest's shards; return the best checkpoint and its scores."""
     from trainer.checkpoint import best_checkpoint, latest_checkpoint
     from trainer.data import open_split
-    from trainer.loop import fit
+    from trainer.loop import Preempted, fit
     from trainer.models import model_spec
 
     log = get_run_logger()
@@ -61,24 +62,35 @@ def train(manifest_uri: str, config: PipelineConfig) -> dict:
     storage.write_text(storage.join(folder, "config.yaml"), yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
     tracker = Tracker(config.mlflow, config.storage.root, journal=None if storage.is_remote(folder) else storage.join(folder, "mlflow-journal.jsonl"))
-    previous = latest_checkpoint(ckpt_dir)
-    prev_run = (previous[1].get("run_meta") or {}).get("mlflow_run_id") if previous else None
+    # one MLflow run per training run, however often it is interrupted: its id is kept beside the checkpoints
+    run_file = storage.join(folder, "mlflow-run.json")
+    prev_run = json.loads(storage.read_text(run_file))["run_id"] if storage.exists(run_file) else None
     run_id = tracker.start(
         prev_run,
         run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
         tags={"shardline.config_hash": config.hash(), "shardline.data_fingerprint": manifest.data_fingerprint, "shardline.code_version": code_version()},
     )
+    if run_id and run_id != prev_run:
+        storage.write_text(run_file, json.dumps({"run_id": run_id, "tracking_uri": tracker.uri}))
     tracker.log_params(flatten(config.model_dump(mode="json")))
+    previous = latest_checkpoint(ckpt_dir)
     if previous:
         log.info("train: resuming from %s (MLflow run %s)", previous[0], run_id)
+    # a resumed run replays the steps between its checkpoint and the kill: log each step once
+    logged_step = tracker.last_step("train/train_loss") if prev_run else -1
+    logged_epoch = tracker.last_step("epoch/val_loss") if prev_run else -1
 
     total = config.training.epochs
     progress = create_progress_artifact(progress=0.0, key="train-progress", description="epochs done (%)")
 
     def on_step(step: int, metrics: dict) -> None:
+        if step <= logged_step:
+            return
         tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)
 
     def on_epoch(epoch: int, metrics: dict) -> None:
+        if epoch <= logged_epoch:
+            return
         tracker.log_metrics({f"epoch/{k}": v for k, v in metrics.items()}, epoch)
         update_progress_artifact(artifact_id=progress, progress=100.0 * (epoch + 1) / total)
 
@@ -91,6 +103,9 @@ def train(manifest_uri: str, config: PipelineConfig) -> dict:
             run_meta={"mlflow_run_id": run_id, "config_hash": config.hash(), "manifest": manifest_uri},
             log=log.info,
         )
+    except Preempted:
+        tracker.end("KILLED")  # resumed later into the same run
+        raise
     except BaseException:
         tracker.end("FAILED")
         raise

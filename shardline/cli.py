@@ -49,8 +49,14 @@ def _run_pipeline(config, force: str | None = None) -> dict:
         _fail(f"--force {force}: not a step; choose one of {', '.join(STEPS)}", 2)
     try:
         return pipeline(config, force=force)
-    except (DataError, ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+    except Exception as e:
+        from trainer import loop
+
+        if isinstance(e, loop.Preempted):  # a distinct status: preempted, not broken; the same command resumes
+            _fail(f"{e}", getattr(loop, "PREEMPTED_EXIT_CODE", 75))
+        if isinstance(e, (DataError, ValueError, FileNotFoundError)):
+            _fail(str(e))
+        raise
     except KeyboardInterrupt:
         _fail("interrupted; run the same command again to resume", 130)
 

@@ -164,6 +164,7 @@ class TrainingConfig(_Strict):
     checkpoint_every_steps: int = Field(0, ge=0, description="0: only at epoch end")
     checkpoint_every_seconds: float = Field(0, ge=0, description="also checkpoint when this long has passed since the last one; 0: off")
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept, besides the best")
+    max_restarts: int = Field(2, ge=0, description="retries of the training step after an infrastructure failure (I/O, network, CUDA); code errors are never retried")
     max_steps_per_epoch: int | None = Field(None, ge=1, description="cap optimizer steps per epoch (quick runs)")
     num_workers: int = Field(0, ge=0)
 

@@ -122,6 +122,13 @@ class Tracker:
         for i in range(0, len(todo), 100):
             self._guard("log_batch", self.client.log_batch, self.run_id, params=todo[i : i + 100])
 
+    def last_step(self, key: str) -> int:
+        """The highest step already logged for `key` in this run (-1 when none, or when MLflow is away)."""
+        if not self.run_id:
+            return -1
+        history = self._guard("get_metric_history", self.client.get_metric_history, self.run_id, key)
+        return max((m.step for m in history), default=-1) if history else -1
+
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id:
             self._guard("set_terminated", self.client.set_terminated, self.run_id, status=status)

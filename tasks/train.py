@@ -16,6 +16,33 @@ def train_step(manifest_uri: str, manifest_hash: str, config: PipelineConfig) ->
     return train(manifest_uri, config)
 
 
+# errors of the machine or the network, worth a retry that resumes from the newest checkpoint
+INFRASTRUCTURE_ERRORS = (OSError, ConnectionError, TimeoutError, MemoryError)
+INFRASTRUCTURE_MARKERS = ("CUDA", "NCCL", "cuDNN", "out of memory", "device-side")
+
+
+def is_infrastructure_failure(exc: BaseException) -> bool:
+    """True for failures of the infrastructure (retry and resume), False for a real error in the code,
+    the config or the data (fail at once with its message)."""
+    from trainer.loop import Preempted
+
+    if isinstance(exc, Preempted):  # asked to stop: stopping is the answer, not a retry
+        return False
+    if isinstance(exc, (ValueError, TypeError, KeyError, IndexError, AssertionError, NotImplementedError)):
+        return False
+    if isinstance(exc, INFRASTRUCTURE_ERRORS):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in INFRASTRUCTURE_MARKERS)
+
+
+def retry_on_infrastructure(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except BaseException as e:  # noqa: BLE001 - classifying, not swallowing
+        return is_infrastructure_failure(e)
+    return False
+
+
 def checkpoint_intact(result: dict) -> bool:
     uri = result.get("best_checkpoint")
     return bool(uri) and storage.exists(uri) and storage.sha256_uri(uri) == result.get("best_sha256")
