@@ -1,0 +1,106 @@
+"""Kill the whole pipeline process (SIGKILL, as a reclaimed machine would) and run the same command again."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from mlflow import MlflowClient
+
+from shardline.encoding import contract  # noqa: F401  (import check: the package is importable)
+from tasks.encode import verify_manifest
+from tests.conftest import make_raw, tiny_config
+from trainer.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.e2e
+BIN = Path(sys.executable).parent / "shardline"
+
+
+def start(config: Path) -> subprocess.Popen:
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    return subprocess.Popen([str(BIN), "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env)
+
+
+def kill_when(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before it could be killed:\n{proc.stdout.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("timed out waiting for the moment to kill")
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # the flow process and its temporary Prefect server
+    proc.wait()
+
+
+def finish(config: Path) -> str:
+    out = subprocess.run([str(BIN), "run", str(config)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+def write_config(tmp_path: Path, root: str, **over) -> Path:
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / root), **over)
+    path = tmp_path / f"{root}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_killed_during_training_resumes_to_the_same_weights(tmp_path):
+    make_raw(tmp_path / "raw", n_seq=12, rows=300)
+    over = {"training.epochs": 3, "training.batch_size": 16, "training.checkpoint_every_steps": 20, "model.hidden": 64}
+    killed, clean = write_config(tmp_path, "killed", **over), write_config(tmp_path, "clean", **over)
+
+    proc = start(killed)
+    kill_when(proc, lambda: list((tmp_path / "killed").glob("runs/*/checkpoints/ckpt-000000040.json")))
+    assert not list((tmp_path / "killed").glob("runs/*/eval")), "the kill came after training: nothing was tested"
+    out = finish(killed)
+    assert "steps: ingest cached, encode cached, train ran, evaluate ran, register ran" in out
+    finish(clean)
+
+    def best_weights(root: str):
+        best = sorted((tmp_path / root).glob("runs/*/checkpoints/best.json"))[0]
+        return load_checkpoint(str(best.parent / yaml.safe_load(best.read_text())["file"]))["model"]
+
+    resumed, reference = best_weights("killed"), best_weights("clean")
+    assert resumed.keys() == reference.keys()
+    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
+
+    # one MLflow run, finished, with every step logged once
+    client = MlflowClient(f"sqlite:///{tmp_path / 'killed' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert [r.info.status for r in runs] == ["FINISHED"]
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/train_loss")]
+    assert steps == sorted(set(steps)) and len(steps) > 5
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "epoch/val_loss")] == [0, 1, 2]
+
+
+def test_killed_during_encode_leaves_nothing_a_rerun_trusts(tmp_path):
+    make_raw(tmp_path / "raw", n_seq=120, rows=120)  # 40 files
+    over = {"data.files_per_group": 1, "training.epochs": 1}
+    killed, clean = write_config(tmp_path, "killed", **over), write_config(tmp_path, "clean", **over)
+
+    proc = start(killed)
+    kill_when(proc, lambda: len(list((tmp_path / "killed").glob("datasets/*/*.bin"))) >= 3)
+    datasets = list((tmp_path / "killed").glob("datasets/*"))
+    assert not list((tmp_path / "killed").glob("datasets/*/manifest.json")), "the kill came after encoding: nothing was tested"
+    assert len(list(datasets[0].glob("*.bin"))) < 40 * 3
+
+    finish(killed)
+    finish(clean)
+    manifest_path = next((tmp_path / "killed").glob("datasets/*/manifest.json"))
+    manifest = verify_manifest(str(manifest_path), deep=True)
+    assert manifest is not None  # every shard it lists is there with its checksum
+    reference = verify_manifest(str(next((tmp_path / "clean").glob("datasets/*/manifest.json"))), deep=True)
+    assert [(s.path, s.sha256) for s in manifest.shards] == [(s.path, s.sha256) for s in reference.shards]
+    # whatever a killed writer left behind is a temporary name no manifest lists
+    listed = {s.path for s in manifest.shards} | {s.keys_path for s in manifest.shards} | {"manifest.json"}
+    assert all(p.name in listed or p.name.startswith(".tmp-") for p in manifest_path.parent.iterdir())
