@@ -21,6 +21,14 @@ pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent / "shardline"
 
 
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def start(config: Path) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     return subprocess.Popen([str(BIN), "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -59,8 +67,21 @@ def test_killed_during_training_resumes_to_the_same_weights(tmp_path):
     over = {"training.epochs": 3, "training.batch_size": 16, "training.checkpoint_every_steps": 20, "model.hidden": 64}
     killed, clean = write_config(tmp_path, "killed", **over), write_config(tmp_path, "clean", **over)
 
+    # first a spot notice: SIGTERM -> a checkpoint, then the distinct "preempted" exit status
     proc = start(killed)
-    kill_when(proc, lambda: list((tmp_path / "killed").glob("runs/*/checkpoints/ckpt-000000040.json")))
+    deadline = time.monotonic() + 240
+    while not list((tmp_path / "killed").glob("runs/*/checkpoints/ckpt-*.json")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 75, proc.stdout.read()[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'killed' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert run.info.status == "KILLED"
+    os.killpg(proc.pid, signal.SIGKILL) if _alive(proc.pid) else None
+
+    # then the machine disappears: SIGKILL of the resumed run, mid-training
+    proc = start(killed)
+    kill_when(proc, lambda: list((tmp_path / "killed").glob("runs/*/checkpoints/ckpt-000000060.json")))
     assert not list((tmp_path / "killed").glob("runs/*/eval")), "the kill came after training: nothing was tested"
     out = finish(killed)
     assert "steps: ingest cached, encode cached, train ran, evaluate ran, register ran" in out
@@ -75,7 +96,6 @@ def test_killed_during_training_resumes_to_the_same_weights(tmp_path):
     assert all(torch.equal(resumed[k], reference[k]) for k in reference)
 
     # one MLflow run, finished, with every step logged once
-    client = MlflowClient(f"sqlite:///{tmp_path / 'killed' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
     assert [r.info.status for r in runs] == ["FINISHED"]
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/train_loss")]
