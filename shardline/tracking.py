@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from shardline import storage
 from shardline.config import MlflowConfig
@@ -31,6 +32,30 @@ def tracking_uri(cfg: MlflowConfig, storage_root: str) -> str:
     root = Path(storage.local_path(storage_root)).resolve()
     root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root / 'mlflow.db'}"
+
+
+@contextmanager
+def fluent_tracking_uri(uri: str) -> Iterator[None]:
+    """Point MLflow's fluent API (`mlflow.start_run`, `log_model`, `register_model`) at `uri` for a block.
+
+    `mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI to the whole process, so a worker that
+    runs a second pipeline with another store would silently log into the first one's; this puts both
+    the global and the variable back afterwards.
+    """
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    previous = utils._tracking_uri
+    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)
+        if previous_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
 def artifact_location(storage_root: str) -> str:

@@ -16,7 +16,7 @@ from shardline import storage
 from shardline.config import PipelineConfig
 from shardline.manifest import Manifest, Snapshot
 from shardline.predicting import bundle_dict, input_columns, key_columns
-from shardline.tracking import Tracker, flatten
+from shardline.tracking import Tracker, flatten, fluent_tracking_uri
 from shardline.version import code_version
 
 PYFUNC_CODE = Path(__file__).resolve().parent.parent / "shardline" / "pyfunc_model.py"
@@ -77,7 +77,6 @@ def register_model(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     spec = manifest.encoding
     tracker = Tracker(config.mlflow, config.storage.root)
-    mlflow.set_tracking_uri(tracker.uri)
     client = tracker.client
     run_id = train_result["mlflow_run_id"]
     metric_name = config.mlflow.promotion_metric
@@ -89,7 +88,7 @@ def register_model(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str
         "shardline.encoding_hash": manifest.encoding_hash,
     }
     ckpt = load_checkpoint(train_result["best_checkpoint"])
-    with tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
+    with fluent_tracking_uri(tracker.uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
         tmp = Path(tmp)
         torch.save(ckpt["model"], tmp / "weights.pt")
         (tmp / "bundle.json").write_text(json.dumps(bundle_dict(spec, ckpt["model_spec"], {"tags": tags}), indent=1))
@@ -115,7 +114,7 @@ def register_model(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str
                 pip_requirements=_requirements(),
                 tags=tags,
             )
-    version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
+        version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
     for k, v in eval_result["metrics"].items():
         client.set_model_version_tag(config.mlflow.model_name, version.version, f"metric.{k}", str(v))
     promote, previous = champion_gate(client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value)

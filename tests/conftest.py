@@ -75,6 +75,12 @@ def raw_dir(tmp_path) -> Path:
     return tmp_path / "raw"
 
 
+@pytest.fixture(autouse=True)
+def _no_tracking_server_from_the_shell(monkeypatch):
+    """Tests use their own stores, never an MLflow server exported in the developer's shell."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
     """A real, throwaway Prefect API (SQLite) for every flow run in the session."""

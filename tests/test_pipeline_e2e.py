@@ -5,6 +5,7 @@ import pytest
 from mlflow import MlflowClient
 
 from shardline.config import validate_config
+from shardline.tracking import fluent_tracking_uri
 from tests.conftest import make_raw, tiny_config
 
 pytestmark = pytest.mark.e2e
@@ -47,8 +48,8 @@ def test_pipeline_registers_a_champion_whose_predictions_match_evaluation(tmp_pa
     eval_preds = pl.read_parquet(f"{run_dir}/eval/test_predictions.parquet")
     raw = pl.concat([pl.read_parquet(p) for p in sorted((tmp_path / "raw").glob("*.parquet"))])
     test_rows = raw.filter(pl.col("seq").is_in(eval_preds["seq"].unique().to_list()))
-    mlflow.set_tracking_uri(reg["tracking_uri"])
-    served = pl.from_pandas(mlflow.pyfunc.load_model("models:/tiny-model@champion").predict(test_rows.drop("label").to_pandas()))
+    with fluent_tracking_uri(reg["tracking_uri"]):
+        served = pl.from_pandas(mlflow.pyfunc.load_model("models:/tiny-model@champion").predict(test_rows.drop("label").to_pandas()))
     joined = eval_preds.join(served, on=["seq", "t"], suffix="_served")
     assert joined.height == eval_preds.height == served.height
     assert (joined["prediction"] == joined["prediction_served"]).all()
@@ -63,6 +64,8 @@ def test_pipeline_registers_a_champion_whose_predictions_match_evaluation(tmp_pa
 
 
 def test_regression_with_a_transformer(tmp_path, prefect_api):
+    import os
+
     make_raw(tmp_path / "raw", n_seq=12, rows=60, seed=3)
     cfg = tiny_config(
         str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"),
@@ -76,3 +79,8 @@ def test_regression_with_a_transformer(tmp_path, prefect_api):
     # value = noise + 3 * (kind == 'a') of the window's last row: learnable, the mean is not
     assert result["metrics"]["rmse"] < 0.8 * result["baseline"]["rmse"]
     assert result["metrics"]["r2"] > 0.3
+    # registering did not leave MLflow pointed at this store for the rest of the process
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    assert result["registered"]["tracking_uri"] == f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    client = MlflowClient(result["registered"]["tracking_uri"])
+    assert [m.name for m in client.search_registered_models()] == ["tiny-reg"]

@@ -1,4 +1,5 @@
 import json
+import os
 import socket
 import time
 
@@ -47,3 +48,20 @@ def test_sqlite_tracking_logs_and_resumes_the_same_run(tmp_path):
     assert [m.value for m in client.get_metric_history(run_id, "a")] == [1.0, 2.0]
     exp = client.get_experiment_by_name("e")
     assert exp.artifact_location == (tmp_path / "store" / "mlflow-artifacts").as_uri()
+
+
+def test_fluent_tracking_uri_is_put_back(tmp_path, monkeypatch):
+    import mlflow
+
+    from shardline.tracking import fluent_tracking_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'users.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'users.db'}")
+    with fluent_tracking_uri(f"sqlite:///{tmp_path / 'run.db'}"):
+        assert mlflow.get_tracking_uri() == f"sqlite:///{tmp_path / 'run.db'}"
+    assert mlflow.get_tracking_uri() == f"sqlite:///{tmp_path / 'users.db'}"
+    assert tracking_uri(MlflowConfig(), str(tmp_path / "store")) == f"sqlite:///{tmp_path / 'users.db'}"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    with fluent_tracking_uri(f"sqlite:///{tmp_path / 'run.db'}"):
+        pass
+    assert "MLFLOW_TRACKING_URI" not in os.environ
