@@ -11,7 +11,7 @@ from pathlib import Path
 from prefect import flow
 
 from shardline import storage
-from shardline.config import PipelineConfig
+from shardline.config import PipelineConfig, load_config, validate_config
 from tasks.caching import STEPS, cached
 from tasks.encode import encode
 from tasks.evaluate import evaluate
@@ -28,9 +28,19 @@ def _refreshed(force: str | None) -> set[str]:
     return set(STEPS[STEPS.index(force):])
 
 
+def resolve_config(config: PipelineConfig | dict | str) -> PipelineConfig:
+    """A deployment's `config` parameter: a path to a YAML file (on the worker), or the config inline."""
+    if isinstance(config, PipelineConfig):
+        return config
+    if isinstance(config, str):
+        return load_config(config)
+    return validate_config(config, "the 'config' parameter")
+
+
 @flow(name="pipeline", log_prints=True)
-def pipeline(config: PipelineConfig, force: str | None = None) -> dict:
-    """Raw parquet to a registered, evaluated model version."""
+def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
+    """Raw parquet to a registered, evaluated model version. `config`: a YAML path or the config itself."""
+    config = resolve_config(config)
     root = config.storage.root
     refresh = _refreshed(force)
     ran: dict[str, bool] = {}
@@ -72,7 +82,7 @@ def pipeline(config: PipelineConfig, force: str | None = None) -> dict:
         "steps": {step: ("ran" if did else "cached") for step, did in ran.items()},
         "snapshot": {"files": len(snapshot.files), "skipped": [r.model_dump() for r in snapshot.rejected], "fingerprint": snapshot.fingerprint},
         "manifest": manifest_uri,
-        "train": {k: trained[k] for k in ("best_checkpoint", "best_val_loss", "steps", "device", "precision", "mlflow_run_id")},
+        "train": {k: trained.get(k) for k in ("best_checkpoint", "best_val_loss", "steps", "device", "precision", "mlflow_run_id", "host", "flow_runs")},
         "metrics": scores["metrics"],
         "baseline": scores["baseline"],
         "table": scores["table"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import yaml
@@ -16,6 +17,8 @@ from shardline.encoding import contract, contract_differences, contract_hash, co
 from shardline.manifest import Manifest
 from shardline.tracking import Tracker, flatten
 from shardline.version import code_version
+
+RESULT_FILE = "result.json"  # read back by tasks.train.dispatch_training
 
 
 # settings that do not change what is trained: a rerun with other values resumes the same run
@@ -111,7 +114,7 @@ def train(manifest_uri: str, config: PipelineConfig) -> dict:
         raise
     tracker.end("FINISHED")
     best = best_checkpoint(ckpt_dir)
-    return {
+    out = {
         "best_sha256": best[1]["sha256"] if best else None,
         "run_dir": folder,
         "best_checkpoint": result.best_checkpoint,
@@ -124,4 +127,8 @@ def train(manifest_uri: str, config: PipelineConfig) -> dict:
         "resumed_from": result.resumed_from,
         "mlflow_run_id": run_id,
         "tracking_uri": tracker.uri,
+        "host": socket.gethostname(),
     }
+    # beside the checkpoints, for a dispatcher on another machine (small results, big data in storage)
+    storage.write_text(storage.join(folder, RESULT_FILE), json.dumps(out, indent=1))
+    return out

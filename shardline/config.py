@@ -181,6 +181,30 @@ class MlflowConfig(_Strict):
     promotion_direction: Literal["maximize", "minimize"] | None = None
 
 
+class ComputeConfig(_Strict):
+    """Where training runs. Nothing here changes what is trained: switching it never retrains."""
+
+    train_on: Literal["local", "deployment"] = Field(
+        "local", description="local: a subflow in the pipeline's process; deployment: dispatched to `train_deployment` (a GPU work pool)"
+    )
+    train_deployment: str = Field("train/train", description="'flow/deployment' name the pipeline dispatches training to")
+    job_variables: dict[str, Any] = Field(
+        default_factory=dict, description="per-run overrides of the training deployment's job variables (env, image, resources)"
+    )
+    max_preemptions: int = Field(
+        3, ge=0, description="re-dispatches of a training run that crashed or was preempted (its machine died); a failed run is never re-dispatched"
+    )
+    dispatch_timeout_seconds: float | None = Field(None, gt=0, description="give up waiting for one training run after this long; null: wait")
+    poll_seconds: float = Field(5.0, gt=0, description="how often the pipeline checks the training run's state")
+
+    @field_validator("train_deployment")
+    @classmethod
+    def _flow_slash_deployment(cls, v: str) -> str:
+        if v.count("/") != 1 or not all(v.split("/")):
+            raise ValueError(f"'{v}' is not 'flow-name/deployment-name' (for example 'train/train')")
+        return v
+
+
 class PipelineConfig(_Strict):
     name: str = "shardline"
     data: DataConfig
@@ -188,6 +212,7 @@ class PipelineConfig(_Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
 
     @model_validator(mode="after")
     def _defaults(self) -> PipelineConfig:

@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import random
 import signal
 import threading
@@ -293,6 +294,8 @@ def fit(
     precision = pick_precision(cfg.precision, device)
     training = cfg.model_dump(mode="json")
     windows = {"train": train.n_windows, "validation": val.n_windows}
+    # test hook, off unless set: sleep after every optimizer step, so that a test can kill a run mid-way
+    step_delay = float(os.environ.get("SHARDLINE_TEST_STEP_DELAY") or 0)
 
     removed = remove_temp_files(ckpt_dir)  # left by a process killed inside a write
     if removed:
@@ -415,6 +418,8 @@ def fit(
                 loop["epoch_step"] += 1
                 loop["train_windows"] += n_step
                 windows_done += n_step
+                if step_delay:
+                    time.sleep(step_delay)
 
                 if on_step is not None and loop["step"] % step_every == 0:
                     on_step(loop["step"], {"train_loss": step_loss.item(), "lr": lr})

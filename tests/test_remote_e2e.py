@@ -1,0 +1,320 @@
+"""The team loop on 127.0.0.1: a Prefect server, a process worker for the CPU pool and one for the GPU
+pool, deployments from prefect.yaml, the storage root in S3 (moto's server, through s3fs), MLflow on
+SQLite with its artifacts in that S3. Run alone with `pytest -m remote`.
+
+1. `prefect deployment run pipeline/pipeline` trains in the GPU pool's worker, registers a model whose
+   artifacts are in S3 (downloaded back here), and a second run is fully cached.
+2. The training flow's process is SIGKILLed mid-run, as a reclaimed spot instance would be: the
+   pipeline re-dispatches it, it resumes from its checkpoint in S3, and ends with the same weights as
+   the uninterrupted run of test 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import make_raw, tiny_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.remote]
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+BUCKET = "shardline-e2e"
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_until(check, timeout: float, what: str, every: float = 0.5):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@dataclass
+class Cluster:
+    env: dict
+    api: str
+    base: Path
+    logs: Path
+
+    def prefect(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        out = subprocess.run([str(BIN / "prefect"), *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, f"prefect {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}\n{self.tail_logs()}"
+        return out
+
+    def post(self, path: str, body: dict) -> list[dict]:
+        r = httpx.post(f"{self.api}{path}", json=body, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    def flow_runs(self, **flow_run_filter) -> list[dict]:
+        return self.post("/flow_runs/filter", {"flow_runs": flow_run_filter, "sort": "EXPECTED_START_TIME_ASC"})
+
+    def task_runs(self, flow_run_id: str) -> list[dict]:
+        return self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+
+    def tail_logs(self, n: int = 40) -> str:
+        out = []
+        for f in sorted(self.logs.glob("*.log")):
+            lines = f.read_text(errors="replace").splitlines()[-n:]
+            out.append(f"--- {f.name}\n" + "\n".join(lines))
+        return "\n".join(out)
+
+
+def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    # its own session, SIGINT at its default: SIGTERM stops it (a bash `&` job would ignore it)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from moto.server import ThreadedMotoServer
+
+    base = tmp_path_factory.mktemp("cluster")
+    logs = base / "logs"
+    logs.mkdir()
+    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port())
+    s3.start()
+    endpoint = f"http://127.0.0.1:{s3._port}"
+    api = f"http://127.0.0.1:{free_port()}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "AWS_", "SHARDLINE_"))}
+    env.update(
+        PWD=str(REPO),  # prefect.yaml's pull step: {{ $PWD }}
+        PREFECT_HOME=str(base / "prefect-home"),
+        PREFECT_API_URL=api,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="INFO",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_WORKER_PREFETCH_SECONDS="1",
+        AWS_ENDPOINT_URL=endpoint,
+        MLFLOW_S3_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="test",
+        AWS_SECRET_ACCESS_KEY="test",
+        AWS_DEFAULT_REGION="us-east-1",
+        MLFLOW_ENABLE_ASYNC_LOGGING="false",
+        SHARDLINE_CACHE=str(base / "worker-cache"),
+    )
+    procs = [_start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", api.split(":")[2].split("/")[0]],
+                    env, logs / "server.log")]
+    c = Cluster(env=env, api=api, base=base, logs=logs)
+    try:
+        wait_until(lambda: _healthy(api), 180, "the Prefect server")
+        for pool in ("cpu-pool", "gpu-pool"):
+            c.prefect("work-pool", "create", "--type", "process", pool)
+        c.prefect("--no-prompt", "deploy", "--all")
+        for pool in ("cpu-pool", "gpu-pool"):
+            procs.append(_start([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"{pool}-w1"], env, logs / f"{pool}.log"))
+        wait_until(lambda: all(_has_worker(api, p) for p in ("cpu-pool", "gpu-pool")), 120, "both workers to poll")
+
+        import s3fs
+
+        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, key="test", secret="test")
+        fs.mkdir(BUCKET)
+        for p in make_raw(base / "raw", n_seq=15, rows=80):
+            fs.put(str(p), f"{BUCKET}/raw/{p.name}")
+        c.fs = fs
+        yield c
+    finally:
+        _stop(procs)
+        s3.stop()
+
+
+def _healthy(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _has_worker(api: str, pool: str) -> bool:
+    r = httpx.post(f"{api}/work_pools/{pool}/workers/filter", json={}, timeout=10)
+    return r.status_code == 200 and len(r.json()) > 0
+
+
+def write_config(c: Cluster, name: str, **over) -> Path:
+    cfg = tiny_config(f"s3://{BUCKET}/raw/*.parquet", f"s3://{BUCKET}/{name}", **{"training.epochs": 3, **over})
+    cfg["mlflow"] = {"tracking_uri": f"sqlite:///{c.base / name}-mlflow.db", "experiment": name, "model_name": f"{name}-model"}
+    cfg["compute"] = {"train_on": "deployment", "train_deployment": "train/train", "poll_seconds": 1, "max_preemptions": 2,
+                      "dispatch_timeout_seconds": 400, **cfg.get("compute", {})}
+    path = c.base / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_pipeline(c: Cluster, config: Path) -> dict:
+    """`prefect deployment run pipeline/pipeline -p config=...`, watched to its end; the pipeline's flow run."""
+    before = {r["id"] for r in c.flow_runs()}
+    c.prefect("deployment", "run", "pipeline/pipeline", "-p", f"config={config}", "--watch", "--watch-interval", "1", timeout=600)
+    new = [r for r in c.flow_runs() if r["id"] not in before]
+    (pipeline_run,) = [r for r in new if r["work_pool_name"] == "cpu-pool"]
+    assert pipeline_run["state_type"] == "COMPLETED", (pipeline_run["state"], c.tail_logs())
+    return {"run": pipeline_run, "new": new}
+
+
+def s3_env(monkeypatch, c: Cluster) -> None:
+    for k in ("AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.setenv(k, c.env[k])
+
+
+@pytest.fixture(scope="module")
+def reference(cluster):
+    """The uninterrupted run: its pipeline flow run and the run's final checkpoint in S3."""
+    return run_pipeline(cluster, write_config(cluster, "store-a"))
+
+
+def final_weights(root: str):
+    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+    (runs,) = [p for p in _ls(root + "/runs")]
+    uri, side = latest_checkpoint(f"s3://{runs}/checkpoints")
+    return side, load_checkpoint(uri)["model"]
+
+
+def _ls(uri: str) -> list[str]:
+    import s3fs
+
+    return s3fs.S3FileSystem(skip_instance_cache=True).ls(uri.removeprefix("s3://"))
+
+
+def test_deployment_run_trains_on_the_gpu_pool_registers_to_s3_and_reruns_cached(cluster, reference, monkeypatch, tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    from shardline.tracking import fluent_tracking_uri
+
+    s3_env(monkeypatch, cluster)
+    first = reference
+    (train_run,) = [r for r in first["new"] if r["work_pool_name"] == "gpu-pool"]
+    assert train_run["state_type"] == "COMPLETED"
+    assert train_run["parent_task_run_id"] is not None  # a subflow of the pipeline's train step
+    assert {"shardline"} <= set(train_run["tags"])
+
+    uri = f"sqlite:///{cluster.base / 'store-a'}-mlflow.db"
+    client = MlflowClient(uri)
+    version = client.get_model_version_by_alias("store-a-model", "champion")
+    assert int(version.version) == 1
+    logged = client.get_logged_model(version.source.removeprefix("models:/"))
+    assert logged.artifact_location.startswith(f"s3://{BUCKET}/store-a/mlflow-artifacts/")
+    assert "MLmodel" in {p.rsplit("/", 1)[-1] for p in _ls(logged.artifact_location)}
+    run = client.get_run(version.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["test/accuracy"] > 0.9
+    assert run.info.artifact_uri.startswith(f"s3://{BUCKET}/store-a/")
+
+    # the registered model comes back from S3 and predicts raw rows
+    import polars as pl
+
+    raw = pl.read_parquet(cluster.base / "raw" / "s-000.parquet")
+    with fluent_tracking_uri(uri):
+        served = mlflow.pyfunc.load_model("models:/store-a-model@champion").predict(raw.drop("label").to_pandas())
+    # 3 sequences in the file, each with 3 rows of history before its first prediction
+    assert len(served) == raw.height - 3 * 3 and {"seq", "t", "prediction"} <= set(served.columns)
+
+    # the same deployment run again: every step cached, no training dispatched
+    second = run_pipeline(cluster, cluster.base / "store-a.yaml")
+    assert [r["work_pool_name"] for r in second["new"]] == ["cpu-pool"]
+    states = {t["name"].rsplit("-", 1)[0]: t["state"]["name"] for t in cluster.task_runs(second["run"]["id"])}
+    assert states and set(states.values()) == {"Cached"}, states
+    assert {"ingest", "train", "evaluate", "register"} <= set(states)
+
+
+def test_spot_reclaim_of_the_training_process_is_redispatched_and_resumes_exactly(cluster, reference, monkeypatch):
+    s3_env(monkeypatch, cluster)
+    # each optimizer step sleeps 0.2 s in the training process (a test hook set through job variables),
+    # so that the kill lands mid-run
+    config = write_config(cluster, "store-b", **{"compute": {"job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.2"}}}})
+    before = {r["id"] for r in cluster.flow_runs()}
+    watcher = subprocess.Popen(
+        [str(BIN / "prefect"), "deployment", "run", "pipeline/pipeline", "-p", f"config={config}", "--watch", "--watch-interval", "1"],
+        cwd=REPO, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+    def running_train():
+        runs = [r for r in cluster.flow_runs() if r["id"] not in before and r["work_pool_name"] == "gpu-pool"]
+        return next((r for r in runs if r["state_type"] == "RUNNING"), None)
+
+    train_run = wait_until(running_train, 240, "the training flow run to start on the GPU pool")
+
+    def mid_run_checkpoint():
+        try:
+            (runs,) = _ls(f"s3://{BUCKET}/store-b/runs")
+            names = [p.rsplit("/", 1)[-1] for p in _ls(f"s3://{runs}/checkpoints")]
+        except (FileNotFoundError, ValueError):
+            return None
+        steps = [int(n[5:14]) for n in names if n.startswith("ckpt-") and n.endswith(".json")]
+        return max(steps) if steps and max(steps) >= 10 else None
+
+    killed_after = wait_until(mid_run_checkpoint, 240, "a checkpoint of step >= 10 in S3", every=0.2)
+    pids = processes_of_flow_run(train_run["id"])
+    assert pids, "found no process running the training flow run"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+    out, _ = watcher.communicate(timeout=500)
+    assert watcher.returncode == 0, out + cluster.tail_logs()
+    new = [r for r in cluster.flow_runs() if r["id"] not in before]
+    trains = [r for r in new if r["work_pool_name"] == "gpu-pool"]
+    assert [r["state_type"] for r in trains] == ["CRASHED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
+    (pipeline_run,) = [r for r in new if r["work_pool_name"] == "cpu-pool"]
+    assert pipeline_run["state_type"] == "COMPLETED"
+
+    side_b, weights_b = final_weights(f"s3://{BUCKET}/store-b")
+    side_a, weights_a = final_weights(f"s3://{BUCKET}/store-a")
+    import torch
+
+    assert side_b["step"] == side_a["step"] > killed_after
+    assert weights_b.keys() == weights_a.keys()
+    for k in weights_a:
+        assert torch.equal(weights_a[k], weights_b[k]), k
+    assert side_b["best_score"] == side_a["best_score"]
+    # the second dispatch resumed from the checkpoint the killed one left in S3
+    result = json.loads(cluster.fs.cat(f"{_ls(f's3://{BUCKET}/store-b/runs')[0]}/result.json"))
+    assert result["resumed_from"].startswith(f"s3://{BUCKET}/store-b/runs/")
+
+
+def processes_of_flow_run(flow_run_id: str) -> list[int]:
+    """The pids whose environment names the flow run: the process a worker started for it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode() in environ:
+            found.append(int(entry.name))
+    return found
