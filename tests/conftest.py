@@ -120,3 +120,6 @@ def pytest_sessionfinish(session, exitstatus):
     if problems:
         print("\nSHARDLINE_REQUIRE_E2E=1 but " + "; ".join(problems) + " -- a green run must mean the pipeline ran", flush=True)
         session.exitstatus = 3
+
+
+from tests.cluster import cluster  # noqa: E402,F401  (session fixture: Prefect server, pool workers, S3)

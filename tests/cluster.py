@@ -1,0 +1,155 @@
+"""A Prefect server, a process worker for `cpu-pool` and one for `gpu-pool`, deployments from
+prefect.yaml and a local S3 server (moto), all on 127.0.0.1, shared by the tests of one session
+(fixture `cluster` in conftest.py; started only when a test asks for it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import make_raw
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+BUCKET = "shardline-e2e"
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_until(check, timeout: float, what: str, every: float = 0.5):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@dataclass
+class Cluster:
+    env: dict
+    api: str
+    base: Path
+    logs: Path
+
+    def prefect(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        out = subprocess.run([str(BIN / "prefect"), *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, f"prefect {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}\n{self.tail_logs()}"
+        return out
+
+    def post(self, path: str, body: dict) -> list[dict]:
+        r = httpx.post(f"{self.api}{path}", json=body, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    def flow_runs(self, **flow_run_filter) -> list[dict]:
+        return self.post("/flow_runs/filter", {"flow_runs": flow_run_filter, "sort": "EXPECTED_START_TIME_ASC"})
+
+    def task_runs(self, flow_run_id: str) -> list[dict]:
+        return self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+
+    def tail_logs(self, n: int = 40) -> str:
+        out = []
+        for f in sorted(self.logs.glob("*.log")):
+            lines = f.read_text(errors="replace").splitlines()[-n:]
+            out.append(f"--- {f.name}\n" + "\n".join(lines))
+        return "\n".join(out)
+
+
+def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    # its own session, SIGINT at its default: SIGTERM stops it (a bash `&` job would ignore it)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    from moto.server import ThreadedMotoServer
+
+    base = tmp_path_factory.mktemp("cluster")
+    logs = base / "logs"
+    logs.mkdir()
+    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port())
+    s3.start()
+    endpoint = f"http://127.0.0.1:{s3._port}"
+    api = f"http://127.0.0.1:{free_port()}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "AWS_", "SHARDLINE_"))}
+    env.update(
+        PWD=str(REPO),  # prefect.yaml's pull step: {{ $PWD }}
+        PREFECT_HOME=str(base / "prefect-home"),
+        PREFECT_API_URL=api,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="INFO",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_WORKER_PREFETCH_SECONDS="1",
+        AWS_ENDPOINT_URL=endpoint,
+        MLFLOW_S3_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="test",
+        AWS_SECRET_ACCESS_KEY="test",
+        AWS_DEFAULT_REGION="us-east-1",
+        MLFLOW_ENABLE_ASYNC_LOGGING="false",
+        SHARDLINE_CACHE=str(base / "worker-cache"),
+    )
+    procs = [_start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", api.split(":")[2].split("/")[0]],
+                    env, logs / "server.log")]
+    c = Cluster(env=env, api=api, base=base, logs=logs)
+    try:
+        wait_until(lambda: _healthy(api), 180, "the Prefect server")
+        for pool in ("cpu-pool", "gpu-pool"):
+            c.prefect("work-pool", "create", "--type", "process", pool)
+        c.prefect("--no-prompt", "deploy", "--all")
+        for pool in ("cpu-pool", "gpu-pool"):
+            procs.append(_start([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"{pool}-w1"], env, logs / f"{pool}.log"))
+        wait_until(lambda: all(_has_worker(api, p) for p in ("cpu-pool", "gpu-pool")), 120, "both workers to poll")
+
+        import s3fs
+
+        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, key="test", secret="test")
+        fs.mkdir(BUCKET)
+        for p in make_raw(base / "raw", n_seq=15, rows=80):
+            fs.put(str(p), f"{BUCKET}/raw/{p.name}")
+        c.fs = fs
+        yield c
+    finally:
+        _stop(procs)
+        s3.stop()
+
+
+def _healthy(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _has_worker(api: str, pool: str) -> bool:
+    r = httpx.post(f"{api}/work_pools/{pool}/workers/filter", json={}, timeout=10)
+    return r.status_code == 200 and len(r.json()) > 0
