@@ -82,7 +82,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
         "steps": {step: ("ran" if did else "cached") for step, did in ran.items()},
         "snapshot": {"files": len(snapshot.files), "skipped": [r.model_dump() for r in snapshot.rejected], "fingerprint": snapshot.fingerprint},
         "manifest": manifest_uri,
-        "train": {k: trained.get(k) for k in ("best_checkpoint", "best_val_loss", "steps", "device", "precision", "mlflow_run_id", "host", "flow_runs")},
+        "train": {k: trained.get(k) for k in ("best_checkpoint", "best_val_loss", "steps", "device", "precision", "mlflow_run_id", "host", "flow_runs", "resumed_from", "run_dir")},
         "metrics": scores["metrics"],
         "baseline": scores["baseline"],
         "table": scores["table"],

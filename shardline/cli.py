@@ -179,6 +179,40 @@ def predict(
     typer.echo(f"wrote {result.height} prediction(s) for {df.height} input row(s) to {out}")
 
 
+@app.command()
+def rehearse(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    files: int = typer.Option(8, min=1, help="raw files copied for the rehearsal (its tiny data set)"),
+    steps: int = typer.Option(20, min=3, help="optimizer steps of the one short epoch"),
+    preempt_at: Optional[int] = typer.Option(None, min=1, help="step at which training is preempted (default: half of --steps)"),
+) -> None:
+    """Run the first full loop on tiny data where the real run will go, and print a pass/fail table.
+
+    A few of your raw files, encode, one short epoch on the configured pool with checkpoints, a forced
+    preemption (SIGTERM) and resume from storage, metrics, registration as NAME-rehearsal, and a download
+    of the registered model that predicts raw rows. Run it before paying for the full run.
+    """
+    from shardline.rehearse import rehearse as run_rehearsal
+
+    config = _load(config_path, list(set_))
+    if preempt_at is not None and preempt_at >= steps:
+        _fail(f"--preempt-at {preempt_at} must be below --steps {steps}", 2)
+    typer.echo(f"rehearsing {config.name}: {files} raw file(s), {steps} steps, training on "
+               f"{config.compute.train_deployment if config.compute.train_on == 'deployment' else 'this machine'} ...")
+    rows = run_rehearsal(config, files=files, steps=steps, preempt_at=preempt_at, log=lambda m: typer.echo(m, err=True))
+    width = max(len(r.stage) for r in rows)
+    typer.echo("")
+    for r in rows:
+        mark = typer.style("PASS", fg=typer.colors.GREEN) if r.ok else typer.style("FAIL", fg=typer.colors.RED, bold=True)
+        typer.echo(f"{mark}  {r.stage.ljust(width)}  {r.detail}")
+    failed = [r for r in rows if not r.ok]
+    if failed:
+        typer.secho(f"\nrehearsal failed at: {failed[0].stage}", fg=typer.colors.RED, bold=True)
+        raise typer.Exit(1)
+    typer.secho("\nrehearsal passed: the full run can go", fg=typer.colors.GREEN, bold=True)
+
+
 def main() -> None:
     try:
         app()

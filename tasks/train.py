@@ -90,7 +90,7 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig) -> dict:
     result_uri = storage.join(folder, RESULT_FILE)
     run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
     parameters = {"manifest_uri": manifest_uri, "config": config.model_dump(mode="json")}
-    runs: list[str] = []
+    runs: list[dict] = []
     for attempt in range(c.max_preemptions + 1):
         live = live_training_run(run_tag) if attempt == 0 else None
         if live is not None:
@@ -104,8 +104,9 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig) -> dict:
                 timeout=c.dispatch_timeout_seconds, poll_interval=c.poll_seconds, as_subflow=True,
                 tags=["shardline", run_tag],
             )
-        runs.append(f"{flow_run.name} ({flow_run.id})")
         state = flow_run.state
+        runs.append({"name": flow_run.name, "id": str(flow_run.id), "state": state.name if state else None,
+                     "message": state.message if state else None})
         log.info("train: dispatched run %s on %s ended %s", flow_run.name, c.train_deployment, state.name if state else "?")
         if state is not None and state.is_completed():
             result = json.loads(storage.read_text(result_uri))
@@ -125,7 +126,8 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig) -> dict:
             log.warning("train: run %s was %s (%s); dispatching again (%d of %d), it resumes from its newest checkpoint",
                         flow_run.name, state.name, state.message, attempt + 1, c.max_preemptions)
     raise TrainingRunFailed(
-        f"training on {c.train_deployment} was preempted {c.max_preemptions + 1} times (runs: {', '.join(runs)}); "
+        f"training on {c.train_deployment} was preempted {c.max_preemptions + 1} times "
+        f"(runs: {', '.join(r['name'] + ' ' + r['id'] for r in runs)}); "
         "its checkpoints are kept: rerun to resume, or raise compute.max_preemptions"
     )
 

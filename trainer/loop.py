@@ -296,6 +296,8 @@ def fit(
     windows = {"train": train.n_windows, "validation": val.n_windows}
     # test hook, off unless set: sleep after every optimizer step, so that a test can kill a run mid-way
     step_delay = float(os.environ.get("SHARDLINE_TEST_STEP_DELAY") or 0)
+    # `shardline rehearse`: a run that did not resume preempts itself at this step (SIGTERM, the real path)
+    preempt_at = int(os.environ.get("SHARDLINE_PREEMPT_AT_STEP") or 0)
 
     removed = remove_temp_files(ckpt_dir)  # left by a process killed inside a write
     if removed:
@@ -420,6 +422,9 @@ def fit(
                 windows_done += n_step
                 if step_delay:
                     time.sleep(step_delay)
+                if preempt_at and loop["step"] == preempt_at and resumed_from is None:
+                    log(f"SHARDLINE_PREEMPT_AT_STEP={preempt_at}: sending myself SIGTERM, as a spot reclaim would")
+                    signal.raise_signal(signal.SIGTERM)
 
                 if on_step is not None and loop["step"] % step_every == 0:
                     on_step(loop["step"], {"train_loss": step_loss.item(), "lr": lr})
