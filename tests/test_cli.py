@@ -20,7 +20,7 @@ def shardline(*args, cwd=None, timeout=600):
 
 
 def test_help_everywhere():
-    for cmd in ([], ["demo"], ["run"], ["predict"], ["check-config"]):
+    for cmd in ([], ["demo"], ["run"], ["predict"], ["check-config"], ["rehearse"]):
         out = shardline(*cmd, "--help")
         assert out.returncode == 0, out.stderr
         assert "Usage" in out.stdout
@@ -82,3 +82,21 @@ def test_demo_then_predict(tmp_path):
     joined = preds.join(raw, on=["game_id", "frame"], how="inner")
     assert joined.height == preds.height
     assert joined["frame"].min() == 8
+
+
+@pytest.mark.e2e
+def test_rehearse_in_process_preempts_resumes_and_leaves_the_real_run_alone(tmp_path):
+    make_raw(tmp_path / "raw", n_seq=24, rows=80)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))))
+    out = shardline("rehearse", cfg, "--files", "8", "--steps", "12", "--preempt-at", "5")
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    table = [line for line in out.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert len(table) == 10 and all(line.startswith("PASS") for line in table), out.stdout
+    assert "attempt 1: Preempted; resumed from" in out.stdout and "ckpt-000000005.pt" in out.stdout
+    # everything it wrote is under the rehearsal prefix; the registered model is NAME-rehearsal
+    assert [p.name for p in (tmp_path / "store").iterdir() if p.name != "mlflow.db"] == ["rehearsals"]
+    assert "tiny-model-rehearsal version 1" in out.stdout
+
+    bad = shardline("rehearse", cfg, "--steps", "5", "--preempt-at", "5")
+    assert bad.returncode == 2 and "--preempt-at 5 must be below --steps 5" in bad.stderr

@@ -178,3 +178,18 @@ def processes_of_flow_run(flow_run_id: str) -> list[int]:
         if f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode() in environ:
             found.append(int(entry.name))
     return found
+
+
+def test_rehearse_runs_the_first_loop_on_the_gpu_pool_with_a_forced_preemption(cluster):
+    config = write_config(cluster, "store-r")
+    out = subprocess.run([str(BIN / "shardline"), "rehearse", str(config), "--files", "4", "--steps", "12"],
+                         cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-5000:] + cluster.tail_logs()
+    table = [line for line in out.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert len(table) == 10 and all(line.startswith("PASS") for line in table), out.stdout
+    preemption = next(line for line in table if "preemption" in line)
+    assert "ended Failed at step 6; re-dispatched, resumed from s3://" in preemption, preemption
+    # the rehearsal trained on the GPU pool: two flow runs of the training deployment, the first preempted
+    trains = [r for r in cluster.flow_runs() if r["work_pool_name"] == "gpu-pool" and "store-r" in json.dumps(r.get("parameters", {}))]
+    assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
+    assert "Preempted" in trains[0]["state"]["message"]
