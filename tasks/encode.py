@@ -243,3 +243,19 @@ def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: boo
     uri = man_state.result()
     ran = any(not f.state.name == "Cached" for f in [*fit_futures, *enc_futures]) or man_state.name != "Cached"
     return uri, ran
+
+
+def encode_dataset(snapshot: Snapshot, data: DataConfig, out_dir: str, threads: int = 2) -> str:
+    """The encode step without Prefect (benchmarks, scripts): the same per-group functions the mapped
+    tasks run, on a thread pool of `threads`. Returns the manifest URI."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    groups = file_groups(snapshot, data.files_per_group)
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        partials = list(pool.map(lambda g: fit_group_stats(g, data), groups))
+        spec = fit_spec(partials, data)
+        shard_lists = list(pool.map(lambda ig: encode_group_to_shards(ig[1], ig[0], spec, data, out_dir), enumerate(groups)))
+    manifest = build_manifest(snapshot, spec, shard_lists, data)
+    uri = storage.join(out_dir, "manifest.json")
+    storage.write_text(uri, manifest.model_dump_json(indent=1))
+    return uri
