@@ -213,6 +213,36 @@ def rehearse(
     typer.secho("\nrehearsal passed: the full run can go", fg=typer.colors.GREEN, bold=True)
 
 
+@app.command("doctor")
+def doctor_command(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    timeout: float = typer.Option(30.0, min=1, help="seconds each network check may take"),
+    probe_timeout: float = typer.Option(300.0, min=5, help="seconds the GPU probe's flow run may take, worker pickup and start-up included"),
+) -> None:
+    """Check every dependency of a run before it starts and say what is wrong, in plain words.
+
+    The config, the Prefect API, the training and pipeline deployments and a live worker on their work
+    pools, the raw data, the storage root (a write, read back and delete), MLflow and its model registry,
+    torch here, and (when training goes to a deployment) a tiny flow run on the GPU pool that reports
+    the GPU its worker sees. One PASS/FAIL/SKIP row per check; exit 1 on any FAIL.
+    """
+    from shardline.doctor import doctor as run_doctor
+
+    config = _load(config_path, list(set_))
+    colors = {"PASS": typer.colors.GREEN, "FAIL": typer.colors.RED, "SKIP": typer.colors.YELLOW}
+
+    def show(check) -> None:
+        typer.echo(f"{typer.style(check.mark, fg=colors[check.mark], bold=check.ok is False)}  {check.name.ljust(19)}  {check.detail}")
+
+    rows = run_doctor(config, timeout=timeout, probe_timeout=probe_timeout, source=str(config_path), on_check=show)
+    failed = [r.name for r in rows if r.ok is False]
+    if failed:
+        typer.secho(f"\n{len(failed)} check(s) failed: {', '.join(failed)}", fg=typer.colors.RED, bold=True)
+        raise typer.Exit(1)
+    typer.secho("\nall checks passed", fg=typer.colors.GREEN, bold=True)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,150 @@
+"""`shardline doctor CONFIG`, run as a user would (the command in a subprocess), against real parts:
+a laptop setup (ephemeral Prefect API, local storage, MLflow on SQLite), a broken one (a Prefect API, an
+S3 endpoint and an MLflow server that all refuse connections), and the team cluster of tests/cluster.py
+(Prefect server, pool workers, deployments from prefect.yaml, S3 on moto) where the GPU probe runs as a
+flow run on the GPU pool.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster import BUCKET, REPO, Cluster, free_port
+from tests.conftest import make_raw, tiny_config
+
+BIN = Path(sys.executable).parent / "shardline"
+SECRET = "fake-secret-Zq9vX2wL7kP"
+PASSWORD = "hunter2-doctor-pw"
+
+
+def clean_env(**extra: str) -> dict:
+    """This process's environment without a Prefect server, MLflow server or S3 settings from the shell."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_", "AWS_"))}
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", **extra)
+    return env
+
+
+def doctor(config: Path, env: dict, *args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    out = subprocess.run([str(BIN), "doctor", str(config), *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+    rows = {}
+    for line in out.stdout.splitlines():
+        if line.startswith(("PASS  ", "FAIL  ", "SKIP  ")):
+            mark, rest = line[:4], line[6:]
+            rows[rest[:19].strip()] = f"{mark} {rest[19:].strip()}"
+    return out, rows
+
+
+def write(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_laptop_setup_passes(tmp_path):
+    make_raw(tmp_path / "raw")
+    config = write(tmp_path / "c.yaml", tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store")))
+    out, rows = doctor(config, clean_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert list(rows) == ["config", "prefect api", "train deployment", "pipeline deployment", "data source", "storage",
+                          "mlflow tracking", "mlflow registry", "torch (here)", "gpu probe"], out.stdout
+    assert all(r.startswith(("PASS", "SKIP")) for r in rows.values()), out.stdout
+    assert rows["prefect api"].startswith("PASS ephemeral (no server"), rows["prefect api"]
+    assert "4 parquet file(s)" in rows["data source"]
+    assert rows["storage"].startswith(f"PASS {tmp_path / 'store'}: wrote, read back and deleted"), rows["storage"]
+    assert not list((tmp_path / "store" / ".doctor").glob("*")) if (tmp_path / "store" / ".doctor").exists() else True
+    assert f"sqlite:///{tmp_path / 'store'}/mlflow.db" in rows["mlflow tracking"]
+    assert "model tiny-model has no version yet" in rows["mlflow registry"]
+    assert "torch 2." in rows["torch (here)"] and "training.device=auto -> " in rows["torch (here)"]
+    assert rows["gpu probe"].startswith("SKIP compute.train_on=local")
+    assert "all checks passed" in out.stdout
+
+
+def test_broken_setup_fails_in_plain_words_without_leaking_secrets(tmp_path):
+    make_raw(tmp_path / "raw")
+    dead = free_port()  # nothing listens there
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), f"s3://{BUCKET}/store")
+    cfg["mlflow"]["tracking_uri"] = f"http://alice:{PASSWORD}@127.0.0.1:{dead}"
+    config = write(tmp_path / "c.yaml", cfg)
+    env = clean_env(
+        PREFECT_API_URL=f"http://127.0.0.1:{dead}/api",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{dead}", AWS_ACCESS_KEY_ID="AKIADOCTORTEST", AWS_SECRET_ACCESS_KEY=SECRET,
+        AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="1",
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="3",
+    )
+    out, rows = doctor(config, env, "--timeout", "20", timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert SECRET not in out.stdout + out.stderr and PASSWORD not in out.stdout + out.stderr
+    assert rows["prefect api"].startswith(f"FAIL cannot reach the Prefect API at http://127.0.0.1:{dead}/api: connection refused; "
+                                          "is `prefect server start` running there?"), rows["prefect api"]
+    assert rows["train deployment"].startswith("SKIP needs the Prefect API")
+    assert rows["data source"].startswith("PASS")
+    assert rows["storage"].startswith(f"FAIL storage.root s3://{BUCKET}/store: a write, read back and delete failed"), rows["storage"]
+    assert f"cannot connect to http://127.0.0.1:{dead}: is the server up? AWS_ENDPOINT_URL" in rows["storage"]
+    assert rows["mlflow tracking"].startswith(f"FAIL cannot reach MLflow at http://***@127.0.0.1:{dead} (mlflow.tracking_uri): "
+                                              "connection refused; is the MLflow server up"), rows["mlflow tracking"]
+    assert rows["mlflow registry"].startswith("SKIP")
+    assert "3 check(s) failed: prefect api, storage, mlflow tracking" in out.stdout
+
+
+def test_bad_config_exits_2(tmp_path):
+    cfg = tiny_config("raw/*.parquet", str(tmp_path / "store"))
+    cfg["compute"] = {"train_on": "gpu"}
+    out, rows = doctor(write(tmp_path / "c.yaml", cfg), clean_env(), timeout=120)
+    assert out.returncode == 2 and not rows
+    assert "compute.train_on" in out.stderr
+
+
+# ---------------------------------------------------------------- the team cluster
+
+
+def cluster_config(c: Cluster, name: str, **compute) -> Path:
+    cfg = tiny_config(f"s3://{BUCKET}/raw/*.parquet", f"s3://{BUCKET}/{name}")
+    cfg["mlflow"] = {"tracking_uri": f"sqlite:///{c.base / name}-mlflow.db", "experiment": name, "model_name": f"{name}-model"}
+    cfg["compute"] = {"train_on": "deployment", "train_deployment": "train/train", **compute}
+    return write(c.base / f"{name}.yaml", cfg)
+
+
+@pytest.mark.e2e
+@pytest.mark.remote
+def test_doctor_on_the_cluster_runs_the_gpu_probe_on_the_gpu_pool(cluster):
+    before = {r["id"] for r in cluster.flow_runs()}
+    out, rows = doctor(cluster_config(cluster, "store-doctor"), cluster.env, timeout=600)
+    assert list(rows) == ["config", "prefect api", "train deployment", "train pool", "pipeline deployment", "pipeline pool",
+                          "data source", "storage", "mlflow tracking", "mlflow registry", "torch (here)", "gpu probe"], out.stdout
+    failed = {k: v for k, v in rows.items() if not v.startswith("PASS")}
+    # this machine has no GPU: the probe ran on the GPU pool's worker and says so; everything else passes
+    assert list(failed) == ["gpu probe"] and out.returncode == 1, out.stdout + out.stderr[-3000:] + cluster.tail_logs()
+    assert rows["prefect api"].startswith(f"PASS {cluster.api}: reachable, server version 3.")
+    assert rows["train deployment"].startswith("PASS train/train on pool gpu-pool")
+    assert "1 live worker(s): gpu-pool-w1" in rows["train pool"] and "1 live worker(s): cpu-pool-w1" in rows["pipeline pool"]
+    assert rows["storage"].startswith(f"PASS s3://{BUCKET}/store-doctor via {cluster.env['AWS_ENDPOINT_URL']}: wrote, read back")
+    assert not cluster.fs.exists(f"{BUCKET}/store-doctor/.doctor") or not cluster.fs.ls(f"{BUCKET}/store-doctor/.doctor")
+    assert "model store-doctor-model has no version yet" in rows["mlflow registry"]
+    probe = rows["gpu probe"]
+    assert probe.startswith("FAIL no GPU visible on gpu-pool's worker "), probe
+    assert "training will run on CPU there" in probe and "probe/probe on gpu-pool" in probe and "no CUDA device visible" in probe
+    (run,) = [r for r in cluster.flow_runs() if r["id"] not in before]
+    assert run["work_pool_name"] == "gpu-pool" and run["state_type"] == "COMPLETED" and "doctor" in run["tags"]
+
+    # training on the CPU is what the config asks for: then a GPU-less pool is no failure
+    out, rows = doctor(cluster_config(cluster, "store-doctor"), cluster.env, "--set", "training.device=cpu", timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert rows["gpu probe"].startswith("PASS probe/probe on gpu-pool") and "training.device=cpu -> cpu in fp32" in rows["gpu probe"]
+
+
+@pytest.mark.e2e
+@pytest.mark.remote
+def test_doctor_names_a_pool_without_a_live_worker_and_does_not_wait_for_the_probe(cluster):
+    cluster.prefect("work-pool", "create", "--type", "process", "idle-pool")
+    cluster.prefect("--no-prompt", "deploy", "flows/train.py:train", "--name", "idle", "--pool", "idle-pool")
+    out, rows = doctor(cluster_config(cluster, "store-doctor-idle", train_deployment="train/idle"), cluster.env, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
+    assert rows["train deployment"].startswith("PASS train/idle on pool idle-pool")
+    assert rows["train pool"].startswith("FAIL no worker has polled idle-pool in the last 90 s: start one with "
+                                         "`prefect worker start --pool idle-pool` on each GPU machine"), rows["train pool"]
+    assert rows["gpu probe"] == "SKIP needs a live worker on idle-pool (see above)"
