@@ -166,7 +166,7 @@ class TrainingConfig(_Strict):
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept, besides the best")
     max_restarts: int = Field(2, ge=0, description="retries of the training step after an infrastructure failure (I/O, network, CUDA); code errors are never retried")
     max_steps_per_epoch: int | None = Field(None, ge=1, description="cap optimizer steps per epoch (quick runs)")
-    num_workers: int = Field(0, ge=0)
+    num_workers: int = Field(0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)")
 
 
 class StorageConfig(_Strict):

@@ -130,26 +130,180 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SHARDLINE_CACHE", Path.home() / ".cache" / "shardline"))
 
 
-def fetch_verified(uri: str, sha256: str) -> Path:
+CACHE_CAP_ENV = "SHARDLINE_CACHE_MAX_GB"
+
+
+class CacheFull(IOError):
+    """An object does not fit in the local cache even after evicting everything not in use."""
+
+
+class ShardCache:
+    """A size-capped local cache of remote objects, addressed by checksum and verified on the way in.
+
+    Objects live at `<dir>/objects/<sha[:2]>/<sha>`; they are written aside and renamed, so a reader
+    never sees a partial object. When adding one would pass the cap, the least recently used objects
+    that no open split holds (`pin`) are deleted first. Several processes may share the folder: an
+    object another process has memory-mapped stays readable after it is unlinked here.
+    """
+
+    def __init__(self, root: str | Path | None = None, cap_bytes: int | None = None, threads: int = 2):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.root = Path(root) if root is not None else cache_dir()
+        self.objects = self.root / "objects"
+        self.cap = int(cap_bytes) if cap_bytes is not None else self.default_cap(self.root)
+        self._lock = threading.Lock()
+        self._pins: dict[str, int] = {}
+        self._reserved: dict[str, int] = {}
+        self._inflight: dict[str, object] = {}
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="shardline-fetch")
+        self.downloads = 0
+        self.evictions = 0
+
+    @staticmethod
+    def default_cap(root: Path) -> int:
+        """`SHARDLINE_CACHE_MAX_GB` if set, else half of the free disk where the cache lives plus what it holds."""
+        env = os.environ.get(CACHE_CAP_ENV)
+        if env:
+            try:
+                gb = float(env)
+            except ValueError:
+                raise ValueError(f"{CACHE_CAP_ENV}={env!r} is not a number; set it to the cache size in GB, e.g. 50") from None
+            if gb <= 0:
+                raise ValueError(f"{CACHE_CAP_ENV}={env!r} must be positive (GB)")
+            return int(gb * 1e9)
+        probe = root
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        return int(shutil.disk_usage(probe).free * 0.5) + ShardCache._held_bytes(root / "objects")
+
+    @staticmethod
+    def _held_bytes(objects: Path) -> int:
+        return sum(p.stat().st_size for p in objects.glob("??/*") if not p.name.startswith(TMP_MARK)) if objects.exists() else 0
+
+    def path(self, sha256: str) -> Path:
+        return self.objects / sha256[:2] / sha256
+
+    def held_bytes(self) -> int:
+        return self._held_bytes(self.objects)
+
+    def pin(self, sha256: str) -> None:
+        with self._lock:
+            self._pins[sha256] = self._pins.get(sha256, 0) + 1
+
+    def unpin(self, sha256: str) -> None:
+        with self._lock:
+            n = self._pins.get(sha256, 0) - 1
+            if n > 0:
+                self._pins[sha256] = n
+            else:
+                self._pins.pop(sha256, None)
+
+    def _make_room(self, sha256: str, size: int, uri: str) -> None:
+        """Evict least recently used, unpinned objects until `size` more bytes fit (caller holds the lock)."""
+        if size > self.cap:
+            raise CacheFull(
+                f"{uri} is {size / 1e6:.0f} MB but the local shard cache ({self.root}) is capped at {self.cap / 1e6:.0f} MB: "
+                f"raise {CACHE_CAP_ENV} or encode smaller shards (data.shard_mb)"
+            )
+        entries = []
+        if self.objects.exists():
+            for p in self.objects.glob("??/*"):
+                if p.name.startswith(TMP_MARK):
+                    continue
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                entries.append((st.st_mtime, p.name, st.st_size, p))
+        used = sum(e[2] for e in entries) + sum(v for k, v in self._reserved.items() if k != sha256)
+        for _, name, nbytes, p in sorted(entries):
+            if used + size <= self.cap:
+                break
+            if name in self._pins or name in self._reserved:
+                continue
+            p.unlink(missing_ok=True)
+            used -= nbytes
+            self.evictions += 1
+        if used + size > self.cap:
+            raise CacheFull(
+                f"the local shard cache ({self.root}) cannot hold {uri} ({size / 1e6:.0f} MB): {used / 1e6:.0f} MB of its "
+                f"{self.cap / 1e6:.0f} MB cap are shards in use; raise {CACHE_CAP_ENV} or encode smaller shards (data.shard_mb)"
+            )
+        self._reserved[sha256] = size
+
+    def get(self, uri: str, sha256: str, size: int | None = None) -> Path:
+        """A local path with the exact bytes of `uri` (checked against `sha256`), downloaded if needed."""
+        if not is_remote(uri):
+            return Path(local_path(uri))
+        with self._lock:
+            fut = self._inflight.get(sha256)
+        if fut is not None:
+            try:
+                fut.result()
+            except Exception:
+                pass  # the read-ahead failed: try again here, where the error reaches the caller
+        return self._download(uri, sha256, size)
+
+    def _download(self, uri: str, sha256: str, size: int | None) -> Path:
+        dest = self.path(sha256)
+        if dest.exists():
+            os.utime(dest)  # recently used
+            return dest
+        fs, path = filesystem(uri)
+        if size is None:
+            size = int(fs.size(path))
+        with self._lock:
+            self._make_room(sha256, size, uri)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}")
+            try:
+                fs.get_file(path, str(tmp))
+                got = sha256_file(tmp)
+                if got != sha256:
+                    raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
+                os.replace(tmp, dest)
+                self.downloads += 1
+            finally:
+                tmp.unlink(missing_ok=True)
+        finally:
+            with self._lock:
+                self._reserved.pop(sha256, None)
+        return dest
+
+    def prefetch(self, uri: str, sha256: str, size: int | None = None):
+        """Start fetching `uri` in the background (read-ahead); `get` waits for it."""
+        with self._lock:
+            fut = self._inflight.get(sha256)
+            if fut is not None or not is_remote(uri) or self.path(sha256).exists():
+                return fut
+            fut = self._pool.submit(self._download, uri, sha256, size)
+            self._inflight[sha256] = fut
+        fut.add_done_callback(lambda _f: self._done(sha256))
+        return fut
+
+    def _done(self, sha256: str) -> None:
+        with self._lock:
+            self._inflight.pop(sha256, None)
+
+
+_CACHES: dict[tuple[str, int | None], ShardCache] = {}
+
+
+def shared_cache(cap_bytes: int | None = None) -> ShardCache:
+    """The process-wide cache for this machine's cache folder (one per cap)."""
+    key = (str(cache_dir()), cap_bytes)
+    if key not in _CACHES:
+        _CACHES[key] = ShardCache(cache_dir(), cap_bytes)
+    return _CACHES[key]
+
+
+def fetch_verified(uri: str, sha256: str, size: int | None = None) -> Path:
     """A local path holding the exact bytes of `uri` (checked against `sha256`).
 
-    Local files are used in place; remote ones are copied into the local cache (by checksum, so a
-    verified copy is reused by every later run on this machine).
+    Local files are used in place; remote ones are copied into the size-capped local cache (by
+    checksum, so a verified copy is reused by every later run on this machine).
     """
-    if not is_remote(uri):
-        return Path(local_path(uri))
-    dest = cache_dir() / "objects" / sha256[:2] / sha256
-    if dest.exists():
-        return dest
-    fs, path = filesystem(uri)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}")
-    try:
-        fs.get_file(path, str(tmp))
-        got = sha256_file(tmp)
-        if got != sha256:
-            raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
+    return shared_cache().get(uri, sha256, size)

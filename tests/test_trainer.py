@@ -22,7 +22,7 @@ from trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainer.data import SplitData, WindowLoader, open_split
+from trainer.data import LOADER_STATE_VERSION, SplitData, WindowLoader, open_split
 from trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
 from trainer.loop import Preempted, fit, load_model, predict
 from trainer.models import build_model, model_from_spec, model_spec
@@ -110,7 +110,11 @@ def test_batch_gathers_the_right_rows(data):
     assert split.n_windows == len(ref)
     idx = np.random.default_rng(0).permutation(split.n_windows)[:50]
     b = split.batch(idx)
-    assert b.cont.dtype == torch.float32 and b.cat.dtype == torch.int64 and b.target.dtype == torch.int64
+    # the batch keeps the stored (narrow) types, so the fewest bytes travel; `to` widens them on the device
+    assert (b.cont.dtype, b.cat.dtype, b.target.dtype) == (torch.float32, torch.uint8, torch.int32)
+    wide = b.to("cpu")
+    assert (wide.cont.dtype, wide.cat.dtype, wide.target.dtype) == (torch.float32, torch.int64, torch.int64)
+    assert torch.equal(wide.cat, b.cat.long()) and b.nbytes == b.cont.nbytes + b.cat.nbytes + b.target.nbytes
     assert tuple(b.cont.shape) == (50, K, 2) and tuple(b.cat.shape) == (50, K, 2) and tuple(b.target.shape) == (50,)
     for j, i in enumerate(idx):
         s, start = ref[i]
@@ -119,7 +123,7 @@ def test_batch_gathers_the_right_rows(data):
         np.testing.assert_array_equal(b.cat[j].numpy(), a["cat"][start : start + K])
         assert b.target[j].item() == a["target"][start + K - 1 + H]
     reg = data["regression"].batch(np.arange(5))
-    assert reg.target.dtype == torch.float32
+    assert reg.target.dtype == torch.float32 and reg.to("cpu").target.dtype == torch.float32
 
 
 def test_window_keys_name_each_target_row(data):
@@ -201,7 +205,7 @@ def test_loader_state_round_trip_resumes_mid_epoch(data):
     for _ in range(3):
         next(it)
     state = loader.state_dict()
-    assert state == {"version": 1, "epoch": 2, "offset": 150, "seed": 11, "n_windows": split.n_windows}
+    assert state == {"version": 2, "epoch": 2, "offset": 150, "seed": 11, "n_windows": split.n_windows}
     rest = list(it)
 
     restored = WindowLoader(split, 50, seed=11)
@@ -435,7 +439,7 @@ def test_checkpoint_layout_is_tensors_plus_readable_sidecar(data, straight):
     folder = Path(result.last_checkpoint).parent
     side = json.loads((folder / "ckpt-000000030.json").read_text())
     assert side["step"] == 30 and side["epoch"] == 1 and side["epoch_complete"] is True
-    assert side["loader"] == {"version": 1, "epoch": 1, "offset": data["classification"].n_windows, "seed": 1,
+    assert side["loader"] == {"version": LOADER_STATE_VERSION, "epoch": 1, "offset": data["classification"].n_windows, "seed": 1,
                               "n_windows": data["classification"].n_windows}
     assert side["sha256"] == hashlib.sha256((folder / "ckpt-000000030.pt").read_bytes()).hexdigest()
     assert side["model_spec"] == spec_for("mlp") and side["training"]["lr"] == 1e-2 and len(side["history"]) == 2

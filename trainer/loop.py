@@ -329,7 +329,7 @@ def fit(
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
     ctx = autocast(device, precision)  # chosen once: every precision shares the one step below
-    loader = WindowLoader(train, cfg.batch_size, cfg.seed, shuffle=True, pin_memory=device.type == "cuda")
+    loader = WindowLoader(train, cfg.batch_size, cfg.seed, shuffle=True, pin_memory=device.type == "cuda", num_workers=cfg.num_workers)
     steps_per_epoch = -(-len(loader) // cfg.grad_accum)
     if cfg.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
