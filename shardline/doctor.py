@@ -51,7 +51,8 @@ def redact(text: str) -> str:
     """`text` without the values of credential-like environment variables or the user:password of URLs."""
     for name, value in os.environ.items():
         if value and len(value) >= 4 and _SECRET_NAME.search(name) and value in text:
-            text = text.replace(value, "***")
+            # the whole value only (a key "test" leaves "pytest" alone)
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", "***", text)
     return _URL_USERINFO.sub(lambda m: f"{m['scheme']}***@", text)
 
 
@@ -236,7 +237,7 @@ def _pool_check(client, name: str, label: str, where: str) -> Check:
         seen = "; last seen: " + ", ".join(f"{w.name} {_ago(a)}" for w, a in stale[:3]) if stale else ""
         return Check(label, False, f"no worker has polled {name} in the last {window:.0f} s{seen}: start one with "
                                    f"`prefect worker start --pool {name}` {where}")
-    names = ", ".join(f"{w.name} ({_ago(a)})" for w, a in live[:5])
+    names = ", ".join(f"{w.name} (last heartbeat {_ago(a)})" for w, a in live[:5])
     return Check(label, True, f"{name} ({pool.type}): {len(live)} live worker(s): {names}")
 
 
@@ -388,7 +389,7 @@ def _gpu_probe(config: PipelineConfig, train_dep, probe_timeout: float) -> Check
     data = artifacts[0].data
     rows = json.loads(data) if isinstance(data, str) else data
     r = {row["field"]: row["value"] for row in rows}
-    detail = f"{where}, worker host {r['host']} (answered in {took:.0f} s): {describe_torch(r)}"
+    detail = f"{where}, worker host {r['host']}, answered in {took:.0f} s: {describe_torch(r)}"
     if not same_pool:
         return Check("gpu probe", False, f"{detail}. But training runs on {pool}, not {probe_dep.work_pool_name}: set the probe "
                                          f"deployment's work_pool to {pool} in prefect.yaml, then {DEPLOY_HINT}")
@@ -398,11 +399,12 @@ def _gpu_probe(config: PipelineConfig, train_dep, probe_timeout: float) -> Check
     if r["device_error"]:
         return Check("gpu probe", False, f"on {pool}'s worker {r['host']}: {r['device_error']}")
     if not r["cuda_available"] and config.training.device != "cpu":
-        why = ("torch there is a CPU-only build: install a CUDA build" if not r.get("cuda_build")
+        why = ("torch there is a CPU-only build: install a CUDA build of torch in the worker's environment "
+               "(./scripts/setup with SHARDLINE_TORCH_INDEX, or the GPU image)" if not r.get("cuda_build")
                else f"torch there is built for CUDA {r['cuda_build']} but sees no device: check `nvidia-smi`, the driver, "
                     "and the pool's GPU request (deploy/README.md)")
         return Check("gpu probe", False, f"no GPU visible on {pool}'s worker {r['host']}: training will run on CPU there; "
-                                         f"{why}. ({detail})")
+                                         f"{why}. Report: {describe_torch(r)}")
     return Check("gpu probe", True, detail)
 
 
