@@ -223,6 +223,41 @@ def test_loader_state_round_trip_resumes_mid_epoch(data):
         WindowLoader(split, 50, seed=11).load_state_dict({**state, "version": 99})
 
 
+def test_each_batch_is_grouped_by_shard_and_every_window_comes_once(data):
+    split = data["classification"]
+    assert split.n_shards == 2
+    loader = WindowLoader(split, 64, seed=5)
+    order = loader.order(0)
+    assert sorted(order.tolist()) == list(range(split.n_windows))
+    plain = np.random.default_rng([5, 0]).permutation(split.n_windows)
+    for lo in range(0, split.n_windows, 64):
+        block = order[lo : lo + 64]
+        # the same windows as the plain permutation's batch, one run per shard
+        assert sorted(block.tolist()) == sorted(plain[lo : lo + 64].tolist())
+        shards = split.shard_of(block)
+        assert (np.diff(shards) >= 0).all()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_loader_threads_deliver_the_same_batches_and_resume(data, workers):
+    split = data["classification"]
+    ref = list(WindowLoader(split, 50, seed=4))
+    loader = WindowLoader(split, 50, seed=4, num_workers=workers)
+    got = list(loader)
+    assert len(got) == len(ref) and loader.offset == split.n_windows
+    for x, y in zip(ref, got):
+        assert torch.equal(x.cont, y.cont) and torch.equal(x.cat, y.cat) and torch.equal(x.target, y.target)
+    # stopped early (max_steps_per_epoch, a preemption): the position counts only what was handed out
+    loader = WindowLoader(split, 50, seed=4, num_workers=workers)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    it.close()
+    assert loader.state_dict()["offset"] == 150
+    rest = list(loader)
+    assert all(torch.equal(x.target, y.target) for x, y in zip(ref[3:], rest)) and len(rest) == len(ref) - 3
+
+
 # ---------------------------------------------------------------- device and models
 
 

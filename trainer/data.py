@@ -72,22 +72,19 @@ class ShardView:
         self.arrays = arrays
         self.name = name
         self.starts = window_starts(arrays["offsets"], window, horizon)
-        self.starts_t = torch.from_numpy(self.starts)
         self.shift = window - 1 + horizon  # target row = start + shift
         rows = int(arrays["cont"].shape[0])
-        self.cont = _tensor(arrays["cont"])
-        self.cat = _tensor(arrays["cat"])
-        self.target = _tensor(arrays["target"])
         n_views = max(rows - window + 1, 0)
-        self.cont_w = self._windows(self.cont, n_views, window)
-        self.cat_w = self._windows(self.cat, n_views, window)
+        self.cont_w = self._windows(np.asarray(arrays["cont"]), n_views, window)
+        self.cat_w = self._windows(np.asarray(arrays["cat"]), n_views, window)
+        self.target = np.asarray(arrays["target"])
 
     @staticmethod
-    def _windows(t: torch.Tensor, n: int, k: int) -> torch.Tensor:
-        f = t.shape[1]
-        if n == 0 or f == 0:
-            return t.new_empty((n, k, f))
-        return t.as_strided((n, k, f), (f, f, 1))
+    def _windows(a: np.ndarray, n: int, k: int) -> np.ndarray:
+        """[n, K, F] view: row i is the K rows starting at i (one contiguous block of memory)."""
+        if n == 0:
+            return np.zeros((0, k, a.shape[1]), dtype=a.dtype)
+        return np.lib.stride_tricks.as_strided(a, (n, k, a.shape[1]), (a.strides[0], a.strides[0], a.strides[1]), writeable=False)
 
     def order_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """The `order` value of shard rows (-1 when the shard has none)."""
@@ -274,23 +271,26 @@ class SplitData:
         """
         idx = self._check(idx)
         b, k = len(idx), self.window
-        cont = torch.empty((b, k, self.n_cont), dtype=self.cont_dtype, pin_memory=pin_memory)
-        cat = torch.empty((b, k, self.n_cat), dtype=self.cat_dtype, pin_memory=pin_memory)
-        target = torch.empty(b, dtype=self.target_dtype, pin_memory=pin_memory)
         if b == 0:
-            return Batch(cont, cat, target)
+            return Batch(
+                torch.empty((0, k, self.n_cont), dtype=self.cont_dtype),
+                torch.empty((0, k, self.n_cat), dtype=self.cat_dtype),
+                torch.empty(0, dtype=self.target_dtype),
+            )
         shard = self.shard_of(idx)
         cuts = np.flatnonzero(shard[1:] != shard[:-1]) + 1
         bounds = [0, *cuts.tolist(), b]
+        parts = []
         for lo, hi in zip(bounds[:-1], bounds[1:]):
+            # numpy fancy indexing: single-threaded and outside the GIL; torch's index_select spreads a
+            # small gather over OpenMP threads, which stalls ~10x when the cores are busy training
             s = int(shard[lo])
             v = self.view(s)
-            local = torch.from_numpy(idx[lo:hi] - self._first[s])
-            start = v.starts_t.index_select(0, local)
-            torch.index_select(v.cont_w, 0, start, out=cont[lo:hi])
-            torch.index_select(v.cat_w, 0, start, out=cat[lo:hi])
-            torch.index_select(v.target, 0, start + v.shift, out=target[lo:hi])
-        return Batch(cont, cat, target)
+            start = v.starts[idx[lo:hi] - self._first[s]]
+            parts.append((v.cont_w[start], v.cat_w[start], v.target[start + v.shift]))
+        arrays = parts[0] if len(parts) == 1 else [np.concatenate(x) for x in zip(*parts)]
+        out = Batch(*(torch.from_numpy(x) for x in arrays))
+        return out.pin_memory() if pin_memory else out
 
     def _per_shard(self, fn) -> list:
         """fn(view, shard index) for every shard in order, releasing streamed shards as it goes."""
