@@ -93,7 +93,12 @@ class DataConfig(_Strict):
     )
     split: SplitConfig = Field(default_factory=SplitConfig)
     continuous_dtype: Literal["float32", "float16"] = "float32"
-    files_per_group: int = Field(8, ge=1, description="raw files encoded by one mapped task")
+    group_mb: float = Field(
+        64, gt=0,
+        description="raw MB read by one mapped encode task; each task writes one shard per split, so this sets the "
+        "shard size (about 1-3x it times the split's fraction) and bounds the task's memory (about 10x it)",
+    )
+    files_per_group: int | None = Field(None, ge=1, description="fixed number of raw files per encode task instead of group_mb")
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:

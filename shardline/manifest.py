@@ -111,8 +111,9 @@ class ShardInfo(_Model):
     Arrays (rows are frames; each sequence's rows contiguous and ordered):
       cont    [rows, n_continuous]   standardised continuous features (float32/float16)
       cat     [rows, n_cat + n_bool] vocabulary ids (narrowest integer type)
-      target  [rows]                 class id (int32) or standardised value (float32)
-      order   [rows]                 the order column as int64 (row number when there is none)
+      target  [rows]                 class id (narrowest integer type) or standardised value (float32)
+      order   [rows]                 the order column as int64 (row number when there is none), or
+      order_start [segments]         its first value per segment, when it counts up by one inside each
       offsets [segments + 1]         row offset where each sequence segment starts
     `keys` is a parquet file beside it with one row per segment: the sequence key.
     """

@@ -14,6 +14,7 @@ from shardline import storage
 from shardline.config import SPLITS, DataConfig, stable_hash
 from shardline.encoding import (
     SPLIT,
+    _int_dtype,
     DataError,
     assign_split,
     contract,
@@ -26,12 +27,32 @@ from shardline.encoding import (
 from shardline.manifest import EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.shards import window_starts, write_arrays
 
-ENCODER_VERSION = "1"  # bump when the shard layout or the encoding rules change
+ENCODER_VERSION = "2"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment)
 
 
-def file_groups(snapshot: Snapshot, per_group: int) -> list[list[RawFile]]:
+MIN_GROUPS = 4  # small data sets still encode in parallel
+
+
+def file_groups(snapshot: Snapshot, data: DataConfig) -> list[list[RawFile]]:
+    """Consecutive runs of the snapshot's files: `files_per_group` files each when set, else about
+    `group_mb` of raw bytes each (less for a small data set, so at least MIN_GROUPS tasks run in
+    parallel). Files are packed in order, so files added at the end leave the earlier groups, and
+    their cached shards, as they were."""
     files = snapshot.files
-    return [files[i : i + per_group] for i in range(0, len(files), per_group)]
+    if data.files_per_group:
+        n = data.files_per_group
+        return [files[i : i + n] for i in range(0, len(files), n)]
+    total = sum(f.size for f in files)
+    budget = min(data.group_mb * 1e6, max(total / MIN_GROUPS, 1.0))
+    groups: list[list[RawFile]] = []
+    size = 0
+    for f in files:
+        if not groups or size >= budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(f)
+        size += f.size
+    return groups
 
 
 def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
@@ -84,6 +105,7 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, spec: E
         if part.height == 0:
             continue
         arrays, keys = encode_frame(part, spec)
+        arrays = compact(arrays, spec)
         name = f"g{group:05d}-{split}"
         shard_uri = storage.join(out_dir, f"{name}.bin")
         keys_uri = storage.join(out_dir, f"{name}.keys.parquet")
@@ -112,6 +134,23 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, spec: E
             )
         )
     return infos
+
+
+def compact(arrays: dict[str, np.ndarray], spec: EncodingSpec) -> dict[str, np.ndarray]:
+    """The shard's arrays at their smallest without changing a value: class ids in the narrowest integer
+    type, and an `order` that counts up by one inside each sequence (frame numbers, row numbers) stored
+    once per sequence (`order_start`) instead of once per row."""
+    out = dict(arrays)
+    if spec.target.task == "classification":
+        out["target"] = arrays["target"].astype(_int_dtype(spec.target.n_outputs))
+    order, offsets = arrays["order"], arrays["offsets"]
+    if len(order):
+        step = np.diff(order) == 1
+        step[offsets[1:-1] - 1] = True  # a new sequence may start anywhere
+        if step.all():
+            del out["order"]
+            out["order_start"] = order[offsets[:-1]].astype(np.int64)
+    return out
 
 
 def check_splits(windows: dict[str, int], data: DataConfig) -> None:
@@ -195,7 +234,7 @@ def write_manifest(snapshot: Snapshot, spec: EncodingSpec, shard_lists: list[lis
 
 
 def _data_key(data: DataConfig) -> dict:
-    return data.model_dump(mode="json", exclude={"source", "on_bad_file", "files_per_group"})
+    return data.model_dump(mode="json", exclude={"source", "on_bad_file", "files_per_group", "group_mb"})
 
 
 def shards_intact(infos: list[ShardInfo], out_dir: str) -> bool:
@@ -215,7 +254,7 @@ def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: boo
 
     log = get_run_logger()
     out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
-    groups = file_groups(snapshot, data.files_per_group)
+    groups = file_groups(snapshot, data)
     log.info("encode: %d file(s) in %d group(s) -> %s", len(snapshot.files), len(groups), out_dir)
     code = ("tasks.encode",)
     fit_t = cached(fit_group, "fit", code, lambda i: (raw_files_key(i["files"]), _data_key(i["data"])), storage_root, refresh=refresh)
@@ -250,7 +289,7 @@ def encode_dataset(snapshot: Snapshot, data: DataConfig, out_dir: str, threads: 
     tasks run, on a thread pool of `threads`. Returns the manifest URI."""
     from concurrent.futures import ThreadPoolExecutor
 
-    groups = file_groups(snapshot, data.files_per_group)
+    groups = file_groups(snapshot, data)
     with ThreadPoolExecutor(max(1, threads)) as pool:
         partials = list(pool.map(lambda g: fit_group_stats(g, data), groups))
         spec = fit_spec(partials, data)

@@ -20,7 +20,7 @@ def cfg_for(raw_dir, tmp_path, **over):
 
 def encode_all(cfg):
     snap = snapshot_source(cfg.data)
-    groups = file_groups(snap, cfg.data.files_per_group)
+    groups = file_groups(snap, cfg.data)
     partials = [fit_group_stats(g, cfg.data) for g in groups]
     spec = fit_spec(partials, cfg.data)
     out_dir = f"{cfg.storage.root}/datasets/{dataset_id(snap, cfg.data)}"
@@ -87,7 +87,9 @@ def test_encoding_is_fitted_on_train_only_and_shards_round_trip(raw_dir, tmp_pat
     for seg, key in enumerate(keys):
         rows = raw.filter(pl.col("seq") == key).sort("t")
         lo, hi = offsets[seg], offsets[seg + 1]
-        assert np.array_equal(arrays["order"][lo:hi], rows["t"].to_numpy())
+        # `t` counts up by one in each sequence: stored once per sequence, not once per row
+        assert "order" not in arrays
+        assert np.array_equal(arrays["order_start"][seg] + np.arange(hi - lo), rows["t"].to_numpy())
         expect_x = (rows["x"].to_numpy() - spec.continuous[0].mean) / spec.continuous[0].std
         assert np.allclose(arrays["cont"][lo:hi, 0], expect_x, atol=1e-5)
         kind_ids = {v: i + 1 for i, v in enumerate(spec.categorical[0].values)}
@@ -163,3 +165,20 @@ def test_training_refuses_shards_encoded_for_another_config(raw_dir, tmp_path):
     msg = str(e.value)
     assert "data.window: the shards were encoded with 3, the config says 4" in msg
     assert "data.continuous: the shards were encoded with ['x', 'y'], the config says ['x']" in msg
+
+
+def test_compact_keeps_every_value(tmp_path):
+    """Narrow class ids, and order stored per sequence only when it counts up by one inside each sequence."""
+    from tasks.encode import compact
+    from trainer.data import ShardView
+
+    spec = type("S", (), {})()
+    spec.target = type("T", (), {"task": "classification", "n_outputs": 5})()
+    base = {"cont": np.zeros((6, 1), np.float32), "cat": np.zeros((6, 1), np.int8), "target": np.arange(6, dtype=np.int32) % 5,
+            "offsets": np.array([0, 3, 6], np.int64)}
+    steady = compact({**base, "order": np.array([7, 8, 9, 0, 1, 2], np.int64)}, spec)
+    assert steady["target"].dtype == np.int8 and np.array_equal(steady["target"], base["target"])
+    assert "order" not in steady and steady["order_start"].tolist() == [7, 0]
+    assert ShardView(steady, 1, 0).order_of_rows(np.arange(6)).tolist() == [7, 8, 9, 0, 1, 2]
+    gappy = compact({**base, "order": np.array([7, 8, 10, 0, 1, 2], np.int64)}, spec)
+    assert "order_start" not in gappy and gappy["order"].tolist() == [7, 8, 10, 0, 1, 2]
