@@ -321,10 +321,23 @@ def _prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., N
                 checks.append(Check("pipeline deployment", True, f"{PIPELINE_DEPLOYMENT} on pool {pipe.work_pool_name}"))
                 if pipe.work_pool_name and not (train_dep is not None and pipe.work_pool_name == train_dep.work_pool_name):
                     checks.append(_pool_check(client, pipe.work_pool_name, "pipeline pool", "on any machine"))
-    except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out, bad URL
-        hint = ("is `prefect server start` running there? Check PREFECT_API_URL (and PREFECT_API_KEY for Prefect Cloud)" if api
-                else "the temporary API did not start: try again, or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
-        add(Check("prefect api", False, f"cannot reach the Prefect API at {label}: {_net_reason(e)}; {hint}"),
+    except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out, bad URL, refused credentials
+        if checks:  # the API answered, a later request failed: say which, keep what was found
+            add(*checks)
+            done = {c.name for c in checks}
+            step = next(n for n in ("train deployment", "train pool", "pipeline deployment", "pipeline pool") if n not in done)
+            add(Check(step, False, f"reading it from {label} failed: {_short(e)}; check PREFECT_API_KEY / the server's logs"))
+            return Check("gpu probe", None, "needs the Prefect API (see above)")
+        if "404" in str(e):
+            hint = "that address answers but is not a Prefect API: PREFECT_API_URL usually ends in /api"
+        elif any(code in str(e) for code in ("401", "403")):
+            hint = "the API refused the credentials: check PREFECT_API_KEY (or PREFECT_API_AUTH_STRING)"
+        elif api:
+            hint = "is `prefect server start` running there? Check PREFECT_API_URL (and PREFECT_API_KEY for Prefect Cloud)"
+        else:
+            hint = "the temporary API did not start: try again, or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+        found = "404 Not Found on /health" if "404" in str(e) else _net_reason(e)
+        add(Check("prefect api", False, f"cannot reach the Prefect API at {label}: {found}; {hint}"),
             *[Check(name, None, "needs the Prefect API (see above)") for name in ("train deployment", "pipeline deployment")])
         return Check("gpu probe", None, "needs the Prefect API (see above)")
     add(*checks)
