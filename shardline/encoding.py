@@ -130,12 +130,13 @@ def assign_split(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
                 cond = cond & (col <= hi)
             expr = pl.when(cond).then(pl.lit(name)).otherwise(expr)
         return df.with_columns(expr.alias(SPLIT)).filter(pl.col(SPLIT).is_not_null())
-    if data.sequence_key is None:  # plain rows: hash the file and the row number
-        base = _key64(df[SEQ][0] if df.height else "", split.seed)
-        h = _splitmix64(np.uint64(base) ^ np.arange(df.height, dtype=np.uint64))
+    if data.sequence_key is None:  # plain rows: hash the file and the row's number in that file
+        bases = {k: _key64(k, split.seed) for k in df[SEQ].unique().to_list()}
+        base = df[SEQ].replace_strict(bases, return_dtype=pl.UInt64).to_numpy()
+        row = df.select(pl.int_range(0, pl.len(), dtype=pl.UInt64).over(SEQ)).to_series().to_numpy()
+        h = _splitmix64(base ^ row)
         u = (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-        keys = pl.Series(u)
-        df = df.with_columns(keys.alias("__u"))
+        df = df.with_columns(pl.Series("__u", u))
     else:
         uniq = df[SEQ].unique().to_list()
         u = {k: (_splitmix64(np.array([_key64(k, split.seed)], dtype=np.uint64))[0] >> np.uint64(11)) / float(1 << 53) for k in uniq}
@@ -156,21 +157,32 @@ def assign_split(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
 def partial_stats(train: pl.DataFrame, data: DataConfig) -> dict[str, Any]:
     """Sufficient statistics of one group's training rows; merged by `fit_spec`. JSON-serialisable."""
     cont = {}
-    for c in data.features.continuous:
-        s = train[c].cast(pl.Float64).fill_nan(None)
-        cont[c] = {"n": int(s.len() - s.null_count()), "sum": float(s.sum() or 0.0), "sumsq": float((s * s).sum() or 0.0)}
-    cats = {}
-    for c in data.features.categorical:
-        vc = train[c].cast(pl.Utf8).drop_nulls().value_counts()
-        cats[c] = dict(zip(vc[c].to_list(), vc["count"].to_list()))
+    names = list(data.features.continuous)
+    if names:
+        agg = train.select(
+            e for c in names for e in (
+                pl.col(c).cast(pl.Float64).fill_nan(None).count().alias(f"{c}|n"),
+                pl.col(c).cast(pl.Float64).fill_nan(None).sum().alias(f"{c}|sum"),
+                (pl.col(c).cast(pl.Float64).fill_nan(None) ** 2).sum().alias(f"{c}|sumsq"),
+            )
+        ).row(0, named=True)
+        for c in names:
+            cont[c] = {"n": int(agg[f"{c}|n"]), "sum": float(agg[f"{c}|sum"] or 0.0), "sumsq": float(agg[f"{c}|sumsq"] or 0.0)}
+    cats = {c: _counts(train[c]) for c in data.features.categorical}
     t = data.target.column
     if data.target.task == "classification":
-        vc = train[t].cast(pl.Utf8).drop_nulls().value_counts()
-        target = {"counts": dict(zip(vc[t].to_list(), vc["count"].to_list()))}
+        target = {"counts": _counts(train[t])}
     else:
         s = train[t].cast(pl.Float64)
         target = {"n": int(s.len()), "sum": float(s.sum() or 0.0), "sumsq": float((s * s).sum() or 0.0)}
     return {"rows": train.height, "continuous": cont, "categorical": cats, "target": target}
+
+
+def _counts(series: pl.Series) -> dict[str, int]:
+    """Value -> count of the non-null values, keyed by the value as text (counted on the column's own
+    type, then only the distinct values are cast)."""
+    vc = series.drop_nulls().value_counts()
+    return dict(zip(vc[series.name].cast(pl.Utf8).to_list(), vc["count"].to_list()))
 
 
 def _vocab(counts: Counter) -> list[str]:
@@ -227,39 +239,56 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
 
 
 def _int_dtype(max_value: int) -> np.dtype:
-    for dt in (np.int8, np.int16, np.int32):
+    """The narrowest type for ids 0..max_value (ids are never negative: unsigned where torch reads it)."""
+    for dt in (np.uint8, np.int16, np.int32):
         if max_value <= np.iinfo(dt).max:
             return np.dtype(dt)
     return np.dtype(np.int64)
 
 
 def _ids(series: pl.Series, values: list[str]) -> pl.Series:
-    mapping = {v: i + 1 for i, v in enumerate(values)}
-    return series.cast(pl.Utf8).replace_strict(mapping, default=0, return_dtype=pl.Int64)
+    return pl.select(_ids_expr(pl.lit(series), series.dtype, values)).to_series()
+
+
+def _ids_expr(col: pl.Expr, dtype: pl.DataType, values: list[str]) -> pl.Expr:
+    """Vocabulary ids of a column: values[i] -> i+1, anything else (unseen, null) -> 0.
+
+    Values are compared as strings; a numeric or boolean column is matched on its own type (the
+    vocabulary cast back to it) when that round-trips exactly, which skips casting every row to text."""
+    ids = list(range(1, len(values) + 1))
+    if values and dtype != pl.Utf8 and (dtype.is_integer() or dtype == pl.Boolean):
+        try:
+            typed = pl.Series(values, dtype=pl.Utf8).cast(dtype, strict=False)
+            exact = typed.null_count() == 0 and typed.cast(pl.Utf8).to_list() == values
+        except Exception:
+            exact = False
+        if exact:
+            return col.replace_strict(typed, pl.Series(ids, dtype=pl.Int64), default=0, return_dtype=pl.Int64).fill_null(0)
+    return col.cast(pl.Utf8).replace_strict(values, ids, default=0, return_dtype=pl.Int64).fill_null(0)
 
 
 def encode_frame(df: pl.DataFrame, spec: EncodingSpec, with_target: bool = True) -> tuple[dict[str, np.ndarray], list[str]]:
     """Encode prepared rows (with `__seq`, `__order`) into shard arrays; returns (arrays, segment keys).
 
-    Rows are sorted by sequence then order, so each sequence is one contiguous segment.
+    Rows are sorted by sequence then order, so each sequence is one contiguous segment. Each array
+    is computed by one polars `select` (multi-threaded over columns).
     """
     df = df.sort([SEQ, ORDER], maintain_order=True)
     n = df.height
     cont_dtype = np.float16 if spec.continuous_dtype == "float16" else np.float32
     if spec.continuous:
         cont = df.select(
-            ((pl.col(c.name).cast(pl.Float64).fill_nan(None) - c.mean) / c.std).fill_null(0.0).alias(c.name)
+            ((pl.col(c.name).cast(pl.Float64).fill_nan(None) - c.mean) / c.std).fill_null(0.0).cast(pl.Float32).alias(c.name)
             for c in spec.continuous
-        ).to_numpy().astype(cont_dtype, copy=False)
+        ).to_numpy(order="c").astype(cont_dtype, copy=False)
     else:
         cont = np.zeros((n, 0), dtype=cont_dtype)
-    cat_cols = [_ids(df[v.name], v.values) for v in spec.categorical]
-    cat_cols += [
-        (df[b].cast(pl.Boolean).cast(pl.Int64) + 1).fill_null(0) for b in spec.boolean
-    ]
     card = spec.cat_cardinalities
     cat_dtype = _int_dtype(max(card) if card else 1)
-    cat = np.stack([s.to_numpy() for s in cat_cols], axis=1).astype(cat_dtype) if cat_cols else np.zeros((n, 0), cat_dtype)
+    pl_cat = {np.dtype(np.uint8): pl.UInt8, np.dtype(np.int16): pl.Int16, np.dtype(np.int32): pl.Int32}.get(cat_dtype, pl.Int64)
+    cat_exprs = [_ids_expr(pl.col(v.name), df.schema[v.name], v.values).cast(pl_cat).alias(v.name) for v in spec.categorical]
+    cat_exprs += [(pl.col(b).cast(pl.Boolean).cast(pl_cat) + 1).fill_null(0).cast(pl_cat).alias(b) for b in spec.boolean]
+    cat = df.select(cat_exprs).to_numpy(order="c").astype(cat_dtype, copy=False) if cat_exprs else np.zeros((n, 0), cat_dtype)
     t = spec.target
     if with_target and t.column in df.columns:
         if t.task == "classification":

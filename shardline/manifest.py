@@ -119,12 +119,14 @@ class ShardInfo(_Model):
     """
 
     path: str = Field(description="relative to the manifest's folder")
+    compression: Literal["zstd"] | None = Field(None, description="how the stored object is compressed; readers unpack it into the local cache")
+    raw_bytes: int | None = Field(None, description="size of the unpacked shard (the memory-mappable file)")
     split: Literal["train", "validation", "test"]
     rows: int
     segments: int
     windows: int
-    bytes: int
-    sha256: str
+    bytes: int = Field(description="size of the stored object")
+    sha256: str = Field(description="checksum of the stored object")
     arrays: dict[str, ArraySpec]
     keys_path: str
     keys_sha256: str

@@ -32,6 +32,26 @@ def write_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, A
     return specs
 
 
+ZSTD_LEVEL = 1  # ~1 GB/s to unpack; higher levels barely shrink encoded frames further
+
+
+def compress_file(src: str | Path, dest: str | Path) -> None:
+    import pyarrow as pa
+
+    data = Path(src).read_bytes()
+    Path(dest).write_bytes(pa.Codec("zstd", ZSTD_LEVEL).compress(data, asbytes=True))
+
+
+def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int) -> None:
+    import pyarrow as pa
+
+    out = pa.Codec("zstd").decompress(Path(src).read_bytes(), decompressed_size=raw_bytes, asbytes=True)
+    if len(out) != raw_bytes:
+        raise IOError(f"{src}: unpacked to {len(out)} bytes, the manifest says {raw_bytes}; re-run the encode step")
+    with open(dest, "wb") as f:
+        f.write(out)
+
+
 def read_arrays(path: str | Path, specs: dict[str, ArraySpec], mmap: bool = True) -> dict[str, np.ndarray]:
     """Open a shard's arrays: memory-mapped (zero copy) by default."""
     out: dict[str, np.ndarray] = {}

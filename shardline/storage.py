@@ -233,9 +233,10 @@ class ShardCache:
             )
         self._reserved[sha256] = size
 
-    def get(self, uri: str, sha256: str, size: int | None = None) -> Path:
-        """A local path with the exact bytes of `uri` (checked against `sha256`), downloaded if needed."""
-        if not is_remote(uri):
+    def get(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None) -> Path:
+        """A local path with the exact bytes of `uri` (checked against `sha256`), downloaded if needed;
+        a compressed object is unpacked (to `raw_bytes`) into the cache, ready to memory-map."""
+        if not is_remote(uri) and compression is None:
             return Path(local_path(uri))
         with self._lock:
             fut = self._inflight.get(sha256)
@@ -244,42 +245,60 @@ class ShardCache:
                 fut.result()
             except Exception:
                 pass  # the read-ahead failed: try again here, where the error reaches the caller
-        return self._download(uri, sha256, size)
+        return self._download(uri, sha256, size, compression, raw_bytes)
 
-    def _download(self, uri: str, sha256: str, size: int | None) -> Path:
+    def _download(self, uri: str, sha256: str, size: int | None, compression: str | None = None, raw_bytes: int | None = None) -> Path:
         dest = self.path(sha256)
         if dest.exists():
             os.utime(dest)  # recently used
             return dest
-        fs, path = filesystem(uri)
+        remote = is_remote(uri)
+        fs, path = filesystem(uri) if remote else (None, local_path(uri))
         if size is None:
-            size = int(fs.size(path))
+            size = int(fs.size(path)) if remote else os.path.getsize(path)
+        footprint = raw_bytes if compression else size
         with self._lock:
-            self._make_room(sha256, size, uri)
+            self._make_room(sha256, int(footprint), uri)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}")
+            fetched = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}.in")
             try:
-                fs.get_file(path, str(tmp))
-                got = sha256_file(tmp)
+                if remote:
+                    fs.get_file(path, str(fetched))
+                    src = fetched
+                else:
+                    src = Path(path)
+                got = sha256_file(src)
                 if got != sha256:
                     raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
+                if compression == "zstd":
+                    from shardline.shards import decompress_file
+
+                    decompress_file(src, tmp, int(raw_bytes))
+                elif compression is not None:
+                    raise ValueError(f"{uri}: unknown shard compression {compression!r}; this Shardline reads 'zstd' or none")
+                elif remote:
+                    os.replace(src, tmp)
+                else:
+                    shutil.copyfile(src, tmp)
                 os.replace(tmp, dest)
                 self.downloads += 1
             finally:
                 tmp.unlink(missing_ok=True)
+                fetched.unlink(missing_ok=True)
         finally:
             with self._lock:
                 self._reserved.pop(sha256, None)
         return dest
 
-    def prefetch(self, uri: str, sha256: str, size: int | None = None):
+    def prefetch(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None):
         """Start fetching `uri` in the background (read-ahead); `get` waits for it."""
         with self._lock:
             fut = self._inflight.get(sha256)
-            if fut is not None or not is_remote(uri) or self.path(sha256).exists():
+            if fut is not None or (not is_remote(uri) and compression is None) or self.path(sha256).exists():
                 return fut
-            fut = self._pool.submit(self._download, uri, sha256, size)
+            fut = self._pool.submit(self._download, uri, sha256, size, compression, raw_bytes)
             self._inflight[sha256] = fut
         fut.add_done_callback(lambda _f: self._done(sha256))
         return fut
@@ -300,10 +319,10 @@ def shared_cache(cap_bytes: int | None = None) -> ShardCache:
     return _CACHES[key]
 
 
-def fetch_verified(uri: str, sha256: str, size: int | None = None) -> Path:
+def fetch_verified(uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None) -> Path:
     """A local path holding the exact bytes of `uri` (checked against `sha256`).
 
     Local files are used in place; remote ones are copied into the size-capped local cache (by
     checksum, so a verified copy is reused by every later run on this machine).
     """
-    return shared_cache().get(uri, sha256, size)
+    return shared_cache().get(uri, sha256, size, compression, raw_bytes)

@@ -25,7 +25,7 @@ from shardline.encoding import (
     prepare,
 )
 from shardline.manifest import EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
-from shardline.shards import window_starts, write_arrays
+from shardline.shards import compress_file, window_starts, write_arrays
 
 ENCODER_VERSION = "2"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment)
 
@@ -84,9 +84,33 @@ def read_raw(uri: str, data: DataConfig) -> pl.DataFrame:
     return prepare(df, data.sequence_key, data.order_by, uri)
 
 
+def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
+    """Several local files in one multi-threaded polars scan (the fast path); None when they do not
+    scan as one table (different column types...): then each file is read alone, naming the bad one."""
+    from shardline.config import FILE_SEQUENCE
+    from shardline.encoding import ORDER, SEQ
+
+    paths = [storage.local_path(u) for u in uris]
+    try:
+        df = pl.scan_parquet(paths, include_file_paths="__file").select([*data.raw_columns(), "__file"]).collect()
+    except Exception:
+        return None
+    if paths != uris:
+        df = df.with_columns(pl.col("__file").replace_strict(dict(zip(paths, uris)), return_dtype=pl.Utf8))
+    for col in (data.target.column, data.sequence_key, data.order_by):
+        if col and col != FILE_SEQUENCE and df[col].null_count():
+            return None  # read file by file: the error names the file and the column
+    seq = pl.col("__file") if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
+    order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file") if data.order_by is None else pl.col(data.order_by).to_physical().cast(pl.Int64)
+    return df.with_columns(seq.alias(SEQ), order.alias(ORDER)).drop("__file")
+
+
 def read_group(files: list[RawFile] | list[str], data: DataConfig) -> pl.DataFrame:
     uris = [f.uri if isinstance(f, RawFile) else f for f in files]
-    return assign_split(pl.concat([read_raw(u, data) for u in uris], how="vertical_relaxed"), data)
+    df = _scan_local(uris, data) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
+    if df is None:
+        df = pl.concat([read_raw(u, data) for u in uris], how="vertical_relaxed")
+    return assign_split(df, data)
 
 
 def fit_group_stats(files: list[RawFile] | list[str], data: DataConfig) -> dict:
@@ -107,21 +131,30 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, spec: E
         arrays, keys = encode_frame(part, spec)
         arrays = compact(arrays, spec)
         name = f"g{group:05d}-{split}"
-        shard_uri = storage.join(out_dir, f"{name}.bin")
+        packed = data.shard_compression == "zstd"
+        shard_file = f"{name}.bin.zst" if packed else f"{name}.bin"
+        shard_uri = storage.join(out_dir, shard_file)
         keys_uri = storage.join(out_dir, f"{name}.keys.parquet")
         staged = storage.staging_path(shard_uri)
+        stored = staged.with_name(staged.name + ".zst") if packed else staged
         try:
             specs = write_arrays(staged, arrays)
-            size, digest = staged.stat().st_size, storage.sha256_file(staged)
-            storage.publish_file(staged, shard_uri)
+            raw_size = staged.stat().st_size
+            if packed:
+                compress_file(staged, stored)
+            size, digest = stored.stat().st_size, storage.sha256_file(stored)
+            storage.publish_file(stored, shard_uri)
         finally:
             staged.unlink(missing_ok=True)
+            stored.unlink(missing_ok=True)
         buf = io.BytesIO()
         pl.DataFrame({"segment": np.arange(len(keys), dtype=np.int64), "sequence": keys}).write_parquet(buf)
         storage.write_bytes(keys_uri, buf.getvalue())
         infos.append(
             ShardInfo(
-                path=f"{name}.bin",
+                path=shard_file,
+                compression="zstd" if packed else None,
+                raw_bytes=raw_size,
                 split=split,
                 rows=int(part.height),
                 segments=len(keys),

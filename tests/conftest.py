@@ -4,6 +4,10 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+if "SHARDLINE_CACHE" not in os.environ:  # unpacked shards of this test session, not the user's ~/.cache
+    import tempfile
+
+    os.environ["SHARDLINE_CACHE"] = tempfile.mkdtemp(prefix="shardline-test-cache-")
 
 from pathlib import Path  # noqa: E402
 

@@ -8,6 +8,7 @@ from shardline.config import validate_config
 from shardline.encoding import DataError, encode_frame, prepare
 from shardline.manifest import Manifest
 from shardline.shards import read_arrays, window_starts
+from shardline.storage import fetch_verified
 from tasks.encode import build_manifest, dataset_id, encode_group_to_shards, file_groups, fit_group_stats, verify_manifest
 from shardline.encoding import fit_spec
 from tasks.ingest import snapshot_source
@@ -81,7 +82,7 @@ def test_encoding_is_fitted_on_train_only_and_shards_round_trip(raw_dir, tmp_pat
     assert all(manifest.windows[s] > 0 for s in ("train", "validation", "test"))
     # each shard's arrays decode back to the raw rows, sequences contiguous and ordered
     info = manifest.shards_of("train")[0]
-    arrays = read_arrays(f"{out_dir}/{info.path}", info.arrays)
+    arrays = read_arrays(fetch_verified(f"{out_dir}/{info.path}", info.sha256, info.bytes, info.compression, info.raw_bytes), info.arrays)
     keys = pl.read_parquet(f"{out_dir}/{info.keys_path}")["sequence"].to_list()
     offsets = arrays["offsets"]
     for seg, key in enumerate(keys):
@@ -177,7 +178,7 @@ def test_compact_keeps_every_value(tmp_path):
     base = {"cont": np.zeros((6, 1), np.float32), "cat": np.zeros((6, 1), np.int8), "target": np.arange(6, dtype=np.int32) % 5,
             "offsets": np.array([0, 3, 6], np.int64)}
     steady = compact({**base, "order": np.array([7, 8, 9, 0, 1, 2], np.int64)}, spec)
-    assert steady["target"].dtype == np.int8 and np.array_equal(steady["target"], base["target"])
+    assert steady["target"].dtype == np.uint8 and np.array_equal(steady["target"], base["target"])
     assert "order" not in steady and steady["order_start"].tolist() == [7, 0]
     assert ShardView(steady, 1, 0).order_of_rows(np.arange(6)).tolist() == [7, 8, 9, 0, 1, 2]
     gappy = compact({**base, "order": np.array([7, 8, 10, 0, 1, 2], np.int64)}, spec)

@@ -199,7 +199,7 @@ class SplitData:
                 if not r.pinned:
                     r.cache.pin(r.info.sha256)
                     r.pinned = True
-                local = r.cache.get(r.uri, r.info.sha256, r.info.bytes)
+                local = r.cache.get(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes)
                 v = ShardView(read_arrays(local, r.info.arrays), self.window, self.horizon, name=f"shard {r.info.path}")
                 if len(v.starts) != r.windows:
                     raise ValueError(
@@ -217,7 +217,7 @@ class SplitData:
                 if not r.pinned:
                     r.cache.pin(r.info.sha256)
                     r.pinned = True
-            r.cache.prefetch(r.uri, r.info.sha256, r.info.bytes)
+            r.cache.prefetch(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes)
 
     def release(self, keep: set[int]) -> None:
         """Streaming: drop every shard not in `keep`, so the cache may evict it."""
@@ -337,24 +337,25 @@ def manifest_folder(manifest_uri: str) -> str:
 def open_split(manifest: Manifest, manifest_uri: str, split: str, mmap: bool = True, cache: ShardCache | None = None) -> SplitData:
     """The windows of `split`. Local shards are memory-mapped in place. Remote shards go through the
     size-capped local cache (checked against their sha256): all fetched up front (in parallel) when
-    the split fits in half the cache, otherwise the split streams, a few shards at a time."""
+    the split fits in half the cache, otherwise the split streams, a few shards at a time. Compressed
+    shards (the default) are unpacked into the same cache, local or not."""
     shards = manifest.shards_of(split)
     folder = manifest_folder(manifest_uri)
     enc = manifest.encoding
     uris = [join(folder, info.path) for info in shards]
-    remote = any(is_remote(u) for u in uris)
-    cache = cache or (shared_cache() if remote else None)
-    total = sum(info.bytes for info in shards)
-    if remote and total > cache.cap // 2:
+    cached = any(is_remote(u) for u in uris) or any(info.compression for info in shards)  # fetched or unpacked locally
+    cache = cache or (shared_cache() if cached else None)
+    footprint = sum((info.raw_bytes or info.bytes) if info.compression else info.bytes for info in shards)
+    if cached and footprint > cache.cap // 2:
         refs = [_Ref(info.windows, info=info, uri=u, cache=cache) for info, u in zip(shards, uris)]
         return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=True)
-    if remote:
+    if cached:
         for info, u in zip(shards, uris):
             cache.pin(info.sha256)
-            cache.prefetch(u, info.sha256, info.bytes)
+            cache.prefetch(u, info.sha256, info.bytes, info.compression, info.raw_bytes)
     refs = []
     for info, u in zip(shards, uris):
-        local = cache.get(u, info.sha256, info.bytes) if remote else Path(local_path(u))
+        local = cache.get(u, info.sha256, info.bytes, info.compression, info.raw_bytes) if cached else Path(local_path(u))
         view = ShardView(read_arrays(local, info.arrays, mmap=mmap), enc.window, enc.horizon, name=f"shard {info.path}")
         if len(view.starts) != info.windows:
             raise ValueError(
