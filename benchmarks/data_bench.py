@@ -46,13 +46,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("POLARS_MAX_THREADS", "2")  # the floor and the encode on the same 2 cores, whatever the machine
 
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
 DATA = ROOT / "benchmarks" / ".data"
 DEMO = ROOT / "shardline" / "configs" / "demo.yaml"
-THREADS = 2  # encode threads, loader workers, floor threads: the issue's setting (and this machine's cores)
+THREADS = 2  # encode threads, loader workers, floor threads: the issue's setting
 
 
 def log(msg: str) -> None:
@@ -305,9 +306,10 @@ class Materialised:
                 yield fut.result()
 
 
-def check_same_windows(data, mat: Materialised, batch: int, workers: list[int], batches: int = 3) -> None:
+def check_same_windows(data, mat: Materialised, batch: int, workers: list[int], batches: int = 3) -> str:
     """The loader's first batches hold exactly the materialised windows of the ids it says it yields
-    (`order(epoch)`), or at least the same windows in another order within each batch."""
+    (`order(epoch)`), or at least the same windows in another order within each batch. Says which."""
+    how = "identical tensors, same order"
     rng = np.random.default_rng(5)
     idx = np.sort(rng.choice(data.n_windows, size=min(batch, data.n_windows), replace=False))
     for got, want, name in zip(tensors(data.batch(idx)), mat.batch(idx), ("cont", "cat", "target")):
@@ -325,6 +327,8 @@ def check_same_windows(data, mat: Materialised, batch: int, workers: list[int], 
                 # not in the stated order: the batch must still be the same set of windows
                 assert ids is not None, "the loader does not say its order; cannot check its windows"
                 assert same_rows(got, want), f"loader ({w} workers) batch {j} is not the materialised windows of its ids"
+                how = "the same windows (order within a batch differs)"
+    return f"{how}: {batches} batches x {len(workers)} worker settings, and {min(batch, data.n_windows)} random windows"
 
 
 def torch_equal(x, y) -> bool:
@@ -509,7 +513,7 @@ def run(args) -> None:
         workers = [0, THREADS] if make_loader(data, args.batch, THREADS) is not None else [0]
         if workers == [0]:
             log("NOTE: this WindowLoader has no num_workers argument: measured with 0 workers only")
-        check_same_windows(data, mat, args.batch, workers)
+        checked = check_same_windows(data, mat, args.batch, workers)
 
         # full shuffled epochs, interleaved, best of `repeat` for every approach (one untimed pass first)
         n = data.n_windows
@@ -563,7 +567,7 @@ def run(args) -> None:
     print(f"\n## Loader: train split, {n:,} windows of K={k}, batch {args.batch}, full shuffled epoch (best of {args.repeat})\n")
     print(f"| approach | windows/s, 0 workers | windows/s, {THREADS} workers | tensor MB/s (best) | bytes on disk | vs raw | time to first batch |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| (a) naive torch Dataset, one raw parquet file read per window ({args.naive_batches} batches after the first, not an epoch) | "
+    print(f"| (a) naive torch Dataset, one raw parquet file read per window ({args.naive_batches} batches x {args.batch} timed once its pipeline is full, not an epoch) | "
           f"{naive[0]['wps']:,.0f} | {naive[THREADS]['wps']:,.0f} | {best_naive['mbs']:,.1f} | {fmt_bytes(raw_bytes)} | 1.00x | "
           f"{naive[0]['first']:.2f} s ({naive[THREADS]['first']:.2f} s with workers) |")
     print(f"| (b) materialised windows, .npy memory-mapped, warm, one fancy index per array per batch | {base[0]['wps']:,.0f} | "
@@ -571,7 +575,9 @@ def run(args) -> None:
     print(f"| Shardline `WindowLoader` over the shards | {ours[0]['wps']:,.0f} | {w2['wps'] if w2 else float('nan'):,.0f} | "
           f"{best_ours['mbs']:,.0f} | {fmt_bytes(stored)} stored (all splits), {fmt_bytes(unpacked_train)} unpacked (train) | "
           f"{stored / raw_bytes:.2f}x | {first_cold:.2f} s cold cache (unpack), {first_warm:.2f} s warm |")
-    print(f"\nmemcpy bandwidth (one thread, 256 MB, best of 5): {bw:.2f} GB/s; the loader delivers {best_ours['mbs'] / (bw * 1e3):.1%} of it")
+    print(f"\nworkers: threads gathering the next batches ahead (Shardline, materialised); spawned DataLoader processes (naive). "
+          f"Checked before timing: the loader and the materialised baseline deliver {checked}.")
+    print(f"memcpy bandwidth (one thread, 256 MB, best of 5): {bw:.2f} GB/s; the loader delivers {best_ours['mbs'] / (bw * 1e3):.1%} of it")
     print(f"materialised windows take {mat_bytes / unpacked_train:.2f}x the bytes of the unpacked train shards "
           f"and {mat_bytes / raw_bytes:.2f}x the raw files (K={k})")
 
@@ -607,8 +613,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--frames", type=int, default=2000, help="frames per demo game (default 2000)")
     ap.add_argument("--scales", type=int, nargs="+", help="file counts for the encode peak-memory runs (default: N/4 and N)")
     ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--repeat", type=int, default=3, help="full epochs per approach (the best counts)")
-    ap.add_argument("--naive-batches", type=int, default=2, help="batches timed for the naive Dataset (~260 windows/s), after the first; a multiple of 2")
+    ap.add_argument("--repeat", type=int, default=5, help="full epochs per approach (the best counts)")
+    ap.add_argument("--naive-batches", type=int, default=4, help="batches timed for the naive Dataset (~260 windows/s), after the first; a multiple of 2")
     ap.add_argument("--quick", action="store_true", help="smoke run: 40 sequences x 500 frames, batch 64, 2 epochs")
     ap.add_argument("--child-encode", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--source", help=argparse.SUPPRESS)
