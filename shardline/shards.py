@@ -6,6 +6,7 @@ is one plain binary file: one checksum, one atomic rename, one sequential read.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +44,79 @@ def compress_file(src: str | Path, dest: str | Path) -> None:
 
 
 def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int) -> None:
-    import pyarrow as pa
-
-    out = pa.Codec("zstd").decompress(Path(src).read_bytes(), decompressed_size=raw_bytes, asbytes=True)
-    if len(out) != raw_bytes:
-        raise IOError(f"{src}: unpacked to {len(out)} bytes, the manifest says {raw_bytes}; re-run the encode step")
+    out = unpack_bytes(Path(src).read_bytes(), raw_bytes, str(src))
     with open(dest, "wb") as f:
         f.write(out)
+
+
+def unpack_bytes(data: bytes, raw_bytes: int, what: str) -> bytes:
+    import pyarrow as pa
+
+    out = pa.Codec("zstd").decompress(data, decompressed_size=raw_bytes, asbytes=True)
+    if len(out) != raw_bytes:
+        raise IOError(f"{what}: unpacked to {len(out)} bytes, the manifest says {raw_bytes}; re-run the encode step")
+    return out
+
+
+def arrays_in(buffer, specs: dict[str, ArraySpec]) -> dict[str, np.ndarray]:
+    """Views of the arrays laid out by `specs` in `buffer` (bytes, an mmap.mmap: zero copy)."""
+    out: dict[str, np.ndarray] = {}
+    for name, s in specs.items():
+        dt = np.dtype(s.dtype)
+        n = int(np.prod(s.shape))
+        out[name] = np.zeros(s.shape, dtype=dt) if n == 0 else np.frombuffer(buffer, dtype=dt, count=n, offset=s.offset).reshape(s.shape)
+    return out
+
+
+def map_file(path: str | Path, mmap_it: bool = True):
+    """The whole file as a read-only buffer: memory-mapped, or read into memory."""
+    import mmap
+
+    if not mmap_it:
+        return Path(path).read_bytes()
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+JOINED = ("cont", "cat", "target")
+
+
+def pack_layout(shards: list[dict[str, ArraySpec]]) -> tuple[int, dict[str, ArraySpec], list[dict[str, ArraySpec]]]:
+    """Where the arrays of several shards go in one *split pack*: each array concatenated across the
+    shards along its rows (cont, cat and target first), so a split's windows are one array each and
+    a batch is one gather, whichever shards it draws from. Returns (file size, the joined cont/cat/
+    target specs, each shard's own specs inside the pack)."""
+    regions: dict[tuple, list[int]] = {}  # (name, dtype, row shape) -> rows of each shard that has it
+    for specs in shards:
+        for name, s in specs.items():
+            regions.setdefault((name, s.dtype, tuple(s.shape[1:])), [])
+    order = sorted(regions, key=lambda r: (r[0] not in JOINED, JOINED.index(r[0]) if r[0] in JOINED else 0, r))
+    for name in JOINED:
+        if sum(1 for r in order if r[0] == name) > 1:
+            raise ValueError(f"the shards store '{name}' in different types or widths; the shards of a split must share one encoding")
+    offset = 0
+    base: dict[tuple, int] = {}
+    rows: dict[tuple, int] = {}
+    for r in order:
+        offset += (-offset) % ALIGN
+        base[r] = offset
+        n = sum(int(specs[r[0]].shape[0]) for specs in shards if r[0] in specs and (specs[r[0]].dtype, tuple(specs[r[0]].shape[1:])) == r[1:])
+        rows[r] = n
+        offset += n * int(np.prod(r[2], dtype=np.int64)) * np.dtype(r[1]).itemsize
+    at = dict.fromkeys(order, 0)
+    per_shard = []
+    for specs in shards:
+        mine = {}
+        for name, s in specs.items():
+            r = (name, s.dtype, tuple(s.shape[1:]))
+            row_bytes = int(np.prod(r[2], dtype=np.int64)) * np.dtype(r[1]).itemsize
+            mine[name] = ArraySpec(dtype=s.dtype, shape=list(s.shape), offset=base[r] + at[r] * row_bytes)
+            at[r] += int(s.shape[0])
+        per_shard.append(mine)
+    joined = {r[0]: ArraySpec(dtype=r[1], shape=[rows[r], *r[2]], offset=base[r]) for r in order if r[0] in JOINED}
+    return offset, joined, per_shard
 
 
 def read_arrays(path: str | Path, specs: dict[str, ArraySpec], mmap: bool = True) -> dict[str, np.ndarray]:

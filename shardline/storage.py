@@ -292,6 +292,29 @@ class ShardCache:
                 self._reserved.pop(sha256, None)
         return dest
 
+    def build(self, key: str, size: int, builder, what: str) -> Path:
+        """A derived object (a split pack): `builder(tmp_path)` writes it once, aside, then it is renamed
+        in; later calls (and later runs) reuse it. Counts against the cap like a downloaded object."""
+        dest = self.path(key)
+        if dest.exists():
+            os.utime(dest)
+            return dest
+        with self._lock:
+            self._make_room(key, int(size), what)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}")
+            try:
+                builder(tmp)
+                os.replace(tmp, dest)
+                self.downloads += 1
+            finally:
+                tmp.unlink(missing_ok=True)
+        finally:
+            with self._lock:
+                self._reserved.pop(key, None)
+        return dest
+
     def prefetch(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None):
         """Start fetching `uri` in the background (read-ahead); `get` waits for it."""
         with self._lock:
@@ -317,6 +340,21 @@ def shared_cache(cap_bytes: int | None = None) -> ShardCache:
     if key not in _CACHES:
         _CACHES[key] = ShardCache(cache_dir(), cap_bytes)
     return _CACHES[key]
+
+
+def read_verified(uri: str, sha256: str, compression: str | None = None, raw_bytes: int | None = None) -> bytes:
+    """The bytes of a stored object, checked against `sha256`, unpacked when compressed."""
+    data = read_bytes(uri)
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
+    if compression == "zstd":
+        from shardline.shards import unpack_bytes
+
+        return unpack_bytes(data, int(raw_bytes), uri)
+    if compression is not None:
+        raise ValueError(f"{uri}: unknown shard compression {compression!r}; this Shardline reads 'zstd' or none")
+    return data
 
 
 def fetch_verified(uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None) -> Path:

@@ -167,6 +167,19 @@ def test_open_split_reads_the_manifest_shards(tmp_path, monkeypatch):
     manifest = Manifest(**fields)
     split = open_split(manifest, str(folder / "manifest.json"), "train")
     assert split.n_windows == manifest.windows["train"] == 26 + 36 + 21
+    # the two shards are laid end to end in one split pack in the local cache, built once, then reused
+    from shardline.storage import ShardCache
+
+    packs = [p for p in (tmp_path / "cache" / "objects").rglob("*") if p.is_file()]
+    array_bytes = sum(a.nbytes for i, lengths in enumerate([[30, 40], [25]]) for a in make_arrays(i, lengths).values())
+    assert len(packs) == 1 and array_bytes <= packs[0].stat().st_size < array_bytes + 64 * 8
+    cache = ShardCache(tmp_path / "cache")
+    again = open_split(manifest, str(folder / "manifest.json"), "train", cache=cache)
+    assert cache.downloads == 0 and [p for p in (tmp_path / "cache" / "objects").rglob("*") if p.is_file()] == packs
+    ref = slow_windows([make_arrays(i, lengths) for i, lengths in enumerate([[30, 40], [25]])])
+    every = again.batch(np.arange(again.n_windows)[::-1])  # one gather across both shards, in the asked order
+    for j, (s, start) in enumerate(reversed(ref)):
+        np.testing.assert_array_equal(every.cat[j].numpy(), make_arrays(s, [[30, 40], [25]][s])["cat"][start : start + K])
     assert encoding.cat_cardinalities == CARDS and encoding.target.n_outputs == N_CLASSES
 
     # the same shards through an fsspec URL: copied into the cache and checked against the manifest's sha256
@@ -205,7 +218,7 @@ def test_loader_state_round_trip_resumes_mid_epoch(data):
     for _ in range(3):
         next(it)
     state = loader.state_dict()
-    assert state == {"version": 2, "epoch": 2, "offset": 150, "seed": 11, "n_windows": split.n_windows}
+    assert state == {"version": 3, "epoch": 2, "offset": 150, "seed": 11, "n_windows": split.n_windows}
     rest = list(it)
 
     restored = WindowLoader(split, 50, seed=11)
@@ -223,19 +236,23 @@ def test_loader_state_round_trip_resumes_mid_epoch(data):
         WindowLoader(split, 50, seed=11).load_state_dict({**state, "version": 99})
 
 
-def test_each_batch_is_grouped_by_shard_and_every_window_comes_once(data):
+def test_a_batch_draws_from_every_shard_in_one_global_permutation(data):
     split = data["classification"]
     assert split.n_shards == 2
     loader = WindowLoader(split, 64, seed=5)
     order = loader.order(0)
-    assert sorted(order.tolist()) == list(range(split.n_windows))
-    plain = np.random.default_rng([5, 0]).permutation(split.n_windows)
-    for lo in range(0, split.n_windows, 64):
-        block = order[lo : lo + 64]
-        # the same windows as the plain permutation's batch, one run per shard
-        assert sorted(block.tolist()) == sorted(plain[lo : lo + 64].tolist())
-        shards = split.shard_of(block)
-        assert (np.diff(shards) >= 0).all()
+    # a plain global permutation of seed and epoch: every window once, batches mix the shards
+    np.testing.assert_array_equal(order, np.random.default_rng([5, 0]).permutation(split.n_windows))
+    ref = slow_windows(split.shards)
+    batches = list(loader)
+    assert len(batches) == -(-split.n_windows // 64)
+    for j in (0, len(batches) - 1):
+        ids = order[j * 64 : (j + 1) * 64]
+        assert len(set(split.shard_of(ids).tolist())) == 2  # both shards in one batch, gathered in the stated order
+        for row, i in enumerate(ids):
+            s, start = ref[i]
+            np.testing.assert_array_equal(batches[j].cont[row].numpy(), split.shards[s]["cont"][start : start + K])
+            assert batches[j].target[row].item() == split.shards[s]["target"][start + K - 1 + H]
 
 
 @pytest.mark.parametrize("workers", [1, 2])

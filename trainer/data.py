@@ -7,6 +7,9 @@ first), and that numbering is the "window order" every output of this package us
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +18,13 @@ import numpy as np
 import torch
 
 from shardline.manifest import Manifest
-from shardline.shards import read_arrays, window_starts
-from shardline.storage import ShardCache, is_remote, join, local_path, shared_cache
+from shardline.shards import arrays_in, map_file, pack_layout, read_arrays, window_starts
+from shardline.storage import ShardCache, is_remote, join, local_path, read_verified, shared_cache
 
-LOADER_STATE_VERSION = 2  # 2: each batch's windows grouped by shard; shard-then-window order when streaming
+LOADER_STATE_VERSION = 3  # 3: a plain global permutation (the split is joined: no grouping by shard); shard-then-window when streaming
 ARRAYS = ("cont", "cat", "target", "order", "offsets")
+CHUNK_BYTES = 2 << 20  # the loader gathers about this many bytes of windows at a time
+MAX_BATCHES_PER_GATHER = 16
 
 
 def _tensor(arr: np.ndarray) -> torch.Tensor:
@@ -60,31 +65,47 @@ class Batch:
         return Batch(self.cont.pin_memory(), self.cat.pin_memory(), self.target.pin_memory())
 
 
-class ShardView:
-    """One shard's arrays, with zero-copy window views: window w of the shard is `cont_w[start[w]]`,
-    K consecutive rows that are one contiguous block of memory, so gathering a batch of windows
-    copies exactly what gathering materialised windows would."""
+class Windows:
+    """The K-row windows of a [rows, F] array. Window s is rows [s, s+K): one contiguous block of
+    memory, so the array is also seen as a 1-D array of overlapping K-row records (a record starts
+    at every row), and a batch of windows is one fancy index on it: one memcpy of K rows per window,
+    exactly what gathering materialised windows costs, from K times fewer bytes."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], window: int, horizon: int, name: str = "shard"):
-        missing = [a for a in ("cont", "cat", "target", "offsets") if a not in arrays]
+    def __init__(self, a: np.ndarray, k: int):
+        a = np.ascontiguousarray(a)
+        self.array, self.k, self.dtype = a, k, a.dtype
+        self.width = int(a.shape[1])
+        row = self.width * a.dtype.itemsize
+        n = max(int(a.shape[0]) - k + 1, 0)
+        self.records = None
+        if row and n:
+            self.records = np.ndarray((n,), dtype=np.dtype((np.void, k * row)), buffer=a, strides=(row,))
+
+    def gather(self, start: np.ndarray) -> np.ndarray:
+        """[len(start), K, F] windows starting at rows `start` (a new, contiguous array)."""
+        if self.records is None:
+            return np.zeros((len(start), self.k, self.width), dtype=self.dtype)
+        return self.records[start].view(self.dtype).reshape(len(start), self.k, self.width)
+
+
+class ShardView:
+    """One shard's arrays (or a split pack's joined arrays), with its window start rows; window w
+    is `cont.gather(starts[w:w+1])`, its target `target[starts[w] + shift]`."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], window: int, horizon: int, name: str = "shard", starts: np.ndarray | None = None):
+        missing = [a for a in ("cont", "cat", "target") + (("offsets",) if starts is None else ()) if a not in arrays]
         if missing:
             raise ValueError(f"{name} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
         self.arrays = arrays
         self.name = name
-        self.starts = window_starts(arrays["offsets"], window, horizon)
+        self.starts = window_starts(arrays["offsets"], window, horizon) if starts is None else starts
         self.shift = window - 1 + horizon  # target row = start + shift
-        rows = int(arrays["cont"].shape[0])
-        n_views = max(rows - window + 1, 0)
-        self.cont_w = self._windows(np.asarray(arrays["cont"]), n_views, window)
-        self.cat_w = self._windows(np.asarray(arrays["cat"]), n_views, window)
+        self.cont = Windows(np.asarray(arrays["cont"]), window)
+        self.cat = Windows(np.asarray(arrays["cat"]), window)
         self.target = np.asarray(arrays["target"])
 
-    @staticmethod
-    def _windows(a: np.ndarray, n: int, k: int) -> np.ndarray:
-        """[n, K, F] view: row i is the K rows starting at i (one contiguous block of memory)."""
-        if n == 0:
-            return np.zeros((0, k, a.shape[1]), dtype=a.dtype)
-        return np.lib.stride_tricks.as_strided(a, (n, k, a.shape[1]), (a.strides[0], a.strides[0], a.strides[1]), writeable=False)
+    def gather(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.cont.gather(start), self.cat.gather(start), self.target[start + self.shift]
 
     def order_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """The `order` value of shard rows (-1 when the shard has none)."""
@@ -126,11 +147,16 @@ class SplitData:
             view = ShardView(arrays, window, horizon, name=f"shard {i}")
             refs.append(_Ref(len(view.starts), view))
         self._setup(refs, window, horizon, streaming=False)
+        if len(refs) > 1:  # arrays in hand (small splits, tests): joined in memory
+            joined = {n: np.concatenate([np.asarray(a[n]) for a in shards]) for n in ("cont", "cat", "target")}
+            self._join(joined, [int(np.asarray(a["cont"]).shape[0]) for a in shards])
 
     @classmethod
-    def _from_refs(cls, refs: list[_Ref], window: int, horizon: int, streaming: bool) -> SplitData:
+    def _from_refs(cls, refs: list[_Ref], window: int, horizon: int, streaming: bool, joined: dict | None = None, rows: list[int] | None = None) -> SplitData:
         self = cls.__new__(cls)
         self._setup(refs, window, horizon, streaming)
+        if joined is not None:
+            self._join(joined, rows)
         return self
 
     def _setup(self, refs: list[_Ref], window: int, horizon: int, streaming: bool) -> None:
@@ -143,6 +169,7 @@ class SplitData:
         self.streaming = streaming
         self._refs = refs
         self._lock = threading.Lock()
+        self._joined: ShardView | None = refs[0].view if len(refs) == 1 and refs[0].view is not None and not streaming else None
         counts = np.array([r.windows for r in refs], dtype=np.int64)
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # window number of each shard's first window
         self.n_windows = int(self._first[-1])
@@ -164,6 +191,13 @@ class SplitData:
             self.n_cont = self.n_cat = 0
             self.cont_dtype, self.cat_dtype, self.target_dtype = torch.float32, torch.int64, torch.int64
         self.task = "regression" if self.target_dtype.is_floating_point else "classification"
+
+    def _join(self, joined: dict[str, np.ndarray], rows: list[int]) -> None:
+        """Every shard's cont/cat/target as one array each (the shards' rows end to end): window w
+        starts at its shard's first row plus its start inside the shard, and any batch is one gather."""
+        base = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
+        starts = np.concatenate([r.view.starts + b for r, b in zip(self._refs, base)]) if self._refs else np.zeros(0, np.int64)
+        self._joined = ShardView(joined, self.window, self.horizon, name="split", starts=starts.astype(np.int64))
 
     def _meta(self, i: int) -> tuple:
         """(dtype, shape) of a shard's cont, cat and target arrays, without opening a streamed shard."""
@@ -264,10 +298,10 @@ class SplitData:
         return idx
 
     def batch(self, idx: np.ndarray, pin_memory: bool = False) -> Batch:
-        """Gather windows `idx` (in that order): one index_select per array per run of same-shard windows.
+        """Gather windows `idx` (in that order): one fancy index per array, a K-row block copy per window.
 
-        The loader hands in each batch grouped by shard, so a batch costs one gather per shard it
-        touches, each a contiguous K-row block copy per window (no per-window Python).
+        A split in hand is one set of arrays (one shard, or its shards joined in a split pack), so a
+        batch is one gather whichever shards it draws from; a streamed split gathers per shard.
         """
         idx = self._check(idx)
         b, k = len(idx), self.window
@@ -277,18 +311,28 @@ class SplitData:
                 torch.empty((0, k, self.n_cat), dtype=self.cat_dtype),
                 torch.empty(0, dtype=self.target_dtype),
             )
-        shard = self.shard_of(idx)
-        cuts = np.flatnonzero(shard[1:] != shard[:-1]) + 1
-        bounds = [0, *cuts.tolist(), b]
-        parts = []
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            # numpy fancy indexing: single-threaded and outside the GIL; torch's index_select spreads a
-            # small gather over OpenMP threads, which stalls ~10x when the cores are busy training
-            s = int(shard[lo])
-            v = self.view(s)
-            start = v.starts[idx[lo:hi] - self._first[s]]
-            parts.append((v.cont_w[start], v.cat_w[start], v.target[start + v.shift]))
-        arrays = parts[0] if len(parts) == 1 else [np.concatenate(x) for x in zip(*parts)]
+        # numpy fancy indexing: single-threaded and outside the GIL; torch's index_select spreads a
+        # small gather over OpenMP threads, which stalls ~10x when the cores are busy training
+        j = self._joined
+        if j is not None:
+            arrays = j.gather(j.starts[idx])
+        else:
+            shard = self.shard_of(idx)
+            first = int(shard[0])
+            if (shard == first).all():
+                v = self.view(first)
+                arrays = v.gather(v.starts[idx - self._first[first]])
+            else:
+                arrays = (
+                    np.empty((b, k, self.n_cont), dtype=np.dtype(self._meta(0)[0][0])),
+                    np.empty((b, k, self.n_cat), dtype=np.dtype(self._meta(0)[1][0])),
+                    np.empty(b, dtype=np.dtype(self._meta(0)[2][0])),
+                )
+                for s in np.unique(shard):
+                    sel = np.flatnonzero(shard == s)
+                    v = self.view(int(s))
+                    for out, part in zip(arrays, v.gather(v.starts[idx[sel] - self._first[s]])):
+                        out[sel] = part
         out = Batch(*(torch.from_numpy(x) for x in arrays))
         return out.pin_memory() if pin_memory else out
 
@@ -335,35 +379,70 @@ def manifest_folder(manifest_uri: str) -> str:
 
 
 def open_split(manifest: Manifest, manifest_uri: str, split: str, mmap: bool = True, cache: ShardCache | None = None) -> SplitData:
-    """The windows of `split`. Local shards are memory-mapped in place. Remote shards go through the
-    size-capped local cache (checked against their sha256): all fetched up front (in parallel) when
-    the split fits in half the cache, otherwise the split streams, a few shards at a time. Compressed
-    shards (the default) are unpacked into the same cache, local or not."""
+    """The windows of `split`.
+
+    One local, uncompressed shard is memory-mapped in place. Otherwise, when the split fits in half
+    the size-capped local cache, its shards are fetched (checked against their sha256), unpacked and
+    laid end to end into one *split pack* in the cache (built once, reused by later runs), so the
+    split is one set of memory-mapped arrays and a batch is one gather. A split larger than that
+    streams: a shard is fetched into the cache when first needed and released when passed.
+    """
     shards = manifest.shards_of(split)
     folder = manifest_folder(manifest_uri)
     enc = manifest.encoding
     uris = [join(folder, info.path) for info in shards]
-    cached = any(is_remote(u) for u in uris) or any(info.compression for info in shards)  # fetched or unpacked locally
-    cache = cache or (shared_cache() if cached else None)
     footprint = sum((info.raw_bytes or info.bytes) if info.compression else info.bytes for info in shards)
-    if cached and footprint > cache.cap // 2:
+    in_place = len(shards) == 1 and not is_remote(uris[0]) and not shards[0].compression
+    if in_place:
+        info = shards[0]
+        arrays = read_arrays(Path(local_path(uris[0])), info.arrays, mmap=mmap)
+        view = _checked_view(arrays, info, enc)
+        return SplitData._from_refs([_Ref(info.windows, view)], enc.window, enc.horizon, streaming=False)
+    cache = cache or shared_cache()
+    if footprint > cache.cap // 2:
         refs = [_Ref(info.windows, info=info, uri=u, cache=cache) for info, u in zip(shards, uris)]
         return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=True)
-    if cached:
-        for info, u in zip(shards, uris):
-            cache.pin(info.sha256)
-            cache.prefetch(u, info.sha256, info.bytes, info.compression, info.raw_bytes)
+    size, joined_specs, own_specs = pack_layout([info.arrays for info in shards])
+    key = hashlib.sha256(json.dumps({"pack": 1, "shards": [[i.sha256, i.compression] for i in shards]}).encode()).hexdigest()
+
+    def build(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.truncate(size)
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            def put(n: int) -> None:
+                info = shards[n]
+                data = read_verified(uris[n], info.sha256, info.compression, info.raw_bytes)
+                for name, spec in info.arrays.items():
+                    nbytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+                    if nbytes:
+                        os.pwrite(fd, memoryview(data)[spec.offset : spec.offset + nbytes], own_specs[n][name].offset)
+
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(2, thread_name_prefix="shardline-pack") as pool:
+                list(pool.map(put, range(len(shards))))  # fetch, check and unpack two shards at a time
+        finally:
+            os.close(fd)
+
+    cache.pin(key)
+    pack = cache.build(key, size, build, f"the {split} split pack of {manifest_uri}")
+    buffer = map_file(pack, mmap)
     refs = []
-    for info, u in zip(shards, uris):
-        local = cache.get(u, info.sha256, info.bytes, info.compression, info.raw_bytes) if cached else Path(local_path(u))
-        view = ShardView(read_arrays(local, info.arrays, mmap=mmap), enc.window, enc.horizon, name=f"shard {info.path}")
-        if len(view.starts) != info.windows:
-            raise ValueError(
-                f"shard {info.path}: the manifest lists {info.windows} windows but its offsets give {len(view.starts)} "
-                f"(window={enc.window}, horizon={enc.horizon}); the manifest and shard disagree: re-run the encode step"
-            )
-        refs.append(_Ref(info.windows, view))
-    return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=False)
+    for info, specs in zip(shards, own_specs):
+        refs.append(_Ref(info.windows, _checked_view(arrays_in(buffer, specs), info, enc)))
+    joined = arrays_in(buffer, joined_specs) if len(shards) > 1 else None
+    return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=False, joined=joined, rows=[int(i.rows) for i in shards])
+
+
+def _checked_view(arrays: dict[str, np.ndarray], info, enc) -> ShardView:
+    view = ShardView(arrays, enc.window, enc.horizon, name=f"shard {info.path}")
+    if len(view.starts) != info.windows:
+        raise ValueError(
+            f"shard {info.path}: the manifest lists {info.windows} windows but its offsets give {len(view.starts)} "
+            f"(window={enc.window}, horizon={enc.horizon}); the manifest and shard disagree: re-run the encode step"
+        )
+    return view
 
 
 class WindowLoader:
@@ -373,11 +452,12 @@ class WindowLoader:
     yielded, so a restored loader yields exactly the batches the interrupted one had not.
     `set_epoch(e)` starts epoch e from its beginning; iterating continues from the current position.
 
-    Order: a global permutation of all windows, each batch's windows then grouped by shard (one
-    gather per shard touched); a streamed split (larger than the local cache) goes shard by shard
+    Order: a global permutation of all windows (the split's shards are joined, so a batch is one
+    gather wherever its windows live); a streamed split (larger than the local cache) goes shard by shard
     in a permuted shard order, windows permuted inside each shard, with the next shards read ahead.
-    `num_workers` threads gather the next batches while the current one trains: they share the
-    arrays (no pickling), and the gathers run outside the GIL.
+    Batches are gathered a few at a time (about CHUNK_BYTES per fancy index) and handed out as
+    views. `num_workers` threads gather the next ones while the current batch trains: they share
+    the arrays (no pickling), and the gathers run outside the GIL.
     """
 
     def __init__(
@@ -437,11 +517,7 @@ class WindowLoader:
                 for s in self.shard_order(epoch)
             ]
             return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-        perm = np.random.default_rng([self.seed, epoch]).permutation(n)
-        if d.n_shards > 1:  # inside each batch, group the windows by shard: one gather per shard touched
-            key = (np.arange(n, dtype=np.int64) // self.batch_size) * d.n_shards + d.shard_of(perm)
-            perm = perm[np.argsort(key, kind="stable")]
-        return perm
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -459,36 +535,55 @@ class WindowLoader:
         for s in ahead:
             d.prefetch(s)
 
+    def _per_gather(self) -> int:
+        """Batches gathered by one fancy index: about CHUNK_BYTES of windows (amortises the per-call
+        cost and, with workers, the hand-off between threads); each batch is then a view of it."""
+        d = self.data
+        per_window = d.window * (d.n_cont * d.cont_dtype.itemsize + d.n_cat * d.cat_dtype.itemsize) + d.target_dtype.itemsize
+        return int(min(MAX_BATCHES_PER_GATHER, max(1, -(-CHUNK_BYTES // max(1, per_window * self.batch_size)))))
+
     def __iter__(self):
         order = self.order(self.epoch)
         bs, pin = self.batch_size, self.pin_memory
         data = self.data
-        if self.num_workers == 0 or data.streaming:
+        if data.streaming:
             while self.offset < self.end:
-                if data.streaming:
-                    self._stream_hint(order, self.offset)
+                self._stream_hint(order, self.offset)
                 idx = order[self.offset : self.offset + bs]
                 self.offset += len(idx)  # counted when handed out: a checkpoint after this batch resumes past it
                 yield data.batch(idx, pin_memory=pin)
+            return
+        step = bs * self._per_gather()
+        spans = [(lo, min(lo + step, self.end)) for lo in range(self.offset, self.end, step)]
+
+        def batches(big: Batch):
+            for lo in range(0, len(big), bs):
+                b = Batch(big.cont[lo : lo + bs], big.cat[lo : lo + bs], big.target[lo : lo + bs])
+                self.offset += len(b)  # counted when handed out: a checkpoint after this batch resumes past it
+                yield b.pin_memory() if pin else b
+
+        if self.num_workers == 0:
+            for lo, hi in spans:
+                yield from batches(data.batch(order[lo:hi]))
             return
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="shardline-loader")
         pending: deque = deque()
-        nxt = self.offset
+        todo = iter(spans)
         try:
-            while self.offset < self.end:
-                while nxt < self.end and len(pending) < 2 * self.num_workers:
-                    idx = order[nxt : nxt + bs]
-                    pending.append((len(idx), pool.submit(data.batch, idx, pin)))
-                    nxt += len(idx)
-                size, fut = pending.popleft()
-                batch = fut.result()
-                self.offset += size
-                yield batch
+            while True:
+                while len(pending) < 2 * self.num_workers:
+                    span = next(todo, None)
+                    if span is None:
+                        break
+                    pending.append(pool.submit(data.batch, order[span[0] : span[1]]))
+                if not pending:
+                    break
+                yield from batches(pending.popleft().result())
         finally:
-            for _, fut in pending:
+            for fut in pending:
                 fut.cancel()
             pool.shutdown(wait=True)
 
