@@ -311,6 +311,32 @@ def test_models_rebuild_from_their_spec(family):
     assert model_spec(ModelConfig(), 2, CARDS, K, 1)["n_outputs"] == 1
 
 
+def test_embeddings_of_one_width_share_a_table_and_v1_models_still_load():
+    from trainer.models import FrameEncoder, embedding_width
+
+    cards = [6, 4, 3, 3, 40, 5]  # widths 4, 3, 3, 3, 13, 4: three tables, not six
+    torch.manual_seed(0)
+    fused = FrameEncoder(2, cards, None)
+    assert len(fused.tables) == len({embedding_width(c) for c in cards}) == 3
+    per_column = FrameEncoder(2, cards, None, fused=False)
+    # the same lookups: copy each column's rows of the shared table into its own embedding
+    for cols, table in zip(fused.groups, fused.tables):
+        at = 0
+        for i in cols:
+            per_column.embeddings[i].weight.data.copy_(table.weight.data[at : at + cards[i]])
+            at += cards[i]
+    cont = torch.randn(5, K, 2)
+    cat = torch.stack([torch.randint(0, c, (5, K)) for c in cards], dim=-1)
+    got, want = fused(cont, cat), per_column(cont, cat)
+    assert got.shape == want.shape == (5, K, fused.width) and fused.width == 2 + sum(embedding_width(c) for c in cards)
+    order = [0, 1] + [2 + j for cols in fused.groups for i in cols for j in range(sum(map(embedding_width, cards[:i])), sum(map(embedding_width, cards[: i + 1])))]
+    assert torch.equal(got, want[..., order])  # each column's vector, grouped by width
+    # a model registered before (spec version 1: a table per column) rebuilds in its own layout
+    old = {**build_model(ModelConfig(hidden=16), 2, CARDS, K, N_CLASSES).spec, "version": 1}
+    v1 = model_from_spec(old)
+    assert "frames.embeddings.0.weight" in v1.state_dict() and v1(torch.randn(2, K, 2), torch.ones(2, K, 2, dtype=torch.long)).shape == (2, N_CLASSES)
+
+
 @pytest.mark.parametrize("family", ["mlp", "transformer"])
 def test_both_families_learn_the_rule(data, tmp_path, family):
     cfg = train_cfg(epochs=2, grad_accum=1, checkpoint_every_steps=0)

@@ -560,11 +560,11 @@ class WindowLoader:
             for lo in range(0, len(big), bs):
                 b = Batch(big.cont[lo : lo + bs], big.cat[lo : lo + bs], big.target[lo : lo + bs])
                 self.offset += len(b)  # counted when handed out: a checkpoint after this batch resumes past it
-                yield b.pin_memory() if pin else b
+                yield b  # a view of the gathered (and, for CUDA, pinned) chunk
 
         if self.num_workers == 0:
             for lo, hi in spans:
-                yield from batches(data.batch(order[lo:hi]))
+                yield from batches(data.batch(order[lo:hi], pin_memory=pin))
             return
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
@@ -578,7 +578,7 @@ class WindowLoader:
                     span = next(todo, None)
                     if span is None:
                         break
-                    pending.append(pool.submit(data.batch, order[span[0] : span[1]]))
+                    pending.append(pool.submit(data.batch, order[span[0] : span[1]], pin))  # gathered and pinned in the worker
                 if not pending:
                     break
                 yield from batches(pending.popleft().result())
