@@ -16,31 +16,36 @@ from shardline.manifest import ArraySpec
 ALIGN = 64
 
 
-def write_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, ArraySpec]:
-    """Write arrays into one file at `path` (a staging file: the caller publishes it)."""
+def pack_bytes(arrays: dict[str, np.ndarray]) -> tuple[memoryview, dict[str, ArraySpec]]:
+    """The shard file's bytes, built in memory (one copy of each array), and its layout."""
     specs: dict[str, ArraySpec] = {}
     offset = 0
+    for name, arr in arrays.items():
+        offset += (-offset) % ALIGN
+        specs[name] = ArraySpec(dtype=arr.dtype.str, shape=list(arr.shape), offset=offset)
+        offset += arr.nbytes
+    buf = np.zeros(offset, dtype=np.uint8)
+    for name, arr in arrays.items():
+        if arr.nbytes:
+            buf[specs[name].offset : specs[name].offset + arr.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    return memoryview(buf), specs
+
+
+def write_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, ArraySpec]:
+    """Write arrays into one file at `path` (a staging file: the caller publishes it)."""
+    buf, specs = pack_bytes(arrays)
     with open(path, "wb") as f:
-        for name, arr in arrays.items():
-            arr = np.ascontiguousarray(arr)
-            pad = (-offset) % ALIGN
-            if pad:
-                f.write(b"\0" * pad)
-                offset += pad
-            specs[name] = ArraySpec(dtype=arr.dtype.str, shape=list(arr.shape), offset=offset)
-            f.write(arr.tobytes())
-            offset += arr.nbytes
+        f.write(buf)
     return specs
 
 
 ZSTD_LEVEL = 1  # ~1 GB/s to unpack; higher levels barely shrink encoded frames further
 
 
-def compress_file(src: str | Path, dest: str | Path) -> None:
+def compress_bytes(data) -> bytes:
     import pyarrow as pa
 
-    data = Path(src).read_bytes()
-    Path(dest).write_bytes(pa.Codec("zstd", ZSTD_LEVEL).compress(data, asbytes=True))
+    return pa.Codec("zstd", ZSTD_LEVEL).compress(data, asbytes=True)
 
 
 def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int) -> None:

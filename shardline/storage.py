@@ -58,7 +58,7 @@ def write_bytes(uri: str, data: bytes) -> None:
     """Write `data` to `uri` so that a reader sees either the old object or the complete new one."""
     if is_remote(uri):
         fs, path = filesystem(uri)
-        fs.pipe_file(path, data)
+        fs.pipe_file(path, bytes(data) if isinstance(data, memoryview) else data)
         return
     target = Path(local_path(uri))
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +133,15 @@ def cache_dir() -> Path:
 CACHE_CAP_ENV = "SHARDLINE_CACHE_MAX_GB"
 
 
+def _touch(path: Path) -> bool:
+    """Mark a cached object recently used; False when it is not there (or was just evicted)."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 class CacheFull(IOError):
     """An object does not fit in the local cache even after evicting everything not in use."""
 
@@ -180,7 +189,16 @@ class ShardCache:
 
     @staticmethod
     def _held_bytes(objects: Path) -> int:
-        return sum(p.stat().st_size for p in objects.glob("??/*") if not p.name.startswith(TMP_MARK)) if objects.exists() else 0
+        total = 0
+        if objects.exists():
+            for p in objects.glob("??/*"):
+                if p.name.startswith(TMP_MARK):
+                    continue
+                try:
+                    total += p.stat().st_size
+                except FileNotFoundError:  # evicted by another thread or process meanwhile
+                    pass
+        return total
 
     def path(self, sha256: str) -> Path:
         return self.objects / sha256[:2] / sha256
@@ -249,8 +267,7 @@ class ShardCache:
 
     def _download(self, uri: str, sha256: str, size: int | None, compression: str | None = None, raw_bytes: int | None = None) -> Path:
         dest = self.path(sha256)
-        if dest.exists():
-            os.utime(dest)  # recently used
+        if _touch(dest):  # there: recently used
             return dest
         remote = is_remote(uri)
         fs, path = filesystem(uri) if remote else (None, local_path(uri))
@@ -296,8 +313,7 @@ class ShardCache:
         """A derived object (a split pack): `builder(tmp_path)` writes it once, aside, then it is renamed
         in; later calls (and later runs) reuse it. Counts against the cap like a downloaded object."""
         dest = self.path(key)
-        if dest.exists():
-            os.utime(dest)
+        if _touch(dest):
             return dest
         with self._lock:
             self._make_room(key, int(size), what)

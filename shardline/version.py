@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import threading
 from functools import lru_cache
 from pathlib import Path
 
 PACKAGES = ("shardline", "tasks", "trainer", "flows")
 ROOT = Path(__file__).resolve().parent.parent
+# ast.parse from several threads at once can fail in CPython 3.11 ("SystemError: AST constructor
+# recursion depth mismatch"): mapped tasks compute their cache keys concurrently, so parse one at a time
+_PARSE = threading.Lock()
 
 
 def _module_path(name: str) -> Path | None:
@@ -30,7 +34,9 @@ def _module_path(name: str) -> Path | None:
 def _imports(path: Path, module: str) -> set[str]:
     found: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    with _PARSE:
+        tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

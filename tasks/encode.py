@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import time
 
@@ -25,7 +26,7 @@ from shardline.encoding import (
     prepare,
 )
 from shardline.manifest import EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
-from shardline.shards import compress_file, window_starts, write_arrays
+from shardline.shards import compress_bytes, pack_bytes, window_starts
 
 ENCODER_VERSION = "2"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment)
 
@@ -63,9 +64,15 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
     return stable_hash({"files": snapshot.fingerprint, "data": dumped, "encoder": ENCODER_VERSION})[:20]
 
 
-def read_raw(uri: str, data: DataConfig) -> pl.DataFrame:
-    """One raw file's needed columns, with `__seq` and `__order` added."""
-    columns = data.raw_columns()
+def fit_columns(data: DataConfig) -> list[str]:
+    """The raw columns the fit needs: all but the booleans (their encoding is fixed, nothing to fit)."""
+    booleans = set(data.features.boolean)
+    return [c for c in data.raw_columns() if c not in booleans or c in (data.target.column, data.split.column)]
+
+
+def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame:
+    """One raw file's needed columns (`columns`, default all the config names), with `__seq` and `__order` added."""
+    columns = columns or data.raw_columns()
     try:
         if storage.is_remote(uri):
             fs, path = storage.filesystem(uri)
@@ -84,7 +91,7 @@ def read_raw(uri: str, data: DataConfig) -> pl.DataFrame:
     return prepare(df, data.sequence_key, data.order_by, uri)
 
 
-def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
+def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame | None:
     """Several local files in one multi-threaded polars scan (the fast path); None when they do not
     scan as one table (different column types...): then each file is read alone, naming the bad one."""
     from shardline.config import FILE_SEQUENCE
@@ -92,7 +99,7 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
 
     paths = [storage.local_path(u) for u in uris]
     try:
-        df = pl.scan_parquet(paths, include_file_paths="__file").select([*data.raw_columns(), "__file"]).collect()
+        df = pl.scan_parquet(paths, include_file_paths="__file").select([*(columns or data.raw_columns()), "__file"]).collect()
     except Exception:
         return None
     if paths != uris:
@@ -105,16 +112,16 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
     return df.with_columns(seq.alias(SEQ), order.alias(ORDER)).drop("__file")
 
 
-def read_group(files: list[RawFile] | list[str], data: DataConfig) -> pl.DataFrame:
+def read_group(files: list[RawFile] | list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame:
     uris = [f.uri if isinstance(f, RawFile) else f for f in files]
-    df = _scan_local(uris, data) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
+    df = _scan_local(uris, data, columns) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
-        df = pl.concat([read_raw(u, data) for u in uris], how="vertical_relaxed")
+        df = pl.concat([read_raw(u, data, columns) for u in uris], how="vertical_relaxed")
     return assign_split(df, data)
 
 
 def fit_group_stats(files: list[RawFile] | list[str], data: DataConfig) -> dict:
-    df = read_group(files, data)
+    df = read_group(files, data, fit_columns(data))
     stats = partial_stats(df.filter(pl.col(SPLIT) == "train"), data)
     stats["split_rows"] = {s: int((df[SPLIT] == s).sum()) for s in SPLITS}
     return stats
@@ -135,18 +142,11 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, spec: E
         shard_file = f"{name}.bin.zst" if packed else f"{name}.bin"
         shard_uri = storage.join(out_dir, shard_file)
         keys_uri = storage.join(out_dir, f"{name}.keys.parquet")
-        staged = storage.staging_path(shard_uri)
-        stored = staged.with_name(staged.name + ".zst") if packed else staged
-        try:
-            specs = write_arrays(staged, arrays)
-            raw_size = staged.stat().st_size
-            if packed:
-                compress_file(staged, stored)
-            size, digest = stored.stat().st_size, storage.sha256_file(stored)
-            storage.publish_file(stored, shard_uri)
-        finally:
-            staged.unlink(missing_ok=True)
-            stored.unlink(missing_ok=True)
+        raw, specs = pack_bytes(arrays)  # built in memory, compressed there, written once (atomically)
+        stored = compress_bytes(raw) if packed else raw
+        raw_size, size, digest = len(raw), len(stored), hashlib.sha256(stored).hexdigest()
+        storage.write_bytes(shard_uri, stored)
+        del raw, stored
         buf = io.BytesIO()
         pl.DataFrame({"segment": np.arange(len(keys), dtype=np.int64), "sequence": keys}).write_parquet(buf)
         storage.write_bytes(keys_uri, buf.getvalue())
