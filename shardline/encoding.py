@@ -267,18 +267,20 @@ def _ids_expr(col: pl.Expr, dtype: pl.DataType, values: list[str]) -> pl.Expr:
     return col.cast(pl.Utf8).replace_strict(values, ids, default=0, return_dtype=pl.Int64).fill_null(0)
 
 
-def encode_frame(df: pl.DataFrame, spec: EncodingSpec, with_target: bool = True) -> tuple[dict[str, np.ndarray], list[str]]:
+def encode_frame(df: pl.DataFrame, spec: EncodingSpec, with_target: bool = True, presorted: bool = False) -> tuple[dict[str, np.ndarray], list[str]]:
     """Encode prepared rows (with `__seq`, `__order`) into shard arrays; returns (arrays, segment keys).
 
     Rows are sorted by sequence then order, so each sequence is one contiguous segment. Each array
     is computed by one polars `select` (multi-threaded over columns).
     """
-    df = df.sort([SEQ, ORDER], maintain_order=True)
+    if not presorted:  # (the encode step sorts a whole group once)
+        df = df.sort([SEQ, ORDER], maintain_order=True)
     n = df.height
     cont_dtype = np.float16 if spec.continuous_dtype == "float16" else np.float32
     if spec.continuous:
+        pl_cont = pl.Float16 if cont_dtype == np.float16 else pl.Float32  # float32 first, then float16: numpy's rounding
         cont = df.select(
-            ((pl.col(c.name).cast(pl.Float64).fill_nan(None) - c.mean) / c.std).fill_null(0.0).cast(pl.Float32).alias(c.name)
+            ((pl.col(c.name).cast(pl.Float64).fill_nan(None) - c.mean) / c.std).fill_null(0.0).cast(pl.Float32).cast(pl_cont).alias(c.name)
             for c in spec.continuous
         ).to_numpy(order="c").astype(cont_dtype, copy=False)
     else:

@@ -14,6 +14,8 @@ from prefect.logging import get_run_logger
 from shardline import storage
 from shardline.config import SPLITS, DataConfig, stable_hash
 from shardline.encoding import (
+    ORDER,
+    SEQ,
     SPLIT,
     _int_dtype,
     DataError,
@@ -130,12 +132,20 @@ def fit_group_stats(files: list[RawFile] | list[str], data: DataConfig) -> dict:
 def encode_group_to_shards(files: list[RawFile] | list[str], group: int, spec: EncodingSpec, data: DataConfig, out_dir: str) -> list[ShardInfo]:
     """Encode one group of raw files into one shard per split under `out_dir` (each written atomically)."""
     df = read_group(files, data)
+    # one stable sort by (split, sequence, order), then each split is a slice: each sequence's rows contiguous
+    df = df.sort([SPLIT, SEQ, ORDER], maintain_order=True)
+    counts = dict(df.group_by(SPLIT).len().iter_rows())
+    starts = {}
+    at = 0
+    for name in sorted(counts):
+        starts[name] = at
+        at += counts[name]
     infos = []
     for split in SPLITS:
-        part = df.filter(pl.col(SPLIT) == split)
-        if part.height == 0:
+        if not counts.get(split):
             continue
-        arrays, keys = encode_frame(part, spec)
+        part = df.slice(starts[split], counts[split])
+        arrays, keys = encode_frame(part, spec, presorted=True)
         arrays = compact(arrays, spec)
         name = f"g{group:05d}-{split}"
         packed = data.shard_compression == "zstd"
