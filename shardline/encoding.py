@@ -137,12 +137,14 @@ def assign_split(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
         h = _splitmix64(base ^ row)
         u = (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
         df = df.with_columns(pl.Series("__u", u))
-    else:
-        uniq = df[SEQ].unique().to_list()
-        u = {k: (_splitmix64(np.array([_key64(k, split.seed)], dtype=np.uint64))[0] >> np.uint64(11)) / float(1 << 53) for k in uniq}
-        df = df.with_columns(pl.col(SEQ).replace_strict(u, return_dtype=pl.Float64).alias("__u"))
     f_train = split.fractions.get("train", 0.0)
     f_val = split.fractions.get("validation", 0.0)
+    if data.sequence_key is not None:  # one draw per sequence: label the distinct keys, then join
+        uniq = df[SEQ].unique(maintain_order=True).to_list()
+        u = (_splitmix64(np.array([_key64(k, split.seed) for k in uniq], dtype=np.uint64)) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+        labels = np.where(u < f_train, "train", np.where(u < f_train + f_val, "validation", "test"))
+        keys = pl.DataFrame({SEQ: pl.Series(uniq, dtype=df.schema[SEQ]), SPLIT: pl.Series(labels.tolist(), dtype=pl.Utf8)})
+        return df.join(keys, on=SEQ, how="left", maintain_order="left")
     expr = (
         pl.when(pl.col("__u") < f_train).then(pl.lit("train"))
         .when(pl.col("__u") < f_train + f_val).then(pl.lit("validation"))
