@@ -98,8 +98,9 @@ class DataConfig(_Strict):
         description="raw MB read by one mapped encode task; each task writes one shard per split, so this sets the "
         "shard size (about 1-3x it times the split's fraction) and bounds the task's memory (about 10x it)",
     )
-    shard_compression: Literal["zstd", "none"] = Field(
-        "zstd", description="stored shards compressed (zstd level 1; unpacked once into the local cache and memory-mapped) or not"
+    shard_compression: Literal["lz4", "zstd", "none"] = Field(
+        "zstd", description="stored shards compressed (LZ4 frames or zstd level 1; unpacked once into the local cache and "
+        "memory-mapped) or not"
     )
     files_per_group: int | None = Field(None, ge=1, description="fixed number of raw files per encode task instead of group_mb")
 

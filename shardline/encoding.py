@@ -21,7 +21,8 @@ import numpy as np
 import polars as pl
 
 from shardline.config import FILE_SEQUENCE, DataConfig, stable_hash
-from shardline.manifest import ContinuousStat, EncodingSpec, TargetSpec, Vocabulary
+from shardline.codes import int_dtype
+from shardline.manifest import ContinuousStat, EncodingSpec, LocalCodes, LocalVocab, TargetSpec, Vocabulary
 
 SEQ = "__seq"
 ORDER = "__order"
@@ -156,57 +157,48 @@ def assign_split(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
 # ---------------------------------------------------------------- fitting (on the training split only)
 
 
-def partial_stats(train: pl.DataFrame, data: DataConfig) -> dict[str, Any]:
-    """Sufficient statistics of one group's training rows; merged by `fit_spec`. JSON-serialisable."""
-    cont = {}
-    names = list(data.features.continuous)
-    if names:
-        agg = train.select(
-            e for c in names for e in (
-                pl.col(c).cast(pl.Float64).fill_nan(None).count().alias(f"{c}|n"),
-                pl.col(c).cast(pl.Float64).fill_nan(None).sum().alias(f"{c}|sum"),
-                (pl.col(c).cast(pl.Float64).fill_nan(None) ** 2).sum().alias(f"{c}|sumsq"),
-            )
-        ).row(0, named=True)
-        for c in names:
-            cont[c] = {"n": int(agg[f"{c}|n"]), "sum": float(agg[f"{c}|sum"] or 0.0), "sumsq": float(agg[f"{c}|sumsq"] or 0.0)}
-    cats = {c: _counts(train[c]) for c in data.features.categorical}
-    t = data.target.column
-    if data.target.task == "classification":
-        target = {"counts": _counts(train[t])}
-    else:
-        s = train[t].cast(pl.Float64)
-        target = {"n": int(s.len()), "sum": float(s.sum() or 0.0), "sumsq": float((s * s).sum() or 0.0)}
-    return {"rows": train.height, "continuous": cont, "categorical": cats, "target": target}
+def _moments(n: int, mean: float, m2: float) -> dict[str, float]:
+    return {"n": int(n), "mean": float(mean), "m2": float(m2)}
 
 
-def _counts(series: pl.Series) -> dict[str, int]:
-    """Value -> count of the non-null values, keyed by the value as text (counted on the column's own
-    type, then only the distinct values are cast)."""
-    vc = series.drop_nulls().value_counts()
-    return dict(zip(vc[series.name].cast(pl.Utf8).to_list(), vc["count"].to_list()))
+def _merge_moments(parts: list[dict[str, float]]) -> tuple[int, float, float]:
+    """(n, mean, M2) of the union of parts (Chan et al.: no sum of squares to cancel)."""
+    n = sum(p["n"] for p in parts)
+    if n == 0:
+        return 0, 0.0, 0.0
+    mean = sum(p["n"] * p["mean"] for p in parts) / n
+    m2 = sum(p["m2"] + p["n"] * (p["mean"] - mean) ** 2 for p in parts)
+    return n, mean, m2
+
+
+def empty_stats(data: DataConfig) -> dict[str, Any]:
+    """The training statistics of a group with no training row."""
+    t = data.target
+    return {
+        "rows": 0,
+        "continuous": {c: _moments(0, 0.0, 0.0) for c in data.features.continuous},
+        "categorical": {c: {} for c in data.features.categorical},
+        "target": {"counts": {}} if t.task == "classification" else _moments(0, 0.0, 0.0),
+    }
 
 
 def _vocab(counts: Counter) -> list[str]:
     return [v for v, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
-def _mean_std(n: int, s: float, ss: float) -> tuple[float, float]:
+def _mean_std(parts: list[dict[str, float]]) -> tuple[float, float]:
+    n, mean, m2 = _merge_moments(parts)
     if n == 0:
         return 0.0, 1.0
-    mean = s / n
-    var = max(ss / n - mean * mean, 0.0)
-    std = var ** 0.5
+    std = max(m2 / n, 0.0) ** 0.5
     return mean, (std if std > 1e-12 else 1.0)
 
 
 def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
+    """The data set's encoding from every group's training statistics (`encode_local`'s `stats`)."""
     cont = []
     for c in data.features.continuous:
-        n = sum(p["continuous"][c]["n"] for p in partials)
-        s = sum(p["continuous"][c]["sum"] for p in partials)
-        ss = sum(p["continuous"][c]["sumsq"] for p in partials)
-        mean, std = _mean_std(n, s, ss)
+        mean, std = _mean_std([p["continuous"][c] for p in partials])
         cont.append(ContinuousStat(name=c, mean=mean, std=std))
     cats = []
     for c in data.features.categorical:
@@ -221,8 +213,7 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
             counts.update(p["target"]["counts"])
         target = TargetSpec(column=t.column, task=t.task, classes=_vocab(counts))
     else:
-        n = sum(p["target"]["n"] for p in partials)
-        mean, std = _mean_std(n, sum(p["target"]["sum"] for p in partials), sum(p["target"]["sumsq"] for p in partials))
+        mean, std = _mean_std([p["target"] for p in partials])
         target = TargetSpec(column=t.column, task=t.task, mean=mean, std=std)
     return EncodingSpec(
         sequence_key=data.sequence_key,
@@ -240,12 +231,7 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
 # ---------------------------------------------------------------- encoding rows into arrays
 
 
-def _int_dtype(max_value: int) -> np.dtype:
-    """The narrowest type for ids 0..max_value (ids are never negative: unsigned where torch reads it)."""
-    for dt in (np.uint8, np.int16, np.int32):
-        if max_value <= np.iinfo(dt).max:
-            return np.dtype(dt)
-    return np.dtype(np.int64)
+_int_dtype = int_dtype
 
 
 def _ids(series: pl.Series, values: list[str]) -> pl.Series:
@@ -314,3 +300,220 @@ def encode_frame(df: pl.DataFrame, spec: EncodingSpec, with_target: bool = True,
         "offsets": offsets,
     }
     return arrays, keys
+
+
+# ---------------------------------------------------------------- the encode step: one pass, each group's own codes
+
+MAX_SLICES = 256  # a split made of more separate row blocks than this is copied out with one filter
+
+
+def _runs(df: pl.DataFrame) -> tuple[np.ndarray, list[str]] | None:
+    """(first row of each run of equal `__seq`, the run's key) when each sequence is one run whose
+    `__order` never goes down, i.e. the rows are already grouped and ordered; else None."""
+    n = df.height
+    if n == 0:
+        return np.zeros(0, np.int64), []
+    seq = df[SEQ]
+    change = (seq != seq.shift(1)).fill_null(True).to_numpy()
+    starts = np.flatnonzero(change)
+    keys = seq.gather(starts).to_list()
+    if len(set(keys)) != len(keys):
+        return None
+    order = df[ORDER].to_numpy()
+    if n > 1 and not ((np.diff(order) >= 0) | change[1:]).all():
+        return None
+    return starts.astype(np.int64), keys
+
+
+def _hash_labels(keys: list[str], data: DataConfig) -> np.ndarray:
+    """Split index (0 train, 1 validation, 2 test) per sequence key: the same draw as `assign_split`."""
+    split = data.split
+    if not keys:
+        return np.zeros(0, np.int8)
+    u = (_splitmix64(np.array([_key64(k, split.seed) for k in keys], dtype=np.uint64)) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    f_train = split.fractions.get("train", 0.0)
+    f_val = split.fractions.get("validation", 0.0)
+    return np.where(u < f_train, 0, np.where(u < f_train + f_val, 1, 2)).astype(np.int8)
+
+
+def split_frames(df: pl.DataFrame, data: DataConfig) -> dict[str, pl.DataFrame]:
+    """A group's prepared rows per split, each with every sequence's rows contiguous and in order.
+
+    Sequences split by hash (the usual case) keep their rows where they are: a split is a few
+    zero-copy slices of the group when the files already hold each sequence's rows in order.
+    Otherwise the rows are labelled (`assign_split`), filtered and sorted."""
+    from shardline.config import SPLITS
+
+    if data.split.method == "hash" and data.sequence_key is not None:
+        runs = _runs(df)
+        if runs is None:
+            df = df.sort([SEQ, ORDER], maintain_order=True)
+            runs = _runs(df)
+        starts, keys = runs
+        labels = _hash_labels(keys, data)
+        ends = np.append(starts[1:], df.height).astype(np.int64)
+        out = {}
+        for i, name in enumerate(SPLITS):
+            mine = labels == i
+            if not mine.any():
+                continue
+            edge = np.diff(np.concatenate([[0], mine.astype(np.int8), [0]]))
+            first, last = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1) - 1  # blocks of consecutive runs
+            if len(first) <= MAX_SLICES:
+                out[name] = pl.concat([df.slice(int(starts[a]), int(ends[b] - starts[a])) for a, b in zip(first, last)], rechunk=False)
+            else:
+                out[name] = df.filter(pl.Series(np.repeat(mine, ends - starts)))
+        return out
+    labelled = assign_split(df, data)
+    out = {}
+    for name in SPLITS:
+        part = labelled.filter(pl.col(SPLIT) == name).drop(SPLIT)
+        if part.height:
+            out[name] = part if _runs(part) is not None else part.sort([SEQ, ORDER], maintain_order=True)
+    return out
+
+
+RANGE_IDS = 255  # integer columns spanning at most this many values are coded by arithmetic (value - min + 1)
+DENSE_SPAN = 1 << 22  # wider integer ranges up to this: dense ids through a lookup table, not a hash
+
+
+def _local_ids(s: pl.Series, lo, hi) -> tuple[LocalVocab, np.ndarray, int]:
+    """(vocabulary, values to code, offset) such that id = value - offset (0 for null): the value
+    itself for a narrow integer range, else ids 1.. of the sorted distinct values."""
+    if s.dtype.is_integer() and lo is not None:
+        lo, hi = int(lo), int(hi)
+        x = (s.fill_null(lo - 1) if s.null_count() else s).to_numpy()
+        if hi - lo < RANGE_IDS:
+            return LocalVocab(start=lo, size=hi - lo + 1), x, lo - 1
+        if hi - lo < DENSE_SPAN:
+            at = x.astype(np.int64) - (lo - 1)  # 0 = null
+            present = np.zeros(hi - lo + 2, bool)
+            present[at] = True
+            present[0] = False
+            ids = np.cumsum(present, dtype=np.int64)
+            values = np.flatnonzero(present) + (lo - 1)
+            return LocalVocab(size=len(values), values=[str(v) for v in values.tolist()]), ids[at], 0
+    uniq = s.drop_nulls().unique().sort()
+    if s.dtype == pl.Utf8:
+        ids = s.cast(pl.Enum(uniq.to_list())).to_physical().cast(pl.Int64) + 1
+    else:
+        ids = s.replace_strict(uniq, pl.Series(np.arange(1, len(uniq) + 1, dtype=np.int64)), default=0, return_dtype=pl.Int64)
+    return LocalVocab(size=len(uniq), values=uniq.cast(pl.Utf8).to_list()), ids.fill_null(0).to_numpy(), 0
+
+
+def _counts_of(ids: np.ndarray, voc: LocalVocab) -> dict[str, int]:
+    counts = np.bincount(ids, minlength=voc.size + 1)[1:]
+    texts = voc.texts()
+    return {texts[i]: int(counts[i]) for i in np.flatnonzero(counts)}
+
+
+def _standardise(x, torch) -> tuple[list[tuple[int, float, float]], list[tuple[float, float]]]:
+    """Standardise the float32 columns x [columns, rows] in place with their own mean and std (NaN
+    kept: it stands for null). Returns each column's (count, mean, variance) over its non-NaN
+    values, and the (mean, std) the stored values decode with: v * std + mean (exact float32 steps).
+    Two passes (centre on a first mean, then the moments of the centred values), in float32 sums
+    (torch sums in cascades): no cancellation even for values far from zero."""
+    cols, n = x.shape
+    if cols == 0:
+        return [], []
+    nan = torch.isnan(x.sum(1)).nonzero().flatten().tolist()
+    counts = torch.full((cols,), float(n), dtype=torch.float64)
+    for j in nan:  # columns with nulls: their statistics skip them
+        counts[j] = float((~torch.isnan(x[j])).sum())
+    live = counts.clamp(min=1)
+
+    def sums(v):
+        out = v.sum(1)
+        for j in nan:
+            out[j] = torch.nansum(v[j])
+        return out.double()
+
+    m32 = (sums(x) / live).to(torch.float32)
+    x.sub_(m32[:, None])
+    r = sums(x) / live
+    sq = torch.linalg.vector_norm(x, dim=1).double() ** 2
+    for j in nan:
+        sq[j] = float(torch.nansum(x[j] * x[j]))
+    mean = torch.where(counts > 0, m32.double() + r, torch.zeros_like(r))
+    var = (sq / live - r * r).clamp(min=0)
+    std = var.sqrt()
+    inv32 = torch.where((std > 1e-12) & torch.isfinite(std), 1.0 / std, torch.ones_like(std)).to(torch.float32)
+    x.mul_(inv32[:, None])
+    moments = [(int(c), float(m), float(v)) for c, m, v in zip(counts.tolist(), mean.tolist(), var.tolist())]
+    affine = [(float(m), 1.0 / float(i)) for m, i in zip(m32.tolist(), inv32.tolist())]
+    return moments, affine
+
+
+def _local_affine(mean: float, var: float) -> tuple[float, float]:
+    std = var ** 0.5 if var == var and var > 0 else 0.0
+    return (mean if mean == mean else 0.0), (std if 1e-12 < std < float("inf") else 1.0)
+
+
+def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool) -> tuple[dict[str, np.ndarray], list[str], LocalCodes, dict | None]:
+    """One split of one group (sorted: see `split_frames`) -> (shard arrays in the group's own
+    codes, segment keys, the codes, and with `with_stats` the rows' training statistics).
+
+    The continuous and categorical arrays are stored column by column (`cont_cols` [columns, rows],
+    `cat_cols`): that is how the columns arrive, it compresses to about half the size of rows, and
+    readers lay them out as rows while mapping the codes (`shardline/codes.py`)."""
+    import torch
+
+    n = part.height
+    f = data.features
+    seq = part[SEQ]
+    starts = np.flatnonzero((seq != seq.shift(1)).fill_null(True).to_numpy()) if n else np.zeros(0, np.int64)
+    keys = seq.gather(starts).to_list() if n else []
+    offsets = np.append(starts, n).astype(np.int64)
+    stats: dict[str, Any] = {"rows": n, "continuous": {}, "categorical": {}, "target": {}}
+
+    # continuous: standardised with this split's own mean and std (NaN for null), stored column by column
+    names = list(f.continuous)
+    x = torch.from_numpy(part.select(pl.col(c).cast(pl.Float32) for c in names).to_numpy(order="fortran").T) if names and n else torch.zeros((len(names), n))
+    moments, affine = _standardise(x, torch)
+    cont = x.to(torch.float16 if data.continuous_dtype == "float16" else torch.float32).numpy()
+    for c, (cnt, m, v) in zip(names, moments):
+        stats["continuous"][c] = _moments(cnt, m, v * cnt)
+
+    # categorical: this split's own ids; booleans: 0 null, 1 false, 2 true
+    cats = list(f.categorical)
+    schema = part.schema
+    ints = [c for c in cats if schema[c].is_integer()]
+    bounds = part.select([pl.col(c).min().alias(f"lo{i}") for i, c in enumerate(ints)] + [pl.col(c).max().alias(f"hi{i}") for i, c in enumerate(ints)]).row(0) if ints and n else ()
+    lo = {c: bounds[i] for i, c in enumerate(ints)} if bounds else {}
+    hi = {c: bounds[len(ints) + i] for i, c in enumerate(ints)} if bounds else {}
+    coded = [_local_ids(part[c], lo.get(c), hi.get(c)) for c in cats]
+    vocs = [voc for voc, _, _ in coded]
+    width = max([voc.size for voc in vocs] + ([2] if f.boolean else []) + [1])
+    cat = np.empty((len(cats) + len(f.boolean), n), int_dtype(width))  # column by column
+    for j, (_, values, shift) in enumerate(coded):
+        np.subtract(values, shift, out=cat[j], dtype=np.int64, casting="unsafe")
+    for j, b in enumerate(f.boolean, start=len(cats)):
+        col = part[b]
+        if col.null_count():
+            cat[j] = (col.cast(pl.UInt8) + 1).fill_null(0).to_numpy()
+        else:
+            np.add(col.to_numpy().view(np.uint8), 1, out=cat[j], casting="unsafe")
+    if with_stats:
+        for j, (c, voc) in enumerate(zip(cats, vocs)):
+            stats["categorical"][c] = _counts_of(cat[j], voc)
+
+    # target: a class id in this split's own ids, or a value standardised with its own mean and std
+    t = data.target
+    ts = part[t.column]
+    if t.task == "classification":
+        vals = ts.drop_nulls()
+        voc, values, shift = _local_ids(ts, vals.min() if ts.dtype.is_integer() and n else None, vals.max() if ts.dtype.is_integer() and n else None)
+        target = np.empty(n, int_dtype(voc.size))
+        np.subtract(values, shift, out=target, dtype=np.int64, casting="unsafe")
+        tcode: LocalVocab | tuple[float, float] = voc
+        if with_stats:
+            stats["target"] = {"counts": _counts_of(target, voc)}
+    else:
+        y = ts.cast(pl.Float64)
+        m, v = float(y.mean() or 0.0), float(y.var(ddof=0) or 0.0)
+        tcode = _local_affine(m, v)
+        target = ((y - tcode[0]) / tcode[1]).cast(pl.Float32).to_numpy()
+        stats["target"] = _moments(n, m, v * n)
+    arrays = {"cont_cols": cont, "cat_cols": cat, "target": target, "order": part[ORDER].to_numpy().astype(np.int64), "offsets": offsets}
+    codes = LocalCodes(cont=affine, cat=vocs, target=tcode)
+    return arrays, keys, codes, (stats if with_stats else None)

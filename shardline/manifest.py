@@ -105,6 +105,31 @@ class ArraySpec(_Model):
     offset: int = Field(description="byte offset of the array in the shard file")
 
 
+class LocalVocab(_Model):
+    """A shard's own ids for one column (the encode writes each file group's own ids, in one pass):
+    id 0 is null; id i >= 1 is the integer `start + i - 1` when `start` is set (integers coded by
+    arithmetic), else `values[i - 1]`. Values are compared as text, like the data set's vocabulary."""
+
+    start: int | None = None
+    size: int = Field(description="ids besides 0")
+    values: list[str] | None = None
+
+    def texts(self) -> list[str]:
+        if self.start is not None:
+            return [str(self.start + i) for i in range(self.size)]
+        return list(self.values or [])
+
+
+class LocalCodes(_Model):
+    """How a shard's stored codes map to the data set's encoding (`EncodingSpec`): continuous columns
+    were standardised with this shard's own mean and std (nulls stored as NaN), categorical columns
+    and a class target hold this shard's own ids. Readers apply the map when they unpack a shard."""
+
+    cont: list[tuple[float, float]] = Field(description="(mean, std) per continuous column")
+    cat: list[LocalVocab] = Field(description="per categorical column (booleans are fixed: 0 null, 1 false, 2 true)")
+    target: LocalVocab | tuple[float, float] = Field(description="class ids, or (mean, std) of a regression target")
+
+
 class ShardInfo(_Model):
     """One shard file: the arrays of one group of raw files for one split.
 
@@ -119,7 +144,7 @@ class ShardInfo(_Model):
     """
 
     path: str = Field(description="relative to the manifest's folder")
-    compression: Literal["zstd"] | None = Field(None, description="how the stored object is compressed; readers unpack it into the local cache")
+    compression: Literal["zstd", "lz4"] | None = Field(None, description="how the stored object is compressed; readers unpack it into the local cache")
     raw_bytes: int | None = Field(None, description="size of the unpacked shard (the memory-mappable file)")
     split: Literal["train", "validation", "test"]
     rows: int
@@ -130,6 +155,16 @@ class ShardInfo(_Model):
     arrays: dict[str, ArraySpec]
     keys_path: str
     keys_sha256: str
+    local: LocalCodes | None = Field(None, description="set when the stored codes are the shard's own (see LocalCodes)")
+
+
+class EncodedGroup(_Model):
+    """What encoding one file group produced: its shards (in the group's own codes) and the
+    sufficient statistics of its training rows, from which the data set's encoding is fitted."""
+
+    shards: list[ShardInfo]
+    train: dict = Field(description="count/mean/M2 per continuous column, value counts per categorical column and of the target")
+    rows: dict[str, int]
 
 
 class Manifest(_Model):

@@ -39,25 +39,28 @@ def write_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, A
     return specs
 
 
-ZSTD_LEVEL = 1  # ~1 GB/s to unpack; higher levels barely shrink encoded frames further
+CODECS = ("lz4", "zstd")  # how a stored shard may be compressed (pyarrow's codecs: LZ4 frames, zstd level 1)
+ZSTD_LEVEL = 1  # higher levels barely shrink encoded frames further
 
 
-def compress_bytes(data) -> bytes:
+def compress_bytes(data, codec: str = "zstd") -> bytes:
     import pyarrow as pa
 
-    return pa.Codec("zstd", ZSTD_LEVEL).compress(data, asbytes=True)
+    return (pa.Codec("zstd", ZSTD_LEVEL) if codec == "zstd" else pa.Codec(codec)).compress(data, asbytes=True)
 
 
-def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int) -> None:
-    out = unpack_bytes(Path(src).read_bytes(), raw_bytes, str(src))
+def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int, codec: str = "zstd") -> None:
+    out = unpack_bytes(Path(src).read_bytes(), raw_bytes, str(src), codec)
     with open(dest, "wb") as f:
         f.write(out)
 
 
-def unpack_bytes(data: bytes, raw_bytes: int, what: str) -> bytes:
+def unpack_bytes(data: bytes, raw_bytes: int, what: str, codec: str = "zstd") -> bytes:
     import pyarrow as pa
 
-    out = pa.Codec("zstd").decompress(data, decompressed_size=raw_bytes, asbytes=True)
+    if codec not in CODECS:
+        raise ValueError(f"{what}: unknown shard compression {codec!r}; this Shardline reads {' or '.join(CODECS)} or none")
+    out = pa.Codec(codec).decompress(data, decompressed_size=raw_bytes, asbytes=True)
     if len(out) != raw_bytes:
         raise IOError(f"{what}: unpacked to {len(out)} bytes, the manifest says {raw_bytes}; re-run the encode step")
     return out

@@ -11,6 +11,8 @@ import os
 import shutil
 import tempfile
 import uuid
+from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import fsspec
@@ -251,21 +253,26 @@ class ShardCache:
             )
         self._reserved[sha256] = size
 
-    def get(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None) -> Path:
+    def get(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None,
+            derived: Derived | None = None) -> Path:
         """A local path with the exact bytes of `uri` (checked against `sha256`), downloaded if needed;
-        a compressed object is unpacked (to `raw_bytes`) into the cache, ready to memory-map."""
-        if not is_remote(uri) and compression is None:
+        a compressed object is unpacked (to `raw_bytes`) into the cache, ready to memory-map. With
+        `derived`, the cached object is `derived.transform(unpacked bytes)`, kept under `derived.key`."""
+        if not is_remote(uri) and compression is None and derived is None:
             return Path(local_path(uri))
         with self._lock:
-            fut = self._inflight.get(sha256)
+            fut = self._inflight.get(derived.key if derived else sha256)
         if fut is not None:
             try:
                 fut.result()
             except Exception:
                 pass  # the read-ahead failed: try again here, where the error reaches the caller
-        return self._download(uri, sha256, size, compression, raw_bytes)
+        return self._download(uri, sha256, size, compression, raw_bytes, derived)
 
-    def _download(self, uri: str, sha256: str, size: int | None, compression: str | None = None, raw_bytes: int | None = None) -> Path:
+    def _download(self, uri: str, sha256: str, size: int | None, compression: str | None = None, raw_bytes: int | None = None,
+                  derived: Derived | None = None) -> Path:
+        if derived is not None:
+            return self.build(derived.key, derived.nbytes, lambda tmp: _write_all(tmp, derived.transform(read_verified(uri, sha256, compression, raw_bytes))), uri)
         dest = self.path(sha256)
         if _touch(dest):  # there: recently used
             return dest
@@ -289,12 +296,10 @@ class ShardCache:
                 got = sha256_file(src)
                 if got != sha256:
                     raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
-                if compression == "zstd":
+                if compression is not None:
                     from shardline.shards import decompress_file
 
-                    decompress_file(src, tmp, int(raw_bytes))
-                elif compression is not None:
-                    raise ValueError(f"{uri}: unknown shard compression {compression!r}; this Shardline reads 'zstd' or none")
+                    decompress_file(src, tmp, int(raw_bytes), compression)
                 elif remote:
                     os.replace(src, tmp)
                 else:
@@ -331,20 +336,36 @@ class ShardCache:
                 self._reserved.pop(key, None)
         return dest
 
-    def prefetch(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None):
+    def prefetch(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None,
+                 derived: Derived | None = None):
         """Start fetching `uri` in the background (read-ahead); `get` waits for it."""
+        name = derived.key if derived else sha256
         with self._lock:
-            fut = self._inflight.get(sha256)
-            if fut is not None or (not is_remote(uri) and compression is None) or self.path(sha256).exists():
+            fut = self._inflight.get(name)
+            if fut is not None or (not is_remote(uri) and compression is None and derived is None) or self.path(name).exists():
                 return fut
-            fut = self._pool.submit(self._download, uri, sha256, size, compression, raw_bytes)
-            self._inflight[sha256] = fut
-        fut.add_done_callback(lambda _f: self._done(sha256))
+            fut = self._pool.submit(self._download, uri, sha256, size, compression, raw_bytes, derived)
+            self._inflight[name] = fut
+        fut.add_done_callback(lambda _f: self._done(name))
         return fut
 
     def _done(self, sha256: str) -> None:
         with self._lock:
             self._inflight.pop(sha256, None)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A cached object made from a fetched one: `transform(unpacked bytes)`, `nbytes` long, named `key`."""
+
+    key: str
+    nbytes: int
+    transform: Callable[[bytes], bytes | memoryview]
+
+
+def _write_all(path: Path, data) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 _CACHES: dict[tuple[str, int | None], ShardCache] = {}
@@ -364,12 +385,10 @@ def read_verified(uri: str, sha256: str, compression: str | None = None, raw_byt
     got = hashlib.sha256(data).hexdigest()
     if got != sha256:
         raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
-    if compression == "zstd":
+    if compression is not None:
         from shardline.shards import unpack_bytes
 
-        return unpack_bytes(data, int(raw_bytes), uri)
-    if compression is not None:
-        raise ValueError(f"{uri}: unknown shard compression {compression!r}; this Shardline reads 'zstd' or none")
+        return unpack_bytes(data, int(raw_bytes), uri, compression)
     return data
 
 

@@ -1,4 +1,6 @@
-"""Encode: fit the encoding on the training split, write shards per file group, write the manifest last."""
+"""Encode: each file group read once into shards (in the group's own codes) and its training
+statistics; the data set's encoding is fitted from those and written in the manifest, last.
+(How a shard's own codes map to the data set's encoding: `shardline/codes.py`.)"""
 
 from __future__ import annotations
 
@@ -13,24 +15,11 @@ from prefect.logging import get_run_logger
 
 from shardline import storage
 from shardline.config import SPLITS, DataConfig, stable_hash
-from shardline.encoding import (
-    ORDER,
-    SEQ,
-    SPLIT,
-    _int_dtype,
-    DataError,
-    assign_split,
-    contract,
-    contract_hash,
-    encode_frame,
-    fit_spec,
-    partial_stats,
-    prepare,
-)
-from shardline.manifest import EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
+from shardline.encoding import DataError, contract, contract_hash, empty_stats, encode_local, fit_spec, prepare, split_frames
+from shardline.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.shards import compress_bytes, pack_bytes, window_starts
 
-ENCODER_VERSION = "2"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment)
+ENCODER_VERSION = "3"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment; 3: one pass, own codes per shard)
 
 
 MIN_GROUPS = 4  # small data sets still encode in parallel
@@ -66,12 +55,6 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
     return stable_hash({"files": snapshot.fingerprint, "data": dumped, "encoder": ENCODER_VERSION})[:20]
 
 
-def fit_columns(data: DataConfig) -> list[str]:
-    """The raw columns the fit needs: all but the booleans (their encoding is fixed, nothing to fit)."""
-    booleans = set(data.features.boolean)
-    return [c for c in data.raw_columns() if c not in booleans or c in (data.target.column, data.split.column)]
-
-
 def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame:
     """One raw file's needed columns (`columns`, default all the config names), with `__seq` and `__order` added."""
     columns = columns or data.raw_columns()
@@ -100,18 +83,21 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
     from shardline.encoding import ORDER, SEQ
 
     paths = [storage.local_path(u) for u in uris]
+    by_file = data.sequence_key in (None, FILE_SEQUENCE) or data.order_by is None  # rows need their file's name
     try:
-        df = pl.scan_parquet(paths, include_file_paths="__file").select([*(columns or data.raw_columns()), "__file"]).collect()
+        scan = pl.scan_parquet(paths, include_file_paths="__file") if by_file else pl.scan_parquet(paths)
+        df = scan.select([*(columns or data.raw_columns()), *(["__file"] if by_file else [])]).collect()
     except Exception:
         return None
-    if paths != uris:
+    if by_file and paths != uris:
         df = df.with_columns(pl.col("__file").replace_strict(dict(zip(paths, uris)), return_dtype=pl.Utf8))
     for col in (data.target.column, data.sequence_key, data.order_by):
         if col and col != FILE_SEQUENCE and df[col].null_count():
             return None  # read file by file: the error names the file and the column
     seq = pl.col("__file") if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
     order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file") if data.order_by is None else pl.col(data.order_by).to_physical().cast(pl.Int64)
-    return df.with_columns(seq.alias(SEQ), order.alias(ORDER)).drop("__file")
+    df = df.with_columns(seq.alias(SEQ), order.alias(ORDER))
+    return df.drop("__file") if by_file else df
 
 
 def read_group(files: list[RawFile] | list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame:
@@ -119,73 +105,65 @@ def read_group(files: list[RawFile] | list[str], data: DataConfig, columns: list
     df = _scan_local(uris, data, columns) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
         df = pl.concat([read_raw(u, data, columns) for u in uris], how="vertical_relaxed")
-    return assign_split(df, data)
+    return df
 
 
-def fit_group_stats(files: list[RawFile] | list[str], data: DataConfig) -> dict:
-    df = read_group(files, data, fit_columns(data))
-    stats = partial_stats(df.filter(pl.col(SPLIT) == "train"), data)
-    stats["split_rows"] = {s: int((df[SPLIT] == s).sum()) for s in SPLITS}
-    return stats
+def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: DataConfig, out_dir: str) -> EncodedGroup:
+    """Encode one group of raw files, read once, into one shard per split under `out_dir` (each
+    written atomically) in the group's own codes, and gather its training rows' statistics.
+    A writer thread compresses, hashes and stores each split's shard while the next one is encoded."""
+    from concurrent.futures import ThreadPoolExecutor
 
-
-def encode_group_to_shards(files: list[RawFile] | list[str], group: int, spec: EncodingSpec, data: DataConfig, out_dir: str) -> list[ShardInfo]:
-    """Encode one group of raw files into one shard per split under `out_dir` (each written atomically)."""
-    df = read_group(files, data)
-    # one stable sort by (split, sequence, order), then each split is a slice: each sequence's rows contiguous
-    df = df.sort([SPLIT, SEQ, ORDER], maintain_order=True)
-    counts = dict(df.group_by(SPLIT).len().iter_rows())
-    starts = {}
-    at = 0
-    for name in sorted(counts):
-        starts[name] = at
-        at += counts[name]
-    infos = []
-    for split in SPLITS:
-        if not counts.get(split):
-            continue
-        part = df.slice(starts[split], counts[split])
-        arrays, keys = encode_frame(part, spec, presorted=True)
-        arrays = compact(arrays, spec)
-        name = f"g{group:05d}-{split}"
-        packed = data.shard_compression == "zstd"
-        shard_file = f"{name}.bin.zst" if packed else f"{name}.bin"
-        shard_uri = storage.join(out_dir, shard_file)
-        keys_uri = storage.join(out_dir, f"{name}.keys.parquet")
-        raw, specs = pack_bytes(arrays)  # built in memory, compressed there, written once (atomically)
-        stored = compress_bytes(raw) if packed else raw
-        raw_size, size, digest = len(raw), len(stored), hashlib.sha256(stored).hexdigest()
-        storage.write_bytes(shard_uri, stored)
-        del raw, stored
-        buf = io.BytesIO()
-        pl.DataFrame({"segment": np.arange(len(keys), dtype=np.int64), "sequence": keys}).write_parquet(buf)
-        storage.write_bytes(keys_uri, buf.getvalue())
-        infos.append(
-            ShardInfo(
-                path=shard_file,
-                compression="zstd" if packed else None,
-                raw_bytes=raw_size,
+    parts = split_frames(read_group(files, data), data)
+    codec = None if data.shard_compression == "none" else data.shard_compression
+    train = None
+    pending = []
+    with ThreadPoolExecutor(1, thread_name_prefix="shardline-write") as writer:
+        for split in SPLITS:
+            part = parts.get(split)
+            if part is None or part.height == 0:
+                continue
+            arrays, keys, codes, stats = encode_local(part, data, with_stats=split == "train")
+            train = stats if stats is not None else train
+            arrays = compact(arrays)
+            name = f"g{group:05d}-{split}"
+            raw, specs = pack_bytes(arrays)  # built in memory, compressed there, written once (atomically)
+            info = dict(
+                path=f"{name}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
+                compression=codec,
+                raw_bytes=len(raw),
                 split=split,
                 rows=int(part.height),
                 segments=len(keys),
-                windows=int(len(window_starts(arrays["offsets"], spec.window, spec.horizon))),
-                bytes=size,
-                sha256=digest,
+                windows=int(len(window_starts(arrays["offsets"], data.window, data.effective_horizon))),
                 arrays=specs,
                 keys_path=f"{name}.keys.parquet",
-                keys_sha256=storage.sha256_uri(keys_uri),
+                local=codes,
             )
-        )
-    return infos
+            pending.append((info, writer.submit(_store, raw, codec, storage.join(out_dir, info["path"]), keys, storage.join(out_dir, info["keys_path"]))))
+            del raw, arrays
+        infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
+    rows = {s: int(parts[s].height) if s in parts else 0 for s in SPLITS}
+    return EncodedGroup(shards=infos, train=train or empty_stats(data), rows=rows)
 
 
-def compact(arrays: dict[str, np.ndarray], spec: EncodingSpec) -> dict[str, np.ndarray]:
-    """The shard's arrays at their smallest without changing a value: class ids in the narrowest integer
-    type, and an `order` that counts up by one inside each sequence (frame numbers, row numbers) stored
-    once per sequence (`order_start`) instead of once per row."""
+def _store(raw, codec: str | None, shard_uri: str, keys: list[str], keys_uri: str) -> dict:
+    """Compress, hash and write one shard and its keys file; their sizes and checksums."""
+    stored = compress_bytes(raw, codec) if codec else raw
+    out = {"bytes": len(stored), "sha256": hashlib.sha256(stored).hexdigest()}
+    storage.write_bytes(shard_uri, stored)
+    buf = io.BytesIO()
+    pl.DataFrame({"segment": np.arange(len(keys), dtype=np.int64), "sequence": pl.Series(keys, dtype=pl.Utf8)}).write_parquet(buf)
+    out["keys_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    storage.write_bytes(keys_uri, buf.getvalue())
+    return out
+
+
+def compact(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The shard's arrays at their smallest without changing a value: an `order` that counts up by
+    one inside each sequence (frame numbers, row numbers) is stored once per sequence
+    (`order_start`) instead of once per row."""
     out = dict(arrays)
-    if spec.target.task == "classification":
-        out["target"] = arrays["target"].astype(_int_dtype(spec.target.n_outputs))
     order, offsets = arrays["order"], arrays["offsets"]
     if len(order):
         step = np.diff(order) == 1
@@ -208,11 +186,14 @@ def check_splits(windows: dict[str, int], data: DataConfig) -> None:
         )
 
 
-def build_manifest(snapshot: Snapshot, spec: EncodingSpec, shard_lists: list[list[ShardInfo]], data: DataConfig) -> Manifest:
-    shards = [s for group in shard_lists for s in group]
-    rows = {s: sum(x.rows for x in shards if x.split == s) for s in SPLITS}
+def build_manifest(snapshot: Snapshot, groups: list[EncodedGroup], data: DataConfig) -> Manifest:
+    """Fit the data set's encoding from the groups' training statistics and list their shards;
+    refuses a split with no window (nothing is published then)."""
+    shards = [s for g in groups for s in g.shards]
+    rows = {s: sum(g.rows.get(s, 0) for g in groups) for s in SPLITS}
     windows = {s: sum(x.windows for x in shards if x.split == s) for s in SPLITS}
     check_splits(windows, data)
+    spec = fit_spec([g.train for g in groups], data)
     return Manifest(
         encoding=spec,
         encoding_hash=spec.hash(),
@@ -245,28 +226,21 @@ def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
 # ---------------------------------------------------------------- Prefect tasks
 
 
-@task(name="fit-encoding-stats", retries=2, retry_delay_seconds=5)
-def fit_group(files: list[RawFile], data: DataConfig) -> dict:
-    """Statistics of one file group's training rows (means, vocabularies, split sizes)."""
-    return fit_group_stats(files, data)
-
-
 @task(name="encode-group", retries=2, retry_delay_seconds=5)
-def encode_group(files: list[RawFile], group: int, n_groups: int, spec: EncodingSpec, data: DataConfig, out_dir: str) -> list[ShardInfo]:
-    """Encode one file group into shards (one per split)."""
+def encode_group(files: list[RawFile], group: int, n_groups: int, data: DataConfig, out_dir: str) -> EncodedGroup:
+    """Encode one file group into shards (one per split) and its training statistics."""
     t0 = time.perf_counter()
-    infos = encode_group_to_shards(files, group, spec, data, out_dir)
-    rows = sum(i.rows for i in infos)
+    result = encode_group_to_shards(files, group, data, out_dir)
     get_run_logger().info(
-        "encode: group %d/%d done: %d file(s), %d rows in %.1fs", group + 1, n_groups, len(files), rows, time.perf_counter() - t0
+        "encode: group %d/%d done: %d file(s), %d rows in %.1fs", group + 1, n_groups, len(files), sum(result.rows.values()), time.perf_counter() - t0
     )
-    return infos
+    return result
 
 
 @task(name="write-manifest")
-def write_manifest(snapshot: Snapshot, spec: EncodingSpec, shard_lists: list[list[ShardInfo]], data: DataConfig, out_dir: str) -> str:
-    """Check the splits and publish the manifest (last: until it exists, the shards are not a data set)."""
-    manifest = build_manifest(snapshot, spec, shard_lists, data)
+def write_manifest(snapshot: Snapshot, groups: list[EncodedGroup], data: DataConfig, out_dir: str) -> str:
+    """Fit the encoding, check the splits and publish the manifest (last: until it exists, the shards are not a data set)."""
+    manifest = build_manifest(snapshot, groups, data)
     uri = storage.join(out_dir, "manifest.json")
     storage.write_text(uri, manifest.model_dump_json(indent=1))
     get_run_logger().info(
@@ -291,8 +265,8 @@ def shards_intact(infos: list[ShardInfo], out_dir: str) -> bool:
 
 
 def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: bool = False) -> tuple[str, bool]:
-    """Wire the encode step (inside a flow): map the fit over file groups, merge, map the encode, write
-    the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache)."""
+    """Wire the encode step (inside a flow): map the encode over file groups, then fit the encoding
+    and write the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache)."""
     from tasks.caching import cached, raw_files_key
 
     log = get_run_logger()
@@ -300,30 +274,21 @@ def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: boo
     groups = file_groups(snapshot, data)
     log.info("encode: %d file(s) in %d group(s) -> %s", len(snapshot.files), len(groups), out_dir)
     code = ("tasks.encode",)
-    fit_t = cached(fit_group, "fit", code, lambda i: (raw_files_key(i["files"]), _data_key(i["data"])), storage_root, refresh=refresh)
     enc_t = cached(
         encode_group, "encode", code,
-        lambda i: (raw_files_key(i["files"]), i["group"], i["spec"].hash(), _data_key(i["data"]), i["out_dir"]),
-        storage_root, validate=lambda infos: shards_intact(infos, out_dir), refresh=refresh,
+        lambda i: (raw_files_key(i["files"]), i["group"], _data_key(i["data"]), i["out_dir"]),
+        storage_root, validate=lambda g: shards_intact(g.shards, out_dir), refresh=refresh,
     )
     man_t = cached(
         write_manifest, "manifest", code,
-        lambda i: (i["snapshot"].fingerprint, i["spec"].hash(), [[x.sha256 for x in g] for g in i["shard_lists"]], _data_key(i["data"]), i["out_dir"]),
+        lambda i: (i["snapshot"].fingerprint, [[x.sha256 for x in g.shards] for g in i["groups"]], _data_key(i["data"]), i["out_dir"]),
         storage_root, validate=lambda uri: verify_manifest(uri) is not None, refresh=refresh,
     )
-    fit_futures = fit_t.map(groups, data=unmapped(data))
-    partials = fit_futures.result()
-    spec = fit_spec(partials, data)
-    split_rows = {s: sum(p["split_rows"][s] for p in partials) for s in SPLITS}
-    if split_rows["train"] == 0:
-        check_splits(split_rows, data)
-    enc_futures = enc_t.map(
-        groups, list(range(len(groups))), n_groups=len(groups), spec=unmapped(spec), data=unmapped(data), out_dir=out_dir
-    )
-    shard_lists = enc_futures.result()
-    man_state = man_t(snapshot, spec, shard_lists, data, out_dir, return_state=True)
+    enc_futures = enc_t.map(groups, list(range(len(groups))), n_groups=len(groups), data=unmapped(data), out_dir=out_dir)
+    results = enc_futures.result()
+    man_state = man_t(snapshot, results, data, out_dir, return_state=True)
     uri = man_state.result()
-    ran = any(not f.state.name == "Cached" for f in [*fit_futures, *enc_futures]) or man_state.name != "Cached"
+    ran = any(not f.state.name == "Cached" for f in enc_futures) or man_state.name != "Cached"
     return uri, ran
 
 
@@ -334,10 +299,8 @@ def encode_dataset(snapshot: Snapshot, data: DataConfig, out_dir: str, threads: 
 
     groups = file_groups(snapshot, data)
     with ThreadPoolExecutor(max(1, threads)) as pool:
-        partials = list(pool.map(lambda g: fit_group_stats(g, data), groups))
-        spec = fit_spec(partials, data)
-        shard_lists = list(pool.map(lambda ig: encode_group_to_shards(ig[1], ig[0], spec, data, out_dir), enumerate(groups)))
-    manifest = build_manifest(snapshot, spec, shard_lists, data)
+        results = list(pool.map(lambda ig: encode_group_to_shards(ig[1], ig[0], data, out_dir), enumerate(groups)))
+    manifest = build_manifest(snapshot, results, data)
     uri = storage.join(out_dir, "manifest.json")
     storage.write_text(uri, manifest.model_dump_json(indent=1))
     return uri

@@ -9,8 +9,8 @@ from shardline.encoding import DataError, encode_frame, prepare
 from shardline.manifest import Manifest
 from shardline.shards import read_arrays, window_starts
 from shardline.storage import fetch_verified
-from tasks.encode import build_manifest, dataset_id, encode_group_to_shards, file_groups, fit_group_stats, verify_manifest
-from shardline.encoding import fit_spec
+from tasks.encode import build_manifest, dataset_id, encode_group_to_shards, file_groups, verify_manifest
+from shardline.codes import Globaliser
 from tasks.ingest import snapshot_source
 from tests.conftest import make_raw, tiny_config
 
@@ -22,11 +22,16 @@ def cfg_for(raw_dir, tmp_path, **over):
 def encode_all(cfg):
     snap = snapshot_source(cfg.data)
     groups = file_groups(snap, cfg.data)
-    partials = [fit_group_stats(g, cfg.data) for g in groups]
-    spec = fit_spec(partials, cfg.data)
     out_dir = f"{cfg.storage.root}/datasets/{dataset_id(snap, cfg.data)}"
-    lists = [encode_group_to_shards(g, i, spec, cfg.data, out_dir) for i, g in enumerate(groups)]
-    return snap, spec, out_dir, build_manifest(snap, spec, lists, cfg.data)
+    results = [encode_group_to_shards(g, i, cfg.data, out_dir) for i, g in enumerate(groups)]
+    manifest = build_manifest(snap, results, cfg.data)
+    return snap, manifest.encoding, out_dir, manifest
+
+
+def shard_arrays(manifest, out_dir, info):
+    """A shard's arrays as readers see them: unpacked and mapped to the data set's encoding."""
+    stored = read_arrays(fetch_verified(f"{out_dir}/{info.path}", info.sha256, info.bytes, info.compression, info.raw_bytes), info.arrays)
+    return Globaliser(manifest.encoding).arrays(stored, info.local)
 
 
 def test_snapshot_lists_files_with_versions(raw_dir, tmp_path):
@@ -82,7 +87,7 @@ def test_encoding_is_fitted_on_train_only_and_shards_round_trip(raw_dir, tmp_pat
     assert all(manifest.windows[s] > 0 for s in ("train", "validation", "test"))
     # each shard's arrays decode back to the raw rows, sequences contiguous and ordered
     info = manifest.shards_of("train")[0]
-    arrays = read_arrays(fetch_verified(f"{out_dir}/{info.path}", info.sha256, info.bytes, info.compression, info.raw_bytes), info.arrays)
+    arrays = shard_arrays(manifest, out_dir, info)
     keys = pl.read_parquet(f"{out_dir}/{info.keys_path}")["sequence"].to_list()
     offsets = arrays["offsets"]
     for seg, key in enumerate(keys):
@@ -169,17 +174,14 @@ def test_training_refuses_shards_encoded_for_another_config(raw_dir, tmp_path):
 
 
 def test_compact_keeps_every_value(tmp_path):
-    """Narrow class ids, and order stored per sequence only when it counts up by one inside each sequence."""
+    """`order` stored per sequence only when it counts up by one inside each sequence."""
     from tasks.encode import compact
     from trainer.data import ShardView
 
-    spec = type("S", (), {})()
-    spec.target = type("T", (), {"task": "classification", "n_outputs": 5})()
-    base = {"cont": np.zeros((6, 1), np.float32), "cat": np.zeros((6, 1), np.int8), "target": np.arange(6, dtype=np.int32) % 5,
+    base = {"cont": np.zeros((6, 1), np.float32), "cat": np.zeros((6, 1), np.int8), "target": np.arange(6, dtype=np.uint8) % 5,
             "offsets": np.array([0, 3, 6], np.int64)}
-    steady = compact({**base, "order": np.array([7, 8, 9, 0, 1, 2], np.int64)}, spec)
-    assert steady["target"].dtype == np.uint8 and np.array_equal(steady["target"], base["target"])
+    steady = compact({**base, "order": np.array([7, 8, 9, 0, 1, 2], np.int64)})
     assert "order" not in steady and steady["order_start"].tolist() == [7, 0]
     assert ShardView(steady, 1, 0).order_of_rows(np.arange(6)).tolist() == [7, 8, 9, 0, 1, 2]
-    gappy = compact({**base, "order": np.array([7, 8, 10, 0, 1, 2], np.int64)}, spec)
+    gappy = compact({**base, "order": np.array([7, 8, 10, 0, 1, 2], np.int64)})
     assert "order_start" not in gappy and gappy["order"].tolist() == [7, 8, 10, 0, 1, 2]

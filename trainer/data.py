@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shardline.codes import Globaliser
 from shardline.manifest import Manifest
 from shardline.shards import arrays_in, map_file, pack_layout, read_arrays, window_starts
 from shardline.storage import ShardCache, is_remote, join, local_path, read_verified, shared_cache
@@ -122,13 +123,25 @@ class ShardView:
 class _Ref:
     """A shard of a split: open (arrays in hand) or to be fetched from storage through the cache."""
 
-    def __init__(self, windows: int, view: ShardView | None = None, info=None, uri: str | None = None, cache=None):
+    def __init__(self, windows: int, view: ShardView | None = None, info=None, uri: str | None = None, cache=None, glob=None):
         self.windows = windows
         self.view = view
         self.info = info
         self.uri = uri
         self.cache = cache
         self.pinned = False
+        self.specs = glob.specs(info) if glob is not None and info is not None else (info.arrays if info is not None else None)
+        self.derived = None  # a shard in its own codes is cached already mapped to the data set's encoding
+        if glob is not None and info is not None and info.local is not None:
+            from shardline.storage import Derived
+
+            key = hashlib.sha256(json.dumps({"mapped": 1, "shard": info.sha256, "encoding": glob.spec.hash()}).encode()).hexdigest()
+            self.derived = Derived(key, glob.nbytes(info), lambda raw, info=info: glob.shard_bytes(raw, info))
+
+    @property
+    def name(self) -> str:
+        """The shard's object in the cache."""
+        return self.derived.key if self.derived is not None else self.info.sha256
 
 
 class SplitData:
@@ -205,7 +218,7 @@ class SplitData:
         if r.view is not None:
             a = r.view.arrays
             return tuple((np.dtype(a[n].dtype).str, list(a[n].shape)) for n in ("cont", "cat", "target"))
-        spec = r.info.arrays
+        spec = r.specs
         missing = [a for a in ("cont", "cat", "target", "offsets") if a not in spec]
         if missing:
             raise ValueError(f"shard {r.info.path} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
@@ -231,10 +244,10 @@ class SplitData:
         with self._lock:
             if r.view is None:
                 if not r.pinned:
-                    r.cache.pin(r.info.sha256)
+                    r.cache.pin(r.name)
                     r.pinned = True
-                local = r.cache.get(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes)
-                v = ShardView(read_arrays(local, r.info.arrays), self.window, self.horizon, name=f"shard {r.info.path}")
+                local = r.cache.get(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes, r.derived)
+                v = ShardView(read_arrays(local, r.specs), self.window, self.horizon, name=f"shard {r.info.path}")
                 if len(v.starts) != r.windows:
                     raise ValueError(
                         f"shard {r.info.path}: the manifest lists {r.windows} windows but its offsets give {len(v.starts)} "
@@ -249,9 +262,9 @@ class SplitData:
         if r.view is None and r.cache is not None:
             with self._lock:
                 if not r.pinned:
-                    r.cache.pin(r.info.sha256)
+                    r.cache.pin(r.name)
                     r.pinned = True
-            r.cache.prefetch(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes)
+            r.cache.prefetch(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes, r.derived)
 
     def release(self, keep: set[int]) -> None:
         """Streaming: drop every shard not in `keep`, so the cache may evict it."""
@@ -263,7 +276,7 @@ class SplitData:
                     continue
                 r.view = None
                 if r.pinned:
-                    r.cache.unpin(r.info.sha256)
+                    r.cache.unpin(r.name)
                     r.pinned = False
 
     @property
@@ -381,18 +394,21 @@ def manifest_folder(manifest_uri: str) -> str:
 def open_split(manifest: Manifest, manifest_uri: str, split: str, mmap: bool = True, cache: ShardCache | None = None) -> SplitData:
     """The windows of `split`.
 
-    One local, uncompressed shard is memory-mapped in place. Otherwise, when the split fits in half
-    the size-capped local cache, its shards are fetched (checked against their sha256), unpacked and
-    laid end to end into one *split pack* in the cache (built once, reused by later runs), so the
-    split is one set of memory-mapped arrays and a batch is one gather. A split larger than that
-    streams: a shard is fetched into the cache when first needed and released when passed.
+    When the split fits in half the size-capped local cache, its shards are fetched (checked against
+    their sha256), unpacked, mapped from their own codes to the data set's encoding
+    (`shardline/codes.py`) and laid end to end into one *split pack* in the cache (built once,
+    reused by later runs), so the split is one set of memory-mapped arrays and a batch is one
+    gather. A split larger than that streams: a shard is fetched, mapped and cached when first
+    needed and released when passed. (One local, uncompressed shard of the earlier encoder, which
+    wrote the data set's codes, is memory-mapped in place.)
     """
     shards = manifest.shards_of(split)
     folder = manifest_folder(manifest_uri)
     enc = manifest.encoding
+    glob = Globaliser(enc)
     uris = [join(folder, info.path) for info in shards]
-    footprint = sum((info.raw_bytes or info.bytes) if info.compression else info.bytes for info in shards)
-    in_place = len(shards) == 1 and not is_remote(uris[0]) and not shards[0].compression
+    footprint = sum(glob.nbytes(info) for info in shards)
+    in_place = len(shards) == 1 and not is_remote(uris[0]) and not shards[0].compression and shards[0].local is None
     if in_place:
         info = shards[0]
         arrays = read_arrays(Path(local_path(uris[0])), info.arrays, mmap=mmap)
@@ -400,10 +416,13 @@ def open_split(manifest: Manifest, manifest_uri: str, split: str, mmap: bool = T
         return SplitData._from_refs([_Ref(info.windows, view)], enc.window, enc.horizon, streaming=False)
     cache = cache or shared_cache()
     if footprint > cache.cap // 2:
-        refs = [_Ref(info.windows, info=info, uri=u, cache=cache) for info, u in zip(shards, uris)]
+        refs = [_Ref(info.windows, info=info, uri=u, cache=cache, glob=glob) for info, u in zip(shards, uris)]
         return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=True)
-    size, joined_specs, own_specs = pack_layout([info.arrays for info in shards])
-    key = hashlib.sha256(json.dumps({"pack": 1, "shards": [[i.sha256, i.compression] for i in shards]}).encode()).hexdigest()
+    size, joined_specs, own_specs = pack_layout([glob.specs(info) for info in shards])
+    mapped = any(info.local is not None for info in shards)
+    key = hashlib.sha256(json.dumps(
+        {"pack": 2, "shards": [[i.sha256, i.compression] for i in shards], "encoding": enc.hash() if mapped else None}
+    ).encode()).hexdigest()
 
     def build(tmp: Path) -> None:
         with open(tmp, "wb") as f:
@@ -413,15 +432,16 @@ def open_split(manifest: Manifest, manifest_uri: str, split: str, mmap: bool = T
             def put(n: int) -> None:
                 info = shards[n]
                 data = read_verified(uris[n], info.sha256, info.compression, info.raw_bytes)
-                for name, spec in info.arrays.items():
-                    nbytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-                    if nbytes:
-                        os.pwrite(fd, memoryview(data)[spec.offset : spec.offset + nbytes], own_specs[n][name].offset)
+                arrays = glob.arrays(arrays_in(data, info.arrays), info.local)  # the data set's encoding, as rows
+                for name, spec in own_specs[n].items():
+                    a = np.ascontiguousarray(arrays[name])
+                    if a.nbytes:
+                        os.pwrite(fd, memoryview(a.reshape(-1).view(np.uint8)), spec.offset)
 
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(2, thread_name_prefix="shardline-pack") as pool:
-                list(pool.map(put, range(len(shards))))  # fetch, check and unpack two shards at a time
+                list(pool.map(put, range(len(shards))))  # fetch, check, unpack and map two shards at a time
         finally:
             os.close(fd)
 
