@@ -402,46 +402,89 @@ def _local_ids(s: pl.Series, lo, hi) -> tuple[LocalVocab, np.ndarray, int]:
 
 
 def _counts_of(ids: np.ndarray, voc: LocalVocab) -> dict[str, int]:
-    counts = np.bincount(ids, minlength=voc.size + 1)[1:]
+    if ids.dtype == np.uint8:  # torch counts bytes without widening them first (2x numpy's bincount)
+        import torch
+
+        counts = torch.bincount(torch.from_numpy(ids), minlength=voc.size + 1).numpy()[1:]
+    else:
+        counts = np.bincount(ids, minlength=voc.size + 1)[1:]
     texts = voc.texts()
     return {texts[i]: int(counts[i]) for i in np.flatnonzero(counts)}
 
 
-def _standardise(x, torch) -> tuple[list[tuple[int, float, float]], list[tuple[float, float]]]:
-    """Standardise the float32 columns x [columns, rows] in place with their own mean and std (NaN
-    kept: it stands for null). Returns each column's (count, mean, variance) over its non-NaN
-    values, and the (mean, std) the stored values decode with: v * std + mean (exact float32 steps).
-    Two passes (centre on a first mean, then the moments of the centred values), in float32 sums
-    (torch sums in cascades): no cancellation even for values far from zero."""
-    cols, n = x.shape
-    if cols == 0:
-        return [], []
-    nan = torch.isnan(x.sum(1)).nonzero().flatten().tolist()
-    counts = torch.full((cols,), float(n), dtype=torch.float64)
-    for j in nan:  # columns with nulls: their statistics skip them
-        counts[j] = float((~torch.isnan(x[j])).sum())
-    live = counts.clamp(min=1)
+def _numpy_of(s: pl.Series) -> np.ndarray:
+    """A writable contiguous numpy copy or view of a numeric series (nulls as NaN for floats)."""
+    x = s.to_numpy()
+    return x if x.flags.writeable and x.flags.c_contiguous else np.array(x)
 
-    def sums(v):
-        out = v.sum(1)
-        for j in nan:
-            out[j] = torch.nansum(v[j])
-        return out.double()
 
-    m32 = (sums(x) / live).to(torch.float32)
-    x.sub_(m32[:, None])
-    r = sums(x) / live
-    sq = torch.linalg.vector_norm(x, dim=1).double() ** 2
-    for j in nan:
-        sq[j] = float(torch.nansum(x[j] * x[j]))
-    mean = torch.where(counts > 0, m32.double() + r, torch.zeros_like(r))
-    var = (sq / live - r * r).clamp(min=0)
-    std = var.sqrt()
-    inv32 = torch.where((std > 1e-12) & torch.isfinite(std), 1.0 / std, torch.ones_like(std)).to(torch.float32)
-    x.mul_(inv32[:, None])
-    moments = [(int(c), float(m), float(v)) for c, m, v in zip(counts.tolist(), mean.tolist(), var.tolist())]
-    affine = [(float(m), 1.0 / float(i)) for m, i in zip(m32.tolist(), inv32.tolist())]
+def _standardise_into(part: pl.DataFrame, names: list[str], out, torch) -> tuple[list[tuple[int, float, float]], list[tuple[float, float]]]:
+    """Standardise the continuous columns `names` of `part` with their own mean and std, one column
+    at a time into `out` [columns, rows] (float16 or float32; NaN kept: it stands for null). Returns
+    each column's (count, mean, variance) over its non-NaN values, and the (mean, std) the stored
+    values decode with: v * std + mean (the exact steps taken). Two passes over a column
+    that stays in cache (centre on a first mean, then the moments of the centred values), float32
+    sums in torch's cascades: no cancellation even for values far from zero, and one rounding to
+    the stored type."""
+    n = part.height
+    tmp = torch.empty(n, dtype=torch.float32)
+    moments, affine = [], []
+    for j, c in enumerate(names):
+        s = part[c]
+        # float32 columns are centred in float32 (exact near the mean); any other type in float64,
+        # so that a column far from zero (timestamps, prices) keeps its spread
+        x = torch.from_numpy(_numpy_of(s if s.dtype == pl.Float32 else s.cast(pl.Float64)))
+        total = float(x.sum())
+        nan = total != total and bool(torch.isnan(x).any())
+        count = int((~torch.isnan(x)).sum()) if nan else n
+        live = max(count, 1)
+        if nan:
+            total = float(torch.nansum(x))
+        m32 = torch.tensor(total / live, dtype=x.dtype)
+        torch.sub(x, m32, out=tmp)  # rounded once to float32, centred
+        r = (float(torch.nansum(tmp)) if nan else float(tmp.sum())) / live
+        sq = float(torch.nansum(tmp * tmp)) if nan else float(torch.linalg.vector_norm(tmp)) ** 2
+        var = max(sq / live - r * r, 0.0) if count else 0.0
+        std = var ** 0.5
+        inv32 = torch.tensor(1.0 / std if 1e-12 < std < float("inf") else 1.0, dtype=torch.float32)
+        if out.dtype == torch.float32:
+            torch.mul(tmp, inv32, out=out[j])
+        else:
+            out[j].copy_(tmp.mul_(inv32))
+        # a float64 column's mean is its float64 sum's (exact to rounding); a float32 column's is
+        # corrected by the mean of its centred values (float32 sums drift on long columns)
+        mean = (float(m32) if x.dtype == torch.float64 else float(m32) + r) if count else 0.0
+        moments.append((count, mean, var))
+        affine.append((float(m32), 1.0 / float(inv32)))
     return moments, affine
+
+
+def _bool_codes(s: pl.Series, out: np.ndarray) -> None:
+    """A boolean column's codes into `out`: 0 null, 1 false, 2 true (unpacked from arrow's bits)."""
+    import pyarrow as pa
+
+    arr = s.rechunk().to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    if n == 0:
+        return
+    validity, bits = arr.buffers()[:2]
+
+    def unpack(buf) -> np.ndarray:
+        return np.unpackbits(np.frombuffer(buf, np.uint8), count=arr.offset + n, bitorder="little")[arr.offset :]
+
+    np.add(unpack(bits), 1, out=out, casting="unsafe")
+    if arr.null_count:
+        out[unpack(validity) == 0] = 0
+
+
+def _set_ids(row: np.ndarray, values: np.ndarray, shift: int) -> None:
+    """row = values - shift, in row's (unsigned) type: exact whenever the result fits it (the
+    arithmetic wraps modulo 2**bits on the way, as it does in any narrow integer type)."""
+    row[...] = values
+    if shift:
+        row -= row.dtype.type(shift % (1 << (8 * row.dtype.itemsize)))
 
 
 def _local_affine(mean: float, var: float) -> tuple[float, float]:
@@ -468,9 +511,9 @@ def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool) -> tupl
 
     # continuous: standardised with this split's own mean and std (NaN for null), stored column by column
     names = list(f.continuous)
-    x = torch.from_numpy(part.select(pl.col(c).cast(pl.Float32) for c in names).to_numpy(order="fortran").T) if names and n else torch.zeros((len(names), n))
-    moments, affine = _standardise(x, torch)
-    cont = x.to(torch.float16 if data.continuous_dtype == "float16" else torch.float32).numpy()
+    cont_t = torch.empty((len(names), n), dtype=torch.float16 if data.continuous_dtype == "float16" else torch.float32)
+    moments, affine = _standardise_into(part, names, cont_t, torch)
+    cont = cont_t.numpy()
     for c, (cnt, m, v) in zip(names, moments):
         stats["continuous"][c] = _moments(cnt, m, v * cnt)
 
@@ -486,13 +529,9 @@ def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool) -> tupl
     width = max([voc.size for voc in vocs] + ([2] if f.boolean else []) + [1])
     cat = np.empty((len(cats) + len(f.boolean), n), int_dtype(width))  # column by column
     for j, (_, values, shift) in enumerate(coded):
-        np.subtract(values, shift, out=cat[j], dtype=np.int64, casting="unsafe")
+        _set_ids(cat[j], values, shift)
     for j, b in enumerate(f.boolean, start=len(cats)):
-        col = part[b]
-        if col.null_count():
-            cat[j] = (col.cast(pl.UInt8) + 1).fill_null(0).to_numpy()
-        else:
-            np.add(col.to_numpy().view(np.uint8), 1, out=cat[j], casting="unsafe")
+        _bool_codes(part[b], cat[j])
     if with_stats:
         for j, (c, voc) in enumerate(zip(cats, vocs)):
             stats["categorical"][c] = _counts_of(cat[j], voc)
@@ -501,10 +540,14 @@ def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool) -> tupl
     t = data.target
     ts = part[t.column]
     if t.task == "classification":
-        vals = ts.drop_nulls()
-        voc, values, shift = _local_ids(ts, vals.min() if ts.dtype.is_integer() and n else None, vals.max() if ts.dtype.is_integer() and n else None)
-        target = np.empty(n, int_dtype(voc.size))
-        np.subtract(values, shift, out=target, dtype=np.int64, casting="unsafe")
+        if t.column in cats:  # also a feature: the same ids
+            j = cats.index(t.column)
+            voc, target = vocs[j], cat[j].astype(int_dtype(vocs[j].size))
+        else:
+            bounded = ts.dtype.is_integer() and n
+            voc, values, shift = _local_ids(ts, ts.min() if bounded else None, ts.max() if bounded else None)
+            target = np.empty(n, int_dtype(voc.size))
+            _set_ids(target, values, shift)
         tcode: LocalVocab | tuple[float, float] = voc
         if with_stats:
             stats["target"] = {"counts": _counts_of(target, voc)}

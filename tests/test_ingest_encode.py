@@ -185,3 +185,72 @@ def test_compact_keeps_every_value(tmp_path):
     assert ShardView(steady, 1, 0).order_of_rows(np.arange(6)).tolist() == [7, 8, 9, 0, 1, 2]
     gappy = compact({**base, "order": np.array([7, 8, 10, 0, 1, 2], np.int64)})
     assert "order_start" not in gappy and gappy["order"].tolist() == [7, 8, 10, 0, 1, 2]
+
+
+def _awkward_raw(folder, n_files=4, seqs=3, rows=40, seed=7):
+    """Files whose values differ per file (so each group's own codes differ from the data set's):
+    nulls and NaN in continuous columns, null booleans, null and unseen string categories, a narrow
+    and a wide integer categorical, an integer target that is also a feature, a large-offset column."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for j in range(n_files):
+        frames = []
+        for i in range(seqs):
+            n = rows
+            x = rng.normal(loc=j, size=n).astype(np.float32)
+            x[rng.random(n) < 0.1] = np.nan
+            frames.append(pl.DataFrame({
+                "seq": [f"f{j}s{i}"] * n,
+                "t": np.arange(n, dtype=np.int64) * 3,  # not consecutive: stored per row
+                "x": pl.Series(x).to_list(),
+                "far": (1e6 + rng.normal(scale=0.01, size=n)),  # far from zero, tiny spread
+                "count": rng.integers(0, 5 + j, size=n, dtype=np.int32),  # continuous from integers
+                "flag": [None if v < 0.1 else bool(v > 0.5) for v in rng.random(n)],
+                "kind": [None if v < 0.05 else f"k{int(v * (3 + j))}" for v in rng.random(n)],
+                "small": rng.integers(-3 + j, 4 + j, size=n, dtype=np.int8),
+                "wide": rng.choice(np.array([10**6, 10**6 + 70_000 * (j + 1), -5, 123_456], dtype=np.int64), size=n),
+                "act": rng.integers(100 * j, 100 * j + 30, size=n, dtype=np.int16),
+            }))
+        pl.concat(frames).with_columns(pl.col("x").cast(pl.Float32)).write_parquet(folder / f"w-{j:02d}.parquet")
+
+
+@pytest.mark.parametrize("dtype,task", [("float16", "classification"), ("float32", "regression")])
+def test_one_pass_shards_equal_the_direct_encoding(tmp_path, dtype, task):
+    """The encode reads each group once and stores it in the group's own codes; mapped to the data
+    set's encoding (as readers do), every shard equals encoding its rows directly with the fitted
+    spec: categorical ids, booleans and the target exactly, continuous values to within one
+    rounding of the stored type."""
+    _awkward_raw(tmp_path / "raw")
+    target = {"column": "act", "task": "classification"} if task == "classification" else {"column": "far", "task": "regression"}
+    cfg = validate_config(tiny_config(
+        str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"),
+        **{"data.features": {"continuous": ["x", "far", "count"], "boolean": ["flag"], "categorical": ["kind", "small", "wide", "act"]},
+           "data.target": target, "data.files_per_group": 1, "data.continuous_dtype": dtype,
+           "data.split.fractions": {"train": 0.5, "validation": 0.25, "test": 0.25}}))
+    snap, spec, out_dir, manifest = encode_all(cfg)
+    assert len({json.dumps(s.local.model_dump(), sort_keys=True) for s in manifest.shards}) == len(manifest.shards)  # codes differ per shard
+    raw = pl.concat([prepare(pl.read_parquet(f.uri), "seq", "t", f.uri) for f in snap.files])
+    tol = 2e-3 if dtype == "float16" else 1e-5
+    checked = 0
+    for info in manifest.shards:
+        got = shard_arrays(manifest, out_dir, info)
+        keys = pl.read_parquet(f"{out_dir}/{info.keys_path}")["sequence"].to_list()
+        rows = raw.filter(pl.col("__seq").is_in(keys))
+        want, want_keys = encode_frame(rows, spec)
+        assert want_keys == keys
+        assert np.array_equal(got["offsets"], want["offsets"])
+        assert np.array_equal(got["order"], want["order"])
+        assert np.array_equal(got["cat"], want["cat"]), info.path
+        assert got["cat"].dtype == want["cat"].dtype
+        if task == "classification":
+            assert np.array_equal(got["target"], want["target"])
+        else:
+            assert np.allclose(got["target"], want["target"], atol=1e-4)
+        err = np.abs(got["cont"].astype(np.float64) - want["cont"].astype(np.float64))
+        scale = np.maximum(1.0, np.abs(want["cont"].astype(np.float64)))
+        assert (err / scale).max() <= tol, (info.path, float((err / scale).max()))
+        assert got["cont"].dtype == want["cont"].dtype
+        checked += len(keys)
+    assert checked == 12
+    # unseen categories in validation/test map to 0, never to another class's id
+    assert 0 in np.concatenate([shard_arrays(manifest, out_dir, s)["cat"][:, 0] for s in manifest.shards])
