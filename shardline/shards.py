@@ -43,19 +43,19 @@ CODECS = ("lz4", "zstd")  # how a stored shard may be compressed (pyarrow's code
 ZSTD_LEVEL = 1  # higher levels barely shrink encoded frames further
 
 
-def compress_bytes(data, codec: str = "zstd") -> bytes:
+def compress_bytes(data, codec: str) -> bytes:
     import pyarrow as pa
 
     return (pa.Codec("zstd", ZSTD_LEVEL) if codec == "zstd" else pa.Codec(codec)).compress(data, asbytes=True)
 
 
-def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int, codec: str = "zstd") -> None:
+def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int, codec: str) -> None:
     out = unpack_bytes(Path(src).read_bytes(), raw_bytes, str(src), codec)
     with open(dest, "wb") as f:
         f.write(out)
 
 
-def unpack_bytes(data: bytes, raw_bytes: int, what: str, codec: str = "zstd") -> bytes:
+def unpack_bytes(data: bytes, raw_bytes: int, what: str, codec: str) -> bytes:
     import pyarrow as pa
 
     if codec not in CODECS:

@@ -62,7 +62,7 @@ def test_new_raw_file_is_ingested_encoded_and_trained_on(setup, prefect_api):
 
 def test_deleted_shard_is_rebuilt(setup, prefect_api):
     tmp_path, cfg, first = setup
-    shard = sorted(Path(first["manifest"]).parent.glob("*.bin.zst"))[0]  # stored compressed
+    shard = sorted(Path(first["manifest"]).parent.glob("*.bin.lz4"))[0]  # stored compressed
     original = shard.read_bytes()
     shard.unlink()
     second = run(cfg)

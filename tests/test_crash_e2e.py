@@ -109,10 +109,10 @@ def test_killed_during_encode_leaves_nothing_a_rerun_trusts(tmp_path):
     killed, clean = write_config(tmp_path, "killed", **over), write_config(tmp_path, "clean", **over)
 
     proc = start(killed)
-    kill_when(proc, lambda: len(list((tmp_path / "killed").glob("datasets/*/*.bin.zst"))) >= 3)
+    kill_when(proc, lambda: len(list((tmp_path / "killed").glob("datasets/*/*.bin.lz4"))) >= 3)
     datasets = list((tmp_path / "killed").glob("datasets/*"))
     assert not list((tmp_path / "killed").glob("datasets/*/manifest.json")), "the kill came after encoding: nothing was tested"
-    assert len(list(datasets[0].glob("*.bin.zst"))) < 40 * 3
+    assert len(list(datasets[0].glob("*.bin.lz4"))) < 40 * 3
 
     finish(killed)
     finish(clean)
