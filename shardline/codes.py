@@ -21,8 +21,7 @@ import warnings
 import numpy as np
 
 from shardline.manifest import ArraySpec, EncodingSpec, LocalCodes, LocalVocab, ShardInfo
-
-ALIGN = 64
+from shardline.shards import layout
 
 
 def int_dtype(max_value: int) -> np.dtype:
@@ -31,17 +30,6 @@ def int_dtype(max_value: int) -> np.dtype:
         if max_value <= np.iinfo(dt).max:
             return np.dtype(dt)
     return np.dtype(np.int64)
-
-
-def layout(arrays: dict[str, tuple[str, list[int]]]) -> tuple[int, dict[str, ArraySpec]]:
-    """Byte offsets of named arrays laid end to end, each 64-byte aligned: (total size, specs)."""
-    specs: dict[str, ArraySpec] = {}
-    offset = 0
-    for name, (dtype, shape) in arrays.items():
-        offset += (-offset) % ALIGN
-        specs[name] = ArraySpec(dtype=dtype, shape=list(shape), offset=offset)
-        offset += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    return offset, specs
 
 
 class Globaliser:

@@ -22,7 +22,8 @@ import polars as pl
 
 from shardline.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.codes import int_dtype
-from shardline.manifest import ContinuousStat, EncodingSpec, LocalCodes, LocalVocab, TargetSpec, Vocabulary
+from shardline.manifest import ArraySpec, ContinuousStat, EncodingSpec, LocalCodes, LocalVocab, TargetSpec, Vocabulary
+from shardline.shards import allocate
 
 SEQ = "__seq"
 ORDER = "__order"
@@ -492,13 +493,26 @@ def _local_affine(mean: float, var: float) -> tuple[float, float]:
     return (mean if mean == mean else 0.0), (std if 1e-12 < std < float("inf") else 1.0)
 
 
-def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool) -> tuple[dict[str, np.ndarray], list[str], LocalCodes, dict | None]:
-    """One split of one group (sorted: see `split_frames`) -> (shard arrays in the group's own
-    codes, segment keys, the codes, and with `with_stats` the rows' training statistics).
+def order_arrays(order: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
+    """How a shard stores its rows' order: an `order` that counts up by one inside each sequence
+    (frame numbers, row numbers) as each sequence's first value (`order_start`), else per row."""
+    if len(order):
+        step = np.diff(order) == 1
+        step[offsets[1:-1] - 1] = True  # a new sequence may start anywhere
+        if step.all():
+            return {"order_start": order[offsets[:-1]].astype(np.int64)}
+    return {"order": order}
 
-    The continuous and categorical arrays are stored column by column (`cont_cols` [columns, rows],
-    `cat_cols`): that is how the columns arrive, it compresses to about half the size of rows, and
-    readers lay them out as rows while mapping the codes (`shardline/codes.py`)."""
+
+def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool) -> tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray], list[str], LocalCodes, dict | None]:
+    """One split of one group (sorted: see `split_frames`) -> its shard file's bytes in the group's
+    own codes, their layout, views of the arrays, the segment keys, the codes, and with
+    `with_stats` the rows' training statistics.
+
+    The arrays are written in place into the shard file's buffer (`shards.allocate`): the
+    continuous and categorical ones column by column (`cont_cols` [columns, rows], `cat_cols`):
+    that is how the columns arrive, it compresses to about half the size of rows, and readers lay
+    them out as rows while mapping the codes (`shardline/codes.py`)."""
     import torch
 
     n = part.height
@@ -509,15 +523,7 @@ def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool) -> tupl
     offsets = np.append(starts, n).astype(np.int64)
     stats: dict[str, Any] = {"rows": n, "continuous": {}, "categorical": {}, "target": {}}
 
-    # continuous: standardised with this split's own mean and std (NaN for null), stored column by column
-    names = list(f.continuous)
-    cont_t = torch.empty((len(names), n), dtype=torch.float16 if data.continuous_dtype == "float16" else torch.float32)
-    moments, affine = _standardise_into(part, names, cont_t, torch)
-    cont = cont_t.numpy()
-    for c, (cnt, m, v) in zip(names, moments):
-        stats["continuous"][c] = _moments(cnt, m, v * cnt)
-
-    # categorical: this split's own ids; booleans: 0 null, 1 false, 2 true
+    # categorical ids first (their widths size the file): this split's own ids; booleans: 0 null, 1 false, 2 true
     cats = list(f.categorical)
     schema = part.schema
     ints = [c for c in cats if schema[c].is_integer()]
@@ -527,7 +533,45 @@ def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool) -> tupl
     coded = [_local_ids(part[c], lo.get(c), hi.get(c)) for c in cats]
     vocs = [voc for voc, _, _ in coded]
     width = max([voc.size for voc in vocs] + ([2] if f.boolean else []) + [1])
-    cat = np.empty((len(cats) + len(f.boolean), n), int_dtype(width))  # column by column
+
+    # the target: a class id in this split's own ids, or a value standardised with its own mean and std
+    t = data.target
+    ts = part[t.column]
+    tvalues = None
+    if t.task == "classification":
+        if t.column in cats:  # also a feature: the same ids
+            tvoc, tvalues, tshift = vocs[cats.index(t.column)], None, None
+        else:
+            bounded = ts.dtype.is_integer() and n
+            tvoc, tvalues, tshift = _local_ids(ts, ts.min() if bounded else None, ts.max() if bounded else None)
+        tcode: LocalVocab | tuple[float, float] = tvoc
+        tdtype = int_dtype(tvoc.size)
+    else:
+        y = ts.cast(pl.Float64)
+        m, v = float(y.mean() or 0.0), float(y.var(ddof=0) or 0.0)
+        tcode = _local_affine(m, v)
+        stats["target"] = _moments(n, m, v * n)
+        tdtype = np.dtype(np.float32)
+
+    order = order_arrays(part[ORDER].to_numpy().astype(np.int64, copy=False), offsets)
+    small = {**order, "offsets": offsets} if "order" in order else {"offsets": offsets, **order}
+    names = list(f.continuous)
+    cont_dtype = np.dtype(np.float16 if data.continuous_dtype == "float16" else np.float32)
+    buf, specs, arrays = allocate({
+        "cont_cols": (cont_dtype, (len(names), n)),
+        "cat_cols": (int_dtype(width), (len(cats) + len(f.boolean), n)),
+        "target": (tdtype, (n,)),
+        **{k: (a.dtype, a.shape) for k, a in small.items()},
+    })
+    for k, a in small.items():
+        arrays[k][...] = a
+
+    # continuous: standardised with this split's own mean and std (NaN for null), straight into the file
+    moments, affine = _standardise_into(part, names, torch.from_numpy(arrays["cont_cols"]), torch)
+    for c, (cnt, m, v) in zip(names, moments):
+        stats["continuous"][c] = _moments(cnt, m, v * cnt)
+
+    cat = arrays["cat_cols"]
     for j, (_, values, shift) in enumerate(coded):
         _set_ids(cat[j], values, shift)
     for j, b in enumerate(f.boolean, start=len(cats)):
@@ -536,27 +580,15 @@ def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool) -> tupl
         for j, (c, voc) in enumerate(zip(cats, vocs)):
             stats["categorical"][c] = _counts_of(cat[j], voc)
 
-    # target: a class id in this split's own ids, or a value standardised with its own mean and std
-    t = data.target
-    ts = part[t.column]
+    target = arrays["target"]
     if t.task == "classification":
-        if t.column in cats:  # also a feature: the same ids
-            j = cats.index(t.column)
-            voc, target = vocs[j], cat[j].astype(int_dtype(vocs[j].size))
+        if tvalues is None:
+            target[...] = cat[cats.index(t.column)]
         else:
-            bounded = ts.dtype.is_integer() and n
-            voc, values, shift = _local_ids(ts, ts.min() if bounded else None, ts.max() if bounded else None)
-            target = np.empty(n, int_dtype(voc.size))
-            _set_ids(target, values, shift)
-        tcode: LocalVocab | tuple[float, float] = voc
+            _set_ids(target, tvalues, tshift)
         if with_stats:
-            stats["target"] = {"counts": _counts_of(target, voc)}
+            stats["target"] = {"counts": _counts_of(target, tvoc)}
     else:
-        y = ts.cast(pl.Float64)
-        m, v = float(y.mean() or 0.0), float(y.var(ddof=0) or 0.0)
-        tcode = _local_affine(m, v)
-        target = ((y - tcode[0]) / tcode[1]).cast(pl.Float32).to_numpy()
-        stats["target"] = _moments(n, m, v * n)
-    arrays = {"cont_cols": cont, "cat_cols": cat, "target": target, "order": part[ORDER].to_numpy().astype(np.int64), "offsets": offsets}
+        target[...] = ((y - tcode[0]) / tcode[1]).cast(pl.Float32).to_numpy()
     codes = LocalCodes(cont=affine, cat=vocs, target=tcode)
-    return arrays, keys, codes, (stats if with_stats else None)
+    return buf, specs, arrays, keys, codes, (stats if with_stats else None)

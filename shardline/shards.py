@@ -16,19 +16,40 @@ from shardline.manifest import ArraySpec
 ALIGN = 64
 
 
-def pack_bytes(arrays: dict[str, np.ndarray]) -> tuple[memoryview, dict[str, ArraySpec]]:
-    """The shard file's bytes, built in memory (one copy of each array), and its layout."""
+def layout(arrays: dict[str, tuple[str, list[int]]]) -> tuple[int, dict[str, ArraySpec]]:
+    """Byte offsets of named arrays laid end to end, each 64-byte aligned: (total size, specs)."""
     specs: dict[str, ArraySpec] = {}
     offset = 0
-    for name, arr in arrays.items():
+    for name, (dtype, shape) in arrays.items():
         offset += (-offset) % ALIGN
-        specs[name] = ArraySpec(dtype=arr.dtype.str, shape=list(arr.shape), offset=offset)
-        offset += arr.nbytes
-    buf = np.zeros(offset, dtype=np.uint8)
+        specs[name] = ArraySpec(dtype=np.dtype(dtype).str, shape=[int(d) for d in shape], offset=offset)
+        offset += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return offset, specs
+
+
+def allocate(arrays: dict[str, tuple[str, list[int]]]) -> tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray]]:
+    """A shard file's buffer, its layout and a writable view of each array in it: an encoder fills
+    the arrays in place, so the file's bytes exist once, never copied into a file image afterwards.
+    The padding between arrays is zeroed (deterministic files); the arrays are left for the caller."""
+    size, specs = layout(arrays)
+    buf = np.empty(size, dtype=np.uint8)
+    views: dict[str, np.ndarray] = {}
+    end = 0
+    for name, s in specs.items():
+        buf[end : s.offset] = 0
+        dt = np.dtype(s.dtype)
+        n = int(np.prod(s.shape, dtype=np.int64))
+        views[name] = buf[s.offset : s.offset + n * dt.itemsize].view(dt).reshape(s.shape)
+        end = s.offset + n * dt.itemsize
+    return memoryview(buf), specs, views
+
+
+def pack_bytes(arrays: dict[str, np.ndarray]) -> tuple[memoryview, dict[str, ArraySpec]]:
+    """The shard file's bytes, built in memory (one copy of each array), and its layout."""
+    buf, specs, views = allocate({name: (arr.dtype, arr.shape) for name, arr in arrays.items()})
     for name, arr in arrays.items():
-        if arr.nbytes:
-            buf[specs[name].offset : specs[name].offset + arr.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    return memoryview(buf), specs
+        views[name][...] = arr
+    return buf, specs
 
 
 def write_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, ArraySpec]:

@@ -15,9 +15,9 @@ from prefect.logging import get_run_logger
 
 from shardline import storage
 from shardline.config import SPLITS, DataConfig, stable_hash
-from shardline.encoding import DataError, contract, contract_hash, empty_stats, encode_local, fit_spec, prepare, split_frames
+from shardline.encoding import DataError, contract, contract_hash, empty_stats, encode_local, fit_spec, order_arrays, prepare, split_frames
 from shardline.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
-from shardline.shards import compress_bytes, pack_bytes, window_starts
+from shardline.shards import compress_bytes, window_starts
 
 ENCODER_VERSION = "3"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment; 3: one pass, own codes per shard)
 
@@ -123,11 +123,10 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: D
             part = parts.get(split)
             if part is None or part.height == 0:
                 continue
-            arrays, keys, codes, stats = encode_local(part, data, with_stats=split == "train")
+            # the file's bytes are built in memory, compressed there, written once (atomically)
+            raw, specs, arrays, keys, codes, stats = encode_local(part, data, with_stats=split == "train")
             train = stats if stats is not None else train
-            arrays = compact(arrays)
             name = f"g{group:05d}-{split}"
-            raw, specs = pack_bytes(arrays)  # built in memory, compressed there, written once (atomically)
             info = dict(
                 path=f"{name}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
                 compression=codec,
@@ -160,18 +159,9 @@ def _store(raw, codec: str | None, shard_uri: str, keys: list[str], keys_uri: st
 
 
 def compact(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The shard's arrays at their smallest without changing a value: an `order` that counts up by
-    one inside each sequence (frame numbers, row numbers) is stored once per sequence
-    (`order_start`) instead of once per row."""
-    out = dict(arrays)
-    order, offsets = arrays["order"], arrays["offsets"]
-    if len(order):
-        step = np.diff(order) == 1
-        step[offsets[1:-1] - 1] = True  # a new sequence may start anywhere
-        if step.all():
-            del out["order"]
-            out["order_start"] = order[offsets[:-1]].astype(np.int64)
-    return out
+    """The shard's arrays at their smallest without changing a value (see `order_arrays`)."""
+    out = {k: a for k, a in arrays.items() if k != "order"}
+    return {**out, **order_arrays(arrays["order"], arrays["offsets"])}
 
 
 def check_splits(windows: dict[str, int], data: DataConfig) -> None:
