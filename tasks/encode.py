@@ -15,7 +15,7 @@ from prefect.logging import get_run_logger
 
 from shardline import storage
 from shardline.config import SPLITS, DataConfig, stable_hash
-from shardline.encoding import DataError, contract, contract_hash, empty_stats, encode_local, fit_spec, order_arrays, prepare, split_frames
+from shardline.encoding import DataError, contract, contract_hash, empty_stats, encode_local, fit_spec, one_torch_thread, order_arrays, prepare, split_frames
 from shardline.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.shards import compress_bytes, window_starts
 
@@ -118,13 +118,13 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: D
     codec = None if data.shard_compression == "none" else data.shard_compression
     train = None
     pending = []
-    with ThreadPoolExecutor(1, thread_name_prefix="shardline-write") as writer:
+    with ThreadPoolExecutor(1, thread_name_prefix="shardline-write") as writer, one_torch_thread():
         for split in SPLITS:
-            part = parts.get(split)
-            if part is None or part.height == 0:
+            if split not in parts or parts[split][0].height == 0:
                 continue
+            part, *runs = parts[split]
             # the file's bytes are built in memory, compressed there, written once (atomically)
-            raw, specs, arrays, keys, codes, stats = encode_local(part, data, with_stats=split == "train")
+            raw, specs, arrays, keys, codes, stats = encode_local(part, data, split == "train", tuple(runs))
             train = stats if stats is not None else train
             name = f"g{group:05d}-{split}"
             info = dict(
@@ -142,7 +142,7 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: D
             pending.append((info, writer.submit(_store, raw, codec, storage.join(out_dir, info["path"]), keys, storage.join(out_dir, info["keys_path"]))))
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    rows = {s: int(parts[s].height) if s in parts else 0 for s in SPLITS}
+    rows = {s: int(parts[s][0].height) if s in parts else 0 for s in SPLITS}
     return EncodedGroup(shards=infos, train=train or empty_stats(data), rows=rows)
 
 

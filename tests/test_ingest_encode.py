@@ -254,3 +254,26 @@ def test_one_pass_shards_equal_the_direct_encoding(tmp_path, dtype, task):
     assert checked == 12
     # unseen categories in validation/test map to 0, never to another class's id
     assert 0 in np.concatenate([shard_arrays(manifest, out_dir, s)["cat"][:, 0] for s in manifest.shards])
+
+
+def test_encode_leaves_torch_threads_as_they_were(raw_dir, tmp_path):
+    """The encode runs torch single-threaded (its groups are its parallelism), then gives the
+    process its thread count back: training after an encode in the same process uses every core."""
+    import threading
+
+    import torch
+
+    from tasks.encode import encode_dataset
+
+    cfg = cfg_for(raw_dir, tmp_path)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        encode_dataset(snapshot_source(cfg.data), cfg.data, str(tmp_path / "enc"), threads=2)
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert torch.get_num_threads() == 3 and seen == [3]
+    finally:
+        torch.set_num_threads(before)
