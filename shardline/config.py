@@ -103,6 +103,10 @@ class DataConfig(_Strict):
         "zstd), zstd level 1 (about 20% smaller, for slow links to object storage), or none (a local store's shards are "
         "then memory-mapped in place); compressed shards are unpacked once into the local cache")
     files_per_group: int | None = Field(None, ge=1, description="fixed number of raw files per encode task instead of group_mb")
+    encode_workers: int | None = Field(
+        None, ge=1,
+        description="file groups encoded at once (each holds about 10x group_mb of memory while it runs); default: the "
+        "machine's CPU count. With a Dask or Ray task runner, set it to the cluster's worker count")
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:

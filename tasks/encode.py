@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import time
 
 import numpy as np
 import polars as pl
-from prefect import task, unmapped
+from prefect import task
 from prefect.logging import get_run_logger
 
 from shardline import storage
@@ -52,6 +53,7 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
     dumped = data.model_dump(mode="json")
     dumped.pop("source")  # where the files are listed from does not change what they hold
     dumped.pop("on_bad_file")
+    dumped.pop("encode_workers")  # how many groups run at once does not change a byte
     return stable_hash({"files": snapshot.fingerprint, "data": dumped, "encoder": ENCODER_VERSION})[:20]
 
 
@@ -241,7 +243,7 @@ def write_manifest(snapshot: Snapshot, groups: list[EncodedGroup], data: DataCon
 
 
 def _data_key(data: DataConfig) -> dict:
-    return data.model_dump(mode="json", exclude={"source", "on_bad_file", "files_per_group", "group_mb"})
+    return data.model_dump(mode="json", exclude={"source", "on_bad_file", "files_per_group", "group_mb", "encode_workers"})
 
 
 def shards_intact(infos: list[ShardInfo], out_dir: str) -> bool:
@@ -262,7 +264,8 @@ def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: boo
     log = get_run_logger()
     out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
     groups = file_groups(snapshot, data)
-    log.info("encode: %d file(s) in %d group(s) -> %s", len(snapshot.files), len(groups), out_dir)
+    workers = encode_workers(data)
+    log.info("encode: %d file(s) in %d group(s), %d at a time -> %s", len(snapshot.files), len(groups), workers, out_dir)
     code = ("tasks.encode",)
     enc_t = cached(
         encode_group, "encode", code,
@@ -274,21 +277,32 @@ def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: boo
         lambda i: (i["snapshot"].fingerprint, [[x.sha256 for x in g.shards] for g in i["groups"]], _data_key(i["data"]), i["out_dir"]),
         storage_root, validate=lambda uri: verify_manifest(uri) is not None, refresh=refresh,
     )
-    enc_futures = enc_t.map(groups, list(range(len(groups))), n_groups=len(groups), data=unmapped(data), out_dir=out_dir)
-    results = enc_futures.result()
+    # at most `workers` groups in flight: the encode's memory is bounded by the group size times
+    # that, not by the data set (a mapped task would start every group at once on a thread pool)
+    enc_futures = []
+    for i, g in enumerate(groups):
+        if len(enc_futures) >= workers:
+            enc_futures[len(enc_futures) - workers].wait()
+        enc_futures.append(enc_t.submit(g, i, n_groups=len(groups), data=data, out_dir=out_dir))
+    results = [f.result() for f in enc_futures]
     man_state = man_t(snapshot, results, data, out_dir, return_state=True)
     uri = man_state.result()
     ran = any(not f.state.name == "Cached" for f in enc_futures) or man_state.name != "Cached"
     return uri, ran
 
 
-def encode_dataset(snapshot: Snapshot, data: DataConfig, out_dir: str, threads: int = 2) -> str:
-    """The encode step without Prefect (benchmarks, scripts): the same per-group functions the mapped
-    tasks run, on a thread pool of `threads`. Returns the manifest URI."""
+def encode_workers(data: DataConfig) -> int:
+    """How many file groups are encoded at once: `data.encode_workers`, else the CPU count."""
+    return data.encode_workers or os.cpu_count() or 1
+
+
+def encode_dataset(snapshot: Snapshot, data: DataConfig, out_dir: str, threads: int | None = None) -> str:
+    """The encode step without Prefect (benchmarks, scripts): the same per-group functions the
+    tasks run, `threads` groups at once (default: `encode_workers`). Returns the manifest URI."""
     from concurrent.futures import ThreadPoolExecutor
 
     groups = file_groups(snapshot, data)
-    with ThreadPoolExecutor(max(1, threads)) as pool:
+    with ThreadPoolExecutor(max(1, threads or encode_workers(data))) as pool:
         results = list(pool.map(lambda ig: encode_group_to_shards(ig[1], ig[0], data, out_dir), enumerate(groups)))
     manifest = build_manifest(snapshot, results, data)
     uri = storage.join(out_dir, "manifest.json")
