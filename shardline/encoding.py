@@ -434,8 +434,10 @@ def _local_ids(s: pl.Series, lo, hi) -> tuple[LocalVocab, np.ndarray, int]:
             values = np.flatnonzero(present) + (lo - 1)
             return LocalVocab(size=len(values), values=[str(v) for v in values.tolist()]), ids[at], 0
     uniq = s.drop_nulls().unique().sort()
-    if s.dtype == pl.Utf8:
-        ids = s.cast(pl.Enum(uniq.to_list())).to_physical().cast(pl.Int64) + 1
+    if s.dtype == pl.Utf8:  # the sorted values' positions (an Enum's codes), id = position + 1
+        voc = LocalVocab(size=len(uniq), values=uniq.to_list())
+        pos = s.cast(pl.Enum(voc.values)).to_physical()
+        return voc, (pos.cast(pl.Int64).fill_null(-1) if s.null_count() else pos).to_numpy(), -1
     else:
         ids = s.replace_strict(uniq, pl.Series(np.arange(1, len(uniq) + 1, dtype=np.int64)), default=0, return_dtype=pl.Int64)
     return LocalVocab(size=len(uniq), values=uniq.cast(pl.Utf8).to_list()), ids.fill_null(0).to_numpy(), 0
@@ -522,9 +524,10 @@ def _bool_codes(s: pl.Series, out: np.ndarray) -> None:
 def _set_ids(row: np.ndarray, values: np.ndarray, shift: int) -> None:
     """row = values - shift, in row's (unsigned) type: exact whenever the result fits it (the
     arithmetic wraps modulo 2**bits on the way, as it does in any narrow integer type)."""
-    row[...] = values
+    u = row.view(np.dtype(f"u{row.dtype.itemsize}"))  # unsigned: wraps instead of overflowing
+    u[...] = values
     if shift:
-        row -= row.dtype.type(shift % (1 << (8 * row.dtype.itemsize)))
+        u -= u.dtype.type(shift % (1 << (8 * u.dtype.itemsize)))
 
 
 def _local_affine(mean: float, var: float) -> tuple[float, float]:

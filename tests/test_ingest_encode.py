@@ -313,3 +313,19 @@ def test_encode_flow_holds_at_most_encode_workers_groups_at_once(raw_dir, tmp_pa
     assert most <= workers
     if workers == 1:  # one at a time: each starts after the previous ended
         assert all(spans[i][0] >= spans[i - 1][1] for i in range(1, len(spans)))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.int64])
+def test_ids_set_in_any_row_type(dtype):
+    """id = value - shift in the shard's id type, for negative values and shifts too (an int16 row
+    holds a narrow column beside a wide one)."""
+    from shardline.encoding import _set_ids
+
+    rng = np.random.default_rng(0)
+    for src, shift in [(np.int8, -6), (np.int16, -101), (np.uint32, -1), (np.int64, 1000), (np.int64, 0)]:
+        hi = min(int(np.iinfo(src).max), shift + min(int(np.iinfo(dtype).max), 200))
+        values = rng.integers(max(shift, int(np.iinfo(src).min)), hi + 1, 50).astype(src)
+        ids = values.astype(np.int64) - shift
+        row = np.empty(50, dtype)
+        _set_ids(row, values, shift)
+        assert row.tolist() == ids.tolist(), (dtype, src, shift)
