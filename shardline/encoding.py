@@ -546,10 +546,10 @@ def order_arrays(order: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray
     return {"order": order}
 
 
-def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool, runs: tuple[np.ndarray, list[str]] | None = None) -> tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray], list[str], LocalCodes, dict | None]:
-    """One split of one group (sorted: see `split_frames`) -> its shard file's bytes in the group's
-    own codes, their layout, views of the arrays, the segment keys, the codes, and with
-    `with_stats` the rows' training statistics.
+def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool, runs: tuple[np.ndarray, list[str]]) -> tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray], list[str], LocalCodes, dict | None]:
+    """One split of one group and its segments' (first rows, keys), as `split_frames` gives them
+    -> its shard file's bytes in the group's own codes, their layout, views of the arrays, the
+    segment keys, the codes, and with `with_stats` the rows' training statistics.
 
     The arrays are written in place into the shard file's buffer (`shards.allocate`): the
     continuous and categorical ones column by column (`cont_cols` [columns, rows], `cat_cols`):
@@ -559,12 +559,7 @@ def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool, runs: t
 
     n = part.height
     f = data.features
-    if runs is None:
-        seq = part[SEQ]
-        starts = np.flatnonzero((seq != seq.shift(1)).fill_null(True).to_numpy()) if n else np.zeros(0, np.int64)
-        keys = seq.gather(starts).to_list() if n else []
-    else:
-        starts, keys = runs
+    starts, keys = runs
     offsets = np.append(starts, n).astype(np.int64)
     stats: dict[str, Any] = {"rows": n, "continuous": {}, "categorical": {}, "target": {}}
 
@@ -599,6 +594,7 @@ def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool, runs: t
         tdtype = np.dtype(np.float32)
 
     order = order_arrays(part[ORDER].to_numpy().astype(np.int64, copy=False), offsets)
+    # the small arrays in the order earlier encoders wrote them (same bytes, same checksums)
     small = {**order, "offsets": offsets} if "order" in order else {"offsets": offsets, **order}
     names = list(f.continuous)
     cont_dtype = np.dtype(np.float16 if data.continuous_dtype == "float16" else np.float32)

@@ -124,9 +124,9 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: D
         for split in SPLITS:
             if split not in parts or parts[split][0].height == 0:
                 continue
-            part, *runs = parts[split]
+            part, starts, keys = parts[split]
             # the file's bytes are built in memory, compressed there, written once (atomically)
-            raw, specs, arrays, keys, codes, stats = encode_local(part, data, split == "train", tuple(runs))
+            raw, specs, arrays, keys, codes, stats = encode_local(part, data, split == "train", (starts, keys))
             train = stats if stats is not None else train
             name = f"g{group:05d}-{split}"
             info = dict(
