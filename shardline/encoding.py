@@ -198,7 +198,7 @@ def _mean_std(parts: list[dict[str, float]]) -> tuple[float, float]:
 
 
 def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
-    """The data set's encoding from every group's training statistics (`encode_local`'s `stats`)."""
+    """The data set's encoding from every group's training statistics (`encode_splits`' `stats`)."""
     cont = []
     for c in data.features.continuous:
         mean, std = _mean_std([p["continuous"][c] for p in partials])
@@ -316,16 +316,18 @@ def _runs(df: pl.DataFrame) -> tuple[np.ndarray, list[str]] | None:
     n = df.height
     if n == 0:
         return np.zeros(0, np.int64), []
-    seq = df[SEQ]
-    change = (seq != seq.shift(1)).fill_null(True).to_numpy()
-    starts = np.flatnonzero(change)
-    keys = seq.gather(starts).to_list()
+    runs = df[SEQ].rle()
+    keys = runs.struct.field("value").to_list()
     if len(set(keys)) != len(keys):
         return None
-    order = df[ORDER].to_numpy()
-    if n > 1 and not ((np.diff(order) >= 0) | change[1:]).all():
-        return None
-    return starts.astype(np.int64), keys
+    lengths = runs.struct.field("len").to_numpy()
+    starts = (np.cumsum(lengths) - lengths).astype(np.int64)
+    if n > 1:
+        up = np.diff(df[ORDER].to_numpy()) >= 0
+        up[starts[1:] - 1] = True  # a new sequence may start anywhere
+        if not up.all():
+            return None
+    return starts, keys
 
 
 def _hash_labels(keys: list[str], data: DataConfig) -> np.ndarray:
@@ -339,15 +341,23 @@ def _hash_labels(keys: list[str], data: DataConfig) -> np.ndarray:
     return np.where(u < f_train, 0, np.where(u < f_train + f_val, 1, 2)).astype(np.int8)
 
 
-def split_frames(df: pl.DataFrame, data: DataConfig) -> dict[str, tuple[pl.DataFrame, np.ndarray, list[str]]]:
-    """A group's prepared rows per split, each with every sequence's rows contiguous and in order,
-    with the first row and the key of each sequence (the split's segments).
+Splits = dict[str, tuple[int, int, np.ndarray, list[str]]]
 
-    Sequences split by hash (the usual case) keep their rows where they are: a split is a few
-    zero-copy slices of the group when the files already hold each sequence's rows in order.
-    Otherwise the rows are labelled (`assign_split`), filtered and sorted."""
+
+def split_rows(df: pl.DataFrame, data: DataConfig) -> tuple[pl.DataFrame, Splits]:
+    """A group's prepared rows with each split's rows together (train, then validation, then test;
+    every sequence's rows contiguous and in order), and per split present: (first row, end row,
+    the first row of each of its sequences counted from the split's first row, their keys).
+
+    Sequences split by hash (the usual case) keep their rows where they are: the frame is a few
+    zero-copy slices of the group when the files already hold each sequence's rows in order, so
+    the rows are copied once, by the encode, straight into the shards. Otherwise the rows are
+    labelled (`assign_split`), filtered and sorted."""
     from shardline.config import SPLITS
 
+    pieces: list[pl.DataFrame] = []
+    splits: Splits = {}
+    at = 0
     if data.split.method == "hash" and data.sequence_key is not None:
         runs = _runs(df)
         if runs is None:
@@ -356,33 +366,37 @@ def split_frames(df: pl.DataFrame, data: DataConfig) -> dict[str, tuple[pl.DataF
         starts, keys = runs
         labels = _hash_labels(keys, data)
         ends = np.append(starts[1:], df.height).astype(np.int64)
-        out = {}
         lengths = ends - starts
         for i, name in enumerate(SPLITS):
             mine = labels == i
             if not mine.any():
                 continue
             picked = np.flatnonzero(mine)
-            runs_here = (np.concatenate([[0], np.cumsum(lengths[picked])[:-1]]).astype(np.int64), [keys[k] for k in picked])
+            rows = int(lengths[picked].sum())
             edge = np.diff(np.concatenate([[0], mine.astype(np.int8), [0]]))
             first, last = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1) - 1  # blocks of consecutive runs
             if len(first) <= MAX_SLICES:
-                frame = pl.concat([df.slice(int(starts[a]), int(ends[b] - starts[a])) for a, b in zip(first, last)], rechunk=False)
+                pieces += [df.slice(int(starts[a]), int(ends[b] - starts[a])) for a, b in zip(first, last)]
             else:
-                frame = df.filter(pl.Series(np.repeat(mine, lengths)))
-            out[name] = (frame, *runs_here)
-        return out
-    labelled = assign_split(df, data)
-    out = {}
-    for name in SPLITS:
-        part = labelled.filter(pl.col(SPLIT) == name).drop(SPLIT)
-        if part.height:
+                pieces.append(df.filter(pl.Series(np.repeat(mine, lengths))))
+            local = np.concatenate([[0], np.cumsum(lengths[picked])[:-1]]).astype(np.int64)
+            splits[name] = (at, at + rows, local, [keys[k] for k in picked])
+            at += rows
+    else:
+        labelled = assign_split(df, data)
+        for name in SPLITS:
+            part = labelled.filter(pl.col(SPLIT) == name).drop(SPLIT)
+            if not part.height:
+                continue
             runs = _runs(part)
             if runs is None:
                 part = part.sort([SEQ, ORDER], maintain_order=True)
                 runs = _runs(part)
-            out[name] = (part, *runs)
-    return out
+            pieces.append(part)
+            splits[name] = (at, at + part.height, *runs)
+            at += part.height
+    frame = pl.concat(pieces, rechunk=False) if pieces else df.clear()
+    return frame, splits
 
 
 _torch_lock = threading.Lock()
@@ -394,7 +408,7 @@ _torch_threads = 0
 def one_torch_thread():
     """Torch ops on this thread run single-threaded meanwhile. The encode's parallelism is its file
     groups: torch's own intra-op threads on top of them only spin against each other (measured:
-    encode_local 20-30% slower on 2 cores with them). torch keeps a thread count per thread, set
+    the encode 20-30% slower on 2 cores with them). torch keeps a thread count per thread, set
     from a process default that `set_num_threads` also changes: the default is restored for the
     threads that come later once no encode runs, and each thread restores its own on the way out."""
     import torch
@@ -433,13 +447,18 @@ def _local_ids(s: pl.Series, lo, hi) -> tuple[LocalVocab, np.ndarray, int]:
             ids = np.cumsum(present, dtype=np.int64)
             values = np.flatnonzero(present) + (lo - 1)
             return LocalVocab(size=len(values), values=[str(v) for v in values.tolist()]), ids[at], 0
-    uniq = s.drop_nulls().unique().sort()
     if s.dtype == pl.Utf8:  # the sorted values' positions (an Enum's codes), id = position + 1
+        runs = s.rle()  # text columns mostly hold runs (a stage, a team per sequence): code each run once
+        if 2 * len(runs) > len(s):
+            runs = None
+        vals = runs.struct.field("value") if runs is not None else s
+        uniq = vals.drop_nulls().unique().sort()
         voc = LocalVocab(size=len(uniq), values=uniq.to_list())
-        pos = s.cast(pl.Enum(voc.values)).to_physical()
-        return voc, (pos.cast(pl.Int64).fill_null(-1) if s.null_count() else pos).to_numpy(), -1
-    else:
-        ids = s.replace_strict(uniq, pl.Series(np.arange(1, len(uniq) + 1, dtype=np.int64)), default=0, return_dtype=pl.Int64)
+        pos = vals.cast(pl.Enum(voc.values)).to_physical()
+        pos = (pos.cast(pl.Int64).fill_null(-1) if vals.null_count() else pos).to_numpy()
+        return voc, (np.repeat(pos, runs.struct.field("len").to_numpy()) if runs is not None else pos), -1
+    uniq = s.drop_nulls().unique().sort()
+    ids = s.replace_strict(uniq, pl.Series(np.arange(1, len(uniq) + 1, dtype=np.int64)), default=0, return_dtype=pl.Int64)
     return LocalVocab(size=len(uniq), values=uniq.cast(pl.Utf8).to_list()), ids.fill_null(0).to_numpy(), 0
 
 
@@ -454,50 +473,66 @@ def _counts_of(ids: np.ndarray, voc: LocalVocab) -> dict[str, int]:
     return {texts[i]: int(counts[i]) for i in np.flatnonzero(counts)}
 
 
-def _numpy_of(s: pl.Series) -> np.ndarray:
-    """A writable contiguous numpy copy or view of a numeric series (nulls as NaN for floats)."""
-    x = s.to_numpy()
-    return x if x.flags.writeable and x.flags.c_contiguous else np.array(x)
+def _column_moments(x, nan: bool, torch) -> tuple[int, float, float]:
+    """(count, sum, sum of squares) over the non-NaN values of a centred float32 column."""
+    if nan:
+        count = int((~torch.isnan(x)).sum())
+        return count, float(torch.nansum(x)), float(torch.nansum(x * x))
+    return len(x), float(x.sum()), float(torch.linalg.vector_norm(x)) ** 2
 
 
-def _standardise_into(part: pl.DataFrame, names: list[str], out, torch) -> tuple[list[tuple[int, float, float]], list[tuple[float, float]]]:
-    """Standardise the continuous columns `names` of `part` with their own mean and std, one column
-    at a time into `out` [columns, rows] (float16 or float32; NaN kept: it stands for null). Returns
-    each column's (count, mean, variance) over its non-NaN values, and the (mean, std) the stored
-    values decode with: v * std + mean (the exact steps taken). Two passes over a column
-    that stays in cache (centre on a first mean, then the moments of the centred values), float32
-    sums in torch's cascades: no cancellation even for values far from zero, and one rounding to
-    the stored type."""
-    n = part.height
-    tmp = torch.empty(n, dtype=torch.float32)
+def _standardise_splits(frame: pl.DataFrame, names: list[str], outs: list[tuple[int, int, Any]], train: tuple[int, int] | None, torch) -> tuple[list[tuple[int, float, float]], list[tuple[float, float]]]:
+    """Standardise the continuous columns `names` of a group's rows with the group's own mean and
+    std, one column at a time, into each split's array: `outs` holds (first row, end row, the
+    split's array [columns, rows], float16 or float32); NaN is kept (it stands for null). Returns
+    each column's (count, mean, variance) over the non-NaN values of the `train` rows, and the
+    (mean, std) the stored values decode with: v * std + mean (the exact steps taken).
+
+    A column is copied once out of the read's chunks (`to_numpy`), centred in place on a first
+    mean and scaled straight into the splits' arrays: float32 sums in torch's cascades over a
+    column that stays in cache, then the moments of the centred values, so there is no
+    cancellation even for values far from zero, and one rounding to the stored type. Columns of
+    any other type are centred in float64 (a timestamp or a price far from zero keeps its spread).
+    One pass per column for the whole group: few calls, so two groups encode in parallel."""
+    n = frame.height
+    tmp = None
     moments, affine = [], []
     for j, c in enumerate(names):
-        s = part[c]
-        # float32 columns are centred in float32 (exact near the mean); any other type in float64,
-        # so that a column far from zero (timestamps, prices) keeps its spread
-        x = torch.from_numpy(_numpy_of(s if s.dtype == pl.Float32 else s.cast(pl.Float64)))
+        s = frame[c]
+        f32 = s.dtype == pl.Float32
+        a = (s if f32 else s.cast(pl.Float64)).to_numpy()
+        if not a.flags.writeable or not a.flags.c_contiguous:
+            a = np.array(a)
+        x = torch.from_numpy(a)
         total = float(x.sum())
         nan = total != total and bool(torch.isnan(x).any())
         count = int((~torch.isnan(x)).sum()) if nan else n
-        live = max(count, 1)
         if nan:
             total = float(torch.nansum(x))
-        m32 = torch.tensor(total / live, dtype=x.dtype)
-        torch.sub(x, m32, out=tmp)  # rounded once to float32, centred
-        r = (float(torch.nansum(tmp)) if nan else float(tmp.sum())) / live
-        sq = float(torch.nansum(tmp * tmp)) if nan else float(torch.linalg.vector_norm(tmp)) ** 2
-        var = max(sq / live - r * r, 0.0) if count else 0.0
-        std = var ** 0.5
-        inv32 = torch.tensor(1.0 / std if 1e-12 < std < float("inf") else 1.0, dtype=torch.float32)
-        if out.dtype == torch.float32:
-            torch.mul(tmp, inv32, out=out[j])
+        live = max(count, 1)
+        if f32:
+            m = float(np.float32(total / live))  # the float32 the column is centred on
+            xc = x.sub_(m)
         else:
-            out[j].copy_(tmp.mul_(inv32))
-        # a float64 column's mean is its float64 sum's (exact to rounding); a float32 column's is
-        # corrected by the mean of its centred values (float32 sums drift on long columns)
-        mean = (float(m32) if x.dtype == torch.float64 else float(m32) + r) if count else 0.0
-        moments.append((count, mean, var))
-        affine.append((float(m32), 1.0 / float(inv32)))
+            m = total / live
+            tmp = torch.empty(n, dtype=torch.float32) if tmp is None else tmp
+            xc = torch.sub(x, m, out=tmp)  # centred in float64, rounded once to float32
+        parts = [_column_moments(xc[a0:a1], nan, torch) for a0, a1, _ in outs]  # per split: no pass twice
+        r = sum(p[1] for p in parts) / live
+        var = max(sum(p[2] for p in parts) / live - r * r, 0.0) if count else 0.0
+        std = var ** 0.5
+        inv = float(np.float32(1.0 / std if 1e-12 < std < float("inf") else 1.0))
+        for a0, a1, out in outs:
+            torch.mul(xc[a0:a1], inv, out=out[j])
+        if train is not None:
+            tc, tr, tsq = parts[[a0 for a0, _, _ in outs].index(train[0])]
+            tr /= max(tc, 1)
+            # float32 columns: the mean corrected by the centred values' mean (float32 sums drift
+            # on long columns); any other column: the mean of its float64 values
+            tx = x[train[0] : train[1]]
+            tm = m + tr if f32 else float(torch.nansum(tx) if nan else tx.sum()) / max(tc, 1)
+            moments.append((tc, tm if tc else 0.0, max(tsq / max(tc, 1) - tr * tr, 0.0) if tc else 0.0))
+        affine.append((m, 1.0 / inv))
     return moments, affine
 
 
@@ -546,38 +581,42 @@ def order_arrays(order: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray
     return {"order": order}
 
 
-def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool, runs: tuple[np.ndarray, list[str]]) -> tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray], list[str], LocalCodes, dict | None]:
-    """One split of one group and its segments' (first rows, keys), as `split_frames` gives them
-    -> its shard file's bytes in the group's own codes, their layout, views of the arrays, the
-    segment keys, the codes, and with `with_stats` the rows' training statistics.
+Encoded = tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray], list[str], LocalCodes, dict | None]
 
-    The arrays are written in place into the shard file's buffer (`shards.allocate`): the
-    continuous and categorical ones column by column (`cont_cols` [columns, rows], `cat_cols`):
-    that is how the columns arrive, it compresses to about half the size of rows, and readers lay
-    them out as rows while mapping the codes (`shardline/codes.py`)."""
+
+def encode_splits(frame: pl.DataFrame, splits: Splits, data: DataConfig) -> dict[str, Encoded]:
+    """A group's rows and its splits, as `split_rows` gives them -> per split: its shard file's
+    bytes, their layout, views of the arrays, the segment keys, the codes, and for the training
+    split its rows' statistics.
+
+    The group has one set of own codes (a mean and std per continuous column, ids per categorical
+    column), shared by its shards: each column is coded once for the whole group and written in
+    place into every split's file buffer (`shards.allocate`), the continuous and categorical
+    arrays column by column (`cont_cols` [columns, rows], `cat_cols`): that is how the columns
+    arrive, it compresses to about half the size of rows, and readers lay them out as rows while
+    mapping the codes (`shardline/codes.py`). The statistics come from the training rows only."""
     import torch
 
-    n = part.height
+    n = frame.height
     f = data.features
-    starts, keys = runs
-    offsets = np.append(starts, n).astype(np.int64)
-    stats: dict[str, Any] = {"rows": n, "continuous": {}, "categorical": {}, "target": {}}
+    train = splits["train"][:2] if "train" in splits else None
 
-    # categorical ids first (their widths size the file): this split's own ids; booleans: 0 null, 1 false, 2 true
+    # categorical ids first (their widths size the files): the group's own ids; booleans: 0 null, 1 false, 2 true
     cats = list(f.categorical)
-    schema = part.schema
+    schema = frame.schema
     ints = [c for c in cats if schema[c].is_integer()]
-    bounds = part.select([pl.col(c).min().alias(f"lo{i}") for i, c in enumerate(ints)] + [pl.col(c).max().alias(f"hi{i}") for i, c in enumerate(ints)]).row(0) if ints and n else ()
+    bounds = frame.select([pl.col(c).min().alias(f"lo{i}") for i, c in enumerate(ints)] + [pl.col(c).max().alias(f"hi{i}") for i, c in enumerate(ints)]).row(0) if ints and n else ()
     lo = {c: bounds[i] for i, c in enumerate(ints)} if bounds else {}
     hi = {c: bounds[len(ints) + i] for i, c in enumerate(ints)} if bounds else {}
-    coded = [_local_ids(part[c], lo.get(c), hi.get(c)) for c in cats]
+    coded = [_local_ids(frame[c], lo.get(c), hi.get(c)) for c in cats]
     vocs = [voc for voc, _, _ in coded]
     width = max([voc.size for voc in vocs] + ([2] if f.boolean else []) + [1])
 
-    # the target: a class id in this split's own ids, or a value standardised with its own mean and std
+    # the target: a class id in the group's own ids, or a value standardised with its own mean and std
     t = data.target
-    ts = part[t.column]
+    ts = frame[t.column]
     tvalues = None
+    tstats: dict = {}
     if t.task == "classification":
         if t.column in cats:  # also a feature: the same ids
             tvoc, tvalues, tshift = vocs[cats.index(t.column)], None, None
@@ -588,48 +627,65 @@ def encode_local(part: pl.DataFrame, data: DataConfig, with_stats: bool, runs: t
         tdtype = int_dtype(tvoc.size)
     else:
         y = ts.cast(pl.Float64)
-        m, v = float(y.mean() or 0.0), float(y.var(ddof=0) or 0.0)
-        tcode = _local_affine(m, v)
-        stats["target"] = _moments(n, m, v * n)
+        tcode = _local_affine(float(y.mean() or 0.0), float(y.var(ddof=0) or 0.0))
+        if train is not None:
+            yt = y.slice(train[0], train[1] - train[0])
+            m, v = float(yt.mean() or 0.0), float(yt.var(ddof=0) or 0.0)
+            tstats = _moments(yt.len(), m, v * yt.len())
         tdtype = np.dtype(np.float32)
 
-    order = order_arrays(part[ORDER].to_numpy().astype(np.int64, copy=False), offsets)
-    # the small arrays in the order earlier encoders wrote them (same bytes, same checksums)
-    small = {**order, "offsets": offsets} if "order" in order else {"offsets": offsets, **order}
     names = list(f.continuous)
     cont_dtype = np.dtype(np.float16 if data.continuous_dtype == "float16" else np.float32)
-    buf, specs, arrays = allocate({
-        "cont_cols": (cont_dtype, (len(names), n)),
-        "cat_cols": (int_dtype(width), (len(cats) + len(f.boolean), n)),
-        "target": (tdtype, (n,)),
-        **{k: (a.dtype, a.shape) for k, a in small.items()},
-    })
-    for k, a in small.items():
-        arrays[k][...] = a
+    order = frame[ORDER].to_numpy().astype(np.int64, copy=False)
+    files: dict[str, tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray]]] = {}
+    for name, (a0, a1, starts, _) in splits.items():
+        offsets = np.append(starts, a1 - a0).astype(np.int64)
+        small = order_arrays(order[a0:a1], offsets)
+        # the small arrays in the order earlier encoders wrote them (same bytes, same checksums)
+        small = {**small, "offsets": offsets} if "order" in small else {"offsets": offsets, **small}
+        files[name] = allocate({
+            "cont_cols": (cont_dtype, (len(names), a1 - a0)),
+            "cat_cols": (int_dtype(width), (len(cats) + len(f.boolean), a1 - a0)),
+            "target": (tdtype, (a1 - a0,)),
+            **{k: (v.dtype, v.shape) for k, v in small.items()},
+        })
+        for k, v in small.items():
+            files[name][2][k][...] = v
+    rows = [(a0, a1, files[name][2]) for name, (a0, a1, _, _) in splits.items()]
 
-    # continuous: standardised with this split's own mean and std (NaN for null), straight into the file
-    moments, affine = _standardise_into(part, names, torch.from_numpy(arrays["cont_cols"]), torch)
+    # continuous: standardised with the group's own mean and std (NaN for null), straight into the files
+    moments, affine = _standardise_splits(frame, names, [(a0, a1, torch.from_numpy(arr["cont_cols"])) for a0, a1, arr in rows], train, torch)
+
+    stats: dict[str, Any] = {"rows": (train[1] - train[0]) if train else 0, "continuous": {}, "categorical": {}, "target": tstats}
     for c, (cnt, m, v) in zip(names, moments):
         stats["continuous"][c] = _moments(cnt, m, v * cnt)
-
-    cat = arrays["cat_cols"]
     for j, (_, values, shift) in enumerate(coded):
-        _set_ids(cat[j], values, shift)
-    for j, b in enumerate(f.boolean, start=len(cats)):
-        _bool_codes(part[b], cat[j])
-    if with_stats:
-        for j, (c, voc) in enumerate(zip(cats, vocs)):
-            stats["categorical"][c] = _counts_of(cat[j], voc)
-
-    target = arrays["target"]
+        for a0, a1, arr in rows:
+            _set_ids(arr["cat_cols"][j], values[a0:a1], shift)
+    if f.boolean:
+        codes_row = np.empty(n, np.uint8)
+        for j, b in enumerate(f.boolean, start=len(cats)):
+            _bool_codes(frame[b], codes_row)
+            for a0, a1, arr in rows:
+                arr["cat_cols"][j] = codes_row[a0:a1]
     if t.task == "classification":
-        if tvalues is None:
-            target[...] = cat[cats.index(t.column)]
-        else:
-            _set_ids(target, tvalues, tshift)
-        if with_stats:
-            stats["target"] = {"counts": _counts_of(target, tvoc)}
+        for a0, a1, arr in rows:
+            if tvalues is None:
+                arr["target"][...] = arr["cat_cols"][cats.index(t.column)]
+            else:
+                _set_ids(arr["target"], tvalues[a0:a1], tshift)
     else:
-        target[...] = ((y - tcode[0]) / tcode[1]).cast(pl.Float32).to_numpy()
+        yz = ((y - tcode[0]) / tcode[1]).cast(pl.Float32).to_numpy()
+        for a0, a1, arr in rows:
+            arr["target"][...] = yz[a0:a1]
+    if train is not None:
+        tarr = files["train"][2]
+        for j, (c, voc) in enumerate(zip(cats, vocs)):
+            stats["categorical"][c] = _counts_of(tarr["cat_cols"][j], voc)
+        if t.task == "classification":
+            stats["target"] = {"counts": _counts_of(tarr["target"], tvoc)}
     codes = LocalCodes(cont=affine, cat=vocs, target=tcode)
-    return buf, specs, arrays, keys, codes, (stats if with_stats else None)
+    return {
+        name: (buf, specs, arrays, keys, codes, stats if name == "train" else None)
+        for name, ((buf, specs, arrays), (_, _, _, keys)) in ((nm, (files[nm], splits[nm])) for nm in splits)
+    }

@@ -122,8 +122,9 @@ class LocalVocab(_Model):
 
 class LocalCodes(_Model):
     """How a shard's stored codes map to the data set's encoding (`EncodingSpec`): continuous columns
-    were standardised with this shard's own mean and std (nulls stored as NaN), categorical columns
-    and a class target hold this shard's own ids. Readers apply the map when they unpack a shard."""
+    were standardised with the own mean and std of the shard's file group (nulls stored as NaN),
+    categorical columns and a class target hold the group's own ids (a group's shards share its
+    codes). Readers apply the map when they unpack a shard."""
 
     cont: list[tuple[float, float]] = Field(description="(mean, std) per continuous column")
     cat: list[LocalVocab] = Field(description="per categorical column (booleans are fixed: 0 null, 1 false, 2 true)")

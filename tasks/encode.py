@@ -16,7 +16,7 @@ from prefect.logging import get_run_logger
 
 from shardline import storage
 from shardline.config import SPLITS, DataConfig, stable_hash
-from shardline.encoding import DataError, contract, contract_hash, empty_stats, encode_local, fit_spec, one_torch_thread, order_arrays, prepare, split_frames
+from shardline.encoding import DataError, contract, contract_hash, empty_stats, encode_splits, fit_spec, one_torch_thread, order_arrays, prepare, split_rows
 from shardline.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.shards import compress_bytes, window_starts
 
@@ -113,28 +113,30 @@ def read_group(files: list[RawFile] | list[str], data: DataConfig, columns: list
 def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: DataConfig, out_dir: str) -> EncodedGroup:
     """Encode one group of raw files, read once, into one shard per split under `out_dir` (each
     written atomically) in the group's own codes, and gather its training rows' statistics.
-    A writer thread compresses, hashes and stores each split's shard while the next one is encoded."""
+    A writer thread compresses, hashes and stores the shards (the largest first)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    parts = split_frames(read_group(files, data), data)
+    frame, splits = split_rows(read_group(files, data), data)
     codec = None if data.shard_compression == "none" else data.shard_compression
-    train = None
+    with one_torch_thread():
+        encoded = encode_splits(frame, splits, data)
+    del frame
+    train = encoded["train"][5] if "train" in encoded else None
     pending = []
-    with ThreadPoolExecutor(1, thread_name_prefix="shardline-write") as writer, one_torch_thread():
+    with ThreadPoolExecutor(1, thread_name_prefix="shardline-write") as writer:
         for split in SPLITS:
-            if split not in parts or parts[split][0].height == 0:
+            if split not in encoded:
                 continue
-            part, starts, keys = parts[split]
-            # the file's bytes are built in memory, compressed there, written once (atomically)
-            raw, specs, arrays, keys, codes, stats = encode_local(part, data, split == "train", (starts, keys))
-            train = stats if stats is not None else train
+            # the file's bytes were built in memory; compressed there, written once (atomically)
+            raw, specs, arrays, keys, codes, _ = encoded.pop(split)
             name = f"g{group:05d}-{split}"
+            a0, a1 = splits[split][:2]
             info = dict(
                 path=f"{name}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
                 compression=codec,
                 raw_bytes=len(raw),
                 split=split,
-                rows=int(part.height),
+                rows=a1 - a0,
                 segments=len(keys),
                 windows=int(len(window_starts(arrays["offsets"], data.window, data.effective_horizon))),
                 arrays=specs,
@@ -144,7 +146,7 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: D
             pending.append((info, writer.submit(_store, raw, codec, storage.join(out_dir, info["path"]), keys, storage.join(out_dir, info["keys_path"]))))
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    rows = {s: int(parts[s][0].height) if s in parts else 0 for s in SPLITS}
+    rows = {s: (splits[s][1] - splits[s][0]) if s in splits else 0 for s in SPLITS}
     return EncodedGroup(shards=infos, train=train or empty_stats(data), rows=rows)
 
 
