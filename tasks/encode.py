@@ -86,20 +86,20 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
 
     paths = [storage.local_path(u) for u in uris]
     by_file = data.sequence_key in (None, FILE_SEQUENCE) or data.order_by is None  # rows need their file's name
-    try:
+    name = pl.col("__file")
+    if by_file and paths != uris:
+        name = name.replace_strict(dict(zip(paths, uris)), return_dtype=pl.Utf8)
+    seq = name if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
+    order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file") if data.order_by is None else pl.col(data.order_by).to_physical().cast(pl.Int64)
+    try:  # `__seq` and `__order` made inside the scan's query: no second pass over the rows
         scan = pl.scan_parquet(paths, include_file_paths="__file") if by_file else pl.scan_parquet(paths)
-        df = scan.select([*(columns or data.raw_columns()), *(["__file"] if by_file else [])]).collect()
+        df = scan.select([*(columns or data.raw_columns()), seq.alias(SEQ), order.alias(ORDER)]).collect()
     except Exception:
         return None
-    if by_file and paths != uris:
-        df = df.with_columns(pl.col("__file").replace_strict(dict(zip(paths, uris)), return_dtype=pl.Utf8))
     for col in (data.target.column, data.sequence_key, data.order_by):
         if col and col != FILE_SEQUENCE and df[col].null_count():
             return None  # read file by file: the error names the file and the column
-    seq = pl.col("__file") if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
-    order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file") if data.order_by is None else pl.col(data.order_by).to_physical().cast(pl.Int64)
-    df = df.with_columns(seq.alias(SEQ), order.alias(ORDER))
-    return df.drop("__file") if by_file else df
+    return df
 
 
 def read_group(files: list[RawFile] | list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame:
