@@ -166,13 +166,22 @@ def read_arrays(path: str | Path, specs: dict[str, ArraySpec], mmap: bool = True
     return out
 
 
+def _window_counts(offsets: np.ndarray, window: int, horizon: int) -> np.ndarray:
+    lengths = np.diff(np.asarray(offsets, dtype=np.int64))
+    span = max(window + horizon, window)  # rows a window needs, target row included (horizon 0: target is the last row)
+    return np.maximum(lengths - span + 1, 0)
+
+
+def window_count(offsets: np.ndarray, window: int, horizon: int) -> int:
+    """How many windows `window_starts` finds, without listing them."""
+    return int(_window_counts(offsets, window, horizon).sum())
+
+
 def window_starts(offsets: np.ndarray, window: int, horizon: int) -> np.ndarray:
     """Start row of every window: K rows inside one segment, whose target row (start+K-1+horizon) is too."""
     offsets = np.asarray(offsets, dtype=np.int64)
+    counts = _window_counts(offsets, window, horizon)
     lengths = np.diff(offsets)
-    span = window + horizon  # rows a window needs, target row included (horizon 0: target is the last row)
-    span = max(span, window)
-    counts = np.maximum(lengths - span + 1, 0)
     if counts.sum() == 0:
         return np.zeros(0, dtype=np.int64)
     seg = np.repeat(np.arange(len(lengths)), counts)

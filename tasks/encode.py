@@ -18,7 +18,7 @@ from shardline import storage
 from shardline.config import SPLITS, DataConfig, stable_hash
 from shardline.encoding import DataError, contract, contract_hash, empty_stats, encode_splits, fit_spec, one_torch_thread, order_arrays, prepare, split_rows
 from shardline.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
-from shardline.shards import compress_bytes, window_starts
+from shardline.shards import compress_bytes, window_count
 
 ENCODER_VERSION = "3"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment; 3: one pass, own codes per shard)
 
@@ -138,7 +138,7 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: D
                 split=split,
                 rows=a1 - a0,
                 segments=len(keys),
-                windows=int(len(window_starts(arrays["offsets"], data.window, data.effective_horizon))),
+                windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
                 arrays=specs,
                 keys_path=f"{name}.keys.parquet",
                 local=codes,
