@@ -493,7 +493,7 @@ def _standardise_splits(frame: pl.DataFrame, names: list[str], outs: list[tuple[
     column that stays in cache, then the moments of the centred values, so there is no
     cancellation even for values far from zero, and one rounding to the stored type. Columns of
     any other type are centred in float64 (a timestamp or a price far from zero keeps its spread).
-    One pass per column for the whole group: few calls, so two groups encode in parallel."""
+    Each column is copied and centred once for the whole group, not once per split."""
     n = frame.height
     tmp = None
     moments, affine = [], []
@@ -685,7 +685,4 @@ def encode_splits(frame: pl.DataFrame, splits: Splits, data: DataConfig) -> dict
         if t.task == "classification":
             stats["target"] = {"counts": _counts_of(tarr["target"], tvoc)}
     codes = LocalCodes(cont=affine, cat=vocs, target=tcode)
-    return {
-        name: (buf, specs, arrays, keys, codes, stats if name == "train" else None)
-        for name, ((buf, specs, arrays), (_, _, _, keys)) in ((nm, (files[nm], splits[nm])) for nm in splits)
-    }
+    return {name: (*files[name], splits[name][3], codes, stats if name == "train" else None) for name in splits}

@@ -20,7 +20,7 @@ from shardline.encoding import DataError, contract, contract_hash, empty_stats, 
 from shardline.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.shards import compress_bytes, window_count
 
-ENCODER_VERSION = "3"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment; 3: one pass, own codes per shard)
+ENCODER_VERSION = "3"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment; 3: one pass, own codes per shard; since 2026-11-23 one set per group, same layout)
 
 
 MIN_GROUPS = 4  # small data sets still encode in parallel
@@ -113,7 +113,7 @@ def read_group(files: list[RawFile] | list[str], data: DataConfig, columns: list
 def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: DataConfig, out_dir: str) -> EncodedGroup:
     """Encode one group of raw files, read once, into one shard per split under `out_dir` (each
     written atomically) in the group's own codes, and gather its training rows' statistics.
-    A writer thread compresses, hashes and stores the shards (the largest first)."""
+    A writer thread compresses, hashes and stores the shards (train first)."""
     from concurrent.futures import ThreadPoolExecutor
 
     frame, splits = split_rows(read_group(files, data), data)
