@@ -64,10 +64,11 @@ CODECS = ("lz4", "zstd")  # how a stored shard may be compressed (pyarrow's code
 ZSTD_LEVEL = 1  # higher levels barely shrink encoded frames further
 
 
-def compress_bytes(data, codec: str) -> bytes:
+def compress_bytes(data, codec: str) -> memoryview:
+    """`data` compressed with `codec`: a view of pyarrow's buffer (no copy into a bytes object)."""
     import pyarrow as pa
 
-    return (pa.Codec("zstd", ZSTD_LEVEL) if codec == "zstd" else pa.Codec(codec)).compress(data, asbytes=True)
+    return memoryview((pa.Codec("zstd", ZSTD_LEVEL) if codec == "zstd" else pa.Codec(codec)).compress(data))
 
 
 def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int, codec: str) -> None:
