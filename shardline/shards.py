@@ -65,10 +65,12 @@ ZSTD_LEVEL = 1  # higher levels barely shrink encoded frames further
 
 
 def compress_bytes(data, codec: str) -> memoryview:
-    """`data` compressed with `codec`: a view of pyarrow's buffer (no copy into a bytes object)."""
+    """`data` compressed with `codec`: a view of pyarrow's buffer (no copy into a bytes object),
+    cut to the compressed size (the buffer's memory view spans its whole capacity)."""
     import pyarrow as pa
 
-    return memoryview((pa.Codec("zstd", ZSTD_LEVEL) if codec == "zstd" else pa.Codec(codec)).compress(data))
+    out = (pa.Codec("zstd", ZSTD_LEVEL) if codec == "zstd" else pa.Codec(codec)).compress(data)
+    return memoryview(out)[: out.size]
 
 
 def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int, codec: str) -> None:

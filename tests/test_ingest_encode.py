@@ -143,6 +143,28 @@ def test_range_split_follows_values(raw_dir, tmp_path):
     assert per_split == {"train": 6 * 60, "validation": 3 * 60, "test": 3 * 60}
 
 
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_stored_shards_hold_exactly_the_compressed_bytes(raw_dir, tmp_path, codec):
+    """A compressed shard's file is the codec's output and nothing more: the manifest's `bytes`,
+    smaller than the unpacked size, unpacking to exactly `raw_bytes` and byte for byte what the
+    codec makes of those (a compressed buffer's memory view spans its capacity, not its size:
+    writing that view would pad the file with whatever the capacity held)."""
+    import pyarrow as pa
+
+    from shardline.shards import ZSTD_LEVEL
+
+    cfg = cfg_for(raw_dir, tmp_path, **{"data.shard_compression": codec})
+    _, _, out_dir, manifest = encode_all(cfg)
+    make = pa.Codec(codec, ZSTD_LEVEL) if codec == "zstd" else pa.Codec(codec)
+    for info in manifest.shards:
+        stored = open(f"{out_dir}/{info.path}", "rb").read()
+        assert info.compression == codec and info.path.endswith({"lz4": ".lz4", "zstd": ".zst"}[codec])
+        assert len(stored) == info.bytes < info.raw_bytes
+        unpacked = pa.Codec(codec).decompress(stored, decompressed_size=info.raw_bytes, asbytes=True)
+        assert len(unpacked) == info.raw_bytes
+        assert stored == make.compress(unpacked, asbytes=True)
+
+
 def test_manifest_verification_rejects_missing_shard(raw_dir, tmp_path):
     from shardline import storage
 
