@@ -42,3 +42,25 @@ def test_data_bench_quick_prints_the_tables():
     verdicts = [cells[-1].strip("*") for name, cells in rows.items() if cells and cells[-1].strip("*") in ("PASS", "FAIL")]
     assert len(verdicts) >= 7, out.stdout
     assert re.search(r"memcpy bandwidth .*: [\d.]+ GB/s", out.stdout)
+
+
+def test_encode_ab_quick_compares_this_tree_with_a_commit():
+    """benchmarks/encode_ab.py against HEAD: both sides' encodes run (each in its own tree) and are
+    timed against the same polars floor; the temporary worktree is gone afterwards."""
+    def worktrees() -> str:
+        return subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True).stdout
+
+    before = worktrees()
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "encode_ab.py"), "HEAD", "--quick"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line.split("|")[2:] for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    assert set(rows) == {"side", "this tree", "HEAD"}, out.stdout
+    for side in ("this tree", "HEAD"):
+        ratio, median, seconds = (_numbers(c) for c in rows[side][:3])
+        # an encode reads the very files the floor reads, and then codes and writes them
+        assert ratio[0] > 1 and median[0] > 1 and seconds[0] > 0, (side, rows[side])
+    assert "this tree's encode takes" in out.stdout
+    assert worktrees() == before
