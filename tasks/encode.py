@@ -114,7 +114,7 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: D
     written atomically) in the group's own codes, and gather its training rows' statistics.
     One writer thread per shard compresses, hashes and stores it: the stores overlap, so the
     group waits for its largest shard's store, not for the sum of them (fsync waits included;
-    measured: the encode about 6% faster than with one writer, `benchmarks/data_bench.py`)."""
+    measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode speed")."""
     from concurrent.futures import ThreadPoolExecutor
 
     frame, splits = split_rows(read_group(files, data), data)
