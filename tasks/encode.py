@@ -156,13 +156,13 @@ def _store(raw, codec: str | None, shard_uri: str, keys: list[str], keys_uri: st
     stored = compress_bytes(raw, codec) if codec else raw
     out = {"bytes": len(stored), "sha256": hashlib.sha256(stored).hexdigest()}
     storage.write_bytes(shard_uri, stored)
-    keys_file = memoryview(keys_parquet(keys))
+    keys_file = keys_parquet(keys)
     out["keys_sha256"] = hashlib.sha256(keys_file).hexdigest()
     storage.write_bytes(keys_uri, keys_file)
     return out
 
 
-def keys_parquet(keys: list[str]):
+def keys_parquet(keys: list[str]) -> memoryview:
     """A shard's keys file: a parquet table (segment int64, sequence string), one row per segment.
     Written by pyarrow: ten times cheaper than polars for a table this small (0.1 ms against 1 ms)."""
     import pyarrow as pa
@@ -170,7 +170,8 @@ def keys_parquet(keys: list[str]):
 
     sink = pa.BufferOutputStream()
     pq.write_table(pa.table({"segment": pa.array(np.arange(len(keys), dtype=np.int64)), "sequence": pa.array(keys, pa.string())}), sink)
-    return sink.getvalue()
+    out = sink.getvalue()
+    return memoryview(out)[: out.size]  # the file's bytes only (see `compress_bytes`)
 
 
 def compact(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
