@@ -14,6 +14,8 @@ does not. Prints the geometric mean of each side's per-round ratios with its sta
 their medians, and the new side's speed-up. Same demo data as `data_bench.py` (400 games x 2,000
 frames by default, made once into benchmarks/.data/). The other commit must have `encode_dataset`.
 Against the same commit (an A/A run), 16 rounds read 1.016x: differences under ~5 % need more rounds.
+Read the two sides against each other: the ratios themselves run lower (~1.5x) than
+`data_bench.py`'s best of each side (~1.8x), whose floor is faster (README, Performance).
 """
 
 from __future__ import annotations
