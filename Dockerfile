@@ -9,8 +9,5 @@ WORKDIR /opt/shardline
 RUN pip install torch==2.13.0 --index-url ${TORCH_INDEX}
 COPY pyproject.toml constraints.txt README.md prefect.yaml ./
 COPY shardline shardline
-COPY flows flows
-COPY tasks tasks
-COPY trainer trainer
 COPY configs configs
 RUN pip install -e . -c constraints.txt

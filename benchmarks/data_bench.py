@@ -13,10 +13,10 @@ Everything is measured on the same machine in the same run; machines are shared 
 read the ratios. The timed loops run a few times, interleaved, and the best run counts (for the
 baselines too). It prints markdown tables and a PASS/FAIL per target; the exit code is 0 either way.
 
-- encode: `tasks.encode.encode_dataset` (the encode step's own per-group functions on 2 threads,
+- encode: `shardline.tasks.encode.encode_dataset` (the encode step's own per-group functions on 2 threads,
   no Prefect) against polars alone reading the same files and columns on the same 2 cores;
 - peak memory of the encode (a child process's peak RSS) at two or more scales, one group size;
-- loader: full shuffled epochs of the train split through `trainer.data.WindowLoader` with 0 and 2
+- loader: full shuffled epochs of the train split through `shardline.trainer.data.WindowLoader` with 0 and 2
   workers, against (a) the torch Dataset users start with (one raw parquet file read per window,
   a few batches only: it is that slow) and (b) the very same windows materialised in memory-mapped
   .npy arrays, warm in the page cache, one fancy index per array per batch (also with 0 and 2
@@ -64,7 +64,7 @@ def log(msg: str) -> None:
 
 
 def _write_game(args: tuple[int, int, int, str]) -> None:
-    from shardline.demo import _write_atomic, simulate_game
+    from shardline.app.demo_data import _write_atomic, simulate_game
 
     seed, i, frames, out = args
     path = Path(out) / f"game-{i:05d}.parquet"
@@ -88,7 +88,7 @@ def demo_source(games: int, frames: int, seed: int = 0) -> str:
 
 
 def load(config: str | None, overrides: list[str], source: str | None):
-    from shardline.config import load_config
+    from shardline.core.config import load_config
 
     base = [f"data.source={source}", "data.continuous_dtype=float16"] if source else []
     return load_config(config or DEMO, base + list(overrides))
@@ -96,8 +96,8 @@ def load(config: str | None, overrides: list[str], source: str | None):
 
 def snapshot(cfg, n_files: int | None):
     """The config's source, its first `n_files` files (sorted) when given."""
-    from shardline.manifest import Snapshot
-    from tasks.ingest import snapshot_source
+    from shardline.core.manifest import Snapshot
+    from shardline.tasks.ingest import snapshot_source
 
     snap = snapshot_source(cfg.data)
     if n_files is None or n_files >= len(snap.files):
@@ -178,7 +178,7 @@ def encode_vs_floor(cfg, snap, files: list[str], columns: list[str], work: Path)
 
 
 def encode_once(cfg, snap, out_dir: str) -> str:
-    from tasks.encode import encode_dataset
+    from shardline.tasks.encode import encode_dataset
 
     return encode_dataset(snap, cfg.data, out_dir, threads=THREADS)
 
@@ -187,7 +187,7 @@ def child_encode(args) -> None:
     """Hidden mode: encode the first --files files in this (child) process, print JSON with its memory."""
     cfg = load(args.config, args.set, args.source)
     snap = snapshot(cfg, args.files)
-    import tasks.encode as enc
+    import shardline.tasks.encode as enc
 
     groups = enc.file_groups(snap, cfg.data)
     before = rss_mb("VmRSS")
@@ -207,9 +207,9 @@ def child_encode(args) -> None:
 def map_seconds(manifest, folder: Path) -> float:
     """The work the one-pass encode leaves to readers: mapping every shard's own codes (all splits)
     to the data set's encoding, as the split pack build does once per machine (unpacked, in memory)."""
-    from shardline.codes import Globaliser
-    from shardline.shards import arrays_in
-    from shardline.storage import read_verified
+    from shardline.core.codes import Globaliser
+    from shardline.core.shards import arrays_in
+    from shardline.core.storage import read_verified
 
     glob = Globaliser(manifest.encoding)
     unpacked = [(read_verified(str(folder / s.path), s.sha256, s.compression, s.raw_bytes), s) for s in manifest.shards]
@@ -235,7 +235,7 @@ def encode_memory(args, source: str | None, n_files: int, overrides: list[str]) 
 
 def make_loader(data, batch: int, workers: int, seed: int = 0):
     """WindowLoader with `workers` (the argument may be missing on an older loader: then 0 workers only)."""
-    from trainer.data import WindowLoader
+    from shardline.trainer.data import WindowLoader
 
     if "num_workers" in inspect.signature(WindowLoader).parameters:
         return WindowLoader(data, batch, seed=seed, shuffle=True, num_workers=workers)
@@ -272,7 +272,7 @@ class Materialised:
     plain numpy, not through the loader's gather code, so the equality check below means something."""
 
     def __init__(self, data, folder: Path):
-        from shardline.shards import window_starts
+        from shardline.core.shards import window_starts
 
         folder.mkdir(parents=True, exist_ok=True)
         k, h = data.window, data.horizon
@@ -425,7 +425,7 @@ class NaiveDataset:
 
     def reference(self, i: int) -> tuple:
         """Window i encoded by the encoder's own `encode_frame`: the naive encoding must match it."""
-        from shardline.encoding import ORDER, SEQ, encode_frame, prepare
+        from shardline.core.encoding import ORDER, SEQ, encode_frame, prepare
 
         f = int(np.searchsorted(self.first, i, side="right") - 1)
         path = self.files[f]
@@ -476,9 +476,9 @@ def fmt_bytes(n: float) -> str:
 
 
 def run(args) -> None:
-    from shardline.manifest import Manifest
-    from shardline.storage import ShardCache
-    from trainer.data import open_split
+    from shardline.core.manifest import Manifest
+    from shardline.core.storage import ShardCache
+    from shardline.trainer.data import open_split
 
     source = demo_source(max([args.sequences, *args.scales]), args.frames) if args.config is None else None
     cfg = load(args.config, args.set, source)
@@ -510,7 +510,7 @@ def run(args) -> None:
         scales = sorted({min(max(1, s), len(files)) for s in args.scales})
         mem_over = list(args.set)
         if not cfg.data.files_per_group:
-            from tasks.encode import MIN_GROUPS
+            from shardline.tasks.encode import MIN_GROUPS
 
             smallest = sum(f.size for f in snap.files[: scales[0]])
             mem_over.append(f"data.group_mb={min(cfg.data.group_mb, smallest / MIN_GROUPS / 1e6):.6g}")
@@ -660,7 +660,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.scales is None:
         n = args.sequences
         if n is None:  # a config, all its files
-            from tasks.ingest import list_source
+            from shardline.tasks.ingest import list_source
 
             n = len(list_source(load(args.config, args.set, None).data.source))
         args.scales = [max(1, n // 4), n]

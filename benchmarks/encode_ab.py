@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/encode_ab.py HEAD --quick       # smoke run: 40 games x 500 frames, 2 rounds
 
 The other commit is checked out into a temporary git worktree (removed afterwards). One child
-process per side imports its own tree's `tasks.encode` and waits for orders; the parent runs
+process per side imports its own tree's `shardline.tasks.encode` and waits for orders; the parent runs
 them in alternating order, round after round, and each round times, inside the child, polars
 reading the files (the floor, as in `data_bench.py`) and right after it that side's
 `encode_dataset` on 2 threads. The ratio of the two, taken within the round, cancels the
@@ -40,15 +40,20 @@ sys.path[:0] = [root, os.path.join(root, "benchmarks")]
 os.environ.setdefault("POLARS_MAX_THREADS", "2")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 import polars as pl
-from shardline.config import load_config
-from tasks.encode import encode_dataset
-from tasks.ingest import snapshot_source
+try:  # the layered package (since 2026-11-23)
+    import shardline.tasks.encode as enc_mod
+    from shardline.core.config import load_config
+    from shardline.tasks.ingest import snapshot_source
+except ImportError:  # a commit from before the layers: top-level tasks/, the core in shardline/
+    import tasks.encode as enc_mod
+    from shardline.config import load_config
+    from tasks.ingest import snapshot_source
+encode_dataset = enc_mod.encode_dataset
 cfg = load_config(os.path.join(root, "shardline/configs/demo.yaml"), [f"data.source={data_root}/*.parquet", "data.continuous_dtype=float16"])
 snap = snapshot_source(cfg.data)
 files, cols = [f.uri for f in snap.files], cfg.data.raw_columns()
-import tasks.encode
-if not os.path.realpath(tasks.encode.__file__).startswith(os.path.realpath(root) + os.sep):
-    sys.exit(f"{root}: imported tasks.encode from {tasks.encode.__file__}, not from this tree")
+if not os.path.realpath(enc_mod.__file__).startswith(os.path.realpath(root) + os.sep):
+    sys.exit(f"{root}: imported {enc_mod.__name__} from {enc_mod.__file__}, not from this tree")
 print(json.dumps({"ready": len(files)}), flush=True)
 for line in sys.stdin:
     t = time.perf_counter(); pl.scan_parquet(files).select(cols).collect(); floor = time.perf_counter() - t

@@ -1,4 +1,4 @@
-"""Training on an encoded data set, as the training flow runs it (trainer.loop.fit), measured: step rate,
+"""Training on an encoded data set, as the training flow runs it (shardline.trainer.loop.fit), measured: step rate,
 how much of the wall time the loop waits for its next batch (the input-bound fraction), and whether a
 run preempted mid-epoch resumes to the weights of a run that never stopped. Prints a markdown table.
 
@@ -26,11 +26,11 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import trainer.loop as loop  # noqa: E402
-from shardline.config import load_config  # noqa: E402
-from shardline.manifest import Manifest  # noqa: E402
-from trainer.data import WindowLoader, open_split  # noqa: E402
-from trainer.models import model_spec  # noqa: E402
+import shardline.trainer.loop as loop  # noqa: E402
+from shardline.core.config import load_config  # noqa: E402
+from shardline.core.manifest import Manifest  # noqa: E402
+from shardline.trainer.data import WindowLoader, open_split  # noqa: E402
+from shardline.trainer.models import model_spec  # noqa: E402
 
 
 class TimedLoader(WindowLoader):

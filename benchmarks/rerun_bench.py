@@ -34,7 +34,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         args = ["demo", "--home", home, "--games", str(a.games), "--frames", str(a.frames), "--set", f"training.epochs={a.epochs}"]
         # the data generation is not part of the pipeline: make the data first, time the pipeline runs only
-        from shardline.demo import generate_demo
+        from shardline.app.demo_data import generate_demo
 
         raw = Path(home) / "data" / "raw"
         generate_demo(raw, n_games=a.games, frames=a.frames, seed=0)

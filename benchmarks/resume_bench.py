@@ -45,7 +45,7 @@ BATCH = 256
 
 
 def write_split(folder: Path, name: str, rows: int, seed: int) -> None:
-    from shardline.shards import write_arrays
+    from shardline.core.shards import write_arrays
 
     rng = np.random.default_rng(seed)
     rows = max(SEQ_ROWS, rows - rows % SEQ_ROWS)
@@ -61,9 +61,9 @@ def write_split(folder: Path, name: str, rows: int, seed: int) -> None:
 
 
 def open_splits(folder: Path):
-    from shardline.manifest import ArraySpec
-    from shardline.shards import read_arrays
-    from trainer.data import SplitData
+    from shardline.core.manifest import ArraySpec
+    from shardline.core.shards import read_arrays
+    from shardline.trainer.data import SplitData
 
     def split(name: str) -> SplitData:
         specs = {k: ArraySpec(**v) for k, v in json.loads((folder / f"{name}.json").read_text()).items()}
@@ -73,14 +73,14 @@ def open_splits(folder: Path):
 
 
 def spec() -> dict:
-    from shardline.config import ModelConfig
-    from trainer.models import model_spec
+    from shardline.core.config import ModelConfig
+    from shardline.trainer.models import model_spec
 
     return model_spec(ModelConfig(family="mlp", hidden=256, layers=2, dropout=0.1), N_CONT, CARDS, WINDOW, N_CLASSES)
 
 
 def training(**over):
-    from shardline.config import TrainingConfig
+    from shardline.core.config import TrainingConfig
 
     base = dict(epochs=1, batch_size=BATCH, lr=2e-3, warmup_steps=50, device="cpu", precision="fp32", seed=0,
                 checkpoint_every_steps=0, checkpoint_every_seconds=0, keep_checkpoints=2)
@@ -98,8 +98,8 @@ SKIP_STEPS = 10  # a fit's first steps are slow (allocation, warm-up): not what 
 
 
 def throughput(shards: Path, work: Path, steps: int, repeats: int) -> list[dict]:
-    from trainer.checkpoint import latest_checkpoint
-    from trainer.loop import fit
+    from shardline.trainer.checkpoint import latest_checkpoint
+    from shardline.trainer.loop import fit
 
     train, val = open_splits(shards)
     cadences = [("off (epoch ends only)", 0), ("every 200 steps (demo)", 200), ("every 50 steps", 50)]
@@ -171,7 +171,7 @@ class Trainee:
 
 
 def preemption(shards: Path, work: Path, cadences: list[tuple[str, dict, int]], kills: int, rng) -> list[dict]:
-    from trainer.checkpoint import latest_checkpoint
+    from shardline.trainer.checkpoint import latest_checkpoint
 
     rows = []
     for label, cadence, span in cadences:
@@ -202,7 +202,7 @@ def preemption(shards: Path, work: Path, cadences: list[tuple[str, dict, int]], 
 
 def child(job_path: str) -> int:
     """Train until killed, printing "step N" after each optimizer step (resumes whatever the folder holds)."""
-    from trainer.loop import fit
+    from shardline.trainer.loop import fit
 
     job = json.loads(Path(job_path).read_text())
     train, val = open_splits(Path(job["shards"]))

@@ -27,11 +27,11 @@ import torch
 
 torch.set_num_threads(1)  # the reference and every resumed process compute with the same thread count
 
-import trainer.loop as loop  # noqa: E402
-from shardline.config import TrainingConfig  # noqa: E402
-from shardline.manifest import ArraySpec  # noqa: E402
-from shardline.shards import read_arrays  # noqa: E402
-from trainer.data import SplitData  # noqa: E402
+import shardline.trainer.loop as loop  # noqa: E402
+from shardline.core.config import TrainingConfig  # noqa: E402
+from shardline.core.manifest import ArraySpec  # noqa: E402
+from shardline.core.shards import read_arrays  # noqa: E402
+from shardline.trainer.data import SplitData  # noqa: E402
 
 HOLD_SECONDS = 600  # the test kills a held process long before this
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from shardline.config import validate_config
+from shardline.core.config import validate_config
 from tests.conftest import make_raw, tiny_config
 
 pytestmark = pytest.mark.e2e
@@ -14,7 +14,7 @@ ALL_CACHED = {"ingest": "cached", "encode": "cached", "train": "cached", "evalua
 
 
 def run(cfg: dict, force=None) -> dict:
-    from flows.pipeline import pipeline
+    from shardline.flows.pipeline import pipeline
 
     return pipeline(validate_config(cfg), force=force)
 

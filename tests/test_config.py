@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from shardline.config import ConfigError, load_config
+from shardline.core.config import ConfigError, load_config
 from tests.conftest import tiny_config
 
 
@@ -83,8 +83,8 @@ def test_bad_set_syntax(tmp_path):
 
 
 def test_demo_config_declares_exactly_the_demo_columns():
-    from shardline.cli import DEMO_CONFIG
-    from shardline.demo import DEMO_BOOLEAN, DEMO_CATEGORICAL, DEMO_CONTINUOUS, DEMO_TARGET
+    from shardline.app.cli import DEMO_CONFIG
+    from shardline.app.demo_data import DEMO_BOOLEAN, DEMO_CATEGORICAL, DEMO_CONTINUOUS, DEMO_TARGET
 
     cfg = load_config(DEMO_CONFIG)
     assert cfg.data.features.continuous == DEMO_CONTINUOUS

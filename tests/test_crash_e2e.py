@@ -12,10 +12,10 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from shardline.encoding import contract  # noqa: F401  (import check: the package is importable)
-from tasks.encode import verify_manifest
+from shardline.core.encoding import contract  # noqa: F401  (import check: the package is importable)
+from shardline.tasks.encode import verify_manifest
 from tests.conftest import make_raw, tiny_config
-from trainer.checkpoint import load_checkpoint
+from shardline.trainer.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent / "shardline"

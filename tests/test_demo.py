@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shardline import demo
-from shardline.demo import (
+from shardline.app import demo_data as demo
+from shardline.app.demo_data import (
     DEMO_BOOLEAN,
     DEMO_CARDINALITY,
     DEMO_CATEGORICAL,

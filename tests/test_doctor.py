@@ -143,7 +143,7 @@ def test_doctor_on_the_cluster_runs_the_gpu_probe_on_the_gpu_pool(cluster):
 @pytest.mark.remote
 def test_doctor_names_a_pool_without_a_live_worker_and_does_not_wait_for_the_probe(cluster):
     cluster.prefect("work-pool", "create", "--type", "process", "idle-pool")
-    cluster.prefect("--no-prompt", "deploy", "flows/train.py:train", "--name", "idle", "--pool", "idle-pool")
+    cluster.prefect("--no-prompt", "deploy", "shardline/flows/train.py:train", "--name", "idle", "--pool", "idle-pool")
     out, rows = doctor(cluster_config(cluster, "store-doctor-idle", train_deployment="train/idle"), cluster.env, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr[-3000:]
     assert rows["train deployment"].startswith("PASS train/idle on pool idle-pool")

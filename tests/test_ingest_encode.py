@@ -4,14 +4,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from shardline.config import validate_config
-from shardline.encoding import DataError, encode_frame, prepare
-from shardline.manifest import Manifest
-from shardline.shards import read_arrays, window_starts
-from shardline.storage import fetch_verified
-from tasks.encode import build_manifest, dataset_id, encode_group_to_shards, file_groups, verify_manifest
-from shardline.codes import Globaliser
-from tasks.ingest import snapshot_source
+from shardline.core.config import validate_config
+from shardline.core.encoding import DataError, encode_frame, prepare
+from shardline.core.manifest import Manifest
+from shardline.core.shards import read_arrays, window_starts
+from shardline.core.storage import fetch_verified
+from shardline.tasks.encode import build_manifest, dataset_id, encode_group_to_shards, file_groups, verify_manifest
+from shardline.core.codes import Globaliser
+from shardline.tasks.ingest import snapshot_source
 from tests.conftest import make_raw, tiny_config
 
 
@@ -151,7 +151,7 @@ def test_stored_shards_hold_exactly_the_compressed_bytes(raw_dir, tmp_path, code
     writing that view would pad the file with whatever the capacity held)."""
     import pyarrow as pa
 
-    from shardline.shards import ZSTD_LEVEL
+    from shardline.core.shards import ZSTD_LEVEL
 
     cfg = cfg_for(raw_dir, tmp_path, **{"data.shard_compression": codec})
     _, _, out_dir, manifest = encode_all(cfg)
@@ -166,7 +166,7 @@ def test_stored_shards_hold_exactly_the_compressed_bytes(raw_dir, tmp_path, code
 
 
 def test_manifest_verification_rejects_missing_shard(raw_dir, tmp_path):
-    from shardline import storage
+    from shardline.core import storage
 
     cfg = cfg_for(raw_dir, tmp_path)
     _, _, out_dir, manifest = encode_all(cfg)
@@ -179,8 +179,8 @@ def test_manifest_verification_rejects_missing_shard(raw_dir, tmp_path):
 
 
 def test_training_refuses_shards_encoded_for_another_config(raw_dir, tmp_path):
-    from shardline import storage
-    from flows.train import load_manifest
+    from shardline.core import storage
+    from shardline.tasks.training_run import load_manifest
 
     cfg = cfg_for(raw_dir, tmp_path)
     _, _, out_dir, manifest = encode_all(cfg)
@@ -197,8 +197,8 @@ def test_training_refuses_shards_encoded_for_another_config(raw_dir, tmp_path):
 
 def test_compact_keeps_every_value(tmp_path):
     """`order` stored per sequence only when it counts up by one inside each sequence."""
-    from tasks.encode import compact
-    from trainer.data import ShardView
+    from shardline.tasks.encode import compact
+    from shardline.trainer.data import ShardView
 
     base = {"cont": np.zeros((6, 1), np.float32), "cat": np.zeros((6, 1), np.int8), "target": np.arange(6, dtype=np.uint8) % 5,
             "offsets": np.array([0, 3, 6], np.int64)}
@@ -289,7 +289,7 @@ def test_encode_leaves_torch_threads_as_they_were(raw_dir, tmp_path):
 
     import torch
 
-    from tasks.encode import encode_dataset
+    from shardline.tasks.encode import encode_dataset
 
     cfg = cfg_for(raw_dir, tmp_path)
     before = torch.get_num_threads()
@@ -313,7 +313,7 @@ def test_encode_flow_holds_at_most_encode_workers_groups_at_once(raw_dir, tmp_pa
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.utilities.asyncutils import run_coro_as_sync
 
-    from tasks.encode import encode
+    from shardline.tasks.encode import encode
 
     make_raw(raw_dir, n_seq=12, prefix="more", seed=3)
     cfg = cfg_for(raw_dir, tmp_path, **{"data.files_per_group": 1, "data.encode_workers": workers})
@@ -345,7 +345,7 @@ def test_encode_flow_holds_at_most_encode_workers_groups_at_once(raw_dir, tmp_pa
 def test_ids_set_in_any_row_type(dtype):
     """id = value - shift in the shard's id type, for negative values and shifts too (an int16 row
     holds a narrow column beside a wide one)."""
-    from shardline.encoding import _set_ids
+    from shardline.core.encoding import _set_ids
 
     rng = np.random.default_rng(0)
     for src, shift in [(np.int8, -6), (np.int16, -101), (np.uint32, -1), (np.int64, 1000), (np.int64, 0)]:

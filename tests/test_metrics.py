@@ -1,4 +1,4 @@
-"""Fast tests of shardline.metrics against hand-computed values."""
+"""Fast tests of shardline.core.metrics against hand-computed values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardline.metrics import (
+from shardline.core.metrics import (
     classification_metrics,
     format_metrics_table,
     majority_baseline_probs,

@@ -4,15 +4,15 @@ import polars as pl
 import pytest
 from mlflow import MlflowClient
 
-from shardline.config import validate_config
-from shardline.tracking import fluent_tracking_uri
+from shardline.core.config import validate_config
+from shardline.core.tracking import fluent_tracking_uri
 from tests.conftest import make_raw, tiny_config
 
 pytestmark = pytest.mark.e2e
 
 
 def run_pipeline(cfg_dict):
-    from flows.pipeline import pipeline
+    from shardline.flows.pipeline import pipeline
 
     return pipeline(validate_config(cfg_dict))
 

@@ -57,7 +57,7 @@ def reference(cluster):
 
 
 def final_weights(root: str):
-    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
 
     (runs,) = [p for p in _ls(root + "/runs")]
     uri, side = latest_checkpoint(f"s3://{runs}/checkpoints")
@@ -74,7 +74,7 @@ def test_deployment_run_trains_on_the_gpu_pool_registers_to_s3_and_reruns_cached
     import mlflow
     from mlflow import MlflowClient
 
-    from shardline.tracking import fluent_tracking_uri
+    from shardline.core.tracking import fluent_tracking_uri
 
     s3_env(monkeypatch, cluster)
     first = reference

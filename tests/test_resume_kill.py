@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import torch
 
-from shardline.config import ModelConfig
-from shardline.shards import write_arrays
-from trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from trainer.loop import PREEMPTED_EXIT_CODE, TIMING_KEYS
-from trainer.models import model_spec
+from shardline.core.config import ModelConfig
+from shardline.core.shards import write_arrays
+from shardline.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from shardline.trainer.loop import PREEMPTED_EXIT_CODE, TIMING_KEYS
+from shardline.trainer.models import model_spec
 
 CHILD = Path(__file__).with_name("_train_child.py")
 WINDOW, HORIZON = 4, 1

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from shardline.config import validate_config
+from shardline.core.config import validate_config
 from tests.conftest import make_raw, tiny_config
 from tests.test_ingest_encode import encode_all
 
@@ -50,8 +50,8 @@ def test_ingest_and_encode_from_s3(tmp_path, s3_endpoint):
 
 def test_shards_in_s3_are_verified_on_fetch(tmp_path, s3_endpoint, monkeypatch):
     import s3fs
-    from shardline import storage
-    from trainer.data import open_split
+    from shardline.core import storage
+    from shardline.trainer.data import open_split
 
     monkeypatch.setenv("SHARDLINE_CACHE", str(tmp_path / "cache"))
     fs = s3fs.S3FileSystem()
@@ -78,8 +78,8 @@ def test_a_split_larger_than_the_cache_streams_from_s3(tmp_path, s3_endpoint, mo
     import numpy as np
     import s3fs
     import torch
-    from shardline import storage
-    from trainer.data import WindowLoader, open_split
+    from shardline.core import storage
+    from shardline.trainer.data import WindowLoader, open_split
 
     fs = s3fs.S3FileSystem()
     fs.mkdir("big-bucket")

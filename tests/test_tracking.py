@@ -3,8 +3,8 @@ import os
 import socket
 import time
 
-from shardline.config import MlflowConfig
-from shardline.tracking import Tracker, tracking_uri
+from shardline.core.config import MlflowConfig
+from shardline.core.tracking import Tracker, tracking_uri
 
 
 def closed_port() -> int:
@@ -53,7 +53,7 @@ def test_sqlite_tracking_logs_and_resumes_the_same_run(tmp_path):
 def test_fluent_tracking_uri_is_put_back(tmp_path, monkeypatch):
     import mlflow
 
-    from shardline.tracking import fluent_tracking_uri
+    from shardline.core.tracking import fluent_tracking_uri
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'users.db'}")
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'users.db'}")

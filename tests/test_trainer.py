@@ -12,20 +12,20 @@ import numpy as np
 import pytest
 import torch
 
-from shardline.config import ModelConfig, TrainingConfig
-from shardline.manifest import ContinuousStat, EncodingSpec, Manifest, ShardInfo, TargetSpec, Vocabulary
-from shardline.shards import read_arrays, write_arrays
-from trainer.checkpoint import (
+from shardline.core.config import ModelConfig, TrainingConfig
+from shardline.core.manifest import ContinuousStat, EncodingSpec, Manifest, ShardInfo, TargetSpec, Vocabulary
+from shardline.core.shards import read_arrays, write_arrays
+from shardline.trainer.checkpoint import (
     best_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from trainer.data import LOADER_STATE_VERSION, SplitData, WindowLoader, open_split
-from trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
-from trainer.loop import Preempted, fit, load_model, predict
-from trainer.models import build_model, model_from_spec, model_spec
+from shardline.trainer.data import LOADER_STATE_VERSION, SplitData, WindowLoader, open_split
+from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
+from shardline.trainer.loop import Preempted, fit, load_model, predict
+from shardline.trainer.models import build_model, model_from_spec, model_spec
 
 K, H = 4, 1
 CARDS = [6, 4]  # ids 1..5 and 1..3; 0 = unseen
@@ -168,7 +168,7 @@ def test_open_split_reads_the_manifest_shards(tmp_path, monkeypatch):
     split = open_split(manifest, str(folder / "manifest.json"), "train")
     assert split.n_windows == manifest.windows["train"] == 26 + 36 + 21
     # the two shards are laid end to end in one split pack in the local cache, built once, then reused
-    from shardline.storage import ShardCache
+    from shardline.core.storage import ShardCache
 
     packs = [p for p in (tmp_path / "cache" / "objects").rglob("*") if p.is_file()]
     array_bytes = sum(a.nbytes for i, lengths in enumerate([[30, 40], [25]]) for a in make_arrays(i, lengths).values())
@@ -312,7 +312,7 @@ def test_models_rebuild_from_their_spec(family):
 
 
 def test_embeddings_of_one_width_share_a_table_and_v1_models_still_load():
-    from trainer.models import FrameEncoder, embedding_width
+    from shardline.trainer.models import FrameEncoder, embedding_width
 
     cards = [6, 4, 3, 3, 40, 5]  # widths 4, 3, 3, 3, 13, 4: three tables, not six
     torch.manual_seed(0)

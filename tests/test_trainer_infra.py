@@ -2,8 +2,8 @@
 
 import pytest
 
-from tasks.train import is_infrastructure_failure
-from trainer.loop import Preempted
+from shardline.tasks.train import is_infrastructure_failure
+from shardline.trainer.loop import Preempted
 
 
 @pytest.mark.parametrize(

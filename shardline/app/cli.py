@@ -1,0 +1,257 @@
+"""`shardline`: demo, run, predict."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+# Prefect's ephemeral API takes 15-25 s to start on a small machine; its default allows 20.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Raw parquet -> shards -> a trained, evaluated model in the MLflow registry, as one Prefect pipeline.",
+)
+
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+def _fail(msg: str, code: int = 1) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def _load(path: Path | None, overrides: list[str], base: dict | None = None):
+    from shardline.core.config import ConfigError, load_config
+
+    try:
+        return load_config(path, overrides, base=base)
+    except ConfigError as e:
+        _fail(str(e), 2)
+
+
+FORCE_HELP = "recompute this step and every step after it: ingest, encode, train, evaluate or register"
+
+
+def _run_pipeline(config, force: str | None = None) -> dict:
+    from shardline.core.encoding import DataError
+    from shardline.tasks.caching import STEPS
+
+    from shardline.flows.pipeline import pipeline
+
+    if force is not None and force not in STEPS:
+        _fail(f"--force {force}: not a step; choose one of {', '.join(STEPS)}", 2)
+    try:
+        return pipeline(config, force=force)
+    except Exception as e:
+        from shardline.trainer import loop
+
+        if isinstance(e, loop.Preempted):  # a distinct status: preempted, not broken; the same command resumes
+            _fail(f"{e}", getattr(loop, "PREEMPTED_EXIT_CODE", 75))
+        if isinstance(e, (DataError, ValueError, FileNotFoundError)):
+            _fail(str(e))
+        raise
+    except KeyboardInterrupt:
+        _fail("interrupted; run the same command again to resume", 130)
+
+
+def _summary(result: dict, home_hint: str | None = None) -> None:
+    reg = result["registered"]
+    tr = result["train"]
+    typer.echo("")
+    steps = result["steps"]
+    typer.echo("steps: " + ", ".join(f"{k} {v}" for k, v in steps.items()))
+    typer.secho(f"Registered {reg['model_name']} version {reg['version']} as @{reg['alias']}", fg=typer.colors.GREEN, bold=True)
+    typer.echo(f"trained on {tr['device']} ({tr['precision']}), {tr['steps']} optimizer steps; test metrics against the trivial baseline:\n")
+    typer.echo(result["table"])
+    if result["snapshot"]["skipped"]:
+        typer.secho(f"\nskipped {len(result['snapshot']['skipped'])} raw file(s):", fg=typer.colors.YELLOW)
+        for r in result["snapshot"]["skipped"]:
+            typer.echo(f"  - {r['uri']}: {r['reason']}")
+    uri = reg["tracking_uri"]
+    typer.echo("\nInspect it:")
+    typer.echo(f"  mlflow ui --backend-store-uri {uri}        # then open http://127.0.0.1:5000")
+    typer.echo(f"  shardline predict models:/{reg['model_name']}@{reg['alias']} INPUT.parquet --out predictions.parquet --tracking-uri {uri}")
+    typer.echo("  prefect server start                      # the Prefect UI; runs from now on show up there")
+
+
+@app.command()
+def demo(
+    home: Path = typer.Option(Path("shardline-home"), "--home", help="folder for the demo data, shards, checkpoints and the MLflow store"),
+    games: int = typer.Option(160, help="number of generated games (one parquet file each)"),
+    frames: int = typer.Option(2000, help="frames per game"),
+    seed: int = typer.Option(0, help="seed of the data generator"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.epochs=1 (repeatable)"),
+    force: Optional[str] = typer.Option(None, "--force", help=FORCE_HELP),
+) -> None:
+    """Make the demo data set, then run the whole pipeline on it with embedded defaults (no server, CPU/GPU auto)."""
+    from shardline.app.demo_data import generate_demo
+
+    home = home.resolve()
+    raw = home / "data" / "raw"
+    marker = raw / f".generated-{games}x{frames}-seed{seed}"
+    if not marker.exists():
+        typer.echo(f"generating {games} demo games x {frames} frames into {raw} ...")
+        if raw.exists():
+            for old in raw.glob("*.parquet"):
+                old.unlink()
+        generate_demo(raw, n_games=games, frames=frames, seed=seed)
+        for old in raw.glob(".generated-*"):
+            old.unlink()
+        marker.touch()
+    base = {
+        "data": {"source": str(raw / "*.parquet")},
+        "storage": {"root": str(home / "store")},
+        "mlflow": {"tracking_uri": f"sqlite:///{home / 'mlflow.db'}"},
+    }
+    from shardline.core.config import _read_yaml
+
+    defaults = _read_yaml(DEMO_CONFIG)
+    for section, values in base.items():
+        defaults.setdefault(section, {}).update(values)
+    config = _load(None, list(set_), base=defaults)
+    _summary(_run_pipeline(config, force))
+
+
+@app.command()
+def run(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml", help="the pipeline config (may `extends:` another)"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.lr=3e-4 (repeatable)"),
+    force: Optional[str] = typer.Option(None, "--force", help=FORCE_HELP),
+) -> None:
+    """Run the pipeline on your own data, as the config file describes."""
+    config = _load(config_path, list(set_))
+    _summary(_run_pipeline(config, force))
+
+
+@app.command("check-config")
+def check_config(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+) -> None:
+    """Validate a config and print it resolved (after `extends:` and `--set`), without running anything."""
+    import yaml
+
+    config = _load(config_path, list(set_))
+    typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    typer.echo(f"# config hash {config.hash()[:16]}")
+
+
+@app.command()
+def predict(
+    model_uri: str = typer.Argument(..., help="models:/NAME@champion, models:/NAME/3, runs:/..., or a model folder"),
+    input_path: str = typer.Argument(..., metavar="INPUT.parquet", help="raw rows with the columns the model was trained on"),
+    out: Path = typer.Option(..., "--out", help="where to write the predictions (parquet)"),
+    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./shardline-home/mlflow.db)"),
+) -> None:
+    """Write one prediction per window in INPUT, keyed by sequence key and order column so it joins back."""
+    import polars as pl
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri is None and Path("shardline-home/mlflow.db").exists():
+        uri = f"sqlite:///{Path('shardline-home/mlflow.db').resolve()}"
+    import mlflow
+
+    if uri:
+        mlflow.set_tracking_uri(uri)
+    elif model_uri.startswith(("models:/", "runs:/")):
+        _fail("no MLflow tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI", 2)
+    try:
+        df = pl.read_parquet(input_path)
+    except Exception as e:
+        _fail(f"cannot read {input_path}: {e}", 2)
+    try:
+        model = mlflow.pyfunc.load_model(model_uri)
+    except Exception as e:
+        _fail(f"cannot load model {model_uri} from {uri}: {e}")
+    preds = model.predict(df.to_pandas())
+    result = pl.from_pandas(preds)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp-{out.name}")
+    result.write_parquet(tmp)
+    os.replace(tmp, out)
+    typer.echo(f"wrote {result.height} prediction(s) for {df.height} input row(s) to {out}")
+
+
+@app.command()
+def rehearse(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    files: int = typer.Option(8, min=1, help="raw files copied for the rehearsal (its tiny data set)"),
+    steps: int = typer.Option(20, min=3, help="optimizer steps of the one short epoch"),
+    preempt_at: Optional[int] = typer.Option(None, min=1, help="step at which training is preempted (default: half of --steps)"),
+) -> None:
+    """Run the first full loop on tiny data where the real run will go, and print a pass/fail table.
+
+    A few of your raw files, encode, one short epoch on the configured pool with checkpoints, a forced
+    preemption (SIGTERM) and resume from storage, metrics, registration as NAME-rehearsal, and a download
+    of the registered model that predicts raw rows. Run it before paying for the full run.
+    """
+    from shardline.app.rehearse import rehearse as run_rehearsal
+
+    config = _load(config_path, list(set_))
+    if preempt_at is not None and preempt_at >= steps:
+        _fail(f"--preempt-at {preempt_at} must be below --steps {steps}", 2)
+    typer.echo(f"rehearsing {config.name}: {files} raw file(s), {steps} steps, training on "
+               f"{config.compute.train_deployment if config.compute.train_on == 'deployment' else 'this machine'} ...")
+    rows = run_rehearsal(config, files=files, steps=steps, preempt_at=preempt_at, log=lambda m: typer.echo(m, err=True))
+    width = max(len(r.stage) for r in rows)
+    typer.echo("")
+    for r in rows:
+        mark = typer.style("PASS", fg=typer.colors.GREEN) if r.ok else typer.style("FAIL", fg=typer.colors.RED, bold=True)
+        typer.echo(f"{mark}  {r.stage.ljust(width)}  {r.detail}")
+    failed = [r for r in rows if not r.ok]
+    if failed:
+        typer.secho(f"\nrehearsal failed at: {failed[0].stage}", fg=typer.colors.RED, bold=True)
+        raise typer.Exit(1)
+    typer.secho("\nrehearsal passed: the full run can go", fg=typer.colors.GREEN, bold=True)
+
+
+@app.command("doctor")
+def doctor_command(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    timeout: float = typer.Option(30.0, min=1, help="seconds each network check may take"),
+    probe_timeout: float = typer.Option(300.0, min=5, help="seconds the GPU probe's flow run may take, worker pickup and start-up included"),
+) -> None:
+    """Check every dependency of a run before it starts and say what is wrong, in plain words.
+
+    The config, the Prefect API, the training and pipeline deployments and a live worker on their work
+    pools, the raw data, the storage root (a write, read back and delete), MLflow and its model registry,
+    torch here, and (when training goes to a deployment) a tiny flow run on the GPU pool that reports
+    the GPU its worker sees. One PASS/FAIL/SKIP row per check; exit 1 on any FAIL.
+    """
+    from shardline.app.doctor import doctor as run_doctor
+
+    config = _load(config_path, list(set_))
+    colors = {"PASS": typer.colors.GREEN, "FAIL": typer.colors.RED, "SKIP": typer.colors.YELLOW}
+
+    def show(check) -> None:
+        typer.echo(f"{typer.style(check.mark, fg=colors[check.mark], bold=check.ok is False)}  {check.name.ljust(19)}  {check.detail}")
+
+    rows = run_doctor(config, timeout=timeout, probe_timeout=probe_timeout, source=str(config_path), on_check=show)
+    failed = [r.name for r in rows if r.ok is False]
+    if failed:
+        typer.secho(f"\n{len(failed)} check(s) failed: {', '.join(failed)}", fg=typer.colors.RED, bold=True)
+        raise typer.Exit(1)
+    typer.secho("\nall checks passed", fg=typer.colors.GREEN, bold=True)
+
+
+def main() -> None:
+    try:
+        app()
+    except SystemExit:
+        raise
+    except Exception as e:  # unexpected: show the message, keep a non-zero exit
+        typer.secho(f"error: {type(e).__name__}: {e}", fg=typer.colors.RED, err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""A shard's own codes -> the data set's encoding, applied when a shard is unpacked for reading.
+
+The encode reads every raw file once: each file group is encoded with its own statistics (mean and
+std per continuous column) and its own ids (per categorical column, and for a class target), while
+the training rows' sufficient statistics and value counts are gathered on the way. The data set's
+encoding (`EncodingSpec`) is fitted from those once every group is done, and it maps each shard's
+codes exactly: a continuous value v standardised locally as (x - m) / s becomes
+v * (s / S) + (m - M) / S = (x - M) / S, and an id becomes the data set's id of the same value
+(0 when training never saw it). Readers apply the map when they build a split pack or fetch a
+streamed shard into the local cache; they already touch every byte there, so it costs one pass
+over the arrays (`benchmarks/data_bench.py` reports it in the time to the first batch).
+
+numpy (and torch for the float16 arithmetic) only: the training host needs neither polars nor pyarrow
+to read shards.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from shardline.core.manifest import ArraySpec, EncodingSpec, LocalCodes, LocalVocab, ShardInfo
+from shardline.core.shards import layout
+
+
+def int_dtype(max_value: int) -> np.dtype:
+    """The narrowest type for ids 0..max_value (ids are never negative: unsigned where torch reads it)."""
+    for dt in (np.uint8, np.int16, np.int32):
+        if max_value <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    return np.dtype(np.int64)
+
+
+class Globaliser:
+    """Maps shards' own codes to one `EncodingSpec` (build one per spec: it indexes the vocabularies)."""
+
+    def __init__(self, spec: EncodingSpec):
+        self.spec = spec
+        self.cont_dtype = np.dtype(np.float16 if spec.continuous_dtype == "float16" else np.float32)
+        card = spec.cat_cardinalities
+        self.cat_dtype = int_dtype(max(card) if card else 1)
+        t = spec.target
+        self.target_dtype = int_dtype(t.n_outputs) if t.task == "classification" else np.dtype(np.float32)
+        self._ids = [{v: i + 1 for i, v in enumerate(voc.values)} for voc in spec.categorical]
+        self._classes = {v: i + 1 for i, v in enumerate(t.classes or [])}
+
+    # ------------------------------------------------------------ layout
+
+    def specs(self, info: ShardInfo) -> dict[str, ArraySpec]:
+        """The arrays of `info`'s shard as readers see them (the stored layout when it holds no own codes):
+        `cont` [rows, columns] and `cat` [rows, columns] in the data set's types, the rest as stored."""
+        if info.local is None:
+            return info.arrays
+        out: dict[str, tuple[str, list[int]]] = {}
+        for name, s in info.arrays.items():
+            if name == "cont_cols":
+                out["cont"] = (self.cont_dtype.str, [s.shape[1], s.shape[0]])
+            elif name == "cat_cols":
+                out["cat"] = (self.cat_dtype.str, [s.shape[1], s.shape[0]])
+            elif name == "target":
+                out["target"] = (self.target_dtype.str, s.shape)
+            else:
+                out[name] = (s.dtype, s.shape)
+        return layout(out)[1]
+
+    def nbytes(self, info: ShardInfo) -> int:
+        if info.local is None:
+            return int(info.raw_bytes or info.bytes)
+        return layout({n: (s.dtype, s.shape) for n, s in self.specs(info).items()})[0]
+
+    # ------------------------------------------------------------ values
+
+    def _remap(self, voc: LocalVocab, ids: dict[str, int], dtype: np.dtype) -> np.ndarray:
+        return np.array([0, *(ids.get(t, 0) for t in voc.texts())], dtype=dtype)
+
+    def _affine(self, x: np.ndarray, local: list[tuple[float, float]], stats: list[tuple[float, float]], dtype: np.dtype) -> np.ndarray:
+        """Columns x [columns, rows] (or one column [rows]) -> x * (s / S) + (m - M) / S as rows
+        [rows, columns], NaN (a null) -> 0, computed in float32 and rounded once to `dtype`."""
+        import torch
+
+        x = np.asarray(x)
+        one = x.ndim == 1
+        cols = x.reshape(1, -1) if one else x
+        out = torch.empty((cols.shape[1], cols.shape[0]), dtype=torch.float16 if dtype == np.float16 else torch.float32)
+        if cols.size:
+            scale = torch.tensor([[s / gs] for (_, s), (_, gs) in zip(local, stats)], dtype=torch.float32)
+            shift = torch.tensor([[(m - gm) / gs] for (m, _), (gm, gs) in zip(local, stats)], dtype=torch.float32)
+            with warnings.catch_warnings():  # a read-only (memory-mapped) array: only read here
+                warnings.simplefilter("ignore", UserWarning)
+                y = torch.from_numpy(cols).to(torch.float32, copy=True)
+            y.mul_(scale).add_(shift)
+            y.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+            out.copy_(y.T)  # rows, rounded once
+        return out.numpy().reshape(-1) if one else out.numpy()
+
+    def arrays(self, arrays: dict[str, np.ndarray], codes: LocalCodes | None) -> dict[str, np.ndarray]:
+        """A shard's arrays in the data set's encoding: `cont` and `cat` as rows (new arrays), the
+        target mapped, the rest as stored."""
+        if codes is None:
+            return arrays
+        spec = self.spec
+        out = {k: v for k, v in arrays.items() if k not in ("cont_cols", "cat_cols")}
+        out["cont"] = self._affine(arrays["cont_cols"], codes.cont, [(c.mean, c.std) for c in spec.continuous], self.cont_dtype)
+        cat = np.asarray(arrays["cat_cols"])
+        g = np.empty((cat.shape[1], cat.shape[0]), self.cat_dtype)
+        n_cat = len(spec.categorical)
+        for j, (voc, ids) in enumerate(zip(codes.cat, self._ids)):
+            np.take(self._remap(voc, ids, self.cat_dtype), cat[j], out=g[:, j])
+        for j in range(n_cat, cat.shape[0]):
+            g[:, j] = cat[j]  # booleans: 0 null, 1 false, 2 true everywhere
+        out["cat"] = g
+        t = spec.target
+        if t.task == "classification":
+            out["target"] = self._remap(codes.target, self._classes, self.target_dtype)[np.asarray(arrays["target"])]
+        else:
+            out["target"] = self._affine(arrays["target"], [tuple(codes.target)], [(t.mean, t.std)], np.dtype(np.float32))
+        return out
+
+    def shard_bytes(self, raw, info: ShardInfo) -> bytes | memoryview:
+        """An unpacked shard's bytes in the data set's encoding, laid out as `specs(info)` says."""
+        from shardline.core.shards import arrays_in
+
+        if info.local is None:
+            return raw
+        g = self.arrays(arrays_in(raw, info.arrays), info.local)
+        size, specs = layout({n: (s.dtype, s.shape) for n, s in self.specs(info).items()})
+        buf = np.zeros(size, np.uint8)
+        for name, s in specs.items():
+            a = np.ascontiguousarray(g[name])
+            if a.nbytes:
+                buf[s.offset : s.offset + a.nbytes] = a.reshape(-1).view(np.uint8)
+        return memoryview(buf)

@@ -1,0 +1,365 @@
+"""The one config file: typed models, `extends:` chains, `--set` overrides, validation up front.
+
+Everything a run does is decided by a `PipelineConfig`. It is parsed from YAML, checked before any
+work starts (an error names the key, the bad value and what is allowed), and the *resolved* config
+(after `extends` and `--set`) is what gets hashed, logged and stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+FILE_SEQUENCE = "@file"  # sequence_key value meaning "each raw file is one sequence"
+SPLITS = ("train", "validation", "test")
+
+
+class ConfigError(ValueError):
+    """A config the user must fix; the message names the key, the value and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Features(_Strict):
+    continuous: list[str] = Field(default_factory=list, description="numeric columns, standardised")
+    boolean: list[str] = Field(default_factory=list, description="true/false columns")
+    categorical: list[str] = Field(default_factory=list, description="columns with a vocabulary")
+
+    def all(self) -> list[str]:
+        return [*self.continuous, *self.boolean, *self.categorical]
+
+
+class Target(_Strict):
+    column: str
+    task: Literal["classification", "regression"]
+
+
+class SplitConfig(_Strict):
+    method: Literal["hash", "range"] = "hash"
+    seed: int = 0
+    fractions: dict[str, float] = Field(
+        default_factory=lambda: {"train": 0.8, "validation": 0.1, "test": 0.1},
+        description="hash split: share of sequences per split",
+    )
+    column: str | None = Field(None, description="range split: the column whose value decides the split")
+    ranges: dict[str, tuple[Any, Any]] = Field(
+        default_factory=dict,
+        description="range split: split -> [low, high], inclusive, null for open",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SplitConfig:
+        if self.method == "hash":
+            bad = set(self.fractions) - set(SPLITS)
+            if bad:
+                raise ValueError(f"data.split.fractions has unknown split(s) {sorted(bad)}; allowed: {list(SPLITS)}")
+            for name in SPLITS:
+                v = self.fractions.get(name, 0.0)
+                if not 0.0 <= v <= 1.0:
+                    raise ValueError(f"data.split.fractions.{name}={v} must be between 0 and 1")
+            total = sum(self.fractions.values())
+            if abs(total - 1.0) > 1e-6:
+                raise ValueError(f"data.split.fractions must sum to 1, got {total:g} ({self.fractions})")
+        else:
+            if not self.column:
+                raise ValueError("data.split.column is required when data.split.method is 'range'")
+            bad = set(self.ranges) - set(SPLITS)
+            if bad:
+                raise ValueError(f"data.split.ranges has unknown split(s) {sorted(bad)}; allowed: {list(SPLITS)}")
+            if "train" not in self.ranges:
+                raise ValueError("data.split.ranges.train is required for a range split")
+        return self
+
+
+class DataConfig(_Strict):
+    source: str = Field(description="local path, glob, or fsspec URL such as s3://bucket/raw/*.parquet")
+    on_bad_file: Literal["fail", "skip"] = "fail"
+    sequence_key: str | None = Field(
+        None, description=f"column grouping rows into sequences, '{FILE_SEQUENCE}' for one sequence per file, or null"
+    )
+    order_by: str | None = Field(None, description="column ordering rows inside a sequence")
+    features: Features
+    target: Target
+    window: int = Field(1, ge=1, description="K: rows of history per prediction")
+    horizon: int | None = Field(
+        None, ge=0, description="rows after the window's last row whose target is predicted (default 1 with sequences, 0 without)"
+    )
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    continuous_dtype: Literal["float32", "float16"] = "float32"
+    group_mb: float = Field(
+        64, gt=0,
+        description="raw MB read by one mapped encode task; each task writes one shard per split, so this sets the "
+        "shard size (about 1-3x it times the split's fraction) and bounds the task's memory (about 10x it)",
+    )
+    shard_compression: Literal["lz4", "zstd", "none"] = Field(
+        "lz4", description="stored shards compressed: LZ4 frames (the default: about 2x faster to write and to unpack than "
+        "zstd), zstd level 1 (about 20% smaller, for slow links to object storage), or none (a local store's shards are "
+        "then memory-mapped in place); compressed shards are unpacked once into the local cache")
+    files_per_group: int | None = Field(None, ge=1, description="fixed number of raw files per encode task instead of group_mb")
+    encode_workers: int | None = Field(
+        None, ge=1,
+        description="file groups encoded at once (each holds about 10x group_mb of memory while it runs); default: the "
+        "machine's CPU count. With a Dask or Ray task runner, set it to the cluster's worker count")
+
+    @model_validator(mode="after")
+    def _check(self) -> DataConfig:
+        if not self.features.all():
+            raise ValueError("data.features lists no column; declare at least one continuous, boolean or categorical column")
+        seen: dict[str, str] = {}
+        for role in ("continuous", "boolean", "categorical"):
+            for col in getattr(self.features, role):
+                if col in seen:
+                    raise ValueError(f"column '{col}' is declared twice in data.features ({seen[col]} and {role})")
+                seen[col] = role
+        if self.sequence_key is None and self.window > 1:
+            raise ValueError(
+                f"data.window={self.window} needs data.sequence_key (a column, or '{FILE_SEQUENCE}'); "
+                "without sequences each row stands alone, so only window: 1 is allowed"
+            )
+        if self.sequence_key is not None and self.order_by is None and self.sequence_key != FILE_SEQUENCE:
+            raise ValueError("data.order_by is required with data.sequence_key: name the column that orders rows in a sequence")
+        if self.split.method == "hash" and self.split.fractions.get("test", 0) <= 0:
+            raise ValueError("data.split.fractions.test must be > 0: evaluation needs a test split")
+        if self.split.method == "range" and "test" not in self.split.ranges:
+            raise ValueError("data.split.ranges.test is required: evaluation needs a test split")
+        return self
+
+    @property
+    def effective_horizon(self) -> int:
+        if self.horizon is not None:
+            return self.horizon
+        return 1 if self.sequence_key is not None else 0
+
+    def raw_columns(self) -> list[str]:
+        """Every column the raw files must hold."""
+        cols = list(self.features.all())
+        for c in (self.target.column, self.order_by, self.sequence_key, self.split.column if self.split.method == "range" else None):
+            if c and c != FILE_SEQUENCE and c not in cols:
+                cols.append(c)
+        return cols
+
+
+class ModelConfig(_Strict):
+    family: Literal["mlp", "transformer"] = "mlp"
+    hidden: int = Field(256, ge=1, description="MLP width / Transformer d_model")
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1, description="Transformer attention heads")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    embedding_dim: int | None = Field(None, ge=1, description="per-categorical embedding width (default: min(32, 1.6*vocab**0.56))")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.family == "transformer" and self.hidden % self.heads:
+            raise ValueError(f"model.hidden={self.hidden} must be divisible by model.heads={self.heads} for a transformer")
+        return self
+
+
+class TrainingConfig(_Strict):
+    # settings a run may change between a checkpoint and its resume: they do not change what is trained
+    # (device and precision may change the arithmetic: a resume on other hardware is allowed, not bit-exact)
+    RESUMABLE_CHANGES: ClassVar[tuple[str, ...]] = (
+        "device", "precision", "num_workers", "checkpoint_every_steps", "checkpoint_every_seconds", "keep_checkpoints",
+    )
+
+    epochs: int = Field(3, ge=1)
+    batch_size: int = Field(256, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = Field(50, ge=0, description="linear warm-up, in optimizer steps")
+    min_lr_ratio: float = Field(0.05, ge=0, le=1, description="cosine floor as a fraction of lr")
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="max gradient norm; null disables clipping")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    checkpoint_every_steps: int = Field(0, ge=0, description="0: only at epoch end")
+    checkpoint_every_seconds: float = Field(0, ge=0, description="also checkpoint when this long has passed since the last one; 0: off")
+    keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept, besides the best")
+    max_restarts: int = Field(2, ge=0, description="retries of the training step after an infrastructure failure (I/O, network, CUDA); code errors are never retried")
+    max_steps_per_epoch: int | None = Field(None, ge=1, description="cap optimizer steps per epoch (quick runs)")
+    num_workers: int = Field(0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)")
+
+
+class StorageConfig(_Strict):
+    root: str = Field("./shardline-home/store", description="local path or fsspec URL for shards, checkpoints, results")
+
+
+class MlflowConfig(_Strict):
+    tracking_uri: str | None = Field(None, description="default: sqlite under the storage root's parent (laptop)")
+    experiment: str = "shardline"
+    model_name: str = "shardline-model"
+    promotion_metric: str | None = Field(None, description="default: accuracy (classification) / rmse (regression)")
+    promotion_direction: Literal["maximize", "minimize"] | None = None
+
+
+class ComputeConfig(_Strict):
+    """Where training runs. Nothing here changes what is trained: switching it never retrains."""
+
+    train_on: Literal["local", "deployment"] = Field(
+        "local", description="local: a subflow in the pipeline's process; deployment: dispatched to `train_deployment` (a GPU work pool)"
+    )
+    train_deployment: str = Field("train/train", description="'flow/deployment' name the pipeline dispatches training to")
+    job_variables: dict[str, Any] = Field(
+        default_factory=dict, description="per-run overrides of the training deployment's job variables (env, image, resources)"
+    )
+    max_preemptions: int = Field(
+        3, ge=0, description="re-dispatches of a training run that crashed or was preempted (its machine died); a failed run is never re-dispatched"
+    )
+    dispatch_timeout_seconds: float | None = Field(None, gt=0, description="give up waiting for one training run after this long; null: wait")
+    poll_seconds: float = Field(5.0, gt=0, description="how often the pipeline checks the training run's state")
+
+    @field_validator("train_deployment")
+    @classmethod
+    def _flow_slash_deployment(cls, v: str) -> str:
+        if v.count("/") != 1 or not all(v.split("/")):
+            raise ValueError(f"'{v}' is not 'flow-name/deployment-name' (for example 'train/train')")
+        return v
+
+
+class PipelineConfig(_Strict):
+    name: str = "shardline"
+    data: DataConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+
+    @model_validator(mode="after")
+    def _defaults(self) -> PipelineConfig:
+        task = self.data.target.task
+        metrics = CLASSIFICATION_METRICS if task == "classification" else REGRESSION_METRICS
+        if self.mlflow.promotion_metric is None:
+            self.mlflow.promotion_metric = "accuracy" if task == "classification" else "rmse"
+        if self.mlflow.promotion_metric not in metrics:
+            raise ValueError(
+                f"mlflow.promotion_metric='{self.mlflow.promotion_metric}' is not a {task} metric; allowed: {sorted(metrics)}"
+            )
+        if self.mlflow.promotion_direction is None:
+            self.mlflow.promotion_direction = metrics[self.mlflow.promotion_metric]
+        return self
+
+    def hash(self) -> str:
+        return stable_hash(self.model_dump(mode="json"))
+
+    def section_hash(self, *sections: str) -> str:
+        dumped = self.model_dump(mode="json")
+        return stable_hash({s: dumped[s] for s in sections})
+
+
+# metric -> the direction that is better
+CLASSIFICATION_METRICS = {"accuracy": "maximize", "top5_accuracy": "maximize", "log_loss": "minimize", "macro_f1": "maximize"}
+REGRESSION_METRICS = {"mae": "minimize", "rmse": "minimize", "r2": "maximize"}
+
+
+def stable_hash(obj: Any) -> str:
+    """sha256 of canonical JSON: the same content gives the same hash on any machine."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    path = path.resolve()
+    if path in chain:
+        raise ConfigError(f"config 'extends' loops: {' -> '.join(str(p) for p in (*chain, path))}")
+    if not path.exists():
+        where = f" (extended by {chain[-1]})" if chain else ""
+        raise ConfigError(f"config file not found: {path}{where}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (data, model, ...), got {type(raw).__name__}")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return _rebase_paths(raw, path.parent)
+    base = _read_yaml((path.parent / parent), (*chain, path))
+    return _deep_merge(base, _rebase_paths(raw, path.parent))
+
+
+def _rebase_paths(raw: dict, folder: Path) -> dict:
+    """Relative local paths in a config file are relative to that file, not to the cwd."""
+    for section, key in (("data", "source"), ("storage", "root")):
+        val = (raw.get(section) or {}).get(key) if isinstance(raw.get(section), dict) else None
+        if isinstance(val, str) and "://" not in val and not Path(val).is_absolute():
+            raw[section] = dict(raw[section])
+            raw[section][key] = str((folder / val).resolve())
+    return raw
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"--set '{item}': expected key.path=value, e.g. training.epochs=5")
+    key, _, value = item.partition("=")
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set '{item}': the key is empty")
+    return parts, yaml.safe_load(value) if value.strip() else None
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    raw = json.loads(json.dumps(raw, default=str))
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = raw
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set '{item}': '{p}' is a value, not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return raw
+
+
+def _format_validation_error(err: ValidationError, origin: str) -> str:
+    lines = [f"invalid config {origin}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  - unknown key '{loc}': remove it or check its spelling")
+            continue
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) or e["type"] == "missing" else f" (got {value!r})"
+        lines.append(f"  - {loc or 'config'}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def validate_config(raw: dict, origin: str = "") -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, origin)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> PipelineConfig:
+    """Read a YAML config (following `extends:`), apply `--set` overrides, validate."""
+    raw: dict = dict(base or {})
+    if path is not None:
+        raw = _deep_merge(raw, _read_yaml(Path(path)))
+    raw = apply_overrides(raw, overrides or [])
+    return validate_config(raw, f"'{path}'" if path else "")

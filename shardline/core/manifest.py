@@ -1,0 +1,186 @@
+"""Contract types passed between steps: the ingest snapshot, the encoding spec and the shard manifest.
+
+All are small pydantic models that serialise to JSON; bulk data stays in files under the storage root.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shardline.core.config import stable_hash
+
+MANIFEST_VERSION = 1
+UNSEEN = "<unseen>"  # id 0 of every vocabulary: unseen values and nulls
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- ingest
+
+
+class RawFile(_Model):
+    uri: str
+    size: int
+    version: str = Field(description="etag (object stores) or mtime_ns (local disks)")
+
+
+class RejectedFile(_Model):
+    uri: str
+    reason: str
+
+
+class Snapshot(_Model):
+    source: str
+    files: list[RawFile]
+    rejected: list[RejectedFile] = Field(default_factory=list)
+    fingerprint: str
+
+    @staticmethod
+    def fingerprint_of(files: list[RawFile]) -> str:
+        return stable_hash([f.model_dump() for f in sorted(files, key=lambda f: f.uri)])
+
+
+# ---------------------------------------------------------------- encoding
+
+
+class ContinuousStat(_Model):
+    name: str
+    mean: float
+    std: float
+
+
+class Vocabulary(_Model):
+    name: str
+    values: list[str] = Field(description="id i+1 is values[i]; id 0 is reserved for unseen and null")
+
+    @property
+    def size(self) -> int:
+        return len(self.values) + 1
+
+
+class TargetSpec(_Model):
+    column: str
+    task: Literal["classification", "regression"]
+    classes: list[str] | None = Field(None, description="classification: id i+1 is classes[i]; id 0 = unseen in train")
+    mean: float | None = None
+    std: float | None = None
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.classes) + 1 if self.classes is not None else 1
+
+
+class EncodingSpec(_Model):
+    """How raw rows become arrays: fitted on the training split only, then frozen."""
+
+    sequence_key: str | None
+    order_by: str | None
+    window: int
+    horizon: int
+    continuous: list[ContinuousStat]
+    boolean: list[str]
+    categorical: list[Vocabulary]
+    target: TargetSpec
+    continuous_dtype: Literal["float32", "float16"] = "float32"
+
+    def hash(self) -> str:
+        return stable_hash(self.model_dump(mode="json"))
+
+    @property
+    def cat_cardinalities(self) -> list[int]:
+        """Vocabulary size per column of the `cat` array: categoricals, then booleans (0 null, 1 false, 2 true)."""
+        return [v.size for v in self.categorical] + [3] * len(self.boolean)
+
+
+# ---------------------------------------------------------------- shards
+
+
+class ArraySpec(_Model):
+    dtype: str
+    shape: list[int]
+    offset: int = Field(description="byte offset of the array in the shard file")
+
+
+class LocalVocab(_Model):
+    """A shard's own ids for one column (the encode writes each file group's own ids, in one pass):
+    id 0 is null; id i >= 1 is the integer `start + i - 1` when `start` is set (integers coded by
+    arithmetic), else `values[i - 1]`. Values are compared as text, like the data set's vocabulary."""
+
+    start: int | None = None
+    size: int = Field(description="ids besides 0")
+    values: list[str] | None = None
+
+    def texts(self) -> list[str]:
+        if self.start is not None:
+            return [str(self.start + i) for i in range(self.size)]
+        return list(self.values or [])
+
+
+class LocalCodes(_Model):
+    """How a shard's stored codes map to the data set's encoding (`EncodingSpec`): continuous columns
+    were standardised with the own mean and std of the shard's file group (nulls stored as NaN),
+    categorical columns and a class target hold the group's own ids (a group's shards share its
+    codes). Readers apply the map when they unpack a shard."""
+
+    cont: list[tuple[float, float]] = Field(description="(mean, std) per continuous column")
+    cat: list[LocalVocab] = Field(description="per categorical column (booleans are fixed: 0 null, 1 false, 2 true)")
+    target: LocalVocab | tuple[float, float] = Field(description="class ids, or (mean, std) of a regression target")
+
+
+class ShardInfo(_Model):
+    """One shard file: the arrays of one group of raw files for one split.
+
+    Arrays (rows are frames; each sequence's rows contiguous and ordered):
+      cont    [rows, n_continuous]   standardised continuous features (float32/float16)
+      cat     [rows, n_cat + n_bool] vocabulary ids (narrowest integer type)
+      target  [rows]                 class id (narrowest integer type) or standardised value (float32)
+      order   [rows]                 the order column as int64 (row number when there is none), or
+      order_start [segments]         its first value per segment, when it counts up by one inside each
+      offsets [segments + 1]         row offset where each sequence segment starts
+    `keys` is a parquet file beside it with one row per segment: the sequence key.
+    """
+
+    path: str = Field(description="relative to the manifest's folder")
+    compression: Literal["zstd", "lz4"] | None = Field(None, description="how the stored object is compressed; readers unpack it into the local cache")
+    raw_bytes: int | None = Field(None, description="size of the unpacked shard (the memory-mappable file)")
+    split: Literal["train", "validation", "test"]
+    rows: int
+    segments: int
+    windows: int
+    bytes: int = Field(description="size of the stored object")
+    sha256: str = Field(description="checksum of the stored object")
+    arrays: dict[str, ArraySpec]
+    keys_path: str
+    keys_sha256: str
+    local: LocalCodes | None = Field(None, description="set when the stored codes are the shard's own (see LocalCodes)")
+
+
+class EncodedGroup(_Model):
+    """What encoding one file group produced: its shards (in the group's own codes) and the
+    sufficient statistics of its training rows, from which the data set's encoding is fitted."""
+
+    shards: list[ShardInfo]
+    train: dict = Field(description="count/mean/M2 per continuous column, value counts per categorical column and of the target")
+    rows: dict[str, int]
+
+
+class Manifest(_Model):
+    version: int = MANIFEST_VERSION
+    encoding: EncodingSpec
+    encoding_hash: str
+    contract_hash: str = Field(description="hash of what the config decides about the encoding (columns, window, target)")
+    data_fingerprint: str
+    shards: list[ShardInfo]
+    rows: dict[str, int]
+    windows: dict[str, int]
+    source_files: int
+
+    def shards_of(self, split: str) -> list[ShardInfo]:
+        return [s for s in self.shards if s.split == split]
+
+    def hash(self) -> str:
+        return stable_hash(self.model_dump(mode="json"))

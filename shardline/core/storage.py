@@ -1,0 +1,401 @@
+"""The storage root: local paths or any fsspec URL (s3:// through s3fs), written atomically.
+
+Local writes go to a temporary name beside the target and are renamed into place; object-store
+puts are atomic per object, and a reader trusts only what a manifest (written last) lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+from pathlib import Path
+
+import fsspec
+from fsspec.core import url_to_fs
+
+TMP_MARK = ".tmp-"
+
+
+def is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+def local_path(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def join(root: str, *parts: str) -> str:
+    root = root.rstrip("/")
+    return "/".join([root, *[p.strip("/") for p in parts if p]])
+
+
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    return url_to_fs(uri)
+
+
+def exists(uri: str) -> bool:
+    if not is_remote(uri):
+        return os.path.exists(local_path(uri))
+    fs, path = filesystem(uri)
+    return fs.exists(path)
+
+
+def read_bytes(uri: str) -> bytes:
+    if not is_remote(uri):
+        return Path(local_path(uri)).read_bytes()
+    fs, path = filesystem(uri)
+    return fs.cat_file(path)
+
+
+def read_text(uri: str) -> str:
+    return read_bytes(uri).decode()
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write `data` to `uri` so that a reader sees either the old object or the complete new one."""
+    if is_remote(uri):
+        fs, path = filesystem(uri)
+        fs.pipe_file(path, bytes(data) if isinstance(data, memoryview) else data)
+        return
+    target = Path(local_path(uri))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{TMP_MARK}{uuid.uuid4().hex}-{target.name}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(uri: str, text: str) -> None:
+    write_bytes(uri, text.encode())
+
+
+def publish_file(local_src: str | Path, uri: str) -> None:
+    """Move a finished local file to `uri` atomically (rename locally, upload then done remotely)."""
+    local_src = Path(local_src)
+    if is_remote(uri):
+        fs, path = filesystem(uri)
+        fs.put_file(str(local_src), path)
+        local_src.unlink(missing_ok=True)
+        return
+    target = Path(local_path(uri))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(local_src, target)
+    except OSError:  # another device: copy aside, then rename
+        tmp = target.with_name(f"{TMP_MARK}{uuid.uuid4().hex}-{target.name}")
+        shutil.copyfile(local_src, tmp)
+        os.replace(tmp, target)
+        local_src.unlink(missing_ok=True)
+
+
+def staging_path(uri: str, suffix: str = "") -> Path:
+    """A private local file to build an output in before `publish_file`: beside the target when local."""
+    if not is_remote(uri):
+        target = Path(local_path(uri))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target.with_name(f"{TMP_MARK}{uuid.uuid4().hex}-{target.name}{suffix}")
+    fd, name = tempfile.mkstemp(prefix="shardline-", suffix=suffix)
+    os.close(fd)
+    return Path(name)
+
+
+def sha256_file(path: str | Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_uri(uri: str) -> str:
+    if not is_remote(uri):
+        return sha256_file(local_path(uri))
+    fs, path = filesystem(uri)
+    h = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SHARDLINE_CACHE", Path.home() / ".cache" / "shardline"))
+
+
+CACHE_CAP_ENV = "SHARDLINE_CACHE_MAX_GB"
+
+
+def _touch(path: Path) -> bool:
+    """Mark a cached object recently used; False when it is not there (or was just evicted)."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+class CacheFull(IOError):
+    """An object does not fit in the local cache even after evicting everything not in use."""
+
+
+class ShardCache:
+    """A size-capped local cache of remote objects, addressed by checksum and verified on the way in.
+
+    Objects live at `<dir>/objects/<sha[:2]>/<sha>`; they are written aside and renamed, so a reader
+    never sees a partial object. When adding one would pass the cap, the least recently used objects
+    that no open split holds (`pin`) are deleted first. Several processes may share the folder: an
+    object another process has memory-mapped stays readable after it is unlinked here.
+    """
+
+    def __init__(self, root: str | Path | None = None, cap_bytes: int | None = None, threads: int = 2):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.root = Path(root) if root is not None else cache_dir()
+        self.objects = self.root / "objects"
+        self.cap = int(cap_bytes) if cap_bytes is not None else self.default_cap(self.root)
+        self._lock = threading.Lock()
+        self._pins: dict[str, int] = {}
+        self._reserved: dict[str, int] = {}
+        self._inflight: dict[str, object] = {}
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="shardline-fetch")
+        self.downloads = 0
+        self.evictions = 0
+
+    @staticmethod
+    def default_cap(root: Path) -> int:
+        """`SHARDLINE_CACHE_MAX_GB` if set, else half of the free disk where the cache lives plus what it holds."""
+        env = os.environ.get(CACHE_CAP_ENV)
+        if env:
+            try:
+                gb = float(env)
+            except ValueError:
+                raise ValueError(f"{CACHE_CAP_ENV}={env!r} is not a number; set it to the cache size in GB, e.g. 50") from None
+            if gb <= 0:
+                raise ValueError(f"{CACHE_CAP_ENV}={env!r} must be positive (GB)")
+            return int(gb * 1e9)
+        probe = root
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        return int(shutil.disk_usage(probe).free * 0.5) + ShardCache._held_bytes(root / "objects")
+
+    @staticmethod
+    def _held_bytes(objects: Path) -> int:
+        total = 0
+        if objects.exists():
+            for p in objects.glob("??/*"):
+                if p.name.startswith(TMP_MARK):
+                    continue
+                try:
+                    total += p.stat().st_size
+                except FileNotFoundError:  # evicted by another thread or process meanwhile
+                    pass
+        return total
+
+    def path(self, sha256: str) -> Path:
+        return self.objects / sha256[:2] / sha256
+
+    def held_bytes(self) -> int:
+        return self._held_bytes(self.objects)
+
+    def pin(self, sha256: str) -> None:
+        with self._lock:
+            self._pins[sha256] = self._pins.get(sha256, 0) + 1
+
+    def unpin(self, sha256: str) -> None:
+        with self._lock:
+            n = self._pins.get(sha256, 0) - 1
+            if n > 0:
+                self._pins[sha256] = n
+            else:
+                self._pins.pop(sha256, None)
+
+    def _make_room(self, sha256: str, size: int, uri: str) -> None:
+        """Evict least recently used, unpinned objects until `size` more bytes fit (caller holds the lock)."""
+        if size > self.cap:
+            raise CacheFull(
+                f"{uri} is {size / 1e6:.0f} MB but the local shard cache ({self.root}) is capped at {self.cap / 1e6:.0f} MB: "
+                f"raise {CACHE_CAP_ENV} or encode smaller shards (data.shard_mb)"
+            )
+        entries = []
+        if self.objects.exists():
+            for p in self.objects.glob("??/*"):
+                if p.name.startswith(TMP_MARK):
+                    continue
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                entries.append((st.st_mtime, p.name, st.st_size, p))
+        used = sum(e[2] for e in entries) + sum(v for k, v in self._reserved.items() if k != sha256)
+        for _, name, nbytes, p in sorted(entries):
+            if used + size <= self.cap:
+                break
+            if name in self._pins or name in self._reserved:
+                continue
+            p.unlink(missing_ok=True)
+            used -= nbytes
+            self.evictions += 1
+        if used + size > self.cap:
+            raise CacheFull(
+                f"the local shard cache ({self.root}) cannot hold {uri} ({size / 1e6:.0f} MB): {used / 1e6:.0f} MB of its "
+                f"{self.cap / 1e6:.0f} MB cap are shards in use; raise {CACHE_CAP_ENV} or encode smaller shards (data.shard_mb)"
+            )
+        self._reserved[sha256] = size
+
+    def get(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None,
+            derived: Derived | None = None) -> Path:
+        """A local path with the exact bytes of `uri` (checked against `sha256`), downloaded if needed;
+        a compressed object is unpacked (to `raw_bytes`) into the cache, ready to memory-map. With
+        `derived`, the cached object is `derived.transform(unpacked bytes)`, kept under `derived.key`."""
+        if not is_remote(uri) and compression is None and derived is None:
+            return Path(local_path(uri))
+        with self._lock:
+            fut = self._inflight.get(derived.key if derived else sha256)
+        if fut is not None:
+            try:
+                fut.result()
+            except Exception:
+                pass  # the read-ahead failed: try again here, where the error reaches the caller
+        return self._download(uri, sha256, size, compression, raw_bytes, derived)
+
+    def _download(self, uri: str, sha256: str, size: int | None, compression: str | None = None, raw_bytes: int | None = None,
+                  derived: Derived | None = None) -> Path:
+        if derived is not None:
+            return self.build(derived.key, derived.nbytes, lambda tmp: _write_all(tmp, derived.transform(read_verified(uri, sha256, compression, raw_bytes))), uri)
+        dest = self.path(sha256)
+        if _touch(dest):  # there: recently used
+            return dest
+        remote = is_remote(uri)
+        fs, path = filesystem(uri) if remote else (None, local_path(uri))
+        if size is None:
+            size = int(fs.size(path)) if remote else os.path.getsize(path)
+        footprint = raw_bytes if compression else size
+        with self._lock:
+            self._make_room(sha256, int(footprint), uri)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}")
+            fetched = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}.in")
+            try:
+                if remote:
+                    fs.get_file(path, str(fetched))
+                    src = fetched
+                else:
+                    src = Path(path)
+                got = sha256_file(src)
+                if got != sha256:
+                    raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
+                if compression is not None:
+                    from shardline.core.shards import decompress_file
+
+                    decompress_file(src, tmp, int(raw_bytes), compression)
+                elif remote:
+                    os.replace(src, tmp)
+                else:
+                    shutil.copyfile(src, tmp)
+                os.replace(tmp, dest)
+                self.downloads += 1
+            finally:
+                tmp.unlink(missing_ok=True)
+                fetched.unlink(missing_ok=True)
+        finally:
+            with self._lock:
+                self._reserved.pop(sha256, None)
+        return dest
+
+    def build(self, key: str, size: int, builder, what: str) -> Path:
+        """A derived object (a split pack): `builder(tmp_path)` writes it once, aside, then it is renamed
+        in; later calls (and later runs) reuse it. Counts against the cap like a downloaded object."""
+        dest = self.path(key)
+        if _touch(dest):
+            return dest
+        with self._lock:
+            self._make_room(key, int(size), what)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}")
+            try:
+                builder(tmp)
+                os.replace(tmp, dest)
+                self.downloads += 1
+            finally:
+                tmp.unlink(missing_ok=True)
+        finally:
+            with self._lock:
+                self._reserved.pop(key, None)
+        return dest
+
+    def prefetch(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None,
+                 derived: Derived | None = None):
+        """Start fetching `uri` in the background (read-ahead); `get` waits for it."""
+        name = derived.key if derived else sha256
+        with self._lock:
+            fut = self._inflight.get(name)
+            if fut is not None or (not is_remote(uri) and compression is None and derived is None) or self.path(name).exists():
+                return fut
+            fut = self._pool.submit(self._download, uri, sha256, size, compression, raw_bytes, derived)
+            self._inflight[name] = fut
+        fut.add_done_callback(lambda _f: self._done(name))
+        return fut
+
+    def _done(self, sha256: str) -> None:
+        with self._lock:
+            self._inflight.pop(sha256, None)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A cached object made from a fetched one: `transform(unpacked bytes)`, `nbytes` long, named `key`."""
+
+    key: str
+    nbytes: int
+    transform: Callable[[bytes], bytes | memoryview]
+
+
+def _write_all(path: Path, data) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+_CACHES: dict[tuple[str, int | None], ShardCache] = {}
+
+
+def shared_cache(cap_bytes: int | None = None) -> ShardCache:
+    """The process-wide cache for this machine's cache folder (one per cap)."""
+    key = (str(cache_dir()), cap_bytes)
+    if key not in _CACHES:
+        _CACHES[key] = ShardCache(cache_dir(), cap_bytes)
+    return _CACHES[key]
+
+
+def read_verified(uri: str, sha256: str, compression: str | None = None, raw_bytes: int | None = None) -> bytes:
+    """The bytes of a stored object, checked against `sha256`, unpacked when compressed."""
+    data = read_bytes(uri)
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
+    if compression is not None:
+        from shardline.core.shards import unpack_bytes
+
+        return unpack_bytes(data, int(raw_bytes), uri, compression)
+    return data
+
+
+def fetch_verified(uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None) -> Path:
+    """A local path holding the exact bytes of `uri` (checked against `sha256`).
+
+    Local files are used in place; remote ones are copied into the size-capped local cache (by
+    checksum, so a verified copy is reused by every later run on this machine).
+    """
+    return shared_cache().get(uri, sha256, size, compression, raw_bytes)

@@ -1,0 +1,76 @@
+"""The whole pipeline: ingest -> encode -> train -> evaluate -> register. Thin: it only wires steps.
+
+Every step is cached by the content of its inputs: what decides each step's output is declared in
+the step's own module (`INGEST_CACHE` in shardline/tasks/ingest.py, and so on; the mechanism is
+shardline/tasks/caching.py). A rerun redoes only what changed, and `force` refreshes one step and
+everything after it.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from shardline.core import storage
+from shardline.core.config import PipelineConfig, load_config, validate_config
+from shardline.flows.train import train
+from shardline.tasks.caching import STEPS, cached, run_cached
+from shardline.tasks.encode import encode
+from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
+from shardline.tasks.ingest import INGEST_CACHE, ingest
+from shardline.tasks.register import REGISTER_CACHE, register
+from shardline.tasks.train import TRAIN_CACHE, retry_on_infrastructure, train_step
+
+
+def _refreshed(force: str | None) -> set[str]:
+    if force is None:
+        return set()
+    if force not in STEPS:
+        raise ValueError(f"force='{force}' is not a step; allowed: {list(STEPS)}")
+    return set(STEPS[STEPS.index(force):])
+
+
+def resolve_config(config: PipelineConfig | dict | str) -> PipelineConfig:
+    """A deployment's `config` parameter: a path to a YAML file (on the worker), or the config inline."""
+    if isinstance(config, PipelineConfig):
+        return config
+    if isinstance(config, str):
+        return load_config(config)
+    return validate_config(config, "the 'config' parameter")
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
+    """Raw parquet to a registered, evaluated model version. `config`: a YAML path or the config itself."""
+    config = resolve_config(config)
+    root = config.storage.root
+    refresh = _refreshed(force)
+    ran: dict[str, bool] = {}
+
+    snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data)
+
+    manifest_uri, ran["encode"] = encode(snapshot, config.data, root, refresh="encode" in refresh)
+    manifest_hash = storage.sha256_uri(manifest_uri)
+
+    # retried after an infrastructure failure (I/O, network, CUDA), resuming from the newest checkpoint
+    train_t = cached(train_step, TRAIN_CACHE, root, "train" in refresh).with_options(
+        retries=config.training.max_restarts, retry_delay_seconds=5, retry_condition_fn=retry_on_infrastructure
+    )
+    state = train_t(manifest_uri, manifest_hash, config, train, return_state=True)
+    trained, ran["train"] = state.result(), state.name != "Cached"
+
+    scores, ran["evaluate"] = run_cached(evaluate, EVALUATE_CACHE, root, "evaluate" in refresh, manifest_uri, trained, config)
+
+    registered, ran["register"] = run_cached(
+        register, REGISTER_CACHE, root, "register" in refresh, config, snapshot, manifest_uri, trained, scores
+    )
+
+    return {
+        "steps": {step: ("ran" if did else "cached") for step, did in ran.items()},
+        "snapshot": {"files": len(snapshot.files), "skipped": [r.model_dump() for r in snapshot.rejected], "fingerprint": snapshot.fingerprint},
+        "manifest": manifest_uri,
+        "train": {k: trained.get(k) for k in ("best_checkpoint", "best_val_loss", "steps", "device", "precision", "mlflow_run_id", "host", "flow_runs", "resumed_from", "run_dir")},
+        "metrics": scores["metrics"],
+        "baseline": scores["baseline"],
+        "table": scores["table"],
+        "registered": registered,
+    }

@@ -1,0 +1,16 @@
+"""The training flow: shards in, best checkpoint out. A flow of its own so that it can be deployed to
+a GPU work pool (prefect.yaml: `train/train`) and dispatched by the pipeline; in-process it is the
+pipeline's subflow. The run itself (shardline/tasks/training_run.py) is the same on both paths."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from shardline.core.config import PipelineConfig
+from shardline.tasks.training_run import run_training
+
+
+@flow(name="train", log_prints=True)
+def train(manifest_uri: str, config: PipelineConfig) -> dict:
+    """Train the configured model on the manifest's shards; return the best checkpoint and its scores."""
+    return run_training(manifest_uri, config)

@@ -1,0 +1,190 @@
+"""Ingest: list the raw parquet files, check each one's schema from its footer, return a snapshot."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from prefect import task
+from prefect.logging import get_run_logger
+
+from shardline.core.config import FILE_SEQUENCE, DataConfig
+from shardline.core.encoding import DataError
+from shardline.core.manifest import RawFile, RejectedFile, Snapshot
+from shardline.core.storage import filesystem, is_remote
+from shardline.tasks.caching import CacheRule
+
+
+def list_source(source: str) -> list[str]:
+    """Every parquet file that `source` (a path, a folder, a glob or an fsspec URL) names, sorted."""
+    fs, path = filesystem(source)
+    if any(ch in path for ch in "*?["):
+        paths = fs.glob(path)
+    elif fs.isdir(path):
+        paths = [p for p in fs.find(path) if p.endswith(".parquet")]
+    elif fs.exists(path):
+        paths = [path]
+    else:
+        paths = []
+    paths = [p for p in paths if not os.path.basename(p).startswith((".", "_")) and fs.isfile(p)]
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if is_remote(source):
+        return sorted(f"{protocol}://{p}" for p in paths)
+    return sorted(paths)
+
+
+def _kind_ok(kind: str, t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    numeric = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+    if kind == "continuous":
+        return numeric or pa.types.is_boolean(t)
+    if kind == "boolean":
+        return pa.types.is_boolean(t)
+    if kind in ("categorical", "classification target", "sequence key"):
+        return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_boolean(t)
+    if kind == "regression target":
+        return numeric
+    if kind == "order":
+        return pa.types.is_integer(t) or pa.types.is_temporal(t)
+    if kind == "split column":
+        return numeric or pa.types.is_temporal(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+    raise AssertionError(kind)
+
+
+_ALLOWED = {
+    "continuous": "a number (int or float) or a boolean",
+    "boolean": "a boolean",
+    "categorical": "a string, an integer or a boolean",
+    "classification target": "a string, an integer or a boolean",
+    "sequence key": "a string or an integer",
+    "regression target": "a number",
+    "order": "an integer or a date/time",
+    "split column": "a number, a date/time or a string",
+}
+
+
+def expected_columns(data: DataConfig) -> dict[str, str]:
+    """column -> the role it plays (used for the checks and their messages)."""
+    roles: dict[str, str] = {}
+    for c in data.features.continuous:
+        roles[c] = "continuous"
+    for c in data.features.boolean:
+        roles[c] = "boolean"
+    for c in data.features.categorical:
+        roles[c] = "categorical"
+    roles.setdefault(data.target.column, f"{data.target.task} target")
+    if data.sequence_key and data.sequence_key != FILE_SEQUENCE:
+        roles.setdefault(data.sequence_key, "sequence key")
+    if data.order_by:
+        roles.setdefault(data.order_by, "order")
+    if data.split.method == "range" and data.split.column:
+        roles.setdefault(data.split.column, "split column")
+    return roles
+
+
+def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
+    """Reasons this file cannot be used (empty when it fits the config)."""
+    problems = []
+    for col, kind in expected_columns(data).items():
+        idx = schema.get_field_index(col)
+        if idx < 0:
+            problems.append(f"missing column '{col}' (the {kind} in data.features/target/split)")
+            continue
+        t = schema.field(idx).type
+        if not _kind_ok(kind, t):
+            problems.append(f"column '{col}' has type {t}, but as the {kind} it must be {_ALLOWED[kind]}")
+    return problems
+
+
+def _version(info: dict, local: bool) -> str:
+    if not local:
+        for key in ("ETag", "etag", "md5", "generation", "version_id"):
+            if info.get(key):
+                return str(info[key]).strip('"')
+    mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("created")
+    if hasattr(mtime, "timestamp"):
+        mtime = mtime.timestamp()
+    return str(mtime)
+
+
+def stat_files(uris: list[str]) -> list[tuple[str, int, str]]:
+    """(uri, size, version) per file: mtime_ns on local disks, the etag on object stores."""
+    out = []
+    for uri in uris:
+        if not is_remote(uri):
+            st = os.stat(uri)
+            out.append((uri, st.st_size, str(st.st_mtime_ns)))
+        else:
+            fs, path = filesystem(uri)
+            info = fs.info(path)
+            out.append((uri, int(info["size"]), _version(info, False)))
+    return out
+
+
+def source_listing(data: DataConfig) -> list[tuple[str, int, str]]:
+    """What the source holds now, cheaply (a listing, no file read): the ingest step's cache key."""
+    return stat_files(list_source(data.source))
+
+
+def snapshot_source(data: DataConfig) -> Snapshot:
+    """List and check the raw files (footers only); raise on a bad file unless data.on_bad_file is 'skip'."""
+    uris = list_source(data.source)
+    if not uris:
+        raise DataError(
+            f"data.source '{data.source}' matched no parquet file; check the path or glob (e.g. 'data/raw/*.parquet' or 's3://bucket/raw/*.parquet')"
+        )
+    files: list[RawFile] = []
+    rejected: list[RejectedFile] = []
+    for uri, size, version in stat_files(uris):
+        fs, path = filesystem(uri)
+        try:
+            with fs.open(path, "rb") as f:
+                schema = pq.read_schema(f)
+        except Exception as e:  # unreadable footer: a truncated or non-parquet file
+            rejected.append(RejectedFile(uri=uri, reason=f"not a readable parquet file ({type(e).__name__}: {e})"))
+            continue
+        problems = check_schema(schema, data)
+        if problems:
+            rejected.append(RejectedFile(uri=uri, reason="; ".join(problems)))
+        else:
+            files.append(RawFile(uri=uri, size=size, version=version))
+    if rejected and data.on_bad_file == "fail":
+        listing = "\n".join(f"  - {r.uri}: {r.reason}" for r in rejected)
+        raise DataError(
+            f"{len(rejected)} of {len(uris)} raw file(s) do not match the config:\n{listing}\n"
+            "Fix or remove them, or set data.on_bad_file: skip to train without them."
+        )
+    if not files:
+        raise DataError(f"data.source '{data.source}': none of the {len(uris)} file(s) can be used; see the reasons above")
+    return Snapshot(source=data.source, files=files, rejected=rejected, fingerprint=Snapshot.fingerprint_of(files))
+
+
+@task(name="ingest", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=lambda t, r, s: _is_transient(s))
+def ingest(data: DataConfig) -> Snapshot:
+    """List the raw files and check their schemas; return the snapshot."""
+    log = get_run_logger()
+    snap = snapshot_source(data)
+    log.info("ingest: %d file(s), %.1f MB, fingerprint %s", len(snap.files), sum(f.size for f in snap.files) / 1e6, snap.fingerprint[:12])
+    for r in snap.rejected:
+        log.warning("ingest: skipped %s: %s", r.uri, r.reason)
+    return snap
+
+
+def _is_transient(state) -> bool:
+    """Retry I/O hiccups, never a user's mistake."""
+    try:
+        state.result()
+    except (DataError, ValueError):
+        return False
+    except Exception:
+        return True
+    return False
+
+
+# What decides the snapshot: the listing under data.source (each file's path, size and etag/mtime)
+# and the data config it is checked against.
+INGEST_CACHE = CacheRule(
+    "ingest", key=lambda inputs: (source_listing(inputs["data"]), inputs["data"].model_dump(mode="json")), code=(__name__,)
+)

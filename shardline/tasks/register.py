@@ -1,0 +1,188 @@
+"""Register: log the model (raw rows in, encoding inside) to MLflow and move `champion` only on merit."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import warnings
+from pathlib import Path
+
+import yaml
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.logging import get_run_logger
+
+from shardline.core import storage
+from shardline.core.config import PipelineConfig
+from shardline.core.manifest import Manifest, Snapshot
+from shardline.trainer.serving import bundle_dict, input_columns, key_columns
+from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri
+from shardline.core.version import code_version
+from shardline.tasks.caching import CacheRule
+
+PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import version
+
+    reqs = []
+    for pkg in ("torch", "polars", "pyarrow", "numpy", "pandas", "pydantic", "mlflow"):
+        v = version(pkg).split("+")[0]
+        reqs.append(f"{pkg}=={v}")
+    return reqs + ["shardline"]
+
+
+def _signature(spec, sample_uri: str):
+    """Input schema: the raw columns the model needs (the target is not one); output: keys + prediction."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow.parquet as pq
+    from mlflow.models import infer_signature
+
+    fs, path = storage.filesystem(sample_uri)
+    with fs.open(path, "rb") as f:
+        sample = pq.ParquetFile(f).read_row_group(0, columns=input_columns(spec)).slice(0, 5).to_pandas()
+    out = {k: (np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy()) for k in key_columns(spec)}
+    if spec.target.task == "classification":
+        out.update(prediction=np.array(["a"], dtype=object), probability=np.zeros(1, np.float32))
+    else:
+        out.update(prediction=np.zeros(1, np.float64))
+    with warnings.catch_warnings():  # the integer-columns hint: nulls in them are handled by the encoding
+        warnings.simplefilter("ignore", UserWarning)
+        return infer_signature(sample, pd.DataFrame(out)), sample
+
+
+def champion_gate(client, name: str, metric: str, direction: str, new_value: float) -> tuple[bool, dict | None]:
+    """Whether the new version beats the current champion on `metric` (True when there is none)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        current = client.get_model_version_by_alias(name, "champion")
+    except MlflowException:
+        return True, None
+    old = current.tags.get(f"metric.{metric}")
+    if old is None:
+        return True, {"version": current.version, "value": None}
+    old = float(old)
+    better = new_value > old if direction == "maximize" else new_value < old
+    return better, {"version": current.version, "value": old}
+
+
+def register_model(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict) -> dict:
+    import mlflow
+    import torch
+
+    from shardline.trainer.checkpoint import load_checkpoint
+
+    manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+    spec = manifest.encoding
+    tracker = Tracker(config.mlflow, config.storage.root)
+    client = tracker.client
+    run_id = train_result["mlflow_run_id"]
+    metric_name = config.mlflow.promotion_metric
+    new_value = float(eval_result["metrics"][metric_name])
+    tags = {
+        "shardline.data_fingerprint": manifest.data_fingerprint,
+        "shardline.config_hash": config.hash(),
+        "shardline.code_version": code_version(),
+        "shardline.encoding_hash": manifest.encoding_hash,
+    }
+    ckpt = load_checkpoint(train_result["best_checkpoint"])
+    with fluent_tracking_uri(tracker.uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
+        tmp = Path(tmp)
+        torch.save(ckpt["model"], tmp / "weights.pt")
+        (tmp / "bundle.json").write_text(json.dumps(bundle_dict(spec, ckpt["model_spec"], {"tags": tags}), indent=1))
+        (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=1))
+        signature, sample = _signature(spec, snapshot.files[0].uri)
+        with mlflow.start_run(run_id=run_id):
+            mlflow.log_metrics({f"test/{k}": v for k, v in eval_result["metrics"].items()})
+            mlflow.log_metrics({f"baseline/{k}": v for k, v in eval_result["baseline"].items()})
+            mlflow.set_tags(tags)
+            for f in eval_result["files"]:
+                mlflow.log_artifact(f, artifact_path="evaluation")
+            mlflow.log_artifact(str(tmp / "config.yaml"))
+            mlflow.log_artifact(str(tmp / "manifest.json"))
+            if snapshot.rejected:
+                mlflow.log_dict({"skipped_files": [r.model_dump() for r in snapshot.rejected]}, "skipped_files.json")
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=str(PYFUNC_CODE),
+                artifacts={"weights": str(tmp / "weights.pt"), "bundle": str(tmp / "bundle.json")},
+                signature=signature,
+                input_example=sample,
+                pip_requirements=_requirements(),
+                tags=tags,
+            )
+        version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
+    for k, v in eval_result["metrics"].items():
+        client.set_model_version_tag(config.mlflow.model_name, version.version, f"metric.{k}", str(v))
+    promote, previous = champion_gate(client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value)
+    alias = "champion" if promote else "challenger"
+    client.set_registered_model_alias(config.mlflow.model_name, alias, version.version)
+    return {
+        "model_name": config.mlflow.model_name,
+        "version": int(version.version),
+        "alias": alias,
+        "previous_champion": previous,
+        "model_uri": f"models:/{config.mlflow.model_name}/{version.version}",
+        "run_id": run_id,
+        "tracking_uri": tracker.uri,
+        "promotion_metric": metric_name,
+        "value": new_value,
+    }
+
+
+@task(name="register")
+def register(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict) -> dict:
+    """Log the raw-rows model with its metrics and plots; register a version; move the champion alias on merit."""
+    log = get_run_logger()
+    reg = register_model(config, snapshot, manifest_uri, train_result, eval_result)
+    prev = reg["previous_champion"]
+    verdict = (
+        f"promoted to **champion** (previous champion v{prev['version']}: {prev['value']})" if reg["alias"] == "champion" and prev
+        else "the first **champion**" if reg["alias"] == "champion"
+        else f"kept as **challenger**: champion v{prev['version']} has {reg['promotion_metric']}={prev['value']}"
+    )
+    skipped = "".join(f"\n- skipped `{r.uri}`: {r.reason}" for r in snapshot.rejected)
+    create_markdown_artifact(
+        key="model-report",
+        markdown=(
+            f"## {reg['model_name']} v{reg['version']}: {verdict}\n\n{eval_result['table']}\n\n"
+            f"- MLflow run `{reg['run_id']}` at `{reg['tracking_uri']}`\n- model `{reg['model_uri']}`\n"
+            f"- trained on {train_result['device']} ({train_result['precision']}), {train_result['steps']} steps"
+            + (f"\n\nSkipped raw files:{skipped}" if skipped else "")
+        ),
+        description="metrics against the baseline and the registered model version",
+    )
+    log.info("register: %s v%s -> %s", reg["model_name"], reg["version"], reg["alias"])
+    return reg
+
+
+def version_exists(reg: dict, inputs: dict | None = None) -> bool:
+    """A cached registration still stands: its model version is in the registry, from the same run."""
+    from mlflow import MlflowClient
+
+    try:
+        version = MlflowClient(reg["tracking_uri"]).get_model_version(reg["model_name"], str(reg["version"]))
+    except Exception:
+        return False
+    return version.run_id == reg["run_id"]
+
+
+# What decides the registered version: the weights, their test metrics, the raw data's fingerprint,
+# the registry settings and the whole config (logged with the model); the logged model's own code
+# (pyfunc_model.py) counts as code. A cached registration stands while its version is in the registry.
+REGISTER_CACHE = CacheRule(
+    "register",
+    key=lambda inputs: (
+        inputs["train_result"]["best_sha256"],
+        inputs["eval_result"]["metrics"],
+        inputs["snapshot"].fingerprint,
+        inputs["config"].mlflow.model_dump(mode="json"),
+        inputs["config"].hash(),
+    ),
+    code=(__name__, "shardline.tasks.pyfunc_model"),
+    still_valid=version_exists,
+)

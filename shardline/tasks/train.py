@@ -1,0 +1,180 @@
+"""Train: run the training flow on the encoded data set, as a cached step of the pipeline.
+
+In-process (`compute.train_on: local`, the laptop default) the training flow is a subflow. Dispatched
+(`compute.train_on: deployment`) it is a flow run of the training deployment on its work pool (GPU
+workers), and this step is its watchdog: Prefect does not retry a Crashed flow run (its process or
+machine died, its pod was evicted, the spot instance was reclaimed), so a crashed or preempted run is
+dispatched again, up to `compute.max_preemptions`, and resumes from its newest checkpoint in storage.
+A run that Failed (a real error in the code, the config or the data) is not dispatched again.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from prefect import task
+from prefect.logging import get_run_logger
+
+from shardline.core import storage
+from shardline.core.config import PipelineConfig
+from shardline.tasks.caching import CacheRule
+from shardline.tasks.training_run import RESULT_FILE, load_manifest, run_dir
+
+
+class TrainingRunFailed(RuntimeError):
+    """The dispatched training run failed for a reason a re-dispatch would not fix (or its budget is spent)."""
+
+
+@task(name="train")
+def train_step(manifest_uri: str, manifest_hash: str, config: PipelineConfig, train_here: Callable[[str, PipelineConfig], dict]) -> dict:
+    """Train on the manifest's shards where the config says: in this process (`train_here`, the training
+    flow as a subflow), or on the training deployment's work pool."""
+    if config.compute.train_on == "deployment":
+        return dispatch_training(manifest_uri, config)
+    return train_here(manifest_uri, config)
+
+
+def was_preempted(state) -> bool:
+    """Crashed (infrastructure gone), or stopped by SIGTERM/SIGINT after its checkpoint (shardline.trainer.loop.Preempted)."""
+    if state.is_crashed():
+        return True
+    return state.is_failed() and "Preempted" in (state.message or "")
+
+
+def live_training_run(run_tag: str):
+    """A scheduled, pending or running flow run already training the run that `run_tag` names, if any."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags
+    from prefect.client.schemas.objects import StateType
+
+    with get_client(sync_client=True) as client:
+        live = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[run_tag]),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])),
+            ),
+            limit=1,
+        )
+    return live[0] if live else None
+
+
+def wait_for_flow_run(flow_run_id, timeout: float | None, poll: float):
+    import time
+
+    from prefect.client.orchestration import get_client
+
+    start = time.monotonic()
+    with get_client(sync_client=True) as client:
+        while True:
+            flow_run = client.read_flow_run(flow_run_id)
+            if flow_run.state is not None and flow_run.state.is_final():
+                return flow_run
+            if timeout is not None and time.monotonic() - start > timeout:
+                return flow_run
+            time.sleep(poll)
+
+
+def dispatch_training(manifest_uri: str, config: PipelineConfig) -> dict:
+    """Run the training deployment, re-dispatch it while it is preempted, and return its result."""
+    from prefect.deployments import run_deployment
+
+    log = get_run_logger()
+    c = config.compute
+    if not storage.is_remote(config.storage.root):
+        log.warning(
+            "compute.train_on=deployment with a local storage.root (%s): the training workers must see the same "
+            "disk. Use an object store (s3://...) for workers on other machines.", config.storage.root,
+        )
+    folder = run_dir(config, load_manifest(manifest_uri, config))
+    result_uri = storage.join(folder, RESULT_FILE)
+    run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
+    parameters = {"manifest_uri": manifest_uri, "config": config.model_dump(mode="json")}
+    runs: list[dict] = []
+    for attempt in range(c.max_preemptions + 1):
+        live = live_training_run(run_tag) if attempt == 0 else None
+        if live is not None:
+            # a pipeline killed while its training went on: wait for that run, never start a second
+            # writer of the same checkpoints
+            log.info("train: run %s (%s) is already training this; waiting for it", live.name, live.id)
+            flow_run = wait_for_flow_run(live.id, c.dispatch_timeout_seconds, c.poll_seconds)
+        else:
+            flow_run = run_deployment(
+                name=c.train_deployment, parameters=parameters, job_variables=c.job_variables or None,
+                timeout=c.dispatch_timeout_seconds, poll_interval=c.poll_seconds, as_subflow=True,
+                tags=["shardline", run_tag],
+            )
+        state = flow_run.state
+        runs.append({"name": flow_run.name, "id": str(flow_run.id), "state": state.name if state else None,
+                     "message": state.message if state else None})
+        log.info("train: dispatched run %s on %s ended %s", flow_run.name, c.train_deployment, state.name if state else "?")
+        if state is not None and state.is_completed():
+            result = json.loads(storage.read_text(result_uri))
+            return {**result, "flow_runs": runs}
+        if state is None or not state.is_final():
+            raise TrainingRunFailed(
+                f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment} was still {state.name if state else 'unknown'} "
+                f"after compute.dispatch_timeout_seconds={c.dispatch_timeout_seconds}; is a worker polling its work pool? "
+                "(shardline doctor CONFIG checks)"
+            )
+        if not was_preempted(state):
+            raise TrainingRunFailed(
+                f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment} ended {state.name}: {state.message}. "
+                "Not dispatched again: fix the error (its logs are in the Prefect UI) and rerun."
+            )
+        if attempt < c.max_preemptions:
+            log.warning("train: run %s was %s (%s); dispatching again (%d of %d), it resumes from its newest checkpoint",
+                        flow_run.name, state.name, state.message, attempt + 1, c.max_preemptions)
+    raise TrainingRunFailed(
+        f"training on {c.train_deployment} was preempted {c.max_preemptions + 1} times "
+        f"(runs: {', '.join(r['name'] + ' ' + r['id'] for r in runs)}); "
+        "its checkpoints are kept: rerun to resume, or raise compute.max_preemptions"
+    )
+
+
+# errors of the machine or the network, worth a retry that resumes from the newest checkpoint
+INFRASTRUCTURE_ERRORS = (OSError, ConnectionError, TimeoutError, MemoryError)
+INFRASTRUCTURE_MARKERS = ("CUDA", "NCCL", "cuDNN", "out of memory", "device-side")
+
+
+def is_infrastructure_failure(exc: BaseException) -> bool:
+    """True for failures of the infrastructure (retry and resume), False for a real error in the code,
+    the config or the data (fail at once with its message)."""
+    from shardline.trainer.loop import Preempted
+
+    if isinstance(exc, Preempted):  # asked to stop: stopping is the answer, not a retry
+        return False
+    if isinstance(exc, (ValueError, TypeError, KeyError, IndexError, AssertionError, NotImplementedError)):
+        return False
+    if isinstance(exc, INFRASTRUCTURE_ERRORS):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in INFRASTRUCTURE_MARKERS)
+
+
+def retry_on_infrastructure(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except BaseException as e:  # noqa: BLE001 - classifying, not swallowing
+        return is_infrastructure_failure(e)
+    return False
+
+
+def checkpoint_intact(result: dict, inputs: dict) -> bool:
+    """A cached training result stands while its best checkpoint is in storage with its checksum."""
+    uri = result.get("best_checkpoint")
+    return bool(uri) and storage.exists(uri) and storage.sha256_uri(uri) == result.get("best_sha256")
+
+
+def train_key(inputs: dict) -> tuple:
+    """What decides the trained weights: the data (the manifest's checksum), the model, the training
+    settings that change what is computed, and the MLflow run they are logged to."""
+    cfg: PipelineConfig = inputs["config"]
+    return (
+        inputs["manifest_hash"],
+        cfg.model.model_dump(mode="json"),
+        cfg.training.model_dump(mode="json", exclude=set(cfg.training.RESUMABLE_CHANGES)),
+        cfg.mlflow.model_dump(mode="json", include={"tracking_uri", "experiment"}),
+    )
+
+
+TRAIN_CACHE = CacheRule("train", key=train_key, code=(__name__,), still_valid=checkpoint_intact)

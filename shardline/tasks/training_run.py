@@ -1,0 +1,132 @@
+"""One training run, shared by the pipeline's train step (in-process) and the training flow (on a GPU
+pool): its folder in storage, the check that the shards fit the config, one MLflow run however often
+it is interrupted (continued, with the replayed steps logged once), and `result.json` beside the
+checkpoints for a dispatcher on another machine."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import yaml
+from prefect import get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from shardline.core import storage
+from shardline.core.config import PipelineConfig, stable_hash
+from shardline.core.encoding import contract, contract_differences, contract_hash, contract_of
+from shardline.core.manifest import Manifest
+from shardline.core.tracking import Tracker, flatten
+from shardline.core.version import code_version
+
+RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
+
+
+def run_dir(config: PipelineConfig, manifest: Manifest) -> str:
+    """Where one training run's checkpoints and evaluation live: addressed by data + model + training config."""
+    training = config.training.model_dump(mode="json", exclude=set(config.training.RESUMABLE_CHANGES))
+    key = stable_hash({"manifest": manifest.hash(), "model": config.model.model_dump(mode="json"), "training": training})[:20]
+    return storage.join(config.storage.root, "runs", key)
+
+
+def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
+    """Read the manifest and refuse it when its encoding disagrees with the config."""
+    manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+    expected = contract(config.data)
+    if manifest.contract_hash != contract_hash(expected):
+        diffs = contract_differences(expected, contract_of(manifest.encoding))
+        raise ValueError(
+            f"the shards in {manifest_uri} were encoded for another config:\n  "
+            + "\n  ".join(diffs or ["(the encoding contract hash differs)"])
+            + "\nRe-run the pipeline so the encode step writes shards for this config."
+        )
+    return manifest
+
+
+def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
+    """Train the configured model on the manifest's shards, resuming its newest checkpoint; return the best
+    checkpoint and its scores (also written beside the checkpoints as `result.json`)."""
+    from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
+    from shardline.trainer.data import open_split
+    from shardline.trainer.loop import Preempted, fit
+    from shardline.trainer.models import model_spec
+
+    log = get_run_logger()
+    manifest = load_manifest(manifest_uri, config)
+    spec = manifest.encoding
+    train_data = open_split(manifest, manifest_uri, "train")
+    val_data = open_split(manifest, manifest_uri, "validation")
+    folder = run_dir(config, manifest)
+    ckpt_dir = storage.join(folder, "checkpoints")
+    # the resolved config (after extends and --set) is stored with what it produced
+    storage.write_text(storage.join(folder, "config.yaml"), yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+    tracker = Tracker(config.mlflow, config.storage.root, journal=None if storage.is_remote(folder) else storage.join(folder, "mlflow-journal.jsonl"))
+    # one MLflow run per training run, however often it is interrupted: its id is kept beside the checkpoints
+    run_file = storage.join(folder, "mlflow-run.json")
+    prev_run = json.loads(storage.read_text(run_file))["run_id"] if storage.exists(run_file) else None
+    run_id = tracker.start(
+        prev_run,
+        run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+        tags={"shardline.config_hash": config.hash(), "shardline.data_fingerprint": manifest.data_fingerprint, "shardline.code_version": code_version()},
+    )
+    if run_id and run_id != prev_run:
+        storage.write_text(run_file, json.dumps({"run_id": run_id, "tracking_uri": tracker.uri}))
+    tracker.log_params(flatten(config.model_dump(mode="json")))
+    previous = latest_checkpoint(ckpt_dir)
+    if previous:
+        log.info("train: resuming from %s (MLflow run %s)", previous[0], run_id)
+    # a resumed run replays the steps between its checkpoint and the kill: log each step once
+    logged_step = tracker.last_step("train/train_loss") if prev_run else -1
+    logged_epoch = tracker.last_step("epoch/val_loss") if prev_run else -1
+
+    total = config.training.epochs
+    progress = create_progress_artifact(progress=0.0, key="train-progress", description="epochs done (%)")
+
+    def on_step(step: int, metrics: dict) -> None:
+        if step <= logged_step:
+            return
+        tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)
+
+    def on_epoch(epoch: int, metrics: dict) -> None:
+        if epoch <= logged_epoch:
+            return
+        tracker.log_metrics({f"epoch/{k}": v for k, v in metrics.items()}, epoch)
+        update_progress_artifact(artifact_id=progress, progress=100.0 * (epoch + 1) / total)
+
+    n_cont = len(spec.continuous)
+    mspec = model_spec(config.model, n_cont, spec.cat_cardinalities, spec.window, spec.target.n_outputs)
+    try:
+        result = fit(
+            train_data, val_data, mspec, config.training, spec.target.task, ckpt_dir,
+            on_step=on_step, on_epoch=on_epoch,
+            run_meta={"mlflow_run_id": run_id, "config_hash": config.hash(), "manifest": manifest_uri},
+            log=log.info,
+        )
+    except Preempted:
+        tracker.end("KILLED")  # resumed later into the same run
+        raise
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    tracker.end("FINISHED")
+    best = best_checkpoint(ckpt_dir)
+    out = {
+        "best_sha256": best[1]["sha256"] if best else None,
+        "run_dir": folder,
+        "best_checkpoint": result.best_checkpoint,
+        "last_checkpoint": result.last_checkpoint,
+        "best_val_loss": result.best_score,
+        "history": result.history,
+        "steps": result.steps,
+        "device": result.device,
+        "precision": result.precision,
+        "resumed_from": result.resumed_from,
+        "mlflow_run_id": run_id,
+        "tracking_uri": tracker.uri,
+        "host": socket.gethostname(),
+    }
+    # beside the checkpoints, for a dispatcher on another machine (small results, big data in storage)
+    storage.write_text(storage.join(folder, RESULT_FILE), json.dumps(out, indent=1))
+    return out

@@ -1,0 +1,27 @@
+"""Shardline's trainer: windows over shards, two model families, a resumable training loop.
+
+Pure PyTorch + numpy (no Prefect, no MLflow). Names are imported lazily so `import shardline.trainer` stays cheap:
+    from shardline.trainer import fit, predict, load_model, open_split, build_model
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "pick_device": "device", "pick_precision": "device", "autocast": "device", "needs_grad_scaler": "device",
+    "Batch": "data", "SplitData": "data", "WindowLoader": "data", "open_split": "data",
+    "build_model": "models", "model_from_spec": "models", "model_spec": "models",
+    "save_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint", "best_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint",
+    "fit": "loop", "predict": "loop", "load_model": "loop", "evaluate": "loop", "FitResult": "loop", "Preempted": "loop",
+    "PREEMPTED_EXIT_CODE": "loop",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'shardline.trainer' has no attribute '{name}'")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

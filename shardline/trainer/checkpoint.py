@@ -1,0 +1,221 @@
+"""Checkpoints: tensors in `ckpt-{step:09d}.pt`, a readable JSON sidecar beside each, a `best.json` pointer.
+
+Write order makes every reader safe without locks:
+  1. `ckpt-N.pt`   (atomic: temp file + rename locally, one PUT on object stores)
+  2. `ckpt-N.json` (records the .pt's sha256 and size; a checkpoint exists only once this exists and matches)
+  3. `best.json`   (when this one is the best so far)
+  4. pruning: older checkpoints beyond the newest `keep` (the best is always kept), sidecar first.
+A process killed anywhere in that sequence leaves at worst a .pt without a sidecar (ignored, pruned
+later), a stale `best.json` (`point_best` repairs it on resume) or a temp file (`remove_temp_files`).
+Works on local paths and fsspec URLs. Loading is `torch.load(..., weights_only=True)`: no pickles.
+
+Test hook, off unless set: SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE=<seconds>[@tensors|@sidecar] makes a save
+pause that long after writing its .pt and/or after its sidecar, announcing each pause on stderr, so a test
+can kill the process inside a save deterministically (tests/test_resume_kill.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from shardline.core import storage
+
+FORMAT_VERSION = 1
+BEST = "best.json"
+_SIDECAR = re.compile(r"^ckpt-(\d{9})\.json$")
+_TENSORS = re.compile(r"^ckpt-(\d{9})\.pt$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:09d}.pt"
+
+
+def sidecar_uri(pt_uri: str) -> str:
+    return pt_uri[: -len(".pt")] + ".json"
+
+
+def _names(dir_uri: str) -> list[str]:
+    """File names in a checkpoint folder, temp files left out; [] when the folder does not exist."""
+    if storage.is_remote(dir_uri):
+        fs, path = storage.filesystem(dir_uri)
+        fs.invalidate_cache(path)  # another process (a resumed run) may have written since we last listed
+        if not fs.exists(path):
+            return []
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
+    else:
+        folder = Path(storage.local_path(dir_uri))
+        names = os.listdir(folder) if folder.is_dir() else []
+    return sorted(n for n in names if not n.startswith(storage.TMP_MARK))
+
+
+def _delete(uri: str) -> None:
+    if storage.is_remote(uri):
+        fs, path = storage.filesystem(uri)
+        if fs.exists(path):
+            fs.rm(path)
+    else:
+        Path(storage.local_path(uri)).unlink(missing_ok=True)
+
+
+def _read_json(uri: str) -> dict | None:
+    try:
+        return json.loads(storage.read_text(uri))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _steps(dir_uri: str) -> list[int]:
+    """Steps that have a sidecar, newest first (complete or not: see `_verified`)."""
+    return sorted((int(m.group(1)) for n in _names(dir_uri) if (m := _SIDECAR.match(n))), reverse=True)
+
+
+def _verified(dir_uri: str, name: str, check_sha: bool = True) -> tuple[str, dict] | None:
+    """(pt uri, sidecar) when `name`'s sidecar exists and its .pt is present with the recorded size and checksum."""
+    pt_uri = storage.join(dir_uri, name)
+    side = _read_json(sidecar_uri(pt_uri))
+    if not side or side.get("file") != name or not storage.exists(pt_uri):
+        return None
+    if check_sha and storage.sha256_uri(pt_uri) != side.get("sha256"):
+        return None
+    return pt_uri, side
+
+
+def _test_pause(name: str, written: str) -> None:
+    seconds, _, stage = os.environ.get("SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE", "").partition("@")
+    if seconds and float(seconds) > 0 and stage in ("", written):
+        print(f"checkpoint-write-paused {name} {written}", file=sys.stderr, flush=True)
+        time.sleep(float(seconds))
+
+
+def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: bool, keep: int) -> str:
+    """Write checkpoint `step` (tensors `state`, sidecar from `meta`), point best.json at it when `is_best`,
+    prune to the newest `keep` plus the best. Returns the .pt URI."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (training.keep_checkpoints), got {keep}")
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    name = checkpoint_name(step)
+    pt_uri = storage.join(dir_uri, name)
+    storage.write_bytes(pt_uri, data)
+    _test_pause(name, "tensors")
+    sidecar = {
+        **meta,
+        "format": FORMAT_VERSION,
+        "step": step,
+        "file": name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+        "saved_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    storage.write_text(sidecar_uri(pt_uri), json.dumps(sidecar, indent=2, sort_keys=True))
+    _test_pause(name, "sidecar")
+    if is_best:
+        _write_best(dir_uri, sidecar)
+    prune_checkpoints(dir_uri, keep)
+    return pt_uri
+
+
+def _write_best(dir_uri: str, sidecar: dict) -> None:
+    pointer = {k: sidecar.get(k) for k in ("file", "step", "sha256", "best_score")}
+    storage.write_text(storage.join(dir_uri, BEST), json.dumps(pointer, indent=2, sort_keys=True))
+
+
+def point_best(dir_uri: str, name: str) -> bool:
+    """Make best.json name checkpoint `name` unless it already does (a save killed between its sidecar and
+    best.json leaves the pointer one best behind). False when `name` is not a complete checkpoint."""
+    pointer = _read_json(storage.join(dir_uri, BEST)) or {}
+    found = _verified(dir_uri, name)
+    if found is None:
+        return False
+    if pointer.get("file") != name or pointer.get("sha256") != found[1].get("sha256"):
+        _write_best(dir_uri, found[1])
+    return True
+
+
+def remove_temp_files(dir_uri: str) -> list[str]:
+    """Delete the temp files of local writes that a killed process left in a checkpoint folder (its only
+    writer must be the caller). Object stores have none: their puts are atomic."""
+    folder = Path(storage.local_path(dir_uri))
+    if storage.is_remote(dir_uri) or not folder.is_dir():
+        return []
+    stale = sorted(n for n in os.listdir(folder) if n.startswith(storage.TMP_MARK))
+    for n in stale:
+        (folder / n).unlink(missing_ok=True)
+    return stale
+
+
+def prune_checkpoints(dir_uri: str, keep: int) -> list[str]:
+    """Delete all but the newest `keep` checkpoints and the best (sidecar first, so none looks complete
+    while half-deleted), plus stray .pt files older than the newest kept. Returns the names deleted."""
+    best = (_read_json(storage.join(dir_uri, BEST)) or {}).get("file")
+    sidecar_steps = _steps(dir_uri)
+    kept = {checkpoint_name(s) for s in sidecar_steps[:keep]} | ({best} if best else set())
+    newest = sidecar_steps[0] if sidecar_steps else -1
+    deleted = []
+    for step in sidecar_steps[keep:]:
+        name = checkpoint_name(step)
+        if name in kept:
+            continue
+        pt_uri = storage.join(dir_uri, name)
+        _delete(sidecar_uri(pt_uri))
+        _delete(pt_uri)
+        deleted.append(name)
+    for n in _names(dir_uri):  # .pt without a sidecar: a save that died between the two writes
+        m = _TENSORS.match(n)
+        if m and n not in kept and int(m.group(1)) < newest and int(m.group(1)) not in sidecar_steps:
+            _delete(storage.join(dir_uri, n))
+            deleted.append(n)
+    return deleted
+
+
+def latest_checkpoint(dir_uri: str) -> tuple[str, dict] | None:
+    """The newest complete checkpoint as (pt uri, sidecar); ones with a missing or damaged .pt are skipped."""
+    for step in _steps(dir_uri):
+        found = _verified(dir_uri, checkpoint_name(step))
+        if found:
+            return found
+    return None
+
+
+def best_checkpoint(dir_uri: str) -> tuple[str, dict] | None:
+    """The checkpoint best.json names, as (pt uri, sidecar), when it is complete."""
+    pointer = _read_json(storage.join(dir_uri, BEST))
+    if not pointer or not _TENSORS.match(str(pointer.get("file", ""))):
+        return None
+    return _verified(dir_uri, pointer["file"])
+
+
+def list_checkpoints(dir_uri: str) -> list[str]:
+    """Names of the checkpoints that have a sidecar, oldest first (not checksum-verified)."""
+    return [checkpoint_name(s) for s in reversed(_steps(dir_uri))]
+
+
+def load_checkpoint(uri: str) -> dict:
+    """The tensors and plain data of a checkpoint, on the CPU; checked against its sidecar when it has one."""
+    data = storage.read_bytes(uri)
+    side = _read_json(sidecar_uri(uri)) if uri.endswith(".pt") else None
+    if side and side.get("sha256") and hashlib.sha256(data).hexdigest() != side["sha256"]:
+        raise IOError(f"{uri}: checksum does not match its sidecar ({side['sha256'][:12]}): the file is damaged or half-written")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def clear_checkpoints(dir_uri: str) -> list[str]:
+    """Delete every checkpoint file and best.json in `dir_uri` (a fresh run in a used folder)."""
+    deleted = []
+    names = _names(dir_uri)
+    for n in [BEST, *[n for n in names if _SIDECAR.match(n)], *[n for n in names if _TENSORS.match(n)]]:
+        if n in names:
+            _delete(storage.join(dir_uri, n))
+            deleted.append(n)
+    return deleted

@@ -1,0 +1,635 @@
+"""Windows over shards: a zero-copy view of a split, vectorised batch gathering, and a resumable loader.
+
+A window is K consecutive rows [s, s+K) of one sequence segment; its target is the row
+s + K - 1 + horizon. Windows are numbered across the split's shards in order (shard 0's windows
+first), and that numbering is the "window order" every output of this package uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shardline.core.codes import Globaliser
+from shardline.core.manifest import Manifest
+from shardline.core.shards import arrays_in, map_file, pack_layout, read_arrays, window_starts
+from shardline.core.storage import ShardCache, is_remote, join, local_path, read_verified, shared_cache
+
+LOADER_STATE_VERSION = 3  # 3: a plain global permutation (the split is joined: no grouping by shard); shard-then-window when streaming
+ARRAYS = ("cont", "cat", "target", "order", "offsets")
+CHUNK_BYTES = 2 << 20  # the loader gathers about this many bytes of windows at a time
+MAX_BATCHES_PER_GATHER = 16
+
+
+def _tensor(arr: np.ndarray) -> torch.Tensor:
+    """A torch view of a (possibly read-only, memory-mapped) array, without copying it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only mmap: we never write through the view
+        return torch.from_numpy(np.asarray(arr))
+
+
+def _cast(t: torch.Tensor, floating: bool) -> torch.Tensor:
+    if floating:
+        return t if t.dtype == torch.float32 else t.float()
+    return t if t.dtype == torch.int64 else t.long()
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch as stored (narrow dtypes: float16/32 `cont`, int8/16/32 `cat`, the target's stored type),
+    so the bytes moved to the device are the fewest; `to(device)` widens them there."""
+
+    cont: torch.Tensor  # [B, K, n_cont]
+    cat: torch.Tensor  # [B, K, n_cat]
+    target: torch.Tensor  # [B] class ids or standardised values
+
+    def __len__(self) -> int:
+        return self.target.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.cont, self.cat, self.target))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """On `device`, as the model takes it: float32 features, int64 ids, int64 classes / float32 values."""
+        cont, cat, target = (t.to(device, non_blocking=non_blocking) for t in (self.cont, self.cat, self.target))
+        return Batch(_cast(cont, True), _cast(cat, False), _cast(target, target.is_floating_point()))
+
+    def pin_memory(self) -> Batch:
+        return Batch(self.cont.pin_memory(), self.cat.pin_memory(), self.target.pin_memory())
+
+
+class Windows:
+    """The K-row windows of a [rows, F] array. Window s is rows [s, s+K): one contiguous block of
+    memory, so the array is also seen as a 1-D array of overlapping K-row records (a record starts
+    at every row), and a batch of windows is one fancy index on it: one memcpy of K rows per window,
+    exactly what gathering materialised windows costs, from K times fewer bytes."""
+
+    def __init__(self, a: np.ndarray, k: int):
+        a = np.ascontiguousarray(a)
+        self.array, self.k, self.dtype = a, k, a.dtype
+        self.width = int(a.shape[1])
+        row = self.width * a.dtype.itemsize
+        n = max(int(a.shape[0]) - k + 1, 0)
+        self.records = None
+        if row and n:
+            self.records = np.ndarray((n,), dtype=np.dtype((np.void, k * row)), buffer=a, strides=(row,))
+
+    def gather(self, start: np.ndarray) -> np.ndarray:
+        """[len(start), K, F] windows starting at rows `start` (a new, contiguous array)."""
+        if self.records is None:
+            return np.zeros((len(start), self.k, self.width), dtype=self.dtype)
+        return self.records[start].view(self.dtype).reshape(len(start), self.k, self.width)
+
+
+class ShardView:
+    """One shard's arrays (or a split pack's joined arrays), with its window start rows; window w
+    is `cont.gather(starts[w:w+1])`, its target `target[starts[w] + shift]`."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], window: int, horizon: int, name: str = "shard", starts: np.ndarray | None = None):
+        missing = [a for a in ("cont", "cat", "target") + (("offsets",) if starts is None else ()) if a not in arrays]
+        if missing:
+            raise ValueError(f"{name} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
+        self.arrays = arrays
+        self.name = name
+        self.starts = window_starts(arrays["offsets"], window, horizon) if starts is None else starts
+        self.shift = window - 1 + horizon  # target row = start + shift
+        self.cont = Windows(np.asarray(arrays["cont"]), window)
+        self.cat = Windows(np.asarray(arrays["cat"]), window)
+        self.target = np.asarray(arrays["target"])
+
+    def gather(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.cont.gather(start), self.cat.gather(start), self.target[start + self.shift]
+
+    def order_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The `order` value of shard rows (-1 when the shard has none)."""
+        a = self.arrays
+        if "order" in a:
+            return np.asarray(a["order"])[rows]
+        if "order_start" in a:  # consecutive order inside each segment: stored once per segment
+            offsets = np.asarray(a["offsets"])
+            seg = np.searchsorted(offsets, rows, side="right") - 1
+            return np.asarray(a["order_start"])[seg] + (rows - offsets[seg])
+        return np.full(len(rows), -1, dtype=np.int64)
+
+
+class _Ref:
+    """A shard of a split: open (arrays in hand) or to be fetched from storage through the cache."""
+
+    def __init__(self, windows: int, view: ShardView | None = None, info=None, uri: str | None = None, cache=None, glob=None):
+        self.windows = windows
+        self.view = view
+        self.info = info
+        self.uri = uri
+        self.cache = cache
+        self.pinned = False
+        self.specs = glob.specs(info) if glob is not None and info is not None else (info.arrays if info is not None else None)
+        self.derived = None  # a shard in its own codes is cached already mapped to the data set's encoding
+        if glob is not None and info is not None and info.local is not None:
+            from shardline.core.storage import Derived
+
+            key = hashlib.sha256(json.dumps({"mapped": 1, "shard": info.sha256, "encoding": glob.spec.hash()}).encode()).hexdigest()
+            self.derived = Derived(key, glob.nbytes(info), lambda raw, info=info: glob.shard_bytes(raw, info))
+
+    @property
+    def name(self) -> str:
+        """The shard's object in the cache."""
+        return self.derived.key if self.derived is not None else self.info.sha256
+
+
+class SplitData:
+    """The windows of one split, over its shards' (memory-mapped) arrays, without copying them.
+
+    Built from arrays in hand (`SplitData([arrays, ...], K, horizon)`) or, by `open_split`, from a
+    manifest's shards; when the shards do not all fit in the local cache the split *streams*: a shard
+    is fetched when first needed (the loader reads ahead), and released when the loader moves on.
+    """
+
+    def __init__(self, shards: list[dict[str, np.ndarray]], window: int, horizon: int):
+        if window < 1 or horizon < 0:
+            raise ValueError(f"window must be >= 1 and horizon >= 0, got window={window}, horizon={horizon}")
+        refs = []
+        for i, arrays in enumerate(shards):
+            view = ShardView(arrays, window, horizon, name=f"shard {i}")
+            refs.append(_Ref(len(view.starts), view))
+        self._setup(refs, window, horizon, streaming=False)
+        if len(refs) > 1:  # arrays in hand (small splits, tests): joined in memory
+            joined = {n: np.concatenate([np.asarray(a[n]) for a in shards]) for n in ("cont", "cat", "target")}
+            self._join(joined, [int(np.asarray(a["cont"]).shape[0]) for a in shards])
+
+    @classmethod
+    def _from_refs(cls, refs: list[_Ref], window: int, horizon: int, streaming: bool, joined: dict | None = None, rows: list[int] | None = None) -> SplitData:
+        self = cls.__new__(cls)
+        self._setup(refs, window, horizon, streaming)
+        if joined is not None:
+            self._join(joined, rows)
+        return self
+
+    def _setup(self, refs: list[_Ref], window: int, horizon: int, streaming: bool) -> None:
+        import threading
+
+        if window < 1 or horizon < 0:
+            raise ValueError(f"window must be >= 1 and horizon >= 0, got window={window}, horizon={horizon}")
+        self.window = window
+        self.horizon = horizon
+        self.streaming = streaming
+        self._refs = refs
+        self._lock = threading.Lock()
+        self._joined: ShardView | None = refs[0].view if len(refs) == 1 and refs[0].view is not None and not streaming else None
+        counts = np.array([r.windows for r in refs], dtype=np.int64)
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # window number of each shard's first window
+        self.n_windows = int(self._first[-1])
+        self.n_shards = len(refs)
+        if refs:
+            cont, cat, target = self._meta(0)
+            self.n_cont, self.n_cat = int(cont[1][1]), int(cat[1][1])
+            self.cont_dtype, self.cat_dtype, self.target_dtype = (torch.from_numpy(np.zeros(0, np.dtype(d))).dtype for d in (cont[0], cat[0], target[0]))
+            for i in range(1, len(refs)):
+                c, k, t = self._meta(i)
+                if c[1][1] != self.n_cont or k[1][1] != self.n_cat:
+                    raise ValueError(
+                        f"shard {i} has {c[1][1]} continuous / {k[1][1]} categorical columns, shard 0 has "
+                        f"{self.n_cont} / {self.n_cat}: the shards of a split must share one encoding"
+                    )
+                if (c[0], k[0], t[0]) != (cont[0], cat[0], target[0]):
+                    raise ValueError(f"shard {i} stores {c[0]}/{k[0]}/{t[0]}, shard 0 {cont[0]}/{cat[0]}/{target[0]}: one encoding per split")
+        else:
+            self.n_cont = self.n_cat = 0
+            self.cont_dtype, self.cat_dtype, self.target_dtype = torch.float32, torch.int64, torch.int64
+        self.task = "regression" if self.target_dtype.is_floating_point else "classification"
+
+    def _join(self, joined: dict[str, np.ndarray], rows: list[int]) -> None:
+        """Every shard's cont/cat/target as one array each (the shards' rows end to end): window w
+        starts at its shard's first row plus its start inside the shard, and any batch is one gather."""
+        base = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
+        starts = np.concatenate([r.view.starts + b for r, b in zip(self._refs, base)]) if self._refs else np.zeros(0, np.int64)
+        self._joined = ShardView(joined, self.window, self.horizon, name="split", starts=starts.astype(np.int64))
+
+    def _meta(self, i: int) -> tuple:
+        """(dtype, shape) of a shard's cont, cat and target arrays, without opening a streamed shard."""
+        r = self._refs[i]
+        if r.view is not None:
+            a = r.view.arrays
+            return tuple((np.dtype(a[n].dtype).str, list(a[n].shape)) for n in ("cont", "cat", "target"))
+        spec = r.specs
+        missing = [a for a in ("cont", "cat", "target", "offsets") if a not in spec]
+        if missing:
+            raise ValueError(f"shard {r.info.path} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
+        return tuple((np.dtype(spec[n].dtype).str, list(spec[n].shape) + ([0] if len(spec[n].shape) == 1 else [])) for n in ("cont", "cat", "target"))
+
+    def __len__(self) -> int:
+        return self.n_windows
+
+    def __repr__(self) -> str:
+        return (
+            f"SplitData(shards={self.n_shards}, windows={self.n_windows}, window={self.window}, horizon={self.horizon}, "
+            f"n_cont={self.n_cont}, n_cat={self.n_cat}, task={self.task}{', streaming' if self.streaming else ''})"
+        )
+
+    # ------------------------------------------------------------ shards: open, read ahead, release
+
+    def view(self, s: int) -> ShardView:
+        """Shard `s`'s arrays (fetching a streamed shard through the cache if needed)."""
+        r = self._refs[s]
+        v = r.view
+        if v is not None:
+            return v
+        with self._lock:
+            if r.view is None:
+                if not r.pinned:
+                    r.cache.pin(r.name)
+                    r.pinned = True
+                local = r.cache.get(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes, r.derived)
+                v = ShardView(read_arrays(local, r.specs), self.window, self.horizon, name=f"shard {r.info.path}")
+                if len(v.starts) != r.windows:
+                    raise ValueError(
+                        f"shard {r.info.path}: the manifest lists {r.windows} windows but its offsets give {len(v.starts)} "
+                        f"(window={self.window}, horizon={self.horizon}); the manifest and shard disagree: re-run the encode step"
+                    )
+                r.view = v
+            return r.view
+
+    def prefetch(self, s: int) -> None:
+        """Start fetching streamed shard `s` in the background (no-op for shards in hand)."""
+        r = self._refs[s]
+        if r.view is None and r.cache is not None:
+            with self._lock:
+                if not r.pinned:
+                    r.cache.pin(r.name)
+                    r.pinned = True
+            r.cache.prefetch(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes, r.derived)
+
+    def release(self, keep: set[int]) -> None:
+        """Streaming: drop every shard not in `keep`, so the cache may evict it."""
+        if not self.streaming:
+            return
+        with self._lock:
+            for i, r in enumerate(self._refs):
+                if i in keep or r.cache is None:
+                    continue
+                r.view = None
+                if r.pinned:
+                    r.cache.unpin(r.name)
+                    r.pinned = False
+
+    @property
+    def shards(self) -> list[dict[str, np.ndarray]]:
+        """Every shard's arrays (opens streamed shards: for small splits and tests)."""
+        return [self.view(i).arrays for i in range(self.n_shards)]
+
+    @property
+    def starts(self) -> list[np.ndarray]:
+        """Every shard's window start rows (opens streamed shards)."""
+        return [self.view(i).starts for i in range(self.n_shards)]
+
+    def shard_of(self, idx: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self._first, idx, side="right") - 1
+
+    # ------------------------------------------------------------ windows
+
+    def locate(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Window numbers -> (shard index, window start row in that shard)."""
+        idx = self._check(idx)
+        shard = self.shard_of(idx)
+        start = np.empty(idx.shape, dtype=np.int64)
+        for s in np.unique(shard):
+            sel = shard == s
+            start[sel] = self.view(int(s)).starts[idx[sel] - self._first[s]]
+        return shard, start
+
+    def _check(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.n_windows):
+            raise IndexError(f"window index out of range [0, {self.n_windows})")
+        return idx
+
+    def batch(self, idx: np.ndarray, pin_memory: bool = False) -> Batch:
+        """Gather windows `idx` (in that order): one fancy index per array, a K-row block copy per window.
+
+        A split in hand is one set of arrays (one shard, or its shards joined in a split pack), so a
+        batch is one gather whichever shards it draws from; a streamed split gathers per shard.
+        """
+        idx = self._check(idx)
+        b, k = len(idx), self.window
+        if b == 0:
+            return Batch(
+                torch.empty((0, k, self.n_cont), dtype=self.cont_dtype),
+                torch.empty((0, k, self.n_cat), dtype=self.cat_dtype),
+                torch.empty(0, dtype=self.target_dtype),
+            )
+        # numpy fancy indexing: single-threaded and outside the GIL; torch's index_select spreads a
+        # small gather over OpenMP threads, which stalls ~10x when the cores are busy training
+        j = self._joined
+        if j is not None:
+            arrays = j.gather(j.starts[idx])
+        else:
+            shard = self.shard_of(idx)
+            first = int(shard[0])
+            if (shard == first).all():
+                v = self.view(first)
+                arrays = v.gather(v.starts[idx - self._first[first]])
+            else:
+                arrays = (
+                    np.empty((b, k, self.n_cont), dtype=np.dtype(self._meta(0)[0][0])),
+                    np.empty((b, k, self.n_cat), dtype=np.dtype(self._meta(0)[1][0])),
+                    np.empty(b, dtype=np.dtype(self._meta(0)[2][0])),
+                )
+                for s in np.unique(shard):
+                    sel = np.flatnonzero(shard == s)
+                    v = self.view(int(s))
+                    for out, part in zip(arrays, v.gather(v.starts[idx[sel] - self._first[s]])):
+                        out[sel] = part
+        out = Batch(*(torch.from_numpy(x) for x in arrays))
+        return out.pin_memory() if pin_memory else out
+
+    def _per_shard(self, fn) -> list:
+        """fn(view, shard index) for every shard in order, releasing streamed shards as it goes."""
+        out = []
+        for s in range(self.n_shards):
+            if s + 1 < self.n_shards:
+                self.prefetch(s + 1)
+            out.append(fn(self.view(s), s))
+            self.release({s + 1})
+        return out
+
+    def target_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(shard index, target row in that shard) of every window, in window order."""
+        shard = np.repeat(np.arange(self.n_shards, dtype=np.int64), np.diff(self._first))
+        rows = self._per_shard(lambda v, s: v.starts + v.shift)
+        return shard, (np.concatenate(rows) if rows else np.zeros(0, np.int64)).astype(np.int64)
+
+    def window_keys(self) -> dict[str, np.ndarray]:
+        """Per window, in window order: its shard, the segment (sequence) of its target row in that shard,
+        the target row, and that row's `order` value (-1 when the shard has no order)."""
+        def keys(v: ShardView, s: int):
+            row = v.starts + v.shift
+            segment = np.searchsorted(np.asarray(v.arrays["offsets"]), row, side="right") - 1
+            return row, segment, v.order_of_rows(row)
+
+        parts = self._per_shard(keys)
+        shard = np.repeat(np.arange(self.n_shards, dtype=np.int64), np.diff(self._first))
+        cat = lambda i: np.concatenate([p[i] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
+        return {"shard": shard, "segment": cat(1), "row": cat(0), "order": cat(2)}
+
+    def targets(self) -> np.ndarray:
+        """The target of every window, in window order (class ids or standardised values)."""
+        dtype = np.float32 if self.task == "regression" else np.int64
+        parts = self._per_shard(lambda v, s: np.asarray(v.arrays["target"])[v.starts + v.shift].astype(dtype))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def manifest_folder(manifest_uri: str) -> str:
+    """The folder a manifest's relative shard paths are resolved against."""
+    uri = manifest_uri.rstrip("/")
+    return uri.rsplit("/", 1)[0] if "/" in uri else "."
+
+
+def open_split(manifest: Manifest, manifest_uri: str, split: str, mmap: bool = True, cache: ShardCache | None = None) -> SplitData:
+    """The windows of `split`.
+
+    When the split fits in half the size-capped local cache, its shards are fetched (checked against
+    their sha256), unpacked, mapped from their own codes to the data set's encoding
+    (`shardline/codes.py`) and laid end to end into one *split pack* in the cache (built once,
+    reused by later runs), so the split is one set of memory-mapped arrays and a batch is one
+    gather. A split larger than that streams: a shard is fetched, mapped and cached when first
+    needed and released when passed. (One local, uncompressed shard of the earlier encoder, which
+    wrote the data set's codes, is memory-mapped in place.)
+    """
+    shards = manifest.shards_of(split)
+    folder = manifest_folder(manifest_uri)
+    enc = manifest.encoding
+    glob = Globaliser(enc)
+    uris = [join(folder, info.path) for info in shards]
+    footprint = sum(glob.nbytes(info) for info in shards)
+    in_place = len(shards) == 1 and not is_remote(uris[0]) and not shards[0].compression and shards[0].local is None
+    if in_place:
+        info = shards[0]
+        arrays = read_arrays(Path(local_path(uris[0])), info.arrays, mmap=mmap)
+        view = _checked_view(arrays, info, enc)
+        return SplitData._from_refs([_Ref(info.windows, view)], enc.window, enc.horizon, streaming=False)
+    cache = cache or shared_cache()
+    if footprint > cache.cap // 2:
+        refs = [_Ref(info.windows, info=info, uri=u, cache=cache, glob=glob) for info, u in zip(shards, uris)]
+        return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=True)
+    size, joined_specs, own_specs = pack_layout([glob.specs(info) for info in shards])
+    mapped = any(info.local is not None for info in shards)
+    key = hashlib.sha256(json.dumps(
+        {"pack": 2, "shards": [[i.sha256, i.compression] for i in shards], "encoding": enc.hash() if mapped else None}
+    ).encode()).hexdigest()
+
+    def build(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.truncate(size)
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            def put(n: int) -> None:
+                info = shards[n]
+                data = read_verified(uris[n], info.sha256, info.compression, info.raw_bytes)
+                arrays = glob.arrays(arrays_in(data, info.arrays), info.local)  # the data set's encoding, as rows
+                for name, spec in own_specs[n].items():
+                    a = np.ascontiguousarray(arrays[name])
+                    if a.nbytes:
+                        os.pwrite(fd, memoryview(a.reshape(-1).view(np.uint8)), spec.offset)
+
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(2, thread_name_prefix="shardline-pack") as pool:
+                list(pool.map(put, range(len(shards))))  # fetch, check, unpack and map two shards at a time
+        finally:
+            os.close(fd)
+
+    cache.pin(key)
+    pack = cache.build(key, size, build, f"the {split} split pack of {manifest_uri}")
+    buffer = map_file(pack, mmap)
+    refs = []
+    for info, specs in zip(shards, own_specs):
+        refs.append(_Ref(info.windows, _checked_view(arrays_in(buffer, specs), info, enc)))
+    joined = arrays_in(buffer, joined_specs) if len(shards) > 1 else None
+    return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=False, joined=joined, rows=[int(i.rows) for i in shards])
+
+
+def _checked_view(arrays: dict[str, np.ndarray], info, enc) -> ShardView:
+    view = ShardView(arrays, enc.window, enc.horizon, name=f"shard {info.path}")
+    if len(view.starts) != info.windows:
+        raise ValueError(
+            f"shard {info.path}: the manifest lists {info.windows} windows but its offsets give {len(view.starts)} "
+            f"(window={enc.window}, horizon={enc.horizon}); the manifest and shard disagree: re-run the encode step"
+        )
+    return view
+
+
+class WindowLoader:
+    """Batches of one epoch, in an order that is a pure function of (seed, epoch); resumable mid-epoch.
+
+    Its position is a few integers (`state_dict`): the epoch and how many windows of it were already
+    yielded, so a restored loader yields exactly the batches the interrupted one had not.
+    `set_epoch(e)` starts epoch e from its beginning; iterating continues from the current position.
+
+    Order: a global permutation of all windows (the split's shards are joined, so a batch is one
+    gather wherever its windows live); a streamed split (larger than the local cache) goes shard by shard
+    in a permuted shard order, windows permuted inside each shard, with the next shards read ahead.
+    Batches are gathered a few at a time (about CHUNK_BYTES per fancy index) and handed out as
+    views. `num_workers` threads gather the next ones while the current batch trains: they share
+    the arrays (no pickling), and the gathers run outside the GIL.
+    """
+
+    def __init__(
+        self,
+        data: SplitData,
+        batch_size: int,
+        seed: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        pin_memory: bool = False,
+        num_workers: int = 0,
+        read_ahead: int = 2,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.data = data
+        self.batch_size = batch_size
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.pin_memory = pin_memory and torch.cuda.is_available()
+        self.num_workers = int(num_workers)
+        self.read_ahead = max(1, int(read_ahead))
+        self.epoch = 0
+        self.offset = 0
+
+    @property
+    def n_windows(self) -> int:
+        return self.data.n_windows
+
+    @property
+    def end(self) -> int:
+        """Windows yielded in a full epoch."""
+        n = self.n_windows
+        return n - n % self.batch_size if self.drop_last else n
+
+    def __len__(self) -> int:
+        """Batches in a full epoch."""
+        return self.end // self.batch_size if self.drop_last else -(-self.n_windows // self.batch_size)
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        """The order shards are visited in (streamed splits; in-order when not shuffling)."""
+        if not self.shuffle:
+            return np.arange(self.data.n_shards, dtype=np.int64)
+        return np.random.default_rng([self.seed, epoch, 1]).permutation(self.data.n_shards)
+
+    def order(self, epoch: int) -> np.ndarray:
+        n, d = self.n_windows, self.data
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        if d.streaming:
+            first = d._first
+            parts = [
+                first[s] + np.random.default_rng([self.seed, epoch, 2, int(s)]).permutation(int(first[s + 1] - first[s]))
+                for s in self.shard_order(epoch)
+            ]
+            return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.offset = 0
+
+    def _stream_hint(self, order: np.ndarray, at: int) -> None:
+        """Streaming: keep the shards of the batch at `at`, read the next ones ahead, release the rest."""
+        d = self.data
+        lo, hi = order[at], order[min(at + self.batch_size, len(order)) - 1]
+        now = {int(d.shard_of(np.array([lo]))[0]), int(d.shard_of(np.array([hi]))[0])}
+        seq = self.shard_order(self.epoch)
+        pos = int(np.flatnonzero(seq == max(now, key=lambda s: int(np.flatnonzero(seq == s)[0])))[0])
+        ahead = [int(s) for s in seq[pos + 1 : pos + 1 + self.read_ahead]]
+        d.release(now | set(ahead))
+        for s in ahead:
+            d.prefetch(s)
+
+    def _per_gather(self) -> int:
+        """Batches gathered by one fancy index: about CHUNK_BYTES of windows (amortises the per-call
+        cost and, with workers, the hand-off between threads); each batch is then a view of it."""
+        d = self.data
+        per_window = d.window * (d.n_cont * d.cont_dtype.itemsize + d.n_cat * d.cat_dtype.itemsize) + d.target_dtype.itemsize
+        return int(min(MAX_BATCHES_PER_GATHER, max(1, -(-CHUNK_BYTES // max(1, per_window * self.batch_size)))))
+
+    def __iter__(self):
+        order = self.order(self.epoch)
+        bs, pin = self.batch_size, self.pin_memory
+        data = self.data
+        if data.streaming:
+            while self.offset < self.end:
+                self._stream_hint(order, self.offset)
+                idx = order[self.offset : self.offset + bs]
+                self.offset += len(idx)  # counted when handed out: a checkpoint after this batch resumes past it
+                yield data.batch(idx, pin_memory=pin)
+            return
+        step = bs * self._per_gather()
+        spans = [(lo, min(lo + step, self.end)) for lo in range(self.offset, self.end, step)]
+
+        def batches(big: Batch):
+            for lo in range(0, len(big), bs):
+                b = Batch(big.cont[lo : lo + bs], big.cat[lo : lo + bs], big.target[lo : lo + bs])
+                self.offset += len(b)  # counted when handed out: a checkpoint after this batch resumes past it
+                yield b  # a view of the gathered (and, for CUDA, pinned) chunk
+
+        if self.num_workers == 0:
+            for lo, hi in spans:
+                yield from batches(data.batch(order[lo:hi], pin_memory=pin))
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="shardline-loader")
+        pending: deque = deque()
+        todo = iter(spans)
+        try:
+            while True:
+                while len(pending) < 2 * self.num_workers:
+                    span = next(todo, None)
+                    if span is None:
+                        break
+                    pending.append(pool.submit(data.batch, order[span[0] : span[1]], pin))  # gathered and pinned in the worker
+                if not pending:
+                    break
+                yield from batches(pending.popleft().result())
+        finally:
+            for fut in pending:
+                fut.cancel()
+            pool.shutdown(wait=True)
+
+    def state_dict(self) -> dict:
+        return {
+            "version": LOADER_STATE_VERSION,
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "seed": self.seed,
+            "n_windows": self.n_windows,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != LOADER_STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not supported (expected {LOADER_STATE_VERSION})")
+        if state["n_windows"] != self.n_windows:
+            raise ValueError(
+                f"loader state was saved over {state['n_windows']} windows but this split has {self.n_windows}: "
+                "the data changed since the checkpoint; resume only on the same shards"
+            )
+        if state["seed"] != self.seed:
+            raise ValueError(
+                f"loader state was saved with seed {state['seed']} but this loader has seed {self.seed} "
+                "(training.seed changed): the batch order would differ"
+            )
+        if not 0 <= state["offset"] <= self.n_windows:
+            raise ValueError(f"loader state offset {state['offset']} is outside [0, {self.n_windows}]")
+        self.epoch = int(state["epoch"])
+        self.offset = int(state["offset"])

@@ -1,0 +1,507 @@
+"""The training loop: one straight step, validation per epoch, checkpoints that resume bit-exactly.
+
+A checkpoint holds everything the next step depends on: model, optimizer, GradScaler, every RNG, the
+loader position (epoch, windows already yielded), the loop counters (global step, step within the
+epoch, the epoch's running train loss) and the history. The LR is a pure function of the global step,
+so there is no scheduler state. Restoring one and continuing gives the same weights, to the bit, as a
+run that never stopped (on the same device, precision and thread count).
+
+Checkpoints are taken at each epoch end, every `checkpoint_every_steps` optimizer steps, and at the first
+step boundary `checkpoint_every_seconds` after the last one; the cadence changes when state is saved,
+never what is computed, so it may change across a resume. A process killed anywhere (SIGKILL included)
+resumes from its newest complete checkpoint; SIGTERM/SIGINT save one first and raise `Preempted`, which
+a script turns into exit status PREEMPTED_EXIT_CODE (tests/test_resume_kill.py kills real processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shardline.core.config import TrainingConfig
+from shardline.core.storage import join
+from shardline.trainer.checkpoint import (
+    best_checkpoint,
+    checkpoint_name,
+    clear_checkpoints,
+    latest_checkpoint,
+    load_checkpoint,
+    point_best,
+    remove_temp_files,
+    save_checkpoint,
+)
+from shardline.trainer.data import SplitData, WindowLoader
+from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
+from shardline.trainer.models import model_from_spec
+
+TASKS = ("classification", "regression")
+TIMING_KEYS = ("windows_per_s", "seconds")
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: what a script exits with on `Preempted`; "run me again to resume"
+
+
+class Preempted(Exception):
+    """Training stopped on SIGTERM/SIGINT after saving `checkpoint`; call `fit` again to resume."""
+
+    def __init__(self, checkpoint: str, signal_name: str):
+        super().__init__(f"training stopped by {signal_name}; checkpoint saved at {checkpoint}: run again to resume")
+        self.checkpoint = checkpoint
+        self.signal_name = signal_name
+
+
+@dataclass
+class FitResult:
+    best_checkpoint: str
+    last_checkpoint: str
+    best_score: float  # lowest val_loss
+    history: list[dict]  # one entry per epoch: epoch, step, train_loss, val_loss, val_accuracy|val_mae, lr, windows_per_s, seconds
+    steps: int  # optimizer steps taken in total
+    device: str
+    precision: str
+    resumed_from: str | None
+    run_meta: dict = field(default_factory=dict)  # as stored in the checkpoints (the first run's, on resume)
+
+
+# ---------------------------------------------------------------- pieces of the step
+
+
+def lr_at(step: int, cfg: TrainingConfig, total_steps: int) -> float:
+    """LR of optimizer step `step` (0-based): linear warm-up, then cosine to min_lr_ratio*lr, or constant."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.schedule == "constant":
+        return cfg.lr
+    ratio = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    min_lr = cfg.min_lr_ratio * cfg.lr
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - min_lr)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (Linear / attention weights) only, not on biases, norms or embeddings:
+    decaying an embedding table shrinks rare categories towards zero just for being rare."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
+    rest = [p for p in model.parameters() if not (p.dim() >= 2 and id(p) not in embeddings)]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, fused=device.type == "cuda")
+
+
+def loss_fn(task: str, out: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    if task == "classification":
+        return F.cross_entropy(out.float(), target, reduction=reduction)
+    return F.mse_loss(out[:, 0].float(), target, reduction=reduction)
+
+
+def masked_logits(out: torch.Tensor) -> torch.Tensor:
+    """Class 0 is 'unseen': never a prediction."""
+    out = out.float().clone()
+    out[:, 0] = float("-inf")
+    return out
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: SplitData, task: str, batch_size: int, device: torch.device, ctx=None) -> dict:
+    """val_loss plus val_accuracy (classification; id-0 targets count as wrong) or val_mae (standardised units)."""
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    score_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
+        b = batch.to(device)
+        with ctx or contextlib.nullcontext():
+            out = model(b.cont, b.cat)
+        loss_sum += loss_fn(task, out, b.target, reduction="sum").double()
+        if task == "classification":
+            score_sum += (masked_logits(out).argmax(dim=1) == b.target).sum()
+        else:
+            score_sum += (out[:, 0].float() - b.target).abs().sum().double()
+    model.train(was_training)
+    n = max(1, data.n_windows)
+    score_key = "val_accuracy" if task == "classification" else "val_mae"
+    return {"val_loss": loss_sum.item() / n, score_key: score_sum.item() / n}
+
+
+def rng_state() -> dict:
+    """Every RNG as tensors and plain lists (loadable with weights_only=True)."""
+    py = random.getstate()
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        state["mps"] = torch.mps.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, keys, gauss_next = state["python"]
+    random.setstate((version, tuple(keys), gauss_next))
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "mps" in state and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(state["mps"])
+
+
+class _StopFlag:
+    signal_name: str | None = None
+
+
+@contextlib.contextmanager
+def _stop_on_signals(log: Callable[[str], None]):
+    """SIGTERM/SIGINT set a flag the loop checks at each optimizer step; a second SIGINT interrupts at once."""
+    flag = _StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum, frame):
+        if flag.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        flag.signal_name = signal.Signals(signum).name
+        log(f"{flag.signal_name} received: saving a checkpoint at the next optimizer step, then stopping")
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _deterministic(device: torch.device):
+    """Deterministic kernels on the CPU for the duration of a fit (the setting is process-wide)."""
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+# ---------------------------------------------------------------- checks at the edge
+
+
+def _plain(obj, what: str):
+    try:
+        return json.loads(json.dumps(obj))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be plain JSON data (dicts, lists, strings, numbers): {e}") from None
+
+
+def _check_inputs(train: SplitData, val: SplitData, spec: dict, task: str) -> None:
+    if task not in TASKS:
+        raise ValueError(f"task='{task}' is not a task; allowed: {', '.join(TASKS)}")
+    for name, data in (("train", train), ("validation", val)):
+        if data.n_windows == 0:
+            raise ValueError(
+                f"the {name} split has no windows: each sequence needs at least window+horizon rows "
+                f"(window={data.window}, horizon={data.horizon})"
+            )
+        if data.task != task:
+            raise ValueError(f"the {name} split holds {data.task} targets but task='{task}'")
+        if data.window != spec["window"]:
+            raise ValueError(f"the model spec has window={spec['window']} but the {name} split has window={data.window}")
+        n_cat = len(spec["cat_cardinalities"])
+        if (data.n_cont, data.n_cat) != (spec["n_cont"], n_cat):
+            raise ValueError(
+                f"the {name} split has {data.n_cont} continuous / {data.n_cat} categorical columns, "
+                f"the model spec expects {spec['n_cont']} / {n_cat}"
+            )
+        for arrays in data.shards:
+            cat = np.asarray(arrays["cat"])
+            if cat.size and (cat.max(axis=0) >= np.asarray(spec["cat_cardinalities"])).any():
+                raise ValueError(f"the {name} split has categorical ids beyond the spec's cardinalities {spec['cat_cardinalities']}")
+            if task == "classification" and len(arrays["target"]) and int(np.max(arrays["target"])) >= spec["n_outputs"]:
+                raise ValueError(f"the {name} split has class ids >= n_outputs={spec['n_outputs']} of the model spec")
+    if task == "regression" and spec["n_outputs"] != 1:
+        raise ValueError(f"a regression model has n_outputs=1, the spec says {spec['n_outputs']}")
+    if task == "classification" and spec["n_outputs"] < 2:
+        raise ValueError(f"a classification model needs n_outputs >= 2 (id 0 is 'unseen'), the spec says {spec['n_outputs']}")
+
+
+def _check_same_run(sidecar: dict, spec: dict, training: dict, task: str, windows: dict, ckpt_dir: str) -> None:
+    hint = f"use another checkpoint folder than {ckpt_dir}, or resume=False to start over there"
+    if sidecar.get("model_spec") != spec:
+        raise ValueError(
+            f"the checkpoints in {ckpt_dir} belong to another model config "
+            f"(saved {sidecar.get('model_spec')}, requested {spec}); {hint}"
+        )
+    if sidecar.get("task") != task:
+        raise ValueError(f"the checkpoints in {ckpt_dir} are for task '{sidecar.get('task')}', not '{task}'; {hint}")
+    saved = sidecar.get("training", {})
+    changed = sorted(k for k in set(saved) | set(training) if k not in TrainingConfig.RESUMABLE_CHANGES and saved.get(k) != training.get(k))
+    if changed:
+        diff = ", ".join(f"training.{k}: {saved.get(k)!r} -> {training.get(k)!r}" for k in changed)
+        raise ValueError(f"the checkpoints in {ckpt_dir} were trained with other settings ({diff}); {hint}")
+    if sidecar.get("windows") != windows:
+        raise ValueError(f"the checkpoints in {ckpt_dir} were trained on other data (windows {sidecar.get('windows')}, now {windows}); {hint}")
+
+
+# ---------------------------------------------------------------- fit
+
+
+def fit(
+    train: SplitData,
+    val: SplitData,
+    model_spec: dict,
+    cfg: TrainingConfig,
+    task: str,
+    ckpt_dir: str,
+    on_step: Callable[[int, dict], None] | None = None,
+    on_epoch: Callable[[int, dict], None] | None = None,
+    run_meta: dict | None = None,
+    resume: bool = True,
+    log: Callable[[str], None] = print,
+    step_every: int = 10,
+) -> FitResult:
+    """Train `model_spec` on `train`, validate on `val` every epoch, checkpoint into `ckpt_dir`.
+
+    on_step(step, {"train_loss", "lr"}) every `step_every` optimizer steps; on_epoch(epoch, history entry)
+    after each epoch's validation, before its checkpoint (so a crash re-runs, never skips, a report).
+    With resume, the newest complete checkpoint in `ckpt_dir` is restored exactly, mid-epoch included;
+    a finished run returns its result without training. Without resume, old checkpoints there are deleted.
+    """
+    spec = _plain(model_spec, "model_spec")
+    run_meta = _plain(run_meta or {}, "run_meta")
+    _check_inputs(train, val, spec, task)
+    device = pick_device(cfg.device)
+    precision = pick_precision(cfg.precision, device)
+    training = cfg.model_dump(mode="json")
+    windows = {"train": train.n_windows, "validation": val.n_windows}
+    # test hook, off unless set: sleep after every optimizer step, so that a test can kill a run mid-way
+    step_delay = float(os.environ.get("SHARDLINE_TEST_STEP_DELAY") or 0)
+    # `shardline rehearse`: a run that did not resume preempts itself at this step (SIGTERM, the real path)
+    preempt_at = int(os.environ.get("SHARDLINE_PREEMPT_AT_STEP") or 0)
+
+    removed = remove_temp_files(ckpt_dir)  # left by a process killed inside a write
+    if removed:
+        log(f"deleted {len(removed)} temp file(s) of an interrupted checkpoint write in {ckpt_dir}")
+    found = latest_checkpoint(ckpt_dir) if resume else None
+    if found:
+        _check_same_run(found[1], spec, training, task, windows, ckpt_dir)
+        side = found[1]
+        if side.get("best_checkpoint") and not point_best(ckpt_dir, side["best_checkpoint"]):
+            log(f"warning: the best checkpoint {side['best_checkpoint']} in {ckpt_dir} is missing or damaged")
+        if side["epoch_complete"] and side["epoch"] == cfg.epochs - 1:
+            log(f"training already finished in {ckpt_dir} ({side['step']} steps): returning its result")
+            best = best_checkpoint(ckpt_dir)
+            return FitResult(
+                best_checkpoint=best[0] if best else join(ckpt_dir, side["best_checkpoint"]),
+                last_checkpoint=found[0], best_score=side["best_score"], history=side["history"], steps=side["step"],
+                device=side["device"], precision=side["precision"], resumed_from=found[0],
+                run_meta={**side.get("run_meta", {}), **run_meta},
+            )
+    elif not resume:
+        cleared = clear_checkpoints(ckpt_dir)
+        if cleared:
+            log(f"resume=False: deleted {len(cleared)} old checkpoint file(s) in {ckpt_dir}")
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = model_from_spec(spec).to(device)
+    optimizer = make_optimizer(model, cfg, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
+    ctx = autocast(device, precision)  # chosen once: every precision shares the one step below
+    loader = WindowLoader(train, cfg.batch_size, cfg.seed, shuffle=True, pin_memory=device.type == "cuda", num_workers=cfg.num_workers)
+    steps_per_epoch = -(-len(loader) // cfg.grad_accum)
+    if cfg.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
+    total_steps = cfg.epochs * steps_per_epoch
+
+    loop = {"step": 0, "epoch": 0, "epoch_step": 0, "epoch_complete": False, "train_loss_sum": 0.0, "train_windows": 0,
+            "best_score": None, "best_checkpoint": None, "last_checkpoint": None}
+    history: list[dict] = []
+    resumed_from = None
+    if found:
+        ckpt = load_checkpoint(found[0])
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if scaler.is_enabled() and ckpt["scaler"]:
+            scaler.load_state_dict(ckpt["scaler"])
+        loader.load_state_dict(ckpt["loader"])
+        loop, history = dict(ckpt["loop"]), list(ckpt["history"])
+        run_meta = {**ckpt["run_meta"], **run_meta}
+        set_rng_state(ckpt["rng"])
+        resumed_from = found[0]
+        if (found[1]["device"], found[1]["precision"]) != (device.type, precision):
+            log(f"note: checkpoint was trained on {found[1]['device']}/{found[1]['precision']}, resuming on "
+                f"{device.type}/{precision}: the result will not be bit-identical to an uninterrupted run")
+        log(f"resuming from {found[0]}: epoch {loop['epoch'] + 1}, step {loop['step']}, "
+            f"{loader.offset}/{loader.n_windows} windows of the epoch done")
+
+    last_save = time.monotonic()  # checkpoint_every_seconds counts from here and from the end of each save
+
+    def save(is_best: bool) -> str:
+        nonlocal last_save
+        loop["last_checkpoint"] = checkpoint_name(loop["step"])
+        if is_best:
+            loop["best_checkpoint"] = loop["last_checkpoint"]
+        state = {
+            "format": 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+            "rng": rng_state(), "loader": loader.state_dict(), "loop": dict(loop), "history": history,
+            "run_meta": run_meta, "model_spec": spec, "training": training, "task": task,
+        }
+        meta = {
+            **{k: loop[k] for k in ("epoch", "epoch_step", "epoch_complete", "best_score", "best_checkpoint")},
+            "loader": loader.state_dict(), "metrics": history[-1] if history and loop["epoch_complete"] else {},
+            "history": history, "run_meta": run_meta, "model_spec": spec, "training": training, "task": task,
+            "windows": windows, "device": device.type, "precision": precision, "steps_per_epoch": steps_per_epoch,
+        }
+        uri = save_checkpoint(ckpt_dir, loop["step"], state, meta, is_best=is_best, keep=cfg.keep_checkpoints)
+        last_save = time.monotonic()
+        return uri
+
+    log(f"training {spec['model']['family']} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
+        f"{device.type}/{precision}: {cfg.epochs} epochs x {steps_per_epoch} steps, {train.n_windows:,} train windows")
+    resumed_mid_epoch = found is not None and not loop["epoch_complete"]
+    first_epoch = loop["epoch"] if resumed_mid_epoch else (loop["epoch"] + 1 if found else 0)
+    with _deterministic(device), _stop_on_signals(log) as stop:
+        for epoch in range(first_epoch, cfg.epochs):
+            if not (resumed_mid_epoch and epoch == first_epoch):
+                loader.set_epoch(epoch)
+                loop.update(epoch=epoch, epoch_step=0, epoch_complete=False, train_loss_sum=0.0, train_windows=0)
+            loss_sum = torch.tensor(loop["train_loss_sum"], dtype=torch.float64, device=device)
+            t0, windows_done, report_every = time.perf_counter(), 0, max(1, steps_per_epoch // 10)
+            lr = lr_at(loop["step"], cfg, total_steps)
+            batches = iter(loader)
+            model.train()
+            while loop["epoch_step"] < steps_per_epoch:
+                micro = list(itertools.islice(batches, cfg.grad_accum))
+                if not micro:
+                    break
+                n_step = sum(len(m) for m in micro)
+                lr = lr_at(loop["step"], cfg, total_steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                step_loss = torch.zeros((), dtype=torch.float64, device=device)
+                for batch in micro:
+                    b = batch.to(device, non_blocking=True)
+                    with ctx:
+                        loss = loss_fn(task, model(b.cont, b.cat), b.target)
+                    # gradients add up over micro-batches: scale each so the step follows their mean
+                    # (len(micro) is grad_accum except for an epoch's last, shorter group)
+                    scaler.scale(loss / len(micro)).backward()
+                    step_loss += loss.detach().double() * (len(b) / n_step)
+                    loss_sum += loss.detach().double() * len(b)
+                if cfg.grad_clip is not None:
+                    scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                loop["step"] += 1
+                loop["epoch_step"] += 1
+                loop["train_windows"] += n_step
+                windows_done += n_step
+                if step_delay:
+                    time.sleep(step_delay)
+                if preempt_at and loop["step"] == preempt_at and resumed_from is None:
+                    log(f"SHARDLINE_PREEMPT_AT_STEP={preempt_at}: sending myself SIGTERM, as a spot reclaim would")
+                    signal.raise_signal(signal.SIGTERM)
+
+                if on_step is not None and loop["step"] % step_every == 0:
+                    on_step(loop["step"], {"train_loss": step_loss.item(), "lr": lr})
+                if loop["epoch_step"] % report_every == 0 and loop["epoch_step"] < steps_per_epoch:
+                    wps = windows_done / max(time.perf_counter() - t0, 1e-9)
+                    log(f"  epoch {epoch + 1}/{cfg.epochs} step {loop['epoch_step']}/{steps_per_epoch} "
+                        f"loss {step_loss.item():.4f} lr {lr:.2e} {wps:,.0f} windows/s")
+                every, seconds = cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds
+                due = (every and loop["step"] % every == 0) or (seconds and time.monotonic() - last_save >= seconds)
+                # the epoch's last step is checkpointed after validation instead
+                if loop["epoch_step"] < steps_per_epoch and (stop.signal_name or due):
+                    loop["train_loss_sum"] = loss_sum.item()
+                    last = save(is_best=False)
+                    if stop.signal_name:
+                        raise Preempted(last, stop.signal_name)
+
+            train_seconds = time.perf_counter() - t0
+            loop["train_loss_sum"] = loss_sum.item()
+            metrics = evaluate(model, val, task, cfg.batch_size, device, ctx)
+            entry = {
+                "epoch": epoch, "step": loop["step"],
+                "train_loss": loop["train_loss_sum"] / max(1, loop["train_windows"]), **metrics, "lr": lr,
+                "windows_per_s": windows_done / max(train_seconds, 1e-9), "seconds": time.perf_counter() - t0,
+            }
+            history.append(entry)
+            best = loop["best_score"]
+            is_best = best is None or (math.isfinite(entry["val_loss"]) and not entry["val_loss"] >= best)
+            if is_best:
+                loop["best_score"] = entry["val_loss"]
+            loop["epoch_complete"] = True
+            if on_epoch is not None:
+                on_epoch(epoch, {k: v for k, v in entry.items() if k not in ("epoch", "step")})
+            last = save(is_best=is_best)
+            score_key = "val_accuracy" if task == "classification" else "val_mae"
+            log(f"epoch {epoch + 1}/{cfg.epochs}: train_loss {entry['train_loss']:.4f} val_loss {entry['val_loss']:.4f} "
+                f"{score_key} {entry[score_key]:.4f} lr {lr:.2e} {entry['windows_per_s']:,.0f} windows/s "
+                f"{entry['seconds']:.1f}s{' (best)' if is_best else ''}")
+            if stop.signal_name:
+                raise Preempted(last, stop.signal_name)
+
+    return FitResult(
+        best_checkpoint=join(ckpt_dir, loop["best_checkpoint"]), last_checkpoint=join(ckpt_dir, loop["last_checkpoint"]),
+        best_score=loop["best_score"], history=history, steps=loop["step"], device=device.type, precision=precision,
+        resumed_from=resumed_from, run_meta=run_meta,
+    )
+
+
+# ---------------------------------------------------------------- inference
+
+
+def load_model(checkpoint_uri: str) -> nn.Module:
+    """The model of a checkpoint (a .pt URI, or a checkpoint folder: its best), rebuilt from its spec, in eval mode."""
+    if not checkpoint_uri.endswith(".pt"):
+        found = best_checkpoint(checkpoint_uri) or latest_checkpoint(checkpoint_uri)
+        if found is None:
+            raise FileNotFoundError(f"no complete checkpoint in {checkpoint_uri}")
+        checkpoint_uri = found[0]
+    ckpt = load_checkpoint(checkpoint_uri)
+    model = model_from_spec(ckpt["model_spec"])
+    model.load_state_dict(ckpt["model"])
+    return model.eval()
+
+
+def predict(model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None) -> np.ndarray:
+    """Outputs in window order, float32 [N, n_outputs]: class probabilities with class 0 (unseen) at 0,
+    or [N, 1] standardised values for regression."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    n_outputs = model.spec["n_outputs"] if hasattr(model, "spec") else None
+    out = np.empty((data.n_windows, n_outputs or 1), dtype=np.float32)
+    was_training = model.training
+    model.eval()
+    pos = 0
+    with torch.inference_mode():
+        for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
+            b = batch.to(device)
+            y = model(b.cont, b.cat).float()
+            if data.task == "classification":
+                y = torch.softmax(masked_logits(y), dim=1)
+            if n_outputs is None:
+                n_outputs = y.shape[1]
+                out = np.empty((data.n_windows, n_outputs), dtype=np.float32)
+            out[pos : pos + len(b)] = y.cpu().numpy()
+            pos += len(b)
+    model.train(was_training)
+    return out
