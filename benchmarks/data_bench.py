@@ -164,17 +164,23 @@ def encode_vs_floor(cfg, snap, files: list[str], columns: list[str], work: Path)
     with ThreadPoolExecutor(THREADS) as pool:
         for r in range(ENCODE_REPEAT + 1):
             s = best(lambda: pl.scan_parquet(files).select(columns).collect(), 1)[0]
-            f = best(lambda: list(pool.map(lambda f: pl.read_parquet(f, columns=columns), files)), 1)[0]
+            f = best(lambda: list(pool.map(lambda path: pl.read_parquet(path, columns=columns), files)), 1)[0]
             out = str(work / f"enc{r}")
-            t, uri = best(lambda: encode_once(cfg, snap, out), 1)
+            t, uri = best(lambda out=out: encode_once(cfg, snap, out), 1)
             if r:  # round 0 warms up
                 scan.append(s), per_file.append(f), enc.append(t)
             if r < ENCODE_REPEAT:
                 shutil.rmtree(out)
     by_scan = min(scan) <= min(per_file)
     floor = scan if by_scan else per_file
-    return {"floor": min(floor), "floor_median": statistics.median(floor), "enc": min(enc), "enc_median": statistics.median(enc),
-            "how": "one scan_parquet over the files" if by_scan else f"read_parquet per file, {THREADS} threads", "uri": uri}
+    return {
+        "floor": min(floor),
+        "floor_median": statistics.median(floor),
+        "enc": min(enc),
+        "enc_median": statistics.median(enc),
+        "how": "one scan_parquet over the files" if by_scan else f"read_parquet per file, {THREADS} threads",
+        "uri": uri,
+    }
 
 
 def encode_once(cfg, snap, out_dir: str) -> str:
@@ -198,10 +204,19 @@ def child_encode(args) -> None:
         dt = time.perf_counter() - t
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({
-        "files": len(snap.files), "raw_mb": sum(f.size for f in snap.files) / 1e6, "groups": len(groups),
-        "group_mb": max(sum(f.size for f in g) for g in groups) / 1e6, "before_mb": before, "peak_mb": rss_mb("VmHWM"), "seconds": dt,
-    }))
+    print(
+        json.dumps(
+            {
+                "files": len(snap.files),
+                "raw_mb": sum(f.size for f in snap.files) / 1e6,
+                "groups": len(groups),
+                "group_mb": max(sum(f.size for f in g) for g in groups) / 1e6,
+                "before_mb": before,
+                "peak_mb": rss_mb("VmHWM"),
+                "seconds": dt,
+            }
+        )
+    )
 
 
 def map_seconds(manifest, folder: Path) -> float:
@@ -283,7 +298,10 @@ class Materialised:
         a0 = shards[0]
         self.paths = {name: folder / f"{name}.npy" for name in ("cont", "cat", "target")}
         shapes = {"cont": (n, k, a0["cont"].shape[1]), "cat": (n, k, a0["cat"].shape[1]), "target": (n,)}
-        out = {name: np.lib.format.open_memmap(self.paths[name], "w+", np.asarray(a0[name]).dtype, shapes[name]) for name in shapes}
+        out = {
+            name: np.lib.format.open_memmap(self.paths[name], "w+", np.asarray(a0[name]).dtype, shapes[name])
+            for name in shapes
+        }
         at, step, ks = 0, 1 << 16, np.arange(k)
         for arrays, st in zip(shards, starts):
             cont, cat, target = (np.asarray(arrays[x]) for x in ("cont", "cat", "target"))
@@ -348,7 +366,9 @@ def check_same_windows(data, mat: Materialised, batch: int, workers: list[int], 
     rng = np.random.default_rng(5)
     idx = np.sort(rng.choice(data.n_windows, size=min(batch, data.n_windows), replace=False))
     for got, want, name in zip(tensors(data.batch(idx)), mat.batch(idx), ("cont", "cat", "target")):
-        assert got.dtype == want.dtype and torch_equal(got, want), f"SplitData.batch and the materialised baseline disagree on {name}"
+        assert got.dtype == want.dtype and torch_equal(got, want), (
+            f"SplitData.batch and the materialised baseline disagree on {name}"
+        )
     for w in workers:
         loader = make_loader(data, batch, w)
         order = loader.order(0) if hasattr(loader, "order") else None
@@ -361,7 +381,9 @@ def check_same_windows(data, mat: Materialised, batch: int, workers: list[int], 
             if want is None or not all(torch_equal(x, y) for x, y in zip(got, want)):
                 # not in the stated order: the batch must still be the same set of windows
                 assert ids is not None, "the loader does not say its order; cannot check its windows"
-                assert same_rows(got, want), f"loader ({w} workers) batch {j} is not the materialised windows of its ids"
+                assert same_rows(got, want), (
+                    f"loader ({w} workers) batch {j} is not the materialised windows of its ids"
+                )
                 how = "the same windows (order within a batch differs)"
     return f"{how}: {batches} batches x {len(workers)} worker settings, and {min(batch, data.n_windows)} random windows"
 
@@ -372,7 +394,10 @@ def torch_equal(x, y) -> bool:
 
 def same_rows(a: tuple, b: tuple) -> bool:
     def rows(ts):
-        flat = [t.reshape(t.shape[0], -1).numpy().view(np.uint8) if t.ndim > 1 else t.numpy().reshape(-1, 1).view(np.uint8) for t in ts]
+        flat = [
+            t.reshape(t.shape[0], -1).numpy().view(np.uint8) if t.ndim > 1 else t.numpy().reshape(-1, 1).view(np.uint8)
+            for t in ts
+        ]
         m = np.concatenate(flat, axis=1)
         return m[np.lexsort(m.T[::-1])]
 
@@ -414,25 +439,35 @@ class NaiveDataset:
         rows = df.slice(start, self.k + self.h)
         win = rows.head(self.k)
         cont = (np.nan_to_num(win.select(self.cont).to_numpy().astype(np.float32), nan=0.0) - self.mean) / self.std
-        text = lambda name: win[name].cast(pl.Utf8).to_list()  # noqa: E731
+        text = lambda name: win[name].cast(pl.Utf8).to_list()
         cat = [[ids.get(x, 0) for x in text(name)] for name, ids in self.vocab]
         cat += [[0 if x is None else int(x) + 1 for x in win[b].to_list()] for b in self.spec.boolean]
         y = rows[self.spec.target.column][self.k - 1 + self.h]
-        target = self.classes.get(str(y) if not isinstance(y, bool) else str(y).lower(), 0) if self.classes is not None else (
-            (float(y) - self.spec.target.mean) / self.spec.target.std)
-        cat_t = torch.tensor(cat, dtype=torch.int64).T.contiguous() if cat else torch.zeros((self.k, 0), dtype=torch.int64)
+        target = (
+            self.classes.get(str(y) if not isinstance(y, bool) else str(y).lower(), 0)
+            if self.classes is not None
+            else ((float(y) - self.spec.target.mean) / self.spec.target.std)
+        )
+        cat_t = (
+            torch.tensor(cat, dtype=torch.int64).T.contiguous() if cat else torch.zeros((self.k, 0), dtype=torch.int64)
+        )
         return torch.from_numpy(cont), cat_t, target
 
     def reference(self, i: int) -> tuple:
         """Window i encoded by the encoder's own `encode_frame`: the naive encoding must match it."""
-        from shardline.core.encoding import ORDER, SEQ, encode_frame, prepare
+        from shardline.core.encoding.columns import ORDER, SEQ, prepare
+        from shardline.core.encoding.frame import encode_frame
 
         f = int(np.searchsorted(self.first, i, side="right") - 1)
         path = self.files[f]
         df = prepare(pl.read_parquet(path, columns=self.columns), self.spec.sequence_key, self.spec.order_by, path)
         rows = df.sort([SEQ, ORDER]).slice(int(i - self.first[f]), self.k + self.h)
         arrays, _ = encode_frame(rows, self.spec)
-        return arrays["cont"][: self.k].astype(np.float32), arrays["cat"][: self.k].astype(np.int64), arrays["target"][self.k - 1 + self.h]
+        return (
+            arrays["cont"][: self.k].astype(np.float32),
+            arrays["cat"][: self.k].astype(np.int64),
+            arrays["target"][self.k - 1 + self.h],
+        )
 
 
 def naive_rate(files: list[str], columns: list[str], spec, batch: int, workers: int, batches: int) -> dict:
@@ -447,10 +482,15 @@ def naive_rate(files: list[str], columns: list[str], spec, batch: int, workers: 
     for i in np.random.default_rng(3).choice(len(ds), size=min(5, len(ds)), replace=False):
         (cont, cat, y), (rc, rk, ry) = ds[int(i)], ds.reference(int(i))
         tol = 1e-2 if spec.continuous_dtype == "float16" else 1e-5
-        assert np.allclose(cont.numpy(), rc, atol=tol, rtol=tol) and np.array_equal(cat.numpy(), rk) and np.isclose(float(y), float(ry)), (
-            f"the naive Dataset's window {i} differs from the encoder's encoding of it")
+        assert (
+            np.allclose(cont.numpy(), rc, atol=tol, rtol=tol)
+            and np.array_equal(cat.numpy(), rk)
+            and np.isclose(float(y), float(ry))
+        ), f"the naive Dataset's window {i} differs from the encoder's encoding of it"
     extra = {"multiprocessing_context": "spawn", "persistent_workers": False} if workers else {}
-    loader = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, generator=torch.Generator().manual_seed(0), **extra)
+    loader = DataLoader(
+        ds, batch_size=batch, shuffle=True, num_workers=workers, generator=torch.Generator().manual_seed(0), **extra
+    )
     t0 = time.perf_counter()
     it = iter(loader)
     next(it)
@@ -488,8 +528,11 @@ def run(args) -> None:
     columns = cfg.data.raw_columns()
     frames = sum(pq_rows(f) for f in files)
     k = cfg.data.window
-    log(f"data: {len(files)} files, {frames:,} frames, {raw_bytes / 1e6:.1f} MB parquet; K={k}; {cfg.data.continuous_dtype} "
-        f"continuous; shards {cfg.data.shard_compression}; batch {args.batch}")
+    log(
+        f"data: {len(files)} files, {frames:,} frames, {raw_bytes / 1e6:.1f} MB parquet; K={k}; "
+        f"{cfg.data.continuous_dtype} "
+        f"continuous; shards {cfg.data.shard_compression}; batch {args.batch}"
+    )
 
     work = Path(tempfile.mkdtemp(prefix="shardline-bench-"))
     os.environ["SHARDLINE_CACHE"] = str(work / "cache")
@@ -502,7 +545,9 @@ def run(args) -> None:
         floor, floor_how, enc, uri = ev["floor"], ev["how"], ev["enc"], ev["uri"]
         manifest = Manifest.model_validate_json(Path(uri).read_text())
         map_s = map_seconds(manifest, Path(uri).parent)
-        stored = sum(s.bytes for s in manifest.shards) + sum(os.path.getsize(Path(uri).parent / s.keys_path) for s in manifest.shards)
+        stored = sum(s.bytes for s in manifest.shards) + sum(
+            os.path.getsize(Path(uri).parent / s.keys_path) for s in manifest.shards
+        )
         train = manifest.shards_of("train")
         unpacked_train = sum(s.raw_bytes or s.bytes for s in train)
 
@@ -557,12 +602,14 @@ def run(args) -> None:
                 ours[w].append(run_epoch(loader, n))
             for w in (0, THREADS):
                 base[w].append(run_epoch(mat.epoch(args.batch, rep, w), n))
-        rate = lambda runs: {"wps": n / min(runs)[0], "mbs": min(runs)[1] / min(runs)[0] / 1e6}  # noqa: E731
+        rate = lambda runs: {"wps": n / min(runs)[0], "mbs": min(runs)[1] / min(runs)[0] / 1e6}
         ours = {w: rate(r) for w, r in ours.items()}
         base = {w: rate(r) for w, r in base.items()}
 
         log("naive per-file Dataset ...")
-        naive = {w: naive_rate(files, columns, manifest.encoding, args.batch, w, args.naive_batches) for w in (0, THREADS)}
+        naive = {
+            w: naive_rate(files, columns, manifest.encoding, args.batch, w, args.naive_batches) for w in (0, THREADS)
+        }
         mat_bytes = mat.nbytes
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -574,56 +621,126 @@ def run(args) -> None:
     w2 = ours.get(THREADS)
     nproc = os.cpu_count()
 
-    print(f"\n# Data path benchmark: {len(files)} files, {frames:,} frames, {raw_bytes / 1e6:.1f} MB of raw parquet "
-          f"({'demo generator' if args.config is None else args.config}), K={k}, {cfg.data.continuous_dtype} continuous, "
-          f"{nproc} CPU cores\n")
+    print(
+        f"\n# Data path benchmark: {len(files)} files, {frames:,} frames, {raw_bytes / 1e6:.1f} MB of raw parquet "
+        f"({'demo generator' if args.config is None else args.config}), K={k}, {cfg.data.continuous_dtype} continuous, "
+        f"{nproc} CPU cores\n"
+    )
     print(f"## Encode ({THREADS} threads)\n")
-    print(f"| step (best of {ENCODE_REPEAT} interleaved rounds after a warm-up) | seconds (median) | frames/s | raw MB/s | ratio to floor (of medians) |")
+    print(
+        f"| step (best of {ENCODE_REPEAT} interleaved rounds after a warm-up) | seconds (median) | frames/s | raw "
+        "MB/s | ratio to floor (of medians) |"
+    )
     print("|---|---:|---:|---:|---:|")
-    print(f"| floor: polars reading the same files and {len(columns)} columns ({floor_how}) | {floor:.2f} ({ev['floor_median']:.2f}) | "
-          f"{frames / floor:,.0f} | {raw_bytes / 1e6 / floor:,.0f} | 1.00 |")
-    print(f"| encode: raw parquet -> shards + manifest (`encode_dataset`) | {enc:.2f} ({ev['enc_median']:.2f}) | {frames / enc:,.0f} | "
-          f"{raw_bytes / 1e6 / enc:,.0f} | {enc / floor:.2f} ({ev['enc_median'] / ev['floor_median']:.2f}) |")
-    print(f"| (readers, once per machine: mapping every shard's own codes to the data set's encoding, all splits, one thread) | "
-          f"{map_s:.2f} | {frames / map_s:,.0f} | | {map_s / floor:.2f} |")
+    print(
+        f"| floor: polars reading the same files and {len(columns)} columns ({floor_how}) | {floor:.2f} "
+        f"({ev['floor_median']:.2f}) | "
+        f"{frames / floor:,.0f} | {raw_bytes / 1e6 / floor:,.0f} | 1.00 |"
+    )
+    print(
+        f"| encode: raw parquet -> shards + manifest (`encode_dataset`) | {enc:.2f} ({ev['enc_median']:.2f}) | "
+        f"{frames / enc:,.0f} | "
+        f"{raw_bytes / 1e6 / enc:,.0f} | {enc / floor:.2f} ({ev['enc_median'] / ev['floor_median']:.2f}) |"
+    )
+    print(
+        "| (readers, once per machine: mapping every shard's own codes to the data set's encoding, all splits, one "
+        "thread) | "
+        f"{map_s:.2f} | {frames / map_s:,.0f} | | {map_s / floor:.2f} |"
+    )
 
     print("\n## Encode peak memory (child process; same group size at every scale)\n")
-    print("| files | raw MB | groups | largest group, raw MB | RSS before encode, MB | peak RSS, MB | peak - before, MB | seconds |")
+    print(
+        "| files | raw MB | groups | largest group, raw MB | RSS before encode, MB | peak RSS, MB | peak - before, MB "
+        "| seconds |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for p in peaks:
-        print(f"| {p['files']} | {p['raw_mb']:,.1f} | {p['groups']} | {p['group_mb']:.1f} | {p['before_mb']:,.0f} | {p['peak_mb']:,.0f} | "
-              f"{p['peak_mb'] - p['before_mb']:,.0f} | {p['seconds']:.1f} |")
+        print(
+            f"| {p['files']} | {p['raw_mb']:,.1f} | {p['groups']} | {p['group_mb']:.1f} | {p['before_mb']:,.0f} | "
+            f"{p['peak_mb']:,.0f} | "
+            f"{p['peak_mb'] - p['before_mb']:,.0f} | {p['seconds']:.1f} |"
+        )
 
-    print(f"\n## Loader: train split, {n:,} windows of K={k}, batch {args.batch}, full shuffled epoch (best of {args.repeat})\n")
-    print(f"| approach | windows/s, 0 workers | windows/s, {THREADS} workers | tensor MB/s (best) | bytes on disk | vs raw | time to first batch |")
+    print(
+        f"\n## Loader: train split, {n:,} windows of K={k}, batch {args.batch}, full shuffled epoch (best of "
+        f"{args.repeat})\n"
+    )
+    print(
+        f"| approach | windows/s, 0 workers | windows/s, {THREADS} workers | tensor MB/s (best) | bytes on disk | vs "
+        "raw | time to first batch |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| (a) naive torch Dataset, one raw parquet file read per window ({args.naive_batches} batches x {args.batch} timed once its pipeline is full, not an epoch) | "
-          f"{naive[0]['wps']:,.0f} | {naive[THREADS]['wps']:,.0f} | {best_naive['mbs']:,.1f} | {fmt_bytes(raw_bytes)} | 1.00x | "
-          f"{naive[0]['first']:.2f} s ({naive[THREADS]['first']:.2f} s with workers) |")
-    print(f"| (b) materialised windows, .npy memory-mapped, warm, one fancy index per array per batch | {base[0]['wps']:,.0f} | "
-          f"{base[THREADS]['wps']:,.0f} | {best_base['mbs']:,.0f} | {fmt_bytes(mat_bytes)} | {mat_bytes / raw_bytes:.2f}x | {mat_first:.3f} s |")
-    print(f"| Shardline `WindowLoader` over the shards | {ours[0]['wps']:,.0f} | {w2['wps'] if w2 else float('nan'):,.0f} | "
-          f"{best_ours['mbs']:,.0f} | {fmt_bytes(stored)} stored (all splits), {fmt_bytes(unpacked_train)} unpacked (train) | "
-          f"{stored / raw_bytes:.2f}x | {first_cold:.2f} s cold cache (unpack), {first_warm:.2f} s warm |")
-    print(f"\nworkers: threads gathering the next batches ahead (Shardline, materialised); spawned DataLoader processes (naive). "
-          f"Checked before timing: the loader and the materialised baseline deliver {checked}.")
-    print(f"memcpy bandwidth (one thread, 256 MB, best of 5): {bw:.2f} GB/s; the loader delivers {best_ours['mbs'] / (bw * 1e3):.1%} of it")
-    print(f"materialised windows take {mat_bytes / unpacked_train:.2f}x the bytes of the unpacked train shards "
-          f"and {mat_bytes / raw_bytes:.2f}x the raw files (K={k})")
+    print(
+        f"| (a) naive torch Dataset, one raw parquet file read per window ({args.naive_batches} batches x "
+        f"{args.batch} timed once its pipeline is full, not an epoch) | "
+        f"{naive[0]['wps']:,.0f} | {naive[THREADS]['wps']:,.0f} | {best_naive['mbs']:,.1f} | {fmt_bytes(raw_bytes)} | "
+        "1.00x | "
+        f"{naive[0]['first']:.2f} s ({naive[THREADS]['first']:.2f} s with workers) |"
+    )
+    print(
+        "| (b) materialised windows, .npy memory-mapped, warm, one fancy index per array per batch | "
+        f"{base[0]['wps']:,.0f} | "
+        f"{base[THREADS]['wps']:,.0f} | {best_base['mbs']:,.0f} | {fmt_bytes(mat_bytes)} | "
+        f"{mat_bytes / raw_bytes:.2f}x | {mat_first:.3f} s |"
+    )
+    print(
+        f"| Shardline `WindowLoader` over the shards | {ours[0]['wps']:,.0f} | "
+        f"{w2['wps'] if w2 else float('nan'):,.0f} | "
+        f"{best_ours['mbs']:,.0f} | {fmt_bytes(stored)} stored (all splits), {fmt_bytes(unpacked_train)} unpacked "
+        "(train) | "
+        f"{stored / raw_bytes:.2f}x | {first_cold:.2f} s cold cache (unpack), {first_warm:.2f} s warm |"
+    )
+    print(
+        "\nworkers: threads gathering the next batches ahead (Shardline, materialised); spawned DataLoader processes "
+        "(naive). "
+        f"Checked before timing: the loader and the materialised baseline deliver {checked}."
+    )
+    print(
+        f"memcpy bandwidth (one thread, 256 MB, best of 5): {bw:.2f} GB/s; the loader delivers "
+        f"{best_ours['mbs'] / (bw * 1e3):.1%} of it"
+    )
+    print(
+        f"materialised windows take {mat_bytes / unpacked_train:.2f}x the bytes of the unpacked train shards "
+        f"and {mat_bytes / raw_bytes:.2f}x the raw files (K={k})"
+    )
 
     targets = [
-        ("loader (best of 0/2 workers) >= materialised windows, warm (best of 0/2 threads)", best_ours["wps"] / best_base["wps"], 1.0, ">="),
-        (f"materialised bytes / unpacked shard bytes, about K={k} (>= 0.75 K)", mat_bytes / unpacked_train, 0.75 * k, ">="),
-        ("loader >= 1,000x the naive per-file Dataset (best of each)", best_ours["wps"] / best_naive["wps"], 1000.0, ">="),
+        (
+            "loader (best of 0/2 workers) >= materialised windows, warm (best of 0/2 threads)",
+            best_ours["wps"] / best_base["wps"],
+            1.0,
+            ">=",
+        ),
+        (
+            f"materialised bytes / unpacked shard bytes, about K={k} (>= 0.75 K)",
+            mat_bytes / unpacked_train,
+            0.75 * k,
+            ">=",
+        ),
+        (
+            "loader >= 1,000x the naive per-file Dataset (best of each)",
+            best_ours["wps"] / best_naive["wps"],
+            1000.0,
+            ">=",
+        ),
         ("loader tensor bytes/s >= 10% of memcpy", best_ours["mbs"] / (bw * 1e3), 0.10, ">="),
         ("encode <= 2x polars reading the same files (best of each)", enc / floor, 2.0, "<="),
         ("shards on disk (stored, all splits) <= 2x the compressed raw files", stored / raw_bytes, 2.0, "<="),
     ]
     if w2:
-        targets.append((f"{THREADS} workers not slower than 0 (>= 0.95: 5% noise margin)", w2["wps"] / ours[0]["wps"], 0.95, ">="))
+        targets.append(
+            (f"{THREADS} workers not slower than 0 (>= 0.95: 5% noise margin)", w2["wps"] / ours[0]["wps"], 0.95, ">=")
+        )
     if len(peaks) >= 2:
         grow = peaks[-1]["raw_mb"] / peaks[0]["raw_mb"]
-        targets.append((f"encode peak RSS flat: {grow:.1f}x the data, peak ratio <= 1.25", peaks[-1]["peak_mb"] / peaks[0]["peak_mb"], 1.25, "<="))
+        targets.append(
+            (
+                f"encode peak RSS flat: {grow:.1f}x the data, peak ratio <= 1.25",
+                peaks[-1]["peak_mb"] / peaks[0]["peak_mb"],
+                1.25,
+                "<=",
+            )
+        )
     print("\n## Targets (ratios within this run)\n")
     print("| target | measured | verdict |")
     print("|---|---:|---|")
@@ -637,14 +754,29 @@ def run(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("config", nargs="?", help="a Shardline config (its data.source is benchmarked); default: the demo generator")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override key.path=value (repeatable)")
-    ap.add_argument("--sequences", type=int, help="demo games to generate and use (default 400); with a config: use its first N files")
+    ap.add_argument(
+        "config", nargs="?", help="a Shardline config (its data.source is benchmarked); default: the demo generator"
+    )
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override key.path=value (repeatable)"
+    )
+    ap.add_argument(
+        "--sequences",
+        type=int,
+        help="demo games to generate and use (default 400); with a config: use its first N files",
+    )
     ap.add_argument("--frames", type=int, default=2000, help="frames per demo game (default 2000)")
-    ap.add_argument("--scales", type=int, nargs="+", help="file counts for the encode peak-memory runs (default: N/4 and N)")
+    ap.add_argument(
+        "--scales", type=int, nargs="+", help="file counts for the encode peak-memory runs (default: N/4 and N)"
+    )
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=5, help="full epochs per approach (the best counts)")
-    ap.add_argument("--naive-batches", type=int, default=4, help="batches timed for the naive Dataset (~260 windows/s), after the first; a multiple of 2")
+    ap.add_argument(
+        "--naive-batches",
+        type=int,
+        default=4,
+        help="batches timed for the naive Dataset (~260 windows/s), after the first; a multiple of 2",
+    )
     ap.add_argument("--quick", action="store_true", help="smoke run: 40 sequences x 500 frames, batch 64, 2 epochs")
     ap.add_argument("--child-encode", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--source", help=argparse.SUPPRESS)

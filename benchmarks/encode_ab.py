@@ -49,7 +49,10 @@ except ImportError:  # a commit from before the layers: top-level tasks/, the co
     from shardline.config import load_config
     from tasks.ingest import snapshot_source
 encode_dataset = enc_mod.encode_dataset
-cfg = load_config(os.path.join(root, "shardline/configs/demo.yaml"), [f"data.source={data_root}/*.parquet", "data.continuous_dtype=float16"])
+cfg = load_config(
+    os.path.join(root, "shardline/configs/demo.yaml"),
+    [f"data.source={data_root}/*.parquet", "data.continuous_dtype=float16"],
+)
 snap = snapshot_source(cfg.data)
 files, cols = [f.uri for f in snap.files], cfg.data.raw_columns()
 if not os.path.realpath(enc_mod.__file__).startswith(os.path.realpath(root) + os.sep):
@@ -65,7 +68,13 @@ for line in sys.stdin:
 
 
 def start(root: Path, data_root: str) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", CHILD, str(root), data_root], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root)
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(root), data_root],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+    )
     line = p.stdout.readline()
     if not line:
         raise SystemExit(f"the encode at {root} did not start (see its error above)")
@@ -84,7 +93,9 @@ def round_trip(p: subprocess.Popen) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("against", help="the commit to compare this tree with (anything `git worktree add` takes)")
-    ap.add_argument("--rounds", type=int, default=20, help="timed rounds per side, after one warm-up round each (default 20)")
+    ap.add_argument(
+        "--rounds", type=int, default=20, help="timed rounds per side, after one warm-up round each (default 20)"
+    )
     ap.add_argument("--sequences", type=int, default=400, help="demo games (default 400)")
     ap.add_argument("--frames", type=int, default=2000, help="frames per demo game (default 2000)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 40 games x 500 frames, 2 rounds")
@@ -103,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         data_root.mkdir()  # the first --sequences games of the folder
         for i in range(args.sequences):
             os.symlink(folder / f"game-{i:05d}.parquet", data_root / f"game-{i:05d}.parquet")
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(other), args.against], check=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(other), args.against], check=True
+        )
         sides["this tree"] = start(ROOT, str(data_root))
         sides[args.against] = start(other, str(data_root))
         ratios: dict[str, list[float]] = {k: [] for k in sides}
@@ -111,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         names = list(sides)
         for r in range(args.rounds + 1):
             B.log(f"round {r}/{args.rounds}" + (" (warm-up)" if r == 0 else ""))
-            for name in (names if r % 2 else names[::-1]):
+            for name in names if r % 2 else names[::-1]:
                 t = round_trip(sides[name])
                 if r:
                     ratios[name].append(math.log(t["enc"] / t["floor"]))
@@ -124,15 +137,20 @@ def main(argv: list[str] | None = None) -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False)
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\n# Encode A/B: paired rounds against the polars floor ({args.rounds} rounds per side, {args.sequences} games x "
-          f"{args.frames:,} frames, 2 threads)\n")
+    print(
+        f"\n# Encode A/B: paired rounds against the polars floor ({args.rounds} rounds per side, {args.sequences} "
+        "games x "
+        f"{args.frames:,} frames, 2 threads)\n"
+    )
     print("| side | encode / floor, geometric mean of rounds | median of rounds | encode seconds, best (median) |")
     print("|---|---:|---:|---:|")
     for name in names:
         lr = ratios[name]
         se = statistics.stdev(lr) / math.sqrt(len(lr)) if len(lr) > 1 else float("nan")
-        print(f"| {name} | {math.exp(statistics.mean(lr)):.3f} (+-{se:.1%}) | {math.exp(statistics.median(lr)):.3f} | "
-              f"{min(times[name]):.3f} ({statistics.median(times[name]):.3f}) |")
+        print(
+            f"| {name} | {math.exp(statistics.mean(lr)):.3f} (+-{se:.1%}) | {math.exp(statistics.median(lr)):.3f} | "
+            f"{min(times[name]):.3f} ({statistics.median(times[name]):.3f}) |"
+        )
     gain = math.exp(statistics.mean(ratios[names[1]]) - statistics.mean(ratios[names[0]]))
     print(f"\nthis tree's encode takes {1 / gain:.3f}x the time of {args.against}'s, relative to the same floor")
 

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/encode_scaling.py            # the data_bench demo data, 400 games
     .venv/bin/python benchmarks/encode_scaling.py --rounds 8
 
-Reads the file groups of the data set once, then times `shardline.core.encoding.encode_splits` (the
+Reads the file groups of the data set once, then times `shardline.core.encoding.group.encode_splits` (the
 coding of each group's arrays: standardise, ids, counts, booleans; no read, no compression, no
 write) over every group `--rounds` times: on one thread, on two threads (twice the work), and on
 two spawned processes (twice the work, each with its own copy of the groups). Prints a table of
@@ -30,8 +30,9 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 def _groups(sequences: int, frames: int):
     import data_bench as B
+
     import shardline.tasks.encode as enc
-    from shardline.core.encoding import split_rows
+    from shardline.core.encoding.splits import split_rows
 
     cfg = B.load(None, [], B.demo_source(sequences, frames))
     snap = B.snapshot(cfg, sequences)
@@ -40,7 +41,7 @@ def _groups(sequences: int, frames: int):
 
 
 def _code(data, groups, rounds: int) -> None:
-    from shardline.core.encoding import encode_splits, one_torch_thread
+    from shardline.core.encoding.group import encode_splits, one_torch_thread
 
     with one_torch_thread():
         for _ in range(rounds):

@@ -76,39 +76,76 @@ def main() -> None:
 
     loop.WindowLoader = TimedLoader  # fit builds its loaders through this name
     uri = args.manifest
-    manifest = Manifest.model_validate_json(Path(uri).read_text() if "://" not in uri else __import__("fsspec").open(uri).open().read())
+    manifest = Manifest.model_validate_json(
+        Path(uri).read_text() if "://" not in uri else __import__("fsspec").open(uri).open().read()
+    )
     enc = manifest.encoding
     train = open_split(manifest, uri, "train")
     val = open_split(manifest, uri, "validation")
-    base = load_config(ROOT / "shardline" / "configs" / "demo.yaml", [f"training.batch_size={args.batch}", f"training.epochs={args.epochs}", *args.set])
+    base = load_config(
+        ROOT / "shardline" / "configs" / "demo.yaml",
+        [f"training.batch_size={args.batch}", f"training.epochs={args.epochs}", *args.set],
+    )
     device = loop.pick_device(base.training.device)
-    print(f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), torch {torch.__version__}, "
-          f"train {train.n_windows:,} windows of K={enc.window}, validation {val.n_windows:,}, batch {args.batch}", flush=True)
+    print(
+        f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), torch "
+        f"{torch.__version__}, "
+        f"train {train.n_windows:,} windows of K={enc.window}, validation {val.n_windows:,}, batch {args.batch}",
+        flush=True,
+    )
     work = Path(tempfile.mkdtemp(prefix="shardline-gpu-"))
     rows = []
     try:
         for family in args.families:
-            cfg = load_config(ROOT / "shardline" / "configs" / "demo.yaml", [
-                f"training.batch_size={args.batch}", f"training.epochs={args.epochs}", f"model.family={family}", *args.set])
+            cfg = load_config(
+                ROOT / "shardline" / "configs" / "demo.yaml",
+                [
+                    f"training.batch_size={args.batch}",
+                    f"training.epochs={args.epochs}",
+                    f"model.family={family}",
+                    *args.set,
+                ],
+            )
             spec = model_spec(cfg.model, len(enc.continuous), enc.cat_cardinalities, enc.window, enc.target.n_outputs)
             params = sum(p.numel() for p in loop.model_from_spec(spec).parameters())
             for w in args.workers:
                 tc = cfg.training.model_copy(update={"num_workers": w})
-                res, wall, waited = run_fit(train, val, spec, tc, enc.target.task, str(work / f"{family}-{w}"), resume=False)
+                res, wall, waited = run_fit(
+                    train, val, spec, tc, enc.target.task, str(work / f"{family}-{w}"), resume=False
+                )
                 last = res.history[-1]
                 train_s = sum(h["seconds"] for h in res.history)
-                rows.append({
-                    "model": f"{family} ({params / 1e6:.2f}M)", "workers": w, "precision": res.precision,
-                    "windows/s": last["windows_per_s"], "steps/s": last["windows_per_s"] / args.batch,
-                    "input-bound": waited / max(train_s, 1e-9), "val_loss": last["val_loss"],
-                    "score": last.get("val_accuracy", last.get("val_mae")), "wall": wall,
-                })
-                print(f"  {family} workers={w}: {last['windows_per_s']:,.0f} windows/s, waited {waited:.2f}s of {train_s:.1f}s", flush=True)
+                rows.append(
+                    {
+                        "model": f"{family} ({params / 1e6:.2f}M)",
+                        "workers": w,
+                        "precision": res.precision,
+                        "windows/s": last["windows_per_s"],
+                        "steps/s": last["windows_per_s"] / args.batch,
+                        "input-bound": waited / max(train_s, 1e-9),
+                        "val_loss": last["val_loss"],
+                        "score": last.get("val_accuracy", last.get("val_mae")),
+                        "wall": wall,
+                    }
+                )
+                print(
+                    f"  {family} workers={w}: {last['windows_per_s']:,.0f} windows/s, waited {waited:.2f}s of "
+                    f"{train_s:.1f}s",
+                    flush=True,
+                )
 
         # resume: an uninterrupted run against one preempted (SIGTERM, the spot path) at --preempt-at, then resumed
         family = args.families[0]
-        cfg = load_config(ROOT / "shardline" / "configs" / "demo.yaml", [
-            f"training.batch_size={args.batch}", "training.epochs=1", f"model.family={family}", "training.checkpoint_every_steps=50", *args.set])
+        cfg = load_config(
+            ROOT / "shardline" / "configs" / "demo.yaml",
+            [
+                f"training.batch_size={args.batch}",
+                "training.epochs=1",
+                f"model.family={family}",
+                "training.checkpoint_every_steps=50",
+                *args.set,
+            ],
+        )
         spec = model_spec(cfg.model, len(enc.continuous), enc.cat_cardinalities, enc.window, enc.target.n_outputs)
         ref, _, _ = run_fit(train, val, spec, cfg.training, enc.target.task, str(work / "ref"), resume=False)
         os.environ["SHARDLINE_PREEMPT_AT_STEP"] = str(args.preempt_at)
@@ -125,25 +162,43 @@ def main() -> None:
         a, b = weights(ref.last_checkpoint), weights(again.last_checkpoint)
         diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a if a[k].is_floating_point())
         resume = {
-            "preempted": preempted, "resumed_from": Path(again.resumed_from or "-").name, "steps": (ref.steps, again.steps),
-            "val_loss": (ref.history[-1]["val_loss"], again.history[-1]["val_loss"]), "max_weight_diff": diff, "seconds": lost,
+            "preempted": preempted,
+            "resumed_from": Path(again.resumed_from or "-").name,
+            "steps": (ref.steps, again.steps),
+            "val_loss": (ref.history[-1]["val_loss"], again.history[-1]["val_loss"]),
+            "max_weight_diff": diff,
+            "seconds": lost,
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\n## Training on {device.type} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), "
-          f"{train.n_windows:,} train windows of K={enc.window}, batch {args.batch}, {args.epochs} epoch(s), last epoch\n")
-    print("| model | loader workers | precision | windows/s | optimizer steps/s | input-bound (waiting for a batch) | val_loss | val score | wall s |")
+    print(
+        f"\n## Training on {device.type} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), "
+        f"{train.n_windows:,} train windows of K={enc.window}, batch {args.batch}, {args.epochs} epoch(s), last epoch\n"
+    )
+    print(
+        "| model | loader workers | precision | windows/s | optimizer steps/s | input-bound (waiting for a batch) | "
+        "val_loss | val score | wall s |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['workers']} | {r['precision']} | {r['windows/s']:,.0f} | {r['steps/s']:,.1f} | {100 * r['input-bound']:.1f} % | "
-              f"{r['val_loss']:.4f} | {r['score']:.4f} | {r['wall']:.1f} |")
+        print(
+            f"| {r['model']} | {r['workers']} | {r['precision']} | {r['windows/s']:,.0f} | {r['steps/s']:,.1f} | "
+            f"{100 * r['input-bound']:.1f} % | "
+            f"{r['val_loss']:.4f} | {r['score']:.4f} | {r['wall']:.1f} |"
+        )
     print(f"\n## Resume ({family}, 1 epoch, checkpoint every 50 steps)\n")
     print(f"- preempted: {resume['preempted']}; resumed from {resume['resumed_from']}")
     print(f"- optimizer steps, uninterrupted / preempted+resumed: {resume['steps'][0]} / {resume['steps'][1]}")
-    print(f"- val_loss: {resume['val_loss'][0]:.6f} / {resume['val_loss'][1]:.6f}; largest weight difference {resume['max_weight_diff']:.3g}")
+    print(
+        f"- val_loss: {resume['val_loss'][0]:.6f} / {resume['val_loss'][1]:.6f}; largest weight difference "
+        f"{resume['max_weight_diff']:.3g}"
+    )
     print(f"- preempted run + resume, wall: {resume['seconds']:.1f} s")
-    print(f"- GPU deterministic algorithms: {torch.are_deterministic_algorithms_enabled()} (cuBLAS/cuDNN kernels may differ in the last bits)")
+    print(
+        f"- GPU deterministic algorithms: {torch.are_deterministic_algorithms_enabled()} (cuBLAS/cuDNN kernels may "
+        "differ in the last bits)"
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,17 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as home:
-        args = ["demo", "--home", home, "--games", str(a.games), "--frames", str(a.frames), "--set", f"training.epochs={a.epochs}"]
+        args = [
+            "demo",
+            "--home",
+            home,
+            "--games",
+            str(a.games),
+            "--frames",
+            str(a.frames),
+            "--set",
+            f"training.epochs={a.epochs}",
+        ]
         # the data generation is not part of the pipeline: make the data first, time the pipeline runs only
         from shardline.app.demo_data import generate_demo
 

@@ -24,7 +24,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -53,8 +52,11 @@ def write_split(folder: Path, name: str, rows: int, seed: int) -> None:
     target = np.ones(rows, dtype=np.int32)
     target[1:] = (cat[:-1, 0].astype(np.int32) + cat[:-1, 2]) % (N_CLASSES - 1) + 1  # learnable from the window
     arrays = {
-        "cont": rng.standard_normal((rows, N_CONT)).astype(np.float32), "cat": cat, "target": target,
-        "order": np.arange(rows, dtype=np.int64), "offsets": np.arange(0, rows + 1, SEQ_ROWS, dtype=np.int64),
+        "cont": rng.standard_normal((rows, N_CONT)).astype(np.float32),
+        "cat": cat,
+        "target": target,
+        "order": np.arange(rows, dtype=np.int64),
+        "offsets": np.arange(0, rows + 1, SEQ_ROWS, dtype=np.int64),
     }
     specs = write_arrays(folder / f"{name}.bin", arrays)
     (folder / f"{name}.json").write_text(json.dumps({k: v.model_dump() for k, v in specs.items()}))
@@ -82,8 +84,18 @@ def spec() -> dict:
 def training(**over):
     from shardline.core.config import TrainingConfig
 
-    base = dict(epochs=1, batch_size=BATCH, lr=2e-3, warmup_steps=50, device="cpu", precision="fp32", seed=0,
-                checkpoint_every_steps=0, checkpoint_every_seconds=0, keep_checkpoints=2)
+    base = dict(
+        epochs=1,
+        batch_size=BATCH,
+        lr=2e-3,
+        warmup_steps=50,
+        device="cpu",
+        precision="fp32",
+        seed=0,
+        checkpoint_every_steps=0,
+        checkpoint_every_seconds=0,
+        keep_checkpoints=2,
+    )
     return TrainingConfig(**{**base, **over})
 
 
@@ -111,9 +123,18 @@ def throughput(shards: Path, work: Path, steps: int, repeats: int) -> list[dict]
         for label, every in cadences:
             folder = work / f"throughput-{every}-{r}"
             at: dict[int, float] = {}
-            fit(train, val, spec(), training(max_steps_per_epoch=steps, checkpoint_every_steps=every), "classification",
-                str(folder), on_step=lambda step, _m: at.__setitem__(step, time.perf_counter()), step_every=1,
-                resume=False, log=quiet)
+            fit(
+                train,
+                val,
+                spec(),
+                training(max_steps_per_epoch=steps, checkpoint_every_steps=every),
+                "classification",
+                str(folder),
+                on_step=lambda step, _m, at=at: at.__setitem__(step, time.perf_counter()),
+                step_every=1,
+                resume=False,
+                log=quiet,
+            )
             # a checkpoint after step k is taken between on_step(k) and on_step(k + 1): inside this span
             speeds[label].append((steps - SKIP_STEPS) * BATCH / (at[steps] - at[SKIP_STEPS]))
             took = {k: at[k + 1] - at[k] for k in range(SKIP_STEPS, steps)}
@@ -125,11 +146,18 @@ def throughput(shards: Path, work: Path, steps: int, repeats: int) -> list[dict]
     rows = []
     for label, every in cadences:
         wps = max(speeds[label])
-        rows.append({"cadence": label, "checkpoints": (steps - 1) // every if every else 0, "windows_per_s": wps,
-                     "ratio": wps / base, "step_ms": 1000 * BATCH / wps,
-                     "checkpoint_ms": 1000 * statistics.median(costs[label]) if costs[label] else None,
-                     "every": every,
-                     "all": sorted(round(x) for x in speeds[label])})
+        rows.append(
+            {
+                "cadence": label,
+                "checkpoints": (steps - 1) // every if every else 0,
+                "windows_per_s": wps,
+                "ratio": wps / base,
+                "step_ms": 1000 * BATCH / wps,
+                "checkpoint_ms": 1000 * statistics.median(costs[label]) if costs[label] else None,
+                "every": every,
+                "all": sorted(round(x) for x in speeds[label]),
+            }
+        )
     return rows, size
 
 
@@ -141,8 +169,12 @@ class Trainee:
 
     def __init__(self, job: Path):
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, __file__, "--child", str(job)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--child", str(job)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -177,8 +209,15 @@ def preemption(shards: Path, work: Path, cadences: list[tuple[str, dict, int]], 
     for label, cadence, span in cadences:
         folder = work / f"preempt-{label.replace(' ', '-')}"
         job = work / f"{folder.name}.json"
-        job.write_text(json.dumps({"shards": str(shards), "ckpt": str(folder),
-                                   "training": training(epochs=50, **cadence).model_dump(mode="json")}))
+        job.write_text(
+            json.dumps(
+                {
+                    "shards": str(shards),
+                    "ckpt": str(folder),
+                    "training": training(epochs=50, **cadence).model_dump(mode="json"),
+                }
+            )
+        )
         child, at_step, lost, restart, redo, redone = Trainee(job), 0, [], [], [], []
         for _ in range(kills):
             kill_step = at_step + int(rng.integers(span // 2, span + span // 2))  # past the last restart's checkpoint
@@ -195,8 +234,17 @@ def preemption(shards: Path, work: Path, cadences: list[tuple[str, dict, int]], 
             at_step = kill_step
         child.kill()
         shutil.rmtree(folder, ignore_errors=True)
-        rows.append({"cadence": label, "kills": kills, "lost_s": statistics.mean(lost), "restart_s": statistics.mean(restart),
-                     "redo_s": statistics.mean(redo), "redone_steps": statistics.mean(redone), "max_lost_s": max(lost)})
+        rows.append(
+            {
+                "cadence": label,
+                "kills": kills,
+                "lost_s": statistics.mean(lost),
+                "restart_s": statistics.mean(restart),
+                "redo_s": statistics.mean(redo),
+                "redone_steps": statistics.mean(redone),
+                "max_lost_s": max(lost),
+            }
+        )
     return rows
 
 
@@ -210,8 +258,17 @@ def child(job_path: str) -> int:
     def on_step(step: int, _metrics: dict) -> None:
         print(f"step {step}", flush=True)
 
-    fit(train, val, spec(), training(**job["training"]), "classification", job["ckpt"], on_step=on_step, step_every=1,
-        log=quiet)
+    fit(
+        train,
+        val,
+        spec(),
+        training(**job["training"]),
+        "classification",
+        job["ckpt"],
+        on_step=on_step,
+        step_every=1,
+        log=quiet,
+    )
     return 0
 
 
@@ -220,7 +277,9 @@ def child(job_path: str) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps, repeats and kills (about 2 minutes on 2 cores)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer steps, repeats and kills (about 2 minutes on 2 cores)"
+    )
     parser.add_argument("--rows", type=int, default=200_000, help="train rows (default 200,000)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the kill steps")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (shards, checkpoints)")
@@ -240,40 +299,62 @@ def main() -> int:
         write_split(shards, "val", max(SEQ_ROWS, args.rows // 50), seed=2)
         train, _ = open_splits(shards)
         steps_per_epoch = -(-train.n_windows // BATCH)
-        print(f"shards: {train.n_windows:,} train windows ({steps_per_epoch} steps of {BATCH} per epoch), "
-              f"{N_CONT} continuous + {len(CARDS)} categorical, window {WINDOW}, {N_CLASSES} classes; "
-              f"written in {time.perf_counter() - t0:.1f}s; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-              f"{os.cpu_count()} CPUs", flush=True)
+        print(
+            f"shards: {train.n_windows:,} train windows ({steps_per_epoch} steps of {BATCH} per epoch), "
+            f"{N_CONT} continuous + {len(CARDS)} categorical, window {WINDOW}, {N_CLASSES} classes; "
+            f"written in {time.perf_counter() - t0:.1f}s; torch {torch.__version__}, {torch.get_num_threads()} "
+            "threads, "
+            f"{os.cpu_count()} CPUs",
+            flush=True,
+        )
 
         steps, repeats = (250, 3) if args.quick else (min(600, steps_per_epoch), 5)
         rows, size = throughput(shards, work, steps, repeats)
-        print(f"\n### 1. Training throughput vs checkpoint cadence ({steps} steps, best of {repeats}; "
-              f"a checkpoint is {size / 1e6:.1f} MB)\n")
-        print("| cadence | mid-epoch checkpoints | windows/s | ms/step | vs off | one checkpoint (ms) | vs off, from that cost | every run (windows/s) |")
+        print(
+            f"\n### 1. Training throughput vs checkpoint cadence ({steps} steps, best of {repeats}; "
+            f"a checkpoint is {size / 1e6:.1f} MB)\n"
+        )
+        print(
+            "| cadence | mid-epoch checkpoints | windows/s | ms/step | vs off | one checkpoint (ms) | vs off, from "
+            "that cost | every run (windows/s) |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|---|")
         for r in rows:
             cost, implied = "-", 1.0
             if r["checkpoint_ms"] is not None:
                 cost = f"{r['checkpoint_ms']:.0f}"
                 implied = 1 / (1 + r["checkpoint_ms"] / (r["every"] * rows[0]["step_ms"]))
-            print(f"| {r['cadence']} | {r['checkpoints']} | {r['windows_per_s']:,.0f} | {r['step_ms']:.1f} | {r['ratio']:.3f} | "
-                  f"{cost} | {implied:.3f} | {', '.join(f'{x:,}' for x in r['all'])} |")
+            print(
+                f"| {r['cadence']} | {r['checkpoints']} | {r['windows_per_s']:,.0f} | {r['step_ms']:.1f} | "
+                f"{r['ratio']:.3f} | "
+                f"{cost} | {implied:.3f} | {', '.join(f'{x:,}' for x in r['all'])} |"
+            )
         sys.stdout.flush()
 
         step_s = rows[0]["step_ms"] / 1000
         ten_s = max(2, round(10 / step_s))  # steps in 10 s, to place the kills over a whole interval
-        cadences = [("every 50 steps", {"checkpoint_every_steps": 50}, 50),
-                    ("every 200 steps", {"checkpoint_every_steps": 200}, 200),
-                    ("every 10 s", {"checkpoint_every_seconds": 10.0}, ten_s)]
+        cadences = [
+            ("every 50 steps", {"checkpoint_every_steps": 50}, 50),
+            ("every 200 steps", {"checkpoint_every_steps": 200}, 200),
+            ("every 10 s", {"checkpoint_every_seconds": 10.0}, ten_s),
+        ]
         kills = 2 if args.quick else 5
         lost = preemption(shards, work, cadences, kills, np.random.default_rng(args.seed))
-        print(f"\n### 2. Time lost per preemption (SIGKILL at a random step, {kills} kills each; "
-              f"off-cadence step {1000 * step_s:.1f} ms, so 10 s ~ {ten_s} steps)\n")
-        print("| checkpoint interval | lost per kill (s) | restart: start-up + restore (s) | redo (s) | steps redone | worst (s) | lost / restart |")
+        print(
+            f"\n### 2. Time lost per preemption (SIGKILL at a random step, {kills} kills each; "
+            f"off-cadence step {1000 * step_s:.1f} ms, so 10 s ~ {ten_s} steps)\n"
+        )
+        print(
+            "| checkpoint interval | lost per kill (s) | restart: start-up + restore (s) | redo (s) | steps redone | "
+            "worst (s) | lost / restart |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|")
         for r in lost:
-            print(f"| {r['cadence']} | {r['lost_s']:.1f} | {r['restart_s']:.1f} | {r['redo_s']:.1f} | {r['redone_steps']:.0f} | "
-                  f"{r['max_lost_s']:.1f} | {r['lost_s'] / r['restart_s']:.2f} |")
+            print(
+                f"| {r['cadence']} | {r['lost_s']:.1f} | {r['restart_s']:.1f} | {r['redo_s']:.1f} | "
+                f"{r['redone_steps']:.0f} | "
+                f"{r['max_lost_s']:.1f} | {r['lost_s'] / r['restart_s']:.2f} |"
+            )
     finally:
         if args.keep:
             print(f"\nwork folder kept: {work}")

@@ -83,8 +83,17 @@ def main(job_path: str) -> int:
         print(message, file=sys.stderr, flush=True)
 
     try:
-        result = loop.fit(train, val, job["model_spec"], TrainingConfig(**job["training"]), "classification", job["ckpt"],
-                          on_step=on_step, step_every=1, log=log)
+        result = loop.fit(
+            train,
+            val,
+            job["model_spec"],
+            TrainingConfig(**job["training"]),
+            "classification",
+            job["ckpt"],
+            on_step=on_step,
+            step_every=1,
+            log=log,
+        )
     except loop.Preempted as stopped:
         log(f"preempted: {stopped}")
         return loop.PREEMPTED_EXIT_CODE

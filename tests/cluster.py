@@ -50,8 +50,12 @@ class Cluster:
     logs: Path
 
     def prefect(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        out = subprocess.run([str(BIN / "prefect"), *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
-        assert out.returncode == 0, f"prefect {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}\n{self.tail_logs()}"
+        out = subprocess.run(
+            [str(BIN / "prefect"), *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        assert out.returncode == 0, (
+            f"prefect {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}\n{self.tail_logs()}"
+        )
         return out
 
     def post(self, path: str, body: dict) -> list[dict]:
@@ -75,7 +79,9 @@ class Cluster:
 
 def _start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
     # its own session, SIGINT at its default: SIGTERM stops it (a bash `&` job would ignore it)
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -118,8 +124,13 @@ def cluster(tmp_path_factory):
         MLFLOW_ENABLE_ASYNC_LOGGING="false",
         SHARDLINE_CACHE=str(base / "worker-cache"),
     )
-    procs = [_start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", api.split(":")[2].split("/")[0]],
-                    env, logs / "server.log")]
+    procs = [
+        _start(
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", api.split(":")[2].split("/")[0]],
+            env,
+            logs / "server.log",
+        )
+    ]
     c = Cluster(env=env, api=api, base=base, logs=logs)
     try:
         wait_until(lambda: _healthy(api), 180, "the Prefect server")
@@ -127,7 +138,13 @@ def cluster(tmp_path_factory):
             c.prefect("work-pool", "create", "--type", "process", pool)
         c.prefect("--no-prompt", "deploy", "--all")
         for pool in ("cpu-pool", "gpu-pool"):
-            procs.append(_start([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"{pool}-w1"], env, logs / f"{pool}.log"))
+            procs.append(
+                _start(
+                    [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"{pool}-w1"],
+                    env,
+                    logs / f"{pool}.log",
+                )
+            )
         wait_until(lambda: all(_has_worker(api, p) for p in ("cpu-pool", "gpu-pool")), 120, "both workers to poll")
 
         import s3fs

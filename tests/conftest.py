@@ -9,11 +9,11 @@ if "SHARDLINE_CACHE" not in os.environ:  # unpacked shards of this test session,
 
     os.environ["SHARDLINE_CACHE"] = tempfile.mkdtemp(prefix="shardline-test-cache-")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import polars as pl  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import polars as pl
+import pytest
 
 
 def make_raw(folder: Path, n_seq: int = 12, rows: int = 60, seed: int = 0, prefix: str = "s") -> list[Path]:
@@ -122,7 +122,10 @@ def pytest_sessionfinish(session, exitstatus):
     if _e2e["passed"] == 0:
         problems.append("no end-to-end test passed")
     if problems:
-        print("\nSHARDLINE_REQUIRE_E2E=1 but " + "; ".join(problems) + " -- a green run must mean the pipeline ran", flush=True)
+        print(
+            "\nSHARDLINE_REQUIRE_E2E=1 but " + "; ".join(problems) + " -- a green run must mean the pipeline ran",
+            flush=True,
+        )
         session.exitstatus = 3
 
 

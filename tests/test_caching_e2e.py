@@ -22,7 +22,9 @@ def run(cfg: dict, force=None) -> dict:
 @pytest.fixture
 def setup(tmp_path):
     make_raw(tmp_path / "raw", n_seq=12, rows=50)
-    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"mlflow.model_name": f"m-{tmp_path.name}"})
+    cfg = tiny_config(
+        str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"mlflow.model_name": f"m-{tmp_path.name}"}
+    )
     first = run(cfg)
     assert set(first["steps"].values()) == {"ran"}
     return tmp_path, cfg, first
@@ -46,7 +48,13 @@ def test_changed_hyperparameter_reuses_ingest_and_encode(setup, prefect_api):
     tmp_path, cfg, first = setup
     cfg["training"]["lr"] = 0.02
     second = run(cfg)
-    assert second["steps"] == {"ingest": "cached", "encode": "cached", "train": "ran", "evaluate": "ran", "register": "ran"}
+    assert second["steps"] == {
+        "ingest": "cached",
+        "encode": "cached",
+        "train": "ran",
+        "evaluate": "ran",
+        "register": "ran",
+    }
     assert second["manifest"] == first["manifest"]
     assert second["registered"]["version"] == 2
 
@@ -83,6 +91,12 @@ def test_deleted_checkpoint_is_retrained(setup, prefect_api):
 def test_force_refreshes_a_step_and_everything_after(setup, prefect_api):
     tmp_path, cfg, first = setup
     second = run(cfg, force="evaluate")
-    assert second["steps"] == {"ingest": "cached", "encode": "cached", "train": "cached", "evaluate": "ran", "register": "ran"}
+    assert second["steps"] == {
+        "ingest": "cached",
+        "encode": "cached",
+        "train": "cached",
+        "evaluate": "ran",
+        "register": "ran",
+    }
     with pytest.raises(ValueError, match="force='evaluat' is not a step"):
         run(cfg, force="evaluat")

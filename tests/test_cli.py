@@ -16,7 +16,9 @@ BIN = Path(sys.executable).parent / "shardline"
 
 def shardline(*args, cwd=None, timeout=600):
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
+    return subprocess.run(
+        [str(BIN), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env
+    )
 
 
 def test_help_everywhere():
@@ -71,8 +73,15 @@ def test_demo_then_predict(tmp_path):
     assert "Registered shardline-demo version 1 as @champion" in again.stdout
     game = sorted((home / "data" / "raw").glob("*.parquet"))[0]
     preds_path = tmp_path / "preds.parquet"
-    out = shardline("predict", "models:/shardline-demo@champion", game, "--out", preds_path,
-                    "--tracking-uri", f"sqlite:///{home / 'mlflow.db'}")
+    out = shardline(
+        "predict",
+        "models:/shardline-demo@champion",
+        game,
+        "--out",
+        preds_path,
+        "--tracking-uri",
+        f"sqlite:///{home / 'mlflow.db'}",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     preds = pl.read_parquet(preds_path)
     raw = pl.read_parquet(game)

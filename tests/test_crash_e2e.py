@@ -12,10 +12,10 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from shardline.core.encoding import contract  # noqa: F401  (import check: the package is importable)
+from shardline.core.encoding.contract import contract  # noqa: F401  (import check: the package is importable)
 from shardline.tasks.encode import verify_manifest
-from tests.conftest import make_raw, tiny_config
 from shardline.trainer.checkpoint import load_checkpoint
+from tests.conftest import make_raw, tiny_config
 
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent / "shardline"
@@ -31,8 +31,14 @@ def _alive(pgid: int) -> bool:
 
 def start(config: Path) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    return subprocess.Popen([str(BIN), "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
+    return subprocess.Popen(
+        [str(BIN), "run", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
 
 
 def kill_when(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
@@ -49,8 +55,13 @@ def kill_when(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
 
 
 def finish(config: Path) -> str:
-    out = subprocess.run([str(BIN), "run", str(config)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    out = subprocess.run(
+        [str(BIN), "run", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
@@ -111,7 +122,9 @@ def test_killed_during_encode_leaves_nothing_a_rerun_trusts(tmp_path):
     proc = start(killed)
     kill_when(proc, lambda: len(list((tmp_path / "killed").glob("datasets/*/*.bin.lz4"))) >= 3)
     datasets = list((tmp_path / "killed").glob("datasets/*"))
-    assert not list((tmp_path / "killed").glob("datasets/*/manifest.json")), "the kill came after encoding: nothing was tested"
+    assert not list((tmp_path / "killed").glob("datasets/*/manifest.json")), (
+        "the kill came after encoding: nothing was tested"
+    )
     assert len(list(datasets[0].glob("*.bin.lz4"))) < 40 * 3
 
     finish(killed)

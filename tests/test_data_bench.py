@@ -17,7 +17,10 @@ def _numbers(cell: str) -> list[float]:
 def test_data_bench_quick_prints_the_tables():
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "data_bench.py"), "--quick"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = {}
@@ -36,10 +39,18 @@ def test_data_bench_quick_prints_the_tables():
         assert all(_numbers(c)[0] > 0 for c in (seconds, fps, mbs)), (prefix, seconds, fps, mbs)
     for prefix in ("(a) naive", "(b) materialised", "Shardline `WindowLoader`"):
         w0, w2, mbs, disk = row(prefix)[:4]
-        assert _numbers(w0)[0] > 0 and _numbers(w2)[0] > 0 and _numbers(mbs)[0] > 0 and _numbers(disk)[0] > 0, (prefix, w0, w2, mbs, disk)
+        assert _numbers(w0)[0] > 0 and _numbers(w2)[0] > 0 and _numbers(mbs)[0] > 0 and _numbers(disk)[0] > 0, (
+            prefix,
+            w0,
+            w2,
+            mbs,
+            disk,
+        )
     peaks = [cells for name, cells in rows.items() if name.isdigit()]
     assert len(peaks) == 2 and all(_numbers(c[4])[0] > 0 for c in peaks), peaks  # peak RSS at two scales
-    verdicts = [cells[-1].strip("*") for name, cells in rows.items() if cells and cells[-1].strip("*") in ("PASS", "FAIL")]
+    verdicts = [
+        cells[-1].strip("*") for name, cells in rows.items() if cells and cells[-1].strip("*") in ("PASS", "FAIL")
+    ]
     assert len(verdicts) >= 7, out.stdout
     assert re.search(r"memcpy bandwidth .*: [\d.]+ GB/s", out.stdout)
 
@@ -47,16 +58,26 @@ def test_data_bench_quick_prints_the_tables():
 def test_encode_ab_quick_compares_this_tree_with_a_commit():
     """benchmarks/encode_ab.py against HEAD: both sides' encodes run (each in its own tree) and are
     timed against the same polars floor; the temporary worktree is gone afterwards."""
+
     def worktrees() -> str:
-        return subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True
+        ).stdout
 
     before = worktrees()
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "encode_ab.py"), "HEAD", "--quick"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = {line.split("|")[1].strip(): line.split("|")[2:] for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2:]
+        for line in out.stdout.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
     assert set(rows) == {"side", "this tree", "HEAD"}, out.stdout
     for side in ("this tree", "HEAD"):
         ratio, median, seconds = (_numbers(c) for c in rows[side][:3])

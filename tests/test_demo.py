@@ -20,14 +20,33 @@ from shardline.app.demo_data import (
 
 N_GAMES, FRAMES = 3, 300
 
-CONT = ("x", "y", "percent", "shield_strength", "speed_air_x", "speed_y", "speed_ground_x", "speed_attack_x",
-        "speed_attack_y", "state_age", "hitlag", "stocks", "combo_count")
+CONT = (
+    "x",
+    "y",
+    "percent",
+    "shield_strength",
+    "speed_air_x",
+    "speed_y",
+    "speed_ground_x",
+    "speed_attack_x",
+    "speed_attack_y",
+    "state_age",
+    "hitlag",
+    "stocks",
+    "combo_count",
+)
 ANALOG = ("main_x", "main_y", "c_x", "c_y", "trigger")
 BOOL = ("facing", "invulnerable", "on_ground")
 BUTTONS = ("a", "b", "x", "y", "z", "l", "r", "start")
-CAT = {"action": (400, pa.int16()), "jumps_left": (8, pa.int8()), "character": (33, pa.int8()),
-       "l_cancel": (3, pa.int8()), "hurtbox_state": (3, pa.int8()), "ground": (32, pa.int8()),
-       "last_attack_landed": (64, pa.int8())}
+CAT = {
+    "action": (400, pa.int16()),
+    "jumps_left": (8, pa.int8()),
+    "character": (33, pa.int8()),
+    "l_cancel": (3, pa.int8()),
+    "hurtbox_state": (3, pa.int8()),
+    "ground": (32, pa.int8()),
+    "last_attack_landed": (64, pa.int8()),
+}
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +203,7 @@ def test_transitions_follow_the_inputs(tmp_path):
         col = {n: t.column(n).to_numpy() for n in t.column_names}
         act, nxt = col["p1_action"][:-1], col["p1_action"][1:]
         a, jx, jy = col["p1_btn_a"], col["p1_btn_x"], col["p1_btn_y"]
-        fresh = lambda b: b[:-1] & ~np.r_[False, b[:-2]]  # noqa: E731  pressed now, not the frame before
+        fresh = lambda b: b[:-1] & ~np.r_[False, b[:-2]]
         still = (np.abs(col["p1_main_x"]) < 0.3)[:-1] & (np.abs(col["p1_main_y"]) < 0.3)[:-1]
         not_hit = col["p1_percent"][1:] == col["p1_percent"][:-1]  # p1 was not hit meanwhile
         jab = (act == demo.WAIT) & fresh(a) & still & ~fresh(jx) & ~fresh(jy) & not_hit

@@ -30,8 +30,12 @@ def clean_env(**extra: str) -> dict:
     return env
 
 
-def doctor(config: Path, env: dict, *args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
-    out = subprocess.run([str(BIN), "doctor", str(config), *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+def doctor(
+    config: Path, env: dict, *args: str, timeout: float = 600
+) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    out = subprocess.run(
+        [str(BIN), "doctor", str(config), *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout
+    )
     print(out.stdout)  # the table, in pytest's report (-rP) or on a failure
     rows = {}
     for line in out.stdout.splitlines():
@@ -51,8 +55,18 @@ def test_laptop_setup_passes(tmp_path):
     config = write(tmp_path / "c.yaml", tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store")))
     out, rows = doctor(config, clean_env())
     assert out.returncode == 0, out.stdout + out.stderr
-    assert list(rows) == ["config", "prefect api", "train deployment", "pipeline deployment", "data source", "storage",
-                          "mlflow tracking", "mlflow registry", "torch (here)", "gpu probe"], out.stdout
+    assert list(rows) == [
+        "config",
+        "prefect api",
+        "train deployment",
+        "pipeline deployment",
+        "data source",
+        "storage",
+        "mlflow tracking",
+        "mlflow registry",
+        "torch (here)",
+        "gpu probe",
+    ], out.stdout
     assert all(r.startswith(("PASS", "SKIP")) for r in rows.values()), out.stdout
     assert rows["prefect api"].startswith("PASS ephemeral (no server"), rows["prefect api"]
     assert "4 parquet file(s)" in rows["data source"]
@@ -73,21 +87,31 @@ def test_broken_setup_fails_in_plain_words_without_leaking_secrets(tmp_path):
     config = write(tmp_path / "c.yaml", cfg)
     env = clean_env(
         PREFECT_API_URL=f"http://127.0.0.1:{dead}/api",
-        AWS_ENDPOINT_URL=f"http://127.0.0.1:{dead}", AWS_ACCESS_KEY_ID="AKIADOCTORTEST", AWS_SECRET_ACCESS_KEY=SECRET,
-        AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="1",
-        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="3",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{dead}",
+        AWS_ACCESS_KEY_ID="AKIADOCTORTEST",
+        AWS_SECRET_ACCESS_KEY=SECRET,
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_MAX_ATTEMPTS="1",
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+        MLFLOW_HTTP_REQUEST_TIMEOUT="3",
     )
     out, rows = doctor(config, env, "--timeout", "20", timeout=120)
     assert out.returncode == 1, out.stdout + out.stderr
     assert SECRET not in out.stdout + out.stderr and PASSWORD not in out.stdout + out.stderr
-    assert rows["prefect api"].startswith(f"FAIL cannot reach the Prefect API at http://127.0.0.1:{dead}/api: connection refused; "
-                                          "is `prefect server start` running there?"), rows["prefect api"]
+    assert rows["prefect api"].startswith(
+        f"FAIL cannot reach the Prefect API at http://127.0.0.1:{dead}/api: connection refused; "
+        "is `prefect server start` running there?"
+    ), rows["prefect api"]
     assert rows["train deployment"].startswith("SKIP needs the Prefect API")
     assert rows["data source"].startswith("PASS")
-    assert rows["storage"].startswith(f"FAIL storage.root s3://{BUCKET}/store: a write, read back and delete failed"), rows["storage"]
+    assert rows["storage"].startswith(f"FAIL storage.root s3://{BUCKET}/store: a write, read back and delete failed"), (
+        rows["storage"]
+    )
     assert f"cannot connect to http://127.0.0.1:{dead}: is the server up? AWS_ENDPOINT_URL" in rows["storage"]
-    assert rows["mlflow tracking"].startswith(f"FAIL cannot reach MLflow at http://***@127.0.0.1:{dead} (mlflow.tracking_uri): "
-                                              "connection refused; is the MLflow server up"), rows["mlflow tracking"]
+    assert rows["mlflow tracking"].startswith(
+        f"FAIL cannot reach MLflow at http://***@127.0.0.1:{dead} (mlflow.tracking_uri): "
+        "connection refused; is the MLflow server up"
+    ), rows["mlflow tracking"]
     assert rows["mlflow registry"].startswith("SKIP")
     assert "3 check(s) failed: prefect api, storage, mlflow tracking" in out.stdout
 
@@ -105,7 +129,11 @@ def test_bad_config_exits_2(tmp_path):
 
 def cluster_config(c: Cluster, name: str, **compute) -> Path:
     cfg = tiny_config(f"s3://{BUCKET}/raw/*.parquet", f"s3://{BUCKET}/{name}")
-    cfg["mlflow"] = {"tracking_uri": f"sqlite:///{c.base / name}-mlflow.db", "experiment": name, "model_name": f"{name}-model"}
+    cfg["mlflow"] = {
+        "tracking_uri": f"sqlite:///{c.base / name}-mlflow.db",
+        "experiment": name,
+        "model_name": f"{name}-model",
+    }
     cfg["compute"] = {"train_on": "deployment", "train_deployment": "train/train", **compute}
     return write(c.base / f"{name}.yaml", cfg)
 
@@ -115,8 +143,20 @@ def cluster_config(c: Cluster, name: str, **compute) -> Path:
 def test_doctor_on_the_cluster_runs_the_gpu_probe_on_the_gpu_pool(cluster):
     before = {r["id"] for r in cluster.flow_runs()}
     out, rows = doctor(cluster_config(cluster, "store-doctor"), cluster.env, timeout=600)
-    assert list(rows) == ["config", "prefect api", "train deployment", "train pool", "pipeline deployment", "pipeline pool",
-                          "data source", "storage", "mlflow tracking", "mlflow registry", "torch (here)", "gpu probe"], out.stdout
+    assert list(rows) == [
+        "config",
+        "prefect api",
+        "train deployment",
+        "train pool",
+        "pipeline deployment",
+        "pipeline pool",
+        "data source",
+        "storage",
+        "mlflow tracking",
+        "mlflow registry",
+        "torch (here)",
+        "gpu probe",
+    ], out.stdout
     failed = {k: v for k, v in rows.items() if not v.startswith("PASS")}
     # this machine has no GPU: the probe ran on the GPU pool's worker and says so; everything else passes
     assert list(failed) == ["gpu probe"] and out.returncode == 1, out.stdout + out.stderr[-3000:] + cluster.tail_logs()
@@ -124,19 +164,30 @@ def test_doctor_on_the_cluster_runs_the_gpu_probe_on_the_gpu_pool(cluster):
     assert rows["train deployment"].startswith("PASS train/train on pool gpu-pool")
     assert "1 live worker(s): gpu-pool-w1 (last heartbeat" in rows["train pool"]
     assert "1 live worker(s): cpu-pool-w1 (last heartbeat" in rows["pipeline pool"]
-    assert rows["storage"].startswith(f"PASS s3://{BUCKET}/store-doctor via {cluster.env['AWS_ENDPOINT_URL']}: wrote, read back")
-    assert not cluster.fs.exists(f"{BUCKET}/store-doctor/.doctor") or not cluster.fs.ls(f"{BUCKET}/store-doctor/.doctor")
+    assert rows["storage"].startswith(
+        f"PASS s3://{BUCKET}/store-doctor via {cluster.env['AWS_ENDPOINT_URL']}: wrote, read back"
+    )
+    assert not cluster.fs.exists(f"{BUCKET}/store-doctor/.doctor") or not cluster.fs.ls(
+        f"{BUCKET}/store-doctor/.doctor"
+    )
     assert "model store-doctor-model has no version yet" in rows["mlflow registry"]
     probe = rows["gpu probe"]
     assert probe.startswith("FAIL no GPU visible on gpu-pool's worker "), probe
-    assert "training will run on CPU there; torch there is a CPU-only build" in probe and "no CUDA device visible" in probe
+    assert (
+        "training will run on CPU there; torch there is a CPU-only build" in probe and "no CUDA device visible" in probe
+    )
     (run,) = [r for r in cluster.flow_runs() if r["id"] not in before]
     assert run["work_pool_name"] == "gpu-pool" and run["state_type"] == "COMPLETED" and "doctor" in run["tags"]
 
     # training on the CPU is what the config asks for: then a GPU-less pool is no failure
-    out, rows = doctor(cluster_config(cluster, "store-doctor"), cluster.env, "--set", "training.device=cpu", timeout=600)
+    out, rows = doctor(
+        cluster_config(cluster, "store-doctor"), cluster.env, "--set", "training.device=cpu", timeout=600
+    )
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    assert rows["gpu probe"].startswith("PASS probe/probe on gpu-pool") and "training.device=cpu -> cpu in fp32" in rows["gpu probe"]
+    assert (
+        rows["gpu probe"].startswith("PASS probe/probe on gpu-pool")
+        and "training.device=cpu -> cpu in fp32" in rows["gpu probe"]
+    )
 
 
 @pytest.mark.e2e
@@ -144,9 +195,13 @@ def test_doctor_on_the_cluster_runs_the_gpu_probe_on_the_gpu_pool(cluster):
 def test_doctor_names_a_pool_without_a_live_worker_and_does_not_wait_for_the_probe(cluster):
     cluster.prefect("work-pool", "create", "--type", "process", "idle-pool")
     cluster.prefect("--no-prompt", "deploy", "shardline/flows/train.py:train", "--name", "idle", "--pool", "idle-pool")
-    out, rows = doctor(cluster_config(cluster, "store-doctor-idle", train_deployment="train/idle"), cluster.env, timeout=300)
+    out, rows = doctor(
+        cluster_config(cluster, "store-doctor-idle", train_deployment="train/idle"), cluster.env, timeout=300
+    )
     assert out.returncode == 1, out.stdout + out.stderr[-3000:]
     assert rows["train deployment"].startswith("PASS train/idle on pool idle-pool")
-    assert rows["train pool"].startswith("FAIL no worker has polled idle-pool in the last 90 s: start one with "
-                                         "`prefect worker start --pool idle-pool` on each GPU machine"), rows["train pool"]
+    assert rows["train pool"].startswith(
+        "FAIL no worker has polled idle-pool in the last 90 s: start one with "
+        "`prefect worker start --pool idle-pool` on each GPU machine"
+    ), rows["train pool"]
     assert rows["gpu probe"] == "SKIP needs a live worker on idle-pool (see above)"

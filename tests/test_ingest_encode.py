@@ -4,13 +4,14 @@ import numpy as np
 import polars as pl
 import pytest
 
+from shardline.core.codes import Globaliser
 from shardline.core.config import validate_config
-from shardline.core.encoding import DataError, encode_frame, prepare
+from shardline.core.encoding.columns import DataError, prepare
+from shardline.core.encoding.frame import encode_frame
 from shardline.core.manifest import Manifest
 from shardline.core.shards import read_arrays, window_starts
 from shardline.core.storage import fetch_verified
 from shardline.tasks.encode import build_manifest, dataset_id, encode_group_to_shards, file_groups, verify_manifest
-from shardline.core.codes import Globaliser
 from shardline.tasks.ingest import snapshot_source
 from tests.conftest import make_raw, tiny_config
 
@@ -30,7 +31,9 @@ def encode_all(cfg):
 
 def shard_arrays(manifest, out_dir, info):
     """A shard's arrays as readers see them: unpacked and mapped to the data set's encoding."""
-    stored = read_arrays(fetch_verified(f"{out_dir}/{info.path}", info.sha256, info.bytes, info.compression, info.raw_bytes), info.arrays)
+    stored = read_arrays(
+        fetch_verified(f"{out_dir}/{info.path}", info.sha256, info.bytes, info.compression, info.raw_bytes), info.arrays
+    )
     return Globaliser(manifest.encoding).arrays(stored, info.local)
 
 
@@ -109,8 +112,17 @@ def test_encoding_is_fitted_on_train_only_and_shards_round_trip(raw_dir, tmp_pat
 def test_unseen_and_null_categories_get_id_zero(raw_dir, tmp_path):
     cfg = cfg_for(raw_dir, tmp_path)
     _, spec, _, _ = encode_all(cfg)
-    df = pl.DataFrame({"seq": ["q"] * 3, "t": [0, 1, 2], "x": [0.0, None, float("nan")], "y": [1.0, 2.0, 3.0],
-                       "flag": [True, None, False], "kind": ["a", "zzz", None], "label": ["a", "b", "c"]})
+    df = pl.DataFrame(
+        {
+            "seq": ["q"] * 3,
+            "t": [0, 1, 2],
+            "x": [0.0, None, float("nan")],
+            "y": [1.0, 2.0, 3.0],
+            "flag": [True, None, False],
+            "kind": ["a", "zzz", None],
+            "label": ["a", "b", "c"],
+        }
+    )
     arrays, _ = encode_frame(prepare(df, "seq", "t", "mem"), spec)
     assert arrays["cat"][:, 0].tolist()[1:] == [0, 0]
     assert arrays["cat"][:, 1].tolist() == [2, 0, 1]
@@ -120,15 +132,26 @@ def test_unseen_and_null_categories_get_id_zero(raw_dir, tmp_path):
 
 def test_target_with_nulls_names_file_and_column(raw_dir, tmp_path):
     df = pl.read_parquet(raw_dir / "s-003.parquet")
-    df.with_columns(pl.when(pl.col("t") == 5).then(None).otherwise(pl.col("label")).alias("label")).write_parquet(raw_dir / "s-003.parquet")
+    df.with_columns(pl.when(pl.col("t") == 5).then(None).otherwise(pl.col("label")).alias("label")).write_parquet(
+        raw_dir / "s-003.parquet"
+    )
     cfg = cfg_for(raw_dir, tmp_path)
     with pytest.raises(DataError, match=r"s-003.parquet: the target column 'label' has 3 null value\(s\)"):
         encode_all(cfg)
 
 
 def test_split_without_test_windows_is_refused_before_the_manifest(raw_dir, tmp_path):
-    cfg = cfg_for(raw_dir, tmp_path, **{"data.split": {"method": "range", "column": "season",
-                                                       "ranges": {"train": [2020, 2021], "validation": [2022, 2022], "test": [2030, None]}}})
+    cfg = cfg_for(
+        raw_dir,
+        tmp_path,
+        **{
+            "data.split": {
+                "method": "range",
+                "column": "season",
+                "ranges": {"train": [2020, 2021], "validation": [2022, 2022], "test": [2030, None]},
+            }
+        },
+    )
     with pytest.raises(DataError, match=r"leaves test with no window"):
         encode_all(cfg)
     # nothing that a later run would take as a complete data set
@@ -136,8 +159,17 @@ def test_split_without_test_windows_is_refused_before_the_manifest(raw_dir, tmp_
 
 
 def test_range_split_follows_values(raw_dir, tmp_path):
-    cfg = cfg_for(raw_dir, tmp_path, **{"data.split": {"method": "range", "column": "season",
-                                                       "ranges": {"train": [None, 2021], "validation": [2022, 2022], "test": [2023, None]}}})
+    cfg = cfg_for(
+        raw_dir,
+        tmp_path,
+        **{
+            "data.split": {
+                "method": "range",
+                "column": "season",
+                "ranges": {"train": [None, 2021], "validation": [2022, 2022], "test": [2023, None]},
+            }
+        },
+    )
     snap, spec, out_dir, manifest = encode_all(cfg)
     per_split = {s: manifest.rows[s] for s in manifest.rows}
     assert per_split == {"train": 6 * 60, "validation": 3 * 60, "test": 3 * 60}
@@ -187,7 +219,11 @@ def test_training_refuses_shards_encoded_for_another_config(raw_dir, tmp_path):
     uri = f"{out_dir}/manifest.json"
     storage.write_text(uri, manifest.model_dump_json())
     assert load_manifest(uri, cfg).encoding_hash == manifest.encoding_hash
-    other = cfg_for(raw_dir, tmp_path, **{"data.window": 4, "data.features": {"continuous": ["x"], "boolean": ["flag"], "categorical": ["kind"]}})
+    other = cfg_for(
+        raw_dir,
+        tmp_path,
+        **{"data.window": 4, "data.features": {"continuous": ["x"], "boolean": ["flag"], "categorical": ["kind"]}},
+    )
     with pytest.raises(ValueError) as e:
         load_manifest(uri, other)
     msg = str(e.value)
@@ -195,13 +231,20 @@ def test_training_refuses_shards_encoded_for_another_config(raw_dir, tmp_path):
     assert "data.continuous: the shards were encoded with ['x', 'y'], the config says ['x']" in msg
 
 
-def test_compact_keeps_every_value(tmp_path):
+def test_stored_order_keeps_every_value(tmp_path):
     """`order` stored per sequence only when it counts up by one inside each sequence."""
-    from shardline.tasks.encode import compact
+    from shardline.core.encoding.group import order_arrays
     from shardline.trainer.data import ShardView
 
-    base = {"cont": np.zeros((6, 1), np.float32), "cat": np.zeros((6, 1), np.int8), "target": np.arange(6, dtype=np.uint8) % 5,
-            "offsets": np.array([0, 3, 6], np.int64)}
+    def compact(arrays):  # a shard's arrays as the encode stores them
+        return {**{k: a for k, a in arrays.items() if k != "order"}, **order_arrays(arrays["order"], arrays["offsets"])}
+
+    base = {
+        "cont": np.zeros((6, 1), np.float32),
+        "cat": np.zeros((6, 1), np.int8),
+        "target": np.arange(6, dtype=np.uint8) % 5,
+        "offsets": np.array([0, 3, 6], np.int64),
+    }
     steady = compact({**base, "order": np.array([7, 8, 9, 0, 1, 2], np.int64)})
     assert "order" not in steady and steady["order_start"].tolist() == [7, 0]
     assert ShardView(steady, 1, 0).order_of_rows(np.arange(6)).tolist() == [7, 8, 9, 0, 1, 2]
@@ -221,18 +264,24 @@ def _awkward_raw(folder, n_files=4, seqs=3, rows=40, seed=7):
             n = rows
             x = rng.normal(loc=j, size=n).astype(np.float32)
             x[rng.random(n) < 0.1] = np.nan
-            frames.append(pl.DataFrame({
-                "seq": [f"f{j}s{i}"] * n,
-                "t": np.arange(n, dtype=np.int64) * 3,  # not consecutive: stored per row
-                "x": pl.Series(x).to_list(),
-                "far": (1e6 + rng.normal(scale=0.01, size=n)),  # far from zero, tiny spread
-                "count": rng.integers(0, 5 + j, size=n, dtype=np.int32),  # continuous from integers
-                "flag": [None if v < 0.1 else bool(v > 0.5) for v in rng.random(n)],
-                "kind": [None if v < 0.05 else f"k{int(v * (3 + j))}" for v in rng.random(n)],
-                "small": rng.integers(-3 + j, 4 + j, size=n, dtype=np.int8),
-                "wide": rng.choice(np.array([10**6, 10**6 + 70_000 * (j + 1), -5, 123_456], dtype=np.int64), size=n),
-                "act": rng.integers(100 * j, 100 * j + 30, size=n, dtype=np.int16),
-            }))
+            frames.append(
+                pl.DataFrame(
+                    {
+                        "seq": [f"f{j}s{i}"] * n,
+                        "t": np.arange(n, dtype=np.int64) * 3,  # not consecutive: stored per row
+                        "x": pl.Series(x).to_list(),
+                        "far": (1e6 + rng.normal(scale=0.01, size=n)),  # far from zero, tiny spread
+                        "count": rng.integers(0, 5 + j, size=n, dtype=np.int32),  # continuous from integers
+                        "flag": [None if v < 0.1 else bool(v > 0.5) for v in rng.random(n)],
+                        "kind": [None if v < 0.05 else f"k{int(v * (3 + j))}" for v in rng.random(n)],
+                        "small": rng.integers(-3 + j, 4 + j, size=n, dtype=np.int8),
+                        "wide": rng.choice(
+                            np.array([10**6, 10**6 + 70_000 * (j + 1), -5, 123_456], dtype=np.int64), size=n
+                        ),
+                        "act": rng.integers(100 * j, 100 * j + 30, size=n, dtype=np.int16),
+                    }
+                )
+            )
         pl.concat(frames).with_columns(pl.col("x").cast(pl.Float32)).write_parquet(folder / f"w-{j:02d}.parquet")
 
 
@@ -243,12 +292,28 @@ def test_one_pass_shards_equal_the_direct_encoding(tmp_path, dtype, task):
     spec: categorical ids, booleans and the target exactly, continuous values to within one
     rounding of the stored type."""
     _awkward_raw(tmp_path / "raw")
-    target = {"column": "act", "task": "classification"} if task == "classification" else {"column": "far", "task": "regression"}
-    cfg = validate_config(tiny_config(
-        str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"),
-        **{"data.features": {"continuous": ["x", "far", "count"], "boolean": ["flag"], "categorical": ["kind", "small", "wide", "act"]},
-           "data.target": target, "data.files_per_group": 1, "data.continuous_dtype": dtype,
-           "data.split.fractions": {"train": 0.5, "validation": 0.25, "test": 0.25}}))
+    target = (
+        {"column": "act", "task": "classification"}
+        if task == "classification"
+        else {"column": "far", "task": "regression"}
+    )
+    cfg = validate_config(
+        tiny_config(
+            str(tmp_path / "raw" / "*.parquet"),
+            str(tmp_path / "store"),
+            **{
+                "data.features": {
+                    "continuous": ["x", "far", "count"],
+                    "boolean": ["flag"],
+                    "categorical": ["kind", "small", "wide", "act"],
+                },
+                "data.target": target,
+                "data.files_per_group": 1,
+                "data.continuous_dtype": dtype,
+                "data.split.fractions": {"train": 0.5, "validation": 0.25, "test": 0.25},
+            },
+        )
+    )
     snap, spec, out_dir, manifest = encode_all(cfg)
     by_group: dict[str, set[str]] = {}
     for s in manifest.shards:
@@ -345,7 +410,7 @@ def test_encode_flow_holds_at_most_encode_workers_groups_at_once(raw_dir, tmp_pa
 def test_ids_set_in_any_row_type(dtype):
     """id = value - shift in the shard's id type, for negative values and shifts too (an int16 row
     holds a narrow column beside a wide one)."""
-    from shardline.core.encoding import _set_ids
+    from shardline.core.encoding.group import _set_ids
 
     rng = np.random.default_rng(0)
     for src, shift in [(np.int8, -6), (np.int16, -101), (np.uint32, -1), (np.int64, 1000), (np.int64, 0)]:

@@ -93,8 +93,7 @@ def test_classification_single_class():
     y = np.zeros(5, dtype=int)
     probs = np.ones((5, 1))
     m = classification_metrics(y, probs)
-    assert m == {"accuracy": 1.0, "top5_accuracy": 1.0, "log_loss": pytest.approx(0.0),
-                 "macro_f1": 1.0}
+    assert m == {"accuracy": 1.0, "top5_accuracy": 1.0, "log_loss": pytest.approx(0.0), "macro_f1": 1.0}
 
 
 def test_classification_rejects_empty_and_bad_input():
@@ -175,8 +174,13 @@ def test_mean_baseline():
 
 def test_learning_curves_multi_epoch(tmp_path):
     history = [
-        {"epoch": e, "train_loss": 1.0 / e, "val_loss": 1.2 / e,
-         "val_accuracy": 0.5 + 0.1 * e, "val_macro_f1": 0.4 + 0.1 * e}
+        {
+            "epoch": e,
+            "train_loss": 1.0 / e,
+            "val_loss": 1.2 / e,
+            "val_accuracy": 0.5 + 0.1 * e,
+            "val_macro_f1": 0.4 + 0.1 * e,
+        }
         for e in range(1, 6)
     ]
     out = plot_learning_curves(history, tmp_path / "curves.png")
@@ -186,9 +190,7 @@ def test_learning_curves_multi_epoch(tmp_path):
 
 def test_learning_curves_single_epoch_and_string_path(tmp_path):
     target = tmp_path / "sub" / "one.png"
-    out = plot_learning_curves(
-        [{"epoch": 1, "train_loss": 0.9, "val_loss": 1.1, "val_mae": 3.2}], str(target)
-    )
+    out = plot_learning_curves([{"epoch": 1, "train_loss": 0.9, "val_loss": 1.1, "val_mae": 3.2}], str(target))
     assert Path(out) == target
     assert_png(out)
 
@@ -252,8 +254,7 @@ def _rows(table: str) -> dict[str, list[str]]:
 def test_metrics_table_directions():
     model = {"accuracy": 0.8, "log_loss": 0.5, "macro_f1": 0.3, "rmse": 1.0}
     baseline = {"accuracy": 0.6, "log_loss": 0.4, "macro_f1": 0.3, "rmse": 2.0}
-    directions = {"accuracy": "maximize", "log_loss": "minimize",
-                  "macro_f1": "maximize", "rmse": "minimize"}
+    directions = {"accuracy": "maximize", "log_loss": "minimize", "macro_f1": "maximize", "rmse": "minimize"}
     rows = _rows(format_metrics_table(model, baseline, directions))
     assert rows["accuracy"] == ["0.8000", "0.6000", "model"]
     assert rows["log_loss"] == ["0.5000", "0.4000", "baseline"]
@@ -262,9 +263,7 @@ def test_metrics_table_directions():
 
 
 def test_metrics_table_baseline_wins_when_maximizing_and_missing_values():
-    rows = _rows(format_metrics_table(
-        {"r2": 0.1, "mae": 1.23456789}, {"r2": 0.5}, {"r2": "maximize"}
-    ))
+    rows = _rows(format_metrics_table({"r2": 0.1, "mae": 1.23456789}, {"r2": 0.5}, {"r2": "maximize"}))
     assert rows["r2"] == ["0.1000", "0.5000", "baseline"]
     assert rows["mae"] == ["1.2346", "n/a", "n/a"]
     with pytest.raises(ValueError, match="maximize"):

@@ -49,7 +49,9 @@ def test_pipeline_registers_a_champion_whose_predictions_match_evaluation(tmp_pa
     raw = pl.concat([pl.read_parquet(p) for p in sorted((tmp_path / "raw").glob("*.parquet"))])
     test_rows = raw.filter(pl.col("seq").is_in(eval_preds["seq"].unique().to_list()))
     with fluent_tracking_uri(reg["tracking_uri"]):
-        served = pl.from_pandas(mlflow.pyfunc.load_model("models:/tiny-model@champion").predict(test_rows.drop("label").to_pandas()))
+        served = pl.from_pandas(
+            mlflow.pyfunc.load_model("models:/tiny-model@champion").predict(test_rows.drop("label").to_pandas())
+        )
     joined = eval_preds.join(served, on=["seq", "t"], suffix="_served")
     assert joined.height == eval_preds.height == served.height
     assert (joined["prediction"] == joined["prediction_served"]).all()
@@ -68,10 +70,15 @@ def test_regression_with_a_transformer(tmp_path, prefect_api):
 
     make_raw(tmp_path / "raw", n_seq=12, rows=60, seed=3)
     cfg = tiny_config(
-        str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"),
-        **{"data.target": {"column": "value", "task": "regression"}, "data.horizon": 0,
-           "model": {"family": "transformer", "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.0},
-           "training.epochs": 4, "mlflow.model_name": "tiny-reg"},
+        str(tmp_path / "raw" / "*.parquet"),
+        str(tmp_path / "store"),
+        **{
+            "data.target": {"column": "value", "task": "regression"},
+            "data.horizon": 0,
+            "model": {"family": "transformer", "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.0},
+            "training.epochs": 4,
+            "mlflow.model_name": "tiny-reg",
+        },
     )
     result = run_pipeline(cfg)
     assert result["registered"]["alias"] == "champion"

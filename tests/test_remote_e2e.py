@@ -25,11 +25,22 @@ from tests.conftest import tiny_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.remote]
 
+
 def write_config(c: Cluster, name: str, **over) -> Path:
     cfg = tiny_config(f"s3://{BUCKET}/raw/*.parquet", f"s3://{BUCKET}/{name}", **{"training.epochs": 3, **over})
-    cfg["mlflow"] = {"tracking_uri": f"sqlite:///{c.base / name}-mlflow.db", "experiment": name, "model_name": f"{name}-model"}
-    cfg["compute"] = {"train_on": "deployment", "train_deployment": "train/train", "poll_seconds": 1, "max_preemptions": 2,
-                      "dispatch_timeout_seconds": 400, **cfg.get("compute", {})}
+    cfg["mlflow"] = {
+        "tracking_uri": f"sqlite:///{c.base / name}-mlflow.db",
+        "experiment": name,
+        "model_name": f"{name}-model",
+    }
+    cfg["compute"] = {
+        "train_on": "deployment",
+        "train_deployment": "train/train",
+        "poll_seconds": 1,
+        "max_preemptions": 2,
+        "dispatch_timeout_seconds": 400,
+        **cfg.get("compute", {}),
+    }
     path = c.base / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -38,7 +49,17 @@ def write_config(c: Cluster, name: str, **over) -> Path:
 def run_pipeline(c: Cluster, config: Path) -> dict:
     """`prefect deployment run pipeline/pipeline -p config=...`, watched to its end; the pipeline's flow run."""
     before = {r["id"] for r in c.flow_runs()}
-    c.prefect("deployment", "run", "pipeline/pipeline", "-p", f"config={config}", "--watch", "--watch-interval", "1", timeout=600)
+    c.prefect(
+        "deployment",
+        "run",
+        "pipeline/pipeline",
+        "-p",
+        f"config={config}",
+        "--watch",
+        "--watch-interval",
+        "1",
+        timeout=600,
+    )
     new = [r for r in c.flow_runs() if r["id"] not in before]
     (pipeline_run,) = [r for r in new if r["work_pool_name"] == "cpu-pool"]
     assert pipeline_run["state_type"] == "COMPLETED", (pipeline_run["state"], c.tail_logs())
@@ -46,7 +67,13 @@ def run_pipeline(c: Cluster, config: Path) -> dict:
 
 
 def s3_env(monkeypatch, c: Cluster) -> None:
-    for k in ("AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+    for k in (
+        "AWS_ENDPOINT_URL",
+        "MLFLOW_S3_ENDPOINT_URL",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_DEFAULT_REGION",
+    ):
         monkeypatch.setenv(k, c.env[k])
 
 
@@ -70,7 +97,9 @@ def _ls(uri: str) -> list[str]:
     return s3fs.S3FileSystem(skip_instance_cache=True).ls(uri.removeprefix("s3://"))
 
 
-def test_deployment_run_trains_on_the_gpu_pool_registers_to_s3_and_reruns_cached(cluster, reference, monkeypatch, tmp_path):
+def test_deployment_run_trains_on_the_gpu_pool_registers_to_s3_and_reruns_cached(
+    cluster, reference, monkeypatch, tmp_path
+):
     import mlflow
     from mlflow import MlflowClient
 
@@ -115,11 +144,27 @@ def test_spot_reclaim_of_the_training_process_is_redispatched_and_resumes_exactl
     s3_env(monkeypatch, cluster)
     # each optimizer step sleeps 0.2 s in the training process (a test hook set through job variables),
     # so that the kill lands mid-run
-    config = write_config(cluster, "store-b", **{"compute": {"job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.2"}}}})
+    config = write_config(
+        cluster, "store-b", **{"compute": {"job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.2"}}}}
+    )
     before = {r["id"] for r in cluster.flow_runs()}
     watcher = subprocess.Popen(
-        [str(BIN / "prefect"), "deployment", "run", "pipeline/pipeline", "-p", f"config={config}", "--watch", "--watch-interval", "1"],
-        cwd=REPO, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            str(BIN / "prefect"),
+            "deployment",
+            "run",
+            "pipeline/pipeline",
+            "-p",
+            f"config={config}",
+            "--watch",
+            "--watch-interval",
+            "1",
+        ],
+        cwd=REPO,
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
     def running_train():
@@ -182,14 +227,24 @@ def processes_of_flow_run(flow_run_id: str) -> list[int]:
 
 def test_rehearse_runs_the_first_loop_on_the_gpu_pool_with_a_forced_preemption(cluster):
     config = write_config(cluster, "store-r")
-    out = subprocess.run([str(BIN / "shardline"), "rehearse", str(config), "--files", "4", "--steps", "12"],
-                         cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [str(BIN / "shardline"), "rehearse", str(config), "--files", "4", "--steps", "12"],
+        cwd=REPO,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr[-5000:] + cluster.tail_logs()
     table = [line for line in out.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
     assert len(table) == 10 and all(line.startswith("PASS") for line in table), out.stdout
     preemption = next(line for line in table if "preemption" in line)
     assert "ended Failed at step 6; re-dispatched, resumed from s3://" in preemption, preemption
     # the rehearsal trained on the GPU pool: two flow runs of the training deployment, the first preempted
-    trains = [r for r in cluster.flow_runs() if r["work_pool_name"] == "gpu-pool" and "store-r" in json.dumps(r.get("parameters", {}))]
+    trains = [
+        r
+        for r in cluster.flow_runs()
+        if r["work_pool_name"] == "gpu-pool" and "store-r" in json.dumps(r.get("parameters", {}))
+    ]
     assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
     assert "Preempted" in trains[0]["state"]["message"]

@@ -45,15 +45,27 @@ def make_arrays(seed: int, seg_lengths: list[int]) -> dict[str, np.ndarray]:
     target = np.zeros(rows, dtype=np.int32)
     target[1:] = cat[:-1, 0] % 3 + 1
     return {
-        "cont": rng.standard_normal((rows, 2)).astype(np.float32), "cat": cat, "target": target,
+        "cont": rng.standard_normal((rows, 2)).astype(np.float32),
+        "cat": cat,
+        "target": target,
         "order": np.arange(rows, dtype=np.int64),
         "offsets": np.concatenate([[0], np.cumsum(seg_lengths)]).astype(np.int64),
     }
 
 
 def training(**over) -> dict:
-    base = dict(epochs=2, batch_size=32, lr=1e-2, warmup_steps=5, device="cpu", precision="fp32", seed=3,
-                checkpoint_every_steps=EVERY, checkpoint_every_seconds=0, keep_checkpoints=2)
+    base = dict(
+        epochs=2,
+        batch_size=32,
+        lr=1e-2,
+        warmup_steps=5,
+        device="cpu",
+        precision="fp32",
+        seed=3,
+        checkpoint_every_steps=EVERY,
+        checkpoint_every_seconds=0,
+        keep_checkpoints=2,
+    )
     return {**base, **over}
 
 
@@ -68,7 +80,9 @@ def shards(tmp_path_factory) -> Path:
         "train.bin": write_arrays(folder / "train.bin", make_arrays(0, [484, 704, 744])),  # 1,920 windows
         "val.bin": write_arrays(folder / "val.bin", make_arrays(1, [150, 160])),
     }
-    (folder / "specs.json").write_text(json.dumps({f: {k: v.model_dump() for k, v in s.items()} for f, s in specs.items()}))
+    (folder / "specs.json").write_text(
+        json.dumps({f: {k: v.model_dump() for k, v in s.items()} for f, s in specs.items()})
+    )
     return folder
 
 
@@ -77,14 +91,25 @@ class Child:
 
     def __init__(self, tmp: Path, shards: Path, ckpt: Path, label: str, **job):
         self.result = tmp / f"{label}-result.json"
-        job = {"shards": str(shards), "window": WINDOW, "horizon": HORIZON, "ckpt": str(ckpt), "result": str(self.result),
-               "model_spec": model_spec(ModelConfig(hidden=32, layers=2, dropout=0.1), 2, CARDS, WINDOW, N_CLASSES),
-               "training": training(), **job}
+        job = {
+            "shards": str(shards),
+            "window": WINDOW,
+            "horizon": HORIZON,
+            "ckpt": str(ckpt),
+            "result": str(self.result),
+            "model_spec": model_spec(ModelConfig(hidden=32, layers=2, dropout=0.1), 2, CARDS, WINDOW, N_CLASSES),
+            "training": training(),
+            **job,
+        }
         (tmp / f"{label}-job.json").write_text(json.dumps(job))
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
-        self.proc = subprocess.Popen([sys.executable, str(CHILD), str(tmp / f"{label}-job.json")], text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(tmp / f"{label}-job.json")],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -101,7 +126,10 @@ class Child:
                 pytest.fail(f"no '{line}' from the child in {WAIT}s; it said:\n" + "\n".join(self.lines[-30:]))
             if got is None:
                 self.proc.wait()
-                pytest.fail(f"the child exited ({self.proc.returncode}) before '{line}'; it said:\n" + "\n".join(self.lines[-30:]))
+                pytest.fail(
+                    f"the child exited ({self.proc.returncode}) before '{line}'; it said:\n"
+                    + "\n".join(self.lines[-30:])
+                )
             self.lines.append(got)
             if got == line:
                 return
@@ -112,7 +140,9 @@ class Child:
     def kill(self) -> None:
         self.proc.kill()
         code = self.proc.wait(WAIT)
-        assert code == -signal.SIGKILL, f"the child was not running when killed ({code}); it said:\n" + "\n".join(self.lines[-30:])
+        assert code == -signal.SIGKILL, f"the child was not running when killed ({code}); it said:\n" + "\n".join(
+            self.lines[-30:]
+        )
 
     def finish(self, expect: int = 0) -> dict | None:
         try:
@@ -259,7 +289,9 @@ def test_two_kills_anywhere_with_time_based_checkpoints(run, tmp_path, reference
     assert any(int(n[5:14]) % STEPS_PER_EPOCH for n in list_checkpoints(str(folder)))  # taken by the clock
     assert_sound(folder)
 
-    child = run("killed-2", folder, **{**timed, "training": training(checkpoint_every_steps=0, checkpoint_every_seconds=0.03)})
+    child = run(
+        "killed-2", folder, **{**timed, "training": training(checkpoint_every_steps=0, checkpoint_every_seconds=0.03)}
+    )
     child.wait_for("step 90")
     child.kill()
     second = latest_checkpoint(str(folder))[1]["step"]

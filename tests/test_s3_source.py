@@ -17,8 +17,12 @@ def s3_endpoint(monkeypatch):
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     import s3fs
 
@@ -50,6 +54,7 @@ def test_ingest_and_encode_from_s3(tmp_path, s3_endpoint):
 
 def test_shards_in_s3_are_verified_on_fetch(tmp_path, s3_endpoint, monkeypatch):
     import s3fs
+
     from shardline.core import storage
     from shardline.trainer.data import open_split
 
@@ -65,7 +70,7 @@ def test_shards_in_s3_are_verified_on_fetch(tmp_path, s3_endpoint, monkeypatch):
     assert data.n_windows == manifest.windows["train"]
     # a shard object replaced behind the manifest's back is refused, not trained on
     info = manifest.shards_of("validation")[0]
-    fs.pipe_file(f"{out_dir[len('s3://'):]}/{info.path}", b"corrupted")
+    fs.pipe_file(f"{out_dir[len('s3://') :]}/{info.path}", b"corrupted")
     with pytest.raises(IOError, match="checksum mismatch"):
         open_split(manifest, uri, "validation")
     assert os.listdir(tmp_path / "cache")
@@ -78,13 +83,16 @@ def test_a_split_larger_than_the_cache_streams_from_s3(tmp_path, s3_endpoint, mo
     import numpy as np
     import s3fs
     import torch
+
     from shardline.core import storage
     from shardline.trainer.data import WindowLoader, open_split
 
     fs = s3fs.S3FileSystem()
     fs.mkdir("big-bucket")
     make_raw(tmp_path / "raw", n_seq=72, rows=100)
-    cfg = validate_config(tiny_config(str(tmp_path / "raw" / "*.parquet"), "s3://big-bucket/root", **{"data.files_per_group": 1}))
+    cfg = validate_config(
+        tiny_config(str(tmp_path / "raw" / "*.parquet"), "s3://big-bucket/root", **{"data.files_per_group": 1})
+    )
     _, _, out_dir, manifest = encode_all(cfg)
     uri = storage.join(out_dir, "manifest.json")
     storage.write_text(uri, manifest.model_dump_json())
@@ -108,7 +116,11 @@ def test_a_split_larger_than_the_cache_streams_from_s3(tmp_path, s3_endpoint, mo
         seen = 0
         for batch in loader:
             want = whole.batch(order[seen : seen + len(batch)])
-            assert torch.equal(batch.cont, want.cont) and torch.equal(batch.cat, want.cat) and torch.equal(batch.target, want.target)
+            assert (
+                torch.equal(batch.cont, want.cont)
+                and torch.equal(batch.cat, want.cat)
+                and torch.equal(batch.target, want.target)
+            )
             seen += len(batch)
             assert cache.held_bytes() <= cap
         assert seen == data.n_windows
@@ -128,6 +140,8 @@ def test_a_split_larger_than_the_cache_streams_from_s3(tmp_path, s3_endpoint, mo
 
     # a cap below one shard is refused with what to do, not a half-written cache
     with pytest.raises(IOError, match="SHARDLINE_CACHE_MAX_GB"):
-        tiny = open_split(manifest, uri, "train", cache=storage.ShardCache(tmp_path / "tiny-cache", cap_bytes=biggest // 2))
+        tiny = open_split(
+            manifest, uri, "train", cache=storage.ShardCache(tmp_path / "tiny-cache", cap_bytes=biggest // 2)
+        )
         next(iter(WindowLoader(tiny, 16, seed=0)))
     assert np.all([not p.name.startswith(".tmp-") for p in (tmp_path / "tiny-cache").rglob("*")])

@@ -20,14 +20,19 @@ def test_unreachable_mlflow_never_raises_and_keeps_metrics(tmp_path, monkeypatch
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     journal = tmp_path / "journal.jsonl"
     t0 = time.perf_counter()
-    tracker = Tracker(MlflowConfig(tracking_uri=f"http://127.0.0.1:{closed_port()}"), str(tmp_path), journal=str(journal))
+    tracker = Tracker(
+        MlflowConfig(tracking_uri=f"http://127.0.0.1:{closed_port()}"), str(tmp_path), journal=str(journal)
+    )
     assert tracker.start(None, "r", {}) is None
     tracker.log_metrics({"train/loss": 1.5}, step=3)
     tracker.log_metrics({"train/loss": 1.2}, step=4)
     tracker.end("FINISHED")
     assert time.perf_counter() - t0 < 30
     lines = [json.loads(x) for x in journal.read_text().splitlines()]
-    assert [line["args"] for line in lines if line["call"] == "log_metrics"] == [[{"train/loss": 1.5}, 3], [{"train/loss": 1.2}, 4]]
+    assert [line["args"] for line in lines if line["call"] == "log_metrics"] == [
+        [{"train/loss": 1.5}, 3],
+        [{"train/loss": 1.2}, 4],
+    ]
 
 
 def test_sqlite_tracking_logs_and_resumes_the_same_run(tmp_path):

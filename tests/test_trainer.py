@@ -65,7 +65,10 @@ def data(tmp_path_factory) -> dict[str, SplitData]:
     folder = tmp_path_factory.mktemp("shards")
     out = {}
     for task in ("classification", "regression"):
-        train = [write_shard(folder, f"{task}-train-{i}.bin", make_arrays(i, [200, 150, 250][: 2 + i], task)) for i in range(2)]
+        train = [
+            write_shard(folder, f"{task}-train-{i}.bin", make_arrays(i, [200, 150, 250][: 2 + i], task))
+            for i in range(2)
+        ]
         val = [write_shard(folder, f"{task}-val.bin", make_arrays(7, [120, 80], task))]
         out[task] = SplitData(train, K, H)
         out[f"{task}-val"] = SplitData(val, K, H)
@@ -73,13 +76,27 @@ def data(tmp_path_factory) -> dict[str, SplitData]:
 
 
 def spec_for(family: str = "mlp", task: str = "classification", **model) -> dict:
-    cfg = ModelConfig(family=family, hidden=32, layers=1 if family == "transformer" else 2, heads=4, dropout=0.1, **model)
-    return model_spec(cfg, n_cont=2, cat_cardinalities=CARDS, window=K, n_outputs=N_CLASSES if task == "classification" else 1)
+    cfg = ModelConfig(
+        family=family, hidden=32, layers=1 if family == "transformer" else 2, heads=4, dropout=0.1, **model
+    )
+    return model_spec(
+        cfg, n_cont=2, cat_cardinalities=CARDS, window=K, n_outputs=N_CLASSES if task == "classification" else 1
+    )
 
 
 def train_cfg(**over) -> TrainingConfig:
-    base = dict(epochs=2, batch_size=32, lr=1e-2, warmup_steps=2, grad_accum=2, device="cpu", precision="fp32",
-                seed=1, checkpoint_every_steps=3, keep_checkpoints=2)
+    base = dict(
+        epochs=2,
+        batch_size=32,
+        lr=1e-2,
+        warmup_steps=2,
+        grad_accum=2,
+        device="cpu",
+        precision="fp32",
+        seed=1,
+        checkpoint_every_steps=3,
+        keep_checkpoints=2,
+    )
     return TrainingConfig(**{**base, **over})
 
 
@@ -149,19 +166,39 @@ def test_open_split_reads_the_manifest_shards(tmp_path, monkeypatch):
         arrays = make_arrays(i, lengths)
         specs = write_arrays(folder / "train" / f"part-{i}.bin", arrays)
         raw = (folder / "train" / f"part-{i}.bin").read_bytes()
-        infos.append(ShardInfo(
-            path=f"train/part-{i}.bin", split="train", rows=sum(lengths), segments=len(lengths),
-            windows=sum(max(0, n - K - H + 1) for n in lengths), bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest(),
-            arrays=specs, keys_path=f"train/part-{i}.keys.parquet", keys_sha256="0" * 64,
-        ))
+        infos.append(
+            ShardInfo(
+                path=f"train/part-{i}.bin",
+                split="train",
+                rows=sum(lengths),
+                segments=len(lengths),
+                windows=sum(max(0, n - K - H + 1) for n in lengths),
+                bytes=len(raw),
+                sha256=hashlib.sha256(raw).hexdigest(),
+                arrays=specs,
+                keys_path=f"train/part-{i}.keys.parquet",
+                keys_sha256="0" * 64,
+            )
+        )
     encoding = EncodingSpec(
-        sequence_key="id", order_by="t", window=K, horizon=H,
+        sequence_key="id",
+        order_by="t",
+        window=K,
+        horizon=H,
         continuous=[ContinuousStat(name="x", mean=0, std=1), ContinuousStat(name="y", mean=0, std=1)],
-        boolean=[], categorical=[Vocabulary(name="a", values=list("abcde")), Vocabulary(name="b", values=list("xyz"))],
+        boolean=[],
+        categorical=[Vocabulary(name="a", values=list("abcde")), Vocabulary(name="b", values=list("xyz"))],
         target=TargetSpec(column="c", task="classification", classes=["1", "2", "3"]),
     )
-    fields = dict(encoding=encoding, encoding_hash=encoding.hash(), data_fingerprint="f", shards=infos,
-                  rows={"train": 95}, windows={"train": sum(s.windows for s in infos)}, source_files=2)
+    fields = dict(
+        encoding=encoding,
+        encoding_hash=encoding.hash(),
+        data_fingerprint="f",
+        shards=infos,
+        rows={"train": 95},
+        windows={"train": sum(s.windows for s in infos)},
+        source_files=2,
+    )
     if "contract_hash" in Manifest.model_fields:
         fields["contract_hash"] = "c"
     manifest = Manifest(**fields)
@@ -179,7 +216,9 @@ def test_open_split_reads_the_manifest_shards(tmp_path, monkeypatch):
     ref = slow_windows([make_arrays(i, lengths) for i, lengths in enumerate([[30, 40], [25]])])
     every = again.batch(np.arange(again.n_windows)[::-1])  # one gather across both shards, in the asked order
     for j, (s, start) in enumerate(reversed(ref)):
-        np.testing.assert_array_equal(every.cat[j].numpy(), make_arrays(s, [[30, 40], [25]][s])["cat"][start : start + K])
+        np.testing.assert_array_equal(
+            every.cat[j].numpy(), make_arrays(s, [[30, 40], [25]][s])["cat"][start : start + K]
+        )
     assert encoding.cat_cardinalities == CARDS and encoding.target.n_outputs == N_CLASSES
 
     # the same shards through an fsspec URL: copied into the cache and checked against the manifest's sha256
@@ -189,7 +228,9 @@ def test_open_split_reads_the_manifest_shards(tmp_path, monkeypatch):
     for info in infos:
         mem.pipe_file(f"/store/{info.path}", (folder / info.path).read_bytes())
     remote = open_split(manifest, "memory://store/manifest.json", "train")
-    np.testing.assert_array_equal(remote.batch(np.arange(remote.n_windows)).cat, split.batch(np.arange(split.n_windows)).cat)
+    np.testing.assert_array_equal(
+        remote.batch(np.arange(remote.n_windows)).cat, split.batch(np.arange(split.n_windows)).cat
+    )
     mem.pipe_file(f"/store/{infos[0].path}", b"damaged")
     monkeypatch.setenv("SHARDLINE_CACHE", str(tmp_path / "cache2"))
     with pytest.raises(IOError, match="checksum mismatch"):
@@ -201,7 +242,9 @@ def test_loader_order_is_a_function_of_seed_and_epoch(data):
     split = data["classification"]
     first = [b.target for b in WindowLoader(split, 64, seed=3)]
     again = [b.target for b in WindowLoader(split, 64, seed=3)]
-    assert all(torch.equal(x, y) for x, y in zip(first, again)) and len(first) == len(again) == -(-split.n_windows // 64)
+    assert all(torch.equal(x, y) for x, y in zip(first, again)) and len(first) == len(again) == -(
+        -split.n_windows // 64
+    )
     loader = WindowLoader(split, 64, seed=3)
     loader.set_epoch(1)
     assert not np.array_equal(loader.order(0), loader.order(1))
@@ -329,19 +372,33 @@ def test_embeddings_of_one_width_share_a_table_and_v1_models_still_load():
     cat = torch.stack([torch.randint(0, c, (5, K)) for c in cards], dim=-1)
     got, want = fused(cont, cat), per_column(cont, cat)
     assert got.shape == want.shape == (5, K, fused.width) and fused.width == 2 + sum(embedding_width(c) for c in cards)
-    order = [0, 1] + [2 + j for cols in fused.groups for i in cols for j in range(sum(map(embedding_width, cards[:i])), sum(map(embedding_width, cards[: i + 1])))]
+    order = [0, 1] + [
+        2 + j
+        for cols in fused.groups
+        for i in cols
+        for j in range(sum(map(embedding_width, cards[:i])), sum(map(embedding_width, cards[: i + 1])))
+    ]
     assert torch.equal(got, want[..., order])  # each column's vector, grouped by width
     # a model registered before (spec version 1: a table per column) rebuilds in its own layout
     old = {**build_model(ModelConfig(hidden=16), 2, CARDS, K, N_CLASSES).spec, "version": 1}
     v1 = model_from_spec(old)
-    assert "frames.embeddings.0.weight" in v1.state_dict() and v1(torch.randn(2, K, 2), torch.ones(2, K, 2, dtype=torch.long)).shape == (2, N_CLASSES)
+    assert "frames.embeddings.0.weight" in v1.state_dict() and v1(
+        torch.randn(2, K, 2), torch.ones(2, K, 2, dtype=torch.long)
+    ).shape == (2, N_CLASSES)
 
 
 @pytest.mark.parametrize("family", ["mlp", "transformer"])
 def test_both_families_learn_the_rule(data, tmp_path, family):
     cfg = train_cfg(epochs=2, grad_accum=1, checkpoint_every_steps=0)
-    result = fit(data["classification"], data["classification-val"], spec_for(family), cfg, "classification",
-                 str(tmp_path / "ckpt"), log=quiet)
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for(family),
+        cfg,
+        "classification",
+        str(tmp_path / "ckpt"),
+        log=quiet,
+    )
     losses = [h["val_loss"] for h in result.history]
     assert losses[-1] < losses[0] and losses[-1] < 0.25 * np.log(3)  # a uniform guess among the 3 classes scores ln 3
     assert result.history[-1]["val_accuracy"] > 0.9  # chance is 1/3
@@ -353,13 +410,22 @@ def test_both_families_learn_the_rule(data, tmp_path, family):
     assert probs.shape == (data["classification-val"].n_windows, N_CLASSES) and probs.dtype == np.float32
     assert np.all(probs[:, 0] == 0) and np.allclose(probs.sum(1), 1, atol=1e-5)
     accuracy = (probs.argmax(1) == data["classification-val"].targets()).mean()
-    assert accuracy == pytest.approx(next(h for h in result.history if h["val_loss"] == result.best_score)["val_accuracy"])
+    assert accuracy == pytest.approx(
+        next(h for h in result.history if h["val_loss"] == result.best_score)["val_accuracy"]
+    )
 
 
 def test_regression_trains(data, tmp_path):
     cfg = train_cfg(epochs=3, grad_accum=1, lr=5e-3, checkpoint_every_steps=0)
-    result = fit(data["regression"], data["regression-val"], spec_for("mlp", "regression"), cfg, "regression",
-                 str(tmp_path / "ckpt"), log=quiet)
+    result = fit(
+        data["regression"],
+        data["regression-val"],
+        spec_for("mlp", "regression"),
+        cfg,
+        "regression",
+        str(tmp_path / "ckpt"),
+        log=quiet,
+    )
     val = data["regression-val"]
     baseline = np.abs(val.targets() - val.targets().mean()).mean()
     assert result.history[-1]["val_mae"] < 0.5 * baseline
@@ -370,8 +436,15 @@ def test_regression_trains(data, tmp_path):
 
 
 def test_bf16_on_cpu_runs(data, tmp_path):
-    result = fit(data["classification"], data["classification-val"], spec_for("mlp"),
-                 train_cfg(epochs=1, precision="bf16", max_steps_per_epoch=3), "classification", str(tmp_path), log=quiet)
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for("mlp"),
+        train_cfg(epochs=1, precision="bf16", max_steps_per_epoch=3),
+        "classification",
+        str(tmp_path),
+        log=quiet,
+    )
     assert result.precision == "bf16" and result.steps == 3 and np.isfinite(result.history[0]["val_loss"])
 
 
@@ -382,7 +455,9 @@ def test_bf16_on_cpu_runs(data, tmp_path):
 def test_pruning_keeps_newest_and_best(tmp_path, where):
     folder = str(tmp_path / "ck") if where == "local" else f"memory://ckpt-test-{os.getpid()}"
     for step in range(1, 7):
-        save_checkpoint(folder, step, {"w": torch.full((3,), float(step))}, {"best_score": 0.1 * step}, is_best=step == 2, keep=2)
+        save_checkpoint(
+            folder, step, {"w": torch.full((3,), float(step))}, {"best_score": 0.1 * step}, is_best=step == 2, keep=2
+        )
     assert list_checkpoints(folder) == ["ckpt-000000002.pt", "ckpt-000000005.pt", "ckpt-000000006.pt"]
     pt, side = latest_checkpoint(folder)
     assert pt.endswith("ckpt-000000006.pt") and side["step"] == 6 and side["file"] == "ckpt-000000006.pt"
@@ -425,8 +500,15 @@ def straight(data, tmp_path_factory):
     runs = {}
     for family in ("mlp", "transformer"):
         folder = str(tmp_path_factory.mktemp(f"straight-{family}"))
-        result = fit(data["classification"], data["classification-val"], spec_for(family), train_cfg(), "classification",
-                     folder, log=quiet)
+        result = fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for(family),
+            train_cfg(),
+            "classification",
+            folder,
+            log=quiet,
+        )
         runs[family] = (result, load_model(result.last_checkpoint).state_dict())
     return runs
 
@@ -453,13 +535,31 @@ def test_resume_after_a_crash_is_bit_identical(data, tmp_path, straight, family,
             raise Crash
 
     with pytest.raises(Crash):
-        fit(data["classification"], data["classification-val"], spec_for(family), train_cfg(), "classification", folder,
-            on_step=crash, step_every=1, run_meta={"run_id": "abc"}, log=quiet)
+        fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for(family),
+            train_cfg(),
+            "classification",
+            folder,
+            on_step=crash,
+            step_every=1,
+            run_meta={"run_id": "abc"},
+            log=quiet,
+        )
     saved = latest_checkpoint(folder)[1]
     assert saved["step"] == crash_at // 3 * 3  # the last checkpoint before the crash (15: the end of epoch 0)
     epochs = []
-    result = fit(data["classification"], data["classification-val"], spec_for(family), train_cfg(), "classification", folder,
-                 on_epoch=lambda e, m: epochs.append(e), log=quiet)
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for(family),
+        train_cfg(),
+        "classification",
+        folder,
+        on_epoch=lambda e, m: epochs.append(e),
+        log=quiet,
+    )
     assert result.resumed_from and result.resumed_from.endswith(f"ckpt-{saved['step']:09d}.pt")
     assert result.run_meta == {"run_id": "abc"} and result.steps == 30
     assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
@@ -479,15 +579,31 @@ def test_sigterm_checkpoints_then_resume_is_bit_identical(data, tmp_path, straig
 
     # checkpoint_every_steps differs from the reference run: it does not change what is computed
     with pytest.raises(Preempted) as stopped:
-        fit(data["classification"], data["classification-val"], spec_for("mlp"), train_cfg(checkpoint_every_steps=0),
-            "classification", folder, on_step=terminate, step_every=1, log=quiet)
+        fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for("mlp"),
+            train_cfg(checkpoint_every_steps=0),
+            "classification",
+            folder,
+            on_step=terminate,
+            step_every=1,
+            log=quiet,
+        )
     assert signal.getsignal(signal.SIGTERM) == before
     assert stopped.value.checkpoint.endswith("ckpt-000000004.pt")
     side = latest_checkpoint(folder)[1]
     assert (side["step"], side["epoch"], side["epoch_complete"]) == (4, 0, False)
     assert side["loader"]["offset"] == 4 * 2 * 32  # 4 steps of 2 micro-batches of 32
-    result = fit(data["classification"], data["classification-val"], spec_for("mlp"), train_cfg(checkpoint_every_steps=0),
-                 "classification", folder, log=quiet)
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for("mlp"),
+        train_cfg(checkpoint_every_steps=0),
+        "classification",
+        folder,
+        log=quiet,
+    )
     assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
     assert no_timing(result.history) == no_timing(reference.history)
 
@@ -496,8 +612,17 @@ def test_finished_run_is_not_trained_again(data, tmp_path, straight):
     reference, _ = straight["mlp"]
     folder = Path(reference.last_checkpoint).parent
     calls = []
-    again = fit(data["classification"], data["classification-val"], spec_for("mlp"), train_cfg(), "classification",
-                str(folder), on_step=lambda s, m: calls.append(s), step_every=1, log=quiet)
+    again = fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for("mlp"),
+        train_cfg(),
+        "classification",
+        str(folder),
+        on_step=lambda s, m: calls.append(s),
+        step_every=1,
+        log=quiet,
+    )
     assert calls == [] and again.steps == 30 and again.history == reference.history
     assert again.best_checkpoint == reference.best_checkpoint and again.last_checkpoint == reference.last_checkpoint
 
@@ -505,11 +630,25 @@ def test_finished_run_is_not_trained_again(data, tmp_path, straight):
 def test_resume_refuses_another_config(data, tmp_path, straight):
     folder = str(Path(straight["mlp"][0].last_checkpoint).parent)
     with pytest.raises(ValueError, match="another model config"):
-        fit(data["classification"], data["classification-val"], spec_for("mlp", embedding_dim=3), train_cfg(),
-            "classification", folder, log=quiet)
+        fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for("mlp", embedding_dim=3),
+            train_cfg(),
+            "classification",
+            folder,
+            log=quiet,
+        )
     with pytest.raises(ValueError, match=r"training\.lr"):
-        fit(data["classification"], data["classification-val"], spec_for("mlp"), train_cfg(lr=0.5), "classification",
-            folder, log=quiet)
+        fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for("mlp"),
+            train_cfg(lr=0.5),
+            "classification",
+            folder,
+            log=quiet,
+        )
 
 
 def test_checkpoint_layout_is_tensors_plus_readable_sidecar(data, straight):
@@ -517,8 +656,13 @@ def test_checkpoint_layout_is_tensors_plus_readable_sidecar(data, straight):
     folder = Path(result.last_checkpoint).parent
     side = json.loads((folder / "ckpt-000000030.json").read_text())
     assert side["step"] == 30 and side["epoch"] == 1 and side["epoch_complete"] is True
-    assert side["loader"] == {"version": LOADER_STATE_VERSION, "epoch": 1, "offset": data["classification"].n_windows, "seed": 1,
-                              "n_windows": data["classification"].n_windows}
+    assert side["loader"] == {
+        "version": LOADER_STATE_VERSION,
+        "epoch": 1,
+        "offset": data["classification"].n_windows,
+        "seed": 1,
+        "n_windows": data["classification"].n_windows,
+    }
     assert side["sha256"] == hashlib.sha256((folder / "ckpt-000000030.pt").read_bytes()).hexdigest()
     assert side["model_spec"] == spec_for("mlp") and side["training"]["lr"] == 1e-2 and len(side["history"]) == 2
     best = json.loads((folder / "best.json").read_text())
@@ -531,10 +675,26 @@ def test_checkpoint_layout_is_tensors_plus_readable_sidecar(data, straight):
 def test_resume_false_starts_over_in_a_used_folder(data, tmp_path):
     folder = tmp_path / "ckpt"
     quick = train_cfg(epochs=1, max_steps_per_epoch=2, checkpoint_every_steps=1)
-    fit(data["classification"], data["classification-val"], spec_for("mlp"), quick, "classification", str(folder), log=quiet)
+    fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for("mlp"),
+        quick,
+        "classification",
+        str(folder),
+        log=quiet,
+    )
     other = spec_for("mlp", embedding_dim=3)
-    result = fit(data["classification"], data["classification-val"], other, train_cfg(epochs=1, max_steps_per_epoch=1),
-                 "classification", str(folder), resume=False, log=quiet)
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        other,
+        train_cfg(epochs=1, max_steps_per_epoch=1),
+        "classification",
+        str(folder),
+        resume=False,
+        log=quiet,
+    )
     assert result.resumed_from is None and result.steps == 1
     assert sorted(os.listdir(folder)) == ["best.json", "ckpt-000000001.json", "ckpt-000000001.pt"]
     assert load_checkpoint(result.last_checkpoint)["model_spec"] == other

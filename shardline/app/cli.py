@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -40,10 +39,9 @@ FORCE_HELP = "recompute this step and every step after it: ingest, encode, train
 
 
 def _run_pipeline(config, force: str | None = None) -> dict:
-    from shardline.core.encoding import DataError
-    from shardline.tasks.caching import STEPS
-
+    from shardline.core.encoding.columns import DataError
     from shardline.flows.pipeline import pipeline
+    from shardline.tasks.caching import STEPS
 
     if force is not None and force not in STEPS:
         _fail(f"--force {force}: not a step; choose one of {', '.join(STEPS)}", 2)
@@ -67,8 +65,13 @@ def _summary(result: dict, home_hint: str | None = None) -> None:
     typer.echo("")
     steps = result["steps"]
     typer.echo("steps: " + ", ".join(f"{k} {v}" for k, v in steps.items()))
-    typer.secho(f"Registered {reg['model_name']} version {reg['version']} as @{reg['alias']}", fg=typer.colors.GREEN, bold=True)
-    typer.echo(f"trained on {tr['device']} ({tr['precision']}), {tr['steps']} optimizer steps; test metrics against the trivial baseline:\n")
+    typer.secho(
+        f"Registered {reg['model_name']} version {reg['version']} as @{reg['alias']}", fg=typer.colors.GREEN, bold=True
+    )
+    typer.echo(
+        f"trained on {tr['device']} ({tr['precision']}), {tr['steps']} optimizer steps; test metrics against the "
+        "trivial baseline:\n"
+    )
     typer.echo(result["table"])
     if result["snapshot"]["skipped"]:
         typer.secho(f"\nskipped {len(result['snapshot']['skipped'])} raw file(s):", fg=typer.colors.YELLOW)
@@ -77,18 +80,25 @@ def _summary(result: dict, home_hint: str | None = None) -> None:
     uri = reg["tracking_uri"]
     typer.echo("\nInspect it:")
     typer.echo(f"  mlflow ui --backend-store-uri {uri}        # then open http://127.0.0.1:5000")
-    typer.echo(f"  shardline predict models:/{reg['model_name']}@{reg['alias']} INPUT.parquet --out predictions.parquet --tracking-uri {uri}")
+    typer.echo(
+        f"  shardline predict models:/{reg['model_name']}@{reg['alias']} INPUT.parquet --out predictions.parquet "
+        f"--tracking-uri {uri}"
+    )
     typer.echo("  prefect server start                      # the Prefect UI; runs from now on show up there")
 
 
 @app.command()
 def demo(
-    home: Path = typer.Option(Path("shardline-home"), "--home", help="folder for the demo data, shards, checkpoints and the MLflow store"),
+    home: Path = typer.Option(
+        Path("shardline-home"), "--home", help="folder for the demo data, shards, checkpoints and the MLflow store"
+    ),
     games: int = typer.Option(160, help="number of generated games (one parquet file each)"),
     frames: int = typer.Option(2000, help="frames per game"),
     seed: int = typer.Option(0, help="seed of the data generator"),
-    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.epochs=1 (repeatable)"),
-    force: Optional[str] = typer.Option(None, "--force", help=FORCE_HELP),
+    set_: list[str] = typer.Option(
+        [], "--set", help="override a config key, e.g. --set training.epochs=1 (repeatable)"
+    ),
+    force: str | None = typer.Option(None, "--force", help=FORCE_HELP),
 ) -> None:
     """Make the demo data set, then run the whole pipeline on it with embedded defaults (no server, CPU/GPU auto)."""
     from shardline.app.demo_data import generate_demo
@@ -123,7 +133,7 @@ def demo(
 def run(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml", help="the pipeline config (may `extends:` another)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.lr=3e-4 (repeatable)"),
-    force: Optional[str] = typer.Option(None, "--force", help=FORCE_HELP),
+    force: str | None = typer.Option(None, "--force", help=FORCE_HELP),
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
     config = _load(config_path, list(set_))
@@ -146,9 +156,13 @@ def check_config(
 @app.command()
 def predict(
     model_uri: str = typer.Argument(..., help="models:/NAME@champion, models:/NAME/3, runs:/..., or a model folder"),
-    input_path: str = typer.Argument(..., metavar="INPUT.parquet", help="raw rows with the columns the model was trained on"),
+    input_path: str = typer.Argument(
+        ..., metavar="INPUT.parquet", help="raw rows with the columns the model was trained on"
+    ),
     out: Path = typer.Option(..., "--out", help="where to write the predictions (parquet)"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./shardline-home/mlflow.db)"),
+    tracking_uri: str | None = typer.Option(
+        None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./shardline-home/mlflow.db)"
+    ),
 ) -> None:
     """Write one prediction per window in INPUT, keyed by sequence key and order column so it joins back."""
     import polars as pl
@@ -164,11 +178,11 @@ def predict(
         _fail("no MLflow tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI", 2)
     try:
         df = pl.read_parquet(input_path)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
         _fail(f"cannot read {input_path}: {e}", 2)
     try:
         model = mlflow.pyfunc.load_model(model_uri)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any load failure: reported with the model URI
         _fail(f"cannot load model {model_uri} from {uri}: {e}")
     preds = model.predict(df.to_pandas())
     result = pl.from_pandas(preds)
@@ -185,7 +199,9 @@ def rehearse(
     set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
     files: int = typer.Option(8, min=1, help="raw files copied for the rehearsal (its tiny data set)"),
     steps: int = typer.Option(20, min=3, help="optimizer steps of the one short epoch"),
-    preempt_at: Optional[int] = typer.Option(None, min=1, help="step at which training is preempted (default: half of --steps)"),
+    preempt_at: int | None = typer.Option(
+        None, min=1, help="step at which training is preempted (default: half of --steps)"
+    ),
 ) -> None:
     """Run the first full loop on tiny data where the real run will go, and print a pass/fail table.
 
@@ -198,13 +214,17 @@ def rehearse(
     config = _load(config_path, list(set_))
     if preempt_at is not None and preempt_at >= steps:
         _fail(f"--preempt-at {preempt_at} must be below --steps {steps}", 2)
-    typer.echo(f"rehearsing {config.name}: {files} raw file(s), {steps} steps, training on "
-               f"{config.compute.train_deployment if config.compute.train_on == 'deployment' else 'this machine'} ...")
+    typer.echo(
+        f"rehearsing {config.name}: {files} raw file(s), {steps} steps, training on "
+        f"{config.compute.train_deployment if config.compute.train_on == 'deployment' else 'this machine'} ..."
+    )
     rows = run_rehearsal(config, files=files, steps=steps, preempt_at=preempt_at, log=lambda m: typer.echo(m, err=True))
     width = max(len(r.stage) for r in rows)
     typer.echo("")
     for r in rows:
-        mark = typer.style("PASS", fg=typer.colors.GREEN) if r.ok else typer.style("FAIL", fg=typer.colors.RED, bold=True)
+        mark = (
+            typer.style("PASS", fg=typer.colors.GREEN) if r.ok else typer.style("FAIL", fg=typer.colors.RED, bold=True)
+        )
         typer.echo(f"{mark}  {r.stage.ljust(width)}  {r.detail}")
     failed = [r for r in rows if not r.ok]
     if failed:
@@ -218,7 +238,9 @@ def doctor_command(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
     set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
     timeout: float = typer.Option(30.0, min=1, help="seconds each network check may take"),
-    probe_timeout: float = typer.Option(300.0, min=5, help="seconds the GPU probe's flow run may take, worker pickup and start-up included"),
+    probe_timeout: float = typer.Option(
+        300.0, min=5, help="seconds the GPU probe's flow run may take, worker pickup and start-up included"
+    ),
 ) -> None:
     """Check every dependency of a run before it starts and say what is wrong, in plain words.
 
@@ -233,7 +255,10 @@ def doctor_command(
     colors = {"PASS": typer.colors.GREEN, "FAIL": typer.colors.RED, "SKIP": typer.colors.YELLOW}
 
     def show(check) -> None:
-        typer.echo(f"{typer.style(check.mark, fg=colors[check.mark], bold=check.ok is False)}  {check.name.ljust(19)}  {check.detail}")
+        typer.echo(
+            f"{typer.style(check.mark, fg=colors[check.mark], bold=check.ok is False)}  {check.name.ljust(19)}  "
+            f"{check.detail}"
+        )
 
     rows = run_doctor(config, timeout=timeout, probe_timeout=probe_timeout, source=str(config_path), on_check=show)
     failed = [r.name for r in rows if r.ok is False]
@@ -248,7 +273,7 @@ def main() -> None:
         app()
     except SystemExit:
         raise
-    except Exception as e:  # unexpected: show the message, keep a non-zero exit
+    except Exception as e:  # noqa: BLE001 - unexpected: show the message, keep a non-zero exit
         typer.secho(f"error: {type(e).__name__}: {e}", fg=typer.colors.RED, err=True)
         sys.exit(1)
 

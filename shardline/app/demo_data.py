@@ -52,8 +52,19 @@ __all__ = [
 
 PLAYERS = ("p1", "p2")
 _CONT_FIELDS = (
-    "x", "y", "percent", "shield_strength", "speed_air_x", "speed_y", "speed_ground_x",
-    "speed_attack_x", "speed_attack_y", "state_age", "hitlag", "stocks", "combo_count",
+    "x",
+    "y",
+    "percent",
+    "shield_strength",
+    "speed_air_x",
+    "speed_y",
+    "speed_ground_x",
+    "speed_attack_x",
+    "speed_attack_y",
+    "state_age",
+    "hitlag",
+    "stocks",
+    "combo_count",
 )
 _BOOL_FIELDS = ("facing", "invulnerable", "on_ground")
 # name -> (vocabulary size, arrow type); values are integer codes in [0, size)
@@ -124,36 +135,98 @@ SPECIAL_BASE, N_SPECIAL_IDS = 341, 59
 _TAB = np.random.default_rng(0x5EED_DA7A)
 
 DUR = [int(v) for v in _TAB.integers(4, 17, N_ACTIONS)]  # locked duration; 0 = free state
-HITF = [-1] * N_ACTIONS      # first active frame (-1: no hitbox)
-ACTIVE = [0] * N_ACTIONS     # active frames
+HITF = [-1] * N_ACTIONS  # first active frame (-1: no hitbox)
+ACTIVE = [0] * N_ACTIONS  # active frames
 DMG = [0.0] * N_ACTIONS
 BASE_KB = [0.0] * N_ACTIONS
 GROWTH = [0.0] * N_ACTIONS
-ANGLE = [0.0] * N_ACTIONS    # launch angle in degrees, relative to the attacker's facing
+ANGLE = [0.0] * N_ACTIONS  # launch angle in degrees, relative to the attacker's facing
 REACH_X = [0.0] * N_ACTIONS
 REACH_Y = [0.0] * N_ACTIONS
-ATK_ID = [0] * N_ACTIONS     # last_attack_landed code
-HIT_DIR = [0] * N_ACTIONS    # 1: hits in front only, -1: behind only, 0: anywhere
+ATK_ID = [0] * N_ACTIONS  # last_attack_landed code
+HIT_DIR = [0] * N_ACTIONS  # 1: hits in front only, -1: behind only, 0: anywhere
 INTANGIBLE = [None] * N_ACTIONS  # (first, last) intangible frame, or None
 
-for _a in (WAIT, WALK_SLOW, WALK_MIDDLE, WALK_FAST, RUN, JUMP_F, JUMP_B, JUMP_AERIAL_F, JUMP_AERIAL_B, FALL,
-           FALL_AERIAL, FALL_SPECIAL, DAMAGE_FALL, SQUAT_WAIT, GUARD, DOWN_WAIT_U, REBIRTH_WAIT, CATCH_WAIT,
-           CAPTURE_WAIT_HI):
+for _a in (
+    WAIT,
+    WALK_SLOW,
+    WALK_MIDDLE,
+    WALK_FAST,
+    RUN,
+    JUMP_F,
+    JUMP_B,
+    JUMP_AERIAL_F,
+    JUMP_AERIAL_B,
+    FALL,
+    FALL_AERIAL,
+    FALL_SPECIAL,
+    DAMAGE_FALL,
+    SQUAT_WAIT,
+    GUARD,
+    DOWN_WAIT_U,
+    REBIRTH_WAIT,
+    CATCH_WAIT,
+    CAPTURE_WAIT_HI,
+):
     DUR[_a] = 0
 for _a, _d in {
-    TURN: 6, TURN_RUN: 12, DASH: 12, RUN_BRAKE: 14, KNEE_BEND: 5, SQUAT: 4, SQUAT_RV: 6, LANDING: 4,
-    LANDING_SPECIAL: 12, GUARD_ON: 2, GUARD_OFF: 15, GUARD_SET_OFF: 6, DOWN_BOUND_U: 26, DOWN_STAND_U: 30,
-    DOWN_FOWARD_U: 35, DOWN_BACK_U: 35, PASSIVE: 26, PASSIVE_STAND_F: 40, PASSIVE_STAND_B: 40,
-    SHIELD_BREAK_FLY: 40, SHIELD_BREAK_DOWN_U: 30, SHIELD_BREAK_STAND_U: 20, FURA_FURA: 100,
-    CATCH_PULL: 8, CATCH_DASH_PULL: 8, CATCH_CUT: 25, CAPTURE_PULLED_HI: 8, CAPTURE_DAMAGE_HI: 10,
-    CAPTURE_CUT: 30, THROWN_F: 40, THROWN_B: 40, THROWN_HI: 40, THROWN_LW: 40,
-    ESCAPE_F: 31, ESCAPE_B: 31, ESCAPE: 27, ESCAPE_AIR: 30, DEAD_DOWN: 60, DEAD_LEFT: 60, DEAD_RIGHT: 60,
-    DEAD_UP: 60, REBIRTH: 40,
+    TURN: 6,
+    TURN_RUN: 12,
+    DASH: 12,
+    RUN_BRAKE: 14,
+    KNEE_BEND: 5,
+    SQUAT: 4,
+    SQUAT_RV: 6,
+    LANDING: 4,
+    LANDING_SPECIAL: 12,
+    GUARD_ON: 2,
+    GUARD_OFF: 15,
+    GUARD_SET_OFF: 6,
+    DOWN_BOUND_U: 26,
+    DOWN_STAND_U: 30,
+    DOWN_FOWARD_U: 35,
+    DOWN_BACK_U: 35,
+    PASSIVE: 26,
+    PASSIVE_STAND_F: 40,
+    PASSIVE_STAND_B: 40,
+    SHIELD_BREAK_FLY: 40,
+    SHIELD_BREAK_DOWN_U: 30,
+    SHIELD_BREAK_STAND_U: 20,
+    FURA_FURA: 100,
+    CATCH_PULL: 8,
+    CATCH_DASH_PULL: 8,
+    CATCH_CUT: 25,
+    CAPTURE_PULLED_HI: 8,
+    CAPTURE_DAMAGE_HI: 10,
+    CAPTURE_CUT: 30,
+    THROWN_F: 40,
+    THROWN_B: 40,
+    THROWN_HI: 40,
+    THROWN_LW: 40,
+    ESCAPE_F: 31,
+    ESCAPE_B: 31,
+    ESCAPE: 27,
+    ESCAPE_AIR: 30,
+    DEAD_DOWN: 60,
+    DEAD_LEFT: 60,
+    DEAD_RIGHT: 60,
+    DEAD_UP: 60,
+    REBIRTH: 40,
 }.items():
     DUR[_a] = _d
-for _a, _span in {ESCAPE_F: (4, 19), ESCAPE_B: (4, 19), ESCAPE: (2, 17), ESCAPE_AIR: (4, 29), PASSIVE: (0, 19),
-                  PASSIVE_STAND_F: (0, 19), PASSIVE_STAND_B: (0, 19), DOWN_STAND_U: (0, 22),
-                  DOWN_FOWARD_U: (0, 19), DOWN_BACK_U: (0, 19), DOWN_ATTACK_U: (0, 20)}.items():
+for _a, _span in {
+    ESCAPE_F: (4, 19),
+    ESCAPE_B: (4, 19),
+    ESCAPE: (2, 17),
+    ESCAPE_AIR: (4, 29),
+    PASSIVE: (0, 19),
+    PASSIVE_STAND_F: (0, 19),
+    PASSIVE_STAND_B: (0, 19),
+    DOWN_STAND_U: (0, 22),
+    DOWN_FOWARD_U: (0, 19),
+    DOWN_BACK_U: (0, 19),
+    DOWN_ATTACK_U: (0, 20),
+}.items():
     INTANGIBLE[_a] = _span
 
 
@@ -166,36 +239,47 @@ def _attack(a, dur, hitf, active, dmg, base, growth, angle, rx, ry, atk, hdir=1)
 
 
 #       action          dur hit act dmg  base grow angle rx  ry  atk dir
-_attack(ATTACK_11,       17, 2, 2,  3,   8,  .10, 80,  12, 10,  2)
-_attack(ATTACK_12,       18, 3, 2,  3,  10,  .10, 70,  12, 10,  3)
-_attack(ATTACK_13,       30, 5, 3,  5,  30,  .60, 40,  14, 10,  4)
-_attack(ATTACK_DASH,     38, 6, 10, 9,  30,  .50, 70,  16, 12,  6)
+_attack(ATTACK_11, 17, 2, 2, 3, 8, 0.10, 80, 12, 10, 2)
+_attack(ATTACK_12, 18, 3, 2, 3, 10, 0.10, 70, 12, 10, 3)
+_attack(ATTACK_13, 30, 5, 3, 5, 30, 0.60, 40, 14, 10, 4)
+_attack(ATTACK_DASH, 38, 6, 10, 9, 30, 0.50, 70, 16, 12, 6)
 for _a, _ang in ((ATTACK_S3_HI, 35), (ATTACK_S3_HI_S, 30), (ATTACK_S3_S, 25), (ATTACK_S3_LW_S, 18), (ATTACK_S3_LW, 12)):
-    _attack(_a,          28, 5, 4,  9,  20,  .80, _ang, 17, 12, 7)
-_attack(ATTACK_HI3,      27, 5, 6, 10,  25,  .90, 90,  13, 18,  8, 0)
-_attack(ATTACK_LW3,      25, 6, 3,  9,  20,  .70, 80,  16,  6,  9)
+    _attack(_a, 28, 5, 4, 9, 20, 0.80, _ang, 17, 12, 7)
+_attack(ATTACK_HI3, 27, 5, 6, 10, 25, 0.90, 90, 13, 18, 8, 0)
+_attack(ATTACK_LW3, 25, 6, 3, 9, 20, 0.70, 80, 16, 6, 9)
 for _a, _ang in ((ATTACK_S4_HI, 45), (59, 40), (ATTACK_S4_S, 35), (61, 30), (ATTACK_S4_LW, 25)):
-    _attack(_a,          45, 12, 3, 16, 40, 1.30, _ang, 20, 12, 10)
-_attack(ATTACK_HI4,      45, 10, 6, 15, 35, 1.25, 88,  14, 22, 11, 0)
-_attack(ATTACK_LW4,      48, 8, 8, 14,  35, 1.20, 20,  20,  8, 12, 0)
-_attack(AIR_N,           40, 4, 20, 10, 15,  .80, 45,  13, 13, 13, 0)
-_attack(AIR_F,           45, 6, 6, 13,  20, 1.00, 45,  17, 12, 14)
-_attack(AIR_B,           38, 5, 8, 13,  20, 1.00, 140, 16, 12, 15, -1)
-_attack(AIR_HI,          36, 5, 8, 12,  15, 1.00, 85,  13, 18, 16, 0)
-_attack(AIR_LW,          48, 8, 12, 14, 20, 1.10, -80, 13, 16, 17, 0)
-_attack(DOWN_ATTACK_U,   49, 15, 4, 6,  40,  .40, 30,  20, 10, 50, 0)
-_attack(CATCH,           30, 7, 2,  0,   0,  0.0, 0,   14, 10,  0)
-_attack(CATCH_DASH,      40, 10, 2, 0,   0,  0.0, 0,   18, 10,  0)
-_attack(CATCH_ATTACK,    16, 4, 1,  3,   0,  0.0, 0,   30, 30, 52, 0)
-_attack(THROW_F,         32, 10, 1, 8,  50,  .60, 40,  30, 30, 53, 0)
-_attack(THROW_B,         36, 10, 1, 9,  50,  .65, 135, 30, 30, 54, 0)
-_attack(THROW_HI,        34, 10, 1, 6,  60,  .50, 90,  30, 30, 55, 0)
-_attack(THROW_LW,        36, 10, 1, 7,  40,  .40, 70,  30, 30, 56, 0)
+    _attack(_a, 45, 12, 3, 16, 40, 1.30, _ang, 20, 12, 10)
+_attack(ATTACK_HI4, 45, 10, 6, 15, 35, 1.25, 88, 14, 22, 11, 0)
+_attack(ATTACK_LW4, 48, 8, 8, 14, 35, 1.20, 20, 20, 8, 12, 0)
+_attack(AIR_N, 40, 4, 20, 10, 15, 0.80, 45, 13, 13, 13, 0)
+_attack(AIR_F, 45, 6, 6, 13, 20, 1.00, 45, 17, 12, 14)
+_attack(AIR_B, 38, 5, 8, 13, 20, 1.00, 140, 16, 12, 15, -1)
+_attack(AIR_HI, 36, 5, 8, 12, 15, 1.00, 85, 13, 18, 16, 0)
+_attack(AIR_LW, 48, 8, 12, 14, 20, 1.10, -80, 13, 16, 17, 0)
+_attack(DOWN_ATTACK_U, 49, 15, 4, 6, 40, 0.40, 30, 20, 10, 50, 0)
+_attack(CATCH, 30, 7, 2, 0, 0, 0.0, 0, 14, 10, 0)
+_attack(CATCH_DASH, 40, 10, 2, 0, 0, 0.0, 0, 18, 10, 0)
+_attack(CATCH_ATTACK, 16, 4, 1, 3, 0, 0.0, 0, 30, 30, 52, 0)
+_attack(THROW_F, 32, 10, 1, 8, 50, 0.60, 40, 30, 30, 53, 0)
+_attack(THROW_B, 36, 10, 1, 9, 50, 0.65, 135, 30, 30, 54, 0)
+_attack(THROW_HI, 34, 10, 1, 6, 60, 0.50, 90, 30, 30, 55, 0)
+_attack(THROW_LW, 36, 10, 1, 7, 40, 0.40, 70, 30, 30, 56, 0)
 for _i in range(N_SPECIAL_IDS):  # character specials: parameters per id
     _dur = int(_TAB.integers(30, 61))
-    _attack(SPECIAL_BASE + _i, _dur, int(_TAB.integers(6, 19)), int(_TAB.integers(2, 9)),
-            float(_TAB.integers(4, 19)), float(_TAB.integers(10, 45)), float(_TAB.uniform(.3, 1.1)),
-            float(_TAB.integers(20, 80)), float(_TAB.integers(12, 30)), float(_TAB.integers(8, 20)), 18, 1)
+    _attack(
+        SPECIAL_BASE + _i,
+        _dur,
+        int(_TAB.integers(6, 19)),
+        int(_TAB.integers(2, 9)),
+        float(_TAB.integers(4, 19)),
+        float(_TAB.integers(10, 45)),
+        float(_TAB.uniform(0.3, 1.1)),
+        float(_TAB.integers(20, 80)),
+        float(_TAB.integers(12, 30)),
+        float(_TAB.integers(8, 20)),
+        18,
+        1,
+    )
 
 _GRABS = frozenset((CATCH, CATCH_DASH))
 _HOLDING = frozenset((CATCH_PULL, CATCH_DASH_PULL, CATCH_WAIT, CATCH_ATTACK, THROW_F, THROW_B, THROW_HI, THROW_LW))
@@ -211,23 +295,55 @@ _FREE_AIR = frozenset((JUMP_F, JUMP_B, JUMP_AERIAL_F, JUMP_AERIAL_B, FALL, FALL_
 _DRIFT = _FREE_AIR | _AERIALS | {FALL_SPECIAL, KNEE_BEND} | set(range(SPECIAL_BASE, N_ACTIONS))
 _WALKS = (WALK_SLOW, WALK_MIDDLE, WALK_FAST)
 # states in which the opponent is still "in a combo" (combo_count is not reset)
-_STUNNED = _DAMAGE | _THROWN | _CAPTIVE | {DOWN_BOUND_U, DOWN_WAIT_U, SHIELD_BREAK_FLY, SHIELD_BREAK_DOWN_U,
-                                           SHIELD_BREAK_STAND_U, FURA_FURA, DAMAGE_FALL}
+_STUNNED = (
+    _DAMAGE
+    | _THROWN
+    | _CAPTIVE
+    | {DOWN_BOUND_U, DOWN_WAIT_U, SHIELD_BREAK_FLY, SHIELD_BREAK_DOWN_U, SHIELD_BREAK_STAND_U, FURA_FURA, DAMAGE_FALL}
+)
 # states a random transition may not start from (the two players' states are coupled there)
 _NO_NOISE = _DEAD | _CAPTIVE | _THROWN | _HOLDING | _DAMAGE | {DAMAGE_FALL}
 # fixed follow-up when a locked action ends (otherwise the player is actionable again)
 FOLLOW = {
-    KNEE_BEND: -2, DASH: -3, SQUAT: SQUAT_WAIT, SQUAT_RV: WAIT, GUARD_ON: -4, GUARD_SET_OFF: -4, GUARD_OFF: WAIT,
-    RUN_BRAKE: WAIT, TURN_RUN: RUN, DOWN_BOUND_U: DOWN_WAIT_U, SHIELD_BREAK_DOWN_U: SHIELD_BREAK_STAND_U,
-    SHIELD_BREAK_STAND_U: FURA_FURA, FURA_FURA: WAIT, CATCH_PULL: CATCH_WAIT, CATCH_DASH_PULL: CATCH_WAIT,
-    CATCH_ATTACK: CATCH_WAIT, CATCH_CUT: WAIT, CAPTURE_PULLED_HI: CAPTURE_WAIT_HI,
-    CAPTURE_DAMAGE_HI: CAPTURE_WAIT_HI, CAPTURE_CUT: WAIT, ESCAPE_AIR: FALL_SPECIAL,
-    DEAD_DOWN: REBIRTH, DEAD_LEFT: REBIRTH, DEAD_RIGHT: REBIRTH, DEAD_UP: REBIRTH, REBIRTH: REBIRTH_WAIT,
+    KNEE_BEND: -2,
+    DASH: -3,
+    SQUAT: SQUAT_WAIT,
+    SQUAT_RV: WAIT,
+    GUARD_ON: -4,
+    GUARD_SET_OFF: -4,
+    GUARD_OFF: WAIT,
+    RUN_BRAKE: WAIT,
+    TURN_RUN: RUN,
+    DOWN_BOUND_U: DOWN_WAIT_U,
+    SHIELD_BREAK_DOWN_U: SHIELD_BREAK_STAND_U,
+    SHIELD_BREAK_STAND_U: FURA_FURA,
+    FURA_FURA: WAIT,
+    CATCH_PULL: CATCH_WAIT,
+    CATCH_DASH_PULL: CATCH_WAIT,
+    CATCH_ATTACK: CATCH_WAIT,
+    CATCH_CUT: WAIT,
+    CAPTURE_PULLED_HI: CAPTURE_WAIT_HI,
+    CAPTURE_DAMAGE_HI: CAPTURE_WAIT_HI,
+    CAPTURE_CUT: WAIT,
+    ESCAPE_AIR: FALL_SPECIAL,
+    DEAD_DOWN: REBIRTH,
+    DEAD_LEFT: REBIRTH,
+    DEAD_RIGHT: REBIRTH,
+    DEAD_UP: REBIRTH,
+    REBIRTH: REBIRTH_WAIT,
 }
 
 # random transitions: a fixed, Zipf-like preference over the whole action space
-_NOISE_POOL = np.array([a for a in range(N_ACTIONS) if a not in _NO_NOISE and a not in FOLLOW
-                        and a not in _GUARDING and a not in (GUARD_OFF, DOWN_WAIT_U, FALL_SPECIAL, SHIELD_BREAK_FLY)])
+_NOISE_POOL = np.array(
+    [
+        a
+        for a in range(N_ACTIONS)
+        if a not in _NO_NOISE
+        and a not in FOLLOW
+        and a not in _GUARDING
+        and a not in (GUARD_OFF, DOWN_WAIT_U, FALL_SPECIAL, SHIELD_BREAK_FLY)
+    ]
+)
 _NOISE_POOL = _NOISE_POOL[_TAB.permutation(len(_NOISE_POOL))]
 _NOISE_P = 1.0 / np.arange(1, len(_NOISE_POOL) + 1) ** 1.2
 _NOISE_P /= _NOISE_P.sum()
@@ -235,17 +351,48 @@ NOISE_RATE = 0.05
 
 # characters: popularity (33 codes, the last few unplayable) and physics
 _CHAR_P = np.full(33, 0.002)
-for _c, _w in {1: .20, 22: .15, 18: .12, 7: .10, 15: .08, 2: .07, 9: .05, 10: .04, 12: .03, 13: .03, 25: .03,
-               14: .02, 17: .02, 21: .015, 0: .01, 3: .01, 6: .01, 20: .01, 16: .008, 19: .008, 26: .008,
-               8: .006, 5: .006, 24: .006, 23: .004, 4: .004}.items():
+for _c, _w in {
+    1: 0.20,
+    22: 0.15,
+    18: 0.12,
+    7: 0.10,
+    15: 0.08,
+    2: 0.07,
+    9: 0.05,
+    10: 0.04,
+    12: 0.03,
+    13: 0.03,
+    25: 0.03,
+    14: 0.02,
+    17: 0.02,
+    21: 0.015,
+    0: 0.01,
+    3: 0.01,
+    6: 0.01,
+    20: 0.01,
+    16: 0.008,
+    19: 0.008,
+    26: 0.008,
+    8: 0.006,
+    5: 0.006,
+    24: 0.006,
+    23: 0.004,
+    4: 0.004,
+}.items():
     _CHAR_P[_c] = _w
 _CHAR_P[27:] = 0.0
 _CHAR_P /= _CHAR_P.sum()
 _CHAR = {
-    "walk": _TAB.uniform(0.8, 1.6, 33), "run": _TAB.uniform(1.3, 2.3, 33), "air": _TAB.uniform(0.8, 1.3, 33),
-    "grav": _TAB.uniform(0.06, 0.23, 33), "fall": _TAB.uniform(1.3, 2.8, 33), "jump": _TAB.uniform(2.1, 3.7, 33),
-    "squat": _TAB.integers(3, 9, 33), "weight": _TAB.uniform(0.85, 1.2, 33),
-    "land": _TAB.integers(14, 32, (33, 5)), "special": _TAB.integers(0, N_SPECIAL_IDS, (33, 8)),
+    "walk": _TAB.uniform(0.8, 1.6, 33),
+    "run": _TAB.uniform(1.3, 2.3, 33),
+    "air": _TAB.uniform(0.8, 1.3, 33),
+    "grav": _TAB.uniform(0.06, 0.23, 33),
+    "fall": _TAB.uniform(1.3, 2.8, 33),
+    "jump": _TAB.uniform(2.1, 3.7, 33),
+    "squat": _TAB.integers(3, 9, 33),
+    "weight": _TAB.uniform(0.85, 1.2, 33),
+    "land": _TAB.integers(14, 32, (33, 5)),
+    "special": _TAB.integers(0, N_SPECIAL_IDS, (33, 8)),
 }
 _CHAR_JUMPS = [6 if c in (4, 15) else 2 for c in range(33)]
 
@@ -258,20 +405,78 @@ _HOLD_MIN = np.array([2, 2, 2, 2, 2, 3, 3, 5])
 _HOLD_MAX = np.array([6, 6, 12, 12, 5, 25, 25, 10])
 _JUMP = BTN_X | BTN_Y
 _SHIELD = BTN_L | BTN_R
-PRESS_RATE = 0.05        # new button presses per frame, far from the opponent
-PRESS_RATE_NEAR = 0.20   # ... and within reach of it
-STICK_RATE = 0.06    # new stick targets per frame
-KILL_KB = 140.0      # knockback from which a hit takes a stock
+PRESS_RATE = 0.05  # new button presses per frame, far from the opponent
+PRESS_RATE_NEAR = 0.20  # ... and within reach of it
+STICK_RATE = 0.06  # new stick targets per frame
+KILL_KB = 140.0  # knockback from which a hit takes a stock
 
 
 class _Player:
     __slots__ = (
-        "act", "age", "dur", "x", "y", "vax", "vy", "vgx", "kbx", "kby", "percent", "stocks", "shield", "hitlag",
-        "combo", "facing", "ground", "jumps", "jumps_max", "inv", "l_cancel", "last_atk", "hit_done", "lc",
-        "special_kind", "char", "walk", "run", "air", "grav", "fall", "jump", "squat", "weight", "land", "specials",
-        "sx", "sy", "tsx", "tsy", "cx", "cy", "ctime", "trig", "held", "prev", "edge", "until",
-        "r_stick", "r_cat", "r_mag", "r_jit", "r_c", "r_cdir", "r_press", "r_btn", "r_btn_near", "r_hold", "r_trig",
-        "r_noise", "r_noise_act", "next", "hit_by", "rows",
+        "act",
+        "age",
+        "dur",
+        "x",
+        "y",
+        "vax",
+        "vy",
+        "vgx",
+        "kbx",
+        "kby",
+        "percent",
+        "stocks",
+        "shield",
+        "hitlag",
+        "combo",
+        "facing",
+        "ground",
+        "jumps",
+        "jumps_max",
+        "inv",
+        "l_cancel",
+        "last_atk",
+        "hit_done",
+        "lc",
+        "special_kind",
+        "char",
+        "walk",
+        "run",
+        "air",
+        "grav",
+        "fall",
+        "jump",
+        "squat",
+        "weight",
+        "land",
+        "specials",
+        "sx",
+        "sy",
+        "tsx",
+        "tsy",
+        "cx",
+        "cy",
+        "ctime",
+        "trig",
+        "held",
+        "prev",
+        "edge",
+        "until",
+        "r_stick",
+        "r_cat",
+        "r_mag",
+        "r_jit",
+        "r_c",
+        "r_cdir",
+        "r_press",
+        "r_btn",
+        "r_btn_near",
+        "r_hold",
+        "r_trig",
+        "r_noise",
+        "r_noise_act",
+        "next",
+        "hit_by",
+        "rows",
     )
 
 
@@ -598,8 +803,13 @@ def _enter(p: _Player, o: _Player, new: int) -> None:
     prev = p.act
     p.act, p.age, p.hit_done = new, 0, False
     p.dur = DUR[new]
-    if prev in _AERIALS or prev in (LANDING_AIR_N, LANDING_AIR_N + 1, LANDING_AIR_N + 2, LANDING_AIR_N + 3,
-                                    LANDING_AIR_N + 4):
+    if prev in _AERIALS or prev in (
+        LANDING_AIR_N,
+        LANDING_AIR_N + 1,
+        LANDING_AIR_N + 2,
+        LANDING_AIR_N + 3,
+        LANDING_AIR_N + 4,
+    ):
         if not (LANDING_AIR_N <= new <= LANDING_AIR_N + 4):
             p.l_cancel = 0
     if new == DASH or new == TURN or new == TURN_RUN:
@@ -806,12 +1016,38 @@ def _record(p: _Player) -> None:
     else:
         span = INTANGIBLE[a]
         hurt = 2 if span is not None and span[0] <= age <= span[1] else 0
-    p.rows.append((
-        p.x, p.y, p.percent, p.shield, p.vax, p.vy, p.vgx, p.kbx, p.kby, age, p.hitlag, p.stocks, p.combo,
-        p.facing > 0, hurt != 0, p.ground,
-        a, p.jumps, p.char, p.l_cancel, hurt, p.last_atk,
-        p.sx, p.sy, p.cx, p.cy, p.trig, p.held,
-    ))
+    p.rows.append(
+        (
+            p.x,
+            p.y,
+            p.percent,
+            p.shield,
+            p.vax,
+            p.vy,
+            p.vgx,
+            p.kbx,
+            p.kby,
+            age,
+            p.hitlag,
+            p.stocks,
+            p.combo,
+            p.facing > 0,
+            hurt != 0,
+            p.ground,
+            a,
+            p.jumps,
+            p.char,
+            p.l_cancel,
+            hurt,
+            p.last_atk,
+            p.sx,
+            p.sy,
+            p.cx,
+            p.cy,
+            p.trig,
+            p.held,
+        )
+    )
 
 
 def simulate_game(seed: int, index: int, frames: int) -> pa.Table:
@@ -886,7 +1122,7 @@ def _to_table(p1: _Player, p2: _Player, index: int, stage_i: int, season: int, f
             cols[f"{name}_{f}"] = pa.array(m[:, j] != 0)
             j += 1
         cat = {}
-        for f, (_, typ) in _CAT_FIELDS.items():
+        for f in _CAT_FIELDS:
             if f == "ground":
                 continue
             cat[f] = m[:, j]
@@ -910,8 +1146,16 @@ def _to_table(p1: _Player, p2: _Player, index: int, stage_i: int, season: int, f
 def _write_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".tmp-{uuid.uuid4().hex}-{path.name}")
     try:
-        pq.write_table(table, tmp, compression="zstd", compression_level=3, row_group_size=max(1, table.num_rows),
-                       use_dictionary=True, write_statistics=True, store_schema=True)
+        pq.write_table(
+            table,
+            tmp,
+            compression="zstd",
+            compression_level=3,
+            row_group_size=max(1, table.num_rows),
+            use_dictionary=True,
+            write_statistics=True,
+            store_schema=True,
+        )
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

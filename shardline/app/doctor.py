@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
@@ -65,10 +65,14 @@ def _short(e: BaseException, limit: int = 300) -> str:
 def _net_reason(e: BaseException) -> str:
     """A network failure in plain words when it is a common one, else the exception in short."""
     text = f"{type(e).__name__} {e}"
-    for marks, words in ((("Connection refused", "Failed to establish a new connection", "ConnectionRefused"), "connection refused"),
-                         (("Name or service not known", "nodename nor servname", "getaddrinfo failed", "NameResolution"),
-                          "the host name does not resolve"),
-                         (("timed out", "Timeout", "TimeoutError"), "timed out")):
+    for marks, words in (
+        (("Connection refused", "Failed to establish a new connection", "ConnectionRefused"), "connection refused"),
+        (
+            ("Name or service not known", "nodename nor servname", "getaddrinfo failed", "NameResolution"),
+            "the host name does not resolve",
+        ),
+        (("timed out", "Timeout", "TimeoutError"), "timed out"),
+    ):
         if any(m in text for m in marks):
             return words
     return _short(e)
@@ -102,8 +106,10 @@ def describe_torch(r: dict) -> str:
     build = f"CUDA build {r['cuda_build']}" if r.get("cuda_build") else "CPU-only build"
     parts = [f"torch {r['torch']} ({build})"]
     if r.get("cuda_available"):
-        gpus = ", ".join(f"{d['name']} (sm {d['capability']}, {d['memory_gb']} GiB, bf16 {'yes' if d['bf16'] else 'no'})"
-                         for d in r["devices"])
+        gpus = ", ".join(
+            f"{d['name']} (sm {d['capability']}, {d['memory_gb']} GiB, bf16 {'yes' if d['bf16'] else 'no'})"
+            for d in r["devices"]
+        )
         parts.append(f"{len(r['devices'])} GPU(s): {gpus}")
         if r.get("cudnn"):
             parts.append(f"cuDNN {r['cudnn']}")
@@ -121,10 +127,16 @@ def _local_torch(config: PipelineConfig) -> Check:
 
         r = torch_report(config.training.device, config.training.precision)
     except Exception as e:  # noqa: BLE001
-        return Check("torch (here)", False, f"cannot import or query torch here: {_short(e)}; reinstall with ./scripts/setup")
+        return Check(
+            "torch (here)", False, f"cannot import or query torch here: {_short(e)}; reinstall with ./scripts/setup"
+        )
     detail = describe_torch(r)
     if r["cuda_available"] and r["cuda_op"] != "ok":
-        return Check("torch (here)", False, f"{detail}; but a CUDA operation failed: {r['cuda_op']} (driver and torch build mismatch?)")
+        return Check(
+            "torch (here)",
+            False,
+            f"{detail}; but a CUDA operation failed: {r['cuda_op']} (driver and torch build mismatch?)",
+        )
     if r["device_error"]:
         if config.compute.train_on == "local":
             return Check("torch (here)", False, r["device_error"])
@@ -150,8 +162,8 @@ def _age(ts) -> float | None:
     if ts is None:
         return None
     if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=timezone.utc)
-    return (datetime.now(timezone.utc) - ts).total_seconds()
+        ts = ts.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - ts).total_seconds()
 
 
 def _ago(seconds: float | None) -> str:
@@ -170,10 +182,16 @@ def _pool_check(client, name: str, label: str, where: str) -> Check:
     try:
         pool = client.read_work_pool(name)
     except ObjectNotFound:
-        return Check(label, False, f"work pool {name} does not exist: create it with `prefect work-pool create --type process {name}` "
-                                   "(or another type: deploy/README.md)")
+        return Check(
+            label,
+            False,
+            f"work pool {name} does not exist: create it with `prefect work-pool create --type process {name}` "
+            "(or another type: deploy/README.md)",
+        )
     if pool.is_paused:
-        return Check(label, False, f"work pool {name} is paused: no run starts there; `prefect work-pool resume {name}`")
+        return Check(
+            label, False, f"work pool {name} is paused: no run starts there; `prefect work-pool resume {name}`"
+        )
     if pool.type.endswith(":push") or pool.type == "prefect:managed":
         return Check(label, True, f"{name} ({pool.type}): a push pool, no worker needed")
     workers = client.read_workers_for_work_pool(name)
@@ -185,8 +203,12 @@ def _pool_check(client, name: str, label: str, where: str) -> Check:
     window = _worker_window(workers[0]) if workers else 90
     if not live:
         seen = "; last seen: " + ", ".join(f"{w.name} {_ago(a)}" for w, a in stale[:3]) if stale else ""
-        return Check(label, False, f"no worker has polled {name} in the last {window:.0f} s{seen}: start one with "
-                                   f"`prefect worker start --pool {name}` {where}")
+        return Check(
+            label,
+            False,
+            f"no worker has polled {name} in the last {window:.0f} s{seen}: start one with "
+            f"`prefect worker start --pool {name}` {where}",
+        )
     names = ", ".join(f"{w.name} (last heartbeat {_ago(a)})" for w, a in live[:5])
     return Check(label, True, f"{name} ({pool.type}): {len(live)} live worker(s): {names}")
 
@@ -218,8 +240,10 @@ def _prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., N
     skip_local = "compute.train_on=local: training runs in the pipeline's own process"
     checks: list[Check] = []
     try:
-        with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), \
-                get_client(sync_client=True, httpx_settings={"timeout": timeout}) as client:
+        with (
+            temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}),
+            get_client(sync_client=True, httpx_settings={"timeout": timeout}) as client,
+        ):
             error = client.api_healthcheck()
             if error is not None:
                 raise error
@@ -230,13 +254,23 @@ def _prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., N
             checks.append(Check("prefect api", True, f"{label}: reachable, server version {version}"))
             if not api:
                 if remote:
-                    checks.append(Check("train deployment", False,
-                                        "compute.train_on=deployment needs a Prefect server with a worker on the GPU pool: "
-                                        "set PREFECT_API_URL (e.g. http://<server>:4200/api), or use train_on: local"))
+                    checks.append(
+                        Check(
+                            "train deployment",
+                            False,
+                            "compute.train_on=deployment needs a Prefect server with a worker on the GPU pool: "
+                            "set PREFECT_API_URL (e.g. http://<server>:4200/api), or use train_on: local",
+                        )
+                    )
                 else:
                     checks.append(Check("train deployment", None, skip_local))
-                checks.append(Check("pipeline deployment", None,
-                                    "no Prefect server (PREFECT_API_URL is not set): nothing is deployed on a temporary API"))
+                checks.append(
+                    Check(
+                        "pipeline deployment",
+                        None,
+                        "no Prefect server (PREFECT_API_URL is not set): nothing is deployed on a temporary API",
+                    )
+                )
                 add(*checks)
                 return Check("gpu probe", None, "needs a Prefect server" if remote else skip_local)
 
@@ -244,18 +278,41 @@ def _prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., N
             if remote:
                 train_dep = _deployment(client, train_name)
                 if train_dep is None:
-                    checks.append(Check("train deployment", False,
-                                        f"deployment {train_name} (compute.train_deployment) does not exist on {api}: {DEPLOY_HINT}"))
+                    checks.append(
+                        Check(
+                            "train deployment",
+                            False,
+                            f"deployment {train_name} (compute.train_deployment) does not exist on {api}: "
+                            f"{DEPLOY_HINT}",
+                        )
+                    )
                 elif not train_dep.work_pool_name:
-                    checks.append(Check("train deployment", False,
-                                        f"deployment {train_name} has no work pool: set work_pool in prefect.yaml, then {DEPLOY_HINT}"))
+                    checks.append(
+                        Check(
+                            "train deployment",
+                            False,
+                            f"deployment {train_name} has no work pool: set work_pool in prefect.yaml, then "
+                            f"{DEPLOY_HINT}",
+                        )
+                    )
                     train_dep = None
                 else:
-                    paused = "; it is paused (runs started by the pipeline still go)" if getattr(train_dep, "paused", False) else ""
-                    checks.append(Check("train deployment", True, f"{train_name} on pool {train_dep.work_pool_name} "
-                                                                  f"(entrypoint {train_dep.entrypoint}){paused}"))
-                    pool_row = _pool_check(client, train_dep.work_pool_name, "train pool",
-                                           "on each GPU machine (from the project's .venv)")
+                    paused = (
+                        "; it is paused (runs started by the pipeline still go)"
+                        if getattr(train_dep, "paused", False)
+                        else ""
+                    )
+                    checks.append(
+                        Check(
+                            "train deployment",
+                            True,
+                            f"{train_name} on pool {train_dep.work_pool_name} "
+                            f"(entrypoint {train_dep.entrypoint}){paused}",
+                        )
+                    )
+                    pool_row = _pool_check(
+                        client, train_dep.work_pool_name, "train pool", "on each GPU machine (from the project's .venv)"
+                    )
                     checks.append(pool_row)
                     if not pool_row.ok:  # nobody would run the probe: do not wait probe_timeout for it
                         no_probe = f"needs a live worker on {train_dep.work_pool_name} (see above)"
@@ -264,31 +321,57 @@ def _prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., N
 
             pipe = _deployment(client, PIPELINE_DEPLOYMENT)
             if pipe is None:
-                checks.append(Check("pipeline deployment", None,
-                                    f"{PIPELINE_DEPLOYMENT} is not deployed: fine for `shardline run` on this machine; "
-                                    f"for scheduled runs (the nightly retrain) {DEPLOY_HINT}"))
+                checks.append(
+                    Check(
+                        "pipeline deployment",
+                        None,
+                        f"{PIPELINE_DEPLOYMENT} is not deployed: fine for `shardline run` on this machine; "
+                        f"for scheduled runs (the nightly retrain) {DEPLOY_HINT}",
+                    )
+                )
             else:
-                checks.append(Check("pipeline deployment", True, f"{PIPELINE_DEPLOYMENT} on pool {pipe.work_pool_name}"))
-                if pipe.work_pool_name and not (train_dep is not None and pipe.work_pool_name == train_dep.work_pool_name):
+                checks.append(
+                    Check("pipeline deployment", True, f"{PIPELINE_DEPLOYMENT} on pool {pipe.work_pool_name}")
+                )
+                if pipe.work_pool_name and not (
+                    train_dep is not None and pipe.work_pool_name == train_dep.work_pool_name
+                ):
                     checks.append(_pool_check(client, pipe.work_pool_name, "pipeline pool", "on any machine"))
     except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out, bad URL, refused credentials
         if checks:  # the API answered, a later request failed: say which, keep what was found
             add(*checks)
             done = {c.name for c in checks}
-            step = next(n for n in ("train deployment", "train pool", "pipeline deployment", "pipeline pool") if n not in done)
-            add(Check(step, False, f"reading it from {label} failed: {_short(e)}; check PREFECT_API_KEY / the server's logs"))
+            step = next(
+                n for n in ("train deployment", "train pool", "pipeline deployment", "pipeline pool") if n not in done
+            )
+            add(
+                Check(
+                    step,
+                    False,
+                    f"reading it from {label} failed: {_short(e)}; check PREFECT_API_KEY / the server's logs",
+                )
+            )
             return Check("gpu probe", None, "needs the Prefect API (see above)")
         if "404" in str(e):
             hint = "that address answers but is not a Prefect API: PREFECT_API_URL usually ends in /api"
         elif any(code in str(e) for code in ("401", "403")):
             hint = "the API refused the credentials: check PREFECT_API_KEY (or PREFECT_API_AUTH_STRING)"
         elif api:
-            hint = "is `prefect server start` running there? Check PREFECT_API_URL (and PREFECT_API_KEY for Prefect Cloud)"
+            hint = (
+                "is `prefect server start` running there? Check PREFECT_API_URL (and PREFECT_API_KEY for Prefect Cloud)"
+            )
         else:
-            hint = "the temporary API did not start: try again, or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+            hint = (
+                "the temporary API did not start: try again, or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+            )
         found = "404 Not Found on /health" if "404" in str(e) else _net_reason(e)
-        add(Check("prefect api", False, f"cannot reach the Prefect API at {label}: {found}; {hint}"),
-            *[Check(name, None, "needs the Prefect API (see above)") for name in ("train deployment", "pipeline deployment")])
+        add(
+            Check("prefect api", False, f"cannot reach the Prefect API at {label}: {found}; {hint}"),
+            *[
+                Check(name, None, "needs the Prefect API (see above)")
+                for name in ("train deployment", "pipeline deployment")
+            ],
+        )
         return Check("gpu probe", None, "needs the Prefect API (see above)")
     add(*checks)
     if not remote:
@@ -322,8 +405,13 @@ def _gpu_probe(config: PipelineConfig, train_dep, probe_timeout: float) -> Check
     jv = _merged_job_variables(train_dep.job_variables if same_pool else None, config.compute.job_variables)
     started = time.monotonic()
     flow_run = run_deployment(
-        name=PROBE_DEPLOYMENT, parameters={"device": config.training.device, "precision": config.training.precision},
-        job_variables=jv or None, timeout=probe_timeout, poll_interval=1, as_subflow=False, tags=["shardline", "doctor"],
+        name=PROBE_DEPLOYMENT,
+        parameters={"device": config.training.device, "precision": config.training.precision},
+        job_variables=jv or None,
+        timeout=probe_timeout,
+        poll_interval=1,
+        as_subflow=False,
+        tags=["shardline", "doctor"],
     )
     took = time.monotonic() - started
     state = flow_run.state
@@ -331,22 +419,37 @@ def _gpu_probe(config: PipelineConfig, train_dep, probe_timeout: float) -> Check
     if state is None or not state.is_final():
         with get_client(sync_client=True) as client:
             try:  # do not leave it to run whenever a worker turns up
-                client.set_flow_run_state(flow_run.id, Cancelled(message="shardline doctor gave up waiting"), force=True)
+                client.set_flow_run_state(
+                    flow_run.id, Cancelled(message="shardline doctor gave up waiting"), force=True
+                )
             except Exception:  # noqa: BLE001
                 pass
         status = state.name if state else "unknown"
-        why = ("it started but did not finish: a slow start (an image pull, a cold node)? raise --probe-timeout"
-               if state is not None and state.is_running() else
-               f"no worker of {probe_dep.work_pool_name} took it (see the pool row); start one with "
-               f"`prefect worker start --pool {probe_dep.work_pool_name}` on the GPU machine")
-        return Check("gpu probe", False, f"the probe run {flow_run.name} on {probe_dep.work_pool_name} was still {status} "
-                                         f"after {probe_timeout:.0f} s (cancelled it): {why}")
+        why = (
+            "it started but did not finish: a slow start (an image pull, a cold node)? raise --probe-timeout"
+            if state is not None and state.is_running()
+            else f"no worker of {probe_dep.work_pool_name} took it (see the pool row); start one with "
+            f"`prefect worker start --pool {probe_dep.work_pool_name}` on the GPU machine"
+        )
+        return Check(
+            "gpu probe",
+            False,
+            f"the probe run {flow_run.name} on {probe_dep.work_pool_name} was still {status} "
+            f"after {probe_timeout:.0f} s (cancelled it): {why}",
+        )
     if not state.is_completed():
-        return Check("gpu probe", False, f"the probe run {flow_run.name} ({where}) ended {state.name}: {state.message}; "
-                                         f"its logs: `prefect flow-run logs {flow_run.id}`")
+        return Check(
+            "gpu probe",
+            False,
+            f"the probe run {flow_run.name} ({where}) ended {state.name}: {state.message}; "
+            f"its logs: `prefect flow-run logs {flow_run.id}`",
+        )
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id]), key=ArtifactFilterKey(any_=[ARTIFACT_KEY])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id]), key=ArtifactFilterKey(any_=[ARTIFACT_KEY])
+            )
+        )
     if not artifacts:
         return Check("gpu probe", False, f"the probe run {flow_run.name} ({where}) finished but left no report")
     data = artifacts[0].data
@@ -354,20 +457,34 @@ def _gpu_probe(config: PipelineConfig, train_dep, probe_timeout: float) -> Check
     r = {row["field"]: row["value"] for row in rows}
     detail = f"{where}, worker host {r['host']}, answered in {took:.0f} s: {describe_torch(r)}"
     if not same_pool:
-        return Check("gpu probe", False, f"{detail}. But training runs on {pool}, not {probe_dep.work_pool_name}: set the probe "
-                                         f"deployment's work_pool to {pool} in prefect.yaml, then {DEPLOY_HINT}")
+        return Check(
+            "gpu probe",
+            False,
+            f"{detail}. But training runs on {pool}, not {probe_dep.work_pool_name}: set the probe "
+            f"deployment's work_pool to {pool} in prefect.yaml, then {DEPLOY_HINT}",
+        )
     if r["cuda_available"] and r["cuda_op"] != "ok":
-        return Check("gpu probe", False, f"{detail}; but a CUDA operation failed there: {r['cuda_op']} "
-                                         "(driver and torch build mismatch?)")
+        return Check(
+            "gpu probe",
+            False,
+            f"{detail}; but a CUDA operation failed there: {r['cuda_op']} (driver and torch build mismatch?)",
+        )
     if r["device_error"]:
         return Check("gpu probe", False, f"on {pool}'s worker {r['host']}: {r['device_error']}")
     if not r["cuda_available"] and config.training.device != "cpu":
-        why = ("torch there is a CPU-only build: install a CUDA build of torch in the worker's environment "
-               "(./scripts/setup with SHARDLINE_TORCH_INDEX, or the GPU image)" if not r.get("cuda_build")
-               else f"torch there is built for CUDA {r['cuda_build']} but sees no device: check `nvidia-smi`, the driver, "
-                    "and the pool's GPU request (deploy/README.md)")
-        return Check("gpu probe", False, f"no GPU visible on {pool}'s worker {r['host']}: training will run on CPU there; "
-                                         f"{why}. Report: {describe_torch(r)}")
+        why = (
+            "torch there is a CPU-only build: install a CUDA build of torch in the worker's environment "
+            "(./scripts/setup with SHARDLINE_TORCH_INDEX, or the GPU image)"
+            if not r.get("cuda_build")
+            else f"torch there is built for CUDA {r['cuda_build']} but sees no device: check `nvidia-smi`, the driver, "
+            "and the pool's GPU request (deploy/README.md)"
+        )
+        return Check(
+            "gpu probe",
+            False,
+            f"no GPU visible on {pool}'s worker {r['host']}: training will run on CPU there; "
+            f"{why}. Report: {describe_torch(r)}",
+        )
     return Check("gpu probe", True, detail)
 
 
@@ -375,7 +492,11 @@ def _gpu_probe(config: PipelineConfig, train_dep, probe_timeout: float) -> Check
 
 
 def _endpoint() -> str:
-    ep = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("FSSPEC_S3_ENDPOINT_URL")
+    ep = (
+        os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or os.environ.get("FSSPEC_S3_ENDPOINT_URL")
+    )
     return ep or "AWS's default S3 endpoint"
 
 
@@ -389,20 +510,47 @@ def _storage_hint(e: BaseException, uri: str) -> str:
         return "check that the folder can be created and written (storage.root)"
     bucket = uri.split("://", 1)[1].split("/", 1)[0]
     if isinstance(e, TimeoutError):
-        return (f"{_endpoint()} did not answer: check AWS_ENDPOINT_URL (for MinIO and other S3-compatible stores; unset it for AWS) "
-                "and the network; botocore retries (AWS_MAX_ATTEMPTS, AWS_RETRY_MODE) can make a dead endpoint slow to fail")
+        return (
+            f"{_endpoint()} did not answer: check AWS_ENDPOINT_URL (for MinIO and other S3-compatible stores; unset "
+            "it for AWS) "
+            "and the network; botocore retries (AWS_MAX_ATTEMPTS, AWS_RETRY_MODE) can make a dead endpoint slow to fail"
+        )
     if any(s in text for s in ("NoCredentials", "Unable to locate credentials", "PartialCredentials")):
-        return "no S3 credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or give the machine a role)"
-    if any(s in text for s in ("EndpointConnectionError", "Could not connect", "Connection refused", "ConnectTimeout",
-                               "Cannot connect", "Name or service not known", "nodename nor servname", "ConnectionError")):
-        return (f"cannot connect to {_endpoint()}: is the server up? AWS_ENDPOINT_URL names an S3-compatible endpoint "
-                "(MinIO, ...); unset it for AWS")
-    if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "403", "ExpiredToken")) \
-            or isinstance(e, PermissionError):
-        return (f"access denied: check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the role) "
-                f"and that they may read and write {bucket}")
+        return (
+            "no S3 credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or "
+            "give the machine a role)"
+        )
+    if any(
+        s in text
+        for s in (
+            "EndpointConnectionError",
+            "Could not connect",
+            "Connection refused",
+            "ConnectTimeout",
+            "Cannot connect",
+            "Name or service not known",
+            "nodename nor servname",
+            "ConnectionError",
+        )
+    ):
+        return (
+            f"cannot connect to {_endpoint()}: is the server up? AWS_ENDPOINT_URL names an S3-compatible endpoint "
+            "(MinIO, ...); unset it for AWS"
+        )
+    if any(
+        s in text
+        for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "403", "ExpiredToken")
+    ) or isinstance(e, PermissionError):
+        return (
+            "access denied: check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the "
+            "role) "
+            f"and that they may read and write {bucket}"
+        )
     if "NoSuchBucket" in text or isinstance(e, FileNotFoundError):
-        return f"bucket {bucket} does not exist at {_endpoint()}: create it (`aws s3 mb s3://{bucket}`) or fix storage.root"
+        return (
+            f"bucket {bucket} does not exist at {_endpoint()}: create it (`aws s3 mb s3://{bucket}`) or fix "
+            "storage.root"
+        )
     return f"check the credentials (AWS_* variables, AWS_PROFILE or the role) and the endpoint ({_endpoint()})"
 
 
@@ -417,7 +565,7 @@ def _storage_check(config: PipelineConfig, timeout: float) -> Check:
         storage.write_bytes(probe, payload)
         back = storage.read_bytes(probe)
         if back != payload:
-            raise IOError(f"read back {len(back)} bytes that differ from the {len(payload)} written")
+            raise OSError(f"read back {len(back)} bytes that differ from the {len(payload)} written")
         if storage.is_remote(probe):
             fs, path = storage.filesystem(probe)
             fs.rm(path)
@@ -428,13 +576,17 @@ def _storage_check(config: PipelineConfig, timeout: float) -> Check:
             except OSError:
                 pass
         if storage.exists(probe):
-            raise IOError("the probe object is still there after deleting it")
+            raise OSError("the probe object is still there after deleting it")
         return time.monotonic() - t0
 
     try:
         took = _bounded(round_trip, timeout)
     except Exception as e:  # noqa: BLE001
-        return Check("storage", False, f"storage.root {shown}: a write, read back and delete failed ({_short(e)}); {_storage_hint(e, root)}")
+        return Check(
+            "storage",
+            False,
+            f"storage.root {shown}: a write, read back and delete failed ({_short(e)}); {_storage_hint(e, root)}",
+        )
     where = f" via {_endpoint()}" if storage.is_remote(root) else ""
     return Check("storage", True, f"{shown}{where}: wrote, read back and deleted a probe object ({took * 1000:.0f} ms)")
 
@@ -462,23 +614,44 @@ def _mlflow_checks(config: PipelineConfig, timeout: float) -> list[Check]:
     try:
         uri = tracking_uri(cfg, config.storage.root)
     except ValueError as e:
-        return [Check("mlflow tracking", False, str(e)), Check("mlflow registry", None, "needs a tracking URI (see above)")]
-    source = "mlflow.tracking_uri" if cfg.tracking_uri else ("$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI")
-                                                             else "the default: SQLite under storage.root")
+        return [
+            Check("mlflow tracking", False, str(e)),
+            Check("mlflow registry", None, "needs a tracking URI (see above)"),
+        ]
+    source = (
+        "mlflow.tracking_uri"
+        if cfg.tracking_uri
+        else (
+            "$MLFLOW_TRACKING_URI"
+            if os.environ.get("MLFLOW_TRACKING_URI")
+            else "the default: SQLite under storage.root"
+        )
+    )
     _configure_http_failfast()  # as the pipeline does: a dead server fails in seconds, not minutes
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     try:
-        exp = _bounded(lambda: (client.search_experiments(max_results=1), client.get_experiment_by_name(cfg.experiment))[1], timeout)
+        exp = _bounded(
+            lambda: (client.search_experiments(max_results=1), client.get_experiment_by_name(cfg.experiment))[1],
+            timeout,
+        )
     except Exception as e:  # noqa: BLE001
-        hint = ("is the MLflow server up (`mlflow server ...`) and is the address right? Credentials come from "
-                "MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN" if uri.startswith(("http://", "https://"))
-                else "check the database URI, that its folder exists and is writable")
-        return [Check("mlflow tracking", False, f"cannot reach MLflow at {uri} ({source}): {_net_reason(e)}; {hint}"),
-                Check("mlflow registry", None, "needs MLflow tracking (see above)")]
-    exp_note = (f"experiment {cfg.experiment} exists (id {exp.experiment_id})" if exp is not None
-                else f"experiment {cfg.experiment} will be created by the first run")
+        hint = (
+            "is the MLflow server up (`mlflow server ...`) and is the address right? Credentials come from "
+            "MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
+            if uri.startswith(("http://", "https://"))
+            else "check the database URI, that its folder exists and is writable"
+        )
+        return [
+            Check("mlflow tracking", False, f"cannot reach MLflow at {uri} ({source}): {_net_reason(e)}; {hint}"),
+            Check("mlflow registry", None, "needs MLflow tracking (see above)"),
+        ]
+    exp_note = (
+        f"experiment {cfg.experiment} exists (id {exp.experiment_id})"
+        if exp is not None
+        else f"experiment {cfg.experiment} will be created by the first run"
+    )
     checks = [Check("mlflow tracking", True, f"{uri} ({source}): reachable; {exp_note}")]
 
     def registry() -> str:
@@ -489,7 +662,10 @@ def _mlflow_checks(config: PipelineConfig, timeout: float) -> list[Check]:
             model = client.get_registered_model(cfg.model_name)
         except MlflowException as e:
             if "RESOURCE_DOES_NOT_EXIST" in str(getattr(e, "error_code", "")) or "not found" in str(e).lower():
-                return f"usable; model {cfg.model_name} has no version yet (the first run registers it and makes it @champion)"
+                return (
+                    f"usable; model {cfg.model_name} has no version yet (the first run registers it and makes it "
+                    "@champion)"
+                )
             raise
         versions = client.search_model_versions(f"name='{cfg.model_name}'", max_results=1000)
         aliases = getattr(model, "aliases", None) or {}
@@ -499,16 +675,27 @@ def _mlflow_checks(config: PipelineConfig, timeout: float) -> list[Check]:
     try:
         checks.append(Check("mlflow registry", True, _bounded(registry, timeout)))
     except Exception as e:  # noqa: BLE001
-        checks.append(Check("mlflow registry", False, f"the model registry at {uri} is not usable: {_short(e)}; "
-                                                      "the registry needs a database-backed store (SQLite, Postgres, MySQL) or a server with one"))
+        checks.append(
+            Check(
+                "mlflow registry",
+                False,
+                f"the model registry at {uri} is not usable: {_short(e)}; "
+                "the registry needs a database-backed store (SQLite, Postgres, MySQL) or a server with one",
+            )
+        )
     return checks
 
 
 # ---------------------------------------------------------------- all of it
 
 
-def doctor(config: PipelineConfig, timeout: float = 30.0, probe_timeout: float = 300.0, source: str | None = None,
-           on_check: Callable[[Check], None] | None = None) -> list[Check]:
+def doctor(
+    config: PipelineConfig,
+    timeout: float = 30.0,
+    probe_timeout: float = 300.0,
+    source: str | None = None,
+    on_check: Callable[[Check], None] | None = None,
+) -> list[Check]:
     """Every check, in order; `on_check` sees each one as soon as it is done (the GPU probe takes a while)."""
     done: list[Check] = []
 
@@ -533,8 +720,18 @@ def doctor(config: PipelineConfig, timeout: float = 30.0, probe_timeout: float =
             add(*(out if isinstance(out, list) else [out]))
 
     c = config.compute
-    where = f"training dispatched to {c.train_deployment}" if c.train_on == "deployment" else "training in the pipeline's process"
-    add(Check("config", True, f"{source + ': ' if source else ''}valid; name {config.name}, hash {config.hash()[:12]}, {where}"))
+    where = (
+        f"training dispatched to {c.train_deployment}"
+        if c.train_on == "deployment"
+        else "training in the pipeline's process"
+    )
+    add(
+        Check(
+            "config",
+            True,
+            f"{source + ': ' if source else ''}valid; name {config.name}, hash {config.hash()[:12]}, {where}",
+        )
+    )
     probe = guarded("prefect api", lambda: _prefect_checks(config, timeout, add))
     row("data source", lambda: _data_check(config, timeout))
     row("storage", lambda: _storage_check(config, timeout))

@@ -37,8 +37,13 @@ def rehearsal_config(config: PipelineConfig, root: str, steps: int, preempt_at: 
     raw["storage"]["root"] = root
     raw["mlflow"]["experiment"] = f"{config.mlflow.experiment}-rehearsal"
     raw["mlflow"]["model_name"] = f"{config.mlflow.model_name}-rehearsal"
-    raw["training"].update(epochs=1, max_steps_per_epoch=steps, checkpoint_every_steps=max(1, steps // 4),
-                           checkpoint_every_seconds=0, max_restarts=0)
+    raw["training"].update(
+        epochs=1,
+        max_steps_per_epoch=steps,
+        checkpoint_every_steps=max(1, steps // 4),
+        checkpoint_every_seconds=0,
+        max_restarts=0,
+    )
     raw["compute"]["max_preemptions"] = max(1, config.compute.max_preemptions)
     if config.compute.train_on == "deployment":
         jv = dict(raw["compute"].get("job_variables") or {})
@@ -70,7 +75,9 @@ def copy_sample(config: PipelineConfig, root: str, n_files: int) -> list[str]:
     return copied
 
 
-def rehearse(config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at: int | None = None, log=print) -> list[Row]:
+def rehearse(
+    config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at: int | None = None, log=print
+) -> list[Row]:
     """Run the rehearsal; return its rows (every stage after a failed one is reported as not reached)."""
     from shardline.flows.pipeline import pipeline
 
@@ -129,14 +136,21 @@ def rehearse(config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at
         return rows
 
     tr = result["train"]
-    stage("ingest: schema checked from the files' footers",
-          lambda: (result["snapshot"]["files"] == len(copied), f"{result['snapshot']['files']} file(s), {len(result['snapshot']['skipped'])} skipped"))
+    stage(
+        "ingest: schema checked from the files' footers",
+        lambda: (
+            result["snapshot"]["files"] == len(copied),
+            f"{result['snapshot']['files']} file(s), {len(result['snapshot']['skipped'])} skipped",
+        ),
+    )
 
     def _encode():
         from shardline.core.manifest import Manifest
 
         m = Manifest.model_validate_json(storage.read_text(result["manifest"]))
-        return all(m.windows.get(s) for s in ("train", "validation", "test")), f"{len(m.shards)} shard(s), windows {m.windows}"
+        return all(
+            m.windows.get(s) for s in ("train", "validation", "test")
+        ), f"{len(m.shards)} shard(s), windows {m.windows}"
 
     stage("encode: shards and manifest in storage", _encode)
 
@@ -145,8 +159,8 @@ def rehearse(config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at
             return True, f"in-process on {tr['device']} ({tr['precision']})"
         runs = tr.get("flow_runs") or []
         return bool(runs) and runs[-1]["state"] == "Completed", (
-            f"{config.compute.train_deployment} on host {tr.get('host')}, {tr['device']} ({tr['precision']}); flow runs: "
-            + ", ".join(f"{r['name']} {r['state']}" for r in runs)
+            f"{config.compute.train_deployment} on host {tr.get('host')}, {tr['device']} ({tr['precision']}); flow "
+            "runs: " + ", ".join(f"{r['name']} {r['state']}" for r in runs)
         )
 
     stage("train: one short epoch on the configured pool", _where)
@@ -164,8 +178,14 @@ def rehearse(config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at
             runs = tr.get("flow_runs") or []
             first = runs[0] if runs else {}
             ok = len(runs) >= 2 and first.get("state") != "Completed" and bool(tr.get("resumed_from"))
-            return ok, f"run {first.get('name')} ended {first.get('state')} at step {preempt_at}; re-dispatched, resumed from {tr.get('resumed_from')}"
-        return bool(attempts) and bool(tr.get("resumed_from")), f"{'; '.join(attempts) or 'not preempted'}; resumed from {tr.get('resumed_from')}"
+            return (
+                ok,
+                f"run {first.get('name')} ended {first.get('state')} at step {preempt_at}; re-dispatched, resumed "
+                f"from {tr.get('resumed_from')}",
+            )
+        return bool(attempts) and bool(
+            tr.get("resumed_from")
+        ), f"{'; '.join(attempts) or 'not preempted'}; resumed from {tr.get('resumed_from')}"
 
     stage(f"preemption: SIGTERM at step {preempt_at}, then resume", _preempted)
 
@@ -179,8 +199,10 @@ def rehearse(config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at
 
     stage("metrics: logged to MLflow, run finished", _metrics)
     reg = result["registered"]
-    stage("register: model version in the registry",
-          lambda: (bool(reg.get("version")), f"{reg['model_name']} version {reg['version']} @{reg['alias']}"))
+    stage(
+        "register: model version in the registry",
+        lambda: (bool(reg.get("version")), f"{reg['model_name']} version {reg['version']} @{reg['alias']}"),
+    )
 
     def _download():
         import mlflow
@@ -192,7 +214,9 @@ def rehearse(config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at
         with fluent_tracking_uri(reg["tracking_uri"]):
             model = mlflow.pyfunc.load_model(reg["model_uri"])
         preds = model.predict(sample.drop(config.data.target.column).to_pandas())
-        return len(preds) > 0, f"{reg['model_uri']} downloaded; {len(preds)} prediction(s) for {sample.height} raw row(s)"
+        return len(
+            preds
+        ) > 0, f"{reg['model_uri']} downloaded; {len(preds)} prediction(s) for {sample.height} raw row(s)"
 
     stage("download: the registered model predicts raw rows", _download)
     return rows

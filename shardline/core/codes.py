@@ -74,7 +74,9 @@ class Globaliser:
     def _remap(self, voc: LocalVocab, ids: dict[str, int], dtype: np.dtype) -> np.ndarray:
         return np.array([0, *(ids.get(t, 0) for t in voc.texts())], dtype=dtype)
 
-    def _affine(self, x: np.ndarray, local: list[tuple[float, float]], stats: list[tuple[float, float]], dtype: np.dtype) -> np.ndarray:
+    def _affine(
+        self, x: np.ndarray, local: list[tuple[float, float]], stats: list[tuple[float, float]], dtype: np.dtype
+    ) -> np.ndarray:
         """Columns x [columns, rows] (or one column [rows]) -> x * (s / S) + (m - M) / S as rows
         [rows, columns], NaN (a null) -> 0, computed in float32 and rounded once to `dtype`."""
         import torch
@@ -101,7 +103,9 @@ class Globaliser:
             return arrays
         spec = self.spec
         out = {k: v for k, v in arrays.items() if k not in ("cont_cols", "cat_cols")}
-        out["cont"] = self._affine(arrays["cont_cols"], codes.cont, [(c.mean, c.std) for c in spec.continuous], self.cont_dtype)
+        out["cont"] = self._affine(
+            arrays["cont_cols"], codes.cont, [(c.mean, c.std) for c in spec.continuous], self.cont_dtype
+        )
         cat = np.asarray(arrays["cat_cols"])
         g = np.empty((cat.shape[1], cat.shape[0]), self.cat_dtype)
         n_cat = len(spec.categorical)
@@ -114,7 +118,9 @@ class Globaliser:
         if t.task == "classification":
             out["target"] = self._remap(codes.target, self._classes, self.target_dtype)[np.asarray(arrays["target"])]
         else:
-            out["target"] = self._affine(arrays["target"], [tuple(codes.target)], [(t.mean, t.std)], np.dtype(np.float32))
+            out["target"] = self._affine(
+                arrays["target"], [tuple(codes.target)], [(t.mean, t.std)], np.dtype(np.float32)
+            )
         return out
 
     def shard_bytes(self, raw, info: ShardInfo) -> bytes | memoryview:

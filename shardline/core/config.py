@@ -89,29 +89,41 @@ class DataConfig(_Strict):
     target: Target
     window: int = Field(1, ge=1, description="K: rows of history per prediction")
     horizon: int | None = Field(
-        None, ge=0, description="rows after the window's last row whose target is predicted (default 1 with sequences, 0 without)"
+        None,
+        ge=0,
+        description="rows after the window's last row whose target is predicted (default 1 with sequences, 0 without)",
     )
     split: SplitConfig = Field(default_factory=SplitConfig)
     continuous_dtype: Literal["float32", "float16"] = "float32"
     group_mb: float = Field(
-        64, gt=0,
+        64,
+        gt=0,
         description="raw MB read by one mapped encode task; each task writes one shard per split, so this sets the "
         "shard size (about 1-3x it times the split's fraction) and bounds the task's memory (about 10x it)",
     )
     shard_compression: Literal["lz4", "zstd", "none"] = Field(
-        "lz4", description="stored shards compressed: LZ4 frames (the default: about 2x faster to write and to unpack than "
-        "zstd), zstd level 1 (about 20% smaller, for slow links to object storage), or none (a local store's shards are "
-        "then memory-mapped in place); compressed shards are unpacked once into the local cache")
-    files_per_group: int | None = Field(None, ge=1, description="fixed number of raw files per encode task instead of group_mb")
+        "lz4",
+        description="stored shards compressed: LZ4 frames (the default: about 2x faster to write and to unpack than "
+        "zstd), zstd level 1 (about 20% smaller, for slow links to object storage), or none (a local store's shards "
+        "are "
+        "then memory-mapped in place); compressed shards are unpacked once into the local cache",
+    )
+    files_per_group: int | None = Field(
+        None, ge=1, description="fixed number of raw files per encode task instead of group_mb"
+    )
     encode_workers: int | None = Field(
-        None, ge=1,
+        None,
+        ge=1,
         description="file groups encoded at once (each holds about 10x group_mb of memory while it runs); default: the "
-        "machine's CPU count. With a Dask or Ray task runner, set it to the cluster's worker count")
+        "machine's CPU count. With a Dask or Ray task runner, set it to the cluster's worker count",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
         if not self.features.all():
-            raise ValueError("data.features lists no column; declare at least one continuous, boolean or categorical column")
+            raise ValueError(
+                "data.features lists no column; declare at least one continuous, boolean or categorical column"
+            )
         seen: dict[str, str] = {}
         for role in ("continuous", "boolean", "categorical"):
             for col in getattr(self.features, role):
@@ -124,7 +136,9 @@ class DataConfig(_Strict):
                 "without sequences each row stands alone, so only window: 1 is allowed"
             )
         if self.sequence_key is not None and self.order_by is None and self.sequence_key != FILE_SEQUENCE:
-            raise ValueError("data.order_by is required with data.sequence_key: name the column that orders rows in a sequence")
+            raise ValueError(
+                "data.order_by is required with data.sequence_key: name the column that orders rows in a sequence"
+            )
         if self.split.method == "hash" and self.split.fractions.get("test", 0) <= 0:
             raise ValueError("data.split.fractions.test must be > 0: evaluation needs a test split")
         if self.split.method == "range" and "test" not in self.split.ranges:
@@ -140,7 +154,12 @@ class DataConfig(_Strict):
     def raw_columns(self) -> list[str]:
         """Every column the raw files must hold."""
         cols = list(self.features.all())
-        for c in (self.target.column, self.order_by, self.sequence_key, self.split.column if self.split.method == "range" else None):
+        for c in (
+            self.target.column,
+            self.order_by,
+            self.sequence_key,
+            self.split.column if self.split.method == "range" else None,
+        ):
             if c and c != FILE_SEQUENCE and c not in cols:
                 cols.append(c)
         return cols
@@ -152,12 +171,16 @@ class ModelConfig(_Strict):
     layers: int = Field(2, ge=1)
     heads: int = Field(4, ge=1, description="Transformer attention heads")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
-    embedding_dim: int | None = Field(None, ge=1, description="per-categorical embedding width (default: min(32, 1.6*vocab**0.56))")
+    embedding_dim: int | None = Field(
+        None, ge=1, description="per-categorical embedding width (default: min(32, 1.6*vocab**0.56))"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         if self.family == "transformer" and self.hidden % self.heads:
-            raise ValueError(f"model.hidden={self.hidden} must be divisible by model.heads={self.heads} for a transformer")
+            raise ValueError(
+                f"model.hidden={self.hidden} must be divisible by model.heads={self.heads} for a transformer"
+            )
         return self
 
 
@@ -165,7 +188,12 @@ class TrainingConfig(_Strict):
     # settings a run may change between a checkpoint and its resume: they do not change what is trained
     # (device and precision may change the arithmetic: a resume on other hardware is allowed, not bit-exact)
     RESUMABLE_CHANGES: ClassVar[tuple[str, ...]] = (
-        "device", "precision", "num_workers", "checkpoint_every_steps", "checkpoint_every_seconds", "keep_checkpoints",
+        "device",
+        "precision",
+        "num_workers",
+        "checkpoint_every_steps",
+        "checkpoint_every_seconds",
+        "keep_checkpoints",
     )
 
     epochs: int = Field(3, ge=1)
@@ -181,11 +209,22 @@ class TrainingConfig(_Strict):
     seed: int = 0
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     checkpoint_every_steps: int = Field(0, ge=0, description="0: only at epoch end")
-    checkpoint_every_seconds: float = Field(0, ge=0, description="also checkpoint when this long has passed since the last one; 0: off")
+    checkpoint_every_seconds: float = Field(
+        0, ge=0, description="also checkpoint when this long has passed since the last one; 0: off"
+    )
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept, besides the best")
-    max_restarts: int = Field(2, ge=0, description="retries of the training step after an infrastructure failure (I/O, network, CUDA); code errors are never retried")
+    max_restarts: int = Field(
+        2,
+        ge=0,
+        description=(
+            "retries of the training step after an infrastructure failure (I/O, network, CUDA); code errors "
+            "are never retried"
+        ),
+    )
     max_steps_per_epoch: int | None = Field(None, ge=1, description="cap optimizer steps per epoch (quick runs)")
-    num_workers: int = Field(0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)")
+    num_workers: int = Field(
+        0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)"
+    )
 
 
 class StorageConfig(_Strict):
@@ -204,16 +243,29 @@ class ComputeConfig(_Strict):
     """Where training runs. Nothing here changes what is trained: switching it never retrains."""
 
     train_on: Literal["local", "deployment"] = Field(
-        "local", description="local: a subflow in the pipeline's process; deployment: dispatched to `train_deployment` (a GPU work pool)"
+        "local",
+        description=(
+            "local: a subflow in the pipeline's process; deployment: dispatched to `train_deployment` (a GPU work pool)"
+        ),
     )
-    train_deployment: str = Field("train/train", description="'flow/deployment' name the pipeline dispatches training to")
+    train_deployment: str = Field(
+        "train/train", description="'flow/deployment' name the pipeline dispatches training to"
+    )
     job_variables: dict[str, Any] = Field(
-        default_factory=dict, description="per-run overrides of the training deployment's job variables (env, image, resources)"
+        default_factory=dict,
+        description="per-run overrides of the training deployment's job variables (env, image, resources)",
     )
     max_preemptions: int = Field(
-        3, ge=0, description="re-dispatches of a training run that crashed or was preempted (its machine died); a failed run is never re-dispatched"
+        3,
+        ge=0,
+        description=(
+            "re-dispatches of a training run that crashed or was preempted (its machine died); a failed run "
+            "is never re-dispatched"
+        ),
     )
-    dispatch_timeout_seconds: float | None = Field(None, gt=0, description="give up waiting for one training run after this long; null: wait")
+    dispatch_timeout_seconds: float | None = Field(
+        None, gt=0, description="give up waiting for one training run after this long; null: wait"
+    )
     poll_seconds: float = Field(5.0, gt=0, description="how often the pipeline checks the training run's state")
 
     @field_validator("train_deployment")
@@ -241,7 +293,8 @@ class PipelineConfig(_Strict):
             self.mlflow.promotion_metric = "accuracy" if task == "classification" else "rmse"
         if self.mlflow.promotion_metric not in metrics:
             raise ValueError(
-                f"mlflow.promotion_metric='{self.mlflow.promotion_metric}' is not a {task} metric; allowed: {sorted(metrics)}"
+                f"mlflow.promotion_metric='{self.mlflow.promotion_metric}' is not a {task} metric; allowed: "
+                f"{sorted(metrics)}"
             )
         if self.mlflow.promotion_direction is None:
             self.mlflow.promotion_direction = metrics[self.mlflow.promotion_metric]
@@ -250,13 +303,14 @@ class PipelineConfig(_Strict):
     def hash(self) -> str:
         return stable_hash(self.model_dump(mode="json"))
 
-    def section_hash(self, *sections: str) -> str:
-        dumped = self.model_dump(mode="json")
-        return stable_hash({s: dumped[s] for s in sections})
-
 
 # metric -> the direction that is better
-CLASSIFICATION_METRICS = {"accuracy": "maximize", "top5_accuracy": "maximize", "log_loss": "minimize", "macro_f1": "maximize"}
+CLASSIFICATION_METRICS = {
+    "accuracy": "maximize",
+    "top5_accuracy": "maximize",
+    "log_loss": "minimize",
+    "macro_f1": "maximize",
+}
 REGRESSION_METRICS = {"mae": "minimize", "rmse": "minimize", "r2": "maximize"}
 
 
@@ -291,7 +345,9 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections (data, model, ...), got {type(raw).__name__}")
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of sections (data, model, ...), got {type(raw).__name__}"
+        )
     parent = raw.pop("extends", None)
     if parent is None:
         return _rebase_paths(raw, path.parent)
@@ -356,7 +412,9 @@ def validate_config(raw: dict, origin: str = "") -> PipelineConfig:
         raise ConfigError(_format_validation_error(e, origin)) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> PipelineConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None
+) -> PipelineConfig:
     """Read a YAML config (following `extends:`), apply `--set` overrides, validate."""
     raw: dict = dict(base or {})
     if path is not None:

@@ -145,7 +145,9 @@ class ShardInfo(_Model):
     """
 
     path: str = Field(description="relative to the manifest's folder")
-    compression: Literal["zstd", "lz4"] | None = Field(None, description="how the stored object is compressed; readers unpack it into the local cache")
+    compression: Literal["zstd", "lz4"] | None = Field(
+        None, description="how the stored object is compressed; readers unpack it into the local cache"
+    )
     raw_bytes: int | None = Field(None, description="size of the unpacked shard (the memory-mappable file)")
     split: Literal["train", "validation", "test"]
     rows: int
@@ -164,7 +166,9 @@ class EncodedGroup(_Model):
     sufficient statistics of its training rows, from which the data set's encoding is fitted."""
 
     shards: list[ShardInfo]
-    train: dict = Field(description="count/mean/M2 per continuous column, value counts per categorical column and of the target")
+    train: dict = Field(
+        description="count/mean/M2 per continuous column, value counts per categorical column and of the target"
+    )
     rows: dict[str, int]
 
 
@@ -172,7 +176,9 @@ class Manifest(_Model):
     version: int = MANIFEST_VERSION
     encoding: EncodingSpec
     encoding_hash: str
-    contract_hash: str = Field(description="hash of what the config decides about the encoding (columns, window, target)")
+    contract_hash: str = Field(
+        description="hash of what the config decides about the encoding (columns, window, target)"
+    )
     data_fingerprint: str
     shards: list[ShardInfo]
     rows: dict[str, int]

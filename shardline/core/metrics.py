@@ -83,9 +83,7 @@ def _values(y: object, name: str) -> np.ndarray:
 
 def _same_length(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
     if a.shape[0] != b.shape[0]:
-        raise ValueError(
-            f"{name_a} and {name_b} have different lengths ({a.shape[0]} vs {b.shape[0]})"
-        )
+        raise ValueError(f"{name_a} and {name_b} have different lengths ({a.shape[0]} vs {b.shape[0]})")
 
 
 # --------------------------------------------------------------------------- metrics
@@ -183,9 +181,7 @@ def majority_baseline_probs(train_class_counts: np.ndarray, n: int) -> np.ndarra
     """
     counts = np.asarray(train_class_counts, dtype=np.float64)
     if counts.ndim != 1 or counts.size == 0:
-        raise ValueError(
-            f"train_class_counts must be a non-empty 1-D array, got shape {counts.shape}"
-        )
+        raise ValueError(f"train_class_counts must be a non-empty 1-D array, got shape {counts.shape}")
     if not np.all(np.isfinite(counts)) or np.any(counts < 0):
         raise ValueError("train_class_counts must be finite and non-negative")
     n = int(n)
@@ -257,9 +253,7 @@ def plot_learning_curves(history: list[dict], path: str | Path) -> Path:
     if not all(isinstance(row, Mapping) for row in history):
         raise ValueError("history must be a list of dicts, one per epoch")
 
-    epochs = np.array(
-        [_as_float(row.get("epoch", i + 1)) for i, row in enumerate(history)], dtype=float
-    )
+    epochs = np.array([_as_float(row.get("epoch", i + 1)) for i, row in enumerate(history)], dtype=float)
     epochs = np.where(np.isfinite(epochs), epochs, np.arange(1, len(history) + 1))
 
     def series(key: str) -> np.ndarray:
@@ -288,8 +282,7 @@ def plot_learning_curves(history: list[dict], path: str | Path) -> Path:
     if plotted:
         ax_loss.legend()
     else:
-        ax_loss.text(0.5, 0.5, "no loss values", ha="center", va="center",
-                     transform=ax_loss.transAxes)
+        ax_loss.text(0.5, 0.5, "no loss values", ha="center", va="center", transform=ax_loss.transAxes)
 
     for key in extra:
         ax_val.plot(epochs, series(key), "-o", label=key, markersize=5)
@@ -299,8 +292,7 @@ def plot_learning_curves(history: list[dict], path: str | Path) -> Path:
     if extra:
         ax_val.legend()
     else:
-        ax_val.text(0.5, 0.5, "no other validation metrics", ha="center", va="center",
-                    transform=ax_val.transAxes)
+        ax_val.text(0.5, 0.5, "no other validation metrics", ha="center", va="center", transform=ax_val.transAxes)
 
     for ax in (ax_loss, ax_val):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -368,17 +360,22 @@ def plot_confusion_matrix(
     ax.set_ylabel("true")
     shown = len(kept)
     ax.set_title(
-        f"Confusion matrix (row-normalised, top {shown} true classes"
-        + (", rest as 'other')" if has_other else ")")
+        f"Confusion matrix (row-normalised, top {shown} true classes" + (", rest as 'other')" if has_other else ")")
     )
     if size <= 25:
         for i in range(size):
             for j in range(size):
                 v = norm[i, j]
                 if v > 0:
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center",
-                            fontsize=max(5, fontsize - 2),
-                            color="white" if v > 0.5 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{v:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=max(5, fontsize - 2),
+                        color="white" if v > 0.5 else "black",
+                    )
     fig.tight_layout()
     return _save_atomic(fig, path)
 
@@ -459,9 +456,7 @@ def format_metrics_table(
         if direction is not None:
             direction = str(direction).strip().lower()
             if direction not in ("maximize", "minimize"):
-                raise ValueError(
-                    f"direction for {key!r} must be 'maximize' or 'minimize', got {direction!r}"
-                )
+                raise ValueError(f"direction for {key!r} must be 'maximize' or 'minimize', got {direction!r}")
         if direction is None or math.isnan(m) or math.isnan(b):
             better = "n/a"
         elif m == b:

@@ -27,7 +27,9 @@ def layout(arrays: dict[str, tuple[str, list[int]]]) -> tuple[int, dict[str, Arr
     return offset, specs
 
 
-def allocate(arrays: dict[str, tuple[str, list[int]]]) -> tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray]]:
+def allocate(
+    arrays: dict[str, tuple[str, list[int]]],
+) -> tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray]]:
     """A shard file's buffer, its layout and a writable view of each array in it: an encoder fills
     the arrays in place, so the file's bytes exist once, never copied into a file image afterwards.
     The padding between arrays is zeroed (deterministic files); the arrays are left for the caller."""
@@ -83,10 +85,12 @@ def unpack_bytes(data: bytes, raw_bytes: int, what: str, codec: str) -> bytes:
     import pyarrow as pa
 
     if codec not in CODECS:
-        raise ValueError(f"{what}: unknown shard compression {codec!r}; this Shardline reads {' or '.join(CODECS)} or none")
+        raise ValueError(
+            f"{what}: unknown shard compression {codec!r}; this Shardline reads {' or '.join(CODECS)} or none"
+        )
     out = pa.Codec(codec).decompress(data, decompressed_size=raw_bytes, asbytes=True)
     if len(out) != raw_bytes:
-        raise IOError(f"{what}: unpacked to {len(out)} bytes, the manifest says {raw_bytes}; re-run the encode step")
+        raise OSError(f"{what}: unpacked to {len(out)} bytes, the manifest says {raw_bytes}; re-run the encode step")
     return out
 
 
@@ -96,7 +100,11 @@ def arrays_in(buffer, specs: dict[str, ArraySpec]) -> dict[str, np.ndarray]:
     for name, s in specs.items():
         dt = np.dtype(s.dtype)
         n = int(np.prod(s.shape))
-        out[name] = np.zeros(s.shape, dtype=dt) if n == 0 else np.frombuffer(buffer, dtype=dt, count=n, offset=s.offset).reshape(s.shape)
+        out[name] = (
+            np.zeros(s.shape, dtype=dt)
+            if n == 0
+            else np.frombuffer(buffer, dtype=dt, count=n, offset=s.offset).reshape(s.shape)
+        )
     return out
 
 
@@ -127,14 +135,20 @@ def pack_layout(shards: list[dict[str, ArraySpec]]) -> tuple[int, dict[str, Arra
     order = sorted(regions, key=lambda r: (r[0] not in JOINED, JOINED.index(r[0]) if r[0] in JOINED else 0, r))
     for name in JOINED:
         if sum(1 for r in order if r[0] == name) > 1:
-            raise ValueError(f"the shards store '{name}' in different types or widths; the shards of a split must share one encoding")
+            raise ValueError(
+                f"the shards store '{name}' in different types or widths; the shards of a split must share one encoding"
+            )
     offset = 0
     base: dict[tuple, int] = {}
     rows: dict[tuple, int] = {}
     for r in order:
         offset += (-offset) % ALIGN
         base[r] = offset
-        n = sum(int(specs[r[0]].shape[0]) for specs in shards if r[0] in specs and (specs[r[0]].dtype, tuple(specs[r[0]].shape[1:])) == r[1:])
+        n = sum(
+            int(specs[r[0]].shape[0])
+            for specs in shards
+            if r[0] in specs and (specs[r[0]].dtype, tuple(specs[r[0]].shape[1:])) == r[1:]
+        )
         rows[r] = n
         offset += n * int(np.prod(r[2], dtype=np.int64)) * np.dtype(r[1]).itemsize
     at = dict.fromkeys(order, 0)

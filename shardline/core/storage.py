@@ -9,10 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from pathlib import Path
 
 import fsspec
@@ -26,7 +25,7 @@ def is_remote(uri: str) -> bool:
 
 
 def local_path(uri: str) -> str:
-    return uri[len("file://"):] if uri.startswith("file://") else uri
+    return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
 def join(root: str, *parts: str) -> str:
@@ -77,36 +76,6 @@ def write_bytes(uri: str, data: bytes) -> None:
 
 def write_text(uri: str, text: str) -> None:
     write_bytes(uri, text.encode())
-
-
-def publish_file(local_src: str | Path, uri: str) -> None:
-    """Move a finished local file to `uri` atomically (rename locally, upload then done remotely)."""
-    local_src = Path(local_src)
-    if is_remote(uri):
-        fs, path = filesystem(uri)
-        fs.put_file(str(local_src), path)
-        local_src.unlink(missing_ok=True)
-        return
-    target = Path(local_path(uri))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(local_src, target)
-    except OSError:  # another device: copy aside, then rename
-        tmp = target.with_name(f"{TMP_MARK}{uuid.uuid4().hex}-{target.name}")
-        shutil.copyfile(local_src, tmp)
-        os.replace(tmp, target)
-        local_src.unlink(missing_ok=True)
-
-
-def staging_path(uri: str, suffix: str = "") -> Path:
-    """A private local file to build an output in before `publish_file`: beside the target when local."""
-    if not is_remote(uri):
-        target = Path(local_path(uri))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return target.with_name(f"{TMP_MARK}{uuid.uuid4().hex}-{target.name}{suffix}")
-    fd, name = tempfile.mkstemp(prefix="shardline-", suffix=suffix)
-    os.close(fd)
-    return Path(name)
 
 
 def sha256_file(path: str | Path, chunk: int = 8 << 20) -> str:
@@ -180,7 +149,9 @@ class ShardCache:
             try:
                 gb = float(env)
             except ValueError:
-                raise ValueError(f"{CACHE_CAP_ENV}={env!r} is not a number; set it to the cache size in GB, e.g. 50") from None
+                raise ValueError(
+                    f"{CACHE_CAP_ENV}={env!r} is not a number; set it to the cache size in GB, e.g. 50"
+                ) from None
             if gb <= 0:
                 raise ValueError(f"{CACHE_CAP_ENV}={env!r} must be positive (GB)")
             return int(gb * 1e9)
@@ -224,8 +195,9 @@ class ShardCache:
         """Evict least recently used, unpinned objects until `size` more bytes fit (caller holds the lock)."""
         if size > self.cap:
             raise CacheFull(
-                f"{uri} is {size / 1e6:.0f} MB but the local shard cache ({self.root}) is capped at {self.cap / 1e6:.0f} MB: "
-                f"raise {CACHE_CAP_ENV} or encode smaller shards (data.shard_mb)"
+                f"{uri} is {size / 1e6:.0f} MB but the local shard cache ({self.root}) is capped at "
+                f"{self.cap / 1e6:.0f} MB: raise {CACHE_CAP_ENV}, or encode smaller shards (a smaller "
+                "data.group_mb or data.files_per_group: a shard is one file group's rows of one split)"
             )
         entries = []
         if self.objects.exists():
@@ -248,13 +220,21 @@ class ShardCache:
             self.evictions += 1
         if used + size > self.cap:
             raise CacheFull(
-                f"the local shard cache ({self.root}) cannot hold {uri} ({size / 1e6:.0f} MB): {used / 1e6:.0f} MB of its "
-                f"{self.cap / 1e6:.0f} MB cap are shards in use; raise {CACHE_CAP_ENV} or encode smaller shards (data.shard_mb)"
+                f"the local shard cache ({self.root}) cannot hold {uri} ({size / 1e6:.0f} MB): "
+                f"{used / 1e6:.0f} MB of its {self.cap / 1e6:.0f} MB cap are shards in use; raise {CACHE_CAP_ENV}, "
+                "or encode smaller shards (a smaller data.group_mb or data.files_per_group)"
             )
         self._reserved[sha256] = size
 
-    def get(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None,
-            derived: Derived | None = None) -> Path:
+    def get(
+        self,
+        uri: str,
+        sha256: str,
+        size: int | None = None,
+        compression: str | None = None,
+        raw_bytes: int | None = None,
+        derived: Derived | None = None,
+    ) -> Path:
         """A local path with the exact bytes of `uri` (checked against `sha256`), downloaded if needed;
         a compressed object is unpacked (to `raw_bytes`) into the cache, ready to memory-map. With
         `derived`, the cached object is `derived.transform(unpacked bytes)`, kept under `derived.key`."""
@@ -265,14 +245,26 @@ class ShardCache:
         if fut is not None:
             try:
                 fut.result()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the read-ahead's error is raised again by the download below
                 pass  # the read-ahead failed: try again here, where the error reaches the caller
         return self._download(uri, sha256, size, compression, raw_bytes, derived)
 
-    def _download(self, uri: str, sha256: str, size: int | None, compression: str | None = None, raw_bytes: int | None = None,
-                  derived: Derived | None = None) -> Path:
+    def _download(
+        self,
+        uri: str,
+        sha256: str,
+        size: int | None,
+        compression: str | None = None,
+        raw_bytes: int | None = None,
+        derived: Derived | None = None,
+    ) -> Path:
         if derived is not None:
-            return self.build(derived.key, derived.nbytes, lambda tmp: _write_all(tmp, derived.transform(read_verified(uri, sha256, compression, raw_bytes))), uri)
+            return self.build(
+                derived.key,
+                derived.nbytes,
+                lambda tmp: _write_all(tmp, derived.transform(read_verified(uri, sha256, compression, raw_bytes))),
+                uri,
+            )
         dest = self.path(sha256)
         if _touch(dest):  # there: recently used
             return dest
@@ -295,7 +287,10 @@ class ShardCache:
                     src = Path(path)
                 got = sha256_file(src)
                 if got != sha256:
-                    raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
+                    raise OSError(
+                        f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the "
+                        "encode step"
+                    )
                 if compression is not None:
                     from shardline.core.shards import decompress_file
 
@@ -336,13 +331,24 @@ class ShardCache:
                 self._reserved.pop(key, None)
         return dest
 
-    def prefetch(self, uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None,
-                 derived: Derived | None = None):
+    def prefetch(
+        self,
+        uri: str,
+        sha256: str,
+        size: int | None = None,
+        compression: str | None = None,
+        raw_bytes: int | None = None,
+        derived: Derived | None = None,
+    ):
         """Start fetching `uri` in the background (read-ahead); `get` waits for it."""
         name = derived.key if derived else sha256
         with self._lock:
             fut = self._inflight.get(name)
-            if fut is not None or (not is_remote(uri) and compression is None and derived is None) or self.path(name).exists():
+            if (
+                fut is not None
+                or (not is_remote(uri) and compression is None and derived is None)
+                or self.path(name).exists()
+            ):
                 return fut
             fut = self._pool.submit(self._download, uri, sha256, size, compression, raw_bytes, derived)
             self._inflight[name] = fut
@@ -384,7 +390,9 @@ def read_verified(uri: str, sha256: str, compression: str | None = None, raw_byt
     data = read_bytes(uri)
     got = hashlib.sha256(data).hexdigest()
     if got != sha256:
-        raise IOError(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step")
+        raise OSError(
+            f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step"
+        )
     if compression is not None:
         from shardline.core.shards import unpack_bytes
 
@@ -392,7 +400,9 @@ def read_verified(uri: str, sha256: str, compression: str | None = None, raw_byt
     return data
 
 
-def fetch_verified(uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None) -> Path:
+def fetch_verified(
+    uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None
+) -> Path:
     """A local path holding the exact bytes of `uri` (checked against `sha256`).
 
     Local files are used in place; remote ones are copied into the size-capped local cache (by

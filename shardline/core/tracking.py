@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from shardline.core import storage
 from shardline.core.config import MlflowConfig
@@ -92,9 +93,15 @@ class Tracker:
             return None
         try:
             return fn(*args, **kwargs)
-        except Exception as e:  # the tracker never kills a run
+        except Exception as e:  # noqa: BLE001 - the tracker never kills a run
             self.alive = False
-            log.warning("MLflow %s failed (%s: %s); training goes on, metrics are kept in %s", what, type(e).__name__, e, self.journal)
+            log.warning(
+                "MLflow %s failed (%s: %s); training goes on, metrics are kept in %s",
+                what,
+                type(e).__name__,
+                e,
+                self.journal,
+            )
             self._journal(what, args, kwargs)
             return None
 
@@ -113,7 +120,9 @@ class Tracker:
         exp = self.client.get_experiment_by_name(self.cfg.experiment)
         if exp is not None:
             return exp.experiment_id
-        return self.client.create_experiment(self.cfg.experiment, artifact_location=artifact_location(self.storage_root))
+        return self.client.create_experiment(
+            self.cfg.experiment, artifact_location=artifact_location(self.storage_root)
+        )
 
     def start(self, run_id: str | None, run_name: str, tags: dict[str, str]) -> str | None:
         """Continue `run_id` if given (a resumed training), else create a new run."""
@@ -121,7 +130,9 @@ class Tracker:
             self.run_id = run_id
             self._guard("update_run", self.client.update_run, run_id, status="RUNNING")
             return run_id
-        run = self._guard("create_run", lambda: self.client.create_run(self.experiment_id(), run_name=run_name, tags=tags))
+        run = self._guard(
+            "create_run", lambda: self.client.create_run(self.experiment_id(), run_name=run_name, tags=tags)
+        )
         self.run_id = run.info.run_id if run is not None else None
         return self.run_id
 
@@ -129,8 +140,9 @@ class Tracker:
         if not self.run_id:
             self._journal("log_metrics", (metrics, step), {})
             return
-        from mlflow.entities import Metric
         import time
+
+        from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
         batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None]
@@ -157,14 +169,6 @@ class Tracker:
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id:
             self._guard("set_terminated", self.client.set_terminated, self.run_id, status=status)
-
-    def run_url(self) -> str | None:
-        if not self.run_id or not self.uri.startswith("http"):
-            return None
-        run = self._guard("get_run", self.client.get_run, self.run_id)
-        if run is None:
-            return None
-        return f"{self.uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{self.run_id}"
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

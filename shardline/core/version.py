@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import threading
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 PACKAGES = ("shardline",)
@@ -49,7 +49,7 @@ def _imports(path: Path, module: str) -> set[str]:
     return found
 
 
-@lru_cache(maxsize=None)
+@cache
 def module_closure(module: str) -> tuple[Path, ...]:
     """The project source files `module` depends on (itself included), sorted."""
     seen: dict[str, Path] = {}
@@ -64,7 +64,7 @@ def module_closure(module: str) -> tuple[Path, ...]:
     return tuple(sorted(set(seen.values())))
 
 
-@lru_cache(maxsize=None)
+@cache
 def code_version_of(*modules: str) -> str:
     h = hashlib.sha256()
     files = sorted({p for m in modules for p in module_closure(m)})
@@ -74,7 +74,7 @@ def code_version_of(*modules: str) -> str:
     return h.hexdigest()[:16]
 
 
-@lru_cache(maxsize=None)
+@cache
 def code_version() -> str:
     """The whole project's code version (every source file)."""
     h = hashlib.sha256()

@@ -26,7 +26,7 @@ def _refreshed(force: str | None) -> set[str]:
         return set()
     if force not in STEPS:
         raise ValueError(f"force='{force}' is not a step; allowed: {list(STEPS)}")
-    return set(STEPS[STEPS.index(force):])
+    return set(STEPS[STEPS.index(force) :])
 
 
 def resolve_config(config: PipelineConfig | dict | str) -> PipelineConfig:
@@ -58,7 +58,9 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     state = train_t(manifest_uri, manifest_hash, config, train, return_state=True)
     trained, ran["train"] = state.result(), state.name != "Cached"
 
-    scores, ran["evaluate"] = run_cached(evaluate, EVALUATE_CACHE, root, "evaluate" in refresh, manifest_uri, trained, config)
+    scores, ran["evaluate"] = run_cached(
+        evaluate, EVALUATE_CACHE, root, "evaluate" in refresh, manifest_uri, trained, config
+    )
 
     registered, ran["register"] = run_cached(
         register, REGISTER_CACHE, root, "register" in refresh, config, snapshot, manifest_uri, trained, scores
@@ -66,9 +68,27 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
 
     return {
         "steps": {step: ("ran" if did else "cached") for step, did in ran.items()},
-        "snapshot": {"files": len(snapshot.files), "skipped": [r.model_dump() for r in snapshot.rejected], "fingerprint": snapshot.fingerprint},
+        "snapshot": {
+            "files": len(snapshot.files),
+            "skipped": [r.model_dump() for r in snapshot.rejected],
+            "fingerprint": snapshot.fingerprint,
+        },
         "manifest": manifest_uri,
-        "train": {k: trained.get(k) for k in ("best_checkpoint", "best_val_loss", "steps", "device", "precision", "mlflow_run_id", "host", "flow_runs", "resumed_from", "run_dir")},
+        "train": {
+            k: trained.get(k)
+            for k in (
+                "best_checkpoint",
+                "best_val_loss",
+                "steps",
+                "device",
+                "precision",
+                "mlflow_run_id",
+                "host",
+                "flow_runs",
+                "resumed_from",
+                "run_dir",
+            )
+        },
         "metrics": scores["metrics"],
         "baseline": scores["baseline"],
         "table": scores["table"],

@@ -26,7 +26,9 @@ def probe(device: str = "auto", precision: str = "auto") -> dict:
         table=[{"field": k, "value": v} for k, v in report.items()],
         description=f"what training can use on {report['host']} (shardline doctor)",
     )
-    print(f"probe on {report['host']}: torch {report['torch']}, CUDA build {report['cuda_build']}, "
-          f"cuda available {report['cuda_available']}, devices {[d['name'] for d in report['devices']]}, "
-          f"training would use {report['would_train_on']} ({report['precision']})")
+    print(
+        f"probe on {report['host']}: torch {report['torch']}, CUDA build {report['cuda_build']}, "
+        f"cuda available {report['cuda_available']}, devices {[d['name'] for d in report['devices']]}, "
+        f"training would use {report['would_train_on']} ({report['precision']})"
+    )
     return report

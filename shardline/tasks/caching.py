@@ -17,9 +17,10 @@ beside its code, as a `CacheRule`: `INGEST_CACHE` (tasks/ingest.py), `ENCODE_GRO
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prefect.cache_policies import CachePolicy
 from prefect.utilities.hashing import hash_objects
@@ -52,7 +53,9 @@ class StepCache(CachePolicy):
     rule: CacheRule | None = None
     results_root: str = ""
 
-    def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
+    def compute_key(
+        self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
+    ) -> str | None:
         rule = self.rule
         key = f"{rule.step}-" + hash_objects(rule.step, code_version_of(*rule.code), rule.key(inputs))
         if rule.still_valid is not None and not getattr(task_ctx.task, "refresh_cache", False):
@@ -65,13 +68,13 @@ class StepCache(CachePolicy):
             if not store.exists(key):
                 return
             value = store.read(key).result
-        except Exception as e:  # an unreadable record is as good as none
+        except Exception as e:  # noqa: BLE001 - an unreadable record is as good as none
             log.warning("cache: record %s unreadable (%s); recomputing %s", key, e, self.rule.step)
             self._delete(key)
             return
         try:
             ok = self.rule.still_valid(value, inputs)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a check that fails counts as stale
             ok = False
             log.warning("cache: checking %s failed (%s)", key, e)
         if not ok:

@@ -1,6 +1,6 @@
 """Encode: each file group read once into shards (in the group's own codes) and its training
 statistics; the data set's encoding is fitted from those and written in the manifest, last.
-(How a shard's own codes map to the data set's encoding: `shardline/codes.py`.)"""
+(How a shard's own codes map to the data set's encoding: `shardline/core/codes.py`.)"""
 
 from __future__ import annotations
 
@@ -15,12 +15,18 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import SPLITS, DataConfig, stable_hash
-from shardline.core.encoding import DataError, contract, contract_hash, empty_stats, encode_splits, fit_spec, one_torch_thread, order_arrays, prepare, split_rows
-from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
+from shardline.core.encoding.columns import DataError, prepare
+from shardline.core.encoding.contract import contract, contract_hash
+from shardline.core.encoding.fit import empty_stats, fit_spec
+from shardline.core.encoding.group import encode_splits, one_torch_thread
+from shardline.core.encoding.splits import split_rows
+from shardline.core.manifest import EncodedGroup, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.core.shards import compress_bytes, window_count
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 
-ENCODER_VERSION = "3"  # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment; 3: one pass, own codes per shard; since 2026-11-23 one set per group, same layout)
+# bump when the shard layout or the encoding rules change (2: narrow target, order once per segment;
+# 3: one pass, own codes per shard; since 2026-11-23 one set per group, same layout)
+ENCODER_VERSION = "3"
 
 
 MIN_GROUPS = 4  # small data sets still encode in parallel
@@ -82,7 +88,7 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
     """Several local files in one multi-threaded polars scan (the fast path); None when they do not
     scan as one table (different column types...): then each file is read alone, naming the bad one."""
     from shardline.core.config import FILE_SEQUENCE
-    from shardline.core.encoding import ORDER, SEQ
+    from shardline.core.encoding.columns import ORDER, SEQ
 
     paths = [storage.local_path(u) for u in uris]
     by_file = data.sequence_key in (None, FILE_SEQUENCE) or data.order_by is None  # rows need their file's name
@@ -90,11 +96,15 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
     if by_file and paths != uris:
         name = name.replace_strict(dict(zip(paths, uris)), return_dtype=pl.Utf8)
     seq = name if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
-    order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file") if data.order_by is None else pl.col(data.order_by).to_physical().cast(pl.Int64)
+    order = (
+        pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
+        if data.order_by is None
+        else pl.col(data.order_by).to_physical().cast(pl.Int64)
+    )
     try:  # `__seq` and `__order` made inside the scan's query: no second pass over the rows
         scan = pl.scan_parquet(paths, include_file_paths="__file") if by_file else pl.scan_parquet(paths)
         df = scan.select([*(columns or data.raw_columns()), seq.alias(SEQ), order.alias(ORDER)]).collect()
-    except Exception:
+    except Exception:  # noqa: BLE001 - files that do not scan as one table: read one by one, naming the bad one
         return None
     for col in (data.target.column, data.sequence_key, data.order_by):
         if col and col != FILE_SEQUENCE and df[col].null_count():
@@ -110,7 +120,9 @@ def read_group(files: list[RawFile] | list[str], data: DataConfig, columns: list
     return df
 
 
-def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: DataConfig, out_dir: str) -> EncodedGroup:
+def encode_group_to_shards(
+    files: list[RawFile] | list[str], group: int, data: DataConfig, out_dir: str
+) -> EncodedGroup:
     """Encode one group of raw files, read once, into one shard per split under `out_dir` (each
     written atomically) in the group's own codes, and gather its training rows' statistics.
     One writer thread per shard compresses, hashes and stores it: the stores overlap, so the
@@ -123,16 +135,16 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: D
     with one_torch_thread():
         encoded = encode_splits(frame, splits, data)
     del frame
-    train = encoded["train"][5] if "train" in encoded else None
+    train = encoded["train"].stats if "train" in encoded else None
     pending = []
     with ThreadPoolExecutor(max(1, len(encoded)), thread_name_prefix="shardline-write") as writer:
         for split in SPLITS:
             if split not in encoded:
                 continue
             # the file's bytes were built in memory; compressed there, written once (atomically)
-            raw, specs, arrays, keys, codes, _ = encoded.pop(split)
+            raw, specs, arrays, keys, codes, _ = encoded.pop(split)  # an EncodedSplit
             name = f"g{group:05d}-{split}"
-            a0, a1 = splits[split][:2]
+            a0, a1 = splits[split].first, splits[split].end
             info = dict(
                 path=f"{name}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
                 compression=codec,
@@ -145,10 +157,22 @@ def encode_group_to_shards(files: list[RawFile] | list[str], group: int, data: D
                 keys_path=f"{name}.keys.parquet",
                 local=codes,
             )
-            pending.append((info, writer.submit(_store, raw, codec, storage.join(out_dir, info["path"]), keys, storage.join(out_dir, info["keys_path"]))))
+            pending.append(
+                (
+                    info,
+                    writer.submit(
+                        _store,
+                        raw,
+                        codec,
+                        storage.join(out_dir, info["path"]),
+                        keys,
+                        storage.join(out_dir, info["keys_path"]),
+                    ),
+                )
+            )
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    rows = {s: (splits[s][1] - splits[s][0]) if s in splits else 0 for s in SPLITS}
+    rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in SPLITS}
     return EncodedGroup(shards=infos, train=train or empty_stats(data), rows=rows)
 
 
@@ -170,22 +194,21 @@ def keys_parquet(keys: list[str]) -> memoryview:
     import pyarrow.parquet as pq
 
     sink = pa.BufferOutputStream()
-    pq.write_table(pa.table({"segment": pa.array(np.arange(len(keys), dtype=np.int64)), "sequence": pa.array(keys, pa.string())}), sink)
+    pq.write_table(
+        pa.table({"segment": pa.array(np.arange(len(keys), dtype=np.int64)), "sequence": pa.array(keys, pa.string())}),
+        sink,
+    )
     out = sink.getvalue()
     return memoryview(out)[: out.size]  # the file's bytes only (see `compress_bytes`)
-
-
-def compact(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The shard's arrays at their smallest without changing a value (see `order_arrays`)."""
-    out = {k: a for k, a in arrays.items() if k != "order"}
-    return {**out, **order_arrays(arrays["order"], arrays["offsets"])}
 
 
 def check_splits(windows: dict[str, int], data: DataConfig) -> None:
     empty = [s for s in SPLITS if windows.get(s, 0) == 0]
     if empty:
         how = (
-            f"data.split.fractions={data.split.fractions}" if data.split.method == "hash" else f"data.split.ranges={data.split.ranges}"
+            f"data.split.fractions={data.split.fractions}"
+            if data.split.method == "hash"
+            else f"data.split.ranges={data.split.ranges}"
         )
         raise DataError(
             f"the split leaves {', '.join(empty)} with no window (windows per split: {windows}; {how}, "
@@ -214,12 +237,13 @@ def build_manifest(snapshot: Snapshot, groups: list[EncodedGroup], data: DataCon
 
 
 def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
-    """The manifest at `manifest_uri` if it and every shard it lists are there (and, when deep, match their checksums)."""
+    """The manifest at `manifest_uri` if it and every shard it lists are there (and, when deep, match
+    their checksums)."""
     if not storage.exists(manifest_uri):
         return None
     try:
         manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
-    except Exception:
+    except Exception:  # noqa: BLE001 - an unreadable manifest is no manifest
         return None
     folder = manifest_uri.rsplit("/", 1)[0]
     for s in manifest.shards:
@@ -239,26 +263,37 @@ def encode_group(files: list[RawFile], group: int, n_groups: int, data: DataConf
     t0 = time.perf_counter()
     result = encode_group_to_shards(files, group, data, out_dir)
     get_run_logger().info(
-        "encode: group %d/%d done: %d file(s), %d rows in %.1fs", group + 1, n_groups, len(files), sum(result.rows.values()), time.perf_counter() - t0
+        "encode: group %d/%d done: %d file(s), %d rows in %.1fs",
+        group + 1,
+        n_groups,
+        len(files),
+        sum(result.rows.values()),
+        time.perf_counter() - t0,
     )
     return result
 
 
 @task(name="write-manifest")
 def write_manifest(snapshot: Snapshot, groups: list[EncodedGroup], data: DataConfig, out_dir: str) -> str:
-    """Fit the encoding, check the splits and publish the manifest (last: until it exists, the shards are not a data set)."""
+    """Fit the encoding, check the splits and publish the manifest (last: until it exists, the shards
+    are not a data set)."""
     manifest = build_manifest(snapshot, groups, data)
     uri = storage.join(out_dir, "manifest.json")
     storage.write_text(uri, manifest.model_dump_json(indent=1))
     get_run_logger().info(
         "encode: manifest %s: rows %s, windows %s, %.1f MB of shards",
-        uri, manifest.rows, manifest.windows, sum(s.bytes for s in manifest.shards) / 1e6,
+        uri,
+        manifest.rows,
+        manifest.windows,
+        sum(s.bytes for s in manifest.shards) / 1e6,
     )
     return uri
 
 
 def _data_key(data: DataConfig) -> dict:
-    return data.model_dump(mode="json", exclude={"source", "on_bad_file", "files_per_group", "group_mb", "encode_workers"})
+    return data.model_dump(
+        mode="json", exclude={"source", "on_bad_file", "files_per_group", "group_mb", "encode_workers"}
+    )
 
 
 def shards_intact(infos: list[ShardInfo], out_dir: str) -> bool:
@@ -300,7 +335,9 @@ def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: boo
     out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
     groups = file_groups(snapshot, data)
     workers = encode_workers(data)
-    log.info("encode: %d file(s) in %d group(s), %d at a time -> %s", len(snapshot.files), len(groups), workers, out_dir)
+    log.info(
+        "encode: %d file(s) in %d group(s), %d at a time -> %s", len(snapshot.files), len(groups), workers, out_dir
+    )
     enc_t = cached(encode_group, ENCODE_GROUP_CACHE, storage_root, refresh)
     # at most `workers` groups in flight: the encode's memory is bounded by the group size times
     # that, not by the data set (a mapped task would start every group at once on a thread pool)
@@ -310,7 +347,9 @@ def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: boo
             enc_futures[len(enc_futures) - workers].wait()
         enc_futures.append(enc_t.submit(g, i, n_groups=len(groups), data=data, out_dir=out_dir))
     results = [f.result() for f in enc_futures]
-    uri, manifest_ran = run_cached(write_manifest, MANIFEST_CACHE, storage_root, refresh, snapshot, results, data, out_dir)
+    uri, manifest_ran = run_cached(
+        write_manifest, MANIFEST_CACHE, storage_root, refresh, snapshot, results, data, out_dir
+    )
     ran = any(not f.state.name == "Cached" for f in enc_futures) or manifest_ran
     return uri, ran
 

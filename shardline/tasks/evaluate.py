@@ -79,7 +79,11 @@ def evaluate(manifest_uri: str, train_result: dict, config: PipelineConfig) -> d
     """Score the best checkpoint on the test split against the trivial baseline; write plots and predictions."""
     log = get_run_logger()
     local = not storage.is_remote(train_result["run_dir"])
-    out_dir = Path(storage.local_path(storage.join(train_result["run_dir"], "eval"))) if local else Path(tempfile.mkdtemp(prefix="shardline-eval-"))
+    out_dir = (
+        Path(storage.local_path(storage.join(train_result["run_dir"], "eval")))
+        if local
+        else Path(tempfile.mkdtemp(prefix="shardline-eval-"))
+    )
     result = evaluate_model(manifest_uri, train_result, config, out_dir)
     if not local:  # keep the evaluation beside the checkpoints in the storage root
         for f in result["files"]:

@@ -10,7 +10,7 @@ from prefect import task
 from prefect.logging import get_run_logger
 
 from shardline.core.config import FILE_SEQUENCE, DataConfig
-from shardline.core.encoding import DataError
+from shardline.core.encoding.columns import DataError
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
 from shardline.core.storage import filesystem, is_remote
 from shardline.tasks.caching import CacheRule
@@ -142,7 +142,7 @@ def snapshot_source(data: DataConfig) -> Snapshot:
         try:
             with fs.open(path, "rb") as f:
                 schema = pq.read_schema(f)
-        except Exception as e:  # unreadable footer: a truncated or non-parquet file
+        except Exception as e:  # noqa: BLE001 - unreadable footer: a truncated or non-parquet file
             rejected.append(RejectedFile(uri=uri, reason=f"not a readable parquet file ({type(e).__name__}: {e})"))
             continue
         problems = check_schema(schema, data)
@@ -157,7 +157,9 @@ def snapshot_source(data: DataConfig) -> Snapshot:
             "Fix or remove them, or set data.on_bad_file: skip to train without them."
         )
     if not files:
-        raise DataError(f"data.source '{data.source}': none of the {len(uris)} file(s) can be used; see the reasons above")
+        raise DataError(
+            f"data.source '{data.source}': none of the {len(uris)} file(s) can be used; see the reasons above"
+        )
     return Snapshot(source=data.source, files=files, rejected=rejected, fingerprint=Snapshot.fingerprint_of(files))
 
 
@@ -166,7 +168,12 @@ def ingest(data: DataConfig) -> Snapshot:
     """List the raw files and check their schemas; return the snapshot."""
     log = get_run_logger()
     snap = snapshot_source(data)
-    log.info("ingest: %d file(s), %.1f MB, fingerprint %s", len(snap.files), sum(f.size for f in snap.files) / 1e6, snap.fingerprint[:12])
+    log.info(
+        "ingest: %d file(s), %.1f MB, fingerprint %s",
+        len(snap.files),
+        sum(f.size for f in snap.files) / 1e6,
+        snap.fingerprint[:12],
+    )
     for r in snap.rejected:
         log.warning("ingest: skipped %s: %s", r.uri, r.reason)
     return snap
@@ -178,7 +185,7 @@ def _is_transient(state) -> bool:
         state.result()
     except (DataError, ValueError):
         return False
-    except Exception:
+    except Exception:  # noqa: BLE001 - anything else (I/O, network) is transient: retried
         return True
     return False
 
@@ -186,5 +193,7 @@ def _is_transient(state) -> bool:
 # What decides the snapshot: the listing under data.source (each file's path, size and etag/mtime)
 # and the data config it is checked against.
 INGEST_CACHE = CacheRule(
-    "ingest", key=lambda inputs: (source_listing(inputs["data"]), inputs["data"].model_dump(mode="json")), code=(__name__,)
+    "ingest",
+    key=lambda inputs: (source_listing(inputs["data"]), inputs["data"].model_dump(mode="json")),
+    code=(__name__,),
 )

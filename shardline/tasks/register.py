@@ -15,10 +15,10 @@ from prefect.logging import get_run_logger
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.manifest import Manifest, Snapshot
-from shardline.trainer.serving import bundle_dict, input_columns, key_columns
-from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri
+from shardline.core.tracking import Tracker, fluent_tracking_uri
 from shardline.core.version import code_version
 from shardline.tasks.caching import CacheRule
+from shardline.trainer.serving import bundle_dict, input_columns, key_columns
 
 PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
 
@@ -69,7 +69,9 @@ def champion_gate(client, name: str, metric: str, direction: str, new_value: flo
     return better, {"version": current.version, "value": old}
 
 
-def register_model(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict) -> dict:
+def register_model(
+    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict
+) -> dict:
     import mlflow
     import torch
 
@@ -118,7 +120,9 @@ def register_model(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str
         version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
     for k, v in eval_result["metrics"].items():
         client.set_model_version_tag(config.mlflow.model_name, version.version, f"metric.{k}", str(v))
-    promote, previous = champion_gate(client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value)
+    promote, previous = champion_gate(
+        client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
+    )
     alias = "champion" if promote else "challenger"
     client.set_registered_model_alias(config.mlflow.model_name, alias, version.version)
     return {
@@ -135,14 +139,18 @@ def register_model(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str
 
 
 @task(name="register")
-def register(config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict) -> dict:
+def register(
+    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict
+) -> dict:
     """Log the raw-rows model with its metrics and plots; register a version; move the champion alias on merit."""
     log = get_run_logger()
     reg = register_model(config, snapshot, manifest_uri, train_result, eval_result)
     prev = reg["previous_champion"]
     verdict = (
-        f"promoted to **champion** (previous champion v{prev['version']}: {prev['value']})" if reg["alias"] == "champion" and prev
-        else "the first **champion**" if reg["alias"] == "champion"
+        f"promoted to **champion** (previous champion v{prev['version']}: {prev['value']})"
+        if reg["alias"] == "champion" and prev
+        else "the first **champion**"
+        if reg["alias"] == "champion"
         else f"kept as **challenger**: champion v{prev['version']} has {reg['promotion_metric']}={prev['value']}"
     )
     skipped = "".join(f"\n- skipped `{r.uri}`: {r.reason}" for r in snapshot.rejected)
@@ -166,7 +174,7 @@ def version_exists(reg: dict, inputs: dict | None = None) -> bool:
 
     try:
         version = MlflowClient(reg["tracking_uri"]).get_model_version(reg["model_name"], str(reg["version"]))
-    except Exception:
+    except Exception:  # noqa: BLE001 - any registry error: the cached version cannot be trusted
         return False
     return version.run_id == reg["run_id"]
 

@@ -11,7 +11,7 @@ A run that Failed (a real error in the code, the config or the data) is not disp
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from prefect import task
 from prefect.logging import get_run_logger
@@ -27,7 +27,9 @@ class TrainingRunFailed(RuntimeError):
 
 
 @task(name="train")
-def train_step(manifest_uri: str, manifest_hash: str, config: PipelineConfig, train_here: Callable[[str, PipelineConfig], dict]) -> dict:
+def train_step(
+    manifest_uri: str, manifest_hash: str, config: PipelineConfig, train_here: Callable[[str, PipelineConfig], dict]
+) -> dict:
     """Train on the manifest's shards where the config says: in this process (`train_here`, the training
     flow as a subflow), or on the training deployment's work pool."""
     if config.compute.train_on == "deployment":
@@ -36,7 +38,8 @@ def train_step(manifest_uri: str, manifest_hash: str, config: PipelineConfig, tr
 
 
 def was_preempted(state) -> bool:
-    """Crashed (infrastructure gone), or stopped by SIGTERM/SIGINT after its checkpoint (shardline.trainer.loop.Preempted)."""
+    """Crashed (infrastructure gone), or stopped by SIGTERM/SIGINT after its checkpoint
+    (shardline.trainer.loop.Preempted)."""
     if state.is_crashed():
         return True
     return state.is_failed() and "Preempted" in (state.message or "")
@@ -45,14 +48,21 @@ def was_preempted(state) -> bool:
 def live_training_run(run_tag: str):
     """A scheduled, pending or running flow run already training the run that `run_tag` names, if any."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
     from prefect.client.schemas.objects import StateType
 
     with get_client(sync_client=True) as client:
         live = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
                 tags=FlowRunFilterTags(all_=[run_tag]),
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])),
+                state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
+                ),
             ),
             limit=1,
         )
@@ -84,7 +94,8 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig) -> dict:
     if not storage.is_remote(config.storage.root):
         log.warning(
             "compute.train_on=deployment with a local storage.root (%s): the training workers must see the same "
-            "disk. Use an object store (s3://...) for workers on other machines.", config.storage.root,
+            "disk. Use an object store (s3://...) for workers on other machines.",
+            config.storage.root,
         )
     folder = run_dir(config, load_manifest(manifest_uri, config))
     result_uri = storage.join(folder, RESULT_FILE)
@@ -100,31 +111,52 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig) -> dict:
             flow_run = wait_for_flow_run(live.id, c.dispatch_timeout_seconds, c.poll_seconds)
         else:
             flow_run = run_deployment(
-                name=c.train_deployment, parameters=parameters, job_variables=c.job_variables or None,
-                timeout=c.dispatch_timeout_seconds, poll_interval=c.poll_seconds, as_subflow=True,
+                name=c.train_deployment,
+                parameters=parameters,
+                job_variables=c.job_variables or None,
+                timeout=c.dispatch_timeout_seconds,
+                poll_interval=c.poll_seconds,
+                as_subflow=True,
                 tags=["shardline", run_tag],
             )
         state = flow_run.state
-        runs.append({"name": flow_run.name, "id": str(flow_run.id), "state": state.name if state else None,
-                     "message": state.message if state else None})
-        log.info("train: dispatched run %s on %s ended %s", flow_run.name, c.train_deployment, state.name if state else "?")
+        runs.append(
+            {
+                "name": flow_run.name,
+                "id": str(flow_run.id),
+                "state": state.name if state else None,
+                "message": state.message if state else None,
+            }
+        )
+        log.info(
+            "train: dispatched run %s on %s ended %s", flow_run.name, c.train_deployment, state.name if state else "?"
+        )
         if state is not None and state.is_completed():
             result = json.loads(storage.read_text(result_uri))
             return {**result, "flow_runs": runs}
         if state is None or not state.is_final():
             raise TrainingRunFailed(
-                f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment} was still {state.name if state else 'unknown'} "
-                f"after compute.dispatch_timeout_seconds={c.dispatch_timeout_seconds}; is a worker polling its work pool? "
+                f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment} was still "
+                f"{state.name if state else 'unknown'} "
+                f"after compute.dispatch_timeout_seconds={c.dispatch_timeout_seconds}; is a worker polling its work "
+                "pool? "
                 "(shardline doctor CONFIG checks)"
             )
         if not was_preempted(state):
             raise TrainingRunFailed(
-                f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment} ended {state.name}: {state.message}. "
+                f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment} ended {state.name}: "
+                f"{state.message}. "
                 "Not dispatched again: fix the error (its logs are in the Prefect UI) and rerun."
             )
         if attempt < c.max_preemptions:
-            log.warning("train: run %s was %s (%s); dispatching again (%d of %d), it resumes from its newest checkpoint",
-                        flow_run.name, state.name, state.message, attempt + 1, c.max_preemptions)
+            log.warning(
+                "train: run %s was %s (%s); dispatching again (%d of %d), it resumes from its newest checkpoint",
+                flow_run.name,
+                state.name,
+                state.message,
+                attempt + 1,
+                c.max_preemptions,
+            )
     raise TrainingRunFailed(
         f"training on {c.train_deployment} was preempted {c.max_preemptions + 1} times "
         f"(runs: {', '.join(r['name'] + ' ' + r['id'] for r in runs)}); "

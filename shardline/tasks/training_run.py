@@ -15,7 +15,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig, stable_hash
-from shardline.core.encoding import contract, contract_differences, contract_hash, contract_of
+from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import Manifest
 from shardline.core.tracking import Tracker, flatten
 from shardline.core.version import code_version
@@ -26,7 +26,9 @@ RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_train
 def run_dir(config: PipelineConfig, manifest: Manifest) -> str:
     """Where one training run's checkpoints and evaluation live: addressed by data + model + training config."""
     training = config.training.model_dump(mode="json", exclude=set(config.training.RESUMABLE_CHANGES))
-    key = stable_hash({"manifest": manifest.hash(), "model": config.model.model_dump(mode="json"), "training": training})[:20]
+    key = stable_hash(
+        {"manifest": manifest.hash(), "model": config.model.model_dump(mode="json"), "training": training}
+    )[:20]
     return storage.join(config.storage.root, "runs", key)
 
 
@@ -60,16 +62,26 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
     folder = run_dir(config, manifest)
     ckpt_dir = storage.join(folder, "checkpoints")
     # the resolved config (after extends and --set) is stored with what it produced
-    storage.write_text(storage.join(folder, "config.yaml"), yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    storage.write_text(
+        storage.join(folder, "config.yaml"), yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    )
 
-    tracker = Tracker(config.mlflow, config.storage.root, journal=None if storage.is_remote(folder) else storage.join(folder, "mlflow-journal.jsonl"))
+    tracker = Tracker(
+        config.mlflow,
+        config.storage.root,
+        journal=None if storage.is_remote(folder) else storage.join(folder, "mlflow-journal.jsonl"),
+    )
     # one MLflow run per training run, however often it is interrupted: its id is kept beside the checkpoints
     run_file = storage.join(folder, "mlflow-run.json")
     prev_run = json.loads(storage.read_text(run_file))["run_id"] if storage.exists(run_file) else None
     run_id = tracker.start(
         prev_run,
         run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
-        tags={"shardline.config_hash": config.hash(), "shardline.data_fingerprint": manifest.data_fingerprint, "shardline.code_version": code_version()},
+        tags={
+            "shardline.config_hash": config.hash(),
+            "shardline.data_fingerprint": manifest.data_fingerprint,
+            "shardline.code_version": code_version(),
+        },
     )
     if run_id and run_id != prev_run:
         storage.write_text(run_file, json.dumps({"run_id": run_id, "tracking_uri": tracker.uri}))
@@ -99,8 +111,14 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
     mspec = model_spec(config.model, n_cont, spec.cat_cardinalities, spec.window, spec.target.n_outputs)
     try:
         result = fit(
-            train_data, val_data, mspec, config.training, spec.target.task, ckpt_dir,
-            on_step=on_step, on_epoch=on_epoch,
+            train_data,
+            val_data,
+            mspec,
+            config.training,
+            spec.target.task,
+            ckpt_dir,
+            on_step=on_step,
+            on_epoch=on_epoch,
             run_meta={"mlflow_run_id": run_id, "config_hash": config.hash(), "manifest": manifest_uri},
             log=log.info,
         )

@@ -9,12 +9,27 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "pick_device": "device", "pick_precision": "device", "autocast": "device", "needs_grad_scaler": "device",
-    "Batch": "data", "SplitData": "data", "WindowLoader": "data", "open_split": "data",
-    "build_model": "models", "model_from_spec": "models", "model_spec": "models",
-    "save_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint", "best_checkpoint": "checkpoint",
+    "pick_device": "device",
+    "pick_precision": "device",
+    "autocast": "device",
+    "needs_grad_scaler": "device",
+    "Batch": "data",
+    "SplitData": "data",
+    "WindowLoader": "data",
+    "open_split": "data",
+    "build_model": "models",
+    "model_from_spec": "models",
+    "model_spec": "models",
+    "save_checkpoint": "checkpoint",
+    "latest_checkpoint": "checkpoint",
+    "best_checkpoint": "checkpoint",
     "load_checkpoint": "checkpoint",
-    "fit": "loop", "predict": "loop", "load_model": "loop", "evaluate": "loop", "FitResult": "loop", "Preempted": "loop",
+    "fit": "loop",
+    "predict": "loop",
+    "load_model": "loop",
+    "evaluate": "loop",
+    "FitResult": "loop",
+    "Preempted": "loop",
     "PREEMPTED_EXIT_CODE": "loop",
 }
 

@@ -116,7 +116,7 @@ def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: b
         "file": name,
         "sha256": hashlib.sha256(data).hexdigest(),
         "bytes": len(data),
-        "saved_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "saved_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     storage.write_text(sidecar_uri(pt_uri), json.dumps(sidecar, indent=2, sort_keys=True))
     _test_pause(name, "sidecar")
@@ -206,7 +206,9 @@ def load_checkpoint(uri: str) -> dict:
     data = storage.read_bytes(uri)
     side = _read_json(sidecar_uri(uri)) if uri.endswith(".pt") else None
     if side and side.get("sha256") and hashlib.sha256(data).hexdigest() != side["sha256"]:
-        raise IOError(f"{uri}: checksum does not match its sidecar ({side['sha256'][:12]}): the file is damaged or half-written")
+        raise OSError(
+            f"{uri}: checksum does not match its sidecar ({side['sha256'][:12]}): the file is damaged or half-written"
+        )
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 

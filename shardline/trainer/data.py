@@ -22,7 +22,9 @@ from shardline.core.manifest import Manifest
 from shardline.core.shards import arrays_in, map_file, pack_layout, read_arrays, window_starts
 from shardline.core.storage import ShardCache, is_remote, join, local_path, read_verified, shared_cache
 
-LOADER_STATE_VERSION = 3  # 3: a plain global permutation (the split is joined: no grouping by shard); shard-then-window when streaming
+LOADER_STATE_VERSION = (
+    3  # 3: a plain global permutation (the split is joined: no grouping by shard); shard-then-window when streaming
+)
 ARRAYS = ("cont", "cat", "target", "order", "offsets")
 CHUNK_BYTES = 2 << 20  # the loader gathers about this many bytes of windows at a time
 MAX_BATCHES_PER_GATHER = 16
@@ -93,7 +95,14 @@ class ShardView:
     """One shard's arrays (or a split pack's joined arrays), with its window start rows; window w
     is `cont.gather(starts[w:w+1])`, its target `target[starts[w] + shift]`."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], window: int, horizon: int, name: str = "shard", starts: np.ndarray | None = None):
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        window: int,
+        horizon: int,
+        name: str = "shard",
+        starts: np.ndarray | None = None,
+    ):
         missing = [a for a in ("cont", "cat", "target") + (("offsets",) if starts is None else ()) if a not in arrays]
         if missing:
             raise ValueError(f"{name} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
@@ -123,19 +132,25 @@ class ShardView:
 class _Ref:
     """A shard of a split: open (arrays in hand) or to be fetched from storage through the cache."""
 
-    def __init__(self, windows: int, view: ShardView | None = None, info=None, uri: str | None = None, cache=None, glob=None):
+    def __init__(
+        self, windows: int, view: ShardView | None = None, info=None, uri: str | None = None, cache=None, glob=None
+    ):
         self.windows = windows
         self.view = view
         self.info = info
         self.uri = uri
         self.cache = cache
         self.pinned = False
-        self.specs = glob.specs(info) if glob is not None and info is not None else (info.arrays if info is not None else None)
+        self.specs = (
+            glob.specs(info) if glob is not None and info is not None else (info.arrays if info is not None else None)
+        )
         self.derived = None  # a shard in its own codes is cached already mapped to the data set's encoding
         if glob is not None and info is not None and info.local is not None:
             from shardline.core.storage import Derived
 
-            key = hashlib.sha256(json.dumps({"mapped": 1, "shard": info.sha256, "encoding": glob.spec.hash()}).encode()).hexdigest()
+            key = hashlib.sha256(
+                json.dumps({"mapped": 1, "shard": info.sha256, "encoding": glob.spec.hash()}).encode()
+            ).hexdigest()
             self.derived = Derived(key, glob.nbytes(info), lambda raw, info=info: glob.shard_bytes(raw, info))
 
     @property
@@ -165,7 +180,15 @@ class SplitData:
             self._join(joined, [int(np.asarray(a["cont"]).shape[0]) for a in shards])
 
     @classmethod
-    def _from_refs(cls, refs: list[_Ref], window: int, horizon: int, streaming: bool, joined: dict | None = None, rows: list[int] | None = None) -> SplitData:
+    def _from_refs(
+        cls,
+        refs: list[_Ref],
+        window: int,
+        horizon: int,
+        streaming: bool,
+        joined: dict | None = None,
+        rows: list[int] | None = None,
+    ) -> SplitData:
         self = cls.__new__(cls)
         self._setup(refs, window, horizon, streaming)
         if joined is not None:
@@ -182,15 +205,21 @@ class SplitData:
         self.streaming = streaming
         self._refs = refs
         self._lock = threading.Lock()
-        self._joined: ShardView | None = refs[0].view if len(refs) == 1 and refs[0].view is not None and not streaming else None
+        self._joined: ShardView | None = (
+            refs[0].view if len(refs) == 1 and refs[0].view is not None and not streaming else None
+        )
         counts = np.array([r.windows for r in refs], dtype=np.int64)
-        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # window number of each shard's first window
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(
+            np.int64
+        )  # window number of each shard's first window
         self.n_windows = int(self._first[-1])
         self.n_shards = len(refs)
         if refs:
             cont, cat, target = self._meta(0)
             self.n_cont, self.n_cat = int(cont[1][1]), int(cat[1][1])
-            self.cont_dtype, self.cat_dtype, self.target_dtype = (torch.from_numpy(np.zeros(0, np.dtype(d))).dtype for d in (cont[0], cat[0], target[0]))
+            self.cont_dtype, self.cat_dtype, self.target_dtype = (
+                torch.from_numpy(np.zeros(0, np.dtype(d))).dtype for d in (cont[0], cat[0], target[0])
+            )
             for i in range(1, len(refs)):
                 c, k, t = self._meta(i)
                 if c[1][1] != self.n_cont or k[1][1] != self.n_cat:
@@ -199,7 +228,10 @@ class SplitData:
                         f"{self.n_cont} / {self.n_cat}: the shards of a split must share one encoding"
                     )
                 if (c[0], k[0], t[0]) != (cont[0], cat[0], target[0]):
-                    raise ValueError(f"shard {i} stores {c[0]}/{k[0]}/{t[0]}, shard 0 {cont[0]}/{cat[0]}/{target[0]}: one encoding per split")
+                    raise ValueError(
+                        f"shard {i} stores {c[0]}/{k[0]}/{t[0]}, shard 0 {cont[0]}/{cat[0]}/{target[0]}: one "
+                        "encoding per split"
+                    )
         else:
             self.n_cont = self.n_cat = 0
             self.cont_dtype, self.cat_dtype, self.target_dtype = torch.float32, torch.int64, torch.int64
@@ -209,7 +241,11 @@ class SplitData:
         """Every shard's cont/cat/target as one array each (the shards' rows end to end): window w
         starts at its shard's first row plus its start inside the shard, and any batch is one gather."""
         base = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
-        starts = np.concatenate([r.view.starts + b for r, b in zip(self._refs, base)]) if self._refs else np.zeros(0, np.int64)
+        starts = (
+            np.concatenate([r.view.starts + b for r, b in zip(self._refs, base)])
+            if self._refs
+            else np.zeros(0, np.int64)
+        )
         self._joined = ShardView(joined, self.window, self.horizon, name="split", starts=starts.astype(np.int64))
 
     def _meta(self, i: int) -> tuple:
@@ -222,14 +258,18 @@ class SplitData:
         missing = [a for a in ("cont", "cat", "target", "offsets") if a not in spec]
         if missing:
             raise ValueError(f"shard {r.info.path} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
-        return tuple((np.dtype(spec[n].dtype).str, list(spec[n].shape) + ([0] if len(spec[n].shape) == 1 else [])) for n in ("cont", "cat", "target"))
+        return tuple(
+            (np.dtype(spec[n].dtype).str, list(spec[n].shape) + ([0] if len(spec[n].shape) == 1 else []))
+            for n in ("cont", "cat", "target")
+        )
 
     def __len__(self) -> int:
         return self.n_windows
 
     def __repr__(self) -> str:
         return (
-            f"SplitData(shards={self.n_shards}, windows={self.n_windows}, window={self.window}, horizon={self.horizon}, "
+            f"SplitData(shards={self.n_shards}, windows={self.n_windows}, window={self.window}, "
+            f"horizon={self.horizon}, "
             f"n_cont={self.n_cont}, n_cat={self.n_cat}, task={self.task}{', streaming' if self.streaming else ''})"
         )
 
@@ -250,8 +290,10 @@ class SplitData:
                 v = ShardView(read_arrays(local, r.specs), self.window, self.horizon, name=f"shard {r.info.path}")
                 if len(v.starts) != r.windows:
                     raise ValueError(
-                        f"shard {r.info.path}: the manifest lists {r.windows} windows but its offsets give {len(v.starts)} "
-                        f"(window={self.window}, horizon={self.horizon}); the manifest and shard disagree: re-run the encode step"
+                        f"shard {r.info.path}: the manifest lists {r.windows} windows but its offsets give "
+                        f"{len(v.starts)} "
+                        f"(window={self.window}, horizon={self.horizon}); the manifest and shard disagree: re-run "
+                        "the encode step"
                     )
                 r.view = v
             return r.view
@@ -368,6 +410,7 @@ class SplitData:
     def window_keys(self) -> dict[str, np.ndarray]:
         """Per window, in window order: its shard, the segment (sequence) of its target row in that shard,
         the target row, and that row's `order` value (-1 when the shard has no order)."""
+
         def keys(v: ShardView, s: int):
             row = v.starts + v.shift
             segment = np.searchsorted(np.asarray(v.arrays["offsets"]), row, side="right") - 1
@@ -375,7 +418,7 @@ class SplitData:
 
         parts = self._per_shard(keys)
         shard = np.repeat(np.arange(self.n_shards, dtype=np.int64), np.diff(self._first))
-        cat = lambda i: np.concatenate([p[i] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
+        cat = lambda i: np.concatenate([p[i] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
         return {"shard": shard, "segment": cat(1), "row": cat(0), "order": cat(2)}
 
     def targets(self) -> np.ndarray:
@@ -391,7 +434,9 @@ def manifest_folder(manifest_uri: str) -> str:
     return uri.rsplit("/", 1)[0] if "/" in uri else "."
 
 
-def open_split(manifest: Manifest, manifest_uri: str, split: str, mmap: bool = True, cache: ShardCache | None = None) -> SplitData:
+def open_split(
+    manifest: Manifest, manifest_uri: str, split: str, mmap: bool = True, cache: ShardCache | None = None
+) -> SplitData:
     """The windows of `split`.
 
     When the split fits in half the size-capped local cache, its shards are fetched (checked against
@@ -420,15 +465,22 @@ def open_split(manifest: Manifest, manifest_uri: str, split: str, mmap: bool = T
         return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=True)
     size, joined_specs, own_specs = pack_layout([glob.specs(info) for info in shards])
     mapped = any(info.local is not None for info in shards)
-    key = hashlib.sha256(json.dumps(
-        {"pack": 2, "shards": [[i.sha256, i.compression] for i in shards], "encoding": enc.hash() if mapped else None}
-    ).encode()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps(
+            {
+                "pack": 2,
+                "shards": [[i.sha256, i.compression] for i in shards],
+                "encoding": enc.hash() if mapped else None,
+            }
+        ).encode()
+    ).hexdigest()
 
     def build(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             f.truncate(size)
         fd = os.open(tmp, os.O_WRONLY)
         try:
+
             def put(n: int) -> None:
                 info = shards[n]
                 data = read_verified(uris[n], info.sha256, info.compression, info.raw_bytes)
@@ -452,7 +504,9 @@ def open_split(manifest: Manifest, manifest_uri: str, split: str, mmap: bool = T
     for info, specs in zip(shards, own_specs):
         refs.append(_Ref(info.windows, _checked_view(arrays_in(buffer, specs), info, enc)))
     joined = arrays_in(buffer, joined_specs) if len(shards) > 1 else None
-    return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=False, joined=joined, rows=[int(i.rows) for i in shards])
+    return SplitData._from_refs(
+        refs, enc.window, enc.horizon, streaming=False, joined=joined, rows=[int(i.rows) for i in shards]
+    )
 
 
 def _checked_view(arrays: dict[str, np.ndarray], info, enc) -> ShardView:
@@ -533,7 +587,8 @@ class WindowLoader:
         if d.streaming:
             first = d._first
             parts = [
-                first[s] + np.random.default_rng([self.seed, epoch, 2, int(s)]).permutation(int(first[s + 1] - first[s]))
+                first[s]
+                + np.random.default_rng([self.seed, epoch, 2, int(s)]).permutation(int(first[s + 1] - first[s]))
                 for s in self.shard_order(epoch)
             ]
             return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
@@ -559,7 +614,9 @@ class WindowLoader:
         """Batches gathered by one fancy index: about CHUNK_BYTES of windows (amortises the per-call
         cost and, with workers, the hand-off between threads); each batch is then a view of it."""
         d = self.data
-        per_window = d.window * (d.n_cont * d.cont_dtype.itemsize + d.n_cat * d.cat_dtype.itemsize) + d.target_dtype.itemsize
+        per_window = (
+            d.window * (d.n_cont * d.cont_dtype.itemsize + d.n_cat * d.cat_dtype.itemsize) + d.target_dtype.itemsize
+        )
         return int(min(MAX_BATCHES_PER_GATHER, max(1, -(-CHUNK_BYTES // max(1, per_window * self.batch_size)))))
 
     def __iter__(self):
@@ -598,7 +655,9 @@ class WindowLoader:
                     span = next(todo, None)
                     if span is None:
                         break
-                    pending.append(pool.submit(data.batch, order[span[0] : span[1]], pin))  # gathered and pinned in the worker
+                    pending.append(
+                        pool.submit(data.batch, order[span[0] : span[1]], pin)
+                    )  # gathered and pinned in the worker
                 if not pending:
                     break
                 yield from batches(pending.popleft().result())
@@ -618,7 +677,9 @@ class WindowLoader:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != LOADER_STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r} is not supported (expected {LOADER_STATE_VERSION})")
+            raise ValueError(
+                f"loader state version {state.get('version')!r} is not supported (expected {LOADER_STATE_VERSION})"
+            )
         if state["n_windows"] != self.n_windows:
             raise ValueError(
                 f"loader state was saved over {state['n_windows']} windows but this split has {self.n_windows}: "

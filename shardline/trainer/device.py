@@ -86,8 +86,15 @@ def torch_report(device: str = "auto", precision: str = "auto") -> dict:
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
             major, minor = torch.cuda.get_device_capability(i)
-            devices.append({"index": i, "name": props.name, "capability": f"{major}.{minor}",
-                            "memory_gb": round(props.total_memory / 2**30, 1), "bf16": major >= 8})
+            devices.append(
+                {
+                    "index": i,
+                    "name": props.name,
+                    "capability": f"{major}.{minor}",
+                    "memory_gb": round(props.total_memory / 2**30, 1),
+                    "bf16": major >= 8,
+                }
+            )
         try:  # visible is not usable: one small op on each device (a driver/build mismatch fails here)
             for i in range(len(devices)):
                 x = torch.ones(64, 64, device=f"cuda:{i}")

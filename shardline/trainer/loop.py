@@ -24,8 +24,8 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -67,7 +67,9 @@ class FitResult:
     best_checkpoint: str
     last_checkpoint: str
     best_score: float  # lowest val_loss
-    history: list[dict]  # one entry per epoch: epoch, step, train_loss, val_loss, val_accuracy|val_mae, lr, windows_per_s, seconds
+    history: list[
+        dict
+    ]  # one entry per epoch: epoch, step, train_loss, val_loss, val_accuracy|val_mae, lr, windows_per_s, seconds
     steps: int  # optimizer steps taken in total
     device: str
     precision: str
@@ -190,7 +192,10 @@ def _stop_on_signals(log: Callable[[str], None]):
 @contextlib.contextmanager
 def _deterministic(device: torch.device):
     """Deterministic kernels on the CPU for the duration of a fit (the setting is process-wide)."""
-    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    enabled, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     if device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -221,7 +226,9 @@ def _check_inputs(train: SplitData, val: SplitData, spec: dict, task: str) -> No
         if data.task != task:
             raise ValueError(f"the {name} split holds {data.task} targets but task='{task}'")
         if data.window != spec["window"]:
-            raise ValueError(f"the model spec has window={spec['window']} but the {name} split has window={data.window}")
+            raise ValueError(
+                f"the model spec has window={spec['window']} but the {name} split has window={data.window}"
+            )
         n_cat = len(spec["cat_cardinalities"])
         if (data.n_cont, data.n_cat) != (spec["n_cont"], n_cat):
             raise ValueError(
@@ -231,17 +238,28 @@ def _check_inputs(train: SplitData, val: SplitData, spec: dict, task: str) -> No
         for arrays in data.shards:
             cat = np.asarray(arrays["cat"])
             if cat.size and (cat.max(axis=0) >= np.asarray(spec["cat_cardinalities"])).any():
-                raise ValueError(f"the {name} split has categorical ids beyond the spec's cardinalities {spec['cat_cardinalities']}")
-            if task == "classification" and len(arrays["target"]) and int(np.max(arrays["target"])) >= spec["n_outputs"]:
+                raise ValueError(
+                    f"the {name} split has categorical ids beyond the spec's cardinalities {spec['cat_cardinalities']}"
+                )
+            if (
+                task == "classification"
+                and len(arrays["target"])
+                and int(np.max(arrays["target"])) >= spec["n_outputs"]
+            ):
                 raise ValueError(f"the {name} split has class ids >= n_outputs={spec['n_outputs']} of the model spec")
     if task == "regression" and spec["n_outputs"] != 1:
         raise ValueError(f"a regression model has n_outputs=1, the spec says {spec['n_outputs']}")
     if task == "classification" and spec["n_outputs"] < 2:
-        raise ValueError(f"a classification model needs n_outputs >= 2 (id 0 is 'unseen'), the spec says {spec['n_outputs']}")
+        raise ValueError(
+            f"a classification model needs n_outputs >= 2 (id 0 is 'unseen'), the spec says {spec['n_outputs']}"
+        )
 
 
 def _check_same_run(sidecar: dict, spec: dict, training: dict, task: str, windows: dict, ckpt_dir: str) -> None:
-    hint = f"use another checkpoint folder than {ckpt_dir}, or resume=False to start over there"
+    hint = (
+        f"delete {ckpt_dir} to train this run from scratch (calling fit() directly: pass another ckpt_dir, "
+        "or resume=False to clear it)"
+    )
     if sidecar.get("model_spec") != spec:
         raise ValueError(
             f"the checkpoints in {ckpt_dir} belong to another model config "
@@ -250,12 +268,19 @@ def _check_same_run(sidecar: dict, spec: dict, training: dict, task: str, window
     if sidecar.get("task") != task:
         raise ValueError(f"the checkpoints in {ckpt_dir} are for task '{sidecar.get('task')}', not '{task}'; {hint}")
     saved = sidecar.get("training", {})
-    changed = sorted(k for k in set(saved) | set(training) if k not in TrainingConfig.RESUMABLE_CHANGES and saved.get(k) != training.get(k))
+    changed = sorted(
+        k
+        for k in set(saved) | set(training)
+        if k not in TrainingConfig.RESUMABLE_CHANGES and saved.get(k) != training.get(k)
+    )
     if changed:
         diff = ", ".join(f"training.{k}: {saved.get(k)!r} -> {training.get(k)!r}" for k in changed)
         raise ValueError(f"the checkpoints in {ckpt_dir} were trained with other settings ({diff}); {hint}")
     if sidecar.get("windows") != windows:
-        raise ValueError(f"the checkpoints in {ckpt_dir} were trained on other data (windows {sidecar.get('windows')}, now {windows}); {hint}")
+        raise ValueError(
+            f"the checkpoints in {ckpt_dir} were trained on other data (windows {sidecar.get('windows')}, now "
+            f"{windows}); {hint}"
+        )
 
 
 # ---------------------------------------------------------------- fit
@@ -308,8 +333,13 @@ def fit(
             best = best_checkpoint(ckpt_dir)
             return FitResult(
                 best_checkpoint=best[0] if best else join(ckpt_dir, side["best_checkpoint"]),
-                last_checkpoint=found[0], best_score=side["best_score"], history=side["history"], steps=side["step"],
-                device=side["device"], precision=side["precision"], resumed_from=found[0],
+                last_checkpoint=found[0],
+                best_score=side["best_score"],
+                history=side["history"],
+                steps=side["step"],
+                device=side["device"],
+                precision=side["precision"],
+                resumed_from=found[0],
                 run_meta={**side.get("run_meta", {}), **run_meta},
             )
     elif not resume:
@@ -324,14 +354,25 @@ def fit(
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
     ctx = autocast(device, precision)  # chosen once: every precision shares the one step below
-    loader = WindowLoader(train, cfg.batch_size, cfg.seed, shuffle=True, pin_memory=device.type == "cuda", num_workers=cfg.num_workers)
+    loader = WindowLoader(
+        train, cfg.batch_size, cfg.seed, shuffle=True, pin_memory=device.type == "cuda", num_workers=cfg.num_workers
+    )
     steps_per_epoch = -(-len(loader) // cfg.grad_accum)
     if cfg.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     total_steps = cfg.epochs * steps_per_epoch
 
-    loop = {"step": 0, "epoch": 0, "epoch_step": 0, "epoch_complete": False, "train_loss_sum": 0.0, "train_windows": 0,
-            "best_score": None, "best_checkpoint": None, "last_checkpoint": None}
+    loop = {
+        "step": 0,
+        "epoch": 0,
+        "epoch_step": 0,
+        "epoch_complete": False,
+        "train_loss_sum": 0.0,
+        "train_windows": 0,
+        "best_score": None,
+        "best_checkpoint": None,
+        "last_checkpoint": None,
+    }
     history: list[dict] = []
     resumed_from = None
     if found:
@@ -346,10 +387,14 @@ def fit(
         set_rng_state(ckpt["rng"])
         resumed_from = found[0]
         if (found[1]["device"], found[1]["precision"]) != (device.type, precision):
-            log(f"note: checkpoint was trained on {found[1]['device']}/{found[1]['precision']}, resuming on "
-                f"{device.type}/{precision}: the result will not be bit-identical to an uninterrupted run")
-        log(f"resuming from {found[0]}: epoch {loop['epoch'] + 1}, step {loop['step']}, "
-            f"{loader.offset}/{loader.n_windows} windows of the epoch done")
+            log(
+                f"note: checkpoint was trained on {found[1]['device']}/{found[1]['precision']}, resuming on "
+                f"{device.type}/{precision}: the result will not be bit-identical to an uninterrupted run"
+            )
+        log(
+            f"resuming from {found[0]}: epoch {loop['epoch'] + 1}, step {loop['step']}, "
+            f"{loader.offset}/{loader.n_windows} windows of the epoch done"
+        )
 
     last_save = time.monotonic()  # checkpoint_every_seconds counts from here and from the end of each save
 
@@ -359,22 +404,41 @@ def fit(
         if is_best:
             loop["best_checkpoint"] = loop["last_checkpoint"]
         state = {
-            "format": 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-            "rng": rng_state(), "loader": loader.state_dict(), "loop": dict(loop), "history": history,
-            "run_meta": run_meta, "model_spec": spec, "training": training, "task": task,
+            "format": 1,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(),
+            "rng": rng_state(),
+            "loader": loader.state_dict(),
+            "loop": dict(loop),
+            "history": history,
+            "run_meta": run_meta,
+            "model_spec": spec,
+            "training": training,
+            "task": task,
         }
         meta = {
             **{k: loop[k] for k in ("epoch", "epoch_step", "epoch_complete", "best_score", "best_checkpoint")},
-            "loader": loader.state_dict(), "metrics": history[-1] if history and loop["epoch_complete"] else {},
-            "history": history, "run_meta": run_meta, "model_spec": spec, "training": training, "task": task,
-            "windows": windows, "device": device.type, "precision": precision, "steps_per_epoch": steps_per_epoch,
+            "loader": loader.state_dict(),
+            "metrics": history[-1] if history and loop["epoch_complete"] else {},
+            "history": history,
+            "run_meta": run_meta,
+            "model_spec": spec,
+            "training": training,
+            "task": task,
+            "windows": windows,
+            "device": device.type,
+            "precision": precision,
+            "steps_per_epoch": steps_per_epoch,
         }
         uri = save_checkpoint(ckpt_dir, loop["step"], state, meta, is_best=is_best, keep=cfg.keep_checkpoints)
         last_save = time.monotonic()
         return uri
 
-    log(f"training {spec['model']['family']} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
-        f"{device.type}/{precision}: {cfg.epochs} epochs x {steps_per_epoch} steps, {train.n_windows:,} train windows")
+    log(
+        f"training {spec['model']['family']} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
+        f"{device.type}/{precision}: {cfg.epochs} epochs x {steps_per_epoch} steps, {train.n_windows:,} train windows"
+    )
     resumed_mid_epoch = found is not None and not loop["epoch_complete"]
     first_epoch = loop["epoch"] if resumed_mid_epoch else (loop["epoch"] + 1 if found else 0)
     with _deterministic(device), _stop_on_signals(log) as stop:
@@ -425,8 +489,10 @@ def fit(
                     on_step(loop["step"], {"train_loss": step_loss.item(), "lr": lr})
                 if loop["epoch_step"] % report_every == 0 and loop["epoch_step"] < steps_per_epoch:
                     wps = windows_done / max(time.perf_counter() - t0, 1e-9)
-                    log(f"  epoch {epoch + 1}/{cfg.epochs} step {loop['epoch_step']}/{steps_per_epoch} "
-                        f"loss {step_loss.item():.4f} lr {lr:.2e} {wps:,.0f} windows/s")
+                    log(
+                        f"  epoch {epoch + 1}/{cfg.epochs} step {loop['epoch_step']}/{steps_per_epoch} "
+                        f"loss {step_loss.item():.4f} lr {lr:.2e} {wps:,.0f} windows/s"
+                    )
                 every, seconds = cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds
                 due = (every and loop["step"] % every == 0) or (seconds and time.monotonic() - last_save >= seconds)
                 # the epoch's last step is checkpointed after validation instead
@@ -440,9 +506,13 @@ def fit(
             loop["train_loss_sum"] = loss_sum.item()
             metrics = evaluate(model, val, task, cfg.batch_size, device, ctx)
             entry = {
-                "epoch": epoch, "step": loop["step"],
-                "train_loss": loop["train_loss_sum"] / max(1, loop["train_windows"]), **metrics, "lr": lr,
-                "windows_per_s": windows_done / max(train_seconds, 1e-9), "seconds": time.perf_counter() - t0,
+                "epoch": epoch,
+                "step": loop["step"],
+                "train_loss": loop["train_loss_sum"] / max(1, loop["train_windows"]),
+                **metrics,
+                "lr": lr,
+                "windows_per_s": windows_done / max(train_seconds, 1e-9),
+                "seconds": time.perf_counter() - t0,
             }
             history.append(entry)
             best = loop["best_score"]
@@ -454,16 +524,25 @@ def fit(
                 on_epoch(epoch, {k: v for k, v in entry.items() if k not in ("epoch", "step")})
             last = save(is_best=is_best)
             score_key = "val_accuracy" if task == "classification" else "val_mae"
-            log(f"epoch {epoch + 1}/{cfg.epochs}: train_loss {entry['train_loss']:.4f} val_loss {entry['val_loss']:.4f} "
+            log(
+                f"epoch {epoch + 1}/{cfg.epochs}: train_loss {entry['train_loss']:.4f} val_loss "
+                f"{entry['val_loss']:.4f} "
                 f"{score_key} {entry[score_key]:.4f} lr {lr:.2e} {entry['windows_per_s']:,.0f} windows/s "
-                f"{entry['seconds']:.1f}s{' (best)' if is_best else ''}")
+                f"{entry['seconds']:.1f}s{' (best)' if is_best else ''}"
+            )
             if stop.signal_name:
                 raise Preempted(last, stop.signal_name)
 
     return FitResult(
-        best_checkpoint=join(ckpt_dir, loop["best_checkpoint"]), last_checkpoint=join(ckpt_dir, loop["last_checkpoint"]),
-        best_score=loop["best_score"], history=history, steps=loop["step"], device=device.type, precision=precision,
-        resumed_from=resumed_from, run_meta=run_meta,
+        best_checkpoint=join(ckpt_dir, loop["best_checkpoint"]),
+        last_checkpoint=join(ckpt_dir, loop["last_checkpoint"]),
+        best_score=loop["best_score"],
+        history=history,
+        steps=loop["step"],
+        device=device.type,
+        precision=precision,
+        resumed_from=resumed_from,
+        run_meta=run_meta,
     )
 
 
@@ -483,7 +562,9 @@ def load_model(checkpoint_uri: str) -> nn.Module:
     return model.eval()
 
 
-def predict(model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None) -> np.ndarray:
+def predict(
+    model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None
+) -> np.ndarray:
     """Outputs in window order, float32 [N, n_outputs]: class probabilities with class 0 (unseen) at 0,
     or [N, 1] standardised values for regression."""
     device = torch.device(device) if device is not None else next(model.parameters()).device

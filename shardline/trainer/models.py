@@ -27,12 +27,16 @@ def model_spec(cfg: ModelConfig | dict, n_cont: int, cat_cardinalities: list[int
     """The JSON description of a model: `model_from_spec(model_spec(...))` builds it."""
     cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.model_validate(cfg)
     if n_cont < 0 or window < 1 or n_outputs < 1:
-        raise ValueError(f"bad model shape: n_cont={n_cont} (>= 0), window={window} (>= 1), n_outputs={n_outputs} (>= 1)")
+        raise ValueError(
+            f"bad model shape: n_cont={n_cont} (>= 0), window={window} (>= 1), n_outputs={n_outputs} (>= 1)"
+        )
     if n_cont == 0 and not cat_cardinalities:
         raise ValueError("a model needs at least one feature: n_cont is 0 and there is no categorical column")
     bad = [c for c in cat_cardinalities if int(c) < 1]
     if bad:
-        raise ValueError(f"categorical cardinalities must be >= 1 (id 0 is the unseen value), got {list(cat_cardinalities)}")
+        raise ValueError(
+            f"categorical cardinalities must be >= 1 (id 0 is the unseen value), got {list(cat_cardinalities)}"
+        )
     return {
         "version": SPEC_VERSION,
         "model": cfg.model_dump(mode="json"),
@@ -85,7 +89,15 @@ class FrameEncoder(nn.Module):
 
 
 class WindowMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int, fused: bool = True):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        n_cont: int,
+        cat_cardinalities: list[int],
+        window: int,
+        n_outputs: int,
+        fused: bool = True,
+    ):
         super().__init__()
         self.frames = FrameEncoder(n_cont, cat_cardinalities, cfg.embedding_dim, fused=fused)
         blocks: list[nn.Module] = []
@@ -102,14 +114,27 @@ class WindowMLP(nn.Module):
 
 
 class WindowTransformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int, fused: bool = True):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        n_cont: int,
+        cat_cardinalities: list[int],
+        window: int,
+        n_outputs: int,
+        fused: bool = True,
+    ):
         super().__init__()
         self.frames = FrameEncoder(n_cont, cat_cardinalities, cfg.embedding_dim, fused=fused)
         self.proj = nn.Linear(self.frames.width, cfg.hidden)
         self.position = nn.Embedding(window, cfg.hidden)
         layer = nn.TransformerEncoderLayer(
-            cfg.hidden, cfg.heads, dim_feedforward=4 * cfg.hidden, dropout=cfg.dropout,
-            activation="gelu", batch_first=True, norm_first=True,
+            cfg.hidden,
+            cfg.heads,
+            dim_feedforward=4 * cfg.hidden,
+            dropout=cfg.dropout,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
         )
         # nested tensors only help with padding masks, which windows never have
         self.encoder = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
@@ -130,9 +155,13 @@ FAMILIES = {"mlp": WindowMLP, "transformer": WindowTransformer}
 def model_from_spec(spec: dict) -> nn.Module:
     """Build the (freshly initialised) model a spec describes; the spec is kept as `model.spec`."""
     if spec.get("version") not in SPEC_VERSIONS:
-        raise ValueError(f"model spec version {spec.get('version')!r} is not supported (this Shardline reads {list(SPEC_VERSIONS)})")
+        raise ValueError(
+            f"model spec version {spec.get('version')!r} is not supported (this Shardline reads {list(SPEC_VERSIONS)})"
+        )
     cfg = ModelConfig.model_validate(spec["model"])
-    model = FAMILIES[cfg.family](cfg, spec["n_cont"], spec["cat_cardinalities"], spec["window"], spec["n_outputs"], fused=spec["version"] >= 2)
+    model = FAMILIES[cfg.family](
+        cfg, spec["n_cont"], spec["cat_cardinalities"], spec["window"], spec["n_outputs"], fused=spec["version"] >= 2
+    )
     model.spec = dict(spec)
     return model
 

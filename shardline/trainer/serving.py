@@ -10,7 +10,8 @@ import numpy as np
 import polars as pl
 
 from shardline.core.config import FILE_SEQUENCE
-from shardline.core.encoding import ORDER, SEQ, DataError, encode_frame, prepare
+from shardline.core.encoding.columns import DataError, prepare
+from shardline.core.encoding.frame import encode_frame
 from shardline.core.manifest import EncodingSpec
 
 
@@ -81,10 +82,16 @@ class Predictor:
         where = data.window_keys()
         out: dict[str, object] = {}
         if seq_col:
-            out[seq_col] = pl.Series(seq_col, [keys[i] for i in where["segment"].tolist()], dtype=pl.Utf8).cast(key_dtype)
+            out[seq_col] = pl.Series(seq_col, [keys[i] for i in where["segment"].tolist()], dtype=pl.Utf8).cast(
+                key_dtype
+            )
         order_name = spec.order_by or "row"
         order_vals = pl.Series(order_name, where["order"])
         out[order_name] = order_vals.cast(df[spec.order_by].dtype) if spec.order_by else order_vals
-        outputs = predict(self.model, data, batch_size=batch_size) if data.n_windows else np.zeros((0, spec.target.n_outputs), np.float32)
+        outputs = (
+            predict(self.model, data, batch_size=batch_size)
+            if data.n_windows
+            else np.zeros((0, spec.target.n_outputs), np.float32)
+        )
         out.update(decode_outputs(spec, outputs))
         return pl.DataFrame(out)

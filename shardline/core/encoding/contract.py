@@ -1,0 +1,54 @@
+"""The encoding contract: what the config decides about the encoding (columns, window, horizon,
+target, stored type), its hash (written in the manifest), and what differs between the config's and a
+manifest's. Training refuses shards whose contract is not the config's (shardline/tasks/training_run.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardline.core.config import DataConfig, stable_hash
+from shardline.core.manifest import EncodingSpec
+
+
+def contract(data: DataConfig) -> dict[str, Any]:
+    """What the config decides about the encoding (the fitted statistics come from the data)."""
+    return {
+        "sequence_key": data.sequence_key,
+        "order_by": data.order_by,
+        "window": data.window,
+        "horizon": data.effective_horizon,
+        "continuous": list(data.features.continuous),
+        "boolean": list(data.features.boolean),
+        "categorical": list(data.features.categorical),
+        "target": {"column": data.target.column, "task": data.target.task},
+        "continuous_dtype": data.continuous_dtype,
+    }
+
+
+def contract_of(spec: EncodingSpec) -> dict[str, Any]:
+    return {
+        "sequence_key": spec.sequence_key,
+        "order_by": spec.order_by,
+        "window": spec.window,
+        "horizon": spec.horizon,
+        "continuous": [c.name for c in spec.continuous],
+        "boolean": list(spec.boolean),
+        "categorical": [v.name for v in spec.categorical],
+        "target": {"column": spec.target.column, "task": spec.target.task},
+        "continuous_dtype": spec.continuous_dtype,
+    }
+
+
+def contract_hash(contract_dict: dict) -> str:
+    return stable_hash(contract_dict)
+
+
+def contract_differences(expected: dict, found: dict) -> list[str]:
+    """Human-readable list of what differs between the config's contract and a manifest's."""
+    out = []
+    for key in sorted(set(expected) | set(found)):
+        if expected.get(key) != found.get(key):
+            out.append(
+                f"data.{key}: the shards were encoded with {found.get(key)!r}, the config says {expected.get(key)!r}"
+            )
+    return out

@@ -1,0 +1,82 @@
+"""The data set's encoding, fitted from every file group's training statistics (the training split
+only): merged moments for the continuous columns and a regression target, merged counts for the
+vocabularies (most frequent first, ties by value)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from shardline.core.config import DataConfig
+from shardline.core.manifest import ContinuousStat, EncodingSpec, TargetSpec, Vocabulary
+
+
+def moments(n: int, mean: float, m2: float) -> dict[str, float]:
+    return {"n": int(n), "mean": float(mean), "m2": float(m2)}
+
+
+def _merge_moments(parts: list[dict[str, float]]) -> tuple[int, float, float]:
+    """(n, mean, M2) of the union of parts (Chan et al.: no sum of squares to cancel)."""
+    n = sum(p["n"] for p in parts)
+    if n == 0:
+        return 0, 0.0, 0.0
+    mean = sum(p["n"] * p["mean"] for p in parts) / n
+    m2 = sum(p["m2"] + p["n"] * (p["mean"] - mean) ** 2 for p in parts)
+    return n, mean, m2
+
+
+def empty_stats(data: DataConfig) -> dict[str, Any]:
+    """The training statistics of a group with no training row."""
+    t = data.target
+    return {
+        "rows": 0,
+        "continuous": {c: moments(0, 0.0, 0.0) for c in data.features.continuous},
+        "categorical": {c: {} for c in data.features.categorical},
+        "target": {"counts": {}} if t.task == "classification" else moments(0, 0.0, 0.0),
+    }
+
+
+def _vocab(counts: Counter) -> list[str]:
+    return [v for v, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def _mean_std(parts: list[dict[str, float]]) -> tuple[float, float]:
+    n, mean, m2 = _merge_moments(parts)
+    if n == 0:
+        return 0.0, 1.0
+    std = max(m2 / n, 0.0) ** 0.5
+    return mean, (std if std > 1e-12 else 1.0)
+
+
+def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
+    """The data set's encoding from every group's training statistics (`encode_splits`' `stats`)."""
+    cont = []
+    for c in data.features.continuous:
+        mean, std = _mean_std([p["continuous"][c] for p in partials])
+        cont.append(ContinuousStat(name=c, mean=mean, std=std))
+    cats = []
+    for c in data.features.categorical:
+        counts: Counter = Counter()
+        for p in partials:
+            counts.update(p["categorical"][c])
+        cats.append(Vocabulary(name=c, values=_vocab(counts)))
+    t = data.target
+    if t.task == "classification":
+        counts = Counter()
+        for p in partials:
+            counts.update(p["target"]["counts"])
+        target = TargetSpec(column=t.column, task=t.task, classes=_vocab(counts))
+    else:
+        mean, std = _mean_std([p["target"] for p in partials])
+        target = TargetSpec(column=t.column, task=t.task, mean=mean, std=std)
+    return EncodingSpec(
+        sequence_key=data.sequence_key,
+        order_by=data.order_by,
+        window=data.window,
+        horizon=data.effective_horizon,
+        continuous=cont,
+        boolean=list(data.features.boolean),
+        categorical=cats,
+        target=target,
+        continuous_dtype=data.continuous_dtype,
+    )

@@ -1,0 +1,162 @@
+"""Which rows go to train, validation and test.
+
+By hash (the default): a seeded hash of each sequence's key draws a number in [0, 1) that the
+fractions cut into train, validation and test, so a sequence's rows stay together and the split is
+stable across machines, versions and appended files; rows without a sequence key are drawn one by
+one from their file and row number. By range: a column's value bounds, per split."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import NamedTuple
+
+import numpy as np
+import polars as pl
+
+from shardline.core.config import SPLITS, DataConfig, SplitConfig
+from shardline.core.encoding.columns import ORDER, SEQ
+
+SPLIT = "__split"
+MAX_SLICES = 256  # a split made of more separate row blocks than this is copied out with one filter
+
+
+class SplitRows(NamedTuple):
+    """Where one split's rows sit in a group's frame (`split_rows`): rows `first` to `end`, the first
+    row of each of its sequences (counted from `first`) and their keys."""
+
+    first: int
+    end: int
+    starts: np.ndarray
+    keys: list[str]
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _key64(text: str, seed: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{text}".encode()).digest()[:8], "little")
+
+
+def _draws(keys: list[str], seed: int) -> np.ndarray:
+    """One number in [0, 1) per key: the seeded hash the split cuts."""
+    h = _splitmix64(np.array([_key64(k, seed) for k in keys], dtype=np.uint64))
+    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def _split_index(u: np.ndarray, split: SplitConfig) -> np.ndarray:
+    """0 train, 1 validation, 2 test for each draw, by the split's fractions."""
+    f_train = split.fractions.get("train", 0.0)
+    f_val = split.fractions.get("validation", 0.0)
+    return np.where(u < f_train, 0, np.where(u < f_train + f_val, 1, 2)).astype(np.int8)
+
+
+def sequence_splits(keys: list[str], split: SplitConfig) -> np.ndarray:
+    """The split index (0 train, 1 validation, 2 test) of each sequence key."""
+    if not keys:
+        return np.zeros(0, np.int8)
+    return _split_index(_draws(keys, split.seed), split)
+
+
+def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
+    """Add `__split` to rows that are not split by sequence: by value ranges, or (no sequence key) by a
+    seeded hash of each row's file and its row number in that file. Rows outside every range are dropped."""
+    split = data.split
+    if split.method == "range":
+        col = pl.col(split.column)
+        expr = pl.lit(None, dtype=pl.Utf8)
+        for name in reversed(SPLITS):
+            if name not in split.ranges:
+                continue
+            lo, hi = split.ranges[name]
+            cond = pl.lit(True)
+            if lo is not None:
+                cond = cond & (col >= lo)
+            if hi is not None:
+                cond = cond & (col <= hi)
+            expr = pl.when(cond).then(pl.lit(name)).otherwise(expr)
+        return df.with_columns(expr.alias(SPLIT)).filter(pl.col(SPLIT).is_not_null())
+    bases = {k: _key64(k, split.seed) for k in df[SEQ].unique().to_list()}
+    base = df[SEQ].replace_strict(bases, return_dtype=pl.UInt64).to_numpy()
+    row = df.select(pl.int_range(0, pl.len(), dtype=pl.UInt64).over(SEQ)).to_series().to_numpy()
+    u = (_splitmix64(base ^ row) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    names = np.array(SPLITS, dtype=object)[_split_index(u, split)]
+    return df.with_columns(pl.Series(SPLIT, names.tolist(), dtype=pl.Utf8))
+
+
+def _runs(df: pl.DataFrame) -> tuple[np.ndarray, list[str]] | None:
+    """(first row of each run of equal `__seq`, the run's key) when each sequence is one run whose
+    `__order` never goes down, i.e. the rows are already grouped and ordered; else None."""
+    n = df.height
+    if n == 0:
+        return np.zeros(0, np.int64), []
+    runs = df[SEQ].rle()
+    keys = runs.struct.field("value").to_list()
+    if len(set(keys)) != len(keys):
+        return None
+    lengths = runs.struct.field("len").to_numpy()
+    starts = (np.cumsum(lengths) - lengths).astype(np.int64)
+    if n > 1:
+        up = np.diff(df[ORDER].to_numpy()) >= 0
+        up[starts[1:] - 1] = True  # a new sequence may start anywhere
+        if not up.all():
+            return None
+    return starts, keys
+
+
+def split_rows(df: pl.DataFrame, data: DataConfig) -> tuple[pl.DataFrame, dict[str, SplitRows]]:
+    """A group's prepared rows with each split's rows together (train, then validation, then test;
+    every sequence's rows contiguous and in order), and per split present: (first row, end row,
+    the first row of each of its sequences counted from the split's first row, their keys).
+
+    Sequences split by hash (the usual case) keep their rows where they are: the frame is a few
+    zero-copy slices of the group when the files already hold each sequence's rows in order, so
+    the rows are copied once, by the encode, straight into the shards. Otherwise the rows are
+    labelled (`label_rows`), filtered and sorted."""
+    pieces: list[pl.DataFrame] = []
+    splits: dict[str, SplitRows] = {}
+    at = 0
+    if data.split.method == "hash" and data.sequence_key is not None:
+        runs = _runs(df)
+        if runs is None:
+            df = df.sort([SEQ, ORDER], maintain_order=True)
+            runs = _runs(df)
+        starts, keys = runs
+        labels = sequence_splits(keys, data.split)
+        ends = np.append(starts[1:], df.height).astype(np.int64)
+        lengths = ends - starts
+        for i, name in enumerate(SPLITS):
+            mine = labels == i
+            if not mine.any():
+                continue
+            picked = np.flatnonzero(mine)
+            rows = int(lengths[picked].sum())
+            edge = np.diff(np.concatenate([[0], mine.astype(np.int8), [0]]))
+            first, last = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1) - 1  # blocks of consecutive runs
+            if len(first) <= MAX_SLICES:
+                pieces += [df.slice(int(starts[a]), int(ends[b] - starts[a])) for a, b in zip(first, last)]
+            else:
+                pieces.append(df.filter(pl.Series(np.repeat(mine, lengths))))
+            local = np.concatenate([[0], np.cumsum(lengths[picked])[:-1]]).astype(np.int64)
+            splits[name] = SplitRows(at, at + rows, local, [keys[k] for k in picked])
+            at += rows
+    else:
+        labelled = label_rows(df, data)
+        for name in SPLITS:
+            part = labelled.filter(pl.col(SPLIT) == name).drop(SPLIT)
+            if not part.height:
+                continue
+            runs = _runs(part)
+            if runs is None:
+                part = part.sort([SEQ, ORDER], maintain_order=True)
+                runs = _runs(part)
+            pieces.append(part)
+            splits[name] = SplitRows(at, at + part.height, *runs)
+            at += part.height
+    frame = pl.concat(pieces, rechunk=False) if pieces else df.clear()
+    return frame, splits
