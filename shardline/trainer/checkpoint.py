@@ -207,7 +207,9 @@ def load_checkpoint(uri: str) -> dict:
     side = _read_json(sidecar_uri(uri)) if uri.endswith(".pt") else None
     if side and side.get("sha256") and hashlib.sha256(data).hexdigest() != side["sha256"]:
         raise OSError(
-            f"{uri}: checksum does not match its sidecar ({side['sha256'][:12]}): the file is damaged or half-written"
+            f"{uri}: checksum does not match its sidecar ({side['sha256'][:12]}): the file is damaged or "
+            "half-written; run the pipeline again: a training result whose checkpoint no longer matches its checksum "
+            "is recomputed (resuming skips damaged checkpoints)"
         )
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 

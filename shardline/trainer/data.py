@@ -291,9 +291,8 @@ class SplitData:
                 if len(v.starts) != r.windows:
                     raise ValueError(
                         f"shard {r.info.path}: the manifest lists {r.windows} windows but its offsets give "
-                        f"{len(v.starts)} "
-                        f"(window={self.window}, horizon={self.horizon}); the manifest and shard disagree: re-run "
-                        "the encode step"
+                        f"{len(v.starts)} (window={self.window}, horizon={self.horizon}); the manifest and shard "
+                        "disagree: re-run the encode step (shardline run CONFIG --force encode)"
                     )
                 r.view = v
             return r.view
@@ -514,7 +513,8 @@ def _checked_view(arrays: dict[str, np.ndarray], info, enc) -> ShardView:
     if len(view.starts) != info.windows:
         raise ValueError(
             f"shard {info.path}: the manifest lists {info.windows} windows but its offsets give {len(view.starts)} "
-            f"(window={enc.window}, horizon={enc.horizon}); the manifest and shard disagree: re-run the encode step"
+            f"(window={enc.window}, horizon={enc.horizon}); the manifest and shard disagree: re-run the encode step "
+            "(shardline run CONFIG --force encode)"
         )
     return view
 

@@ -221,7 +221,7 @@ def _check_inputs(train: SplitData, val: SplitData, spec: dict, task: str) -> No
         if data.n_windows == 0:
             raise ValueError(
                 f"the {name} split has no windows: each sequence needs at least window+horizon rows "
-                f"(window={data.window}, horizon={data.horizon})"
+                f"(data.window={data.window}, horizon={data.horizon}); shorten data.window or add data"
             )
         if data.task != task:
             raise ValueError(f"the {name} split holds {data.task} targets but task='{task}'")

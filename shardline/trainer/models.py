@@ -31,7 +31,10 @@ def model_spec(cfg: ModelConfig | dict, n_cont: int, cat_cardinalities: list[int
             f"bad model shape: n_cont={n_cont} (>= 0), window={window} (>= 1), n_outputs={n_outputs} (>= 1)"
         )
     if n_cont == 0 and not cat_cardinalities:
-        raise ValueError("a model needs at least one feature: n_cont is 0 and there is no categorical column")
+        raise ValueError(
+            "a model needs at least one feature: n_cont is 0 and there is no categorical column; "
+            "list columns under data.features (continuous, boolean or categorical)"
+        )
     bad = [c for c in cat_cardinalities if int(c) < 1]
     if bad:
         raise ValueError(

@@ -73,7 +73,10 @@ class Predictor:
         spec = self.spec
         missing = [c for c in input_columns(spec) if c not in df.columns]
         if missing:
-            raise DataError(f"the input lacks column(s) {missing} that the model was trained on")
+            raise DataError(
+                f"the input lacks column(s) {missing} that the model was trained on; add them (the model's "
+                "signature lists every input column)"
+            )
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
         key_dtype = df[seq_col].dtype if seq_col else None
         prepared = prepare(df, spec.sequence_key, spec.order_by, "input")
