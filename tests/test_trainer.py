@@ -343,15 +343,17 @@ def test_device_and_precision_on_cpu():
 def test_models_rebuild_from_their_spec(family):
     torch.manual_seed(0)
     model = build_model(ModelConfig(family=family, hidden=16, heads=2), 2, CARDS, K, N_CLASSES)
-    assert json.loads(json.dumps(model.spec)) == model.spec
-    twin = model_from_spec(model.spec)
+    spec = model.shardline_spec
+    assert json.loads(json.dumps(spec)) == spec and spec["version"] == 3
+    twin = model_from_spec(spec)
     twin.load_state_dict(model.state_dict())
     model.eval(), twin.eval()
     cont, cat = torch.randn(3, K, 2), torch.randint(0, 4, (3, K, 2))
-    out = model(cont, cat)
-    assert out.shape == (3, N_CLASSES) and out.dtype == torch.float32
-    assert torch.equal(out, twin(cont, cat))
-    assert model_spec(ModelConfig(), 2, CARDS, K, 1)["n_outputs"] == 1
+    out = model(cont, cat)  # the model contract: {target: tensor}
+    assert list(out) == ["target"] and out["target"].shape == (3, N_CLASSES) and out["target"].dtype == torch.float32
+    assert torch.equal(out["target"], twin(cont, cat)["target"])
+    regression = model_from_spec(model_spec(ModelConfig(family=family, heads=2), 2, CARDS, K, 1))
+    assert regression(cont, cat)["target"].shape == (3,)
 
 
 def test_embeddings_of_one_width_share_a_table_and_v1_models_still_load():
@@ -380,11 +382,17 @@ def test_embeddings_of_one_width_share_a_table_and_v1_models_still_load():
     ]
     assert torch.equal(got, want[..., order])  # each column's vector, grouped by width
     # a model registered before (spec version 1: a table per column) rebuilds in its own layout
-    old = {**build_model(ModelConfig(hidden=16), 2, CARDS, K, N_CLASSES).spec, "version": 1}
+    old = {
+        "version": 1,
+        "model": {"family": "mlp", "hidden": 16},
+        "n_cont": 2,
+        "cat_cardinalities": CARDS,
+        "window": K,
+        "n_outputs": N_CLASSES,
+    }
     v1 = model_from_spec(old)
-    assert "frames.embeddings.0.weight" in v1.state_dict() and v1(
-        torch.randn(2, K, 2), torch.ones(2, K, 2, dtype=torch.long)
-    ).shape == (2, N_CLASSES)
+    assert "frames.embeddings.0.weight" in v1.state_dict() and "head.weight" in v1.state_dict()
+    assert v1(torch.randn(2, K, 2), torch.ones(2, K, 2, dtype=torch.long))["target"].shape == (2, N_CLASSES)
 
 
 @pytest.mark.parametrize("family", ["mlp", "transformer"])

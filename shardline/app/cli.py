@@ -27,12 +27,21 @@ def _fail(msg: str, code: int = 1) -> None:
 
 
 def _load(path: Path | None, overrides: list[str], base: dict | None = None):
+    """The validated config, or exit 2 naming what to fix: a bad key, or a model entrypoint that does not import."""
     from shardline.core.config import ConfigError, load_config
 
     try:
-        return load_config(path, overrides, base=base)
+        config = load_config(path, overrides, base=base)
     except ConfigError as e:
         _fail(str(e), 2)
+    if config.model.entrypoint:
+        from shardline.trainer.contract import ModelContractError, import_entrypoint
+
+        try:
+            import_entrypoint(config.model.entrypoint, config.model.code_dir)
+        except ModelContractError as e:
+            _fail(str(e), 2)
+    return config
 
 
 FORCE_HELP = "recompute this step and every step after it: ingest, encode, train, evaluate or register"

@@ -166,6 +166,19 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
+    entrypoint: str | None = Field(
+        None,
+        description="your own model: 'package.module:Name', a torch.nn.Module class or factory called as "
+        "Name(spec, **model.params) (README: the model contract); unset: the built-in `family`",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the entrypoint (or extra ones of a built-in family)"
+    )
+    code_dir: str | None = Field(
+        None,
+        description="the folder the entrypoint's module is imported from (default: the config file's folder; "
+        "the working directory is searched too)",
+    )
     family: Literal["mlp", "transformer"] = "mlp"
     hidden: int = Field(256, ge=1, description="MLP width / Transformer d_model")
     layers: int = Field(2, ge=1)
@@ -177,6 +190,14 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
+        if self.entrypoint is not None:
+            module, sep, attr = self.entrypoint.partition(":")
+            if not (sep and module and attr) or " " in self.entrypoint:
+                raise ValueError(
+                    f"model.entrypoint='{self.entrypoint}' is not 'package.module:Name' (the module, a colon, the "
+                    "class or factory in it), e.g. 'models.world:WorldModel'"
+                )
+            return self
         if self.family == "transformer" and self.hidden % self.heads:
             raise ValueError(
                 f"model.hidden={self.hidden} must be divisible by model.heads={self.heads} for a transformer"
@@ -220,6 +241,9 @@ class TrainingConfig(_Strict):
             "retries of the training step after an infrastructure failure (I/O, network, CUDA); code errors "
             "are never retried"
         ),
+    )
+    loss_weights: dict[str, float] = Field(
+        default_factory=dict, description="target column -> weight of its loss in the sum (default 1 each)"
     )
     max_steps_per_epoch: int | None = Field(None, ge=1, description="cap optimizer steps per epoch (quick runs)")
     num_workers: int = Field(
@@ -298,6 +322,12 @@ class PipelineConfig(_Strict):
             )
         if self.mlflow.promotion_direction is None:
             self.mlflow.promotion_direction = metrics[self.mlflow.promotion_metric]
+        unknown = sorted(set(self.training.loss_weights) - {self.data.target.column})
+        if unknown:
+            raise ValueError(
+                f"training.loss_weights names {unknown}, which are not targets; the targets are "
+                f"{[self.data.target.column]}"
+            )
         return self
 
     def hash(self) -> str:
@@ -357,7 +387,10 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
 
 def _rebase_paths(raw: dict, folder: Path) -> dict:
     """Relative local paths in a config file are relative to that file, not to the cwd."""
-    for section, key in (("data", "source"), ("storage", "root")):
+    model = raw.get("model")
+    if isinstance(model, dict) and model.get("entrypoint") and not model.get("code_dir"):
+        raw["model"] = {**model, "code_dir": str(folder.resolve())}  # the user's code sits beside the config
+    for section, key in (("data", "source"), ("storage", "root"), ("model", "code_dir")):
         val = (raw.get(section) or {}).get(key) if isinstance(raw.get(section), dict) else None
         if isinstance(val, str) and "://" not in val and not Path(val).is_absolute():
             raw[section] = dict(raw[section])

@@ -1,4 +1,4 @@
-"""Versions of Shardline's code, for cache keys and lineage tags.
+"""Versions of code, Shardline's and the user's model code, for cache keys and lineage tags.
 
 `code_version_of("shardline.tasks.encode")` hashes that module and every project module it imports, directly
 or not (function-level imports included): a change to the step or to any code it calls changes
@@ -20,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the `shardli
 _PARSE = threading.Lock()
 
 
-def _module_path(name: str) -> Path | None:
+def _module_path(name: str, root: Path = ROOT, packages: tuple[str, ...] | None = PACKAGES) -> Path | None:
+    """The source file of module `name` under `root` (only those of `packages`, when given)."""
     parts = name.split(".")
-    if parts[0] not in PACKAGES:
+    if not name or (packages is not None and parts[0] not in packages):
         return None
-    base = ROOT.joinpath(*parts)
+    base = root.joinpath(*parts)
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.exists():
             return candidate
@@ -49,19 +50,41 @@ def _imports(path: Path, module: str) -> set[str]:
     return found
 
 
-@cache
-def module_closure(module: str) -> tuple[Path, ...]:
-    """The project source files `module` depends on (itself included), sorted."""
+def _closure(module: str, root: Path, packages: tuple[str, ...] | None) -> dict[str, Path]:
     seen: dict[str, Path] = {}
     todo = [module]
     while todo:
         name = todo.pop()
-        path = _module_path(name)
+        path = _module_path(name, root, packages)
         if path is None or name in seen:
             continue
         seen[name] = path
         todo.extend(_imports(path, name))
-    return tuple(sorted(set(seen.values())))
+    return seen
+
+
+@cache
+def module_closure(module: str) -> tuple[Path, ...]:
+    """The project source files `module` depends on (itself included), sorted."""
+    return tuple(sorted(set(_closure(module, ROOT, PACKAGES).values())))
+
+
+def user_code(entrypoint: str, code_dir: str | None) -> dict[str, Path]:
+    """The user's source files a model entrypoint ("package.module:Name") depends on: its module and every
+    module under `code_dir` (default the working directory) it imports, directly or not, by module name.
+    Not cached: the user edits these files between runs of one process."""
+    root = Path(code_dir or Path.cwd()).resolve()
+    return _closure(entrypoint.partition(":")[0], root, None)
+
+
+def user_code_version(entrypoint: str, code_dir: str | None) -> str:
+    """A hash of the user's model code (`user_code`): an edit to any of those files changes it."""
+    root = Path(code_dir or Path.cwd()).resolve()
+    h = hashlib.sha256(entrypoint.encode())
+    for name, path in sorted(user_code(entrypoint, code_dir).items()):
+        h.update(f"\0{name}\0{path.relative_to(root)}\0".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 @cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -16,7 +17,7 @@ from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.tracking import Tracker, fluent_tracking_uri
-from shardline.core.version import code_version
+from shardline.core.version import code_version, user_code, user_code_version
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import bundle_dict, input_columns, key_columns
 
@@ -24,13 +25,40 @@ PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
 
 
 def _requirements() -> list[str]:
+    """The packages the registered model imports, pinned to the versions it was trained with. Shardline
+    itself is not among them (a bare `shardline` could resolve to someone else's package): its code
+    travels inside the model (`_code_paths`)."""
     from importlib.metadata import version
 
-    reqs = []
-    for pkg in ("torch", "polars", "pyarrow", "numpy", "pandas", "pydantic", "mlflow"):
-        v = version(pkg).split("+")[0]
-        reqs.append(f"{pkg}=={v}")
-    return reqs + ["shardline"]
+    packages = ("torch", "polars", "pyarrow", "numpy", "pandas", "pydantic", "pyyaml", "fsspec", "mlflow")
+    return [f"{pkg}=={version(pkg).split('+')[0]}" for pkg in packages]
+
+
+SHARDLINE_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _copy_sources(src: Path, dest: Path) -> Path:
+    """A copy of a module file or a package folder, its Python sources and data only (no caches)."""
+    if src.is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+        return dest
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+    return dest
+
+
+def _code_paths(config: PipelineConfig, folder: Path) -> list[str]:
+    """The code the registered model runs, copied into it: Shardline's package, and for the user's own
+    model the top-level modules and packages of its code (its entrypoint and what that imports), so the
+    model predicts on a machine that has neither Shardline's repository nor the user's."""
+    paths = [_copy_sources(SHARDLINE_PACKAGE, folder / "shardline")]
+    model = config.model
+    if model.entrypoint:
+        root = Path(model.code_dir or Path.cwd()).resolve()
+        for top in sorted({name.split(".")[0] for name in user_code(model.entrypoint, model.code_dir)}):
+            src = root / top if (root / top).is_dir() else root / f"{top}.py"
+            paths.append(_copy_sources(src, folder / src.name))
+    return [str(p) for p in paths]
 
 
 def _signature(spec, sample_uri: str):
@@ -90,6 +118,9 @@ def register_model(
         "shardline.code_version": code_version(),
         "shardline.encoding_hash": manifest.encoding_hash,
     }
+    if config.model.entrypoint:
+        tags["shardline.model_entrypoint"] = config.model.entrypoint
+        tags["shardline.model_code_version"] = user_code_version(config.model.entrypoint, config.model.code_dir)
     ckpt = load_checkpoint(train_result["best_checkpoint"])
     with fluent_tracking_uri(tracker.uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
         tmp = Path(tmp)
@@ -115,6 +146,7 @@ def register_model(
                 signature=signature,
                 input_example=sample,
                 pip_requirements=_requirements(),
+                code_paths=_code_paths(config, tmp / "code"),
                 tags=tags,
             )
         version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)

@@ -19,7 +19,7 @@ from prefect.logging import get_run_logger
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.tasks.caching import CacheRule
-from shardline.tasks.training_run import RESULT_FILE, load_manifest, run_dir
+from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_identity, run_dir
 
 
 class TrainingRunFailed(RuntimeError):
@@ -198,12 +198,12 @@ def checkpoint_intact(result: dict, inputs: dict) -> bool:
 
 
 def train_key(inputs: dict) -> tuple:
-    """What decides the trained weights: the data (the manifest's checksum), the model, the training
-    settings that change what is computed, and the MLflow run they are logged to."""
+    """What decides the trained weights: the data (the manifest's checksum), the model (the user's model
+    code included), the training settings that change what is computed, and the MLflow run they are logged to."""
     cfg: PipelineConfig = inputs["config"]
     return (
         inputs["manifest_hash"],
-        cfg.model.model_dump(mode="json"),
+        model_identity(cfg.model),
         cfg.training.model_dump(mode="json", exclude=set(cfg.training.RESUMABLE_CHANGES)),
         cfg.mlflow.model_dump(mode="json", include={"tracking_uri", "experiment"}),
     )

@@ -14,22 +14,30 @@ from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from shardline.core import storage
-from shardline.core.config import PipelineConfig, stable_hash
+from shardline.core.config import ModelConfig, PipelineConfig, stable_hash
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import Manifest
 from shardline.core.tracking import Tracker, flatten
-from shardline.core.version import code_version
+from shardline.core.version import code_version, user_code_version
 
 RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
 
 
+def model_identity(model: ModelConfig) -> dict:
+    """What decides the model that is trained: its settings and, for the user's own model, the version of
+    its code (the entrypoint's module and every module of the user's it imports), not where that code sits."""
+    identity = model.model_dump(mode="json", exclude={"code_dir"})
+    if model.entrypoint:
+        identity["code_version"] = user_code_version(model.entrypoint, model.code_dir)
+    return identity
+
+
 def run_dir(config: PipelineConfig, manifest: Manifest) -> str:
-    """Where one training run's checkpoints and evaluation live: addressed by data + model + training config."""
+    """Where one training run's checkpoints and evaluation live: addressed by data + model (its code
+    included) + the training settings that change what is trained."""
     training = config.training.model_dump(mode="json", exclude=set(config.training.RESUMABLE_CHANGES))
-    key = stable_hash(
-        {"manifest": manifest.hash(), "model": config.model.model_dump(mode="json"), "training": training}
-    )[:20]
-    return storage.join(config.storage.root, "runs", key)
+    key = stable_hash({"manifest": manifest.hash(), "model": model_identity(config.model), "training": training})
+    return storage.join(config.storage.root, "runs", key[:20])
 
 
 def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
@@ -52,7 +60,8 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
     from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
     from shardline.trainer.data import open_split
     from shardline.trainer.loop import Preempted, fit
-    from shardline.trainer.models import model_spec
+    from shardline.trainer.models import model_spec_for
+    from shardline.trainer.serving import data_spec
 
     log = get_run_logger()
     manifest = load_manifest(manifest_uri, config)
@@ -107,8 +116,7 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
         tracker.log_metrics({f"epoch/{k}": v for k, v in metrics.items()}, epoch)
         update_progress_artifact(artifact_id=progress, progress=100.0 * (epoch + 1) / total)
 
-    n_cont = len(spec.continuous)
-    mspec = model_spec(config.model, n_cont, spec.cat_cardinalities, spec.window, spec.target.n_outputs)
+    mspec = model_spec_for(config.model, data_spec(spec))
     try:
         result = fit(
             train_data,

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shardline.core.config import TrainingConfig
@@ -44,9 +43,10 @@ from shardline.trainer.checkpoint import (
     remove_temp_files,
     save_checkpoint,
 )
+from shardline.trainer.contract import DataSpec, as_outputs, check_loss, check_outputs, default_loss, model_loss
 from shardline.trainer.data import SplitData, WindowLoader
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
-from shardline.trainer.models import model_from_spec
+from shardline.trainer.models import data_spec_of, model_from_spec
 
 TASKS = ("classification", "regression")
 TIMING_KEYS = ("windows_per_s", "seconds")
@@ -101,10 +101,9 @@ def make_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device) 
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=device.type == "cuda")
 
 
-def loss_fn(task: str, out: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    if task == "classification":
-        return F.cross_entropy(out.float(), target, reduction=reduction)
-    return F.mse_loss(out[:, 0].float(), target, reduction=reduction)
+def batch_targets(data: DataSpec, target: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A batch's targets by name (the shards hold one target today)."""
+    return {data.targets[0].name: target}
 
 
 def masked_logits(out: torch.Tensor) -> torch.Tensor:
@@ -115,21 +114,38 @@ def masked_logits(out: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: SplitData, task: str, batch_size: int, device: torch.device, ctx=None) -> dict:
-    """val_loss plus val_accuracy (classification; id-0 targets count as wrong) or val_mae (standardised units)."""
+def evaluate(
+    model: nn.Module,
+    data: SplitData,
+    task: str,
+    batch_size: int,
+    device: torch.device,
+    ctx=None,
+    spec: DataSpec | None = None,
+    weights: dict[str, float] | None = None,
+) -> dict:
+    """val_loss (the model's own loss when it defines one) plus val_accuracy (classification; id-0
+    targets count as wrong) or val_mae (standardised units) of the target."""
+    spec = spec or data_spec_of(model.shardline_spec)
+    name = spec.targets[0].name
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     score_sum = torch.zeros((), dtype=torch.float64, device=device)
     for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
         b = batch.to(device)
+        targets = batch_targets(spec, b.target)
         with ctx or contextlib.nullcontext():
-            out = model(b.cont, b.cat)
-        loss_sum += loss_fn(task, out, b.target, reduction="sum").double()
+            outputs = as_outputs(model(b.cont, b.cat), spec)
+        if getattr(model, "loss", None) is not None:  # the model's own objective, a batch mean
+            loss_sum += model_loss(model, outputs, b.cont, b.cat, targets, spec, weights).double() * len(b)
+        else:
+            loss_sum += default_loss(outputs, targets, spec, weights, reduction="sum").double()
+        out = outputs[name].float()
         if task == "classification":
             score_sum += (masked_logits(out).argmax(dim=1) == b.target).sum()
         else:
-            score_sum += (out[:, 0].float() - b.target).abs().sum().double()
+            score_sum += (out.reshape(b.target.shape) - b.target).abs().sum().double()
     model.train(was_training)
     n = max(1, data.n_windows)
     score_key = "val_accuracy" if task == "classification" else "val_mae"
@@ -214,9 +230,10 @@ def _plain(obj, what: str):
         raise ValueError(f"{what} must be plain JSON data (dicts, lists, strings, numbers): {e}") from None
 
 
-def _check_inputs(train: SplitData, val: SplitData, spec: dict, task: str) -> None:
+def _check_inputs(train: SplitData, val: SplitData, spec: DataSpec, task: str) -> None:
     if task not in TASKS:
         raise ValueError(f"task='{task}' is not a task; allowed: {', '.join(TASKS)}")
+    n_classes = spec.targets[0].n_classes
     for name, data in (("train", train), ("validation", val)):
         if data.n_windows == 0:
             raise ValueError(
@@ -225,34 +242,23 @@ def _check_inputs(train: SplitData, val: SplitData, spec: dict, task: str) -> No
             )
         if data.task != task:
             raise ValueError(f"the {name} split holds {data.task} targets but task='{task}'")
-        if data.window != spec["window"]:
-            raise ValueError(
-                f"the model spec has window={spec['window']} but the {name} split has window={data.window}"
-            )
-        n_cat = len(spec["cat_cardinalities"])
-        if (data.n_cont, data.n_cat) != (spec["n_cont"], n_cat):
+        if data.window != spec.window:
+            raise ValueError(f"the model spec has window={spec.window} but the {name} split has window={data.window}")
+        if (data.n_cont, data.n_cat) != (spec.n_cont, spec.n_cat):
             raise ValueError(
                 f"the {name} split has {data.n_cont} continuous / {data.n_cat} categorical columns, "
-                f"the model spec expects {spec['n_cont']} / {n_cat}"
+                f"the model spec expects {spec.n_cont} / {spec.n_cat}"
             )
         for arrays in data.shards:
             cat = np.asarray(arrays["cat"])
-            if cat.size and (cat.max(axis=0) >= np.asarray(spec["cat_cardinalities"])).any():
+            if cat.size and (cat.max(axis=0) >= np.asarray(spec.cardinalities)).any():
                 raise ValueError(
-                    f"the {name} split has categorical ids beyond the spec's cardinalities {spec['cat_cardinalities']}"
+                    f"the {name} split has categorical ids beyond the spec's cardinalities {spec.cardinalities}"
                 )
-            if (
-                task == "classification"
-                and len(arrays["target"])
-                and int(np.max(arrays["target"])) >= spec["n_outputs"]
-            ):
-                raise ValueError(f"the {name} split has class ids >= n_outputs={spec['n_outputs']} of the model spec")
-    if task == "regression" and spec["n_outputs"] != 1:
-        raise ValueError(f"a regression model has n_outputs=1, the spec says {spec['n_outputs']}")
-    if task == "classification" and spec["n_outputs"] < 2:
-        raise ValueError(
-            f"a classification model needs n_outputs >= 2 (id 0 is 'unseen'), the spec says {spec['n_outputs']}"
-        )
+            if task == "classification" and len(arrays["target"]) and int(np.max(arrays["target"])) >= n_classes:
+                raise ValueError(f"the {name} split has class ids >= n_classes={n_classes} of the model spec")
+    if spec.targets[0].kind != task:
+        raise ValueError(f"the model spec's target is a {spec.targets[0].kind}, the data's a {task}")
 
 
 def _check_same_run(sidecar: dict, spec: dict, training: dict, task: str, windows: dict, ckpt_dir: str) -> None:
@@ -309,7 +315,8 @@ def fit(
     """
     spec = _plain(model_spec, "model_spec")
     run_meta = _plain(run_meta or {}, "run_meta")
-    _check_inputs(train, val, spec, task)
+    data_spec = data_spec_of(spec)
+    _check_inputs(train, val, data_spec, task)
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     training = cfg.model_dump(mode="json")
@@ -435,8 +442,10 @@ def fit(
         last_save = time.monotonic()
         return uri
 
+    checked = False
+    name = spec["model"].get("entrypoint") or spec["model"]["family"]
     log(
-        f"training {spec['model']['family']} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
+        f"training {name} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
         f"{device.type}/{precision}: {cfg.epochs} epochs x {steps_per_epoch} steps, {train.n_windows:,} train windows"
     )
     resumed_mid_epoch = found is not None and not loop["epoch_complete"]
@@ -462,8 +471,15 @@ def fit(
                 step_loss = torch.zeros((), dtype=torch.float64, device=device)
                 for batch in micro:
                     b = batch.to(device, non_blocking=True)
+                    targets = batch_targets(data_spec, b.target)
                     with ctx:
-                        loss = loss_fn(task, model(b.cont, b.cat), b.target)
+                        outputs = as_outputs(model(b.cont, b.cat), data_spec)
+                        if not checked:  # the contract, on the run's first batch: before any step is taken
+                            check_outputs(outputs, data_spec, len(b))
+                        loss = model_loss(model, outputs, b.cont, b.cat, targets, data_spec, cfg.loss_weights)
+                    if not checked:
+                        check_loss(loss, loop["step"] + 1, model)
+                        checked = True
                     # gradients add up over micro-batches: scale each so the step follows their mean
                     # (len(micro) is grad_accum except for an epoch's last, shorter group)
                     scaler.scale(loss / len(micro)).backward()
@@ -486,6 +502,7 @@ def fit(
                     signal.raise_signal(signal.SIGTERM)
 
                 if on_step is not None and loop["step"] % step_every == 0:
+                    check_loss(step_loss.float(), loop["step"], model)  # read back here anyway: no extra sync
                     on_step(loop["step"], {"train_loss": step_loss.item(), "lr": lr})
                 if loop["epoch_step"] % report_every == 0 and loop["epoch_step"] < steps_per_epoch:
                     wps = windows_done / max(time.perf_counter() - t0, 1e-9)
@@ -504,7 +521,7 @@ def fit(
 
             train_seconds = time.perf_counter() - t0
             loop["train_loss_sum"] = loss_sum.item()
-            metrics = evaluate(model, val, task, cfg.batch_size, device, ctx)
+            metrics = evaluate(model, val, task, cfg.batch_size, device, ctx, data_spec, cfg.loss_weights)
             entry = {
                 "epoch": epoch,
                 "step": loop["step"],
@@ -565,24 +582,22 @@ def load_model(checkpoint_uri: str) -> nn.Module:
 def predict(
     model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None
 ) -> np.ndarray:
-    """Outputs in window order, float32 [N, n_outputs]: class probabilities with class 0 (unseen) at 0,
-    or [N, 1] standardised values for regression."""
+    """The target's outputs in window order, float32 [N, n_classes]: class probabilities with class 0
+    (unseen) at 0, or [N, 1] standardised values for regression."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    n_outputs = model.spec["n_outputs"] if hasattr(model, "spec") else None
-    out = np.empty((data.n_windows, n_outputs or 1), dtype=np.float32)
+    spec = data_spec_of(model.shardline_spec)
+    target = spec.targets[0]
+    out = np.empty((data.n_windows, target.n_classes or 1), dtype=np.float32)
     was_training = model.training
     model.eval()
     pos = 0
     with torch.inference_mode():
         for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
             b = batch.to(device)
-            y = model(b.cont, b.cat).float()
-            if data.task == "classification":
+            y = as_outputs(model(b.cont, b.cat), spec)[target.name].float()
+            if target.kind == "classification":
                 y = torch.softmax(masked_logits(y), dim=1)
-            if n_outputs is None:
-                n_outputs = y.shape[1]
-                out = np.empty((data.n_windows, n_outputs), dtype=np.float32)
-            out[pos : pos + len(b)] = y.cpu().numpy()
+            out[pos : pos + len(b)] = y.reshape(len(b), -1).cpu().numpy()
             pos += len(b)
     model.train(was_training)
     return out

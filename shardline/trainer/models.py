@@ -1,4 +1,6 @@
-"""The two model families over a window of frames: an MLP on the flattened window, and a Transformer.
+"""The two built-in model families over a window of frames, an MLP on the flattened window and a
+Transformer: two implementations of the model contract (shardline/trainer/contract.py), as a user's
+own model is; and how a model is described (`model_spec_for`) and rebuilt (`model_from_spec`).
 
 Both embed every categorical column and concatenate the embeddings with the continuous features, so a
 frame is one vector of F numbers. A model is fully described by its `spec` (a plain JSON dict), which
@@ -11,9 +13,12 @@ import torch
 from torch import nn
 
 from shardline.core.config import ModelConfig
+from shardline.trainer.contract import DataSpec, TargetInfo, build_user_model
 
-SPEC_VERSION = 2  # 2: the categorical embeddings of one width share one table (v1: a table per column)
-SPEC_VERSIONS = (1, 2)  # v1 models (registered before) still load and predict
+# 2: the categorical embeddings of one width share one table (v1: a table per column); 3: the model
+# contract (a data spec with named features and targets, the user's entrypoint)
+SPEC_VERSION = 3
+SPEC_VERSIONS = (1, 2, 3)  # v1 and v2 models (registered before) still load and predict
 
 
 def embedding_width(cardinality: int, embedding_dim: int | None = None) -> int:
@@ -23,31 +28,58 @@ def embedding_width(cardinality: int, embedding_dim: int | None = None) -> int:
     return max(1, min(32, round(1.6 * cardinality**0.56)))
 
 
-def model_spec(cfg: ModelConfig | dict, n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int) -> dict:
-    """The JSON description of a model: `model_from_spec(model_spec(...))` builds it."""
-    cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.model_validate(cfg)
-    if n_cont < 0 or window < 1 or n_outputs < 1:
-        raise ValueError(
-            f"bad model shape: n_cont={n_cont} (>= 0), window={window} (>= 1), n_outputs={n_outputs} (>= 1)"
-        )
-    if n_cont == 0 and not cat_cardinalities:
+def legacy_data_spec(n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int) -> DataSpec:
+    """The data spec of a model described by shapes only (spec versions 1 and 2; tests): one target
+    named `target`, a classification when it has more than one output."""
+    kind = "classification" if n_outputs > 1 else "regression"
+    return DataSpec(
+        continuous=[f"cont_{i}" for i in range(n_cont)],
+        boolean=[],
+        categorical=[f"cat_{i}" for i in range(len(cat_cardinalities))],
+        cardinalities=[int(c) for c in cat_cardinalities],
+        window=int(window),
+        targets=[TargetInfo("target", kind, int(n_outputs) if kind == "classification" else None)],
+    )
+
+
+def _check_shape(data: DataSpec) -> None:
+    if data.window < 1 or not data.targets:
+        raise ValueError(f"bad model shape: window={data.window} (>= 1), {len(data.targets)} target(s) (>= 1)")
+    if data.n_cont == 0 and not data.cardinalities:
         raise ValueError(
             "a model needs at least one feature: n_cont is 0 and there is no categorical column; "
             "list columns under data.features (continuous, boolean or categorical)"
         )
-    bad = [c for c in cat_cardinalities if int(c) < 1]
-    if bad:
+    if any(int(c) < 1 for c in data.cardinalities):
         raise ValueError(
-            f"categorical cardinalities must be >= 1 (id 0 is the unseen value), got {list(cat_cardinalities)}"
+            f"categorical cardinalities must be >= 1 (id 0 is the unseen value), got {list(data.cardinalities)}"
         )
-    return {
-        "version": SPEC_VERSION,
-        "model": cfg.model_dump(mode="json"),
-        "n_cont": int(n_cont),
-        "cat_cardinalities": [int(c) for c in cat_cardinalities],
-        "window": int(window),
-        "n_outputs": int(n_outputs),
-    }
+    for t in data.targets:
+        if t.kind == "classification" and (t.n_classes or 0) < 2:
+            raise ValueError(f"target '{t.name}': a classification needs >= 2 classes (id 0 is 'unseen')")
+
+
+def model_spec_for(cfg: ModelConfig | dict, data: DataSpec) -> dict:
+    """The JSON description of a model (checkpoints store it): `model_from_spec(model_spec_for(...))` builds it."""
+    cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.model_validate(cfg)
+    _check_shape(data)
+    return {"version": SPEC_VERSION, "model": cfg.model_dump(mode="json"), "data": data.to_dict()}
+
+
+def model_spec(cfg: ModelConfig | dict, n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int) -> dict:
+    """A model spec from shapes alone (one target named `target`): for tests and benchmarks."""
+    if n_cont < 0 or window < 1 or n_outputs < 1:
+        raise ValueError(
+            f"bad model shape: n_cont={n_cont} (>= 0), window={window} (>= 1), n_outputs={n_outputs} (>= 1)"
+        )
+    return model_spec_for(cfg, legacy_data_spec(n_cont, cat_cardinalities, window, n_outputs))
+
+
+def data_spec_of(spec: dict) -> DataSpec:
+    """The data spec a model spec describes (any version)."""
+    if spec.get("version", 0) >= 3:
+        return DataSpec.from_dict(spec["data"])
+    return legacy_data_spec(spec["n_cont"], spec["cat_cardinalities"], spec["window"], spec["n_outputs"])
 
 
 class FrameEncoder(nn.Module):
@@ -91,84 +123,126 @@ class FrameEncoder(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
-class WindowMLP(nn.Module):
+class _Heads(nn.Module):
+    """One linear head per target on a shared representation: [B, n_classes] or [B] per target. A single
+    target's head is `head` (as in models saved before several targets), several are `heads[name]`."""
+
+    def _add_heads(self, width: int, data: DataSpec) -> None:
+        self.target_specs = list(data.targets)
+        sizes = {t.name: (t.n_classes if t.kind == "classification" else 1) for t in data.targets}
+        if len(sizes) == 1:
+            self.head = nn.Linear(width, next(iter(sizes.values())))
+        else:
+            self.heads = nn.ModuleDict({name: nn.Linear(width, n) for name, n in sizes.items()})
+
+    def _outputs(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {}
+        for t in self.target_specs:
+            y = (self.head if hasattr(self, "head") else self.heads[t.name])(x).float()
+            out[t.name] = y if t.kind == "classification" else y[:, 0]
+        return out
+
+
+class WindowMLP(_Heads):
+    """The window's frames flattened, then `layers` blocks of Linear + GELU + dropout."""
+
     def __init__(
         self,
-        cfg: ModelConfig,
-        n_cont: int,
-        cat_cardinalities: list[int],
-        window: int,
-        n_outputs: int,
+        spec: DataSpec,
+        hidden: int = 256,
+        layers: int = 2,
+        dropout: float = 0.1,
+        embedding_dim: int | None = None,
         fused: bool = True,
     ):
         super().__init__()
-        self.frames = FrameEncoder(n_cont, cat_cardinalities, cfg.embedding_dim, fused=fused)
+        self.frames = FrameEncoder(spec.n_cont, spec.cardinalities, embedding_dim, fused=fused)
         blocks: list[nn.Module] = []
-        width = window * self.frames.width
-        for _ in range(cfg.layers):
-            blocks += [nn.Linear(width, cfg.hidden), nn.GELU(), nn.Dropout(cfg.dropout)]
-            width = cfg.hidden
+        width = spec.window * self.frames.width
+        for _ in range(layers):
+            blocks += [nn.Linear(width, hidden), nn.GELU(), nn.Dropout(dropout)]
+            width = hidden
         self.body = nn.Sequential(*blocks)
-        self.head = nn.Linear(width, n_outputs)
+        self._add_heads(width, spec)
 
-    def forward(self, cont: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
+    def forward(self, cont: torch.Tensor, cat: torch.Tensor) -> dict[str, torch.Tensor]:
         x = self.frames(cont, cat).flatten(1)  # [B, K*F]
-        return self.head(self.body(x)).float()
+        return self._outputs(self.body(x))
 
 
-class WindowTransformer(nn.Module):
+class WindowTransformer(_Heads):
+    """Each frame projected to `hidden`, with a learned position, through a pre-norm Transformer encoder;
+    the targets are read from the window's last frame, which has attended to all the others."""
+
     def __init__(
         self,
-        cfg: ModelConfig,
-        n_cont: int,
-        cat_cardinalities: list[int],
-        window: int,
-        n_outputs: int,
+        spec: DataSpec,
+        hidden: int = 256,
+        layers: int = 2,
+        heads: int = 4,
+        dropout: float = 0.1,
+        embedding_dim: int | None = None,
         fused: bool = True,
     ):
         super().__init__()
-        self.frames = FrameEncoder(n_cont, cat_cardinalities, cfg.embedding_dim, fused=fused)
-        self.proj = nn.Linear(self.frames.width, cfg.hidden)
-        self.position = nn.Embedding(window, cfg.hidden)
+        self.frames = FrameEncoder(spec.n_cont, spec.cardinalities, embedding_dim, fused=fused)
+        self.proj = nn.Linear(self.frames.width, hidden)
+        self.position = nn.Embedding(spec.window, hidden)
         layer = nn.TransformerEncoderLayer(
-            cfg.hidden,
-            cfg.heads,
-            dim_feedforward=4 * cfg.hidden,
-            dropout=cfg.dropout,
+            hidden,
+            heads,
+            dim_feedforward=4 * hidden,
+            dropout=dropout,
             activation="gelu",
             batch_first=True,
             norm_first=True,
         )
         # nested tensors only help with padding masks, which windows never have
-        self.encoder = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(cfg.hidden)
-        self.head = nn.Linear(cfg.hidden, n_outputs)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(hidden)
+        self._add_heads(hidden, spec)
 
-    def forward(self, cont: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
+    def forward(self, cont: torch.Tensor, cat: torch.Tensor) -> dict[str, torch.Tensor]:
         x = self.proj(self.frames(cont, cat))
         x = x + self.position.weight[: x.shape[1]]
         x = self.encoder(x)
-        # the target follows the window's last frame, which has attended to all the others
-        return self.head(self.norm(x[:, -1])).float()
+        return self._outputs(self.norm(x[:, -1]))
 
 
 FAMILIES = {"mlp": WindowMLP, "transformer": WindowTransformer}
 
 
-def model_from_spec(spec: dict) -> nn.Module:
-    """Build the (freshly initialised) model a spec describes; the spec is kept as `model.spec`."""
-    if spec.get("version") not in SPEC_VERSIONS:
+def builtin_params(cfg: ModelConfig) -> dict:
+    """A built-in family's keyword arguments, from the model config."""
+    params = {"hidden": cfg.hidden, "layers": cfg.layers, "dropout": cfg.dropout, "embedding_dim": cfg.embedding_dim}
+    if cfg.family == "transformer":
+        params["heads"] = cfg.heads
+    return {**params, **cfg.params}
+
+
+_FROM_SPEC = object()
+
+
+def model_from_spec(spec: dict, code_dir: str | None | object = _FROM_SPEC) -> nn.Module:
+    """Build the (freshly initialised) model a spec describes, a built-in family or the user's entrypoint
+    (imported from `code_dir`: by default the folder the spec names; None: only what is importable, as
+    in a registered model, which carries the code). The spec is kept as `model.shardline_spec`."""
+    version = spec.get("version")
+    if version not in SPEC_VERSIONS:
         raise ValueError(
-            f"model spec version {spec.get('version')!r} is not supported (this Shardline reads {list(SPEC_VERSIONS)})"
+            f"model spec version {version!r} is not supported (this Shardline reads {list(SPEC_VERSIONS)})"
         )
     cfg = ModelConfig.model_validate(spec["model"])
-    model = FAMILIES[cfg.family](
-        cfg, spec["n_cont"], spec["cat_cardinalities"], spec["window"], spec["n_outputs"], fused=spec["version"] >= 2
-    )
-    model.spec = dict(spec)
+    data = data_spec_of(spec)
+    if cfg.entrypoint:
+        folder = cfg.code_dir if code_dir is _FROM_SPEC else code_dir
+        model = build_user_model(cfg.entrypoint, cfg.params, data, folder)
+    else:
+        model = FAMILIES[cfg.family](data, **builtin_params(cfg), fused=version >= 2)
+    model.shardline_spec = dict(spec)
     return model
 
 
 def build_model(cfg: ModelConfig, n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int) -> nn.Module:
-    """forward(cont [B,K,n_cont], cat [B,K,n_cat]) -> float32 [B, n_outputs] (regression: n_outputs=1)."""
+    """forward(cont [B,K,n_cont], cat [B,K,n_cat]) -> {"target": float32 [B, n_outputs] or [B] (regression)}."""
     return model_from_spec(model_spec(cfg, n_cont, cat_cardinalities, window, n_outputs))

@@ -13,10 +13,24 @@ from shardline.core.config import FILE_SEQUENCE
 from shardline.core.encoding.columns import DataError, prepare
 from shardline.core.encoding.frame import encode_frame
 from shardline.core.manifest import EncodingSpec
+from shardline.trainer.contract import DataSpec, TargetInfo
 
 
 def bundle_dict(spec: EncodingSpec, model_spec: dict, extra: dict | None = None) -> dict:
     return {"format": 1, "encoding": spec.model_dump(mode="json"), "model_spec": model_spec, **(extra or {})}
+
+
+def data_spec(spec: EncodingSpec) -> DataSpec:
+    """What a model sees of an encoded data set (the model contract's `spec`)."""
+    t = spec.target
+    return DataSpec(
+        continuous=[c.name for c in spec.continuous],
+        boolean=list(spec.boolean),
+        categorical=[v.name for v in spec.categorical],
+        cardinalities=spec.cat_cardinalities,
+        window=spec.window,
+        targets=[TargetInfo(t.column, t.task, t.n_outputs if t.task == "classification" else None)],
+    )
 
 
 def input_columns(spec: EncodingSpec) -> list[str]:
@@ -60,7 +74,7 @@ class Predictor:
 
         bundle = json.loads(Path(bundle_path).read_text())
         spec = EncodingSpec.model_validate(bundle["encoding"])
-        model = model_from_spec(bundle["model_spec"])
+        model = model_from_spec(bundle["model_spec"], code_dir=None)  # the user's code travels with the model
         model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
         model.eval()
         return cls(spec, model)

@@ -1,0 +1,245 @@
+"""The model contract: what Shardline gives a model, what it expects back, and the default loss.
+
+A model (a built-in family or the user's own, named by `model.entrypoint: "package.module:Name"`)
+is built as `Name(spec, **model.params)`, where `spec` is a `DataSpec`: the feature names by role,
+the width of the `cont` tensor, each categorical column's cardinality, the window K and each
+target's name, kind and positions. `forward(cont, cat)` takes `cont` [B, K, n_cont] float and `cat`
+[B, K, n_cat] int64 and returns `{target_name: tensor}`: [B, n_classes] (classification) or [B]
+(regression) per target. A model may define `loss(outputs, cont, cat, targets) -> scalar tensor`
+to replace the default loss (cross-entropy or MSE on the standardised value, per target, summed
+with `training.loss_weights`). The loop, checkpoints, exact resume, AMP, evaluation and
+registration treat every model the same.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KINDS = ("classification", "regression")
+
+
+class ModelContractError(ValueError):
+    """A model that does not keep the contract: the message names the entrypoint, the target and the fix."""
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """One predicted target: `name` (its column), `kind` (classification or regression), `n_classes`
+    (classification: the vocabulary size, id 0 being a class never seen in training) and `positions`
+    (`last`: one prediction per window, for the row `horizon` rows after its last)."""
+
+    name: str
+    kind: str
+    n_classes: int | None = None
+    positions: str = "last"
+
+    def expected_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch, self.n_classes) if self.kind == "classification" else (batch,)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a model sees: built once from the encoding, passed to the model's constructor."""
+
+    continuous: list[str]
+    boolean: list[str]
+    categorical: list[str]
+    cardinalities: list[int]  # one per column of `cat`: the categorical columns, then the boolean ones (3 ids)
+    window: int
+    targets: list[TargetInfo] = field(default_factory=list)
+
+    @property
+    def n_cont(self) -> int:
+        return len(self.continuous)
+
+    @property
+    def n_cat(self) -> int:
+        return len(self.cardinalities)
+
+    @property
+    def cat_columns(self) -> list[str]:
+        """The columns of the `cat` tensor, in order."""
+        return [*self.categorical, *self.boolean]
+
+    def target(self, name: str) -> TargetInfo:
+        return next(t for t in self.targets if t.name == name)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DataSpec:
+        return cls(**{**d, "targets": [TargetInfo(**t) for t in d["targets"]]})
+
+
+# ---------------------------------------------------------------- the user's code
+
+
+def _module_file(module) -> str:
+    return getattr(module, "__file__", None) or "(built in)"
+
+
+def import_entrypoint(entrypoint: str, code_dir: str | None = None):
+    """The callable that `model.entrypoint` ("package.module:Name") names, imported from `code_dir`
+    (the config file's folder) and the working directory; errors say what is wrong and where it looked."""
+    module_name, sep, attr = entrypoint.partition(":")
+    if not sep or not module_name or not attr:
+        raise ModelContractError(
+            f"model.entrypoint='{entrypoint}' is not 'package.module:Name' (the module, a colon, the class or "
+            "factory in it), e.g. 'models.world:WorldModel'"
+        )
+    for folder in (str(Path.cwd()), code_dir):
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)
+    where = ", ".join(dict.fromkeys(str(f) for f in (code_dir, Path.cwd()) if f))
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise ModelContractError(
+                f"model.entrypoint='{entrypoint}': no module '{e.name}' in {where} (model.code_dir, default the "
+                "config file's folder, and the working directory); check the module path, or set model.code_dir"
+            ) from None
+        raise ModelContractError(
+            f"model.entrypoint='{entrypoint}': importing {module_name} failed: {type(e).__name__}: {e}; "
+            "install that package or fix the import"
+        ) from e
+    except Exception as e:
+        frame = inspect.trace()[-1] if inspect.trace() else None
+        at = f" ({frame.filename}:{frame.lineno})" if frame else ""
+        raise ModelContractError(
+            f"model.entrypoint='{entrypoint}': importing {module_name} failed{at}: {type(e).__name__}: {e}"
+        ) from e
+    target = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            raise ModelContractError(
+                f"model.entrypoint='{entrypoint}': {module_name} ({_module_file(module)}) has no '{attr}'; "
+                f"it defines {defined}"
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise ModelContractError(
+            f"model.entrypoint='{entrypoint}': {attr} in {module_name} is a {type(target).__name__}, not a "
+            "torch.nn.Module class or a function that returns one"
+        )
+    return target
+
+
+def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: str | None = None) -> nn.Module:
+    """`Name(spec, **params)`, checked to be a torch module."""
+    factory = import_entrypoint(entrypoint, code_dir)
+    try:
+        model = factory(spec, **params)
+    except TypeError as e:
+        raise ModelContractError(
+            f"model.entrypoint='{entrypoint}' called as {entrypoint.rpartition(':')[2]}(spec, "
+            f"**model.params={params}) failed: {e}; it must accept the data spec first, then model.params"
+        ) from e
+    if not isinstance(model, nn.Module):
+        raise ModelContractError(
+            f"model.entrypoint='{entrypoint}' returned a {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
+
+
+# ---------------------------------------------------------------- outputs and loss
+
+
+def as_outputs(raw: Any, spec: DataSpec) -> dict[str, torch.Tensor]:
+    """A model's return value as {target: tensor}: a dict as it is; a bare tensor when there is one target."""
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, torch.Tensor) and len(spec.targets) == 1:
+        return {spec.targets[0].name: raw}
+    raise ModelContractError(
+        f"forward returned a {type(raw).__name__}; it must return a dict {{target: tensor}} with the targets "
+        f"{[t.name for t in spec.targets]}"
+    )
+
+
+def check_outputs(outputs: dict[str, torch.Tensor], spec: DataSpec, batch: int) -> None:
+    """The first batch's outputs keep the contract: every declared target, each of the right shape."""
+    names = [t.name for t in spec.targets]
+    missing = [n for n in names if n not in outputs]
+    if missing:
+        raise ModelContractError(
+            f"forward returned {sorted(outputs)} but not the declared target(s) {missing}: return a dict with a "
+            f"tensor for each of {names}"
+        )
+    for t in spec.targets:
+        out = outputs[t.name]
+        if not isinstance(out, torch.Tensor):
+            raise ModelContractError(f"forward's output for target '{t.name}' is a {type(out).__name__}, not a tensor")
+        want = t.expected_shape(batch)
+        got = tuple(out.shape)
+        if t.kind == "regression" and got == (batch, 1):
+            continue  # [B, 1] is read as [B]
+        if got != want:
+            what = f"[B, {t.n_classes}] class scores" if t.kind == "classification" else "[B] values"
+            raise ModelContractError(
+                f"forward's output for target '{t.name}' ({t.kind}) has shape {list(got)}, expected {list(want)} "
+                f"({what}, B={batch})"
+            )
+
+
+def default_loss(
+    outputs: dict[str, torch.Tensor],
+    targets: dict[str, torch.Tensor],
+    spec: DataSpec,
+    weights: dict[str, float] | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Per target: cross-entropy (classification) or MSE on the standardised value (regression), summed
+    with `weights` (default 1 each)."""
+    total = None
+    for t in spec.targets:
+        out, y = outputs[t.name].float(), targets[t.name]
+        if t.kind == "classification":
+            part = F.cross_entropy(out, y.long(), reduction=reduction)
+        else:
+            part = F.mse_loss(out.reshape(y.shape), y.float(), reduction=reduction)
+        part = part * (weights or {}).get(t.name, 1.0)
+        total = part if total is None else total + part
+    return total
+
+
+def model_loss(
+    model: nn.Module,
+    outputs: dict[str, torch.Tensor],
+    cont: torch.Tensor,
+    cat: torch.Tensor,
+    targets: dict[str, torch.Tensor],
+    spec: DataSpec,
+    weights: dict[str, float] | None = None,
+) -> torch.Tensor:
+    """The model's own `loss(outputs, cont, cat, targets)` when it defines one, else the default loss."""
+    own = getattr(model, "loss", None)
+    if own is None:
+        return default_loss(outputs, targets, spec, weights)
+    return own(outputs, cont, cat, targets)
+
+
+def check_loss(loss: Any, step: int, model: nn.Module) -> None:
+    """A loss must be a finite scalar tensor; the error names the step and whose loss it is."""
+    whose = f"{type(model).__name__}.loss" if getattr(model, "loss", None) is not None else "the default loss"
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ModelContractError(f"{whose} returned {shape} at step {step}; it must return a scalar tensor")
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise ModelContractError(
+            f"{whose} is {value} at step {step}: lower training.lr, check the inputs, or clip gradients "
+            "(training.grad_clip)"
+        )

@@ -1,0 +1,194 @@
+"""The model contract at the trainer: a user's model from a folder outside the repository trains like
+a built-in one, and every way of breaking the contract fails before a step with a message that names
+the entrypoint or the target, what was seen and what was expected."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from shardline.core.config import ModelConfig, TrainingConfig
+from shardline.trainer.contract import ModelContractError, import_entrypoint
+from shardline.trainer.loop import fit, load_model, predict
+from shardline.trainer.models import legacy_data_spec, model_from_spec, model_spec_for
+from tests.test_trainer import CARDS, N_CLASSES, K, data  # noqa: F401  (the module-scoped `data` fixture)
+from tests.user_project import write_project
+
+quiet = lambda *a, **k: None
+
+
+def train_cfg(**over) -> TrainingConfig:
+    base = dict(epochs=1, batch_size=32, lr=1e-2, warmup_steps=2, device="cpu", precision="fp32", seed=0)
+    return TrainingConfig(**{**base, **over})
+
+
+def user_spec(folder, entrypoint="models.world:WindowGRU", **params) -> dict:
+    model = ModelConfig(entrypoint=entrypoint, params=params, code_dir=str(folder))
+    return model_spec_for(model, legacy_data_spec(2, CARDS, K, N_CLASSES))
+
+
+def write_module(folder, name: str, source: str) -> None:
+    (folder / "models").mkdir(parents=True, exist_ok=True)
+    (folder / "models" / "__init__.py").write_text("")
+    (folder / "models" / f"{name}.py").write_text(textwrap.dedent(source).lstrip())
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A user's folder; its `models` package is forgotten after the test (each test writes its own)."""
+    import sys
+
+    folder = tmp_path / "proj"
+    write_project(folder)
+    yield folder
+    for name in [m for m in sys.modules if m == "models" or m.startswith("models.")]:
+        del sys.modules[name]
+    if str(folder) in sys.path:
+        sys.path.remove(str(folder))
+
+
+def test_a_users_model_trains_checkpoints_and_predicts_like_a_built_in(data, project, tmp_path):  # noqa: F811
+    spec = user_spec(project, hidden=12)
+    result = fit(data["classification"], data["classification-val"], spec, train_cfg(), "classification",
+                 str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+    model = load_model(result.best_checkpoint)
+    assert type(model).__name__ == "WindowGRU" and model.gru.hidden_size == 12  # built as Name(spec, **params)
+    probs = predict(model, data["classification-val"])
+    assert probs.shape == (data["classification-val"].n_windows, N_CLASSES)
+    assert torch.allclose(torch.from_numpy(probs).sum(1), torch.ones(len(probs)), atol=1e-5)
+
+
+def test_a_model_with_its_own_loss_trains_on_it(data, project, tmp_path):  # noqa: F811
+    write_module(
+        project,
+        "own",
+        """
+        import torch
+        from torch import nn
+        from models.world import WindowGRU
+
+        class Counted(WindowGRU):
+            calls = 0
+
+            def loss(self, outputs, cont, cat, targets):
+                Counted.calls += 1
+                (name,) = targets
+                return nn.functional.cross_entropy(outputs[name], targets[name].long()) + 0.0 * cont.sum()
+        """,
+    )
+    spec = user_spec(project, "models.own:Counted")
+    fit(data["classification"], data["classification-val"], spec, train_cfg(max_steps_per_epoch=4),
+        "classification", str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+    from models.own import Counted
+
+    assert Counted.calls >= 4  # every training step, and the validation batches
+
+
+@pytest.mark.parametrize(
+    "source, expect",
+    [
+        (
+            "return {'other': torch.zeros(cont.shape[0], 4)}",
+            r"forward returned \['other'\] but not the declared target\(s\) \['target'\]",
+        ),
+        (
+            "return {'target': torch.zeros(cont.shape[0], 7)}",
+            r"output for target 'target' \(classification\) has shape \[\d+, 7\], expected \[\d+, 4\]",
+        ),
+        ("return [torch.zeros(1)]", r"forward returned a list; it must return a dict"),
+    ],
+    ids=["missing-target", "wrong-shape", "not-a-dict"],
+)
+def test_outputs_that_break_the_contract_fail_on_the_first_batch(data, project, tmp_path, source, expect):  # noqa: F811
+    write_module(
+        project,
+        "bad",
+        f"""
+        import torch
+        from torch import nn
+
+        class Bad(nn.Module):
+            def __init__(self, spec):
+                super().__init__()
+                self.w = nn.Parameter(torch.zeros(1))
+
+            def forward(self, cont, cat):
+                {source}
+        """,
+    )
+    with pytest.raises(ModelContractError, match=expect):
+        fit(data["classification"], data["classification-val"], user_spec(project, "models.bad:Bad"), train_cfg(),
+            "classification", str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+    ckpt = tmp_path / "ckpt"
+    assert not ckpt.exists() or not list(ckpt.glob("ckpt-*"))  # no step was taken, nothing written
+
+
+@pytest.mark.parametrize(
+    "loss, expect",
+    [
+        ("torch.ones(3, requires_grad=True)", r"Lossy.loss returned \[3\] at step 1; it must return a scalar tensor"),
+        ("torch.tensor(float('nan'), requires_grad=True)", r"Lossy.loss is nan at step 1"),
+    ],
+    ids=["not-a-scalar", "nan"],
+)
+def test_a_loss_that_is_not_a_finite_scalar_names_the_step(data, project, tmp_path, loss, expect):  # noqa: F811
+    write_module(
+        project,
+        "lossy",
+        f"""
+        import torch
+        from models.world import WindowGRU
+
+        class Lossy(WindowGRU):
+            def loss(self, outputs, cont, cat, targets):
+                return {loss}
+        """,
+    )
+    with pytest.raises(ModelContractError, match=expect):
+        fit(data["classification"], data["classification-val"], user_spec(project, "models.lossy:Lossy"),
+            train_cfg(), "classification", str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+
+
+def test_entrypoints_that_do_not_build_a_module_say_why(project):
+    write_module(
+        project,
+        "odd",
+        """
+        def not_a_module(spec):
+            return 42
+
+        def no_spec():
+            return None
+
+        VALUE = 3
+        """,
+    )
+    with pytest.raises(ModelContractError, match=r"no module 'nowhere' in .*proj"):
+        import_entrypoint("nowhere.world:Net", str(project))
+    with pytest.raises(
+        ModelContractError, match=r"models.world \(.*world.py\) has no 'Missing'; it defines .*WindowGRU"
+    ):
+        import_entrypoint("models.world:Missing", str(project))
+    with pytest.raises(ModelContractError, match="is a int, not a torch.nn.Module class"):
+        import_entrypoint("models.odd:VALUE", str(project))
+    data_spec = legacy_data_spec(2, CARDS, K, N_CLASSES)
+    with pytest.raises(ModelContractError, match="returned a int, not a torch.nn.Module"):
+        model_from_spec(model_spec_for(ModelConfig(entrypoint="models.odd:not_a_module", code_dir=str(project)),
+                                       data_spec))  # fmt: skip
+    with pytest.raises(ModelContractError, match=r"must accept the data spec first, then model.params"):
+        model_from_spec(model_spec_for(ModelConfig(entrypoint="models.odd:no_spec", code_dir=str(project)),
+                                       data_spec))  # fmt: skip
+
+
+def test_an_import_error_inside_the_users_module_names_its_file_and_line(tmp_path):
+    folder = tmp_path / "broken-proj"
+    (folder / "brokenpkg").mkdir(parents=True)
+    (folder / "brokenpkg" / "__init__.py").write_text("")
+    (folder / "brokenpkg" / "net.py").write_text("import torch\n\nSCALE = 1 / 0\n")
+    with pytest.raises(ModelContractError, match=r"importing brokenpkg.net failed \(.*net.py:3\): ZeroDivisionError"):
+        import_entrypoint("brokenpkg.net:Net", str(folder))
+    (folder / "brokenpkg" / "other.py").write_text("import not_a_real_package_xyz\n")
+    with pytest.raises(ModelContractError, match=r"importing brokenpkg.other failed: .*not_a_real_package_xyz"):
+        import_entrypoint("brokenpkg.other:Net", str(folder))

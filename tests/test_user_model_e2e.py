@@ -1,0 +1,102 @@
+"""A user's own model, as a user runs it: `shardline run` on a config beside their code, in a folder
+outside Shardline's repository (a real Prefect API, MLflow store and training). An edit to a helper
+module the model imports retrains while the data steps stay cached, and the registered model predicts
+raw rows in a fresh process elsewhere after the user's folder is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import make_raw, tiny_config
+from tests.user_project import HELPERS, write_project
+
+BIN = Path(sys.executable).with_name("shardline")
+
+
+def shardline(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    return subprocess.run([str(BIN), *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.mark.e2e
+def test_a_users_model_trains_retrains_on_a_code_edit_and_predicts_without_its_code(tmp_path):
+    make_raw(tmp_path / "raw", n_seq=15, rows=80)
+    root = tmp_path / "store"
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root), **{"training.epochs": 3})
+    project = tmp_path / "my-repo"
+    config = write_project(project, cfg)
+
+    # run from another folder: the model's module is found beside the config
+    first = shardline("run", str(config), cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "steps: ingest ran, encode ran, train ran, evaluate ran, register ran" in first.stdout
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    v1 = client.get_model_version("tiny-model", "1")
+    assert v1.tags["shardline.model_entrypoint"] == "models.world:WindowGRU"
+    # the label is the previous row's kind: the user's GRU over the window learns it, the majority class does not
+    metrics = client.get_run(v1.run_id).data.metrics
+    assert metrics["test/accuracy"] > 0.9 > 0.5 > metrics["baseline/accuracy"]
+
+    # an edit to a helper the model imports is an edit to the model: train again, keep the data steps
+    (project / "models" / "helpers.py").write_text(HELPERS.replace("return 4", "return 3"))
+    second = shardline("run", str(config), cwd=tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "steps: ingest cached, encode cached, train ran, evaluate ran, register ran" in second.stdout
+    v2 = client.get_model_version("tiny-model", "2")
+    assert v2.tags["shardline.model_code_version"] != v1.tags["shardline.model_code_version"]
+
+    # the registered model carries the user's code and Shardline's: it predicts raw rows in a fresh
+    # process, in another folder, with the user's repository gone
+    project.rename(tmp_path / "deleted")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    raw = sorted((tmp_path / "raw").glob("*.parquet"))[0]
+    code = f"""
+import json, sys
+import mlflow, polars as pl
+mlflow.set_tracking_uri("sqlite:///{root}/mlflow.db")
+model = mlflow.pyfunc.load_model("models:/tiny-model/2")
+rows = pl.read_parquet("{raw}")
+preds = pl.from_pandas(model.predict(rows.drop("label").to_pandas()))
+truth = rows.select("seq", "t", "label")
+joined = preds.join(truth, on=["seq", "t"])
+print(json.dumps({{
+    "rows": preds.height, "accuracy": float((joined["prediction"] == joined["label"]).mean()),
+    "columns": preds.columns, "user_code": sys.modules["models.world"].__file__,
+    "shardline": sys.modules["shardline"].__file__,
+}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["rows"] == pl.read_parquet(raw).height - 3 * 3  # one per window: 3 sequences of 80 rows, K=3
+    assert got["columns"] == ["seq", "t", "prediction", "probability"]
+    assert got["accuracy"] > 0.9
+    artifacts = str(root / "mlflow-artifacts")
+    assert got["user_code"].startswith(artifacts) and got["shardline"].startswith(artifacts)
+
+
+def test_a_bad_entrypoint_is_refused_before_any_work_with_exit_code_2(tmp_path):
+    make_raw(tmp_path / "raw", n_seq=3, rows=20)
+    root = tmp_path / "store"
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root))
+    config = write_project(tmp_path / "repo", cfg)
+    text = config.read_text()
+    for entrypoint, expect in (
+        ("models.world:Missing", "has no 'Missing'; it defines ['WindowGRU'"),
+        ("nothere.world:Net", "no module 'nothere' in"),
+        ("models.world", "is not 'package.module:Name'"),
+    ):
+        config.write_text(text.replace("models.world:WindowGRU", entrypoint))
+        out = shardline("run", str(config), cwd=tmp_path)
+        assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+        assert expect in out.stderr and "model.entrypoint" in out.stderr
+    assert not root.exists()  # nothing was started, nothing written
