@@ -192,3 +192,26 @@ def test_an_import_error_inside_the_users_module_names_its_file_and_line(tmp_pat
     (folder / "brokenpkg" / "other.py").write_text("import not_a_real_package_xyz\n")
     with pytest.raises(ModelContractError, match=r"importing brokenpkg.other failed: .*not_a_real_package_xyz"):
         import_entrypoint("brokenpkg.other:Net", str(folder))
+
+
+def test_the_documented_example_model_trains_as_written(data, tmp_path):  # noqa: F811
+    """docs/model-contract.md is the spec: its complete model, copied from the page, trains and predicts."""
+    import re
+    import sys
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "model-contract.md").read_text()
+    (source,) = re.findall(r"## A complete model, from this page alone\n\n```python\n(.*?)```", page, re.S)
+    folder = tmp_path / "doc-repo"
+    folder.mkdir()
+    (folder / "docmodel.py").write_text(source)
+    try:
+        spec = model_spec_for(
+            ModelConfig(entrypoint="docmodel:WindowGRU", params={"hidden": 8}, code_dir=str(folder)),
+            legacy_data_spec(2, CARDS, K, N_CLASSES),
+        )
+        result = fit(data["classification"], data["classification-val"], spec, train_cfg(), "classification",
+                     str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+        assert predict(load_model(result.best_checkpoint), data["classification-val"]).shape[1] == N_CLASSES
+    finally:
+        sys.modules.pop("docmodel", None)

@@ -326,3 +326,31 @@ def test_sigterm_inside_a_checkpoint_write_completes_it_then_stops(run, tmp_path
     assert latest_checkpoint(str(folder))[1]["step"] == 28
     assert_sound(folder)
     resumed(run, folder, 28, reference)
+
+
+# ---------------------------------------------------------------- a user's own model
+
+
+@pytest.fixture(scope="module")
+def user_model(tmp_path_factory, shards) -> tuple[dict, tuple[dict, dict]]:
+    """A user's model (tests/user_project.py, from a folder outside the repository) and its uninterrupted run."""
+    from shardline.trainer.models import legacy_data_spec, model_spec_for
+    from tests.user_project import write_project
+
+    folder = tmp_path_factory.mktemp("user-repo")
+    write_project(folder)
+    model = ModelConfig(entrypoint="models.world:WindowGRU", params={"hidden": 16}, code_dir=str(folder))
+    spec = model_spec_for(model, legacy_data_spec(2, CARDS, WINDOW, N_CLASSES))
+    tmp = tmp_path_factory.mktemp("user-reference")
+    result = Child(tmp, shards, tmp / "ckpt", "reference", model_spec=spec).finish()
+    return spec, (result, load_checkpoint(result["last_checkpoint"]))
+
+
+def test_kill_mid_epoch_and_resume_a_users_model_bit_identical(run, tmp_path, user_model):
+    spec, reference = user_model
+    folder = tmp_path / "ckpt"
+    child = run("killed", folder, hold_at_step=17, model_spec=spec)
+    child.wait_for("held 17")
+    child.kill()
+    assert latest_checkpoint(str(folder))[1]["step"] == 14
+    resumed(run, folder, 14, reference, model_spec=spec)
