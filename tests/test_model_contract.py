@@ -215,3 +215,40 @@ def test_the_documented_example_model_trains_as_written(data, tmp_path):  # noqa
         assert predict(load_model(result.best_checkpoint), data["classification-val"]).shape[1] == N_CLASSES
     finally:
         sys.modules.pop("docmodel", None)
+
+
+def test_fine_tuning_starts_from_matching_tensors_and_leaves_frozen_ones_bit_for_bit(data, project, tmp_path):  # noqa: F811
+    from shardline.trainer.checkpoint import load_checkpoint
+
+    base = fit(data["classification"], data["classification-val"], user_spec(project), train_cfg(),
+               "classification", str(tmp_path / "base"), log=quiet)  # fmt: skip
+    parent = load_checkpoint(base.best_checkpoint)["model"]
+    # a head for one more class: its tensors do not fit and are skipped; the backbone is loaded and frozen
+    wider = model_spec_for(
+        ModelConfig(entrypoint="models.world:WindowGRU", params={"hidden": 16}, code_dir=str(project)),
+        legacy_data_spec(2, CARDS, K, N_CLASSES + 1),
+    )
+    lines: list[str] = []
+    tuned = fit(data["classification"], data["classification-val"], wider, train_cfg(freeze=["embed.", "gru."]),
+                "classification", str(tmp_path / "tuned"), log=lines.append, init_weights=parent,
+                init_source="models:/base@champion")  # fmt: skip
+    child = load_checkpoint(tuned.best_checkpoint)["model"]
+    backbone = [k for k in parent if k.startswith(("embed.", "gru."))]
+    assert backbone and all(torch.equal(child[k], parent[k]) for k in backbone)  # frozen: not one bit moved
+    assert not torch.equal(child["heads.target.weight"][:N_CLASSES], parent["heads.target.weight"])
+    init = tuned.run_meta["init_from"]
+    assert init["source"] == "models:/base@champion" and set(backbone) <= set(init["loaded"])
+    assert init["skipped"] == [
+        f"heads.target.bias [{N_CLASSES}] -> [{N_CLASSES + 1}]",
+        f"heads.target.weight [{N_CLASSES}, 16] -> [{N_CLASSES + 1}, 16]",
+    ]
+    assert any("init_from models:/base@champion: loaded" in line for line in lines)
+
+
+def test_fine_tuning_refuses_unmatched_prefixes_and_weights_that_fit_nothing(data, project, tmp_path):  # noqa: F811
+    with pytest.raises(ModelContractError, match=r"training.freeze: \['backbone.'\] match\(es\) no parameter"):
+        fit(data["classification"], data["classification-val"], user_spec(project), train_cfg(freeze=["backbone."]),
+            "classification", str(tmp_path / "a"), log=quiet)  # fmt: skip
+    with pytest.raises(ModelContractError, match=r"init_from=other: none of its 1 tensors matches WindowGRU"):
+        fit(data["classification"], data["classification-val"], user_spec(project), train_cfg(), "classification",
+            str(tmp_path / "b"), log=quiet, init_weights={"x.weight": torch.zeros(2)}, init_source="other")  # fmt: skip

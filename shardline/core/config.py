@@ -242,6 +242,14 @@ class TrainingConfig(_Strict):
             "are never retried"
         ),
     )
+    init_from: str | None = Field(
+        None,
+        description="start from another model's weights, matched by name and shape: a registered model "
+        "(models:/name@alias, models:/name/3) or a checkpoint in storage (a .pt file or a run's checkpoint folder)",
+    )
+    freeze: list[str] = Field(
+        default_factory=list, description="parameter name prefixes not trained (e.g. a backbone: ['encoder.'])"
+    )
     loss_weights: dict[str, float] = Field(
         default_factory=dict, description="target column -> weight of its loss in the sum (default 1 each)"
     )

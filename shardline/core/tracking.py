@@ -159,6 +159,15 @@ class Tracker:
         for i in range(0, len(todo), 100):
             self._guard("log_batch", self.client.log_batch, self.run_id, params=todo[i : i + 100])
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        if self.run_id:
+            for k, v in tags.items():
+                self._guard("set_tag", self.client.set_tag, self.run_id, k, v)
+
+    def log_dict(self, data: dict, artifact_file: str) -> None:
+        if self.run_id:
+            self._guard("log_dict", self.client.log_dict, self.run_id, data, artifact_file)
+
     def last_step(self, key: str) -> int:
         """The highest step already logged for `key` in this run (-1 when none, or when MLflow is away)."""
         if not self.run_id:

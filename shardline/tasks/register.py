@@ -118,6 +118,12 @@ def register_model(
         "shardline.code_version": code_version(),
         "shardline.encoding_hash": manifest.encoding_hash,
     }
+    parent = train_result.get("parent")
+    if parent:  # fine-tuned from another model: its lineage
+        tags["shardline.parent"] = parent["uri"]
+        for key in ("name", "version", "run_id", "checkpoint"):
+            if parent.get(key):
+                tags[f"shardline.parent_{key}"] = str(parent[key])
     if config.model.entrypoint:
         tags["shardline.model_entrypoint"] = config.model.entrypoint
         tags["shardline.model_code_version"] = user_code_version(config.model.entrypoint, config.model.code_dir)

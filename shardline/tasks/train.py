@@ -19,7 +19,7 @@ from prefect.logging import get_run_logger
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.tasks.caching import CacheRule
-from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_identity, run_dir
+from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_identity, run_dir, training_identity
 
 
 class TrainingRunFailed(RuntimeError):
@@ -204,7 +204,7 @@ def train_key(inputs: dict) -> tuple:
     return (
         inputs["manifest_hash"],
         model_identity(cfg.model),
-        cfg.training.model_dump(mode="json", exclude=set(cfg.training.RESUMABLE_CHANGES)),
+        training_identity(cfg),
         cfg.mlflow.model_dump(mode="json", include={"tracking_uri", "experiment"}),
     )
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import socket
+import tempfile
 import time
+from pathlib import Path
 
 import yaml
 from prefect import get_run_logger
@@ -17,7 +19,7 @@ from shardline.core import storage
 from shardline.core.config import ModelConfig, PipelineConfig, stable_hash
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import Manifest
-from shardline.core.tracking import Tracker, flatten
+from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
 
 RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
@@ -32,10 +34,73 @@ def model_identity(model: ModelConfig) -> dict:
     return identity
 
 
+def parent_model(config: PipelineConfig) -> dict | None:
+    """What `training.init_from` names, resolved: for a registered model its name, version and run (an
+    alias is resolved, so moving it starts another run); for a checkpoint its URI and checksum. An
+    init_from that names nothing is an error naming it and where it was looked for."""
+    uri = config.training.init_from
+    if uri is None:
+        return None
+    if uri.startswith("models:/"):
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        where = tracking_uri(config.mlflow, config.storage.root)
+        name, _, ref = uri[len("models:/") :].partition("@")
+        if not ref:
+            name, _, ref = name.partition("/")
+        try:
+            client = MlflowClient(where)
+            version = (
+                client.get_model_version_by_alias(name, ref) if "@" in uri else client.get_model_version(name, ref)
+            )
+        except MlflowException as e:
+            raise ValueError(
+                f"training.init_from={uri}: no such registered model version in {where} "
+                f"({e.message.splitlines()[0][:200]}); check the name and the alias or version"
+            ) from None
+        return {"uri": uri, "name": name, "version": str(version.version), "run_id": version.run_id}
+    from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
+
+    found = (None, {"sha256": None}) if uri.endswith(".pt") else (best_checkpoint(uri) or latest_checkpoint(uri))
+    if found is None or (uri.endswith(".pt") and not storage.exists(uri)):
+        raise ValueError(
+            f"training.init_from={uri}: no checkpoint there; give a registered model (models:/name@alias), a "
+            ".pt checkpoint or a run's checkpoints folder"
+        )
+    checkpoint = uri if uri.endswith(".pt") else found[0]
+    return {"uri": uri, "checkpoint": checkpoint, "sha256": found[1].get("sha256")}
+
+
+def init_weights(config: PipelineConfig, parent: dict) -> dict:
+    """The tensors of the model `training.init_from` names, loaded with weights_only=True."""
+    import torch
+
+    if "checkpoint" in parent:
+        from shardline.trainer.checkpoint import load_checkpoint
+
+        return load_checkpoint(parent["checkpoint"])["model"]
+    import mlflow
+
+    with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)), tempfile.TemporaryDirectory() as tmp:
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=f"models:/{parent['name']}/{parent['version']}", dst_path=tmp
+        )
+        return torch.load(Path(local) / "artifacts" / "weights.pt", map_location="cpu", weights_only=True)
+
+
+def training_identity(config: PipelineConfig) -> dict:
+    """The training settings that change what is trained, with `init_from` resolved (`parent_model`)."""
+    identity = config.training.model_dump(mode="json", exclude=set(config.training.RESUMABLE_CHANGES))
+    if config.training.init_from:
+        identity["init_from"] = parent_model(config)
+    return identity
+
+
 def run_dir(config: PipelineConfig, manifest: Manifest) -> str:
     """Where one training run's checkpoints and evaluation live: addressed by data + model (its code
     included) + the training settings that change what is trained."""
-    training = config.training.model_dump(mode="json", exclude=set(config.training.RESUMABLE_CHANGES))
+    training = training_identity(config)
     key = stable_hash({"manifest": manifest.hash(), "model": model_identity(config.model), "training": training})
     return storage.join(config.storage.root, "runs", key[:20])
 
@@ -117,6 +182,9 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
         update_progress_artifact(artifact_id=progress, progress=100.0 * (epoch + 1) / total)
 
     mspec = model_spec_for(config.model, data_spec(spec))
+    parent = parent_model(config)
+    if parent is not None:
+        tracker.set_tags({"shardline.parent": json.dumps(parent)})
     try:
         result = fit(
             train_data,
@@ -129,6 +197,9 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
             on_epoch=on_epoch,
             run_meta={"mlflow_run_id": run_id, "config_hash": config.hash(), "manifest": manifest_uri},
             log=log.info,
+            # a resumed run has its weights; only a fresh one reads the parent's
+            init_weights=init_weights(config, parent) if parent and not previous else None,
+            init_source=config.training.init_from or "",
         )
     except Preempted:
         tracker.end("KILLED")  # resumed later into the same run
@@ -136,10 +207,15 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
     except BaseException:
         tracker.end("FAILED")
         raise
+    init = result.run_meta.get("init_from")
+    if init and not prev_run:
+        tracker.log_dict(init, "init_from.json")  # which tensors were loaded, which are new, which skipped
+        tracker.set_tags({f"shardline.init_from.{k}": str(len(init[k])) for k in ("loaded", "new", "skipped")})
     tracker.end("FINISHED")
     best = best_checkpoint(ckpt_dir)
     out = {
         "best_sha256": best[1]["sha256"] if best else None,
+        "parent": parent,
         "run_dir": folder,
         "best_checkpoint": result.best_checkpoint,
         "last_checkpoint": result.last_checkpoint,

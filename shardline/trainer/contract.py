@@ -243,3 +243,51 @@ def check_loss(loss: Any, step: int, model: nn.Module) -> None:
             f"{whose} is {value} at step {step}: lower training.lr, check the inputs, or clip gradients "
             "(training.grad_clip)"
         )
+
+
+# ---------------------------------------------------------------- starting from another model's weights
+
+
+def load_matching(model: nn.Module, weights: dict[str, torch.Tensor], source: str) -> dict[str, list[str]]:
+    """Copy the parameters and buffers of `weights` that match `model`'s by name and shape; returns which
+    were `loaded`, which the model has that `weights` lacks (`new`) and which did not fit (`skipped`,
+    with the shapes). Nothing matching is an error naming both models."""
+    own = model.state_dict()
+    loaded, skipped = [], []
+    for name, value in weights.items():
+        if name not in own:
+            continue
+        if tuple(own[name].shape) != tuple(value.shape):
+            skipped.append(f"{name} {list(value.shape)} -> {list(own[name].shape)}")
+            continue
+        loaded.append(name)
+    if not loaded:
+        raise ModelContractError(
+            f"training.init_from={source}: none of its {len(weights)} tensors matches {type(model).__name__} by "
+            f"name and shape (its: {sorted(weights)[:6]}...; this model's: {sorted(own)[:6]}...); start from a "
+            "model of the same architecture, or drop training.init_from"
+        )
+    with torch.no_grad():
+        for name in loaded:
+            own[name].copy_(weights[name])
+    new = sorted(n for n in own if n not in weights)
+    return {"loaded": sorted(loaded), "new": new, "skipped": sorted(skipped)}
+
+
+def freeze(model: nn.Module, prefixes: list[str]) -> list[str]:
+    """Stop the gradients of the parameters whose names start with one of `prefixes`; returns their names.
+    A prefix that matches no parameter is an error that lists the model's top-level modules."""
+    names = [n for n, _ in model.named_parameters()]
+    unmatched = [p for p in prefixes if not any(n.startswith(p) for n in names)]
+    if unmatched:
+        tops = sorted({n.split(".")[0] for n in names})
+        raise ModelContractError(
+            f"training.freeze: {unmatched} match(es) no parameter of {type(model).__name__}; its parameters start "
+            f"with {tops}"
+        )
+    frozen = []
+    for name, param in model.named_parameters():
+        if any(name.startswith(p) for p in prefixes):
+            param.requires_grad_(False)
+            frozen.append(name)
+    return frozen

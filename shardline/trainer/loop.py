@@ -43,7 +43,16 @@ from shardline.trainer.checkpoint import (
     remove_temp_files,
     save_checkpoint,
 )
-from shardline.trainer.contract import DataSpec, as_outputs, check_loss, check_outputs, default_loss, model_loss
+from shardline.trainer.contract import (
+    DataSpec,
+    as_outputs,
+    check_loss,
+    check_outputs,
+    default_loss,
+    freeze,
+    load_matching,
+    model_loss,
+)
 from shardline.trainer.data import SplitData, WindowLoader
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
 from shardline.trainer.models import data_spec_of, model_from_spec
@@ -95,8 +104,9 @@ def make_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device) 
     """AdamW; weight decay on matrices (Linear / attention weights) only, not on biases, norms or embeddings:
     decaying an embedding table shrinks rare categories towards zero just for being rare."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
-    rest = [p for p in model.parameters() if not (p.dim() >= 2 and id(p) not in embeddings)]
+    trained = [p for p in model.parameters() if p.requires_grad]  # frozen ones (training.freeze) are left alone
+    decay = [p for p in trained if p.dim() >= 2 and id(p) not in embeddings]
+    rest = [p for p in trained if not (p.dim() >= 2 and id(p) not in embeddings)]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=device.type == "cuda")
 
@@ -305,6 +315,8 @@ def fit(
     resume: bool = True,
     log: Callable[[str], None] = print,
     step_every: int = 10,
+    init_weights: dict[str, torch.Tensor] | None = None,
+    init_source: str = "",
 ) -> FitResult:
     """Train `model_spec` on `train`, validate on `val` every epoch, checkpoint into `ckpt_dir`.
 
@@ -312,6 +324,8 @@ def fit(
     after each epoch's validation, before its checkpoint (so a crash re-runs, never skips, a report).
     With resume, the newest complete checkpoint in `ckpt_dir` is restored exactly, mid-epoch included;
     a finished run returns its result without training. Without resume, old checkpoints there are deleted.
+    A fresh run starts from `init_weights` (another model's, `init_source` names it) where they match by
+    name and shape; `cfg.freeze` prefixes name the parameters that are not trained.
     """
     spec = _plain(model_spec, "model_spec")
     run_meta = _plain(run_meta or {}, "run_meta")
@@ -357,7 +371,19 @@ def fit(
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model = model_from_spec(spec).to(device)
+    model = model_from_spec(spec)
+    if init_weights is not None and not found:  # a resumed run has its own weights in its checkpoint
+        matched = load_matching(model, init_weights, init_source)
+        run_meta = {**run_meta, "init_from": {"source": init_source, **matched}}
+        log(
+            f"init_from {init_source}: loaded {len(matched['loaded'])} tensor(s), {len(matched['new'])} new "
+            f"({', '.join(matched['new'][:8]) or 'none'}), {len(matched['skipped'])} skipped "
+            f"({', '.join(matched['skipped'][:8]) or 'none'})"
+        )
+    frozen = freeze(model, list(cfg.freeze)) if cfg.freeze else []
+    if frozen:
+        log(f"training.freeze {list(cfg.freeze)}: {len(frozen)} parameter tensor(s) frozen")
+    model = model.to(device)
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
     ctx = autocast(device, precision)  # chosen once: every precision shares the one step below

@@ -1,0 +1,54 @@
+"""Fine-tuning from the registry through the real pipeline: a registered model is the starting point of
+another run (`training.init_from: models:/name@alias`) with its backbone frozen; the new version is
+tagged with its parent, and the frozen tensors are the parent's, bit for bit."""
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from shardline.core.config import validate_config
+from shardline.trainer.checkpoint import load_checkpoint
+from tests.conftest import make_raw, tiny_config
+
+pytestmark = pytest.mark.e2e
+
+
+def test_fine_tune_a_registered_model_with_a_frozen_backbone(tmp_path, prefect_api):
+    from shardline.flows.pipeline import pipeline
+
+    make_raw(tmp_path / "raw", n_seq=15, rows=80)
+    root = str(tmp_path / "store")
+    source = str(tmp_path / "raw" / "*.parquet")
+    parent = pipeline(validate_config(tiny_config(source, root)))
+    assert parent["registered"]["version"] == 1
+
+    tuned_cfg = tiny_config(
+        source,
+        root,
+        **{
+            "training.init_from": "models:/tiny-model@champion",
+            "training.freeze": ["frames.", "body."],
+            "training.lr": 0.02,
+        },
+    )
+    tuned = pipeline(validate_config(tuned_cfg))
+    assert tuned["steps"]["encode"] == "cached" and tuned["steps"]["train"] == "ran"
+    client = MlflowClient(tuned["registered"]["tracking_uri"])
+    version = client.get_model_version("tiny-model", str(tuned["registered"]["version"]))
+    assert version.tags["shardline.parent"] == "models:/tiny-model@champion"
+    assert version.tags["shardline.parent_name"] == "tiny-model" and version.tags["shardline.parent_version"] == "1"
+    assert version.tags["shardline.parent_run_id"] == parent["registered"]["run_id"]
+    run = client.get_run(version.run_id)
+    assert int(run.data.tags["shardline.init_from.loaded"]) > 0 and run.data.tags["shardline.init_from.skipped"] == "0"
+    assert "init_from.json" in {a.path for a in client.list_artifacts(version.run_id)}
+
+    before = load_checkpoint(parent["train"]["best_checkpoint"])["model"]
+    after = load_checkpoint(tuned["train"]["best_checkpoint"])["model"]
+    frozen = [k for k in before if k.startswith(("frames.", "body."))]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+
+    # a parent that does not exist is named, with where it was looked for
+    missing = tiny_config(source, root, **{"training.init_from": "models:/no-such-model@champion"})
+    with pytest.raises(ValueError, match=r"training.init_from=models:/no-such-model@champion: no such registered"):
+        pipeline(validate_config(missing))
