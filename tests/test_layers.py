@@ -4,12 +4,13 @@ PyTorch, runnable by torchrun alone) and `core/` reach neither Prefect nor, for 
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from shardline.core import version
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "shardline"
@@ -32,21 +33,9 @@ def layer_of(module: str) -> str:
 
 
 def imports_of(path: Path) -> set[str]:
-    """Every module named by an import statement in the file, wherever the statement is."""
-    module = module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
+    """Every module named by an import statement in the file, wherever the statement is (the parser the
+    cache keys use, shardline/core/version.py)."""
+    return version.imports_of(path, module_name(path))
 
 
 def project_graph() -> dict[str, set[str]]:

@@ -32,7 +32,8 @@ def _module_path(name: str, root: Path = ROOT, packages: tuple[str, ...] | None 
     return None
 
 
-def _imports(path: Path, module: str) -> set[str]:
+def imports_of(path: Path, module: str) -> set[str]:
+    """Every module an import statement in `path` (module `module`) names, wherever the statement is."""
     found: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     with _PARSE:
@@ -59,7 +60,7 @@ def _closure(module: str, root: Path, packages: tuple[str, ...] | None) -> dict[
         if path is None or name in seen:
             continue
         seen[name] = path
-        todo.extend(_imports(path, name))
+        todo.extend(imports_of(path, name))
     return seen
 
 
