@@ -134,3 +134,11 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake_root / "shardline")
     with pytest.raises(AssertionError, match=r"shardline.core.storage \(core\) imports shardline.flows.pipeline"):
         test_no_import_runs_upward()
+
+
+def test_importing_the_pipeline_does_not_import_torch():
+    """A fully cached rerun never trains: the pipeline's import must not pay torch's start-up (~3 s);
+    the steps that need it import it when they run."""
+    code = "import sys, shardline.flows.pipeline\nprint('torch' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]

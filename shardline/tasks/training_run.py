@@ -62,14 +62,16 @@ def parent_model(config: PipelineConfig) -> dict | None:
         return {"uri": uri, "name": name, "version": str(version.version), "run_id": version.run_id}
     from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
 
-    found = (None, {"sha256": None}) if uri.endswith(".pt") else (best_checkpoint(uri) or latest_checkpoint(uri))
-    if found is None or (uri.endswith(".pt") and not storage.exists(uri)):
+    if uri.endswith(".pt"):
+        found = (uri, {"sha256": storage.sha256_uri(uri)}) if storage.exists(uri) else None
+    else:
+        found = best_checkpoint(uri) or latest_checkpoint(uri)
+    if found is None:
         raise ValueError(
             f"training.init_from={uri}: no checkpoint there; give a registered model (models:/name@alias), a "
             ".pt checkpoint or a run's checkpoints folder"
         )
-    checkpoint = uri if uri.endswith(".pt") else found[0]
-    return {"uri": uri, "checkpoint": checkpoint, "sha256": found[1].get("sha256")}
+    return {"uri": uri, "checkpoint": found[0], "sha256": found[1].get("sha256")}
 
 
 def init_weights(config: PipelineConfig, parent: dict) -> dict:
@@ -89,18 +91,19 @@ def init_weights(config: PipelineConfig, parent: dict) -> dict:
         return torch.load(Path(local) / "artifacts" / "weights.pt", map_location="cpu", weights_only=True)
 
 
-def training_identity(config: PipelineConfig) -> dict:
-    """The training settings that change what is trained, with `init_from` resolved (`parent_model`)."""
+def training_identity(config: PipelineConfig, parent: dict | None = None) -> dict:
+    """The training settings that change what is trained, with `init_from` resolved (`parent`, when the
+    caller has it, else `parent_model`)."""
     identity = config.training.model_dump(mode="json", exclude=set(config.training.RESUMABLE_CHANGES))
     if config.training.init_from:
-        identity["init_from"] = parent_model(config)
+        identity["init_from"] = parent or parent_model(config)
     return identity
 
 
-def run_dir(config: PipelineConfig, manifest: Manifest) -> str:
+def run_dir(config: PipelineConfig, manifest: Manifest, parent: dict | None = None) -> str:
     """Where one training run's checkpoints and evaluation live: addressed by data + model (its code
     included) + the training settings that change what is trained."""
-    training = training_identity(config)
+    training = training_identity(config, parent)
     key = stable_hash({"manifest": manifest.hash(), "model": model_identity(config.model), "training": training})
     return storage.join(config.storage.root, "runs", key[:20])
 
@@ -133,7 +136,8 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
     spec = manifest.encoding
     train_data = open_split(manifest, manifest_uri, "train")
     val_data = open_split(manifest, manifest_uri, "validation")
-    folder = run_dir(config, manifest)
+    parent = parent_model(config)  # resolved once: the run folder and the starting weights agree
+    folder = run_dir(config, manifest, parent)
     ckpt_dir = storage.join(folder, "checkpoints")
     # the resolved config (after extends and --set) is stored with what it produced
     storage.write_text(
@@ -182,7 +186,6 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
         update_progress_artifact(artifact_id=progress, progress=100.0 * (epoch + 1) / total)
 
     mspec = model_spec_for(config.model, data_spec(spec))
-    parent = parent_model(config)
     if parent is not None:
         tracker.set_tags({"shardline.parent": json.dumps(parent)})
     try:

@@ -98,9 +98,10 @@ def import_entrypoint(entrypoint: str, code_dir: str | None = None):
             f"model.entrypoint='{entrypoint}' is not 'package.module:Name' (the module, a colon, the class or "
             "factory in it), e.g. 'models.world:WorldModel'"
         )
-    for folder in (str(Path.cwd()), code_dir):
-        if folder and folder not in sys.path:
-            sys.path.insert(0, folder)
+    if code_dir and code_dir not in sys.path:
+        sys.path.insert(0, code_dir)  # the user's folder first: its modules are the ones meant
+    if str(Path.cwd()) not in sys.path:
+        sys.path.append(str(Path.cwd()))  # last: a file in the working directory never shadows a package
     where = ", ".join(dict.fromkeys(str(f) for f in (code_dir, Path.cwd()) if f))
     try:
         module = importlib.import_module(module_name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -13,7 +14,9 @@ from shardline.core.config import FILE_SEQUENCE
 from shardline.core.encoding.columns import DataError, prepare
 from shardline.core.encoding.frame import encode_frame
 from shardline.core.manifest import EncodingSpec
-from shardline.trainer.contract import DataSpec, TargetInfo
+
+if TYPE_CHECKING:
+    from shardline.trainer.contract import DataSpec
 
 
 def bundle_dict(spec: EncodingSpec, model_spec: dict, extra: dict | None = None) -> dict:
@@ -22,6 +25,9 @@ def bundle_dict(spec: EncodingSpec, model_spec: dict, extra: dict | None = None)
 
 def data_spec(spec: EncodingSpec) -> DataSpec:
     """What a model sees of an encoded data set (the model contract's `spec`)."""
+    # imported here: the contract imports torch, which the pipeline's import (a cached rerun) must not pay for
+    from shardline.trainer.contract import DataSpec, TargetInfo
+
     t = spec.target
     return DataSpec(
         continuous=[c.name for c in spec.continuous],
