@@ -53,8 +53,61 @@ def test_split_fractions_must_sum_to_one(tmp_path):
 def test_promotion_metric_must_fit_the_task(tmp_path):
     raw = tiny_config("raw", "store")
     raw["mlflow"]["promotion_metric"] = "rmse"
-    with pytest.raises(ConfigError, match="not a classification metric"):
+    with pytest.raises(ConfigError, match="'rmse' is not a metric of the targets \\['label'\\]"):
         load_config(write(tmp_path / "c.yaml", raw))
+
+
+def _several(raw: dict) -> dict:
+    raw["data"].pop("target")
+    raw["data"]["targets"] = [{"column": "label", "task": "classification"}, {"column": "x", "task": "regression"}]
+    return raw
+
+
+def test_several_targets_name_their_metrics(tmp_path):
+    cfg = load_config(write(tmp_path / "c.yaml", _several(tiny_config("raw", "store"))))
+    assert [t.column for t in cfg.data.target_list] == ["label", "x"]
+    # the default promotion metric is the first target's, named with it
+    assert (cfg.mlflow.promotion_metric, cfg.mlflow.promotion_direction) == ("label/accuracy", "maximize")
+    cfg = load_config(tmp_path / "c.yaml", ["mlflow.promotion_metric=x/rmse", "training.loss_weights={x: 0.5}"])
+    assert (cfg.mlflow.promotion_metric, cfg.mlflow.promotion_direction) == ("x/rmse", "minimize")
+    assert "x" in cfg.data.raw_columns() and "label" in cfg.data.raw_columns()
+    with pytest.raises(ConfigError, match="'accuracy' is not a metric of the targets"):
+        load_config(tmp_path / "c.yaml", ["mlflow.promotion_metric=accuracy"])  # which target's?
+    with pytest.raises(ConfigError, match="x/accuracy"):
+        load_config(tmp_path / "c.yaml", ["mlflow.promotion_metric=x/accuracy"])  # x is a regression
+    with pytest.raises(ConfigError, match=r"training.loss_weights names \['z'\].*\['label', 'x'\]"):
+        load_config(tmp_path / "c.yaml", ["training.loss_weights={z: 1}"])
+    # one target: its name in the metric is optional
+    one = load_config(
+        write(tmp_path / "one.yaml", tiny_config("raw", "store")), ["mlflow.promotion_metric=label/log_loss"]
+    )
+    assert (one.mlflow.promotion_metric, one.mlflow.promotion_direction) == ("log_loss", "minimize")
+
+
+def test_target_settings_that_cannot_work_are_refused(tmp_path):
+    raw = _several(tiny_config("raw", "store"))
+    raw["data"]["target"] = {"column": "label", "task": "classification"}
+    with pytest.raises(ConfigError, match="set data.target .* or data.targets .*, not both"):
+        load_config(write(tmp_path / "both.yaml", raw))
+    raw = _several(tiny_config("raw", "store"))
+    raw["data"]["targets"].append({"column": "x", "task": "regression"})
+    with pytest.raises(ConfigError, match=r"data.targets lists \['x'\] more than once"):
+        load_config(write(tmp_path / "twice.yaml", raw))
+    raw = tiny_config("raw", "store")
+    raw["data"].pop("target")
+    with pytest.raises(ConfigError, match="required for the built-in model families"):
+        load_config(write(tmp_path / "none.yaml", raw))
+    # no target is fine for a model of one's own (its loss is checked when it is built)
+    raw["model"] = {"entrypoint": "models.mine:Net"}
+    cfg = load_config(write(tmp_path / "own.yaml", raw))
+    assert cfg.data.target_list == [] and cfg.mlflow.promotion_metric == "loss"
+    raw = tiny_config("raw", "store")
+    raw["data"]["target_positions"] = "all"
+    with pytest.raises(ConfigError, match="target_positions='all' needs a model that predicts every position"):
+        load_config(write(tmp_path / "all.yaml", raw))
+    assert (
+        load_config(tmp_path / "all.yaml", ["model.family=transformer", "model.heads=4"]).data.target_positions == "all"
+    )
 
 
 def test_extends_and_set_overrides(tmp_path):

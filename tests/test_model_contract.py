@@ -55,7 +55,7 @@ def test_a_users_model_trains_checkpoints_and_predicts_like_a_built_in(data, pro
                  str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
     model = load_model(result.best_checkpoint)
     assert type(model).__name__ == "WindowGRU" and model.gru.hidden_size == 12  # built as Name(spec, **params)
-    probs = predict(model, data["classification-val"])
+    probs = predict(model, data["classification-val"])["target"]
     assert probs.shape == (data["classification-val"].n_windows, N_CLASSES)
     assert torch.allclose(torch.from_numpy(probs).sum(1), torch.ones(len(probs)), atol=1e-5)
 
@@ -212,7 +212,7 @@ def test_the_documented_example_model_trains_as_written(data, tmp_path):  # noqa
         )
         result = fit(data["classification"], data["classification-val"], spec, train_cfg(), "classification",
                      str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
-        assert predict(load_model(result.best_checkpoint), data["classification-val"]).shape[1] == N_CLASSES
+        assert predict(load_model(result.best_checkpoint), data["classification-val"])["target"].shape[1] == N_CLASSES
     finally:
         sys.modules.pop("docmodel", None)
 

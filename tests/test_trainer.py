@@ -414,7 +414,7 @@ def test_both_families_learn_the_rule(data, tmp_path, family):
     assert result.best_score == min(losses) and result.device == "cpu" and result.precision == "fp32"
 
     model = load_model(result.best_checkpoint)
-    probs = predict(model, data["classification-val"], batch_size=100)
+    probs = predict(model, data["classification-val"], batch_size=100)["target"]
     assert probs.shape == (data["classification-val"].n_windows, N_CLASSES) and probs.dtype == np.float32
     assert np.all(probs[:, 0] == 0) and np.allclose(probs.sum(1), 1, atol=1e-5)
     accuracy = (probs.argmax(1) == data["classification-val"].targets()).mean()
@@ -438,7 +438,7 @@ def test_regression_trains(data, tmp_path):
     baseline = np.abs(val.targets() - val.targets().mean()).mean()
     assert result.history[-1]["val_mae"] < 0.5 * baseline
     assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]
-    preds = predict(load_model(result.last_checkpoint), val)
+    preds = predict(load_model(result.last_checkpoint), val)["target"]
     assert preds.shape == (val.n_windows, 1)
     assert np.abs(preds[:, 0] - val.targets()).mean() == pytest.approx(result.history[-1]["val_mae"], rel=1e-4)
 

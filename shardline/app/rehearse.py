@@ -213,7 +213,7 @@ def rehearse(
         sample = pl.read_parquet(storage.read_bytes(copied[0]))
         with fluent_tracking_uri(reg["tracking_uri"]):
             model = mlflow.pyfunc.load_model(reg["model_uri"])
-        preds = model.predict(sample.drop(config.data.target.column).to_pandas())
+        preds = model.predict(sample.drop([t.column for t in config.data.target_list]).to_pandas())
         return len(
             preds
         ) > 0, f"{reg['model_uri']} downloaded; {len(preds)} prediction(s) for {sample.height} raw row(s)"

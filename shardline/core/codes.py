@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 
-from shardline.core.manifest import ArraySpec, EncodingSpec, LocalCodes, LocalVocab, ShardInfo
+from shardline.core.manifest import ArraySpec, EncodingSpec, LocalCodes, LocalVocab, ShardInfo, target_array
 from shardline.core.shards import layout
 
 
@@ -40,10 +40,12 @@ class Globaliser:
         self.cont_dtype = np.dtype(np.float16 if spec.continuous_dtype == "float16" else np.float32)
         card = spec.cat_cardinalities
         self.cat_dtype = int_dtype(max(card) if card else 1)
-        t = spec.target
-        self.target_dtype = int_dtype(t.n_outputs) if t.task == "classification" else np.dtype(np.float32)
+        self.target_dtypes = {
+            target_array(i): int_dtype(t.n_outputs) if t.task == "classification" else np.dtype(np.float32)
+            for i, t in enumerate(spec.targets)
+        }
         self._ids = [{v: i + 1 for i, v in enumerate(voc.values)} for voc in spec.categorical]
-        self._classes = {v: i + 1 for i, v in enumerate(t.classes or [])}
+        self._classes = [{v: i + 1 for i, v in enumerate(t.classes or [])} for t in spec.targets]
 
     # ------------------------------------------------------------ layout
 
@@ -58,8 +60,8 @@ class Globaliser:
                 out["cont"] = (self.cont_dtype.str, [s.shape[1], s.shape[0]])
             elif name == "cat_cols":
                 out["cat"] = (self.cat_dtype.str, [s.shape[1], s.shape[0]])
-            elif name == "target":
-                out["target"] = (self.target_dtype.str, s.shape)
+            elif name in self.target_dtypes:
+                out[name] = (self.target_dtypes[name].str, s.shape)
             else:
                 out[name] = (s.dtype, s.shape)
         return layout(out)[1]
@@ -114,13 +116,12 @@ class Globaliser:
         for j in range(n_cat, cat.shape[0]):
             g[:, j] = cat[j]  # booleans: 0 null, 1 false, 2 true everywhere
         out["cat"] = g
-        t = spec.target
-        if t.task == "classification":
-            out["target"] = self._remap(codes.target, self._classes, self.target_dtype)[np.asarray(arrays["target"])]
-        else:
-            out["target"] = self._affine(
-                arrays["target"], [tuple(codes.target)], [(t.mean, t.std)], np.dtype(np.float32)
-            )
+        for i, (t, code) in enumerate(zip(spec.targets, codes.targets)):
+            name = target_array(i)
+            if t.task == "classification":
+                out[name] = self._remap(code, self._classes[i], self.target_dtypes[name])[np.asarray(arrays[name])]
+            else:
+                out[name] = self._affine(arrays[name], [tuple(code)], [(t.mean, t.std)], np.dtype(np.float32))
         return out
 
     def shard_bytes(self, raw, info: ShardInfo) -> bytes | memoryview:

@@ -86,7 +86,17 @@ class DataConfig(_Strict):
     )
     order_by: str | None = Field(None, description="column ordering rows inside a sequence")
     features: Features
-    target: Target
+    target: Target | None = Field(None, description="the one target (shorthand for data.targets: [target])")
+    targets: list[Target] | None = Field(
+        None,
+        description="several targets, classification and regression mixed; none (or []) when the model defines "
+        "its own loss (self-supervised)",
+    )
+    target_positions: Literal["last", "all"] = Field(
+        "last",
+        description="last: one prediction per window (its last row's, `horizon` rows on); all: one per row of the "
+        "window (each row's target `horizon` rows after it)",
+    )
     window: int = Field(1, ge=1, description="K: rows of history per prediction")
     horizon: int | None = Field(
         None,
@@ -118,8 +128,21 @@ class DataConfig(_Strict):
         "machine's CPU count. With a Dask or Ray task runner, set it to the cluster's worker count",
     )
 
+    @property
+    def target_list(self) -> list[Target]:
+        """The targets, in order (`data.target` is the one-target shorthand); empty when there is none."""
+        if self.targets is not None:
+            return list(self.targets)
+        return [self.target] if self.target is not None else []
+
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
+        if self.target is not None and self.targets is not None:
+            raise ValueError("set data.target (one target) or data.targets (a list), not both")
+        names = [t.column for t in self.target_list]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"data.targets lists {twice} more than once; each target column once")
         if not self.features.all():
             raise ValueError(
                 "data.features lists no column; declare at least one continuous, boolean or categorical column"
@@ -155,7 +178,7 @@ class DataConfig(_Strict):
         """Every column the raw files must hold."""
         cols = list(self.features.all())
         for c in (
-            self.target.column,
+            *(t.column for t in self.target_list),
             self.order_by,
             self.sequence_key,
             self.split.column if self.split.method == "range" else None,
@@ -319,22 +342,42 @@ class PipelineConfig(_Strict):
 
     @model_validator(mode="after")
     def _defaults(self) -> PipelineConfig:
-        task = self.data.target.task
-        metrics = CLASSIFICATION_METRICS if task == "classification" else REGRESSION_METRICS
-        if self.mlflow.promotion_metric is None:
-            self.mlflow.promotion_metric = "accuracy" if task == "classification" else "rmse"
-        if self.mlflow.promotion_metric not in metrics:
+        targets = self.data.target_list
+        if not targets and not self.model.entrypoint:
             raise ValueError(
-                f"mlflow.promotion_metric='{self.mlflow.promotion_metric}' is not a {task} metric; allowed: "
-                f"{sorted(metrics)}"
+                "data.target (or data.targets) is required for the built-in model families; only a model of your "
+                "own that defines loss(outputs, cont, cat, targets) trains without a target"
+            )
+        if self.data.target_positions == "all" and not self.model.entrypoint and self.model.family == "mlp":
+            raise ValueError(
+                "data.target_positions='all' needs a model that predicts every position: model.family: transformer "
+                "(causal over the window), or your own model; the mlp predicts the last position only"
+            )
+        metrics = metric_directions(targets)
+        if self.mlflow.promotion_metric is None:
+            self.mlflow.promotion_metric = next(iter(metrics))
+        chosen = self.mlflow.promotion_metric
+        if len(targets) == 1 and chosen.startswith(f"{targets[0].column}/"):  # the one target's name is optional
+            chosen = self.mlflow.promotion_metric = chosen.split("/", 1)[1]
+        if chosen not in metrics and not targets:  # a metric the model's own `metrics` returns
+            if self.mlflow.promotion_direction is None:
+                raise ValueError(
+                    f"mlflow.promotion_metric='{chosen}' is not the model's own 'loss': if your model's metrics() "
+                    "returns it, set mlflow.promotion_direction (maximize or minimize) too"
+                )
+        elif chosen not in metrics:
+            raise ValueError(
+                f"mlflow.promotion_metric='{chosen}' is not a metric of "
+                + (f"the targets {[t.column for t in targets]}" if targets else "a model without a target")
+                + f"; allowed: {sorted(metrics)}"
             )
         if self.mlflow.promotion_direction is None:
-            self.mlflow.promotion_direction = metrics[self.mlflow.promotion_metric]
-        unknown = sorted(set(self.training.loss_weights) - {self.data.target.column})
+            self.mlflow.promotion_direction = metrics[chosen]
+        unknown = sorted(set(self.training.loss_weights) - {t.column for t in targets})
         if unknown:
             raise ValueError(
                 f"training.loss_weights names {unknown}, which are not targets; the targets are "
-                f"{[self.data.target.column]}"
+                f"{[t.column for t in targets]}"
             )
         return self
 
@@ -350,6 +393,22 @@ CLASSIFICATION_METRICS = {
     "macro_f1": "maximize",
 }
 REGRESSION_METRICS = {"mae": "minimize", "rmse": "minimize", "r2": "maximize"}
+SELF_SUPERVISED_METRICS = {"loss": "minimize"}  # no target: the model's own loss on the test split
+
+
+def metric_directions(targets: list[Target]) -> dict[str, str]:
+    """Every evaluation metric of these targets -> the direction that is better, the default promotion
+    metric first: bare names (`accuracy`) for one target, `target/metric` (`p1_action/accuracy`) for
+    several, `loss` (the model's own) for none."""
+    if not targets:
+        return dict(SELF_SUPERVISED_METRICS)
+    out: dict[str, str] = {}
+    for t in targets:
+        names = CLASSIFICATION_METRICS if t.task == "classification" else REGRESSION_METRICS
+        first = "accuracy" if t.task == "classification" else "rmse"
+        for m in sorted(names, key=lambda m: m != first):
+            out[m if len(targets) == 1 else f"{t.column}/{m}"] = names[m]
+    return out
 
 
 def stable_hash(obj: Any) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shardline.core.config import stable_hash
 
@@ -74,6 +74,20 @@ class TargetSpec(_Model):
         return len(self.classes) + 1 if self.classes is not None else 1
 
 
+def target_array(i: int) -> str:
+    """The shard array of the i-th target: `target`, then `target_1`, `target_2`, ..."""
+    return "target" if i == 0 else f"target_{i}"
+
+
+def _one_target_as_list(data, key: str):
+    """Specs written before several targets held one `target`: read as a list of one."""
+    if isinstance(data, dict) and key in data and f"{key}s" not in data:
+        data = dict(data)
+        one = data.pop(key)
+        data[f"{key}s"] = [] if one is None else [one]
+    return data
+
+
 class EncodingSpec(_Model):
     """How raw rows become arrays: fitted on the training split only, then frozen."""
 
@@ -84,8 +98,16 @@ class EncodingSpec(_Model):
     continuous: list[ContinuousStat]
     boolean: list[str]
     categorical: list[Vocabulary]
-    target: TargetSpec
+    targets: list[TargetSpec] = Field(default_factory=list, description="none when the model has its own loss")
+    target_positions: Literal["last", "all"] = "last"
     continuous_dtype: Literal["float32", "float16"] = "float32"
+
+    _legacy = model_validator(mode="before")(lambda data: _one_target_as_list(data, "target"))
+
+    @property
+    def target(self) -> TargetSpec | None:
+        """The first target (the only one, mostly); None without a target."""
+        return self.targets[0] if self.targets else None
 
     def hash(self) -> str:
         return stable_hash(self.model_dump(mode="json"))
@@ -128,7 +150,11 @@ class LocalCodes(_Model):
 
     cont: list[tuple[float, float]] = Field(description="(mean, std) per continuous column")
     cat: list[LocalVocab] = Field(description="per categorical column (booleans are fixed: 0 null, 1 false, 2 true)")
-    target: LocalVocab | tuple[float, float] = Field(description="class ids, or (mean, std) of a regression target")
+    targets: list[LocalVocab | tuple[float, float]] = Field(
+        default_factory=list, description="per target: class ids, or (mean, std) of a regression target"
+    )
+
+    _legacy = model_validator(mode="before")(lambda data: _one_target_as_list(data, "target"))
 
 
 class ShardInfo(_Model):
@@ -137,7 +163,8 @@ class ShardInfo(_Model):
     Arrays (rows are frames; each sequence's rows contiguous and ordered):
       cont    [rows, n_continuous]   standardised continuous features (float32/float16)
       cat     [rows, n_cat + n_bool] vocabulary ids (narrowest integer type)
-      target  [rows]                 class id (narrowest integer type) or standardised value (float32)
+      target  [rows]                 class id (narrowest integer type) or standardised value (float32);
+                                     further targets as target_1, target_2, ... (none without a target)
       order   [rows]                 the order column as int64 (row number when there is none), or
       order_start [segments]         its first value per segment, when it counts up by one inside each
       offsets [segments + 1]         row offset where each sequence segment starts

@@ -123,6 +123,15 @@ def map_file(path: str | Path, mmap_it: bool = True):
 JOINED = ("cont", "cat", "target")
 
 
+def _joined_rank(name: str) -> int | None:
+    """Where a joined array goes in a split pack (cont, cat, target, target_1, ...); None: not joined."""
+    if name in JOINED:
+        return JOINED.index(name)
+    if name.startswith("target_") and name[7:].isdigit():
+        return len(JOINED) + int(name[7:])
+    return None
+
+
 def pack_layout(shards: list[dict[str, ArraySpec]]) -> tuple[int, dict[str, ArraySpec], list[dict[str, ArraySpec]]]:
     """Where the arrays of several shards go in one *split pack*: each array concatenated across the
     shards along its rows (cont, cat and target first), so a split's windows are one array each and
@@ -132,8 +141,9 @@ def pack_layout(shards: list[dict[str, ArraySpec]]) -> tuple[int, dict[str, Arra
     for specs in shards:
         for name, s in specs.items():
             regions.setdefault((name, s.dtype, tuple(s.shape[1:])), [])
-    order = sorted(regions, key=lambda r: (r[0] not in JOINED, JOINED.index(r[0]) if r[0] in JOINED else 0, r))
-    for name in JOINED:
+    rank = {r: _joined_rank(r[0]) for r in regions}
+    order = sorted(regions, key=lambda r: (rank[r] is None, rank[r] or 0, r))
+    for name in {r[0] for r in order if rank[r] is not None}:
         if sum(1 for r in order if r[0] == name) > 1:
             raise ValueError(
                 f"the shards store '{name}' in different types or widths; the shards of a split must share one encoding"
@@ -161,7 +171,9 @@ def pack_layout(shards: list[dict[str, ArraySpec]]) -> tuple[int, dict[str, Arra
             mine[name] = ArraySpec(dtype=s.dtype, shape=list(s.shape), offset=base[r] + at[r] * row_bytes)
             at[r] += int(s.shape[0])
         per_shard.append(mine)
-    joined = {r[0]: ArraySpec(dtype=r[1], shape=[rows[r], *r[2]], offset=base[r]) for r in order if r[0] in JOINED}
+    joined = {
+        r[0]: ArraySpec(dtype=r[1], shape=[rows[r], *r[2]], offset=base[r]) for r in order if rank[r] is not None
+    }
     return offset, joined, per_shard
 
 

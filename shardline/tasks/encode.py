@@ -25,8 +25,9 @@ from shardline.core.shards import compress_bytes, window_count
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 
 # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment;
-# 3: one pass, own codes per shard; since 2026-11-23 one set per group, same layout)
-ENCODER_VERSION = "3"
+# 3: one pass, own codes per shard; since 2026-11-23 one set per group, same layout; 4: several targets,
+# `target`, `target_1`, ..., and their statistics as a list)
+ENCODER_VERSION = "4"
 
 
 MIN_GROUPS = 4  # small data sets still encode in parallel
@@ -75,12 +76,12 @@ def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl
             df = pl.read_parquet(storage.local_path(uri), columns=columns)
     except Exception as e:
         raise DataError(f"{uri}: cannot read columns {columns}: {e}") from e
-    target = data.target.column
-    if df[target].null_count():
-        raise DataError(
-            f"{uri}: the target column '{target}' has {df[target].null_count()} null value(s); "
-            "fill or drop those rows before training (a row without a target cannot be learned or scored)"
-        )
+    for target in (t.column for t in data.target_list):
+        if df[target].null_count():
+            raise DataError(
+                f"{uri}: the target column '{target}' has {df[target].null_count()} null value(s); "
+                "fill or drop those rows before training (a row without a target cannot be learned or scored)"
+            )
     return prepare(df, data.sequence_key, data.order_by, uri)
 
 
@@ -106,7 +107,7 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
         df = scan.select([*(columns or data.raw_columns()), seq.alias(SEQ), order.alias(ORDER)]).collect()
     except Exception:  # noqa: BLE001 - files that do not scan as one table: read one by one, naming the bad one
         return None
-    for col in (data.target.column, data.sequence_key, data.order_by):
+    for col in (*(t.column for t in data.target_list), data.sequence_key, data.order_by):
         if col and col != FILE_SEQUENCE and df[col].null_count():
             return None  # read file by file: the error names the file and the column
     return df

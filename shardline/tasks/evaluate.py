@@ -16,7 +16,7 @@ from shardline.core import storage
 from shardline.core.config import CLASSIFICATION_METRICS, REGRESSION_METRICS, PipelineConfig
 from shardline.core.manifest import Manifest
 from shardline.tasks.caching import CacheRule
-from shardline.trainer.serving import decode_outputs, key_columns
+from shardline.trainer.serving import key_columns, prediction_frame
 
 
 def sequence_keys(manifest: Manifest, manifest_uri: str, split: str, data) -> list[str]:
@@ -30,7 +30,40 @@ def sequence_keys(manifest: Manifest, manifest_uri: str, split: str, data) -> li
     return [per_shard[s][g] for s, g in zip(where["shard"].tolist(), where["segment"].tolist())]
 
 
+def _target_scores(t, y: np.ndarray, outputs: np.ndarray, train_y: np.ndarray, out_dir: Path, prefix: str):
+    """One target's metrics, its baseline's and its plot (every position counted when it has several)."""
+    if t.task == "classification":
+        y = y.reshape(-1).astype(np.int64)
+        probs = outputs.reshape(-1, outputs.shape[-1])
+        metrics = M.classification_metrics(y, probs)
+        counts = np.bincount(train_y.reshape(-1).astype(np.int64), minlength=probs.shape[1])
+        baseline = M.classification_metrics(y, M.majority_baseline_probs(counts, len(y)))
+        names = ["<unseen>", *(t.classes or [])]
+        plot = M.plot_confusion_matrix(y, probs.argmax(1), names, out_dir / f"{prefix}confusion_matrix.png")
+        return metrics, baseline, plot, CLASSIFICATION_METRICS
+    y_raw = y.reshape(-1).astype(np.float64) * t.std + t.mean
+    pred_raw = outputs.reshape(-1).astype(np.float64) * t.std + t.mean
+    metrics = M.regression_metrics(y_raw, pred_raw)
+    baseline = M.regression_metrics(y_raw, M.mean_baseline(float(train_y.mean() * t.std + t.mean), len(y_raw)))
+    plot = M.plot_residuals(y_raw, pred_raw, out_dir / f"{prefix}residuals.png")
+    return metrics, baseline, plot, REGRESSION_METRICS
+
+
+def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
+    """A model without a target: its own loss on the test split, and the means of its `metrics` (when it
+    defines them), per window."""
+    import torch
+
+    from shardline.trainer.loop import evaluate as validate
+
+    scores = validate(model, test, None, batch_size, torch.device("cpu"))
+    return {("loss" if k == "val_loss" else k.removeprefix("val_")): v for k, v in scores.items()}
+
+
 def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig, out_dir: Path) -> dict:
+    """The best checkpoint on the test split: per target its metrics, a trivial baseline's (the training
+    split's majority class or mean) and a plot, named `metric` for one target and `target/metric` for
+    several; a model without a target: its own loss (and metrics) on the test split."""
     from shardline.trainer.data import open_split
     from shardline.trainer.loop import load_model, predict
 
@@ -39,37 +72,36 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     model = load_model(train_result["best_checkpoint"])
     test = open_split(manifest, manifest_uri, "test")
     outputs = predict(model, test)
-    y = test.targets()
-    train_y = open_split(manifest, manifest_uri, "train").targets()
+    train = open_split(manifest, manifest_uri, "train") if spec.targets else None
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [M.plot_learning_curves(train_result["history"], out_dir / "learning_curves.png")]
-    if spec.target.task == "classification":
-        y = y.astype(np.int64)
-        metrics = M.classification_metrics(y, outputs)
-        counts = np.bincount(train_y.astype(np.int64), minlength=outputs.shape[1])
-        baseline = M.classification_metrics(y, M.majority_baseline_probs(counts, len(y)))
-        names = ["<unseen>", *(spec.target.classes or [])]
-        plots.append(M.plot_confusion_matrix(y, outputs.argmax(1), names, out_dir / "confusion_matrix.png"))
-        directions = CLASSIFICATION_METRICS
-    else:
-        t = spec.target
-        y_raw = y.astype(np.float64) * t.std + t.mean
-        pred_raw = outputs[:, 0].astype(np.float64) * t.std + t.mean
-        metrics = M.regression_metrics(y_raw, pred_raw)
-        baseline = M.regression_metrics(y_raw, M.mean_baseline(float(train_y.mean() * t.std + t.mean), len(y_raw)))
-        plots.append(M.plot_residuals(y_raw, pred_raw, out_dir / "residuals.png"))
-        directions = REGRESSION_METRICS
+    metrics: dict[str, float] = {}
+    baseline: dict[str, float] = {}
+    directions: dict[str, str] = {}
+    several = len(spec.targets) > 1
+    for i, t in enumerate(spec.targets):
+        name = f"{t.column}/" if several else ""
+        m, b, plot, d = _target_scores(
+            t, test.targets(i), list(outputs.values())[i], train.targets(i), out_dir, f"{t.column}_" if several else ""
+        )
+        metrics.update({name + k: v for k, v in m.items()})
+        baseline.update({name + k: v for k, v in b.items()})
+        directions.update({name + k: v for k, v in d.items()})
+        plots.append(plot)
+    if not spec.targets:
+        metrics = _own_loss_scores(model, test)
+        directions = {"loss": "minimize", config.mlflow.promotion_metric: config.mlflow.promotion_direction}
     key_names = key_columns(spec)
     columns = {key_names[-1]: test.window_keys()["order"]}
     if len(key_names) == 2:  # a sequence key column, then the order column
         columns = {key_names[0]: sequence_keys(manifest, manifest_uri, "test", test), **columns}
-    preds = pl.DataFrame({**columns, **decode_outputs(spec, outputs)})
+    preds = prediction_frame(spec, columns, outputs)
     preds.write_parquet(out_dir / "test_predictions.parquet")
     return {
         "metrics": metrics,
         "baseline": baseline,
         "table": M.format_metrics_table(metrics, baseline, directions),
-        "test_windows": int(len(y)),
+        "test_windows": int(test.n_windows),
         "files": [str(p) for p in plots] + [str(out_dir / "test_predictions.parquet")],
     }
 
@@ -93,13 +125,14 @@ def evaluate(manifest_uri: str, train_result: dict, config: PipelineConfig) -> d
 
 
 # What decides the scores: the evaluated weights (the best checkpoint's checksum), the data (the
-# manifest's checksum) and the target; the plots and tables it wrote must still be there.
+# manifest's checksum) and the targets; the plots and tables it wrote must still be there.
 EVALUATE_CACHE = CacheRule(
     "evaluate",
     key=lambda inputs: (
         inputs["train_result"]["best_sha256"],
         storage.sha256_uri(inputs["manifest_uri"]),
-        inputs["config"].data.target.model_dump(),
+        [t.model_dump() for t in inputs["config"].data.target_list],
+        inputs["config"].data.target_positions,
     ),
     code=(__name__,),
     still_valid=lambda result, inputs: all(Path(f).exists() for f in result["files"]),

@@ -74,7 +74,8 @@ def expected_columns(data: DataConfig) -> dict[str, str]:
         roles[c] = "boolean"
     for c in data.features.categorical:
         roles[c] = "categorical"
-    roles.setdefault(data.target.column, f"{data.target.task} target")
+    for t in data.target_list:
+        roles.setdefault(t.column, f"{t.task} target")
     if data.sequence_key and data.sequence_key != FILE_SEQUENCE:
         roles.setdefault(data.sequence_key, "sequence key")
     if data.order_by:

@@ -19,7 +19,7 @@ from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.tracking import Tracker, fluent_tracking_uri
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.tasks.caching import CacheRule
-from shardline.trainer.serving import bundle_dict, input_columns, key_columns
+from shardline.trainer.serving import bundle_dict, input_columns, key_columns, prediction_columns
 
 PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
 
@@ -72,10 +72,13 @@ def _signature(spec, sample_uri: str):
     with fs.open(path, "rb") as f:
         sample = pq.ParquetFile(f).read_row_group(0, columns=input_columns(spec)).slice(0, 5).to_pandas()
     out = {k: (np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy()) for k in key_columns(spec)}
-    if spec.target.task == "classification":
-        out.update(prediction=np.array(["a"], dtype=object), probability=np.zeros(1, np.float32))
-    else:
-        out.update(prediction=np.zeros(1, np.float64))
+    example = {
+        "position": np.zeros(1, np.int64),
+        "class": np.array(["a"], dtype=object),
+        "probability": np.zeros(1, np.float32),
+        "value": np.zeros(1, np.float64),
+    }
+    out.update({name: example[kind] for name, kind in prediction_columns(spec).items()})
     with warnings.catch_warnings():  # the integer-columns hint: nulls in them are handled by the encoding
         warnings.simplefilter("ignore", UserWarning)
         return infer_signature(sample, pd.DataFrame(out)), sample
@@ -111,6 +114,11 @@ def register_model(
     client = tracker.client
     run_id = train_result["mlflow_run_id"]
     metric_name = config.mlflow.promotion_metric
+    if metric_name not in eval_result["metrics"]:
+        raise ValueError(
+            f"mlflow.promotion_metric='{metric_name}' is not among the evaluation's metrics "
+            f"{sorted(eval_result['metrics'])}; name one of them"
+        )
     new_value = float(eval_result["metrics"][metric_name])
     tags = {
         "shardline.data_fingerprint": manifest.data_fingerprint,

@@ -194,7 +194,7 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
             val_data,
             mspec,
             config.training,
-            spec.target.task,
+            spec.target.task if spec.target else None,
             ckpt_dir,
             on_step=on_step,
             on_epoch=on_epoch,

@@ -5,10 +5,12 @@ is built as `Name(spec, **model.params)`, where `spec` is a `DataSpec`: the feat
 the width of the `cont` tensor, each categorical column's cardinality, the window K and each
 target's name, kind and positions. `forward(cont, cat)` takes `cont` [B, K, n_cont] float and `cat`
 [B, K, n_cat] int64 and returns `{target_name: tensor}`: [B, n_classes] (classification) or [B]
-(regression) per target. A model may define `loss(outputs, cont, cat, targets) -> scalar tensor`
-to replace the default loss (cross-entropy or MSE on the standardised value, per target, summed
-with `training.loss_weights`). The loop, checkpoints, exact resume, AMP, evaluation and
-registration treat every model the same.
+(regression) per target, [B, K, n_classes] or [B, K] when the target is predicted at every position.
+A model may define `loss(outputs, cont, cat, targets) -> scalar tensor` to replace the default loss
+(cross-entropy or MSE on the standardised value, per target, summed with `training.loss_weights`);
+that is how a model with no target at all (self-supervised) trains, and its optional
+`metrics(outputs, cont, cat, targets) -> {name: scalar}` is reported beside its loss. The loop,
+checkpoints, exact resume, AMP, evaluation and registration treat every model the same.
 """
 
 from __future__ import annotations
@@ -36,15 +38,17 @@ class ModelContractError(ValueError):
 class TargetInfo:
     """One predicted target: `name` (its column), `kind` (classification or regression), `n_classes`
     (classification: the vocabulary size, id 0 being a class never seen in training) and `positions`
-    (`last`: one prediction per window, for the row `horizon` rows after its last)."""
+    (`last`: one prediction per window, for the row `horizon` rows after its last; `all`: one per row of
+    the window, each for the row `horizon` rows after it)."""
 
     name: str
     kind: str
     n_classes: int | None = None
     positions: str = "last"
 
-    def expected_shape(self, batch: int) -> tuple[int, ...]:
-        return (batch, self.n_classes) if self.kind == "classification" else (batch,)
+    def expected_shape(self, batch: int, window: int = 1) -> tuple[int, ...]:
+        lead = (batch, window) if self.positions == "all" else (batch,)
+        return (*lead, self.n_classes) if self.kind == "classification" else lead
 
 
 @dataclass(frozen=True)
@@ -159,11 +163,14 @@ def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: st
 
 
 def as_outputs(raw: Any, spec: DataSpec) -> dict[str, torch.Tensor]:
-    """A model's return value as {target: tensor}: a dict as it is; a bare tensor when there is one target."""
+    """A model's return value as {target: tensor}: a dict as it is; a bare tensor when there is one target
+    (or none: then it is `{"output": tensor}`, for the model's own loss)."""
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, torch.Tensor) and len(spec.targets) == 1:
         return {spec.targets[0].name: raw}
+    if isinstance(raw, torch.Tensor) and not spec.targets:
+        return {"output": raw}
     raise ModelContractError(
         f"forward returned a {type(raw).__name__}; it must return a dict {{target: tensor}} with the targets "
         f"{[t.name for t in spec.targets]}"
@@ -183,15 +190,17 @@ def check_outputs(outputs: dict[str, torch.Tensor], spec: DataSpec, batch: int) 
         out = outputs[t.name]
         if not isinstance(out, torch.Tensor):
             raise ModelContractError(f"forward's output for target '{t.name}' is a {type(out).__name__}, not a tensor")
-        want = t.expected_shape(batch)
+        want = t.expected_shape(batch, spec.window)
         got = tuple(out.shape)
-        if t.kind == "regression" and got == (batch, 1):
+        if t.kind == "regression" and got == (*want, 1):
             continue  # [B, 1] is read as [B]
         if got != want:
-            what = f"[B, {t.n_classes}] class scores" if t.kind == "classification" else "[B] values"
+            lead = "B, K" if t.positions == "all" else "B"
+            what = f"[{lead}, {t.n_classes}] class scores" if t.kind == "classification" else f"[{lead}] values"
+            every = ", one per position of the window (data.target_positions: all)" if t.positions == "all" else ""
             raise ModelContractError(
                 f"forward's output for target '{t.name}' ({t.kind}) has shape {list(got)}, expected {list(want)} "
-                f"({what}, B={batch})"
+                f"({what}, B={batch}, K={spec.window}{every})"
             )
 
 
@@ -207,12 +216,24 @@ def default_loss(
     total = None
     for t in spec.targets:
         out, y = outputs[t.name].float(), targets[t.name]
-        if t.kind == "classification":
+        if t.positions == "all":  # every position: a window's loss is the mean over its K positions
+            if t.kind == "classification":
+                part = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.long().reshape(-1), reduction="none")
+            else:
+                part = F.mse_loss(out.reshape(y.shape), y.float(), reduction="none")
+            part = part.reshape(y.shape[0], -1).mean(dim=1)
+            part = part.mean() if reduction == "mean" else part.sum()
+        elif t.kind == "classification":
             part = F.cross_entropy(out, y.long(), reduction=reduction)
         else:
             part = F.mse_loss(out.reshape(y.shape), y.float(), reduction=reduction)
         part = part * (weights or {}).get(t.name, 1.0)
         total = part if total is None else total + part
+    if total is None:
+        raise ModelContractError(
+            "there is no target (data.targets is empty), so there is no default loss: define "
+            "loss(outputs, cont, cat, targets) -> scalar tensor on your model"
+        )
     return total
 
 

@@ -1,7 +1,9 @@
 """Windows over shards: a zero-copy view of a split, vectorised batch gathering, and a resumable loader.
 
 A window is K consecutive rows [s, s+K) of one sequence segment; its target is the row
-s + K - 1 + horizon. Windows are numbered across the split's shards in order (shard 0's windows
+s + K - 1 + horizon (`last`), or each row's, s + k + horizon for k < K (`all`: a slice of the stored
+target, as the window is of the features). A split has any number of targets (`target`, `target_1`, ...;
+none for a model with its own loss). Windows are numbered across the split's shards in order (shard 0's windows
 first), and that numbering is the "window order" every output of this package uses.
 """
 
@@ -18,7 +20,7 @@ import numpy as np
 import torch
 
 from shardline.core.codes import Globaliser
-from shardline.core.manifest import Manifest
+from shardline.core.manifest import Manifest, target_array
 from shardline.core.shards import arrays_in, map_file, pack_layout, read_arrays, window_starts
 from shardline.core.storage import ShardCache, is_remote, join, local_path, read_verified, shared_cache
 
@@ -26,6 +28,15 @@ LOADER_STATE_VERSION = (
     3  # 3: a plain global permutation (the split is joined: no grouping by shard); shard-then-window when streaming
 )
 ARRAYS = ("cont", "cat", "target", "order", "offsets")
+POSITIONS = ("last", "all")
+
+
+def target_names(arrays) -> list[str]:
+    """The target arrays a shard holds, in order: `target`, `target_1`, ... (none without a target)."""
+    names = []
+    while target_array(len(names)) in arrays:
+        names.append(target_array(len(names)))
+    return names
 CHUNK_BYTES = 2 << 20  # the loader gathers about this many bytes of windows at a time
 MAX_BATCHES_PER_GATHER = 16
 
@@ -45,27 +56,37 @@ def _cast(t: torch.Tensor, floating: bool) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Batch:
-    """One batch as stored (narrow dtypes: float16/32 `cont`, int8/16/32 `cat`, the target's stored type),
+    """One batch as stored (narrow dtypes: float16/32 `cont`, int8/16/32 `cat`, each target's stored type),
     so the bytes moved to the device are the fewest; `to(device)` widens them there."""
 
     cont: torch.Tensor  # [B, K, n_cont]
     cat: torch.Tensor  # [B, K, n_cat]
-    target: torch.Tensor  # [B] class ids or standardised values
+    targets: tuple[torch.Tensor, ...] = ()  # per target: [B] (or [B, K], every position) ids or standardised values
+
+    @property
+    def target(self) -> torch.Tensor | None:
+        """The first target (the only one, mostly)."""
+        return self.targets[0] if self.targets else None
 
     def __len__(self) -> int:
-        return self.target.shape[0]
+        return self.cont.shape[0]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.cont, self.cat, self.target))
+        return sum(t.numel() * t.element_size() for t in (self.cont, self.cat, *self.targets))
+
+    def slice(self, lo: int, hi: int) -> Batch:
+        return Batch(self.cont[lo:hi], self.cat[lo:hi], tuple(t[lo:hi] for t in self.targets))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """On `device`, as the model takes it: float32 features, int64 ids, int64 classes / float32 values."""
-        cont, cat, target = (t.to(device, non_blocking=non_blocking) for t in (self.cont, self.cat, self.target))
-        return Batch(_cast(cont, True), _cast(cat, False), _cast(target, target.is_floating_point()))
+        cont, cat, *targets = (
+            t.to(device, non_blocking=non_blocking) for t in (self.cont, self.cat, *self.targets)
+        )
+        return Batch(_cast(cont, True), _cast(cat, False), tuple(_cast(t, t.is_floating_point()) for t in targets))
 
     def pin_memory(self) -> Batch:
-        return Batch(self.cont.pin_memory(), self.cat.pin_memory(), self.target.pin_memory())
+        return Batch(self.cont.pin_memory(), self.cat.pin_memory(), tuple(t.pin_memory() for t in self.targets))
 
 
 class Windows:
@@ -93,7 +114,8 @@ class Windows:
 
 class ShardView:
     """One shard's arrays (or a split pack's joined arrays), with its window start rows; window w
-    is `cont.gather(starts[w:w+1])`, its target `target[starts[w] + shift]`."""
+    is `cont.gather(starts[w:w+1])`, its target `target[starts[w] + shift]` (`last`), or the K targets
+    from `target[starts[w] + horizon]` on (`all`)."""
 
     def __init__(
         self,
@@ -102,20 +124,35 @@ class ShardView:
         horizon: int,
         name: str = "shard",
         starts: np.ndarray | None = None,
+        positions: str = "last",
     ):
-        missing = [a for a in ("cont", "cat", "target") + (("offsets",) if starts is None else ()) if a not in arrays]
+        missing = [a for a in ("cont", "cat") + (("offsets",) if starts is None else ()) if a not in arrays]
         if missing:
             raise ValueError(f"{name} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
+        if positions not in POSITIONS:
+            raise ValueError(f"positions='{positions}' is not one of {list(POSITIONS)}")
         self.arrays = arrays
         self.name = name
+        self.positions = positions
         self.starts = window_starts(arrays["offsets"], window, horizon) if starts is None else starts
-        self.shift = window - 1 + horizon  # target row = start + shift
+        self.shift = window - 1 + horizon  # (last) target row = start + shift
+        self.horizon = horizon
         self.cont = Windows(np.asarray(arrays["cont"]), window)
         self.cat = Windows(np.asarray(arrays["cat"]), window)
-        self.target = np.asarray(arrays["target"])
+        self.names = target_names(arrays)
+        self.targets = [np.asarray(arrays[n]) for n in self.names]
+        # every position: a window's targets are K consecutive rows, `horizon` rows on (a slice, as its features)
+        self._target_windows = (
+            [Windows(t[horizon:].reshape(-1, 1), window) for t in self.targets] if positions == "all" else None
+        )
 
-    def gather(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.cont.gather(start), self.cat.gather(start), self.target[start + self.shift]
+    def gather_targets(self, start: np.ndarray) -> tuple[np.ndarray, ...]:
+        if self._target_windows is not None:
+            return tuple(w.gather(start)[..., 0] for w in self._target_windows)
+        return tuple(t[start + self.shift] for t in self.targets)
+
+    def gather(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+        return self.cont.gather(start), self.cat.gather(start), self.gather_targets(start)
 
     def order_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """The `order` value of shard rows (-1 when the shard has none)."""
@@ -167,16 +204,17 @@ class SplitData:
     is fetched when first needed (the loader reads ahead), and released when the loader moves on.
     """
 
-    def __init__(self, shards: list[dict[str, np.ndarray]], window: int, horizon: int):
+    def __init__(self, shards: list[dict[str, np.ndarray]], window: int, horizon: int, positions: str = "last"):
         if window < 1 or horizon < 0:
             raise ValueError(f"window must be >= 1 and horizon >= 0, got window={window}, horizon={horizon}")
         refs = []
         for i, arrays in enumerate(shards):
-            view = ShardView(arrays, window, horizon, name=f"shard {i}")
+            view = ShardView(arrays, window, horizon, name=f"shard {i}", positions=positions)
             refs.append(_Ref(len(view.starts), view))
-        self._setup(refs, window, horizon, streaming=False)
+        self._setup(refs, window, horizon, streaming=False, positions=positions)
         if len(refs) > 1:  # arrays in hand (small splits, tests): joined in memory
-            joined = {n: np.concatenate([np.asarray(a[n]) for a in shards]) for n in ("cont", "cat", "target")}
+            names = ("cont", "cat", *target_names(shards[0]))
+            joined = {n: np.concatenate([np.asarray(a[n]) for a in shards]) for n in names}
             self._join(joined, [int(np.asarray(a["cont"]).shape[0]) for a in shards])
 
     @classmethod
@@ -188,20 +226,22 @@ class SplitData:
         streaming: bool,
         joined: dict | None = None,
         rows: list[int] | None = None,
+        positions: str = "last",
     ) -> SplitData:
         self = cls.__new__(cls)
-        self._setup(refs, window, horizon, streaming)
+        self._setup(refs, window, horizon, streaming, positions)
         if joined is not None:
             self._join(joined, rows)
         return self
 
-    def _setup(self, refs: list[_Ref], window: int, horizon: int, streaming: bool) -> None:
+    def _setup(self, refs: list[_Ref], window: int, horizon: int, streaming: bool, positions: str = "last") -> None:
         import threading
 
         if window < 1 or horizon < 0:
             raise ValueError(f"window must be >= 1 and horizon >= 0, got window={window}, horizon={horizon}")
         self.window = window
         self.horizon = horizon
+        self.positions = positions
         self.streaming = streaming
         self._refs = refs
         self._lock = threading.Lock()
@@ -214,12 +254,12 @@ class SplitData:
         )  # window number of each shard's first window
         self.n_windows = int(self._first[-1])
         self.n_shards = len(refs)
+        as_torch = lambda d: torch.from_numpy(np.zeros(0, np.dtype(d))).dtype
         if refs:
-            cont, cat, target = self._meta(0)
+            cont, cat, targets = self._meta(0)
             self.n_cont, self.n_cat = int(cont[1][1]), int(cat[1][1])
-            self.cont_dtype, self.cat_dtype, self.target_dtype = (
-                torch.from_numpy(np.zeros(0, np.dtype(d))).dtype for d in (cont[0], cat[0], target[0])
-            )
+            self.cont_dtype, self.cat_dtype = as_torch(cont[0]), as_torch(cat[0])
+            self.target_dtypes = [as_torch(t[0]) for t in targets]
             for i in range(1, len(refs)):
                 c, k, t = self._meta(i)
                 if c[1][1] != self.n_cont or k[1][1] != self.n_cat:
@@ -227,15 +267,18 @@ class SplitData:
                         f"shard {i} has {c[1][1]} continuous / {k[1][1]} categorical columns, shard 0 has "
                         f"{self.n_cont} / {self.n_cat}: the shards of a split must share one encoding"
                     )
-                if (c[0], k[0], t[0]) != (cont[0], cat[0], target[0]):
+                if (c[0], k[0], [x[0] for x in t]) != (cont[0], cat[0], [x[0] for x in targets]):
                     raise ValueError(
-                        f"shard {i} stores {c[0]}/{k[0]}/{t[0]}, shard 0 {cont[0]}/{cat[0]}/{target[0]}: one "
-                        "encoding per split"
+                        f"shard {i} stores {c[0]}/{k[0]}/{[x[0] for x in t]}, shard 0 {cont[0]}/{cat[0]}/"
+                        f"{[x[0] for x in targets]}: one encoding per split"
                     )
         else:
             self.n_cont = self.n_cat = 0
-            self.cont_dtype, self.cat_dtype, self.target_dtype = torch.float32, torch.int64, torch.int64
-        self.task = "regression" if self.target_dtype.is_floating_point else "classification"
+            self.cont_dtype, self.cat_dtype, self.target_dtypes = torch.float32, torch.int64, [torch.int64]
+        self.n_targets = len(self.target_dtypes)
+        # the kind of each target, as stored: class ids (integers) or standardised values (floats)
+        self.tasks = ["regression" if d.is_floating_point else "classification" for d in self.target_dtypes]
+        self.task = self.tasks[0] if self.tasks else None
 
     def _join(self, joined: dict[str, np.ndarray], rows: list[int]) -> None:
         """Every shard's cont/cat/target as one array each (the shards' rows end to end): window w
@@ -246,22 +289,27 @@ class SplitData:
             if self._refs
             else np.zeros(0, np.int64)
         )
-        self._joined = ShardView(joined, self.window, self.horizon, name="split", starts=starts.astype(np.int64))
+        self._joined = ShardView(
+            joined, self.window, self.horizon, name="split", starts=starts.astype(np.int64), positions=self.positions
+        )
 
     def _meta(self, i: int) -> tuple:
-        """(dtype, shape) of a shard's cont, cat and target arrays, without opening a streamed shard."""
+        """(dtype, shape) of a shard's cont and cat arrays and the list of its targets', without opening a
+        streamed shard."""
         r = self._refs[i]
         if r.view is not None:
             a = r.view.arrays
-            return tuple((np.dtype(a[n].dtype).str, list(a[n].shape)) for n in ("cont", "cat", "target"))
+            meta = lambda n: (np.dtype(a[n].dtype).str, list(a[n].shape))
+            return meta("cont"), meta("cat"), [meta(n) for n in target_names(a)]
         spec = r.specs
-        missing = [a for a in ("cont", "cat", "target", "offsets") if a not in spec]
+        missing = [a for a in ("cont", "cat", "offsets") if a not in spec]
         if missing:
             raise ValueError(f"shard {r.info.path} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
-        return tuple(
-            (np.dtype(spec[n].dtype).str, list(spec[n].shape) + ([0] if len(spec[n].shape) == 1 else []))
-            for n in ("cont", "cat", "target")
+        meta = lambda n: (
+            np.dtype(spec[n].dtype).str,
+            list(spec[n].shape) + ([0] if len(spec[n].shape) == 1 else []),
         )
+        return meta("cont"), meta("cat"), [meta(n) for n in target_names(spec)]
 
     def __len__(self) -> int:
         return self.n_windows
@@ -269,8 +317,8 @@ class SplitData:
     def __repr__(self) -> str:
         return (
             f"SplitData(shards={self.n_shards}, windows={self.n_windows}, window={self.window}, "
-            f"horizon={self.horizon}, "
-            f"n_cont={self.n_cont}, n_cat={self.n_cat}, task={self.task}{', streaming' if self.streaming else ''})"
+            f"horizon={self.horizon}, n_cont={self.n_cont}, n_cat={self.n_cat}, targets={self.tasks}, "
+            f"positions={self.positions}{', streaming' if self.streaming else ''})"
         )
 
     # ------------------------------------------------------------ shards: open, read ahead, release
@@ -287,7 +335,13 @@ class SplitData:
                     r.cache.pin(r.name)
                     r.pinned = True
                 local = r.cache.get(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes, r.derived)
-                v = ShardView(read_arrays(local, r.specs), self.window, self.horizon, name=f"shard {r.info.path}")
+                v = ShardView(
+                    read_arrays(local, r.specs),
+                    self.window,
+                    self.horizon,
+                    name=f"shard {r.info.path}",
+                    positions=self.positions,
+                )
                 if len(v.starts) != r.windows:
                     raise ValueError(
                         f"shard {r.info.path}: the manifest lists {r.windows} windows but its offsets give "
@@ -360,10 +414,11 @@ class SplitData:
         idx = self._check(idx)
         b, k = len(idx), self.window
         if b == 0:
+            shape = (0, k) if self.positions == "all" else (0,)
             return Batch(
                 torch.empty((0, k, self.n_cont), dtype=self.cont_dtype),
                 torch.empty((0, k, self.n_cat), dtype=self.cat_dtype),
-                torch.empty(0, dtype=self.target_dtype),
+                tuple(torch.empty(shape, dtype=d) for d in self.target_dtypes),
             )
         # numpy fancy indexing: single-threaded and outside the GIL; torch's index_select spreads a
         # small gather over OpenMP threads, which stalls ~10x when the cores are busy training
@@ -377,17 +432,22 @@ class SplitData:
                 v = self.view(first)
                 arrays = v.gather(v.starts[idx - self._first[first]])
             else:
+                meta = self._meta(0)
+                tshape = (b, k) if self.positions == "all" else (b,)
                 arrays = (
-                    np.empty((b, k, self.n_cont), dtype=np.dtype(self._meta(0)[0][0])),
-                    np.empty((b, k, self.n_cat), dtype=np.dtype(self._meta(0)[1][0])),
-                    np.empty(b, dtype=np.dtype(self._meta(0)[2][0])),
+                    np.empty((b, k, self.n_cont), dtype=np.dtype(meta[0][0])),
+                    np.empty((b, k, self.n_cat), dtype=np.dtype(meta[1][0])),
+                    tuple(np.empty(tshape, dtype=np.dtype(t[0])) for t in meta[2]),
                 )
                 for s in np.unique(shard):
                     sel = np.flatnonzero(shard == s)
                     v = self.view(int(s))
-                    for out, part in zip(arrays, v.gather(v.starts[idx[sel] - self._first[s]])):
+                    cont, cat, targets = v.gather(v.starts[idx[sel] - self._first[s]])
+                    arrays[0][sel], arrays[1][sel] = cont, cat
+                    for out, part in zip(arrays[2], targets):
                         out[sel] = part
-        out = Batch(*(torch.from_numpy(x) for x in arrays))
+        cont, cat, targets = arrays
+        out = Batch(torch.from_numpy(cont), torch.from_numpy(cat), tuple(torch.from_numpy(t) for t in targets))
         return out.pin_memory() if pin_memory else out
 
     def _per_shard(self, fn) -> list:
@@ -420,11 +480,15 @@ class SplitData:
         cat = lambda i: np.concatenate([p[i] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
         return {"shard": shard, "segment": cat(1), "row": cat(0), "order": cat(2)}
 
-    def targets(self) -> np.ndarray:
-        """The target of every window, in window order (class ids or standardised values)."""
-        dtype = np.float32 if self.task == "regression" else np.int64
-        parts = self._per_shard(lambda v, s: np.asarray(v.arrays["target"])[v.starts + v.shift].astype(dtype))
-        return np.concatenate(parts) if parts else np.zeros(0, dtype)
+    def targets(self, i: int = 0) -> np.ndarray:
+        """Target `i` of every window, in window order (class ids or standardised values): [N], or [N, K]
+        when every position is predicted."""
+        if i >= self.n_targets:
+            raise IndexError(f"target {i}: this split has {self.n_targets} target(s)")
+        dtype = np.float32 if self.tasks[i] == "regression" else np.int64
+        parts = self._per_shard(lambda v, s: v.gather_targets(v.starts)[i].astype(dtype))
+        shape = (0, self.window) if self.positions == "all" else (0,)
+        return np.concatenate(parts) if parts else np.zeros(shape, dtype)
 
 
 def manifest_folder(manifest_uri: str) -> str:
@@ -457,11 +521,13 @@ def open_split(
         info = shards[0]
         arrays = read_arrays(Path(local_path(uris[0])), info.arrays, mmap=mmap)
         view = _checked_view(arrays, info, enc)
-        return SplitData._from_refs([_Ref(info.windows, view)], enc.window, enc.horizon, streaming=False)
+        return SplitData._from_refs(
+            [_Ref(info.windows, view)], enc.window, enc.horizon, streaming=False, positions=enc.target_positions
+        )
     cache = cache or shared_cache()
     if footprint > cache.cap // 2:
         refs = [_Ref(info.windows, info=info, uri=u, cache=cache, glob=glob) for info, u in zip(shards, uris)]
-        return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=True)
+        return SplitData._from_refs(refs, enc.window, enc.horizon, streaming=True, positions=enc.target_positions)
     size, joined_specs, own_specs = pack_layout([glob.specs(info) for info in shards])
     mapped = any(info.local is not None for info in shards)
     key = hashlib.sha256(
@@ -504,12 +570,18 @@ def open_split(
         refs.append(_Ref(info.windows, _checked_view(arrays_in(buffer, specs), info, enc)))
     joined = arrays_in(buffer, joined_specs) if len(shards) > 1 else None
     return SplitData._from_refs(
-        refs, enc.window, enc.horizon, streaming=False, joined=joined, rows=[int(i.rows) for i in shards]
+        refs,
+        enc.window,
+        enc.horizon,
+        streaming=False,
+        joined=joined,
+        rows=[int(i.rows) for i in shards],
+        positions=enc.target_positions,
     )
 
 
 def _checked_view(arrays: dict[str, np.ndarray], info, enc) -> ShardView:
-    view = ShardView(arrays, enc.window, enc.horizon, name=f"shard {info.path}")
+    view = ShardView(arrays, enc.window, enc.horizon, name=f"shard {info.path}", positions=enc.target_positions)
     if len(view.starts) != info.windows:
         raise ValueError(
             f"shard {info.path}: the manifest lists {info.windows} windows but its offsets give {len(view.starts)} "
@@ -614,8 +686,9 @@ class WindowLoader:
         """Batches gathered by one fancy index: about CHUNK_BYTES of windows (amortises the per-call
         cost and, with workers, the hand-off between threads); each batch is then a view of it."""
         d = self.data
-        per_window = (
-            d.window * (d.n_cont * d.cont_dtype.itemsize + d.n_cat * d.cat_dtype.itemsize) + d.target_dtype.itemsize
+        per_position = d.window if d.positions == "all" else 1
+        per_window = d.window * (d.n_cont * d.cont_dtype.itemsize + d.n_cat * d.cat_dtype.itemsize) + sum(
+            per_position * t.itemsize for t in d.target_dtypes
         )
         return int(min(MAX_BATCHES_PER_GATHER, max(1, -(-CHUNK_BYTES // max(1, per_window * self.batch_size)))))
 
@@ -635,7 +708,7 @@ class WindowLoader:
 
         def batches(big: Batch):
             for lo in range(0, len(big), bs):
-                b = Batch(big.cont[lo : lo + bs], big.cat[lo : lo + bs], big.target[lo : lo + bs])
+                b = big.slice(lo, lo + bs)
                 self.offset += len(b)  # counted when handed out: a checkpoint after this batch resumes past it
                 yield b  # a view of the gathered (and, for CUDA, pinned) chunk
 

@@ -45,6 +45,7 @@ from shardline.trainer.checkpoint import (
 )
 from shardline.trainer.contract import (
     DataSpec,
+    ModelContractError,
     as_outputs,
     check_loss,
     check_outputs,
@@ -53,7 +54,7 @@ from shardline.trainer.contract import (
     load_matching,
     model_loss,
 )
-from shardline.trainer.data import SplitData, WindowLoader
+from shardline.trainer.data import SplitData, WindowLoader, target_names
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
 from shardline.trainer.models import data_spec_of, model_from_spec
 
@@ -111,15 +112,25 @@ def make_optimizer(model: nn.Module, cfg: TrainingConfig, device: torch.device) 
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=device.type == "cuda")
 
 
-def batch_targets(data: DataSpec, target: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A batch's targets by name (the shards hold one target today)."""
-    return {data.targets[0].name: target}
+def batch_targets(data: DataSpec, batch) -> dict[str, torch.Tensor]:
+    """A batch's targets by name, in the spec's order (as the shards store them)."""
+    return {t.name: y for t, y in zip(data.targets, batch.targets)}
 
 
 def masked_logits(out: torch.Tensor) -> torch.Tensor:
-    """Class 0 is 'unseen': never a prediction."""
+    """Class 0 is 'unseen': never a prediction (the class axis is the last)."""
     out = out.float().clone()
-    out[:, 0] = float("-inf")
+    out[..., 0] = float("-inf")
+    return out
+
+
+def score_names(spec: DataSpec) -> dict[str, str]:
+    """The validation score of each target, as the history names it: `val_accuracy` (classification) or
+    `val_mae` (regression, standardised units) for one target, `val_<target>/accuracy` for several."""
+    out = {}
+    for t in spec.targets:
+        metric = "accuracy" if t.kind == "classification" else "mae"
+        out[t.name] = f"val_{metric}" if len(spec.targets) == 1 else f"val_{t.name}/{metric}"
     return out
 
 
@@ -134,32 +145,45 @@ def evaluate(
     spec: DataSpec | None = None,
     weights: dict[str, float] | None = None,
 ) -> dict:
-    """val_loss (the model's own loss when it defines one) plus val_accuracy (classification; id-0
-    targets count as wrong) or val_mae (standardised units) of the target."""
+    """val_loss (the model's own loss when it defines one) plus, per target, its accuracy (classification;
+    id-0 targets count as wrong) or mean absolute error (standardised units), named by `score_names`
+    (every position counted when the target is predicted at every position), and the means of what the
+    model's own `metrics(outputs, cont, cat, targets)` returns, as `val_<name>`."""
     spec = spec or data_spec_of(model.shardline_spec)
-    name = spec.targets[0].name
+    names = score_names(spec)
+    own_metrics = getattr(model, "metrics", None)
+    own_metrics = own_metrics if callable(own_metrics) else None
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    score_sum = torch.zeros((), dtype=torch.float64, device=device)
+    sums = {t.name: torch.zeros((), dtype=torch.float64, device=device) for t in spec.targets}
+    counts = dict.fromkeys(sums, 0)
+    extra: dict[str, torch.Tensor] = {}
     for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
         b = batch.to(device)
-        targets = batch_targets(spec, b.target)
+        targets = batch_targets(spec, b)
         with ctx or contextlib.nullcontext():
             outputs = as_outputs(model(b.cont, b.cat), spec)
         if getattr(model, "loss", None) is not None:  # the model's own objective, a batch mean
             loss_sum += model_loss(model, outputs, b.cont, b.cat, targets, spec, weights).double() * len(b)
         else:
             loss_sum += default_loss(outputs, targets, spec, weights, reduction="sum").double()
-        out = outputs[name].float()
-        if task == "classification":
-            score_sum += (masked_logits(out).argmax(dim=1) == b.target).sum()
-        else:
-            score_sum += (out.reshape(b.target.shape) - b.target).abs().sum().double()
+        for t in spec.targets:
+            out, y = outputs[t.name].float(), targets[t.name]
+            if t.kind == "classification":
+                sums[t.name] += (masked_logits(out).argmax(dim=-1) == y).sum()
+            else:
+                sums[t.name] += (out.reshape(y.shape) - y).abs().sum().double()
+            counts[t.name] += y.numel()
+        if own_metrics is not None:
+            for key, value in dict(own_metrics(outputs, b.cont, b.cat, targets)).items():
+                extra[key] = extra.get(key, 0.0) + torch.as_tensor(value, device=device).double().detach() * len(b)
     model.train(was_training)
     n = max(1, data.n_windows)
-    score_key = "val_accuracy" if task == "classification" else "val_mae"
-    return {"val_loss": loss_sum.item() / n, score_key: score_sum.item() / n}
+    out = {"val_loss": loss_sum.item() / n}
+    out.update({names[k]: v.item() / max(1, counts[k]) for k, v in sums.items()})
+    out.update({f"val_{k}": float(v.item()) / n for k, v in extra.items()})
+    return out
 
 
 def rng_state() -> dict:
@@ -240,18 +264,28 @@ def _plain(obj, what: str):
         raise ValueError(f"{what} must be plain JSON data (dicts, lists, strings, numbers): {e}") from None
 
 
-def _check_inputs(train: SplitData, val: SplitData, spec: DataSpec, task: str) -> None:
-    if task not in TASKS:
-        raise ValueError(f"task='{task}' is not a task; allowed: {', '.join(TASKS)}")
-    n_classes = spec.targets[0].n_classes
+def _check_inputs(train: SplitData, val: SplitData, spec: DataSpec, task: str | None) -> None:
+    if task is not None and task not in TASKS:
+        raise ValueError(f"task='{task}' is not a task; allowed: {', '.join(TASKS)} (or None: no target)")
+    kinds = [t.kind for t in spec.targets]
+    if (kinds[0] if kinds else None) != task:
+        raise ValueError(f"the model spec's first target is a {kinds[0] if kinds else 'none'}, task='{task}'")
     for name, data in (("train", train), ("validation", val)):
         if data.n_windows == 0:
             raise ValueError(
                 f"the {name} split has no windows: each sequence needs at least window+horizon rows "
                 f"(data.window={data.window}, horizon={data.horizon}); shorten data.window or add data"
             )
-        if data.task != task:
-            raise ValueError(f"the {name} split holds {data.task} targets but task='{task}'")
+        if data.tasks != kinds:
+            raise ValueError(
+                f"the {name} split holds targets {data.tasks} but the model spec's are {kinds} "
+                f"({[t.name for t in spec.targets]})"
+            )
+        if spec.targets and data.positions != spec.targets[0].positions:
+            raise ValueError(
+                f"the {name} split reads targets at positions '{data.positions}', the model spec at "
+                f"'{spec.targets[0].positions}'"
+            )
         if data.window != spec.window:
             raise ValueError(f"the model spec has window={spec.window} but the {name} split has window={data.window}")
         if (data.n_cont, data.n_cat) != (spec.n_cont, spec.n_cat):
@@ -265,10 +299,12 @@ def _check_inputs(train: SplitData, val: SplitData, spec: DataSpec, task: str) -
                 raise ValueError(
                     f"the {name} split has categorical ids beyond the spec's cardinalities {spec.cardinalities}"
                 )
-            if task == "classification" and len(arrays["target"]) and int(np.max(arrays["target"])) >= n_classes:
-                raise ValueError(f"the {name} split has class ids >= n_classes={n_classes} of the model spec")
-    if spec.targets[0].kind != task:
-        raise ValueError(f"the model spec's target is a {spec.targets[0].kind}, the data's a {task}")
+            for t, array in zip(spec.targets, target_names(arrays)):
+                y = arrays[array]
+                if t.kind == "classification" and len(y) and int(np.max(y)) >= t.n_classes:
+                    raise ValueError(
+                        f"the {name} split has class ids of '{t.name}' >= n_classes={t.n_classes} of the model spec"
+                    )
 
 
 def _check_same_run(sidecar: dict, spec: dict, training: dict, task: str, windows: dict, ckpt_dir: str) -> None:
@@ -307,7 +343,7 @@ def fit(
     val: SplitData,
     model_spec: dict,
     cfg: TrainingConfig,
-    task: str,
+    task: str | None,
     ckpt_dir: str,
     on_step: Callable[[int, dict], None] | None = None,
     on_epoch: Callable[[int, dict], None] | None = None,
@@ -372,6 +408,11 @@ def fit(
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     model = model_from_spec(spec)
+    if not data_spec.targets and getattr(model, "loss", None) is None:
+        raise ModelContractError(
+            f"{type(model).__name__} has no loss(outputs, cont, cat, targets) and the data has no target "
+            "(data.targets is empty): define the model's own loss, or declare a target"
+        )
     if init_weights is not None and not found:  # a resumed run has its own weights in its checkpoint
         matched = load_matching(model, init_weights, init_source)
         run_meta = {**run_meta, "init_from": {"source": init_source, **matched}}
@@ -497,7 +538,7 @@ def fit(
                 step_loss = torch.zeros((), dtype=torch.float64, device=device)
                 for batch in micro:
                     b = batch.to(device, non_blocking=True)
-                    targets = batch_targets(data_spec, b.target)
+                    targets = batch_targets(data_spec, b)
                     with ctx:
                         outputs = as_outputs(model(b.cont, b.cat), data_spec)
                         if not checked:  # the contract, on the run's first batch: before any step is taken
@@ -566,12 +607,11 @@ def fit(
             if on_epoch is not None:
                 on_epoch(epoch, {k: v for k, v in entry.items() if k not in ("epoch", "step")})
             last = save(is_best=is_best)
-            score_key = "val_accuracy" if task == "classification" else "val_mae"
+            scores = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "val_loss")
             log(
                 f"epoch {epoch + 1}/{cfg.epochs}: train_loss {entry['train_loss']:.4f} val_loss "
-                f"{entry['val_loss']:.4f} "
-                f"{score_key} {entry[score_key]:.4f} lr {lr:.2e} {entry['windows_per_s']:,.0f} windows/s "
-                f"{entry['seconds']:.1f}s{' (best)' if is_best else ''}"
+                f"{entry['val_loss']:.4f}{' ' + scores if scores else ''} lr {lr:.2e} "
+                f"{entry['windows_per_s']:,.0f} windows/s {entry['seconds']:.1f}s{' (best)' if is_best else ''}"
             )
             if stop.signal_name:
                 raise Preempted(last, stop.signal_name)
@@ -607,23 +647,30 @@ def load_model(checkpoint_uri: str) -> nn.Module:
 
 def predict(
     model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None
-) -> np.ndarray:
-    """The target's outputs in window order, float32 [N, n_classes]: class probabilities with class 0
-    (unseen) at 0, or [N, 1] standardised values for regression."""
+) -> dict[str, np.ndarray]:
+    """Each target's outputs in window order, float32: class probabilities with class 0 (unseen) at 0,
+    [N, n_classes] (or [N, K, n_classes] at every position), or standardised values [N, 1] (or [N, K])."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     spec = data_spec_of(model.shardline_spec)
-    target = spec.targets[0]
-    out = np.empty((data.n_windows, target.n_classes or 1), dtype=np.float32)
+    k = spec.window
+    out = {}
+    for t in spec.targets:
+        lead = (data.n_windows, k) if t.positions == "all" else (data.n_windows,)
+        out[t.name] = np.empty((*lead, t.n_classes) if t.kind == "classification" else (*lead, 1), np.float32)
+        if t.positions == "all" and t.kind == "regression":
+            out[t.name] = out[t.name][..., 0]
     was_training = model.training
     model.eval()
     pos = 0
     with torch.inference_mode():
         for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
             b = batch.to(device)
-            y = as_outputs(model(b.cont, b.cat), spec)[target.name].float()
-            if target.kind == "classification":
-                y = torch.softmax(masked_logits(y), dim=1)
-            out[pos : pos + len(b)] = y.reshape(len(b), -1).cpu().numpy()
+            outputs = as_outputs(model(b.cont, b.cat), spec)
+            for t in spec.targets:
+                y = outputs[t.name].float()
+                if t.kind == "classification":
+                    y = torch.softmax(masked_logits(y), dim=-1)
+                out[t.name][pos : pos + len(b)] = y.reshape(out[t.name][pos : pos + len(b)].shape).cpu().numpy()
             pos += len(b)
     model.train(was_training)
     return out

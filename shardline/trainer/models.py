@@ -42,8 +42,8 @@ def legacy_data_spec(n_cont: int, cat_cardinalities: list[int], window: int, n_o
     )
 
 
-def _check_shape(data: DataSpec) -> None:
-    if data.window < 1 or not data.targets:
+def _check_shape(data: DataSpec, builtin: bool = True) -> None:
+    if data.window < 1 or (builtin and not data.targets):
         raise ValueError(f"bad model shape: window={data.window} (>= 1), {len(data.targets)} target(s) (>= 1)")
     if data.n_cont == 0 and not data.cardinalities:
         raise ValueError(
@@ -62,7 +62,7 @@ def _check_shape(data: DataSpec) -> None:
 def model_spec_for(cfg: ModelConfig | dict, data: DataSpec) -> dict:
     """The JSON description of a model (checkpoints store it): `model_from_spec(model_spec_for(...))` builds it."""
     cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.model_validate(cfg)
-    _check_shape(data)
+    _check_shape(data, builtin=not cfg.entrypoint)
     return {"version": SPEC_VERSION, "model": cfg.model_dump(mode="json"), "data": data.to_dict()}
 
 
@@ -135,11 +135,14 @@ class _Heads(nn.Module):
         else:
             self.heads = nn.ModuleDict({name: nn.Linear(width, n) for name, n in sizes.items()})
 
-    def _outputs(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _outputs(self, x: torch.Tensor, every: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Each target's head on `x` [B, width], or on `every` [B, K, width] for a target predicted at every
+        position."""
         out = {}
         for t in self.target_specs:
-            y = (self.head if hasattr(self, "head") else self.heads[t.name])(x).float()
-            out[t.name] = y if t.kind == "classification" else y[:, 0]
+            head = self.head if hasattr(self, "head") else self.heads[t.name]
+            y = head(every if t.positions == "all" else x).float()
+            out[t.name] = y if t.kind == "classification" else y[..., 0]
         return out
 
 
@@ -172,7 +175,9 @@ class WindowMLP(_Heads):
 
 class WindowTransformer(_Heads):
     """Each frame projected to `hidden`, with a learned position, through a pre-norm Transformer encoder;
-    the targets are read from the window's last frame, which has attended to all the others."""
+    the targets are read from the window's last frame, which has attended to all the others. A target
+    predicted at every position is read from each frame, and attention is then causal (a frame sees
+    itself and the frames before it, never the rows it predicts)."""
 
     def __init__(
         self,
@@ -201,10 +206,15 @@ class WindowTransformer(_Heads):
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(hidden)
         self._add_heads(hidden, spec)
+        self.causal = any(t.positions == "all" for t in spec.targets)
 
     def forward(self, cont: torch.Tensor, cat: torch.Tensor) -> dict[str, torch.Tensor]:
         x = self.proj(self.frames(cont, cat))
         x = x + self.position.weight[: x.shape[1]]
+        if self.causal:
+            mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device, dtype=x.dtype)
+            x = self.norm(self.encoder(x, mask=mask, is_causal=True))
+            return self._outputs(x[:, -1], every=x)
         x = self.encoder(x)
         return self._outputs(self.norm(x[:, -1]))
 

@@ -28,14 +28,16 @@ def data_spec(spec: EncodingSpec) -> DataSpec:
     # imported here: the contract imports torch, which the pipeline's import (a cached rerun) must not pay for
     from shardline.trainer.contract import DataSpec, TargetInfo
 
-    t = spec.target
     return DataSpec(
         continuous=[c.name for c in spec.continuous],
         boolean=list(spec.boolean),
         categorical=[v.name for v in spec.categorical],
         cardinalities=spec.cat_cardinalities,
         window=spec.window,
-        targets=[TargetInfo(t.column, t.task, t.n_outputs if t.task == "classification" else None)],
+        targets=[
+            TargetInfo(t.column, t.task, t.n_outputs if t.task == "classification" else None, spec.target_positions)
+            for t in spec.targets
+        ],
     )
 
 
@@ -57,14 +59,53 @@ def key_columns(spec: EncodingSpec) -> list[str]:
     return keys
 
 
-def decode_outputs(spec: EncodingSpec, outputs: np.ndarray) -> dict[str, np.ndarray]:
-    """Network outputs -> user-facing columns: `prediction` (+ `probability` for classes)."""
-    t = spec.target
-    if t.task == "classification":
-        ids = outputs.argmax(axis=1)
-        labels = np.array(["<unseen>", *(t.classes or [])], dtype=object)
-        return {"prediction": labels[ids], "probability": outputs[np.arange(len(ids)), ids].astype(np.float32)}
-    return {"prediction": (outputs[:, 0].astype(np.float64) * t.std + t.mean)}
+def prediction_columns(spec: EncodingSpec) -> dict[str, str]:
+    """The columns a prediction adds, by kind (`class`, `probability`, `value`): `prediction` (and
+    `probability`) for one target, `<target>` (and `<target>_probability`) for several; `position` (0 = the
+    window's first row) when every position is predicted."""
+    out = {"position": "position"} if spec.target_positions == "all" and spec.targets else {}
+    for t in spec.targets:
+        name = "prediction" if len(spec.targets) == 1 else t.column
+        out[name] = "class" if t.task == "classification" else "value"
+        if t.task == "classification":
+            out[f"{'' if len(spec.targets) == 1 else t.column + '_'}probability"] = "probability"
+    return out
+
+
+def decode_outputs(spec: EncodingSpec, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Network outputs (`predict`: per target) -> user-facing columns (`prediction_columns`), one row per
+    window, or per window and position (window-major) when every position is predicted."""
+    cols: dict[str, np.ndarray] = {}
+    # by position: the model's targets are the encoding's, in order (a model saved before the contract
+    # names its one target `target`)
+    for t, y in zip(spec.targets, outputs.values()):
+        name = "prediction" if len(spec.targets) == 1 else t.column
+        if t.task == "classification":
+            y = y.reshape(-1, y.shape[-1])
+            ids = y.argmax(axis=1)
+            labels = np.array(["<unseen>", *(t.classes or [])], dtype=object)
+            cols[name] = labels[ids]
+            prob = "probability" if len(spec.targets) == 1 else f"{t.column}_probability"
+            cols[prob] = y[np.arange(len(ids)), ids].astype(np.float32)
+        else:
+            cols[name] = y.reshape(-1).astype(np.float64) * t.std + t.mean
+    return cols
+
+
+def prediction_frame(spec: EncodingSpec, keys: dict[str, object], outputs: dict[str, np.ndarray]) -> pl.DataFrame:
+    """Key columns (one value per window) beside the decoded predictions; each window's key repeated for
+    its K positions, with `position`, when every position is predicted."""
+    every = spec.target_positions == "all" and spec.targets
+    k = spec.window if every else 1
+    out: dict[str, object] = {}
+    for name, values in keys.items():
+        series = values if isinstance(values, pl.Series) else pl.Series(name, values)
+        out[name] = series.gather(np.repeat(np.arange(len(series)), k)) if k > 1 else series
+    if every:
+        n = len(next(iter(keys.values()))) if keys else 0
+        out["position"] = np.tile(np.arange(k, dtype=np.int64), n)
+    out.update(decode_outputs(spec, outputs))
+    return pl.DataFrame(out)
 
 
 class Predictor:
@@ -101,7 +142,7 @@ class Predictor:
         key_dtype = df[seq_col].dtype if seq_col else None
         prepared = prepare(df, spec.sequence_key, spec.order_by, "input")
         arrays, keys = encode_frame(prepared, spec, with_target=False)
-        data = SplitData([arrays], spec.window, spec.horizon)
+        data = SplitData([arrays], spec.window, spec.horizon, positions=spec.target_positions)
         where = data.window_keys()
         out: dict[str, object] = {}
         if seq_col:
@@ -111,10 +152,4 @@ class Predictor:
         order_name = spec.order_by or "row"
         order_vals = pl.Series(order_name, where["order"])
         out[order_name] = order_vals.cast(df[spec.order_by].dtype) if spec.order_by else order_vals
-        outputs = (
-            predict(self.model, data, batch_size=batch_size)
-            if data.n_windows
-            else np.zeros((0, spec.target.n_outputs), np.float32)
-        )
-        out.update(decode_outputs(spec, outputs))
-        return pl.DataFrame(out)
+        return prediction_frame(spec, out, predict(self.model, data, batch_size=batch_size))

@@ -1,6 +1,7 @@
-"""The encoding contract: what the config decides about the encoding (columns, window, horizon,
-target, stored type), its hash (written in the manifest), and what differs between the config's and a
-manifest's. Training refuses shards whose contract is not the config's (shardline/tasks/training_run.py)."""
+"""The encoding contract: what the config decides about the encoding (columns, window, horizon, targets
+and their positions, stored type), its hash (written in the manifest), and what differs between the
+config's and a manifest's. Training refuses shards whose contract is not the config's
+(shardline/tasks/training_run.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def contract(data: DataConfig) -> dict[str, Any]:
         "continuous": list(data.features.continuous),
         "boolean": list(data.features.boolean),
         "categorical": list(data.features.categorical),
-        "target": {"column": data.target.column, "task": data.target.task},
+        "targets": [{"column": t.column, "task": t.task} for t in data.target_list],
+        "target_positions": data.target_positions,
         "continuous_dtype": data.continuous_dtype,
     }
 
@@ -34,7 +36,8 @@ def contract_of(spec: EncodingSpec) -> dict[str, Any]:
         "continuous": [c.name for c in spec.continuous],
         "boolean": list(spec.boolean),
         "categorical": [v.name for v in spec.categorical],
-        "target": {"column": spec.target.column, "task": spec.target.task},
+        "targets": [{"column": t.column, "task": t.task} for t in spec.targets],
+        "target_positions": spec.target_positions,
         "continuous_dtype": spec.continuous_dtype,
     }
 

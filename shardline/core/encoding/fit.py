@@ -27,12 +27,13 @@ def _merge_moments(parts: list[dict[str, float]]) -> tuple[int, float, float]:
 
 def empty_stats(data: DataConfig) -> dict[str, Any]:
     """The training statistics of a group with no training row."""
-    t = data.target
     return {
         "rows": 0,
         "continuous": {c: moments(0, 0.0, 0.0) for c in data.features.continuous},
         "categorical": {c: {} for c in data.features.categorical},
-        "target": {"counts": {}} if t.task == "classification" else moments(0, 0.0, 0.0),
+        "targets": [
+            {"counts": {}} if t.task == "classification" else moments(0, 0.0, 0.0) for t in data.target_list
+        ],
     }
 
 
@@ -60,15 +61,16 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
         for p in partials:
             counts.update(p["categorical"][c])
         cats.append(Vocabulary(name=c, values=_vocab(counts)))
-    t = data.target
-    if t.task == "classification":
-        counts = Counter()
-        for p in partials:
-            counts.update(p["target"]["counts"])
-        target = TargetSpec(column=t.column, task=t.task, classes=_vocab(counts))
-    else:
-        mean, std = _mean_std([p["target"] for p in partials])
-        target = TargetSpec(column=t.column, task=t.task, mean=mean, std=std)
+    targets = []
+    for i, t in enumerate(data.target_list):
+        if t.task == "classification":
+            counts = Counter()
+            for p in partials:
+                counts.update(p["targets"][i]["counts"])
+            targets.append(TargetSpec(column=t.column, task=t.task, classes=_vocab(counts)))
+        else:
+            mean, std = _mean_std([p["targets"][i] for p in partials])
+            targets.append(TargetSpec(column=t.column, task=t.task, mean=mean, std=std))
     return EncodingSpec(
         sequence_key=data.sequence_key,
         order_by=data.order_by,
@@ -77,6 +79,7 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
         continuous=cont,
         boolean=list(data.features.boolean),
         categorical=cats,
-        target=target,
+        targets=targets,
+        target_positions=data.target_positions,
         continuous_dtype=data.continuous_dtype,
     )

@@ -9,7 +9,7 @@ import polars as pl
 
 from shardline.core.codes import int_dtype
 from shardline.core.encoding.columns import ORDER, SEQ
-from shardline.core.manifest import EncodingSpec
+from shardline.core.manifest import EncodingSpec, target_array
 
 
 def _ids(series: pl.Series, values: list[str]) -> pl.Series:
@@ -81,14 +81,16 @@ def encode_frame(
         if cat_exprs
         else np.zeros((n, 0), cat_dtype)
     )
-    t = spec.target
-    if with_target and t.column in df.columns:
-        if t.task == "classification":
-            target = _ids(df[t.column], t.classes or []).to_numpy().astype(np.int32)
+    targets = {}
+    for i, t in enumerate(spec.targets):
+        if with_target and t.column in df.columns:
+            if t.task == "classification":
+                y = _ids(df[t.column], t.classes or []).to_numpy().astype(np.int32)
+            else:
+                y = ((df[t.column].cast(pl.Float64) - t.mean) / t.std).to_numpy().astype(np.float32)
         else:
-            target = ((df[t.column].cast(pl.Float64) - t.mean) / t.std).to_numpy().astype(np.float32)
-    else:
-        target = np.zeros(n, dtype=np.int32 if t.task == "classification" else np.float32)
+            y = np.zeros(n, dtype=np.int32 if t.task == "classification" else np.float32)
+        targets[target_array(i)] = y
     seq = df[SEQ]
     change = (seq != seq.shift(1)).fill_null(True).to_numpy() if n else np.zeros(0, bool)
     starts = np.flatnonzero(change)
@@ -97,7 +99,7 @@ def encode_frame(
     arrays = {
         "cont": cont,
         "cat": cat,
-        "target": target,
+        **targets,
         "order": df[ORDER].to_numpy().astype(np.int64),
         "offsets": offsets,
     }

@@ -16,7 +16,7 @@ from shardline.core.config import DataConfig
 from shardline.core.encoding.columns import ORDER
 from shardline.core.encoding.fit import moments as stat_moments
 from shardline.core.encoding.splits import SplitRows
-from shardline.core.manifest import ArraySpec, LocalCodes, LocalVocab
+from shardline.core.manifest import ArraySpec, LocalCodes, LocalVocab, target_array
 from shardline.core.shards import allocate
 
 
@@ -254,27 +254,27 @@ def encode_splits(frame: pl.DataFrame, splits: dict[str, SplitRows], data: DataC
     vocs = [voc for voc, _, _ in coded]
     width = max([voc.size for voc in vocs] + ([2] if f.boolean else []) + [1])
 
-    # the target: a class id in the group's own ids, or a value standardised with its own mean and std
-    t = data.target
-    ts = frame[t.column]
-    tvalues = None
-    tstats: dict = {}
-    if t.task == "classification":
-        if t.column in cats:  # also a feature: the same ids
-            tvoc, tvalues, tshift = vocs[cats.index(t.column)], None, None
+    # each target: a class id in the group's own ids, or a value standardised with its own mean and std
+    targets = []  # per target: (code, values to set, shift, stored dtype, training moments)
+    for t in data.target_list:
+        ts = frame[t.column]
+        if t.task == "classification":
+            if t.column in cats:  # also a feature: the same ids
+                tvoc, tvalues, tshift = vocs[cats.index(t.column)], ("feature", cats.index(t.column)), None
+            else:
+                bounded = ts.dtype.is_integer() and n
+                tvoc, tvalues, tshift = _local_ids(ts, ts.min() if bounded else None, ts.max() if bounded else None)
+            targets.append((tvoc, tvalues, tshift, int_dtype(tvoc.size), {}))
         else:
-            bounded = ts.dtype.is_integer() and n
-            tvoc, tvalues, tshift = _local_ids(ts, ts.min() if bounded else None, ts.max() if bounded else None)
-        tcode: LocalVocab | tuple[float, float] = tvoc
-        tdtype = int_dtype(tvoc.size)
-    else:
-        y = ts.cast(pl.Float64)
-        tcode = _local_affine(float(y.mean() or 0.0), float(y.var(ddof=0) or 0.0))
-        if train is not None:
-            yt = y.slice(train[0], train[1] - train[0])
-            m, v = float(yt.mean() or 0.0), float(yt.var(ddof=0) or 0.0)
-            tstats = stat_moments(yt.len(), m, v * yt.len())
-        tdtype = np.dtype(np.float32)
+            y = ts.cast(pl.Float64)
+            tcode = _local_affine(float(y.mean() or 0.0), float(y.var(ddof=0) or 0.0))
+            tstats: dict = {}
+            if train is not None:
+                yt = y.slice(train[0], train[1] - train[0])
+                m, v = float(yt.mean() or 0.0), float(yt.var(ddof=0) or 0.0)
+                tstats = stat_moments(yt.len(), m, v * yt.len())
+            yz = ((y - tcode[0]) / tcode[1]).cast(pl.Float32).to_numpy()
+            targets.append((tcode, yz, None, np.dtype(np.float32), tstats))
 
     names = list(f.continuous)
     cont_dtype = np.dtype(np.float16 if data.continuous_dtype == "float16" else np.float32)
@@ -289,7 +289,7 @@ def encode_splits(frame: pl.DataFrame, splits: dict[str, SplitRows], data: DataC
             {
                 "cont_cols": (cont_dtype, (len(names), a1 - a0)),
                 "cat_cols": (int_dtype(width), (len(cats) + len(f.boolean), a1 - a0)),
-                "target": (tdtype, (a1 - a0,)),
+                **{target_array(i): (tg[3], (a1 - a0,)) for i, tg in enumerate(targets)},
                 **{k: (v.dtype, v.shape) for k, v in small.items()},
             }
         )
@@ -306,7 +306,7 @@ def encode_splits(frame: pl.DataFrame, splits: dict[str, SplitRows], data: DataC
         "rows": (train[1] - train[0]) if train else 0,
         "continuous": {},
         "categorical": {},
-        "target": tstats,
+        "targets": [tg[4] for tg in targets],
     }
     for c, (cnt, m, v) in zip(names, moments):
         stats["continuous"][c] = stat_moments(cnt, m, v * cnt)
@@ -319,23 +319,23 @@ def encode_splits(frame: pl.DataFrame, splits: dict[str, SplitRows], data: DataC
             _bool_codes(frame[b], codes_row)
             for a0, a1, arr in rows:
                 arr["cat_cols"][j] = codes_row[a0:a1]
-    if t.task == "classification":
+    for i, (code, values, shift, _, _) in enumerate(targets):
+        name = target_array(i)
         for a0, a1, arr in rows:
-            if tvalues is None:
-                arr["target"][...] = arr["cat_cols"][cats.index(t.column)]
+            if isinstance(values, tuple):  # the class ids of a categorical feature
+                arr[name][...] = arr["cat_cols"][values[1]]
+            elif isinstance(code, LocalVocab):
+                _set_ids(arr[name], values[a0:a1], shift)
             else:
-                _set_ids(arr["target"], tvalues[a0:a1], tshift)
-    else:
-        yz = ((y - tcode[0]) / tcode[1]).cast(pl.Float32).to_numpy()
-        for a0, a1, arr in rows:
-            arr["target"][...] = yz[a0:a1]
+                arr[name][...] = values[a0:a1]
     if train is not None:
         tarr = files["train"][2]
         for j, (c, voc) in enumerate(zip(cats, vocs)):
             stats["categorical"][c] = _counts_of(tarr["cat_cols"][j], voc)
-        if t.task == "classification":
-            stats["target"] = {"counts": _counts_of(tarr["target"], tvoc)}
-    codes = LocalCodes(cont=affine, cat=vocs, target=tcode)
+        for i, (code, *_rest) in enumerate(targets):
+            if isinstance(code, LocalVocab):
+                stats["targets"][i] = {"counts": _counts_of(tarr[target_array(i)], code)}
+    codes = LocalCodes(cont=affine, cat=vocs, targets=[tg[0] for tg in targets])
     return {
         name: EncodedSplit(*files[name], keys=splits[name].keys, codes=codes, stats=stats if name == "train" else None)
         for name in splits

@@ -1,0 +1,144 @@
+"""The examples run as their READMEs say, in a folder outside the repository, through the real pipeline
+(Prefect, MLflow, PyTorch), and do what the READMEs claim."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def readme_commands(example: str) -> list[str]:
+    """The commands of the README's first ```bash block, as a user copies them."""
+    text = (EXAMPLES / example / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block, f"examples/{example}/README.md has no ```bash block"
+    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+
+
+def run_example(example: str, tmp_path: Path) -> Path:
+    folder = tmp_path / example
+    shutil.copytree(EXAMPLES / example, folder, ignore=shutil.ignore_patterns("data", "store", "__pycache__"))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    for command in readme_commands(example):
+        done = subprocess.run(command, shell=True, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"`{command}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return folder
+
+
+def client_for(folder: Path):
+    from mlflow import MlflowClient
+
+    return MlflowClient(f"sqlite:///{folder / 'store' / 'mlflow.db'}")
+
+
+def weights_of(client, name: str, version: str, dst: Path) -> dict[str, torch.Tensor]:
+    import mlflow
+
+    mlflow.set_tracking_uri(client._tracking_client.tracking_uri)
+    local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=str(dst))
+    return torch.load(Path(local) / "artifacts" / "weights.pt", map_location="cpu", weights_only=True)
+
+
+def test_world_model_example(tmp_path):
+    folder = run_example("world_model", tmp_path)
+    client = client_for(folder)
+    version = client.get_model_version_by_alias("world-model", "champion")
+    metrics = client.get_run(version.run_id).data.metrics
+    # every target has its own metrics and baseline, named with it
+    for name in ("p1_action/accuracy", "p1_x/rmse", "p1_y/r2", "p1_on_ground/accuracy"):
+        assert f"test/{name}" in metrics and f"baseline/{name}" in metrics, name
+    assert metrics["test/p1_action/accuracy"] > 3 * metrics["baseline/p1_action/accuracy"]
+    assert metrics["test/p1_x/r2"] > 0.5 and metrics["test/p1_y/r2"] > 0.5  # the baseline's r2 is about 0
+    assert metrics["test/p1_on_ground/accuracy"] > metrics["baseline/p1_on_ground/accuracy"]
+    # the promotion metric names its target
+    assert version.tags["metric.p1_action/accuracy"] == str(metrics["test/p1_action/accuracy"])
+    plots = {a.path for a in client.list_artifacts(version.run_id, "evaluation")}
+    assert {"evaluation/p1_action_confusion_matrix.png", "evaluation/p1_x_residuals.png"} <= plots
+
+    # the registered model predicts raw rows in a fresh process, in another folder, where models/ is not
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    script = (
+        "import mlflow, polars as pl, sys\n"
+        "try:\n    import models\n    sys.exit('the example folder is importable here')\n"
+        "except ImportError:\n    pass\n"
+        f"mlflow.set_tracking_uri('sqlite:///{folder / 'store' / 'mlflow.db'}')\n"
+        "model = mlflow.pyfunc.load_model('models:/world-model@champion')\n"
+        f"rows = pl.read_parquet('{folder / 'data' / 'raw' / 'game-00000.parquet'}').head(40)\n"
+        "print(pl.from_pandas(model.predict(rows.to_pandas())).write_json())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import polars as pl
+
+    preds = pl.read_json(done.stdout.strip().splitlines()[-1].encode())
+    assert preds.height == 40 - 8  # one per window of 8 frames with a next frame
+    assert preds.columns == [
+        "game_id",
+        "frame",
+        "p1_action",
+        "p1_action_probability",
+        "p1_x",
+        "p1_y",
+        "p1_on_ground",
+        "p1_on_ground_probability",
+    ]
+    assert set(preds["p1_on_ground"].unique().to_list()) <= {"true", "false", "<unseen>"}
+    assert preds["p1_x"].is_finite().all() and preds["p1_action_probability"].is_between(0, 1).all()
+
+
+def test_pretrain_finetune_example(tmp_path):
+    folder = run_example("pretrain_finetune", tmp_path)
+    client = client_for(folder)
+    parent = client.get_model_version_by_alias("masked-pretrain", "champion")
+    parent_metrics = client.get_run(parent.run_id).data.metrics
+    # no target: the model's own loss and metrics are its evaluation
+    assert {"test/loss", "test/masked_mse", "test/masked_cross_entropy"} <= set(parent_metrics)
+    assert parent_metrics["test/masked_mse"] < 0.5  # the training mean would score about 1.0
+    assert parent.tags["metric.loss"] == str(parent_metrics["test/loss"])
+
+    child = client.get_model_version_by_alias("p1-action-finetuned", "champion")
+    assert child.tags["shardline.parent"] == "models:/masked-pretrain@champion"
+    assert (child.tags["shardline.parent_name"], child.tags["shardline.parent_version"]) == (
+        "masked-pretrain",
+        str(parent.version),
+    )
+    assert child.tags["shardline.parent_run_id"] == parent.run_id
+    metrics = client.get_run(child.run_id).data.metrics
+    assert metrics["test/accuracy"] > 3 * metrics["baseline/accuracy"]
+
+    # the frozen backbone is the parent's, bit for bit; the head is new and trained
+    mine = weights_of(client, "p1-action-finetuned", child.version, tmp_path / "child")
+    theirs = weights_of(client, "masked-pretrain", parent.version, tmp_path / "parent")
+    backbone = [k for k in mine if k.startswith("backbone.")]
+    assert backbone and all(torch.equal(mine[k], theirs[k]) for k in backbone)
+    assert any(k.startswith("heads.") for k in mine) and not any(k.startswith("heads.") for k in theirs)
+    init = client.download_artifacts(child.run_id, "init_from.json", str(tmp_path))
+    import json
+
+    record = json.loads(Path(init).read_text())
+    assert set(backbone) <= set(record["loaded"]) and any(k.startswith("heads.") for k in record["new"])
+
+
+@pytest.mark.parametrize("example", ["world_model", "pretrain_finetune"])
+def test_example_readme_names_only_files_it_ships(example):
+    """The configs the README runs are in the folder, and the code their entrypoints name is too."""
+    import yaml
+
+    for command in readme_commands(example):
+        for word in command.split():
+            if word.endswith(".yaml"):
+                config = yaml.safe_load((EXAMPLES / example / word).read_text())
+                entry = config.get("model", {}).get("entrypoint")
+                if entry:
+                    assert (EXAMPLES / example / (entry.split(":")[0].replace(".", "/") + ".py")).exists(), entry
