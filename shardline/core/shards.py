@@ -171,9 +171,7 @@ def pack_layout(shards: list[dict[str, ArraySpec]]) -> tuple[int, dict[str, Arra
             mine[name] = ArraySpec(dtype=s.dtype, shape=list(s.shape), offset=base[r] + at[r] * row_bytes)
             at[r] += int(s.shape[0])
         per_shard.append(mine)
-    joined = {
-        r[0]: ArraySpec(dtype=r[1], shape=[rows[r], *r[2]], offset=base[r]) for r in order if rank[r] is not None
-    }
+    joined = {r[0]: ArraySpec(dtype=r[1], shape=[rows[r], *r[2]], offset=base[r]) for r in order if rank[r] is not None}
     return offset, joined, per_shard
 
 

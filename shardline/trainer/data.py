@@ -37,6 +37,8 @@ def target_names(arrays) -> list[str]:
     while target_array(len(names)) in arrays:
         names.append(target_array(len(names)))
     return names
+
+
 CHUNK_BYTES = 2 << 20  # the loader gathers about this many bytes of windows at a time
 MAX_BATCHES_PER_GATHER = 16
 
@@ -80,9 +82,7 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """On `device`, as the model takes it: float32 features, int64 ids, int64 classes / float32 values."""
-        cont, cat, *targets = (
-            t.to(device, non_blocking=non_blocking) for t in (self.cont, self.cat, *self.targets)
-        )
+        cont, cat, *targets = (t.to(device, non_blocking=non_blocking) for t in (self.cont, self.cat, *self.targets))
         return Batch(_cast(cont, True), _cast(cat, False), tuple(_cast(t, t.is_floating_point()) for t in targets))
 
     def pin_memory(self) -> Batch:

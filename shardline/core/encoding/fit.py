@@ -31,9 +31,7 @@ def empty_stats(data: DataConfig) -> dict[str, Any]:
         "rows": 0,
         "continuous": {c: moments(0, 0.0, 0.0) for c in data.features.continuous},
         "categorical": {c: {} for c in data.features.categorical},
-        "targets": [
-            {"counts": {}} if t.task == "classification" else moments(0, 0.0, 0.0) for t in data.target_list
-        ],
+        "targets": [{"counts": {}} if t.task == "classification" else moments(0, 0.0, 0.0) for t in data.target_list],
     }
 
 
