@@ -6,7 +6,9 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from shardline.core import storage
 from shardline.core.config import validate_config
+from shardline.core.manifest import Manifest
 from shardline.trainer.checkpoint import load_checkpoint
 from tests.conftest import make_raw, tiny_config
 
@@ -32,7 +34,12 @@ def test_fine_tune_a_registered_model_with_a_frozen_backbone(tmp_path, prefect_a
         },
     )
     tuned = pipeline(validate_config(tuned_cfg))
-    assert tuned["steps"]["encode"] == "cached" and tuned["steps"]["train"] == "ran"
+    assert tuned["steps"]["train"] == "ran"
+    # the data is the parent's encoding of the same shards: nothing re-encoded, only a manifest beside
+    own, reused = (Manifest.model_validate_json(storage.read_text(m["manifest"])) for m in (parent, tuned))
+    assert tuned["manifest"] != parent["manifest"] and tuned["manifest"].endswith(".json")
+    assert [s.sha256 for s in own.shards] == [s.sha256 for s in reused.shards]
+    assert reused.encoding == own.encoding
     client = MlflowClient(tuned["registered"]["tracking_uri"])
     version = client.get_model_version("tiny-model", str(tuned["registered"]["version"]))
     assert version.tags["shardline.parent"] == "models:/tiny-model@champion"
@@ -52,3 +59,33 @@ def test_fine_tune_a_registered_model_with_a_frozen_backbone(tmp_path, prefect_a
     missing = tiny_config(source, root, **{"training.init_from": "models:/no-such-model@champion"})
     with pytest.raises(ValueError, match=r"training.init_from=models:/no-such-model@champion: no such registered"):
         pipeline(validate_config(missing))
+
+
+def test_a_fine_tune_encodes_new_data_with_its_parents_encoding(tmp_path, prefect_api):
+    """New data (other sequences, other statistics) is encoded with the parent's scalings and
+    vocabularies; a column the parent was not trained on is refused before any work, naming it."""
+    from shardline.flows.pipeline import pipeline
+
+    make_raw(tmp_path / "raw", n_seq=12, rows=60)
+    make_raw(tmp_path / "new", n_seq=9, rows=60, seed=5, prefix="n")
+    root = str(tmp_path / "store")
+    parent = pipeline(validate_config(tiny_config(str(tmp_path / "raw" / "*.parquet"), root)))
+    new_source = str(tmp_path / "new" / "*.parquet")
+    fresh = pipeline(validate_config(tiny_config(new_source, root, **{"mlflow.model_name": "fresh"})))
+    over = {"training.init_from": "models:/tiny-model@champion", "mlflow.model_name": "tuned"}
+    tuned = pipeline(validate_config(tiny_config(new_source, root, **over)))
+    first, own, reused = (
+        Manifest.model_validate_json(storage.read_text(r["manifest"])).encoding for r in (parent, fresh, tuned)
+    )
+    assert own.continuous != first.continuous  # the new data alone would be scaled otherwise
+    assert reused.continuous == first.continuous and reused.categorical == first.categorical
+    assert reused.targets == first.targets
+
+    cfg = tiny_config(new_source, root, **over)
+    cfg["data"]["features"]["continuous"] = ["x", "y", "value"]
+    with pytest.raises(ValueError, match=r"data.features.continuous has 'value', which the model it starts from"):
+        pipeline(validate_config(cfg))
+    cfg = tiny_config(new_source, root, **over)
+    cfg["data"]["features"]["continuous"] = ["y", "x"]
+    with pytest.raises(ValueError, match=r"is \['y', 'x'\], the encoding of .* has \['x', 'y'\] \(another order\)"):
+        pipeline(validate_config(cfg))

@@ -12,6 +12,7 @@ from prefect import flow
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig, load_config, validate_config
+from shardline.core.encoding.reuse import check_columns
 from shardline.flows.train import train
 from shardline.tasks.caching import STEPS, cached, run_cached
 from shardline.tasks.encode import encode
@@ -19,6 +20,7 @@ from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.ingest import INGEST_CACHE, ingest
 from shardline.tasks.register import REGISTER_CACHE, register
 from shardline.tasks.train import TRAIN_CACHE, retry_on_infrastructure, train_step
+from shardline.tasks.training_run import parent_encoding, parent_model
 
 
 def _refreshed(force: str | None) -> set[str]:
@@ -48,7 +50,12 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
 
     snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data)
 
-    manifest_uri, ran["encode"] = encode(snapshot, config.data, root, refresh="encode" in refresh)
+    # fine-tuning: the data is encoded the way the model it starts from was trained (its scalings, vocabularies)
+    parent = parent_model(config)
+    base = (parent_encoding(config, parent), parent["uri"]) if parent else None
+    if base is not None:  # a column the parent was not trained on: said before any work
+        check_columns(config.data.features.model_dump(), *base)
+    manifest_uri, ran["encode"] = encode(snapshot, config.data, root, refresh="encode" in refresh, base=base)
     manifest_hash = storage.sha256_uri(manifest_uri)
 
     # retried after an infrastructure failure (I/O, network, CUDA), resuming from the newest checkpoint

@@ -19,8 +19,9 @@ from shardline.core.encoding.columns import DataError, prepare
 from shardline.core.encoding.contract import contract, contract_hash
 from shardline.core.encoding.fit import empty_stats, fit_spec
 from shardline.core.encoding.group import encode_splits, one_torch_thread
+from shardline.core.encoding.reuse import reuse_encoding
 from shardline.core.encoding.splits import split_rows
-from shardline.core.manifest import EncodedGroup, Manifest, RawFile, ShardInfo, Snapshot
+from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.core.shards import compress_bytes, window_count
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 
@@ -217,14 +218,19 @@ def check_splits(windows: dict[str, int], data: DataConfig) -> None:
         )
 
 
-def build_manifest(snapshot: Snapshot, groups: list[EncodedGroup], data: DataConfig) -> Manifest:
-    """Fit the data set's encoding from the groups' training statistics and list their shards;
-    refuses a split with no window (nothing is published then)."""
+def build_manifest(
+    snapshot: Snapshot, groups: list[EncodedGroup], data: DataConfig, base: tuple[EncodingSpec, str] | None = None
+) -> Manifest:
+    """Fit the data set's encoding from the groups' training statistics (or, fine-tuning, take the
+    parent's: `base` is its encoding and where it came from) and list their shards; refuses a split
+    with no window (nothing is published then)."""
     shards = [s for g in groups for s in g.shards]
     rows = {s: sum(g.rows.get(s, 0) for g in groups) for s in SPLITS}
     windows = {s: sum(x.windows for x in shards if x.split == s) for s in SPLITS}
     check_splits(windows, data)
     spec = fit_spec([g.train for g in groups], data)
+    if base is not None:
+        spec = reuse_encoding(spec, *base)
     return Manifest(
         encoding=spec,
         encoding_hash=spec.hash(),
@@ -274,12 +280,24 @@ def encode_group(files: list[RawFile], group: int, n_groups: int, data: DataConf
     return result
 
 
+def manifest_name(base: tuple[EncodingSpec, str] | None) -> str:
+    """The data set's own encoding is `manifest.json`; a parent's, beside it, `manifest-<its hash>.json`
+    (the same shards: they hold their own codes)."""
+    return "manifest.json" if base is None else f"manifest-{base[0].hash()[:16]}.json"
+
+
 @task(name="write-manifest")
-def write_manifest(snapshot: Snapshot, groups: list[EncodedGroup], data: DataConfig, out_dir: str) -> str:
-    """Fit the encoding, check the splits and publish the manifest (last: until it exists, the shards
-    are not a data set)."""
-    manifest = build_manifest(snapshot, groups, data)
-    uri = storage.join(out_dir, "manifest.json")
+def write_manifest(
+    snapshot: Snapshot,
+    groups: list[EncodedGroup],
+    data: DataConfig,
+    out_dir: str,
+    base: tuple[EncodingSpec, str] | None = None,
+) -> str:
+    """Fit the encoding (or take the parent's: `base`), check the splits and publish the manifest (last:
+    until it exists, the shards are not a data set)."""
+    manifest = build_manifest(snapshot, groups, data, base)
+    uri = storage.join(out_dir, manifest_name(base))
     storage.write_text(uri, manifest.model_dump_json(indent=1))
     get_run_logger().info(
         "encode: manifest %s: rows %s, windows %s, %.1f MB of shards",
@@ -323,15 +341,23 @@ MANIFEST_CACHE = CacheRule(
         [[x.sha256 for x in g.shards] for g in inputs["groups"]],
         _data_key(inputs["data"]),
         inputs["out_dir"],
+        inputs["base"][0].hash() if inputs.get("base") else None,  # the parent's encoding, when fine-tuning
     ),
-    code=(__name__,),
+    code=(__name__, "shardline.core.encoding.reuse"),
     still_valid=lambda uri, inputs: verify_manifest(uri) is not None,
 )
 
 
-def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: bool = False) -> tuple[str, bool]:
-    """Wire the encode step (inside a flow): map the encode over file groups, then fit the encoding
-    and write the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache)."""
+def encode(
+    snapshot: Snapshot,
+    data: DataConfig,
+    storage_root: str,
+    refresh: bool = False,
+    base: tuple[EncodingSpec, str] | None = None,
+) -> tuple[str, bool]:
+    """Wire the encode step (inside a flow): map the encode over file groups, then fit the encoding (or
+    reuse `base`, the encoding of the model a fine-tune starts from, and where it came from) and write
+    the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache)."""
     log = get_run_logger()
     out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
     groups = file_groups(snapshot, data)
@@ -349,7 +375,7 @@ def encode(snapshot: Snapshot, data: DataConfig, storage_root: str, refresh: boo
         enc_futures.append(enc_t.submit(g, i, n_groups=len(groups), data=data, out_dir=out_dir))
     results = [f.result() for f in enc_futures]
     uri, manifest_ran = run_cached(
-        write_manifest, MANIFEST_CACHE, storage_root, refresh, snapshot, results, data, out_dir
+        write_manifest, MANIFEST_CACHE, storage_root, refresh, snapshot, results, data, out_dir, base
     )
     ran = any(not f.state.name == "Cached" for f in enc_futures) or manifest_ran
     return uri, ran

@@ -18,7 +18,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from shardline.core import storage
 from shardline.core.config import ModelConfig, PipelineConfig, stable_hash
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
-from shardline.core.manifest import Manifest
+from shardline.core.manifest import EncodingSpec, Manifest
 from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
 
@@ -74,6 +74,38 @@ def parent_model(config: PipelineConfig) -> dict | None:
     return {"uri": uri, "checkpoint": found[0], "sha256": found[1].get("sha256")}
 
 
+def _registered_files(config: PipelineConfig, parent: dict, dst: str) -> Path:
+    """A registered parent's model folder, downloaded into `dst`."""
+    import mlflow
+
+    with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)):
+        return Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/{parent['name']}/{parent['version']}", dst_path=dst
+            )
+        )
+
+
+def parent_encoding(config: PipelineConfig, parent: dict) -> EncodingSpec:
+    """The encoding the model `training.init_from` names was trained with: a registered model's (its
+    bundle), or a checkpoint's (the manifest its run trained on)."""
+    if "checkpoint" in parent:
+        from shardline.trainer.checkpoint import sidecar_uri
+
+        meta = json.loads(storage.read_text(sidecar_uri(parent["checkpoint"])))
+        manifest = meta.get("run_meta", {}).get("manifest")
+        if not manifest or not storage.exists(manifest):
+            raise ValueError(
+                f"training.init_from={parent['uri']}: the checkpoint does not say which data it was trained on "
+                f"(its manifest {manifest!r} is gone), so its encoding cannot be reused; start from a registered "
+                "model (models:/name@alias) instead"
+            )
+        return Manifest.model_validate_json(storage.read_text(manifest)).encoding
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = json.loads((_registered_files(config, parent, tmp) / "artifacts" / "bundle.json").read_text())
+    return EncodingSpec.model_validate(bundle["encoding"])
+
+
 def init_weights(config: PipelineConfig, parent: dict) -> dict:
     """The tensors of the model `training.init_from` names, loaded with weights_only=True."""
     import torch
@@ -82,13 +114,9 @@ def init_weights(config: PipelineConfig, parent: dict) -> dict:
         from shardline.trainer.checkpoint import load_checkpoint
 
         return load_checkpoint(parent["checkpoint"])["model"]
-    import mlflow
-
-    with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)), tempfile.TemporaryDirectory() as tmp:
-        local = mlflow.artifacts.download_artifacts(
-            artifact_uri=f"models:/{parent['name']}/{parent['version']}", dst_path=tmp
-        )
-        return torch.load(Path(local) / "artifacts" / "weights.pt", map_location="cpu", weights_only=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = _registered_files(config, parent, tmp)
+        return torch.load(local / "artifacts" / "weights.pt", map_location="cpu", weights_only=True)
 
 
 def training_identity(config: PipelineConfig, parent: dict | None = None) -> dict:

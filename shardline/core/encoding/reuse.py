@@ -1,0 +1,66 @@
+"""Fine-tuning encodes new data the way the model it starts from was trained: the parent's encoding
+(its scalings and vocabularies) is the data set's, so a value means to the fine-tuned model what it
+meant to its parent. The shards are the same either way (each group stores its own codes; readers map
+them to the data set's encoding), so reusing an encoding re-encodes nothing: only the manifest differs.
+
+The fine-tune's feature columns must be the parent's, role by role and in the same order (a model
+meets its columns by position in the `cont` and `cat` tensors); a new column, a missing one or one
+whose role changed is an error naming it. Targets may differ (a fine-tune often predicts something its
+parent did not): a target the parent also had, with the same task, keeps the parent's classes or
+scaling; any other is fitted on the new data."""
+
+from __future__ import annotations
+
+from shardline.core.manifest import EncodingSpec
+
+
+class EncodingMismatch(ValueError):
+    """The fine-tune's columns do not fit the parent's encoding; the message names the column."""
+
+
+def _roles(spec: EncodingSpec) -> dict[str, list[str]]:
+    return {
+        "continuous": [c.name for c in spec.continuous],
+        "boolean": list(spec.boolean),
+        "categorical": [v.name for v in spec.categorical],
+    }
+
+
+def check_columns(mine: dict[str, list[str]], parent: EncodingSpec, source: str) -> None:
+    """Every feature column (`mine`: role -> columns, as data.features lists them) in the parent's role
+    and order; the error names the column and the fix. The pipeline checks it before any work."""
+    theirs = _roles(parent)
+    where = {c: role for role, cols in theirs.items() for c in cols}
+    for role, cols in mine.items():
+        for c in cols:
+            if c not in where:
+                raise EncodingMismatch(
+                    f"data.features.{role} has '{c}', which the model it starts from ({source}) was not trained "
+                    f"on; a fine-tune encodes data with its parent's encoding: drop '{c}', or train without "
+                    "training.init_from"
+                )
+            if where[c] != role:
+                raise EncodingMismatch(
+                    f"column '{c}' is {role} here but {where[c]} in the encoding of {source}: declare it under "
+                    f"data.features.{where[c]}, as the parent had it"
+                )
+        if cols != theirs[role]:
+            missing = [c for c in theirs[role] if c not in cols]
+            raise EncodingMismatch(
+                f"data.features.{role} is {cols}, the encoding of {source} has {theirs[role]}"
+                + (f" (missing: {missing})" if missing else " (another order)")
+                + f": list the parent's {role} columns, in its order (the model meets its columns by position)"
+            )
+
+
+def reuse_encoding(fitted: EncodingSpec, parent: EncodingSpec, source: str) -> EncodingSpec:
+    """`fitted` (the new data's own encoding) with the parent's scalings and vocabularies in place of its
+    own, after `check_columns`."""
+    check_columns(_roles(fitted), parent, source)
+    theirs = {t.column: t for t in parent.targets}
+    targets = [
+        theirs[t.column] if t.column in theirs and theirs[t.column].task == t.task else t for t in fitted.targets
+    ]
+    return fitted.model_copy(
+        update={"continuous": list(parent.continuous), "categorical": list(parent.categorical), "targets": targets}
+    )
