@@ -48,6 +48,34 @@ def test_check_config_prints_the_resolved_config(tmp_path):
     assert resolved["data"]["source"] == str(tmp_path / "raw" / "*.parquet")
 
 
+def test_a_typo_in_a_column_is_caught_before_any_work_and_said_once(tmp_path):
+    """check-config reads one file's footer: a column that is not there is named, with the closest
+    columns the file has; the run says it once for all the files, not once per file."""
+    make_raw(tmp_path / "raw")  # 4 files
+    cfg = tiny_config("raw/*.parquet", "store")
+    cfg["data"]["features"]["categorical"] = ["knid"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = shardline("check-config", tmp_path / "c.yaml")
+    assert out.returncode == 2
+    assert "missing column 'knid' (the categorical in data.features/target/split); did you mean 'kind'?" in out.stderr
+    assert "s-000.parquet does not fit the config" in out.stderr and "The file has: seq, t, x, y" in out.stderr
+
+    from shardline.core.config import load_config
+    from shardline.core.encoding.columns import DataError
+    from shardline.tasks.ingest import snapshot_source
+
+    with pytest.raises(DataError) as e:
+        snapshot_source(load_config(tmp_path / "c.yaml").data)
+    msg = str(e.value)
+    assert msg.count("missing column 'knid'") == 1 and "4 files (" in msg and "Fix the config" in msg
+    assert "on_bad_file: skip" not in msg  # skipping every file would leave nothing to train on
+
+    good = tiny_config("raw/*.parquet", "store")
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(good))
+    ok = shardline("check-config", tmp_path / "good.yaml")
+    assert ok.returncode == 0 and "# the columns fit" in ok.stdout
+
+
 @pytest.mark.e2e
 def test_run_with_a_bad_file_names_it_and_exits_nonzero(tmp_path):
     make_raw(tmp_path / "raw")

@@ -116,6 +116,16 @@ def test_broken_setup_fails_in_plain_words_without_leaking_secrets(tmp_path):
     assert "3 check(s) failed: prefect api, storage, mlflow tracking" in out.stdout
 
 
+def test_a_typo_in_a_column_fails_the_data_check(tmp_path):
+    make_raw(tmp_path / "raw")
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))
+    cfg["data"]["features"]["continuous"] = ["x", "yy"]
+    out, rows = doctor(write(tmp_path / "c.yaml", cfg), clean_env(), timeout=60)
+    assert out.returncode == 1
+    assert rows["data source"].startswith("FAIL") and "missing column 'yy'" in rows["data source"]
+    assert "did you mean 'y'?" in rows["data source"]
+
+
 def test_bad_config_exits_2(tmp_path):
     cfg = tiny_config("raw/*.parquet", str(tmp_path / "store"))
     cfg["compute"] = {"train_on": "gpu"}

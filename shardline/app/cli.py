@@ -160,6 +160,25 @@ def check_config(
     config = _load(config_path, list(set_))
     typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     typer.echo(f"# config hash {config.hash()[:16]}")
+    _check_first_file(config)
+
+
+def _check_first_file(config) -> None:
+    """One raw file's footer against the config: a column that is not there (a typo) exits 2, naming it and
+    the closest columns the file has. A source that cannot be read from here is a note, not an error."""
+    from shardline.tasks.ingest import first_file_problems
+
+    try:
+        uri, problems = first_file_problems(config.data)
+    except Exception as e:  # noqa: BLE001 - unreachable or unreadable from here: said, not fatal
+        typer.secho(f"# note: could not read a raw file of {config.data.source}: {e}", fg=typer.colors.YELLOW)
+        return
+    if uri is None:
+        typer.secho(f"# note: data.source {config.data.source} matches no parquet file yet", fg=typer.colors.YELLOW)
+        return
+    if problems:
+        _fail(f"{uri} does not fit the config:\n" + "\n".join(f"  - {p}" for p in problems), 2)
+    typer.echo(f"# the columns fit {uri}")
 
 
 @app.command()

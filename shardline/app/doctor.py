@@ -601,7 +601,15 @@ def _data_check(config: PipelineConfig, timeout: float) -> Check:
         return Check("data source", False, f"cannot list data.source {source}: {_short(e)}; {_storage_hint(e, source)}")
     if not files:
         return Check("data source", False, f"no parquet file matches data.source {source}: check the path or glob")
-    return Check("data source", True, f"{len(files)} parquet file(s) match {source}")
+    from shardline.tasks.ingest import first_file_problems
+
+    try:  # one footer: the columns the config names are there, with types that fit
+        first, problems = _bounded(lambda: first_file_problems(config.data), timeout)
+    except Exception as e:  # noqa: BLE001
+        return Check("data source", False, f"cannot read {files[0]}: {_short(e)}; {_storage_hint(e, source)}")
+    if problems:
+        return Check("data source", False, f"{first} does not fit the config: " + "; ".join(problems))
+    return Check("data source", True, f"{len(files)} parquet file(s) match {source}; the columns fit {first}")
 
 
 # ---------------------------------------------------------------- MLflow

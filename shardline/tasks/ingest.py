@@ -87,16 +87,53 @@ def expected_columns(data: DataConfig) -> dict[str, str]:
 
 def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
     """Reasons this file cannot be used (empty when it fits the config)."""
+    import difflib
+
     problems = []
     for col, kind in expected_columns(data).items():
         idx = schema.get_field_index(col)
         if idx < 0:
-            problems.append(f"missing column '{col}' (the {kind} in data.features/target/split)")
+            close = difflib.get_close_matches(col, schema.names, n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            shown = ", ".join(schema.names[:30]) + (
+                f", ... ({len(schema.names)} in all)" if len(schema.names) > 30 else ""
+            )
+            problems.append(
+                f"missing column '{col}' (the {kind} in data.features/target/split){hint} The file has: {shown}"
+            )
             continue
         t = schema.field(idx).type
         if not _kind_ok(kind, t):
             problems.append(f"column '{col}' has type {t}, but as the {kind} it must be {_ALLOWED[kind]}")
     return problems
+
+
+def describe_rejected(rejected: list[RejectedFile], shown: int = 5) -> str:
+    """The rejected files, one line a reason: files with the same reason (a typo in the config fails every
+    file alike) are said once, with how many there are and the first few."""
+    by_reason: dict[str, list[str]] = {}
+    for r in rejected:
+        by_reason.setdefault(r.reason, []).append(r.uri)
+    lines = []
+    for reason, uris in by_reason.items():
+        if len(uris) == 1:
+            lines.append(f"  - {uris[0]}: {reason}")
+        else:
+            more = f" and {len(uris) - shown} more" if len(uris) > shown else ""
+            lines.append(f"  - {len(uris)} files ({', '.join(uris[:shown])}{more}): {reason}")
+    return "\n".join(lines)
+
+
+def first_file_problems(data: DataConfig) -> tuple[str | None, list[str]]:
+    """(the first raw file, what in the config does not fit it): one footer read, for `check-config` and
+    `doctor`, so a typo in a column name is caught before any work. (None, []) when nothing matches."""
+    uris = list_source(data.source)
+    if not uris:
+        return None, []
+    fs, path = filesystem(uris[0])
+    with fs.open(path, "rb") as f:
+        schema = pq.read_schema(f)
+    return uris[0], check_schema(schema, data)
 
 
 def _version(info: dict, local: bool) -> str:
@@ -152,10 +189,13 @@ def snapshot_source(data: DataConfig) -> Snapshot:
         else:
             files.append(RawFile(uri=uri, size=size, version=version))
     if rejected and data.on_bad_file == "fail":
-        listing = "\n".join(f"  - {r.uri}: {r.reason}" for r in rejected)
         raise DataError(
-            f"{len(rejected)} of {len(uris)} raw file(s) do not match the config:\n{listing}\n"
-            "Fix or remove them, or set data.on_bad_file: skip to train without them."
+            f"{len(rejected)} of {len(uris)} raw file(s) do not match the config:\n{describe_rejected(rejected)}\n"
+            + (
+                "Fix the config (every file has the problem), or the files."
+                if len(rejected) == len(uris)
+                else "Fix or remove them, or set data.on_bad_file: skip to train without them."
+            )
         )
     if not files:
         raise DataError(
