@@ -135,8 +135,26 @@ def test_target_with_nulls_names_file_and_column(raw_dir, tmp_path):
     df.with_columns(pl.when(pl.col("t") == 5).then(None).otherwise(pl.col("label")).alias("label")).write_parquet(
         raw_dir / "s-003.parquet"
     )
+    df = pl.read_parquet(raw_dir / "s-001.parquet")
+    df.with_columns(pl.when(pl.col("t") < 2).then(None).otherwise(pl.col("label")).alias("label")).write_parquet(
+        raw_dir / "s-001.parquet"
+    )
     cfg = cfg_for(raw_dir, tmp_path)
-    with pytest.raises(DataError, match=r"s-003.parquet: the target column 'label' has 3 null value\(s\)"):
+    # every file with nulls is named, with its count, from the footers: before any row is encoded
+    with pytest.raises(DataError) as e:
+        encode_all(cfg)
+    msg = str(e.value)
+    assert "2 raw file(s) have rows without a target" in msg
+    assert "s-001.parquet: 6 null(s) in 'label'" in msg and "s-003.parquet: 3 null(s) in 'label'" in msg
+    assert not list(tmp_path.rglob("manifest*.json"))
+
+    # a file written without statistics: the encode finds the nulls in the values, naming file and column
+    df.with_columns(pl.when(pl.col("t") < 2).then(None).otherwise(pl.col("label")).alias("label")).write_parquet(
+        raw_dir / "s-001.parquet", statistics=False
+    )
+    for other in ("s-003.parquet",):
+        pl.read_parquet(raw_dir / other).drop_nulls("label").write_parquet(raw_dir / other)
+    with pytest.raises(DataError, match=r"s-001.parquet: the target column 'label' has 6 null value\(s\)"):
         encode_all(cfg)
 
 

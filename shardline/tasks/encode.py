@@ -264,7 +264,15 @@ def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
 # ---------------------------------------------------------------- Prefect tasks
 
 
-@task(name="encode-group", retries=2, retry_delay_seconds=5)
+def _retry_infrastructure(task, task_run, state) -> bool:
+    """Retry a group after an I/O or network failure, never after a data error (a wrong type, an unreadable
+    page, a null target): the same bytes fail the same way, and the error is said once."""
+    from shardline.tasks.train import retry_on_infrastructure
+
+    return retry_on_infrastructure(task, task_run, state)
+
+
+@task(name="encode-group", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_infrastructure)
 def encode_group(files: list[RawFile], group: int, n_groups: int, data: DataConfig, out_dir: str) -> EncodedGroup:
     """Encode one file group into shards (one per split) and its training statistics."""
     t0 = time.perf_counter()

@@ -108,6 +108,27 @@ def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
     return problems
 
 
+def target_nulls(meta: pq.FileMetaData, data: DataConfig) -> dict[str, int]:
+    """Null counts of the target columns, from the footer's statistics (no data read); a column whose
+    row groups carry no statistics is left to the encode, which checks the values."""
+    out: dict[str, int] = {}
+    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    for t in data.target_list:
+        if t.column not in names:
+            continue
+        j = names.index(t.column)
+        total = 0
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(j).statistics
+            if stats is None or not stats.has_null_count:
+                total = 0
+                break
+            total += stats.null_count
+        if total:
+            out[t.column] = total
+    return out
+
+
 def describe_rejected(rejected: list[RejectedFile], shown: int = 5) -> str:
     """The rejected files, one line a reason: files with the same reason (a typo in the config fails every
     file alike) are said once, with how many there are and the first few."""
@@ -175,11 +196,13 @@ def snapshot_source(data: DataConfig) -> Snapshot:
         )
     files: list[RawFile] = []
     rejected: list[RejectedFile] = []
+    null_targets: list[tuple[str, dict[str, int]]] = []
     for uri, size, version in stat_files(uris):
         fs, path = filesystem(uri)
         try:
             with fs.open(path, "rb") as f:
-                schema = pq.read_schema(f)
+                meta = pq.ParquetFile(f).metadata
+                schema = meta.schema.to_arrow_schema()
         except Exception as e:  # noqa: BLE001 - unreadable footer: a truncated or non-parquet file
             rejected.append(RejectedFile(uri=uri, reason=f"not a readable parquet file ({type(e).__name__}: {e})"))
             continue
@@ -188,6 +211,9 @@ def snapshot_source(data: DataConfig) -> Snapshot:
             rejected.append(RejectedFile(uri=uri, reason="; ".join(problems)))
         else:
             files.append(RawFile(uri=uri, size=size, version=version))
+            nulls = target_nulls(meta, data)
+            if nulls:
+                null_targets.append((uri, nulls))
     if rejected and data.on_bad_file == "fail":
         raise DataError(
             f"{len(rejected)} of {len(uris)} raw file(s) do not match the config:\n{describe_rejected(rejected)}\n"
@@ -200,6 +226,14 @@ def snapshot_source(data: DataConfig) -> Snapshot:
     if not files:
         raise DataError(
             f"data.source '{data.source}': none of the {len(uris)} file(s) can be used; see the reasons above"
+        )
+    if null_targets:
+        listing = "\n".join(
+            f"  - {uri}: " + ", ".join(f"{n} null(s) in '{c}'" for c, n in nulls.items()) for uri, nulls in null_targets
+        )
+        raise DataError(
+            f"{len(null_targets)} raw file(s) have rows without a target:\n{listing}\n"
+            "Fill or drop those rows before training (a row without a target cannot be learned or scored)."
         )
     return Snapshot(source=data.source, files=files, rejected=rejected, fingerprint=Snapshot.fingerprint_of(files))
 
