@@ -193,6 +193,43 @@ def test_range_split_follows_values(raw_dir, tmp_path):
     assert per_split == {"train": 6 * 60, "validation": 3 * 60, "test": 3 * 60}
 
 
+@pytest.mark.parametrize("column", ["day", "stamp"])
+def test_range_split_on_dates_and_tz_aware_datetimes_with_yaml_date_bounds(raw_dir, tmp_path, column):
+    """Bounds written as YAML dates (as a user writes them) split a date column and a time-zone-aware
+    datetime column; the config file goes through the loader, which used to turn dates into text."""
+    import datetime as dt
+
+    import yaml
+
+    from shardline.core.config import load_config
+
+    for path in raw_dir.glob("*.parquet"):
+        df = pl.read_parquet(path)
+        day = pl.date(pl.col("season").cast(pl.Int32), 6, 1)
+        df.with_columns(
+            day.alias("day"), day.cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("stamp")
+        ).write_parquet(path)
+    raw = tiny_config(str(raw_dir / "*.parquet"), str(tmp_path / "store"))
+    raw["data"]["split"] = {
+        "method": "range",
+        "column": column,
+        "ranges": {
+            "train": [None, dt.date(2021, 12, 31)],
+            "validation": [dt.date(2022, 1, 1), dt.date(2022, 12, 31)],
+            "test": [dt.date(2023, 1, 1), None],
+        },
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    assert "2021-12-31" in (tmp_path / "c.yaml").read_text()  # a YAML date, not a quoted string
+    cfg = load_config(tmp_path / "c.yaml")
+    snap, spec, out_dir, manifest = encode_all(cfg)
+    assert manifest.rows == {"train": 6 * 60, "validation": 3 * 60, "test": 3 * 60}
+
+    bad = load_config(tmp_path / "c.yaml", ["data.split.ranges.test=[soon, null]"])
+    with pytest.raises(DataError, match=r"data.split.ranges.test: bound 'soon' is not a date"):
+        encode_all(bad)
+
+
 @pytest.mark.parametrize("codec", ["lz4", "zstd"])
 def test_stored_shards_hold_exactly_the_compressed_bytes(raw_dir, tmp_path, codec):
     """A compressed shard's file is the codec's output and nothing more: the manifest's `bytes`,

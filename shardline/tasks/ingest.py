@@ -105,6 +105,25 @@ def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
         t = schema.field(idx).type
         if not _kind_ok(kind, t):
             problems.append(f"column '{col}' has type {t}, but as the {kind} it must be {_ALLOWED[kind]}")
+        elif kind == "split column" and pa.types.is_temporal(t):
+            problems += _bound_problems(data, t)
+    return problems
+
+
+def _bound_problems(data: DataConfig, t: pa.DataType) -> list[str]:
+    """A range split on a date/time column: every bound must read as one (said before any work)."""
+    import polars as pl
+
+    from shardline.core.encoding.splits import bound_value
+
+    dtype = pl.from_arrow(pa.array([], type=t)).dtype
+    problems = []
+    for name, bounds in data.split.ranges.items():
+        for b in bounds:
+            try:
+                bound_value(b, dtype, f"data.split.ranges.{name}")
+            except DataError as e:
+                problems.append(str(e))
     return problems
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 
 from shardline.core.config import SPLITS, DataConfig, SplitConfig
-from shardline.core.encoding.columns import ORDER, SEQ
+from shardline.core.encoding.columns import ORDER, SEQ, DataError
 
 SPLIT = "__split"
 MAX_SLICES = 256  # a split made of more separate row blocks than this is copied out with one filter
@@ -69,11 +69,12 @@ def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
     split = data.split
     if split.method == "range":
         col = pl.col(split.column)
+        dtype = df.schema[split.column]
         expr = pl.lit(None, dtype=pl.Utf8)
         for name in reversed(SPLITS):
             if name not in split.ranges:
                 continue
-            lo, hi = split.ranges[name]
+            lo, hi = (bound_value(b, dtype, f"data.split.ranges.{name}") for b in split.ranges[name])
             cond = pl.lit(True)
             if lo is not None:
                 cond = cond & (col >= lo)
@@ -87,6 +88,36 @@ def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
     u = (_splitmix64(base ^ row) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
     names = np.array(SPLITS, dtype=object)[_split_index(u, split)]
     return df.with_columns(pl.Series(SPLIT, names.tolist(), dtype=pl.Utf8))
+
+
+def bound_value(bound, dtype: pl.DataType, key: str):
+    """A range split's bound as a value of the split column's type: a date or a date-time (YAML dates, or
+    ISO-8601 text such as 2024-03-01 or 2024-03-01T12:00:00) for a date/time column, in the column's time
+    zone when the bound names none; numbers and text as they are."""
+    import datetime as dt
+
+    if bound is None or not dtype.is_temporal():
+        return bound
+    try:
+        if dtype == pl.Date:
+            value = bound if isinstance(bound, dt.date) else dt.date.fromisoformat(str(bound)[:10])
+            return value.date() if isinstance(value, dt.datetime) else value
+        value = bound if isinstance(bound, dt.datetime) else dt.datetime.fromisoformat(str(bound))
+    except ValueError:
+        raise DataError(
+            f"{key}: bound {bound!r} is not a date or an ISO-8601 date-time, as the split column (a {dtype}) "
+            "needs; write it as 2024-03-01 or 2024-03-01T12:00:00"
+        ) from None
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        value = dt.datetime(value.year, value.month, value.day)
+    tz = getattr(dtype, "time_zone", None)
+    if tz and value.tzinfo is None:
+        from zoneinfo import ZoneInfo
+
+        value = value.replace(tzinfo=ZoneInfo(tz))
+    elif not tz and value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value
 
 
 def _runs(df: pl.DataFrame) -> tuple[np.ndarray, list[str]] | None:
