@@ -212,8 +212,19 @@ def predict(
         model = mlflow.pyfunc.load_model(model_uri)
     except Exception as e:  # noqa: BLE001 - any load failure: reported with the model URI
         _fail(f"cannot load model {model_uri} from {uri}: {e}")
-    preds = model.predict(df.to_pandas())
+    from shardline.tasks.register import naive_utc
+
+    schema = model.metadata.get_input_schema()
+    if schema is not None:  # only the columns the model takes (no "extra inputs ignored" warning for the rest)
+        df = df.select([c for c in schema.input_names() if c in df.columns] or df.columns)
+    # MLflow takes naive date-times only: time zones go in as UTC and come back in the input's zone
+    preds = model.predict(naive_utc(df.to_pandas()))
     result = pl.from_pandas(preds)
+    for c, dtype in df.schema.items():
+        if c in result.columns and isinstance(dtype, pl.Datetime) and dtype.time_zone:
+            result = result.with_columns(pl.col(c).dt.replace_time_zone("UTC").dt.convert_time_zone(dtype.time_zone))
+        if c in result.columns and result.schema[c] != dtype:
+            result = result.with_columns(pl.col(c).cast(dtype))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".tmp-{out.name}")
     result.write_parquet(tmp)

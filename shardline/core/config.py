@@ -84,7 +84,19 @@ class DataConfig(_Strict):
     sequence_key: str | None = Field(
         None, description=f"column grouping rows into sequences, '{FILE_SEQUENCE}' for one sequence per file, or null"
     )
-    order_by: str | None = Field(None, description="column ordering rows inside a sequence")
+    order_by: str | None = Field(
+        None,
+        description="column ordering rows inside a sequence: an integer, a date/date-time (time-zone-aware ones "
+        "too), or text holding ISO-8601 date-times (or in data.order_format)",
+    )
+    id_columns: list[str] = Field(
+        default_factory=list,
+        description="columns passed through to predictions as their key (a row id, a user id), never features",
+    )
+    order_format: str | None = Field(
+        None,
+        description="strftime format of a text order column (e.g. '%d/%m/%Y %H:%M'); default: ISO-8601, inferred",
+    )
     features: Features
     target: Target | None = Field(None, description="the one target (shorthand for data.targets: [target])")
     targets: list[Target] | None = Field(

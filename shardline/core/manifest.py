@@ -93,6 +93,8 @@ class EncodingSpec(_Model):
 
     sequence_key: str | None
     order_by: str | None
+    order_format: str | None = None
+    id_columns: list[str] = Field(default_factory=list, description="passed through to predictions, not encoded")
     window: int
     horizon: int
     continuous: list[ContinuousStat]

@@ -15,7 +15,7 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import SPLITS, DataConfig, stable_hash
-from shardline.core.encoding.columns import DataError, prepare
+from shardline.core.encoding.columns import DataError, order_expr, parse_order, prepare
 from shardline.core.encoding.contract import contract, contract_hash
 from shardline.core.encoding.fit import empty_stats, fit_spec
 from shardline.core.encoding.group import encode_splits, one_torch_thread
@@ -83,7 +83,7 @@ def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl
                 f"{uri}: the target column '{target}' has {df[target].null_count()} null value(s); "
                 "fill or drop those rows before training (a row without a target cannot be learned or scored)"
             )
-    return prepare(df, data.sequence_key, data.order_by, uri)
+    return prepare(df, data.sequence_key, data.order_by, uri, data.order_format)
 
 
 def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame | None:
@@ -98,14 +98,16 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
     if by_file and paths != uris:
         name = name.replace_strict(dict(zip(paths, uris)), return_dtype=pl.Utf8)
     seq = name if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
-    order = (
-        pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
-        if data.order_by is None
-        else pl.col(data.order_by).to_physical().cast(pl.Int64)
-    )
     try:  # `__seq` and `__order` made inside the scan's query: no second pass over the rows
         scan = pl.scan_parquet(paths, include_file_paths="__file") if by_file else pl.scan_parquet(paths)
+        text = data.order_by is not None and scan.collect_schema()[data.order_by] == pl.Utf8
+        if data.order_by is None:
+            order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
+        else:  # text is parsed after the scan (a time zone in it is read only eagerly)
+            order = pl.lit(0, dtype=pl.Int64) if text else order_expr(data.order_by, pl.Int64)
         df = scan.select([*(columns or data.raw_columns()), seq.alias(SEQ), order.alias(ORDER)]).collect()
+        if text:
+            df = df.with_columns(parse_order(df, data.order_by, data.order_format, ", ".join(uris)).alias(ORDER))
     except Exception:  # noqa: BLE001 - files that do not scan as one table: read one by one, naming the bad one
         return None
     for col in (*(t.column for t in data.target_list), data.sequence_key, data.order_by):

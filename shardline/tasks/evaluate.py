@@ -13,10 +13,10 @@ from prefect.logging import get_run_logger
 
 from shardline.core import metrics as M
 from shardline.core import storage
-from shardline.core.config import CLASSIFICATION_METRICS, REGRESSION_METRICS, PipelineConfig
+from shardline.core.config import CLASSIFICATION_METRICS, FILE_SEQUENCE, REGRESSION_METRICS, PipelineConfig
 from shardline.core.manifest import Manifest
 from shardline.tasks.caching import CacheRule
-from shardline.trainer.serving import key_columns, prediction_frame
+from shardline.trainer.serving import prediction_frame
 
 
 def sequence_keys(manifest: Manifest, manifest_uri: str, split: str, data) -> list[str]:
@@ -91,10 +91,9 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     if not spec.targets:
         metrics = _own_loss_scores(model, test)
         directions = {"loss": "minimize", config.mlflow.promotion_metric: config.mlflow.promotion_direction}
-    key_names = key_columns(spec)
-    columns = {key_names[-1]: test.window_keys()["order"]}
-    if len(key_names) == 2:  # a sequence key column, then the order column
-        columns = {key_names[0]: sequence_keys(manifest, manifest_uri, "test", test), **columns}
+    columns = {spec.order_by or "row": test.window_keys()["order"]}
+    if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE:  # the sequence key column, then the order
+        columns = {spec.sequence_key: sequence_keys(manifest, manifest_uri, "test", test), **columns}
     preds = prediction_frame(spec, columns, outputs)
     preds.write_parquet(out_dir / "test_predictions.parquet")
     return {

@@ -46,8 +46,10 @@ def _kind_ok(kind: str, t: pa.DataType) -> bool:
         return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_boolean(t)
     if kind == "regression target":
         return numeric
-    if kind == "order":
-        return pa.types.is_integer(t) or pa.types.is_temporal(t)
+    if kind == "order":  # text: ISO-8601 date-times (or data.order_format), parsed when read
+        return pa.types.is_integer(t) or pa.types.is_temporal(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+    if kind == "id column":  # passed through to predictions as it is
+        return True
     if kind == "split column":
         return numeric or pa.types.is_temporal(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
     raise AssertionError(kind)
@@ -60,8 +62,9 @@ _ALLOWED = {
     "classification target": "a string, an integer or a boolean",
     "sequence key": "a string or an integer",
     "regression target": "a number",
-    "order": "an integer or a date/time",
+    "order": "an integer, a date/time or ISO-8601 text",
     "split column": "a number, a date/time or a string",
+    "id column": "any type",
 }
 
 
@@ -82,6 +85,8 @@ def expected_columns(data: DataConfig) -> dict[str, str]:
         roles.setdefault(data.order_by, "order")
     if data.split.method == "range" and data.split.column:
         roles.setdefault(data.split.column, "split column")
+    for c in data.id_columns:
+        roles.setdefault(c, "id column")
     return roles
 
 

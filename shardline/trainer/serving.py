@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from shardline.core.config import FILE_SEQUENCE
-from shardline.core.encoding.columns import DataError, prepare
+from shardline.core.encoding.columns import ORDER, SEQ, DataError, prepare
 from shardline.core.encoding.frame import encode_frame
 from shardline.core.manifest import EncodingSpec
 
@@ -42,9 +42,9 @@ def data_spec(spec: EncodingSpec) -> DataSpec:
 
 
 def input_columns(spec: EncodingSpec) -> list[str]:
-    """Raw columns a prediction needs (the target is not one of them)."""
+    """Raw columns a prediction needs (the target is not one of them), and the id columns it passes through."""
     cols = [c.name for c in spec.continuous] + list(spec.boolean) + [v.name for v in spec.categorical]
-    for c in (spec.sequence_key, spec.order_by):
+    for c in (spec.sequence_key, spec.order_by, *spec.id_columns):
         if c and c != FILE_SEQUENCE and c not in cols:
             cols.append(c)
     return cols
@@ -55,6 +55,7 @@ def key_columns(spec: EncodingSpec) -> list[str]:
     keys = []
     if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE:
         keys.append(spec.sequence_key)
+    keys += [c for c in spec.id_columns if c not in keys]
     keys.append(spec.order_by or "row")
     return keys
 
@@ -139,17 +140,26 @@ class Predictor:
                 "signature lists every input column)"
             )
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
-        key_dtype = df[seq_col].dtype if seq_col else None
-        prepared = prepare(df, spec.sequence_key, spec.order_by, "input")
-        arrays, keys = encode_frame(prepared, spec, with_target=False)
+        prepared = prepare(df, spec.sequence_key, spec.order_by, "input", spec.order_format)
+        prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # the rows as the encoding lays them out
+        arrays, _ = encode_frame(prepared, spec, with_target=False, presorted=True)
         data = SplitData([arrays], spec.window, spec.horizon, positions=spec.target_positions)
         where = data.window_keys()
-        out: dict[str, object] = {}
-        if seq_col:
-            out[seq_col] = pl.Series(seq_col, [keys[i] for i in where["segment"].tolist()], dtype=pl.Utf8).cast(
-                key_dtype
+        if not data.n_windows and df.height:
+            k = spec.window + spec.horizon
+            raise DataError(
+                f"0 predictions: every sequence in the input has fewer than {k} rows (data.window={spec.window} "
+                f"rows of history + data.horizon={spec.horizon}); pass the history too (several files, or a glob "
+                "or a folder of them, to `shardline predict`)"
             )
-        order_name = spec.order_by or "row"
-        order_vals = pl.Series(order_name, where["order"])
-        out[order_name] = order_vals.cast(df[spec.order_by].dtype) if spec.order_by else order_vals
+        # each prediction keyed by the row it is for, in the input's own types (a join needs no cast)
+        rows = pl.Series(where["row"])
+        out: dict[str, object] = {}
+        for c in (seq_col, *spec.id_columns):
+            if c and c not in out:
+                out[c] = prepared[c].gather(rows)
+        if spec.order_by:
+            out[spec.order_by] = prepared[spec.order_by].gather(rows)
+        else:
+            out["row"] = pl.Series("row", where["order"])
         return prediction_frame(spec, out, predict(self.model, data, batch_size=batch_size))

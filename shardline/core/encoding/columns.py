@@ -16,7 +16,41 @@ class DataError(ValueError):
     """Raw data that does not fit the config; the message names the file and the column."""
 
 
-def prepare(df: pl.DataFrame, sequence_key: str | None, order_by: str | None, file_uri: str) -> pl.DataFrame:
+def order_expr(column: str, dtype: pl.DataType) -> pl.Expr:
+    """The order column as int64: integers as they are, dates and date-times as their instant (a time
+    zone's as UTC). Text is parsed by `parse_order` (eagerly: polars infers a time zone only there)."""
+    return pl.col(column).to_physical().cast(pl.Int64)
+
+
+def parse_order(df: pl.DataFrame, column: str, order_format: str | None, file_uri: str) -> pl.Series:
+    """A text order column as int64 instants: ISO-8601 date-times (a time zone's as UTC), or strictly in
+    `data.order_format`; the first value that does not parse is named, with its file."""
+    try:
+        parsed = df[column].str.to_datetime(format=order_format, strict=True, time_unit="us")
+    except (pl.exceptions.InvalidOperationError, pl.exceptions.ComputeError):
+        raise _unparsed(df, column, order_format, file_uri) from None
+    return parsed.to_physical().cast(pl.Int64)
+
+
+def _unparsed(df: pl.DataFrame, column: str, order_format: str | None, file_uri: str) -> DataError:
+    """The error for order text that does not parse: the first value that does not, and the fix."""
+    try:
+        parsed = df[column].str.to_datetime(format=order_format, strict=False, time_unit="us")
+        bad = df[column].filter(parsed.is_null() & df[column].is_not_null())
+        first = repr(bad[0]) if len(bad) else "(a value)"
+    except Exception:  # noqa: BLE001 - the format itself is bad (or mixes time zones): said as it is
+        first, bad = "(the first value)", []
+    how = f"data.order_format={order_format!r}" if order_format else "an ISO-8601 date-time (2024-03-01T12:00:00)"
+    return DataError(
+        f"{file_uri}: column '{column}' (data.order_by) holds text that does not read as {how}: {first}"
+        + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+        + "; set data.order_format to the format the values are written in (e.g. '%d/%m/%Y %H:%M'), or fix them"
+    )
+
+
+def prepare(
+    df: pl.DataFrame, sequence_key: str | None, order_by: str | None, file_uri: str, order_format: str | None = None
+) -> pl.DataFrame:
     """Add the sequence (`__seq`, string) and order (`__order`, int64) columns used everywhere below."""
     if sequence_key is None:
         seq = pl.lit(file_uri, dtype=pl.Utf8)
@@ -37,5 +71,8 @@ def prepare(df: pl.DataFrame, sequence_key: str | None, order_by: str | None, fi
                 f"{file_uri}: column '{order_by}' (data.order_by) has {df[order_by].null_count()} null value(s); "
                 "every row needs a position"
             )
-        order = pl.col(order_by).to_physical().cast(pl.Int64)
+        if df.schema[order_by] == pl.Utf8:
+            order = pl.lit(parse_order(df, order_by, order_format, file_uri))
+        else:
+            order = order_expr(order_by, df.schema[order_by])
     return df.with_columns(seq.alias(SEQ), order.alias(ORDER))

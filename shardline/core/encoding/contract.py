@@ -16,6 +16,7 @@ def contract(data: DataConfig) -> dict[str, Any]:
     return {
         "sequence_key": data.sequence_key,
         "order_by": data.order_by,
+        "order_format": data.order_format,
         "window": data.window,
         "horizon": data.effective_horizon,
         "continuous": list(data.features.continuous),
@@ -31,6 +32,7 @@ def contract_of(spec: EncodingSpec) -> dict[str, Any]:
     return {
         "sequence_key": spec.sequence_key,
         "order_by": spec.order_by,
+        "order_format": spec.order_format,
         "window": spec.window,
         "horizon": spec.horizon,
         "continuous": [c.name for c in spec.continuous],

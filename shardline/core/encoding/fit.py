@@ -72,6 +72,8 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
     return EncodingSpec(
         sequence_key=data.sequence_key,
         order_by=data.order_by,
+        order_format=data.order_format,
+        id_columns=list(data.id_columns),
         window=data.window,
         horizon=data.effective_horizon,
         continuous=cont,

@@ -1,0 +1,103 @@
+"""Time columns as users have them: ISO-8601 text and time-zone-aware timestamps as the order, through
+the encode, registration and `shardline predict`, which gives each prediction the input's own key and
+order values in the input's own types (a join needs no cast), with the id columns the user chose."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from shardline.core.config import validate_config
+from shardline.core.encoding.columns import DataError
+from tests.conftest import make_raw, tiny_config
+from tests.test_ingest_encode import encode_all
+
+START = pl.datetime(2024, 1, 1, time_zone="UTC")
+
+
+def with_time(raw_dir: Path, expr: pl.Expr, statistics: bool = True) -> None:
+    for path in raw_dir.glob("*.parquet"):
+        df = pl.read_parquet(path)
+        df.with_columns(expr.alias("when"), pl.col("seq").alias("user")).write_parquet(path, statistics=statistics)
+
+
+def test_an_iso_text_order_column_is_parsed_and_a_bad_value_named(tmp_path):
+    raw_dir = tmp_path / "raw"
+    make_raw(raw_dir)
+    # ISO-8601 text, as exports and pandas round-trips write it; rows shuffled so the order matters
+    iso = (START + pl.duration(seconds=pl.col("t") * 30)).dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    with_time(raw_dir, iso)
+    for path in raw_dir.glob("*.parquet"):
+        pl.read_parquet(path).sample(fraction=1.0, shuffle=True, seed=3).write_parquet(path)
+    base = tiny_config(str(raw_dir / "*.parquet"), str(tmp_path / "store"))
+    base["data"]["order_by"] = "when"
+    _, spec, _, manifest = encode_all(validate_config(base))
+    assert spec.order_by == "when" and manifest.windows["train"] > 0
+    ordered = tiny_config(str(raw_dir / "*.parquet"), str(tmp_path / "store2"))  # the same rows, ordered by t
+    _, _, _, by_t = encode_all(validate_config(ordered))
+    assert [s.sha256 for s in manifest.shards] != [] and manifest.windows == by_t.windows
+
+    # another format, declared
+    with_time(raw_dir, (START + pl.duration(seconds=pl.col("t") * 30)).dt.strftime("%d.%m.%Y %Hh%Mm%S"))
+    with pytest.raises(DataError, match=r"column 'when' \(data.order_by\) holds text that does not read as an ISO"):
+        encode_all(validate_config(base))
+    base["data"]["order_format"] = "%d.%m.%Y %Hh%Mm%S"
+    _, _, _, declared = encode_all(validate_config(base))
+    assert declared.windows == by_t.windows
+
+    # one bad value is named, with its file
+    path = raw_dir / "s-002.parquet"
+    df = pl.read_parquet(path)
+    df.with_columns(
+        pl.when(pl.col("t") == 7).then(pl.lit("not a date")).otherwise(pl.col("when")).alias("when")
+    ).write_parquet(path)
+    with pytest.raises(
+        DataError, match=r"s-002.parquet: column 'when' .*='%d.%m.%Y %Hh%Mm%S': 'not a date' and 2 more"
+    ):
+        encode_all(validate_config(base))
+
+
+@pytest.mark.e2e
+def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_path, prefect_api):
+    """A timestamp[us, tz=UTC] order column used to fail registration after all the training (MLflow's
+    signature takes naive date-times only). It registers; `shardline predict` gives back the input's
+    zone and unit, the sequence key, and the id column the user chose; a too-short input is said."""
+    from shardline.flows.pipeline import pipeline
+
+    raw_dir = tmp_path / "raw"
+    make_raw(raw_dir, n_seq=12, rows=60)
+    with_time(raw_dir, (START + pl.duration(seconds=pl.col("t") * 30)).dt.convert_time_zone("Europe/Paris"))
+    cfg = tiny_config(str(raw_dir / "*.parquet"), str(tmp_path / "store"))
+    cfg["data"]["order_by"] = "when"
+    cfg["data"]["id_columns"] = ["user"]
+    result = pipeline(validate_config(cfg))
+    assert result["registered"]["version"] == 1
+
+    rows = pl.read_parquet(raw_dir / "s-000.parquet").filter(pl.col("seq") == "s001")
+    rows.drop("label").write_parquet(tmp_path / "in.parquet")
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    cmd = [str(Path(sys.executable).parent / "shardline"), "predict", "models:/tiny-model@champion"]
+    uri = ["--tracking-uri", result["registered"]["tracking_uri"]]
+    out = tmp_path / "preds.parquet"
+    done = subprocess.run([*cmd, str(tmp_path / "in.parquet"), "--out", str(out), *uri], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "extra inputs" not in done.stderr  # the columns the model does not take are not sent
+    preds = pl.read_parquet(out)
+    assert preds.columns[:3] == ["seq", "user", "when"]
+    assert preds.schema["when"] == rows.schema["when"] == pl.Datetime("us", "Europe/Paris")
+    assert preds.height == rows.height - 3  # window 3, horizon 1
+    joined = preds.join(rows, on=["seq", "when"], how="inner")  # joins without a cast
+    assert joined.height == preds.height and (joined["user"] == joined["user_right"]).all()
+    # each prediction is for the row its key names: label there is the previous row's kind
+    assert (joined["prediction"] == joined["label"]).mean() > 0.6
+
+    rows.head(3).drop("label").write_parquet(tmp_path / "short.parquet")
+    short = subprocess.run([*cmd, str(tmp_path / "short.parquet"), "--out", str(tmp_path / "s.parquet"), *uri],
+                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert short.returncode != 0 and "0 predictions: every sequence in the input has fewer than 4 rows" in short.stderr
