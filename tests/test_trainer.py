@@ -706,3 +706,17 @@ def test_resume_false_starts_over_in_a_used_folder(data, tmp_path):
     assert result.resumed_from is None and result.steps == 1
     assert sorted(os.listdir(folder)) == ["best.json", "ckpt-000000001.json", "ckpt-000000001.pt"]
     assert load_checkpoint(result.last_checkpoint)["model_spec"] == other
+
+
+def test_settings_sized_for_another_data_set_are_said_at_the_start(data, tmp_path):
+    lines: list[str] = []
+    cfg = train_cfg(epochs=1, warmup_steps=500, checkpoint_every_steps=1000)
+    fit(data["classification"], data["classification-val"], spec_for(), cfg, "classification",
+        str(tmp_path / "ckpt"), log=lines.append)  # fmt: skip
+    steps = -(-len(WindowLoader(data["classification"], 32, 1)) // 2)  # grad_accum 2
+    assert f"note: training.warmup_steps=500 is not below this run's {steps} optimizer steps" in "\n".join(lines)
+    assert f"checkpoint_every_steps=1000 is not below an epoch's {steps} steps" in "\n".join(lines)
+    quiet_lines: list[str] = []
+    fit(data["classification"], data["classification-val"], spec_for(), train_cfg(epochs=1),
+        "classification", str(tmp_path / "ckpt2"), log=quiet_lines.append)  # fmt: skip
+    assert not any(line.startswith("note:") for line in quiet_lines)

@@ -68,6 +68,7 @@ class TargetSpec(_Model):
     classes: list[str] | None = Field(None, description="classification: id i+1 is classes[i]; id 0 = unseen in train")
     mean: float | None = None
     std: float | None = None
+    dtype: str | None = Field(None, description="classification: the raw column's type, which predictions keep")
 
     @property
     def n_outputs(self) -> int:

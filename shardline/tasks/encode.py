@@ -231,6 +231,7 @@ def build_manifest(
     windows = {s: sum(x.windows for x in shards if x.split == s) for s in SPLITS}
     check_splits(windows, data)
     spec = fit_spec([g.train for g in groups], data)
+    spec = spec.model_copy(update={"targets": _typed(spec.targets, snapshot.files[0].uri)})
     if base is not None:
         spec = reuse_encoding(spec, *base)
     return Manifest(
@@ -288,6 +289,26 @@ def encode_group(files: list[RawFile], group: int, n_groups: int, data: DataConf
         time.perf_counter() - t0,
     )
     return result
+
+
+def _typed(targets: list, sample_uri: str) -> list:
+    """Each class target with its raw column's type (from a file's footer), which predictions keep: an
+    integer target predicts integers, a boolean one booleans."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not any(t.task == "classification" for t in targets):
+        return targets
+    fs, path = storage.filesystem(sample_uri)
+    with fs.open(path, "rb") as f:
+        schema = pq.read_schema(f)
+    out = []
+    for t in targets:
+        if t.task == "classification" and t.column in schema.names:
+            dtype = pl.from_arrow(pa.array([], type=schema.field(t.column).type)).dtype
+            t = t.model_copy(update={"dtype": str(dtype.base_type() if hasattr(dtype, "base_type") else dtype)})
+        out.append(t)
+    return out
 
 
 def manifest_name(base: tuple[EncodingSpec, str] | None) -> str:

@@ -38,6 +38,9 @@ def _target_scores(t, y: np.ndarray, outputs: np.ndarray, train_y: np.ndarray, o
         metrics = M.classification_metrics(y, probs)
         counts = np.bincount(train_y.reshape(-1).astype(np.int64), minlength=probs.shape[1])
         baseline = M.classification_metrics(y, M.majority_baseline_probs(counts, len(y)))
+        if probs.shape[1] - 1 <= M.TOP_K:  # 5 classes or fewer (id 0 is 'unseen'): top-5 says nothing
+            metrics.pop("top5_accuracy")
+            baseline.pop("top5_accuracy")
         names = ["<unseen>", *(t.classes or [])]
         plot = M.plot_confusion_matrix(y, probs.argmax(1), names, out_dir / f"{prefix}confusion_matrix.png")
         return metrics, baseline, plot, CLASSIFICATION_METRICS

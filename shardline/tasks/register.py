@@ -20,7 +20,7 @@ from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.tracking import Tracker, fluent_tracking_uri
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.tasks.caching import CacheRule
-from shardline.trainer.serving import bundle_dict, input_columns, key_columns, prediction_columns
+from shardline.trainer.serving import bundle_dict, example_outputs, input_columns, key_columns, prediction_frame
 
 PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
 
@@ -89,14 +89,8 @@ def _signature(spec, sample_uri: str):
     from mlflow.models import infer_signature
 
     sample = _sample(sample_uri, input_columns(spec))
-    out = {k: (np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy()) for k in key_columns(spec)}
-    example = {
-        "position": np.zeros(1, np.int64),
-        "class": np.array(["a"], dtype=object),
-        "probability": np.zeros(1, np.float32),
-        "value": np.zeros(1, np.float64),
-    }
-    out.update({name: example[kind] for name, kind in prediction_columns(spec).items()})
+    keys = {k: (np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy()) for k in key_columns(spec)}
+    out = prediction_frame(spec, keys, example_outputs(spec)).to_pandas()
     with warnings.catch_warnings():  # the integer-columns hint: nulls in them are handled by the encoding
         warnings.simplefilter("ignore", UserWarning)
         return infer_signature(sample, pd.DataFrame(out)), sample

@@ -435,6 +435,18 @@ def fit(
     if cfg.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     total_steps = cfg.epochs * steps_per_epoch
+    # settings sized for another data set: said at the start, with the numbers
+    if cfg.warmup_steps >= total_steps:
+        log(
+            f"note: training.warmup_steps={cfg.warmup_steps} is not below this run's {total_steps} optimizer steps "
+            f"({cfg.epochs} epochs x {steps_per_epoch}): the learning rate never reaches training.lr={cfg.lr:g}; "
+            "lower warmup_steps"
+        )
+    if cfg.checkpoint_every_steps >= steps_per_epoch and steps_per_epoch > 0:
+        log(
+            f"note: training.checkpoint_every_steps={cfg.checkpoint_every_steps} is not below an epoch's "
+            f"{steps_per_epoch} steps: checkpoints are taken at epoch ends only"
+        )
 
     loop = {
         "step": 0,

@@ -60,22 +60,25 @@ def key_columns(spec: EncodingSpec) -> list[str]:
     return keys
 
 
-def prediction_columns(spec: EncodingSpec) -> dict[str, str]:
-    """The columns a prediction adds, by kind (`class`, `probability`, `value`): `prediction` (and
-    `probability`) for one target, `<target>` (and `<target>_probability`) for several; `position` (0 = the
-    window's first row) when every position is predicted."""
-    out = {"position": "position"} if spec.target_positions == "all" and spec.targets else {}
-    for t in spec.targets:
-        name = "prediction" if len(spec.targets) == 1 else t.column
-        out[name] = "class" if t.task == "classification" else "value"
-        if t.task == "classification":
-            out[f"{'' if len(spec.targets) == 1 else t.column + '_'}probability"] = "probability"
-    return out
+_INTEGERS = {"Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64"}
+
+
+def class_labels(t) -> pl.Series:
+    """A class target's labels by id, in the raw column's type (id 0, a class never seen in training: null
+    for a typed column, `<unseen>` for text)."""
+    texts = pl.Series(t.column, ["<unseen>", *(t.classes or [])], dtype=pl.Utf8)
+    if t.dtype in _INTEGERS:
+        return texts.cast(getattr(pl, t.dtype), strict=False)
+    if t.dtype == "Boolean":
+        return pl.Series(t.column, [None, *((c == "true") for c in (t.classes or []))], dtype=pl.Boolean)
+    return texts
 
 
 def decode_outputs(spec: EncodingSpec, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Network outputs (`predict`: per target) -> user-facing columns (`prediction_columns`), one row per
-    window, or per window and position (window-major) when every position is predicted."""
+    """Network outputs (`predict`: per target) -> user-facing columns, one row per window, or per window and
+    position (window-major) when every position is predicted: `prediction` (the class, in the target's own
+    type, or the value) and `probability` (classes) for one target; `<target>` and `<target>_probability`
+    for several; `position` (0 is the window's first row) is added by `prediction_frame`."""
     cols: dict[str, np.ndarray] = {}
     # by position: the model's targets are the encoding's, in order (a model saved before the contract
     # names its one target `target`)
@@ -84,13 +87,27 @@ def decode_outputs(spec: EncodingSpec, outputs: dict[str, np.ndarray]) -> dict[s
         if t.task == "classification":
             y = y.reshape(-1, y.shape[-1])
             ids = y.argmax(axis=1)
-            labels = np.array(["<unseen>", *(t.classes or [])], dtype=object)
-            cols[name] = labels[ids]
+            cols[name] = class_labels(t)[ids]
             prob = "probability" if len(spec.targets) == 1 else f"{t.column}_probability"
             cols[prob] = y[np.arange(len(ids)), ids].astype(np.float32)
         else:
             cols[name] = y.reshape(-1).astype(np.float64) * t.std + t.mean
     return cols
+
+
+def example_outputs(spec: EncodingSpec) -> dict[str, np.ndarray]:
+    """What `predict` returns for one window (zeros, class 1 most likely): to show the predictions' columns
+    and types (the registered model's signature) without a model."""
+    out = {}
+    lead = (1, spec.window) if spec.target_positions == "all" else (1,)
+    for t in spec.targets:
+        if t.task == "classification":
+            y = np.zeros((*lead, t.n_outputs), np.float32)
+            y[..., min(1, t.n_outputs - 1)] = 1.0
+        else:
+            y = np.zeros(lead if spec.target_positions == "all" else (1, 1), np.float32)
+        out[t.column] = y
+    return out
 
 
 def prediction_frame(spec: EncodingSpec, keys: dict[str, object], outputs: dict[str, np.ndarray]) -> pl.DataFrame:
