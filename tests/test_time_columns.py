@@ -101,3 +101,27 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     short = subprocess.run([*cmd, str(tmp_path / "short.parquet"), "--out", str(tmp_path / "s.parquet"), *uri],
                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert short.returncode != 0 and "0 predictions: every sequence in the input has fewer than 4 rows" in short.stderr
+
+
+def test_a_date_time_feature_is_its_instant_whatever_its_unit_or_zone(tmp_path):
+    """A date-time used as a continuous feature is its instant (microseconds since 1970 UTC, then
+    standardised): the same rows in nanoseconds and without the zone (a pandas round trip, as MLflow
+    serves them) encode to the same numbers."""
+    from shardline.core.encoding.columns import prepare
+    from shardline.core.encoding.frame import encode_frame
+
+    raw_dir = tmp_path / "raw"
+    make_raw(raw_dir)
+    with_time(raw_dir, (START + pl.duration(hours=pl.col("t"))).dt.convert_time_zone("Asia/Tokyo"))
+    cfg = tiny_config(str(raw_dir / "*.parquet"), str(tmp_path / "store"))
+    cfg["data"]["features"]["continuous"] = ["x", "when"]
+    _, spec, _, manifest = encode_all(validate_config(cfg))
+    stat = next(c for c in spec.continuous if c.name == "when")
+    assert 1.70e15 < stat.mean < 1.71e15 and stat.std > 3600e6  # hours apart, in microseconds
+    rows = pl.read_parquet(raw_dir / "s-000.parquet")
+    served = rows.with_columns(
+        pl.col("when").dt.convert_time_zone("UTC").dt.replace_time_zone(None).dt.cast_time_unit("ns")
+    )
+    a, _ = encode_frame(prepare(rows, "seq", "t", "a"), spec, with_target=False)
+    b, _ = encode_frame(prepare(served, "seq", "t", "b"), spec, with_target=False)
+    assert (a["cont"] == b["cont"]).all() and abs(float(a["cont"][:, 1].mean())) < 3

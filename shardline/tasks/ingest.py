@@ -38,8 +38,8 @@ def _kind_ok(kind: str, t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
     numeric = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-    if kind == "continuous":
-        return numeric or pa.types.is_boolean(t)
+    if kind == "continuous":  # a date/time: its instant, as a number (shardline/core/encoding/columns.py)
+        return numeric or pa.types.is_boolean(t) or pa.types.is_temporal(t)
     if kind == "boolean":
         return pa.types.is_boolean(t)
     if kind in ("categorical", "classification target", "sequence key"):
@@ -56,7 +56,7 @@ def _kind_ok(kind: str, t: pa.DataType) -> bool:
 
 
 _ALLOWED = {
-    "continuous": "a number (int or float) or a boolean",
+    "continuous": "a number (int or float), a boolean or a date/time",
     "boolean": "a boolean",
     "categorical": "a string, an integer or a boolean",
     "classification target": "a string, an integer or a boolean",

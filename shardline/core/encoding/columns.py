@@ -16,6 +16,19 @@ class DataError(ValueError):
     """Raw data that does not fit the config; the message names the file and the column."""
 
 
+def as_number(column: str, dtype: pl.DataType) -> pl.Expr:
+    """A continuous feature as float64: numbers as they are; a date-time as its instant in microseconds
+    since 1970 UTC (whatever its unit or zone, so training and serving agree), a date as days, a duration
+    in microseconds. Standardised afterwards like any number; for calendar parts (hour, weekday), add them
+    as columns of their own."""
+    col = pl.col(column)
+    if isinstance(dtype, pl.Datetime):
+        col = col.dt.epoch("us")
+    elif isinstance(dtype, pl.Duration):
+        col = col.dt.total_microseconds()
+    return col.cast(pl.Float64)
+
+
 def order_expr(column: str, dtype: pl.DataType) -> pl.Expr:
     """The order column as int64: integers as they are, dates and date-times as their instant (a time
     zone's as UTC). Text is parsed by `parse_order` (eagerly: polars infers a time zone only there)."""

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from shardline.core.codes import int_dtype
-from shardline.core.encoding.columns import ORDER, SEQ
+from shardline.core.encoding.columns import ORDER, SEQ, as_number
 from shardline.core.manifest import EncodingSpec, target_array
 
 
@@ -53,7 +53,7 @@ def encode_frame(
         )  # float32 first, then float16: numpy's rounding
         cont = (
             df.select(
-                ((pl.col(c.name).cast(pl.Float64).fill_nan(None) - c.mean) / c.std)
+                ((as_number(c.name, df.schema[c.name]).fill_nan(None) - c.mean) / c.std)
                 .fill_null(0.0)
                 .cast(pl.Float32)
                 .cast(pl_cont)

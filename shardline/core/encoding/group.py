@@ -13,7 +13,7 @@ import polars as pl
 
 from shardline.core.codes import int_dtype
 from shardline.core.config import DataConfig
-from shardline.core.encoding.columns import ORDER
+from shardline.core.encoding.columns import ORDER, as_number
 from shardline.core.encoding.fit import moments as stat_moments
 from shardline.core.encoding.splits import SplitRows
 from shardline.core.manifest import ArraySpec, LocalCodes, LocalVocab, target_array
@@ -138,7 +138,7 @@ def _standardise_splits(
     for j, c in enumerate(names):
         s = frame[c]
         f32 = s.dtype == pl.Float32
-        a = (s if f32 else s.cast(pl.Float64)).to_numpy()
+        a = (s if f32 else frame.select(as_number(c, s.dtype)).to_series()).to_numpy()
         if not a.flags.writeable or not a.flags.c_contiguous:
             a = np.array(a)
         x = torch.from_numpy(a)
