@@ -85,6 +85,11 @@ def test_run_with_a_bad_file_names_it_and_exits_nonzero(tmp_path):
     assert out.returncode == 1
     assert "s-002.parquet: missing column 'y'" in out.stderr
     assert not list((tmp_path / "store").rglob("manifest.json"))
+    # said once, without a traceback (a data error is the user's to fix, not a crash); --verbose shows it
+    said = out.stdout + out.stderr
+    assert said.count("missing column 'y'") == 1 and "Traceback" not in said
+    loud = shardline("run", tmp_path / "c.yaml", "--verbose")
+    assert loud.returncode == 1 and "Traceback" in loud.stdout + loud.stderr
 
 
 @pytest.mark.e2e

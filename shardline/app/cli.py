@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -47,7 +49,46 @@ def _load(path: Path | None, overrides: list[str], base: dict | None = None):
 FORCE_HELP = "recompute this step and every step after it: ingest, encode, train, evaluate or register"
 
 
-def _run_pipeline(config, force: str | None = None) -> dict:
+USER_ERRORS = ("DataError", "ConfigError", "ModelContractError", "EncodingMismatch", "ValueError")
+
+
+class _QuietUserErrors(logging.Filter):
+    """On the terminal, a mistake in the config or the data is said once, by the command's `error:` line,
+    without a traceback: Prefect's own records of it (the task's failed state, the flow's exception) are
+    dropped from the console. The Prefect API still gets them, and `--verbose` keeps them here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.INFO:
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            return type(record.exc_info[1]).__name__ not in USER_ERRORS
+        text = record.getMessage()
+        return not any(
+            f"exception {name}" in text or f"exception: {name}" in text or f"{name}(" in text for name in USER_ERRORS
+        )
+
+
+@contextlib.contextmanager
+def _console_quiet(verbose: bool):
+    import prefect.logging.handlers  # noqa: F401 - the console handler's class
+
+    handlers = [
+        h
+        for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs")
+        for h in logging.getLogger(name).handlers
+        if type(h).__name__ == "PrefectConsoleHandler"
+    ]
+    quiet = _QuietUserErrors()
+    for h in [] if verbose else handlers:
+        h.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(quiet)
+
+
+def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> dict:
     from shardline.core.encoding.columns import DataError
     from shardline.flows.pipeline import pipeline
     from shardline.tasks.caching import STEPS
@@ -55,7 +96,8 @@ def _run_pipeline(config, force: str | None = None) -> dict:
     if force is not None and force not in STEPS:
         _fail(f"--force {force}: not a step; choose one of {', '.join(STEPS)}", 2)
     try:
-        return pipeline(config, force=force)
+        with _console_quiet(verbose):
+            return pipeline(config, force=force)
     except Exception as e:
         from shardline.trainer import loop
 
@@ -143,10 +185,11 @@ def run(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml", help="the pipeline config (may `extends:` another)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.lr=3e-4 (repeatable)"),
     force: str | None = typer.Option(None, "--force", help=FORCE_HELP),
+    verbose: bool = typer.Option(False, "--verbose", help="show tracebacks of errors in the config or the data"),
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
     config = _load(config_path, list(set_))
-    _summary(_run_pipeline(config, force))
+    _summary(_run_pipeline(config, force, verbose))
 
 
 @app.command("check-config")
