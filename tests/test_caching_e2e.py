@@ -100,3 +100,36 @@ def test_force_refreshes_a_step_and_everything_after(setup, prefect_api):
     }
     with pytest.raises(ValueError, match="force='evaluat' is not a step"):
         run(cfg, force="evaluat")
+
+
+def test_force_train_trains_again_in_a_fresh_run_and_keeps_the_old(setup, prefect_api):
+    """`--force train` used to rerun the task, find the finished run in its folder and return the old
+    weights ("training already finished"). It trains a fresh run beside the old one, which is kept."""
+    tmp_path, cfg, first = setup
+    second = run(cfg, force="train")
+    assert second["steps"]["train"] == "ran" and second["steps"]["encode"] == "cached"
+    old, new = first["train"]["run_dir"], second["train"]["run_dir"]
+    assert new != old and new.startswith(old + "-") and Path(old, "result.json").exists()
+    assert (
+        second["train"]["resumed_from"] is None and second["train"]["mlflow_run_id"] != first["train"]["mlflow_run_id"]
+    )
+    assert second["registered"]["version"] == first["registered"]["version"] + 1
+
+
+def test_an_edit_to_the_training_code_addresses_another_run(setup, prefect_api, monkeypatch):
+    """The code that trains is part of what addresses a run: with another version of it, the same data,
+    model and settings go to another folder (a finished run's weights are not returned for new code)."""
+    from shardline.core import storage, version
+    from shardline.core.config import validate_config as check
+    from shardline.core.manifest import Manifest
+    from shardline.tasks.training_run import run_dir
+
+    tmp_path, cfg, first = setup
+    config = check(cfg)
+    manifest = Manifest.model_validate_json(storage.read_text(first["manifest"]))
+    assert run_dir(config, manifest) == first["train"]["run_dir"]
+    real = version.code_version_of
+    monkeypatch.setattr(
+        version, "code_version_of", lambda *m: real(*m) + ("-edited" if m == ("shardline.tasks.train",) else "")
+    )
+    assert run_dir(config, manifest) != first["train"]["run_dir"]

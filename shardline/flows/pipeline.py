@@ -63,7 +63,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     train_t = cached(train_step, TRAIN_CACHE, root, "train" in refresh).with_options(
         retries=config.training.max_restarts, retry_delay_seconds=5, retry_condition_fn=retry_on_infrastructure
     )
-    state = train_t(manifest_uri, manifest_hash, config, train, return_state=True)
+    state = train_t(manifest_uri, manifest_hash, config, train, fresh="train" in refresh, return_state=True)
     trained, ran["train"] = state.result(), state.name != "Cached"
 
     scores, ran["evaluate"] = run_cached(

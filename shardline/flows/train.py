@@ -11,6 +11,7 @@ from shardline.tasks.training_run import run_training
 
 
 @flow(name="train", log_prints=True)
-def train(manifest_uri: str, config: PipelineConfig) -> dict:
-    """Train the configured model on the manifest's shards; return the best checkpoint and its scores."""
-    return run_training(manifest_uri, config)
+def train(manifest_uri: str, config: PipelineConfig, run_folder: str | None = None) -> dict:
+    """Train the configured model on the manifest's shards (in `run_folder`, when the pipeline chose it);
+    return the best checkpoint and its scores."""
+    return run_training(manifest_uri, config, run_folder)

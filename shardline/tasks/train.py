@@ -28,13 +28,19 @@ class TrainingRunFailed(RuntimeError):
 
 @task(name="train")
 def train_step(
-    manifest_uri: str, manifest_hash: str, config: PipelineConfig, train_here: Callable[[str, PipelineConfig], dict]
+    manifest_uri: str,
+    manifest_hash: str,
+    config: PipelineConfig,
+    train_here: Callable[..., dict],
+    fresh: bool = False,
 ) -> dict:
     """Train on the manifest's shards where the config says: in this process (`train_here`, the training
-    flow as a subflow), or on the training deployment's work pool."""
+    flow as a subflow), or on the training deployment's work pool. The run's folder is chosen here and
+    handed over; `fresh` (`--force train`) trains in a new folder instead of returning a finished run."""
+    folder = run_dir(config, load_manifest(manifest_uri, config), fresh=fresh)
     if config.compute.train_on == "deployment":
-        return dispatch_training(manifest_uri, config)
-    return train_here(manifest_uri, config)
+        return dispatch_training(manifest_uri, config, folder)
+    return train_here(manifest_uri, config, folder)
 
 
 def was_preempted(state) -> bool:
@@ -85,7 +91,7 @@ def wait_for_flow_run(flow_run_id, timeout: float | None, poll: float):
             time.sleep(poll)
 
 
-def dispatch_training(manifest_uri: str, config: PipelineConfig) -> dict:
+def dispatch_training(manifest_uri: str, config: PipelineConfig, folder: str | None = None) -> dict:
     """Run the training deployment, re-dispatch it while it is preempted, and return its result."""
     from prefect.deployments import run_deployment
 
@@ -97,10 +103,10 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig) -> dict:
             "disk. Use an object store (s3://...) for workers on other machines.",
             config.storage.root,
         )
-    folder = run_dir(config, load_manifest(manifest_uri, config))
+    folder = folder or run_dir(config, load_manifest(manifest_uri, config))
     result_uri = storage.join(folder, RESULT_FILE)
     run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
-    parameters = {"manifest_uri": manifest_uri, "config": config.model_dump(mode="json")}
+    parameters = {"manifest_uri": manifest_uri, "config": config.model_dump(mode="json"), "run_folder": folder}
     runs: list[dict] = []
     for attempt in range(c.max_preemptions + 1):
         live = live_training_run(run_tag) if attempt == 0 else None

@@ -9,6 +9,7 @@ import json
 import socket
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import yaml
@@ -128,12 +129,24 @@ def training_identity(config: PipelineConfig, parent: dict | None = None) -> dic
     return identity
 
 
-def run_dir(config: PipelineConfig, manifest: Manifest, parent: dict | None = None) -> str:
-    """Where one training run's checkpoints and evaluation live: addressed by data + model (its code
-    included) + the training settings that change what is trained."""
+def run_dir(config: PipelineConfig, manifest: Manifest, parent: dict | None = None, fresh: bool = False) -> str:
+    """Where one training run's checkpoints and evaluation live: addressed by data + model (the user's code
+    included) + the training settings that change what is trained + the version of the code that trains
+    (the train step's, as its cache key has it), so an edit to the training code trains again rather than
+    finding the finished run. `fresh` (`--force train`): a new folder beside it (the old run is kept)."""
+    from shardline.core.version import code_version_of
+
     training = training_identity(config, parent)
-    key = stable_hash({"manifest": manifest.hash(), "model": model_identity(config.model), "training": training})
-    return storage.join(config.storage.root, "runs", key[:20])
+    key = stable_hash(
+        {
+            "manifest": manifest.hash(),
+            "model": model_identity(config.model),
+            "training": training,
+            "code": code_version_of("shardline.tasks.train"),
+        }
+    )
+    folder = storage.join(config.storage.root, "runs", key[:20])
+    return f"{folder}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}" if fresh else folder
 
 
 def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
@@ -150,9 +163,10 @@ def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
     return manifest
 
 
-def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
-    """Train the configured model on the manifest's shards, resuming its newest checkpoint; return the best
-    checkpoint and its scores (also written beside the checkpoints as `result.json`)."""
+def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None = None) -> dict:
+    """Train the configured model on the manifest's shards in `folder` (default: `run_dir`; the pipeline
+    passes the one it chose, so a worker with other code writes where the pipeline reads), resuming its
+    newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`)."""
     from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
     from shardline.trainer.data import open_split
     from shardline.trainer.loop import Preempted, fit
@@ -165,7 +179,7 @@ def run_training(manifest_uri: str, config: PipelineConfig) -> dict:
     train_data = open_split(manifest, manifest_uri, "train")
     val_data = open_split(manifest, manifest_uri, "validation")
     parent = parent_model(config)  # resolved once: the run folder and the starting weights agree
-    folder = run_dir(config, manifest, parent)
+    folder = folder or run_dir(config, manifest, parent)
     ckpt_dir = storage.join(folder, "checkpoints")
     # the resolved config (after extends and --set) is stored with what it produced
     storage.write_text(
