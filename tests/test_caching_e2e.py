@@ -133,3 +133,35 @@ def test_an_edit_to_the_training_code_addresses_another_run(setup, prefect_api, 
         version, "code_version_of", lambda *m: real(*m) + ("-edited" if m == ("shardline.tasks.train",) else "")
     )
     assert run_dir(config, manifest) != first["train"]["run_dir"]
+
+
+class _Planted:
+    """What an attacker plants: decoding it would run code (here, it would write a file)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "decoded"))
+
+
+def test_a_planted_pickle_in_the_results_store_is_never_decoded(setup, prefect_api):
+    """The cached results are JSON; a record naming another serializer (a pickle put in a shared store)
+    is deleted unread and the step recomputes."""
+    import base64
+    import pickle
+
+    tmp_path, cfg, first = setup
+    marker = tmp_path / "pickle-was-decoded"
+    records = sorted((tmp_path / "store" / "prefect-results").glob("train-*"))
+    assert records
+    for record in records:
+        data = json.loads(record.read_text())
+        data["metadata"]["serializer"] = {"type": "pickle", "picklelib": "pickle", "picklelib_version": None}
+        data["result"] = base64.b64encode(pickle.dumps(_Planted(str(marker)))).decode()
+        record.write_text(json.dumps(data))
+    second = run(cfg)
+    assert not marker.exists()
+    assert second["steps"]["train"] == "ran" and second["steps"]["encode"] == "cached"
+    for record in sorted((tmp_path / "store" / "prefect-results").glob("train-*")):
+        assert json.loads(record.read_text())["metadata"]["serializer"]["type"] == "json"

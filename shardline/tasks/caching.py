@@ -16,6 +16,7 @@ beside its code, as a `CacheRule`: `INGEST_CACHE` (tasks/ingest.py), `ENCODE_GRO
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +49,15 @@ class CacheRule:
     still_valid: Callable[[Any, dict[str, Any]], bool] | None = None
 
 
+# the only serializer a cached record may name (what `cached` writes): anything else is never decoded
+JSON_SERIALIZER = {
+    "type": "json",
+    "jsonlib": "json",
+    "object_encoder": "prefect.serializers.prefect_json_object_encoder",
+    "object_decoder": "prefect.serializers.prefect_json_object_decoder",
+}
+
+
 @dataclass
 class StepCache(CachePolicy):
     rule: CacheRule | None = None
@@ -58,9 +68,35 @@ class StepCache(CachePolicy):
     ) -> str | None:
         rule = self.rule
         key = f"{rule.step}-" + hash_objects(rule.step, code_version_of(*rule.code), rule.key(inputs))
-        if rule.still_valid is not None and not getattr(task_ctx.task, "refresh_cache", False):
-            self._drop_if_stale(task_ctx, key, inputs)
+        if not getattr(task_ctx.task, "refresh_cache", False):
+            if not self._plain_json(key):  # before anything decodes it
+                task_ctx.result_store.cache.clear()
+            elif rule.still_valid is not None:
+                self._drop_if_stale(task_ctx, key, inputs)
         return key
+
+    def _plain_json(self, key: str) -> bool:
+        """A record is read only when it names the JSON serializer with Prefect's own object codec: a
+        record naming any other (a pickle planted in a shared store) is deleted unread, and the step
+        recomputes. False when one was deleted."""
+        uri = storage.join(self.results_root, key)
+        try:
+            if not storage.exists(uri):
+                return True
+            serializer = json.loads(storage.read_text(uri)).get("metadata", {}).get("serializer", {})
+        except Exception:  # noqa: BLE001 - not even JSON: no record we wrote
+            serializer = None
+        if serializer is not None and {k: serializer.get(k) for k in JSON_SERIALIZER} == JSON_SERIALIZER:
+            return True
+        kind = serializer.get("type") if isinstance(serializer, dict) else "unreadable"
+        log.warning(
+            "cache: record %s names serializer %r, not plain JSON; deleted unread, recomputing %s",
+            key,
+            kind,
+            self.rule.step,
+        )
+        self._delete(key)
+        return False
 
     def _drop_if_stale(self, task_ctx, key: str, inputs: dict[str, Any]) -> None:
         store = task_ctx.result_store
