@@ -170,23 +170,52 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig, folder: str | N
     )
 
 
-# errors of the machine or the network, worth a retry that resumes from the newest checkpoint
-INFRASTRUCTURE_ERRORS = (OSError, ConnectionError, TimeoutError, MemoryError)
-INFRASTRUCTURE_MARKERS = ("CUDA", "NCCL", "cuDNN", "out of memory", "device-side")
+# errors of the machine or the network, worth a retry that resumes from the newest checkpoint, by type
+# (never by the text of a message): I/O and network failures, a lost GPU or interconnect
+INFRASTRUCTURE_ERRORS = (ConnectionError, TimeoutError, OSError)
+# ...but not these: a missing or unreadable input is the same on the next try, as is running out of
+# memory with the same batch on the same machine (deterministic), or a code, config or data error
+NOT_INFRASTRUCTURE = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    MemoryError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AssertionError,
+    NotImplementedError,
+)
+
+
+def _torch_infrastructure() -> tuple[type, ...]:
+    """torch's own types for a GPU or interconnect failure (not its out-of-memory: deterministic)."""
+    import torch
+
+    found = [getattr(torch, "AcceleratorError", None)]
+    try:
+        import torch.distributed as dist
+
+        found += [getattr(dist, n, None) for n in ("DistBackendError", "DistNetworkError", "DistStoreError")]
+    except ImportError:
+        pass
+    return tuple(t for t in found if t is not None)
 
 
 def is_infrastructure_failure(exc: BaseException) -> bool:
     """True for failures of the infrastructure (retry and resume), False for a real error in the code,
-    the config or the data (fail at once with its message)."""
+    the config or the data (fail at once with its message). By exception type only."""
     from shardline.trainer.loop import Preempted
 
     if isinstance(exc, Preempted):  # asked to stop: stopping is the answer, not a retry
         return False
-    if isinstance(exc, (ValueError, TypeError, KeyError, IndexError, AssertionError, NotImplementedError)):
+    import torch
+
+    if isinstance(exc, NOT_INFRASTRUCTURE) or isinstance(exc, torch.OutOfMemoryError):
         return False
-    if isinstance(exc, INFRASTRUCTURE_ERRORS):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in INFRASTRUCTURE_MARKERS)
+    return isinstance(exc, INFRASTRUCTURE_ERRORS + _torch_infrastructure())
 
 
 def retry_on_infrastructure(task, task_run, state) -> bool:
