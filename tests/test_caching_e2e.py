@@ -165,3 +165,23 @@ def test_a_planted_pickle_in_the_results_store_is_never_decoded(setup, prefect_a
     assert second["steps"]["train"] == "ran" and second["steps"]["encode"] == "cached"
     for record in sorted((tmp_path / "store" / "prefect-results").glob("train-*")):
         assert json.loads(record.read_text())["metadata"]["serializer"]["type"] == "json"
+
+
+def test_a_cached_rerun_lists_shards_and_reading_them_checks_their_bytes(setup, prefect_api, monkeypatch):
+    """A cached rerun checks each shard's presence and size (a listing: no download of the data set on
+    S3); a shard of another size is rebuilt. Bytes that changed at the same size are caught where they
+    are read, by their checksum, naming the shard."""
+    tmp_path, cfg, first = setup
+    shards = sorted(Path(first["manifest"]).parent.glob("*.bin.lz4"))
+    original = shards[0].read_bytes()
+    shards[0].write_bytes(original[:-1])  # truncated: another size
+    second = run(cfg)
+    assert second["steps"]["encode"] == "ran" and shards[0].read_bytes() == original
+
+    for shard in shards:  # the same size, other bytes: not hashed by the cached rerun
+        shard.write_bytes(bytes(len(shard.read_bytes())))
+    third = run(cfg)
+    assert third["steps"] == ALL_CACHED
+    monkeypatch.setenv("SHARDLINE_CACHE", str(tmp_path / "fresh-cache"))  # a machine that has not read them yet
+    with pytest.raises(OSError, match=r"\.bin\.lz4: checksum mismatch"):  # training reads them: refused, named
+        run(cfg, force="train")

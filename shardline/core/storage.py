@@ -44,6 +44,17 @@ def exists(uri: str) -> bool:
     return fs.exists(path)
 
 
+def size_of(uri: str) -> int | None:
+    """The object's size in bytes (a listing, no read), or None when it is not there."""
+    try:
+        if not is_remote(uri):
+            return os.path.getsize(local_path(uri))
+        fs, path = filesystem(uri)
+        return int(fs.info(path)["size"])
+    except (FileNotFoundError, KeyError):
+        return None
+
+
 def read_bytes(uri: str) -> bytes:
     if not is_remote(uri):
         return Path(local_path(uri)).read_bytes()
