@@ -255,7 +255,7 @@ def predict(
         model = mlflow.pyfunc.load_model(model_uri)
     except Exception as e:  # noqa: BLE001 - any load failure: reported with the model URI
         _fail(f"cannot load model {model_uri} from {uri}: {e}")
-    from shardline.tasks.register import naive_utc
+    from shardline.tasks.ingest import naive_utc
 
     schema = model.metadata.get_input_schema()
     if schema is not None:  # only the columns the model takes (no "extra inputs ignored" warning for the rest)

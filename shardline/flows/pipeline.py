@@ -18,7 +18,7 @@ from shardline.tasks.caching import STEPS, cached, run_cached
 from shardline.tasks.encode import encode
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.ingest import INGEST_CACHE, ingest
-from shardline.tasks.register import REGISTER_CACHE, check_registrable, register
+from shardline.tasks.register import REGISTER_CACHE, register
 from shardline.tasks.train import TRAIN_CACHE, retry_on_infrastructure, train_step
 from shardline.tasks.training_run import parent_encoding, parent_model
 
@@ -49,7 +49,6 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     ran: dict[str, bool] = {}
 
     snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data)
-    check_registrable(config, snapshot)  # what registration would refuse, refused before the training
 
     # fine-tuning: the data is encoded the way the model it starts from was trained (its scalings, vocabularies)
     parent = parent_model(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -262,11 +263,53 @@ def snapshot_source(data: DataConfig) -> Snapshot:
     return Snapshot(source=data.source, files=files, rejected=rejected, fingerprint=Snapshot.fingerprint_of(files))
 
 
+def naive_utc(frame):
+    """A pandas frame with its time-zone-aware date-time columns as naive UTC, the only date-times MLflow's
+    signatures take (`shardline predict` turns them back into the input's zone in the predictions)."""
+    import pandas as pd
+
+    out = frame.copy()
+    for c in out.columns:
+        if isinstance(out[c].dtype, pd.DatetimeTZDtype):
+            out[c] = out[c].dt.tz_convert("UTC").dt.tz_localize(None)
+    return out
+
+
+def raw_sample(sample_uri: str, columns: list[str]):
+    """The first rows of a raw file's `columns`, as pandas, zoned date-times as naive UTC."""
+    fs, path = filesystem(sample_uri)
+    with fs.open(path, "rb") as f:
+        return naive_utc(pq.ParquetFile(f).read_row_group(0, columns=columns).slice(0, 5).to_pandas())
+
+
+def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
+    """Refuse, before any work, input that registration would refuse after the training: the signature
+    MLflow infers from a sample of the raw columns the model takes, checked against that sample."""
+    from mlflow.models import infer_signature
+
+    columns = list(dict.fromkeys([*data.features.all(), *data.id_columns]))
+    columns += [c for c in (data.sequence_key, data.order_by) if c and c != FILE_SEQUENCE and c not in columns]
+    sample = raw_sample(snapshot.files[0].uri, columns)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            signature = infer_signature(sample)
+            from mlflow.models.utils import _enforce_schema
+
+            _enforce_schema(sample, signature.inputs)
+    except Exception as e:  # noqa: BLE001 - anything MLflow refuses: said with the columns, before training
+        raise DataError(
+            f"{snapshot.files[0].uri}: the registered model could not take these columns as input ({e}); "
+            f"columns {columns}"
+        ) from None
+
+
 @task(name="ingest", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=lambda t, r, s: _is_transient(s))
 def ingest(data: DataConfig) -> Snapshot:
     """List the raw files and check their schemas; return the snapshot."""
     log = get_run_logger()
     snap = snapshot_source(data)
+    check_registrable(data, snap)  # what registration would refuse, refused before any work
     log.info(
         "ingest: %d file(s), %.1f MB, fingerprint %s",
         len(snap.files),

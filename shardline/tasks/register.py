@@ -14,12 +14,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
 from shardline.core import storage
-from shardline.core.config import FILE_SEQUENCE, PipelineConfig
-from shardline.core.encoding.columns import DataError
+from shardline.core.config import PipelineConfig
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.tracking import Tracker, fluent_tracking_uri
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.tasks.caching import CacheRule
+from shardline.tasks.ingest import raw_sample
 from shardline.trainer.serving import bundle_dict, example_outputs, input_columns, key_columns, prediction_frame
 
 PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
@@ -62,61 +62,18 @@ def _code_paths(config: PipelineConfig, folder: Path) -> list[str]:
     return [str(p) for p in paths]
 
 
-def naive_utc(frame):
-    """A pandas frame with its time-zone-aware date-time columns as naive UTC, the only date-times MLflow's
-    signatures take (`shardline predict` turns them back into the input's zone in the predictions)."""
-    import pandas as pd
-
-    out = frame.copy()
-    for c in out.columns:
-        if isinstance(out[c].dtype, pd.DatetimeTZDtype):
-            out[c] = out[c].dt.tz_convert("UTC").dt.tz_localize(None)
-    return out
-
-
-def _sample(sample_uri: str, columns: list[str]):
-    import pyarrow.parquet as pq
-
-    fs, path = storage.filesystem(sample_uri)
-    with fs.open(path, "rb") as f:
-        return naive_utc(pq.ParquetFile(f).read_row_group(0, columns=columns).slice(0, 5).to_pandas())
-
-
 def _signature(spec, sample_uri: str):
     """Input schema: the raw columns the model needs (the target is not one); output: keys + prediction."""
     import numpy as np
     import pandas as pd
     from mlflow.models import infer_signature
 
-    sample = _sample(sample_uri, input_columns(spec))
+    sample = raw_sample(sample_uri, input_columns(spec))
     keys = {k: (np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy()) for k in key_columns(spec)}
     out = prediction_frame(spec, keys, example_outputs(spec)).to_pandas()
     with warnings.catch_warnings():  # the integer-columns hint: nulls in them are handled by the encoding
         warnings.simplefilter("ignore", UserWarning)
         return infer_signature(sample, pd.DataFrame(out)), sample
-
-
-def check_registrable(config: PipelineConfig, snapshot: Snapshot) -> None:
-    """Refuse, before any work, input that registration would refuse after the training: the signature
-    MLflow infers from a sample of the raw columns the model takes, checked against that sample."""
-    from mlflow.models import infer_signature
-
-    data = config.data
-    columns = list(dict.fromkeys([*data.features.all(), *data.id_columns]))
-    columns += [c for c in (data.sequence_key, data.order_by) if c and c != FILE_SEQUENCE and c not in columns]
-    sample = _sample(snapshot.files[0].uri, columns)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            signature = infer_signature(sample)
-            from mlflow.models.utils import _enforce_schema
-
-            _enforce_schema(sample, signature.inputs)
-    except Exception as e:  # noqa: BLE001 - anything MLflow refuses: said with the columns, before training
-        raise DataError(
-            f"{snapshot.files[0].uri}: the registered model could not take these columns as input ({e}); "
-            f"columns {columns}"
-        ) from None
 
 
 def champion_gate(client, name: str, metric: str, direction: str, new_value: float) -> tuple[bool, dict | None]:
