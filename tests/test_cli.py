@@ -128,14 +128,22 @@ def test_demo_then_predict(tmp_path):
 
 @pytest.mark.e2e
 def test_rehearse_in_process_preempts_resumes_and_leaves_the_real_run_alone(tmp_path):
-    make_raw(tmp_path / "raw", n_seq=24, rows=80)
+    # as the demo has it: the target (the next `label`) is also an input feature (the current one); and the
+    # 8 sampled files give ~9 steps of the configured batch of 32, fewer than the default 20 steps and
+    # the default preemption at step 10, which then never fired
+    make_raw(tmp_path / "raw", n_seq=24, rows=20)
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump(tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))))
-    out = shardline("rehearse", cfg, "--files", "8", "--steps", "12", "--preempt-at", "5")
+    config = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))
+    config["data"]["features"]["categorical"] = ["kind", "label"]
+    cfg.write_text(yaml.safe_dump(config))
+    out = shardline("rehearse", cfg)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     table = [line for line in out.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
-    assert len(table) == 10 and all(line.startswith("PASS") for line in table), out.stdout
-    assert "attempt 1: Preempted; resumed from" in out.stdout and "ckpt-000000005.pt" in out.stdout
+    assert len(table) == 11 and all(line.startswith("PASS") for line in table), out.stdout
+    sized = next(line for line in table if "sample: sized" in line)
+    assert "20 steps of" in sized and "training.batch_size 32 ->" in sized and "preempted at step 10" in sized
+    assert "attempt 1: Preempted; resumed from" in out.stdout and "ckpt-000000010.pt (at step 10)" in out.stdout
+    assert "download: the registered model predicts raw rows" in out.stdout
     # everything it wrote is under the rehearsal prefix; the registered model is NAME-rehearsal
     assert [p.name for p in (tmp_path / "store").iterdir() if p.name != "mlflow.db"] == ["rehearsals"]
     assert "tiny-model-rehearsal version 1" in out.stdout

@@ -17,6 +17,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from prefect import flow
+
 from shardline.core import storage
 from shardline.core.config import PipelineConfig, validate_config
 
@@ -30,7 +32,9 @@ class Row:
     detail: str
 
 
-def rehearsal_config(config: PipelineConfig, root: str, steps: int, preempt_at: int, job_env: dict) -> PipelineConfig:
+def rehearsal_config(
+    config: PipelineConfig, root: str, steps: int, preempt_at: int, job_env: dict, batch_size: int | None = None
+) -> PipelineConfig:
     raw = config.model_dump(mode="json")
     raw["name"] = f"{config.name}-rehearsal"
     raw["data"]["source"] = storage.join(root, "raw", "*.parquet")
@@ -44,6 +48,8 @@ def rehearsal_config(config: PipelineConfig, root: str, steps: int, preempt_at: 
         checkpoint_every_seconds=0,
         max_restarts=0,
     )
+    if batch_size:
+        raw["training"]["batch_size"] = batch_size
     raw["compute"]["max_preemptions"] = max(1, config.compute.max_preemptions)
     if config.compute.train_on == "deployment":
         jv = dict(raw["compute"].get("job_variables") or {})
@@ -61,18 +67,48 @@ def deployment_env(name: str) -> dict:
     return dict((dep.job_variables or {}).get("env") or {})
 
 
-def copy_sample(config: PipelineConfig, root: str, n_files: int) -> list[str]:
+def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) -> list[str]:
+    """Copy the source's files `skip` to `n_files` (in its order) under `<root>/raw/`."""
     from shardline.tasks.ingest import list_source
 
     files = list_source(config.data.source)
     if not files:
         raise FileNotFoundError(f"data.source={config.data.source} matches no parquet file")
     copied = []
-    for uri in files[:n_files]:
+    for uri in files[skip:n_files]:
         dest = storage.join(root, "raw", uri.rstrip("/").rsplit("/", 1)[-1])
         storage.write_bytes(dest, storage.read_bytes(uri))
         copied.append(dest)
     return copied
+
+
+def steps_per_epoch(train_windows: int, batch_size: int, grad_accum: int) -> int:
+    """Optimizer steps in one epoch (the training loop's own count: a last short batch counts)."""
+    batches = -(-train_windows // batch_size)
+    return -(-batches // grad_accum)
+
+
+def size_batch(train_windows: int, batch_size: int, grad_accum: int, steps: int) -> int | None:
+    """The largest batch size (at most the configured one) that gives `steps` steps in one epoch of
+    `train_windows` windows; None when even a batch of one window does not."""
+    for b in range(min(batch_size, max(train_windows, 1)), 0, -1):
+        if steps_per_epoch(train_windows, b, grad_accum) >= steps:
+            return b
+    return None
+
+
+@flow(name="rehearsal-data", log_prints=True)
+def encode_sample(cfg: PipelineConfig) -> dict[str, int]:
+    """Ingest and encode the sample with the pipeline's own cached tasks (the pipeline then finds them
+    cached); return the manifest's window counts, from which the training is sized."""
+    from shardline.core.manifest import Manifest
+    from shardline.tasks.caching import run_cached
+    from shardline.tasks.encode import encode
+    from shardline.tasks.ingest import INGEST_CACHE, ingest
+
+    snapshot, _ = run_cached(ingest, INGEST_CACHE, cfg.storage.root, False, cfg.data)
+    manifest_uri, _ = encode(snapshot, cfg.data, cfg.storage.root)
+    return dict(Manifest.model_validate_json(storage.read_text(manifest_uri)).windows)
 
 
 def rehearse(
@@ -80,6 +116,7 @@ def rehearse(
 ) -> list[Row]:
     """Run the rehearsal; return its rows (every stage after a failed one is reported as not reached)."""
     from shardline.flows.pipeline import pipeline
+    from shardline.tasks.ingest import list_source
 
     preempt_at = preempt_at or max(2, steps // 2)
     if preempt_at >= steps:
@@ -109,6 +146,39 @@ def rehearse(
 
     job_env = deployment_env(config.compute.train_deployment) if remote else {}
     cfg = rehearsal_config(config, root, steps, preempt_at, job_env)
+    available = len(list_source(config.data.source))
+    plan: dict = {}
+
+    def _size():
+        # the forced preemption must happen: the sample must give more steps than `preempt_at`. Encode it (the
+        # pipeline then finds it cached), then shrink the batch, copy more files, or, with all of them, shorten
+        nonlocal cfg, steps, preempt_at
+        t = config.training
+        while True:
+            windows = encode_sample(cfg).get("train", 0)
+            batch = size_batch(windows, t.batch_size, t.grad_accum, steps)
+            if batch is not None or len(copied) >= available:
+                break
+            copied.extend(copy_sample(config, root, min(available, 2 * len(copied)), skip=len(copied)))
+        if batch is None:
+            most = steps_per_epoch(windows, 1, t.grad_accum)
+            if most < 3:
+                return False, (
+                    f"the {len(copied)} raw file(s) give {windows} training window(s), {most} step(s): too few to "
+                    "train, preempt and resume; the rehearsal needs at least 3 steps (more rows per file, or a "
+                    "smaller data.window)"
+                )
+            steps, preempt_at, batch = most, max(1, most // 2) if preempt_at >= most else preempt_at, 1
+        cfg = rehearsal_config(config, root, steps, preempt_at, job_env, batch_size=batch)
+        plan.update(windows=windows, batch=batch)
+        resized = "" if batch == t.batch_size else f" (training.batch_size {t.batch_size} -> {batch} for the rehearsal)"
+        return True, (
+            f"{len(copied)} file(s), {windows:,} training windows: {steps} steps of {batch}{resized}, "
+            f"preempted at step {preempt_at}"
+        )
+
+    if not stage("sample: sized so that the preemption happens", _size):
+        return rows
     result: dict = {}
     attempts: list[str] = []
 
@@ -174,18 +244,24 @@ def rehearse(
     stage("checkpoint: written to storage, verified by checksum", _checkpoint)
 
     def _preempted():
+        import re
+
+        # where training really stopped: the checkpoint it resumed from (taken on the SIGTERM)
+        found = re.search(r"ckpt-(\d+)\.pt$", tr.get("resumed_from") or "")
+        at = int(found.group(1)) if found else None
+        where = f"at step {at}" if at is not None else "without a checkpoint to resume from"
         if remote:
             runs = tr.get("flow_runs") or []
             first = runs[0] if runs else {}
-            ok = len(runs) >= 2 and first.get("state") != "Completed" and bool(tr.get("resumed_from"))
-            return (
-                ok,
-                f"run {first.get('name')} ended {first.get('state')} at step {preempt_at}; re-dispatched, resumed "
-                f"from {tr.get('resumed_from')}",
+            ok = len(runs) >= 2 and first.get("state") != "Completed" and at == preempt_at
+            return ok, (
+                f"run {first.get('name')} ended {first.get('state')} {where}; "
+                + (f"re-dispatched, resumed from {tr['resumed_from']}" if at is not None else "not resumed")
             )
-        return bool(attempts) and bool(
-            tr.get("resumed_from")
-        ), f"{'; '.join(attempts) or 'not preempted'}; resumed from {tr.get('resumed_from')}"
+        ok = bool(attempts) and at == preempt_at
+        return ok, f"{'; '.join(attempts) or 'not preempted'}; " + (
+            f"resumed from {tr['resumed_from']} ({where})" if at is not None else "not resumed"
+        )
 
     stage(f"preemption: SIGTERM at step {preempt_at}, then resume", _preempted)
 
@@ -209,11 +285,16 @@ def rehearse(
         import polars as pl
 
         from shardline.core.tracking import fluent_tracking_uri
+        from shardline.tasks.ingest import naive_utc
 
         sample = pl.read_parquet(storage.read_bytes(copied[0]))
         with fluent_tracking_uri(reg["tracking_uri"]):
             model = mlflow.pyfunc.load_model(reg["model_uri"])
-        preds = model.predict(sample.drop([t.column for t in config.data.target_list]).to_pandas())
+        # the columns the model takes, as `shardline predict` sends them (a target may be an input too)
+        schema = model.metadata.get_input_schema()
+        if schema is not None:
+            sample = sample.select([c for c in schema.input_names() if c in sample.columns])
+        preds = model.predict(naive_utc(sample.to_pandas()))
         return len(
             preds
         ) > 0, f"{reg['model_uri']} downloaded; {len(preds)} prediction(s) for {sample.height} raw row(s)"
