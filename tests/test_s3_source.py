@@ -145,3 +145,52 @@ def test_a_split_larger_than_the_cache_streams_from_s3(tmp_path, s3_endpoint, mo
         )
         next(iter(WindowLoader(tiny, 16, seed=0)))
     assert np.all([not p.name.startswith(".tmp-") for p in (tmp_path / "tiny-cache").rglob("*")])
+
+
+@pytest.mark.e2e
+def test_a_pipeline_on_an_s3_root_is_cached_on_another_machine_and_evaluates_without_the_training_split(
+    tmp_path, s3_endpoint, prefect_api, monkeypatch
+):
+    """The evaluate step's cached result points at the storage root (not at a local temporary folder), so
+    a rerun on any machine that shares the root is a cache hit; and the trivial baseline comes from the
+    manifest's statistics, so evaluation never reads the training split."""
+    import shutil
+    import tempfile
+
+    import s3fs
+
+    from shardline.core import storage
+    from shardline.core.manifest import Manifest
+    from shardline.flows.pipeline import pipeline
+
+    s3fs.S3FileSystem().mkdir("team-bucket")
+    make_raw(tmp_path / "raw", n_seq=12, rows=60)
+    cfg = validate_config(
+        tiny_config(
+            str(tmp_path / "raw" / "*.parquet"),
+            "s3://team-bucket/root",
+            **{"mlflow.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "training.epochs": 1},
+        )
+    )
+    for machine in ("machine-a", "machine-b"):
+        (tmp_path / machine).mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine-a"))
+    first = pipeline(cfg)
+    # "another machine": none of the first one's temporary files
+    shutil.rmtree(tmp_path / "machine-a")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine-b"))
+    again = pipeline(cfg)
+    assert again["steps"] == dict.fromkeys(again["steps"], "cached"), again["steps"]
+    assert again["baseline"] == first["baseline"]
+
+    # the training split's shards gone: the evaluation still runs, its baseline from the manifest
+    manifest = Manifest.model_validate_json(storage.read_text(first["manifest"]))
+    assert manifest.target_stats and sum(manifest.target_stats[0]["counts"].values()) == manifest.rows["train"]
+    fs = s3fs.S3FileSystem()
+    folder = first["manifest"].rsplit("/", 1)[0].removeprefix("s3://")
+    for info in manifest.shards_of("train"):
+        fs.rm(f"{folder}/{info.path}")
+    forced = pipeline(cfg, force="evaluate")
+    assert forced["steps"]["evaluate"] == "ran"
+    assert forced["baseline"] == pytest.approx(first["baseline"])
+    assert forced["metrics"] == pytest.approx(first["metrics"])

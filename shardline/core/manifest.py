@@ -214,6 +214,11 @@ class Manifest(_Model):
     rows: dict[str, int]
     windows: dict[str, int]
     source_files: int
+    target_stats: list[dict] | None = Field(
+        None,
+        description="per target, the training split's statistics the trivial baseline needs (so evaluation "
+        "never reads the training split): class counts by raw value, or the moments n, mean, m2",
+    )
 
     def shards_of(self, split: str) -> list[ShardInfo]:
         return [s for s in self.shards if s.split == split]

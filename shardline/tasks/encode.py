@@ -17,7 +17,7 @@ from shardline.core import storage
 from shardline.core.config import SPLITS, DataConfig, stable_hash
 from shardline.core.encoding.columns import DataError, order_expr, parse_order, prepare
 from shardline.core.encoding.contract import contract, contract_hash
-from shardline.core.encoding.fit import empty_stats, fit_spec
+from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import reuse_encoding
 from shardline.core.encoding.splits import split_rows
@@ -243,6 +243,7 @@ def build_manifest(
         rows=rows,
         windows=windows,
         source_files=len(snapshot.files),
+        target_stats=target_statistics([g.train for g in groups], data),
     )
 
 

@@ -32,13 +32,34 @@ def sequence_keys(manifest: Manifest, manifest_uri: str, split: str, data) -> li
     return [per_shard[s][g] for s, g in zip(where["shard"].tolist(), where["segment"].tolist())]
 
 
-def _target_scores(t, y: np.ndarray, outputs: np.ndarray, train_y: np.ndarray, out_dir: Path, prefix: str):
+def train_statistic(manifest: Manifest, manifest_uri: str, i: int, t) -> np.ndarray | float:
+    """What the i-th target's trivial baseline needs from the training split: its class counts by id (id 0:
+    the values the encoding does not know), or its mean in raw units. From the manifest's statistics; a
+    manifest written before it kept them: read from the training split's shards."""
+    if manifest.target_stats is not None:
+        stat = manifest.target_stats[i]
+        if t.task == "classification":
+            ids = {v: k + 1 for k, v in enumerate(t.classes or [])}
+            counts = np.zeros(t.n_outputs, np.float64)
+            for value, n in stat["counts"].items():
+                counts[ids.get(value, 0)] += n
+            return counts
+        return float(stat["mean"])
+    from shardline.trainer.data import open_split
+
+    train_y = open_split(manifest, manifest_uri, "train").targets(i)
+    if t.task == "classification":
+        return np.bincount(train_y.reshape(-1).astype(np.int64), minlength=t.n_outputs).astype(np.float64)
+    return float(train_y.mean() * t.std + t.mean)
+
+
+def _target_scores(t, y: np.ndarray, outputs: np.ndarray, train_stat, out_dir: Path, prefix: str):
     """One target's metrics, its baseline's and its plot (every position counted when it has several)."""
     if t.task == "classification":
         y = y.reshape(-1).astype(np.int64)
         probs = outputs.reshape(-1, outputs.shape[-1])
         metrics = M.classification_metrics(y, probs)
-        counts = np.bincount(train_y.reshape(-1).astype(np.int64), minlength=probs.shape[1])
+        counts = train_stat
         baseline = M.classification_metrics(y, M.majority_baseline_probs(counts, len(y)))
         if probs.shape[1] - 1 <= M.TOP_K:  # 5 classes or fewer (id 0 is 'unseen'): top-5 says nothing
             metrics.pop("top5_accuracy")
@@ -49,7 +70,7 @@ def _target_scores(t, y: np.ndarray, outputs: np.ndarray, train_y: np.ndarray, o
     y_raw = y.reshape(-1).astype(np.float64) * t.std + t.mean
     pred_raw = outputs.reshape(-1).astype(np.float64) * t.std + t.mean
     metrics = M.regression_metrics(y_raw, pred_raw)
-    baseline = M.regression_metrics(y_raw, M.mean_baseline(float(train_y.mean() * t.std + t.mean), len(y_raw)))
+    baseline = M.regression_metrics(y_raw, M.mean_baseline(train_stat, len(y_raw)))
     plot = M.plot_residuals(y_raw, pred_raw, out_dir / f"{prefix}residuals.png")
     return metrics, baseline, plot, REGRESSION_METRICS
 
@@ -77,7 +98,6 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     model = load_model(train_result["best_checkpoint"])
     test = open_split(manifest, manifest_uri, "test")
     outputs = predict(model, test)
-    train = open_split(manifest, manifest_uri, "train") if spec.targets else None
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [M.plot_learning_curves(train_result["history"], out_dir / "learning_curves.png")]
     metrics: dict[str, float] = {}
@@ -87,7 +107,12 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     for i, t in enumerate(spec.targets):
         name = f"{t.column}/" if several else ""
         m, b, plot, d = _target_scores(
-            t, test.targets(i), list(outputs.values())[i], train.targets(i), out_dir, f"{t.column}_" if several else ""
+            t,
+            test.targets(i),
+            list(outputs.values())[i],
+            train_statistic(manifest, manifest_uri, i, t),
+            out_dir,
+            f"{t.column}_" if several else "",
         )
         metrics.update({name + k: v for k, v in m.items()})
         baseline.update({name + k: v for k, v in b.items()})
@@ -114,16 +139,18 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
 def evaluate(manifest_uri: str, train_result: dict, config: PipelineConfig) -> dict:
     """Score the best checkpoint on the test split against the trivial baseline; write plots and predictions."""
     log = get_run_logger()
-    local = not storage.is_remote(train_result["run_dir"])
-    out_dir = (
-        Path(storage.local_path(storage.join(train_result["run_dir"], "eval")))
-        if local
-        else Path(tempfile.mkdtemp(prefix="shardline-eval-"))
-    )
-    result = evaluate_model(manifest_uri, train_result, config, out_dir)
-    if not local:  # keep the evaluation beside the checkpoints in the storage root
-        for f in result["files"]:
-            storage.write_bytes(storage.join(train_result["run_dir"], "eval", Path(f).name), Path(f).read_bytes())
+    if not storage.is_remote(train_result["run_dir"]):
+        out_dir = Path(storage.local_path(storage.join(train_result["run_dir"], "eval")))
+        result = evaluate_model(manifest_uri, train_result, config, out_dir)
+    else:  # written aside, then kept beside the checkpoints in the storage root, which is where the result points
+        with tempfile.TemporaryDirectory(prefix="shardline-eval-") as tmp:
+            result = evaluate_model(manifest_uri, train_result, config, Path(tmp))
+            stored = []
+            for f in result["files"]:
+                uri = storage.join(train_result["run_dir"], "eval", Path(f).name)
+                storage.write_bytes(uri, Path(f).read_bytes())
+                stored.append(uri)
+        result["files"] = stored
     log.info("evaluate: %d test windows\n%s", result["test_windows"], result["table"])
     return result
 
@@ -139,5 +166,6 @@ EVALUATE_CACHE = CacheRule(
         inputs["config"].data.target_positions,
     ),
     code=(__name__,),
-    still_valid=lambda result, inputs: all(Path(f).exists() for f in result["files"]),
+    # what it wrote is still in the storage root (a listing: any machine that shares the root sees it)
+    still_valid=lambda result, inputs: all(storage.exists(f) for f in result["files"]),
 )

@@ -139,7 +139,12 @@ def register_model(
             mlflow.log_metrics({f"test/{k}": v for k, v in eval_result["metrics"].items()})
             mlflow.log_metrics({f"baseline/{k}": v for k, v in eval_result["baseline"].items()})
             mlflow.set_tags(tags)
-            for f in eval_result["files"]:
+            for f in eval_result["files"]:  # local files, or the storage root's copies (a remote root)
+                if storage.is_remote(f):
+                    (tmp / "evaluation").mkdir(exist_ok=True)
+                    local = tmp / "evaluation" / f.rsplit("/", 1)[-1]
+                    local.write_bytes(storage.read_bytes(f))
+                    f = str(local)
                 mlflow.log_artifact(f, artifact_path="evaluation")
             mlflow.log_artifact(str(tmp / "config.yaml"))
             mlflow.log_artifact(str(tmp / "manifest.json"))

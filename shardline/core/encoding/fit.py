@@ -83,3 +83,18 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
         target_positions=data.target_positions,
         continuous_dtype=data.continuous_dtype,
     )
+
+
+def target_statistics(partials: list[dict[str, Any]], data: DataConfig) -> list[dict[str, Any]]:
+    """Per target, the training split's merged statistics (the manifest keeps them for the baseline):
+    `{"counts": {value: n}}` for a classification target, `{"n", "mean", "m2"}` for a regression one."""
+    out: list[dict[str, Any]] = []
+    for i, t in enumerate(data.target_list):
+        if t.task == "classification":
+            counts: Counter = Counter()
+            for p in partials:
+                counts.update(p["targets"][i]["counts"])
+            out.append({"counts": dict(sorted(counts.items()))})
+        else:
+            out.append(moments(*_merge_moments([p["targets"][i] for p in partials])))
+    return out
