@@ -88,6 +88,22 @@ def test_deleted_checkpoint_is_retrained(setup, prefect_api):
     assert second["steps"]["ingest"] == second["steps"]["encode"] == "cached"
 
 
+def test_a_damaged_checkpoint_is_found_where_it_is_read_and_retrained_on_the_next_run(setup, prefect_api):
+    """The cache check of a training result lists the checkpoint (its size against its sidecar) instead
+    of hashing it; bytes damaged in place (same size) are caught where they are read, and the next run
+    retrains instead of failing the same way forever."""
+    tmp_path, cfg, first = setup
+    best = Path(first["train"]["best_checkpoint"])
+    data = bytearray(best.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    best.write_bytes(bytes(data))
+    with pytest.raises(OSError, match="checksum does not match its sidecar"):
+        run(cfg, force="evaluate")
+    second = run(cfg)
+    assert second["steps"]["train"] == "ran" and second["steps"]["encode"] == "cached"
+    assert second["metrics"].keys() == first["metrics"].keys()
+
+
 def test_force_refreshes_a_step_and_everything_after(setup, prefect_api):
     tmp_path, cfg, first = setup
     second = run(cfg, force="evaluate")

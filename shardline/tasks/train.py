@@ -227,9 +227,23 @@ def retry_on_infrastructure(task, task_run, state) -> bool:
 
 
 def checkpoint_intact(result: dict, inputs: dict) -> bool:
-    """A cached training result stands while its best checkpoint is in storage with its checksum."""
+    """A cached training result stands while its best checkpoint is in storage: its sidecar names the
+    result's checksum and the file has the sidecar's size. A listing and a small read, no download of the
+    weights (on S3, hashing them fetched every checkpoint on each rerun); the bytes are checked against
+    the checksum where they are read anyway (`load_checkpoint`: evaluate, register)."""
+    from shardline.trainer.checkpoint import sidecar_uri
+
     uri = result.get("best_checkpoint")
-    return bool(uri) and storage.exists(uri) and storage.sha256_uri(uri) == result.get("best_sha256")
+    if not uri or not storage.exists(sidecar_uri(uri)):
+        return False
+    try:
+        side = json.loads(storage.read_text(sidecar_uri(uri)))
+    except (OSError, ValueError):
+        return False
+    if side.get("sha256") != result.get("best_sha256"):
+        return False
+    size = storage.size_of(uri)
+    return size is not None and size == side.get("bytes", size)
 
 
 def train_key(inputs: dict) -> tuple:

@@ -206,10 +206,12 @@ def load_checkpoint(uri: str) -> dict:
     data = storage.read_bytes(uri)
     side = _read_json(sidecar_uri(uri)) if uri.endswith(".pt") else None
     if side and side.get("sha256") and hashlib.sha256(data).hexdigest() != side["sha256"]:
+        # its sidecar goes: no cache check or resume takes the damaged file for a checkpoint again
+        _delete(sidecar_uri(uri))
         raise OSError(
             f"{uri}: checksum does not match its sidecar ({side['sha256'][:12]}): the file is damaged or "
-            "half-written; run the pipeline again: a training result whose checkpoint no longer matches its checksum "
-            "is recomputed (resuming skips damaged checkpoints)"
+            "half-written; its sidecar is removed, so running the pipeline again recomputes what it held "
+            "(training resumes from the newest intact checkpoint)"
         )
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
