@@ -24,7 +24,9 @@ DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 
 def _fail(msg: str, code: int = 1) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    from shardline.core.secrets import redact_text
+
+    typer.secho(f"error: {redact_text(msg)}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
 

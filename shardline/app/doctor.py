@@ -13,7 +13,6 @@ URLs are masked.
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 import uuid
@@ -24,6 +23,7 @@ from typing import Any
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
+from shardline.core.secrets import redact_text
 
 PROBE_DEPLOYMENT = "probe/probe"
 PIPELINE_DEPLOYMENT = "pipeline/pipeline"
@@ -43,17 +43,11 @@ class Check:
 
 # ---------------------------------------------------------------- no secret in any message
 
-_SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE|AUTH", re.I)
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
-
 
 def redact(text: str) -> str:
-    """`text` without the values of credential-like environment variables or the user:password of URLs."""
-    for name, value in os.environ.items():
-        if value and len(value) >= 4 and _SECRET_NAME.search(name) and value in text:
-            # the whole value only (a key "test" leaves "pytest" alone)
-            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", "***", text)
-    return _URL_USERINFO.sub(lambda m: f"{m['scheme']}***@", text)
+    """`text` without secrets: by their names and URL userinfo (`shardline/core/secrets.py`), never by
+    whatever other text happens to equal a credential's value (a bucket or a path stays readable)."""
+    return redact_text(text)
 
 
 def _short(e: BaseException, limit: int = 300) -> str:

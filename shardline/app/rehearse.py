@@ -35,7 +35,9 @@ class Row:
 def rehearsal_config(
     config: PipelineConfig, root: str, steps: int, preempt_at: int, job_env: dict, batch_size: int | None = None
 ) -> PipelineConfig:
-    raw = config.model_dump(mode="json")
+    from shardline.core.secrets import KEEP_SECRETS
+
+    raw = config.model_dump(mode="json", context=KEEP_SECRETS)  # a config for this process to run
     raw["name"] = f"{config.name}-rehearsal"
     raw["data"]["source"] = storage.join(root, "raw", "*.parquet")
     raw["storage"]["root"] = root
@@ -268,8 +270,10 @@ def rehearse(
     def _metrics():
         from mlflow import MlflowClient
 
+        from shardline.core.tracking import tracking_uri
+
         reg = result["registered"]
-        run = MlflowClient(reg["tracking_uri"]).get_run(reg["run_id"])
+        run = MlflowClient(tracking_uri(cfg.mlflow, cfg.storage.root)).get_run(reg["run_id"])
         test = {k: round(v, 4) for k, v in run.data.metrics.items() if k.startswith("test/")}
         return run.info.status == "FINISHED" and bool(test), f"MLflow run {reg['run_id']} {run.info.status}: {test}"
 
@@ -284,11 +288,11 @@ def rehearse(
         import mlflow
         import polars as pl
 
-        from shardline.core.tracking import fluent_tracking_uri
+        from shardline.core.tracking import fluent_tracking_uri, tracking_uri
         from shardline.tasks.ingest import naive_utc
 
         sample = pl.read_parquet(storage.read_bytes(copied[0]))
-        with fluent_tracking_uri(reg["tracking_uri"]):
+        with fluent_tracking_uri(tracking_uri(cfg.mlflow, cfg.storage.root)):
             model = mlflow.pyfunc.load_model(reg["model_uri"])
         # the columns the model takes, as `shardline predict` sends them (a target may be an input too)
         schema = model.metadata.get_input_schema()

@@ -13,7 +13,17 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 FILE_SEQUENCE = "@file"  # sequence_key value meaning "each raw file is one sequence"
 SPLITS = ("train", "validation", "test")
@@ -393,7 +403,20 @@ class PipelineConfig(_Strict):
             )
         return self
 
+    @model_serializer(mode="wrap")
+    def _without_secrets(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict:
+        """As JSON (a Prefect flow parameter, the config stored beside a run, MLflow params, the hash), a
+        config has its secrets masked (`shardline/core/secrets.py`), unless the caller asks for them:
+        `model_dump(mode="json", context=KEEP_SECRETS)` (to build another config in this process)."""
+        data = handler(self)
+        if info.mode_is_json() and not (isinstance(info.context, dict) and info.context.get("secrets") == "keep"):
+            from shardline.core.secrets import redact
+
+            return redact(data)
+        return data
+
     def hash(self) -> str:
+        """What the config says, its secrets left out (a rotated password trains nothing again)."""
         return stable_hash(self.model_dump(mode="json"))
 
 

@@ -16,11 +16,17 @@ from typing import Any
 
 from shardline.core import storage
 from shardline.core.config import MlflowConfig
+from shardline.core.secrets import has_masked_userinfo, redact_text, without_userinfo
 
 log = logging.getLogger("shardline.core.tracking")
 
 
 def tracking_uri(cfg: MlflowConfig, storage_root: str) -> str:
+    if cfg.tracking_uri and has_masked_userinfo(cfg.tracking_uri):
+        # a config that came through Prefect (a deployment's parameter) has its credentials masked: this
+        # machine's own MLFLOW_TRACKING_URI, else the server's address with MLFLOW_TRACKING_USERNAME /
+        # MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) from the environment, as MLflow reads them
+        return os.environ.get("MLFLOW_TRACKING_URI") or without_userinfo(cfg.tracking_uri)
     if cfg.tracking_uri:
         return cfg.tracking_uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
@@ -99,7 +105,7 @@ class Tracker:
                 "MLflow %s failed (%s: %s); training goes on, metrics are kept in %s",
                 what,
                 type(e).__name__,
-                e,
+                redact_text(str(e)),
                 self.journal,
             )
             self._journal(what, args, kwargs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from prefect import flow
 
 from shardline.core.config import PipelineConfig
+from shardline.core.secrets import install_log_redaction
 from shardline.tasks.training_run import run_training
 
 
@@ -14,4 +15,5 @@ from shardline.tasks.training_run import run_training
 def train(manifest_uri: str, config: PipelineConfig, run_folder: str | None = None) -> dict:
     """Train the configured model on the manifest's shards (in `run_folder`, when the pipeline chose it);
     return the best checkpoint and its scores."""
+    install_log_redaction()  # a worker's process too: no secret in its console or the Prefect API's logs
     return run_training(manifest_uri, config, run_folder)

@@ -16,7 +16,8 @@ from prefect.logging import get_run_logger
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.manifest import Manifest, Snapshot
-from shardline.core.tracking import Tracker, fluent_tracking_uri
+from shardline.core.secrets import redact_text
+from shardline.core.tracking import Tracker, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.ingest import raw_sample
@@ -175,7 +176,7 @@ def register_model(
         "previous_champion": previous,
         "model_uri": f"models:/{config.mlflow.model_name}/{version.version}",
         "run_id": run_id,
-        "tracking_uri": tracker.uri,
+        "tracking_uri": redact_text(tracker.uri),  # a cached result is a file in the storage root
         "promotion_metric": metric_name,
         "value": new_value,
     }
@@ -199,7 +200,7 @@ def register(
     skipped = "".join(f"\n- skipped `{r.uri}`: {r.reason}" for r in snapshot.rejected)
     create_markdown_artifact(
         key="model-report",
-        markdown=(
+        markdown=redact_text(
             f"## {reg['model_name']} v{reg['version']}: {verdict}\n\n{eval_result['table']}\n\n"
             f"- MLflow run `{reg['run_id']}` at `{reg['tracking_uri']}`\n- model `{reg['model_uri']}`\n"
             f"- trained on {train_result['device']} ({train_result['precision']}), {train_result['steps']} steps"
@@ -216,7 +217,8 @@ def version_exists(reg: dict, inputs: dict | None = None) -> bool:
     from mlflow import MlflowClient
 
     try:
-        version = MlflowClient(reg["tracking_uri"]).get_model_version(reg["model_name"], str(reg["version"]))
+        uri = tracking_uri(inputs["config"].mlflow, inputs["config"].storage.root) if inputs else reg["tracking_uri"]
+        version = MlflowClient(uri).get_model_version(reg["model_name"], str(reg["version"]))
     except Exception:  # noqa: BLE001 - any registry error: the cached version cannot be trusted
         return False
     return version.run_id == reg["run_id"]

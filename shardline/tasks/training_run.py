@@ -20,6 +20,7 @@ from shardline.core import storage
 from shardline.core.config import ModelConfig, PipelineConfig, stable_hash
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import EncodingSpec, Manifest
+from shardline.core.secrets import redact_text
 from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
 
@@ -204,7 +205,7 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
         },
     )
     if run_id and run_id != prev_run:
-        storage.write_text(run_file, json.dumps({"run_id": run_id, "tracking_uri": tracker.uri}))
+        storage.write_text(run_file, json.dumps({"run_id": run_id, "tracking_uri": redact_text(tracker.uri)}))
     tracker.log_params(flatten(config.model_dump(mode="json")))
     previous = latest_checkpoint(ckpt_dir)
     if previous:
@@ -271,7 +272,7 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
         "precision": result.precision,
         "resumed_from": result.resumed_from,
         "mlflow_run_id": run_id,
-        "tracking_uri": tracker.uri,
+        "tracking_uri": redact_text(tracker.uri),
         "host": socket.gethostname(),
     }
     # beside the checkpoints, for a dispatcher on another machine (small results, big data in storage)

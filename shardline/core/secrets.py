@@ -1,0 +1,137 @@
+"""The one redaction function: no secret leaves the process.
+
+Everything Shardline writes where others read it goes through `redact` (objects) or `redact_text`
+(messages): MLflow params, tags and artifacts, the config stored beside a run, Prefect flow
+parameters (a `PipelineConfig` serialized to JSON is redacted unless the caller asks for its secrets:
+`model_dump(mode="json", context=KEEP_SECRETS)`), cached results and files under the storage root, the
+CLI's output and error messages, the doctor's report.
+
+What counts as a secret, by its name or its place, never by its value alone (a bucket or a path that
+happens to equal some credential's value stays readable):
+- the user:password (or token) part of a URL: `postgresql://user:pass@host/db` -> `postgresql://***@host/db`;
+- the value of any key whose name says credential (`SECRET`, `PASSWORD`, `TOKEN`, `API_KEY`, `ACCESS_KEY`,
+  `CREDENTIAL`, `PRIVATE`, `AUTH`): in mappings (`compute.job_variables.env.AWS_SECRET_ACCESS_KEY`), and in
+  text as `NAME=value` or `NAME: value`;
+- in text, the value of such an environment variable of this process, when it is long enough to be a
+  real credential (16 characters or more: a short value like `test` is left alone, it would mask
+  ordinary words).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import traceback
+from typing import Any
+
+MASK = "***"
+KEEP_SECRETS = {"secrets": "keep"}  # the serialization context that keeps a config's secrets (never written)
+
+# whole words of a name (split at _ . - and camelCase): `max_tokens` or `tokenizer` or `author` are not secrets
+_SECRET_WORDS = {"secret", "password", "passwd", "token", "credential", "credentials", "apikey", "private", "auth"}
+_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("client", "secret")}
+URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
+_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>['\"]?\s*[:=]\s*['\"]?)(?P<value>[^\s'\",;}\]]+)")
+MIN_ENV_SECRET = 16
+
+
+def is_secret_name(name: str) -> bool:
+    words = [w.lower() for w in re.split(r"[_.\-\s]+|(?<=[a-z])(?=[A-Z])", name) if w]
+    return any(w in _SECRET_WORDS for w in words) or any(p in _SECRET_PAIRS for p in zip(words, words[1:]))
+
+
+def _env_secrets() -> list[str]:
+    return sorted(
+        (v for k, v in os.environ.items() if v and len(v) >= MIN_ENV_SECRET and is_secret_name(k)),
+        key=len,
+        reverse=True,
+    )
+
+
+def redact_text(text: str) -> str:
+    """`text` with URL userinfo, `SECRET_NAME=value` pairs and this process's credential values masked."""
+    if not text:
+        return text
+    text = URL_USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+    text = _ASSIGNMENT.sub(
+        lambda m: f"{m['name']}{m['sep']}{MASK}" if is_secret_name(m["name"]) and m["value"] != MASK else m[0], text
+    )
+    for value in _env_secrets():
+        if value in text:
+            text = text.replace(value, MASK)
+    return text
+
+
+def redact(obj: Any) -> Any:
+    """A copy of `obj` (JSON-like: dicts, lists, strings) with every secret masked (see the module)."""
+    if isinstance(obj, dict):
+        return {
+            k: (MASK if is_secret_name(str(k)) and obj[k] not in (None, "") and not isinstance(v, dict) else redact(v))
+            for k, v in obj.items()
+        }
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(redact(v) for v in obj)
+    if isinstance(obj, str):
+        return redact_text(obj)
+    return obj
+
+
+def has_masked_userinfo(url: str | None) -> bool:
+    """Whether `url` is a redacted URL (its credentials were taken out before it was passed on)."""
+    return bool(url) and f"://{MASK}@" in url
+
+
+def without_userinfo(url: str) -> str:
+    return URL_USERINFO.sub(lambda m: m["scheme"], url)
+
+
+class RedactingFilter(logging.Filter):
+    """Masks secrets in every record a handler emits (the console, Prefect's API log handler): the message,
+    its arguments and its traceback text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is left to the handler
+            return True
+        clean = redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            record.exc_text = redact_text("".join(traceback.format_exception(*record.exc_info)).rstrip("\n"))
+        elif record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True
+
+
+_FILTER = RedactingFilter()
+
+
+class RedactingStream:
+    """stdout/stderr with secrets masked in what is written (libraries print too: MLflow writes its
+    "View run at <tracking URI>" links straight to sys.stdout)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact_text(text))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def install_log_redaction() -> None:
+    """Put the redacting filter on every handler of the root and Prefect's loggers, and wrap stdout and
+    stderr (idempotent); the CLI and each flow call it, so that a worker's process redacts too."""
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs", "shardline"):
+        for handler in logging.getLogger(name).handlers:
+            if _FILTER not in handler.filters:
+                handler.addFilter(_FILTER)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, RedactingStream):
+            setattr(sys, name, RedactingStream(stream))

@@ -1,0 +1,175 @@
+"""No secret leaves the process: one redaction function, used wherever Shardline writes (MLflow, the
+storage root, Prefect's API, the terminal), checked by planting recognisable secrets and searching every
+byte the pipeline wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shardline.core.config import validate_config
+from shardline.core.secrets import KEEP_SECRETS, redact, redact_text
+from tests.cluster import free_port, wait_until
+from tests.conftest import make_raw, tiny_config
+
+BIN = Path(sys.executable).parent
+
+SECRETS = {
+    "url": "PLANTED-URL-PASSWORD-4711",
+    "jobvar": "PLANTED-JOBVAR-SECRET-0099",
+    "env": "PLANTED-ENV-SECRET-KEY-0042",
+}
+
+
+def test_secrets_are_found_by_name_and_place_not_by_equal_text(monkeypatch):
+    # a short credential value ("test", as moto and many CI setups use) must not mask a bucket or a path
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    assert redact_text("s3://test/raw/*.parquet: no such bucket test") == "s3://test/raw/*.parquet: no such bucket test"
+    # a real-length credential of this process is masked wherever it appears
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz")
+    assert redact_text("401 for token hf_abcdefghijklmnopqrstuvwxyz") == "401 for token ***"
+    assert redact_text("postgresql://user:pa55@db:5432/mlflow") == "postgresql://***@db:5432/mlflow"
+    assert redact_text("https://tok3n@mlflow.example.com") == "https://***@mlflow.example.com"
+    assert redact_text("MLFLOW_TRACKING_PASSWORD=hunter2 AWS_REGION=eu-west-1") == (
+        "MLFLOW_TRACKING_PASSWORD=*** AWS_REGION=eu-west-1"
+    )
+    # by whole words of the name: max_tokens and tokenizer are settings, not secrets
+    assert redact(
+        {"env": {"AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "eu"}, "max_tokens": 512, "tokenizer": "bpe"}
+    ) == {
+        "env": {"AWS_SECRET_ACCESS_KEY": "***", "AWS_REGION": "eu"},
+        "max_tokens": 512,
+        "tokenizer": "bpe",
+    }
+
+
+def test_a_config_serialized_as_json_has_its_secrets_masked_unless_asked(tmp_path):
+    cfg = tiny_config("raw/*.parquet", str(tmp_path))
+    cfg["mlflow"]["tracking_uri"] = "https://alice:s3cr3t@mlflow.example.com"
+    cfg["compute"] = {"job_variables": {"env": {"AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_REGION": "eu"}}}
+    config = validate_config(cfg)
+    dumped = config.model_dump(mode="json")  # what Prefect stores as the flow's parameter
+    assert dumped["mlflow"]["tracking_uri"] == "https://***@mlflow.example.com"
+    assert dumped["compute"]["job_variables"]["env"] == {"AWS_SECRET_ACCESS_KEY": "***", "AWS_REGION": "eu"}
+    assert "s3cr3t" not in config.model_dump_json()
+    kept = config.model_dump(mode="json", context=KEEP_SECRETS)
+    assert kept["mlflow"]["tracking_uri"] == cfg["mlflow"]["tracking_uri"]
+    assert config.mlflow.tracking_uri == cfg["mlflow"]["tracking_uri"]  # the object itself keeps them
+    # a rotated password is the same config
+    cfg["mlflow"]["tracking_uri"] = "https://alice:n3w@mlflow.example.com"
+    assert validate_config(cfg).hash() == config.hash()
+
+
+def _mlflow_server(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'mlflow-server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "mlflow-server-artifacts"),
+        ],
+        stdout=open(tmp_path / "mlflow-server.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    import httpx
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return proc.poll() is not None  # ended: reported below
+
+    wait_until(up, 120, "the MLflow server")
+    assert proc.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
+    return proc, port
+
+
+@pytest.mark.e2e
+def test_planted_secrets_appear_in_no_byte_the_pipeline_writes(tmp_path):
+    """A credential in the tracking URI, in the training job's environment (config) and in this
+    process's environment; the pipeline runs through a real MLflow server and a real Prefect API (its
+    database in this test's folder); then every file under the folder (MLflow's store and artifacts, the
+    storage root, Prefect's database) and the CLI's output are searched for them. A public marker planted
+    beside them is found, so the search reaches those stores."""
+    server, port = _mlflow_server(tmp_path)
+    try:
+        make_raw(tmp_path / "raw", n_seq=9, rows=40)
+        cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 1})
+        cfg["mlflow"]["tracking_uri"] = f"http://planted-user:{SECRETS['url']}@127.0.0.1:{port}"
+        cfg["compute"] = {
+            "job_variables": {"env": {"AWS_SECRET_ACCESS_KEY": SECRETS["jobvar"], "RUN_LABEL": "PUBLIC-MARKER-77"}}
+        }
+        (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(tmp_path / "prefect-home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "SHARDLINE_CACHE": str(tmp_path / "cache"),
+            "PLANTED_API_TOKEN": SECRETS["env"],
+        }
+        env.pop("PREFECT_API_URL", None)
+        out = subprocess.run(
+            [str(BIN / "shardline"), "run", str(tmp_path / "cfg.yaml")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+        assert "Registered tiny-model version 1" in out.stdout
+        bad = subprocess.run(  # an error message that would carry the URI
+            [str(BIN / "shardline"), "run", str(tmp_path / "cfg.yaml"), "--set", "data.source=/nowhere/*.parquet"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
+        assert bad.returncode != 0
+    finally:
+        server.terminate()
+        server.wait(30)
+
+    texts = {"stdout": out.stdout + bad.stdout, "stderr": out.stderr + bad.stderr}
+    found: dict[str, list[str]] = {}
+    searched = 0
+    for path in tmp_path.rglob("*"):
+        if not path.is_file() or path.name == "cfg.yaml" or path.parent == tmp_path / "raw":
+            continue  # the user's own config and data hold what they hold
+        data = path.read_bytes()
+        searched += len(data)
+        for what, secret in SECRETS.items():
+            if secret.encode() in data:
+                found.setdefault(what, []).append(str(path.relative_to(tmp_path)))
+        if b"PUBLIC-MARKER-77" in data:
+            found.setdefault("marker", []).append(str(path.relative_to(tmp_path)))
+    for name, text in texts.items():
+        for what, secret in SECRETS.items():
+            if secret in text:
+                found.setdefault(what, []).append(name)
+    markers = found.pop("marker", [])
+    lines = [
+        line for line in (out.stdout + bad.stdout + out.stderr + bad.stderr).splitlines() if SECRETS["url"] in line
+    ]
+    assert not found, f"secrets written to: {found}; {lines[:5]}"
+    # the search reaches the stores: the public value is in Prefect's database, the run folder and MLflow's
+    assert any("prefect-home" in m for m in markers), markers
+    assert any(m.startswith("store/runs/") for m in markers), markers
+    assert any(m.startswith("mlflow-server") for m in markers), markers
+    assert searched > 1_000_000
