@@ -413,6 +413,7 @@ def flow_run_uses(params: dict, root: str, locate: Locator) -> tuple[set[str], s
             (datasets if where[0] == "datasets" else runs).add(where[1])
     if config is None:
         return datasets, runs, prefixes
+    named_runs = set(runs)
     parent = locate.find(config.training.init_from or "")  # a checkpoint it is fine-tuned from
     if parent and parent[0] == "runs":
         runs.add(parent[1])
@@ -421,9 +422,7 @@ def flow_run_uses(params: dict, root: str, locate: Locator) -> tuple[set[str], s
         from shardline.tasks.ingest import snapshot_source
 
         datasets.add(dataset_id(snapshot_source(config.data), config.data))
-    if not runs - {
-        parent[1] if parent else None
-    }:  # ... and the run folder each of its manifests addresses (and `--force train`'s beside it)
+    if not named_runs:  # ... and the run folder each of its manifests addresses (and `--force train`'s beside it)
         from shardline.core.manifest import Manifest
         from shardline.tasks.training_run import run_dir
 
