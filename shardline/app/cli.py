@@ -1,4 +1,4 @@
-"""`shardline`: demo, run, predict."""
+"""`shardline`: demo, run, check-config, predict, rehearse, doctor, gc."""
 
 from __future__ import annotations
 
@@ -350,6 +350,38 @@ def doctor_command(
         typer.secho(f"\n{len(failed)} check(s) failed: {', '.join(failed)}", fg=typer.colors.RED, bold=True)
         raise typer.Exit(1)
     typer.secho("\nall checks passed", fg=typer.colors.GREEN, bold=True)
+
+
+@app.command("gc")
+def gc_command(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    keep: int = typer.Option(
+        3, "--keep", min=0, help="the newest runs kept (with their data sets) even when nothing refers to them"
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list what would be deleted; delete nothing"),
+    recent_minutes: float = typer.Option(
+        60.0, "--recent-minutes", min=0, help="anything modified this recently is in use: kept"
+    ),
+) -> None:
+    """Delete the data sets, runs and cached results that no registered model version and no recent run refers to.
+
+    Kept: what any registered version in the config's MLflow store refers to (its run, its data set), the
+    --keep newest runs, anything modified in the last --recent-minutes, what a live Prefect flow run uses,
+    and the data sets and parent runs of all of those. Only datasets/, runs/ and prefect-results/ of the
+    storage root are touched; never the raw data or the MLflow store. Prints what goes, its size and why.
+    """
+    from shardline.app.gc import GcError, apply_plan, plan_gc, report
+
+    config = _load(config_path, list(set_))
+    say = lambda m: typer.echo(m, err=True)
+    try:
+        plan = plan_gc(config, keep=keep, recent_minutes=recent_minutes, log=say)
+        if not dry_run:
+            plan = apply_plan(plan, log=say)
+    except GcError as e:
+        _fail(str(e))
+    typer.echo(report(plan, dry_run))
 
 
 def main() -> None:

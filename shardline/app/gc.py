@@ -1,0 +1,767 @@
+"""`shardline gc CONFIG`: delete the data sets, training runs and cached results that nothing refers to.
+
+Only three folders of the storage root are ever touched: `datasets/`, `runs/` and `prefect-results/`.
+The raw data, the MLflow store (its database and artifacts) and anything else under the root are not.
+
+What refers to what is read from the files and the registry, never guessed from names:
+
+- a registered model version (of any model in the config's MLflow store) records its MLflow run id,
+  which the training run's folder records too (`mlflow-run.json`), and the data it was trained on as
+  tags (`shardline.data_fingerprint`, `shardline.encoding_hash`), which that data set's manifest holds;
+- a training run records the manifest it trained on (`run_meta.manifest` in its checkpoints'
+  sidecars) and the model it was fine-tuned from (`parent` in `result.json`, `training.init_from`);
+- a cached result under `prefect-results/` records manifest URIs, run folders and checkpoint paths,
+  or, for an encoded file group, its shards by name, size and checksum;
+- a live flow run (scheduled, pending, running, paused or cancelling) of `pipeline` or `train` names
+  its config, and the training flow its manifest and run folder.
+
+Kept: what a registered version refers to, the `keep` newest runs (by their newest file), anything
+modified within `recent_minutes` (in use; 24 h when the Prefect API cannot be asked), what a live
+flow run uses, and the data sets and parent runs of everything kept. Deleted: the other data sets and
+runs, and the cached results that point at one of them.
+
+Deletes go pointers first, so a gc killed at any moment leaves nothing that reads as complete and is
+not: the cached results that point at a doomed folder, then each run's `result.json`, `best.json` and
+checkpoint sidecars (without them no checkpoint exists: a rerun would train afresh, never resume from
+a half-deleted one), then each data set's manifests (without one the shards are not a data set), then
+the rest of the files, then the empty folders. Each folder is listed again just before it goes: one
+written to since it was planned is kept.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardline.core import storage
+from shardline.core.config import PipelineConfig
+
+AREAS = ("datasets", "runs", "prefect-results")
+DEFAULT_KEEP = 3
+DEFAULT_RECENT_MINUTES = 60
+UNREACHABLE_RECENT_MINUTES = 24 * 60  # when the Prefect API cannot say which flow runs are live
+LIVE_STATES = ("SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING")
+PIPELINE_FLOWS = ("pipeline", "train")
+_SIDECAR = re.compile(r"(^|/)checkpoints/ckpt-\d{9}\.json$")
+
+
+class GcError(RuntimeError):
+    """gc cannot tell what is referenced, so it deletes nothing."""
+
+
+@dataclass
+class Item:
+    """A data set or run folder, or one cached result file, with every file in it."""
+
+    kind: str  # "data set", "run" or "cached result"
+    uri: str
+    files: list[tuple[str, int, float | None]]  # (uri, bytes, modification time) of each file
+    newest: float  # the newest file's modification time (epoch seconds)
+    why: str = ""  # why it is deleted, or why it is kept
+    refs: set[str] = field(default_factory=set)  # cached result: the items (uris) it points at
+
+    @property
+    def name(self) -> str:
+        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def bytes(self) -> int:
+        return sum(f[1] for f in self.files)
+
+
+@dataclass
+class Plan:
+    root: str
+    delete: list[Item]
+    keep: list[Item]
+    unreadable: list[Item]  # cached results that could not be parsed: left alone
+    notes: list[str]
+
+    @property
+    def bytes(self) -> int:
+        return sum(i.bytes for i in self.delete)
+
+
+# ---------------------------------------------------------------- listing the storage root
+
+
+def _mtime(info: dict) -> float | None:
+    t = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("updated")
+    if isinstance(t, dt.datetime):
+        return t.timestamp()
+    if isinstance(t, str):
+        try:
+            return dt.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return float(t) if t is not None else None
+
+
+def _folders(area_uri: str, kind: str, now: float) -> list[Item]:
+    """Every folder directly under `area_uri` with its files (one recursive listing)."""
+    fs, base = storage.filesystem(area_uri)
+    try:
+        entries = fs.ls(base, detail=True)
+    except FileNotFoundError:
+        return []
+    items: dict[str, Item] = {}
+    for e in entries:
+        if e.get("type") == "directory":
+            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            items[name] = Item(kind, storage.join(area_uri, name), [], _mtime(e) or now)
+    for path, info in fs.find(base, detail=True, withdirs=False).items():
+        rel = path[len(base.rstrip("/")) :].strip("/")
+        top, _, rest = rel.partition("/")
+        if not rest or top not in items:
+            continue  # a file directly under the area is no data set or run: left alone
+        when = _mtime(info)
+        items[top].files.append((storage.join(area_uri, rel), int(info.get("size") or 0), when))
+    for item in items.values():
+        times = [f[2] if f[2] is not None else now for f in item.files]  # no time said: counts as now
+        if times:
+            item.newest = max(times)
+    return sorted(items.values(), key=lambda i: i.name)
+
+
+def _records(area_uri: str, now: float) -> list[Item]:
+    fs, base = storage.filesystem(area_uri)
+    try:
+        entries = fs.ls(base, detail=True)
+    except FileNotFoundError:
+        return []
+    out = []
+    for e in entries:
+        name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+        if e.get("type") != "file" or name.startswith(storage.TMP_MARK):  # a write in progress
+            continue
+        uri = storage.join(area_uri, name)
+        when = _mtime(e)
+        out.append(Item("cached result", uri, [(uri, int(e.get("size") or 0), when)], when or now))
+    return sorted(out, key=lambda i: i.name)
+
+
+def _read_json(uri: str) -> Any:
+    try:
+        return json.loads(storage.read_text(uri))
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- what each folder records
+
+
+@dataclass
+class DataSet:
+    item: Item
+    data: set[tuple[str, str]]  # (data fingerprint, encoding hash) of each manifest in it
+    shards: dict[str, tuple[int, str | None]]  # file name -> (bytes, sha256 when a manifest lists it)
+
+
+@dataclass
+class Run:
+    item: Item
+    mlflow_run_id: str | None
+    manifest: str | None  # the manifest its checkpoints were trained on
+    parents: list[str]  # checkpoint paths or run folders it was fine-tuned from
+
+
+def _dataset(item: Item) -> DataSet:
+    data, shards = set(), {}
+    for uri, size, _ in item.files:
+        rel = uri[len(item.uri) + 1 :]
+        if "/" not in rel:
+            shards[rel] = (size, None)
+    for rel in [r for r in shards if r.startswith("manifest") and r.endswith(".json")]:
+        m = _read_json(storage.join(item.uri, rel))
+        if not isinstance(m, dict):
+            continue
+        data.add((str(m.get("data_fingerprint")), str(m.get("encoding_hash"))))
+        for s in m.get("shards") or []:
+            for path, digest in ((s.get("path"), s.get("sha256")), (s.get("keys_path"), s.get("keys_sha256"))):
+                if path in shards:
+                    shards[path] = (shards[path][0], digest)
+    return DataSet(item, data, shards)
+
+
+def _run(item: Item) -> Run:
+    names = {uri[len(item.uri) + 1 :]: uri for uri, _, _ in item.files}
+    run_file = _read_json(names["mlflow-run.json"]) if "mlflow-run.json" in names else None
+    manifest = None
+    for rel in sorted((r for r in names if _SIDECAR.search(r)), reverse=True):  # the newest sidecar first
+        side = _read_json(names[rel])
+        if isinstance(side, dict) and side.get("run_meta", {}).get("manifest"):
+            manifest = side["run_meta"]["manifest"]
+            break
+    parents = []
+    result = _read_json(names["result.json"]) if "result.json" in names else None
+    if isinstance(result, dict) and isinstance(result.get("parent"), dict) and result["parent"].get("checkpoint"):
+        parents.append(result["parent"]["checkpoint"])
+    if "config.yaml" in names:
+        import yaml
+
+        try:
+            init = ((yaml.safe_load(storage.read_text(names["config.yaml"])) or {}).get("training") or {}).get(
+                "init_from"
+            )
+        except (OSError, yaml.YAMLError):
+            init = None
+        if init and not str(init).startswith("models:/"):
+            parents.append(str(init))
+    run_id = run_file.get("run_id") if isinstance(run_file, dict) else None
+    return Run(item, run_id, manifest, parents)
+
+
+class Locator:
+    """Which data set or run folder of this root a URI or path points into, if any."""
+
+    def __init__(self, root: str):
+        self.remote = storage.is_remote(root)
+        self.areas = {area: self._norm(storage.join(root, area)) for area in ("datasets", "runs")}
+
+    def _norm(self, s: str) -> str:
+        if self.remote:
+            return s.rstrip("/")
+        return os.path.abspath(storage.local_path(s))
+
+    def find(self, s: str) -> tuple[str, str] | None:
+        """(area, folder name) that `s` lies in, or None."""
+        if not isinstance(s, str) or ("datasets" not in s and "runs" not in s) or "\n" in s:
+            return None
+        if not self.remote and storage.is_remote(s):
+            return None
+        path = self._norm(s)
+        for area, prefix in self.areas.items():
+            if path.startswith(prefix + "/"):
+                return area, path[len(prefix) + 1 :].split("/", 1)[0]
+        return None
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _record_value(uri: str) -> tuple[Any, str | None]:
+    """A cached result's value as plain JSON (never decoded into objects), or why it cannot be read."""
+    try:
+        record = json.loads(storage.read_text(uri))
+    except (OSError, ValueError) as e:
+        return None, f"not JSON ({type(e).__name__})"
+    if isinstance(record, dict) and "metadata" in record and "result" in record:
+        serializer = (record.get("metadata") or {}).get("serializer") or {}
+        if not isinstance(serializer, dict) or serializer.get("type") != "json":
+            kind = serializer.get("type") if isinstance(serializer, dict) else serializer
+            return None, f"serializer {kind!r}, not JSON: not decoded"
+        value = record["result"]
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass  # a plain string result
+        return value, None
+    return record, None  # a flow's result, stored as bare JSON
+
+
+def _group_shards(value: Any) -> list[dict] | None:
+    """The shards an encoded file group's cached result lists (it names them relative to its data set)."""
+    if isinstance(value, dict) and str(value.get("__class__", "")).endswith("EncodedGroup"):
+        shards = (value.get("data") or {}).get("shards")
+        return shards if isinstance(shards, list) else None
+    return None
+
+
+def _holds(ds: DataSet, shards: list[dict]) -> bool:
+    for s in shards:
+        for path, size, digest in ((s.get("path"), s.get("bytes"), s.get("sha256")), (s.get("keys_path"), None, None)):
+            have = ds.shards.get(path)
+            if have is None or (size is not None and have[0] != size) or (digest and have[1] and have[1] != digest):
+                return False
+    return True
+
+
+# ---------------------------------------------------------------- the registry and the live flow runs
+
+
+def registered_versions(config: PipelineConfig) -> list[dict]:
+    """Every version of every registered model in the config's MLflow store: its run id, tags and aliases."""
+    from mlflow import MlflowClient
+
+    from shardline.core.tracking import tracking_uri
+
+    uri = tracking_uri(config.mlflow, config.storage.root)
+    try:
+        client = MlflowClient(uri)
+        aliases: dict[tuple[str, str], list[str]] = {}
+        token = None
+        while True:
+            page = client.search_registered_models(max_results=1000, page_token=token)
+            for m in page:
+                for alias, version in (m.aliases or {}).items():
+                    aliases.setdefault((m.name, str(version)), []).append(alias)
+            token = page.token
+            if not token:
+                break
+        versions, token = [], None
+        while True:
+            page = client.search_model_versions(max_results=10000, page_token=token)
+            for v in page:
+                versions.append(
+                    {
+                        "name": v.name,
+                        "version": str(v.version),
+                        "run_id": v.run_id,
+                        "tags": dict(v.tags or {}),
+                        "aliases": aliases.get((v.name, str(v.version)), []),
+                    }
+                )
+            token = page.token
+            if not token:
+                break
+    except Exception as e:  # noqa: BLE001 - any registry error: what is registered is unknown
+        raise GcError(
+            f"cannot read the model registry at {uri} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+            "gc deletes nothing without knowing what the registered versions refer to"
+        ) from None
+    # aliased versions first: a reason names the champion before the others
+    return sorted(versions, key=lambda v: (not v["aliases"], v["name"], int(v["version"])))
+
+
+def live_flow_runs() -> list[dict]:
+    """The `pipeline` and `train` flow runs that are scheduled, pending, running, paused or cancelling:
+    name, state and parameters. Raises ConnectionError when the Prefect API cannot be asked."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    try:
+        with get_client(sync_client=True) as client:
+            problem = client.api_healthcheck()
+            if problem is not None:
+                raise ConnectionError(f"{type(problem).__name__}: {problem}")
+            flows = {
+                f.id: f.name
+                for f in client.read_flows(flow_filter=FlowFilter(name=FlowFilterName(any_=list(PIPELINE_FLOWS))))
+            }
+            live, offset = [], 0
+            while True:
+                page = client.read_flow_runs(
+                    flow_filter=FlowFilter(name=FlowFilterName(any_=list(PIPELINE_FLOWS))),
+                    flow_run_filter=FlowRunFilter(
+                        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType[s] for s in LIVE_STATES]))
+                    ),
+                    limit=200,
+                    offset=offset,
+                )
+                live += [
+                    {
+                        "name": r.name,
+                        "id": str(r.id),
+                        "flow": flows.get(r.flow_id, "?"),
+                        "state": r.state.name if r.state else "?",
+                        "state_type": r.state_type.name if r.state_type else "?",
+                        "parameters": r.parameters or {},
+                    }
+                    for r in page
+                ]
+                if len(page) < 200:
+                    return live
+                offset += 200
+    except ConnectionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any client or server error: the API cannot be asked
+        raise ConnectionError(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
+
+
+def _same_root(a: str, b: str) -> bool:
+    if storage.is_remote(a) or storage.is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.abspath(storage.local_path(a)) == os.path.abspath(storage.local_path(b))
+
+
+def flow_run_uses(params: dict, root: str, locate: Locator) -> tuple[set[str], set[str], set[str]] | None:
+    """(data set names, run names, run name prefixes) a live flow run uses in this root; None when it
+    runs on another root. Raises when that cannot be worked out."""
+    from shardline.flows.pipeline import resolve_config
+
+    datasets: set[str] = set()
+    runs: set[str] = set()
+    prefixes: set[str] = set()
+    config = resolve_config(params["config"]) if params.get("config") is not None else None
+    if config is not None and not _same_root(config.storage.root, root):
+        return None
+    for key in ("manifest_uri", "run_folder"):  # the training flow names both
+        where = locate.find(params.get(key) or "")
+        if where:
+            (datasets if where[0] == "datasets" else runs).add(where[1])
+    if config is None:
+        return datasets, runs, prefixes
+    named_runs = set(runs)
+    parent = locate.find(config.training.init_from or "")  # a checkpoint it is fine-tuned from
+    if parent and parent[0] == "runs":
+        runs.add(parent[1])
+    if not datasets:  # a pipeline: the data set its config addresses (its raw files as they are now)
+        from shardline.tasks.encode import dataset_id
+        from shardline.tasks.ingest import snapshot_source
+
+        datasets.add(dataset_id(snapshot_source(config.data), config.data))
+    if not named_runs:  # ... and the run folder each of its manifests addresses (and `--force train`'s beside it)
+        from shardline.core.manifest import Manifest
+        from shardline.tasks.training_run import run_dir
+
+        for name in datasets:
+            fs, base = storage.filesystem(storage.join(root, "datasets", name))
+            try:
+                listed = fs.ls(base, detail=False)
+            except FileNotFoundError:
+                listed = []
+            for path in listed:
+                file = path.rstrip("/").rsplit("/", 1)[-1]
+                if file.startswith("manifest") and file.endswith(".json"):
+                    manifest = Manifest.model_validate_json(
+                        storage.read_text(storage.join(root, "datasets", name, file))
+                    )
+                    prefixes.add(run_dir(config, manifest).rstrip("/").rsplit("/", 1)[-1])
+    return datasets, runs, prefixes
+
+
+def in_use_by_flow_runs(
+    root: str, locate: Locator, run_names: list[str]
+) -> tuple[dict[tuple[str, str], str], str | None, list[str]]:
+    """What the live flow runs use in this root: {(area, name): why}, the reason to keep everything when a
+    running one cannot be worked out (else None), and notes. Raises ConnectionError when the API cannot
+    be asked."""
+    in_use: dict[tuple[str, str], str] = {}
+    keep_all, notes = None, []
+    for fr in live_flow_runs():
+        label = f"in use by flow run {fr['name']} ({fr['flow']}, {fr['state']})"
+        try:
+            uses = flow_run_uses(fr["parameters"], root, locate)
+        except Exception as e:  # noqa: BLE001 - what it uses is unknown: keep everything it might
+            if fr["state_type"] == "SCHEDULED":  # not started: what it would reuse is recomputed if gone
+                notes.append(f"{label}: could not tell what it will use ({type(e).__name__}: {e}); not protected")
+                continue
+            keep_all = f"{label}, which could not be resolved ({type(e).__name__}: {str(e)[:200]})"
+            notes.append(f"kept every data set and run: {keep_all}")
+            continue
+        if uses is None:
+            continue
+        for name in uses[0]:
+            in_use.setdefault(("datasets", name), label)
+        for name in run_names:
+            if name in uses[1] or any(name == p or name.startswith(p + "-") for p in uses[2]):
+                in_use.setdefault(("runs", name), label)
+    return in_use, keep_all, notes
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def _age(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _source_base(source: str) -> str:
+    """The folder part of `data.source` before any glob character."""
+    cut = min([source.index(c) for c in "*?[" if c in source] or [len(source)])
+    base = source[:cut]
+    return base.rsplit("/", 1)[0] if cut < len(source) else base
+
+
+def plan_gc(
+    config: PipelineConfig,
+    keep: int = DEFAULT_KEEP,
+    recent_minutes: float = DEFAULT_RECENT_MINUTES,
+    now: float | None = None,
+    log: Callable[[str], None] = lambda m: None,
+) -> Plan:
+    """What gc would delete and keep, with the reason for each; deletes nothing."""
+    if keep < 0:
+        raise ValueError(f"--keep {keep}: must be 0 or more (the newest runs kept whatever refers to them)")
+    root = config.storage.root.rstrip("/")
+    now = time.time() if now is None else now
+    notes: list[str] = []
+    locate = Locator(root)
+    datasets = {i.name: _dataset(i) for i in _folders(storage.join(root, "datasets"), "data set", now)}
+    runs = {i.name: _run(i) for i in _folders(storage.join(root, "runs"), "run", now)}
+    records = _records(storage.join(root, "prefect-results"), now)
+
+    log("reading the model registry ...")
+    versions = registered_versions(config)
+
+    log("asking the Prefect API for live flow runs ...")
+    try:
+        in_use, keep_all, said = in_use_by_flow_runs(root, locate, list(runs))
+        notes += said
+    except ConnectionError as e:
+        in_use, keep_all = {}, None
+        recent_minutes = max(recent_minutes, UNREACHABLE_RECENT_MINUTES)
+        notes.append(
+            f"the Prefect API could not be asked which flow runs are live ({e}): kept everything modified in "
+            f"the last {_age(recent_minutes * 60)}"
+        )
+
+    kept_runs: dict[str, str] = {}
+    kept_data: dict[str, str] = {}
+    by_run_id = {r.mlflow_run_id: name for name, r in runs.items() if r.mlflow_run_id}
+    for v in versions:
+        what = f"registered: {v['name']} v{v['version']}" + "".join(f" @{a}" for a in sorted(v["aliases"]))
+        if v["run_id"] in by_run_id:
+            kept_runs.setdefault(by_run_id[v["run_id"]], what)
+        tags = v["tags"]
+        data = (tags.get("shardline.data_fingerprint"), tags.get("shardline.encoding_hash"))
+        for name, ds in datasets.items():
+            if data in ds.data:
+                kept_data.setdefault(name, f"{what} was trained on it")
+        parent = locate.find(tags.get("shardline.parent_checkpoint") or "")
+        if parent and parent[0] == "runs":
+            kept_runs.setdefault(parent[1], f"{what} was fine-tuned from it")
+    cutoff = now - recent_minutes * 60
+    newest_first = sorted(runs, key=lambda n: runs[n].item.newest, reverse=True)
+    for i, name in enumerate(newest_first):
+        item = runs[name].item
+        if ("runs", name) in in_use:
+            kept_runs.setdefault(name, in_use[("runs", name)])
+        elif item.newest >= cutoff:
+            kept_runs.setdefault(name, f"in use: modified {_age(now - item.newest)} ago")
+        elif i < keep:
+            kept_runs.setdefault(name, f"one of the {keep} newest runs")
+        elif keep_all:
+            kept_runs.setdefault(name, keep_all)
+    for name, ds in datasets.items():
+        if ("datasets", name) in in_use:
+            kept_data.setdefault(name, in_use[("datasets", name)])
+        elif ds.item.newest >= cutoff:
+            kept_data.setdefault(name, f"in use: modified {_age(now - ds.item.newest)} ago")
+        elif keep_all:
+            kept_data.setdefault(name, keep_all)
+    todo = list(kept_runs)
+    while todo:  # what kept runs read: their data sets and the runs they were fine-tuned from
+        name = todo.pop()
+        run = runs[name]
+        where = locate.find(run.manifest or "")
+        if where and where[0] == "datasets":
+            kept_data.setdefault(where[1], f"kept run {name} trained on it")
+        elif run.manifest is None and run.item.newest >= cutoff:
+            for other in datasets:  # in use and not yet saying which data it reads: keep them all
+                kept_data.setdefault(other, f"run {name} is in use and does not yet record its data set")
+        for parent in run.parents:
+            where = locate.find(parent)
+            if where and where[0] == "runs" and where[1] in runs and where[1] not in kept_runs:
+                kept_runs[where[1]] = f"kept run {name} was fine-tuned from it"
+                todo.append(where[1])
+
+    keep_items, delete_items = [], []
+    for name, run in runs.items():
+        if name in kept_runs:
+            run.item.why = kept_runs[name]
+            keep_items.append(run.item)
+        else:
+            run.item.why = (
+                f"no registered version's run; not one of the {keep} newest runs (--keep); last modified "
+                f"{_age(now - run.item.newest)} ago; no live flow run uses it"
+            )
+            delete_items.append(run.item)
+    for name, ds in datasets.items():
+        if name in kept_data:
+            ds.item.why = kept_data[name]
+            keep_items.append(ds.item)
+        else:
+            ds.item.why = (
+                "no kept run trained on it and no registered version's data is it; last modified "
+                f"{_age(now - ds.item.newest)} ago; no live flow run uses it"
+            )
+            delete_items.append(ds.item)
+
+    doomed = {i.uri: i for i in delete_items}
+    unreadable, stale = [], []
+    for rec in records:
+        value, problem = _record_value(rec.uri)
+        if problem:
+            rec.why = problem
+            unreadable.append(rec)
+            continue
+        shards = _group_shards(value)
+        if shards is not None:
+            rec.refs = {ds.item.uri for ds in datasets.values() if _holds(ds, shards)}
+        else:
+            for s in _strings(value):
+                where = locate.find(s)
+                if where and where[1] in (datasets if where[0] == "datasets" else runs):
+                    rec.refs.add(storage.join(root, *where))
+        gone = sorted(u for u in rec.refs if u in doomed)
+        if gone:
+            rec.why = "points at " + ", ".join(u[len(root) + 1 :] for u in gone) + ", deleted"
+            stale.append(rec)
+    delete_items = stale + delete_items  # in the order they go: the pointers first
+    _check_inside(root, config.data.source, delete_items)
+    return Plan(root, delete_items, keep_items, unreadable, notes)
+
+
+def _check_inside(root: str, source: str, items: list[Item]) -> None:
+    """Our own invariant, checked before anything goes: only files under datasets/, runs/ and
+    prefect-results/ of the root, and none of the raw data."""
+    prefixes = [storage.join(root, area) + "/" for area in AREAS]
+    raw = _source_base(source).rstrip("/")
+    for item in items:
+        for uri, _, _ in item.files:
+            if not any(uri.startswith(p) for p in prefixes):
+                raise GcError(f"refusing to delete {uri}: it is not under {', '.join(prefixes)}")
+            if raw and (uri.startswith(raw + "/") or uri == raw):
+                raise GcError(f"refusing to delete {uri}: it is raw data (data.source {source})")
+
+
+# ---------------------------------------------------------------- deleting
+
+
+def deletion_order(item: Item) -> list[str]:
+    """The files of a data set or run, pointers first: a run's result.json, best.json and checkpoint
+    sidecars (without them no checkpoint exists), a data set's manifests (without one the shards are no
+    data set); then the rest."""
+
+    def rank(uri: str) -> int:
+        rel = uri[len(item.uri) + 1 :]
+        if rel == "result.json":
+            return 0
+        if rel == "checkpoints/best.json":
+            return 1
+        if _SIDECAR.search(rel) or ("/" not in rel and rel.startswith("manifest") and rel.endswith(".json")):
+            return 2
+        return 3
+
+    return sorted((f[0] for f in item.files), key=lambda u: (rank(u), u))
+
+
+def _delete_file(uri: str) -> None:
+    fs, path = storage.filesystem(uri)
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_empty_folders(item: Item) -> None:
+    """Local folders left empty, deepest first (object stores have none). One that is not empty (written
+    meanwhile) stays."""
+    if storage.is_remote(item.uri):
+        return
+    fs, top = storage.filesystem(item.uri)
+    folders = {top}
+    for uri, _, _ in item.files:
+        rel = uri[len(item.uri) + 1 :].split("/")[:-1]
+        folders.update("/".join([top, *rel[:i]]) for i in range(1, len(rel) + 1))
+    for folder in sorted(folders, key=lambda f: -f.count("/")):
+        try:
+            fs.rmdir(folder)
+        except OSError:
+            pass
+
+
+def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] = lambda m: None) -> Plan:
+    """Delete what the plan says, pointers first; returns the plan of what was really deleted. Just
+    before, each folder is listed again and the live flow runs asked again: a folder written to or taken
+    into use since it was planned is kept, with the cached results that point at it."""
+    now = time.time() if now is None else now
+    folders = [i for i in plan.delete if i.kind != "cached result"]
+    listed = {
+        (kind, i.name): i
+        for area, kind in (("datasets", "data set"), ("runs", "run"))
+        if any(f.kind == kind for f in folders)
+        for i in _folders(storage.join(plan.root, area), kind, now)
+    }
+    try:
+        in_use, keep_all, _ = in_use_by_flow_runs(plan.root, Locator(plan.root), [i.name for i in folders])
+    except ConnectionError:
+        in_use, keep_all = {}, None  # as when planned: the recent-modification window stood in for it
+    changed = []
+    for item in folders:
+        again = listed.get((item.kind, item.name))
+        area = "datasets" if item.kind == "data set" else "runs"
+        if again is not None and (again.newest > item.newest or len(again.files) != len(item.files)):
+            item.why = "written to while gc ran: kept"
+        elif (area, item.name) in in_use or keep_all:
+            item.why = f"{in_use.get((area, item.name)) or keep_all} (since gc looked): kept"
+        else:
+            continue
+        changed.append(item)
+    kept_uris = {i.uri for i in changed}
+    records = [r for r in plan.delete if r.kind == "cached result" and not (r.refs & kept_uris)]
+    folders = [i for i in folders if i.uri not in kept_uris]
+    for rec in plan.delete:
+        if rec.kind == "cached result" and rec not in records:
+            rec.why = "points at a folder kept after all: kept"
+    for rec in records:
+        _delete_file(rec.uri)
+    for kind in ("run", "data set"):
+        for item in (i for i in folders if i.kind == kind):
+            log(f"deleting {item.uri} ...")
+            for uri in deletion_order(item):
+                _delete_file(uri)
+            _remove_empty_folders(item)
+    done = records + folders
+    skipped = [i for i in plan.delete if i not in done]
+    return Plan(plan.root, done, plan.keep + skipped, plan.unreadable, plan.notes)
+
+
+# ---------------------------------------------------------------- the report
+
+
+def human(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
+
+
+def report(plan: Plan, dry_run: bool) -> str:
+    """What was (or, dry run, would be) deleted, with kind, path, size and why; the totals; what was kept
+    and why; the cached results left alone; the notes on what could not be checked."""
+    rel = lambda uri: uri[len(plan.root) + 1 :]
+    lines = [f"storage root {plan.root}", ""]
+    verb = "would delete (dry run: nothing is deleted)" if dry_run else "deleted"
+    if plan.delete:
+        lines.append(f"{verb}:")
+        rows = [("kind", "path", "size", "why unreferenced")]
+        rows += [(i.kind, rel(i.uri), human(i.bytes), i.why) for i in plan.delete]
+        lines += ["  " + line for line in _table(rows)]
+    else:
+        lines.append("nothing to delete: everything is referenced, recent or in use")
+    lines.append(
+        f"total: {len(plan.delete)} item(s), {plan.bytes:,} bytes ({human(plan.bytes)}) "
+        + ("would be freed" if dry_run else "freed")
+    )
+    if plan.keep:
+        lines += ["", "kept:"]
+        rows = [("kind", "path", "size", "why")] + [(i.kind, rel(i.uri), human(i.bytes), i.why) for i in plan.keep]
+        lines += ["  " + line for line in _table(rows)]
+    if plan.unreadable:
+        lines += ["", "left alone (cached results that could not be parsed):"]
+        lines += [f"  {rel(i.uri)}  {human(i.bytes)}  {i.why}" for i in plan.unreadable]
+    lines += [f"\nnote: {n}" for n in plan.notes]
+    return "\n".join(lines)

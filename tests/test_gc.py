@@ -1,0 +1,318 @@
+"""`shardline gc`: real pipeline runs (a real Prefect API, a real MLflow SQLite store), then gc.
+
+One set of runs for the module: config A (model `gc-model`), config B (other raw files, another window,
+model `gc-other`), then A again with `--force train` (a fresh run folder). Their files are aged (A's
+first run 3 days, B 2 days, A's second run 1 day), then the registered model `gc-other` is deleted:
+B's run and data set are referenced by nothing. The tests run in file order; the last two delete.
+"""
+
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+import yaml
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+from shardline.app.cli import app
+from shardline.app.gc import Item, deletion_order, plan_gc
+from shardline.core.config import validate_config
+from shardline.core.tracking import fluent_tracking_uri
+from tests.conftest import make_raw, tiny_config
+
+DAY = 86400
+ALL_CACHED = {"ingest": "cached", "encode": "cached", "train": "cached", "evaluate": "cached", "register": "cached"}
+
+
+def run(cfg: dict, force=None) -> dict:
+    from shardline.flows.pipeline import pipeline
+
+    return pipeline(validate_config(cfg), force=force)
+
+
+def age(path: Path, seconds_ago: float) -> None:
+    """Set the modification time of `path` and everything under it."""
+    t = time.time() - seconds_ago
+    for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        os.utime(p, (t, t))
+
+
+def files_of(*folders: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for f in folders for p in f.rglob("*") if p.is_file()}
+
+
+def gc(*args) -> SimpleNamespace:
+    out = CliRunner().invoke(app, ["gc", *map(str, args)])
+    return SimpleNamespace(code=out.exit_code, out=out.output, exc=out.exception)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, prefect_api):
+    tmp = tmp_path_factory.mktemp("gc")
+    make_raw(tmp / "raw-a", n_seq=12, rows=50)
+    make_raw(tmp / "raw-b", n_seq=12, rows=50, seed=4, prefix="b")
+    root = tmp / "store"
+    a = tiny_config(str(tmp / "raw-a" / "*.parquet"), str(root), **{"mlflow.model_name": "gc-model"})
+    b = tiny_config(
+        str(tmp / "raw-b" / "*.parquet"),
+        str(root),
+        **{"mlflow.model_name": "gc-other", "data.window": 4, "training.lr": 0.02},
+    )
+    results = root / "prefect-results"
+    first = run(a)
+    before_b = {p.name for p in results.iterdir()}
+    second = run(b)
+    b_records = {p.name for p in results.iterdir()} - before_b
+    third = run(a, force="train")
+    runs = [Path(r["train"]["run_dir"]) for r in (first, second, third)]
+    assert len(set(runs)) == 3 and runs[2].name.startswith(runs[0].name + "-")  # --force train: a fresh folder
+    data_a, data_b = Path(first["manifest"]).parent, Path(second["manifest"]).parent
+    assert data_a != data_b and Path(third["manifest"]).parent == data_a
+    for area in ("datasets", "runs", "prefect-results"):
+        age(root / area, 4 * DAY)
+    for path, days in ((runs[0], 3), (data_a, 3), (runs[1], 2), (data_b, 2), (runs[2], 1)):
+        age(path, days * DAY)
+    uri = first["registered"]["tracking_uri"]
+    MlflowClient(uri).delete_registered_model("gc-other")  # B retired: nothing refers to its run and data
+    (tmp / "a.yaml").write_text(yaml.safe_dump(a))
+    (tmp / "b.yaml").write_text(yaml.safe_dump(b))
+    return SimpleNamespace(
+        tmp=tmp,
+        root=root,
+        a=a,
+        b=b,
+        uri=uri,
+        runs=runs,
+        data_a=data_a,
+        data_b=data_b,
+        manifest_b=second["manifest"],
+        # B's cached results that point at its folders (its ingest points at raw files, its registration
+        # at a model version: neither is B's data set or run)
+        b_records={n for n in b_records if not n.startswith(("ingest-", "register-"))},
+        third=third,
+    )
+
+
+def planned(store, keep=1) -> dict[str, str]:
+    plan = plan_gc(validate_config(store.a), keep=keep)
+    return {i.uri[len(str(store.root)) + 1 :]: i.why for i in plan.delete}
+
+
+def test_deletion_order_puts_the_pointers_first():
+    files = [
+        "r/checkpoints/ckpt-000000005.pt",
+        "r/config.yaml",
+        "r/checkpoints/ckpt-000000005.json",
+        "r/checkpoints/best.json",
+        "r/result.json",
+        "r/eval/x.png",
+    ]
+    item = Item("run", "r", [(f, 1, 0.0) for f in files], 0.0)
+    assert deletion_order(item)[:3] == ["r/result.json", "r/checkpoints/best.json", "r/checkpoints/ckpt-000000005.json"]
+    ds = Item("data set", "d", [(f, 1, 0.0) for f in ("d/g0-train.bin", "d/manifest.json", "d/a.keys.parquet")], 0.0)
+    assert deletion_order(ds)[0] == "d/manifest.json"
+
+
+@pytest.mark.e2e
+def test_dry_run_lists_the_unreferenced_and_deletes_nothing(store):
+    before = files_of(store.root, store.tmp / "raw-a", store.tmp / "raw-b")
+    out = gc(store.tmp / "a.yaml", "--dry-run", "--keep", "1")
+    assert out.code == 0, (out.out, out.exc)
+    assert files_of(store.root, store.tmp / "raw-a", store.tmp / "raw-b") == before  # not a byte changed
+
+    expected = {f"runs/{store.runs[1].name}", f"datasets/{store.data_b.name}"} | {
+        f"prefect-results/{n}" for n in store.b_records
+    }
+    plan = planned(store)
+    assert set(plan) == expected
+    assert "no registered version's run" in plan[f"runs/{store.runs[1].name}"]
+    assert "no kept run trained on it" in plan[f"datasets/{store.data_b.name}"]
+    doomed = [str(store.root / e) for e in expected]
+    freed = sum(
+        size for path, (size, _) in before.items() if any(path == d or path.startswith(d + "/") for d in doomed)
+    )
+    assert f"total: {len(expected)} item(s), {freed:,} bytes" in out.out
+    assert "would delete (dry run: nothing is deleted)" in out.out
+    for path in expected:
+        assert path in out.out
+    # why the rest is kept: A's first run is the champion's, the second a registered version and the newest
+    assert f"runs/{store.runs[0].name}" in out.out and "registered: gc-model v1 @champion" in out.out
+
+
+@pytest.mark.e2e
+def test_what_is_in_use_is_kept(store):
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Pending, Running
+
+    from shardline.flows.pipeline import pipeline
+    from shardline.flows.train import train
+
+    run_b, data_b = f"runs/{store.runs[1].name}", f"datasets/{store.data_b.name}"
+    # modified a moment ago (a training writing its checkpoints): in use, with the data set it reads
+    sidecar = sorted((store.runs[1] / "checkpoints").glob("ckpt-*.json"))[-1]
+    os.utime(sidecar)
+    try:
+        plan = planned(store)
+        assert run_b not in plan and data_b not in plan
+        assert not any(n.startswith("prefect-results/") for n in plan)
+        kept = {i.uri[len(str(store.root)) + 1 :]: i.why for i in plan_gc(validate_config(store.a), keep=1).keep}
+        assert (
+            kept[run_b].startswith("in use: modified")
+            and kept[data_b] == f"kept run {store.runs[1].name} trained on it"
+        )
+    finally:
+        age(sidecar, 2 * DAY)
+
+    config_b = validate_config(store.b).model_dump(mode="json")
+    with get_client(sync_client=True) as client:
+        # a training flow run that is running (files untouched for hours: a long epoch) names its folder
+        live = client.create_flow_run(
+            train,
+            parameters={"manifest_uri": store.manifest_b, "config": config_b, "run_folder": str(store.runs[1])},
+            state=Running(),
+        )
+        try:
+            kept = {i.uri[len(str(store.root)) + 1 :]: i.why for i in plan_gc(validate_config(store.a), keep=1).keep}
+            assert kept[run_b] == f"in use by flow run {live.name} (train, Running)"
+            assert kept[data_b] == kept[run_b]
+        finally:
+            client.set_flow_run_state(live.id, Cancelled(), force=True)
+        # a pipeline about to start names only its config: what that config addresses is kept
+        pending = client.create_flow_run(pipeline, parameters={"config": config_b, "force": None}, state=Pending())
+        try:
+            plan = planned(store)
+            assert run_b not in plan and data_b not in plan
+        finally:
+            client.set_flow_run_state(pending.id, Cancelled(), force=True)
+    assert run_b in planned(store)  # cancelled: no longer in use
+
+
+@pytest.mark.e2e
+def test_gc_deletes_them_and_the_champion_still_serves(store):
+    import mlflow
+
+    junk = store.root / "prefect-results" / "not-a-record"
+    junk.write_text("{not json")
+    age(junk, 4 * DAY)
+    kept_before = files_of(store.runs[0], store.runs[2], store.data_a, store.tmp / "raw-a", store.tmp / "raw-b")
+    expected = planned(store)
+
+    out = gc(store.tmp / "a.yaml", "--keep", "1")
+    assert out.code == 0, (out.out, out.exc)
+    assert "deleted:" in out.out and "bytes" in out.out and " freed" in out.out
+    assert "not-a-record" in out.out and "could not be parsed" in out.out
+    for path in expected:
+        assert not (store.root / path).exists(), path
+    assert junk.exists()  # an unparseable record is left alone
+    assert not store.runs[1].exists() and not store.data_b.exists()
+    assert files_of(store.runs[0], store.runs[2], store.data_a, store.tmp / "raw-a", store.tmp / "raw-b") == kept_before
+    assert (store.root / "mlflow.db").exists()
+    assert planned(store) == {}  # nothing left to delete
+
+    # the champion still loads from the registry and predicts raw rows
+    raw = pl.read_parquet(store.tmp / "raw-a" / "s-000.parquet")
+    with fluent_tracking_uri(store.uri):
+        preds = mlflow.pyfunc.load_model("models:/gc-model@champion").predict(raw.drop("label").to_pandas())
+    assert len(preds) > 0 and "prediction" in preds.columns
+
+    # A's config reruns fully from the cache
+    again = run(store.a)
+    assert again["steps"] == ALL_CACHED
+    assert again["registered"]["version"] == store.third["registered"]["version"]
+
+
+@pytest.mark.e2e
+def test_a_deleted_version_frees_its_run_and_the_rerun_says_what_recomputes(store):
+    """A's second run loses its registered version: gc --keep 0 deletes it and the cached results that
+    point at it (the train step's among them). The champion's run stays; rerunning A finds it finished."""
+    client = MlflowClient(store.uri)
+    assert str(client.get_model_version_by_alias("gc-model", "champion").version) == "1"
+    client.delete_model_version("gc-model", str(store.third["registered"]["version"]))
+    age(store.runs[2], DAY)
+    plan = planned(store, keep=0)
+    assert f"runs/{store.runs[2].name}" in plan
+    assert any(p.startswith("prefect-results/train-") for p in plan)  # the train step's record pointed at it
+    assert f"runs/{store.runs[0].name}" not in plan and f"datasets/{store.data_a.name}" not in plan
+
+    out = gc(store.tmp / "a.yaml", "--keep", "0")
+    assert out.code == 0, (out.out, out.exc)
+    assert not store.runs[2].exists() and store.runs[0].exists()
+
+    again = run(store.a)
+    # the train step's cached result went with the run it pointed at: the step runs, finds the champion's
+    # run finished in its folder and returns it without training a step; everything after stays cached
+    assert again["steps"] == {**ALL_CACHED, "train": "ran"}
+    assert again["train"]["run_dir"] == str(store.runs[0])
+    assert again["train"]["resumed_from"] is not None
+    assert (again["registered"]["version"], again["registered"]["alias"]) == (1, "champion")
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    for k, v in {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(k, v)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("lake")
+    yield fs
+    s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+
+
+def test_gc_on_an_object_store(tmp_path, s3, prefect_api):
+    """On S3 (a real moto server): listing, ages, what points at what, and the deletes, pointers first."""
+    import json
+
+    from shardline.app.gc import apply_plan
+
+    root = "s3://lake/store"
+    manifest = {"data_fingerprint": "f", "encoding_hash": "e", "shards": [{"path": "g0-train.bin", "sha256": "x"}]}
+    files = {
+        "datasets/d1/manifest.json": json.dumps(manifest),
+        "datasets/d1/g0-train.bin": "0123456789",
+        "runs/r1/result.json": json.dumps({"run_dir": f"{root}/runs/r1"}),
+        "runs/r1/checkpoints/ckpt-000000002.json": json.dumps(
+            {"run_meta": {"manifest": f"{root}/datasets/d1/manifest.json"}}
+        ),
+        "runs/r1/checkpoints/ckpt-000000002.pt": "weights",
+        "prefect-results/train-1": json.dumps(
+            {"metadata": {"serializer": {"type": "json"}}, "result": json.dumps({"run_dir": f"{root}/runs/r1"})}
+        ),
+        "prefect-results/ingest-1": json.dumps({"metadata": {"serializer": {"type": "json"}}, "result": "{}"}),
+        "raw-not-ours/x.parquet": "raw",
+    }
+    for rel, text in files.items():
+        s3.pipe_file(f"lake/store/{rel}", text.encode())
+    cfg = validate_config(tiny_config("s3://lake/raw/*.parquet", root))
+    cfg = cfg.model_copy(
+        update={"mlflow": cfg.mlflow.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/m.db"})}
+    )
+
+    assert plan_gc(cfg, keep=0).delete == []  # everything was written a moment ago: in use
+    later = time.time() + 2 * DAY
+    assert plan_gc(cfg, keep=1, now=later).delete == []  # the newest run and its data set
+    plan = plan_gc(cfg, keep=0, now=later)
+    assert [(i.kind, i.uri) for i in plan.delete] == [
+        ("cached result", f"{root}/prefect-results/train-1"),
+        ("run", f"{root}/runs/r1"),
+        ("data set", f"{root}/datasets/d1"),
+    ]
+    assert plan.bytes == sum(len(t) for r, t in files.items() if not r.startswith(("raw", "prefect-results/ingest")))
+    apply_plan(plan, now=later)
+    left = sorted(p[len("lake/store/") :] for p in s3.find("lake/store"))
+    assert left == ["prefect-results/ingest-1", "raw-not-ours/x.parquet"]
