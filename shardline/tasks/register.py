@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import warnings
@@ -21,6 +22,7 @@ from shardline.core.tracking import Tracker, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.ingest import raw_sample
+from shardline.tasks.training_run import model_identity, training_identity
 from shardline.trainer.serving import bundle_dict, example_outputs, input_columns, key_columns, prediction_frame
 
 PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
@@ -77,6 +79,38 @@ def _signature(spec, sample_uri: str):
         return infer_signature(sample, pd.DataFrame(out)), sample
 
 
+def registration_identity(config: PipelineConfig, manifest: Manifest, train_result: dict) -> str:
+    """What a registered version is: its weights (their checksum), the data they were trained and tested on,
+    and the settings that decide training. Where or how fast it trained (`compute.*`, `num_workers`,
+    checkpoint cadence, device) is not part of it: changing only those registers no new version."""
+    from shardline.core.config import stable_hash
+    from shardline.tasks.training_run import model_identity, training_identity
+
+    return stable_hash(
+        {
+            "weights": train_result["best_sha256"],
+            "data": manifest.data_fingerprint,
+            "encoding": manifest.encoding_hash,
+            "model": model_identity(config.model),
+            "training": training_identity(config, train_result.get("parent")),
+        }
+    )[:24]
+
+
+def existing_version(client, name: str, identity: str):
+    """The version of `name` already registered with this identity, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client.search_model_versions(f"name='{name}'")
+    except MlflowException:
+        return None
+    return next((v for v in versions if v.tags.get(IDENTITY_TAG) == identity), None)
+
+
+IDENTITY_TAG = "shardline.model_identity"
+
+
 def champion_gate(client, name: str, metric: str, direction: str, new_value: float) -> tuple[bool, dict | None]:
     """Whether the new version beats the current champion on `metric` (True when there is none)."""
     from mlflow.exceptions import MlflowException
@@ -87,13 +121,48 @@ def champion_gate(client, name: str, metric: str, direction: str, new_value: flo
         return True, None
     old = current.tags.get(f"metric.{metric}")
     if old is None:
-        return True, {"version": current.version, "value": None}
+        return True, {"version": str(current.version), "value": None}
     old = float(old)
     better = new_value > old if direction == "maximize" else new_value < old
-    return better, {"version": current.version, "value": old}
+    return better, {"version": str(current.version), "value": old}
 
 
 def register_model(
+    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict
+) -> dict:
+    """Register under the registry lease of this model name (in the storage root): two pipelines
+    registering at once decide one after the other, each on a fresh read of the champion."""
+    import re
+
+    from shardline.core.lease import Lease
+
+    name = config.mlflow.model_name
+    lock = Lease(
+        storage.join(config.storage.root, "locks", "registry", re.sub(r"[^A-Za-z0-9._-]", "_", name)),
+        f"registering {name}",
+    )
+    lock.acquire(on_wait=lambda who: logging.getLogger("shardline.register").warning("register: waiting for %s", who))
+    try:
+        return _register_model(config, snapshot, manifest_uri, train_result, eval_result)
+    finally:
+        lock.release()
+
+
+def _who() -> str:
+    """Who moves an alias: the Prefect flow run (name and id) and user@host."""
+    import getpass
+    import socket
+
+    try:
+        from prefect.runtime import flow_run
+
+        run = f"flow run {flow_run.name} ({flow_run.id})" if flow_run.id else "no flow run"
+    except Exception:  # noqa: BLE001 - outside a flow
+        run = "no flow run"
+    return f"shardline register, {run}, {getpass.getuser()}@{socket.gethostname()}"
+
+
+def _register_model(
     config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict
 ) -> dict:
     import mlflow
@@ -113,7 +182,29 @@ def register_model(
             f"{sorted(eval_result['metrics'])}; name one of them"
         )
     new_value = float(eval_result["metrics"][metric_name])
+    identity = registration_identity(config, manifest, train_result)
+    same = existing_version(client, config.mlflow.model_name, identity)
+    if same is not None:  # the same model, registered before (only where or how fast it trained changed)
+        aliases = list(client.get_model_version(config.mlflow.model_name, same.version).aliases or [])
+        logging.getLogger("shardline.register").warning(
+            "register: %s version %s is this model already (same weights, data and training settings): no new version",
+            config.mlflow.model_name,
+            same.version,
+        )
+        return {
+            "model_name": config.mlflow.model_name,
+            "version": int(same.version),
+            "alias": aliases[0] if aliases else "none",
+            "previous_champion": None,
+            "model_uri": f"models:/{config.mlflow.model_name}/{same.version}",
+            "run_id": same.run_id,
+            "tracking_uri": redact_text(tracker.uri),
+            "promotion_metric": metric_name,
+            "value": new_value,
+            "already_registered": True,
+        }
     tags = {
+        IDENTITY_TAG: identity,
         "shardline.data_fingerprint": manifest.data_fingerprint,
         "shardline.config_hash": config.hash(),
         "shardline.code_version": code_version(),
@@ -168,7 +259,32 @@ def register_model(
         client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
     )
     alias = "champion" if promote else "challenger"
-    client.set_registered_model_alias(config.mlflow.model_name, alias, version.version)
+    import datetime as dt
+
+    record = {
+        "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "by": _who(),
+        "version": str(version.version),
+        "metric": metric_name,
+        "direction": config.mlflow.promotion_direction,
+        "value": new_value,
+        "data_fingerprint": manifest.data_fingerprint,
+        "champion": previous,
+        "decision": alias,
+    }
+    # what the gate compared, on the version; an alias move also on the version it moved from
+    name = config.mlflow.model_name
+    client.set_model_version_tag(name, version.version, "shardline.gate", json.dumps(record))
+    client.set_registered_model_alias(name, alias, version.version)
+    if promote:
+        client.set_model_version_tag(name, version.version, "shardline.alias.champion.from", json.dumps(record))
+        if previous:
+            client.set_model_version_tag(
+                name,
+                previous["version"],
+                "shardline.alias.champion.to",
+                json.dumps({"at": record["at"], "by": record["by"], "version": str(version.version)}),
+            )
     return {
         "model_name": config.mlflow.model_name,
         "version": int(version.version),
@@ -191,7 +307,9 @@ def register(
     reg = register_model(config, snapshot, manifest_uri, train_result, eval_result)
     prev = reg["previous_champion"]
     verdict = (
-        f"promoted to **champion** (previous champion v{prev['version']}: {prev['value']})"
+        f"already registered (the same weights, data and training settings), @{reg['alias']}"
+        if reg.get("already_registered")
+        else f"promoted to **champion** (previous champion v{prev['version']}: {prev['value']})"
         if reg["alias"] == "champion" and prev
         else "the first **champion**"
         if reg["alias"] == "champion"
@@ -234,7 +352,9 @@ REGISTER_CACHE = CacheRule(
         inputs["eval_result"]["metrics"],
         inputs["snapshot"].fingerprint,
         inputs["config"].mlflow.model_dump(mode="json"),
-        inputs["config"].hash(),
+        # what decides training, not the whole config: where or how fast it trained registers nothing new
+        model_identity(inputs["config"].model),
+        training_identity(inputs["config"], inputs["train_result"].get("parent")),
     ),
     code=(__name__, "shardline.tasks.pyfunc_model"),
     still_valid=version_exists,

@@ -168,6 +168,29 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
     """Train the configured model on the manifest's shards in `folder` (default: `run_dir`; the pipeline
     passes the one it chose, so a worker with other code writes where the pipeline reads), resuming its
     newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`)."""
+    from shardline.core.lease import Lease
+
+    log = get_run_logger()
+    manifest = load_manifest(manifest_uri, config)
+    parent = parent_model(config)  # resolved once: the run folder and the starting weights agree
+    folder = folder or run_dir(config, manifest, parent)
+    # one writer per run folder, whichever machine (a retry racing a re-dispatch, two laptops, a "Crashed"
+    # run that was not dead): the second waits while the first renews its lease, then resumes or attaches
+    lease = Lease(storage.join(folder, "lease"), f"training {folder.rstrip('/').rsplit('/', 1)[-1]}")
+    lease.acquire(
+        on_wait=lambda who: log.warning(
+            "train: %s is being trained by %s; waiting for it, then this run takes its result or resumes it",
+            folder,
+            who,
+        )
+    )
+    try:
+        return _run_training(manifest_uri, manifest, config, folder, parent, lease)
+    finally:
+        lease.release()
+
+
+def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig, folder: str, parent, lease) -> dict:
     from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
     from shardline.trainer.data import open_split
     from shardline.trainer.loop import Preempted, fit
@@ -175,12 +198,9 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
     from shardline.trainer.serving import data_spec
 
     log = get_run_logger()
-    manifest = load_manifest(manifest_uri, config)
     spec = manifest.encoding
     train_data = open_split(manifest, manifest_uri, "train")
     val_data = open_split(manifest, manifest_uri, "validation")
-    parent = parent_model(config)  # resolved once: the run folder and the starting weights agree
-    folder = folder or run_dir(config, manifest, parent)
     ckpt_dir = storage.join(folder, "checkpoints")
     # the resolved config (after extends and --set) is stored with what it produced
     storage.write_text(
@@ -218,6 +238,7 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
     progress = create_progress_artifact(progress=0.0, key="train-progress", description="epochs done (%)")
 
     def on_step(step: int, metrics: dict) -> None:
+        lease.check()  # another process took the folder over (this one stalled past its lease): stop writing
         if step <= logged_step:
             return
         tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)

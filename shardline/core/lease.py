@@ -1,0 +1,215 @@
+"""A lease in the storage root: one writer at a time for a run folder or a registry decision, across
+machines, with no server but the store itself.
+
+A lease is a folder of numbered objects, `gen-000000001.json`, ...: the highest number is the current
+lease, `{owner, host, pid, expires_at, released}`. Taking it is an exclusive create of the next number
+(local files: a hard link of a complete file, which fails if the name exists; S3: a put with
+`If-None-Match: *`): of two takers exactly one wins, so a lease is never held twice. Its holder
+renews it (rewrites its own object with a later expiry) while it works; a holder that died stops
+renewing, the lease expires, and the next taker creates the next number. A holder that finds a higher
+number than its own has lost the lease (it stalled past its expiry, as a "Crashed" run that was not
+really dead can) and must stop writing: `check()` raises `LeaseLost`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from shardline.core import storage
+
+_GEN = re.compile(r"^gen-(\d{9})\.json$")
+DEFAULT_TTL = 90.0
+
+
+class LeaseLost(RuntimeError):
+    """Another process took this lease after it expired: this one must stop writing."""
+
+
+class LeaseHeld(RuntimeError):
+    """The lease is held by someone else (the message names who, where, and until when)."""
+
+
+def _create_exclusive(uri: str, data: bytes) -> bool:
+    """Write `uri` only if it does not exist (atomically, with its whole content); False when it does."""
+    if storage.is_remote(uri):
+        fs, path = storage.filesystem(uri)
+        try:
+            fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            return False
+        except OSError as e:  # botocore's PreconditionFailed, wrapped
+            if "PreconditionFailed" in type(e).__name__ or "412" in str(e) or "Precondition" in str(e):
+                return False
+            raise
+        return True
+    path = Path(storage.local_path(uri))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{storage.TMP_MARK}{uuid.uuid4().hex}-{path.name}")
+    tmp.write_bytes(data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def _delete(uri: str) -> None:
+    if storage.is_remote(uri):
+        fs, path = storage.filesystem(uri)
+        fs.rm(path)
+    else:
+        Path(storage.local_path(uri)).unlink(missing_ok=True)
+
+
+def _generations(folder: str) -> list[int]:
+    if storage.is_remote(folder):
+        fs, path = storage.filesystem(folder)
+        fs.invalidate_cache(path)
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)] if fs.exists(path) else []
+    else:
+        local = Path(storage.local_path(folder))
+        names = os.listdir(local) if local.is_dir() else []
+    return sorted(int(m.group(1)) for n in names if (m := _GEN.match(n)))
+
+
+def _name(gen: int) -> str:
+    return f"gen-{gen:09d}.json"
+
+
+def read_current(folder: str) -> tuple[int, dict | None]:
+    """(generation, its record) of the lease in `folder`; (0, None) when it was never taken."""
+    gens = _generations(folder)
+    if not gens:
+        return 0, None
+    gen = gens[-1]
+    try:
+        return gen, json.loads(storage.read_text(storage.join(folder, _name(gen))))
+    except (FileNotFoundError, ValueError):
+        return gen, None
+
+
+def describe(record: dict | None) -> str:
+    if not record:
+        return "an unknown holder"
+    left = record.get("expires_at", 0) - time.time()
+    return (
+        f"{record.get('owner')} (host {record.get('host')}, pid {record.get('pid')}; "
+        f"{'expires' if left > 0 else 'expired'} {abs(left):.0f} s {'from now' if left > 0 else 'ago'})"
+    )
+
+
+class Lease:
+    """`with Lease(folder, "training run"):` holds the lease while the block runs (renewed in the background)."""
+
+    def __init__(self, folder: str, purpose: str, ttl: float = DEFAULT_TTL):
+        self.folder = folder
+        self.purpose = purpose
+        self.ttl = ttl
+        self.gen = 0
+        self.owner = (
+            f"{purpose} by {getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} ({uuid.uuid4().hex[:8]})"
+        )
+        self._lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self, released: bool = False) -> bytes:
+        return json.dumps(
+            {
+                "owner": self.owner,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "purpose": self.purpose,
+                "expires_at": time.time() + (0 if released else self.ttl),
+                "released": released,
+            }
+        ).encode()
+
+    def try_acquire(self) -> tuple[bool, dict | None]:
+        """Take the lease if it is free, released or expired: (True, None); else (False, the holder's record)."""
+        gen, record = read_current(self.folder)
+        if record is not None and not record.get("released") and record.get("expires_at", 0) > time.time():
+            return False, record
+        if _create_exclusive(storage.join(self.folder, _name(gen + 1)), self._record()):
+            self.gen = gen + 1
+            self._prune()
+            return True, None
+        return False, read_current(self.folder)[1]  # another taker won this number
+
+    def acquire(self, wait: float | None = None, on_wait=None, poll: float = 2.0) -> None:
+        """Take the lease, waiting while another holder renews it (at most `wait` seconds: then `LeaseHeld`)."""
+        start = time.monotonic()
+        said = None
+        while True:
+            ok, holder = self.try_acquire()
+            if ok:
+                self._start_renewing()
+                return
+            if wait is not None and time.monotonic() - start >= wait:
+                raise LeaseHeld(f"{self.folder} is held by {describe(holder)}: {self.purpose} cannot start")
+            if on_wait is not None and (holder or {}).get("owner") != said:
+                said = (holder or {}).get("owner")
+                on_wait(describe(holder))
+            time.sleep(poll)
+
+    def _start_renewing(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew_loop, name="shardline-lease", daemon=True)
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except LeaseLost:
+                self._lost.set()
+                return
+            except OSError:
+                continue  # the store did not answer: try again; the lease lasts ttl
+
+    def renew(self) -> None:
+        gens = _generations(self.folder)
+        if gens and gens[-1] != self.gen:
+            raise LeaseLost(f"{self.folder}: the lease was taken by another process after it expired")
+        storage.write_bytes(storage.join(self.folder, _name(self.gen)), self._record())
+
+    def check(self) -> None:
+        """Raise `LeaseLost` when another process has taken the lease (call before writing)."""
+        if self._lost.is_set():
+            raise LeaseLost(
+                f"{self.folder}: this process lost its lease (it was not renewed in time and another process took "
+                "it); it stops writing, the other one goes on"
+            )
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self.gen and not self._lost.is_set():
+            gens = _generations(self.folder)
+            if gens and gens[-1] == self.gen:
+                storage.write_bytes(storage.join(self.folder, _name(self.gen)), self._record(released=True))
+
+    def _prune(self) -> None:
+        for g in _generations(self.folder)[:-2]:
+            try:
+                _delete(storage.join(self.folder, _name(g)))
+            except OSError:
+                return
+
+    def __enter__(self) -> Lease:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,133 @@
+"""Registrations that mean what they say: one version per model (not per machine or cadence), every
+champion move recorded on the versions, and two registrations at once decided one after the other.
+Real pipeline runs through a real Prefect API and a real MLflow SQLite store."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from mlflow import MlflowClient
+
+from shardline.core.config import validate_config
+from tests.conftest import make_raw, tiny_config
+
+pytestmark = pytest.mark.e2e
+
+
+def run(cfg: dict, force=None) -> dict:
+    from shardline.flows.pipeline import pipeline
+
+    return pipeline(validate_config(cfg), force=force)
+
+
+@pytest.fixture
+def base(tmp_path):
+    make_raw(tmp_path / "raw", n_seq=9, rows=40)
+    cfg = tiny_config(
+        str(tmp_path / "raw" / "*.parquet"),
+        str(tmp_path / "store"),
+        **{"training.epochs": 1, "mlflow.model_name": f"reg-{tmp_path.name}"},
+    )
+    return tmp_path, cfg
+
+
+def test_where_or_how_fast_it_trained_registers_no_new_version(base, prefect_api):
+    tmp_path, cfg = base
+    first = run(cfg)
+    assert first["registered"]["version"] == 1
+    # only where it trains and how often it checkpoints: the same weights, the same model
+    cfg["training"].update(num_workers=1, checkpoint_every_steps=3, keep_checkpoints=5)
+    cfg["compute"] = {"poll_seconds": 2.0, "max_preemptions": 5}
+    second = run(cfg)
+    assert second["steps"]["train"] == "cached"
+    assert second["registered"]["version"] == 1
+    client = MlflowClient(f"sqlite:///{tmp_path}/store/mlflow.db")
+    versions = client.search_model_versions(f"name='{cfg['mlflow']['model_name']}'")
+    assert [str(v.version) for v in versions] == ["1"]
+    # the registry's own record of the same model, even when the cached result is gone (another machine)
+    for record in (tmp_path / "store" / "prefect-results").glob("register-*"):
+        record.unlink()
+    third = run(cfg)
+    assert third["registered"]["version"] == 1 and third["registered"].get("already_registered")
+    assert len(client.search_model_versions(f"name='{cfg['mlflow']['model_name']}'")) == 1
+
+
+def test_every_champion_move_is_recorded_on_the_versions(base, prefect_api):
+    tmp_path, cfg = base
+    first = run(cfg)
+    cfg["training"]["epochs"] = 4  # a better model on the same data
+    second = run(cfg)
+    client = MlflowClient(f"sqlite:///{tmp_path}/store/mlflow.db")
+    name = cfg["mlflow"]["model_name"]
+    v1 = client.get_model_version(name, "1")
+    v2 = client.get_model_version(name, "2")
+    gate1 = json.loads(v1.tags["shardline.gate"])
+    assert gate1["champion"] is None and gate1["decision"] == "champion"
+    gate2 = json.loads(v2.tags["shardline.gate"])
+    assert gate2["champion"]["version"] == "1" and gate2["metric"] == "accuracy"
+    assert gate2["data_fingerprint"] == first["snapshot"]["fingerprint"]
+    assert "flow run" in gate2["by"]
+    if second["registered"]["alias"] == "champion":
+        moved = json.loads(v2.tags["shardline.alias.champion.from"])
+        assert moved["champion"]["version"] == "1" and moved["value"] == second["registered"]["value"]
+        assert json.loads(v1.tags["shardline.alias.champion.to"])["version"] == "2"
+    else:
+        assert "shardline.alias.champion.from" not in v2.tags and gate2["decision"] == "challenger"
+
+
+def test_two_registrations_at_once_decide_one_after_the_other(base, prefect_api):
+    """Both candidates beat the first champion; without the registry lease both read "v1 is champion"
+    and both promote themselves. With it, the second to decide compares against the first's result."""
+    from shardline.core import storage
+    from shardline.core.manifest import Snapshot
+    from shardline.tasks.ingest import snapshot_source
+    from shardline.tasks.register import register_model
+
+    tmp_path, cfg = base
+    runs = []
+    for epochs in (1, 3, 5):
+        cfg["training"]["epochs"] = epochs
+        cfg["mlflow"]["model_name"] = f"scratch-{epochs}"
+        runs.append(run(cfg))
+    config = validate_config({**cfg, "mlflow": {**cfg["mlflow"], "model_name": "race"}})
+    snapshot: Snapshot = snapshot_source(config.data)
+
+    def register(result, out):
+        train = {
+            **result["train"],
+            "best_sha256": storage.sha256_uri(result["train"]["best_checkpoint"]),
+            "parent": None,
+        }
+        scores = {"metrics": result["metrics"], "baseline": result["baseline"], "table": "", "files": []}
+        out.append(register_model(config, snapshot, result["manifest"], train, scores))
+
+    first: list = []
+    register(runs[0], first)
+    out: list = []
+    barrier = threading.Barrier(2)
+
+    def go(result):
+        barrier.wait()
+        register(result, out)
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in runs[1:]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(out) == 2
+    client = MlflowClient(config.mlflow.tracking_uri)
+    versions = {str(v.version): v for v in client.search_model_versions("name='race'")}
+    gates = {v: json.loads(mv.tags["shardline.gate"]) for v, mv in versions.items()}
+    champions = [v for v in versions if "champion" in client.get_model_version("race", v).aliases]
+    # one champion, and it is the best of the three (the accuracy the gate maximises)
+    assert len(champions) == 1
+    value = {str(r["version"]): r["value"] for r in first + out}
+    assert value[champions[0]] == max(value.values())
+    a, b = (str(r["version"]) for r in out)
+    if value[a] > value["1"] and value[b] > value["1"]:
+        # both beat v1: the one that decided second compared against the first, not against a stale v1
+        compared = {gates[a]["champion"]["version"], gates[b]["champion"]["version"]}
+        assert compared & {a, b}, gates
