@@ -131,3 +131,31 @@ def test_two_registrations_at_once_decide_one_after_the_other(base, prefect_api)
         # both beat v1: the one that decided second compared against the first, not against a stale v1
         compared = {gates[a]["champion"]["version"], gates[b]["champion"]["version"]}
         assert compared & {a, b}, gates
+
+
+def test_a_champion_tested_on_other_data_is_rescored_on_the_candidates_test_split(base, prefect_api):
+    tmp_path, cfg = base
+    first = run(cfg)
+    assert first["registered"]["alias"] == "champion"
+    make_raw(tmp_path / "raw", n_seq=6, rows=40, prefix="more", seed=5)  # new raw files: other test data
+    cfg["training"]["epochs"] = 2
+    second = run(cfg)
+    assert second["snapshot"]["fingerprint"] != first["snapshot"]["fingerprint"]
+    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
+    name = cfg["mlflow"]["model_name"]
+    gate = json.loads(client.get_model_version(name, str(second["registered"]["version"])).tags["shardline.gate"])
+    compared = gate["compared"]
+    # not the champion's recorded number (another test split): both scored on the same rows of this one
+    assert compared["champion_data_fingerprint"] == first["snapshot"]["fingerprint"]
+    assert compared["rows"] > 0 and 0 <= compared["champion_value"] <= 1
+    assert compared["candidate_value"] == pytest.approx(second["metrics"]["accuracy"], abs=1e-9)
+    promoted = compared["candidate_value"] > compared["champion_value"]
+    assert (second["registered"]["alias"] == "champion") == promoted
+
+    # a metric a served prediction cannot give (log loss needs every class's probability): said, champion kept
+    cfg["mlflow"]["promotion_metric"] = "log_loss"
+    make_raw(tmp_path / "raw", n_seq=3, rows=40, prefix="evenmore", seed=6)
+    third = run(cfg)
+    gate = json.loads(client.get_model_version(name, str(third["registered"]["version"])).tags["shardline.gate"])
+    assert "log_loss needs every class's probability" in gate["compared"]["reason"]
+    assert third["registered"]["alias"] == "challenger"

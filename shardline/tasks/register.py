@@ -21,6 +21,7 @@ from shardline.core.secrets import redact_text
 from shardline.core.tracking import Tracker, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.tasks.caching import CacheRule
+from shardline.tasks.gate import better, champion_gate, reevaluate_champion
 from shardline.tasks.ingest import raw_sample
 from shardline.tasks.training_run import model_identity, training_identity
 from shardline.trainer.serving import bundle_dict, example_outputs, input_columns, key_columns, prediction_frame
@@ -109,22 +110,6 @@ def existing_version(client, name: str, identity: str):
 
 
 IDENTITY_TAG = "shardline.model_identity"
-
-
-def champion_gate(client, name: str, metric: str, direction: str, new_value: float) -> tuple[bool, dict | None]:
-    """Whether the new version beats the current champion on `metric` (True when there is none)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        current = client.get_model_version_by_alias(name, "champion")
-    except MlflowException:
-        return True, None
-    old = current.tags.get(f"metric.{metric}")
-    if old is None:
-        return True, {"version": str(current.version), "value": None}
-    old = float(old)
-    better = new_value > old if direction == "maximize" else new_value < old
-    return better, {"version": str(current.version), "value": old}
 
 
 def register_model(
@@ -258,6 +243,31 @@ def _register_model(
     promote, previous = champion_gate(
         client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
     )
+    name = config.mlflow.model_name
+    compared: dict = {"on": "the recorded test metrics (the same data)"}
+    if previous and previous.get("data_fingerprint") and previous["data_fingerprint"] != manifest.data_fingerprint:
+        # the champion was tested on other data: its number is not compared; it is re-scored on this test split
+        preds = next((f for f in eval_result["files"] if str(f).endswith("test_predictions.parquet")), None)
+        try:
+            with fluent_tracking_uri(tracker.uri):
+                compared = (
+                    reevaluate_champion(f"models:/{name}/{previous['version']}", spec, snapshot, preds, metric_name)
+                    if preds
+                    else {"reason": "the candidate's test predictions are not in its evaluation"}
+                )
+        except Exception as e:  # noqa: BLE001 - said, and the champion kept
+            compared = {"reason": f"re-scoring the champion failed: {type(e).__name__}: {redact_text(str(e))}"}
+        compared["champion_data_fingerprint"] = previous["data_fingerprint"]
+        if "reason" in compared:
+            promote = False
+            logging.getLogger("shardline.register").warning(
+                "register: champion v%s was evaluated on other data and cannot be re-scored on this test split (%s): "
+                "it stays champion; the new version is a challenger",
+                previous["version"],
+                compared["reason"],
+            )
+        else:
+            promote = better(compared["candidate_value"], compared["champion_value"], config.mlflow.promotion_direction)
     alias = "champion" if promote else "challenger"
     import datetime as dt
 
@@ -270,10 +280,10 @@ def _register_model(
         "value": new_value,
         "data_fingerprint": manifest.data_fingerprint,
         "champion": previous,
+        "compared": compared,
         "decision": alias,
     }
     # what the gate compared, on the version; an alias move also on the version it moved from
-    name = config.mlflow.model_name
     client.set_model_version_tag(name, version.version, "shardline.gate", json.dumps(record))
     client.set_registered_model_alias(name, alias, version.version)
     if promote:

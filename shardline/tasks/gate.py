@@ -1,0 +1,130 @@
+"""The champion gate compares like with like.
+
+A candidate's test metrics were computed on its own test split. When the champion was evaluated on
+other data (another data fingerprint: new raw files, a changed split), its recorded metric says nothing
+about this test split, so the two numbers are not compared. Instead the champion, a registered model
+that takes raw rows, predicts the candidate's test rows, and both are scored on exactly the same rows
+by the same function; or, when that cannot be done (a metric that needs every class's probability, a
+column the champion needs and this data lacks), the gate says why and keeps the champion. What was
+compared is recorded on the candidate's version (`shardline.gate`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from shardline.core import metrics as M
+from shardline.core import storage
+from shardline.core.manifest import EncodingSpec, Snapshot
+from shardline.trainer.serving import key_columns
+
+# what a served prediction (the predicted value, no class distribution) can be scored on
+SERVED_METRICS = {"classification": ("accuracy", "macro_f1"), "regression": ("mae", "rmse", "r2")}
+
+
+def champion_gate(client, name: str, metric: str, direction: str, new_value: float) -> tuple[bool, dict | None]:
+    """Whether the new version beats the current champion on `metric` by their recorded values (True when
+    there is none); the champion's version, value and data fingerprint."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        current = client.get_model_version_by_alias(name, "champion")
+    except MlflowException:
+        return True, None
+    info = {
+        "version": str(current.version),
+        "value": None,
+        "data_fingerprint": current.tags.get("shardline.data_fingerprint"),
+    }
+    old = current.tags.get(f"metric.{metric}")
+    if old is None:
+        return True, info
+    info["value"] = float(old)
+    return better(new_value, float(old), direction), info
+
+
+def better(new: float, old: float, direction: str) -> bool:
+    return new > old if direction == "maximize" else new < old
+
+
+def _align(frame: pl.DataFrame, like: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """`frame`'s key columns in `like`'s types (served predictions carry time zones as naive UTC)."""
+    for k in keys:
+        want, have = like.schema[k], frame.schema[k]
+        if want == have:
+            continue
+        if isinstance(want, pl.Datetime) and want.time_zone:
+            frame = frame.with_columns(pl.col(k).dt.replace_time_zone("UTC").dt.convert_time_zone(want.time_zone))
+        frame = frame.with_columns(pl.col(k).cast(want))
+    return frame
+
+
+def _score(task: str, truth: pl.Series, predicted: pl.Series) -> dict[str, float]:
+    if task == "regression":
+        return M.regression_metrics(truth.cast(pl.Float64).to_numpy(), predicted.cast(pl.Float64).to_numpy())
+    labels = {
+        v: i
+        for i, v in enumerate(sorted(set(truth.cast(pl.String).to_list()) | set(predicted.cast(pl.String).to_list())))
+    }
+    y = np.array([labels[v] for v in truth.cast(pl.String).to_list()], np.int64)
+    p = np.zeros((len(y), len(labels)))
+    p[np.arange(len(y)), [labels[v] for v in predicted.cast(pl.String).to_list()]] = 1.0
+    scores = M.classification_metrics(y, p)
+    return {k: scores[k] for k in SERVED_METRICS["classification"]}
+
+
+def reevaluate_champion(
+    model_uri: str, spec: EncodingSpec, snapshot: Snapshot, predictions_uri: str, metric: str
+) -> dict:
+    """Score the champion (`model_uri`, raw rows in) and the candidate (its test predictions) on the
+    candidate's test rows: `{"champion_value", "candidate_value", "rows", "on"}`, or `{"reason"}` when it
+    cannot be done."""
+    import mlflow
+
+    from shardline.tasks.ingest import naive_utc
+
+    if len(spec.targets) != 1 or spec.target_positions == "all":
+        return {"reason": "re-scoring a champion on another test split covers one target, last position only"}
+    target = spec.targets[0]
+    if metric not in SERVED_METRICS[target.task]:
+        return {
+            "reason": f"{metric} needs every class's probability, which a served prediction does not give; the "
+            f"champion can be re-scored on {', '.join(SERVED_METRICS[target.task])} (mlflow.promotion_metric)"
+        }
+    keys = key_columns(spec)
+    if "row" in keys:
+        return {"reason": "the data has no sequence key or order column to match the champion's rows with"}
+    candidate = pl.read_parquet(storage.read_bytes(predictions_uri))
+    model = mlflow.pyfunc.load_model(model_uri)
+    schema = model.metadata.get_input_schema()
+    wanted = schema.input_names() if schema is not None else []
+    seq = keys[0]
+    test_keys = candidate[seq].unique()
+    frames = []
+    for f in snapshot.files:
+        raw = pl.read_parquet(storage.read_bytes(f.uri))
+        missing = [c for c in [*wanted, target.column] if c not in raw.columns]
+        if missing:
+            return {"reason": f"the champion needs column(s) {missing}, which {f.uri} does not have"}
+        frames.append(
+            raw.filter(pl.col(seq).is_in(test_keys.implode())).select(
+                list(dict.fromkeys([*wanted, *keys, target.column]))
+            )
+        )
+    rows = pl.concat(frames, how="vertical_relaxed")
+    served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
+    served = _align(served, rows, keys)
+    joined = (
+        candidate.select([*keys, "prediction"])
+        .join(served.select([*keys, pl.col("prediction").alias("__champion")]), on=keys)
+        .join(rows.select([*keys, pl.col(target.column).alias("__truth")]), on=keys)
+    )
+    if joined.height == 0:
+        return {"reason": "the champion predicted none of the candidate's test rows"}
+    return {
+        "champion_value": _score(target.task, joined["__truth"], joined["__champion"])[metric],
+        "candidate_value": _score(target.task, joined["__truth"], joined["prediction"])[metric],
+        "rows": joined.height,
+        "on": "the candidate's test split (its rows that both models predict)",
+    }
