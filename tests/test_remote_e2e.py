@@ -248,3 +248,32 @@ def test_rehearse_runs_the_first_loop_on_the_gpu_pool_with_a_forced_preemption(c
     ]
     assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
     assert "Preempted" in trains[0]["state"]["message"]
+
+
+def test_planted_secrets_never_leave_the_process_on_the_cluster(cluster):
+    """A credential in the training job's environment (the config's job variables): the pipeline runs on
+    the loopback cluster (Prefect server, process workers, S3), then the Prefect API's objects (flow and
+    task runs with their parameters and states, logs, artifacts), every object under the storage root,
+    the MLflow store and the workers' output are searched for it. Job variables themselves go to the
+    worker (that is how its process gets them), so that one field is left out of the search."""
+    secret, marker = "PLANTED-CLUSTER-SECRET-5151", "PUBLIC-CLUSTER-MARKER-77"
+    config = write_config(cluster, "store-s", **{"training.epochs": 1})
+    cfg = yaml.safe_load(config.read_text())
+    cfg["compute"]["job_variables"] = {"env": {"PLANTED_API_TOKEN": secret, "RUN_LABEL": marker}}
+    config.write_text(yaml.safe_dump(cfg))
+    result = run_pipeline(cluster, config)
+    ids = [r["id"] for r in result["new"]]
+    api = [{k: v for k, v in r.items() if k != "job_variables"} for r in result["new"]]
+    api += [cluster.task_runs(i) for i in ids]
+    api += cluster.post("/logs/filter", {"logs": {"flow_run_id": {"any_": ids}}})
+    api += cluster.post("/artifacts/filter", {})
+    places = {"Prefect API": json.dumps(api, default=str)}
+    for path in cluster.fs.find(f"{BUCKET}/store-s"):
+        places[f"s3://{path}"] = cluster.fs.cat(path).decode("latin-1")
+    places["MLflow store"] = (cluster.base / "store-s-mlflow.db").read_bytes().decode("latin-1")
+    for log in cluster.logs.glob("*.log"):
+        places[log.name] = log.read_text(errors="replace")
+    assert [where for where, text in places.items() if secret in text] == []
+    # the search reaches what the run wrote: the job's public variable is in the training run's parameters
+    assert marker in places["Prefect API"]
+    assert any(where.startswith("s3://") and "/runs/" in where for where in places)

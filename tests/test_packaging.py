@@ -1,0 +1,49 @@
+"""`pip install .` with no constraints file, as a new user would: into a fresh environment, whatever the
+registry's newest releases are today, then a small demo end to end. And the registered model names only
+pinned packages (a bare name could resolve to someone else's)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.e2e
+def test_pip_install_dot_into_a_fresh_environment_runs_the_demo(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # the CPU build of the torch this machine has (a bare requirement could pull a multi-GB CUDA build)
+    torch = subprocess.run([*pip, f"torch=={version('torch').split('+')[0]}"], capture_output=True, text=True)
+    assert torch.returncode == 0, torch.stderr[-3000:]
+    install = subprocess.run([*pip, str(REPO)], capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    home = tmp_path / "home"
+    demo = subprocess.run(
+        [str(venv / "bin" / "shardline"), "demo", "--home", str(home), "--games", "8", "--frames", "200"]
+        + ["--set", "training.epochs=1"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env={"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "ph")},
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "Registered shardline-demo version 1 as @champion" in demo.stdout
+
+    # the registered model's requirements: every one pinned, Shardline not among them (its code travels inside)
+    import mlflow
+
+    from shardline.core.tracking import fluent_tracking_uri
+
+    with fluent_tracking_uri(f"sqlite:///{home / 'mlflow.db'}"):
+        local = Path(mlflow.pyfunc.get_model_dependencies("models:/shardline-demo/1"))
+    lines = [line.strip() for line in local.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert lines and all("==" in line for line in lines), lines
+    assert not any(line.split("==")[0].strip().lower() == "shardline" for line in lines), lines
