@@ -238,7 +238,7 @@ def test_rehearse_runs_the_first_loop_on_the_gpu_pool_with_a_forced_preemption(c
     assert out.returncode == 0, out.stdout + out.stderr[-5000:] + cluster.tail_logs()
     table = [line for line in out.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
     assert len(table) == 11 and all(line.startswith("PASS") for line in table), out.stdout
-    preemption = next(line for line in table if "preemption" in line)
+    preemption = next(line for line in table if "preemption: SIGTERM" in line)
     assert "ended Failed at step 6; re-dispatched, resumed from s3://" in preemption, preemption
     # the rehearsal trained on the GPU pool: two flow runs of the training deployment, the first preempted
     trains = [
