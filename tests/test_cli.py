@@ -22,7 +22,7 @@ def shardline(*args, cwd=None, timeout=600):
 
 
 def test_help_everywhere():
-    for cmd in ([], ["demo"], ["run"], ["predict"], ["check-config"], ["rehearse"], ["doctor"], ["gc"]):
+    for cmd in ([], ["demo"], ["run"], ["predict"], ["check-config"], ["rehearse"], ["doctor"], ["gc"], ["sync"]):
         out = shardline(*cmd, "--help")
         assert out.returncode == 0, out.stderr
         assert "Usage" in out.stdout

@@ -3,6 +3,8 @@ import os
 import socket
 import time
 
+import pytest
+
 from shardline.core.config import MlflowConfig
 from shardline.core.tracking import Tracker, tracking_uri
 
@@ -18,21 +20,38 @@ def closed_port() -> int:
 def test_unreachable_mlflow_never_raises_and_keeps_metrics(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    journal = tmp_path / "journal.jsonl"
     t0 = time.perf_counter()
     tracker = Tracker(
-        MlflowConfig(tracking_uri=f"http://127.0.0.1:{closed_port()}"), str(tmp_path), journal=str(journal)
+        MlflowConfig(tracking_uri=f"http://127.0.0.1:{closed_port()}"), str(tmp_path), run_dir=str(tmp_path / "run")
     )
     assert tracker.start(None, "r", {}) is None
     tracker.log_metrics({"train/loss": 1.5}, step=3)
     tracker.log_metrics({"train/loss": 1.2}, step=4)
-    tracker.end("FINISHED")
+    assert not tracker.end("FINISHED", wait=0.5)
     assert time.perf_counter() - t0 < 30
-    lines = [json.loads(x) for x in journal.read_text().splitlines()]
-    assert [line["args"] for line in lines if line["call"] == "log_metrics"] == [
-        [{"train/loss": 1.5}, 3],
-        [{"train/loss": 1.2}, 4],
+    lines = [json.loads(x) for x in (tmp_path / "run" / "mlflow-journal.jsonl").read_text().splitlines()]
+    assert [(x["metrics"], x["step"]) for x in lines if x.get("op") == "metrics"] == [
+        ({"train/loss": 1.5}, 3),
+        ({"train/loss": 1.2}, 4),
     ]
+    assert [x["status"] for x in lines if x.get("op") == "end"] == ["FINISHED"]
+
+
+def test_the_flush_wait_is_checked(monkeypatch):
+    from shardline.core.tracking import flush_seconds
+
+    monkeypatch.setenv("SHARDLINE_MLFLOW_FLUSH_SECONDS", "soon")
+    with pytest.raises(ValueError, match="SHARDLINE_MLFLOW_FLUSH_SECONDS='soon' is not a number"):
+        flush_seconds()
+    monkeypatch.setenv("SHARDLINE_MLFLOW_FLUSH_SECONDS", "5")
+    assert flush_seconds() == 5.0
+
+
+def test_credentials_in_a_uri_are_never_said():
+    from shardline.core.tracking import redact_uri
+
+    said = redact_uri("MLflow at https://alice:pw@mlflow.example.com/x failed (url: http://bob:t0k@h:5000/api)")
+    assert said == "MLflow at https://***@mlflow.example.com/x failed (url: http://***@h:5000/api)"
 
 
 def test_sqlite_tracking_logs_and_resumes_the_same_run(tmp_path):

@@ -317,6 +317,36 @@ def rehearse(
     typer.secho("\nrehearsal passed: the full run can go", fg=typer.colors.GREEN, bold=True)
 
 
+@app.command()
+def sync(
+    run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="a training run's folder: <storage.root>/runs/<id>"),
+    tracking_uri: str | None = typer.Option(
+        None, help="MLflow tracking URI (default: the one in RUN_DIR/mlflow-run.json, else the run's config)"
+    ),
+) -> None:
+    """Send what a training run's MLflow journal still holds (MLflow was away when its process ended).
+
+    Idempotent: what MLflow already has is not sent again, so a second run sends nothing.
+    """
+    from shardline.core.tracking import redact_uri, sync_run
+
+    try:
+        report = sync_run(run_dir, tracking_uri)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e), 2)
+    except Exception as e:  # noqa: BLE001 - MLflow away or refusing: said, and the journal keeps everything
+        _fail(
+            f"MLflow did not take the journal of {run_dir} ({redact_uri(' '.join(str(e).split())[:400])}); "
+            "nothing is lost: run this again when it answers"
+        )
+    skipped = f" ({report.skipped} it already had were skipped)" if report.skipped else ""
+    typer.echo(
+        f"sent {report.metrics} metric value(s){skipped} and {report.params} param(s) to MLflow run "
+        f"{report.run_id} at {report.tracking_uri}"
+    )
+    typer.echo(f"run status: {report.status}")
+
+
 @app.command("doctor")
 def doctor_command(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),

@@ -1,4 +1,5 @@
-"""MLflow access that never kills a run: a tracker that keeps going (and says so) when MLflow is down.
+"""MLflow access that never holds training up: a tracker that journals every call locally and sends it
+from a background thread, and `sync_run`, which sends what a dead process left in a run's journal.
 
 MLflow is imported lazily (it costs ~5 s of start-up) and driven through `MlflowClient` with explicit
 run ids, so training threads and resumed runs never depend on a global "active run".
@@ -9,14 +10,26 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shardline.core import storage
 from shardline.core.config import MlflowConfig
-from shardline.core.secrets import has_masked_userinfo, redact_text, without_userinfo
+from shardline.core.secrets import has_masked_userinfo, without_userinfo
+from shardline.core.tracking_journal import (
+    JOURNAL_FILE,
+    RUN_FILE,
+    Journal,
+    Sender,
+    _reachable,
+    _short,
+    redact_uri,
+)
 
 log = logging.getLogger("shardline.core.tracking")
 
@@ -71,119 +84,258 @@ def artifact_location(storage_root: str) -> str:
     return (Path(storage.local_path(storage_root)).resolve() / "mlflow-artifacts").as_uri()
 
 
-def _configure_http_failfast() -> None:
+def _configure_http_failfast(uri: str | None = None) -> None:
     # The MLflow default blocks ~4 minutes on an unreachable server (7 retries, backoff 2).
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    if uri and redact_uri(uri) != uri:
+        # MLflow prints "View run <name> at <the URI, credentials included>" when a run ends
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
+FLUSH_ENV = "SHARDLINE_MLFLOW_FLUSH_SECONDS"
+START_WAIT_S = 30.0  # start() waits this long at most for the run to be created (it returns on an outage)
+
+
+def flush_seconds() -> float:
+    """How long `Tracker.end` waits for MLflow to take what is left: `SHARDLINE_MLFLOW_FLUSH_SECONDS`, default 30.
+    What it does not take stays in the journal: the next attempt of the run, or `shardline sync`, sends it."""
+    value = os.environ.get(FLUSH_ENV)
+    if not value:
+        return 30.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{FLUSH_ENV}={value!r} is not a number; set it to seconds, e.g. 30") from None
+    if seconds < 0:
+        raise ValueError(f"{FLUSH_ENV}={value!r} must be 0 or more (seconds)")
+    return seconds
+
+
+def read_run_file(run_dir: str) -> dict:
+    """`mlflow-run.json` of a run folder: the MLflow run's id and tracking URI ({} when there is none)."""
+    uri = storage.join(run_dir, RUN_FILE)
+    return json.loads(storage.read_text(uri)) if storage.exists(uri) else {}
 
 
 class Tracker:
-    """Logs to one MLflow run. Each call that fails is logged as a warning and kept in a local
-    journal (so nothing is lost); after a failure, the tracker stops trying for this process."""
+    """Logs one training run to one MLflow run without ever holding training up.
 
-    def __init__(self, cfg: MlflowConfig, storage_root: str, journal: str | None = None):
-        _configure_http_failfast()
+    Each call is appended to the run's local journal (`tracking_journal.Journal`: in the run folder, or
+    in the local cache when the folder is remote, copied beside the checkpoints by `save_journal` and at
+    `end`) and sent in batches by a background thread that backs off while MLflow is away and replays
+    the journal when it answers. `end` waits a bounded time for the last entries; what is left stays in
+    the journal for the next attempt or `shardline sync RUN_DIR`. Without `run_dir` the journal is kept
+    in memory only.
+    """
+
+    def __init__(self, cfg: MlflowConfig, storage_root: str, run_dir: str | None = None):
         from mlflow import MlflowClient
 
         self.uri = tracking_uri(cfg, storage_root)
+        _configure_http_failfast(self.uri)
         self.cfg = cfg
         self.client = MlflowClient(self.uri)
         self.storage_root = storage_root
-        self.run_id: str | None = None
-        self.alive = True
-        self.journal = journal
+        self.run_dir = run_dir
+        self.flush_s = flush_seconds()  # a bad value fails here, before training, not at its end
+        self.resumed = False
+        self.journal: Journal | None = None
+        self._sender: Sender | None = None
+        self._ended = False
 
-    def _guard(self, what: str, fn, *args, **kwargs) -> Any:
-        if not self.alive:
-            self._journal(what, args, kwargs)
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - the tracker never kills a run
-            self.alive = False
-            log.warning(
-                "MLflow %s failed (%s: %s); training goes on, metrics are kept in %s",
-                what,
-                type(e).__name__,
-                redact_text(str(e)),
-                self.journal,
-            )
-            self._journal(what, args, kwargs)
-            return None
+    @property
+    def run_id(self) -> str | None:
+        return self.journal.run_id if self.journal else None
 
-    def _journal(self, what: str, args, kwargs) -> None:
-        if not self.journal:
-            return
-        line = json.dumps({"call": what, "args": args, "kwargs": kwargs}, default=str)
-        try:
-            Path(self.journal).parent.mkdir(parents=True, exist_ok=True)
-            with open(self.journal, "a") as f:
-                f.write(line + "\n")
-        except OSError:
-            pass
-
-    def experiment_id(self) -> str:
-        exp = self.client.get_experiment_by_name(self.cfg.experiment)
-        if exp is not None:
-            return exp.experiment_id
-        return self.client.create_experiment(
-            self.cfg.experiment, artifact_location=artifact_location(self.storage_root)
-        )
-
-    def start(self, run_id: str | None, run_name: str, tags: dict[str, str]) -> str | None:
-        """Continue `run_id` if given (a resumed training), else create a new run."""
+    def start(self, run_id: str | None = None, run_name: str = "", tags: dict[str, str] | None = None) -> str | None:
+        """Continue `run_id`, or the run the run folder's journal or `mlflow-run.json` names (a resumed
+        training), else create one. Returns the run id, or None while MLflow is away (the run is created
+        when it answers; `run_id` says it then)."""
+        self.journal = Journal.for_run_dir(self.run_dir) if self.run_dir else Journal(None)
+        recorded = read_run_file(self.run_dir) if self.run_dir else {}
+        run_id = run_id or self.journal.run_id or recorded.get("run_id")
         if run_id:
-            self.run_id = run_id
-            self._guard("update_run", self.client.update_run, run_id, status="RUNNING")
-            return run_id
-        run = self._guard(
-            "create_run", lambda: self.client.create_run(self.experiment_id(), run_name=run_name, tags=tags)
-        )
-        self.run_id = run.info.run_id if run is not None else None
+            self.journal.set_run(run_id)
+        self.resumed = run_id is not None or self.journal.has_pending_create()
+        if self.resumed:
+            self.journal.append({"op": "resume"})
+        else:
+            self.journal.append(
+                {
+                    "op": "create",
+                    "experiment": self.cfg.experiment,
+                    "artifact_location": artifact_location(self.storage_root),
+                    "run_name": run_name,
+                    "tags": dict(tags or {}),
+                    "key": uuid.uuid4().hex,
+                }
+            )
+        if run_id and recorded.get("run_id") != run_id:
+            self._record_run(run_id)
+        self._sender = Sender(self.journal, self.uri, on_run=self._record_run, check=self.resumed)
+        self._sender.start()
+        self._sender.flush(START_WAIT_S, until_outage=True)
         return self.run_id
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        if not self.run_id:
-            self._journal("log_metrics", (metrics, step), {})
+    def _record_run(self, run_id: str) -> None:
+        if not self.run_dir:
             return
-        import time
+        try:
+            storage.write_text(
+                storage.join(self.run_dir, RUN_FILE),
+                json.dumps({"run_id": run_id, "tracking_uri": redact_uri(self.uri)}),  # a file in the storage root
+            )
+        except OSError as e:
+            log.warning("could not write %s (%s)", storage.join(self.run_dir, RUN_FILE), redact_uri(str(e)))
 
-        from mlflow.entities import Metric
+    def _append(self, entry: dict) -> None:
+        if self.journal is None:
+            raise RuntimeError("Tracker.start() must come before any logging")
+        self.journal.append(entry)
 
-        ts = int(time.time() * 1000)
-        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None]
-        self._guard("log_batch", self.client.log_batch, self.run_id, metrics=batch)
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        values = {k: float(v) for k, v in metrics.items() if v is not None}
+        if values:
+            self._append({"op": "metrics", "step": int(step), "ts": int(time.time() * 1000), "metrics": values})
 
     def log_params(self, params: dict[str, Any]) -> None:
-        if not self.run_id:
-            return
-        from mlflow.entities import Param
-
-        existing = self._guard("get_run", self.client.get_run, self.run_id)
-        have = existing.data.params if existing is not None else {}
-        todo = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in have]
-        for i in range(0, len(todo), 100):
-            self._guard("log_batch", self.client.log_batch, self.run_id, params=todo[i : i + 100])
+        # MLflow keeps a param's first value: a resumed run's are sent only where the run has none
+        self._append({"op": "params", "params": {k: str(v)[:6000] for k, v in params.items()}})
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        if self.run_id:
-            for k, v in tags.items():
-                self._guard("set_tag", self.client.set_tag, self.run_id, k, v)
+        self._append({"op": "tags", "tags": {k: str(v) for k, v in tags.items()}})
 
     def log_dict(self, data: dict, artifact_file: str) -> None:
-        if self.run_id:
-            self._guard("log_dict", self.client.log_dict, self.run_id, data, artifact_file)
+        self._append({"op": "dict", "data": data, "file": artifact_file})
 
     def last_step(self, key: str) -> int:
-        """The highest step already logged for `key` in this run (-1 when none, or when MLflow is away)."""
-        if not self.run_id:
+        """The highest step logged for `key` in this run: in the journal, or on the server when it answers
+        (-1 when none)."""
+        if self.journal is None:
             return -1
-        history = self._guard("get_metric_history", self.client.get_metric_history, self.run_id, key)
-        return max((m.step for m in history), default=-1) if history else -1
+        best = self.journal.steps.get(key, -1)
+        if self.run_id and self._sender is not None and self._sender.outage_since is None and _reachable(self.uri):
+            try:
+                history = self.client.get_metric_history(self.run_id, key)
+                best = max([best, *(m.step for m in history)])
+            except Exception as e:  # noqa: BLE001 - the tracker never kills a run: the journal's answer stands
+                log.warning("could not read %s's history from MLflow (%s); the journal's stands", key, _short(e))
+        return best
 
-    def end(self, status: str = "FINISHED") -> None:
-        if self.run_id:
-            self._guard("set_terminated", self.client.set_terminated, self.run_id, status=status)
+    def save_journal(self) -> None:
+        """Copy the journal beside the checkpoints (a remote run folder; a local one holds it already)."""
+        if self.journal is None:
+            return
+        try:
+            self.journal.mirror()
+        except OSError as e:
+            log.warning("could not copy the MLflow journal to %s (%s)", self.journal.mirror_uri, _short(e))
+
+    def end(self, status: str = "FINISHED", wait: float | None = None) -> bool:
+        """Journal the run's end status, wait up to `wait` seconds (default `SHARDLINE_MLFLOW_FLUSH_SECONDS`)
+        for MLflow to take everything, stop the sender and keep the rest in the journal, said in one warning.
+        True when everything was delivered."""
+        if self.journal is None or self._sender is None:
+            return True
+        if self._ended:
+            return not self.journal.pending
+        self._ended = True
+        self.journal.append({"op": "end", "status": status, "ts": int(time.time() * 1000)})
+        wait = self.flush_s if wait is None else wait
+        done = self._sender.alive and self._sender.flush(wait)
+        self._sender.stop()
+        self.save_journal()
+        self.journal.close()
+        if not done:
+            left = self.journal.left()
+            what = f"{left['metrics']} metric value(s), {left['params']} param(s)"
+            if left["status"]:
+                what += f" and the run's end status {left['status']}"
+            then = (
+                f"send them with `shardline sync {self.run_dir}`"
+                if self.run_dir
+                else "they are lost when this process ends (no run folder)"
+            )
+            log.warning(
+                "MLflow at %s did not take everything in %g s: %s are kept in %s; %s",
+                redact_uri(self.uri),
+                wait,
+                what,
+                self.journal.where(),
+                then,
+            )
+        return done
+
+
+@dataclass
+class SyncReport:
+    run_id: str | None
+    tracking_uri: str  # redacted: safe to print
+    metrics: int  # metric values sent
+    skipped: int  # metric values the server had already
+    params: int
+    left: int  # journal entries still not taken (refused ones are skipped, not left)
+    status: str | None
+
+
+def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> SyncReport | None:
+    """Send what a run folder's journal still holds (a training process died, or MLflow came back after it
+    ended). Idempotent: entries MLflow took are marked in the journal, and entries in doubt are checked
+    against the server first. The tracking URI: `uri`, else `mlflow-run.json`'s, else the run's config."""
+    if not Journal.exists_for(run_dir):
+        if missing_ok:
+            return None
+        raise FileNotFoundError(f"{run_dir}: no MLflow journal ({JOURNAL_FILE}) there; is it a training run folder?")
+    recorded = read_run_file(run_dir)
+    uri = uri or recorded.get("tracking_uri") or _configured_uri(run_dir)
+    if has_masked_userinfo(uri):  # recorded without its credentials: this machine's own, as `tracking_uri` does
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or without_userinfo(uri)
+    _configure_http_failfast(uri)
+    journal = Journal.for_run_dir(run_dir)
+    if journal.run_id is None and recorded.get("run_id"):
+        journal.set_run(recorded["run_id"])
+
+    def record(run_id: str) -> None:
+        storage.write_text(
+            storage.join(run_dir, RUN_FILE), json.dumps({"run_id": run_id, "tracking_uri": redact_uri(uri)})
+        )
+
+    sender = Sender(journal, uri, on_run=record, check=True)
+    before = (journal.sent, journal.run_id)
+    try:
+        sender.deliver()
+    finally:
+        journal.close()
+        if (journal.sent, journal.run_id) != before:
+            journal.mirror()
+    status = None
+    if journal.run_id:
+        status = sender.client.get_run(journal.run_id).info.status
+    return SyncReport(
+        run_id=journal.run_id,
+        tracking_uri=redact_uri(uri),
+        metrics=sender.counts["metrics"],
+        skipped=sender.counts["skipped"],
+        params=sender.counts["params"],
+        left=journal.left()["entries"],
+        status=status,
+    )
+
+
+def _configured_uri(run_dir: str) -> str:
+    """The tracking URI of the config the run was trained with (`config.yaml` in its folder)."""
+    import yaml
+
+    from shardline.core.config import PipelineConfig
+
+    config_uri = storage.join(run_dir, "config.yaml")
+    if not storage.exists(config_uri):
+        raise ValueError(
+            f"{run_dir}: neither {RUN_FILE} nor config.yaml says which MLflow server to send to; pass --tracking-uri"
+        )
+    config = PipelineConfig.model_validate(yaml.safe_load(storage.read_text(config_uri)))
+    return tracking_uri(config.mlflow, config.storage.root)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -18,7 +18,7 @@ from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.secrets import redact_text
-from shardline.core.tracking import Tracker, fluent_tracking_uri, tracking_uri
+from shardline.core.tracking import Tracker, fluent_tracking_uri, sync_run, tracking_uri
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.gate import better, champion_gate, reevaluate_champion
@@ -159,7 +159,11 @@ def _register_model(
     spec = manifest.encoding
     tracker = Tracker(config.mlflow, config.storage.root)
     client = tracker.client
-    run_id = train_result["mlflow_run_id"]
+    # what training left in its journal (MLflow was away when it ended) is sent first: its run, metrics, status
+    synced = sync_run(train_result["run_dir"], tracker.uri, missing_ok=True) if train_result.get("run_dir") else None
+    run_id = train_result["mlflow_run_id"] or (synced.run_id if synced else None)
+    if run_id is None:
+        raise RuntimeError(f"the training run {train_result.get('run_dir')} has no MLflow run to register from")
     metric_name = config.mlflow.promotion_metric
     if metric_name not in eval_result["metrics"]:
         raise ValueError(

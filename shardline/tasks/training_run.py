@@ -207,16 +207,10 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
         storage.join(folder, "config.yaml"), yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
     )
 
-    tracker = Tracker(
-        config.mlflow,
-        config.storage.root,
-        journal=None if storage.is_remote(folder) else storage.join(folder, "mlflow-journal.jsonl"),
-    )
-    # one MLflow run per training run, however often it is interrupted: its id is kept beside the checkpoints
-    run_file = storage.join(folder, "mlflow-run.json")
-    prev_run = json.loads(storage.read_text(run_file))["run_id"] if storage.exists(run_file) else None
+    # one MLflow run per training run, however often it is interrupted: the run folder's journal and
+    # `mlflow-run.json` name it, and every call is journaled there before MLflow sees it
+    tracker = Tracker(config.mlflow, config.storage.root, run_dir=folder)
     run_id = tracker.start(
-        prev_run,
         run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
         tags={
             "shardline.config_hash": config.hash(),
@@ -224,15 +218,13 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
             "shardline.code_version": code_version(),
         },
     )
-    if run_id and run_id != prev_run:
-        storage.write_text(run_file, json.dumps({"run_id": run_id, "tracking_uri": redact_text(tracker.uri)}))
     tracker.log_params(flatten(config.model_dump(mode="json")))
     previous = latest_checkpoint(ckpt_dir)
     if previous:
-        log.info("train: resuming from %s (MLflow run %s)", previous[0], run_id)
+        log.info("train: resuming from %s (MLflow run %s)", previous[0], tracker.run_id)
     # a resumed run replays the steps between its checkpoint and the kill: log each step once
-    logged_step = tracker.last_step("train/train_loss") if prev_run else -1
-    logged_epoch = tracker.last_step("epoch/val_loss") if prev_run else -1
+    logged_step = tracker.last_step("train/train_loss") if tracker.resumed else -1
+    logged_epoch = tracker.last_step("epoch/val_loss") if tracker.resumed else -1
 
     total = config.training.epochs
     progress = create_progress_artifact(progress=0.0, key="train-progress", description="epochs done (%)")
@@ -267,15 +259,18 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
             # a resumed run has its weights; only a fresh one reads the parent's
             init_weights=init_weights(config, parent) if parent and not previous else None,
             init_source=config.training.init_from or "",
+            # the journal's copy beside each checkpoint holds every step up to it (a remote run folder)
+            on_checkpoint=lambda _uri: tracker.save_journal(),
         )
     except Preempted:
-        tracker.end("KILLED")  # resumed later into the same run
+        # resumed later into the same run, which sends what is left: a spot notice leaves no time to wait
+        tracker.end("KILLED", wait=min(5.0, tracker.flush_s))
         raise
     except BaseException:
         tracker.end("FAILED")
         raise
     init = result.run_meta.get("init_from")
-    if init and not prev_run:
+    if init and not tracker.resumed:
         tracker.log_dict(init, "init_from.json")  # which tensors were loaded, which are new, which skipped
         tracker.set_tags({f"shardline.init_from.{k}": str(len(init[k])) for k in ("loaded", "new", "skipped")})
     tracker.end("FINISHED")
@@ -292,7 +287,7 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
         "device": result.device,
         "precision": result.precision,
         "resumed_from": result.resumed_from,
-        "mlflow_run_id": run_id,
+        "mlflow_run_id": tracker.run_id,  # None when MLflow was away all along: `shardline sync` creates it
         "tracking_uri": redact_text(tracker.uri),
         "host": socket.gethostname(),
     }

@@ -353,11 +353,13 @@ def fit(
     step_every: int = 10,
     init_weights: dict[str, torch.Tensor] | None = None,
     init_source: str = "",
+    on_checkpoint: Callable[[str], None] | None = None,
 ) -> FitResult:
     """Train `model_spec` on `train`, validate on `val` every epoch, checkpoint into `ckpt_dir`.
 
     on_step(step, {"train_loss", "lr"}) every `step_every` optimizer steps; on_epoch(epoch, history entry)
-    after each epoch's validation, before its checkpoint (so a crash re-runs, never skips, a report).
+    after each epoch's validation, before its checkpoint (so a crash re-runs, never skips, a report);
+    on_checkpoint(uri) after each checkpoint is complete.
     With resume, the newest complete checkpoint in `ckpt_dir` is restored exactly, mid-epoch included;
     a finished run returns its result without training. Without resume, old checkpoints there are deleted.
     A fresh run starts from `init_weights` (another model's, `init_source` names it) where they match by
@@ -518,6 +520,8 @@ def fit(
             "steps_per_epoch": steps_per_epoch,
         }
         uri = save_checkpoint(ckpt_dir, loop["step"], state, meta, is_best=is_best, keep=cfg.keep_checkpoints)
+        if on_checkpoint is not None:
+            on_checkpoint(uri)
         last_save = time.monotonic()
         return uri
 
