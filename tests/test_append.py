@@ -192,3 +192,19 @@ def test_every_split_appends_without_moving_a_row(tmp_path, split, sequence_key,
     fresh = encode_dataset(second, cfg.data, str(tmp_path / "fresh" / "datasets" / "b"), threads=2)
     assert [s.sha256 for s in read_manifest(uri).shards] == [s.sha256 for s in read_manifest(fresh).shards]
     assert_same_training_data(uri, fresh)
+
+
+def test_shard_paths_resolve_on_every_store():
+    """A manifest lists a stored group's shards as `../groups/<key>/...`: resolved in the text, since an
+    object store would take `datasets/x/../groups` as a key of its own."""
+    from shardline.core.storage import relative_to, resolve
+
+    for root in ("s3://bucket/root", "file:///srv/store", "/srv/store", "store"):
+        folder, store = f"{root}/datasets/0123abcd", f"{root}/datasets/groups"
+        rel = relative_to(store, folder)
+        assert rel == "../groups"
+        assert resolve(folder, f"{rel}/k1/train.bin.lz4") == f"{root}/datasets/groups/k1/train.bin.lz4"
+        assert resolve(folder, "g00000-train.bin.lz4") == f"{folder}/g00000-train.bin.lz4"  # encoder 4: beside it
+    assert relative_to("s3://b/out/groups", "s3://b/out") == "groups"
+    with pytest.raises(ValueError, match="not on one store"):
+        relative_to("s3://b/groups", "/local/out")
