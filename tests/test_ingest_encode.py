@@ -425,6 +425,46 @@ def test_encode_leaves_torch_threads_as_they_were(raw_dir, tmp_path):
         torch.set_num_threads(before)
 
 
+def test_an_encode_stays_single_threaded_when_another_ends_beside_it():
+    """A thread that starts encoding while another encode runs keeps torch at one thread when that
+    other one ends and gives the process its count back. (Its count used to be taken lazily from the
+    process default at its first torch call, after its own set to 1: a group then summed its columns
+    on several threads, in another order, and its shards' bytes depended on what ran beside it.)"""
+    import threading
+
+    import torch
+
+    from shardline.core.encoding.group import one_torch_thread
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with one_torch_thread():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():  # a new thread, entering while `first` encodes
+        first_in.wait(10)
+        with one_torch_thread():
+            second_in.set()
+            first_out.wait(10)
+            seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_encode_flow_holds_at_most_encode_workers_groups_at_once(raw_dir, tmp_path, prefect_api, workers):
     """Memory is bounded by the group size: the flow never runs more than data.encode_workers
