@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 from prefect import task
 from prefect.logging import get_run_logger
+from prefect.utilities.annotations import quote
 
 from shardline.core import storage
 from shardline.core.config import SPLITS, DataConfig, stable_hash
@@ -502,8 +503,19 @@ def encode(
     results = [f.result() for f in enc_futures]
     cached_groups = sum(f.state.name == "Cached" for f in enc_futures)
     log.info("encode: %d of %d group(s) came from the cache", cached_groups, len(groups))
+    # quoted: Prefect would visit every element of these (each shard's own codes, vocabularies included)
+    # looking for futures, which cost more than the manifest itself on a data set of many groups
     uri, manifest_ran = run_cached(
-        write_manifest, MANIFEST_CACHE, storage_root, refresh, snapshot, results, data, out_dir, base, store
+        write_manifest,
+        MANIFEST_CACHE,
+        storage_root,
+        refresh,
+        quote(snapshot),
+        quote(results),
+        data,
+        out_dir,
+        base,
+        store,
     )
     ran = cached_groups < len(groups) or manifest_ran
     return uri, ran
