@@ -499,7 +499,10 @@ def encode(
     for i, g in enumerate(groups):
         if len(enc_futures) >= workers:
             enc_futures[len(enc_futures) - workers].wait()
-        enc_futures.append(enc_t.submit(g, i, n_groups=len(groups), data=data, store=store, reuse=not refresh))
+        # quoted: no futures inside, and Prefect's search for them visits every field of every file
+        enc_futures.append(
+            enc_t.submit(quote(g), i, n_groups=len(groups), data=quote(data), store=store, reuse=not refresh)
+        )
     results = [f.result() for f in enc_futures]
     cached_groups = sum(f.state.name == "Cached" for f in enc_futures)
     log.info("encode: %d of %d group(s) came from the cache", cached_groups, len(groups))
