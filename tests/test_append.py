@@ -69,6 +69,7 @@ def test_appended_files_leave_every_full_group_as_it_was():
     assert len(whole) > 20 and [f for g in whole for f in g] == files
     assert max(sum(f.size for f in g) for g in whole) < 2.5e6  # filled to group_mb (a file may overshoot)
     assert sum(f.size for f in whole[0]) < 0.7e6  # the first groups are smaller: a small data set is cut too
+    assert sum(f.size for f in whole[-2]) > 1.9e6  # and they grow with the data before them
     for n in (1, 7, 40, 95, 96, 150, 299):
         part = file_groups(snap(n), data)
         assert part[:-1] == whole[: len(part) - 1], n
@@ -163,13 +164,13 @@ def test_every_split_appends_without_moving_a_row(tmp_path, split, sequence_key,
     shard for shard. (Without the Prefect cache: the group store alone finds the stored groups.)"""
     raw, root = tmp_path / "raw", tmp_path / "store"
     make_raw(raw, n_seq=27, rows=40)  # 9 files of ~5.4 kB
-    # groups filled to 5 kB (4 groups), then 10 kB: 1, 1, 1, 1, 2, 2 files and a last group not full
+    # groups filled to 10 kB (group_mb / 8): two files each, and a last group not full
     over = {
         "data.split": split,
         "data.sequence_key": sequence_key,
         "data.window": window,
         "data.files_per_group": None,
-        "data.group_mb": 0.04,
+        "data.group_mb": 0.08,
     }
     cfg = config(raw, root, **over)
     store = str(root / "datasets" / "groups")
@@ -177,7 +178,7 @@ def test_every_split_appends_without_moving_a_row(tmp_path, split, sequence_key,
     encode_dataset(first, cfg.data, str(root / "datasets" / "a"), threads=2, store=store)
     before = stored_files(root)
     groups_a = file_groups(first, cfg.data)
-    assert [len(g) for g in groups_a] == [1, 1, 1, 1, 2, 2, 1]
+    assert [len(g) for g in groups_a] == [2, 2, 2, 2, 1]
 
     make_raw(raw, n_seq=3, rows=40, prefix="t", seed=9)  # one more file, after the others
     second = snapshot_source(cfg.data)

@@ -42,35 +42,38 @@ ENCODER_VERSION = "5"
 GROUPS = "groups"  # the group store's folder, beside the data sets' folders under `<root>/datasets/`
 GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
 
-MIN_GROUPS = 4  # groups at each size of the ramp: a small data set still encodes in parallel
-RAMP = 3  # the first groups hold group_mb / 2**3, then / 2**2, then / 2, then group_mb
+SMALLEST = 8  # a group holds at least group_mb / SMALLEST of raw bytes,
+SHARE = 16  # and about 1 / SHARE of the raw bytes before it, up to group_mb
 
 
-def group_budget(i: int, data: DataConfig) -> float:
-    """The raw bytes group `i` is filled to: `group_mb`, less for the first groups (MIN_GROUPS groups
-    of an eighth of it, then MIN_GROUPS of a quarter, then of a half), so that a small data set is still
-    cut into several groups that encode at once. It depends on the group's place only, never on the
-    data set's size, so appending files moves no boundary before the last group."""
-    return data.group_mb * 1e6 / 2 ** max(0, RAMP - i // MIN_GROUPS)
+def group_budget(before: float, data: DataConfig) -> float:
+    """The raw bytes a group is filled to, given the raw bytes of the groups before it: a sixteenth of
+    those, at least an eighth of `group_mb` and at most `group_mb`. A small data set is cut into
+    groups of an eighth of `group_mb` (which encode at once); a large one's grow to `group_mb`.
+    It depends on the files before the group only, never on the data set's size, so appending files
+    moves no boundary before the last group; and that last group, which the first appended files
+    fill up (and encode again), holds at most a sixteenth of the data before it (or group_mb / 8)."""
+    mb = data.group_mb * 1e6
+    return min(mb, max(mb / SMALLEST, before / SHARE))
 
 
 def file_groups(snapshot: Snapshot, data: DataConfig) -> list[list[RawFile]]:
     """Consecutive runs of the snapshot's files (sorted by URI): `files_per_group` files each when set,
-    else each group filled until it holds `group_budget` raw bytes. A group is decided by its place and
-    its own files, never by the files after it: files appended at the end leave every group but the last
-    as it was (the last one, until full, takes the first new files), and their stored shards are reused
-    (`group_key`). A file inserted earlier in the order moves the boundaries after it: those groups are
-    encoded again."""
+    else each group filled until it holds `group_budget` raw bytes. A group is decided by the files
+    before it and its own, never by the files after it: files appended at the end leave every group
+    but the last as it was (the last one, until full, takes the first new files), and their stored
+    shards are reused (`group_key`). A file inserted earlier in the order moves the boundaries after
+    it: those groups are encoded again."""
     files = snapshot.files
     if data.files_per_group:
         n = data.files_per_group
         return [files[i : i + n] for i in range(0, len(files), n)]
     groups: list[list[RawFile]] = []
-    size = 0
+    before = size = 0
     for f in files:
-        if not groups or size >= group_budget(len(groups) - 1, data):
+        if not groups or size >= group_budget(before, data):
             groups.append([])
-            size = 0
+            before, size = before + size, 0
         groups[-1].append(f)
         size += f.size
     return groups
