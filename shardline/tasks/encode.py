@@ -352,7 +352,13 @@ def _retry_infrastructure(task, task_run, state) -> bool:
     return retry_on_infrastructure(task, task_run, state)
 
 
-@task(name="encode-group", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_infrastructure)
+@task(
+    name="encode-group",
+    task_run_name="encode-group-{group}",  # its place in the snapshot's order, from 0
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=_retry_infrastructure,
+)
 def encode_group(
     files: list[RawFile], group: int, n_groups: int, data: DataConfig, store: str, reuse: bool = True
 ) -> EncodedGroup:
