@@ -555,10 +555,15 @@ def run(args) -> None:
         scales = sorted({min(max(1, s), len(files)) for s in args.scales})
         mem_over = list(args.set)
         if not cfg.data.files_per_group:
-            from shardline.tasks.encode import MIN_GROUPS
+            from shardline.tasks.encode import SHARE, SMALLEST
 
+            # groups of group_mb / SMALLEST, 4 at the smallest scale; larger scales keep that size (a
+            # group grows to 1 / SHARE of the data before it, which stays under it at 4x the files)
             smallest = sum(f.size for f in snap.files[: scales[0]])
-            mem_over.append(f"data.group_mb={min(cfg.data.group_mb, smallest / MIN_GROUPS / 1e6):.6g}")
+            group_mb = min(cfg.data.group_mb, smallest / 4 * SMALLEST / 1e6)
+            if scales[-1] > scales[0] * SHARE / 4:
+                log("encode peak memory: the largest scale's groups grow beyond the smallest's")
+            mem_over.append(f"data.group_mb={group_mb:.6g}")
         peaks = []
         for s in scales:
             log(f"encode peak memory, {s} files (child process) ...")

@@ -13,6 +13,15 @@ pytestmark = pytest.mark.e2e
 ALL_CACHED = {"ingest": "cached", "encode": "cached", "train": "cached", "evaluate": "cached", "register": "cached"}
 
 
+def shard_files(manifest_uri: str) -> list[Path]:
+    """The shard files a manifest lists, where they lie (the group store, beside the data sets' folders)."""
+    from shardline.core.manifest import Manifest
+    from shardline.core.storage import resolve
+
+    manifest = Manifest.model_validate_json(Path(manifest_uri).read_text())
+    return sorted(Path(resolve(str(Path(manifest_uri).parent), s.path)) for s in manifest.shards)
+
+
 def run(cfg: dict, force=None) -> dict:
     from shardline.flows.pipeline import pipeline
 
@@ -70,7 +79,8 @@ def test_new_raw_file_is_ingested_encoded_and_trained_on(setup, prefect_api):
 
 def test_deleted_shard_is_rebuilt(setup, prefect_api):
     tmp_path, cfg, first = setup
-    shard = sorted(Path(first["manifest"]).parent.glob("*.bin.lz4"))[0]  # stored compressed
+    shard = shard_files(first["manifest"])[0]
+    assert shard.name.endswith(".bin.lz4")  # stored compressed
     original = shard.read_bytes()
     shard.unlink()
     second = run(cfg)
@@ -188,7 +198,7 @@ def test_a_cached_rerun_lists_shards_and_reading_them_checks_their_bytes(setup, 
     S3); a shard of another size is rebuilt. Bytes that changed at the same size are caught where they
     are read, by their checksum, naming the shard."""
     tmp_path, cfg, first = setup
-    shards = sorted(Path(first["manifest"]).parent.glob("*.bin.lz4"))
+    shards = shard_files(first["manifest"])
     original = shards[0].read_bytes()
     shards[0].write_bytes(original[:-1])  # truncated: another size
     second = run(cfg)

@@ -120,12 +120,11 @@ def test_killed_during_encode_leaves_nothing_a_rerun_trusts(tmp_path):
     killed, clean = write_config(tmp_path, "killed", **over), write_config(tmp_path, "clean", **over)
 
     proc = start(killed)
-    kill_when(proc, lambda: len(list((tmp_path / "killed").glob("datasets/*/*.bin.lz4"))) >= 3)
-    datasets = list((tmp_path / "killed").glob("datasets/*"))
+    kill_when(proc, lambda: len(list((tmp_path / "killed").glob("datasets/groups/*/*.bin.lz4"))) >= 3)
     assert not list((tmp_path / "killed").glob("datasets/*/manifest.json")), (
         "the kill came after encoding: nothing was tested"
     )
-    assert len(list(datasets[0].glob("*.bin.lz4"))) < 40 * 3
+    assert len(list((tmp_path / "killed").glob("datasets/groups/*/*.bin.lz4"))) < 40 * 3
 
     finish(killed)
     finish(clean)
@@ -134,6 +133,14 @@ def test_killed_during_encode_leaves_nothing_a_rerun_trusts(tmp_path):
     assert manifest is not None  # every shard it lists is there with its checksum
     reference = verify_manifest(str(next((tmp_path / "clean").glob("datasets/*/manifest.json"))), deep=True)
     assert [(s.path, s.sha256) for s in manifest.shards] == [(s.path, s.sha256) for s in reference.shards]
-    # whatever a killed writer left behind is a temporary name no manifest lists
-    listed = {s.path for s in manifest.shards} | {s.keys_path for s in manifest.shards} | {"manifest.json"}
-    assert all(p.name in listed or p.name.startswith(".tmp-") for p in manifest_path.parent.iterdir())
+    # whatever a killed writer left behind is a temporary name no manifest lists (shards lie in the group
+    # store, each group's folder holding its shards, their keys files and its record, written last)
+    listed = {s.path for s in manifest.shards} | {s.keys_path for s in manifest.shards}
+    listed |= {f"{p.rsplit('/', 1)[0]}/group.json" for p in listed}
+    store = manifest_path.parent.parent / "groups"
+    assert all(p.name == "manifest.json" or p.name.startswith(".tmp-") for p in manifest_path.parent.iterdir())
+    assert all(
+        f"../groups/{p.relative_to(store)}" in listed or p.name.startswith(".tmp-")
+        for p in store.rglob("*")
+        if p.is_file()
+    )

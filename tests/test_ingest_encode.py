@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -10,7 +11,7 @@ from shardline.core.encoding.columns import DataError, prepare
 from shardline.core.encoding.frame import encode_frame
 from shardline.core.manifest import Manifest
 from shardline.core.shards import read_arrays, window_starts
-from shardline.core.storage import fetch_verified
+from shardline.core.storage import fetch_verified, resolve
 from shardline.tasks.encode import build_manifest, dataset_id, encode_group_to_shards, file_groups, verify_manifest
 from shardline.tasks.ingest import snapshot_source
 from tests.conftest import make_raw, tiny_config
@@ -24,16 +25,15 @@ def encode_all(cfg):
     snap = snapshot_source(cfg.data)
     groups = file_groups(snap, cfg.data)
     out_dir = f"{cfg.storage.root}/datasets/{dataset_id(snap, cfg.data)}"
-    results = [encode_group_to_shards(g, i, cfg.data, out_dir) for i, g in enumerate(groups)]
-    manifest = build_manifest(snap, results, cfg.data)
+    results = [encode_group_to_shards(g, cfg.data, f"{cfg.storage.root}/datasets/groups") for g in groups]
+    manifest = build_manifest(snap, results, cfg.data)  # shards listed as ../groups/<key>/...
     return snap, manifest.encoding, out_dir, manifest
 
 
 def shard_arrays(manifest, out_dir, info):
     """A shard's arrays as readers see them: unpacked and mapped to the data set's encoding."""
-    stored = read_arrays(
-        fetch_verified(f"{out_dir}/{info.path}", info.sha256, info.bytes, info.compression, info.raw_bytes), info.arrays
-    )
+    uri = resolve(out_dir, info.path)  # in the group store: ../groups/<key>/<split>.bin.lz4
+    stored = read_arrays(fetch_verified(uri, info.sha256, info.bytes, info.compression, info.raw_bytes), info.arrays)
     return Globaliser(manifest.encoding).arrays(stored, info.local)
 
 
@@ -82,7 +82,7 @@ def test_encoding_is_fitted_on_train_only_and_shards_round_trip(raw_dir, tmp_pat
     raw = pl.concat([pl.read_parquet(f.uri) for f in snap.files])
     train_keys = set()
     for info in manifest.shards_of("train"):
-        train_keys |= set(pl.read_parquet(f"{out_dir}/{info.keys_path}")["sequence"].to_list())
+        train_keys |= set(pl.read_parquet(resolve(out_dir, info.keys_path))["sequence"].to_list())
     train_rows = raw.filter(pl.col("seq").is_in(list(train_keys)))
     assert spec.continuous[1].mean == pytest.approx(train_rows["y"].mean(), rel=1e-9)
     assert spec.continuous[1].mean != pytest.approx(raw["y"].mean(), rel=1e-9)
@@ -91,7 +91,7 @@ def test_encoding_is_fitted_on_train_only_and_shards_round_trip(raw_dir, tmp_pat
     # each shard's arrays decode back to the raw rows, sequences contiguous and ordered
     info = manifest.shards_of("train")[0]
     arrays = shard_arrays(manifest, out_dir, info)
-    keys = pl.read_parquet(f"{out_dir}/{info.keys_path}")["sequence"].to_list()
+    keys = pl.read_parquet(resolve(out_dir, info.keys_path))["sequence"].to_list()
     offsets = arrays["offsets"]
     for seg, key in enumerate(keys):
         rows = raw.filter(pl.col("seq") == key).sort("t")
@@ -244,7 +244,7 @@ def test_stored_shards_hold_exactly_the_compressed_bytes(raw_dir, tmp_path, code
     _, _, out_dir, manifest = encode_all(cfg)
     make = pa.Codec(codec, ZSTD_LEVEL) if codec == "zstd" else pa.Codec(codec)
     for info in manifest.shards:
-        stored = open(f"{out_dir}/{info.path}", "rb").read()
+        stored = open(resolve(out_dir, info.path), "rb").read()
         assert info.compression == codec and info.path.endswith({"lz4": ".lz4", "zstd": ".zst"}[codec])
         assert len(stored) == info.bytes < info.raw_bytes
         unpacked = pa.Codec(codec).decompress(stored, decompressed_size=info.raw_bytes, asbytes=True)
@@ -260,7 +260,7 @@ def test_manifest_verification_rejects_missing_shard(raw_dir, tmp_path):
     uri = f"{out_dir}/manifest.json"
     storage.write_text(uri, manifest.model_dump_json())
     assert verify_manifest(uri, deep=True) is not None
-    (tmp_path / "store").joinpath(out_dir.split("/store/", 1)[1], manifest.shards[0].path).unlink()
+    Path(resolve(out_dir, manifest.shards[0].path)).unlink()
     assert verify_manifest(uri) is None
     assert Manifest.model_validate(json.loads(storage.read_text(uri))).shards  # the manifest itself is intact
 
@@ -372,7 +372,7 @@ def test_one_pass_shards_equal_the_direct_encoding(tmp_path, dtype, task):
     snap, spec, out_dir, manifest = encode_all(cfg)
     by_group: dict[str, set[str]] = {}
     for s in manifest.shards:
-        by_group.setdefault(s.path.split("-")[0], set()).add(json.dumps(s.local.model_dump(), sort_keys=True))
+        by_group.setdefault(s.path.rsplit("/", 1)[0], set()).add(json.dumps(s.local.model_dump(), sort_keys=True))
     assert all(len(v) == 1 for v in by_group.values())  # a group's shards share the group's codes
     assert len(set.union(*by_group.values())) == len(by_group) == 4  # and each group has its own
     raw = pl.concat([prepare(pl.read_parquet(f.uri), "seq", "t", f.uri) for f in snap.files])
@@ -380,7 +380,7 @@ def test_one_pass_shards_equal_the_direct_encoding(tmp_path, dtype, task):
     checked = 0
     for info in manifest.shards:
         got = shard_arrays(manifest, out_dir, info)
-        keys = pl.read_parquet(f"{out_dir}/{info.keys_path}")["sequence"].to_list()
+        keys = pl.read_parquet(resolve(out_dir, info.keys_path))["sequence"].to_list()
         rows = raw.filter(pl.col("__seq").is_in(keys))
         want, want_keys = encode_frame(rows, spec)
         assert want_keys == keys
@@ -423,6 +423,46 @@ def test_encode_leaves_torch_threads_as_they_were(raw_dir, tmp_path):
         assert torch.get_num_threads() == 3 and seen == [3]
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_encode_stays_single_threaded_when_another_ends_beside_it():
+    """A thread that starts encoding while another encode runs keeps torch at one thread when that
+    other one ends and gives the process its count back. (Its count used to be taken lazily from the
+    process default at its first torch call, after its own set to 1: a group then summed its columns
+    on several threads, in another order, and its shards' bytes depended on what ran beside it.)"""
+    import threading
+
+    import torch
+
+    from shardline.core.encoding.group import one_torch_thread
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with one_torch_thread():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():  # a new thread, entering while `first` encodes
+        first_in.wait(10)
+        with one_torch_thread():
+            second_in.set()
+            first_out.wait(10)
+            seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -70,7 +70,7 @@ def test_shards_in_s3_are_verified_on_fetch(tmp_path, s3_endpoint, monkeypatch):
     assert data.n_windows == manifest.windows["train"]
     # a shard object replaced behind the manifest's back is refused, not trained on
     info = manifest.shards_of("validation")[0]
-    fs.pipe_file(f"{out_dir[len('s3://') :]}/{info.path}", b"corrupted")
+    fs.pipe_file(storage.resolve(out_dir, info.path)[len("s3://") :], b"corrupted")
     with pytest.raises(IOError, match="checksum mismatch"):
         open_split(manifest, uri, "validation")
     assert os.listdir(tmp_path / "cache")

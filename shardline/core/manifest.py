@@ -174,7 +174,10 @@ class ShardInfo(_Model):
     `keys` is a parquet file beside it with one row per segment: the sequence key.
     """
 
-    path: str = Field(description="relative to the manifest's folder")
+    path: str = Field(
+        description="relative to the manifest's folder: `../groups/<group key>/train.bin.lz4` for a shard in the "
+        "group store (`storage.resolve` reads the `..`), or a name beside the manifest (encoder version 4 and before)"
+    )
     compression: Literal["zstd", "lz4"] | None = Field(
         None, description="how the stored object is compressed; readers unpack it into the local cache"
     )
@@ -193,8 +196,14 @@ class ShardInfo(_Model):
 
 class EncodedGroup(_Model):
     """What encoding one file group produced: its shards (in the group's own codes) and the
-    sufficient statistics of its training rows, from which the data set's encoding is fitted."""
+    sufficient statistics of its training rows, from which the data set's encoding is fitted.
 
+    `key` names the group's folder in the group store (its files, the data settings and the encoder's
+    version: `shardline.tasks.encode.group_key`); its shards' paths are relative to that folder, and the
+    manifest lists them relative to its own. Without a key (encoder version 4 and before) the shards
+    lie beside the manifest."""
+
+    key: str | None = None
     shards: list[ShardInfo]
     train: dict = Field(
         description="count/mean/M2 per continuous column, value counts per categorical column and of the target"

@@ -33,6 +33,43 @@ def join(root: str, *parts: str) -> str:
     return "/".join([root, *[p.strip("/") for p in parts if p]])
 
 
+def _split_scheme(uri: str) -> tuple[str, str]:
+    scheme, sep, rest = uri.partition("://")
+    return (scheme + sep, rest) if sep else ("", uri)
+
+
+def resolve(folder: str, relative: str) -> str:
+    """`relative` (a manifest's shard path: `g00000-train.bin.lz4`, or `../groups/<key>/train.bin.lz4`
+    for a shard in the group store) under `folder`, with `..` resolved in the text: an object store
+    takes `a/../b` as a key of its own, not as `b`."""
+    scheme, path = _split_scheme(join(folder, relative))
+    absolute = path.startswith("/")
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            if not parts or parts[-1] == "..":
+                if absolute:
+                    raise ValueError(f"{relative!r} goes above the root of {folder!r}")
+                parts.append(part)
+            else:
+                parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    return scheme + ("/" if absolute else "") + "/".join(parts)
+
+
+def relative_to(uri: str, folder: str) -> str:
+    """The path of `uri` seen from `folder` (both on one store): what `resolve(folder, ...)` turns back into `uri`."""
+    (s1, a), (s2, b) = _split_scheme(uri.rstrip("/")), _split_scheme(folder.rstrip("/"))
+    if s1 != s2:
+        raise ValueError(f"{uri!r} and {folder!r} are not on one store")
+    a_parts, b_parts = [p for p in a.split("/") if p], [p for p in b.split("/") if p]
+    common = 0
+    while common < min(len(a_parts), len(b_parts)) and a_parts[common] == b_parts[common]:
+        common += 1
+    return "/".join([".."] * (len(b_parts) - common) + a_parts[common:])
+
+
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return url_to_fs(uri)
 

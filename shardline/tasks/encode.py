@@ -1,17 +1,24 @@
 """Encode: each file group read once into shards (in the group's own codes) and its training
 statistics; the data set's encoding is fitted from those and written in the manifest, last.
-(How a shard's own codes map to the data set's encoding: `shardline/core/codes.py`.)"""
+(How a shard's own codes map to the data set's encoding: `shardline/core/codes.py`.)
+
+A group's shards are stored by the group's content, not the snapshot's: `datasets/groups/<group key>/`
+(its files, the data settings and the encoder's version), so a snapshot that appends files finds the
+shards of the groups it shares with an earlier one and encodes only its new groups; each snapshot's
+manifest (`datasets/<dataset id>/manifest.json`) lists the shards where they lie."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 from prefect import task
 from prefect.logging import get_run_logger
+from prefect.utilities.annotations import quote
 
 from shardline.core import storage
 from shardline.core.config import SPLITS, DataConfig, stable_hash
@@ -23,37 +30,73 @@ from shardline.core.encoding.reuse import reuse_encoding
 from shardline.core.encoding.splits import split_rows
 from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.core.shards import compress_bytes, window_count
+from shardline.core.version import code_version_of
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 
 # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment;
 # 3: one pass, own codes per shard; since 2026-11-23 one set per group, same layout; 4: several targets,
-# `target`, `target_1`, ..., and their statistics as a list)
-ENCODER_VERSION = "4"
+# `target`, `target_1`, ..., and their statistics as a list; 5: each group's shards in the group store,
+# `datasets/groups/<group key>/<split>.bin.lz4`, shared by every snapshot that holds the group)
+ENCODER_VERSION = "5"
+
+GROUPS = "groups"  # the group store's folder, beside the data sets' folders under `<root>/datasets/`
+GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
+
+SMALLEST = 8  # a group holds at least group_mb / SMALLEST of raw bytes,
+SHARE = 16  # and about 1 / SHARE of the raw bytes before it, up to group_mb
 
 
-MIN_GROUPS = 4  # small data sets still encode in parallel
+def group_budget(before: float, data: DataConfig) -> float:
+    """The raw bytes a group is filled to, given the raw bytes of the groups before it: a sixteenth of
+    those, at least an eighth of `group_mb` and at most `group_mb`. A small data set is cut into
+    groups of an eighth of `group_mb` (which encode at once); a large one's grow to `group_mb`.
+    It depends on the files before the group only, never on the data set's size, so appending files
+    moves no boundary before the last group; and that last group, which the first appended files
+    fill up (and encode again), holds at most a sixteenth of the data before it (or group_mb / 8)."""
+    mb = data.group_mb * 1e6
+    return min(mb, max(mb / SMALLEST, before / SHARE))
 
 
 def file_groups(snapshot: Snapshot, data: DataConfig) -> list[list[RawFile]]:
-    """Consecutive runs of the snapshot's files: `files_per_group` files each when set, else about
-    `group_mb` of raw bytes each (less for a small data set, so at least MIN_GROUPS tasks run in
-    parallel). Files are packed in order, so files added at the end leave the earlier groups, and
-    their cached shards, as they were."""
+    """Consecutive runs of the snapshot's files (sorted by URI): `files_per_group` files each when set,
+    else each group filled until it holds `group_budget` raw bytes. A group is decided by the files
+    before it and its own, never by the files after it: files appended at the end leave every group
+    but the last as it was (the last one, until full, takes the first new files), and their stored
+    shards are reused (`group_key`). A file inserted earlier in the order moves the boundaries after
+    it: those groups are encoded again."""
     files = snapshot.files
     if data.files_per_group:
         n = data.files_per_group
         return [files[i : i + n] for i in range(0, len(files), n)]
-    total = sum(f.size for f in files)
-    budget = min(data.group_mb * 1e6, max(total / MIN_GROUPS, 1.0))
     groups: list[list[RawFile]] = []
-    size = 0
+    before = size = 0
     for f in files:
-        if not groups or size >= budget:
+        if not groups or size >= group_budget(before, data):
             groups.append([])
-            size = 0
+            before, size = before + size, 0
         groups[-1].append(f)
         size += f.size
     return groups
+
+
+def encoder_code() -> str:
+    """The version of the code that decides a shard's bytes: this module (it reads the raw files and
+    writes the shards) and the encoder it calls (`shardline.core.encoding.group` and what that imports).
+    Part of a group's address, so an edit to that code stores new folders and never rewrites a shard that
+    another snapshot's manifest lists; the rest of the step's code (its retry policy imports the
+    training code) is not: an edit there encodes nothing again."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(code_version_of("shardline.core.encoding.group", "shardline.core.storage").encode())
+    return h.hexdigest()[:16]
+
+
+def group_key(files: list[RawFile], data: DataConfig) -> str:
+    """A file group's content address, its folder in the group store: its files (path, size,
+    etag/mtime), the data settings that change a byte, the encoder's version and code. Not its place
+    among the groups nor the rest of the snapshot, so any snapshot that holds the group finds it."""
+    return stable_hash(
+        {"files": raw_files_key(files), "data": _data_key(data), "encoder": ENCODER_VERSION, "code": encoder_code()}
+    )[:24]
 
 
 def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
@@ -124,16 +167,34 @@ def read_group(files: list[RawFile] | list[str], data: DataConfig, columns: list
     return df
 
 
-def encode_group_to_shards(
-    files: list[RawFile] | list[str], group: int, data: DataConfig, out_dir: str
-) -> EncodedGroup:
-    """Encode one group of raw files, read once, into one shard per split under `out_dir` (each
-    written atomically) in the group's own codes, and gather its training rows' statistics.
+def stored_group(store: str, key: str) -> EncodedGroup | None:
+    """Group `key`'s record in the group store `store`, when it is there and every shard it lists is
+    intact (a listing: see `shards_intact`); else None."""
+    folder = storage.join(store, key)
+    uri = storage.join(folder, GROUP_RECORD)
+    if not storage.exists(uri):
+        return None
+    try:
+        group = EncodedGroup.model_validate_json(storage.read_text(uri))
+    except Exception:  # noqa: BLE001 - an unreadable record is no record: the group is encoded again
+        return None
+    return group if group.key == key and shards_intact(group.shards, folder) else None
+
+
+def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, reuse: bool = True) -> EncodedGroup:
+    """Encode one group of raw files, read once, into one shard per split in its folder of the group
+    store, `<store>/<group key>/` (each file written atomically, the group's record `group.json`
+    last), in the group's own codes, and gather its training rows' statistics. With `reuse`, a group
+    whose record and shards are already there is taken as it is, without reading a raw file.
     One writer thread per shard compresses, hashes and stores it: the stores overlap, so the
     group waits for its largest shard's store, not for the sum of them (fsync waits included;
     measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode speed")."""
     from concurrent.futures import ThreadPoolExecutor
 
+    key = group_key(files, data)
+    if reuse and (stored := stored_group(store, key)) is not None:
+        return stored
+    out_dir = storage.join(store, key)
     frame, splits = split_rows(read_group(files, data), data)
     codec = None if data.shard_compression == "none" else data.shard_compression
     with one_torch_thread():
@@ -147,7 +208,7 @@ def encode_group_to_shards(
                 continue
             # the file's bytes were built in memory; compressed there, written once (atomically)
             raw, specs, arrays, keys, codes, _ = encoded.pop(split)  # an EncodedSplit
-            name = f"g{group:05d}-{split}"
+            name = split  # the group's folder is its address: a shard is named by its split
             a0, a1 = splits[split].first, splits[split].end
             info = dict(
                 path=f"{name}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
@@ -177,7 +238,9 @@ def encode_group_to_shards(
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
     rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in SPLITS}
-    return EncodedGroup(shards=infos, train=train or empty_stats(data), rows=rows)
+    group = EncodedGroup(key=key, shards=infos, train=train or empty_stats(data), rows=rows)
+    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())  # last: the group is whole
+    return group
 
 
 def _store(raw, codec: str | None, shard_uri: str, keys: list[str], keys_uri: str) -> dict:
@@ -220,13 +283,27 @@ def check_splits(windows: dict[str, int], data: DataConfig) -> None:
         )
 
 
+def listed(group: EncodedGroup, store: str) -> list[ShardInfo]:
+    """A group's shards as a manifest lists them: their paths seen from the manifest's folder, where
+    `store` is the group store (`../groups` in the pipeline's layout)."""
+    if group.key is None:  # encoder version 4 and before: beside the manifest
+        return list(group.shards)
+    at = f"{store.rstrip('/')}/{group.key}" if store else group.key
+    return [s.model_copy(update={"path": f"{at}/{s.path}", "keys_path": f"{at}/{s.keys_path}"}) for s in group.shards]
+
+
 def build_manifest(
-    snapshot: Snapshot, groups: list[EncodedGroup], data: DataConfig, base: tuple[EncodingSpec, str] | None = None
+    snapshot: Snapshot,
+    groups: list[EncodedGroup],
+    data: DataConfig,
+    base: tuple[EncodingSpec, str] | None = None,
+    store: str = f"../{GROUPS}",
 ) -> Manifest:
     """Fit the data set's encoding from the groups' training statistics (or, fine-tuning, take the
-    parent's: `base` is its encoding and where it came from) and list their shards; refuses a split
-    with no window (nothing is published then)."""
-    shards = [s for g in groups for s in g.shards]
+    parent's: `base` is its encoding and where it came from) and list their shards, where `store` (the
+    group store seen from the manifest's folder: `datasets/<id>/` beside `datasets/groups/` in the
+    pipeline) says they lie; refuses a split with no window (nothing is published then)."""
+    shards = [s for g in groups for s in listed(g, store)]
     rows = {s: sum(g.rows.get(s, 0) for g in groups) for s in SPLITS}
     windows = {s: sum(x.windows for x in shards if x.split == s) for s in SPLITS}
     check_splits(windows, data)
@@ -259,7 +336,7 @@ def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
     folder = manifest_uri.rsplit("/", 1)[0]
     for s in manifest.shards:
         for rel, digest in ((s.path, s.sha256), (s.keys_path, s.keys_sha256)):
-            uri = storage.join(folder, rel)
+            uri = storage.resolve(folder, rel)
             if not storage.exists(uri) or (deep and storage.sha256_uri(uri) != digest):
                 return None
     return manifest
@@ -276,15 +353,27 @@ def _retry_infrastructure(task, task_run, state) -> bool:
     return retry_on_infrastructure(task, task_run, state)
 
 
-@task(name="encode-group", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_infrastructure)
-def encode_group(files: list[RawFile], group: int, n_groups: int, data: DataConfig, out_dir: str) -> EncodedGroup:
-    """Encode one file group into shards (one per split) and its training statistics."""
+@task(
+    name="encode-group",
+    task_run_name="encode-group-{group}",  # its place in the snapshot's order, from 0
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=_retry_infrastructure,
+)
+def encode_group(
+    files: list[RawFile], group: int, n_groups: int, data: DataConfig, store: str, reuse: bool = True
+) -> EncodedGroup:
+    """Encode one file group into shards (one per split) in the group store and its training statistics
+    (or, with `reuse`, take the group's stored shards when they are already there)."""
     t0 = time.perf_counter()
-    result = encode_group_to_shards(files, group, data, out_dir)
+    key = group_key(files, data)
+    stored = stored_group(store, key) if reuse else None
+    result = stored or encode_group_to_shards(files, data, store, reuse=False)
     get_run_logger().info(
-        "encode: group %d/%d done: %d file(s), %d rows in %.1fs",
+        "encode: group %d/%d %s: %d file(s), %d rows in %.1fs",
         group + 1,
         n_groups,
+        "found in the group store" if stored else "done",
         len(files),
         sum(result.rows.values()),
         time.perf_counter() - t0,
@@ -325,10 +414,13 @@ def write_manifest(
     data: DataConfig,
     out_dir: str,
     base: tuple[EncodingSpec, str] | None = None,
+    store: str | None = None,
 ) -> str:
     """Fit the encoding (or take the parent's: `base`), check the splits and publish the manifest (last:
-    until it exists, the shards are not a data set)."""
-    manifest = build_manifest(snapshot, groups, data, base)
+    until it exists, the shards are not a data set) in `out_dir`, listing the shards of the group store
+    `store` (default: `groups` beside `out_dir`)."""
+    store = store or storage.join(out_dir.rstrip("/").rsplit("/", 1)[0], GROUPS)
+    manifest = build_manifest(snapshot, groups, data, base, store=storage.relative_to(store, out_dir))
     uri = storage.join(out_dir, manifest_name(base))
     storage.write_text(uri, manifest.model_dump_json(indent=1))
     get_run_logger().info(
@@ -347,34 +439,39 @@ def _data_key(data: DataConfig) -> dict:
     )
 
 
-def shards_intact(infos: list[ShardInfo], out_dir: str) -> bool:
-    """Every shard a cached encode result lists is there with its size, and its keys file is there: a
+def shards_intact(infos: list[ShardInfo], folder: str) -> bool:
+    """Every shard listed (paths relative to `folder`) is there with its size, and its keys file is there: a
     listing, no download (on S3, hashing every shard would fetch the data set on each rerun). The bytes
     are checked against their sha256 where they are read anyway: every fetch (`read_verified`)."""
     for info in infos:
-        if storage.size_of(storage.join(out_dir, info.path)) != info.bytes:
+        if storage.size_of(storage.resolve(folder, info.path)) != info.bytes:
             return False
-        if not storage.exists(storage.join(out_dir, info.keys_path)):
+        if not storage.exists(storage.resolve(folder, info.keys_path)):
             return False
     return True
 
 
-# What decides a group's shards: its raw files (path, size, etag/mtime), its place among the groups,
-# the data settings that change a byte, and where the shards go; the shards must still be intact.
+# What decides a group's shards: its content address (its raw files by path, size and etag/mtime, the
+# data settings that change a byte, the encoder; not its place among the groups nor the rest of the
+# snapshot, so a snapshot with appended files finds it) and the group store; its shards must be intact.
 ENCODE_GROUP_CACHE = CacheRule(
     "encode",
-    key=lambda inputs: (raw_files_key(inputs["files"]), inputs["group"], _data_key(inputs["data"]), inputs["out_dir"]),
+    key=lambda inputs: (group_key(inputs["files"], inputs["data"]), inputs["store"]),
     code=(__name__,),
-    still_valid=lambda group, inputs: shards_intact(group.shards, inputs["out_dir"]),
+    still_valid=lambda group, inputs: (
+        group.key is not None and shards_intact(group.shards, storage.join(inputs["store"], group.key))
+    ),
 )
-# What decides the manifest: the snapshot, every group's shards (by checksum) and the data settings.
+# What decides the manifest: the snapshot, every group's shards (where they lie, by checksum) and the
+# data settings.
 MANIFEST_CACHE = CacheRule(
     "manifest",
     key=lambda inputs: (
         inputs["snapshot"].fingerprint,
-        [[x.sha256 for x in g.shards] for g in inputs["groups"]],
+        [[g.key, [x.sha256 for x in g.shards]] for g in inputs["groups"]],
         _data_key(inputs["data"]),
         inputs["out_dir"],
+        inputs.get("store"),
         inputs["base"][0].hash() if inputs.get("base") else None,  # the parent's encoding, when fine-tuning
     ),
     code=(__name__, "shardline.core.encoding.reuse"),
@@ -394,10 +491,16 @@ def encode(
     the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache)."""
     log = get_run_logger()
     out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
+    store = storage.join(storage_root, "datasets", GROUPS)
     groups = file_groups(snapshot, data)
     workers = encode_workers(data)
     log.info(
-        "encode: %d file(s) in %d group(s), %d at a time -> %s", len(snapshot.files), len(groups), workers, out_dir
+        "encode: %d file(s) in %d group(s), %d at a time -> %s (shards in %s)",
+        len(snapshot.files),
+        len(groups),
+        workers,
+        out_dir,
+        store,
     )
     enc_t = cached(encode_group, ENCODE_GROUP_CACHE, storage_root, refresh)
     # at most `workers` groups in flight: the encode's memory is bounded by the group size times
@@ -406,12 +509,28 @@ def encode(
     for i, g in enumerate(groups):
         if len(enc_futures) >= workers:
             enc_futures[len(enc_futures) - workers].wait()
-        enc_futures.append(enc_t.submit(g, i, n_groups=len(groups), data=data, out_dir=out_dir))
+        # quoted: no futures inside, and Prefect's search for them visits every field of every file
+        enc_futures.append(
+            enc_t.submit(quote(g), i, n_groups=len(groups), data=quote(data), store=store, reuse=not refresh)
+        )
     results = [f.result() for f in enc_futures]
+    cached_groups = sum(f.state.name == "Cached" for f in enc_futures)
+    log.info("encode: %d of %d group(s) came from the cache", cached_groups, len(groups))
+    # quoted: Prefect would visit every element of these (each shard's own codes, vocabularies included)
+    # looking for futures, which cost more than the manifest itself on a data set of many groups
     uri, manifest_ran = run_cached(
-        write_manifest, MANIFEST_CACHE, storage_root, refresh, snapshot, results, data, out_dir, base
+        write_manifest,
+        MANIFEST_CACHE,
+        storage_root,
+        refresh,
+        quote(snapshot),
+        quote(results),
+        data,
+        out_dir,
+        base,
+        store,
     )
-    ran = any(not f.state.name == "Cached" for f in enc_futures) or manifest_ran
+    ran = cached_groups < len(groups) or manifest_ran
     return uri, ran
 
 
@@ -420,15 +539,20 @@ def encode_workers(data: DataConfig) -> int:
     return data.encode_workers or os.cpu_count() or 1
 
 
-def encode_dataset(snapshot: Snapshot, data: DataConfig, out_dir: str, threads: int | None = None) -> str:
+def encode_dataset(
+    snapshot: Snapshot, data: DataConfig, out_dir: str, threads: int | None = None, store: str | None = None
+) -> str:
     """The encode step without Prefect (benchmarks, scripts): the same per-group functions the
-    tasks run, `threads` groups at once (default: `encode_workers`). Returns the manifest URI."""
+    tasks run, `threads` groups at once (default: `encode_workers`), the groups' shards in the group
+    store `store` (default: `groups` inside `out_dir`; groups already stored there are reused) and the
+    manifest in `out_dir`. Returns the manifest URI."""
     from concurrent.futures import ThreadPoolExecutor
 
+    store = store or storage.join(out_dir, GROUPS)
     groups = file_groups(snapshot, data)
     with ThreadPoolExecutor(max(1, threads or encode_workers(data))) as pool:
-        results = list(pool.map(lambda ig: encode_group_to_shards(ig[1], ig[0], data, out_dir), enumerate(groups)))
-    manifest = build_manifest(snapshot, results, data)
+        results = list(pool.map(lambda g: encode_group_to_shards(g, data, store), groups))
+    manifest = build_manifest(snapshot, results, data, store=storage.relative_to(store, out_dir))
     uri = storage.join(out_dir, "manifest.json")
     storage.write_text(uri, manifest.model_dump_json(indent=1))
     return uri

@@ -24,7 +24,7 @@ def sequence_keys(manifest: Manifest, manifest_uri: str, split: str, data) -> li
     folder = manifest_uri.rsplit("/", 1)[0]
     where = data.window_keys()
     per_shard = [
-        pl.read_parquet(io.BytesIO(storage.read_verified(storage.join(folder, info.keys_path), info.keys_sha256)))[
+        pl.read_parquet(io.BytesIO(storage.read_verified(storage.resolve(folder, info.keys_path), info.keys_sha256)))[
             "sequence"
         ].to_list()
         for info in manifest.shards_of(split)

@@ -22,7 +22,7 @@ import torch
 from shardline.core.codes import Globaliser
 from shardline.core.manifest import Manifest, target_array
 from shardline.core.shards import arrays_in, map_file, pack_layout, read_arrays, window_starts
-from shardline.core.storage import ShardCache, is_remote, join, local_path, read_verified, shared_cache
+from shardline.core.storage import ShardCache, is_remote, local_path, read_verified, resolve, shared_cache
 
 LOADER_STATE_VERSION = (
     3  # 3: a plain global permutation (the split is joined: no grouping by shard); shard-then-window when streaming
@@ -492,7 +492,8 @@ class SplitData:
 
 
 def manifest_folder(manifest_uri: str) -> str:
-    """The folder a manifest's relative shard paths are resolved against."""
+    """The folder a manifest's relative shard paths are resolved against (`storage.resolve`: a shard in
+    the group store is `../groups/<key>/<split>.bin.lz4`, an older data set's lies beside its manifest)."""
     uri = manifest_uri.rstrip("/")
     return uri.rsplit("/", 1)[0] if "/" in uri else "."
 
@@ -514,7 +515,7 @@ def open_split(
     folder = manifest_folder(manifest_uri)
     enc = manifest.encoding
     glob = Globaliser(enc)
-    uris = [join(folder, info.path) for info in shards]
+    uris = [resolve(folder, info.path) for info in shards]
     footprint = sum(glob.nbytes(info) for info in shards)
     in_place = len(shards) == 1 and not is_remote(uris[0]) and not shards[0].compression and shards[0].local is None
     if in_place:

@@ -44,13 +44,20 @@ def one_torch_thread():
     groups: torch's own intra-op threads on top of them only spin against each other (measured:
     the encode 20-30% slower on 2 cores with them). torch keeps a thread count per thread, set
     from a process default that `set_num_threads` also changes: the default is restored for the
-    threads that come later once no encode runs, and each thread restores its own on the way out."""
+    threads that come later once no encode runs, and each thread restores its own on the way out.
+
+    A thread takes its count from the process default at its first torch call that reads it (a lazy
+    init that `set_num_threads` does not count as one), so a new thread's own `set_num_threads(1)` was
+    overwritten by the default another thread had restored meanwhile: the group then summed its columns
+    on 2 threads, in another order, and its shards' bytes depended on what ran beside it. The count is
+    read first, so the thread's own count is set before it is set to 1."""
     import torch
 
     global _torch_users, _torch_threads
     with _torch_lock:
+        mine = torch.get_num_threads()  # the lazy init, before the count is set (see above)
         if _torch_users == 0:
-            _torch_threads = torch.get_num_threads()
+            _torch_threads = mine
         _torch_users += 1
         torch.set_num_threads(1)
     try:

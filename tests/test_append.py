@@ -1,0 +1,212 @@
+"""Appending raw files encodes only the new file groups: the groups a snapshot shares with an earlier
+one are found by their content in the group store (the Prefect cache hit and the bytes on storage),
+the data set's encoding is refitted from every group's statistics, and the result is exactly what a
+from-scratch encode of the same files gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from shardline.core import storage
+from shardline.core.config import validate_config
+from shardline.core.manifest import Manifest, RawFile, Snapshot
+from shardline.tasks.encode import encode_dataset, file_groups, verify_manifest
+from shardline.tasks.ingest import snapshot_source
+from tests.conftest import make_raw, tiny_config
+
+SPLITS = ("train", "validation", "test")
+
+
+def config(raw, root, **over):
+    return validate_config(tiny_config(str(raw / "*.parquet"), str(root), **over))
+
+
+def stored_files(root) -> dict[str, tuple[int, bytes]]:
+    """Every file of the group store: its mtime and bytes."""
+    store = root / "datasets" / "groups"
+    return {str(p.relative_to(store)): (p.stat().st_mtime_ns, p.read_bytes()) for p in store.rglob("*") if p.is_file()}
+
+
+def read_manifest(uri: str) -> Manifest:
+    return Manifest.model_validate_json(storage.read_text(uri))
+
+
+def assert_same_training_data(uri_a: str, uri_b: str) -> None:
+    """Both data sets give the same windows, row for row, as training reads them (each shard mapped from its
+    own codes to its data set's encoding): features, targets, and each window's sequence and order."""
+    from shardline.trainer.data import open_split
+
+    a, b = read_manifest(uri_a), read_manifest(uri_b)
+    assert a.encoding == b.encoding and a.rows == b.rows and a.windows == b.windows
+    for split in SPLITS:
+        da, db = open_split(a, uri_a, split), open_split(b, uri_b, split)
+        assert da.n_windows == db.n_windows == a.windows[split] > 0
+        ba, bb = da.batch(np.arange(da.n_windows)), db.batch(np.arange(db.n_windows))
+        assert torch.equal(ba.cont, bb.cont) and torch.equal(ba.cat, bb.cat), split
+        assert all(torch.equal(x, y) for x, y in zip(ba.targets, bb.targets, strict=True)), split
+        ka, kb = da.window_keys(), db.window_keys()
+        assert np.array_equal(ka["order"], kb["order"]) and np.array_equal(ka["segment"], kb["segment"])
+
+
+def test_appended_files_leave_every_full_group_as_it_was():
+    """Group boundaries depend on a group's place and its own files, never on the files after it: a prefix
+    of a snapshot is grouped as the whole snapshot's first groups, all but its last (which the appended
+    files may fill up). (They used to be sized from the total, so one more file moved every boundary.)"""
+    rng = np.random.default_rng(4)
+    sizes = rng.integers(20_000, 400_000, size=300)
+    files = [RawFile(uri=f"/raw/f-{i:04d}.parquet", size=int(s), version="1") for i, s in enumerate(sizes)]
+    data = config(Path("/raw"), "/store", **{"data.files_per_group": None, "data.group_mb": 2}).data
+
+    def snap(n: int) -> Snapshot:
+        return Snapshot(source="/raw", files=files[:n], fingerprint=str(n))
+
+    whole = file_groups(snap(len(files)), data)
+    assert len(whole) > 20 and [f for g in whole for f in g] == files
+    assert max(sum(f.size for f in g) for g in whole) < 2.5e6  # filled to group_mb (a file may overshoot)
+    assert sum(f.size for f in whole[0]) < 0.7e6  # the first groups are smaller: a small data set is cut too
+    assert sum(f.size for f in whole[-2]) > 1.9e6  # and they grow with the data before them
+    for n in (1, 7, 40, 95, 96, 150, 299):
+        part = file_groups(snap(n), data)
+        assert part[:-1] == whole[: len(part) - 1], n
+        assert whole[len(part) - 1][: len(part[-1])] == part[-1], n
+    # a small data set still encodes in parallel
+    assert len(file_groups(snap(20), data)) >= 3
+
+
+def test_appending_encodes_only_the_new_groups_in_a_flow(tmp_path, prefect_api):
+    """Through a real Prefect flow: after encoding 4 files (2 groups), 2 appended files make one new group;
+    the 2 old groups come back from the cache, their shards untouched (bytes and mtimes), and the new
+    manifest covers every row, exactly as a from-scratch encode of the 6 files."""
+    from prefect import flow, get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    from shardline.tasks.encode import encode
+
+    raw, root = tmp_path / "raw", tmp_path / "store"
+    make_raw(raw, n_seq=12, rows=40)  # s-000 .. s-003
+    cfg = config(raw, root)  # files_per_group: 2
+
+    @flow(name="encode-append")
+    def encode_only(snap: Snapshot, root: str):
+        from prefect.runtime import flow_run
+
+        return (*encode(snap, cfg.data, root), flow_run.id)
+
+    def group_states(run_id) -> list[str]:
+        async def runs():
+            async with get_client() as client:
+                return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+
+        found = {r.name: r.state.name for r in run_coro_as_sync(runs()) if r.name.startswith("encode-group")}
+        return [found[name] for name in sorted(found, key=lambda n: int(n.rsplit("-", 1)[1]))]  # by group
+
+    first = snapshot_source(cfg.data)
+    uri1, ran1, run1 = encode_only(first, str(root))
+    assert ran1 and group_states(run1) == ["Completed", "Completed"]
+    before = stored_files(root)
+    assert len({name.split("/", 1)[0] for name in before}) == 2  # a folder per group
+
+    make_raw(raw, n_seq=6, rows=40, prefix="t", seed=9)  # t-000, t-001: after s-* in the snapshot's order
+    second = snapshot_source(cfg.data)
+    assert [f.uri for f in second.files[:4]] == [f.uri for f in first.files] and len(second.files) == 6
+    uri2, ran2, run2 = encode_only(second, str(root))
+    assert ran2 and uri2 != uri1
+    assert group_states(run2) == ["Cached", "Cached", "Completed"]  # only the new group (the third) was encoded
+    after = stored_files(root)
+    assert {k: after[k] for k in before} == before  # the old groups' files: same bytes, never rewritten
+    assert len(after) > len(before)
+
+    m1, m2 = read_manifest(uri1), read_manifest(uri2)
+    assert verify_manifest(uri2, deep=True) is not None
+    old = {(s.path, s.sha256) for s in m1.shards}
+    assert old < {(s.path, s.sha256) for s in m2.shards}  # the new manifest lists the old shards where they lie
+    assert all(s.path.startswith("../groups/") for s in m2.shards)
+    raw_rows = sum(pl.read_parquet(f.uri).height for f in second.files)
+    assert sum(m2.rows.values()) == raw_rows
+    assert m2.encoding != m1.encoding  # refitted from every group's statistics, the new ones included
+    assert verify_manifest(uri1, deep=True) is not None  # the first snapshot's data set is still whole
+
+    scratch = tmp_path / "scratch"
+    uri3, ran3, run3 = encode_only(second, str(scratch))
+    assert group_states(run3) == ["Completed"] * 3
+    assert [(s.path, s.sha256) for s in read_manifest(uri3).shards] == [(s.path, s.sha256) for s in m2.shards]
+    assert_same_training_data(uri2, uri3)
+
+    # the same snapshot again: nothing runs
+    again = encode_only(second, str(root))
+    assert again[:2] == (uri2, False) and group_states(again[2]) == ["Cached"] * 3
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        {"method": "hash", "seed": 1, "fractions": {"train": 0.6, "validation": 0.2, "test": 0.2}},
+        {
+            "method": "range",
+            "column": "season",
+            "ranges": {"train": [None, 2021], "validation": [2022, 2022], "test": [2023, None]},
+        },
+    ],
+    ids=["hash", "range"],
+)
+@pytest.mark.parametrize(
+    "sequence_key,window", [("seq", 3), ("@file", 3), (None, 1)], ids=["by-column", "by-file", "no-sequence"]
+)
+def test_every_split_appends_without_moving_a_row(tmp_path, split, sequence_key, window):
+    """Every split assigns a row from the row alone (a seeded hash of its sequence key, or of its file and
+    row number without one; a range of its own value), never from the rest of the data set: appending
+    files leaves the stored groups as they were, and the appended data set is the from-scratch one,
+    shard for shard. (Without the Prefect cache: the group store alone finds the stored groups.)"""
+    raw, root = tmp_path / "raw", tmp_path / "store"
+    make_raw(raw, n_seq=27, rows=40)  # 9 files of ~5.4 kB
+    # groups filled to 10 kB (group_mb / 8): two files each, and a last group not full
+    over = {
+        "data.split": split,
+        "data.sequence_key": sequence_key,
+        "data.window": window,
+        "data.files_per_group": None,
+        "data.group_mb": 0.08,
+    }
+    cfg = config(raw, root, **over)
+    store = str(root / "datasets" / "groups")
+    first = snapshot_source(cfg.data)
+    encode_dataset(first, cfg.data, str(root / "datasets" / "a"), threads=2, store=store)
+    before = stored_files(root)
+    groups_a = file_groups(first, cfg.data)
+    assert [len(g) for g in groups_a] == [2, 2, 2, 2, 1]
+
+    make_raw(raw, n_seq=3, rows=40, prefix="t", seed=9)  # one more file, after the others
+    second = snapshot_source(cfg.data)
+    groups_b = file_groups(second, cfg.data)
+    assert groups_b[:-1] == groups_a[:-1] and len(groups_b[-1]) == 2  # the last group filled up
+    uri = encode_dataset(second, cfg.data, str(root / "datasets" / "b"), threads=2, store=store)
+    after = stored_files(root)
+    assert {k: after[k] for k in before} == before  # nothing stored was rewritten
+    folders_before = {name.split("/", 1)[0] for name in before}
+    # only the last group, filled up, was encoded
+    assert len({name.split("/", 1)[0] for name in after} - folders_before) == 1
+    fresh = encode_dataset(second, cfg.data, str(tmp_path / "fresh" / "datasets" / "b"), threads=2)
+    assert [s.sha256 for s in read_manifest(uri).shards] == [s.sha256 for s in read_manifest(fresh).shards]
+    assert_same_training_data(uri, fresh)
+
+
+def test_shard_paths_resolve_on_every_store():
+    """A manifest lists a stored group's shards as `../groups/<key>/...`: resolved in the text, since an
+    object store would take `datasets/x/../groups` as a key of its own."""
+    from shardline.core.storage import relative_to, resolve
+
+    for root in ("s3://bucket/root", "file:///srv/store", "/srv/store", "store"):
+        folder, store = f"{root}/datasets/0123abcd", f"{root}/datasets/groups"
+        rel = relative_to(store, folder)
+        assert rel == "../groups"
+        assert resolve(folder, f"{rel}/k1/train.bin.lz4") == f"{root}/datasets/groups/k1/train.bin.lz4"
+        assert resolve(folder, "g00000-train.bin.lz4") == f"{folder}/g00000-train.bin.lz4"  # encoder 4: beside it
+    assert relative_to("s3://b/out/groups", "s3://b/out") == "groups"
+    with pytest.raises(ValueError, match="not on one store"):
+        relative_to("s3://b/groups", "/local/out")
