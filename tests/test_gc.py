@@ -6,6 +6,7 @@ first run 3 days, B 2 days, A's second run 1 day), then the registered model `gc
 B's run and data set are referenced by nothing. The tests run in file order; the last two delete.
 """
 
+import json
 import os
 import time
 from pathlib import Path
@@ -71,6 +72,9 @@ def store(tmp_path_factory, prefect_api):
     assert len(set(runs)) == 3 and runs[2].name.startswith(runs[0].name + "-")  # --force train: a fresh folder
     data_a, data_b = Path(first["manifest"]).parent, Path(second["manifest"]).parent
     assert data_a != data_b and Path(third["manifest"]).parent == data_a
+    # the group store: each data set's shards lie in file-group folders its manifest lists
+    groups_a, groups_b = groups_of(first["manifest"]), groups_of(second["manifest"]) - groups_of(first["manifest"])
+    assert groups_a and groups_b
     for area in ("datasets", "runs", "prefect-results"):
         age(root / area, 4 * DAY)
     for path, days in ((runs[0], 3), (data_a, 3), (runs[1], 2), (data_b, 2), (runs[2], 1)):
@@ -88,12 +92,20 @@ def store(tmp_path_factory, prefect_api):
         runs=runs,
         data_a=data_a,
         data_b=data_b,
+        groups_a=sorted(groups_a),
+        groups_b=sorted(groups_b),
         manifest_b=second["manifest"],
         # B's cached results that point at its folders (its ingest points at raw files, its registration
         # at a model version: neither is B's data set or run)
         b_records={n for n in b_records if not n.startswith(("ingest-", "register-"))},
         third=third,
     )
+
+
+def groups_of(manifest: str) -> set[Path]:
+    """The file-group folders (`datasets/groups/<key>/`) whose shards a manifest lists."""
+    listed = json.loads(Path(manifest).read_text())["shards"]
+    return {(Path(manifest).parent / s["path"]).resolve().parent for s in listed}
 
 
 def planned(store, keep=1) -> dict[str, str]:
@@ -123,9 +135,11 @@ def test_dry_run_lists_the_unreferenced_and_deletes_nothing(store):
     assert out.code == 0, (out.out, out.exc)
     assert files_of(store.root, store.tmp / "raw-a", store.tmp / "raw-b") == before  # not a byte changed
 
-    expected = {f"runs/{store.runs[1].name}", f"datasets/{store.data_b.name}"} | {
-        f"prefect-results/{n}" for n in store.b_records
-    }
+    expected = (
+        {f"runs/{store.runs[1].name}", f"datasets/{store.data_b.name}"}
+        | {f"prefect-results/{n}" for n in store.b_records}
+        | {f"datasets/groups/{g.name}" for g in store.groups_b}
+    )
     plan = planned(store)
     assert set(plan) == expected
     assert "no registered version's run" in plan[f"runs/{store.runs[1].name}"]
@@ -197,7 +211,9 @@ def test_gc_deletes_them_and_the_champion_still_serves(store):
     junk = store.root / "prefect-results" / "not-a-record"
     junk.write_text("{not json")
     age(junk, 4 * DAY)
-    kept_before = files_of(store.runs[0], store.runs[2], store.data_a, store.tmp / "raw-a", store.tmp / "raw-b")
+    kept_before = files_of(
+        store.runs[0], store.runs[2], store.data_a, *store.groups_a, store.tmp / "raw-a", store.tmp / "raw-b"
+    )
     expected = planned(store)
 
     out = gc(store.tmp / "a.yaml", "--keep", "1")
@@ -208,7 +224,11 @@ def test_gc_deletes_them_and_the_champion_still_serves(store):
         assert not (store.root / path).exists(), path
     assert junk.exists()  # an unparseable record is left alone
     assert not store.runs[1].exists() and not store.data_b.exists()
-    assert files_of(store.runs[0], store.runs[2], store.data_a, store.tmp / "raw-a", store.tmp / "raw-b") == kept_before
+    assert not any(g.exists() for g in store.groups_b)  # B's shards in the group store went with it
+    assert (
+        files_of(store.runs[0], store.runs[2], store.data_a, *store.groups_a, store.tmp / "raw-a", store.tmp / "raw-b")
+        == kept_before
+    )
     assert (store.root / "mlflow.db").exists()
     assert planned(store) == {}  # nothing left to delete
 

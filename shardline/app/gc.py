@@ -41,6 +41,7 @@ from typing import Any
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
+from shardline.tasks.encode import GROUPS
 
 AREAS = ("datasets", "runs", "prefect-results")
 DEFAULT_KEEP = 3
@@ -161,6 +162,7 @@ class DataSet:
     item: Item
     data: set[tuple[str, str]]  # (data fingerprint, encoding hash) of each manifest in it
     shards: dict[str, tuple[int, str | None]]  # file name -> (bytes, sha256 when a manifest lists it)
+    groups: set[str] = field(default_factory=set)  # the group store's folders its manifests list shards in
 
 
 @dataclass
@@ -171,8 +173,11 @@ class Run:
     parents: list[str]  # checkpoint paths or run folders it was fine-tuned from
 
 
+_IN_GROUP = re.compile(rf"^\.\./{GROUPS}/([^/]+)/")
+
+
 def _dataset(item: Item) -> DataSet:
-    data, shards = set(), {}
+    data, shards, groups = set(), {}, set()
     for uri, size, _ in item.files:
         rel = uri[len(item.uri) + 1 :]
         if "/" not in rel:
@@ -183,10 +188,13 @@ def _dataset(item: Item) -> DataSet:
             continue
         data.add((str(m.get("data_fingerprint")), str(m.get("encoding_hash"))))
         for s in m.get("shards") or []:
+            found = _IN_GROUP.match(str(s.get("path") or ""))
+            if found:
+                groups.add(found.group(1))
             for path, digest in ((s.get("path"), s.get("sha256")), (s.get("keys_path"), s.get("keys_sha256"))):
                 if path in shards:
                     shards[path] = (shards[path][0], digest)
-    return DataSet(item, data, shards)
+    return DataSet(item, data, shards, groups)
 
 
 def _run(item: Item) -> Run:
@@ -503,7 +511,10 @@ def plan_gc(
     now = time.time() if now is None else now
     notes: list[str] = []
     locate = Locator(root)
-    datasets = {i.name: _dataset(i) for i in _folders(storage.join(root, "datasets"), "data set", now)}
+    datasets = {
+        i.name: _dataset(i) for i in _folders(storage.join(root, "datasets"), "data set", now) if i.name != GROUPS
+    }
+    groups = {i.name: i for i in _folders(storage.join(root, "datasets", GROUPS), "file group", now)}
     runs = {i.name: _run(i) for i in _folders(storage.join(root, "runs"), "run", now)}
     records = _records(storage.join(root, "prefect-results"), now)
 
@@ -594,6 +605,24 @@ def plan_gc(
             )
             delete_items.append(ds.item)
 
+    # the group store: a file group's shards stay while any kept data set's manifest lists them
+    kept_groups: dict[str, str] = {}
+    for name in kept_data:
+        for key in datasets[name].groups:
+            kept_groups.setdefault(key, f"kept data set {name} lists its shards")
+    for key, item in groups.items():
+        if key in kept_groups:
+            item.why = kept_groups[key]
+        elif item.newest >= cutoff:
+            item.why = f"in use: modified {_age(now - item.newest)} ago"
+        elif keep_all:
+            item.why = keep_all
+        else:
+            item.why = f"no kept data set lists its shards; last modified {_age(now - item.newest)} ago"
+            delete_items.append(item)
+            continue
+        keep_items.append(item)
+
     doomed = {i.uri: i for i in delete_items}
     unreadable, stale = [], []
     for rec in records:
@@ -603,7 +632,10 @@ def plan_gc(
             unreadable.append(rec)
             continue
         shards = _group_shards(value)
-        if shards is not None:
+        key = (value.get("data") or {}).get("key") if shards is not None else None
+        if key:  # an encoded group in the group store
+            rec.refs = {groups[key].uri} if key in groups else set()
+        elif shards is not None:
             rec.refs = {ds.item.uri for ds in datasets.values() if _holds(ds, shards)}
         else:
             for s in _strings(value):
@@ -648,6 +680,8 @@ def deletion_order(item: Item) -> list[str]:
             return 1
         if _SIDECAR.search(rel) or ("/" not in rel and rel.startswith("manifest") and rel.endswith(".json")):
             return 2
+        if rel == "group.json":  # a file group's record, written last by the encode: gone first
+            return 2
         return 3
 
     return sorted((f[0] for f in item.files), key=lambda u: (rank(u), u))
@@ -686,7 +720,7 @@ def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] 
     folders = [i for i in plan.delete if i.kind != "cached result"]
     listed = {
         (kind, i.name): i
-        for area, kind in (("datasets", "data set"), ("runs", "run"))
+        for area, kind in (("datasets", "data set"), ("runs", "run"), (f"datasets/{GROUPS}", "file group"))
         if any(f.kind == kind for f in folders)
         for i in _folders(storage.join(plan.root, area), kind, now)
     }
@@ -713,7 +747,7 @@ def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] 
             rec.why = "points at a folder kept after all: kept"
     for rec in records:
         _delete_file(rec.uri)
-    for kind in ("run", "data set"):
+    for kind in ("run", "data set", "file group"):  # a group's shards after the manifests that list them
         for item in (i for i in folders if i.kind == kind):
             log(f"deleting {item.uri} ...")
             for uri in deletion_order(item):
