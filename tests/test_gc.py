@@ -23,6 +23,7 @@ from shardline.app.gc import Item, deletion_order, plan_gc
 from shardline.core.config import validate_config
 from shardline.core.tracking import fluent_tracking_uri
 from tests.conftest import make_raw, tiny_config
+from tests.test_s3_source import s3_endpoint  # noqa: F401 - the moto fixture
 
 DAY = 86400
 ALL_CACHED = {"ingest": "cached", "encode": "cached", "train": "cached", "evaluate": "cached", "register": "cached"}
@@ -271,27 +272,12 @@ def test_a_deleted_version_frees_its_run_and_the_rerun_says_what_recomputes(stor
 
 
 @pytest.fixture
-def s3(monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    for k, v in {
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(k, v)
+def s3(s3_endpoint):  # noqa: F811 - the moto server of tests/test_s3_source.py
     import s3fs
 
-    s3fs.S3FileSystem.clear_instance_cache()
     fs = s3fs.S3FileSystem()
     fs.mkdir("lake")
-    yield fs
-    s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
+    return fs
 
 
 def test_gc_on_an_object_store(tmp_path, s3, prefect_api):

@@ -14,8 +14,8 @@ import yaml
 
 from shardline.core.config import validate_config
 from shardline.core.secrets import KEEP_SECRETS, redact, redact_text
-from tests.cluster import free_port, wait_until
 from tests.conftest import make_raw, tiny_config
+from tests.mlflow_server import MlflowServer
 
 BIN = Path(sys.executable).parent
 
@@ -65,40 +65,6 @@ def test_a_config_serialized_as_json_has_its_secrets_masked_unless_asked(tmp_pat
     assert validate_config(cfg).hash() == config.hash()
 
 
-def _mlflow_server(tmp_path: Path) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            str(BIN / "mlflow"),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'mlflow-server.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "mlflow-server-artifacts"),
-        ],
-        stdout=open(tmp_path / "mlflow-server.log", "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    import httpx
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return proc.poll() is not None  # ended: reported below
-
-    wait_until(up, 120, "the MLflow server")
-    assert proc.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
-    return proc, port
-
-
 @pytest.mark.e2e
 def test_planted_secrets_appear_in_no_byte_the_pipeline_writes(tmp_path):
     """A credential in the tracking URI, in the training job's environment (config) and in this
@@ -106,7 +72,9 @@ def test_planted_secrets_appear_in_no_byte_the_pipeline_writes(tmp_path):
     database in this test's folder); then every file under the folder (MLflow's store and artifacts, the
     storage root, Prefect's database) and the CLI's output are searched for them. A public marker planted
     beside them is found, so the search reaches those stores."""
-    server, port = _mlflow_server(tmp_path)
+    server = MlflowServer(tmp_path / "mlflow-server")
+    server.start()
+    port = server.port
     try:
         make_raw(tmp_path / "raw", n_seq=9, rows=40)
         cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 1})
@@ -143,8 +111,7 @@ def test_planted_secrets_appear_in_no_byte_the_pipeline_writes(tmp_path):
         )
         assert bad.returncode != 0
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop()
 
     texts = {"stdout": out.stdout + bad.stdout, "stderr": out.stderr + bad.stderr}
     found: dict[str, list[str]] = {}
