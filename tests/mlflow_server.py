@@ -12,17 +12,9 @@ from pathlib import Path
 
 import httpx
 
+from tests.net import free_port
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class MlflowServer:

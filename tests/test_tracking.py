@@ -1,20 +1,16 @@
 import json
 import os
-import socket
 import time
 
 import pytest
 
 from shardline.core.config import MlflowConfig
 from shardline.core.tracking import Tracker, tracking_uri
+from tests.net import free_port
 
 
 def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return free_port()  # bound, then closed: nothing listens there
 
 
 def test_unreachable_mlflow_never_raises_and_keeps_metrics(tmp_path, monkeypatch):
