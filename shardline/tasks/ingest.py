@@ -275,11 +275,11 @@ def naive_utc(frame):
     return out
 
 
-def raw_sample(sample_uri: str, columns: list[str]):
-    """The first rows of a raw file's `columns`, as pandas, zoned date-times as naive UTC."""
+def raw_sample(sample_uri: str, columns: list[str], rows: int = 5):
+    """The first `rows` rows of a raw file's `columns`, as pandas, zoned date-times as naive UTC."""
     fs, path = filesystem(sample_uri)
     with fs.open(path, "rb") as f:
-        return naive_utc(pq.ParquetFile(f).read_row_group(0, columns=columns).slice(0, 5).to_pandas())
+        return naive_utc(pq.ParquetFile(f).read_row_group(0, columns=columns).slice(0, rows).to_pandas())
 
 
 def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:

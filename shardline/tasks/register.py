@@ -72,7 +72,9 @@ def _signature(spec, sample_uri: str):
     import pandas as pd
     from mlflow.models import infer_signature
 
-    sample = raw_sample(sample_uri, input_columns(spec))
+    # enough rows for a window (MLflow predicts with the input example when it logs the model: five rows
+    # gave it "0 predictions" and an error message in the middle of every registration's output)
+    sample = raw_sample(sample_uri, input_columns(spec), rows=max(5, 4 * (spec.window + spec.horizon)))
     keys = {k: (np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy()) for k in key_columns(spec)}
     out = prediction_frame(spec, keys, example_outputs(spec)).to_pandas()
     with warnings.catch_warnings():  # the integer-columns hint: nulls in them are handled by the encoding
