@@ -152,7 +152,7 @@ class Tracker:
         """Continue `run_id`, or the run the run folder's journal or `mlflow-run.json` names (a resumed
         training), else create one. Returns the run id, or None while MLflow is away (the run is created
         when it answers; `run_id` says it then)."""
-        self.journal = Journal.for_run_dir(self.run_dir) if self.run_dir else Journal(None)
+        self.journal = Journal.for_run_dir(self.run_dir, self.uri) if self.run_dir else Journal(None)
         recorded = read_run_file(self.run_dir) if self.run_dir else {}
         run_id = run_id or self.journal.run_id or recorded.get("run_id")
         if run_id:
@@ -283,16 +283,25 @@ def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> 
     """Send what a run folder's journal still holds (a training process died, or MLflow came back after it
     ended). Idempotent: entries MLflow took are marked in the journal, and entries in doubt are checked
     against the server first. The tracking URI: `uri`, else `mlflow-run.json`'s, else the run's config."""
-    if not Journal.exists_for(run_dir):
+    recorded = read_run_file(run_dir)
+    try:
+        uri = uri or recorded.get("tracking_uri") or _configured_uri(run_dir)
+    except ValueError:
+        if not Journal.exists_for(run_dir):  # no journal and no store named: say the first
+            if missing_ok:
+                return None
+            raise FileNotFoundError(
+                f"{run_dir}: no MLflow journal ({JOURNAL_FILE}) there; is it a training run folder?"
+            ) from None
+        raise
+    if has_masked_userinfo(uri):  # recorded without its credentials: this machine's own, as `tracking_uri` does
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or without_userinfo(uri)
+    if not Journal.exists_for(run_dir, uri):
         if missing_ok:
             return None
         raise FileNotFoundError(f"{run_dir}: no MLflow journal ({JOURNAL_FILE}) there; is it a training run folder?")
-    recorded = read_run_file(run_dir)
-    uri = uri or recorded.get("tracking_uri") or _configured_uri(run_dir)
-    if has_masked_userinfo(uri):  # recorded without its credentials: this machine's own, as `tracking_uri` does
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or without_userinfo(uri)
     _configure_http_failfast(uri)
-    journal = Journal.for_run_dir(run_dir)
+    journal = Journal.for_run_dir(run_dir, uri)
     if journal.run_id is None and recorded.get("run_id"):
         journal.set_run(recorded["run_id"])
 

@@ -85,10 +85,10 @@ class Journal:
             self._load()
 
     @classmethod
-    def for_run_dir(cls, run_dir: str) -> Journal:
+    def for_run_dir(cls, run_dir: str, store: str = "") -> Journal:
         """The journal of a run folder: in it when it is local; else a local file keyed by the folder, started
         from the folder's copy unless the local file already extends it (this machine went further)."""
-        local, copy_uri = cls.files_of(run_dir)
+        local, copy_uri = cls.files_of(run_dir, store)
         if copy_uri is None:
             return cls(local)
         try:
@@ -103,16 +103,22 @@ class Journal:
         return cls(local, mirror=copy_uri)
 
     @staticmethod
-    def files_of(run_dir: str) -> tuple[Path, str | None]:
-        """The local journal file of a run folder, and the copy in the folder when the folder is remote."""
+    def files_of(run_dir: str, store: str = "") -> tuple[Path, str | None]:
+        """The local journal file of a run folder, and the copy in the folder when the folder is remote. The
+        local file is keyed by the folder and the tracking store (its address, credentials left out): a
+        machine's cache outlives stores and folders (a content-addressed folder trained again against
+        another MLflow store, or after gc) and must never resume a run of another store."""
         if not storage.is_remote(run_dir):
             return Path(storage.local_path(run_dir)) / JOURNAL_FILE, None
-        key = hashlib.sha256(run_dir.rstrip("/").encode()).hexdigest()[:24]
+        from shardline.core.secrets import without_userinfo
+
+        where = f"{run_dir.rstrip('/')}\n{without_userinfo(store)}"
+        key = hashlib.sha256(where.encode()).hexdigest()[:24]
         return storage.cache_dir() / "mlflow-journals" / key / JOURNAL_FILE, storage.join(run_dir, JOURNAL_FILE)
 
     @classmethod
-    def exists_for(cls, run_dir: str) -> bool:
-        local, copy_uri = cls.files_of(run_dir)
+    def exists_for(cls, run_dir: str, store: str = "") -> bool:
+        local, copy_uri = cls.files_of(run_dir, store)
         return local.exists() or (copy_uri is not None and storage.exists(copy_uri))
 
     # ---------------------------------------------------------------- the file
