@@ -45,8 +45,9 @@ def _create_exclusive(uri: str, data: bytes) -> bool:
             fs.pipe_file(path, data, mode="create")
         except FileExistsError:
             return False
-        except OSError as e:  # botocore's PreconditionFailed, wrapped
-            if "PreconditionFailed" in type(e).__name__ or "412" in str(e) or "Precondition" in str(e):
+        except OSError as e:  # a store that answers 412 without naming the condition: s3fs wraps botocore's error
+            code = (getattr(e.__cause__, "response", None) or {}).get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412"):
                 return False
             raise
         return True
@@ -63,23 +64,8 @@ def _create_exclusive(uri: str, data: bytes) -> bool:
     return True
 
 
-def _delete(uri: str) -> None:
-    if storage.is_remote(uri):
-        fs, path = storage.filesystem(uri)
-        fs.rm(path)
-    else:
-        Path(storage.local_path(uri)).unlink(missing_ok=True)
-
-
 def _generations(folder: str) -> list[int]:
-    if storage.is_remote(folder):
-        fs, path = storage.filesystem(folder)
-        fs.invalidate_cache(path)
-        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)] if fs.exists(path) else []
-    else:
-        local = Path(storage.local_path(folder))
-        names = os.listdir(local) if local.is_dir() else []
-    return sorted(int(m.group(1)) for n in names if (m := _GEN.match(n)))
+    return sorted(int(m.group(1)) for n in storage.names(folder) if (m := _GEN.match(n)))
 
 
 def _name(gen: int) -> str:
@@ -203,7 +189,7 @@ class Lease:
     def _prune(self) -> None:
         for g in _generations(self.folder)[:-2]:
             try:
-                _delete(storage.join(self.folder, _name(g)))
+                storage.delete(storage.join(self.folder, _name(g)))
             except OSError:
                 return
 

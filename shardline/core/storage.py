@@ -38,6 +38,33 @@ def _split_scheme(uri: str) -> tuple[str, str]:
     return (scheme + sep, rest) if sep else ("", uri)
 
 
+def names(dir_uri: str) -> list[str]:
+    """The names in a folder, temp files left out, sorted; [] when it does not exist. Listed afresh on an
+    object store (another process may have written since the last listing)."""
+    if is_remote(dir_uri):
+        fs, path = filesystem(dir_uri)
+        fs.invalidate_cache(path)
+        if not fs.exists(path):
+            return []
+        found = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
+    else:
+        folder = Path(local_path(dir_uri))
+        found = os.listdir(folder) if folder.is_dir() else []
+    return sorted(n for n in found if not n.startswith(TMP_MARK))
+
+
+def delete(uri: str) -> None:
+    """Remove one file or object; nothing when it is not there."""
+    if is_remote(uri):
+        fs, path = filesystem(uri)
+        try:
+            fs.rm(path)
+        except FileNotFoundError:
+            pass
+    else:
+        Path(local_path(uri)).unlink(missing_ok=True)
+
+
 def resolve(folder: str, relative: str) -> str:
     """`relative` (a manifest's shard path: `g00000-train.bin.lz4`, or `../groups/<key>/train.bin.lz4`
     for a shard in the group store) under `folder`, with `..` resolved in the text: an object store

@@ -34,12 +34,18 @@ from shardline.core.tracking_journal import (
 log = logging.getLogger("shardline.core.tracking")
 
 
+def unmasked(uri: str) -> str:
+    """A URI whose credentials were masked (a config that came through Prefect, a run's recorded URI):
+    this machine's own MLFLOW_TRACKING_URI, else the server's address with MLFLOW_TRACKING_USERNAME /
+    MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) from the environment, as MLflow reads them."""
+    if not has_masked_userinfo(uri):
+        return uri
+    return os.environ.get("MLFLOW_TRACKING_URI") or without_userinfo(uri)
+
+
 def tracking_uri(cfg: MlflowConfig, storage_root: str) -> str:
     if cfg.tracking_uri and has_masked_userinfo(cfg.tracking_uri):
-        # a config that came through Prefect (a deployment's parameter) has its credentials masked: this
-        # machine's own MLFLOW_TRACKING_URI, else the server's address with MLFLOW_TRACKING_USERNAME /
-        # MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) from the environment, as MLflow reads them
-        return os.environ.get("MLFLOW_TRACKING_URI") or without_userinfo(cfg.tracking_uri)
+        return unmasked(cfg.tracking_uri)
     if cfg.tracking_uri:
         return cfg.tracking_uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
@@ -294,8 +300,7 @@ def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> 
                 f"{run_dir}: no MLflow journal ({JOURNAL_FILE}) there; is it a training run folder?"
             ) from None
         raise
-    if has_masked_userinfo(uri):  # recorded without its credentials: this machine's own, as `tracking_uri` does
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or without_userinfo(uri)
+    uri = unmasked(uri)  # recorded without its credentials: this machine's own
     if not Journal.exists_for(run_dir, uri):
         if missing_ok:
             return None

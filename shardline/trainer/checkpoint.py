@@ -46,25 +46,10 @@ def sidecar_uri(pt_uri: str) -> str:
 
 def _names(dir_uri: str) -> list[str]:
     """File names in a checkpoint folder, temp files left out; [] when the folder does not exist."""
-    if storage.is_remote(dir_uri):
-        fs, path = storage.filesystem(dir_uri)
-        fs.invalidate_cache(path)  # another process (a resumed run) may have written since we last listed
-        if not fs.exists(path):
-            return []
-        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
-    else:
-        folder = Path(storage.local_path(dir_uri))
-        names = os.listdir(folder) if folder.is_dir() else []
-    return sorted(n for n in names if not n.startswith(storage.TMP_MARK))
+    return storage.names(dir_uri)
 
 
-def _delete(uri: str) -> None:
-    if storage.is_remote(uri):
-        fs, path = storage.filesystem(uri)
-        if fs.exists(path):
-            fs.rm(path)
-    else:
-        Path(storage.local_path(uri)).unlink(missing_ok=True)
+_delete = storage.delete
 
 
 def _read_json(uri: str) -> dict | None:
