@@ -515,3 +515,27 @@ def test_ids_set_in_any_row_type(dtype):
         row = np.empty(50, dtype)
         _set_ids(row, values, shift)
         assert row.tolist() == ids.tolist(), (dtype, src, shift)
+
+
+@pytest.mark.parametrize("sequence_key,window", [("@file", 3), (None, 1)], ids=["by-file", "no-sequence"])
+def test_a_file_sequence_splits_the_same_wherever_the_raw_files_lie(tmp_path, sequence_key, window):
+    """With a file as the sequence (`@file`, or no sequence key), a row's split is a seeded hash of the
+    file's name below the source's folder (`2024/s-000.parquet`), not of where the files lie: the same
+    files in another folder (another machine's mount, a copy) give the same shards, row for row."""
+    from shardline.tasks.encode import sequence_name
+
+    shards = []
+    for where in ("a/raw", "b/elsewhere/raw"):
+        make_raw(tmp_path / where / "2024", n_seq=27, rows=40)
+        cfg = validate_config(
+            tiny_config(
+                str(tmp_path / where / "**" / "*.parquet"),
+                str(tmp_path / where / "store"),
+                **{"data.sequence_key": sequence_key, "data.window": window},
+            )
+        )
+        snap = snapshot_source(cfg.data)
+        assert sequence_name(snap.files[0].uri, cfg.data) == "2024/s-000.parquet"
+        shards.append([(s.split, s.rows, s.sha256) for s in encode_all(cfg)[3].shards])
+    assert shards[0] == shards[1]
+    assert {split for split, rows, _ in shards[0] if rows} == {"train", "validation", "test"}

@@ -194,3 +194,35 @@ def test_a_pipeline_on_an_s3_root_is_cached_on_another_machine_and_evaluates_wit
     assert forced["steps"]["evaluate"] == "ran"
     assert forced["baseline"] == pytest.approx(first["baseline"])
     assert forced["metrics"] == pytest.approx(first["metrics"])
+
+
+def test_the_groups_an_s3_store_holds_whole_are_found_in_one_listing(tmp_path, s3_endpoint):
+    """An append's unchanged groups are found in the S3 group store without a task per group: a group
+    counts as stored only with its record and every shard it lists there at the recorded size (one
+    shard replaced by other bytes, or a record gone, and the group is encoded again)."""
+    import s3fs
+
+    from shardline.core import storage
+    from shardline.tasks.encode import file_groups, group_key, stored_group, stored_groups
+    from shardline.tasks.ingest import snapshot_source
+
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("group-bucket")
+    make_raw(tmp_path / "raw", n_seq=12)
+    cfg = validate_config(
+        tiny_config(str(tmp_path / "raw" / "*.parquet"), "s3://group-bucket/root", **{"data.files_per_group": 1})
+    )
+    store = "s3://group-bucket/root/datasets/groups"
+    assert stored_groups(store, ["nothing-here"]) == {}  # no store yet
+    encode_all(cfg)
+    keys = [group_key(g, cfg.data) for g in file_groups(snapshot_source(cfg.data), cfg.data)]
+    assert len(keys) >= 3
+    found = stored_groups(store, [*keys, "not-a-group"])
+    assert sorted(found) == sorted(keys)
+    assert all(found[k] == stored_group(store, k) for k in keys)  # what the per-group check says
+
+    broken, gone = keys[0], keys[1]
+    shard = found[broken].shards[0]
+    fs.pipe_file(storage.join(store, broken, shard.path)[len("s3://") :], b"other bytes")
+    fs.rm(storage.join(store, gone, "group.json")[len("s3://") :])
+    assert sorted(stored_groups(store, keys)) == sorted(keys[2:])

@@ -37,7 +37,7 @@ from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 # 3: one pass, own codes per shard; since 2026-11-23 one set per group, same layout; 4: several targets,
 # `target`, `target_1`, ..., and their statistics as a list; 5: each group's shards in the group store,
 # `datasets/groups/<group key>/<split>.bin.lz4`, shared by every snapshot that holds the group)
-ENCODER_VERSION = "5"
+ENCODER_VERSION = "6"
 
 GROUPS = "groups"  # the group store's folder, beside the data sets' folders under `<root>/datasets/`
 GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
@@ -108,6 +108,25 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
     return stable_hash({"files": snapshot.fingerprint, "data": dumped, "encoder": ENCODER_VERSION})[:20]
 
 
+def source_folder(source: str) -> str:
+    """The folder `data.source` names files below: its path before the first wildcard (`raw/*.parquet`,
+    `s3://b/raw/**/*.parquet`: `raw`, `s3://b/raw`), or the folder or file it names."""
+    cut = min((source.find(ch) for ch in "*?[" if ch in source), default=-1)
+    folder = source[:cut].rsplit("/", 1)[0] if cut >= 0 else source.rstrip("/")
+    return folder if storage.is_remote(folder) else os.path.abspath(storage.local_path(folder))
+
+
+def sequence_name(uri: str, data: DataConfig) -> str:
+    """A raw file's name as a sequence (`data.sequence_key: '@file'`, or no sequence key): its path below
+    the source's folder (`2024/game-001.parquet`), not where the data set lies, so a row's split is the
+    same on every machine and after the raw files move (a seeded hash of this name)."""
+    folder = source_folder(data.source)
+    path = uri if storage.is_remote(uri) else os.path.abspath(storage.local_path(uri))
+    if path.startswith(folder + "/"):
+        return path[len(folder) + 1 :]
+    return path.rsplit("/", 1)[-1]  # the source names this one file
+
+
 def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame:
     """One raw file's needed columns (`columns`, default all the config names), with `__seq` and `__order` added."""
     columns = columns or data.raw_columns()
@@ -126,7 +145,7 @@ def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl
                 f"{uri}: the target column '{target}' has {df[target].null_count()} null value(s); "
                 "fill or drop those rows before training (a row without a target cannot be learned or scored)"
             )
-    return prepare(df, data.sequence_key, data.order_by, uri, data.order_format)
+    return prepare(df, data.sequence_key, data.order_by, uri, data.order_format, file_name=sequence_name(uri, data))
 
 
 def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame | None:
@@ -138,8 +157,8 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
     paths = [storage.local_path(u) for u in uris]
     by_file = data.sequence_key in (None, FILE_SEQUENCE) or data.order_by is None  # rows need their file's name
     name = pl.col("__file")
-    if by_file and paths != uris:
-        name = name.replace_strict(dict(zip(paths, uris)), return_dtype=pl.Utf8)
+    if by_file:  # each file's sequence name (below the source's folder), by the path the scan read it from
+        name = name.replace_strict({p: sequence_name(u, data) for p, u in zip(paths, uris)}, return_dtype=pl.Utf8)
     seq = name if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
     try:  # `__seq` and `__order` made inside the scan's query: no second pass over the rows
         scan = pl.scan_parquet(paths, include_file_paths="__file") if by_file else pl.scan_parquet(paths)
@@ -179,6 +198,41 @@ def stored_group(store: str, key: str) -> EncodedGroup | None:
     except Exception:  # noqa: BLE001 - an unreadable record is no record: the group is encoded again
         return None
     return group if group.key == key and shards_intact(group.shards, folder) else None
+
+
+def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
+    """The groups among `keys` that the group store `store` holds whole (as `stored_group`: the record and
+    every shard it lists, by size), found together: on an object store one listing of the store and
+    one concurrent read of the records, not a request per file. An append's unchanged groups are found
+    here, so only the new ones become tasks (a task per group found cost ~10-15 ms of Prefect's own
+    bookkeeping: more than the append's encode on a data set of hundreds of groups)."""
+    wanted = set(keys)
+    if not storage.is_remote(store):
+        return {k: g for k in sorted(wanted) if (g := stored_group(store, k)) is not None}
+    fs, root = storage.filesystem(store)
+    root = root.rstrip("/")
+    fs.invalidate_cache(root)
+    try:
+        listing = fs.find(root, detail=True)
+    except FileNotFoundError:
+        return {}
+    sizes = {path[len(root) + 1 :]: int(info.get("size") or 0) for path, info in listing.items()}
+    records = [f"{root}/{k}/{GROUP_RECORD}" for k in sorted(wanted) if f"{k}/{GROUP_RECORD}" in sizes]
+    found: dict[str, EncodedGroup] = {}
+    for path, raw in (fs.cat(records, on_error="return") if records else {}).items():
+        if isinstance(raw, Exception):
+            continue
+        try:
+            group = EncodedGroup.model_validate_json(raw)
+        except Exception:  # noqa: BLE001 - an unreadable record is no record: the group is encoded again
+            continue
+        key = path[len(root) + 1 :].split("/", 1)[0]
+        intact = group.key == key and all(
+            sizes.get(f"{key}/{s.path}") == s.bytes and f"{key}/{s.keys_path}" in sizes for s in group.shards
+        )
+        if intact:
+            found[key] = group
+    return found
 
 
 def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, reuse: bool = True) -> EncodedGroup:
@@ -502,20 +556,32 @@ def encode(
         out_dir,
         store,
     )
+    keys = [group_key(g, data) for g in groups]
+    # the groups already in the store (an append's old ones, a rerun's all) are taken from one listing;
+    # only the others become tasks (`--force encode`: every group is encoded again)
+    found = {} if refresh else stored_groups(store, keys)
     enc_t = cached(encode_group, ENCODE_GROUP_CACHE, storage_root, refresh)
     # at most `workers` groups in flight: the encode's memory is bounded by the group size times
     # that, not by the data set (a mapped task would start every group at once on a thread pool)
-    enc_futures = []
+    enc_futures = {}  # by the group's place in the snapshot's order, submitted in that order
     for i, g in enumerate(groups):
+        if keys[i] in found:
+            continue
         if len(enc_futures) >= workers:
-            enc_futures[len(enc_futures) - workers].wait()
+            submitted = list(enc_futures.values())
+            submitted[-workers].wait()
         # quoted: no futures inside, and Prefect's search for them visits every field of every file
-        enc_futures.append(
-            enc_t.submit(quote(g), i, n_groups=len(groups), data=quote(data), store=store, reuse=not refresh)
+        enc_futures[i] = enc_t.submit(
+            quote(g), i, n_groups=len(groups), data=quote(data), store=store, reuse=not refresh
         )
-    results = [f.result() for f in enc_futures]
-    cached_groups = sum(f.state.name == "Cached" for f in enc_futures)
-    log.info("encode: %d of %d group(s) came from the cache", cached_groups, len(groups))
+    results = [found[k] if k in found else enc_futures[i].result() for i, k in enumerate(keys)]
+    cached_groups = len(found) + sum(f.state.name == "Cached" for f in enc_futures.values())
+    log.info(
+        "encode: %d of %d group(s) found in the group store, %d encoded",
+        cached_groups,
+        len(groups),
+        len(groups) - cached_groups,
+    )
     # quoted: Prefect would visit every element of these (each shard's own codes, vocabularies included)
     # looking for futures, which cost more than the manifest itself on a data set of many groups
     uri, manifest_ran = run_cached(

@@ -62,13 +62,18 @@ def _unparsed(df: pl.DataFrame, column: str, order_format: str | None, file_uri:
 
 
 def prepare(
-    df: pl.DataFrame, sequence_key: str | None, order_by: str | None, file_uri: str, order_format: str | None = None
+    df: pl.DataFrame,
+    sequence_key: str | None,
+    order_by: str | None,
+    file_uri: str,
+    order_format: str | None = None,
+    file_name: str | None = None,
 ) -> pl.DataFrame:
-    """Add the sequence (`__seq`, string) and order (`__order`, int64) columns used everywhere below."""
-    if sequence_key is None:
-        seq = pl.lit(file_uri, dtype=pl.Utf8)
-    elif sequence_key == FILE_SEQUENCE:
-        seq = pl.lit(file_uri, dtype=pl.Utf8)
+    """Add the sequence (`__seq`, string) and order (`__order`, int64) columns used everywhere below.
+    Without a sequence key column, the file is the sequence, named `file_name` (default: `file_uri`,
+    which errors name)."""
+    if sequence_key is None or sequence_key == FILE_SEQUENCE:
+        seq = pl.lit(file_name or file_uri, dtype=pl.Utf8)
     else:
         if df[sequence_key].null_count():
             raise DataError(
