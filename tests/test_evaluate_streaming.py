@@ -100,6 +100,26 @@ def assert_same_scores(streamed: dict, reference: dict) -> None:
             assert streamed[key] == pytest.approx(want, rel=1e-9, abs=1e-12), key
 
 
+def test_window_keys_of_chosen_windows_are_those_of_the_whole_listing():
+    """Evaluation looks the keys up a batch at a time; any windows, in any order, across shards."""
+    from shardline.trainer.data import SplitData
+
+    def shard(rows: int, cut: int) -> dict:
+        return {
+            "cont": np.zeros((rows, 2), np.float32),
+            "cat": np.zeros((rows, 1), np.int16),
+            "target": np.zeros(rows, np.int16),
+            "offsets": np.array([0, cut, rows]),
+            "order": np.arange(rows) * 10,
+        }
+
+    data = SplitData([shard(10, 6), shard(12, 5)], 3, 1)
+    whole = data.window_keys()
+    for idx in (np.array([7, 0, 3, 8, 2]), np.arange(data.n_windows), np.zeros(0, np.int64)):
+        chosen = data.window_keys(idx)
+        assert all(np.array_equal(chosen[k], whole[k][idx]) for k in whole)
+
+
 SEVERAL = {
     "data.targets": [{"column": "label", "task": "classification"}, {"column": "value", "task": "regression"}],
     "data.target_positions": "all",
