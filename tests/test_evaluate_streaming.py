@@ -103,6 +103,7 @@ def assert_same_scores(streamed: dict, reference: dict) -> None:
 def test_window_keys_of_chosen_windows_are_those_of_the_whole_listing():
     """Evaluation looks the keys up a batch at a time; any windows, in any order, across shards."""
     from shardline.trainer.data import SplitData
+    from shardline.trainer.inference import window_keys_of
 
     def shard(rows: int, cut: int) -> dict:
         return {
@@ -116,8 +117,19 @@ def test_window_keys_of_chosen_windows_are_those_of_the_whole_listing():
     data = SplitData([shard(10, 6), shard(12, 5)], 3, 1)
     whole = data.window_keys()
     for idx in (np.array([7, 0, 3, 8, 2]), np.arange(data.n_windows), np.zeros(0, np.int64)):
-        chosen = data.window_keys(idx)
+        chosen = window_keys_of(data, idx)
         assert all(np.array_equal(chosen[k], whole[k][idx]) for k in whole)
+
+
+def test_evaluations_code_is_not_part_of_what_addresses_a_training_run():
+    """The train step's code version names a run's folder: an edit to evaluation's pass must not train
+    every model again (nor re-run the encode)."""
+    from shardline.core.version import module_closure
+
+    inference = REPO / "shardline" / "trainer" / "inference.py"
+    assert inference in module_closure("shardline.tasks.evaluate")
+    assert inference not in module_closure("shardline.tasks.train")
+    assert inference not in module_closure("shardline.tasks.encode")
 
 
 SEVERAL = {

@@ -33,6 +33,7 @@ __all__ = [
     "regression_metrics",
     "ClassificationScores",
     "RegressionScores",
+    "StrideSample",
     "majority_baseline_probs",
     "mean_baseline",
     "plot_learning_curves",

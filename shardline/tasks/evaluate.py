@@ -163,7 +163,8 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     and written to test_predictions.parquet, then dropped, so the memory it needs does not grow with the
     test split (a test split's class probabilities are windows x classes floats)."""
     from shardline.trainer.data import open_split
-    from shardline.trainer.loop import load_model, predict_batches
+    from shardline.trainer.inference import predict_batches, window_keys_of
+    from shardline.trainer.loop import load_model
 
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     spec = manifest.encoding
@@ -177,7 +178,7 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
 
     def key_columns(idx: np.ndarray) -> dict:
         """The windows' key columns: the sequence key (when the data has one), then the order."""
-        where = test.window_keys(idx)
+        where = window_keys_of(test, idx)
         columns = {spec.order_by or "row": where["order"]}
         return {seq: seq_keys(where["shard"], where["segment"]), **columns} if seq_keys else columns
 

@@ -466,20 +466,9 @@ class SplitData:
         rows = self._per_shard(lambda v, s: v.starts + v.shift)
         return shard, (np.concatenate(rows) if rows else np.zeros(0, np.int64)).astype(np.int64)
 
-    def window_keys(self, idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Per window, in window order (or of the windows numbered `idx`, in that order): its shard, the
-        segment (sequence) of its target row in that shard, the target row, and that row's `order` value
-        (-1 when the shard has no order)."""
-        if idx is not None:
-            shard, start = self.locate(idx)
-            row = start + (self.window - 1 + self.horizon)
-            segment, order = np.empty_like(row), np.empty_like(row)
-            for s in np.unique(shard):
-                sel = shard == s
-                v = self.view(int(s))
-                segment[sel] = np.searchsorted(np.asarray(v.arrays["offsets"]), row[sel], side="right") - 1
-                order[sel] = v.order_of_rows(row[sel])
-            return {"shard": shard.astype(np.int64), "segment": segment, "row": row, "order": order}
+    def window_keys(self) -> dict[str, np.ndarray]:
+        """Per window, in window order: its shard, the segment (sequence) of its target row in that shard,
+        the target row, and that row's `order` value (-1 when the shard has no order)."""
 
         def keys(v: ShardView, s: int):
             row = v.starts + v.shift

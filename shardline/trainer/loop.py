@@ -24,7 +24,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,7 +54,7 @@ from shardline.trainer.contract import (
     load_matching,
     model_loss,
 )
-from shardline.trainer.data import Batch, SplitData, WindowLoader, target_names
+from shardline.trainer.data import SplitData, WindowLoader, target_names
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
 from shardline.trainer.models import data_spec_of, model_from_spec
 
@@ -661,44 +661,12 @@ def load_model(checkpoint_uri: str) -> nn.Module:
     return model.eval()
 
 
-def predict_batches(
-    model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None
-) -> Iterator[tuple[int, Batch, dict[str, np.ndarray]]]:
-    """The split's windows in window order, a batch at a time: (its first window's number, the batch as
-    stored, each target's outputs for it as `predict` gives them). Only a batch's outputs are held, so
-    scoring a split this way needs memory independent of its size. A model without a target is not run
-    (it has no outputs to give)."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    spec = data_spec_of(model.shardline_spec)
-    was_training = model.training
-    model.eval()
-    pos = 0
-    try:
-        for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
-            out = {}
-            if spec.targets:
-                b = batch.to(device)
-                with torch.inference_mode():
-                    outputs = as_outputs(model(b.cont, b.cat), spec)
-                    for t in spec.targets:
-                        y = outputs[t.name].float()
-                        lead = (len(b), spec.window) if t.positions == "all" else (len(b),)
-                        if t.kind == "classification":
-                            y = torch.softmax(masked_logits(y), dim=-1).reshape(*lead, t.n_classes)
-                        else:
-                            y = y.reshape(*lead, 1) if t.positions != "all" else y.reshape(lead)
-                        out[t.name] = y.cpu().numpy()
-            yield pos, batch, out
-            pos += len(batch)
-    finally:
-        model.train(was_training)
-
-
 def predict(
     model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None
 ) -> dict[str, np.ndarray]:
     """Each target's outputs in window order, float32: class probabilities with class 0 (unseen) at 0,
     [N, n_classes] (or [N, K, n_classes] at every position), or standardised values [N, 1] (or [N, K])."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     spec = data_spec_of(model.shardline_spec)
     k = spec.window
     out = {}
@@ -707,7 +675,18 @@ def predict(
         out[t.name] = np.empty((*lead, t.n_classes) if t.kind == "classification" else (*lead, 1), np.float32)
         if t.positions == "all" and t.kind == "regression":
             out[t.name] = out[t.name][..., 0]
-    for pos, batch, outputs in predict_batches(model, data, batch_size, device):
-        for name, y in outputs.items():
-            out[name][pos : pos + len(batch)] = y.reshape(out[name][pos : pos + len(batch)].shape)
+    was_training = model.training
+    model.eval()
+    pos = 0
+    with torch.inference_mode():
+        for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
+            b = batch.to(device)
+            outputs = as_outputs(model(b.cont, b.cat), spec)
+            for t in spec.targets:
+                y = outputs[t.name].float()
+                if t.kind == "classification":
+                    y = torch.softmax(masked_logits(y), dim=-1)
+                out[t.name][pos : pos + len(b)] = y.reshape(out[t.name][pos : pos + len(b)].shape).cpu().numpy()
+            pos += len(b)
+    model.train(was_training)
     return out
