@@ -8,6 +8,11 @@ atomically: to a temporary file beside the target, then ``os.replace``-d into pl
 
 Every metric is finite: empty inputs, non-finite values and labels out of range raise
 ``ValueError`` with a message naming the problem instead of returning NaN.
+
+Two forms of each metric set: ``classification_metrics`` / ``regression_metrics`` take every
+sample at once (the reference), and ``ClassificationScores`` / ``RegressionScores`` take batches
+and keep only what the metrics need (confusion counts, sums), so scoring a test split needs memory
+independent of its size; both give the same numbers (tests/test_metrics_streaming.py).
 """
 
 from __future__ import annotations
@@ -26,10 +31,14 @@ from matplotlib.ticker import MaxNLocator
 __all__ = [
     "classification_metrics",
     "regression_metrics",
+    "ClassificationScores",
+    "RegressionScores",
+    "StrideSample",
     "majority_baseline_probs",
     "mean_baseline",
     "plot_learning_curves",
     "plot_confusion_matrix",
+    "plot_confusion_counts",
     "plot_residuals",
     "format_metrics_table",
 ]
@@ -42,12 +51,14 @@ TOP_K = 5
 # --------------------------------------------------------------------------- validation
 
 
-def _labels(y: object, name: str) -> np.ndarray:
+def _labels(y: object, name: str, allow_empty: bool = False) -> np.ndarray:
     """A 1-D int64 array of class ids; floats are accepted only when they are whole numbers."""
     arr = np.asarray(y)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D class ids, got shape {arr.shape}")
     if arr.size == 0:
+        if allow_empty:
+            return arr.astype(np.int64)
         raise ValueError(f"{name} is empty (N=0): cannot compute metrics on zero samples")
     if arr.dtype.kind == "b":
         arr = arr.astype(np.int64)
@@ -66,14 +77,14 @@ def _labels(y: object, name: str) -> np.ndarray:
     return arr
 
 
-def _values(y: object, name: str) -> np.ndarray:
+def _values(y: object, name: str, allow_empty: bool = False) -> np.ndarray:
     """A 1-D finite float64 array (a trailing singleton axis, e.g. [N, 1], is squeezed)."""
     arr = np.asarray(y, dtype=np.float64)
     if arr.ndim == 2 and arr.shape[1] == 1:
         arr = arr[:, 0]
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size == 0:
+    if arr.size == 0 and not allow_empty:
         raise ValueError(f"{name} is empty (N=0): cannot compute metrics on zero samples")
     if not np.all(np.isfinite(arr)):
         bad = int(np.count_nonzero(~np.isfinite(arr)))
@@ -203,6 +214,216 @@ def mean_baseline(train_mean: float, n: int) -> np.ndarray:
     return np.full(n, value, dtype=np.float64)
 
 
+# --------------------------------------------------------------------------- streaming: batch by batch
+
+RESIDUAL_SAMPLE = 50_000
+
+
+def _empty() -> ValueError:
+    return ValueError("y_true is empty (N=0): cannot compute metrics on zero samples")
+
+
+class ClassificationScores:
+    """``classification_metrics`` batch by batch, and the majority baseline's, in memory independent of N.
+
+    ``update(y_true, probs)`` takes one batch (``[B]`` class ids, ``[B, C]`` probabilities) and keeps only
+    the confusion counts (``[C, C]`` int64, true class by predicted class), the top-5 hits and the sum of
+    the log losses; accuracy and macro F1 follow from the counts. So ``metrics()`` equals
+    ``classification_metrics`` on every batch at once: counts and accuracies exactly, the log loss to
+    rounding (its terms are added in another order).
+
+    The baseline (every sample given the training class distribution, smoothed as
+    ``majority_baseline_probs`` does) predicts the same row for every sample, so ``baseline()`` is
+    computed from the test samples' class counts alone, equal to ``classification_metrics(y,
+    majority_baseline_probs(train_class_counts, N))`` without its ``[N, C]`` table.
+    """
+
+    def __init__(self, n_classes: int, train_class_counts: np.ndarray):
+        c = int(n_classes)
+        if c < 1:
+            raise ValueError(f"n_classes must be >= 1, got {n_classes}")
+        counts = np.asarray(train_class_counts, dtype=np.float64)
+        if counts.shape != (c,):
+            raise ValueError(f"train_class_counts must hold one count per class ({c}), got shape {counts.shape}")
+        if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+            raise ValueError("train_class_counts must be finite and non-negative")
+        self.n_classes = c
+        self.train_class_counts = counts
+        self.confusion = np.zeros((c, c), dtype=np.int64)
+        self.n = 0
+        self.top_k_hits = 0
+        self.log_loss_sum = 0.0
+
+    def update(self, y_true: np.ndarray, probs: np.ndarray) -> None:
+        """Count one batch: ``y_true`` ``[B]`` class ids, ``probs`` ``[B, C]`` (float32 is widened first, as
+        ``classification_metrics`` does, so ties and clipping fall the same way)."""
+        y = _labels(y_true, "y_true", allow_empty=True)
+        p = np.asarray(probs, dtype=np.float64)
+        c = self.n_classes
+        if p.ndim != 2 or p.shape[1] != c:
+            raise ValueError(f"probs must be [B, {c}] (one column per class), got shape {p.shape}")
+        _same_length(y, p, "y_true", "probs")
+        if y.size == 0:
+            return
+        if not np.all(np.isfinite(p)):
+            raise ValueError("probs contains NaN or infinite values")
+        if y.max() >= c:
+            raise ValueError(f"y_true has class id {int(y.max())} but probs has only {c} columns")
+        pred = np.argmax(p, axis=1)
+        np.add.at(self.confusion, (y, pred), 1)
+        k = min(TOP_K, c)
+        if k == c:
+            self.top_k_hits += len(y)
+        else:
+            topk = np.argpartition(-p, k - 1, axis=1)[:, :k]
+            self.top_k_hits += int(np.count_nonzero(np.any(topk == y[:, None], axis=1)))
+        p_true = np.clip(p[np.arange(len(y)), y], LOG_LOSS_EPS, None)
+        self.log_loss_sum += float(np.sum(-np.log(p_true)))
+        self.n += len(y)
+
+    @property
+    def true_counts(self) -> np.ndarray:
+        """``[C]`` samples seen per true class."""
+        return self.confusion.sum(axis=1)
+
+    @staticmethod
+    def _macro_f1(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> float:
+        """Mean F1 over the classes with a true or a predicted sample (as ``classification_metrics``)."""
+        seen = (tp + fp + fn) > 0
+        tp, fp, fn = tp[seen], fp[seen], fn[seen]
+        return float(np.mean(2.0 * tp / (2.0 * tp + fp + fn)))
+
+    def metrics(self) -> dict[str, float]:
+        """What ``classification_metrics`` reports for every sample counted so far."""
+        if self.n == 0:
+            raise _empty()
+        cm = self.confusion
+        tp = np.diag(cm)
+        return {
+            "accuracy": float(tp.sum() / self.n),
+            "top5_accuracy": float(self.top_k_hits / self.n),
+            "log_loss": self.log_loss_sum / self.n,
+            "macro_f1": self._macro_f1(tp, cm.sum(axis=0) - tp, cm.sum(axis=1) - tp),
+        }
+
+    def baseline(self) -> dict[str, float]:
+        """What ``classification_metrics`` reports for the majority baseline on the samples counted so far:
+        from the training class distribution and the test samples' class counts."""
+        if self.n == 0:
+            raise _empty()
+        smoothed = self.train_class_counts + BASELINE_SMOOTHING
+        dist = smoothed / smoothed.sum()
+        true = self.true_counts
+        n, c = self.n, self.n_classes
+        majority = int(np.argmax(dist))  # every sample's prediction (the lowest id on ties)
+        k = min(TOP_K, c)
+        # the same selection classification_metrics makes for each (identical) row
+        top = np.arange(c) if k == c else np.argpartition(-dist[None, :], k - 1, axis=1)[0, :k]
+        present = true > 0
+        log_loss = np.sum(true[present] * -np.log(np.clip(dist[present], LOG_LOSS_EPS, None))) / n
+        tp = np.zeros(c, np.int64)
+        tp[majority] = true[majority]
+        fp = np.zeros(c, np.int64)
+        fp[majority] = n - true[majority]
+        return {
+            "accuracy": float(true[majority] / n),
+            "top5_accuracy": 1.0 if k == c else float(true[top].sum() / n),
+            "log_loss": float(log_loss),
+            "macro_f1": self._macro_f1(tp, fp, true - tp),
+        }
+
+
+class StrideSample:
+    """At most ``size`` points of a stream, evenly spread and deterministic: the points whose index is a
+    multiple of ``stride`` (0, stride, 2 * stride, ...), the stride doubling (every other kept point
+    dropped) whenever the sample would grow past ``size``. So a stream of at most ``size`` points is kept
+    whole and in order, and a longer one keeps between ``size / 2`` and ``size`` of its points."""
+
+    def __init__(self, size: int, columns: int = 2):
+        if int(size) < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = int(size)
+        self.stride = 1
+        self.seen = 0
+        self.kept = [np.zeros(0, np.float64) for _ in range(columns)]
+
+    def add(self, *columns: np.ndarray) -> None:
+        n = len(columns[0])
+        first = -self.seen % self.stride  # the first index of this chunk that is a multiple of the stride
+        self.kept = [
+            np.concatenate([k, np.asarray(c, np.float64)[first :: self.stride]]) for k, c in zip(self.kept, columns)
+        ]
+        self.seen += n
+        while len(self.kept[0]) > self.size:
+            self.kept = [k[::2] for k in self.kept]
+            self.stride *= 2
+
+
+class RegressionScores:
+    """``regression_metrics`` batch by batch, and the training-mean baseline's, in memory independent of N.
+
+    ``update(y_true, y_pred)`` takes one batch and keeps running sums: of the absolute and squared errors
+    (of the model and of the baseline, which predicts ``train_mean`` for every sample), and the count,
+    mean and sum of squared deviations of ``y_true`` merged batch by batch (Chan et al.'s pairwise update,
+    as exact as the two-pass sum), from which R² follows. So ``metrics()`` and ``baseline()`` equal
+    ``regression_metrics`` on every batch at once, to rounding. A constant ``y_true`` is told by its
+    minimum and maximum, so R² is then 1.0 or 0.0 exactly (``regression_metrics`` can see a non-zero
+    sum of squares from the rounding of a mean such as that of [0.1, 0.1, 0.1]).
+
+    ``sample`` keeps at most ``sample_size`` (true, predicted) pairs, a ``StrideSample``, for a plot.
+    """
+
+    def __init__(self, train_mean: float, sample_size: int = RESIDUAL_SAMPLE):
+        value = float(train_mean)
+        if not math.isfinite(value):
+            raise ValueError(f"train_mean must be finite, got {train_mean!r}")
+        self.train_mean = value
+        self.n = 0
+        self.mean = 0.0  # of y_true
+        self.ss_tot = 0.0  # sum of squared deviations of y_true from its mean
+        self.lo, self.hi = math.inf, -math.inf
+        self.sums = {"model": [0.0, 0.0], "baseline": [0.0, 0.0]}  # absolute, squared errors
+        self.sample = StrideSample(sample_size)
+
+    def update(self, y_true: np.ndarray, y_pred: np.ndarray) -> None:
+        t = _values(y_true, "y_true", allow_empty=True)
+        p = _values(y_pred, "y_pred", allow_empty=True)
+        _same_length(t, p, "y_true", "y_pred")
+        b = len(t)
+        if b == 0:
+            return
+        for key, err in (("model", p - t), ("baseline", self.train_mean - t)):
+            self.sums[key][0] += float(np.sum(np.abs(err)))
+            self.sums[key][1] += float(np.sum(err**2))
+        mean_b = float(t.mean())
+        ss_b = float(np.sum((t - mean_b) ** 2))
+        n = self.n + b
+        delta = mean_b - self.mean
+        self.ss_tot += ss_b + delta * delta * self.n * b / n
+        self.mean += delta * b / n
+        self.n = n
+        self.lo, self.hi = min(self.lo, float(t.min())), max(self.hi, float(t.max()))
+        self.sample.add(t, p)
+
+    def _scores(self, key: str) -> dict[str, float]:
+        if self.n == 0:
+            raise _empty()
+        abs_sum, sq_sum = self.sums[key]
+        if self.lo == self.hi:  # constant y_true: R² undefined, reported as regression_metrics does
+            r2 = 1.0 if sq_sum == 0.0 else 0.0
+        else:
+            r2 = 1.0 - sq_sum / self.ss_tot
+        return {"mae": abs_sum / self.n, "rmse": math.sqrt(sq_sum / self.n), "r2": float(r2)}
+
+    def metrics(self) -> dict[str, float]:
+        """What ``regression_metrics`` reports for every sample counted so far."""
+        return self._scores("model")
+
+    def baseline(self) -> dict[str, float]:
+        """What ``regression_metrics`` reports for the training-mean baseline on the samples counted so far."""
+        return self._scores("baseline")
+
+
 # --------------------------------------------------------------------------- plots
 
 
@@ -311,34 +532,55 @@ def plot_confusion_matrix(
     path: str | Path,
     top_k: int = 20,
 ) -> Path:
-    """Row-normalised confusion matrix over the ``top_k`` most frequent true classes.
+    """Row-normalised confusion matrix over the ``top_k`` most frequent true classes, from class ids
+    (``plot_confusion_counts`` draws it from the counts)."""
+    t = _labels(y_true, "y_true")
+    p = _labels(y_pred, "y_pred")
+    _same_length(t, p, "y_true", "y_pred")
+    c = int(max(t.max(), p.max())) + 1
+    counts = np.zeros((c, c), dtype=np.int64)
+    np.add.at(counts, (t, p), 1)
+    return plot_confusion_counts(counts, class_names, path, top_k)
+
+
+def plot_confusion_counts(
+    counts: np.ndarray,
+    class_names: list[str],
+    path: str | Path,
+    top_k: int = 20,
+) -> Path:
+    """Row-normalised confusion matrix over the ``top_k`` most frequent true classes, from the confusion
+    counts ``[C, C]`` (true class by predicted class, e.g. ``ClassificationScores.confusion``).
 
     Every other class (true or predicted) is lumped into an ``other`` row/column, which is
     shown only when some sample falls in it. Rows with no samples stay all zero. Class ids
     beyond ``class_names`` are labelled by their number.
     """
-    t = _labels(y_true, "y_true")
-    p = _labels(y_pred, "y_pred")
-    _same_length(t, p, "y_true", "y_pred")
+    counts = np.asarray(counts)
+    if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
+        raise ValueError(f"counts must be a square [C, C] matrix (true by predicted class), got shape {counts.shape}")
+    if counts.dtype.kind not in "iu" or (counts.size and counts.min() < 0):
+        raise ValueError(f"counts must be non-negative integers, got dtype {counts.dtype}")
+    if counts.sum() == 0:
+        raise ValueError("counts holds no sample (N=0): nothing to plot")
     top_k = int(top_k)
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     names = list(class_names)
 
-    ids, counts = np.unique(t, return_counts=True)
-    order = np.lexsort((ids, -counts))  # most frequent first, lowest id on ties
+    per_class = counts.sum(axis=1)
+    ids = np.flatnonzero(per_class)
+    order = np.lexsort((ids, -per_class[ids]))  # most frequent first, lowest id on ties
     kept = ids[order][:top_k]
-    index = {int(c): i for i, c in enumerate(kept)}
     other = len(kept)
+    slot = np.full(counts.shape[0], other, dtype=np.int64)
+    slot[kept] = np.arange(other)
 
-    def slot(arr: np.ndarray) -> np.ndarray:
-        return np.array([index.get(int(v), other) for v in arr], dtype=np.int64)
-
-    ti, pi = slot(t), slot(p)
-    has_other = bool(np.any(ti == other) or np.any(pi == other))
+    full = np.zeros((other + 1, other + 1), dtype=np.float64)
+    np.add.at(full, (slot[:, None], slot[None, :]), counts)
+    has_other = bool(full[other].any() or full[:, other].any())
     size = other + 1 if has_other else other
-    cm = np.zeros((size, size), dtype=np.float64)
-    np.add.at(cm, (ti, pi), 1.0)
+    cm = full[:size, :size]
     row_sums = cm.sum(axis=1, keepdims=True)
     norm = np.divide(cm, row_sums, out=np.zeros_like(cm), where=row_sums > 0)
 
@@ -381,7 +623,11 @@ def plot_confusion_matrix(
 
 
 def plot_residuals(y_true: np.ndarray, y_pred: np.ndarray, path: str | Path) -> Path:
-    """Predicted vs true scatter (with the identity line) beside a histogram of residuals."""
+    """Predicted vs true scatter (with the identity line) beside a histogram of residuals.
+
+    Draws the points it is given: evaluation passes ``RegressionScores.sample``, every point of a test
+    split of at most 50,000 (``RESIDUAL_SAMPLE``) and an evenly strided, deterministic sample of
+    25,000 to 50,000 of a larger one, so the plot's cost does not grow with the split."""
     t = _values(y_true, "y_true")
     p = _values(y_pred, "y_pred")
     _same_length(t, p, "y_true", "y_pred")

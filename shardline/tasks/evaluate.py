@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 from prefect import task
 from prefect.logging import get_run_logger
 
@@ -16,20 +18,33 @@ from shardline.core import storage
 from shardline.core.config import CLASSIFICATION_METRICS, FILE_SEQUENCE, REGRESSION_METRICS, PipelineConfig
 from shardline.core.manifest import Manifest
 from shardline.tasks.caching import CacheRule
-from shardline.trainer.serving import prediction_frame
+from shardline.trainer.serving import example_outputs, prediction_frame
 
 
-def sequence_keys(manifest: Manifest, manifest_uri: str, split: str, data) -> list[str]:
-    """The sequence key of every window's target row, in window order (from the shards' key files)."""
-    folder = manifest_uri.rsplit("/", 1)[0]
-    where = data.window_keys()
-    per_shard = [
-        pl.read_parquet(io.BytesIO(storage.read_verified(storage.resolve(folder, info.keys_path), info.keys_sha256)))[
-            "sequence"
-        ].to_list()
-        for info in manifest.shards_of(split)
-    ]
-    return [per_shard[s][g] for s, g in zip(where["shard"].tolist(), where["segment"].tolist())]
+class SequenceKeys:
+    """The sequence key of windows' target rows, from the shards' key files (each read when first needed:
+    one value per sequence segment of a shard, not per window)."""
+
+    def __init__(self, manifest: Manifest, manifest_uri: str, split: str, name: str):
+        self.folder = manifest_uri.rsplit("/", 1)[0]
+        self.shards = manifest.shards_of(split)
+        self.name = name
+        self._keys: dict[int, pl.Series] = {}
+
+    def _of_shard(self, s: int) -> pl.Series:
+        if s not in self._keys:
+            info = self.shards[s]
+            data = storage.read_verified(storage.resolve(self.folder, info.keys_path), info.keys_sha256)
+            self._keys[s] = pl.read_parquet(io.BytesIO(data))["sequence"]
+        return self._keys[s]
+
+    def __call__(self, shard: np.ndarray, segment: np.ndarray) -> pl.Series:
+        """The key of each (shard, segment) pair, in the order given."""
+        by_shard = np.argsort(shard, kind="stable")
+        parts = [pl.Series(self.name, [], pl.String)]
+        for s in np.unique(shard):
+            parts.append(self._of_shard(int(s)).gather(segment[by_shard][shard[by_shard] == s]).rename(self.name))
+        return pl.concat(parts).gather(np.argsort(by_shard, kind="stable"))
 
 
 def train_statistic(manifest: Manifest, manifest_uri: str, i: int, t) -> np.ndarray | float:
@@ -53,26 +68,79 @@ def train_statistic(manifest: Manifest, manifest_uri: str, i: int, t) -> np.ndar
     return float(train_y.mean() * t.std + t.mean)
 
 
-def _target_scores(t, y: np.ndarray, outputs: np.ndarray, train_stat, out_dir: Path, prefix: str):
-    """One target's metrics, its baseline's and its plot (every position counted when it has several)."""
+def _scores(t, train_stat) -> M.ClassificationScores | M.RegressionScores:
+    """A target's metrics, and its trivial baseline's, accumulated batch by batch."""
     if t.task == "classification":
-        y = y.reshape(-1).astype(np.int64)
-        probs = outputs.reshape(-1, outputs.shape[-1])
-        metrics = M.classification_metrics(y, probs)
-        counts = train_stat
-        baseline = M.classification_metrics(y, M.majority_baseline_probs(counts, len(y)))
-        if probs.shape[1] - 1 <= M.TOP_K:  # 5 classes or fewer (id 0 is 'unseen'): top-5 says nothing
+        return M.ClassificationScores(t.n_outputs, train_stat)
+    return M.RegressionScores(train_stat)
+
+
+def _count(t, scores, y: np.ndarray, outputs: np.ndarray) -> None:
+    """One batch of a target into its scores (every position counted when it has several): class ids and
+    probabilities, or values in the target's raw units."""
+    if t.task == "classification":
+        scores.update(y.reshape(-1).astype(np.int64), outputs.reshape(-1, outputs.shape[-1]))
+    else:
+        y_raw = y.reshape(-1).astype(np.float64) * t.std + t.mean
+        scores.update(y_raw, outputs.reshape(-1).astype(np.float64) * t.std + t.mean)
+
+
+def _target_scores(t, scores, out_dir: Path, prefix: str):
+    """One target's metrics, its baseline's and its plot, from its accumulated scores."""
+    metrics, baseline = scores.metrics(), scores.baseline()
+    if t.task == "classification":
+        if t.n_outputs - 1 <= M.TOP_K:  # 5 classes or fewer (id 0 is 'unseen'): top-5 says nothing
             metrics.pop("top5_accuracy")
             baseline.pop("top5_accuracy")
         names = ["<unseen>", *(t.classes or [])]
-        plot = M.plot_confusion_matrix(y, probs.argmax(1), names, out_dir / f"{prefix}confusion_matrix.png")
+        plot = M.plot_confusion_counts(scores.confusion, names, out_dir / f"{prefix}confusion_matrix.png")
         return metrics, baseline, plot, CLASSIFICATION_METRICS
-    y_raw = y.reshape(-1).astype(np.float64) * t.std + t.mean
-    pred_raw = outputs.reshape(-1).astype(np.float64) * t.std + t.mean
-    metrics = M.regression_metrics(y_raw, pred_raw)
-    baseline = M.regression_metrics(y_raw, M.mean_baseline(train_stat, len(y_raw)))
-    plot = M.plot_residuals(y_raw, pred_raw, out_dir / f"{prefix}residuals.png")
+    plot = M.plot_residuals(*scores.sample.kept, out_dir / f"{prefix}residuals.png")
     return metrics, baseline, plot, REGRESSION_METRICS
+
+
+class PredictionsFile:
+    """A parquet file written a few batches' rows at a time (pyarrow's ParquetWriter: a row group per
+    write), aside and renamed into place when complete, so its size never has to fit in memory."""
+
+    ROWS_PER_WRITE = 1 << 16
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.tmp = path.with_name(f".tmp-{path.name}")
+        self.writer: pq.ParquetWriter | None = None
+        self.pending: list[pl.DataFrame] = []
+        self.rows = 0
+
+    def __enter__(self) -> PredictionsFile:
+        return self
+
+    def write(self, frame: pl.DataFrame) -> None:
+        self.pending.append(frame)
+        self.rows += frame.height
+        if self.rows >= self.ROWS_PER_WRITE:
+            self._flush()
+
+    def _flush(self) -> None:
+        table = pl.concat(self.pending).to_arrow()
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.tmp, table.schema, compression="zstd")
+        self.writer.write_table(table)
+        self.pending, self.rows = [], 0
+
+    def __exit__(self, kind, error, tb) -> None:
+        done = False
+        try:
+            if error is None and (self.pending or self.writer is None):
+                self._flush()
+            done = error is None
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+            if done:
+                os.replace(self.tmp, self.path)
+            else:
+                self.tmp.unlink(missing_ok=True)
 
 
 def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
@@ -89,31 +157,46 @@ def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
 def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig, out_dir: Path) -> dict:
     """The best checkpoint on the test split: per target its metrics, a trivial baseline's (the training
     split's majority class or mean) and a plot, named `metric` for one target and `target/metric` for
-    several; a model without a target: its own loss (and metrics) on the test split."""
+    several; a model without a target: its own loss (and metrics) on the test split.
+
+    One pass over the test split, a batch at a time: each batch's outputs are counted into the metrics
+    and written to test_predictions.parquet, then dropped, so the memory it needs does not grow with the
+    test split (a test split's class probabilities are windows x classes floats)."""
     from shardline.trainer.data import open_split
-    from shardline.trainer.loop import load_model, predict
+    from shardline.trainer.inference import predict_batches, window_keys_of
+    from shardline.trainer.loop import load_model
 
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     spec = manifest.encoding
     model = load_model(train_result["best_checkpoint"])
     test = open_split(manifest, manifest_uri, "test")
-    outputs = predict(model, test)
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [M.plot_learning_curves(train_result["history"], out_dir / "learning_curves.png")]
+    scores = [_scores(t, train_statistic(manifest, manifest_uri, i, t)) for i, t in enumerate(spec.targets)]
+    seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
+    seq_keys = SequenceKeys(manifest, manifest_uri, "test", seq) if seq else None
+
+    def key_columns(idx: np.ndarray) -> dict:
+        """The windows' key columns: the sequence key (when the data has one), then the order."""
+        where = window_keys_of(test, idx)
+        columns = {spec.order_by or "row": where["order"]}
+        return {seq: seq_keys(where["shard"], where["segment"]), **columns} if seq_keys else columns
+
+    with PredictionsFile(out_dir / "test_predictions.parquet") as predictions:
+        for first, batch, outputs in predict_batches(model, test):
+            for t, s, y, out in zip(spec.targets, scores, batch.targets, outputs.values()):
+                _count(t, s, y.numpy(), out)
+            predictions.write(prediction_frame(spec, key_columns(np.arange(first, first + len(batch))), outputs))
+        if not test.n_windows:  # the columns, without rows
+            empty = {name: y[:0] for name, y in example_outputs(spec).items()}
+            predictions.write(prediction_frame(spec, key_columns(np.zeros(0, np.int64)), empty))
     metrics: dict[str, float] = {}
     baseline: dict[str, float] = {}
     directions: dict[str, str] = {}
     several = len(spec.targets) > 1
-    for i, t in enumerate(spec.targets):
+    for t, s in zip(spec.targets, scores):
         name = f"{t.column}/" if several else ""
-        m, b, plot, d = _target_scores(
-            t,
-            test.targets(i),
-            list(outputs.values())[i],
-            train_statistic(manifest, manifest_uri, i, t),
-            out_dir,
-            f"{t.column}_" if several else "",
-        )
+        m, b, plot, d = _target_scores(t, s, out_dir, f"{t.column}_" if several else "")
         metrics.update({name + k: v for k, v in m.items()})
         baseline.update({name + k: v for k, v in b.items()})
         directions.update({name + k: v for k, v in d.items()})
@@ -121,11 +204,6 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     if not spec.targets:
         metrics = _own_loss_scores(model, test)
         directions = {"loss": "minimize", config.mlflow.promotion_metric: config.mlflow.promotion_direction}
-    columns = {spec.order_by or "row": test.window_keys()["order"]}
-    if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE:  # the sequence key column, then the order
-        columns = {spec.sequence_key: sequence_keys(manifest, manifest_uri, "test", test), **columns}
-    preds = prediction_frame(spec, columns, outputs)
-    preds.write_parquet(out_dir / "test_predictions.parquet")
     return {
         "metrics": metrics,
         "baseline": baseline,

@@ -1,0 +1,68 @@
+"""A model's outputs over a split a batch at a time, and the keys of a batch's windows: evaluation's one
+pass over the test split, in memory that does not grow with the split.
+
+Kept apart from `loop.py` and `data.py` on purpose: those are part of the train step's code version,
+which addresses a training run's folder (`shardline/tasks/training_run.py: run_dir`), so an edit to
+them trains every model again; this module is evaluation's alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from shardline.trainer.contract import as_outputs
+from shardline.trainer.data import Batch, SplitData, WindowLoader
+from shardline.trainer.loop import masked_logits
+from shardline.trainer.models import data_spec_of
+
+
+def predict_batches(
+    model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None
+) -> Iterator[tuple[int, Batch, dict[str, np.ndarray]]]:
+    """The split's windows in window order, a batch at a time: (its first window's number, the batch as
+    stored, each target's outputs for its windows as `loop.predict` gives them for the whole split:
+    float32 probabilities with class 0 at 0, [B, n_classes] (or [B, K, n_classes]), or standardised
+    values [B, 1] (or [B, K])). Only one batch's outputs are held at a time. A model without a target is
+    not run: it has no outputs to give."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    spec = data_spec_of(model.shardline_spec)
+    was_training = model.training
+    model.eval()
+    first = 0
+    try:
+        for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
+            out = {}
+            if spec.targets:
+                b = batch.to(device)
+                with torch.inference_mode():
+                    outputs = as_outputs(model(b.cont, b.cat), spec)
+                    for t in spec.targets:
+                        y = outputs[t.name].float()
+                        lead = (len(b), spec.window) if t.positions == "all" else (len(b),)
+                        if t.kind == "classification":
+                            y = torch.softmax(masked_logits(y), dim=-1).reshape(*lead, t.n_classes)
+                        else:
+                            y = y.reshape(*lead, 1) if t.positions != "all" else y.reshape(lead)
+                        out[t.name] = y.cpu().numpy()
+            yield first, batch, out
+            first += len(batch)
+    finally:
+        model.train(was_training)
+
+
+def window_keys_of(data: SplitData, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """`data.window_keys()` of the windows numbered `idx` only, in that order: each one's shard, the
+    segment (sequence) of its target row in that shard, the target row and that row's `order` value."""
+    shard, start = data.locate(idx)
+    row = start + (data.window - 1 + data.horizon)  # the target row of the window's last position
+    segment, order = np.empty_like(row), np.empty_like(row)
+    for s in np.unique(shard):
+        sel = shard == s
+        view = data.view(int(s))
+        segment[sel] = np.searchsorted(np.asarray(view.arrays["offsets"]), row[sel], side="right") - 1
+        order[sel] = view.order_of_rows(row[sel])
+    return {"shard": shard.astype(np.int64), "segment": segment, "row": row, "order": order}

@@ -1,0 +1,150 @@
+"""The streaming scores (`ClassificationScores`, `RegressionScores`) against the whole-array reference
+functions on the same data, fed in uneven batches: counts and accuracies equal exactly, sums to rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardline.core.metrics import (
+    ClassificationScores,
+    RegressionScores,
+    StrideSample,
+    classification_metrics,
+    majority_baseline_probs,
+    mean_baseline,
+    plot_confusion_counts,
+    plot_confusion_matrix,
+    regression_metrics,
+)
+
+EXACT = ("accuracy", "top5_accuracy", "macro_f1")
+
+
+def batches(n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """[lo, hi) spans covering 0..n in uneven pieces, one of them empty."""
+    cuts = np.sort(rng.choice(np.arange(1, n), size=min(6, n - 1), replace=False)) if n > 1 else []
+    edges = [0, *cuts.tolist(), n] if len(cuts) else [0, n]
+    spans = list(zip(edges[:-1], edges[1:]))
+    return [(0, 0), *spans]
+
+
+def assert_same(streamed: dict, reference: dict) -> None:
+    assert streamed.keys() == reference.keys()
+    for key, want in reference.items():
+        if key in EXACT:
+            assert streamed[key] == want, key
+        else:
+            assert streamed[key] == pytest.approx(want, rel=1e-9, abs=1e-12), key
+
+
+def probabilities(rng: np.random.Generator, n: int, c: int, ties: bool) -> np.ndarray:
+    """float32 rows that sum to 1, class 0 at 0 (as `predict` gives them); with ties: coarse values, so
+    argmax and top-5 meet equal probabilities."""
+    logits = rng.normal(scale=3.0, size=(n, c))
+    if ties:
+        logits = np.round(logits)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p[:, 0] = 0.0
+    return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "n, c, ties",
+    [(3000, 401, False), (3000, 401, True), (500, 4, True), (777, 6, False), (1, 12, False)],
+)
+def test_classification_scores_equal_the_whole_array_metrics(n, c, ties):
+    rng = np.random.default_rng(c + n)
+    # skewed labels with classes that never occur, and a few id-0 ('unseen') labels
+    y = np.minimum(rng.zipf(1.6, size=n), c - 1).astype(np.int64)
+    y[rng.random(n) < 0.02] = 0
+    probs = probabilities(rng, n, c, ties)
+    train_counts = np.bincount(np.minimum(rng.zipf(1.4, size=5 * n), c - 1), minlength=c).astype(np.float64)
+    train_counts[0] = 0
+    scores = ClassificationScores(c, train_counts)
+    for lo, hi in batches(n, rng):
+        scores.update(y[lo:hi], probs[lo:hi])
+
+    assert scores.n == n and scores.confusion.sum() == n
+    assert_same(scores.metrics(), classification_metrics(y, probs))
+    assert_same(scores.baseline(), classification_metrics(y, majority_baseline_probs(train_counts, n)))
+
+
+def test_classification_baseline_with_tied_and_absent_classes():
+    """Training counts that tie (the lowest id is the majority) and a majority class absent from the test."""
+    train_counts = np.array([0, 5, 5, 0, 2, 2, 2, 0, 0], dtype=np.float64)
+    for y in (np.array([3, 3, 4, 8, 8, 8, 0]), np.array([1, 2, 2, 6, 6])):
+        scores = ClassificationScores(len(train_counts), train_counts)
+        scores.update(y, np.full((len(y), len(train_counts)), 1 / len(train_counts), np.float32))
+        assert_same(scores.baseline(), classification_metrics(y, majority_baseline_probs(train_counts, len(y))))
+
+
+def test_classification_scores_name_what_is_wrong():
+    scores = ClassificationScores(3, np.ones(3))
+    with pytest.raises(ValueError, match=r"probs must be \[B, 3\].*shape \(2, 4\)"):
+        scores.update(np.array([0, 1]), np.full((2, 4), 0.25))
+    with pytest.raises(ValueError, match="class id 5 but probs has only 3 columns"):
+        scores.update(np.array([0, 5]), np.full((2, 3), 1 / 3))
+    with pytest.raises(ValueError, match="NaN"):
+        scores.update(np.array([0, 1]), np.array([[np.nan, 0.5, 0.5], [0.2, 0.3, 0.5]]))
+    with pytest.raises(ValueError, match="N=0"):
+        scores.metrics()
+    with pytest.raises(ValueError, match=r"one count per class \(3\)"):
+        ClassificationScores(3, np.ones(4))
+
+
+def test_regression_scores_equal_the_whole_array_metrics():
+    rng = np.random.default_rng(7)
+    n = 5000
+    y = rng.normal(loc=1e3, scale=2.0, size=n)  # a large mean: the sum of squares must not lose it
+    pred = y + rng.normal(scale=1.5, size=n)
+    train_mean = 1000.7
+    scores = RegressionScores(train_mean)
+    for lo, hi in batches(n, rng):
+        scores.update(y[lo:hi], pred[lo:hi])
+    assert_same(scores.metrics(), regression_metrics(y, pred))
+    assert_same(scores.baseline(), regression_metrics(y, mean_baseline(train_mean, n)))
+    t, p = scores.sample.kept
+    np.testing.assert_array_equal(t, y)  # fewer than 50,000 points: every one, in order
+    np.testing.assert_array_equal(p, pred)
+
+
+def test_regression_scores_of_a_constant_target():
+    y = np.full(10, 2.0)
+    perfect, off = RegressionScores(2.0), RegressionScores(2.0)
+    perfect.update(y[:4], y[:4])
+    perfect.update(y[4:], y[4:])
+    off.update(y, y + 1.0)
+    assert perfect.metrics() == regression_metrics(y, y) == {"mae": 0.0, "rmse": 0.0, "r2": 1.0}
+    assert off.metrics() == regression_metrics(y, y + 1.0)
+    assert perfect.baseline()["r2"] == 1.0 and off.baseline()["r2"] == 1.0  # the mean is the constant
+    with pytest.raises(ValueError, match="N=0"):
+        RegressionScores(0.0).metrics()
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        RegressionScores(0.0).update(np.array([1.0]), np.array([np.inf]))
+
+
+def test_stride_sample_is_bounded_even_and_deterministic():
+    data = np.arange(1000, dtype=np.float64)
+    sample = StrideSample(64, columns=1)
+    for lo in range(0, 1000, 37):
+        sample.add(data[lo : lo + 37])
+    (kept,) = sample.kept
+    assert 32 <= len(kept) <= 64
+    np.testing.assert_array_equal(kept, data[:: sample.stride])  # every stride-th point, from the first
+
+
+def test_confusion_plot_from_counts_is_the_plot_from_labels(tmp_path):
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 30, size=400)
+    pred = np.where(rng.random(400) < 0.6, y, rng.integers(0, 33, size=400))  # ids beyond the names too
+    names = [f"c{i}" for i in range(30)]
+    counts = np.zeros((33, 33), np.int64)
+    np.add.at(counts, (y, pred), 1)
+    a = plot_confusion_matrix(y, pred, names, tmp_path / "labels.png", top_k=8)
+    b = plot_confusion_counts(counts, names, tmp_path / "counts.png", top_k=8)
+    assert a.read_bytes() == b.read_bytes()
+    with pytest.raises(ValueError, match=r"square \[C, C\].*\(3, 4\)"):
+        plot_confusion_counts(np.zeros((3, 4), np.int64), names, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="N=0"):
+        plot_confusion_counts(np.zeros((3, 3), np.int64), names, tmp_path / "x.png")
