@@ -159,3 +159,25 @@ def test_a_champion_tested_on_other_data_is_rescored_on_the_candidates_test_spli
     gate = json.loads(client.get_model_version(name, str(third["registered"]["version"])).tags["shardline.gate"])
     assert "log_loss needs every class's probability" in gate["compared"]["reason"]
     assert third["registered"]["alias"] == "challenger"
+
+
+def test_the_gate_scores_served_labels_as_the_whole_table_would():
+    """The champion gate's re-score counts served labels in batches (no rows x labels table): the same
+    accuracy and macro F1 as the whole one-hot table gives, on more rows than one batch."""
+    import numpy as np
+    import polars as pl
+
+    from shardline.core import metrics as M
+    from shardline.tasks.gate import _score
+
+    rng = np.random.default_rng(0)
+    names = [f"act-{i}" for i in range(40)]
+    truth = pl.Series([names[i] for i in rng.integers(0, 40, 150_000)])
+    predicted = pl.Series([names[i] for i in rng.integers(0, 30, 150_000)])
+    labels = sorted(set(truth) | set(predicted))
+    y = np.array([labels.index(v) for v in truth])
+    p = np.zeros((len(y), len(labels)))
+    p[np.arange(len(y)), [labels.index(v) for v in predicted]] = 1.0
+    whole = M.classification_metrics(y, p)
+    got = _score("classification", truth, predicted)
+    assert got == {"accuracy": whole["accuracy"], "macro_f1": pytest.approx(whole["macro_f1"], rel=1e-12)}
