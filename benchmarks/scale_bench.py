@@ -85,7 +85,7 @@ def child(spec: dict) -> None:
         import mlflow
 
         client = mlflow.MlflowClient(config.mlflow.tracking_uri)
-        history = client.get_metric_history(result["train"]["mlflow_run_id"], "windows_per_s")
+        history = client.get_metric_history(result["train"]["mlflow_run_id"], "epoch/windows_per_s")
         wps = history[-1].value if history else None
     record = {"t0": t0, "wall": wall, "spans": spans, "steps": result["steps"], "wps": wps}
     print(json.dumps({**record, "manifest": result["manifest"]}), flush=True)
@@ -94,8 +94,10 @@ def child(spec: dict) -> None:
 # ---------------------------------------------------------------- the parent
 
 
-def tree_rss_mb(pid: int) -> float:
-    """The RSS of `pid` and every process below it, in MB (from /proc)."""
+def tree_rss_mb(pid: int) -> tuple[float, float]:
+    """The RSS of `pid` and every process below it, in MB (from /proc): all of it, and its anonymous part
+    (without the pages of mapped files: the shards a split maps, which the kernel can drop and read
+    again, count in RSS as they are touched)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -104,7 +106,8 @@ def tree_rss_mb(pid: int) -> float:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0.0, [pid]
+    total = anon = 0.0
+    todo = [pid]
     while todo:
         p = todo.pop()
         todo += children.get(p, [])
@@ -112,9 +115,11 @@ def tree_rss_mb(pid: int) -> float:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) / 1024
+                elif line.startswith("RssAnon:"):
+                    anon += int(line.split()[1]) / 1024
         except OSError:
             pass
-    return total
+    return total, anon
 
 
 def run_child(config: Path, home: Path, force: str | None = None, env: dict | None = None) -> dict:
@@ -132,7 +137,7 @@ def run_child(config: Path, home: Path, force: str | None = None, env: dict | No
 
     def sample() -> None:
         while proc.poll() is None:
-            samples.append((time.time(), tree_rss_mb(proc.pid)))
+            samples.append((time.time(), *tree_rss_mb(proc.pid)))
             time.sleep(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -146,8 +151,8 @@ def run_child(config: Path, home: Path, force: str | None = None, env: dict | No
     return record
 
 
-def peak(samples, lo: float = 0.0, hi: float = float("inf")) -> float:
-    return max((mb for t, mb in samples if lo <= t <= hi), default=0.0)
+def peak(samples, lo: float = 0.0, hi: float = float("inf"), anon: bool = False) -> float:
+    return max((s[2 if anon else 1] for s in samples if lo <= s[0] <= hi), default=0.0)
 
 
 def raw_folder(games: int) -> tuple[Path, float]:
@@ -230,8 +235,8 @@ def measure(games: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| games (raw MB) | step | wall s | s per raw MB | peak RSS MB while it ran |",
-        "|---|---|---:|---:|---:|",
+        "| games (raw MB) | step | wall s | s per raw MB | peak RSS MB while it ran | of it anonymous |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         first = r["first"]
@@ -239,11 +244,12 @@ def table(rows: list[dict]) -> str:
             lo, hi = first["spans"].get(step, (0, 0))
             lines.append(
                 f"| {r['games']} ({r['raw_mb']:.0f}) | {step} | {hi - lo:.1f} | {(hi - lo) / r['raw_mb']:.4f} | "
-                f"{peak(first['samples'], lo, hi):,.0f} |"
+                f"{peak(first['samples'], lo, hi):,.0f} | {peak(first['samples'], lo, hi, anon=True):,.0f} |"
             )
         lines.append(
             f"| {r['games']} ({r['raw_mb']:.0f}) | **whole run** | {first['wall']:.1f} | "
-            f"{first['wall'] / r['raw_mb']:.3f} | **{peak(first['samples']):,.0f}** |"
+            f"{first['wall'] / r['raw_mb']:.3f} | **{peak(first['samples']):,.0f}** | "
+            f"{peak(first['samples'], anon=True):,.0f} |"
         )
     lines += [
         "",
