@@ -5,9 +5,9 @@
     .venv/bin/python benchmarks/scale_bench.py --quick    # 16 and 160 games: a smoke run
 
 The demo generator's games (made once into benchmarks/.data/, shared with data_bench.py), the demo
-config with one epoch at batch 1,024 (short training). For each scale, in a fresh home, each in its
-own process (start-up included, as a user sees it), while a sampler reads the process tree's RSS
-every 50 ms from /proc:
+config with one epoch at batch 1,024 of at most 300 steps (short training). For each scale, in a
+fresh home, each run in its own process (start-up included, as a user sees it), while a sampler
+reads the process tree's RSS every 50 ms from /proc:
 
 - first: the whole pipeline (ingest, encode, train, evaluate, register);
 - again: the same command, every step cached;
@@ -40,6 +40,7 @@ for p in (str(ROOT), str(ROOT / "benchmarks")):
 DEMO_GAMES = 160
 FRAMES = 2000
 STEPS = ("ingest", "encode", "train", "evaluate", "register")
+STEPS_CAP = 300  # optimizer steps of the one epoch at most (1x: a whole epoch, ~160 steps; 10x: a part)
 STREAM_ROOM = 3  # train shards a cap of a quarter of the split must hold for a streaming run (in flight, read-ahead)
 TARGETS = {"rss": 1.25, "encode": 1.0, "stream": 0.8, "rerun": 0.25}
 
@@ -177,7 +178,7 @@ def write_config(home: Path, raw: Path) -> Path:
     cfg["data"]["source"] = str(raw / "*.parquet")
     cfg["storage"]["root"] = str(home / "store")
     cfg["mlflow"]["tracking_uri"] = f"sqlite:///{home / 'mlflow.db'}"
-    cfg["training"].update(epochs=1, batch_size=1024, checkpoint_every_steps=0)
+    cfg["training"].update(epochs=1, batch_size=1024, checkpoint_every_steps=0, max_steps_per_epoch=STEPS_CAP)
     path = home / "scale.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
