@@ -77,7 +77,7 @@ def child(spec: dict) -> None:
     for r in run_coro_as_sync(task_runs()):
         if r.start_time is None or r.end_time is None:
             continue
-        step = "encode" if r.name.startswith(("encode-group", "write-manifest")) else r.name.rsplit("-", 1)[0]
+        step = "encode" if r.name.startswith(("encode-group", "write-manifest")) else r.name.split("-", 1)[0]
         lo, hi = r.start_time.timestamp(), r.end_time.timestamp()
         old = spans.get(step)
         spans[step] = [min(lo, old[0]), max(hi, old[1])] if old else [lo, hi]

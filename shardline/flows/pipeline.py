@@ -13,6 +13,7 @@ from prefect import flow
 from shardline.core import storage
 from shardline.core.config import PipelineConfig, load_config, validate_config
 from shardline.core.encoding.reuse import check_columns
+from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction
 from shardline.flows.train import train
 from shardline.tasks.caching import STEPS, cached, run_cached
@@ -45,6 +46,7 @@ def resolve_config(config: PipelineConfig | dict | str) -> PipelineConfig:
 def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     """Raw parquet to a registered, evaluated model version. `config`: a YAML path or the config itself."""
     install_log_redaction()  # no secret in the console or the Prefect API's logs
+    return_freed_memory()  # buffers of shards decompressed for a moment go back to the system when freed
     config = resolve_config(config)
     root = config.storage.root
     refresh = _refreshed(force)

@@ -614,6 +614,9 @@ def encode_dataset(
     manifest in `out_dir`. Returns the manifest URI."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from shardline.core.memory import return_freed_memory
+
+    return_freed_memory()
     store = store or storage.join(out_dir, GROUPS)
     groups = file_groups(snapshot, data)
     with ThreadPoolExecutor(max(1, threads or encode_workers(data))) as pool:

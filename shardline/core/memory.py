@@ -1,0 +1,35 @@
+"""Memory that goes back to the system when a step lets it go.
+
+The encode and the split pack's build decompress shards of tens of MB into buffers that live for a
+moment. glibc's malloc serves a freed block of that size from its heap the next time (its mmap
+threshold rises to the largest block freed, up to 32 MB), and a heap seldom shrinks: a 10x data set
+left ~300 MB of such free heap behind the pack's build, held for the rest of the run (measured in
+benchmarks/scale_bench.py: the process's anonymous memory grew with the data, not with what it
+held). A fixed threshold of 4 MB keeps the blocks above it in their own mappings, returned on free;
+the many small ones (a batch of the demo at 1,024 windows is 2.4 MB) stay on the heap as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+THRESHOLD = 4 << 20
+
+_done = False
+
+
+def return_freed_memory() -> bool:
+    """Make malloc give blocks of 4 MB and more back to the system when freed (glibc on Linux; elsewhere
+    nothing). Process-wide and idempotent: called where a step starts. True when it is in effect."""
+    global _done
+    if _done or not sys.platform.startswith("linux"):
+        return _done
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        _done = bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD))
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt): its own allocator's ways
+        _done = False
+    return _done
