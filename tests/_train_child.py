@@ -1,6 +1,9 @@
-"""One training process for tests/test_resume_kill.py, which kills it: `python tests/_train_child.py JOB.json`.
+"""One training process for tests/test_resume_kill.py and tests/test_streaming_cap.py, which kill it:
+`python tests/_train_child.py JOB.json`.
 
-JOB (JSON): `shards` (a folder with train.bin, val.bin and specs.json), `window`, `horizon`, `model_spec`,
+JOB (JSON): `shards` (a folder with train.bin, val.bin and specs.json), or `manifest` (a data set's manifest:
+its train and validation splits are opened through the local shard cache, `SHARDLINE_CACHE` capped by
+`SHARDLINE_CACHE_MAX_GB` from the environment), `window`, `horizon`, `model_spec`,
 `training` (TrainingConfig fields), `ckpt` (the checkpoint folder), `result` (where the FitResult goes, as
 JSON), and optional controls that only decide WHERE the test's kill lands, never what is computed:
   hold_at_step: N       after optimizer step N, print "held N" and wait to be killed
@@ -53,9 +56,17 @@ def split(folder: Path, name: str, window: int, horizon: int) -> SplitData:
 
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
-    shards = Path(job["shards"])
-    train = split(shards, "train.bin", job["window"], job["horizon"])
-    val = split(shards, "val.bin", job["window"], job["horizon"])
+    if "manifest" in job:
+        from shardline.core.manifest import Manifest
+        from shardline.trainer.data import open_split
+
+        manifest = Manifest.model_validate_json(Path(job["manifest"]).read_text())
+        train = open_split(manifest, job["manifest"], "train")
+        val = open_split(manifest, job["manifest"], "validation")
+    else:
+        shards = Path(job["shards"])
+        train = split(shards, "train.bin", job["window"], job["horizon"])
+        val = split(shards, "val.bin", job["window"], job["horizon"])
 
     save = loop.save_checkpoint
 

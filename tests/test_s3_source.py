@@ -79,7 +79,8 @@ def test_shards_in_s3_are_verified_on_fetch(tmp_path, s3_endpoint, monkeypatch):
 def test_a_split_larger_than_the_cache_streams_from_s3(tmp_path, s3_endpoint, monkeypatch):
     """Training data several times the local cache cap: shards stream through the cache (LRU, read-ahead),
     the cache never holds more than its cap, and every epoch delivers every window once, in the
-    loader's order, exactly as the whole split in hand would; a restored position resumes exactly."""
+    loader's order, exactly as the whole split in hand would (whose loader has the same order: it never
+    depends on the cache); a restored position resumes exactly."""
     import numpy as np
     import s3fs
     import torch
@@ -108,11 +109,14 @@ def test_a_split_larger_than_the_cache_streams_from_s3(tmp_path, s3_endpoint, mo
     data = open_split(manifest, uri, "train", cache=cache)
     assert data.streaming and data.n_windows == whole.n_windows == manifest.windows["train"]
 
-    loader = WindowLoader(data, 16, seed=3)
+    with pytest.raises(ValueError, match="training.shuffle_shards"):  # a global shuffle needs it all in the cache
+        WindowLoader(data, 16, seed=3)
+    loader = WindowLoader(data, 16, seed=3, shuffle_shards=2)
     for epoch in range(2):
         loader.set_epoch(epoch)
         order = loader.order(epoch)
         assert sorted(order.tolist()) == list(range(data.n_windows))
+        np.testing.assert_array_equal(order, WindowLoader(whole, 16, seed=3, shuffle_shards=2).order(epoch))
         seen = 0
         for batch in loader:
             want = whole.batch(order[seen : seen + len(batch)])
@@ -132,7 +136,7 @@ def test_a_split_larger_than_the_cache_streams_from_s3(tmp_path, s3_endpoint, mo
         next(it)
     state = loader.state_dict()
     rest = list(it)
-    again = WindowLoader(open_split(manifest, uri, "train", cache=cache), 16, seed=3)
+    again = WindowLoader(open_split(manifest, uri, "train", cache=cache), 16, seed=3, shuffle_shards=2)
     again.load_state_dict(state)
     resumed = list(again)
     assert len(resumed) == len(rest) > 0
@@ -143,7 +147,7 @@ def test_a_split_larger_than_the_cache_streams_from_s3(tmp_path, s3_endpoint, mo
         tiny = open_split(
             manifest, uri, "train", cache=storage.ShardCache(tmp_path / "tiny-cache", cap_bytes=biggest // 2)
         )
-        next(iter(WindowLoader(tiny, 16, seed=0)))
+        next(iter(WindowLoader(tiny, 16, seed=0, shuffle_shards=1)))
     assert np.all([not p.name.startswith(".tmp-") for p in (tmp_path / "tiny-cache").rglob("*")])
 
 

@@ -302,6 +302,16 @@ class TrainingConfig(_Strict):
     num_workers: int = Field(
         0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)"
     )
+    shuffle_shards: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "shuffle the train split this many shards at a time (the shards in a permuted order, each block's "
+            "windows permuted together), so a split larger than the local cache streams with the cache holding "
+            "one block; null: one global shuffle, which needs the whole split in the cache. The order never "
+            "depends on the cache"
+        ),
+    )
 
 
 class StorageConfig(_Strict):

@@ -179,6 +179,15 @@ def cache_dir() -> Path:
 CACHE_CAP_ENV = "SHARDLINE_CACHE_MAX_GB"
 
 
+def gb_at_least(nbytes: int) -> str:
+    """`nbytes` in GB for a `SHARDLINE_CACHE_MAX_GB` value, rounded up to three significant digits."""
+    import math
+
+    gb = max(nbytes, 1) / 1e9
+    step = 10.0 ** (math.floor(math.log10(gb)) - 2)
+    return f"{math.ceil(gb / step - 1e-9) * step:g}"
+
+
 def _touch(path: Path) -> bool:
     """Mark a cached object recently used; False when it is not there (or was just evicted)."""
     try:
@@ -189,7 +198,11 @@ def _touch(path: Path) -> bool:
 
 
 class CacheFull(IOError):
-    """An object does not fit in the local cache even after evicting everything not in use."""
+    """An object does not fit in the local cache even after evicting everything not in use.
+
+    Only this process's pins keep an object from eviction, so the same run on the same cap fails the
+    same way again: the cap is too small for what the run holds at once (a configuration problem,
+    never a failure of the machine to retry)."""
 
 
 class ShardCache:
@@ -208,8 +221,15 @@ class ShardCache:
         self.root = Path(root) if root is not None else cache_dir()
         self.objects = self.root / "objects"
         self.cap = int(cap_bytes) if cap_bytes is not None else self.default_cap(self.root)
+        env = os.environ.get(CACHE_CAP_ENV)
+        self.cap_source = (
+            "set by the caller"
+            if cap_bytes is not None
+            else (f"{CACHE_CAP_ENV}={env}" if env else f"half the free disk: {CACHE_CAP_ENV} is unset")
+        )
         self._lock = threading.Lock()
         self._pins: dict[str, int] = {}
+        self._pin_bytes: dict[str, int] = {}  # the size each pinned object takes (or will take) in the cache
         self._reserved: dict[str, int] = {}
         self._inflight: dict[str, object] = {}
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="shardline-fetch")
@@ -254,9 +274,28 @@ class ShardCache:
     def held_bytes(self) -> int:
         return self._held_bytes(self.objects)
 
-    def pin(self, sha256: str) -> None:
+    def describe_cap(self) -> str:
+        """The cap and where it comes from, for messages: '300 MB (SHARDLINE_CACHE_MAX_GB=0.3)'."""
+        return f"{self.cap / 1e6:,.0f} MB ({self.cap_source})"
+
+    def pin(self, sha256: str, nbytes: int = 0) -> None:
+        """Keep `sha256` from eviction until `unpin`; `nbytes` is what it takes in the cache (counted by
+        `pinned_bytes`, so a read-ahead knows the room left)."""
         with self._lock:
-            self._pins[sha256] = self._pins.get(sha256, 0) + 1
+            self._pin(sha256, nbytes)
+
+    def _pin(self, sha256: str, nbytes: int) -> None:
+        self._pins[sha256] = self._pins.get(sha256, 0) + 1
+        self._pin_bytes[sha256] = max(int(nbytes), self._pin_bytes.get(sha256, 0))
+
+    def pin_if_room(self, sha256: str, nbytes: int) -> bool:
+        """Pin `sha256` only if the pinned objects, it included, stay within the cap (a read-ahead: it
+        must never take the room of an object in use); True when pinned."""
+        with self._lock:
+            if sha256 not in self._pins and self._pinned_bytes() + int(nbytes) > self.cap:
+                return False
+            self._pin(sha256, nbytes)
+            return True
 
     def unpin(self, sha256: str) -> None:
         with self._lock:
@@ -265,14 +304,25 @@ class ShardCache:
                 self._pins[sha256] = n
             else:
                 self._pins.pop(sha256, None)
+                self._pin_bytes.pop(sha256, None)
+
+    def pinned_bytes(self) -> int:
+        """Bytes of the cache this process holds: pinned objects and downloads under way."""
+        with self._lock:
+            return self._pinned_bytes()
+
+    def _pinned_bytes(self) -> int:
+        held = sum(self._pin_bytes.get(k, 0) for k in self._pins)
+        return held + sum(v for k, v in self._reserved.items() if k not in self._pins)
 
     def _make_room(self, sha256: str, size: int, uri: str) -> None:
         """Evict least recently used, unpinned objects until `size` more bytes fit (caller holds the lock)."""
         if size > self.cap:
             raise CacheFull(
                 f"{uri} is {size / 1e6:.0f} MB but the local shard cache ({self.root}) is capped at "
-                f"{self.cap / 1e6:.0f} MB: raise {CACHE_CAP_ENV}, or encode smaller shards (a smaller "
-                "data.group_mb or data.files_per_group: a shard is one file group's rows of one split)"
+                f"{self.describe_cap()}: raise {CACHE_CAP_ENV} to at least {gb_at_least(size)}, or encode "
+                "smaller shards (a smaller data.group_mb or data.files_per_group: a shard is one file group's "
+                "rows of one split)"
             )
         entries = []
         if self.objects.exists():
@@ -296,8 +346,9 @@ class ShardCache:
         if used + size > self.cap:
             raise CacheFull(
                 f"the local shard cache ({self.root}) cannot hold {uri} ({size / 1e6:.0f} MB): "
-                f"{used / 1e6:.0f} MB of its {self.cap / 1e6:.0f} MB cap are shards in use; raise {CACHE_CAP_ENV}, "
-                "or encode smaller shards (a smaller data.group_mb or data.files_per_group)"
+                f"{used / 1e6:.0f} MB of its {self.describe_cap()} are shards in use; raise {CACHE_CAP_ENV} "
+                f"to at least {gb_at_least(used + size)}, or encode smaller shards (a smaller data.group_mb or "
+                "data.files_per_group)"
             )
         self._reserved[sha256] = size
 

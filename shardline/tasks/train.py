@@ -174,8 +174,11 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig, folder: str | N
 # (never by the text of a message): I/O and network failures, a lost GPU or interconnect
 INFRASTRUCTURE_ERRORS = (ConnectionError, TimeoutError, OSError)
 # ...but not these: a missing or unreadable input is the same on the next try, as is running out of
-# memory with the same batch on the same machine (deterministic), or a code, config or data error
+# memory with the same batch on the same machine (deterministic), a local shard cache capped below what
+# the run holds at once (CacheFull: only this process's pins keep shards in it, so it fails again the
+# same way; its message names SHARDLINE_CACHE_MAX_GB and the size), or a code, config or data error
 NOT_INFRASTRUCTURE = (
+    storage.CacheFull,
     FileNotFoundError,
     PermissionError,
     IsADirectoryError,

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +23,19 @@ import torch
 from shardline.core.codes import Globaliser
 from shardline.core.manifest import Manifest, target_array
 from shardline.core.shards import arrays_in, map_file, pack_layout, read_arrays, window_starts
-from shardline.core.storage import ShardCache, is_remote, local_path, read_verified, resolve, shared_cache
-
-LOADER_STATE_VERSION = (
-    3  # 3: a plain global permutation (the split is joined: no grouping by shard); shard-then-window when streaming
+from shardline.core.storage import (
+    CACHE_CAP_ENV,
+    ShardCache,
+    gb_at_least,
+    is_remote,
+    local_path,
+    read_verified,
+    resolve,
+    shared_cache,
 )
+
+# 3: a global permutation, or shuffle blocks of `shuffle_shards` shards (in the state since; absent: a global one)
+LOADER_STATE_VERSION = 3
 ARRAYS = ("cont", "cat", "target", "order", "offsets")
 POSITIONS = ("last", "all")
 
@@ -195,13 +204,34 @@ class _Ref:
         """The shard's object in the cache."""
         return self.derived.key if self.derived is not None else self.info.sha256
 
+    @property
+    def footprint(self) -> int:
+        """Bytes the shard takes in the local cache while open (0: in hand, or mapped where it lies)."""
+        if self.cache is None:
+            return 0
+        if self.derived is not None:
+            return int(self.derived.nbytes)
+        if self.info.compression:
+            return int(self.info.raw_bytes)
+        return int(self.info.bytes) if is_remote(self.uri) else 0
+
+
+def _unpin_all(refs: list[_Ref]) -> None:
+    """A streamed split that is gone leaves nothing pinned in the cache."""
+    for r in refs:
+        if r.pinned:
+            r.cache.unpin(r.name)
+            r.pinned = False
+
 
 class SplitData:
     """The windows of one split, over its shards' (memory-mapped) arrays, without copying them.
 
     Built from arrays in hand (`SplitData([arrays, ...], K, horizon)`) or, by `open_split`, from a
     manifest's shards; when the shards do not all fit in the local cache the split *streams*: a shard
-    is fetched when first needed (the loader reads ahead), and released when the loader moves on.
+    is fetched when first needed (the loader reads ahead) and released when the loader is past it, so
+    the cache holds only the shards in flight and the read-ahead. Whatever looks at every shard
+    (`each_shard`: checks, targets, window keys) visits them one at a time and releases each.
     """
 
     def __init__(self, shards: list[dict[str, np.ndarray]], window: int, horizon: int, positions: str = "last"):
@@ -245,6 +275,9 @@ class SplitData:
         self.streaming = streaming
         self._refs = refs
         self._lock = threading.Lock()
+        self._open: set[int] = set()  # streamed shards pinned in the cache (open or read ahead)
+        if streaming:
+            weakref.finalize(self, _unpin_all, refs)
         self._joined: ShardView | None = (
             refs[0].view if len(refs) == 1 and refs[0].view is not None and not streaming else None
         )
@@ -332,8 +365,9 @@ class SplitData:
         with self._lock:
             if r.view is None:
                 if not r.pinned:
-                    r.cache.pin(r.name)
+                    r.cache.pin(r.name, r.footprint)
                     r.pinned = True
+                    self._open.add(s)
                 local = r.cache.get(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes, r.derived)
                 v = ShardView(
                     read_arrays(local, r.specs),
@@ -351,32 +385,70 @@ class SplitData:
                 r.view = v
             return r.view
 
-    def prefetch(self, s: int) -> None:
-        """Start fetching streamed shard `s` in the background (no-op for shards in hand)."""
+    def prefetch(self, s: int) -> bool:
+        """Start fetching streamed shard `s` in the background, if the cache has room for it beside what
+        is pinned already (a read-ahead never takes the room of a shard in use); True when it is on its
+        way or in hand, False when there was no room."""
         r = self._refs[s]
-        if r.view is None and r.cache is not None:
-            with self._lock:
-                if not r.pinned:
-                    r.cache.pin(r.name)
-                    r.pinned = True
-            r.cache.prefetch(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes, r.derived)
+        if r.cache is None or r.view is not None:
+            return True
+        with self._lock:
+            if not r.pinned:
+                if not r.cache.pin_if_room(r.name, r.footprint):
+                    return False
+                r.pinned = True
+                self._open.add(s)
+        r.cache.prefetch(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes, r.derived)
+        return True
 
-    def release(self, keep: set[int]) -> None:
+    def release(self, keep: set[int] | frozenset[int] = frozenset()) -> None:
         """Streaming: drop every shard not in `keep`, so the cache may evict it."""
         if not self.streaming:
             return
         with self._lock:
-            for i, r in enumerate(self._refs):
-                if i in keep or r.cache is None:
-                    continue
-                r.view = None
-                if r.pinned:
-                    r.cache.unpin(r.name)
-                    r.pinned = False
+            for i in self._open - set(keep):
+                self._drop(i)
+
+    def release_shard(self, s: int) -> None:
+        """Streaming: drop shard `s`, so the cache may evict it."""
+        if self.streaming:
+            with self._lock:
+                self._drop(s)
+
+    def _drop(self, i: int) -> None:
+        """Release streamed shard `i` (the caller holds the lock)."""
+        r = self._refs[i]
+        if r.cache is None:
+            return
+        r.view = None
+        if r.pinned:
+            r.cache.unpin(r.name)
+            r.pinned = False
+        self._open.discard(i)
+
+    @property
+    def open_shards(self) -> set[int]:
+        """The streamed shards pinned in the cache now (open or read ahead)."""
+        return set(self._open)
+
+    @property
+    def cache(self) -> ShardCache | None:
+        """The local cache a streamed split goes through (None for a split in hand)."""
+        return next((r.cache for r in self._refs if r.cache is not None), None)
+
+    def cache_need(self, shuffle_shards: int | None = None, shuffle: bool = True) -> int:
+        """Bytes of the local cache one pass over this split holds at once, read-ahead aside: none for a
+        split in hand; streamed, its largest shuffle block (the `shuffle_shards` largest shards; every
+        shard for a shuffle of the whole split), or its largest shard when read in order."""
+        if not self.streaming:
+            return 0
+        sizes = sorted((r.footprint for r in self._refs), reverse=True)
+        return sum(sizes[: (shuffle_shards or len(sizes)) if shuffle else 1])
 
     @property
     def shards(self) -> list[dict[str, np.ndarray]]:
-        """Every shard's arrays (opens streamed shards: for small splits and tests)."""
+        """Every shard's arrays (opens and keeps every streamed shard: for small splits and tests; code
+        that must work on any split uses `each_shard`)."""
         return [self.view(i).arrays for i in range(self.n_shards)]
 
     @property
@@ -405,11 +477,13 @@ class SplitData:
             raise IndexError(f"window index out of range [0, {self.n_windows})")
         return idx
 
-    def batch(self, idx: np.ndarray, pin_memory: bool = False) -> Batch:
+    def batch(self, idx: np.ndarray, pin_memory: bool = False, release=()) -> Batch:
         """Gather windows `idx` (in that order): one fancy index per array, a K-row block copy per window.
 
         A split in hand is one set of arrays (one shard, or its shards joined in a split pack), so a
-        batch is one gather whichever shards it draws from; a streamed split gathers per shard.
+        batch is one gather whichever shards it draws from; a streamed split gathers per shard. The
+        streamed shards in `release` (none of their windows comes after these) are gathered first and
+        each released at once, so a gather across two shuffle blocks holds one block at a time.
         """
         idx = self._check(idx)
         b, k = len(idx), self.window
@@ -428,9 +502,12 @@ class SplitData:
         else:
             shard = self.shard_of(idx)
             first = int(shard[0])
+            done = {int(s) for s in release}
             if (shard == first).all():
                 v = self.view(first)
                 arrays = v.gather(v.starts[idx - self._first[first]])
+                if first in done:
+                    self.release_shard(first)
             else:
                 meta = self._meta(0)
                 tshape = (b, k) if self.positions == "all" else (b,)
@@ -439,31 +516,43 @@ class SplitData:
                     np.empty((b, k, self.n_cat), dtype=np.dtype(meta[1][0])),
                     tuple(np.empty(tshape, dtype=np.dtype(t[0])) for t in meta[2]),
                 )
-                for s in np.unique(shard):
+                for s in sorted(np.unique(shard).tolist(), key=lambda s: s not in done):  # passed ones first
                     sel = np.flatnonzero(shard == s)
-                    v = self.view(int(s))
+                    v = self.view(s)
                     cont, cat, targets = v.gather(v.starts[idx[sel] - self._first[s]])
                     arrays[0][sel], arrays[1][sel] = cont, cat
                     for out, part in zip(arrays[2], targets):
                         out[sel] = part
+                    del v
+                    if s in done:
+                        self.release_shard(s)
         cont, cat, targets = arrays
         out = Batch(torch.from_numpy(cont), torch.from_numpy(cat), tuple(torch.from_numpy(t) for t in targets))
         return out.pin_memory() if pin_memory else out
 
-    def _per_shard(self, fn) -> list:
-        """fn(view, shard index) for every shard in order, releasing streamed shards as it goes."""
+    def each_shard(self, fn) -> list:
+        """[fn(view, shard index) for every shard, in order], one shard at a time: a streamed shard is
+        released before the next is opened (which is read ahead meanwhile when the cache has room), so a
+        pass over a split many times the cache holds one or two of its shards."""
         out = []
-        for s in range(self.n_shards):
-            if s + 1 < self.n_shards:
-                self.prefetch(s + 1)
-            out.append(fn(self.view(s), s))
-            self.release({s + 1})
+        held = self.open_shards  # a loader's, if one is under way: left as they are
+        try:
+            for s in range(self.n_shards):
+                v = self.view(s)
+                if s + 1 < self.n_shards:
+                    self.prefetch(s + 1)
+                out.append(fn(v, s))
+                del v
+                if s not in held:
+                    self.release_shard(s)
+        finally:
+            self.release(held)
         return out
 
     def target_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """(shard index, target row in that shard) of every window, in window order."""
         shard = np.repeat(np.arange(self.n_shards, dtype=np.int64), np.diff(self._first))
-        rows = self._per_shard(lambda v, s: v.starts + v.shift)
+        rows = self.each_shard(lambda v, s: v.starts + v.shift)
         return shard, (np.concatenate(rows) if rows else np.zeros(0, np.int64)).astype(np.int64)
 
     def window_keys(self) -> dict[str, np.ndarray]:
@@ -475,7 +564,7 @@ class SplitData:
             segment = np.searchsorted(np.asarray(v.arrays["offsets"]), row, side="right") - 1
             return row, segment, v.order_of_rows(row)
 
-        parts = self._per_shard(keys)
+        parts = self.each_shard(keys)
         shard = np.repeat(np.arange(self.n_shards, dtype=np.int64), np.diff(self._first))
         cat = lambda i: np.concatenate([p[i] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
         return {"shard": shard, "segment": cat(1), "row": cat(0), "order": cat(2)}
@@ -486,7 +575,7 @@ class SplitData:
         if i >= self.n_targets:
             raise IndexError(f"target {i}: this split has {self.n_targets} target(s)")
         dtype = np.float32 if self.tasks[i] == "regression" else np.int64
-        parts = self._per_shard(lambda v, s: v.gather_targets(v.starts)[i].astype(dtype))
+        parts = self.each_shard(lambda v, s: v.gather_targets(v.starts)[i].astype(dtype))
         shape = (0, self.window) if self.positions == "all" else (0,)
         return np.concatenate(parts) if parts else np.zeros(shape, dtype)
 
@@ -508,8 +597,10 @@ def open_split(
     (`shardline/codes.py`) and laid end to end into one *split pack* in the cache (built once,
     reused by later runs), so the split is one set of memory-mapped arrays and a batch is one
     gather. A split larger than that streams: a shard is fetched, mapped and cached when first
-    needed and released when passed. (One local, uncompressed shard of the earlier encoder, which
-    wrote the data set's codes, is memory-mapped in place.)
+    needed and released when passed. Which of the two a split is never changes the batches a loader
+    yields (the order is a function of the seed, the epoch and `training.shuffle_shards`, never of
+    the cache). (One local, uncompressed shard of the earlier encoder, which wrote the data set's
+    codes, is memory-mapped in place.)
     """
     shards = manifest.shards_of(split)
     folder = manifest_folder(manifest_uri)
@@ -563,14 +654,18 @@ def open_split(
         finally:
             os.close(fd)
 
-    cache.pin(key)
-    pack = cache.build(key, size, build, f"the {split} split pack of {manifest_uri}")
+    cache.pin(key, size)
+    try:
+        pack = cache.build(key, size, build, f"the {split} split pack of {manifest_uri}")
+    except BaseException:
+        cache.unpin(key)
+        raise
     buffer = map_file(pack, mmap)
     refs = []
     for info, specs in zip(shards, own_specs):
         refs.append(_Ref(info.windows, _checked_view(arrays_in(buffer, specs), info, enc)))
     joined = arrays_in(buffer, joined_specs) if len(shards) > 1 else None
-    return SplitData._from_refs(
+    data = SplitData._from_refs(
         refs,
         enc.window,
         enc.horizon,
@@ -579,6 +674,8 @@ def open_split(
         rows=[int(i.rows) for i in shards],
         positions=enc.target_positions,
     )
+    weakref.finalize(data, cache.unpin, key)  # a split that is gone no longer holds its pack in the cache
+    return data
 
 
 def _checked_view(arrays: dict[str, np.ndarray], info, enc) -> ShardView:
@@ -592,19 +689,74 @@ def _checked_view(arrays: dict[str, np.ndarray], info, enc) -> ShardView:
     return view
 
 
+def _global_shuffle_refused(data: SplitData, name: str) -> str:
+    """Why a streamed split cannot be shuffled whole, and the two ways out, with this split's numbers."""
+    cache = data.cache
+    sizes = sorted((r.footprint for r in data._refs), reverse=True)
+    fit = max(1, int(np.searchsorted(np.cumsum(sizes), cache.cap // 2, side="right")))
+    return (
+        f"the {name} split is {sum(sizes) / 1e6:,.1f} MB unpacked, more than half the local shard cache's "
+        f"{cache.describe_cap()}, so it streams shard by shard, but training.shuffle_shards is null: one shuffle "
+        "of the whole split, which needs all of it in the cache. Set training.shuffle_shards to shuffle that "
+        f"many shards at a time (here at most {fit}, for a block to fit in half the cache; the order is then "
+        f"the same whatever the cache), or raise {CACHE_CAP_ENV} to at least {gb_at_least(2 * sum(sizes))} "
+        "(twice the split) to keep the global shuffle"
+    )
+
+
+def check_cache_room(train: SplitData, val: SplitData, shuffle_shards: int | None) -> None:
+    """Before training: the local cache can hold what training holds of it at once, besides the split
+    packs it holds already: the train split's largest shuffle block while it streams, or the validation
+    split's largest shard while it is read (never both: a loader releases its shards when its epoch
+    ends). A ValueError names the setting to change and the number, so a too-small cache fails before
+    the first step, never when a block of larger shards comes up mid-epoch."""
+    if train.streaming and (shuffle_shards is None or shuffle_shards >= train.n_shards):
+        raise ValueError(_global_shuffle_refused(train, "train"))
+    needs: dict[int, list] = {}
+    for name, data, what in (
+        ("train", train, f"its {shuffle_shards} largest shards (training.shuffle_shards={shuffle_shards})"),
+        ("validation", val, "its largest shard"),
+    ):
+        if data.streaming:
+            need = data.cache_need(shuffle_shards) if name == "train" else data.cache_need(shuffle=False)
+            needs.setdefault(id(data.cache), [data.cache, []])[1].append((need, f"the {name} split's {what}"))
+    for cache, parts in needs.values():
+        need, what = max(parts)
+        held = cache.pinned_bytes()
+        if held + need <= cache.cap:
+            continue
+        lower = ""
+        if train.streaming and train.cache is cache:
+            sizes = np.cumsum(sorted((r.footprint for r in train._refs), reverse=True))
+            fit = int(np.searchsorted(sizes, cache.cap - held, side="right"))
+            if 1 <= fit < shuffle_shards:
+                lower = f", or lower training.shuffle_shards to {fit}"
+        raise ValueError(
+            f"training holds up to {need / 1e6:,.1f} MB of the local shard cache at once ({what}) besides the "
+            f"{held / 1e6:,.1f} MB it holds already (split packs), but the cache is capped at "
+            f"{cache.describe_cap()}: raise {CACHE_CAP_ENV} to at least {gb_at_least(held + need)}{lower}"
+        )
+
+
 class WindowLoader:
-    """Batches of one epoch, in an order that is a pure function of (seed, epoch); resumable mid-epoch.
+    """Batches of one epoch, in an order that is a pure function of (seed, epoch, shuffle_shards) and the
+    split's shards, never of the local cache; resumable mid-epoch.
 
     Its position is a few integers (`state_dict`): the epoch and how many windows of it were already
     yielded, so a restored loader yields exactly the batches the interrupted one had not.
     `set_epoch(e)` starts epoch e from its beginning; iterating continues from the current position.
 
-    Order: a global permutation of all windows (the split's shards are joined, so a batch is one
-    gather wherever its windows live); a streamed split (larger than the local cache) goes shard by shard
-    in a permuted shard order, windows permuted inside each shard, with the next shards read ahead.
+    Order: with `shuffle_shards` null, a global permutation of all windows (the split's shards are
+    joined, so a batch is one gather wherever its windows live; a split too large for the cache is
+    refused, as a global shuffle needs all of it). With `shuffle_shards=m`, shuffle blocks: the shards
+    in a permuted order, taken m at a time, the windows of each block permuted together. A split in
+    the cache and the same split streamed give the same batches; streamed, a block's shards are
+    opened when the order reaches them, released when it has passed their last window, and up to
+    `read_ahead` shards after them are fetched in the background while there is room in the cache.
     Batches are gathered a few at a time (about CHUNK_BYTES per fancy index) and handed out as
     views. `num_workers` threads gather the next ones while the current batch trains: they share
-    the arrays (no pickling), and the gathers run outside the GIL.
+    the arrays (no pickling), and the gathers run outside the GIL. A streamed split is gathered by
+    one thread, in order (so the shards held stay one block's), up to 2 x `num_workers` chunks ahead.
     """
 
     def __init__(
@@ -617,11 +769,16 @@ class WindowLoader:
         pin_memory: bool = False,
         num_workers: int = 0,
         read_ahead: int = 2,
+        shuffle_shards: int | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if shuffle_shards is not None and shuffle_shards < 1:
+            raise ValueError(f"shuffle_shards must be >= 1 or None (a global shuffle), got {shuffle_shards}")
+        if shuffle and data.streaming and (shuffle_shards is None or shuffle_shards >= data.n_shards):
+            raise ValueError(_global_shuffle_refused(data, "streamed"))
         self.data = data
         self.batch_size = batch_size
         self.seed = int(seed)
@@ -629,7 +786,8 @@ class WindowLoader:
         self.drop_last = drop_last
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.num_workers = int(num_workers)
-        self.read_ahead = max(1, int(read_ahead))
+        self.read_ahead = max(0, int(read_ahead))
+        self.shuffle_shards = shuffle_shards
         self.epoch = 0
         self.offset = 0
 
@@ -648,40 +806,27 @@ class WindowLoader:
         return self.end // self.batch_size if self.drop_last else -(-self.n_windows // self.batch_size)
 
     def shard_order(self, epoch: int) -> np.ndarray:
-        """The order shards are visited in (streamed splits; in-order when not shuffling)."""
+        """The order shards are taken in, `shuffle_shards` at a time (in-order when not shuffling)."""
         if not self.shuffle:
             return np.arange(self.data.n_shards, dtype=np.int64)
         return np.random.default_rng([self.seed, epoch, 1]).permutation(self.data.n_shards)
 
     def order(self, epoch: int) -> np.ndarray:
-        n, d = self.n_windows, self.data
+        """Window numbers in the order epoch `epoch` yields them."""
+        n, d, m = self.n_windows, self.data, self.shuffle_shards
         if not self.shuffle:
             return np.arange(n, dtype=np.int64)
-        if d.streaming:
-            first = d._first
-            parts = [
-                first[s]
-                + np.random.default_rng([self.seed, epoch, 2, int(s)]).permutation(int(first[s + 1] - first[s]))
-                for s in self.shard_order(epoch)
-            ]
-            return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-        return np.random.default_rng([self.seed, epoch]).permutation(n)
+        if m is None or m >= d.n_shards:  # one block of every shard: the global permutation
+            return np.random.default_rng([self.seed, epoch]).permutation(n)
+        first, seq, parts = d._first, self.shard_order(epoch), []
+        for b in range(0, len(seq), m):
+            ids = np.concatenate([np.arange(first[s], first[s + 1], dtype=np.int64) for s in seq[b : b + m]])
+            parts.append(ids[np.random.default_rng([self.seed, epoch, 2, b // m]).permutation(len(ids))])
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
         self.offset = 0
-
-    def _stream_hint(self, order: np.ndarray, at: int) -> None:
-        """Streaming: keep the shards of the batch at `at`, read the next ones ahead, release the rest."""
-        d = self.data
-        lo, hi = order[at], order[min(at + self.batch_size, len(order)) - 1]
-        now = {int(d.shard_of(np.array([lo]))[0]), int(d.shard_of(np.array([hi]))[0])}
-        seq = self.shard_order(self.epoch)
-        pos = int(np.flatnonzero(seq == max(now, key=lambda s: int(np.flatnonzero(seq == s)[0])))[0])
-        ahead = [int(s) for s in seq[pos + 1 : pos + 1 + self.read_ahead]]
-        d.release(now | set(ahead))
-        for s in ahead:
-            d.prefetch(s)
 
     def _per_gather(self) -> int:
         """Batches gathered by one fancy index: about CHUNK_BYTES of windows (amortises the per-call
@@ -697,13 +842,6 @@ class WindowLoader:
         order = self.order(self.epoch)
         bs, pin = self.batch_size, self.pin_memory
         data = self.data
-        if data.streaming:
-            while self.offset < self.end:
-                self._stream_hint(order, self.offset)
-                idx = order[self.offset : self.offset + bs]
-                self.offset += len(idx)  # counted when handed out: a checkpoint after this batch resumes past it
-                yield data.batch(idx, pin_memory=pin)
-            return
         step = bs * self._per_gather()
         spans = [(lo, min(lo + step, self.end)) for lo in range(self.offset, self.end, step)]
 
@@ -713,32 +851,68 @@ class WindowLoader:
                 self.offset += len(b)  # counted when handed out: a checkpoint after this batch resumes past it
                 yield b  # a view of the gathered (and, for CUDA, pinned) chunk
 
-        if self.num_workers == 0:
-            for lo, hi in spans:
-                yield from batches(data.batch(order[lo:hi], pin_memory=pin))
-            return
-        from collections import deque
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="shardline-loader")
-        pending: deque = deque()
-        todo = iter(spans)
+        if data.streaming:
+            # one thread gathers a streamed split's spans, in order, so that the shards it holds stay those of
+            # one block; `num_workers` sets how far ahead it may go
+            gather, threads = self._stream_gather(order, spans), 1
+        else:
+            gather, threads = (lambda lo, hi: data.batch(order[lo:hi], pin_memory=pin)), self.num_workers
         try:
-            while True:
-                while len(pending) < 2 * self.num_workers:
-                    span = next(todo, None)
-                    if span is None:
+            if self.num_workers == 0:
+                for lo, hi in spans:
+                    yield from batches(gather(lo, hi))
+                return
+            from collections import deque
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="shardline-loader")
+            pending: deque = deque()
+            todo = iter(spans)
+            try:
+                while True:
+                    while len(pending) < 2 * self.num_workers:
+                        span = next(todo, None)
+                        if span is None:
+                            break
+                        pending.append(pool.submit(gather, *span))  # gathered and pinned in the worker
+                    if not pending:
                         break
-                    pending.append(
-                        pool.submit(data.batch, order[span[0] : span[1]], pin)
-                    )  # gathered and pinned in the worker
-                if not pending:
-                    break
-                yield from batches(pending.popleft().result())
+                    yield from batches(pending.popleft().result())
+            finally:
+                for fut in pending:
+                    fut.cancel()
+                pool.shutdown(wait=True)
         finally:
-            for fut in pending:
-                fut.cancel()
-            pool.shutdown(wait=True)
+            data.release()  # streamed shards still held when the epoch ends or the loop leaves it (closed)
+
+    def _stream_gather(self, order: np.ndarray, spans: list[tuple[int, int]]):
+        """gather(lo, hi): the windows order[lo:hi] of a streamed split, for spans taken in order. A shard
+        is opened when the order reaches its first window and released with the gather of its last
+        (`SplitData.batch`), so the cache holds the current shuffle block; after each gather the next
+        shards by first window are read ahead, in that order and only while the cache has room (a
+        prefix: the shard needed next never waits behind a later one)."""
+        d = self.data
+        start, end = (spans[0][0], spans[-1][1]) if spans else (0, 0)
+        shard = d.shard_of(order)
+        # each shard's first and last position in what is left to yield (a resumed epoch: from `start`)
+        pos = np.arange(start, end, dtype=np.int64)
+        first = np.full(d.n_shards, end, dtype=np.int64)
+        last = np.full(d.n_shards, -1, dtype=np.int64)
+        np.minimum.at(first, shard[start:end], pos)
+        np.maximum.at(last, shard[start:end], pos)
+        by_first = np.argsort(first, kind="stable")
+        firsts = first[by_first]
+
+        def gather(lo: int, hi: int) -> Batch:
+            here = np.unique(shard[lo:hi])
+            big = d.batch(order[lo:hi], pin_memory=self.pin_memory, release=here[last[here] < hi])
+            at = int(np.searchsorted(firsts, hi))
+            for s in by_first[at : at + self.read_ahead]:
+                if first[s] >= end or not d.prefetch(int(s)):
+                    break
+            return big
+
+        return gather
 
     def state_dict(self) -> dict:
         return {
@@ -747,6 +921,7 @@ class WindowLoader:
             "offset": self.offset,
             "seed": self.seed,
             "n_windows": self.n_windows,
+            **({"shuffle_shards": self.shuffle_shards} if self.shuffle_shards is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -763,6 +938,11 @@ class WindowLoader:
             raise ValueError(
                 f"loader state was saved with seed {state['seed']} but this loader has seed {self.seed} "
                 "(training.seed changed): the batch order would differ"
+            )
+        if state.get("shuffle_shards") != self.shuffle_shards:
+            raise ValueError(
+                f"loader state was saved with shuffle_shards={state.get('shuffle_shards')} but this loader has "
+                f"shuffle_shards={self.shuffle_shards} (training.shuffle_shards changed): the batch order would differ"
             )
         if not 0 <= state["offset"] <= self.n_windows:
             raise ValueError(f"loader state offset {state['offset']} is outside [0, {self.n_windows}]")

@@ -54,7 +54,7 @@ from shardline.trainer.contract import (
     load_matching,
     model_loss,
 )
-from shardline.trainer.data import SplitData, WindowLoader, target_names
+from shardline.trainer.data import SplitData, WindowLoader, check_cache_room, target_names
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
 from shardline.trainer.models import data_spec_of, model_from_spec
 
@@ -293,18 +293,24 @@ def _check_inputs(train: SplitData, val: SplitData, spec: DataSpec, task: str | 
                 f"the {name} split has {data.n_cont} continuous / {data.n_cat} categorical columns, "
                 f"the model spec expects {spec.n_cont} / {spec.n_cat}"
             )
-        for arrays in data.shards:
+
+        def check_ids(view, s: int, name: str = name) -> None:
+            arrays = view.arrays
             cat = np.asarray(arrays["cat"])
             if cat.size and (cat.max(axis=0) >= np.asarray(spec.cardinalities)).any():
                 raise ValueError(
-                    f"the {name} split has categorical ids beyond the spec's cardinalities {spec.cardinalities}"
+                    f"the {name} split has categorical ids beyond the spec's cardinalities {spec.cardinalities} "
+                    f"({view.name})"
                 )
             for t, array in zip(spec.targets, target_names(arrays)):
                 y = arrays[array]
                 if t.kind == "classification" and len(y) and int(np.max(y)) >= t.n_classes:
                     raise ValueError(
-                        f"the {name} split has class ids of '{t.name}' >= n_classes={t.n_classes} of the model spec"
+                        f"the {name} split has class ids of '{t.name}' >= n_classes={t.n_classes} of the model spec "
+                        f"({view.name})"
                     )
+
+        data.each_shard(check_ids)  # one shard at a time: a streamed split is never all in the cache
 
 
 def _check_same_run(sidecar: dict, spec: dict, training: dict, task: str, windows: dict, ckpt_dir: str) -> None:
@@ -368,6 +374,7 @@ def fit(
     spec = _plain(model_spec, "model_spec")
     run_meta = _plain(run_meta or {}, "run_meta")
     data_spec = data_spec_of(spec)
+    check_cache_room(train, val, cfg.shuffle_shards)  # before the checks below read every shard
     _check_inputs(train, val, data_spec, task)
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
@@ -431,7 +438,13 @@ def fit(
     scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
     ctx = autocast(device, precision)  # chosen once: every precision shares the one step below
     loader = WindowLoader(
-        train, cfg.batch_size, cfg.seed, shuffle=True, pin_memory=device.type == "cuda", num_workers=cfg.num_workers
+        train,
+        cfg.batch_size,
+        cfg.seed,
+        shuffle=True,
+        pin_memory=device.type == "cuda",
+        num_workers=cfg.num_workers,
+        shuffle_shards=cfg.shuffle_shards,
     )
     steps_per_epoch = -(-len(loader) // cfg.grad_accum)
     if cfg.max_steps_per_epoch:
@@ -602,6 +615,7 @@ def fit(
                     if stop.signal_name:
                         raise Preempted(last, stop.signal_name)
 
+            batches.close()  # a streamed split's shards in flight leave the cache to the validation split
             train_seconds = time.perf_counter() - t0
             loop["train_loss_sum"] = loss_sum.item()
             metrics = evaluate(model, val, task, cfg.batch_size, device, ctx, data_spec, cfg.loss_weights)

@@ -1,0 +1,276 @@
+"""Training on a split four times the local shard cache: it streams, ends with the very weights of the
+same training on an uncapped cache, and resumes exactly after a SIGKILL mid-epoch.
+
+The data set is encoded by the encode step's own functions (LZ4 shards, one file group a shard), 16 train
+shards of 1.6-3.1 MB unpacked (36 MB); the cache cap is a quarter of the train split's unpacked size, so the
+validation split streams too. Every run computes on one thread, so the runs in this process and the
+child processes (tests/_train_child.py) do the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from shardline.core import storage
+from shardline.core.codes import Globaliser
+from shardline.core.config import ModelConfig, TrainingConfig, validate_config
+from shardline.core.storage import CacheFull, ShardCache
+from shardline.tasks.train import is_infrastructure_failure
+from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from shardline.trainer.data import WindowLoader, check_cache_room, open_split
+from shardline.trainer.loop import fit
+from shardline.trainer.models import model_spec_for
+from shardline.trainer.serving import data_spec
+from tests.conftest import tiny_config
+from tests.test_ingest_encode import encode_all
+
+CHILD = Path(__file__).with_name("_train_child.py")
+N_CONT = 12
+SHUFFLE_SHARDS = 2  # the two largest train shards take about 70% of the cap: a block, and room to read ahead
+TRAINING = dict(
+    epochs=2,
+    batch_size=4096,
+    lr=3e-3,
+    warmup_steps=5,
+    device="cpu",
+    precision="fp32",
+    seed=7,
+    checkpoint_every_steps=40,
+    keep_checkpoints=2,
+    shuffle_shards=SHUFFLE_SHARDS,
+)
+WAIT = 120  # seconds for a line from a child
+
+
+def write_raw(folder: Path, files: int = 16, seqs: int = 16, rows: int = 4000) -> None:
+    """Sequences whose `label` is the previous row's `kind`; 16 sequences a file, split by sequence."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    for f in range(files):
+        n = seqs * rows
+        kind = rng.choice(np.array(["a", "b", "c"]), size=n)
+        cols = {
+            "seq": np.repeat([f"f{f:02d}s{i:02d}" for i in range(seqs)], rows),
+            "t": np.tile(np.arange(rows, dtype=np.int32), seqs),
+            **{f"x{j}": rng.standard_normal(n).astype(np.float32) for j in range(N_CONT)},
+            "flag": rng.random(n) > 0.5,
+            "kind": kind,
+            "label": np.roll(kind, 1),
+        }
+        pl.DataFrame(cols).write_parquet(folder / f"r-{f:03d}.parquet")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> dict:
+    """The encoded data set: its manifest (written beside its shards), the train split's unpacked size
+    and a cap of a quarter of it, and the model spec."""
+    tmp = tmp_path_factory.mktemp("streaming-cap")
+    write_raw(tmp / "raw")
+    cfg = validate_config(
+        tiny_config(
+            str(tmp / "raw" / "*.parquet"),
+            str(tmp / "store"),
+            **{
+                "data.files_per_group": 1,
+                "data.features": {
+                    "continuous": [f"x{j}" for j in range(N_CONT)],
+                    "boolean": ["flag"],
+                    "categorical": ["kind"],
+                },
+                "data.split": {
+                    "method": "hash",
+                    "seed": 1,
+                    "fractions": {"train": 0.7, "validation": 0.15, "test": 0.15},
+                },
+            },
+        )
+    )
+    _, _, out_dir, manifest = encode_all(cfg)
+    uri = storage.join(out_dir, "manifest.json")
+    storage.write_text(uri, manifest.model_dump_json())
+    glob = Globaliser(manifest.encoding)
+    sizes = [glob.nbytes(s) for s in manifest.shards_of("train")]
+    assert len(sizes) >= 8 and min(sizes) > 1e6 and all(s.compression == "lz4" for s in manifest.shards_of("train"))
+    split = sum(sizes)
+    spec = model_spec_for(ModelConfig(hidden=16, layers=1, dropout=0.0), data_spec(manifest.encoding))
+    return {"uri": uri, "manifest": manifest, "split": split, "cap": split // 4, "spec": spec, "tmp": tmp}
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def train_here(dataset: dict, cache: ShardCache, ckpt: Path, on_step=None, **training):
+    manifest, uri = dataset["manifest"], dataset["uri"]
+    train, val = open_split(manifest, uri, "train", cache=cache), open_split(manifest, uri, "validation", cache=cache)
+    result = fit(
+        train,
+        val,
+        dataset["spec"],
+        TrainingConfig(**{**TRAINING, **training}),
+        "classification",
+        str(ckpt),
+        on_step=on_step,
+        step_every=1,
+        log=lambda _m: None,
+    )
+    return train, val, result
+
+
+def weights(result_or_uri) -> dict[str, torch.Tensor]:
+    uri = result_or_uri if isinstance(result_or_uri, str) else result_or_uri.last_checkpoint
+    return load_checkpoint(uri)["model"]
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.fixture(scope="module")
+def reference(dataset, tmp_path_factory) -> dict:
+    """The same training with an uncapped cache: the split is one pack in the cache, nothing streams."""
+    tmp = tmp_path_factory.mktemp("uncapped")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train, val, result = train_here(dataset, ShardCache(tmp / "cache", cap_bytes=20 * dataset["split"]), tmp / "ck")
+    finally:
+        torch.set_num_threads(threads)
+    assert not train.streaming and not val.streaming
+    return {"weights": weights(result), "history": result.history, "steps": result.steps}
+
+
+def test_a_quarter_cap_streams_and_trains_the_same_weights_as_an_uncapped_cache(
+    dataset, reference, tmp_path, one_thread
+):
+    cap = dataset["cap"]
+    cache = ShardCache(tmp_path / "cache", cap_bytes=cap)
+    peak = {"pinned": 0, "held": 0}
+
+    def on_step(step: int, metrics: dict) -> None:
+        peak["pinned"] = max(peak["pinned"], cache.pinned_bytes())
+        peak["held"] = max(peak["held"], cache.held_bytes())
+
+    # a loader thread gathers ahead (num_workers changes when batches are made, never which)
+    train, val, result = train_here(dataset, cache, tmp_path / "ck", on_step, num_workers=2)
+    assert train.streaming and val.streaming
+    assert result.steps == reference["steps"]
+    assert_same_weights(weights(result), reference["weights"])
+    assert [h["val_loss"] for h in result.history] == [h["val_loss"] for h in reference["history"]]
+    # only the shards in flight and the read-ahead were held, and shards left the cache and came back
+    assert 0 < peak["pinned"] <= cap and peak["held"] <= cap
+    assert cache.evictions > 0 and cache.downloads > train.n_shards + val.n_shards
+    assert cache.pinned_bytes() == 0 and not train.open_shards and not val.open_shards
+
+
+class Child:
+    """tests/_train_child.py on the data set's manifest, through a cache capped by SHARDLINE_CACHE_MAX_GB."""
+
+    def __init__(self, dataset: dict, tmp: Path, label: str, **job):
+        self.result = tmp / f"{label}-result.json"
+        job = {
+            "manifest": dataset["uri"],
+            "model_spec": dataset["spec"],
+            "training": TRAINING,
+            "ckpt": str(tmp / "ck"),
+            "result": str(self.result),
+            **job,
+        }
+        (tmp / f"{label}-job.json").write_text(json.dumps(job))
+        env = {
+            **__import__("os").environ,
+            "SHARDLINE_CACHE": str(tmp / "child-cache"),
+            "SHARDLINE_CACHE_MAX_GB": repr(dataset["cap"] / 1e9),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(tmp / f"{label}-job.json")],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, line: str) -> None:
+        while (got := self._queue.get(timeout=WAIT)) != line:
+            if got is None:
+                self.proc.wait()
+                pytest.fail(
+                    f"the child exited ({self.proc.returncode}) before '{line}':\n" + "\n".join(self.lines[-30:])
+                )
+            self.lines.append(got)
+
+    def finish(self) -> dict:
+        code = self.proc.wait(WAIT)
+        while (got := self._queue.get(timeout=WAIT)) is not None:
+            self.lines.append(got)
+        assert code == 0, f"exit status {code}:\n" + "\n".join(self.lines[-30:])
+        return json.loads(self.result.read_text())
+
+
+def test_sigkill_mid_epoch_under_the_cap_resumes_to_the_same_weights(dataset, reference, tmp_path):
+    steps_per_epoch, every = reference["steps"] // 2, TRAINING["checkpoint_every_steps"]
+    saved_at = (steps_per_epoch // every + 1) * every  # the second epoch's first checkpoint
+    hold = saved_at + 10  # killed 10 steps after it, mid-epoch
+    assert hold < 2 * steps_per_epoch
+    child = Child(dataset, tmp_path, "killed", hold_at_step=hold)
+    try:
+        child.wait_for(f"held {hold}")
+        child.proc.send_signal(signal.SIGKILL)
+        assert child.proc.wait(WAIT) == -signal.SIGKILL
+    finally:
+        child.proc.kill()
+    saved = latest_checkpoint(str(tmp_path / "ck"))[1]
+    assert saved["step"] == saved_at and not saved["epoch_complete"] and saved["loader"]["offset"] > 0
+
+    result = Child(dataset, tmp_path, "resumed").finish()
+    assert Path(result["resumed_from"]).name == f"ckpt-{saved['step']:09d}.pt"
+    assert result["steps"] == reference["steps"]
+    assert_same_weights(weights(result["last_checkpoint"]), reference["weights"])
+
+
+def test_a_cap_too_small_fails_before_training_naming_the_setting_and_is_not_retried(dataset, tmp_path):
+    manifest, uri = dataset["manifest"], dataset["uri"]
+    cache = ShardCache(tmp_path / "cache", cap_bytes=dataset["cap"])
+    train, val = open_split(manifest, uri, "train", cache=cache), open_split(manifest, uri, "validation", cache=cache)
+    # a global shuffle needs the whole split in the cache: refused with the way out, never a CacheFull mid-run
+    with pytest.raises(ValueError, match=r"training.shuffle_shards .*at most \d+.*SHARDLINE_CACHE_MAX_GB to at least"):
+        check_cache_room(train, val, None)
+    with pytest.raises(ValueError, match="training.shuffle_shards"):
+        WindowLoader(train, 64, seed=0)
+    # a block larger than the cap: the size to raise the cap to, or the block size that fits
+    with pytest.raises(
+        ValueError, match=r"SHARDLINE_CACHE_MAX_GB to at least [\d.]+, or lower training.shuffle_shards to \d"
+    ):
+        check_cache_room(train, val, 6)
+    assert cache.pinned_bytes() == 0
+    # a CacheFull is the cap, not the machine: the train step's retry policy does not retry it
+    small = ShardCache(tmp_path / "tiny", cap_bytes=train.cache_need(shuffle=False) // 4)
+    with pytest.raises(CacheFull, match=r"SHARDLINE_CACHE_MAX_GB to at least [\d.]+") as e:
+        open_split(manifest, uri, "train", cache=small).view(0)
+    assert not is_infrastructure_failure(e.value)
+    assert is_infrastructure_failure(ConnectionResetError("the network"))
