@@ -140,3 +140,28 @@ def test_planted_secrets_appear_in_no_byte_the_pipeline_writes(tmp_path):
     assert any(m.startswith("store/runs/") for m in markers), markers
     assert any(m.startswith("mlflow-server") for m in markers), markers
     assert searched > 1_000_000
+
+
+def test_redaction_reads_an_environment_another_thread_changes(monkeypatch):
+    """MLflow's telemetry sets and deletes a variable of its own while training runs: a redaction reading
+    the environment at that moment still redacts (it failed a training run with a KeyError)."""
+    import threading
+
+    from shardline.core.secrets import redact_text
+
+    monkeypatch.setenv("SHARDLINE_TEST_API_TOKEN", "tok-0123456789abcdef")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            os.environ["_SHARDLINE_TEST_CHURN"] = "x"
+            os.environ.pop("_SHARDLINE_TEST_CHURN", None)
+
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    try:
+        for _ in range(3000):
+            assert "tok-0123456789abcdef" not in redact_text("token tok-0123456789abcdef in a log line")
+    finally:
+        stop.set()
+        t.join()

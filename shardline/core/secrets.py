@@ -42,9 +42,21 @@ def is_secret_name(name: str) -> bool:
     return any(w in _SECRET_WORDS for w in words) or any(p in _SECRET_PAIRS for p in zip(words, words[1:]))
 
 
+def _environ() -> list[tuple[str, str]]:
+    """This process's environment, read while other threads may change it: MLflow's telemetry sets and
+    deletes a variable of its own, and a key deleted between `os.environ`'s listing and its lookup is a
+    KeyError (seen as a failed training run). Read again until one reading holds."""
+    for _ in range(10):
+        try:
+            return list(os.environ.items())
+        except (KeyError, RuntimeError):
+            continue
+    return [(k, v) for k in list(os.environ) if (v := os.environ.get(k)) is not None]
+
+
 def _env_secrets() -> list[str]:
     return sorted(
-        (v for k, v in os.environ.items() if v and len(v) >= MIN_ENV_SECRET and is_secret_name(k)),
+        (v for k, v in _environ() if v and len(v) >= MIN_ENV_SECRET and is_secret_name(k)),
         key=len,
         reverse=True,
     )
