@@ -274,3 +274,29 @@ def test_a_cap_too_small_fails_before_training_naming_the_setting_and_is_not_ret
         open_split(manifest, uri, "train", cache=small).view(0)
     assert not is_infrastructure_failure(e.value)
     assert is_infrastructure_failure(ConnectionResetError("the network"))
+
+
+def test_evaluation_streams_a_test_split_larger_than_the_cache(dataset, tmp_path, monkeypatch, one_thread):
+    """Evaluation's one pass over a test split that streams (a cache of a quarter of the train split)
+    holds only the shards in flight, and scores and predicts exactly what it does with the split in
+    the cache (it filled the cache before: the keys of each batch's windows opened shards again)."""
+    from shardline.core.storage import _CACHES
+    from shardline.tasks.evaluate import evaluate_model
+
+    manifest = dataset["manifest"]
+    test_bytes = sum(Globaliser(manifest.encoding).nbytes(s) for s in manifest.shards_of("test"))
+    config = validate_config(tiny_config("unused/*.parquet", str(tmp_path / "store")))
+    uncapped = ShardCache(tmp_path / "train-cache", cap_bytes=20 * dataset["split"])
+    result = train_here(dataset, uncapped, tmp_path / "ck", epochs=1)[2]
+    trained = {"best_checkpoint": result.best_checkpoint, "history": result.history}
+    scores = {}
+    for label, cap in (("in cache", 20 * test_bytes), ("streamed", test_bytes * 3 // 4)):
+        monkeypatch.setenv("SHARDLINE_CACHE", str(tmp_path / f"cache-{label}"))
+        monkeypatch.setenv("SHARDLINE_CACHE_MAX_GB", repr(cap / 1e9))
+        _CACHES.clear()
+        out = evaluate_model(dataset["uri"], trained, config, tmp_path / f"eval-{label}")
+        preds = pl.read_parquet(tmp_path / f"eval-{label}" / "test_predictions.parquet")
+        scores[label] = (out["metrics"], out["baseline"], preds)
+    _CACHES.clear()
+    assert scores["streamed"][0] == scores["in cache"][0] and scores["streamed"][1] == scores["in cache"][1]
+    assert scores["streamed"][2].equals(scores["in cache"][2])

@@ -269,6 +269,9 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
     except BaseException:
         tracker.end("FAILED")
         raise
+    finally:  # streamed shards still held go back to the cache now, not when the splits are collected
+        train_data.release()
+        val_data.release()
     init = result.run_meta.get("init_from")
     if init and not tracker.resumed:
         tracker.log_dict(init, "init_from.json")  # which tensors were loaded, which are new, which skipped

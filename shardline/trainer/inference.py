@@ -57,12 +57,18 @@ def predict_batches(
 def window_keys_of(data: SplitData, idx: np.ndarray) -> dict[str, np.ndarray]:
     """`data.window_keys()` of the windows numbered `idx` only, in that order: each one's shard, the
     segment (sequence) of its target row in that shard, the target row and that row's `order` value."""
-    shard, start = data.locate(idx)
-    row = start + (data.window - 1 + data.horizon)  # the target row of the window's last position
-    segment, order = np.empty_like(row), np.empty_like(row)
-    for s in np.unique(shard):
-        sel = shard == s
-        view = data.view(int(s))
-        segment[sel] = np.searchsorted(np.asarray(view.arrays["offsets"]), row[sel], side="right") - 1
-        order[sel] = view.order_of_rows(row[sel])
+    held = data.open_shards  # the loader's: left as they are
+    try:
+        shard, start = data.locate(idx)
+        row = start + (data.window - 1 + data.horizon)  # the target row of the window's last position
+        segment, order = np.empty_like(row), np.empty_like(row)
+        for s in np.unique(shard):
+            sel = shard == s
+            view = data.view(int(s))
+            segment[sel] = np.searchsorted(np.asarray(view.arrays["offsets"]), row[sel], side="right") - 1
+            order[sel] = view.order_of_rows(row[sel])
+    finally:
+        # a streamed shard the loader had already let go of (it released it with the batch's gather)
+        # is opened again here: released again, or a pass over a split larger than the cache fills it
+        data.release(held)
     return {"shard": shard.astype(np.int64), "segment": segment, "row": row, "order": order}
