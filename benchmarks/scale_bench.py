@@ -113,11 +113,20 @@ def tree_rss_mb(pid: int) -> tuple[float, float]:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
+
+    def cmdline(p: int) -> bytes:
+        try:
+            return Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
     total = anon = 0.0
     todo = [pid]
     while todo:
         p = todo.pop()
-        todo += children.get(p, [])
+        # a child forked and not yet exec'd (MLflow runs `git`) shows its parent's pages as its own: not
+        # counted, or a moment's fork reads as twice the memory
+        todo += [c for c in children.get(p, []) if cmdline(c) != cmdline(p)]
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
