@@ -300,3 +300,25 @@ def test_evaluation_streams_a_test_split_larger_than_the_cache(dataset, tmp_path
     _CACHES.clear()
     assert scores["streamed"][0] == scores["in cache"][0] and scores["streamed"][1] == scores["in cache"][1]
     assert scores["streamed"][2].equals(scores["in cache"][2])
+
+
+def test_a_streamed_split_is_checked_as_its_shards_open_not_in_a_pass_of_its_own(dataset, tmp_path, one_thread):
+    """The input checks (ids within the model's cardinalities and classes) cost a streamed split no pass
+    before the first step (on S3: one more download of the data set): each shard is checked as it is
+    opened. A model spec that does not fit the data is still refused, naming the shard."""
+    cache = ShardCache(tmp_path / "cache", cap_bytes=dataset["cap"])
+    at_first_step = {}
+
+    def on_step(step: int, metrics: dict) -> None:
+        at_first_step.setdefault("downloads", cache.downloads)
+
+    train, val, _ = train_here(dataset, cache, tmp_path / "ck", on_step, epochs=1)
+    assert train.streaming and val.streaming
+    # the first block's shards and the read-ahead, not every train and validation shard
+    assert at_first_step["downloads"] <= SHUFFLE_SHARDS + 2 < train.n_shards + val.n_shards
+
+    spec = json.loads(json.dumps(dataset["spec"]))
+    spec["data"]["cardinalities"] = [1 for _ in spec["data"]["cardinalities"]]  # every id but 0 is beyond
+    narrow = {**dataset, "spec": spec}
+    with pytest.raises(ValueError, match=r"categorical ids beyond the spec's cardinalities .*shard "):
+        train_here(narrow, ShardCache(tmp_path / "cache2", cap_bytes=dataset["cap"]), tmp_path / "ck2", epochs=1)

@@ -276,6 +276,7 @@ class SplitData:
         self._refs = refs
         self._lock = threading.Lock()
         self._open: set[int] = set()  # streamed shards pinned in the cache (open or read ahead)
+        self._on_open: list = []  # checks of each streamed shard as it is opened (`check_each`)
         if streaming:
             weakref.finalize(self, _unpin_all, refs)
         self._joined: ShardView | None = (
@@ -382,6 +383,8 @@ class SplitData:
                         f"{len(v.starts)} (window={self.window}, horizon={self.horizon}); the manifest and shard "
                         "disagree: re-run the encode step (shardline run CONFIG --force encode)"
                     )
+                for check in self._on_open:
+                    check(v, s)
                 r.view = v
             return r.view
 
@@ -529,6 +532,19 @@ class SplitData:
         cont, cat, targets = arrays
         out = Batch(torch.from_numpy(cont), torch.from_numpy(cat), tuple(torch.from_numpy(t) for t in targets))
         return out.pin_memory() if pin_memory else out
+
+    def check_each(self, check) -> None:
+        """Run `check(view, shard index)` on every shard: now on a split in hand; as each shard is opened
+        (every time) on a streamed one, so a check costs no pass of its own over a split that streams
+        (on an object store: another download of the data set before the first step)."""
+        if self.streaming:
+            self._on_open.append(check)
+            with self._lock:
+                opened = [(i, r.view) for i, r in enumerate(self._refs) if r.view is not None]
+            for i, v in opened:  # those opened already
+                check(v, i)
+        else:
+            self.each_shard(check)
 
     def each_shard(self, fn) -> list:
         """[fn(view, shard index) for every shard, in order], one shard at a time: a streamed shard is

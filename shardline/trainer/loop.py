@@ -310,7 +310,9 @@ def _check_inputs(train: SplitData, val: SplitData, spec: DataSpec, task: str | 
                         f"({view.name})"
                     )
 
-        data.each_shard(check_ids)  # one shard at a time: a streamed split is never all in the cache
+        # a split in hand: every shard now; a streamed one: each shard as training or validation opens it
+        # (no pass of its own before the first step: on S3 that was one more download of the split)
+        data.check_each(check_ids)
 
 
 def _check_same_run(sidecar: dict, spec: dict, training: dict, task: str, windows: dict, ckpt_dir: str) -> None:
