@@ -223,6 +223,19 @@ def _empty() -> ValueError:
     return ValueError("y_true is empty (N=0): cannot compute metrics on zero samples")
 
 
+def label_scores(confusion: np.ndarray) -> dict[str, float]:
+    """Accuracy and macro F1 from a confusion table (``[C, C]`` counts, true class by predicted class):
+    what predicted labels alone say (served predictions carry no probabilities)."""
+    n = int(confusion.sum())
+    if n == 0:
+        raise _empty()
+    tp = np.diag(confusion)
+    return {
+        "accuracy": float(tp.sum() / n),
+        "macro_f1": ClassificationScores._macro_f1(tp, confusion.sum(axis=0) - tp, confusion.sum(axis=1) - tp),
+    }
+
+
 class ClassificationScores:
     """``classification_metrics`` batch by batch, and the majority baseline's, in memory independent of N.
 
@@ -295,15 +308,12 @@ class ClassificationScores:
 
     def metrics(self) -> dict[str, float]:
         """What ``classification_metrics`` reports for every sample counted so far."""
-        if self.n == 0:
-            raise _empty()
-        cm = self.confusion
-        tp = np.diag(cm)
+        label = label_scores(self.confusion)
         return {
-            "accuracy": float(tp.sum() / self.n),
+            "accuracy": label["accuracy"],
             "top5_accuracy": float(self.top_k_hits / self.n),
             "log_loss": self.log_loss_sum / self.n,
-            "macro_f1": self._macro_f1(tp, cm.sum(axis=0) - tp, cm.sum(axis=1) - tp),
+            "macro_f1": label["macro_f1"],
         }
 
     def baseline(self) -> dict[str, float]:

@@ -563,17 +563,18 @@ def encode(
     enc_t = cached(encode_group, ENCODE_GROUP_CACHE, storage_root, refresh)
     # at most `workers` groups in flight: the encode's memory is bounded by the group size times
     # that, not by the data set (a mapped task would start every group at once on a thread pool)
-    enc_futures = {}  # by the group's place in the snapshot's order, submitted in that order
+    enc_futures = {}  # by the group's place in the snapshot's order
+    submitted = []  # the same futures, in the order they were submitted
     for i, g in enumerate(groups):
         if keys[i] in found:
             continue
-        if len(enc_futures) >= workers:
-            submitted = list(enc_futures.values())
+        if len(submitted) >= workers:
             submitted[-workers].wait()
         # quoted: no futures inside, and Prefect's search for them visits every field of every file
         enc_futures[i] = enc_t.submit(
             quote(g), i, n_groups=len(groups), data=quote(data), store=store, reuse=not refresh
         )
+        submitted.append(enc_futures[i])
     results = [found[k] if k in found else enc_futures[i].result() for i, k in enumerate(keys)]
     cached_groups = len(found) + sum(f.state.name == "Cached" for f in enc_futures.values())
     log.info(

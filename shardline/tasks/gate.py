@@ -63,20 +63,16 @@ def _align(frame: pl.DataFrame, like: pl.DataFrame, keys: list[str]) -> pl.DataF
 def _score(task: str, truth: pl.Series, predicted: pl.Series) -> dict[str, float]:
     if task == "regression":
         return M.regression_metrics(truth.cast(pl.Float64).to_numpy(), predicted.cast(pl.Float64).to_numpy())
-    # served labels, counted a batch at a time into a confusion table (no rows x labels table: a test
-    # split of millions of windows over hundreds of classes would not fit)
+    # served labels counted into a confusion table (no rows x labels table: a test split of millions of
+    # windows over hundreds of classes would not fit)
     truth, predicted = truth.cast(pl.String), predicted.cast(pl.String)
     labels = pl.concat([truth, predicted]).unique().sort()
     ids = dict(zip(labels.to_list(), range(len(labels))))
     y = truth.replace_strict(ids, return_dtype=pl.Int64).to_numpy()
     pred = predicted.replace_strict(ids, return_dtype=pl.Int64).to_numpy()
-    scores = M.ClassificationScores(len(labels), np.ones(len(labels)))
-    batch = 65_536
-    for lo in range(0, len(y), batch):
-        one_hot = np.zeros((min(batch, len(y) - lo), len(labels)))
-        one_hot[np.arange(len(one_hot)), pred[lo : lo + batch]] = 1.0
-        scores.update(y[lo : lo + batch], one_hot)
-    return {k: scores.metrics()[k] for k in SERVED_METRICS["classification"]}
+    c = len(labels)
+    confusion = np.bincount(y * c + pred, minlength=c * c).reshape(c, c)
+    return M.label_scores(confusion)
 
 
 def reevaluate_champion(
