@@ -56,10 +56,10 @@ def test_world_model_example(tmp_path):
     metrics = client.get_run(version.run_id).data.metrics
     # every target has its own metrics and baseline, named with it
     for name in ("p1_action/accuracy", "p1_x/rmse", "p1_y/r2", "p1_on_ground/accuracy"):
-        assert f"test/{name}" in metrics and f"baseline/{name}" in metrics, name
-    assert metrics["test/p1_action/accuracy"] > 3 * metrics["baseline/p1_action/accuracy"]
+        assert f"test/{name}" in metrics and f"test/{name}_baseline" in metrics, name
+    assert metrics["test/p1_action/accuracy"] > 3 * metrics["test/p1_action/accuracy_baseline"]
     assert metrics["test/p1_x/r2"] > 0.5 and metrics["test/p1_y/r2"] > 0.5  # the baseline's r2 is about 0
-    assert metrics["test/p1_on_ground/accuracy"] > metrics["baseline/p1_on_ground/accuracy"]
+    assert metrics["test/p1_on_ground/accuracy"] > metrics["test/p1_on_ground/accuracy_baseline"]
     # the promotion metric names its target
     assert version.tags["metric.p1_action/accuracy"] == str(metrics["test/p1_action/accuracy"])
     plots = {a.path for a in client.list_artifacts(version.run_id, "evaluation")}
@@ -117,7 +117,7 @@ def test_pretrain_finetune_example(tmp_path):
     )
     assert child.tags["shardline.parent_run_id"] == parent.run_id
     metrics = client.get_run(child.run_id).data.metrics
-    assert metrics["test/accuracy"] > 3 * metrics["baseline/accuracy"]
+    assert metrics["test/accuracy"] > 3 * metrics["test/accuracy_baseline"]
 
     # the frozen backbone is the parent's, bit for bit; the head is new and trained
     mine = weights_of(client, "p1-action-finetuned", child.version, tmp_path / "child")

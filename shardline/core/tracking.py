@@ -215,6 +215,11 @@ class Tracker:
     def log_dict(self, data: dict, artifact_file: str) -> None:
         self._append({"op": "dict", "data": data, "file": artifact_file})
 
+    def log_inputs(self, datasets: list[dict]) -> None:
+        """Data sets the run read (MLflow's Dataset: name, digest, source_type, source, schema, profile as
+        JSON text), each with its `context` (train, validation, test): the run page's Datasets panel."""
+        self._append({"op": "inputs", "datasets": datasets})
+
     def last_step(self, key: str) -> int:
         """The highest step logged for `key` in this run: in the journal, or on the server when it answers
         (-1 when none)."""
@@ -350,6 +355,33 @@ def _configured_uri(run_dir: str) -> str:
         )
     config = PipelineConfig.model_validate(yaml.safe_load(storage.read_text(config_uri)))
     return tracking_uri(config.mlflow, config.storage.root)
+
+
+def ui_base(uri: str) -> str | None:
+    """The web address of the MLflow UI that shows `uri`'s runs: the server itself for http(s) (without
+    credentials); None for a store no server serves (a SQLite file: `ui_command` says how to open it)."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    return without_userinfo(uri).rstrip("/")
+
+
+def ui_command(uri: str) -> str | None:
+    """The command that opens the MLflow UI on a store no server serves (a SQLite file, a folder)."""
+    if uri.startswith(("http://", "https://")):
+        return None
+    return f"mlflow ui --backend-store-uri {redact_uri(uri)}"
+
+
+def run_page(uri: str, experiment_id: str, run_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The MLflow 3 UI's page of a run (on `ui_base(uri)`, else on `base`, where `ui_command` serves it)."""
+    return f"{ui_base(uri) or base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def model_version_page(uri: str, name: str, version: int | str, base: str = "http://127.0.0.1:5000") -> str:
+    """The MLflow 3 UI's page of a registered model version."""
+    from urllib.parse import quote
+
+    return f"{ui_base(uri) or base}/#/models/{quote(name, safe='')}/versions/{version}"
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -15,7 +15,8 @@ Lines (JSON, one each):
   {"seq": 4, "op": "tags", "tags": {...}}
   {"seq": 5, "op": "metrics", "step": 10, "ts": ms, "metrics": {...}}
   {"seq": 6, "op": "dict", "data": {...}, "file": "name.json"}
-  {"seq": 7, "op": "end", "status": "FINISHED", "ts": ms}
+  {"seq": 7, "op": "inputs", "datasets": [{name, digest, source_type, source, schema, profile, context}]}
+  {"seq": 8, "op": "end", "status": "FINISHED", "ts": ms}
   {"run": "<MLflow run id>"}                                    the run these lines log to
   {"sent": 7}                                                   every entry up to seq 7 is done
   {"sent": 8, "rejected": "..."}                                entry 8 was refused for good (said once)
@@ -465,6 +466,17 @@ class Sender:
                 self.client.log_batch(run_id, tags=tags[i : i + MAX_PARAMS], synchronous=True)
         elif op == "dict":
             self.client.log_dict(run_id, entry["data"], entry["file"])
+        elif op == "inputs":  # a data set logged again (a replay) is the same input: MLflow keeps one
+            from mlflow.entities import Dataset, DatasetInput, InputTag
+
+            inputs = [
+                DatasetInput(
+                    Dataset(d["name"], d["digest"], d["source_type"], d["source"], d.get("schema"), d.get("profile")),
+                    [InputTag("mlflow.data.context", d["context"])] if d.get("context") else [],
+                )
+                for d in entry["datasets"]
+            ]
+            self.client.log_inputs(run_id, datasets=inputs)
         elif op == "resume":
             self.client.update_run(run_id, status="RUNNING")
         elif op == "end":

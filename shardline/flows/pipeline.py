@@ -16,6 +16,7 @@ from shardline.core.encoding.reuse import check_columns
 from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction
 from shardline.flows.train import train
+from shardline.tasks import links
 from shardline.tasks.caching import STEPS, cached, run_cached
 from shardline.tasks.encode import encode
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
@@ -42,7 +43,7 @@ def resolve_config(config: PipelineConfig | dict | str) -> PipelineConfig:
     return validate_config(config, "the 'config' parameter")
 
 
-@flow(name="pipeline", log_prints=True)
+@flow(name="pipeline", log_prints=True, flow_run_name=links.flow_run_name("pipeline"))
 def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     """Raw parquet to a registered, evaluated model version. `config`: a YAML path or the config itself."""
     install_log_redaction()  # no secret in the console or the Prefect API's logs
@@ -77,6 +78,15 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
         register, REGISTER_CACHE, root, "register" in refresh, config, snapshot, manifest_uri, trained, scores
     )
 
+    # the Prefect runs name what they produced: the runs list filters by model, version and MLflow run
+    version = f"{registered['model_name']}/{registered['version']}"
+    found = [f"model:{registered['model_name']}", f"model-version:{version}", f"mlflow-run:{registered['run_id']}"]
+    links.tag_flow_run(
+        found, name=f"{config.name} · {registered['model_name']} v{registered['version']} {registered['alias']}"
+    )
+    if trained.get("flow_run_id"):  # the training flow run that trained these weights
+        links.tag_flow_run(found[:2], flow_run_id=trained["flow_run_id"])
+
     return {
         "steps": {step: ("ran" if did else "cached") for step, did in ran.items()},
         "snapshot": {
@@ -96,6 +106,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
                 "mlflow_run_id",
                 "host",
                 "flow_runs",
+                "flow_run_id",
                 "resumed_from",
                 "run_dir",
             )

@@ -9,10 +9,11 @@ from prefect import flow
 from shardline.core.config import PipelineConfig
 from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction
+from shardline.tasks import links
 from shardline.tasks.training_run import run_training
 
 
-@flow(name="train", log_prints=True)
+@flow(name="train", log_prints=True, flow_run_name=links.flow_run_name("train"))
 def train(manifest_uri: str, config: PipelineConfig, run_folder: str | None = None) -> dict:
     """Train the configured model on the manifest's shards (in `run_folder`, when the pipeline chose it);
     return the best checkpoint and its scores."""

@@ -18,8 +18,9 @@ from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.secrets import redact_text
-from shardline.core.tracking import Tracker, fluent_tracking_uri, sync_run, tracking_uri
+from shardline.core.tracking import Tracker, fluent_tracking_uri, model_version_page, sync_run, tracking_uri
 from shardline.core.version import code_version, user_code, user_code_version
+from shardline.tasks import links
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.gate import better, champion_gate, reevaluate_champion
 from shardline.tasks.ingest import raw_sample
@@ -219,9 +220,10 @@ def _register_model(
         (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=1))
         signature, sample = _signature(spec, snapshot.files[0].uri)
         with mlflow.start_run(run_id=run_id):
+            # each baseline beside the metric it is the baseline of (one chart section, adjacent names)
             mlflow.log_metrics({f"test/{k}": v for k, v in eval_result["metrics"].items()})
-            mlflow.log_metrics({f"baseline/{k}": v for k, v in eval_result["baseline"].items()})
-            mlflow.set_tags(tags)
+            mlflow.log_metrics({f"test/{k}_baseline": v for k, v in eval_result["baseline"].items()})
+            mlflow.set_tags({**tags, **links.mlflow_tags("shardline.prefect.register")})
             for f in eval_result["files"]:  # local files, or the storage root's copies (a remote root)
                 if storage.is_remote(f):
                     (tmp / "evaluation").mkdir(exist_ok=True)
@@ -275,6 +277,7 @@ def _register_model(
         else:
             promote = better(compared["candidate_value"], compared["champion_value"], config.mlflow.promotion_direction)
     alias = "champion" if promote else "challenger"
+    describe(client, name, version.version, run_id, config, train_result, eval_result, alias, previous, tracker.uri)
     import datetime as dt
 
     record = {
@@ -312,6 +315,49 @@ def _register_model(
         "promotion_metric": metric_name,
         "value": new_value,
     }
+
+
+def _num(value) -> str:
+    return "n/a" if value is None else f"{float(value):.4g}"
+
+
+def describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, uri) -> None:
+    """The version's description (the registry's first panel), the registered model's when it has none,
+    and the run's (its Overview), in words: what was trained on what, its test results beside the
+    baseline's, which checkpoint, and what the gate decided. A description is never worth a failed run."""
+    metric = config.mlflow.promotion_metric
+    metrics, baseline = eval_result["metrics"], eval_result["baseline"]
+    scores = ", ".join(
+        f"{k} **{_num(v)}**" + (f" (baseline {_num(baseline[k])})" if k in baseline else "") for k, v in metrics.items()
+    )
+    epochs = len(train_result.get("history") or [])
+    best = train_result.get("best_epoch")
+    chosen = f"the checkpoint of epoch {best} of {epochs}" if best else "the best checkpoint"
+    if train_result.get("select_by"):
+        chosen += f", selected by training.select_by={train_result['select_by']}"
+    verdict = f"@{alias}"
+    if previous and previous.get("value") is not None:
+        verdict += f" (champion v{previous['version']} had {metric} {_num(previous['value'])})"
+    text = (
+        f"{config.name}: `{config.model.entrypoint or config.model.family}` on {eval_result.get('test_windows', 0):,} "
+        f"test windows: {scores}. Evaluated {chosen}; {train_result.get('steps', 0):,} steps on "
+        f"{train_result.get('device', '?')}. {verdict} by {metric}."
+    )
+    try:
+        client.update_model_version(name, str(version), description=text)
+        if not client.get_registered_model(name).description:
+            client.update_registered_model(
+                name,
+                description=f"Trained by Shardline from config '{config.name}'; @champion moves only when a new "
+                f"version beats it on test {metric} ({config.mlflow.promotion_direction}).",
+            )
+        client.set_tag(
+            run_id,
+            "mlflow.note.content",
+            f"{text}\n\nRegistered as [{name} v{version}]({model_version_page(uri, name, version)}).",
+        )
+    except Exception as e:  # noqa: BLE001 - words about a result, not the result
+        logging.getLogger("shardline.register").warning("register: could not write the descriptions: %s", e)
 
 
 @task(name="register")

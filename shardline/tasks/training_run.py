@@ -21,8 +21,10 @@ from shardline.core.config import ModelConfig, PipelineConfig, stable_hash
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import EncodingSpec, Manifest
 from shardline.core.secrets import redact_text
+from shardline.core.system_metrics import CPU_KEY, SystemSampler
 from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
+from shardline.tasks import links
 
 RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
 
@@ -150,6 +152,56 @@ def run_dir(config: PipelineConfig, manifest: Manifest, parent: dict | None = No
     return f"{folder}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}" if fresh else folder
 
 
+def dataset_inputs(manifest: Manifest, manifest_uri: str, name: str) -> list[dict]:
+    """The encoded data set as MLflow data set inputs, one per split (context train, validation, test):
+    its digest is the manifest's checksum with the split (the same shards, the same digest), its source
+    the manifest, its schema the columns the model reads, its profile the split's size."""
+    spec = manifest.encoding
+    colspec = [{"name": c.name, "type": "double"} for c in spec.continuous]
+    colspec += [{"name": v.name, "type": "string"} for v in spec.categorical]
+    colspec += [{"name": b, "type": "boolean"} for b in spec.boolean]
+    schema = json.dumps({"mlflow_colspec": colspec})
+    out = []
+    for split in ("train", "validation", "test"):
+        shards = manifest.shards_of(split)
+        profile = {
+            "windows": manifest.windows.get(split, 0),
+            "rows": manifest.rows.get(split, 0),
+            "shards": len(shards),
+            "stored_bytes": sum(s.bytes for s in shards),
+            "window": spec.window,
+            "targets": [t.column for t in spec.targets],
+            "data_fingerprint": manifest.data_fingerprint,
+            "raw_files": manifest.source_files,
+        }
+        out.append(
+            {
+                "name": f"{name}-{split}",
+                "digest": stable_hash([manifest.hash(), split])[:16],
+                "source_type": "shardline-manifest",
+                "source": json.dumps({"uri": redact_text(manifest_uri), "split": split}),
+                "schema": schema,
+                "profile": json.dumps(profile),
+                "context": split,
+            }
+        )
+    return out
+
+
+def run_description(config: PipelineConfig, manifest: Manifest) -> str:
+    """The MLflow run's description (its Overview's first panel), until registration adds the test results."""
+    model = config.model.entrypoint or config.model.family
+    targets = ", ".join(f"{t.column} ({t.task})" for t in manifest.encoding.targets) or "the model's own loss"
+    run = links.current_flow_run()
+    where = f" in Prefect flow run [{run['name']}]({run['url']})" if run and run.get("url") else ""
+    where = where or (f" in Prefect flow run {run['name']} (`{run['id']}`)" if run else "")
+    return (
+        f"**{config.name}**: `{model}` trained on {manifest.windows.get('train', 0):,} windows of "
+        f"{manifest.encoding.window} frames from {manifest.source_files} raw file(s), predicting {targets}; "
+        f"{config.training.epochs} epoch(s){where}."
+    )
+
+
 def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
     """Read the manifest and refuse it when its encoding disagrees with the config."""
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
@@ -219,6 +271,12 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
         },
     )
     tracker.log_params(flatten(config.model_dump(mode="json")))
+    # both UIs name each other: the MLflow run the flow run training it (a resumed run: the latest one),
+    # the flow run its MLflow run
+    tracker.set_tags({**links.mlflow_tags(), "mlflow.note.content": run_description(config, manifest)})
+    if run_id:
+        links.tag_flow_run([f"mlflow-run:{run_id}"])
+    tracker.log_inputs(dataset_inputs(manifest, manifest_uri, config.name))
     previous = latest_checkpoint(ckpt_dir)
     if previous:
         log.info("train: resuming from %s (MLflow run %s)", previous[0], tracker.run_id)
@@ -244,6 +302,8 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
     mspec = model_spec_for(config.model, data_spec(spec))
     if parent is not None:
         tracker.set_tags({"shardline.parent": json.dumps(parent)})
+    # the machine while it trains: MLflow's System metrics tab (a resumed run continues the samples)
+    system = SystemSampler(tracker, first_step=tracker.last_step(CPU_KEY) + 1 if tracker.resumed else 0).start()
     try:
         result = fit(
             train_data,
@@ -270,6 +330,7 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
         tracker.end("FAILED")
         raise
     finally:  # streamed shards still held go back to the cache now, not when the splits are collected
+        system.stop()
         train_data.release()
         val_data.release()
     init = result.run_meta.get("init_from")
@@ -293,6 +354,7 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
         "mlflow_run_id": tracker.run_id,  # None when MLflow was away all along: `shardline sync` creates it
         "tracking_uri": redact_text(tracker.uri),
         "host": socket.gethostname(),
+        "flow_run_id": (links.current_flow_run() or {}).get("id"),  # the Prefect run that finished it
     }
     # beside the checkpoints, for a dispatcher on another machine (small results, big data in storage)
     storage.write_text(storage.join(folder, RESULT_FILE), json.dumps(out, indent=1))

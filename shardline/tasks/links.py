@@ -1,0 +1,115 @@
+"""From one UI to the other: the Prefect flow runs and the MLflow runs and model versions of one pipeline
+run name each other.
+
+- The MLflow run is tagged with the training flow run and the pipeline's flow run (`shardline.prefect.*`:
+  ids, names, and UI addresses when a Prefect server is used; an ephemeral API serves no UI).
+- The Prefect flow runs are tagged `mlflow-run:<id>` and, once registered, `model:<name>` and
+  `model-version:<name>/<version>`, so the runs list filters by them; the pipeline's flow run is renamed
+  after the version it produced (`demo · demo-model v3 champion`).
+
+Nothing here may fail a run: a Prefect API that does not answer costs a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("shardline.tasks.links")
+
+
+def ui_url_of(flow_run_id: str) -> str | None:
+    """The Prefect UI's page of a flow run, when a Prefect server is used (PREFECT_API_URL set); None with
+    the ephemeral API, which serves no UI and is gone when the process ends."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+
+    if not PREFECT_API_URL.value() or not PREFECT_UI_URL.value():
+        return None
+    return f"{str(PREFECT_UI_URL.value()).rstrip('/')}/runs/flow-run/{flow_run_id}"
+
+
+def current_flow_run() -> dict[str, Any] | None:
+    """This process's flow run (id, name, UI address) and the run at the root of its tree (the pipeline),
+    or None outside a flow run."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return None
+    run = ctx.flow_run
+    out = {"id": str(run.id), "name": run.name, "flow": ctx.flow.name if ctx.flow else None, "url": ui_url_of(run.id)}
+    try:
+        from prefect.runtime import flow_run
+
+        root = flow_run.root_flow_run_id
+        if root and str(root) != out["id"]:
+            out["root_id"] = str(root)
+            out["root_url"] = ui_url_of(root)
+    except Exception as e:  # noqa: BLE001 - a link, not a result
+        log.warning("could not read the root flow run of %s: %s", run.id, e)
+    return out
+
+
+def mlflow_tags(prefix: str = "shardline.prefect") -> dict[str, str]:
+    """Tags that lead from an MLflow run (or model version) to the Prefect flow run that made it."""
+    run = current_flow_run()
+    if run is None:
+        return {}
+    tags = {f"{prefix}.flow_run_id": run["id"], f"{prefix}.flow_run_name": run["name"]}
+    if run.get("flow"):
+        tags[f"{prefix}.flow"] = run["flow"]
+    if run.get("url"):
+        tags[f"{prefix}.flow_run_url"] = run["url"]
+    if run.get("root_id"):
+        tags[f"{prefix}.pipeline_run_id"] = run["root_id"]
+        if run.get("root_url"):
+            tags[f"{prefix}.pipeline_run_url"] = run["root_url"]
+    return tags
+
+
+def tag_flow_run(tags: list[str], flow_run_id: str | None = None, name: str | None = None) -> bool:
+    """Add `tags` to a flow run (this one by default), and rename it when `name` is given. False when the
+    Prefect API did not take it (said in a warning): a link is never worth a failed run."""
+    from prefect.client.orchestration import get_client
+
+    if flow_run_id is None:
+        run = current_flow_run()
+        if run is None:
+            return False
+        flow_run_id = run["id"]
+    try:
+        with get_client(sync_client=True) as client:
+            have = list(client.read_flow_run(flow_run_id).tags or [])
+            wanted = have + [t for t in tags if t not in have]
+            client.update_flow_run(flow_run_id, tags=wanted, **({"name": name} if name else {}))
+        return True
+    except Exception as e:  # noqa: BLE001 - a link, not a result
+        log.warning("could not tag flow run %s with %s: %s: %s", flow_run_id, tags, type(e).__name__, e)
+        return False
+
+
+def run_name_of(config: Any) -> str:
+    """What a pipeline or training run is about: its config's name (a config object, its dict, or the
+    file's stem when it is a path)."""
+    name = getattr(config, "name", None)
+    if name is None and isinstance(config, dict):
+        name = config.get("name")
+    if name is None and isinstance(config, str | Path):
+        name = Path(str(config)).stem
+    return str(name or "shardline")
+
+
+def flow_run_name(kind: str):
+    """A `flow_run_name` callable for `@flow`: `<config name> · <kind> · <time>`, in place of Prefect's
+    random names, so the runs list says what each run trains."""
+
+    def name() -> str:
+        import datetime as dt
+
+        from prefect.runtime import flow_run
+
+        config = (flow_run.parameters or {}).get("config")
+        return f"{run_name_of(config)} · {kind} · {dt.datetime.now().strftime('%m-%d %H:%M')}"
+
+    return name
