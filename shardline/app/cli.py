@@ -132,7 +132,12 @@ def _summary(result: dict, home_hint: str | None = None) -> None:
             typer.echo(f"  - {r['uri']}: {r['reason']}")
     uri = reg["tracking_uri"]
     typer.echo("\nInspect it:")
-    typer.echo(f"  mlflow ui --backend-store-uri {uri}        # then open http://127.0.0.1:5000")
+    if reg.get("ui_command"):
+        typer.echo(f"  {reg['ui_command']}        # serves the MLflow UI at http://127.0.0.1:5000")
+    if reg.get("run_page"):
+        typer.echo(f"    the run:     {reg['run_page']}")
+        typer.echo(f"    the version: {reg['version_page']}")
+        typer.echo('    (MLflow 3 opens on its GenAI view: pick "Model training" at the top left to list runs)')
     typer.echo(
         f"  shardline predict models:/{reg['model_name']}@{reg['alias']} INPUT.parquet --out predictions.parquet "
         f"--tracking-uri {uri}"

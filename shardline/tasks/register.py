@@ -18,7 +18,15 @@ from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.secrets import redact_text
-from shardline.core.tracking import Tracker, fluent_tracking_uri, model_version_page, sync_run, tracking_uri
+from shardline.core.tracking import (
+    Tracker,
+    fluent_tracking_uri,
+    model_version_page,
+    run_page,
+    sync_run,
+    tracking_uri,
+    ui_command,
+)
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.tasks import links
 from shardline.tasks.caching import CacheRule
@@ -184,6 +192,7 @@ def _register_model(
             same.version,
         )
         return {
+            **ui_pages(client, tracker.uri, same.run_id, config.mlflow.model_name, same.version),
             "model_name": config.mlflow.model_name,
             "version": int(same.version),
             "alias": aliases[0] if aliases else "none",
@@ -305,6 +314,7 @@ def _register_model(
                 json.dumps({"at": record["at"], "by": record["by"], "version": str(version.version)}),
             )
     return {
+        **ui_pages(client, tracker.uri, run_id, name, version.version),
         "model_name": config.mlflow.model_name,
         "version": int(version.version),
         "alias": alias,
@@ -314,6 +324,20 @@ def _register_model(
         "tracking_uri": redact_text(tracker.uri),  # a cached result is a file in the storage root
         "promotion_metric": metric_name,
         "value": new_value,
+    }
+
+
+def ui_pages(client, uri: str, run_id: str, name: str, version) -> dict:
+    """Where a user sees the version in the MLflow UI: the run's and the version's pages, and for a store no
+    server serves (SQLite) the command that serves it at the pages' address."""
+    try:
+        experiment = client.get_run(run_id).info.experiment_id
+    except Exception:  # noqa: BLE001 - an address, not a result
+        return {}
+    return {
+        "run_page": run_page(uri, experiment, run_id),
+        "version_page": model_version_page(uri, name, version),
+        "ui_command": ui_command(uri),
     }
 
 
