@@ -116,10 +116,12 @@ def _keys(values: object, name: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D (one id per row), got shape {arr.shape}")
     kind = arr.dtype.kind
+    if arr.size == 0:  # np.asarray([]) is float64: an empty batch has no ids to check
+        return arr.astype(np.int64)
     if kind in "bi":
         return arr.astype(np.int64, copy=False)
     if kind == "u":
-        if arr.size and arr.max() > np.iinfo(np.int64).max:
+        if arr.max() > np.iinfo(np.int64).max:
             raise ValueError(f"{name} has unsigned ids above the int64 range (max {arr.max()})")
         return arr.astype(np.int64)
     if kind in "USO":
