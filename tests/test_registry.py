@@ -181,3 +181,37 @@ def test_the_gate_scores_served_labels_as_the_whole_table_would():
     whole = M.classification_metrics(y, p)
     got = _score("classification", truth, predicted)
     assert got == {"accuracy": whole["accuracy"], "macro_f1": pytest.approx(whole["macro_f1"], rel=1e-12)}
+
+
+def test_the_gate_compares_the_champions_full_precision_metric_not_its_rounded_tag(tmp_path):
+    """A version's `metric.accuracy` tag is for reading (0.1524); the gate compares its run's `test/accuracy`
+    at full precision: 0.15242 does not beat 0.15244, though both read 0.1524. A version whose run lacks the
+    metric (registered before the tags were rounded, its tag the full float) is compared by its tag."""
+    from mlflow import MlflowClient
+
+    from shardline.core.metrics import format_number
+    from shardline.tasks.gate import champion_gate
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.create_experiment("gate", artifact_location=(tmp_path / "artifacts").as_uri())
+
+    def champion(name: str, run_metric: float | None, tag: str) -> None:
+        run = client.create_run(experiment)
+        if run_metric is not None:
+            client.log_metric(run.info.run_id, "test/accuracy", run_metric)
+        client.create_registered_model(name)
+        version = client.create_model_version(
+            name, f"{run.info.artifact_uri}/model", run.info.run_id, tags={"metric.accuracy": tag}
+        )
+        client.set_registered_model_alias(name, "champion", version.version)
+
+    champion("rounded", 0.15244, format_number(0.15244))
+    assert client.get_model_version("rounded", "1").tags["metric.accuracy"] == "0.1524"
+    record = {"version": "1", "value": 0.15244, "data_fingerprint": None}
+    assert champion_gate(client, "rounded", "accuracy", "maximize", 0.15242) == (False, record)
+    assert champion_gate(client, "rounded", "accuracy", "maximize", 0.15246) == (True, record)
+    assert champion_gate(client, "rounded", "accuracy", "minimize", 0.15242) == (True, record)
+    assert champion_gate(client, "rounded", "accuracy", "maximize", 0.15244) == (False, record)  # a tie keeps it
+
+    champion("older", None, "0.15244")
+    assert champion_gate(client, "older", "accuracy", "maximize", 0.15242) == (False, record)

@@ -14,6 +14,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
+from shardline.core import metrics as M
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.manifest import Manifest, Snapshot
@@ -244,8 +245,8 @@ def _register_model(
                 tags=tags,
             )
         version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
-    for k, v in eval_result["metrics"].items():
-        client.set_model_version_tag(config.mlflow.model_name, version.version, f"metric.{k}", str(v))
+    for k, v in eval_result["metrics"].items():  # for reading: the gate reads the run's full-precision metric
+        client.set_model_version_tag(config.mlflow.model_name, version.version, f"metric.{k}", M.format_number(v))
     promote, previous = champion_gate(
         client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
     )
