@@ -215,3 +215,49 @@ def test_the_gate_compares_the_champions_full_precision_metric_not_its_rounded_t
 
     champion("older", None, "0.15244")
     assert champion_gate(client, "older", "accuracy", "maximize", 0.15242) == (False, record)
+
+
+def test_the_model_report_rounds_for_reading_says_a_tie_and_which_epoch_was_evaluated():
+    from shardline.core.manifest import Snapshot
+    from shardline.tasks.register import model_report
+
+    snapshot = Snapshot(source="raw/*.parquet", files=[], fingerprint="f")
+    value = 0.1524390243902439
+    reg = {
+        "model_name": "m",
+        "version": 2,
+        "alias": "challenger",
+        "previous_champion": {"version": "1", "value": value, "data_fingerprint": "f"},
+        "model_uri": "models:/m/2",
+        "run_id": "abc",
+        "tracking_uri": "sqlite:///x.db",
+        "promotion_metric": "accuracy",
+        "value": value,
+        "compared": {"on": "the recorded test metrics (the same data)"},
+    }
+    history = [{"epoch": e, "val_loss": loss} for e, loss in enumerate([0.9, 0.41, 0.41, 0.6])]
+    train = {"device": "cpu", "precision": "fp32", "steps": 40, "history": history}
+    scores = {"table": "| metric | model | baseline | better? |"}
+
+    report = model_report(reg, train, scores, snapshot)
+    assert report.startswith(
+        "## m v2: tied with champion v1 at 0.1524: kept as **challenger** (a tie keeps the champion)"
+    )
+    assert "- evaluated the checkpoint with the lowest validation loss (epoch 2 of 4)" in report.splitlines()
+    selected = {**train, "best_epoch": 3, "select_by": "val_accuracy", "best_score": 0.32101234}
+    assert (
+        "- evaluated the checkpoint of epoch 3 of 4, selected by training.select_by=val_accuracy "
+        "(0.3210, best of 4 epochs)" in model_report(reg, selected, scores, snapshot).splitlines()
+    )
+
+    # promoted over a champion worse in the 5th digit: enough digits to tell them apart, no more
+    promoted = {**reg, "alias": "champion", "value": 0.15243, "previous_champion": {"version": "1", "value": 0.15241}}
+    assert "promoted to **champion**: accuracy 0.15243 (previous champion v1: 0.15241)" in model_report(
+        promoted, train, scores, snapshot
+    )
+    # the champion was tested on other data: the numbers the gate compared are those of this test split
+    rescored = {**reg, "compared": {"candidate_value": 0.5, "champion_value": 0.61234567, "rows": 9}}
+    assert (
+        "kept as **challenger**: champion v1 has accuracy 0.6123, this version 0.5000 (both scored on this test split)"
+        in (model_report(rescored, train, scores, snapshot))
+    )

@@ -745,8 +745,8 @@ def plot_residuals(y_true: np.ndarray, y_pred: np.ndarray, path: str | Path) -> 
 READING_DIGITS = 4
 
 
-def format_number(value: object) -> str:
-    """A number for reading, to 4 significant digits: ``0.1524``, ``12.35``, ``1235``, ``123500``;
+def format_number(value: object, digits: int = READING_DIGITS) -> str:
+    """A number for reading, to 4 significant digits (``digits``): ``0.1524``, ``12.35``, ``1235``, ``123500``;
     ``1.235e-05`` below 1e-4 and from 1e9; ``n/a`` for a missing value. For text only (reports, tables,
     tags): data (results, JSON records, run metrics) keep the full float."""
     v = _as_float(value)
@@ -755,13 +755,13 @@ def format_number(value: object) -> str:
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
     if v == 0:
-        return f"{0.0:.{READING_DIGITS}f}"
-    scientific = f"{v:.{READING_DIGITS - 1}e}"
+        return f"{0.0:.{digits}f}"
+    scientific = f"{v:.{digits - 1}e}"
     rounded = float(scientific)  # the exponent after rounding: 9.99996 reads 10.00, not 9.99996 or 10.000
     exponent = math.floor(math.log10(abs(rounded)))
     if exponent < -4 or exponent >= 9:
         return scientific
-    return f"{rounded:.{max(0, READING_DIGITS - 1 - exponent)}f}"
+    return f"{rounded:.{max(0, digits - 1 - exponent)}f}"
 
 
 def format_metrics_table(

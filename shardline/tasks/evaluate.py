@@ -258,9 +258,13 @@ def per_class_artifacts(files: list, folder: str) -> None:
             key="per-class" + (f"-{re.sub(r'[^a-z0-9]+', '-', target.lower()).strip('-')}" if target else ""),
             table=rows,
             description=redact_text(
-                f"{'`' + target + '`: ' if target else ''}the {shown.height} classes with the most test samples, "
-                f"of {table.height}; every class is in `{storage.join(folder, name)}` and in the MLflow run "
-                f"(`evaluation/{name}`)"
+                ("`" + target + "`: " if target else "")
+                + (
+                    f"every class ({table.height}), most test samples first"
+                    if shown.height == table.height
+                    else f"the {shown.height} classes with the most test samples, of {table.height}"
+                )
+                + f"; the whole table is `{storage.join(folder, name)}`, and `evaluation/{name}` in the MLflow run"
             ),
         )
 
