@@ -142,9 +142,9 @@ SEVERAL = {
 @pytest.mark.parametrize(
     "over, plots",
     [
-        ({}, ["confusion_matrix.png"]),
+        ({}, ["confusion_matrix.png", "per_class.csv"]),
         ({"data.target": {"column": "value", "task": "regression"}}, ["residuals.png"]),
-        (SEVERAL, ["label_confusion_matrix.png", "value_residuals.png"]),
+        (SEVERAL, ["label_confusion_matrix.png", "label_per_class.csv", "value_residuals.png"]),
     ],
     ids=["classification", "regression", "several-targets-every-position"],
 )
@@ -167,6 +167,17 @@ def test_streamed_evaluation_reports_what_the_whole_array_evaluation_did(tmp_pat
     assert_frame_equal(pl.read_parquet(tmp_path / "eval" / "test_predictions.parquet"), predictions)
     assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == sorted(Path(f).name for f in result["files"])
     assert all(f"| {name} |" in result["table"] for name in metrics)
+
+    # a class target's per-class table: every class (id 0 'unseen' too), most test samples first, read from the
+    # same counts as its metrics (the mean of its F1s is the macro F1; its supports add up to the scored labels)
+    for table in (f for f in plots if f.endswith("per_class.csv")):
+        per_class = pl.read_csv(tmp_path / "eval" / table, schema_overrides={"class": pl.String})
+        name = "label/" if "data.targets" in over else ""
+        assert per_class.columns == ["class", "support", "predicted", "precision", "recall", "f1"]
+        assert sorted(per_class["class"]) == ["<unseen>", "a", "b", "c"]
+        assert per_class["support"].to_list() == sorted(per_class["support"], reverse=True)
+        assert per_class["support"].sum() == per_class["predicted"].sum() > 0
+        assert per_class["f1"].mean() == pytest.approx(metrics[name + "macro_f1"], rel=1e-12)
 
 
 OWN_LOSS = '''

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from shardline.core.metrics import format_number
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -60,10 +62,14 @@ def test_world_model_example(tmp_path):
     assert metrics["test/p1_action/accuracy"] > 3 * metrics["test/p1_action/accuracy_baseline"]
     assert metrics["test/p1_x/r2"] > 0.5 and metrics["test/p1_y/r2"] > 0.5  # the baseline's r2 is about 0
     assert metrics["test/p1_on_ground/accuracy"] > metrics["test/p1_on_ground/accuracy_baseline"]
-    # the promotion metric names its target
-    assert version.tags["metric.p1_action/accuracy"] == str(metrics["test/p1_action/accuracy"])
+    # the promotion metric names its target (its tag rounded for reading, the run's metric in full)
+    assert version.tags["metric.p1_action/accuracy"] == format_number(metrics["test/p1_action/accuracy"])
     plots = {a.path for a in client.list_artifacts(version.run_id, "evaluation")}
-    assert {"evaluation/p1_action_confusion_matrix.png", "evaluation/p1_x_residuals.png"} <= plots
+    assert {
+        "evaluation/p1_action_confusion_matrix.png",
+        "evaluation/p1_action_per_class.csv",
+        "evaluation/p1_x_residuals.png",
+    } <= plots
 
     # the registered model predicts raw rows in a fresh process, in another folder, where models/ is not
     elsewhere = tmp_path / "elsewhere"
@@ -107,7 +113,7 @@ def test_pretrain_finetune_example(tmp_path):
     # no target: the model's own loss and metrics are its evaluation
     assert {"test/loss", "test/masked_mse", "test/masked_cross_entropy"} <= set(parent_metrics)
     assert parent_metrics["test/masked_mse"] < 0.5  # the training mean would score about 1.0
-    assert parent.tags["metric.loss"] == str(parent_metrics["test/loss"])
+    assert parent.tags["metric.loss"] == format_number(parent_metrics["test/loss"])
 
     child = client.get_model_version_by_alias("p1-action-finetuned", "champion")
     assert child.tags["shardline.parent"] == "models:/masked-pretrain@champion"

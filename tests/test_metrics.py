@@ -12,8 +12,11 @@ import pytest
 from shardline.core.metrics import (
     classification_metrics,
     format_metrics_table,
+    format_number,
+    label_scores,
     majority_baseline_probs,
     mean_baseline,
+    per_class_scores,
     plot_confusion_matrix,
     plot_learning_curves,
     plot_residuals,
@@ -259,15 +262,64 @@ def test_metrics_table_directions():
     assert rows["accuracy"] == ["0.8000", "0.6000", "model"]
     assert rows["log_loss"] == ["0.5000", "0.4000", "baseline"]
     assert rows["macro_f1"] == ["0.3000", "0.3000", "tie"]
-    assert rows["rmse"] == ["1.0000", "2.0000", "model"]
+    assert rows["rmse"] == ["1.000", "2.000", "model"]
 
 
 def test_metrics_table_baseline_wins_when_maximizing_and_missing_values():
     rows = _rows(format_metrics_table({"r2": 0.1, "mae": 1.23456789}, {"r2": 0.5}, {"r2": "maximize"}))
     assert rows["r2"] == ["0.1000", "0.5000", "baseline"]
-    assert rows["mae"] == ["1.2346", "n/a", "n/a"]
+    assert rows["mae"] == ["1.235", "n/a", "n/a"]
     with pytest.raises(ValueError, match="maximize"):
         format_metrics_table({"a": 1.0}, {"a": 2.0}, {"a": "bigger"})
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (0.1524390243902439, "0.1524"),
+        (0.8, "0.8000"),
+        (1.23456789, "1.235"),
+        (9.99996, "10.00"),  # rounded first: four digits, not 9.99996 or 10.000
+        (1234.5678, "1235"),
+        (123456.7, "123500"),
+        (0.012345, "0.01235"),
+        (-0.5, "-0.5000"),
+        (0.0, "0.0000"),
+        (5e-5, "5.000e-05"),
+        (2e9, "2.000e+09"),
+        (None, "n/a"),
+        (math.inf, "inf"),
+    ],
+)
+def test_numbers_read_to_four_significant_digits(value, text):
+    assert format_number(value) == text
+
+
+def test_per_class_scores_by_hand():
+    """3 classes and an 'unseen' id 0 that never occurs; rows by support, None where a score is undefined."""
+    confusion = np.array(
+        [
+            [0, 0, 0, 0],
+            [0, 3, 1, 0],  # a: 4 samples, 3 right, 1 predicted b
+            [0, 2, 5, 1],  # b: 8 samples, 5 right
+            [0, 0, 0, 0],  # c: no sample, predicted once
+        ]
+    )
+    rows = per_class_scores(confusion, ["<unseen>", "a", "b", "c"])
+    assert [(r["class"], r["support"], r["predicted"]) for r in rows] == [
+        ("b", 8, 6),
+        ("a", 4, 5),
+        ("c", 0, 1),
+        ("<unseen>", 0, 0),
+    ]
+    b, a, c, unseen = rows
+    assert (a["precision"], a["recall"]) == (3 / 5, 3 / 4)
+    assert a["f1"] == pytest.approx(2 * (3 / 5) * (3 / 4) / (3 / 5 + 3 / 4))
+    assert (b["precision"], b["recall"]) == (5 / 6, 5 / 8)
+    assert (c["precision"], c["recall"], c["f1"]) == (0.0, None, 0.0)  # predicted, never right, no sample
+    assert (unseen["precision"], unseen["recall"], unseen["f1"]) == (None, None, None)
+    # the mean of the F1s given is the macro F1 over the classes seen
+    assert np.mean([r["f1"] for r in rows if r["f1"] is not None]) == pytest.approx(label_scores(confusion)["macro_f1"])
 
 
 def test_no_tmp_files_left_after_failed_plot(tmp_path):

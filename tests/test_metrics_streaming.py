@@ -11,8 +11,11 @@ from shardline.core.metrics import (
     RegressionScores,
     StrideSample,
     classification_metrics,
+    fold_confusion,
+    label_scores,
     majority_baseline_probs,
     mean_baseline,
+    per_class_scores,
     plot_confusion_counts,
     plot_confusion_matrix,
     regression_metrics,
@@ -148,3 +151,43 @@ def test_confusion_plot_from_counts_is_the_plot_from_labels(tmp_path):
         plot_confusion_counts(np.zeros((3, 4), np.int64), names, tmp_path / "x.png")
     with pytest.raises(ValueError, match="N=0"):
         plot_confusion_counts(np.zeros((3, 3), np.int64), names, tmp_path / "x.png")
+
+
+def test_a_confusion_matrix_over_hundreds_of_classes_draws_the_most_frequent_and_folds_the_rest(tmp_path):
+    """300 classes (and id 0, never seen): the plot draws the 20 with the most test samples, by name, and one
+    'other' row and column holding the rest; the per-class table has every class."""
+    rng = np.random.default_rng(5)
+    c = 301
+    y = np.minimum(rng.zipf(1.3, size=20_000), c - 1)
+    pred = np.where(rng.random(len(y)) < 0.6, y, rng.integers(1, c, size=len(y)))
+    scores = ClassificationScores(c, np.ones(c))
+    scores.update(y, np.eye(c, dtype=np.float32)[pred])
+    names = ["<unseen>", *(f"action-{i:03d}-{'x' * 40}" for i in range(1, c))]
+    support = np.bincount(y, minlength=c)
+    present = int(np.count_nonzero(np.bincount(y, minlength=c) + np.bincount(pred, minlength=c)))
+
+    counts, labels, title = fold_confusion(scores.confusion, names)
+    assert title.endswith(f"top 20 of {present} classes by test support")
+    assert counts.shape == (21, 21) and counts.sum() == len(y)
+    top = np.lexsort((np.arange(c), -np.bincount(pred, minlength=c), -support))[:20]
+    assert labels[:20] == [names[i][:23] + "\u2026" for i in top]  # long names cut, the table has them whole
+    assert labels[20] == f"other ({present - 20} classes)"
+    np.testing.assert_array_equal(counts[:20, :20], scores.confusion[np.ix_(top, top)])
+    assert counts[20].sum() == len(y) - support[top].sum()  # the other classes' samples, in one row
+    plot = plot_confusion_counts(scores.confusion, names, tmp_path / "cm.png")
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+    rows = per_class_scores(scores.confusion, names)
+    assert len(rows) == c and {r["class"] for r in rows} == set(names)
+    assert [r["support"] for r in rows] == sorted(support.tolist(), reverse=True)
+    assert [r["class"] for r in rows[:20]] == [names[i] for i in top]
+    f1s = [r["f1"] for r in rows if r["f1"] is not None]
+    assert np.mean(f1s) == pytest.approx(label_scores(scores.confusion)["macro_f1"], rel=1e-12)
+
+
+def test_a_confusion_matrix_over_few_classes_draws_every_one():
+    counts = np.array([[0, 0, 0, 0], [0, 5, 1, 0], [1, 0, 2, 0], [0, 0, 3, 7]])
+    folded, labels, title = fold_confusion(counts, ["<unseen>", "a", "b", "c"])
+    assert labels == ["c", "a", "b", "<unseen>"]  # most test samples first; predicted only: last
+    assert title == "Confusion matrix (row-normalised, 4 classes)"
+    assert folded.sum() == counts.sum() and (folded[0, 0], folded[1, 2], folded[2, 3]) == (7, 1, 1)

@@ -1,10 +1,14 @@
 """The whole pipeline through a real Prefect API and a real MLflow SQLite store, on tiny data."""
 
+import json
+import re
+
 import polars as pl
 import pytest
 from mlflow import MlflowClient
 
 from shardline.core.config import validate_config
+from shardline.core.metrics import format_number
 from shardline.core.tracking import fluent_tracking_uri
 from tests.conftest import make_raw, tiny_config
 
@@ -17,13 +21,28 @@ def run_pipeline(cfg_dict):
     return pipeline(validate_config(cfg_dict))
 
 
+def artifacts_of(flow_run_id) -> dict:
+    """The artifacts a flow run created, by key, as the Prefect API has them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {a.key: a for a in found}
+
+
 def test_pipeline_registers_a_champion_whose_predictions_match_evaluation(tmp_path, prefect_api):
     import mlflow
 
     make_raw(tmp_path / "raw", n_seq=15, rows=80)
     root = str(tmp_path / "store")
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), root, **{"training.epochs": 3})
-    result = run_pipeline(cfg)
+    from shardline.flows.pipeline import pipeline
+
+    state = pipeline(validate_config(cfg), return_state=True)
+    result = state.result()
 
     reg = result["registered"]
     assert (reg["version"], reg["alias"]) == (1, "champion")
@@ -42,10 +61,33 @@ def test_pipeline_registers_a_champion_whose_predictions_match_evaluation(tmp_pa
     assert version.tags["shardline.data_fingerprint"] == result["snapshot"]["fingerprint"]
     assert {"shardline.config_hash", "shardline.code_version", "metric.accuracy"} <= set(version.tags)
     artifacts = {a.path for a in client.list_artifacts(reg["run_id"], "evaluation")}
-    assert {"evaluation/learning_curves.png", "evaluation/confusion_matrix.png"} <= artifacts
+    assert {
+        "evaluation/learning_curves.png",
+        "evaluation/confusion_matrix.png",
+        "evaluation/per_class.csv",
+    } <= artifacts
+    # numbers for reading in the registry's tags, at full precision where they are data
+    assert version.tags["metric.accuracy"] == format_number(m["test/accuracy"])
+    assert reg["value"] == m["test/accuracy"] == json.loads(version.tags["shardline.gate"])["value"]
+
+    run_dir = result["train"]["best_checkpoint"].rsplit("/checkpoints/", 1)[0]
+    # what the Prefect UI shows: the per-class table's top rows, and a report rounded for reading that says
+    # which checkpoint was evaluated
+    shown = artifacts_of(state.state_details.flow_run_id)
+    per_class = json.loads(shown["per-class"].data)
+    assert {row["class"] for row in per_class} == {"a", "b", "c", "<unseen>"}
+    assert [row["support"] for row in per_class] == sorted((row["support"] for row in per_class), reverse=True)
+    assert per_class[-1] == {"class": "<unseen>", "support": 0, "predicted": 0} | dict.fromkeys(
+        ("precision", "recall", "f1"), "n/a"
+    )
+    assert f"{run_dir}/eval/per_class.csv" in shown["per-class"].description
+    report = shown["model-report"].data
+    assert report.startswith("## tiny-model v1: the first **champion**")
+    assert re.search(r"^- evaluated the checkpoint .*epoch [1-3] of 3", report, re.M), report
+    digits = [len(n.replace(".", "").lstrip("0")) for n in re.findall(r"\d+\.\d+", report)]
+    assert digits and max(digits) <= 5, report
 
     # the registered model takes raw rows and agrees with the evaluation on the test split
-    run_dir = result["train"]["best_checkpoint"].rsplit("/checkpoints/", 1)[0]
     eval_preds = pl.read_parquet(f"{run_dir}/eval/test_predictions.parquet")
     raw = pl.concat([pl.read_parquet(p) for p in sorted((tmp_path / "raw").glob("*.parquet"))])
     test_rows = raw.filter(pl.col("seq").is_in(eval_preds["seq"].unique().to_list()))

@@ -181,3 +181,83 @@ def test_the_gate_scores_served_labels_as_the_whole_table_would():
     whole = M.classification_metrics(y, p)
     got = _score("classification", truth, predicted)
     assert got == {"accuracy": whole["accuracy"], "macro_f1": pytest.approx(whole["macro_f1"], rel=1e-12)}
+
+
+def test_the_gate_compares_the_champions_full_precision_metric_not_its_rounded_tag(tmp_path):
+    """A version's `metric.accuracy` tag is for reading (0.1524); the gate compares its run's `test/accuracy`
+    at full precision: 0.15242 does not beat 0.15244, though both read 0.1524. A version whose run lacks the
+    metric (registered before the tags were rounded, its tag the full float) is compared by its tag."""
+    from mlflow import MlflowClient
+
+    from shardline.core.metrics import format_number
+    from shardline.tasks.gate import champion_gate
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.create_experiment("gate", artifact_location=(tmp_path / "artifacts").as_uri())
+
+    def champion(name: str, run_metric: float | None, tag: str) -> None:
+        run = client.create_run(experiment)
+        if run_metric is not None:
+            client.log_metric(run.info.run_id, "test/accuracy", run_metric)
+        client.create_registered_model(name)
+        version = client.create_model_version(
+            name, f"{run.info.artifact_uri}/model", run.info.run_id, tags={"metric.accuracy": tag}
+        )
+        client.set_registered_model_alias(name, "champion", version.version)
+
+    champion("rounded", 0.15244, format_number(0.15244))
+    assert client.get_model_version("rounded", "1").tags["metric.accuracy"] == "0.1524"
+    record = {"version": "1", "value": 0.15244, "data_fingerprint": None}
+    assert champion_gate(client, "rounded", "accuracy", "maximize", 0.15242) == (False, record)
+    assert champion_gate(client, "rounded", "accuracy", "maximize", 0.15246) == (True, record)
+    assert champion_gate(client, "rounded", "accuracy", "minimize", 0.15242) == (True, record)
+    assert champion_gate(client, "rounded", "accuracy", "maximize", 0.15244) == (False, record)  # a tie keeps it
+
+    champion("older", None, "0.15244")
+    assert champion_gate(client, "older", "accuracy", "maximize", 0.15242) == (False, record)
+
+
+def test_the_model_report_rounds_for_reading_says_a_tie_and_which_epoch_was_evaluated():
+    from shardline.core.manifest import Snapshot
+    from shardline.tasks.register import model_report
+
+    snapshot = Snapshot(source="raw/*.parquet", files=[], fingerprint="f")
+    value = 0.1524390243902439
+    reg = {
+        "model_name": "m",
+        "version": 2,
+        "alias": "challenger",
+        "previous_champion": {"version": "1", "value": value, "data_fingerprint": "f"},
+        "model_uri": "models:/m/2",
+        "run_id": "abc",
+        "tracking_uri": "sqlite:///x.db",
+        "promotion_metric": "accuracy",
+        "value": value,
+        "compared": {"on": "the recorded test metrics (the same data)"},
+    }
+    history = [{"epoch": e, "val_loss": loss} for e, loss in enumerate([0.9, 0.41, 0.41, 0.6])]
+    train = {"device": "cpu", "precision": "fp32", "steps": 40, "history": history}
+    scores = {"table": "| metric | model | baseline | better? |"}
+
+    report = model_report(reg, train, scores, snapshot)
+    assert report.startswith(
+        "## m v2: tied with champion v1 at 0.1524: kept as **challenger** (a tie keeps the champion)"
+    )
+    assert "- evaluated the checkpoint with the lowest validation loss (epoch 2 of 4)" in report.splitlines()
+    selected = {**train, "best_epoch": 3, "select_by": "val_accuracy", "best_score": 0.32101234}
+    assert (
+        "- evaluated the checkpoint of epoch 3 of 4, selected by training.select_by=val_accuracy "
+        "(0.3210, best of 4 epochs)" in model_report(reg, selected, scores, snapshot).splitlines()
+    )
+
+    # promoted over a champion worse in the 5th digit: enough digits to tell them apart, no more
+    promoted = {**reg, "alias": "champion", "value": 0.15243, "previous_champion": {"version": "1", "value": 0.15241}}
+    assert "promoted to **champion**: accuracy 0.15243 (previous champion v1: 0.15241)" in model_report(
+        promoted, train, scores, snapshot
+    )
+    # the champion was tested on other data: the numbers the gate compared are those of this test split
+    rescored = {**reg, "compared": {"candidate_value": 0.5, "champion_value": 0.61234567, "rows": 9}}
+    assert (
+        "kept as **challenger**: champion v1 has accuracy 0.6123, this version 0.5000 (both scored on this test split)"
+        in (model_report(rescored, train, scores, snapshot))
+    )

@@ -39,8 +39,12 @@ __all__ = [
     "plot_learning_curves",
     "plot_confusion_matrix",
     "plot_confusion_counts",
+    "fold_confusion",
     "plot_residuals",
     "format_metrics_table",
+    "format_number",
+    "per_class_scores",
+    "CONFUSION_TOP_N",
 ]
 
 LOG_LOSS_EPS = 1e-12
@@ -234,6 +238,42 @@ def label_scores(confusion: np.ndarray) -> dict[str, float]:
         "accuracy": float(tp.sum() / n),
         "macro_f1": ClassificationScores._macro_f1(tp, confusion.sum(axis=0) - tp, confusion.sum(axis=1) - tp),
     }
+
+
+def _class_name(names: list[str], c: int) -> str:
+    """Class id ``c``'s name (its number when ``names`` has none for it)."""
+    return names[c] if c < len(names) else str(c)
+
+
+def _by_support(confusion: np.ndarray) -> np.ndarray:
+    """Class ids, most true samples first (then most predicted, then the lowest id)."""
+    ids = np.arange(confusion.shape[0])
+    return np.lexsort((ids, -confusion.sum(axis=0), -confusion.sum(axis=1)))
+
+
+def per_class_scores(confusion: np.ndarray, class_names: list[str]) -> list[dict]:
+    """One row per class of a confusion table (``[C, C]`` counts, true class by predicted class), most true
+    samples (support) first: ``class`` (its name), ``support``, ``predicted`` (how often it was predicted),
+    ``precision``, ``recall`` and ``f1``. A score is None where it is undefined (precision of a class never
+    predicted, recall of a class with no sample, F1 of a class with neither), so the mean of the F1s given
+    is the macro F1 (``label_scores``)."""
+    confusion = np.asarray(confusion)
+    names = list(class_names)
+    tp, support, predicted = np.diag(confusion), confusion.sum(axis=1), confusion.sum(axis=0)
+    rows = []
+    for c in _by_support(confusion).tolist():
+        t, s, p = int(tp[c]), int(support[c]), int(predicted[c])
+        rows.append(
+            {
+                "class": _class_name(names, c),
+                "support": s,
+                "predicted": p,
+                "precision": t / p if p else None,
+                "recall": t / s if s else None,
+                "f1": 2.0 * t / (s + p) if s + p else None,  # 2tp / (2tp + fp + fn): fp = p - tp, fn = s - tp
+            }
+        )
+    return rows
 
 
 class ClassificationScores:
@@ -437,8 +477,11 @@ class RegressionScores:
 # --------------------------------------------------------------------------- plots
 
 
+PLOT_DPI = 100
+
+
 def _new_figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=100)
+    fig = Figure(figsize=(width, height), dpi=PLOT_DPI)
     FigureCanvasAgg(fig)
     return fig
 
@@ -535,12 +578,18 @@ def plot_learning_curves(history: list[dict], path: str | Path) -> Path:
     return _save_atomic(fig, path)
 
 
+CONFUSION_TOP_N = 20  # classes a confusion matrix draws: the most frequent in the test split, the rest folded
+CONFUSION_NAME_CHARS = 24  # a longer class name is cut on the axes (the per-class table has it whole)
+CONFUSION_MAX_INCHES = 16.0  # the figure's side: it grows with the classes drawn up to this
+CONFUSION_NUMBER_PX = 30  # a cell narrower than this shows its colour only (its number would not be readable)
+
+
 def plot_confusion_matrix(
     y_true: np.ndarray,
     y_pred: np.ndarray,
     class_names: list[str],
     path: str | Path,
-    top_k: int = 20,
+    top_k: int = CONFUSION_TOP_N,
 ) -> Path:
     """Row-normalised confusion matrix over the ``top_k`` most frequent true classes, from class ids
     (``plot_confusion_counts`` draws it from the counts)."""
@@ -553,19 +602,20 @@ def plot_confusion_matrix(
     return plot_confusion_counts(counts, class_names, path, top_k)
 
 
-def plot_confusion_counts(
-    counts: np.ndarray,
-    class_names: list[str],
-    path: str | Path,
-    top_k: int = 20,
-) -> Path:
-    """Row-normalised confusion matrix over the ``top_k`` most frequent true classes, from the confusion
-    counts ``[C, C]`` (true class by predicted class, e.g. ``ClassificationScores.confusion``).
+def _short(name: str) -> str:
+    return name if len(name) <= CONFUSION_NAME_CHARS else name[: CONFUSION_NAME_CHARS - 1] + "\u2026"
 
-    Every other class (true or predicted) is lumped into an ``other`` row/column, which is
-    shown only when some sample falls in it. Rows with no samples stay all zero. Class ids
-    beyond ``class_names`` are labelled by their number.
-    """
+
+def fold_confusion(
+    counts: np.ndarray, class_names: list[str], top_k: int = CONFUSION_TOP_N
+) -> tuple[np.ndarray, list[str], str]:
+    """What a confusion matrix of the counts ``[C, C]`` (true class by predicted class) draws: the counts of
+    the classes the test split has (true or predicted), their labels and a title.
+
+    Up to ``top_k`` classes: every one, most test samples (support) first. More: the ``top_k`` with the most
+    support, then one ``other (K classes)`` row and column that adds up every other class, and the title says
+    "top N of M classes by test support" (``per_class_scores`` has every class). Labels are the classes'
+    names cut to ``CONFUSION_NAME_CHARS`` (ids beyond ``class_names``: their number)."""
     counts = np.asarray(counts)
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
         raise ValueError(f"counts must be a square [C, C] matrix (true by predicted class), got shape {counts.shape}")
@@ -578,27 +628,43 @@ def plot_confusion_counts(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     names = list(class_names)
 
-    per_class = counts.sum(axis=1)
-    ids = np.flatnonzero(per_class)
-    order = np.lexsort((ids, -per_class[ids]))  # most frequent first, lowest id on ties
-    kept = ids[order][:top_k]
-    other = len(kept)
-    slot = np.full(counts.shape[0], other, dtype=np.int64)
-    slot[kept] = np.arange(other)
+    seen = (counts.sum(axis=0) + counts.sum(axis=1)) > 0
+    order = _by_support(counts)
+    present = order[seen[order]]
+    kept = present[:top_k]
+    folded = len(present) - len(kept)
+    slot = np.full(counts.shape[0], len(kept), dtype=np.int64)  # every class not kept: the last slot, 'other'
+    slot[kept] = np.arange(len(kept))
+    size = len(kept) + (1 if folded else 0)
+    cm = np.zeros((len(kept) + 1, len(kept) + 1), dtype=np.int64)
+    np.add.at(cm, (slot[:, None], slot[None, :]), counts.astype(np.int64, copy=False))
 
-    full = np.zeros((other + 1, other + 1), dtype=np.float64)
-    np.add.at(full, (slot[:, None], slot[None, :]), counts)
-    has_other = bool(full[other].any() or full[:, other].any())
-    size = other + 1 if has_other else other
-    cm = full[:size, :size]
+    labels = [_short(_class_name(names, c)) for c in kept.tolist()]
+    if folded:
+        labels.append(f"other ({folded} class{'' if folded == 1 else 'es'})")
+        title = f"Confusion matrix (row-normalised): top {len(kept)} of {len(present)} classes by test support"
+    else:
+        title = f"Confusion matrix (row-normalised, {len(present)} class{'' if len(present) == 1 else 'es'})"
+    return cm[:size, :size], labels, title
+
+
+def plot_confusion_counts(
+    counts: np.ndarray,
+    class_names: list[str],
+    path: str | Path,
+    top_k: int = CONFUSION_TOP_N,
+) -> Path:
+    """Row-normalised confusion matrix from the confusion counts ``[C, C]`` (true class by predicted class,
+    e.g. ``ClassificationScores.confusion``): over at most ``top_k`` classes and an ``other`` row and column,
+    as ``fold_confusion`` says. A cell shows its share when it is wide enough to read and the share does not
+    read 0.00; rows with no samples stay all zero."""
+    cm, labels, title = fold_confusion(counts, class_names, top_k)
+    size = len(labels)
+    cm = cm.astype(np.float64)
     row_sums = cm.sum(axis=1, keepdims=True)
     norm = np.divide(cm, row_sums, out=np.zeros_like(cm), where=row_sums > 0)
 
-    labels = [names[c] if c < len(names) else str(c) for c in (int(k) for k in kept)]
-    if has_other:
-        labels.append("other")
-
-    side = max(4.5, 0.45 * size + 2.5)
+    side = min(CONFUSION_MAX_INCHES, max(4.5, 0.45 * size + 2.5))
     fig = _new_figure(side + 1.2, side)
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(norm, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
@@ -610,24 +676,20 @@ def plot_confusion_counts(
     ax.set_yticklabels(labels, fontsize=fontsize)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    shown = len(kept)
-    ax.set_title(
-        f"Confusion matrix (row-normalised, top {shown} true classes" + (", rest as 'other')" if has_other else ")")
-    )
-    if size <= 25:
-        for i in range(size):
-            for j in range(size):
-                v = norm[i, j]
-                if v > 0:
-                    ax.text(
-                        j,
-                        i,
-                        f"{v:.2f}",
-                        ha="center",
-                        va="center",
-                        fontsize=max(5, fontsize - 2),
-                        color="white" if v > 0.5 else "black",
-                    )
+    ax.set_title(title, fontsize=10)
+    cell_px = (side - 2.5) * PLOT_DPI / size  # the plot area (the side less the labels) over the cells
+    if cell_px >= CONFUSION_NUMBER_PX:
+        for i, j in zip(*np.nonzero(norm >= 0.005)):  # a share that reads 0.00 stays blank
+            v = norm[i, j]
+            ax.text(
+                j,
+                i,
+                f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize=min(8.0, cell_px / 5.5),
+                color="white" if v > 0.5 else "black",
+            )
     fig.tight_layout()
     return _save_atomic(fig, path)
 
@@ -680,15 +742,26 @@ def plot_residuals(y_true: np.ndarray, y_pred: np.ndarray, path: str | Path) -> 
 # --------------------------------------------------------------------------- table
 
 
-def _fmt(value: object) -> str:
+READING_DIGITS = 4
+
+
+def format_number(value: object, digits: int = READING_DIGITS) -> str:
+    """A number for reading, to 4 significant digits (``digits``): ``0.1524``, ``12.35``, ``1235``, ``123500``;
+    ``1.235e-05`` below 1e-4 and from 1e9; ``n/a`` for a missing value. For text only (reports, tables,
+    tags): data (results, JSON records, run metrics) keep the full float."""
     v = _as_float(value)
     if math.isnan(v):
         return "n/a"
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
-    if v != 0 and (abs(v) < 1e-4 or abs(v) >= 1e9):
-        return f"{v:.4e}"
-    return f"{v:.4f}"
+    if v == 0:
+        return f"{0.0:.{digits}f}"
+    scientific = f"{v:.{digits - 1}e}"
+    rounded = float(scientific)  # the exponent after rounding: 9.99996 reads 10.00, not 9.99996 or 10.000
+    exponent = math.floor(math.log10(abs(rounded)))
+    if exponent < -4 or exponent >= 9:
+        return scientific
+    return f"{rounded:.{max(0, digits - 1 - exponent)}f}"
 
 
 def format_metrics_table(
@@ -696,7 +769,7 @@ def format_metrics_table(
     baseline: dict[str, float],
     directions: dict[str, str],
 ) -> str:
-    """Markdown table ``| metric | model | baseline | better? |`` with 4 decimals.
+    """Markdown table ``| metric | model | baseline | better? |``, values to 4 significant digits.
 
     Rows follow the order of ``model`` (then metrics only in ``baseline``). ``better?`` is
     ``model``, ``baseline`` or ``tie`` by ``directions[metric]`` (``maximize``/``minimize``),
@@ -722,5 +795,5 @@ def format_metrics_table(
         else:
             better = "baseline"
         name = str(key).replace("|", "\\|")
-        lines.append(f"| {name} | {_fmt(m)} | {_fmt(b)} | {better} |")
+        lines.append(f"| {name} | {format_number(m)} | {format_number(b)} | {better} |")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from shardline.core import metrics as M
 from shardline.core import storage
 from shardline.core.config import CLASSIFICATION_METRICS, FILE_SEQUENCE, REGRESSION_METRICS, PipelineConfig
 from shardline.core.manifest import Manifest
+from shardline.core.secrets import redact_text
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
 
@@ -85,8 +87,24 @@ def _count(t, scores, y: np.ndarray, outputs: np.ndarray) -> None:
         scores.update(y_raw, outputs.reshape(-1).astype(np.float64) * t.std + t.mean)
 
 
+PER_CLASS_FILE = "per_class.csv"
+PER_CLASS_SHOWN = 50  # rows of a per-class table in its Prefect artifact: the classes with the most test samples
+
+
+def write_csv_atomic(frame: pl.DataFrame, path: Path) -> Path:
+    """`frame` as CSV, written aside and renamed into place (a reader never sees half a table)."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    try:
+        frame.write_csv(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def _target_scores(t, scores, out_dir: Path, prefix: str):
-    """One target's metrics, its baseline's and its plot, from its accumulated scores."""
+    """One target's metrics, its baseline's, and its files: a plot, and for a class target its per-class table."""
     metrics, baseline = scores.metrics(), scores.baseline()
     if t.task == "classification":
         if t.n_outputs - 1 <= M.TOP_K:  # 5 classes or fewer (id 0 is 'unseen'): top-5 says nothing
@@ -94,9 +112,15 @@ def _target_scores(t, scores, out_dir: Path, prefix: str):
             baseline.pop("top5_accuracy")
         names = ["<unseen>", *(t.classes or [])]
         plot = M.plot_confusion_counts(scores.confusion, names, out_dir / f"{prefix}confusion_matrix.png")
-        return metrics, baseline, plot, CLASSIFICATION_METRICS
+        per_class = pl.DataFrame(
+            M.per_class_scores(scores.confusion, names),
+            schema={"class": pl.String, "support": pl.Int64, "predicted": pl.Int64}
+            | {k: pl.Float64 for k in ("precision", "recall", "f1")},
+        )
+        table = write_csv_atomic(per_class, out_dir / f"{prefix}{PER_CLASS_FILE}")
+        return metrics, baseline, [plot, table], CLASSIFICATION_METRICS
     plot = M.plot_residuals(*scores.sample.kept, out_dir / f"{prefix}residuals.png")
-    return metrics, baseline, plot, REGRESSION_METRICS
+    return metrics, baseline, [plot], REGRESSION_METRICS
 
 
 class PredictionsFile:
@@ -156,8 +180,9 @@ def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
 
 def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig, out_dir: Path) -> dict:
     """The best checkpoint on the test split: per target its metrics, a trivial baseline's (the training
-    split's majority class or mean) and a plot, named `metric` for one target and `target/metric` for
-    several; a model without a target: its own loss (and metrics) on the test split.
+    split's majority class or mean) and a plot (a class target also its per-class table, per_class.csv),
+    named `metric` for one target and `target/metric` for several (files `target_...`); a model without a
+    target: its own loss (and metrics) on the test split.
 
     One pass over the test split, a batch at a time: each batch's outputs are counted into the metrics
     and written to test_predictions.parquet, then dropped, so the memory it needs does not grow with the
@@ -196,11 +221,11 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     several = len(spec.targets) > 1
     for t, s in zip(spec.targets, scores):
         name = f"{t.column}/" if several else ""
-        m, b, plot, d = _target_scores(t, s, out_dir, f"{t.column}_" if several else "")
+        m, b, files, d = _target_scores(t, s, out_dir, f"{t.column}_" if several else "")
         metrics.update({name + k: v for k, v in m.items()})
         baseline.update({name + k: v for k, v in b.items()})
         directions.update({name + k: v for k, v in d.items()})
-        plots.append(plot)
+        plots.extend(files)
     if not spec.targets:
         metrics = _own_loss_scores(model, test)
         directions = {"loss": "minimize", config.mlflow.promotion_metric: config.mlflow.promotion_direction}
@@ -213,19 +238,52 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     }
 
 
+def per_class_artifacts(files: list, folder: str) -> None:
+    """A Prefect table artifact of each per-class table's first rows (the classes with the most test samples),
+    rounded for reading; its description says where the whole table is (`folder`, and the MLflow run)."""
+    from prefect.artifacts import create_table_artifact
+
+    for f in files:
+        name = Path(f).name
+        if not name.endswith(PER_CLASS_FILE):
+            continue
+        target = name.removesuffix(PER_CLASS_FILE).removesuffix("_")
+        table = pl.read_csv(f, schema_overrides={"class": pl.String})
+        shown = table.head(PER_CLASS_SHOWN)
+        rows = [
+            {k: (M.format_number(v) if isinstance(v, float) or v is None else v) for k, v in row.items()}
+            for row in shown.iter_rows(named=True)
+        ]
+        create_table_artifact(
+            key="per-class" + (f"-{re.sub(r'[^a-z0-9]+', '-', target.lower()).strip('-')}" if target else ""),
+            table=rows,
+            description=redact_text(
+                ("`" + target + "`: " if target else "")
+                + (
+                    f"every class ({table.height}), most test samples first"
+                    if shown.height == table.height
+                    else f"the {shown.height} classes with the most test samples, of {table.height}"
+                )
+                + f"; the whole table is `{storage.join(folder, name)}`, and `evaluation/{name}` in the MLflow run"
+            ),
+        )
+
+
 @task(name="evaluate")
 def evaluate(manifest_uri: str, train_result: dict, config: PipelineConfig) -> dict:
-    """Score the best checkpoint on the test split against the trivial baseline; write plots and predictions."""
+    """Score the best checkpoint on the test split against the trivial baseline; write plots, tables and predictions."""
     log = get_run_logger()
+    folder = storage.join(train_result["run_dir"], "eval")
     if not storage.is_remote(train_result["run_dir"]):
-        out_dir = Path(storage.local_path(storage.join(train_result["run_dir"], "eval")))
-        result = evaluate_model(manifest_uri, train_result, config, out_dir)
+        result = evaluate_model(manifest_uri, train_result, config, Path(storage.local_path(folder)))
+        per_class_artifacts(result["files"], folder)
     else:  # written aside, then kept beside the checkpoints in the storage root, which is where the result points
         with tempfile.TemporaryDirectory(prefix="shardline-eval-") as tmp:
             result = evaluate_model(manifest_uri, train_result, config, Path(tmp))
+            per_class_artifacts(result["files"], folder)
             stored = []
             for f in result["files"]:
-                uri = storage.join(train_result["run_dir"], "eval", Path(f).name)
+                uri = storage.join(folder, Path(f).name)
                 storage.write_bytes(uri, Path(f).read_bytes())
                 stored.append(uri)
         result["files"] = stored

@@ -24,8 +24,8 @@ SERVED_METRICS = {"classification": ("accuracy", "macro_f1"), "regression": ("ma
 
 
 def champion_gate(client, name: str, metric: str, direction: str, new_value: float) -> tuple[bool, dict | None]:
-    """Whether the new version beats the current champion on `metric` by their recorded values (True when
-    there is none); the champion's version, value and data fingerprint."""
+    """Whether the new version beats the current champion on `metric` by their recorded values, at full
+    precision (True when there is none); the champion's version, value and data fingerprint."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -37,11 +37,29 @@ def champion_gate(client, name: str, metric: str, direction: str, new_value: flo
         "value": None,
         "data_fingerprint": current.tags.get("shardline.data_fingerprint"),
     }
-    old = current.tags.get(f"metric.{metric}")
+    old = recorded_value(client, current, metric)
     if old is None:
         return True, info
-    info["value"] = float(old)
-    return better(new_value, float(old), direction), info
+    info["value"] = old
+    return better(new_value, old, direction), info
+
+
+def recorded_value(client, version, metric: str) -> float | None:
+    """A registered version's test `metric` at full precision: its run's `test/<metric>`. Its `metric.<metric>`
+    tag is for reading (rounded to 4 digits: two values that differ in the 5th would compare equal); it is
+    read only where the run is gone or lacks the metric (versions registered before the tags were rounded
+    hold the full float there)."""
+    from mlflow.exceptions import MlflowException
+
+    if version.run_id:
+        try:
+            value = client.get_run(version.run_id).data.metrics.get(f"test/{metric}")
+        except MlflowException:  # the run was deleted from the tracking store: the tag is what is left
+            value = None
+        if value is not None:
+            return float(value)
+    tag = version.tags.get(f"metric.{metric}")
+    return float(tag) if tag is not None else None
 
 
 def better(new: float, old: float, direction: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import tempfile
 import warnings
@@ -14,6 +15,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
+from shardline.core import metrics as M
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.manifest import Manifest, Snapshot
@@ -255,8 +257,8 @@ def _register_model(
                 tags=tags,
             )
         version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
-    for k, v in eval_result["metrics"].items():
-        client.set_model_version_tag(config.mlflow.model_name, version.version, f"metric.{k}", str(v))
+    for k, v in eval_result["metrics"].items():  # for reading: the gate reads the run's full-precision metric
+        client.set_model_version_tag(config.mlflow.model_name, version.version, f"metric.{k}", M.format_number(v))
     promote, previous = champion_gate(
         client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
     )
@@ -324,6 +326,7 @@ def _register_model(
         "tracking_uri": redact_text(tracker.uri),  # a cached result is a file in the storage root
         "promotion_metric": metric_name,
         "value": new_value,
+        "compared": compared,
     }
 
 
@@ -342,7 +345,7 @@ def ui_pages(client, uri: str, run_id: str, name: str, version) -> dict:
 
 
 def _num(value) -> str:
-    return "n/a" if value is None else f"{float(value):.4g}"
+    return "n/a" if value is None else M.format_number(value)
 
 
 def describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, uri) -> None:
@@ -384,6 +387,79 @@ def describe(client, name, version, run_id, config, train_result, eval_result, a
         logging.getLogger("shardline.register").warning("register: could not write the descriptions: %s", e)
 
 
+def _readable(*values: float | None) -> list[str]:
+    """Values for reading (4 significant digits), with more digits where those would read the same for
+    values that differ (a decision between 0.15242 and 0.15244 is not shown as one between equals)."""
+    for digits in range(M.READING_DIGITS, 18):
+        texts = [M.format_number(v, digits) for v in values]
+        if len(set(texts)) == len(set(values)):
+            break
+    return texts
+
+
+def _verdict(reg: dict) -> str:
+    """What became of the version, with the numbers the gate compared."""
+    prev, metric = reg["previous_champion"], reg["promotion_metric"]
+    if reg.get("already_registered"):
+        return f"already registered (the same weights, data and training settings), @{reg['alias']}"
+    if prev is None:
+        return "the first **champion**"
+    champion = f"champion v{prev['version']}"
+    compared = reg.get("compared") or {}
+    if "reason" in compared:
+        return f"kept as **challenger**: {champion} was tested on other data and could not be re-scored on this one"
+    rescored = "champion_value" in compared  # the champion was tested on other data: both scored on this test split
+    new, old = (compared["candidate_value"], compared["champion_value"]) if rescored else (reg["value"], prev["value"])
+    new_text, old_text = _readable(new, old)
+    on = " (both scored on this test split)" if rescored else ""
+    if reg["alias"] == "champion":
+        return f"promoted to **champion**: {metric} {new_text} (previous {champion}: {old_text}){on}"
+    if new == old:
+        return f"tied with {champion} at {old_text}: kept as **challenger** (a tie keeps the champion){on}"
+    return f"kept as **challenger**: {champion} has {metric} {old_text}, this version {new_text}{on}"
+
+
+def _evaluated_epoch(train_result: dict) -> str | None:
+    """Which checkpoint was evaluated, and why. A train result from before training named its selection (no
+    `best_epoch`) kept the checkpoint of the lowest validation loss: the epoch is read from its history."""
+    history = train_result.get("history") or []
+    epochs = len(history)
+    if train_result.get("best_epoch") is not None:
+        score = train_result.get("best_score")
+        return (
+            f"evaluated the checkpoint of epoch {train_result['best_epoch']} of {epochs}, selected by "
+            f"training.select_by={train_result.get('select_by', 'val_loss')} "
+            f"({M.format_number(score) + ', ' if score is not None else ''}best of {epochs} epochs)"
+        )
+    losses = [(e.get("val_loss"), i) for i, e in enumerate(history)]
+    finite = [(v, i) for v, i in losses if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    index = min(finite)[1]  # the first of equal losses, as training keeps it
+    epoch = history[index].get("epoch", index) + 1  # the history counts epochs from 0
+    return f"evaluated the checkpoint with the lowest validation loss (epoch {epoch} of {epochs})"
+
+
+def model_report(reg: dict, train_result: dict, eval_result: dict, snapshot: Snapshot) -> str:
+    """The `model-report` artifact: a heading with the verdict, the metrics against the baseline, a few facts
+    (one line each, so a line can change on its own); numbers rounded for reading."""
+    run, model = f"MLflow run `{reg['run_id']}`", f"model `{reg['model_uri']}`"
+    if reg.get("run_page"):  # links into the MLflow UI; a SQLite store: the command that serves them
+        run, model = f"[{run}]({reg['run_page']})", f"[{model}]({reg['version_page']})"
+    served = f" (open with `{reg['ui_command']}`)" if reg.get("ui_command") else ""
+    facts = [
+        f"{run} at `{reg['tracking_uri']}`{served}",
+        model,
+        f"trained on {train_result['device']} ({train_result['precision']}), {train_result['steps']} steps",
+        _evaluated_epoch(train_result),
+    ]
+    text = f"## {reg['model_name']} v{reg['version']}: {_verdict(reg)}\n\n{eval_result['table']}\n\n"
+    text += "\n".join(f"- {fact}" for fact in facts if fact)
+    if snapshot.rejected:
+        text += "\n\nSkipped raw files:\n" + "\n".join(f"- skipped `{r.uri}`: {r.reason}" for r in snapshot.rejected)
+    return redact_text(text)
+
+
 @task(name="register")
 def register(
     config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict
@@ -391,25 +467,9 @@ def register(
     """Log the raw-rows model with its metrics and plots; register a version; move the champion alias on merit."""
     log = get_run_logger()
     reg = register_model(config, snapshot, manifest_uri, train_result, eval_result)
-    prev = reg["previous_champion"]
-    verdict = (
-        f"already registered (the same weights, data and training settings), @{reg['alias']}"
-        if reg.get("already_registered")
-        else f"promoted to **champion** (previous champion v{prev['version']}: {prev['value']})"
-        if reg["alias"] == "champion" and prev
-        else "the first **champion**"
-        if reg["alias"] == "champion"
-        else f"kept as **challenger**: champion v{prev['version']} has {reg['promotion_metric']}={prev['value']}"
-    )
-    skipped = "".join(f"\n- skipped `{r.uri}`: {r.reason}" for r in snapshot.rejected)
     create_markdown_artifact(
         key="model-report",
-        markdown=redact_text(
-            f"## {reg['model_name']} v{reg['version']}: {verdict}\n\n{eval_result['table']}\n\n"
-            f"- MLflow run `{reg['run_id']}` at `{reg['tracking_uri']}`\n- model `{reg['model_uri']}`\n"
-            f"- trained on {train_result['device']} ({train_result['precision']}), {train_result['steps']} steps"
-            + (f"\n\nSkipped raw files:{skipped}" if skipped else "")
-        ),
+        markdown=model_report(reg, train_result, eval_result, snapshot),
         description="metrics against the baseline and the registered model version",
     )
     log.info("register: %s v%s -> %s", reg["model_name"], reg["version"], reg["alias"])
