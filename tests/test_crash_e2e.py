@@ -111,7 +111,7 @@ def test_killed_during_training_resumes_to_the_same_weights(tmp_path):
     assert [r.info.status for r in runs] == ["FINISHED"]
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/train_loss")]
     assert steps == sorted(set(steps)) and len(steps) > 5
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "epoch/val_loss")] == [0, 1, 2]
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "epoch/val_loss")] == [1, 2, 3]
 
 
 def test_killed_during_encode_leaves_nothing_a_rerun_trusts(tmp_path):

@@ -56,7 +56,7 @@ def test_pipeline_registers_a_champion_whose_predictions_match_evaluation(tmp_pa
     assert {"test/log_loss", "test/macro_f1", "epoch/val_loss", "train/train_loss"} <= set(m)
     assert "test/top5_accuracy" not in m  # 3 classes: every class is in the top 5, the metric says nothing
     history = client.get_metric_history(reg["run_id"], "epoch/val_loss")
-    assert [h.step for h in history] == [0, 1, 2]
+    assert [h.step for h in history] == [1, 2, 3]  # epochs counted as the logs count them
     version = client.get_model_version("tiny-model", "1")
     assert version.tags["shardline.data_fingerprint"] == result["snapshot"]["fingerprint"]
     assert {"shardline.config_hash", "shardline.code_version", "metric.accuracy"} <= set(version.tags)

@@ -299,6 +299,19 @@ class TrainingConfig(_Strict):
         default_factory=dict, description="target column -> weight of its loss in the sum (default 1 each)"
     )
     max_steps_per_epoch: int | None = Field(None, ge=1, description="cap optimizer steps per epoch (quick runs)")
+    select_by: str | None = Field(
+        None,
+        description="the validation metric that picks the best checkpoint (the one evaluated and registered), as "
+        "the epoch history names it: val_loss, val_accuracy, val_mae, val_<target>/accuracy, val_<target>/mae, or "
+        "val_<name> of your model's own metrics(); default: the promotion metric's validation counterpart "
+        "(accuracy -> val_accuracy, mae -> val_mae), else val_loss",
+    )
+    select_direction: Literal["maximize", "minimize"] | None = Field(
+        None,
+        description="whether a higher or a lower select_by is better; default: the metric's own (loss and mae "
+        "lower, accuracy higher; mlflow.promotion_direction for the promotion metric); needed only for another "
+        "metric of your model's own metrics()",
+    )
     num_workers: int = Field(
         0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)"
     )
@@ -405,6 +418,15 @@ class PipelineConfig(_Strict):
             )
         if self.mlflow.promotion_direction is None:
             self.mlflow.promotion_direction = metrics[chosen]
+        # the best checkpoint is chosen the way promotion decides, where validation measures the same thing
+        known = validation_metrics([(t.column, t.task) for t in targets])
+        counterpart = f"val_{chosen}"
+        own = {counterpart: self.mlflow.promotion_direction} if chosen not in metrics else {}  # the model's own
+        if self.training.select_by is None:
+            self.training.select_by = counterpart if counterpart in known or own else "val_loss"
+        self.training.select_direction = resolve_selection(
+            self.training.select_by, self.training.select_direction, known, self.model.entrypoint is not None, own
+        )[1]
         unknown = sorted(set(self.training.loss_weights) - {t.column for t in targets})
         if unknown:
             raise ValueError(
@@ -454,6 +476,60 @@ def metric_directions(targets: list[Target]) -> dict[str, str]:
         for m in sorted(names, key=lambda m: m != first):
             out[m if len(targets) == 1 else f"{t.column}/{m}"] = names[m]
     return out
+
+
+# what the training loop validates each epoch, per target kind, and which way is better
+VALIDATION_SCORES = {"classification": ("accuracy", "maximize"), "regression": ("mae", "minimize")}
+
+
+def validation_name(target: str, kind: str, several: bool) -> str:
+    """A target's validation score as the epoch history names it: `val_accuracy` or `val_mae` for one
+    target, `val_<target>/accuracy` for several."""
+    metric = VALIDATION_SCORES[kind][0]
+    return f"val_{target}/{metric}" if several else f"val_{metric}"
+
+
+def validation_metrics(targets: list[tuple[str, str]]) -> dict[str, str]:
+    """The metrics the training loop validates for targets given as (column, kind), as the history names
+    them -> the direction that is better: `val_loss`, then each target's score. A model's own `metrics()`
+    add `val_<name>` ones, known only once it runs."""
+    out = {"val_loss": "minimize"}
+    for name, kind in targets:
+        out[validation_name(name, kind, len(targets) > 1)] = VALIDATION_SCORES[kind][1]
+    return out
+
+
+def resolve_selection(
+    select_by: str | None,
+    direction: str | None,
+    known: dict[str, str],
+    own_metrics: bool,
+    own_directions: dict[str, str] | None = None,
+) -> tuple[str, str]:
+    """(metric, direction) that picks the best checkpoint: `select_by` (default val_loss) among the `known`
+    validation metrics (-> direction), or, for a model with metrics of its own (`own_metrics`), a `val_<name>`
+    with `direction` given or in `own_directions` (the promotion metric's). A name validation never gives, or
+    a direction that contradicts the metric's, is an error naming training.select_by and what is allowed."""
+    name = select_by or "val_loss"
+    if name in known:
+        if direction is not None and direction != known[name]:
+            raise ValueError(
+                f"training.select_direction={direction} contradicts training.select_by='{name}': "
+                f"{'higher' if known[name] == 'maximize' else 'lower'} is better; leave select_direction unset"
+            )
+        return name, known[name]
+    if not own_metrics or not name.startswith("val_"):
+        raise ValueError(
+            f"training.select_by='{name}' is not a metric the validation gives; available: {sorted(known)}"
+            + (" or val_<name> of the model's own metrics()" if own_metrics else "")
+        )
+    direction = direction or (own_directions or {}).get(name)
+    if direction is None:
+        raise ValueError(
+            f"training.select_by='{name}' is not one of {sorted(known)}, so it must come from the model's own "
+            "metrics(): set training.select_direction (maximize or minimize) to say which way is better"
+        )
+    return name, direction
 
 
 def stable_hash(obj: Any) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "majority_baseline_probs",
     "mean_baseline",
     "plot_learning_curves",
+    "learning_curves_figure",
     "plot_confusion_matrix",
     "plot_confusion_counts",
     "fold_confusion",
@@ -515,12 +516,23 @@ def _as_float(value: object) -> float:
         return math.nan
 
 
-def plot_learning_curves(history: list[dict], path: str | Path) -> Path:
+def plot_learning_curves(
+    history: list[dict], path: str | Path, selected_epoch: int | None = None, select_by: str | None = None
+) -> Path:
+    """`learning_curves_figure`, written as a PNG to ``path`` (atomically)."""
+    return _save_atomic(learning_curves_figure(history, selected_epoch, select_by), path)
+
+
+def learning_curves_figure(
+    history: list[dict], selected_epoch: int | None = None, select_by: str | None = None
+) -> Figure:
     """Two panels: train/val loss vs epoch, and every other ``val_*`` metric vs epoch.
 
     ``history`` has one dict per epoch with ``epoch``, ``train_loss``, ``val_loss`` and
     optionally more ``val_*`` keys. Missing or ``None`` values leave gaps; lines carry
-    markers, so a single epoch still shows as points.
+    markers, so a single epoch still shows as points. ``selected_epoch`` (as ``epoch`` counts,
+    with ``select_by``, the metric that chose it) is marked on both panels: a dotted vertical line,
+    a star on ``select_by``'s curve and a legend entry "selected: epoch 3 (val_accuracy)".
     """
     if not history:
         raise ValueError("history is empty: no epochs to plot")
@@ -568,6 +580,16 @@ def plot_learning_curves(history: list[dict], path: str | Path) -> Path:
     else:
         ax_val.text(0.5, 0.5, "no other validation metrics", ha="center", va="center", transform=ax_val.transAxes)
 
+    if selected_epoch is not None:
+        label = f"selected: epoch {selected_epoch}" + (f" ({select_by})" if select_by else "")
+        where = ax_val if select_by in extra else ax_loss  # the panel with the curve that chose it
+        for ax in (ax_loss, ax_val):
+            ax.axvline(selected_epoch, color="0.35", linestyle=":", linewidth=1.5, label=label if ax is where else None)
+        at = np.flatnonzero(epochs == selected_epoch)
+        if select_by and at.size and np.isfinite(series(select_by)[at[0]]):
+            where.plot([selected_epoch], [series(select_by)[at[0]]], "*", color="0.15", markersize=13, zorder=5)
+        where.legend()
+
     for ax in (ax_loss, ax_val):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if len(epochs) == 1:  # a single point: give the x axis some room around it
@@ -575,7 +597,7 @@ def plot_learning_curves(history: list[dict], path: str | Path) -> Path:
             ax.set_xlim(epochs[0] - 1, epochs[0] + 1)
 
     fig.tight_layout()
-    return _save_atomic(fig, path)
+    return fig
 
 
 CONFUSION_TOP_N = 20  # classes a confusion matrix draws: the most frequent in the test split, the rest folded

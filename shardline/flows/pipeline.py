@@ -99,6 +99,9 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
             k: trained.get(k)
             for k in (
                 "best_checkpoint",
+                "best_epoch",
+                "select_by",
+                "best_score",
                 "best_val_loss",
                 "steps",
                 "device",

@@ -196,7 +196,13 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     model = load_model(train_result["best_checkpoint"])
     test = open_split(manifest, manifest_uri, "test")
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = [M.plot_learning_curves(train_result["history"], out_dir / "learning_curves.png")]
+    # epochs counted from 1, as the logs and MLflow's epoch/* steps count them; the selected one marked
+    history = [{**h, "epoch": h["epoch"] + 1} for h in train_result["history"]]
+    plots = [
+        M.plot_learning_curves(
+            history, out_dir / "learning_curves.png", train_result.get("best_epoch"), train_result.get("select_by")
+        )
+    ]
     scores = [_scores(t, train_statistic(manifest, manifest_uri, i, t)) for i, t in enumerate(spec.targets)]
     seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
     seq_keys = SequenceKeys(manifest, manifest_uri, "test", seq) if seq else None

@@ -13,8 +13,6 @@ import uuid
 from pathlib import Path
 
 import yaml
-from prefect import get_run_logger
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from shardline.core import storage
 from shardline.core.config import ModelConfig, PipelineConfig, stable_hash
@@ -25,6 +23,7 @@ from shardline.core.system_metrics import CPU_KEY, SystemSampler
 from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
 from shardline.tasks import links
+from shardline.tasks.training_view import LiveView, progress_seconds, run_logger
 
 RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
 
@@ -222,7 +221,7 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
     newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`)."""
     from shardline.core.lease import Lease
 
-    log = get_run_logger()
+    log = run_logger()  # the training flow run's, also when the pipeline's train task calls it as a subflow
     manifest = load_manifest(manifest_uri, config)
     parent = parent_model(config)  # resolved once: the run folder and the starting weights agree
     folder = folder or run_dir(config, manifest, parent)
@@ -249,7 +248,8 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
     from shardline.trainer.models import model_spec_for
     from shardline.trainer.serving import data_spec
 
-    log = get_run_logger()
+    log = run_logger()
+    every = progress_seconds()  # a bad SHARDLINE_PROGRESS_SECONDS fails here, before any work
     spec = manifest.encoding
     train_data = open_split(manifest, manifest_uri, "train")
     val_data = open_split(manifest, manifest_uri, "validation")
@@ -280,12 +280,11 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
     previous = latest_checkpoint(ckpt_dir)
     if previous:
         log.info("train: resuming from %s (MLflow run %s)", previous[0], tracker.run_id)
-    # a resumed run replays the steps between its checkpoint and the kill: log each step once
+    tracker.set_tags({"shardline.select_by": config.training.select_by})  # what picks the registered epoch
+    # a resumed run replays the steps between its checkpoint and the kill: log each step once. Epoch metrics
+    # are logged at step = the epoch counted from 1, as the logs count it
     logged_step = tracker.last_step("train/train_loss") if tracker.resumed else -1
     logged_epoch = tracker.last_step("epoch/val_loss") if tracker.resumed else -1
-
-    total = config.training.epochs
-    progress = create_progress_artifact(progress=0.0, key="train-progress", description="epochs done (%)")
 
     def on_step(step: int, metrics: dict) -> None:
         lease.check()  # another process took the folder over (this one stalled past its lease): stop writing
@@ -294,16 +293,16 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
         tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)
 
     def on_epoch(epoch: int, metrics: dict) -> None:
-        if epoch <= logged_epoch:
+        if epoch + 1 <= logged_epoch:
             return
-        tracker.log_metrics({f"epoch/{k}": v for k, v in metrics.items()}, epoch)
-        update_progress_artifact(artifact_id=progress, progress=100.0 * (epoch + 1) / total)
+        tracker.log_metrics({f"epoch/{k}": v for k, v in metrics.items()}, epoch + 1)
 
     mspec = model_spec_for(config.model, data_spec(spec))
     if parent is not None:
         tracker.set_tags({"shardline.parent": json.dumps(parent)})
     # the machine while it trains: MLflow's System metrics tab (a resumed run continues the samples)
     system = SystemSampler(tracker, first_step=tracker.last_step(CPU_KEY) + 1 if tracker.resumed else 0).start()
+    view = LiveView(log)  # the progress bar and the live table, sent from a thread of their own
     try:
         result = fit(
             train_data,
@@ -321,6 +320,9 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
             init_source=config.training.init_from or "",
             # the journal's copy beside each checkpoint holds every step up to it (a remote run folder)
             on_checkpoint=lambda _uri: tracker.save_journal(),
+            step_every=None,  # about STEP_POINTS points a run, every step of a short one
+            on_progress=view.show,
+            progress_seconds=every,
         )
     except Preempted:
         # resumed later into the same run, which sends what is left: a spot notice leaves no time to wait
@@ -333,19 +335,26 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
         system.stop()
         train_data.release()
         val_data.release()
+        view.close()
     init = result.run_meta.get("init_from")
     if init and not tracker.resumed:
         tracker.log_dict(init, "init_from.json")  # which tensors were loaded, which are new, which skipped
         tracker.set_tags({f"shardline.init_from.{k}": str(len(init[k])) for k in ("loaded", "new", "skipped")})
+    if result.best_epoch is not None:
+        tracker.log_metrics({"best_epoch": result.best_epoch}, result.steps)
     tracker.end("FINISHED")
     best = best_checkpoint(ckpt_dir)
+    best_entry = next((h for h in result.history if h["epoch"] + 1 == result.best_epoch), {})
     out = {
         "best_sha256": best[1]["sha256"] if best else None,
         "parent": parent,
         "run_dir": folder,
         "best_checkpoint": result.best_checkpoint,
         "last_checkpoint": result.last_checkpoint,
-        "best_val_loss": result.best_score,
+        "best_epoch": result.best_epoch,  # 1-based, as the logs count epochs
+        "select_by": result.select_by,  # the validation metric that chose the best epoch
+        "best_score": result.best_score,  # the best epoch's select_by
+        "best_val_loss": best_entry.get("val_loss"),  # the best epoch's (the lowest only when select_by is val_loss)
         "history": result.history,
         "steps": result.steps,
         "device": result.device,

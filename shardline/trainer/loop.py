@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from shardline.core.config import TrainingConfig
+from shardline.core.config import TrainingConfig, resolve_selection, validation_metrics, validation_name
 from shardline.core.storage import join
 from shardline.trainer.checkpoint import (
     best_checkpoint,
@@ -59,7 +59,8 @@ from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, p
 from shardline.trainer.models import data_spec_of, model_from_spec
 
 TASKS = ("classification", "regression")
-TIMING_KEYS = ("windows_per_s", "seconds")
+TIMING_KEYS = ("windows_per_s", "seconds", "data_wait_fraction")  # measured, so never the same twice
+STEP_POINTS = 200  # train/* points a run logs when fit's step_every is None: every total_steps // 200 steps
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: what a script exits with on `Preempted`; "run me again to resume"
 
 
@@ -76,15 +77,17 @@ class Preempted(Exception):
 class FitResult:
     best_checkpoint: str
     last_checkpoint: str
-    best_score: float  # lowest val_loss
-    history: list[
-        dict
-    ]  # one entry per epoch: epoch, step, train_loss, val_loss, val_accuracy|val_mae, lr, windows_per_s, seconds
+    best_score: float  # the best epoch's `select_by`
+    # one entry per epoch: epoch (0-based), step, train_loss, val_loss, val_accuracy|val_mae, lr, windows_per_s,
+    # seconds, data_wait_fraction
+    history: list[dict]
     steps: int  # optimizer steps taken in total
     device: str
     precision: str
     resumed_from: str | None
     run_meta: dict = field(default_factory=dict)  # as stored in the checkpoints (the first run's, on resume)
+    best_epoch: int | None = None  # 1-based, as the logs count epochs: the epoch of best_checkpoint
+    select_by: str = "val_loss"  # the validation metric that chose it
 
 
 # ---------------------------------------------------------------- pieces of the step
@@ -127,11 +130,17 @@ def masked_logits(out: torch.Tensor) -> torch.Tensor:
 def score_names(spec: DataSpec) -> dict[str, str]:
     """The validation score of each target, as the history names it: `val_accuracy` (classification) or
     `val_mae` (regression, standardised units) for one target, `val_<target>/accuracy` for several."""
-    out = {}
-    for t in spec.targets:
-        metric = "accuracy" if t.kind == "classification" else "mae"
-        out[t.name] = f"val_{metric}" if len(spec.targets) == 1 else f"val_{t.name}/{metric}"
-    return out
+    return {t.name: validation_name(t.name, t.kind, len(spec.targets) > 1) for t in spec.targets}
+
+
+def is_better(score: float, best: float | None, direction: str) -> bool:
+    """Whether an epoch's selection score beats the best so far: strictly (a tie keeps the earlier epoch);
+    a score that is not finite never does, except as the first."""
+    if best is None:
+        return True
+    if not math.isfinite(score):
+        return False
+    return not score >= best if direction == "minimize" else not score <= best
 
 
 @torch.no_grad()
@@ -184,6 +193,30 @@ def evaluate(
     out.update({names[k]: v.item() / max(1, counts[k]) for k, v in sums.items()})
     out.update({f"val_{k}": float(v.item()) / n for k, v in extra.items()})
     return out
+
+
+@dataclass
+class Pace:
+    """Windows trained, seconds spent in optimizer steps, and the part of those spent waiting for the next
+    batch (in the loader's `next()`: gathering it, or waiting for its threads). On a GPU the step is not
+    synchronised, so a single step's split means little; over many it is what the run spends."""
+
+    windows: int = 0
+    step_s: float = 0.0
+    wait_s: float = 0.0
+
+    def add(self, windows: int, step_s: float, wait_s: float) -> None:
+        self.windows += windows
+        self.step_s += step_s
+        self.wait_s += wait_s
+
+    @property
+    def windows_per_s(self) -> float | None:
+        return self.windows / self.step_s if self.step_s > 0 else None
+
+    @property
+    def wait_fraction(self) -> float | None:
+        return self.wait_s / self.step_s if self.step_s > 0 else None
 
 
 def rng_state() -> dict:
@@ -358,16 +391,24 @@ def fit(
     run_meta: dict | None = None,
     resume: bool = True,
     log: Callable[[str], None] = print,
-    step_every: int = 10,
+    step_every: int | None = 10,
     init_weights: dict[str, torch.Tensor] | None = None,
     init_source: str = "",
     on_checkpoint: Callable[[str], None] | None = None,
+    on_progress: Callable[[dict], None] | None = None,
+    progress_seconds: float = 5.0,
 ) -> FitResult:
     """Train `model_spec` on `train`, validate on `val` every epoch, checkpoint into `ckpt_dir`.
 
-    on_step(step, {"train_loss", "lr"}) every `step_every` optimizer steps; on_epoch(epoch, history entry)
-    after each epoch's validation, before its checkpoint (so a crash re-runs, never skips, a report);
-    on_checkpoint(uri) after each checkpoint is complete.
+    on_step(step, {"train_loss", "lr"}) every `step_every` optimizer steps (None: every total_steps //
+    STEP_POINTS); on_epoch(epoch, history entry) after each epoch's validation, before its checkpoint (so a
+    crash re-runs, never skips, a report); on_checkpoint(uri) after each checkpoint is complete;
+    on_progress({step, total_steps, epoch (from 1), epochs, train_loss (a recent step's), windows_per_s and
+    data_wait_fraction (since the last call), seconds_left, validated_epoch, val_loss, select_by, selected (its
+    value), best_epoch, best_score}) when training starts, at the first step boundary `progress_seconds`
+    after the last call (so at most one read-back of the loss per call), and at each epoch's end.
+    The best checkpoint is the epoch with the best `cfg.select_by` (default val_loss), higher or lower as
+    `cfg.select_direction` (default: the metric's own) says; a tie keeps the earlier epoch.
     With resume, the newest complete checkpoint in `ckpt_dir` is restored exactly, mid-epoch included;
     a finished run returns its result without training. Without resume, old checkpoints there are deleted.
     A fresh run starts from `init_weights` (another model's, `init_source` names it) where they match by
@@ -381,6 +422,11 @@ def fit(
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     training = cfg.model_dump(mode="json")
+    known = validation_metrics([(t.name, t.kind) for t in data_spec.targets])
+    select_by = cfg.select_by or "val_loss"
+    direction = cfg.select_direction or known.get(select_by)
+    # stored resolved: a resume compares the selection meant (unset and val_loss are the same one)
+    training.update(select_by=select_by, select_direction=direction)
     windows = {"train": train.n_windows, "validation": val.n_windows}
     # test hook, off unless set: sleep after every optimizer step, so that a test can kill a run mid-way
     step_delay = float(os.environ.get("SHARDLINE_TEST_STEP_DELAY") or 0)
@@ -409,6 +455,8 @@ def fit(
                 precision=side["precision"],
                 resumed_from=found[0],
                 run_meta={**side.get("run_meta", {}), **run_meta},
+                best_epoch=side.get("best_epoch"),
+                select_by=select_by,
             )
     elif not resume:
         cleared = clear_checkpoints(ckpt_dir)
@@ -424,6 +472,8 @@ def fit(
             f"{type(model).__name__} has no loss(outputs, cont, cat, targets) and the data has no target "
             "(data.targets is empty): define the model's own loss, or declare a target"
         )
+    # a name the validation never gives fails here, before any step (a model's own metrics: at the first epoch end)
+    resolve_selection(select_by, direction, known, callable(getattr(model, "metrics", None)))
     if init_weights is not None and not found:  # a resumed run has its own weights in its checkpoint
         matched = load_matching(model, init_weights, init_source)
         run_meta = {**run_meta, "init_from": {"source": init_source, **matched}}
@@ -452,6 +502,8 @@ def fit(
     if cfg.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     total_steps = cfg.epochs * steps_per_epoch
+    if step_every is None:
+        step_every = max(1, total_steps // STEP_POINTS)
     # settings sized for another data set: said at the start, with the numbers
     if cfg.warmup_steps >= total_steps:
         log(
@@ -473,6 +525,7 @@ def fit(
         "train_loss_sum": 0.0,
         "train_windows": 0,
         "best_score": None,
+        "best_epoch": None,
         "best_checkpoint": None,
         "last_checkpoint": None,
     }
@@ -485,7 +538,7 @@ def fit(
         if scaler.is_enabled() and ckpt["scaler"]:
             scaler.load_state_dict(ckpt["scaler"])
         loader.load_state_dict(ckpt["loader"])
-        loop, history = dict(ckpt["loop"]), list(ckpt["history"])
+        loop, history = {"best_epoch": None, **ckpt["loop"]}, list(ckpt["history"])
         run_meta = {**ckpt["run_meta"], **run_meta}
         set_rng_state(ckpt["rng"])
         resumed_from = found[0]
@@ -521,7 +574,10 @@ def fit(
             "task": task,
         }
         meta = {
-            **{k: loop[k] for k in ("epoch", "epoch_step", "epoch_complete", "best_score", "best_checkpoint")},
+            **{
+                k: loop[k]
+                for k in ("epoch", "epoch_step", "epoch_complete", "best_score", "best_epoch", "best_checkpoint")
+            },
             "loader": loader.state_dict(),
             "metrics": history[-1] if history and loop["epoch_complete"] else {},
             "history": history,
@@ -544,10 +600,44 @@ def fit(
     name = spec["model"].get("entrypoint") or spec["model"]["family"]
     log(
         f"training {name} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
-        f"{device.type}/{precision}: {cfg.epochs} epochs x {steps_per_epoch} steps, {train.n_windows:,} train windows"
+        f"{device.type}/{precision}: {cfg.epochs} epochs x {steps_per_epoch} steps, {train.n_windows:,} train windows; "
+        f"the best checkpoint is the epoch with the {'highest' if direction == 'maximize' else 'lowest'} {select_by} "
+        "(training.select_by)"
     )
+
+    # where the run is, for on_progress: cheap to build, and built only when it is due
+    started, steps_before, span = time.perf_counter(), loop["step"], Pace()
+    last_loss: float | None = None
+
+    def report(epoch: int) -> None:
+        nonlocal span
+        validated = history[-1] if history else {}
+        done = loop["step"] - steps_before
+        on_progress(
+            {
+                "step": loop["step"],
+                "total_steps": total_steps,
+                "epoch": epoch + 1,
+                "epochs": cfg.epochs,
+                "train_loss": last_loss,
+                "windows_per_s": span.windows_per_s,
+                "data_wait_fraction": span.wait_fraction,
+                "seconds_left": (time.perf_counter() - started) / done * (total_steps - loop["step"]) if done else None,
+                "validated_epoch": validated["epoch"] + 1 if validated else None,
+                "val_loss": validated.get("val_loss"),
+                "select_by": select_by,
+                "selected": validated.get(select_by),
+                "best_epoch": loop["best_epoch"],
+                "best_score": loop["best_score"],
+            }
+        )
+        span = Pace()
+
     resumed_mid_epoch = found is not None and not loop["epoch_complete"]
     first_epoch = loop["epoch"] if resumed_mid_epoch else (loop["epoch"] + 1 if found else 0)
+    if on_progress is not None:
+        report(first_epoch)
+    last_report = time.perf_counter()
     with _deterministic(device), _stop_on_signals(log) as stop:
         for epoch in range(first_epoch, cfg.epochs):
             if not (resumed_mid_epoch and epoch == first_epoch):
@@ -555,11 +645,14 @@ def fit(
                 loop.update(epoch=epoch, epoch_step=0, epoch_complete=False, train_loss_sum=0.0, train_windows=0)
             loss_sum = torch.tensor(loop["train_loss_sum"], dtype=torch.float64, device=device)
             t0, windows_done, report_every = time.perf_counter(), 0, max(1, steps_per_epoch // 10)
+            pace, step_loss = Pace(), None
             lr = lr_at(loop["step"], cfg, total_steps)
             batches = iter(loader)
             model.train()
             while loop["epoch_step"] < steps_per_epoch:
+                fetch = time.perf_counter()
                 micro = list(itertools.islice(batches, cfg.grad_accum))
+                fetched = time.perf_counter()
                 if not micro:
                     break
                 n_step = sum(len(m) for m in micro)
@@ -595,6 +688,9 @@ def fit(
                 windows_done += n_step
                 if step_delay:
                     time.sleep(step_delay)
+                now = time.perf_counter()
+                pace.add(n_step, now - fetch, fetched - fetch)
+                span.add(n_step, now - fetch, fetched - fetch)
                 if preempt_at and loop["step"] == preempt_at and resumed_from is None:
                     log(f"SHARDLINE_PREEMPT_AT_STEP={preempt_at}: sending myself SIGTERM, as a spot reclaim would")
                     signal.raise_signal(signal.SIGTERM)
@@ -602,6 +698,10 @@ def fit(
                 if on_step is not None and loop["step"] % step_every == 0:
                     check_loss(step_loss.float(), loop["step"], model)  # read back here anyway: no extra sync
                     on_step(loop["step"], {"train_loss": step_loss.item(), "lr": lr})
+                if on_progress is not None and now - last_report >= progress_seconds:
+                    last_loss = step_loss.item()
+                    report(epoch)
+                    last_report = now
                 if loop["epoch_step"] % report_every == 0 and loop["epoch_step"] < steps_per_epoch:
                     wps = windows_done / max(time.perf_counter() - t0, 1e-9)
                     log(
@@ -621,6 +721,11 @@ def fit(
             train_seconds = time.perf_counter() - t0
             loop["train_loss_sum"] = loss_sum.item()
             metrics = evaluate(model, val, task, cfg.batch_size, device, ctx, data_spec, cfg.loss_weights)
+            if select_by not in metrics:  # a model's own metric it did not return: before any epoch is marked best
+                raise ValueError(
+                    f"training.select_by='{select_by}' is not a metric this model's validation gives; available: "
+                    f"{sorted(metrics)}"
+                )
             entry = {
                 "epoch": epoch,
                 "step": loop["step"],
@@ -629,25 +734,36 @@ def fit(
                 "lr": lr,
                 "windows_per_s": windows_done / max(train_seconds, 1e-9),
                 "seconds": time.perf_counter() - t0,
+                "data_wait_fraction": pace.wait_fraction,
             }
             history.append(entry)
-            best = loop["best_score"]
-            is_best = best is None or (math.isfinite(entry["val_loss"]) and not entry["val_loss"] >= best)
+            is_best = is_better(entry[select_by], loop["best_score"], direction)
             if is_best:
-                loop["best_score"] = entry["val_loss"]
+                loop["best_score"], loop["best_epoch"] = entry[select_by], epoch + 1
             loop["epoch_complete"] = True
             if on_epoch is not None:
                 on_epoch(epoch, {k: v for k, v in entry.items() if k not in ("epoch", "step")})
             last = save(is_best=is_best)
             scores = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "val_loss")
+            waited = f", data wait {pace.wait_fraction:.0%} of step time" if pace.wait_fraction is not None else ""
             log(
                 f"epoch {epoch + 1}/{cfg.epochs}: train_loss {entry['train_loss']:.4f} val_loss "
                 f"{entry['val_loss']:.4f}{' ' + scores if scores else ''} lr {lr:.2e} "
-                f"{entry['windows_per_s']:,.0f} windows/s {entry['seconds']:.1f}s{' (best)' if is_best else ''}"
+                f"{entry['windows_per_s']:,.0f} windows/s {entry['seconds']:.1f}s{waited}"
+                f"{f' (best {select_by})' if is_best else ''}"
             )
+            if on_progress is not None:
+                last_loss = step_loss.item() if step_loss is not None else last_loss
+                report(epoch)
+                last_report = time.perf_counter()
             if stop.signal_name:
                 raise Preempted(last, stop.signal_name)
 
+    if loop["best_epoch"] is not None:
+        log(
+            f"best checkpoint: epoch {loop['best_epoch']}/{cfg.epochs} by {select_by} ({loop['best_score']:.4f}), "
+            f"{loop['best_checkpoint']}"
+        )
     return FitResult(
         best_checkpoint=join(ckpt_dir, loop["best_checkpoint"]),
         last_checkpoint=join(ckpt_dir, loop["last_checkpoint"]),
@@ -658,6 +774,8 @@ def fit(
         precision=precision,
         resumed_from=resumed_from,
         run_meta=run_meta,
+        best_epoch=loop["best_epoch"],
+        select_by=select_by,
     )
 
 
