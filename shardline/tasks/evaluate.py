@@ -26,7 +26,7 @@ from shardline.core.config import (
 )
 from shardline.core.encoding.row_keys import GROUP, ITEM, RELEVANCE, class_grades
 from shardline.core.manifest import Manifest
-from shardline.core.ranking import RankingScores, popularity_scores
+from shardline.core.ranking import PopularityCounts, RankingScores
 from shardline.core.secrets import redact_text
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
@@ -106,7 +106,8 @@ class RankingEvaluation:
         self.rows = RowKeys(manifest, manifest_uri, "test")
         if spec.item_key and manifest.item_counts is None:
             raise ValueError("the manifest has no item_counts for the popularity baseline; encode again")
-        self.counts = manifest.item_counts if spec.item_key else None
+        self.counts = PopularityCounts.from_counts(manifest.item_counts) if spec.item_key else None
+        self._codes: dict = {}  # group key -> a number: 8 bytes a row kept, not a Python string
         # ties averaged: the popularity baseline ties every item it never counted, and a stable order would
         # rank those by where the rows happen to be stored
         self.model = RankingScores(ks, ties="average")
@@ -121,12 +122,13 @@ class RankingEvaluation:
         else:
             score = output.reshape(-1).astype(np.float64) * self.target.std + self.target.mean
         groups, relevance = rows[GROUP], rows[RELEVANCE]
-        if self.counts is not None:
-            popularity = popularity_scores(self.counts, rows[ITEM].cast(pl.Utf8).to_numpy().astype(str))
+        if self.counts is not None:  # the manifest's counts are keyed by the item as text
+            popularity = self.counts.scores(rows[ITEM].cast(pl.Utf8).to_numpy().astype(str))
         else:
             popularity = np.zeros(len(score))
-        self.model.update(groups.to_numpy(), score, relevance.to_numpy())
-        self.baseline.update(groups.to_numpy(), popularity, relevance.to_numpy())
+        codes = self._group_codes(groups)
+        self.model.update(codes, score, relevance.to_numpy())
+        self.baseline.update(codes, popularity, relevance.to_numpy())
         columns = {self.spec.group_key: groups}
         if self.spec.item_key:
             columns[self.spec.item_key] = rows[ITEM]
@@ -135,6 +137,14 @@ class RankingEvaluation:
         if self.counts is not None:
             columns["popularity"] = pl.Series(popularity)
         return columns
+
+    def _group_codes(self, groups: pl.Series) -> np.ndarray:
+        """Each row's group as a number, the same in every batch (a group's rows may span batches)."""
+        distinct = groups.unique().to_list()
+        for g in distinct:
+            self._codes.setdefault(g, len(self._codes))
+        ids = pl.Series([self._codes[g] for g in distinct], dtype=pl.Int64)
+        return groups.replace_strict(distinct, ids, return_dtype=pl.Int64).to_numpy()
 
     def scores(self) -> tuple[dict[str, float], dict[str, float], dict]:
         """(the model's metrics, the baseline's, facts: the groups scored and which baseline it is)."""
