@@ -441,8 +441,8 @@ def check_groups(groups: list[EncodedGroup], data: DataConfig, store: str) -> No
     if data.group_key is None:
         return
     parts = [g.train.get("ranking") or {} for g in groups]
-    if any(p.get("largest", 0) > 1 for p in parts):
-        return
+    if any(p.get("largest", 0) > 1 for p in parts) or not any(p.get("rows") for p in parts):
+        return  # a group of several rows; or no training row, which `check_splits` refuses
     counts: dict = {}
     for g in groups:
         for s in g.shards:
