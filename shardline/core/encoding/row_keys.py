@@ -42,7 +42,10 @@ RULE = (
 def grades(values: pl.Series, where: str) -> pl.Series:
     """A relevance column's grades as Int64 (0..MAX_GRADE), or a DataError naming `where`, the column and
     the first value that is not a grade."""
-    column, dtype = values.name, values.dtype
+    column = values.name
+    if isinstance(values.dtype, pl.Categorical | pl.Enum):  # dictionary-encoded text
+        values = values.cast(pl.Utf8)
+    dtype = values.dtype
     if dtype == pl.Boolean or dtype.is_integer():
         graded = values.cast(pl.Int64)
     elif dtype.is_float():
