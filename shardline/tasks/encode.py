@@ -436,25 +436,26 @@ def build_manifest(
 def check_groups(groups: list[EncodedGroup], data: DataConfig, store: str) -> None:
     """Ranking data: refuse a group key whose every group has one row in the training split (each row
     would be ranked alone: a row id, not a query), naming the column and the groups. The file groups'
-    statistics settle it when one of them has a group of several rows; else their rows files' group
-    keys are counted across them (a group may span raw files)."""
+    statistics settle it when one of them has a group of several rows; else (every file group's groups
+    have one row each) their rows files' group keys are compared across them, as 64-bit hashes (8 bytes
+    a training row; a group may span raw files)."""
     if data.group_key is None:
         return
     parts = [g.train.get("ranking") or {} for g in groups]
     if any(p.get("largest", 0) > 1 for p in parts) or not any(p.get("rows") for p in parts):
         return  # a group of several rows; or no training row, which `check_splits` refuses
-    counts: dict = {}
+    hashes = [np.zeros(0, np.uint64)]
     for g in groups:
         for s in g.shards:
             if s.split == "train" and s.rows_path and g.key is not None:
                 uri = storage.resolve(storage.join(store, g.key), s.rows_path)
                 table = pl.read_parquet(io.BytesIO(storage.read_verified(uri, s.rows_sha256)), columns=[GROUP])
-                for key, n in table[GROUP].value_counts(name="n").iter_rows():
-                    counts[key] = counts.get(key, 0) + n
-    if counts and max(counts.values()) > 1:
-        return
+                hashes.append(table[GROUP].hash(seed=0).to_numpy())
+    keys = np.concatenate(hashes)
+    if np.unique(keys).size < keys.size:
+        return  # a group key in two file groups: a group of several rows
     raise DataError(
-        f"data.group_key '{data.group_key}': each of the {len(counts):,} groups in the training split has one row, "
+        f"data.group_key '{data.group_key}': each of the {keys.size:,} groups in the training split has one row, "
         "so there is nothing to rank within a group; ranking needs several rows per group (the items one query, "
         "user or session was shown): name the column that groups them"
     )
