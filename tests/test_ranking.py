@@ -365,3 +365,13 @@ def test_bad_input_streaming_and_popularity():
         popularity_scores({"a": 1}, [1])
     with pytest.raises(ValueError, match="item_ids, relevance must have one entry per row"):
         PopularityCounts().update([1, 2], [1])
+
+
+def test_popularity_counts_from_a_manifests_counts_score_as_the_dict_does():
+    counts = {"a": 3, "b": 0, "c": 7}
+    table = PopularityCounts.from_counts(counts)
+    items = np.array(["c", "z", "a", "b", "a"])
+    np.testing.assert_array_equal(table.scores(items), popularity_scores(counts, items))
+    np.testing.assert_array_equal(table.scores(items), [7.0, 0.0, 3.0, 0.0, 3.0])
+    assert table.counts == counts
+    assert PopularityCounts.from_counts({}).scores(items).tolist() == [0.0] * 5

@@ -107,6 +107,17 @@ class DataConfig(_Strict):
         None,
         description="strftime format of a text order column (e.g. '%d/%m/%Y %H:%M'); default: ISO-8601, inferred",
     )
+    group_key: str | None = Field(
+        None,
+        description="ranking data: the column whose rows are ranked together (a query, a user, a session) by the "
+        "model's score for the first target, a relevance grade (0/1 clicks or 0..G); evaluation reports nDCG@k, "
+        "MAP@k, recall@k and MRR over the test split's groups (docs/experiments.md, Ranking)",
+    )
+    item_key: str | None = Field(
+        None,
+        description="ranking data: the column naming each row's item, for the popularity baseline (items ranked by "
+        "their relevant rows in the training split); unset: the baseline is a random order",
+    )
     features: Features
     target: Target | None = Field(None, description="the one target (shorthand for data.targets: [target])")
     targets: list[Target] | None = Field(
@@ -184,11 +195,41 @@ class DataConfig(_Strict):
             raise ValueError(
                 "data.order_by is required with data.sequence_key: name the column that orders rows in a sequence"
             )
+        self._check_ranking()
         if self.split.method == "hash" and self.split.fractions.get("test", 0) <= 0:
             raise ValueError("data.split.fractions.test must be > 0: evaluation needs a test split")
         if self.split.method == "range" and "test" not in self.split.ranges:
             raise ValueError("data.split.ranges.test is required: evaluation needs a test split")
         return self
+
+    def _check_ranking(self) -> None:
+        """Ranking data (`group_key`): a relevance target to rank by, one prediction per row."""
+        if self.group_key is None:
+            if self.item_key is not None:
+                raise ValueError(
+                    f"data.item_key='{self.item_key}' names the items of ranking data: set data.group_key too (the "
+                    "column whose rows are ranked together: a query, a user, a session)"
+                )
+            return
+        targets = self.target_list
+        if not targets:
+            raise ValueError(
+                f"data.group_key='{self.group_key}' ranks rows by their relevance: set data.target (a 0/1 click or "
+                "a grade 0..G, as classification or regression)"
+            )
+        if self.target_positions == "all":
+            raise ValueError(
+                "data.group_key ranks one prediction per row: data.target_positions must be 'last', not 'all'"
+            )
+        if self.group_key == self.item_key:
+            raise ValueError(
+                f"data.group_key and data.item_key are both '{self.group_key}': a group (a query, a user) ranks "
+                "several items, so they are two columns"
+            )
+        for key in ("group_key", "item_key"):
+            column = getattr(self, key)
+            if column is not None and column in {t.column for t in targets}:
+                raise ValueError(f"data.{key}='{column}' is a target column; name the column of the {key[:-4]}s")
 
     @property
     def effective_horizon(self) -> int:
@@ -204,6 +245,8 @@ class DataConfig(_Strict):
             self.order_by,
             self.sequence_key,
             self.split.column if self.split.method == "range" else None,
+            self.group_key,
+            self.item_key,
         ):
             if c and c != FILE_SEQUENCE and c not in cols:
                 cols.append(c)
@@ -327,6 +370,23 @@ class TrainingConfig(_Strict):
     )
 
 
+class EvaluationConfig(_Strict):
+    k: list[int] = Field(
+        default_factory=lambda: [5, 10],
+        description="ranking data (data.group_key): the cutoffs of nDCG@k, MAP@k, recall@k and MRR@k",
+    )
+
+    @field_validator("k")
+    @classmethod
+    def _cutoffs(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("evaluation.k is empty: give at least one cutoff, such as [5, 10]")
+        low = [k for k in v if k < 1]
+        if low:
+            raise ValueError(f"evaluation.k holds {low}: cutoffs are whole numbers >= 1 (the top k of a ranking)")
+        return sorted(set(v))
+
+
 class StorageConfig(_Strict):
     root: str = Field("./shardline-home/store", description="local path or fsspec URL for shards, checkpoints, results")
 
@@ -381,6 +441,7 @@ class PipelineConfig(_Strict):
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
@@ -398,7 +459,7 @@ class PipelineConfig(_Strict):
                 "data.target_positions='all' needs a model that predicts every position: model.family: transformer "
                 "(causal over the window), or your own model; the mlp predicts the last position only"
             )
-        metrics = metric_directions(targets)
+        metrics = metric_directions(targets, self.evaluation.k if self.data.group_key else ())
         if self.mlflow.promotion_metric is None:
             self.mlflow.promotion_metric = next(iter(metrics))
         chosen = self.mlflow.promotion_metric
@@ -415,6 +476,7 @@ class PipelineConfig(_Strict):
                 f"mlflow.promotion_metric='{chosen}' is not a metric of "
                 + (f"the targets {[t.column for t in targets]}" if targets else "a model without a target")
                 + f"; allowed: {sorted(metrics)}"
+                + _ranking_hint(chosen, self.data.group_key, self.evaluation.k)
             )
         if self.mlflow.promotion_direction is None:
             self.mlflow.promotion_direction = metrics[chosen]
@@ -463,16 +525,26 @@ REGRESSION_METRICS = {"mae": "minimize", "rmse": "minimize", "r2": "maximize"}
 SELF_SUPERVISED_METRICS = {"loss": "minimize"}  # no target: the model's own loss on the test split
 
 
-def metric_directions(targets: list[Target]) -> dict[str, str]:
+def ranking_metrics_of(ks) -> dict[str, str]:
+    """The ranking metrics evaluation reports at cutoffs `ks` (shardline/core/ranking.py) -> the better
+    direction (every one is maximised)."""
+    names = [f"{m}@{k}" for m in ("ndcg", "map", "recall") for k in ks] + ["mrr"] + [f"mrr@{k}" for k in ks]
+    return dict.fromkeys(names, "maximize")
+
+
+def metric_directions(targets: list[Target], ranking_ks=()) -> dict[str, str]:
     """Every evaluation metric of these targets -> the direction that is better, the default promotion
     metric first: bare names (`accuracy`) for one target, `target/metric` (`p1_action/accuracy`) for
-    several, `loss` (the model's own) for none."""
+    several, `loss` (the model's own) for none. Ranking data (`ranking_ks`: `evaluation.k` when
+    `data.group_key` is set) adds the ranking metrics of the first target, the relevance (`ndcg@10`)."""
     if not targets:
         return dict(SELF_SUPERVISED_METRICS)
     out: dict[str, str] = {}
-    for t in targets:
+    for i, t in enumerate(targets):
         names = CLASSIFICATION_METRICS if t.task == "classification" else REGRESSION_METRICS
         first = "accuracy" if t.task == "classification" else "rmse"
+        if i == 0 and ranking_ks:
+            names = {**names, **ranking_metrics_of(ranking_ks)}
         for m in sorted(names, key=lambda m: m != first):
             out[m if len(targets) == 1 else f"{t.column}/{m}"] = names[m]
     return out
@@ -530,6 +602,19 @@ def resolve_selection(
             "metrics(): set training.select_direction (maximize or minimize) to say which way is better"
         )
     return name, direction
+
+
+def _ranking_hint(chosen: str, group_key: str | None, ks: list[int]) -> str:
+    """What a ranking metric that is not there needs: `data.group_key`, or its cutoff in `evaluation.k`."""
+    name = chosen.rsplit("/", 1)[-1]
+    metric, _, k = name.partition("@")
+    if metric not in ("ndcg", "map", "recall", "mrr"):
+        return ""
+    if group_key is None:
+        return f" ({name} is a ranking metric: set data.group_key, the column whose rows are ranked together)"
+    if k.isdigit() and int(k) not in ks:
+        return f" (add {k} to evaluation.k, now {ks}, for {name})"
+    return ""
 
 
 def stable_hash(obj: Any) -> str:

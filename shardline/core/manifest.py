@@ -96,6 +96,10 @@ class EncodingSpec(_Model):
     order_by: str | None
     order_format: str | None = None
     id_columns: list[str] = Field(default_factory=list, description="passed through to predictions, not encoded")
+    group_key: str | None = Field(
+        None, description="ranking data: the column whose rows are ranked together (kept per row in the rows files)"
+    )
+    item_key: str | None = Field(None, description="ranking data: the column naming each row's item")
     window: int
     horizon: int
     continuous: list[ContinuousStat]
@@ -171,7 +175,9 @@ class ShardInfo(_Model):
       order   [rows]                 the order column as int64 (row number when there is none), or
       order_start [segments]         its first value per segment, when it counts up by one inside each
       offsets [segments + 1]         row offset where each sequence segment starts
-    `keys` is a parquet file beside it with one row per segment: the sequence key.
+    `keys` is a parquet file beside it with one row per segment: the sequence key. Ranking data
+    (`data.group_key`) also has a `rows` parquet file with one row per shard row: its group, item and
+    relevance grade (`shardline/core/encoding/row_keys.py`); other data has none.
     """
 
     path: str = Field(
@@ -191,6 +197,8 @@ class ShardInfo(_Model):
     arrays: dict[str, ArraySpec]
     keys_path: str
     keys_sha256: str
+    rows_path: str | None = Field(None, description="ranking data: the rows file (group, item, relevance per row)")
+    rows_sha256: str | None = None
     local: LocalCodes | None = Field(None, description="set when the stored codes are the shard's own (see LocalCodes)")
 
 
@@ -227,6 +235,11 @@ class Manifest(_Model):
         None,
         description="per target, the training split's statistics the trivial baseline needs (so evaluation "
         "never reads the training split): class counts by raw value, or the moments n, mean, m2",
+    )
+    item_counts: dict[str, int] | None = Field(
+        None,
+        description="ranking data with data.item_key: relevant rows (grade > 0) per item in the training split, "
+        "keyed by the item as text: the popularity baseline's scores",
     )
 
     def shards_of(self, split: str) -> list[ShardInfo]:

@@ -470,7 +470,18 @@ class PopularityCounts:
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._pending_rows = 0
         self._family: str | None = None
+        self._scores: np.ndarray | None = None  # the merged counts as float64, built when first scored
         self.rows = 0
+
+    @classmethod
+    def from_counts(cls, counts: Mapping) -> PopularityCounts:
+        """Counts taken elsewhere (a dict of item id -> count, as `counts` gives: a data set's manifest keeps
+        one), to score many batches with `scores` without building the lookup table each time."""
+        out = cls()
+        items, values = _count_table(counts)
+        out._items, out._counts = items, values.astype(np.int64)
+        out._family = _family(items) if items.size else None
+        return out
 
     def update(self, item_ids: object, relevance: object) -> None:
         """Count one batch's relevant interactions (an empty batch is fine)."""
@@ -507,6 +518,7 @@ class PopularityCounts:
         self._items, inverse = np.unique(items, return_inverse=True)
         self._counts = np.bincount(inverse.reshape(-1), weights=counts, minlength=self._items.size).astype(np.int64)
         self._pending, self._pending_rows = [], 0
+        self._scores = None
 
     @property
     def counts(self) -> dict:
@@ -517,4 +529,6 @@ class PopularityCounts:
     def scores(self, item_ids: object) -> np.ndarray:
         """Each row's item count, as ``popularity_scores(self.counts, item_ids)`` gives it."""
         self._merge()
-        return _lookup(self._items, self._counts.astype(np.float64), _keys(item_ids, "item_ids"))
+        if self._scores is None:
+            self._scores = self._counts.astype(np.float64)
+        return _lookup(self._items, self._scores, _keys(item_ids, "item_ids"))

@@ -10,6 +10,7 @@ manifest (`datasets/<dataset id>/manifest.json`) lists the shards where they lie
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from shardline.core.encoding.contract import contract, contract_hash
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import reuse_encoding
+from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_parquet, rows_table, training_statistics
 from shardline.core.encoding.splits import split_rows
 from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.core.shards import compress_bytes, window_count
@@ -36,8 +38,10 @@ from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment;
 # 3: one pass, own codes per shard; since 2026-11-23 one set per group, same layout; 4: several targets,
 # `target`, `target_1`, ..., and their statistics as a list; 5: each group's shards in the group store,
-# `datasets/groups/<group key>/<split>.bin.lz4`, shared by every snapshot that holds the group)
-ENCODER_VERSION = "6"
+# `datasets/groups/<group key>/<split>.bin.lz4`, shared by every snapshot that holds the group; 7: ranking
+# data (`data.group_key`) keeps each row's group, item and relevance in `<split>.rows.parquet` beside its
+# shard, and its training statistics in the group's record; other data's shards are as they were)
+ENCODER_VERSION = "7"
 
 GROUPS = "groups"  # the group store's folder, beside the data sets' folders under `<root>/datasets/`
 GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
@@ -86,7 +90,11 @@ def encoder_code() -> str:
     another snapshot's manifest lists; the rest of the step's code (its retry policy imports the
     training code) is not: an edit there encodes nothing again."""
     h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(code_version_of("shardline.core.encoding.group", "shardline.core.storage").encode())
+    h.update(
+        code_version_of(
+            "shardline.core.encoding.group", "shardline.core.encoding.row_keys", "shardline.core.storage"
+        ).encode()
+    )
     return h.hexdigest()[:16]
 
 
@@ -145,6 +153,14 @@ def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl
                 f"{uri}: the target column '{target}' has {df[target].null_count()} null value(s); "
                 "fill or drop those rows before training (a row without a target cannot be learned or scored)"
             )
+    for key, column in (("group_key", data.group_key), ("item_key", data.item_key)):
+        if column and df[column].null_count():
+            raise DataError(
+                f"{uri}: column '{column}' (data.{key}) has {df[column].null_count()} null value(s); every row of "
+                "ranking data needs its " + key[:-4]
+            )
+    if data.group_key:  # the relevance must be a grade: said here, naming the file, before any training
+        grades(df[data.target_list[0].column], uri)
     return prepare(df, data.sequence_key, data.order_by, uri, data.order_format, file_name=sequence_name(uri, data))
 
 
@@ -172,9 +188,14 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
             df = df.with_columns(parse_order(df, data.order_by, data.order_format, ", ".join(uris)).alias(ORDER))
     except Exception:  # noqa: BLE001 - files that do not scan as one table: read one by one, naming the bad one
         return None
-    for col in (*(t.column for t in data.target_list), data.sequence_key, data.order_by):
+    for col in (*(t.column for t in data.target_list), data.sequence_key, data.order_by, data.group_key, data.item_key):
         if col and col != FILE_SEQUENCE and df[col].null_count():
             return None  # read file by file: the error names the file and the column
+    if data.group_key:
+        try:
+            grades(df[data.target_list[0].column], "")
+        except DataError:
+            return None  # read file by file: the error names the file and the value
     return df
 
 
@@ -228,7 +249,10 @@ def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
             continue
         key = path[len(root) + 1 :].split("/", 1)[0]
         intact = group.key == key and all(
-            sizes.get(f"{key}/{s.path}") == s.bytes and f"{key}/{s.keys_path}" in sizes for s in group.shards
+            sizes.get(f"{key}/{s.path}") == s.bytes
+            and f"{key}/{s.keys_path}" in sizes
+            and (s.rows_path is None or f"{key}/{s.rows_path}" in sizes)
+            for s in group.shards
         )
         if intact:
             found[key] = group
@@ -251,10 +275,13 @@ def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, r
     out_dir = storage.join(store, key)
     frame, splits = split_rows(read_group(files, data), data)
     codec = None if data.shard_compression == "none" else data.shard_compression
+    ranked = ranking_rows(frame, splits, data)
     with one_torch_thread():
         encoded = encode_splits(frame, splits, data)
     del frame
     train = encoded["train"].stats if "train" in encoded else None
+    if data.group_key:
+        train = {**(train or empty_stats(data)), "ranking": training_statistics(ranked.get("train"), data)}
     pending = []
     with ThreadPoolExecutor(max(1, len(encoded)), thread_name_prefix="shardline-write") as writer:
         for split in SPLITS:
@@ -276,6 +303,10 @@ def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, r
                 keys_path=f"{name}.keys.parquet",
                 local=codes,
             )
+            rows_file = None
+            if data.group_key:
+                info["rows_path"] = f"{name}.rows.parquet"
+                rows_file = (rows_parquet(ranked.pop(split)), storage.join(out_dir, info["rows_path"]))
             pending.append(
                 (
                     info,
@@ -286,6 +317,7 @@ def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, r
                         storage.join(out_dir, info["path"]),
                         keys,
                         storage.join(out_dir, info["keys_path"]),
+                        rows_file,
                     ),
                 )
             )
@@ -297,15 +329,31 @@ def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, r
     return group
 
 
-def _store(raw, codec: str | None, shard_uri: str, keys: list[str], keys_uri: str) -> dict:
-    """Compress, hash and write one shard and its keys file; their sizes and checksums."""
+def _store(raw, codec: str | None, shard_uri: str, keys: list[str], keys_uri: str, rows: tuple | None = None) -> dict:
+    """Compress, hash and write one shard, its keys file and (ranking data) its rows file, `rows` being
+    (its bytes, its URI); their sizes and checksums."""
     stored = compress_bytes(raw, codec) if codec else raw
     out = {"bytes": len(stored), "sha256": hashlib.sha256(stored).hexdigest()}
     storage.write_bytes(shard_uri, stored)
     keys_file = keys_parquet(keys)
     out["keys_sha256"] = hashlib.sha256(keys_file).hexdigest()
     storage.write_bytes(keys_uri, keys_file)
+    if rows is not None:
+        out["rows_sha256"] = hashlib.sha256(rows[0]).hexdigest()
+        storage.write_bytes(rows[1], rows[0])
     return out
+
+
+def ranking_rows(frame: pl.DataFrame, splits: dict, data: DataConfig) -> dict[str, pl.DataFrame]:
+    """Ranking data (`data.group_key`): per split, the rows file's table of its rows (group, item,
+    relevance grade: `shardline/core/encoding/row_keys.py`), from the group's one read; {} for other data."""
+    if data.group_key is None:
+        return {}
+    graded = grades(frame[data.target_list[0].column], "the encoded rows")  # each file was checked as read
+    return {
+        name: rows_table(frame.slice(r.first, r.end - r.first), graded.slice(r.first, r.end - r.first), data)
+        for name, r in splits.items()
+    }
 
 
 def keys_parquet(keys: list[str]) -> memoryview:
@@ -343,7 +391,13 @@ def listed(group: EncodedGroup, store: str) -> list[ShardInfo]:
     if group.key is None:  # encoder version 4 and before: beside the manifest
         return list(group.shards)
     at = f"{store.rstrip('/')}/{group.key}" if store else group.key
-    return [s.model_copy(update={"path": f"{at}/{s.path}", "keys_path": f"{at}/{s.keys_path}"}) for s in group.shards]
+    return [
+        s.model_copy(
+            update={"path": f"{at}/{s.path}", "keys_path": f"{at}/{s.keys_path}"}
+            | ({"rows_path": f"{at}/{s.rows_path}"} if s.rows_path else {})
+        )
+        for s in group.shards
+    ]
 
 
 def build_manifest(
@@ -375,6 +429,35 @@ def build_manifest(
         windows=windows,
         source_files=len(snapshot.files),
         target_stats=target_statistics([g.train for g in groups], data),
+        item_counts=item_counts([g.train.get("ranking") for g in groups]) if data.item_key else None,
+    )
+
+
+def check_groups(groups: list[EncodedGroup], data: DataConfig, store: str) -> None:
+    """Ranking data: refuse a group key whose every group has one row in the training split (each row
+    would be ranked alone: a row id, not a query), naming the column and the groups. The file groups'
+    statistics settle it when one of them has a group of several rows; else (every file group's groups
+    have one row each) their rows files' group keys are compared across them, as 64-bit hashes (8 bytes
+    a training row; a group may span raw files)."""
+    if data.group_key is None:
+        return
+    parts = [g.train.get("ranking") or {} for g in groups]
+    if any(p.get("largest", 0) > 1 for p in parts) or not any(p.get("rows") for p in parts):
+        return  # a group of several rows; or no training row, which `check_splits` refuses
+    hashes = [np.zeros(0, np.uint64)]
+    for g in groups:
+        for s in g.shards:
+            if s.split == "train" and s.rows_path and g.key is not None:
+                uri = storage.resolve(storage.join(store, g.key), s.rows_path)
+                table = pl.read_parquet(io.BytesIO(storage.read_verified(uri, s.rows_sha256)), columns=[GROUP])
+                hashes.append(table[GROUP].hash(seed=0).to_numpy())
+    keys = np.concatenate(hashes)
+    if np.unique(keys).size < keys.size:
+        return  # a group key in two file groups: a group of several rows
+    raise DataError(
+        f"data.group_key '{data.group_key}': each of the {keys.size:,} groups in the training split has one row, "
+        "so there is nothing to rank within a group; ranking needs several rows per group (the items one query, "
+        "user or session was shown): name the column that groups them"
     )
 
 
@@ -389,7 +472,9 @@ def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
         return None
     folder = manifest_uri.rsplit("/", 1)[0]
     for s in manifest.shards:
-        for rel, digest in ((s.path, s.sha256), (s.keys_path, s.keys_sha256)):
+        for rel, digest in ((s.path, s.sha256), (s.keys_path, s.keys_sha256), (s.rows_path, s.rows_sha256)):
+            if rel is None:
+                continue
             uri = storage.resolve(folder, rel)
             if not storage.exists(uri) or (deep and storage.sha256_uri(uri) != digest):
                 return None
@@ -474,6 +559,7 @@ def write_manifest(
     until it exists, the shards are not a data set) in `out_dir`, listing the shards of the group store
     `store` (default: `groups` beside `out_dir`)."""
     store = store or storage.join(out_dir.rstrip("/").rsplit("/", 1)[0], GROUPS)
+    check_groups(groups, data, store)
     manifest = build_manifest(snapshot, groups, data, base, store=storage.relative_to(store, out_dir))
     uri = storage.join(out_dir, manifest_name(base))
     storage.write_text(uri, manifest.model_dump_json(indent=1))
@@ -501,6 +587,8 @@ def shards_intact(infos: list[ShardInfo], folder: str) -> bool:
         if storage.size_of(storage.resolve(folder, info.path)) != info.bytes:
             return False
         if not storage.exists(storage.resolve(folder, info.keys_path)):
+            return False
+        if info.rows_path and not storage.exists(storage.resolve(folder, info.rows_path)):
             return False
     return True
 
@@ -622,6 +710,7 @@ def encode_dataset(
     groups = file_groups(snapshot, data)
     with ThreadPoolExecutor(max(1, threads or encode_workers(data))) as pool:
         results = list(pool.map(lambda g: encode_group_to_shards(g, data, store), groups))
+    check_groups(results, data, store)
     manifest = build_manifest(snapshot, results, data, store=storage.relative_to(store, out_dir))
     uri = storage.join(out_dir, "manifest.json")
     storage.write_text(uri, manifest.model_dump_json(indent=1))

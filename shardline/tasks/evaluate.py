@@ -1,4 +1,5 @@
-"""Evaluate: the best checkpoint on the test split, beside a trivial baseline, with plots."""
+"""Evaluate: the best checkpoint on the test split, beside a trivial baseline, with plots; ranking data
+(`data.group_key`) also by its ranking metrics, beside the popularity baseline's."""
 
 from __future__ import annotations
 
@@ -16,8 +17,16 @@ from prefect.logging import get_run_logger
 
 from shardline.core import metrics as M
 from shardline.core import storage
-from shardline.core.config import CLASSIFICATION_METRICS, FILE_SEQUENCE, REGRESSION_METRICS, PipelineConfig
+from shardline.core.config import (
+    CLASSIFICATION_METRICS,
+    FILE_SEQUENCE,
+    REGRESSION_METRICS,
+    PipelineConfig,
+    ranking_metrics_of,
+)
+from shardline.core.encoding.row_keys import GROUP, ITEM, RELEVANCE, class_grades
 from shardline.core.manifest import Manifest
+from shardline.core.ranking import PopularityCounts, RankingScores
 from shardline.core.secrets import redact_text
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
@@ -47,6 +56,104 @@ class SequenceKeys:
         for s in np.unique(shard):
             parts.append(self._of_shard(int(s)).gather(segment[by_shard][shard[by_shard] == s]).rename(self.name))
         return pl.concat(parts).gather(np.argsort(by_shard, kind="stable"))
+
+
+class RowKeys:
+    """Ranking data: the group, item and relevance grade of windows' target rows, from the shards' rows files
+    (`shardline/core/encoding/row_keys.py`), each read when first needed and only the last one kept:
+    evaluation asks for windows in order, so shard by shard."""
+
+    def __init__(self, manifest: Manifest, manifest_uri: str, split: str):
+        self.folder = manifest_uri.rsplit("/", 1)[0]
+        self.shards = manifest.shards_of(split)
+        self._held: tuple[int, pl.DataFrame] | None = None
+
+    def _of_shard(self, s: int) -> pl.DataFrame:
+        if self._held is None or self._held[0] != s:
+            info = self.shards[s]
+            if info.rows_path is None or info.rows_sha256 is None:
+                raise ValueError(
+                    f"shard {info.path} has no rows file (each row's group, item and relevance): it was encoded "
+                    "without data.group_key; encode again (`shardline run CONFIG --force encode`)"
+                )
+            data = storage.read_verified(storage.resolve(self.folder, info.rows_path), info.rows_sha256)
+            self._held = (s, pl.read_parquet(io.BytesIO(data)))
+        return self._held[1]
+
+    def __call__(self, shard: np.ndarray, row: np.ndarray) -> pl.DataFrame:
+        """The rows files' rows of each (shard, row) pair, in the order given."""
+        by_shard = np.argsort(shard, kind="stable")
+        shard, row = shard[by_shard], row[by_shard]
+        parts = [self._of_shard(int(s))[row[shard == s]] for s in np.unique(shard)]
+        rows = pl.concat(parts) if len(parts) != 1 else parts[0]
+        return rows[np.argsort(by_shard, kind="stable")]
+
+
+class RankingEvaluation:
+    """Ranking data: the test split's groups ranked by the model's score for the relevance (the first target),
+    and by the popularity baseline's, a batch at a time (`RankingScores`, ties averaged: see `scores`).
+
+    The model's score of a row is its expected grade for a class target (the class probabilities times each
+    class's grade: for 0/1 clicks, the probability of the click) and its predicted value for a regression
+    target. The baseline's is its item's relevant rows in the training split (the manifest's `item_counts`),
+    or, without `data.item_key`, one score for every row: a random order, whose expected metrics are what tied
+    scores averaged give."""
+
+    def __init__(self, manifest: Manifest, manifest_uri: str, ks: list[int]):
+        spec = manifest.encoding
+        self.spec, self.target = spec, spec.targets[0]
+        self.grades = class_grades(self.target) if self.target.task == "classification" else None
+        self.rows = RowKeys(manifest, manifest_uri, "test")
+        if spec.item_key and manifest.item_counts is None:
+            raise ValueError("the manifest has no item_counts for the popularity baseline; encode again")
+        self.counts = PopularityCounts.from_counts(manifest.item_counts) if spec.item_key else None
+        self._codes: dict = {}  # group key -> a number: 8 bytes a row kept, not a Python string
+        # ties averaged: the popularity baseline ties every item it never counted, and a stable order would
+        # rank those by where the rows happen to be stored
+        self.model = RankingScores(ks, ties="average")
+        self.baseline = RankingScores(ks, ties="average")
+
+    def update(self, where: dict, output: np.ndarray) -> dict[str, pl.Series]:
+        """One batch: its windows' keys (`window_keys_of`) and the relevance target's outputs; returns the
+        columns its predictions gain (the group, the item, the relevance, both scores)."""
+        rows = self.rows(where["shard"], where["row"])
+        if self.grades is not None:
+            score = output.reshape(-1, output.shape[-1]).astype(np.float64) @ self.grades
+        else:
+            score = output.reshape(-1).astype(np.float64) * self.target.std + self.target.mean
+        groups, relevance = rows[GROUP], rows[RELEVANCE]
+        if self.counts is not None:  # the manifest's counts are keyed by the item as text
+            popularity = self.counts.scores(rows[ITEM].cast(pl.Utf8).to_numpy().astype(str))
+        else:
+            popularity = np.zeros(len(score))
+        codes = self._group_codes(groups)
+        self.model.update(codes, score, relevance.to_numpy())
+        self.baseline.update(codes, popularity, relevance.to_numpy())
+        columns = {self.spec.group_key: groups}
+        if self.spec.item_key:
+            columns[self.spec.item_key] = rows[ITEM]
+        columns[RELEVANCE] = relevance
+        columns["ranking_score"] = pl.Series(score)
+        if self.counts is not None:
+            columns["popularity"] = pl.Series(popularity)
+        return columns
+
+    def _group_codes(self, groups: pl.Series) -> np.ndarray:
+        """Each row's group as a number, the same in every batch (a group's rows may span batches)."""
+        distinct = groups.unique().to_list()
+        for g in distinct:
+            self._codes.setdefault(g, len(self._codes))
+        ids = pl.Series([self._codes[g] for g in distinct], dtype=pl.Int64)
+        return groups.replace_strict(distinct, ids, return_dtype=pl.Int64).to_numpy()
+
+    def scores(self) -> tuple[dict[str, float], dict[str, float], dict]:
+        """(the model's metrics, the baseline's, facts: the groups scored and which baseline it is)."""
+        model, baseline = self.model.metrics(), self.baseline.metrics()
+        facts = {k: model.pop(k) for k in ("groups", "groups_with_relevant")}
+        for k in facts:
+            baseline.pop(k)
+        facts["baseline"] = "popularity" if self.counts is not None else "random order"
+        return model, baseline, facts
 
 
 def train_statistic(manifest: Manifest, manifest_uri: str, i: int, t) -> np.ndarray | float:
@@ -206,10 +313,10 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     scores = [_scores(t, train_statistic(manifest, manifest_uri, i, t)) for i, t in enumerate(spec.targets)]
     seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
     seq_keys = SequenceKeys(manifest, manifest_uri, "test", seq) if seq else None
+    ranking = RankingEvaluation(manifest, manifest_uri, config.evaluation.k) if spec.group_key else None
 
-    def key_columns(idx: np.ndarray) -> dict:
+    def key_columns(where: dict) -> dict:
         """The windows' key columns: the sequence key (when the data has one), then the order."""
-        where = window_keys_of(test, idx)
         columns = {spec.order_by or "row": where["order"]}
         return {seq: seq_keys(where["shard"], where["segment"]), **columns} if seq_keys else columns
 
@@ -217,17 +324,26 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
         for first, batch, outputs in predict_batches(model, test):
             for t, s, y, out in zip(spec.targets, scores, batch.targets, outputs.values()):
                 _count(t, s, y.numpy(), out)
-            predictions.write(prediction_frame(spec, key_columns(np.arange(first, first + len(batch))), outputs))
+            where = window_keys_of(test, np.arange(first, first + len(batch)))
+            frame = prediction_frame(spec, key_columns(where), outputs)
+            if ranking is not None:  # the group and item (unless a key already), the relevance and both scores
+                extra = ranking.update(where, next(iter(outputs.values())))
+                frame = frame.with_columns(v.alias(k) for k, v in extra.items() if k not in frame.columns)
+            predictions.write(frame)
         if not test.n_windows:  # the columns, without rows
             empty = {name: y[:0] for name, y in example_outputs(spec).items()}
-            predictions.write(prediction_frame(spec, key_columns(np.zeros(0, np.int64)), empty))
+            predictions.write(prediction_frame(spec, key_columns(window_keys_of(test, np.zeros(0, np.int64))), empty))
     metrics: dict[str, float] = {}
     baseline: dict[str, float] = {}
     directions: dict[str, str] = {}
     several = len(spec.targets) > 1
-    for t, s in zip(spec.targets, scores):
+    facts: dict = {}
+    for i, (t, s) in enumerate(zip(spec.targets, scores)):
         name = f"{t.column}/" if several else ""
         m, b, files, d = _target_scores(t, s, out_dir, f"{t.column}_" if several else "")
+        if i == 0 and ranking is not None:  # the relevance target's ranking metrics, after its own
+            ranked, ranked_baseline, facts = ranking.scores()
+            m, b, d = {**m, **ranked}, {**b, **ranked_baseline}, {**d, **ranking_metrics_of(config.evaluation.k)}
         metrics.update({name + k: v for k, v in m.items()})
         baseline.update({name + k: v for k, v in b.items()})
         directions.update({name + k: v for k, v in d.items()})
@@ -241,6 +357,7 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
         "table": M.format_metrics_table(metrics, baseline, directions),
         "test_windows": int(test.n_windows),
         "files": [str(p) for p in plots] + [str(out_dir / "test_predictions.parquet")],
+        **({"ranking": facts} if facts else {}),
     }
 
 
@@ -293,6 +410,16 @@ def evaluate(manifest_uri: str, train_result: dict, config: PipelineConfig) -> d
                 storage.write_bytes(uri, Path(f).read_bytes())
                 stored.append(uri)
         result["files"] = stored
+    if "ranking" in result:
+        r = result["ranking"]
+        log.info(
+            "evaluate: ranked %d test groups by %s (%d with a relevant row, which the ranking metrics average "
+            "over); the ranking metrics' baseline is the %s",
+            r["groups"],
+            config.data.group_key,
+            r["groups_with_relevant"],
+            r["baseline"] + (f" of {config.data.item_key}" if r["baseline"] == "popularity" else ""),
+        )
     log.info("evaluate: %d test windows\n%s", result["test_windows"], result["table"])
     return result
 
@@ -306,6 +433,7 @@ EVALUATE_CACHE = CacheRule(
         storage.sha256_uri(inputs["manifest_uri"]),
         [t.model_dump() for t in inputs["config"].data.target_list],
         inputs["config"].data.target_positions,
+        inputs["config"].evaluation.model_dump(),  # the ranking metrics' cutoffs
     ),
     code=(__name__,),
     # what it wrote is still in the storage root (a listing: any machine that shares the root sees it)

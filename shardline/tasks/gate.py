@@ -17,6 +17,7 @@ import polars as pl
 from shardline.core import metrics as M
 from shardline.core import storage
 from shardline.core.manifest import EncodingSpec, Snapshot
+from shardline.core.tracking import metric_key
 from shardline.trainer.serving import key_columns
 
 # what a served prediction (the predicted value, no class distribution) can be scored on
@@ -53,12 +54,12 @@ def recorded_value(client, version, metric: str) -> float | None:
 
     if version.run_id:
         try:
-            value = client.get_run(version.run_id).data.metrics.get(f"test/{metric}")
+            value = client.get_run(version.run_id).data.metrics.get(f"test/{metric_key(metric)}")
         except MlflowException:  # the run was deleted from the tracking store: the tag is what is left
             value = None
         if value is not None:
             return float(value)
-    tag = version.tags.get(f"metric.{metric}")
+    tag = version.tags.get(f"metric.{metric_key(metric)}")
     return float(tag) if tag is not None else None
 
 
@@ -106,6 +107,12 @@ def reevaluate_champion(
     if len(spec.targets) != 1 or spec.target_positions == "all":
         return {"reason": "re-scoring a champion on another test split covers one target, last position only"}
     target = spec.targets[0]
+    if "@" in metric or metric == "mrr":  # a ranking metric (data.group_key)
+        return {
+            "reason": f"{metric} ranks the candidate's test groups by each row's score, which a served prediction "
+            f"does not give; the champion can be re-scored on {', '.join(SERVED_METRICS[target.task])} "
+            "(mlflow.promotion_metric)"
+        }
     if metric not in SERVED_METRICS[target.task]:
         return {
             "reason": f"{metric} needs every class's probability, which a served prediction does not give; the "

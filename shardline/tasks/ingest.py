@@ -43,7 +43,7 @@ def _kind_ok(kind: str, t: pa.DataType) -> bool:
         return numeric or pa.types.is_boolean(t) or pa.types.is_temporal(t)
     if kind == "boolean":
         return pa.types.is_boolean(t)
-    if kind in ("categorical", "classification target", "sequence key"):
+    if kind in ("categorical", "classification target", "sequence key", "group key", "item key"):
         return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_boolean(t)
     if kind == "regression target":
         return numeric
@@ -62,6 +62,8 @@ _ALLOWED = {
     "categorical": "a string, an integer or a boolean",
     "classification target": "a string, an integer or a boolean",
     "sequence key": "a string or an integer",
+    "group key": "a string, an integer or a boolean",
+    "item key": "a string, an integer or a boolean",
     "regression target": "a number",
     "order": "an integer, a date/time or ISO-8601 text",
     "split column": "a number, a date/time or a string",
@@ -86,6 +88,10 @@ def expected_columns(data: DataConfig) -> dict[str, str]:
         roles.setdefault(data.order_by, "order")
     if data.split.method == "range" and data.split.column:
         roles.setdefault(data.split.column, "split column")
+    if data.group_key:
+        roles.setdefault(data.group_key, "group key")
+    if data.item_key:
+        roles.setdefault(data.item_key, "item key")
     for c in data.id_columns:
         roles.setdefault(c, "id column")
     return roles
@@ -104,9 +110,8 @@ def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
             shown = ", ".join(schema.names[:30]) + (
                 f", ... ({len(schema.names)} in all)" if len(schema.names) > 30 else ""
             )
-            problems.append(
-                f"missing column '{col}' (the {kind} in data.features/target/split){hint} The file has: {shown}"
-            )
+            where = {"group key": "data.group_key", "item key": "data.item_key"}.get(kind, "data.features/target/split")
+            problems.append(f"missing column '{col}' (the {kind} in {where}){hint} The file has: {shown}")
             continue
         t = schema.field(idx).type
         if not _kind_ok(kind, t):

@@ -23,6 +23,7 @@ from shardline.core.secrets import redact_text
 from shardline.core.tracking import (
     Tracker,
     fluent_tracking_uri,
+    metric_key,
     model_version_page,
     run_page,
     sync_run,
@@ -232,8 +233,8 @@ def _register_model(
         signature, sample = _signature(spec, snapshot.files[0].uri)
         with mlflow.start_run(run_id=run_id):
             # each baseline beside the metric it is the baseline of (one chart section, adjacent names)
-            mlflow.log_metrics({f"test/{k}": v for k, v in eval_result["metrics"].items()})
-            mlflow.log_metrics({f"test/{k}_baseline": v for k, v in eval_result["baseline"].items()})
+            mlflow.log_metrics({f"test/{metric_key(k)}": v for k, v in eval_result["metrics"].items()})
+            mlflow.log_metrics({f"test/{metric_key(k)}_baseline": v for k, v in eval_result["baseline"].items()})
             mlflow.set_tags({**tags, **links.mlflow_tags("shardline.prefect.register")})
             for f in eval_result["files"]:  # local files, or the storage root's copies (a remote root)
                 if storage.is_remote(f):
@@ -258,7 +259,8 @@ def _register_model(
             )
         version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
     for k, v in eval_result["metrics"].items():  # for reading: the gate reads the run's full-precision metric
-        client.set_model_version_tag(config.mlflow.model_name, version.version, f"metric.{k}", M.format_number(v))
+        tag = f"metric.{metric_key(k)}"
+        client.set_model_version_tag(config.mlflow.model_name, version.version, tag, M.format_number(v))
     promote, previous = champion_gate(
         client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
     )

@@ -74,6 +74,8 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
         order_by=data.order_by,
         order_format=data.order_format,
         id_columns=list(data.id_columns),
+        group_key=data.group_key,
+        item_key=data.item_key,
         window=data.window,
         horizon=data.effective_horizon,
         continuous=cont,

@@ -3,7 +3,8 @@
 By hash (the default): a seeded hash of each sequence's key draws a number in [0, 1) that the
 fractions cut into train, validation and test, so a sequence's rows stay together and the split is
 stable across machines, versions and appended files; rows without a sequence key are drawn one by
-one from their file and row number. By range: a column's value bounds, per split."""
+one from their file and row number, or, in ranking data (`data.group_key`), by their group's key, so
+a group's rows (a query's results) stay together. By range: a column's value bounds, per split."""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def sequence_splits(keys: list[str], split: SplitConfig) -> np.ndarray:
 
 def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
     """Add `__split` to rows that are not split by sequence: by value ranges, or (no sequence key) by a
-    seeded hash of each row's file and its row number in that file. Rows outside every range are dropped."""
+    seeded hash of each row's file and its row number in that file, or of its group's key in ranking data
+    (as `sequence_splits` draws a sequence's). Rows outside every range are dropped."""
     split = data.split
     if split.method == "range":
         col = pl.col(split.column)
@@ -82,6 +84,12 @@ def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
                 cond = cond & (col <= hi)
             expr = pl.when(cond).then(pl.lit(name)).otherwise(expr)
         return df.with_columns(expr.alias(SPLIT)).filter(pl.col(SPLIT).is_not_null())
+    if data.group_key is not None:  # ranking: a group's rows stay together (a query is ranked whole)
+        groups = df[data.group_key].cast(pl.Utf8)
+        distinct = groups.unique()
+        drawn = np.array(SPLITS, dtype=object)[_split_index(_draws(distinct.to_list(), split.seed), split)]
+        labels = groups.replace_strict(distinct, pl.Series(drawn.tolist(), dtype=pl.Utf8), return_dtype=pl.Utf8)
+        return df.with_columns(labels.alias(SPLIT))
     bases = {k: _key64(k, split.seed) for k in df[SEQ].unique().to_list()}
     base = df[SEQ].replace_strict(bases, return_dtype=pl.UInt64).to_numpy()
     row = df.select(pl.int_range(0, pl.len(), dtype=pl.UInt64).over(SEQ)).to_series().to_numpy()

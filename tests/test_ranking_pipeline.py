@@ -1,0 +1,263 @@
+"""Ranking data (`data.group_key`) through the product: the encode keeps each row's group, item and relevance
+beside its shard and splits by group; evaluation ranks the test split's groups and reports exactly what
+shardline.core.ranking computes from the predictions file it writes, against the popularity baseline
+counted on the training split; nDCG@10 promotes a champion; bad input is refused before training."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from shardline.core import storage
+from shardline.core.config import ConfigError, validate_config
+from shardline.core.encoding.columns import DataError
+from shardline.core.encoding.splits import sequence_splits
+from shardline.core.manifest import Manifest
+from shardline.core.ranking import popularity_scores, ranking_metrics
+from shardline.tasks.encode import encode_dataset
+from shardline.tasks.evaluate import evaluate_model
+from shardline.tasks.ingest import snapshot_source
+from tests.test_evaluate_streaming import train_run
+
+KS = [5, 10]
+
+
+def make_clicks(
+    folder: Path, groups: int = 160, shown: int = 12, items: int = 40, seed: int = 0, files: int = 2
+) -> pl.DataFrame:
+    """A tiny click log: each query (a user with a taste) is shown `shown` of `items` items, popular ones
+    more often, and clicks those its taste and the item's popularity favour; `grade` is 2 for a strong
+    click, 1 for a click, 0 for none. Written as `files` parquet files; returned whole."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    popularity, style = rng.normal(size=items), rng.normal(size=items)
+    exposure = np.exp(popularity) / np.exp(popularity).sum()
+    frames = []
+    for g in range(groups):
+        taste = rng.normal()
+        item = rng.choice(items, size=shown, replace=False, p=exposure)
+        affinity = 2.0 * taste * style[item] + popularity[item] - 1.5
+        u = rng.random(shown)
+        click = u < 1 / (1 + np.exp(-affinity))
+        strong = click & (u < 0.5 / (1 + np.exp(-affinity)))
+        frames.append(
+            pl.DataFrame(
+                {
+                    "query": [f"q{g:04d}"] * shown,
+                    "item": item.astype(np.int64),
+                    "taste": [taste] * shown,
+                    "style": style[item],
+                    "click": click.astype(np.int64),
+                    "grade": click.astype(np.int64) + strong,
+                }
+            )
+        )
+    data = pl.concat(frames)
+    edges = np.linspace(0, data.height, files + 1).astype(int)
+    for i in range(files):
+        data[edges[i] : edges[i + 1]].write_parquet(folder / f"clicks-{i}.parquet")
+    return data
+
+
+def ranking_config(tmp_path: Path, **data) -> dict:
+    root = tmp_path / "store"
+    return {
+        "name": "rank",
+        "data": {
+            "source": str(tmp_path / "raw" / "*.parquet"),
+            "group_key": "query",
+            "item_key": "item",
+            "features": {"continuous": ["taste", "style"], "categorical": ["item"]},
+            "target": {"column": "click", "task": "classification"},
+            "split": {"method": "hash", "seed": 3, "fractions": {"train": 0.6, "validation": 0.15, "test": 0.25}},
+            "files_per_group": 1,
+            **data,
+        },
+        "model": {"family": "mlp", "hidden": 16, "layers": 1, "dropout": 0.0},
+        "training": {"epochs": 3, "batch_size": 64, "lr": 0.01, "warmup_steps": 2},
+        "evaluation": {"k": KS},
+        "storage": {"root": str(root)},
+        "mlflow": {
+            "tracking_uri": f"sqlite:///{root}/mlflow.db",
+            "experiment": "rank",
+            "model_name": "rank-model",
+            "promotion_metric": "ndcg@10",
+        },
+    }
+
+
+def split_of(groups: pl.Series, config: dict) -> dict[str, str]:
+    """Each group's split as the config's hash split draws it (a group is one unit, as a sequence is)."""
+    from shardline.core.config import SPLITS, SplitConfig
+
+    keys = groups.unique().cast(pl.Utf8).to_list()
+    drawn = sequence_splits(keys, SplitConfig.model_validate(config["data"]["split"]))
+    return {k: SPLITS[i] for k, i in zip(keys, drawn.tolist())}
+
+
+def direct_scores(predictions: pl.DataFrame, group: str, score: str) -> dict[str, float]:
+    """The ranking metrics of the predictions file's rows, computed here with shardline.core.ranking."""
+    out = ranking_metrics(predictions[group], predictions[score], predictions["relevance"], KS, ties="average")
+    return {k: v for k, v in out.items() if k not in ("groups", "groups_with_relevant")}
+
+
+@pytest.mark.e2e
+def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promotes_on_ndcg(tmp_path, prefect_api):
+    from mlflow import MlflowClient
+
+    from shardline.flows.pipeline import pipeline
+
+    raw = make_clicks(tmp_path / "raw")
+    config = ranking_config(tmp_path)
+    result = pipeline(validate_config(config))
+
+    predictions = pl.read_parquet(
+        io.BytesIO(storage.read_bytes(result["train"]["run_dir"] + "/eval/test_predictions.parquet"))
+    )
+    # each test row with its group and item (as the raw columns had them), its true grade and both scores
+    assert {"query", "item", "relevance", "ranking_score", "popularity"} <= set(predictions.columns)
+    assert predictions.schema["query"] == pl.String and predictions.schema["item"] == pl.Int64
+    # whole groups: the test split holds every row of the groups its hash drew, and no other
+    splits = split_of(raw["query"], config)
+    test_groups = {g for g, s in splits.items() if s == "test"}
+    assert set(predictions["query"].unique()) == test_groups
+    assert predictions.height == raw.filter(pl.col("query").is_in(list(test_groups))).height
+    truth = predictions.join(raw.select("query", "item", "click"), on=["query", "item"])
+    assert truth.height == predictions.height and (truth["relevance"] == truth["click"]).all()
+    # the model's score of a 0/1 click is the probability of the click
+    p_click = np.where(predictions["prediction"] == 1, predictions["probability"], 1 - predictions["probability"])
+    np.testing.assert_allclose(predictions["ranking_score"], p_click, rtol=1e-6)
+
+    # the metrics are what shardline.core.ranking computes from that file, ties averaged
+    for name, want in direct_scores(predictions, "query", "ranking_score").items():
+        assert result["metrics"][name] == pytest.approx(want, rel=1e-12), name
+    # the baseline is popularity: each item's clicks in the training split's groups
+    train = raw.filter(pl.col("query").is_in([g for g, s in splits.items() if s == "train"]))
+    counts = dict(train.group_by("item").agg(pl.col("click").sum()).iter_rows())
+    np.testing.assert_array_equal(predictions["popularity"], popularity_scores(counts, predictions["item"]))
+    for name, want in direct_scores(predictions, "query", "popularity").items():
+        assert result["baseline"][name] == pytest.approx(want, rel=1e-12), name
+    assert set(KS) == {int(k.split("@")[1]) for k in result["metrics"] if k.startswith("ndcg@")}
+    assert "| ndcg@10 |" in result["table"] and "| mrr |" in result["table"]
+
+    # nDCG@10 promoted the first version to champion; MLflow names spell '@' out
+    registered = result["registered"]
+    assert registered["promotion_metric"] == "ndcg@10" and registered["alias"] == "champion"
+    client = MlflowClient(registered["tracking_uri"])
+    metrics = client.get_run(registered["run_id"]).data.metrics
+    assert metrics["test/ndcg_at_10"] == result["metrics"]["ndcg@10"]
+    assert metrics["test/ndcg_at_10_baseline"] == result["baseline"]["ndcg@10"]
+    assert metrics["test/map_at_5"] == result["metrics"]["map@5"] and "test/mrr" in metrics
+    version = client.get_model_version_by_alias("rank-model", "champion")
+    assert str(version.version) == str(registered["version"]) and "metric.ndcg_at_10" in version.tags
+
+
+@pytest.mark.parametrize(
+    "target, item_key",
+    [({"column": "grade", "task": "classification"}, "item"), ({"column": "grade", "task": "regression"}, None)],
+    ids=["graded-classes", "graded-values-no-item-key"],
+)
+def test_graded_relevance_is_ranked_by_expected_grade_or_value(tmp_path, target, item_key):
+    """Grades 0..2: a class target ranks by its expected grade, a regression target by its value; without an
+    item key the baseline is a random order (every row tied, the expected metrics of shuffling)."""
+    make_clicks(tmp_path / "raw", groups=120)
+    config = ranking_config(tmp_path, target=target, item_key=item_key)
+    config["mlflow"] = {"promotion_metric": "ndcg@10"}
+    uri, trained, cfg = train_run(tmp_path, config)
+    result = evaluate_model(uri, trained, cfg, tmp_path / "eval")
+    predictions = pl.read_parquet(tmp_path / "eval" / "test_predictions.parquet")
+    assert predictions["relevance"].max() == 2
+    for name, want in direct_scores(predictions, "query", "ranking_score").items():
+        assert result["metrics"][name] == pytest.approx(want, rel=1e-12), name
+    if target["task"] == "regression":
+        np.testing.assert_allclose(predictions["ranking_score"], predictions["prediction"])
+    else:
+        assert predictions["ranking_score"].is_between(0, 2).all()
+    if item_key is None:
+        assert "popularity" not in predictions.columns and result["ranking"]["baseline"] == "random order"
+        shuffled = predictions.with_columns(pl.lit(0.0).alias("tied"))
+        for name, want in direct_scores(shuffled, "query", "tied").items():
+            assert result["baseline"][name] == pytest.approx(want, rel=1e-12), name
+    else:
+        assert result["ranking"]["baseline"] == "popularity"
+
+
+def test_a_group_key_missing_from_the_raw_files_is_named_before_any_work(tmp_path):
+    make_clicks(tmp_path / "raw", groups=20)
+    cfg = validate_config(ranking_config(tmp_path, group_key="session"))
+    with pytest.raises(DataError, match=r"missing column 'session' \(the group key in data.group_key\)"):
+        snapshot_source(cfg.data)
+
+
+def test_a_group_key_with_one_row_per_group_is_refused_before_training(tmp_path):
+    """A row id as the group key ranks nothing: the error names the column and the groups. A group whose rows
+    lie in different raw files (one in each) is still one group of several rows."""
+    raw = make_clicks(tmp_path / "raw", groups=40, files=1)
+    raw.with_row_index("row_id").write_parquet(tmp_path / "raw" / "clicks-0.parquet")
+    cfg = validate_config(ranking_config(tmp_path, group_key="row_id"))
+    out = tmp_path / "store" / "datasets" / "d"
+    with pytest.raises(DataError, match=r"data.group_key 'row_id': each of the [\d,]+ groups in the training split"):
+        encode_dataset(snapshot_source(cfg.data), cfg.data, str(out), threads=1)
+    assert not (out / "manifest.json").exists()
+
+    # one row of each query per file, in 3 files encoded apart: every file group's groups have one row
+    spread = tmp_path / "spread"
+    spread.mkdir()
+    per_file = raw.with_columns(pl.int_range(pl.len()).over("query").alias("nth")).filter(pl.col("nth") < 3)
+    for n in range(3):
+        per_file.filter(pl.col("nth") == n).drop("nth").write_parquet(spread / f"part-{n}.parquet")
+    cfg = validate_config(ranking_config(tmp_path, source=str(spread / "*.parquet")))
+    uri = encode_dataset(snapshot_source(cfg.data), cfg.data, str(tmp_path / "spread-store"), threads=1)
+    assert Manifest.model_validate_json(Path(uri).read_text()).encoding.group_key == "query"
+
+
+@pytest.mark.parametrize(
+    "column, values, task, said",
+    [
+        ("click", [0, 1, -1], "classification", "holds the negative grade -1"),
+        ("click", [0.0, 1.0, 0.5], "regression", "holds 0.5, not a whole grade"),
+        ("click", ["no", "yes", "no"], "classification", "holds 'no', which is not a grade"),
+    ],
+    ids=["negative", "fractional", "text"],
+)
+def test_a_relevance_that_is_not_a_grade_is_refused_naming_the_file_and_value(tmp_path, column, values, task, said):
+    raw = make_clicks(tmp_path / "raw", groups=30, files=1)
+    bad = raw.with_columns(pl.Series(column, (values * raw.height)[: raw.height]))
+    bad.write_parquet(tmp_path / "raw" / "clicks-0.parquet")
+    cfg = validate_config(ranking_config(tmp_path, target={"column": column, "task": task}))
+    with pytest.raises(DataError, match=f"clicks-0.parquet: the target column 'click' {said}; ranking"):
+        encode_dataset(snapshot_source(cfg.data), cfg.data, str(tmp_path / "store" / "datasets" / "d"), threads=1)
+
+
+def test_ranking_settings_and_promotion_metrics_are_checked_with_the_config(tmp_path):
+    def check(**data):
+        raw = ranking_config(tmp_path, **{k: v for k, v in data.items() if k != "mlflow"})
+        raw["mlflow"].update(data.get("mlflow", {}))
+        return validate_config(raw)
+
+    chosen = check()
+    assert (chosen.mlflow.promotion_metric, chosen.mlflow.promotion_direction) == ("ndcg@10", "maximize")
+    several = check(
+        target=None,
+        targets=[{"column": "click", "task": "classification"}, {"column": "style", "task": "regression"}],
+        mlflow={"promotion_metric": "click/mrr@5"},
+    )
+    assert several.mlflow.promotion_direction == "maximize"
+    with pytest.raises(ConfigError, match=r"promotion_metric='ndcg@10' is not a metric .* 'click/ndcg@10'"):
+        check(target=None, targets=several.data.model_dump()["targets"])
+    with pytest.raises(ConfigError, match=r"add 20 to evaluation.k, now \[5, 10\], for ndcg@20"):
+        check(mlflow={"promotion_metric": "ndcg@20"})
+    with pytest.raises(ConfigError, match="ndcg@10 is a ranking metric: set data.group_key"):
+        check(group_key=None, item_key=None)
+    with pytest.raises(ConfigError, match="data.group_key='query' ranks rows by their relevance: set data.target"):
+        check(target=None, mlflow={"promotion_metric": "loss"})
+    with pytest.raises(ConfigError, match="data.item_key='item' names the items of ranking data: set data.group_key"):
+        check(group_key=None, mlflow={"promotion_metric": "accuracy"})
+    with pytest.raises(ConfigError, match="target_positions must be 'last'"):
+        check(target_positions="all")
+    with pytest.raises(ConfigError, match="evaluation.k holds \\[0\\]"):
+        validate_config({**ranking_config(tmp_path), "evaluation": {"k": [0, 5]}})
