@@ -121,9 +121,15 @@ def _summary(result: dict, home_hint: str | None = None) -> None:
     typer.secho(
         f"Registered {reg['model_name']} version {reg['version']} as @{reg['alias']}", fg=typer.colors.GREEN, bold=True
     )
+    chosen = (
+        f", the checkpoint of epoch {tr['best_epoch']} (best {tr['select_by']})"
+        if tr.get("best_epoch") and tr.get("select_by")
+        else ""
+    )
+    baseline = result.get("baseline_name", "the trivial baseline")
     typer.echo(
-        f"trained on {tr['device']} ({tr['precision']}), {tr['steps']} optimizer steps; test metrics against the "
-        "trivial baseline:\n"
+        f"trained on {tr['device']} ({tr['precision']}), {tr['steps']} optimizer steps{chosen}; test metrics "
+        f"against {baseline}:\n"
     )
     typer.echo(result["table"])
     if result["snapshot"]["skipped"]:

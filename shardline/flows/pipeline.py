@@ -116,6 +116,14 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
         },
         "metrics": scores["metrics"],
         "baseline": scores["baseline"],
+        # what the baseline is: the majority class or the mean; ranking data, the items' popularity or chance
+        "baseline_name": (
+            "the trivial baseline"
+            if not config.data.group_key
+            else "the popularity baseline"
+            if config.data.item_key
+            else "a random order of each group"
+        ),
         "table": scores["table"],
         "registered": registered,
     }
