@@ -230,7 +230,10 @@ class CostLedger:
             self.entry["last_step"] = max(self.entry["last_step"], int(step))
 
     def _write(self) -> None:
-        storage.write_text(self.uri, json.dumps(self.doc, indent=1))
+        # one line an attempt: readable, and small however many checkpoints it marked
+        attempts = ",\n  ".join(json.dumps(a) for a in self.doc["attempts"])
+        head = json.dumps({k: v for k, v in self.doc.items() if k != "attempts"})[:-1]
+        storage.write_text(self.uri, f'{head}{", " if len(head) > 1 else ""}"attempts": [\n  {attempts}\n]}}\n')
         self._written = self.clock()
 
     def progress(self, step: int) -> None:
