@@ -216,6 +216,7 @@ def test_shardline_cost_prices_a_config_on_a_gpu_only_with_a_rate_measured_on_it
     assert "2 epoch(s) x 29 optimizer steps = 58 steps" in out
     assert f"measured by this config's run on H100 (epoch(s) 2 of its 3 attempt(s), {story['run']})" in out
     assert "an ESTIMATE from list prices, not a quote; as of " in out and "2026-11 test contract" in out
+    assert "spent   so far by this config's run (its cost.json): " in out and "in 3 attempt(s)" in out
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "USD/GPU-hour" not in line}
     assert "<- compute.provider" in rows["testcloud"] and "1800" in rows["testcloud"]
     assert {"aws", "gcp", "lambda", "runpod"} <= set(rows)  # the shipped providers of an H100 beside it

@@ -20,7 +20,7 @@ from prefect import flow
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.cost import CPU, PriceTable, detect_gpu, estimate
-from shardline.core.cost_ledger import read_ledger
+from shardline.core.cost_ledger import describe, read_ledger, summarize
 from shardline.core.manifest import Manifest
 from shardline.core.metrics import format_number
 
@@ -58,6 +58,7 @@ class Plan:
     as_of: str
     sources: list[str]
     rows: list[dict] = field(default_factory=list)
+    spent: dict | None = None  # what this config's run has cost so far (its ledger), when it has trained
 
 
 @flow(name="cost-data", log_prints=True)
@@ -215,6 +216,7 @@ def plan_cost(
         as_of=table.as_of,
         sources=table.sources,
         rows=estimate(hours, gpu, table, spot=spot),
+        spent=summarize(read_ledger(folder)["attempts"]),
     )
 
 
@@ -248,6 +250,7 @@ def report(plan: Plan) -> str:
         f"validation) = {_duration(plan.hours * 3600)} ({format_number(plan.hours)} hours); {left_out} not included",
         f"  prices  {kind} USD per GPU-hour for {plan.gpu}: an ESTIMATE from list prices, not a quote; as of "
         f"{'; '.join(plan.sources)}",
+        *([f"  spent   so far by this config's run (its cost.json): {describe(plan.spent)}"] if plan.spent else []),
         "",
         f"  {'provider':<12} {'USD/GPU-hour':>12} {'GPU-hours':>10} {'USD':>10}",
     ]
