@@ -102,7 +102,7 @@ def story(tmp_path_factory, prefect_api):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SHARDLINE_GPU_TYPE", "H100")
         env.setenv("SHARDLINE_PRICES", str(tmp / "prices.yaml"))
-        env.setenv("SHARDLINE_TEST_STEP_DELAY", "0.15")  # about 9 s of training in all
+        env.setenv("SHARDLINE_TEST_STEP_DELAY", "0.2")  # about 12 s of training in all
         env.setenv("SHARDLINE_PROGRESS_SECONDS", "0")  # progress at every step...
         env.setenv(cost_ledger.LEDGER_ENV, "0")  # ...and the ledger written with it: the time after a checkpoint
 
