@@ -1,8 +1,15 @@
-"""The price table and the arithmetic of what training costs."""
+"""The price table and the arithmetic of what training costs: the ledger of a run's attempts, useful and wasted
+time, the budget's deadline, and the training loop stopping at it."""
+
+import time
 
 import pytest
 
-from shardline.core import cost
+from shardline.core import cost, cost_ledger
+from shardline.trainer import loop
+from shardline.trainer.checkpoint import latest_checkpoint, list_checkpoints
+from shardline.trainer.loop import fit, load_model
+from tests.test_trainer import assert_same_weights, data, no_timing, quiet, spec_for, train_cfg  # noqa: F401
 
 
 def test_device_names_map_to_the_tables_types():
@@ -66,3 +73,221 @@ def test_the_gpu_type_is_declared_detected_or_cpu(monkeypatch):
 
     if not torch.cuda.is_available():
         assert gpu == "CPU" or how.startswith("nvidia-smi")
+
+
+# ---------------------------------------------------------------- the ledger: useful and wasted time
+
+
+def attempt(first: int, last: int, seconds: float, marks, price: float | None = 2.0, gpus: int = 1, **over) -> dict:
+    return {
+        "host": "h",
+        "gpu": "H100",
+        "gpus": gpus,
+        "provider": "aws",
+        "spot": False,
+        "usd_per_gpu_hour": price,
+        "prices_as_of": "2026-11",
+        "seconds": seconds,
+        "first_step": first,
+        "last_step": last,
+        "outcome": "finished",
+        "marks": [[first, 0.0], *marks],
+        **over,
+    }
+
+
+def test_time_on_steps_a_later_attempt_trained_again_is_wasted():
+    killed = attempt(0, 34, 400.0, [[10, 100.0], [20, 210.0], [30, 330.0]], outcome="killed")
+    # the next attempt resumed from step 30: what the first spent after its checkpoint at 30 was redone
+    finished = attempt(30, 60, 300.0, [[40, 100.0], [60, 300.0]])
+    assert cost_ledger.useful_seconds([killed, finished]) == [330.0, 300.0]
+    # a damaged newest checkpoint: the resume starts from 20, so the first attempt's time after 20 is wasted
+    assert cost_ledger.useful_seconds([killed, attempt(20, 60, 420.0, [])]) == [210.0, 420.0]
+    # preempted with a checkpoint at the step it stopped: nothing is redone
+    preempted = attempt(0, 34, 380.0, [[34, 379.0]], outcome="preempted")
+    assert cost_ledger.useful_seconds([preempted, attempt(34, 60, 280.0, [])]) == [380.0, 280.0]
+    # killed before its first checkpoint: all of it redone, and a third attempt that goes back further
+    # makes the second one's time after its start wasted too
+    early = attempt(0, 8, 90.0, [], outcome="killed")
+    assert cost_ledger.useful_seconds([early, attempt(0, 60, 700.0, [])]) == [0.0, 700.0]
+    assert cost_ledger.useful_seconds([killed, attempt(30, 45, 150.0, [], outcome="killed"), finished])[:2] == [
+        330.0,
+        0.0,
+    ]
+
+
+def test_the_summary_prices_each_attempt_at_its_own_rate_and_useful_plus_wasted_is_the_total():
+    killed = attempt(0, 34, 3600.0, [[30, 1800.0]], price=4.0, gpus=2, outcome="killed")
+    finished = attempt(30, 60, 1800.0, [], price=1.0, gpus=1, gpu="L4", provider="gcp")
+    s = cost_ledger.summarize([killed, finished])
+    assert s["gpu_hours"] == pytest.approx(2 * 1.0 + 0.5)
+    assert s["gpu_hours_wasted"] == pytest.approx(2 * 0.5)
+    assert s["gpu_hours_useful"] + s["gpu_hours_wasted"] == pytest.approx(s["gpu_hours"])
+    assert s["usd"] == pytest.approx(2 * 1.0 * 4.0 + 0.5 * 1.0)
+    assert s["usd_wasted"] == pytest.approx(2 * 0.5 * 4.0)
+    assert s["usd_useful"] + s["usd_wasted"] == pytest.approx(s["usd"])
+    assert (s["gpu"], s["provider"], s["attempts"]) == ("L4", "gcp", 2)  # the last attempt's machine
+    assert "estimate" in s["estimate"] and "not a bill" in s["estimate"]
+    # an attempt the table had no price for counts in the hours, not in the USD, and is said
+    s = cost_ledger.summarize([killed, {**finished, "usd_per_gpu_hour": None}])
+    assert s["usd"] == pytest.approx(8.0) and s["unpriced_attempts"] == 1
+    assert cost_ledger.summarize([{**finished, "usd_per_gpu_hour": None}])["usd"] is None
+    assert cost_ledger.summarize([]) is None
+
+
+def test_a_price_is_the_providers_or_the_cheapest_listed(tmp_path):
+    table = cost.load_prices()
+    chosen = cost_ledger.choose_price(table, "H100", 1, None, spot=False)
+    assert chosen.usd_per_gpu_hour == min(p.on_demand for p in table.of("H100"))
+    assert "cheapest" in chosen.note and chosen.provider in chosen.note
+    spot = cost_ledger.choose_price(table, "H100", 8, None, spot=True)
+    assert spot.usd_per_gpu_hour == min(p.spot for p in table.of("H100") if p.spot is not None) and spot.gpus == 8
+    assert cost_ledger.choose_price(table, "H100", 1, "aws", spot=False).usd_per_gpu_hour == 6.88
+    missing = cost_ledger.choose_price(table, "H100", 1, "nimbus", spot=False)
+    assert missing.usd_per_gpu_hour is None and "'nimbus' has no H100 price" in missing.note and "aws" in missing.note
+    assert "no spot price" in cost_ledger.choose_price(table, "H100", 1, "lambda", spot=True).note
+    assert "known types" in cost_ledger.choose_price(table, "B200", 1, None, spot=False).note
+
+
+class Clock:
+    """A clock the test moves: the ledger's seconds are what it says."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pricing(rate: float | None = 3600.0, gpus: int = 1) -> cost_ledger.Pricing:
+    return cost_ledger.Pricing("H100", gpus, "testcloud", False, rate, "2026-11 (test)", "test price")
+
+
+def test_the_ledger_keeps_each_attempt_and_a_killed_one_is_said(tmp_path, monkeypatch):
+    monkeypatch.setenv(cost_ledger.LEDGER_ENV, "30")
+    run = str(tmp_path / "run")
+    clock = Clock()
+    first = cost_ledger.CostLedger(run, pricing(), 0, clock=clock)
+    clock.now += 10
+    first.checkpoint(5)
+    clock.now += 20
+    first.progress(8)  # 20 s after the last write: not written yet
+    on_disk = cost_ledger.read_ledger(run)["attempts"][0]
+    assert (on_disk["last_step"], on_disk["seconds"], on_disk["marks"]) == (5, 10.0, [[0, 0.0], [5, 10.0]])
+    clock.now += 15
+    first.progress(11)  # 35 s after it: written
+    assert cost_ledger.read_ledger(run)["attempts"][0]["last_step"] == 11
+    # the process dies here (SIGKILL): its entry says `running` until the next attempt calls it killed
+    clock.now += 100
+    second = cost_ledger.CostLedger(run, pricing(), 5, clock=clock)
+    killed = cost_ledger.read_ledger(run)["attempts"][0]
+    assert killed["outcome"] == "killed" and killed["seconds"] == 45.0
+    clock.now += 60
+    second.checkpoint(20)
+    summary = second.end("finished", 20)
+    assert second.end("failed") == summary  # said once
+    doc = cost_ledger.read_ledger(run)
+    assert [a["outcome"] for a in doc["attempts"]] == ["killed", "finished"]
+    assert doc["attempts"][1]["host"] and doc["attempts"][1]["started"].endswith("+00:00")
+    assert summary["seconds"] == 105.0
+    assert summary["gpu_hours_wasted"] == pytest.approx(35 / 3600)  # first's 35 s after its checkpoint at 5
+    assert summary["usd"] == pytest.approx(105.0)  # 3600 USD per GPU-hour: one a second
+    # an attempt that found the run finished and trained nothing is not an attempt
+    third = cost_ledger.CostLedger(run, pricing(), 20, clock=clock)
+    clock.now += 3
+    assert third.end("finished", 20) == summary
+    assert len(cost_ledger.read_ledger(run)["attempts"]) == 2
+
+
+def test_the_budget_left_is_a_deadline_on_this_attempts_clock(tmp_path):
+    run = str(tmp_path / "run")
+    clock = Clock()
+    first = cost_ledger.CostLedger(run, pricing(rate=7200.0), 0, clock=clock)  # 2 USD a second
+    clock.now += 50
+    first.end("budget", 40)
+    second = cost_ledger.CostLedger(run, pricing(rate=3600.0, gpus=2), 40, clock=clock)  # 2 USD a second too
+    start = clock.now
+    assert second.deadline(None, None) is None
+    # 100 USD spent of 300: 100 s left at 2 USD a second
+    assert second.deadline(None, 300.0) == (start + 100.0, "max_cost")
+    # 50 s of 60 s: 10 s left, the nearer limit
+    assert second.deadline(60 / 3600, 300.0) == (pytest.approx(start + 10.0), "max_hours")
+    # spent already: a deadline in the past (fit stops before its first step)
+    assert second.deadline(None, 50.0)[0] < start
+    clock.now += 12
+    text = second.spent_text(None, 120.0, "max_cost")
+    assert text.startswith("training.max_cost=120 USD reached: ") and "124 USD" in text and "2 attempt(s)" in text
+    assert "H100 x2 at testcloud" in text and "estimate" in text
+    unpriced = cost_ledger.CostLedger(str(tmp_path / "other"), pricing(rate=None), 0, clock=clock)
+    with pytest.raises(ValueError, match=r"training.max_cost=5 needs a price for this machine \(H100\): test price"):
+        unpriced.deadline(None, 5.0)
+    assert unpriced.deadline(1.0, None) == (pytest.approx(clock.now + 3600.0), "max_hours")  # hours need no price
+
+
+# ---------------------------------------------------------------- the loop stops at its budget
+
+
+def test_a_budget_stop_saves_a_checkpoint_and_raising_the_budget_resumes_exactly(data, tmp_path):  # noqa: F811
+    args = (data["classification"], data["classification-val"], spec_for("mlp"))
+    reference = fit(*args, train_cfg(), "classification", str(tmp_path / "straight"), log=quiet)
+    folder = str(tmp_path / "budget")
+    deadline = loop.Deadline(time.monotonic() + 3.0, lambda: "training.max_cost=1 USD reached: 1.2 USD", "max_cost")
+
+    def slow_at_step_4(step: int, metrics: dict) -> None:
+        if step == 4:  # this step outlasts the budget: the loop stops at its boundary
+            time.sleep(max(0.0, deadline.at - time.monotonic()) + 0.05)
+
+    with pytest.raises(loop.BudgetExceeded) as stopped:
+        fit(
+            *args,
+            train_cfg(),
+            "classification",
+            folder,
+            on_step=slow_at_step_4,
+            step_every=1,
+            log=quiet,
+            deadline=deadline,
+        )
+    message = str(stopped.value)
+    assert stopped.value.checkpoint.endswith("ckpt-000000004.pt")
+    assert message.startswith("training stopped at its budget: training.max_cost=1 USD reached: 1.2 USD; ")
+    assert f"checkpoint saved at {stopped.value.checkpoint}" in message
+    assert message.endswith("raise training.max_cost and run again to resume")
+    assert "Preempted" not in message  # a budget stop is never taken for a preemption (tasks/train.py)
+    assert latest_checkpoint(folder)[1]["step"] == 4
+    saved = list_checkpoints(folder)
+    # still out of budget: stopped before a step is trained, nothing saved
+    spent = loop.Deadline(time.monotonic() - 1, lambda: "training.max_hours=1 reached", "max_hours")
+    with pytest.raises(loop.BudgetExceeded, match="raise training.max_hours and run again") as again:
+        fit(*args, train_cfg(), "classification", folder, log=quiet, deadline=spent)
+    assert again.value.checkpoint == stopped.value.checkpoint and list_checkpoints(folder) == saved
+    # a higher budget (a far deadline) resumes from the checkpoint to the uninterrupted run's weights, to the bit
+    result = fit(
+        *args,
+        train_cfg(max_cost=100.0),
+        "classification",
+        folder,
+        log=quiet,
+        deadline=loop.Deadline(time.monotonic() + 3600, lambda: "", "max_cost"),
+    )
+    assert result.resumed_from == stopped.value.checkpoint
+    assert_same_weights(
+        load_model(result.last_checkpoint).state_dict(), load_model(reference.last_checkpoint).state_dict()
+    )
+    assert no_timing(result.history) == no_timing(reference.history)
+    assert all(h["val_seconds"] <= h["seconds"] for h in result.history)
+
+
+def test_budgets_and_prices_change_nothing_that_is_trained():
+    from shardline.core.config import TrainingConfig, validate_config
+    from shardline.tasks.training_run import training_identity
+    from tests.conftest import tiny_config
+
+    base = tiny_config("raw/*.parquet", "/tmp/store")
+    limited = tiny_config("raw/*.parquet", "/tmp/store", **{"training.max_cost": 5.0, "training.max_hours": 2.0})
+    limited["compute"] = {"provider": "aws", "spot": True}
+    a, b = validate_config(base), validate_config(limited)
+    assert training_identity(a) == training_identity(b)  # the run folder, the train cache key, the version
+    assert {"max_hours", "max_cost"} <= set(TrainingConfig.RESUMABLE_CHANGES)
+    with pytest.raises(ValueError, match="greater than 0"):
+        TrainingConfig(max_cost=0)

@@ -1,4 +1,4 @@
-"""`shardline`: demo, run, check-config, predict, rehearse, doctor, gc."""
+"""`shardline`: demo, run, check-config, predict, rehearse, doctor, cost, gc."""
 
 from __future__ import annotations
 
@@ -105,6 +105,8 @@ def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> di
 
         if isinstance(e, loop.Preempted):  # a distinct status: preempted, not broken; the same command resumes
             _fail(f"{e}", getattr(loop, "PREEMPTED_EXIT_CODE", 75))
+        if isinstance(e, loop.BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
+            _fail(f"{e}", loop.BUDGET_EXIT_CODE)
         if isinstance(e, (DataError, ValueError, FileNotFoundError)):
             _fail(str(e))
         raise
@@ -132,6 +134,10 @@ def _summary(result: dict, home_hint: str | None = None) -> None:
         f"against {baseline}:\n"
     )
     typer.echo(result["table"])
+    if tr.get("cost"):
+        from shardline.core.cost_ledger import describe
+
+        typer.echo(f"\ncost: {describe(tr['cost'])}")
     if result["snapshot"]["skipped"]:
         typer.secho(f"\nskipped {len(result['snapshot']['skipped'])} raw file(s):", fg=typer.colors.YELLOW)
         for r in result["snapshot"]["skipped"]:
@@ -326,6 +332,45 @@ def rehearse(
         typer.secho(f"\nrehearsal failed at: {failed[0].stage}", fg=typer.colors.RED, bold=True)
         raise typer.Exit(1)
     typer.secho("\nrehearsal passed: the full run can go", fg=typer.colors.GREEN, bold=True)
+
+
+@app.command("cost")
+def cost_command(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="the GPU type to cost it on (H100, A100-80GB, L4, CPU, ...); default: this machine's"
+    ),
+    spot: bool | None = typer.Option(
+        None, "--spot/--on-demand", help="spot or on-demand prices (default: the config's compute.spot)"
+    ),
+    prices: Path | None = typer.Option(
+        None, "--prices", help="your own prices file, laid over the shipped estimate (default: $SHARDLINE_PRICES)"
+    ),
+    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    probe_steps: int = typer.Option(20, "--probe-steps", min=1, help="optimizer steps of the probe on this machine"),
+) -> None:
+    """Before a run: its optimizer steps, a measured rate, and its time and cost per provider of a GPU type.
+
+    The data is ingested and encoded first (cached: the run reuses it). The rate is this config's own run on
+    that GPU type when there is one, else a short probe of the training step on this machine, which only
+    stands for this machine's type: another --gpu needs a run on it (exit 1 says so). Prices: an estimate.
+    """
+    from shardline.app.cost import CostError, plan_cost, report
+    from shardline.core.cost import gpu_type, load_prices
+
+    config = _load(config_path, list(set_))
+    try:  # a bad --gpu or prices file: said before any work
+        table = load_prices(prices)
+        target = gpu_type(gpu) if gpu else None
+        if target is not None:
+            table.of(target)
+    except ValueError as e:
+        _fail(str(e), 2)
+    try:
+        plan = plan_cost(config, table, target, spot, probe_steps, log=lambda m: typer.echo(m, err=True))
+    except (CostError, ValueError, FileNotFoundError) as e:  # no rate on that type; the data, as `run` says it
+        _fail(str(e))
+    typer.echo(report(plan))
 
 
 @app.command()

@@ -303,6 +303,9 @@ class TrainingConfig(_Strict):
         "checkpoint_every_steps",
         "checkpoint_every_seconds",
         "keep_checkpoints",
+        # budgets stop a run cleanly at a checkpoint; raising one resumes it in the same run folder
+        "max_hours",
+        "max_cost",
     )
 
     epochs: int = Field(3, ge=1)
@@ -342,6 +345,18 @@ class TrainingConfig(_Strict):
         default_factory=dict, description="target column -> weight of its loss in the sum (default 1 each)"
     )
     max_steps_per_epoch: int | None = Field(None, ge=1, description="cap optimizer steps per epoch (quick runs)")
+    max_hours: float | None = Field(
+        None,
+        gt=0,
+        description="stop training (a checkpoint first) once the run's attempts have trained this many hours in "
+        "all, time redone after an interruption included; raise it and run again to resume; null: no limit",
+    )
+    max_cost: float | None = Field(
+        None,
+        gt=0,
+        description="stop training (a checkpoint first) once the run's estimated spend reaches this many USD "
+        "(GPU-hours x the price table's rate: compute.provider, compute.spot); raise it and run again to resume",
+    )
     select_by: str | None = Field(
         None,
         description="the validation metric that picks the best checkpoint (the one evaluated and registered), as "
@@ -427,6 +442,12 @@ class ComputeConfig(_Strict):
         None, gt=0, description="give up waiting for one training run after this long; null: wait"
     )
     poll_seconds: float = Field(5.0, gt=0, description="how often the pipeline checks the training run's state")
+    provider: str | None = Field(
+        None,
+        description="whose prices a run's GPU-hours are costed at (a provider of shardline/configs/prices.yaml or "
+        "of your SHARDLINE_PRICES file); null: the cheapest one listed for the machine's GPU type",
+    )
+    spot: bool = Field(False, description="cost GPU-hours at the provider's spot (interruptible) price")
 
     @field_validator("train_deployment")
     @classmethod

@@ -112,6 +112,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
                 "flow_run_id",
                 "resumed_from",
                 "run_dir",
+                "cost",
             )
         },
         "metrics": scores["metrics"],

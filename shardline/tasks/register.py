@@ -112,6 +112,17 @@ def registration_identity(config: PipelineConfig, manifest: Manifest, train_resu
     )[:24]
 
 
+def cost_tags(cost: dict | None) -> dict[str, str]:
+    """A version's cost tags, for reading: GPU-hours and USD of every attempt of its training run (the
+    run's `cost/*` metrics hold the full floats; the figures are an estimate)."""
+    if not cost:
+        return {}
+    tags = {"shardline.cost.gpu_hours": M.format_number(cost["gpu_hours"]), "shardline.cost.gpu": cost["gpu"]}
+    if cost.get("usd") is not None:
+        tags["shardline.cost.usd"] = M.format_number(cost["usd"])
+    return tags
+
+
 def existing_version(client, name: str, identity: str):
     """The version of `name` already registered with this identity, or None."""
     from mlflow.exceptions import MlflowException
@@ -261,6 +272,8 @@ def _register_model(
     for k, v in eval_result["metrics"].items():  # for reading: the gate reads the run's full-precision metric
         tag = f"metric.{metric_key(k)}"
         client.set_model_version_tag(config.mlflow.model_name, version.version, tag, M.format_number(v))
+    for k, v in cost_tags(train_result.get("cost")).items():  # what training it cost, for reading (an estimate)
+        client.set_model_version_tag(config.mlflow.model_name, version.version, k, v)
     promote, previous = champion_gate(
         client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
     )

@@ -148,6 +148,13 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig, folder: str | N
                 "pool? "
                 "(shardline doctor CONFIG checks)"
             )
+        if "BudgetExceeded" in (state.message or ""):  # stopped at training.max_cost / max_hours: not re-dispatched
+            from shardline.trainer.loop import BudgetExceeded
+
+            raise BudgetExceeded(
+                f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment}: "
+                + (state.message or "").split("BudgetExceeded: ", 1)[-1]
+            )
         if not was_preempted(state):
             raise TrainingRunFailed(
                 f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment} ended {state.name}: "
@@ -210,9 +217,9 @@ def _torch_infrastructure() -> tuple[type, ...]:
 def is_infrastructure_failure(exc: BaseException) -> bool:
     """True for failures of the infrastructure (retry and resume), False for a real error in the code,
     the config or the data (fail at once with its message). By exception type only."""
-    from shardline.trainer.loop import Preempted
+    from shardline.trainer.loop import BudgetExceeded, Preempted
 
-    if isinstance(exc, Preempted):  # asked to stop: stopping is the answer, not a retry
+    if isinstance(exc, Preempted | BudgetExceeded):  # asked to stop, or out of budget: stopping is the answer
         return False
     import torch
 

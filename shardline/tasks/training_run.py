@@ -22,7 +22,7 @@ from shardline.core.secrets import redact_text
 from shardline.core.system_metrics import CPU_KEY, SystemSampler
 from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
-from shardline.tasks import links
+from shardline.tasks import links, training_cost
 from shardline.tasks.training_view import LiveView, progress_seconds, run_logger
 
 RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
@@ -236,15 +236,23 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
         )
     )
     try:
-        return _run_training(manifest_uri, manifest, config, folder, parent, lease)
+        # this attempt's entry in the run's cost ledger (cost.json), and the budget it trains within
+        ledger, deadline = training_cost.open_ledger(config, folder, log)
+        try:
+            return _run_training(manifest_uri, manifest, config, folder, parent, lease, ledger, deadline)
+        except BaseException:
+            ledger.end("failed")  # an attempt that ended before fit could say how (an outcome said stays)
+            raise
     finally:
         lease.release()
 
 
-def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig, folder: str, parent, lease) -> dict:
-    from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
+def _run_training(
+    manifest_uri: str, manifest: Manifest, config: PipelineConfig, folder: str, parent, lease, ledger, deadline
+) -> dict:
+    from shardline.trainer.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint
     from shardline.trainer.data import open_split
-    from shardline.trainer.loop import Preempted, fit
+    from shardline.trainer.loop import BudgetExceeded, Preempted, fit
     from shardline.trainer.models import model_spec_for
     from shardline.trainer.serving import data_spec
 
@@ -288,6 +296,7 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
 
     def on_step(step: int, metrics: dict) -> None:
         lease.check()  # another process took the folder over (this one stalled past its lease): stop writing
+        ledger.progress(step)
         if step <= logged_step:
             return
         tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)
@@ -303,6 +312,15 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
     # the machine while it trains: MLflow's System metrics tab (a resumed run continues the samples)
     system = SystemSampler(tracker, first_step=tracker.last_step(CPU_KEY) + 1 if tracker.resumed else 0).start()
     view = LiveView(log)  # the progress bar and the live table, sent from a thread of their own
+
+    def on_checkpoint(uri: str) -> None:
+        tracker.save_journal()  # the journal's copy beside each checkpoint holds every step up to it
+        ledger.checkpoint(checkpoint_step(uri))  # a later attempt may resume from here: time up to it is useful
+
+    def on_progress(progress: dict) -> None:
+        view.show(progress)
+        ledger.progress(progress["step"])  # written every SHARDLINE_COST_LEDGER_SECONDS: time after a checkpoint
+
     try:
         result = fit(
             train_data,
@@ -318,17 +336,25 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
             # a resumed run has its weights; only a fresh one reads the parent's
             init_weights=init_weights(config, parent) if parent and not previous else None,
             init_source=config.training.init_from or "",
-            # the journal's copy beside each checkpoint holds every step up to it (a remote run folder)
-            on_checkpoint=lambda _uri: tracker.save_journal(),
+            on_checkpoint=on_checkpoint,
             step_every=None,  # about STEP_POINTS points a run, every step of a short one
-            on_progress=view.show,
+            on_progress=on_progress,
             progress_seconds=every,
+            deadline=deadline,
         )
-    except Preempted:
+    except Preempted as stopped:
+        training_cost.close_cost(tracker, ledger, "preempted", checkpoint_step(stopped.checkpoint), log)
         # resumed later into the same run, which sends what is left: a spot notice leaves no time to wait
         tracker.end("KILLED", wait=min(5.0, tracker.flush_s))
         raise
+    except BudgetExceeded as stopped:
+        training_cost.close_cost(
+            tracker, ledger, "budget", checkpoint_step(stopped.checkpoint) if stopped.checkpoint else None, log
+        )
+        tracker.end("KILLED")  # resumed into the same run when the limit is raised
+        raise
     except BaseException:
+        training_cost.close_cost(tracker, ledger, "failed", None, log)
         tracker.end("FAILED")
         raise
     finally:  # streamed shards still held go back to the cache now, not when the splits are collected
@@ -342,6 +368,7 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
         tracker.set_tags({f"shardline.init_from.{k}": str(len(init[k])) for k in ("loaded", "new", "skipped")})
     if result.best_epoch is not None:
         tracker.log_metrics({"best_epoch": result.best_epoch}, result.steps)
+    cost = training_cost.close_cost(tracker, ledger, "finished", result.steps, log)
     tracker.end("FINISHED")
     best = best_checkpoint(ckpt_dir)
     best_entry = next((h for h in result.history if h["epoch"] + 1 == result.best_epoch), {})
@@ -364,6 +391,8 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
         "tracking_uri": redact_text(tracker.uri),
         "host": socket.gethostname(),
         "flow_run_id": (links.current_flow_run() or {}).get("id"),  # the Prefect run that finished it
+        # GPU-hours and USD of every attempt, wasted ones said (an estimate: cost.json in the run folder)
+        "cost": cost,
     }
     # beside the checkpoints, for a dispatcher on another machine (small results, big data in storage)
     storage.write_text(storage.join(folder, RESULT_FILE), json.dumps(out, indent=1))

@@ -40,6 +40,14 @@ def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:09d}.pt"
 
 
+def checkpoint_step(uri: str) -> int:
+    """The optimizer step of a checkpoint, from its name (`.../ckpt-000000040.pt` -> 40)."""
+    found = _TENSORS.match(uri.rstrip("/").rsplit("/", 1)[-1])
+    if found is None:
+        raise ValueError(f"{uri} is not a checkpoint's name (ckpt-<step>.pt)")
+    return int(found.group(1))
+
+
 def sidecar_uri(pt_uri: str) -> str:
     return pt_uri[: -len(".pt")] + ".json"
 

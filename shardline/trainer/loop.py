@@ -59,9 +59,11 @@ from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, p
 from shardline.trainer.models import data_spec_of, model_from_spec
 
 TASKS = ("classification", "regression")
-TIMING_KEYS = ("windows_per_s", "seconds", "data_wait_fraction")  # measured, so never the same twice
+# measured, so never the same twice
+TIMING_KEYS = ("windows_per_s", "seconds", "val_seconds", "data_wait_fraction")
 STEP_POINTS = 200  # train/* points a run logs when fit's step_every is None: every total_steps // 200 steps
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: what a script exits with on `Preempted`; "run me again to resume"
+BUDGET_EXIT_CODE = 76  # what a script exits with on `BudgetExceeded`: "raise the limit and run me again to resume"
 
 
 class Preempted(Exception):
@@ -73,13 +75,51 @@ class Preempted(Exception):
         self.signal_name = signal_name
 
 
+class BudgetExceeded(Exception):
+    """Training stopped at its budget (training.max_cost or max_hours) after saving `checkpoint`; raise the
+    limit and call `fit` again to resume. Not a preemption: nothing is dispatched or retried again."""
+
+    def __init__(self, message: str, checkpoint: str | None = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When `fit` stops: at the first optimizer step boundary once `time.monotonic()` reaches `at`, it saves a
+    checkpoint and raises `BudgetExceeded`, whose message starts with `reason()` (the limit and the spend)
+    and names the limit to raise (`limit`: "max_cost" or "max_hours")."""
+
+    at: float
+    reason: Callable[[], str]
+    limit: str = "max_cost"
+
+    def exceeded(self, checkpoint: str | None) -> BudgetExceeded:
+        where = f"checkpoint saved at {checkpoint}" if checkpoint else "no checkpoint yet"
+        return BudgetExceeded(
+            f"training stopped at its budget: {self.reason()}; {where}: raise training.{self.limit} and run again "
+            "to resume",
+            checkpoint,
+        )
+
+
+def planned_steps(train_windows: int, cfg: TrainingConfig) -> tuple[int, int]:
+    """(optimizer steps per epoch, in all) of a run on `train_windows` windows: a last short batch and a last
+    short group of micro-batches count; `max_steps_per_epoch` caps an epoch."""
+    batches = -(-train_windows // cfg.batch_size)
+    per_epoch = -(-batches // cfg.grad_accum)
+    if cfg.max_steps_per_epoch:
+        per_epoch = min(per_epoch, cfg.max_steps_per_epoch)
+    return per_epoch, cfg.epochs * per_epoch
+
+
 @dataclass
 class FitResult:
     best_checkpoint: str
     last_checkpoint: str
     best_score: float  # the best epoch's `select_by`
     # one entry per epoch: epoch (0-based), step, train_loss, val_loss, val_accuracy|val_mae, lr, windows_per_s,
-    # seconds, data_wait_fraction
+    # seconds (the epoch's training and validation), val_seconds (its validation), data_wait_fraction
     history: list[dict]
     steps: int  # optimizer steps taken in total
     device: str
@@ -397,6 +437,7 @@ def fit(
     on_checkpoint: Callable[[str], None] | None = None,
     on_progress: Callable[[dict], None] | None = None,
     progress_seconds: float = 5.0,
+    deadline: Deadline | None = None,
 ) -> FitResult:
     """Train `model_spec` on `train`, validate on `val` every epoch, checkpoint into `ckpt_dir`.
 
@@ -407,6 +448,9 @@ def fit(
     data_wait_fraction (since the last call), seconds_left, validated_epoch, val_loss, select_by, selected (its
     value), best_epoch, best_score}) when training starts, at the first step boundary `progress_seconds`
     after the last call (so at most one read-back of the loss per call), and at each epoch's end.
+    With a `deadline` (a budget), training stops at the first optimizer step boundary past it (an epoch's last
+    step: after its validation), saves a checkpoint and raises `BudgetExceeded`; a run already past it when
+    it resumes raises before its first step.
     The best checkpoint is the epoch with the best `cfg.select_by` (default val_loss), higher or lower as
     `cfg.select_direction` (default: the metric's own) says; a tie keeps the earlier epoch.
     With resume, the newest complete checkpoint in `ckpt_dir` is restored exactly, mid-epoch included;
@@ -498,10 +542,7 @@ def fit(
         num_workers=cfg.num_workers,
         shuffle_shards=cfg.shuffle_shards,
     )
-    steps_per_epoch = -(-len(loader) // cfg.grad_accum)
-    if cfg.max_steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
-    total_steps = cfg.epochs * steps_per_epoch
+    steps_per_epoch, total_steps = planned_steps(train.n_windows, cfg)
     if step_every is None:
         step_every = max(1, total_steps // STEP_POINTS)
     # settings sized for another data set: said at the start, with the numbers
@@ -638,6 +679,9 @@ def fit(
     if on_progress is not None:
         report(first_epoch)
     last_report = time.perf_counter()
+    stop_at = deadline.at if deadline is not None else math.inf  # one clock compare a step
+    if time.monotonic() >= stop_at:  # spent before this attempt trained a step: nothing new to save
+        raise deadline.exceeded(found[0] if found else None)
     with _deterministic(device), _stop_on_signals(log) as stop:
         for epoch in range(first_epoch, cfg.epochs):
             if not (resumed_mid_epoch and epoch == first_epoch):
@@ -710,17 +754,21 @@ def fit(
                     )
                 every, seconds = cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds
                 due = (every and loop["step"] % every == 0) or (seconds and time.monotonic() - last_save >= seconds)
+                spent = time.monotonic() >= stop_at
                 # the epoch's last step is checkpointed after validation instead
-                if loop["epoch_step"] < steps_per_epoch and (stop.signal_name or due):
+                if loop["epoch_step"] < steps_per_epoch and (stop.signal_name or due or spent):
                     loop["train_loss_sum"] = loss_sum.item()
                     last = save(is_best=False)
                     if stop.signal_name:
                         raise Preempted(last, stop.signal_name)
+                    if spent:
+                        raise deadline.exceeded(last)
 
             batches.close()  # a streamed split's shards in flight leave the cache to the validation split
             train_seconds = time.perf_counter() - t0
             loop["train_loss_sum"] = loss_sum.item()
             metrics = evaluate(model, val, task, cfg.batch_size, device, ctx, data_spec, cfg.loss_weights)
+            val_seconds = time.perf_counter() - t0 - train_seconds
             if select_by not in metrics:  # a model's own metric it did not return: before any epoch is marked best
                 raise ValueError(
                     f"training.select_by='{select_by}' is not a metric this model's validation gives; available: "
@@ -734,6 +782,7 @@ def fit(
                 "lr": lr,
                 "windows_per_s": windows_done / max(train_seconds, 1e-9),
                 "seconds": time.perf_counter() - t0,
+                "val_seconds": val_seconds,
                 "data_wait_fraction": pace.wait_fraction,
             }
             history.append(entry)
@@ -758,6 +807,8 @@ def fit(
                 last_report = time.perf_counter()
             if stop.signal_name:
                 raise Preempted(last, stop.signal_name)
+            if epoch < cfg.epochs - 1 and time.monotonic() >= stop_at:
+                raise deadline.exceeded(last)
 
     if loop["best_epoch"] is not None:
         log(

@@ -1,0 +1,81 @@
+"""What a training run costs, kept while it trains (shardline/tasks/training_run.py calls these): this attempt's
+entry in the run folder's cost ledger, priced for this machine; the budget (training.max_hours, max_cost) as a
+deadline for the training loop; and the run's spend on its MLflow run when an attempt ends."""
+
+from __future__ import annotations
+
+from shardline.core import storage
+from shardline.core.config import PipelineConfig
+from shardline.core.tracking import Tracker
+
+
+def open_ledger(config: PipelineConfig, folder: str, log):
+    """This attempt's `CostLedger` (priced for this machine: compute.provider, compute.spot; said in the log)
+    and the `Deadline` of training.max_hours / max_cost, or None without one."""
+    from shardline.core.cost_ledger import CostLedger, machine_pricing
+    from shardline.trainer.checkpoint import latest_checkpoint
+    from shardline.trainer.loop import Deadline
+
+    pricing = machine_pricing(config.compute.provider, config.compute.spot)
+    if pricing.usd_per_gpu_hour is None:
+        log.warning(
+            "train: cost: no price for %s x%d (%s): its hours are counted, not its USD",
+            pricing.gpu,
+            pricing.gpus,
+            pricing.note,
+        )
+    else:
+        log.info(
+            "train: cost: %s x%d at %g USD/GPU-hour (%s; an estimate, prices as of %s)",
+            pricing.gpu,
+            pricing.gpus,
+            pricing.usd_per_gpu_hour,
+            pricing.note,
+            pricing.as_of,
+        )
+    previous = latest_checkpoint(storage.join(folder, "checkpoints"))
+    ledger = CostLedger(folder, pricing, previous[1]["step"] if previous else 0)
+    t = config.training
+    try:
+        found = ledger.deadline(t.max_hours, t.max_cost)
+    except ValueError:
+        ledger.end("failed")
+        raise
+    if found is None:
+        return ledger, None
+    at, limit = found
+    return ledger, Deadline(at, lambda: ledger.spent_text(t.max_hours, t.max_cost, limit), limit)
+
+
+def cost_metrics(summary: dict) -> dict[str, float | None]:
+    """A run's spend as the MLflow run has it (`cost/*`; USD None when the table had no price)."""
+    return {
+        "cost/gpu_hours": summary["gpu_hours"],
+        "cost/gpu_hours_wasted": summary["gpu_hours_wasted"],
+        "cost/usd": summary["usd"],
+        "cost/usd_wasted": summary["usd_wasted"],
+    }
+
+
+def close_cost(tracker: Tracker, ledger, outcome: str, step: int | None, log) -> dict | None:
+    """End this attempt's ledger entry and put the run's spend so far on its MLflow run (before its end)."""
+    from shardline.core.cost_ledger import describe
+
+    summary = ledger.end(outcome, step)
+    if summary is None:
+        return None
+    tracker.log_metrics(cost_metrics(summary), ledger.entry["last_step"])
+    tags = {
+        "shardline.cost.gpu": f"{summary['gpu']} x{summary['gpus']}",
+        "shardline.cost.provider": f"{summary['provider'] or 'unpriced'} "
+        + ("(spot)" if summary["spot"] else "(on-demand)"),
+        "shardline.cost.prices_as_of": str(summary["prices_as_of"]),
+        "shardline.cost.estimate": summary["estimate"],
+    }
+    if outcome == "budget":  # the run is left KILLED until its limit is raised
+        tags["shardline.stopped_by"] = "budget"
+    elif outcome == "finished" and any(a.get("outcome") == "budget" for a in ledger.earlier):
+        tags["shardline.stopped_by"] = "budget, then resumed to the end"
+    tracker.set_tags(tags)
+    log.info("train: cost so far: %s", describe(summary))
+    return summary

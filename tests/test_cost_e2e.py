@@ -1,0 +1,255 @@
+"""What training costs, end to end: a real run killed (SIGKILL) mid-way, resumed into a budget that stops it,
+resumed again with a higher one to a registered model; the ledger, the MLflow run and the model version say
+what it cost and how much was wasted; `shardline cost` estimates a config before it runs.
+
+The price is made known and big: the machine declares an H100 (SHARDLINE_GPU_TYPE, as a pool's job variables
+do) and a prices file (SHARDLINE_PRICES) puts it at 1,800 USD an hour at `testcloud` (half a dollar a second),
+so a few seconds of tiny training reach a budget of a few dollars.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+from shardline.core import cost_ledger
+from shardline.core.config import validate_config
+from shardline.core.metrics import format_number
+from shardline.trainer.checkpoint import checkpoint_step
+from shardline.trainer.loop import BUDGET_EXIT_CODE, BudgetExceeded
+from tests.conftest import make_raw, tiny_config
+
+pytestmark = pytest.mark.e2e
+
+PRICES = (
+    "as_of: '2026-11 test contract'\nprices:\n  - {gpu: H100, provider: testcloud, on_demand: 1800.0, spot: 600.0}\n"
+)
+USD_PER_SECOND = 0.5
+STEPS = 58  # 2 epochs x 29 steps (456 training windows, batches of 16)
+
+
+def ledger_of(root: Path) -> tuple[Path, dict]:
+    (found,) = root.glob("runs/*/cost.json")
+    return found.parent, json.loads(found.read_text())
+
+
+def expire_lease(run: Path) -> None:
+    """The killed process's lease would expire 90 s after its last renewal: let that time be passed."""
+    newest = sorted((run / "lease").glob("gen-*.json"))[-1]
+    newest.write_text(json.dumps({**json.loads(newest.read_text()), "expires_at": 0}))
+
+
+def kill_past_a_checkpoint(cfg_path: Path, root: Path) -> None:
+    """`shardline run` in a process of its own (on the tests' Prefect API), killed (SIGKILL) a few steps after
+    its first checkpoint, once its ledger has recorded them."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    output = cfg_path.with_suffix(".log")
+    with open(output, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shardline", "run", str(cfg_path)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 240
+    try:
+        while True:
+            assert proc.poll() is None, f"the run ended before it could be killed:\n{output.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the run never reached the point to kill it at"
+            found = list(root.glob("runs/*/cost.json"))
+            if found:
+                entry = json.loads(found[0].read_text())["attempts"][-1]
+                if len(entry["marks"]) > 1 and entry["last_step"] >= entry["marks"][-1][0] + 3:
+                    break
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory, prefect_api):
+    """The three attempts of one run: killed, stopped at its budget, finished; what each left."""
+    from shardline.flows.pipeline import pipeline
+
+    tmp = tmp_path_factory.mktemp("cost")
+    make_raw(tmp / "raw")
+    (tmp / "prices.yaml").write_text(PRICES)
+    root = tmp / "store"
+    cfg = tiny_config(
+        str(tmp / "raw" / "*.parquet"),
+        str(root),
+        **{"training.batch_size": 16, "training.checkpoint_every_steps": 10},
+    )
+    cfg["compute"] = {"provider": "testcloud"}
+    (tmp / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    out: dict = {"tmp": tmp, "root": root, "cfg": cfg}
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SHARDLINE_GPU_TYPE", "H100")
+        env.setenv("SHARDLINE_PRICES", str(tmp / "prices.yaml"))
+        env.setenv("SHARDLINE_TEST_STEP_DELAY", "0.2")  # about 12 s of training in all
+        env.setenv("SHARDLINE_PROGRESS_SECONDS", "0")  # progress at every step...
+        env.setenv(cost_ledger.LEDGER_ENV, "0")  # ...and the ledger written with it: the time after a checkpoint
+
+        kill_past_a_checkpoint(tmp / "cfg.yaml", root)
+        run, out["after_kill"] = ledger_of(root)
+        expire_lease(run)
+
+        # the budget: what the killed attempt spent, and 6 s more of this machine
+        spent = cost_ledger.summarize(out["after_kill"]["attempts"])["usd"]
+        limited = copy.deepcopy(cfg)
+        limited["training"]["max_cost"] = spent + 6 * USD_PER_SECOND
+        with pytest.raises(BudgetExceeded) as stopped:
+            pipeline(validate_config(limited))
+        out["stopped"] = stopped.value
+        out["checkpoint_there"] = Path(stopped.value.checkpoint).is_file()  # the finished run prunes it later
+        out["after_budget"] = ledger_of(root)[1]
+
+        raised = copy.deepcopy(limited)
+        raised["training"]["max_cost"] = 1000.0
+        out["result"] = pipeline(validate_config(raised))
+        out["run"], out["ledger"] = ledger_of(root)
+    return out
+
+
+def test_a_budget_stop_says_which_limit_the_spend_and_the_checkpoint_then_a_higher_one_resumes_from_it(story):
+    stopped = story["stopped"]
+    message = str(stopped)
+    assert "training stopped at its budget: training.max_cost=" in message and " USD reached: " in message
+    assert "(an estimate, prices as of 2026-11 test contract (prices.yaml); others 2025-07" in message
+    assert f"checkpoint saved at {stopped.checkpoint}" in message
+    assert message.endswith("raise training.max_cost and run again to resume")
+    assert story["checkpoint_there"]
+    killed, budget = story["after_budget"]["attempts"]
+    at = checkpoint_step(stopped.checkpoint)
+    assert killed["first_step"] == 0 and budget["first_step"] == killed["marks"][-1][0]  # resumed from the kill's
+    assert budget["first_step"] < at < STEPS and budget["last_step"] == at  # stopped mid-way, at its checkpoint
+    assert (killed["outcome"], budget["outcome"]) == ("killed", "budget")
+    said = float(re.search(r"GPU-hours on H100 x1 at testcloud, ([0-9.e+-]+) USD", message).group(1))
+    assert said == pytest.approx(cost_ledger.summarize([killed, budget])["usd"], rel=0.05)  # said as it stopped
+    # the same config with a higher max_cost: the same run folder, resumed from that checkpoint, not from scratch
+    train = story["result"]["train"]
+    assert train["resumed_from"] == stopped.checkpoint and train["steps"] == STEPS
+    assert str(story["run"]) == train["run_dir"]
+    assert story["result"]["registered"]["version"] == 1
+
+
+def test_the_ledger_counts_the_time_a_kill_made_redo_as_wasted(story):
+    attempts = story["ledger"]["attempts"]
+    assert [a["outcome"] for a in attempts] == ["killed", "budget", "finished"]
+    assert all(
+        (a["gpu"], a["gpus"], a["provider"], a["usd_per_gpu_hour"]) == ("H100", 1, "testcloud", 1800.0)
+        for a in attempts
+    )
+    killed = attempts[0]
+    resumed = attempts[1]["first_step"]
+    assert killed["last_step"] > resumed  # the kill came after steps its checkpoint does not hold
+    useful = cost_ledger.useful_seconds(attempts)
+    wasted = killed["seconds"] - useful[0]
+    assert useful[0] == dict(map(tuple, killed["marks"]))[resumed] and wasted > 0
+    assert useful[1:] == [a["seconds"] for a in attempts[1:]]  # each stopped where the next one started
+    s = cost_ledger.summarize(attempts)
+    assert s["gpu_hours_wasted"] == pytest.approx(wasted / 3600)
+    assert s["gpu_hours_useful"] + s["gpu_hours_wasted"] == pytest.approx(s["gpu_hours"])
+    assert s["usd_useful"] + s["usd_wasted"] == pytest.approx(s["usd"])
+    assert s["usd"] == pytest.approx(sum(a["seconds"] for a in attempts) * USD_PER_SECOND)
+
+
+def test_the_cost_is_in_the_result_on_the_mlflow_run_and_on_the_model_version(story):
+    result = story["result"]
+    summary = cost_ledger.summarize(story["ledger"]["attempts"])
+    cost = result["train"]["cost"]
+    assert cost == {**summary, "seconds": pytest.approx(summary["seconds"])}
+    assert cost["usd"] > cost["usd_wasted"] > 0 and cost["gpu"] == "H100" and cost["provider"] == "testcloud"
+    assert "2026-11 test contract" in cost["prices_as_of"] and "estimate" in cost["estimate"]
+
+    reg = result["registered"]
+    client = MlflowClient(story["cfg"]["mlflow"]["tracking_uri"])
+    run = client.get_run(reg["run_id"])
+    assert run.info.status == "FINISHED"
+    m = run.data.metrics
+    assert m["cost/gpu_hours"] == pytest.approx(cost["gpu_hours"])
+    assert m["cost/gpu_hours_wasted"] == pytest.approx(cost["gpu_hours_wasted"])
+    assert m["cost/usd"] == pytest.approx(cost["usd"]) and m["cost/usd_wasted"] == pytest.approx(cost["usd_wasted"])
+    # every attempt said what the run had cost so far, the killed one through the next
+    assert len(client.get_metric_history(reg["run_id"], "cost/usd")) == 2
+    tags = run.data.tags
+    assert tags["shardline.cost.gpu"] == "H100 x1" and tags["shardline.cost.provider"] == "testcloud (on-demand)"
+    assert "2026-11 test contract" in tags["shardline.cost.prices_as_of"]
+    assert "an estimate" in tags["shardline.cost.estimate"] and "not a bill" in tags["shardline.cost.estimate"]
+    assert tags["shardline.stopped_by"] == "budget, then resumed to the end"
+
+    version = client.get_model_version("tiny-model", str(reg["version"]))
+    assert version.tags["shardline.cost.gpu_hours"] == format_number(cost["gpu_hours"])
+    assert version.tags["shardline.cost.usd"] == format_number(cost["usd"])
+    assert version.tags["shardline.cost.gpu"] == "H100"
+
+
+def cost_cli(story, *args: str):
+    from shardline.app.cli import app
+
+    return CliRunner().invoke(app, ["cost", str(story["tmp"] / "cfg.yaml"), *args])
+
+
+def test_shardline_cost_prices_a_config_on_a_gpu_only_with_a_rate_measured_on_it(story, monkeypatch):
+    monkeypatch.delenv("SHARDLINE_GPU_TYPE", raising=False)  # this machine as it is: a CPU
+    prices = str(story["tmp"] / "prices.yaml")
+    # the run of this config trained on an H100 (declared): its measured rate stands for an H100
+    done = cost_cli(story, "--gpu", "H100", "--prices", prices)
+    assert done.exit_code == 0, done.output
+    out = done.output
+    assert "2 epoch(s) x 29 optimizer steps = 58 steps" in out
+    assert f"measured by this config's run on H100 (epoch(s) 2 of its 3 attempt(s), {story['run']})" in out
+    assert "an ESTIMATE from list prices, not a quote; as of " in out and "2026-11 test contract" in out
+    assert "spent   so far by this config's run (its cost.json): " in out and "in 3 attempt(s)" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "USD/GPU-hour" not in line}
+    assert "<- compute.provider" in rows["testcloud"] and "1800" in rows["testcloud"]
+    assert {"aws", "gcp", "lambda", "runpod"} <= set(rows)  # the shipped providers of an H100 beside it
+
+    # the same config with another learning rate has not trained anywhere: this CPU's speed says nothing
+    # about an H100's, so it says how to measure one instead of guessing
+    other = cost_cli(story, "--gpu", "H100", "--set", "training.lr=0.02", "--prices", prices)
+    assert other.exit_code == 1, other.output
+    assert "no rate measured on H100: this config has not trained yet" in other.output
+    assert "this machine is a CPU, whose speed says nothing about a H100's" in other.output
+
+    # for this machine: a probe of the real training step, priced as a CPU machine
+    here = cost_cli(story, "--set", "training.lr=0.02")
+    assert here.exit_code == 0, here.output
+    assert "training on one CPU" in here.output and "a probe of the training step on this machine" in here.output
+    assert " 2 x (" in here.output and "s validation) = " in here.output
+    assert "  aws " in here.output and "  gcp " in here.output
+    assert "(compute.provider testcloud lists no CPU price: a run on one is timed, not priced)" in here.output
+
+    bad = cost_cli(story, "--gpu", "B200")
+    assert bad.exit_code == 2
+    assert "GPU type 'B200' is not in the price table" in bad.output and "known types: A10, " in bad.output
+
+
+def test_a_budget_stop_has_its_own_exit_status(story, monkeypatch):
+    """`shardline run` on a run already past a tiny budget: stopped before a step, said, exit 76."""
+    from shardline.app.cli import app
+
+    monkeypatch.setenv("SHARDLINE_GPU_TYPE", "H100")
+    monkeypatch.setenv("SHARDLINE_PRICES", str(story["tmp"] / "prices.yaml"))
+    done = CliRunner().invoke(
+        app, ["run", str(story["tmp"] / "cfg.yaml"), "--set", "training.max_cost=0.01", "--force", "train"]
+    )
+    assert done.exit_code == BUDGET_EXIT_CODE == 76, done.output
+    assert "error: training stopped at its budget: training.max_cost=0.01 USD reached" in done.output
+    assert "raise training.max_cost and run again to resume" in done.output
