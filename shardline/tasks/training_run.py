@@ -216,10 +216,13 @@ def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
     return manifest
 
 
-def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None = None) -> dict:
+def run_training(
+    manifest_uri: str, config: PipelineConfig, folder: str | None = None, mlflow_tags: dict[str, str] | None = None
+) -> dict:
     """Train the configured model on the manifest's shards in `folder` (default: `run_dir`; the pipeline
     passes the one it chose, so a worker with other code writes where the pipeline reads), resuming its
-    newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`)."""
+    newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`).
+    `mlflow_tags` go on the MLflow run when it is created (a sweep's trial: its parent run, its overrides)."""
     from shardline.core.lease import Lease
 
     log = get_run_logger()
@@ -237,12 +240,14 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
         )
     )
     try:
-        return _run_training(manifest_uri, manifest, config, folder, parent, lease)
+        return _run_training(manifest_uri, manifest, config, folder, parent, lease, mlflow_tags)
     finally:
         lease.release()
 
 
-def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig, folder: str, parent, lease) -> dict:
+def _run_training(
+    manifest_uri: str, manifest: Manifest, config: PipelineConfig, folder: str, parent, lease, mlflow_tags=None
+) -> dict:
     from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
     from shardline.trainer.data import open_split
     from shardline.trainer.loop import Preempted, fit
@@ -268,6 +273,7 @@ def _run_training(manifest_uri: str, manifest: Manifest, config: PipelineConfig,
             "shardline.config_hash": config.hash(),
             "shardline.data_fingerprint": manifest.data_fingerprint,
             "shardline.code_version": code_version(),
+            **(mlflow_tags or {}),
         },
     )
     tracker.log_params(flatten(config.model_dump(mode="json")))
