@@ -163,12 +163,13 @@ def test_a_killed_sweep_finishes_on_rerun_without_retraining_finished_trials(dat
     def checkpointed() -> set[Path]:
         return {p.parent.parent for p in runs.glob("*/checkpoints/ckpt-*.json")}
 
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "sweep.log"
+    proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
         # the honest signal: the first trial's result is in its folder, the second has a checkpoint in its own
         while not (len(list(runs.glob("*/result.json"))) == 1 and len(checkpointed()) == 2):
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the sweep did not get to its second trial"
             time.sleep(0.2)
         trainers = psutil.Process(proc.pid).children()  # the second trial's process (and multiprocessing's helper)
