@@ -280,7 +280,10 @@ def sweep(
     ),
     seed: int = typer.Option(0, "--seed", help="seed of --random's draws: the same seed, the same trials"),
     at_once: int | None = typer.Option(
-        None, "--at-once", min=1, help="trials training at once (default: one per two cores here; all on a pool)"
+        None,
+        "--at-once",
+        min=1,
+        help="trials training at once (default: 2 here, each with half the cores; all on a pool)",
     ),
     set_: list[str] = typer.Option([], "--set", help="override a key of the base config (repeatable)"),
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks of errors in the config or the data"),

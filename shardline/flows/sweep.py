@@ -13,7 +13,6 @@ from __future__ import annotations
 from functools import partial
 
 from prefect import flow
-from prefect.futures import as_completed
 from prefect.logging import get_run_logger
 
 from shardline.core.config import PipelineConfig
@@ -31,26 +30,26 @@ from shardline.core.sweep import (
 from shardline.flows.pipeline import encoded_data
 from shardline.flows.train import train
 from shardline.tasks import links
-from shardline.tasks.caching import cached, run_cached
+from shardline.tasks.caching import run_cached
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.register import REGISTER_CACHE, register
 from shardline.tasks.sweep import (
     finish_parent_run,
     parent_pages,
+    parent_run,
     report_sweep,
-    start_parent_run,
     sweep_folder,
     tag_version,
     train_in_child,
-    trial_outcome,
-    trial_tags,
+    train_trials,
 )
-from shardline.tasks.train import TRAIN_CACHE, retry_on_infrastructure, train_step
+
+LOCAL_AT_ONCE = 2  # measured (docs/experiments.md): two demo-sized trials at once beat one at a time on 2 cores
 
 
 def default_at_once(trials: int) -> int:
-    """Local trials at once by default: one per two cores (a small model gains little from more threads)."""
-    return max(1, min(trials, cpu_share(2)))
+    """Local trials at once by default: two (each with half the cores), or fewer when there are fewer trials."""
+    return max(1, min(trials, LOCAL_AT_ONCE))
 
 
 @flow(name="sweep", log_prints=True, flow_run_name=links.flow_run_name("sweep"))
@@ -64,7 +63,7 @@ def sweep(
     """Train one model per trial of `space` (a YAML path or the space itself: dotted config keys to a list
     of values or {low, high, log, int}) over `config`; register the best. `trials`: that many drawn at random
     with `seed`; None: the grid of the lists. `at_once`: trials training at once (default: all of them on a
-    deployment's pool, one per two cores here)."""
+    deployment's pool, two here)."""
     install_log_redaction()
     return_freed_memory()
     log = get_run_logger()
@@ -83,61 +82,39 @@ def sweep(
             ran = {step: ran[step] or did[step] for step in ran}
 
     folder = sweep_folder(root, plan.id)
-    parent = start_parent_run(plan, folder)
     remote = base.compute.train_on == "deployment"
     at_once = at_once or (len(plan.trials) if remote else default_at_once(len(plan.trials)))
     threads = None if remote else cpu_share(at_once)
     here = train if remote else partial(train_in_child, train, cpu_threads=threads)
     if not remote:
         log.info("sweep: %d trial(s) at once on this machine, %d torch thread(s) each", at_once, threads)
-    futures, running = {}, []
-    for trial, config_ in zip(plan.trials, plan.configs):
-        if len(running) >= at_once:
-            running.remove(next(as_completed(running)))
-        _, manifest_uri, manifest_hash = data[data_key(config_)]
-        step = cached(train_step, TRAIN_CACHE, root).with_options(
-            retries=config_.training.max_restarts,
-            retry_delay_seconds=5,
-            retry_condition_fn=retry_on_infrastructure,
-            task_run_name=f"train {trial.id}",
-        )
-        tags = trial_tags(parent.run_id, plan.id, trial)
-        futures[trial.id] = step.submit(manifest_uri, manifest_hash, config_, here, mlflow_tags=tags)
-        running.append(futures[trial.id])
-    outcomes = [trial_outcome(trial, futures[trial.id]) for trial in plan.trials]
-    rows = [row for row, _ in outcomes]
+    with parent_run(plan, folder) as parent:  # ended KILLED or FAILED if the sweep is interrupted or fails
+        outcomes = train_trials(plan, data, parent.run_id, at_once, here)
+        rows = [row for row, _ in outcomes]
+        best = best_of(rows)
+        metric = best["metric"] if best else "val_loss"
+        direction = best["direction"] if best else "minimize"
+        pages = parent_pages(parent, [r["mlflow_run_id"] for r in rows if r.get("mlflow_run_id")])
+        heading = f"{base.name}: sweep of {len(rows)} trial(s) over {', '.join(plan.keys)}, by {metric}"
+        plot = report_sweep(rows, plan.keys, metric, direction, folder, heading, pages)
+        if best is None:
+            finish_parent_run(parent, rows, metric, plot, f"**{heading}**: every trial failed.")
+            raise RuntimeError(
+                "every trial of the sweep failed: " + "; ".join(f"{r['trial']}: {r['error']}" for r in rows)
+            )
 
-    best = best_of(rows)
-    metric = best["metric"] if best else "val_loss"
-    direction = best["direction"] if best else "minimize"
-    pages = parent_pages(parent, [r["mlflow_run_id"] for r in rows if r.get("mlflow_run_id")])
-    heading = f"{base.name}: sweep of {len(rows)} trial(s) over {', '.join(plan.keys)}, by {metric}"
-    plot = report_sweep(rows, plan.keys, metric, direction, folder, heading, pages)
-    if best is None:
-        finish_parent_run(parent, rows, metric, plot, f"**{heading}**: every trial failed.")
-        raise RuntimeError("every trial of the sweep failed: " + "; ".join(f"{r['trial']}: {r['error']}" for r in rows))
-
-    # the best trial: evaluated on the test split and registered by the pipeline's own steps
-    i = [r["trial"] for r in rows].index(best["trial"])
-    trial, config_, trained = plan.trials[i], plan.configs[i], outcomes[i][1]
-    snapshot, manifest_uri, _ = data[data_key(config_)]
-    try:
+        # the best trial: evaluated on the test split and registered by the pipeline's own steps
+        i = [r["trial"] for r in rows].index(best["trial"])
+        trial, config_, trained = plan.trials[i], plan.configs[i], outcomes[i][1]
+        snapshot, manifest_uri, _ = data[data_key(config_)]
         scores, ran["evaluate"] = run_cached(evaluate, EVALUATE_CACHE, root, False, manifest_uri, trained, config_)
         registered, ran["register"] = run_cached(
             register, REGISTER_CACHE, root, False, config_, snapshot, manifest_uri, trained, scores
         )
         tag_version(config_, registered, parent.run_id, trial)
-    except BaseException:
-        parent.end("FAILED")
-        raise
-    version = f"{registered['model_name']} v{registered['version']} @{registered['alias']}"
-    finish_parent_run(
-        parent,
-        rows,
-        metric,
-        plot,
-        f"**{heading}**: best {trial.id} ({trial.label}), {metric} {best['score']:.4g}; registered as {version}.",
-    )
+        version = f"{registered['model_name']} v{registered['version']} @{registered['alias']}"
+        summary = f"best {trial.id} ({trial.label}), {metric} {best['score']:.4g}; registered as {version}."
+        finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {summary}")
     links.tag_flow_run(
         [f"mlflow-run:{parent.run_id}", f"model:{registered['model_name']}"] if parent.run_id else [],
         name=f"{base.name} · sweep · best {trial.id} · {version}",

@@ -11,20 +11,30 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
+from prefect.futures import as_completed
 from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text
-from shardline.core.sweep import Plan, Trial, plot_sweep
+from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
 from shardline.core.tracking import Tracker, run_page, tracking_uri
 from shardline.tasks import links
-from shardline.tasks.train import TrainingRunFailed, wait_for_flow_run
+from shardline.tasks.caching import cached
+from shardline.tasks.train import (
+    TRAIN_CACHE,
+    TrainingRunFailed,
+    retry_on_infrastructure,
+    train_step,
+    wait_for_flow_run,
+)
 from shardline.tasks.training_run import RESULT_FILE
 
 SWEEP_TAG = "shardline.sweep"  # on the trials' MLflow runs and the registered version: the parent run's id
@@ -35,18 +45,18 @@ def sweep_folder(root: str, sweep_id: str) -> str:
     return storage.join(root, "sweeps", sweep_id)
 
 
-def _latest_run(run_tag: str):
+def _flow_runs(run_tag: str) -> list:
+    """The flow runs tagged `run_tag`, newest first."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
     from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(
+        return client.read_flow_runs(
             flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[run_tag])),
             sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-            limit=1,
+            limit=20,
         )
-    return runs[0] if runs else None
 
 
 def train_in_child(
@@ -78,13 +88,14 @@ def train_in_child(
         "mlflow_tags": mlflow_tags,
         "cpu_threads": cpu_threads,
     }
+    earlier = {r.id for r in _flow_runs(run_tag)}  # an interrupted attempt's: not this child's
     with temporary_settings(updates={PREFECT_API_URL: api}), tags("shardline", run_tag):
         process = run_flow_in_subprocess(
             flow, parameters=parameters, context=serialize_context(), env={PARENT_ENV: str(os.getpid())}
         )
     log.info("train: %s in child process %d (%s torch threads)", folder, process.pid, cpu_threads or "default")
     process.join()
-    flow_run = _latest_run(run_tag)
+    flow_run = next((r for r in _flow_runs(run_tag) if r.id not in earlier), None)
     if flow_run is not None and (flow_run.state is None or not flow_run.state.is_final()):
         flow_run = wait_for_flow_run(flow_run.id, 30, 1)  # its last state may still be on its way
     state = flow_run.state if flow_run is not None else None
@@ -109,6 +120,40 @@ def trial_tags(parent_run_id: str | None, sweep_id: str, trial: Trial) -> dict[s
     if parent_run_id:
         tags.update({"mlflow.parentRunId": parent_run_id, SWEEP_TAG: parent_run_id})
     return tags
+
+
+@contextmanager
+def parent_run(plan: Plan, folder: str) -> Iterator[Tracker]:
+    """The sweep's parent MLflow run for a block: ended KILLED (Ctrl-C) or FAILED when the block raises, and
+    continued by the next run of the same sweep (`finish_parent_run` ends it when the sweep is done)."""
+    tracker = start_parent_run(plan, folder)
+    try:
+        yield tracker
+    except BaseException as e:
+        tracker.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", wait=min(5.0, tracker.flush_s))
+        raise
+
+
+def train_trials(plan: Plan, data: dict, parent_run_id: str | None, at_once: int, train_here) -> list[tuple]:
+    """Wire the trials' training (inside a flow run): each trial through the pipeline's cached train step
+    (`TRAIN_CACHE`: a finished trial is a cache hit, an unfinished one resumes), `at_once` in flight, the next
+    submitted as soon as one finishes; `data` maps `data_key(config)` to (snapshot, manifest URI, checksum).
+    Returns each trial's (row, training result) in the trials' order (`trial_outcome`)."""
+    futures, running = {}, []
+    for trial, config in zip(plan.trials, plan.configs):
+        if len(running) >= at_once:
+            running.remove(next(as_completed(running)))
+        _, manifest_uri, manifest_hash = data[data_key(config)]
+        step = cached(train_step, TRAIN_CACHE, config.storage.root).with_options(
+            retries=config.training.max_restarts,
+            retry_delay_seconds=5,
+            retry_condition_fn=retry_on_infrastructure,
+            task_run_name=f"train {trial.id}",
+        )
+        tags = trial_tags(parent_run_id, plan.id, trial)
+        futures[trial.id] = step.submit(manifest_uri, manifest_hash, config, train_here, mlflow_tags=tags)
+        running.append(futures[trial.id])
+    return [trial_outcome(trial, futures[trial.id]) for trial in plan.trials]
 
 
 def start_parent_run(plan: Plan, folder: str) -> Tracker:
@@ -161,8 +206,6 @@ def report_sweep(
 ) -> str:
     """Draw the comparison picture into the sweep's folder and list the trials in the `sweep` artifact;
     return the picture's URI."""
-    from shardline.core.sweep import best_of
-
     best = best_of(rows)
     local = not storage.is_remote(folder)
     if local:
@@ -241,8 +284,6 @@ def parent_pages(tracker: Tracker, run_ids: list[str]) -> dict[str, str]:
 def trial_outcome(trial: Trial, future) -> tuple[dict, dict | None]:
     """A trial's row (its overrides, the validation metric that picked its checkpoint and its best value,
     whether it trained, came from the cache or failed and why, its MLflow run) and its training result."""
-    from shardline.core.sweep import score_direction, trial_score
-
     future.wait()
     state = future.state
     row = {"trial": trial.id, "overrides": trial.overrides, "score": None, "error": None}
