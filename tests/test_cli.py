@@ -22,7 +22,8 @@ def shardline(*args, cwd=None, timeout=600):
 
 
 def test_help_everywhere():
-    for cmd in ([], ["demo"], ["run"], ["predict"], ["check-config"], ["rehearse"], ["doctor"], ["gc"], ["sync"]):
+    commands = ["demo", "run", "sweep", "predict", "check-config", "rehearse", "doctor", "gc", "sync"]
+    for cmd in ([], *([c] for c in commands)):
         out = shardline(*cmd, "--help")
         assert out.returncode == 0, out.stderr
         assert "Usage" in out.stdout

@@ -252,3 +252,23 @@ def test_fine_tuning_refuses_unmatched_prefixes_and_weights_that_fit_nothing(dat
     with pytest.raises(ModelContractError, match=r"init_from=other: none of its 1 tensors matches WindowGRU"):
         fit(data["classification"], data["classification-val"], user_spec(project), train_cfg(), "classification",
             str(tmp_path / "b"), log=quiet, init_weights={"x.weight": torch.zeros(2)}, init_source="other")  # fmt: skip
+
+
+def test_two_projects_with_a_models_package_each_train_their_own_in_one_process(tmp_path):
+    """A sweep, a worker or a notebook may train two projects in one process: each config's `models` is
+    imported from its own code_dir, not the one imported first."""
+    import sys
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_module(first, "world", "class FirstNet:\n    pass\n")
+    write_module(second, "vision", "class SecondNet:\n    pass\n")
+    try:
+        assert import_entrypoint("models.world:FirstNet", str(first)).__name__ == "FirstNet"
+        assert import_entrypoint("models.vision:SecondNet", str(second)).__name__ == "SecondNet"
+        assert import_entrypoint("models.world:FirstNet", str(first)).__name__ == "FirstNet"
+    finally:
+        for name in [m for m in sys.modules if m == "models" or m.startswith("models.")]:
+            del sys.modules[name]
+        for folder in (first, second):
+            if str(folder) in sys.path:
+                sys.path.remove(str(folder))

@@ -277,3 +277,36 @@ def test_planted_secrets_never_leave_the_process_on_the_cluster(cluster):
     # the search reaches what the run wrote: the job's public variable is in the training run's parameters
     assert marker in places["Prefect API"]
     assert any(where.startswith("s3://") and "/runs/" in where for where in places)
+
+
+def test_a_sweep_deployment_dispatches_each_trial_to_the_gpu_pool_and_registers_the_best(cluster, monkeypatch):
+    """`prefect deployment run sweep/sweep` on the CPU pool: each trial is a flow run of the training
+    deployment on the GPU pool, nested in MLflow under the sweep's run; the best is registered and tagged."""
+    from mlflow import MlflowClient
+
+    s3_env(monkeypatch, cluster)
+    config = write_config(cluster, "store-w", **{"training.epochs": 1})
+    space = cluster.base / "space-w.yaml"
+    space.write_text(yaml.safe_dump({"model.hidden": [8, 32]}))
+    before = {r["id"] for r in cluster.flow_runs()}
+    cluster.prefect(
+        "deployment", "run", "sweep/sweep", "-p", f"config={config}", "-p", f"space={space}",
+        "--watch", "--watch-interval", "1", timeout=600,
+    )  # fmt: skip
+    new = [r for r in cluster.flow_runs() if r["id"] not in before]
+    (sweep_run,) = [r for r in new if r["work_pool_name"] == "cpu-pool"]
+    assert sweep_run["state_type"] == "COMPLETED", (sweep_run["state"], cluster.tail_logs())
+    trains = [r for r in new if r["work_pool_name"] == "gpu-pool"]
+    assert len(trains) == 2 and {r["state_type"] for r in trains} == {"COMPLETED"}
+    assert all(r["parent_task_run_id"] is not None for r in trains)  # each dispatched by its trial's train step
+
+    client = MlflowClient(f"sqlite:///{cluster.base / 'store-w'}-mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("store-w").experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["shardline.sweep.trial"] for r in children) == ["t1", "t2"]
+    assert {r.info.status for r in children} == {"FINISHED"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")} == {"sweep/comparison.png"}
+    version = client.get_model_version("store-w-model", "1")
+    assert version.tags["shardline.sweep"] == parent.info.run_id
+    assert version.run_id in {r.info.run_id for r in children}

@@ -1,4 +1,4 @@
-"""`shardline`: demo, run, check-config, predict, rehearse, doctor, cost, gc."""
+"""`shardline`: demo, run, sweep, check-config, predict, rehearse, doctor, cost, gc."""
 
 from __future__ import annotations
 
@@ -209,6 +209,116 @@ def run(
     """Run the pipeline on your own data, as the config file describes."""
     config = _load(config_path, list(set_))
     _summary(_run_pipeline(config, force, verbose))
+
+
+def _sweep_plan(config_path: Path, set_: list[str], grid: list[str], space_path: Path | None, n: int | None, seed: int):
+    """The checked sweep and the space as given, or exit 2 naming what to fix (nothing has started)."""
+    import yaml
+
+    from shardline.core.config import ConfigError, _read_yaml, apply_overrides
+    from shardline.core.sweep import parse_grid, plan_sweep, read_space
+
+    if grid and space_path is not None:
+        _fail("give --grid key=v1,v2 ... or --space SPACE.yaml, not both", 2)
+    if n is not None and space_path is None:
+        _fail("--random N draws from a search space: add --space SPACE.yaml", 2)
+    if not grid and space_path is None:
+        _fail("nothing to sweep: give --grid key=v1,v2 (repeatable) or --random N --space SPACE.yaml", 2)
+    try:
+        raw = apply_overrides(_read_yaml(config_path), list(set_))
+        space = parse_grid(grid) if grid else read_space(space_path)
+        plan = plan_sweep(raw, space, n, seed)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    _load(config_path, list(set_))  # the user's model imports (the same check as `run`)
+    given = {k: v for k, v in space.items()} if grid else yaml.safe_load(space_path.read_text())
+    return plan, given
+
+
+def _sweep_summary(result: dict) -> None:
+    rows, best, metric = result["trials"], result["best"], result["metric"]
+    typer.echo("")
+    typer.echo("steps: " + ", ".join(f"{k} {v}" for k, v in result["steps"].items()))
+    where = (
+        f"{result['at_once']} at once here, {result['cpu_threads']} torch thread(s) each"
+        if result["cpu_threads"]
+        else f"{result['at_once']} at once on the training deployment's pool"
+    )
+    better = "higher" if result["direction"] == "maximize" else "lower"
+    typer.echo(
+        f"sweep {result['sweep_id']}: {len(rows)} {result['mode']} trial(s) over {', '.join(result['keys'])}, "
+        f"{where}; compared by {metric} on the validation split ({better} is better)\n"
+    )
+    width = max(len(r["trial"]) for r in rows)
+    for r in rows:
+        score = f"{r['score']:.4f}" if r.get("score") is not None else "-"
+        label = " ".join(f"{k}={v}" for k, v in r["overrides"].items())
+        mark = "  <- best" if r["trial"] == best["trial"] else ""
+        line = f"  {r['trial'].ljust(width)}  {score:>9}  {r['state']:<6}  {label}{mark}"
+        typer.secho(line, fg=typer.colors.RED if r["state"] == "failed" else None, bold=bool(mark))
+    failed = [r for r in rows if r["state"] == "failed"]
+    if failed:
+        typer.secho(f"\n{len(failed)} trial(s) failed (the others were compared):", fg=typer.colors.YELLOW)
+        for r in failed:
+            typer.echo(f"  - {r['trial']}: {r['error']}")
+    reg = result["registered"]
+    typer.echo("")
+    typer.secho(
+        f"Best {best['trial']} registered as {reg['model_name']} version {reg['version']} (@{reg['alias']}); "
+        "its test metrics against the trivial baseline:\n",
+        fg=typer.colors.GREEN,
+        bold=True,
+    )
+    typer.echo(result["table"])
+    typer.echo("\nInspect it:")
+    if reg.get("ui_command"):
+        typer.echo(f"  {reg['ui_command']}        # serves the MLflow UI at http://127.0.0.1:5000")
+    if result.get("parent_page"):
+        typer.echo(f"    the sweep (its trials nested under it): {result['parent_page']}")
+    if reg.get("version_page"):
+        typer.echo(f"    the version: {reg['version_page']}")
+    typer.echo(f"  the comparison picture: {result['plot']}")
+
+
+@app.command()
+def sweep(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.yaml", help="the base config every trial starts from"),
+    grid: list[str] = typer.Option(
+        [], "--grid", help="a key and its values, e.g. --grid training.lr=0.01,0.001 (repeatable: every combination)"
+    ),
+    random_n: int | None = typer.Option(None, "--random", min=1, help="draw N trials at random from --space"),
+    space_path: Path | None = typer.Option(
+        None, "--space", help="search space YAML: dotted keys to a list of values or {low, high, log, int}"
+    ),
+    seed: int = typer.Option(0, "--seed", help="seed of --random's draws: the same seed, the same trials"),
+    at_once: int | None = typer.Option(
+        None,
+        "--at-once",
+        min=1,
+        help="trials training at once (default: 2 here, each with half the cores; all on a pool)",
+    ),
+    set_: list[str] = typer.Option([], "--set", help="override a key of the base config (repeatable)"),
+    verbose: bool = typer.Option(False, "--verbose", help="show tracebacks of errors in the config or the data"),
+) -> None:
+    """Train one model per trial (the config with a few keys overridden), concurrently; register the best.
+
+    Ingest and encode run once (once per data setting a trial changes); each trial is a cached, resumable
+    training run: the same command again trains only the trials that did not finish. The best trial by
+    its validation score is evaluated on the test split and registered behind the champion gate.
+    """
+    plan, space = _sweep_plan(config_path, set_, grid, space_path, random_n, seed)  # before Prefect starts
+    from shardline.core.encoding.columns import DataError
+    from shardline.flows.sweep import sweep as sweep_flow
+
+    typer.echo(f"sweep: {len(plan.trials)} {plan.mode} trial(s) over {', '.join(plan.keys)}", err=True)
+    try:
+        with _console_quiet(verbose):
+            result = sweep_flow(plan.base, space, trials=random_n, seed=seed, at_once=at_once)
+    except KeyboardInterrupt:
+        _fail("interrupted; run the same command again: finished trials are cached, the others resume", 130)
+    except (DataError, ValueError, FileNotFoundError, RuntimeError) as e:
+        _fail(str(e))
+    _sweep_summary(result)
 
 
 @app.command("check-config")

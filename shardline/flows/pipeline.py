@@ -43,16 +43,11 @@ def resolve_config(config: PipelineConfig | dict | str) -> PipelineConfig:
     return validate_config(config, "the 'config' parameter")
 
 
-@flow(name="pipeline", log_prints=True, flow_run_name=links.flow_run_name("pipeline"))
-def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
-    """Raw parquet to a registered, evaluated model version. `config`: a YAML path or the config itself."""
-    install_log_redaction()  # no secret in the console or the Prefect API's logs
-    return_freed_memory()  # buffers of shards decompressed for a moment go back to the system when freed
-    config = resolve_config(config)
+def encoded_data(config: PipelineConfig, refresh: set[str] | frozenset[str] = frozenset()):
+    """Ingest and encode, inside a flow run: (the snapshot, the manifest's URI, its checksum, which of the
+    two steps ran rather than came from the cache). `refresh`: the steps `--force` recomputes."""
     root = config.storage.root
-    refresh = _refreshed(force)
     ran: dict[str, bool] = {}
-
     snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data)
 
     # fine-tuning: the data is encoded the way the model it starts from was trained (its scalings, vocabularies)
@@ -61,7 +56,18 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     if base is not None:  # a column the parent was not trained on: said before any work
         check_columns(config.data.features.model_dump(), *base)
     manifest_uri, ran["encode"] = encode(snapshot, config.data, root, refresh="encode" in refresh, base=base)
-    manifest_hash = storage.sha256_uri(manifest_uri)
+    return snapshot, manifest_uri, storage.sha256_uri(manifest_uri), ran
+
+
+@flow(name="pipeline", log_prints=True, flow_run_name=links.flow_run_name("pipeline"))
+def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
+    """Raw parquet to a registered, evaluated model version. `config`: a YAML path or the config itself."""
+    install_log_redaction()  # no secret in the console or the Prefect API's logs
+    return_freed_memory()  # buffers of shards decompressed for a moment go back to the system when freed
+    config = resolve_config(config)
+    root = config.storage.root
+    refresh = _refreshed(force)
+    snapshot, manifest_uri, manifest_hash, ran = encoded_data(config, refresh)
 
     # retried after an infrastructure failure (I/O, network, CUDA), resuming from the newest checkpoint
     train_t = cached(train_step, TRAIN_CACHE, root, "train" in refresh).with_options(

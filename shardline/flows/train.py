@@ -1,22 +1,39 @@
 """The training flow: shards in, best checkpoint out. A flow of its own so that it can be deployed to
 a GPU work pool (prefect.yaml: `train/train`) and dispatched by the pipeline; in-process it is the
-pipeline's subflow. The run itself (shardline/tasks/training_run.py) is the same on both paths."""
+pipeline's subflow; a local sweep runs it in a child process per trial. The run itself
+(shardline/tasks/training_run.py) is the same on every path."""
 
-from __future__ import annotations
+# no `from __future__ import annotations`: a sweep's child process gets this flow's function pickled by value
+# (the module's `train` is the Flow, not the function), and Prefect validates the parameters from its
+# annotations there: they must be the classes themselves, not names the child cannot resolve
 
 from prefect import flow
 
 from shardline.core.config import PipelineConfig
 from shardline.core.memory import return_freed_memory
+from shardline.core.parent_watch import stop_when_parent_exits
 from shardline.core.secrets import install_log_redaction
 from shardline.tasks import links
 from shardline.tasks.training_run import run_training
 
 
 @flow(name="train", log_prints=True, flow_run_name=links.flow_run_name("train"))
-def train(manifest_uri: str, config: PipelineConfig, run_folder: str | None = None) -> dict:
+def train(
+    manifest_uri: str,
+    config: PipelineConfig,
+    run_folder: str | None = None,
+    mlflow_tags: dict[str, str] | None = None,
+    cpu_threads: int | None = None,
+) -> dict:
     """Train the configured model on the manifest's shards (in `run_folder`, when the pipeline chose it);
-    return the best checkpoint and its scores."""
+    return the best checkpoint and its scores. `mlflow_tags`: tags of a new MLflow run (a sweep's trial:
+    its parent run); `cpu_threads`: torch's threads in this process (a share of the machine's cores when
+    several trainings share it)."""
     install_log_redaction()  # a worker's process too: no secret in its console or the Prefect API's logs
     return_freed_memory()  # buffers of shards decompressed for a moment go back to the system when freed
-    return run_training(manifest_uri, config, run_folder)
+    stop_when_parent_exits()  # a sweep's child process: stops like a preempted run when the sweep dies
+    if cpu_threads:
+        import torch
+
+        torch.set_num_threads(cpu_threads)
+    return run_training(manifest_uri, config, run_folder, mlflow_tags)

@@ -33,14 +33,16 @@ def train_step(
     config: PipelineConfig,
     train_here: Callable[..., dict],
     fresh: bool = False,
+    mlflow_tags: dict[str, str] | None = None,
 ) -> dict:
-    """Train on the manifest's shards where the config says: in this process (`train_here`, the training
-    flow as a subflow), or on the training deployment's work pool. The run's folder is chosen here and
-    handed over; `fresh` (`--force train`) trains in a new folder instead of returning a finished run."""
+    """Train on the manifest's shards where the config says: here (`train_here`: the training flow as a
+    subflow, or in a child process of its own for a sweep's trial), or on the training deployment's work
+    pool. The run's folder is chosen here and handed over; `fresh` (`--force train`) trains in a new folder
+    instead of returning a finished run. `mlflow_tags` go on a new MLflow run (a sweep's trial: its parent)."""
     folder = run_dir(config, load_manifest(manifest_uri, config), fresh=fresh)
     if config.compute.train_on == "deployment":
-        return dispatch_training(manifest_uri, config, folder)
-    return train_here(manifest_uri, config, folder)
+        return dispatch_training(manifest_uri, config, folder, mlflow_tags)
+    return train_here(manifest_uri, config, folder, mlflow_tags=mlflow_tags)
 
 
 def was_preempted(state) -> bool:
@@ -91,7 +93,9 @@ def wait_for_flow_run(flow_run_id, timeout: float | None, poll: float):
             time.sleep(poll)
 
 
-def dispatch_training(manifest_uri: str, config: PipelineConfig, folder: str | None = None) -> dict:
+def dispatch_training(
+    manifest_uri: str, config: PipelineConfig, folder: str | None = None, mlflow_tags: dict[str, str] | None = None
+) -> dict:
     """Run the training deployment, re-dispatch it while it is preempted, and return its result."""
     from prefect.deployments import run_deployment
 
@@ -107,6 +111,8 @@ def dispatch_training(manifest_uri: str, config: PipelineConfig, folder: str | N
     result_uri = storage.join(folder, RESULT_FILE)
     run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
     parameters = {"manifest_uri": manifest_uri, "config": config.model_dump(mode="json"), "run_folder": folder}
+    if mlflow_tags:
+        parameters["mlflow_tags"] = mlflow_tags
     runs: list[dict] = []
     for attempt in range(c.max_preemptions + 1):
         live = live_training_run(run_tag) if attempt == 0 else None

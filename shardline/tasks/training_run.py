@@ -215,10 +215,13 @@ def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
     return manifest
 
 
-def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None = None) -> dict:
+def run_training(
+    manifest_uri: str, config: PipelineConfig, folder: str | None = None, mlflow_tags: dict[str, str] | None = None
+) -> dict:
     """Train the configured model on the manifest's shards in `folder` (default: `run_dir`; the pipeline
     passes the one it chose, so a worker with other code writes where the pipeline reads), resuming its
-    newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`)."""
+    newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`).
+    `mlflow_tags` go on the MLflow run when it is created (a sweep's trial: its parent run, its overrides)."""
     from shardline.core.lease import Lease
 
     log = run_logger()  # the training flow run's, also when the pipeline's train task calls it as a subflow
@@ -239,7 +242,7 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
         # this attempt's entry in the run's cost ledger (cost.json), and the budget it trains within
         ledger, deadline = training_cost.open_ledger(config, folder, log)
         try:
-            return _run_training(manifest_uri, manifest, config, folder, parent, lease, ledger, deadline)
+            return _run_training(manifest_uri, manifest, config, folder, parent, lease, ledger, deadline, mlflow_tags)
         except BaseException:
             ledger.end("failed")  # an attempt that ended before fit could say how (an outcome said stays)
             raise
@@ -248,7 +251,15 @@ def run_training(manifest_uri: str, config: PipelineConfig, folder: str | None =
 
 
 def _run_training(
-    manifest_uri: str, manifest: Manifest, config: PipelineConfig, folder: str, parent, lease, ledger, deadline
+    manifest_uri: str,
+    manifest: Manifest,
+    config: PipelineConfig,
+    folder: str,
+    parent,
+    lease,
+    ledger,
+    deadline,
+    mlflow_tags=None,
 ) -> dict:
     from shardline.trainer.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint
     from shardline.trainer.data import open_split
@@ -276,6 +287,7 @@ def _run_training(
             "shardline.config_hash": config.hash(),
             "shardline.data_fingerprint": manifest.data_fingerprint,
             "shardline.code_version": code_version(),
+            **(mlflow_tags or {}),
         },
     )
     tracker.log_params(flatten(config.model_dump(mode="json")))

@@ -93,6 +93,24 @@ def _module_file(module) -> str:
     return getattr(module, "__file__", None) or "(built in)"
 
 
+def _forget_other_copy(top: str, code_dir: str | None) -> None:
+    """A package of the same name imported before from another folder (two projects' `models` in one
+    process: a sweep, a worker, a notebook) is forgotten, so that `code_dir`'s own is imported, not the
+    first one's: only when `code_dir` holds a package or module of that name."""
+    if not code_dir or top not in sys.modules:
+        return
+    root = Path(code_dir).resolve()
+    if not ((root / top).is_dir() or (root / f"{top}.py").is_file()):
+        return
+    loaded = sys.modules[top]
+    places = [*getattr(loaded, "__path__", []), getattr(loaded, "__file__", None) or ""]
+    if any(p and Path(p).resolve().is_relative_to(root) for p in places):
+        return
+    for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+
+
 def import_entrypoint(entrypoint: str, code_dir: str | None = None):
     """The callable that `model.entrypoint` ("package.module:Name") names, imported from `code_dir`
     (the config file's folder) and the working directory; errors say what is wrong and where it looked."""
@@ -102,11 +120,14 @@ def import_entrypoint(entrypoint: str, code_dir: str | None = None):
             f"model.entrypoint='{entrypoint}' is not 'package.module:Name' (the module, a colon, the class or "
             "factory in it), e.g. 'models.world:WorldModel'"
         )
-    if code_dir and code_dir not in sys.path:
-        sys.path.insert(0, code_dir)  # the user's folder first: its modules are the ones meant
+    if code_dir and (not sys.path or sys.path[0] != code_dir):
+        if code_dir in sys.path:
+            sys.path.remove(code_dir)
+        sys.path.insert(0, code_dir)  # the user's folder first (also when another was put there since)
     if str(Path.cwd()) not in sys.path:
         sys.path.append(str(Path.cwd()))  # last: a file in the working directory never shadows a package
     where = ", ".join(dict.fromkeys(str(f) for f in (code_dir, Path.cwd()) if f))
+    _forget_other_copy(module_name.split(".")[0], code_dir)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:

@@ -1,0 +1,40 @@
+"""A child process that must not outlive the process that started it.
+
+A local sweep trains each trial in a child process. When the sweep is killed (SIGKILL, a lost terminal)
+its children would train on unwatched, holding their run folders' leases, and a rerun would wait for
+them. A child started with `SHARDLINE_PARENT_PID` in its environment watches that process instead: when
+it is gone, the child sends itself SIGTERM, the spot notice training already answers (a checkpoint, the
+MLflow run marked KILLED, exit status 75), and the rerun resumes it from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+PARENT_ENV = "SHARDLINE_PARENT_PID"
+POLL_SECONDS = 1.0
+
+log = logging.getLogger("shardline.parent_watch")
+
+
+def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
+    """Watch the process `SHARDLINE_PARENT_PID` names, when it is this process's parent; SIGTERM this process
+    once it has exited. False (nothing watched) without the variable or when another process started this."""
+    value = os.environ.get(PARENT_ENV)
+    if not value or not value.isdigit() or int(value) != os.getppid():
+        return False
+    parent = int(value)
+
+    def watch() -> None:
+        stop = threading.Event()
+        while not stop.wait(poll):
+            if os.getppid() != parent:  # re-parented: the process that started this one is gone
+                log.warning("the process that started this one (pid %d) is gone: stopping at a checkpoint", parent)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name="shardline-parent-watch", daemon=True).start()
+    return True

@@ -1,0 +1,471 @@
+"""Sweeps: a search space, the trials it makes, each trial's config, and how trials are compared.
+
+A trial is the base config with a few keys overridden (`{"training.lr": 0.01, "model.hidden": 64}`),
+applied the way `--set` applies them and validated by the config's own validation, so a sweep can
+set anything a config can, and a value the config refuses is said before any work, naming the trial
+and the key. A search space maps dotted config keys to a list of values (a choice) or a range
+(`{low, high, log, int}`); a grid takes every combination of the lists, a random sweep draws N
+trials with a seeded generator (the same seed, the same trials). Plain Python: no Prefect, no MLflow.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+import math
+import os
+import random
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shardline.core.config import (
+    CLASSIFICATION_METRICS,
+    REGRESSION_METRICS,
+    ConfigError,
+    PipelineConfig,
+    _read_yaml,
+    apply_overrides,
+    metric_directions,
+    stable_hash,
+    validate_config,
+)
+
+
+class SweepError(ConfigError):
+    """A sweep the user must fix (a key that is no config key, an empty grid, a bad range, a trial whose
+    config is refused); the message names the trial or the key."""
+
+
+class Range(BaseModel):
+    """A numeric range sampled uniformly, or log-uniformly (`log: true`), rounded for `int: true`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    low: float
+    high: float
+    log: bool = False
+    int_: bool = Field(False, alias="int")
+
+    @model_validator(mode="after")
+    def _check(self) -> Range:
+        if not self.low < self.high:
+            raise ValueError(f"low={self.low:g} must be below high={self.high:g}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log range needs low > 0 (got low={self.low:g})")
+        return self
+
+    def sample(self, rng: random.Random) -> float | int:
+        if self.log:
+            value = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+        else:
+            value = rng.uniform(self.low, self.high)
+        if self.int_:
+            return int(min(max(round(value), math.ceil(self.low)), math.floor(self.high)))
+        return float(f"{value:.6g}")  # a readable value: the same in the config, MLflow and the plot
+
+    def describe(self) -> dict:
+        return {"low": self.low, "high": self.high, "log": self.log, "int": self.int_}
+
+
+Space = dict[str, list | Range]  # dotted config key -> the values to try (a choice) or a range
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One point of the space: `overrides` (dotted key -> value) applied to the base config."""
+
+    id: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={_short(v)}" for k, v in self.overrides.items())
+
+    def as_set(self) -> list[str]:
+        """The overrides as `--set key=value` items (values as JSON, which YAML reads back as given)."""
+        return [f"{k}={json.dumps(v)}" for k, v in self.overrides.items()]
+
+
+def _short(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
+# ---------------------------------------------------------------- the space
+
+
+def parse_space(raw: Any, origin: str = "the search space") -> Space:
+    """A search space from its YAML mapping: each dotted config key to a list of values or a range."""
+    if not isinstance(raw, dict) or not raw:
+        raise SweepError(
+            f"{origin}: expected a mapping of dotted config keys to a list of values or "
+            "{low, high, log, int}, e.g. training.lr: {low: 1e-4, high: 1e-2, log: true}"
+        )
+    space: Space = {}
+    for key, spec in raw.items():
+        key = str(key)
+        if isinstance(spec, Range):
+            space[key] = spec
+        elif isinstance(spec, list):
+            if not spec:
+                raise SweepError(f"{origin}: {key} lists no value; give at least one")
+            space[key] = list(spec)
+        elif isinstance(spec, dict):
+            try:
+                space[key] = Range.model_validate(spec)
+            except ValidationError as e:
+                raise SweepError(f"{origin}: {key}: {_range_problem(e)}") from None
+        else:
+            raise SweepError(
+                f"{origin}: {key}: {spec!r} is neither a list of values nor a range {{low, high, log, int}}"
+            )
+    check_keys(list(space), origin)
+    return space
+
+
+def _range_problem(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts) + " (a range is {low, high, log: true|false, int: true|false})"
+
+
+def read_space(path: str | Path) -> Space:
+    path = Path(path)
+    if not path.exists():
+        raise SweepError(f"search space file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SweepError(f"{path}: not valid YAML: {e}") from None
+    return parse_space(raw, str(path))
+
+
+def parse_grid(items: list[str]) -> Space:
+    """`--grid key=v1,v2` items as a space of choices (each value read as YAML, as `--set` reads it)."""
+    space: Space = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SweepError(f"--grid '{item}': expected key.path=v1,v2,..., e.g. --grid training.lr=0.01,0.001")
+        if key in space:
+            raise SweepError(f"--grid {key} is given twice; list all its values in one --grid")
+        parsed = [yaml.safe_load(v) for v in values.split(",") if v.strip()]
+        if not parsed:
+            raise SweepError(f"--grid {key}: the grid is empty; list at least one value: --grid {key}=v1,v2")
+        space[key] = parsed
+    check_keys(list(space), "--grid")
+    return space
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return next((m for a in typing.get_args(annotation) if (m := _model_in(a)) is not None), None)
+    return None
+
+
+def _is_mapping(annotation: Any) -> bool:
+    if annotation is Any or annotation is dict or typing.get_origin(annotation) is dict:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_is_mapping(a) for a in typing.get_args(annotation))
+    return False
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` is no config key (naming the closest ones), or None: a key of a section, a whole section,
+    or any key below a mapping setting (`model.params.width`, `training.loss_weights.label`)."""
+    parts = [p for p in key.split(".") if p]
+    model: type[BaseModel] = PipelineConfig
+    for i, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            where = ".".join(parts[:i]) or "the config's top level"
+            close = difflib.get_close_matches(part, list(fields), n=3)
+            hint = f"; did you mean {' or '.join(repr('.'.join([*parts[:i], c])) for c in close)}?" if close else ""
+            return f"'{key}' is not a config key: {where} has no '{part}'{hint}"
+        annotation = fields[part].annotation
+        sub = _model_in(annotation)
+        if sub is None:
+            if i < len(parts) - 1 and not _is_mapping(annotation):
+                return f"'{key}' is not a config key: {'.'.join(parts[: i + 1])} is a value, not a section"
+            return None
+        model = sub
+    return None if parts else "an empty key"
+
+
+# where the trials run and are recorded is the sweep's: one storage root, one MLflow experiment, one pool
+SHARED_SECTIONS = ("storage", "mlflow", "compute")
+
+
+def check_keys(keys: list[str], origin: str) -> None:
+    problems = [p for k in keys if (p := key_problem(k))]
+    problems += [
+        f"'{k}' is the sweep's, not a trial's: every trial shares {k.split('.')[0]}.* (set it in the config)"
+        for k in keys
+        if k.split(".")[0] in SHARED_SECTIONS
+    ]
+    problems += [
+        f"'{k}' is the sweep's, not a trial's: it is what the trials are compared by (set it in the config)"
+        for k in keys
+        if k == "training.select_by"
+    ]
+    if problems:
+        raise SweepError(f"{origin}: " + "; ".join(problems))
+
+
+# ---------------------------------------------------------------- trials
+
+
+def _ids(n: int) -> list[str]:
+    width = len(str(n))
+    return [f"t{i + 1:0{width}d}" for i in range(n)]
+
+
+def grid_trials(space: Space) -> list[Trial]:
+    """Every combination of the space's lists, the first key varying slowest (a range cannot be a grid)."""
+    ranges = [k for k, v in space.items() if isinstance(v, Range)]
+    if ranges:
+        raise SweepError(
+            f"{', '.join(ranges)}: a range has no grid; sample it with --random N, or list its values instead"
+        )
+    combos = _unique([dict(zip(space, values)) for values in itertools.product(*space.values())])
+    return [Trial(i, c) for i, c in zip(_ids(len(combos)), combos)]
+
+
+def random_trials(space: Space, n: int, seed: int = 0) -> list[Trial]:
+    """`n` points drawn from the space by a generator seeded with `seed` (the same seed, the same trials);
+    a point drawn twice is one trial."""
+    if n < 1:
+        raise SweepError(f"--random {n}: draw at least one trial")
+    rng = random.Random(seed)
+    drawn = [{k: (rng.choice(v) if isinstance(v, list) else v.sample(rng)) for k, v in space.items()} for _ in range(n)]
+    unique = _unique(drawn)
+    return [Trial(i, c) for i, c in zip(_ids(len(unique)), unique)]
+
+
+def _unique(points: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for p in points:
+        key = json.dumps(p, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+@dataclass
+class Plan:
+    """A sweep, checked: its trials, each trial's validated config, and its identity (the same base config
+    and trials, the same sweep: its parent MLflow run and folder are found again by a rerun)."""
+
+    base: PipelineConfig
+    space: Space
+    mode: str  # "grid" or "random"
+    seed: int | None
+    trials: list[Trial]
+    configs: list[PipelineConfig]
+
+    @property
+    def id(self) -> str:
+        return stable_hash(
+            {"base": self.base.hash(), "trials": [[t.id, t.overrides] for t in self.trials]},
+        )[:16]
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.space)
+
+    def describe_space(self) -> dict:
+        return {k: (v.describe() if isinstance(v, Range) else v) for k, v in self.space.items()}
+
+
+def raw_config(config: PipelineConfig | dict | str) -> dict:
+    """The mapping trials are made from: a YAML file's (after `extends`), a dict as given, or a validated
+    config's, secrets kept (it stays in this process) and without the defaults its validation derived from
+    the targets (the promotion metric), so a trial with other targets derives its own."""
+    if isinstance(config, str | Path):
+        return _read_yaml(Path(config))
+    if isinstance(config, dict):
+        return json.loads(json.dumps(config))
+    from shardline.core.secrets import KEEP_SECRETS
+
+    raw = config.model_dump(mode="json", context=KEEP_SECRETS)
+    metrics = metric_directions(config.data.target_list)
+    first = next(iter(metrics))
+    if (config.mlflow.promotion_metric, config.mlflow.promotion_direction) == (first, metrics[first]):
+        raw["mlflow"].pop("promotion_metric", None)
+        raw["mlflow"].pop("promotion_direction", None)
+    return raw
+
+
+def trial_config(raw: dict, trial: Trial) -> PipelineConfig:
+    """The base config's raw mapping with the trial's overrides, validated; an error names the trial."""
+    try:
+        return validate_config(apply_overrides(raw, trial.as_set()), f"of trial {trial.id} ({trial.label})")
+    except ConfigError as e:
+        raise SweepError(str(e)) from None
+
+
+def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0) -> Plan:
+    """Check a sweep before any work: the base config (`raw`, after `extends` and `--set`), the space, and
+    every trial's config. `trials`: draw that many at random; None: the grid."""
+    base = validate_config(raw, "(the sweep's base config)")
+    chosen = grid_trials(space) if trials is None else random_trials(space, trials, seed)
+    configs = [trial_config(raw, t) for t in chosen]
+    _check_distinct(chosen, configs)
+    return Plan(base, space, "grid" if trials is None else "random", None if trials is None else seed, chosen, configs)
+
+
+def what_is_trained(config: PipelineConfig) -> str:
+    """What decides a trial's model, from its config: its data settings, its model and its training
+    settings (the settings that only change where or how fast it trains are left out)."""
+    data = config.data.model_dump(mode="json", exclude={"on_bad_file", "group_mb", "files_per_group", "encode_workers"})
+    model = config.model.model_dump(mode="json", exclude={"code_dir"})
+    training = config.training.model_dump(mode="json", exclude=set(config.training.RESUMABLE_CHANGES))
+    return stable_hash([data, model, training])
+
+
+def _check_distinct(trials: list[Trial], configs: list[PipelineConfig]) -> None:
+    """Two trials that train the same model (they differ only in where or how fast it trains) would be one
+    training run: said before any work, with the keys that made them."""
+    seen: dict[str, Trial] = {}
+    for trial, config in zip(trials, configs):
+        key = what_is_trained(config)
+        if key in seen:
+            first = seen[key]
+            differ = [k for k in trial.overrides if first.overrides.get(k) != trial.overrides[k]]
+            raise SweepError(
+                f"trials {first.id} ({first.label}) and {trial.id} ({trial.label}) train the same model: "
+                f"{', '.join(differ) or 'their settings'} do not change what is trained (only where or how fast). "
+                "Sweep over settings that change the model, the data or the training"
+            )
+        seen[key] = trial
+
+
+def data_key(config: PipelineConfig) -> str:
+    """Trials with the same data settings (and the same starting model, which may bring its encoding) share
+    one ingest and one encode."""
+    return stable_hash([config.data.model_dump(mode="json"), config.training.init_from])
+
+
+# ---------------------------------------------------------------- comparing trials
+
+
+def score_direction(name: str) -> str:
+    """Which way a validation score is better: `val_loss`, `val_mae` minimise; `val_accuracy`,
+    `val_<target>/macro_f1` maximise."""
+    base = name.removeprefix("val_").rsplit("/", 1)[-1]
+    if base == "loss":
+        return "minimize"
+    return {**CLASSIFICATION_METRICS, **REGRESSION_METRICS}.get(base, "minimize")
+
+
+def trial_score(train_result: dict) -> tuple[str, float | None]:
+    """(the validation metric that picked the trial's best checkpoint, its best value): the training
+    result's `select_by` and `best_score`; a result without them (from before `training.select_by`):
+    the lowest `val_loss` of its history."""
+    if train_result.get("best_score") is not None:
+        return train_result.get("select_by") or "val_loss", float(train_result["best_score"])
+    losses = [h["val_loss"] for h in train_result.get("history") or [] if _finite(h.get("val_loss"))]
+    if losses:
+        return "val_loss", float(min(losses))
+    best = train_result.get("best_val_loss")
+    return "val_loss", float(best) if _finite(best) else None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def best_of(rows: list[dict]) -> dict | None:
+    """The row of the best finished trial by its score (`score`, `direction`), or None when none finished.
+    Ties go to the earlier trial."""
+    done = [r for r in rows if r.get("score") is not None]
+    if not done:
+        return None
+    sign = -1 if done[0]["direction"] == "maximize" else 1
+    return min(done, key=lambda r: (sign * r["score"], rows.index(r)))
+
+
+def cpu_share(at_once: int, cores: int | None = None) -> int:
+    """Torch threads of each of `at_once` trials sharing this machine: its cores split between them."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, at_once))
+
+
+# ---------------------------------------------------------------- the comparison picture
+
+
+def plot_sweep(rows: list[dict], keys: list[str], metric: str, direction: str, path: str | Path) -> Path:
+    """The score of every trial (the best one highlighted, a failed one marked), then the score against each
+    swept setting; written atomically."""
+    from shardline.core.metrics import _new_figure, _save_atomic
+
+    panels = 1 + len(keys)
+    cols = min(panels, 3)
+    nrows = -(-panels // cols)
+    fig = _new_figure(4.6 * cols, 3.4 * nrows)
+    best = best_of(rows)
+    ids = [r["trial"] for r in rows]
+    done = [r for r in rows if r.get("score") is not None]
+    ax = fig.add_subplot(nrows, cols, 1)
+    xs = range(len(rows))
+    ax.scatter([i for i, r in zip(xs, rows) if r in done], [r["score"] for r in done], color="#1f77b4", zorder=3)
+    if best is not None:
+        ax.scatter(
+            [rows.index(best)], [best["score"]], color="#2ca02c", s=90, zorder=4, label=f"best ({best['trial']})"
+        )
+        ax.legend(fontsize=7)
+    for i, r in enumerate(rows):
+        if r.get("score") is None:  # failed: a red cross on the axis
+            ax.scatter([i], [0.0], marker="x", color="#d62728", zorder=3, transform=ax.get_xaxis_transform())
+            ax.annotate(
+                "failed",
+                (i, 0.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(0, 8),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                color="#d62728",
+            )
+    ax.set_xticks(list(xs), ids, rotation=45 if len(rows) > 8 else 0, fontsize=8)
+    ax.set_xlim(-0.5, len(rows) - 0.5)
+    ax.set_title(f"{metric} by trial ({'higher' if direction == 'maximize' else 'lower'} is better)", fontsize=9)
+    ax.set_ylabel(metric, fontsize=8)
+    ax.grid(alpha=0.3)
+    for n, key in enumerate(keys, start=2):
+        ax = fig.add_subplot(nrows, cols, n)
+        values = [r["overrides"].get(key) for r in done]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        if numeric:
+            xs = values
+        else:
+            labels = list(dict.fromkeys(_short(v) for v in values))
+            xs = [labels.index(_short(v)) for v in values]
+            ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.scatter(xs, [r["score"] for r in done], color="#1f77b4", zorder=3)
+        if best is not None and best in done:
+            i = done.index(best)
+            ax.scatter([xs[i]], [best["score"]], color="#2ca02c", s=90, zorder=4, label=f"best ({best['trial']})")
+            ax.legend(fontsize=7)
+        if numeric and len(set(values)) > 1 and min(values) > 0 and max(values) / min(values) >= 10:
+            ax.set_xscale("log")
+        ax.set_xlabel(key, fontsize=8)
+        ax.set_ylabel(metric, fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save_atomic(fig, path)

@@ -1,0 +1,149 @@
+"""The sweep: many trainings of one config, each with a few keys overridden, the best registered.
+
+Ingest and encode run once per distinct data setting (cached as in the pipeline); every trial trains
+through the pipeline's cached train step, concurrently: on the training deployment's work pool (one
+flow run per trial: N workers take N trials) or locally in child processes, `at_once` at a time, each
+with its share of the cores. The best trial by its validation score is evaluated on the test split and
+registered by the pipeline's own steps. One parent MLflow run holds the trials' runs, the scores and
+the comparison picture; the `sweep` artifact lists the trials. A rerun trains only what did not finish.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from prefect import flow
+from prefect.logging import get_run_logger
+
+from shardline.core.config import PipelineConfig
+from shardline.core.memory import return_freed_memory
+from shardline.core.secrets import install_log_redaction
+from shardline.core.sweep import (
+    best_of,
+    cpu_share,
+    data_key,
+    parse_space,
+    plan_sweep,
+    raw_config,
+    read_space,
+)
+from shardline.flows.pipeline import encoded_data
+from shardline.flows.train import train
+from shardline.tasks import links
+from shardline.tasks.caching import run_cached
+from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
+from shardline.tasks.register import REGISTER_CACHE, register
+from shardline.tasks.sweep import (
+    finish_parent_run,
+    parent_pages,
+    parent_run,
+    report_sweep,
+    sweep_folder,
+    tag_version,
+    train_in_child,
+    train_trials,
+)
+
+LOCAL_AT_ONCE = 2  # measured (docs/experiments.md): two demo-sized trials at once beat one at a time on 2 cores
+
+
+def default_at_once(trials: int) -> int:
+    """Local trials at once by default: two (each with half the cores), or fewer when there are fewer trials."""
+    return max(1, min(trials, LOCAL_AT_ONCE))
+
+
+@flow(name="sweep", log_prints=True, flow_run_name=links.flow_run_name("sweep"))
+def sweep(
+    config: PipelineConfig | dict | str,
+    space: dict | str,
+    trials: int | None = None,
+    seed: int = 0,
+    at_once: int | None = None,
+) -> dict:
+    """Train one model per trial of `space` (a YAML path or the space itself: dotted config keys to a list
+    of values or {low, high, log, int}) over `config`; register the best. `trials`: that many drawn at random
+    with `seed`; None: the grid of the lists. `at_once`: trials training at once (default: all of them on a
+    deployment's pool, two here)."""
+    install_log_redaction()
+    return_freed_memory()
+    log = get_run_logger()
+    plan = plan_sweep(
+        raw_config(config), read_space(space) if isinstance(space, str) else parse_space(space), trials, seed
+    )
+    base = plan.base
+    root = base.storage.root
+    log.info("sweep %s: %d %s trial(s) over %s", plan.id, len(plan.trials), plan.mode, ", ".join(plan.keys))
+
+    data, ran = {}, {"ingest": False, "encode": False}
+    for config_ in plan.configs:  # one ingest and encode per data setting; the encode's own cache shares the rest
+        key = data_key(config_)
+        if key not in data:
+            *data[key], did = encoded_data(config_)
+            ran = {step: ran[step] or did[step] for step in ran}
+
+    folder = sweep_folder(root, plan.id)
+    remote = base.compute.train_on == "deployment"
+    at_once = at_once or (len(plan.trials) if remote else default_at_once(len(plan.trials)))
+    threads = None if remote else cpu_share(at_once)
+    here = train if remote else partial(train_in_child, train, cpu_threads=threads)
+    if not remote:
+        log.info("sweep: %d trial(s) at once on this machine, %d torch thread(s) each", at_once, threads)
+    with parent_run(plan, folder) as parent:  # ended KILLED or FAILED if the sweep is interrupted or fails
+        outcomes = train_trials(plan, data, parent.run_id, at_once, here)
+        rows = [row for row, _ in outcomes]
+        best = best_of(rows)
+        metric = best["metric"] if best else "val_loss"
+        direction = best["direction"] if best else "minimize"
+        pages = parent_pages(parent, [r["mlflow_run_id"] for r in rows if r.get("mlflow_run_id")])
+        heading = f"{base.name}: sweep of {len(rows)} trial(s) over {', '.join(plan.keys)}, by {metric}"
+        plot = report_sweep(rows, plan.keys, metric, direction, folder, heading, pages)
+        if best is None:
+            finish_parent_run(parent, rows, metric, plot, f"**{heading}**: every trial failed.")
+            raise RuntimeError(
+                "every trial of the sweep failed: " + "; ".join(f"{r['trial']}: {r['error']}" for r in rows)
+            )
+
+        # the best trial: evaluated on the test split and registered by the pipeline's own steps
+        i = [r["trial"] for r in rows].index(best["trial"])
+        trial, config_, trained = plan.trials[i], plan.configs[i], outcomes[i][1]
+        snapshot, manifest_uri, _ = data[data_key(config_)]
+        scores, ran["evaluate"] = run_cached(evaluate, EVALUATE_CACHE, root, False, manifest_uri, trained, config_)
+        registered, ran["register"] = run_cached(
+            register, REGISTER_CACHE, root, False, config_, snapshot, manifest_uri, trained, scores
+        )
+        tag_version(config_, registered, parent.run_id, trial)
+        version = f"{registered['model_name']} v{registered['version']} @{registered['alias']}"
+        summary = f"best {trial.id} ({trial.label}), {metric} {best['score']:.4g}; registered as {version}."
+        finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {summary}")
+    links.tag_flow_run(
+        [f"mlflow-run:{parent.run_id}", f"model:{registered['model_name']}"] if parent.run_id else [],
+        name=f"{base.name} · sweep · best {trial.id} · {version}",
+    )
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("ran", "cached", "failed")}
+    return {
+        "sweep_id": plan.id,
+        "mode": plan.mode,
+        "keys": plan.keys,
+        "parent_run_id": parent.run_id,
+        "parent_page": pages.get(parent.run_id) if parent.run_id else None,
+        "folder": folder,
+        "plot": plot,
+        "metric": metric,
+        "direction": direction,
+        "at_once": at_once,
+        "cpu_threads": threads,
+        "trials": rows,
+        "best": best,
+        "steps": {
+            "ingest": "ran" if ran["ingest"] else "cached",
+            "encode": "ran" if ran["encode"] else "cached",
+            "train": ", ".join(f"{n} {s}" for s, n in counts.items() if n),
+            "evaluate": "ran" if ran["evaluate"] else "cached",
+            "register": "ran" if ran["register"] else "cached",
+        },
+        "train": {k: trained.get(k) for k in ("best_checkpoint", "steps", "device", "precision", "run_dir")},
+        "metrics": scores["metrics"],
+        "baseline": scores["baseline"],
+        "table": scores["table"],
+        "registered": registered,
+    }

@@ -1,0 +1,306 @@
+"""Sweep steps: a local trial's training in a process of its own, the sweep's parent MLflow run, its
+report (the comparison picture, the Prefect artifact) and the registered version's sweep tags.
+
+Each trial trains through the pipeline's own cached train step (`TRAIN_CACHE`, its run folder): a
+finished trial is a cache hit, an interrupted one resumes from its checkpoints. Locally, its training
+flow runs in a child process (`train_in_child`): torch's thread count is the process's, so trials that
+share the machine each get their share of its cores, and a trial that crashes takes only its process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.futures import as_completed
+from prefect.logging import get_run_logger
+
+from shardline.core import storage
+from shardline.core.config import PipelineConfig
+from shardline.core.parent_watch import PARENT_ENV
+from shardline.core.secrets import redact_text
+from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
+from shardline.core.tracking import Tracker, run_page, tracking_uri
+from shardline.tasks import links
+from shardline.tasks.caching import cached
+from shardline.tasks.train import (
+    TRAIN_CACHE,
+    TrainingRunFailed,
+    retry_on_infrastructure,
+    train_step,
+    wait_for_flow_run,
+)
+from shardline.tasks.training_run import RESULT_FILE
+
+SWEEP_TAG = "shardline.sweep"  # on the trials' MLflow runs and the registered version: the parent run's id
+
+
+def sweep_folder(root: str, sweep_id: str) -> str:
+    """Where a sweep keeps its parent run's journal and its comparison picture: `<root>/sweeps/<id>`."""
+    return storage.join(root, "sweeps", sweep_id)
+
+
+def _flow_runs(run_tag: str) -> list:
+    """The flow runs tagged `run_tag`, newest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[run_tag])),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=20,
+        )
+
+
+def train_in_child(
+    flow,
+    manifest_uri: str,
+    config: PipelineConfig,
+    folder: str,
+    mlflow_tags: dict[str, str] | None = None,
+    cpu_threads: int | None = None,
+) -> dict:
+    """Run the training flow `flow` in a child process on this machine and return its result (from the run
+    folder's `result.json`, as a dispatched run's). The child reaches this process's Prefect API (the
+    ephemeral one included), its flow run is tagged like a dispatched one (`shardline-run:<folder>`), it
+    sets torch to `cpu_threads` threads, and it stops at a checkpoint if this process dies."""
+    from prefect import tags
+    from prefect.client.orchestration import get_client
+    from prefect.context import serialize_context
+    from prefect.flow_engine import run_flow_in_subprocess
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    log = get_run_logger()
+    run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
+    with get_client(sync_client=True) as client:
+        api = str(client.api_url).rstrip("/")  # an ephemeral API's too: the child must not start its own
+    parameters = {
+        "manifest_uri": manifest_uri,
+        "config": config,
+        "run_folder": folder,
+        "mlflow_tags": mlflow_tags,
+        "cpu_threads": cpu_threads,
+    }
+    earlier = {r.id for r in _flow_runs(run_tag)}  # an interrupted attempt's: not this child's
+    with temporary_settings(updates={PREFECT_API_URL: api}), tags("shardline", run_tag):
+        process = run_flow_in_subprocess(
+            flow, parameters=parameters, context=serialize_context(), env={PARENT_ENV: str(os.getpid())}
+        )
+    log.info("train: %s in child process %d (%s torch threads)", folder, process.pid, cpu_threads or "default")
+    process.join()
+    flow_run = next((r for r in _flow_runs(run_tag) if r.id not in earlier), None)
+    if flow_run is not None and (flow_run.state is None or not flow_run.state.is_final()):
+        flow_run = wait_for_flow_run(flow_run.id, 30, 1)  # its last state may still be on its way
+    state = flow_run.state if flow_run is not None else None
+    runs = [{"name": flow_run.name, "id": str(flow_run.id), "state": state.name if state else None}] if flow_run else []
+    if process.exitcode == 0 and state is not None and state.is_completed():
+        return {**json.loads(storage.read_text(storage.join(folder, RESULT_FILE))), "flow_runs": runs}
+    why = state.message if state is not None and state.message else f"its process exited with status {process.exitcode}"
+    raise TrainingRunFailed(
+        f"training run {flow_run.name if flow_run else folder} ended "
+        f"{state.name if state else 'without a flow run'}: {why}"
+    )
+
+
+def trial_tags(parent_run_id: str | None, sweep_id: str, trial: Trial) -> dict[str, str]:
+    """The tags of a trial's MLflow run: its parent (MLflow nests it under the sweep's run), the trial and
+    its overrides."""
+    tags = {
+        "shardline.sweep_id": sweep_id,
+        "shardline.sweep.trial": trial.id,
+        "shardline.sweep.overrides": json.dumps(trial.overrides),
+    }
+    if parent_run_id:
+        tags.update({"mlflow.parentRunId": parent_run_id, SWEEP_TAG: parent_run_id})
+    return tags
+
+
+@contextmanager
+def parent_run(plan: Plan, folder: str) -> Iterator[Tracker]:
+    """The sweep's parent MLflow run for a block: ended KILLED (Ctrl-C) or FAILED when the block raises, and
+    continued by the next run of the same sweep (`finish_parent_run` ends it when the sweep is done)."""
+    tracker = start_parent_run(plan, folder)
+    try:
+        yield tracker
+    except BaseException as e:
+        tracker.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", wait=min(5.0, tracker.flush_s))
+        raise
+
+
+def train_trials(plan: Plan, data: dict, parent_run_id: str | None, at_once: int, train_here) -> list[tuple]:
+    """Wire the trials' training (inside a flow run): each trial through the pipeline's cached train step
+    (`TRAIN_CACHE`: a finished trial is a cache hit, an unfinished one resumes), `at_once` in flight, the next
+    submitted as soon as one finishes; `data` maps `data_key(config)` to (snapshot, manifest URI, checksum).
+    Returns each trial's (row, training result) in the trials' order (`trial_outcome`)."""
+    futures, running = {}, []
+    for trial, config in zip(plan.trials, plan.configs):
+        if len(running) >= at_once:
+            running.remove(next(as_completed(running)))
+        _, manifest_uri, manifest_hash = data[data_key(config)]
+        step = cached(train_step, TRAIN_CACHE, config.storage.root).with_options(
+            retries=config.training.max_restarts,
+            retry_delay_seconds=5,
+            retry_condition_fn=retry_on_infrastructure,
+            task_run_name=f"train {trial.id}",
+        )
+        tags = trial_tags(parent_run_id, plan.id, trial)
+        futures[trial.id] = step.submit(manifest_uri, manifest_hash, config, train_here, mlflow_tags=tags)
+        running.append(futures[trial.id])
+    return [trial_outcome(trial, futures[trial.id]) for trial in plan.trials]
+
+
+def start_parent_run(plan: Plan, folder: str) -> Tracker:
+    """The sweep's parent MLflow run, created once and continued by every rerun of the same sweep (its
+    journal is in the sweep's folder, as a training run's is in its run folder)."""
+    base = plan.base
+    tracker = Tracker(base.mlflow, base.storage.root, run_dir=folder)
+    tracker.start(
+        run_name=f"{base.name} · sweep {plan.id[:8]}",
+        tags={"shardline.sweep_id": plan.id, "shardline.sweep.keys": ", ".join(plan.keys)},
+    )
+    if not tracker.resumed:
+        tracker.log_params(
+            {
+                "sweep.mode": plan.mode,
+                "sweep.trials": len(plan.trials),
+                "sweep.seed": plan.seed,
+                **{f"sweep.space.{k}": json.dumps(v) for k, v in plan.describe_space().items()},
+            }
+        )
+    tracker.set_tags(links.mlflow_tags())
+    if tracker.run_id is None:
+        get_run_logger().warning("sweep: MLflow did not answer; the trials' runs are not nested under a parent run")
+    return tracker
+
+
+def _cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def table(rows: list[dict], best: dict | None, metric: str, pages: dict[str, str] | None = None) -> str:
+    """The trials as a markdown table: overrides, score, state, MLflow run; the best marked."""
+    pages = pages or {}
+    lines = [f"| trial | overrides | {metric} | state | MLflow run |", "|---|---|---|---|---|"]
+    for r in rows:
+        score = "" if r.get("score") is None else f"{r['score']:.4g}"
+        name = f"**{r['trial']}** (best)" if best is not None and r["trial"] == best["trial"] else r["trial"]
+        run = r.get("mlflow_run_id") or ""
+        if run and pages.get(run):
+            run = f"[{run[:12]}]({pages[run]})"
+        state = r["state"] if not r.get("error") else f"failed: {_cell(r['error'])[:300]}"
+        overrides = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in r["overrides"].items())
+        lines.append(f"| {name} | {overrides} | {score} | {state} | {run} |")
+    return "\n".join(lines)
+
+
+@task(name="report-sweep")
+def report_sweep(
+    rows: list[dict], keys: list[str], metric: str, direction: str, folder: str, heading: str, pages: dict[str, str]
+) -> str:
+    """Draw the comparison picture into the sweep's folder and list the trials in the `sweep` artifact;
+    return the picture's URI."""
+    best = best_of(rows)
+    local = not storage.is_remote(folder)
+    if local:
+        plot = str(plot_sweep(rows, keys, metric, direction, Path(storage.local_path(folder)) / "comparison.png"))
+    else:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="shardline-sweep-") as tmp:
+            drawn = plot_sweep(rows, keys, metric, direction, Path(tmp) / "comparison.png")
+            plot = storage.join(folder, "comparison.png")
+            storage.write_bytes(plot, drawn.read_bytes())
+    create_markdown_artifact(
+        key="sweep",
+        markdown=redact_text(f"## {heading}\n\n{table(rows, best, metric, pages)}"),
+        description="the sweep's trials: overrides, validation score, state, MLflow run",
+    )
+    return plot
+
+
+def finish_parent_run(tracker: Tracker, rows: list[dict], metric: str, plot: str, text: str) -> None:
+    """Log the trials on the parent run (each trial's score at its trial number, once; the results as
+    sweep.json; the failures as a tag; the picture) and end it: FINISHED unless every trial failed."""
+    log = get_run_logger()
+    key = f"trial/{metric}"
+    logged = tracker.last_step(key)
+    for i, r in enumerate(rows, start=1):
+        if r.get("score") is not None and i > logged:
+            tracker.log_metrics({key: r["score"]}, i)
+    failed = {r["trial"]: r["error"] for r in rows if r.get("error")}
+    tracker.log_dict({"metric": metric, "trials": rows}, "sweep.json")
+    tracker.set_tags(
+        {
+            "shardline.sweep.failed": json.dumps(failed)[:5000] if failed else "none",
+            "mlflow.note.content": text,
+        }
+    )
+    if tracker.run_id is not None:
+        try:
+            local = plot if not storage.is_remote(plot) else None
+            if local is None:
+                import tempfile
+
+                tmp = Path(tempfile.mkdtemp(prefix="shardline-sweep-")) / "comparison.png"
+                tmp.write_bytes(storage.read_bytes(plot))
+                local = str(tmp)
+            tracker.client.log_artifact(tracker.run_id, local, "sweep")
+        except Exception as e:  # noqa: BLE001 - a picture is never worth a failed sweep
+            log.warning("sweep: could not log the comparison picture on the parent run: %s", e)
+    tracker.end("FAILED" if rows and len(failed) == len(rows) else "FINISHED")
+
+
+def tag_version(config: PipelineConfig, registered: dict, parent_run_id: str | None, trial: Trial) -> None:
+    """Tag the registered version with the sweep that chose it and the winning trial's overrides."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri(config.mlflow, config.storage.root))
+    name, version = registered["model_name"], str(registered["version"])
+    tags = {"shardline.sweep.trial": trial.id, "shardline.sweep.overrides": json.dumps(trial.overrides)}
+    if parent_run_id:
+        tags[SWEEP_TAG] = parent_run_id
+    for k, v in tags.items():
+        client.set_model_version_tag(name, version, k, v)
+
+
+def parent_pages(tracker: Tracker, run_ids: list[str]) -> dict[str, str]:
+    """The MLflow UI's page of the parent run and of each trial's run (by run id)."""
+    try:
+        experiment = tracker.client.get_run(tracker.run_id).info.experiment_id if tracker.run_id else None
+    except Exception:  # noqa: BLE001 - an address, not a result
+        return {}
+    if experiment is None:
+        return {}
+    return {r: run_page(tracker.uri, experiment, r) for r in [tracker.run_id, *run_ids] if r}
+
+
+def trial_outcome(trial: Trial, future) -> tuple[dict, dict | None]:
+    """A trial's row (its overrides, the validation metric that picked its checkpoint and its best value,
+    whether it trained, came from the cache or failed and why, its MLflow run) and its training result."""
+    future.wait()
+    state = future.state
+    row = {"trial": trial.id, "overrides": trial.overrides, "score": None, "error": None}
+    if not state.is_completed():
+        error = future.result(raise_on_failure=False)
+        text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else state.message
+        row.update(state="failed", error=redact_text(" ".join(str(text).split())))
+        return row, None
+    result = future.result()
+    metric, score = trial_score(result)
+    row.update(
+        state="cached" if state.name == "Cached" else "ran",
+        metric=metric,
+        score=score,
+        direction=score_direction(metric),
+        best_epoch=result.get("best_epoch"),
+        mlflow_run_id=result.get("mlflow_run_id"),
+        run_dir=result.get("run_dir"),
+    )
+    return row, result

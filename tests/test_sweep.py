@@ -1,0 +1,252 @@
+"""Sweeps through a real Prefect API, a real MLflow SQLite store and real (tiny) trainings: trials train
+once each, concurrently, in child processes; the best is registered; a rerun trains nothing; a failed
+trial is reported and does not sink the sweep; a sweep killed mid-way finishes on rerun; bad input is
+refused before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from shardline.core.sweep import SweepError, parse_space, plan_sweep, random_trials
+from tests.conftest import make_raw, tiny_config
+
+pytestmark = pytest.mark.e2e
+
+BIN = Path(sys.executable).parent / "shardline"
+GRID = {"model.hidden": [8, 32], "training.lr": [0.01, 0.001]}
+
+
+def run_sweep(cfg: dict, space: dict, **kw) -> dict:
+    from shardline.core.config import validate_config
+    from shardline.flows.sweep import sweep
+
+    return sweep(validate_config(cfg), space, **kw)
+
+
+def runs_of(client: MlflowClient, experiment: str = "tiny") -> list:
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id]) if exp else []
+
+
+def sweep_artifact(key: str = "sweep") -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), limit=50)
+    return "\n".join(str(a.data) for a in found)
+
+
+@pytest.fixture
+def data(tmp_path):
+    make_raw(tmp_path / "raw", n_seq=12, rows=50)
+    root = str(tmp_path / "store")
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), root, **{"training.epochs": 1})
+    return tmp_path, cfg
+
+
+def test_a_grid_sweep_trains_each_trial_once_registers_the_best_and_a_rerun_trains_nothing(data, prefect_api):
+    tmp_path, cfg = data
+    result = run_sweep(cfg, GRID, at_once=2)
+
+    rows = result["trials"]
+    assert [r["overrides"] for r in rows] == [
+        {"model.hidden": 8, "training.lr": 0.01},
+        {"model.hidden": 8, "training.lr": 0.001},
+        {"model.hidden": 32, "training.lr": 0.01},
+        {"model.hidden": 32, "training.lr": 0.001},
+    ]
+    assert [r["state"] for r in rows] == ["ran"] * 4
+    assert result["steps"] == {"ingest": "ran", "encode": "ran", "train": "4 ran", "evaluate": "ran", "register": "ran"}
+    # one data set encoded for the four trials; four training runs, each in its own folder
+    datasets = [d for d in (tmp_path / "store" / "datasets").iterdir() if d.name != "groups"]
+    assert len(datasets) == 1
+    assert len({r["run_dir"] for r in rows}) == 4 and all(Path(r["run_dir"], "result.json").exists() for r in rows)
+    # two at once on this machine, each with its share of the cores
+    assert result["at_once"] == 2 and result["cpu_threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
+
+    # the best by the validation score is the registered one, tagged with the sweep
+    sign = -1 if result["direction"] == "maximize" else 1
+    best = min(rows, key=lambda r: sign * r["score"])
+    assert result["best"]["trial"] == best["trial"]
+    reg = result["registered"]
+    assert (reg["version"], reg["alias"], reg["run_id"]) == (1, "champion", best["mlflow_run_id"])
+    client = MlflowClient(reg["tracking_uri"])
+    version = client.get_model_version("tiny-model", "1")
+    parent = result["parent_run_id"]
+    assert version.tags["shardline.sweep"] == parent
+    assert json.loads(version.tags["shardline.sweep.overrides"]) == best["overrides"]
+
+    # MLflow: the trials are children of the sweep's run, with their overrides; the parent has the scores
+    children = {r.data.tags.get("shardline.sweep.trial"): r for r in runs_of(client) if r.info.run_id != parent}
+    assert sorted(children) == ["t1", "t2", "t3", "t4"]
+    for row in rows:
+        run = children[row["trial"]]
+        assert run.data.tags["mlflow.parentRunId"] == parent and run.info.status == "FINISHED"
+        assert json.loads(run.data.tags["shardline.sweep.overrides"]) == row["overrides"]
+        assert run.data.params["model.hidden"] == str(row["overrides"]["model.hidden"])
+    parent_run = client.get_run(parent)
+    assert parent_run.info.status == "FINISHED"
+    key = f"trial/{result['metric']}"
+    assert [(m.step, m.value) for m in client.get_metric_history(parent, key)] == [
+        (i, r["score"]) for i, r in enumerate(rows, start=1)
+    ]
+    assert {a.path for a in client.list_artifacts(parent, "sweep")} == {"sweep/comparison.png"}
+    assert Path(result["plot"]).read_bytes()[:4] == b"\x89PNG"
+    listed = sweep_artifact()
+    assert all(f"`model.hidden={r['overrides']['model.hidden']}`" in listed for r in rows)
+    assert f"**{best['trial']}** (best)" in listed
+
+    # the same sweep again: nothing trains, the same parent run, no new MLflow run
+    before = len(runs_of(client))
+    again = run_sweep(cfg, GRID, at_once=2)
+    assert again["steps"] == {
+        "ingest": "cached",
+        "encode": "cached",
+        "train": "4 cached",
+        "evaluate": "cached",
+        "register": "cached",
+    }
+    assert again["parent_run_id"] == parent and len(runs_of(client)) == before
+    assert [r["score"] for r in again["trials"]] == [r["score"] for r in rows]
+    assert len(client.get_metric_history(parent, key)) == 4  # each trial's score logged once
+
+
+def test_a_trial_that_fails_is_reported_and_the_best_of_the_rest_is_registered(data, prefect_api):
+    """The built-in MLP takes no `bogus` argument: that trial fails when its model is built."""
+    tmp_path, cfg = data
+    result = run_sweep(cfg, {"model.params": [{}, {"bogus": 1}]}, at_once=2)
+
+    ok, bad = result["trials"]
+    assert ok["state"] == "ran" and bad["state"] == "failed"
+    assert "bogus" in bad["error"] and bad["score"] is None
+    assert result["best"]["trial"] == ok["trial"] and result["steps"]["train"] == "1 ran, 1 failed"
+    reg = result["registered"]
+    assert reg["run_id"] == ok["mlflow_run_id"] and reg["alias"] == "champion"
+    client = MlflowClient(reg["tracking_uri"])
+    parent = client.get_run(result["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert "bogus" in json.loads(parent.data.tags["shardline.sweep.failed"])[bad["trial"]]
+    failed_run = next(r for r in runs_of(client) if r.data.tags.get("shardline.sweep.trial") == bad["trial"])
+    assert failed_run.info.status == "FAILED" and failed_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert "failed: " in sweep_artifact() and "bogus" in sweep_artifact()
+
+
+def test_a_killed_sweep_finishes_on_rerun_without_retraining_finished_trials(data, prefect_api):
+    """`shardline sweep` is SIGKILLed once its first trial has finished and the second has checkpointed: the
+    second trial's process stops by itself (at a checkpoint), and the same command again takes the first
+    trial from the cache, resumes the second from its checkpoint, trains the third and registers the best."""
+    from prefect.settings import PREFECT_API_URL
+
+    tmp_path, cfg = data
+    cfg["training"]["checkpoint_every_steps"] = 2
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),  # the test's Prefect API, not an ephemeral one per command
+        "SHARDLINE_TEST_STEP_DELAY": "0.25",  # a few seconds of training per trial: room to kill mid-trial
+    }
+    command = [str(BIN), "sweep", str(tmp_path / "c.yaml"), "--grid", "model.hidden=8,16,32", "--at-once", "1"]
+    runs = tmp_path / "store" / "runs"
+
+    def checkpointed() -> set[Path]:
+        return {p.parent.parent for p in runs.glob("*/checkpoints/ckpt-*.json")}
+
+    log = tmp_path / "sweep.log"
+    proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        # the honest signal: the first trial's result is in its folder, the second has a checkpoint in its own
+        while not (len(list(runs.glob("*/result.json"))) == 1 and len(checkpointed()) == 2):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the sweep did not get to its second trial"
+            time.sleep(0.2)
+        trainers = psutil.Process(proc.pid).children()  # the second trial's process (and multiprocessing's helper)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    finished = next(runs.glob("*/result.json"))
+    first_result = finished.read_text()
+    # the second trial's process saw the sweep die and stopped at a checkpoint
+    gone, alive = psutil.wait_procs(trainers, timeout=120)
+    assert not alive, f"a trial's process outlived its sweep: {alive}"
+    # ...like a preempted run: a checkpoint, its MLflow run marked KILLED
+    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
+    stopped = next(r for r in runs_of(client) if r.data.tags.get("shardline.sweep.trial") == "t2")
+    assert stopped.info.status == "KILLED"
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "steps: ingest cached, encode cached, train 2 ran, 1 cached" in again.stdout
+    assert finished.read_text() == first_result  # the finished trial was not trained again
+    results = [json.loads(p.read_text()) for p in runs.glob("*/result.json")]
+    assert len(results) == 3
+    resumed = [r for r in results if r["resumed_from"]]
+    assert len(resumed) == 1 and resumed[0]["run_dir"] != str(finished.parent)
+    assert "Best t" in again.stdout and "registered as tiny-model version 1" in again.stdout
+
+
+def test_bad_sweeps_are_refused_before_any_work(tmp_path):
+    make_raw(tmp_path / "raw", n_seq=3, rows=20)
+    cfg = tiny_config("raw/*.parquet", "store")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"training.lr": {"low": 1e-4, "high": 1e-2, "log": True}}))
+
+    def refused(*args: str) -> str:
+        out = subprocess.run([str(BIN), "sweep", str(tmp_path / "c.yaml"), *args], capture_output=True, text=True)
+        assert out.returncode == 2, out.stdout + out.stderr
+        return out.stderr
+
+    assert "'model.hiden' is not a config key: model has no 'hiden'; did you mean 'model.hidden'?" in refused(
+        "--grid", "model.hiden=8,16"
+    )
+    assert "--grid training.lr: the grid is empty" in refused("--grid", "training.lr=")
+    bad_value = refused("--grid", "model.hidden=16,0")
+    assert "trial t2 (model.hidden=0)" in bad_value and "model.hidden: Input should be greater than or equal to 1" in (
+        bad_value
+    )
+    assert "training.lr: a range has no grid; sample it with --random N" in refused(
+        "--space", str(tmp_path / "space.yaml")
+    )
+    assert "--random N draws from a search space: add --space" in refused("--random", "3")
+    assert "is the sweep's, not a trial's" in refused("--grid", "storage.root=a,b")
+    assert "do not change what is trained" in refused("--grid", "training.num_workers=0,2")
+    assert not (tmp_path / "store").exists()  # nothing started
+
+
+def test_random_trials_are_seeded_and_stay_in_their_ranges():
+    space = parse_space(
+        {
+            "training.lr": {"low": 1e-4, "high": 1e-1, "log": True},
+            "training.batch_size": {"low": 16, "high": 256, "int": True, "log": True},
+            "model.dropout": {"low": 0.0, "high": 0.5},
+            "model.family": ["mlp", "transformer"],
+        }
+    )
+    first = random_trials(space, 20, seed=7)
+    assert first == random_trials(space, 20, seed=7) and first != random_trials(space, 20, seed=8)
+    for t in first:
+        o = t.overrides
+        assert 1e-4 <= o["training.lr"] <= 1e-1 and 0.0 <= o["model.dropout"] <= 0.5
+        assert isinstance(o["training.batch_size"], int) and 16 <= o["training.batch_size"] <= 256
+        assert o["model.family"] in ("mlp", "transformer")
+    lrs = sorted(t.overrides["training.lr"] for t in first)
+    assert lrs[len(lrs) // 2] < 1e-2  # log-uniform: the median is near the geometric middle (3e-3), not 0.05
+    # each trial's config is validated by the config's own rules, naming the trial
+    raw = tiny_config("raw/*.parquet", "store", **{"model": {"family": "mlp", "hidden": 30, "layers": 1}})
+    divisible = r"(?s)trial t2 \(model.family=transformer\).*must be divisible by model.heads"
+    with pytest.raises(SweepError, match=divisible):
+        plan_sweep(raw, parse_space({"model.family": ["mlp", "transformer"]}))
