@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -636,6 +637,22 @@ def _ranking_hint(chosen: str, group_key: str | None, ks: list[int]) -> str:
     if k.isdigit() and int(k) not in ks:
         return f" (add {k} to evaluation.k, now {ks}, for {name})"
     return ""
+
+
+def env_seconds(name: str, default: float, zero: str = "") -> float:
+    """A number of seconds from the environment variable `name` (`default` when unset or empty); a value
+    that is not a number of 0 or more is an error naming the variable. `zero` says what 0 means, if anything."""
+    value = os.environ.get(name)
+    if not value:
+        return default
+    meaning = f" (0 {zero})" if zero else ""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number; set it to seconds, e.g. {default:g}{meaning}") from None
+    if seconds < 0:
+        raise ValueError(f"{name}={value!r} must be 0 or more (seconds){meaning}")
+    return seconds
 
 
 def stable_hash(obj: Any) -> str:

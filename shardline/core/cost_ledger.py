@@ -14,13 +14,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardline.core import storage
+from shardline.core.config import env_seconds
 from shardline.core.cost import CPU, PriceTable, load_prices
 
 LEDGER_FILE = "cost.json"
@@ -176,16 +176,7 @@ def read_ledger(run_dir: str) -> dict:
 
 def ledger_seconds() -> float:
     """How often progress between checkpoints is written to the ledger: `SHARDLINE_COST_LEDGER_SECONDS`, 60."""
-    value = os.environ.get(LEDGER_ENV)
-    if not value:
-        return 60.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{LEDGER_ENV}={value!r} is not a number; set it to seconds, e.g. 60") from None
-    if seconds < 0:
-        raise ValueError(f"{LEDGER_ENV}={value!r} must be 0 or more (seconds)")
-    return seconds
+    return env_seconds(LEDGER_ENV, 60.0)
 
 
 class CostLedger:

@@ -105,6 +105,17 @@ def _max_relevance(max_relevance: int | None) -> int | None:
     return int(max_relevance)
 
 
+def _same_family(ids: np.ndarray, before: str | None, name: str, column: str) -> str:
+    """The id family (integer or string) of a batch, which must be the earlier batches' (`before`)."""
+    family = _family(ids)
+    if before is not None and family != before:
+        raise ValueError(
+            f"{name} holds {family} ids in this batch but {before} ids in earlier ones: "
+            f"give the same {column} to every batch"
+        )
+    return family
+
+
 def _family(arr: np.ndarray) -> str:
     """What kind of key an id array holds, for keeping batches and tables consistent."""
     return "integer" if arr.dtype.kind in "biu" else "string" if arr.dtype.kind in "US" else "object"
@@ -354,13 +365,7 @@ class RankingScores:
         _same_length(group_ids=groups, scores=s, relevance=rel)
         if groups.size == 0:
             return
-        family = _family(groups)
-        if self._family is not None and family != self._family:
-            raise ValueError(
-                f"group_ids holds {family} ids in this batch but {self._family} ids in earlier ones: "
-                "give the same group key column to every batch"
-            )
-        self._family = family
+        self._family = _same_family(groups, self._family, "group_ids", "group key column")
         self._groups.append(groups)
         self._scores.append(s)
         self._relevance.append(rel)
@@ -490,13 +495,7 @@ class PopularityCounts:
         _same_length(item_ids=items, relevance=rel)
         if items.size == 0:
             return
-        family = _family(items)
-        if self._family is not None and family != self._family:
-            raise ValueError(
-                f"item_ids holds {family} ids in this batch but {self._family} ids in earlier ones: "
-                "give the same item column to every batch"
-            )
-        self._family = family
+        self._family = _same_family(items, self._family, "item_ids", "item column")
         try:
             distinct, inverse = np.unique(items, return_inverse=True)
         except TypeError as err:

@@ -10,9 +10,10 @@ its System metrics tab charts; the step is the sample's number, continued by a r
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
+
+from shardline.core.config import env_seconds
 
 log = logging.getLogger("shardline.core.system_metrics")
 
@@ -22,16 +23,7 @@ CPU_KEY = "system/cpu_utilization_percentage"
 
 def sample_every() -> float:
     """Seconds between samples: `SHARDLINE_SYSTEM_METRICS_SECONDS`, default 10; 0 turns sampling off."""
-    value = os.environ.get(EVERY_ENV)
-    if not value:
-        return 10.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{EVERY_ENV}={value!r} is not a number; set it to seconds (0 turns it off)") from None
-    if seconds < 0:
-        raise ValueError(f"{EVERY_ENV}={value!r} must be 0 (off) or more (seconds)")
-    return seconds
+    return env_seconds(EVERY_ENV, 10.0, zero="turns it off")
 
 
 def sample() -> dict[str, float]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardline.core import storage
-from shardline.core.config import MlflowConfig
+from shardline.core.config import MlflowConfig, env_seconds
 from shardline.core.secrets import has_masked_userinfo, without_userinfo
 from shardline.core.tracking_journal import (
     JOURNAL_FILE,
@@ -106,16 +106,7 @@ START_WAIT_S = 30.0  # start() waits this long at most for the run to be created
 def flush_seconds() -> float:
     """How long `Tracker.end` waits for MLflow to take what is left: `SHARDLINE_MLFLOW_FLUSH_SECONDS`, default 30.
     What it does not take stays in the journal: the next attempt of the run, or `shardline sync`, sends it."""
-    value = os.environ.get(FLUSH_ENV)
-    if not value:
-        return 30.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{FLUSH_ENV}={value!r} is not a number; set it to seconds, e.g. 30") from None
-    if seconds < 0:
-        raise ValueError(f"{FLUSH_ENV}={value!r} must be 0 or more (seconds)")
-    return seconds
+    return env_seconds(FLUSH_ENV, 30.0)
 
 
 def read_run_file(run_dir: str) -> dict:

@@ -11,11 +11,12 @@ gets the same.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from uuid import UUID
 
 from prefect import get_run_logger
+
+from shardline.core.config import env_seconds
 
 PROGRESS_ENV = "SHARDLINE_PROGRESS_SECONDS"
 PROGRESS_KEY = "train-progress"
@@ -24,16 +25,7 @@ LIVE_KEY = "train-live"
 
 def progress_seconds() -> float:
     """How often the live view may change: `SHARDLINE_PROGRESS_SECONDS`, default 5 (and at each epoch end)."""
-    value = os.environ.get(PROGRESS_ENV)
-    if not value:
-        return 5.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{PROGRESS_ENV}={value!r} is not a number; set it to seconds, e.g. 5") from None
-    if seconds < 0:
-        raise ValueError(f"{PROGRESS_ENV}={value!r} must be 0 or more (seconds)")
-    return seconds
+    return env_seconds(PROGRESS_ENV, 5.0)
 
 
 def _contexts():
