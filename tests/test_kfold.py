@@ -96,3 +96,46 @@ def test_fold_run_validates_on_exactly_its_fold_and_the_encode_is_shared(tmp_pat
         "train": manifest.windows["fold0"] + manifest.windows["fold2"],
         "validation": manifest.windows["fold1"],
     }
+
+
+@pytest.mark.e2e
+def test_a_cross_validated_sweep_reports_mean_and_std_and_registers_the_retrain(tmp_path, prefect_api):
+    import numpy as np
+    from mlflow import MlflowClient
+
+    from shardline.flows.sweep import sweep
+    from tests.test_sweep import sweep_artifact
+
+    raw_dir = tmp_path / "raw"
+    make_raw(raw_dir, n_seq=15, rows=30)
+    cfg = kfold_config(raw_dir, tmp_path, **{"training.epochs": 1})
+    result = sweep(cfg, {"model.hidden": [8, 16]}, at_once=2, folds=True)
+
+    rows = [r for r in result["trials"] if r["trial"] != "final"]
+    assert [r["overrides"] for r in rows] == [
+        {"model.hidden": h, "training.fold": f} for h in (8, 16) for f in (0, 1, 2)
+    ]
+    settings = result["settings"]
+    assert [s["setting"] for s in settings] == [{"model.hidden": 8}, {"model.hidden": 16}]
+    for s in settings:  # each setting's mean and std, by hand from its folds' reported scores
+        scores = np.array([r["score"] for r in rows if r["overrides"]["model.hidden"] == s["setting"]["model.hidden"]])
+        assert s["score"] == pytest.approx(scores.mean()) and s["std"] == pytest.approx(scores.std())
+    sign = -1 if result["direction"] == "maximize" else 1
+    chosen = min(settings, key=lambda s: sign * s["score"])
+    assert result["best"]["trial"] == chosen["trial"]
+
+    # the chosen setting retrained on all non-test data, evaluated and registered
+    final = result["final"]
+    assert final["overrides"] == {**chosen["setting"], "training.fold": None} and final["state"] == "ran"
+    reg = result["registered"]
+    assert (reg["version"], reg["alias"], reg["run_id"]) == (1, "champion", final["mlflow_run_id"])
+    client = MlflowClient(reg["tracking_uri"])
+    run = client.get_run(final["mlflow_run_id"])
+    assert run.data.tags["shardline.kfold.fold"] == "all"
+    assert "retrained on all 3 non-test folds" in run.data.tags["mlflow.note.content"]
+    parent = client.get_run(result["parent_run_id"])
+    assert parent.data.tags["shardline.sweep.final"].startswith("retrained on all non-test folds")
+    means = client.get_metric_history(result["parent_run_id"], f"setting/{result['metric']}/mean")
+    assert [m.value for m in means] == pytest.approx([s["score"] for s in settings])
+    listed = sweep_artifact()
+    assert "Cross-validation (selected by the mean)" in listed and "retrained on all non-test data" in listed

@@ -114,8 +114,6 @@ class SplitConfig(_Strict):
                 )
             if self.column or self.ranges:
                 raise ValueError("data.split.column and data.split.ranges are range-split settings, not kfold ones")
-            if "fractions" in self.model_fields_set:
-                raise ValueError("data.split.fractions is a hash-split setting; with kfold give data.split.test")
         elif self.method == "hash":
             bad = set(self.fractions) - set(SPLITS)
             if bad:
