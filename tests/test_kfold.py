@@ -61,6 +61,13 @@ def test_bad_kfold_settings_are_refused_before_any_work(tmp_path):
         validate_config(tiny_config(str(raw_dir), str(tmp_path), **{"training.fold": 0}))
     with pytest.raises(ConfigError, match=r"data.split.folds is a k-fold setting"):
         kfold_config(raw_dir, tmp_path, {"method": "hash", "folds": 3})
+    # a random sweep would train each drawn setting on one random fold: refused, not averaged over nothing
+    from shardline.core.sweep import plan_sweep, with_folds
+
+    base = kfold_config(raw_dir, tmp_path)
+    space = with_folds({"training.lr": {"low": 1e-3, "high": 1e-2, "log": True}}, base)
+    with pytest.raises(ConfigError, match=r"a random sweep cannot cross-validate"):
+        plan_sweep(base.model_dump(mode="json"), space, trials=2)
     # more folds than the non-test data has sequences: said by the encode, before any training, with both counts
     cfg = kfold_config(raw_dir, tmp_path, {**KFOLD, "folds": 8})
     with pytest.raises(DataError, match=r"data.split.folds=8 is more folds than the \d sequence\(s\) outside the test"):

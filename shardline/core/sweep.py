@@ -322,6 +322,12 @@ def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0
     """Check a sweep before any work: the base config (`raw`, after `extends` and `--set`), the space, and
     every trial's config. `trials`: draw that many at random; None: the grid."""
     base = validate_config(raw, "(the sweep's base config)")
+    if trials is not None and FOLD_KEY in space:
+        # a random draw would pick one fold per setting, not every fold: no mean over the folds to compare
+        raise SweepError(
+            f"a random sweep cannot cross-validate ({FOLD_KEY} in the space, or --folds): each drawn setting "
+            f"would train on one random fold; sweep a grid with --folds, or leave {FOLD_KEY} out"
+        )
     chosen = grid_trials(space) if trials is None else random_trials(space, trials, seed)
     configs = [trial_config(raw, t) for t in chosen]
     _check_distinct(chosen, configs)
