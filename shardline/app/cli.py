@@ -211,27 +211,36 @@ def run(
     _summary(_run_pipeline(config, force, verbose))
 
 
-def _sweep_plan(config_path: Path, set_: list[str], grid: list[str], space_path: Path | None, n: int | None, seed: int):
+def _sweep_plan(
+    config_path: Path,
+    set_: list[str],
+    grid: list[str],
+    space_path: Path | None,
+    n: int | None,
+    seed: int,
+    folds: bool = False,
+):
     """The checked sweep and the space as given, or exit 2 naming what to fix (nothing has started)."""
     import yaml
 
-    from shardline.core.config import ConfigError, _read_yaml, apply_overrides
-    from shardline.core.sweep import parse_grid, plan_sweep, read_space
+    from shardline.core.config import ConfigError, _read_yaml, apply_overrides, validate_config
+    from shardline.core.sweep import parse_grid, plan_sweep, read_space, with_folds
 
     if grid and space_path is not None:
         _fail("give --grid key=v1,v2 ... or --space SPACE.yaml, not both", 2)
     if n is not None and space_path is None:
         _fail("--random N draws from a search space: add --space SPACE.yaml", 2)
-    if not grid and space_path is None:
+    if not grid and space_path is None and not folds:
         _fail("nothing to sweep: give --grid key=v1,v2 (repeatable) or --random N --space SPACE.yaml", 2)
     try:
         raw = apply_overrides(_read_yaml(config_path), list(set_))
-        space = parse_grid(grid) if grid else read_space(space_path)
-        plan = plan_sweep(raw, space, n, seed)
+        space = parse_grid(grid) if grid else read_space(space_path) if space_path else {}
+        swept = with_folds(space, validate_config(raw, f"'{config_path}'")) if folds else space
+        plan = plan_sweep(raw, swept, n, seed)
     except ConfigError as e:
         _fail(str(e), 2)
     _load(config_path, list(set_))  # the user's model imports (the same check as `run`)
-    given = {k: v for k, v in space.items()} if grid else yaml.safe_load(space_path.read_text())
+    given = {k: v for k, v in space.items()} if grid or not space_path else yaml.safe_load(space_path.read_text())
     return plan, given
 
 
@@ -256,6 +265,14 @@ def _sweep_summary(result: dict) -> None:
         mark = "  <- best" if r["trial"] == best["trial"] else ""
         line = f"  {r['trial'].ljust(width)}  {score:>9}  {r['state']:<6}  {label}{mark}"
         typer.secho(line, fg=typer.colors.RED if r["state"] == "failed" else None, bold=bool(mark))
+    if result.get("settings"):
+        typer.echo(f"\ncross-validation: each setting's {metric} over the folds, mean ± std (chosen by the mean):")
+        for st in result["settings"]:
+            label = " ".join(f"{k}={v}" for k, v in st["setting"].items()) or "(the config as it is)"
+            mean = f"{st['score']:.4f} ± {st['std']:.4f}" if st["score"] is not None else "failed"
+            mark = "  <- best" if st["trial"] == best["trial"] else ""
+            typer.secho(f"  {st['trial']}  {mean:>17}  {label}{mark}", bold=bool(mark))
+        typer.echo("  the best setting retrained on all non-test data (training.fold: null) as trial 'final'")
     failed = [r for r in rows if r["state"] == "failed"]
     if failed:
         typer.secho(f"\n{len(failed)} trial(s) failed (the others were compared):", fg=typer.colors.YELLOW)
@@ -297,6 +314,12 @@ def sweep(
         min=1,
         help="trials training at once (default: 2 here, each with half the cores; all on a pool)",
     ),
+    folds: bool = typer.Option(
+        False,
+        "--folds",
+        help="k-fold data: train every setting on every fold, compare settings by their mean over the folds, and "
+        "retrain the best on all non-test data (training.fold: null)",
+    ),
     set_: list[str] = typer.Option([], "--set", help="override a key of the base config (repeatable)"),
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks of errors in the config or the data"),
 ) -> None:
@@ -306,14 +329,14 @@ def sweep(
     training run: the same command again trains only the trials that did not finish. The best trial by
     its validation score is evaluated on the test split and registered behind the champion gate.
     """
-    plan, space = _sweep_plan(config_path, set_, grid, space_path, random_n, seed)  # before Prefect starts
+    plan, space = _sweep_plan(config_path, set_, grid, space_path, random_n, seed, folds)  # before Prefect starts
     from shardline.core.encoding.columns import DataError
     from shardline.flows.sweep import sweep as sweep_flow
 
     typer.echo(f"sweep: {len(plan.trials)} {plan.mode} trial(s) over {', '.join(plan.keys)}", err=True)
     try:
         with _console_quiet(verbose):
-            result = sweep_flow(plan.base, space, trials=random_n, seed=seed, at_once=at_once)
+            result = sweep_flow(plan.base, space, trials=random_n, seed=seed, at_once=at_once, folds=folds)
     except KeyboardInterrupt:
         _fail("interrupted; run the same command again: finished trials are cached, the others resume", 130)
     except (DataError, ValueError, FileNotFoundError, RuntimeError) as e:

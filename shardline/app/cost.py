@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from prefect import flow
 
 from shardline.core import storage
-from shardline.core.config import PipelineConfig
+from shardline.core.config import PipelineConfig, training_splits
 from shardline.core.cost import CPU, PriceTable, detect_gpu, estimate
 from shardline.core.cost_ledger import describe, read_ledger, summarize
 from shardline.core.manifest import Manifest
@@ -123,8 +123,9 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
     from shardline.trainer.serving import data_spec
 
     gpu, how = detect_gpu()
-    train = open_split(manifest, manifest_uri, "train")
-    val = open_split(manifest, manifest_uri, "validation")
+    trains_on, validates_on = training_splits(config.data.split, config.training.fold)
+    train = open_split(manifest, manifest_uri, trains_on)
+    val = open_split(manifest, manifest_uri, validates_on)
     try:
         per_epoch, _ = planned_steps(train.n_windows, config.training)
         cfg = config.training.model_copy(
@@ -182,7 +183,8 @@ def plan_cost(
     manifest_uri = encoded_data(config)
     manifest = load_manifest(manifest_uri, config)
     t = config.training
-    train_windows = manifest.windows.get("train", 0)
+    trains_on, validates_on = training_splits(config.data.split, t.fold)
+    train_windows = sum(manifest.windows.get(s, 0) for s in trains_on)
     per_epoch, steps = planned_steps(train_windows, t)
     epoch_windows = min(train_windows, per_epoch * t.batch_size * t.grad_accum)
     folder = run_dir(config, manifest, parent_model(config))
@@ -203,7 +205,7 @@ def plan_cost(
         name=config.name,
         manifest=manifest_uri,
         train_windows=train_windows,
-        val_windows=manifest.windows.get("validation", 0),
+        val_windows=sum(manifest.windows.get(s, 0) for s in validates_on),
         steps_per_epoch=per_epoch,
         steps=steps,
         epochs=t.epochs,

@@ -30,6 +30,23 @@ FILE_SEQUENCE = "@file"  # sequence_key value meaning "each raw file is one sequ
 SPLITS = ("train", "validation", "test")
 
 
+def fold_split(i: int) -> str:
+    """The split name of k-fold fold `i` (`data.split.method: kfold`): `fold0`, `fold1`, ..."""
+    return f"fold{i}"
+
+
+def training_splits(split: SplitConfig, fold: int | None) -> tuple[list[str], list[str]]:
+    """(the splits a run trains on, the splits it validates on). k-fold data: fold `fold` validates and the
+    other folds train; `fold` None trains on every fold and validates on the last one (which it also trains
+    on: the final model's validation is in-sample, the test split measures it). Else train and validation."""
+    if split.method != "kfold":
+        return ["train"], ["validation"]
+    folds = list(split.fit_splits())
+    if fold is None:
+        return folds, [folds[-1]]
+    return [f for f in folds if f != fold_split(fold)], [fold_split(fold)]
+
+
 class ConfigError(ValueError):
     """A config the user must fix; the message names the key, the value and what is allowed."""
 
@@ -53,8 +70,14 @@ class Target(_Strict):
 
 
 class SplitConfig(_Strict):
-    method: Literal["hash", "range"] = "hash"
+    method: Literal["hash", "range", "kfold"] = Field(
+        "hash",
+        description="hash: fractions of sequences; range: a column's value bounds; kfold: `test` of the sequences "
+        "held out by hash, the rest dealt by hash into `folds` folds (splits fold0..fold{K-1}, encoded once)",
+    )
     seed: int = 0
+    folds: int | None = Field(None, description="kfold: the number of folds K (>= 2)")
+    test: float | None = Field(None, description="kfold: the share of sequences held out as the test split, in (0, 1)")
     fractions: dict[str, float] = Field(
         default_factory=lambda: {"train": 0.8, "validation": 0.1, "test": 0.1},
         description="hash split: share of sequences per split",
@@ -65,9 +88,34 @@ class SplitConfig(_Strict):
         description="range split: split -> [low, high], inclusive, null for open",
     )
 
+    def names(self) -> tuple[str, ...]:
+        """The splits the encode writes: train, validation, test; or (kfold) fold0..fold{K-1}, test."""
+        if self.method == "kfold":
+            return (*self.fit_splits(), "test")
+        return SPLITS
+
+    def fit_splits(self) -> tuple[str, ...]:
+        """The splits the encoding is fitted on: train; or (kfold) every fold (all the non-test rows)."""
+        if self.method == "kfold":
+            return tuple(fold_split(i) for i in range(self.folds or 0))
+        return ("train",)
+
     @model_validator(mode="after")
     def _check(self) -> SplitConfig:
-        if self.method == "hash":
+        kfold_only = [k for k in ("folds", "test") if getattr(self, k) is not None]
+        if self.method != "kfold" and kfold_only:
+            raise ValueError(f"data.split.{kfold_only[0]} is a k-fold setting: set data.split.method: kfold too")
+        if self.method == "kfold":
+            if self.folds is None or self.folds < 2:
+                raise ValueError(f"data.split.folds={self.folds} must be a whole number >= 2 with method: kfold")
+            if self.test is None or not 0.0 < self.test < 1.0:
+                raise ValueError(
+                    f"data.split.test={self.test} must be a share of sequences between 0 and 1 (exclusive) with "
+                    "method: kfold: the test split held out from every fold, e.g. test: 0.2"
+                )
+            if self.column or self.ranges:
+                raise ValueError("data.split.column and data.split.ranges are range-split settings, not kfold ones")
+        elif self.method == "hash":
             bad = set(self.fractions) - set(SPLITS)
             if bad:
                 raise ValueError(f"data.split.fractions has unknown split(s) {sorted(bad)}; allowed: {list(SPLITS)}")
@@ -197,6 +245,11 @@ class DataConfig(_Strict):
                 "data.order_by is required with data.sequence_key: name the column that orders rows in a sequence"
             )
         self._check_ranking()
+        if self.split.method == "kfold" and (self.sequence_key is None or self.group_key is not None):
+            raise ValueError(
+                "data.split.method: kfold deals whole sequences into folds: it needs data.sequence_key (a column, "
+                f"or '{FILE_SEQUENCE}'), and does not take ranking data (data.group_key)"
+            )
         if self.split.method == "hash" and self.split.fractions.get("test", 0) <= 0:
             raise ValueError("data.split.fractions.test must be > 0: evaluation needs a test split")
         if self.split.method == "range" and "test" not in self.split.ranges:
@@ -374,6 +427,12 @@ class TrainingConfig(_Strict):
     num_workers: int = Field(
         0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)"
     )
+    fold: int | None = Field(
+        None,
+        ge=0,
+        description="k-fold data (data.split.method: kfold): train on every fold but this one and validate on it; "
+        "null: train on every fold (the final model), validating on the last fold, which it also trains on",
+    )
     shuffle_shards: int | None = Field(
         None,
         ge=1,
@@ -511,6 +570,17 @@ class PipelineConfig(_Strict):
         self.training.select_direction = resolve_selection(
             self.training.select_by, self.training.select_direction, known, self.model.entrypoint is not None, own
         )[1]
+        split = self.data.split
+        if self.training.fold is not None and split.method != "kfold":
+            raise ValueError(
+                f"training.fold={self.training.fold} picks a fold of k-fold data: set data.split.method: kfold "
+                f"(now {split.method}) and data.split.folds"
+            )
+        if self.training.fold is not None and self.training.fold >= (split.folds or 0):
+            raise ValueError(
+                f"training.fold={self.training.fold} is not a fold of data.split.folds={split.folds}: "
+                f"allowed 0..{(split.folds or 0) - 1}, or null to train on every fold"
+            )
         unknown = sorted(set(self.training.loss_weights) - {t.column for t in targets})
         if unknown:
             raise ValueError(

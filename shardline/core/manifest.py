@@ -188,7 +188,10 @@ class ShardInfo(_Model):
         None, description="how the stored object is compressed; readers unpack it into the local cache"
     )
     raw_bytes: int | None = Field(None, description="size of the unpacked shard (the memory-mappable file)")
-    split: Literal["train", "validation", "test"]
+    split: str = Field(
+        pattern=r"^(train|validation|test|fold\d+)$",
+        description="train, validation, test; or, for k-fold data, fold0..fold{K-1} and test",
+    )
     rows: int
     segments: int
     windows: int
@@ -242,8 +245,10 @@ class Manifest(_Model):
         "keyed by the item as text: the popularity baseline's scores",
     )
 
-    def shards_of(self, split: str) -> list[ShardInfo]:
-        return [s for s in self.shards if s.split == split]
+    def shards_of(self, split: str | list[str] | tuple[str, ...]) -> list[ShardInfo]:
+        """The shards of a split, or of several (k-fold training on several folds), in manifest order."""
+        wanted = {split} if isinstance(split, str) else set(split)
+        return [s for s in self.shards if s.split in wanted]
 
     def hash(self) -> str:
         return stable_hash(self.model_dump(mode="json"))

@@ -322,6 +322,12 @@ def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0
     """Check a sweep before any work: the base config (`raw`, after `extends` and `--set`), the space, and
     every trial's config. `trials`: draw that many at random; None: the grid."""
     base = validate_config(raw, "(the sweep's base config)")
+    if trials is not None and FOLD_KEY in space:
+        # a random draw would pick one fold per setting, not every fold: no mean over the folds to compare
+        raise SweepError(
+            f"a random sweep cannot cross-validate ({FOLD_KEY} in the space, or --folds): each drawn setting "
+            f"would train on one random fold; sweep a grid with --folds, or leave {FOLD_KEY} out"
+        )
     chosen = grid_trials(space) if trials is None else random_trials(space, trials, seed)
     configs = [trial_config(raw, t) for t in chosen]
     _check_distinct(chosen, configs)
@@ -469,3 +475,56 @@ def plot_sweep(rows: list[dict], keys: list[str], metric: str, direction: str, p
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return _save_atomic(fig, path)
+
+
+# ---------------------------------------------------------------- k-fold cross-validation
+
+FOLD_KEY = "training.fold"
+
+
+def with_folds(space: Space, base: PipelineConfig) -> Space:
+    """The space with every fold of the base config's k-fold data as its last (fastest varying) key, so each
+    setting of the other keys is trained on every fold (`shardline sweep --folds`)."""
+    split = base.data.split
+    if split.method != "kfold":
+        raise SweepError(
+            f"--folds cross-validates over the folds of k-fold data: the config's data.split.method is "
+            f"'{split.method}'; set data.split: {{method: kfold, folds: K, test: 0.2}}"
+        )
+    if FOLD_KEY in space:
+        raise SweepError(f"--folds sweeps {FOLD_KEY} itself; leave it out of the grid or the space")
+    return {**space, FOLD_KEY: list(range(split.folds))}
+
+
+def is_cross_validation(space: Space) -> bool:
+    return FOLD_KEY in space
+
+
+def cross_validate(rows: list[dict]) -> list[dict]:
+    """The trials of a cross-validated sweep grouped by setting (their overrides but the fold), in the order
+    they first appear: each setting's score per fold, and their mean and standard deviation (population,
+    ddof 0, over the folds); a setting with a failed fold has no mean and is never chosen."""
+    import numpy as np
+
+    settings: dict[str, dict] = {}
+    for r in rows:
+        setting = {k: v for k, v in r["overrides"].items() if k != FOLD_KEY}
+        key = json.dumps(setting, sort_keys=True, default=str)
+        s = settings.setdefault(
+            key, {"setting": setting, "trials": [], "scores": {}, "score": None, "std": None, "failed": []}
+        )
+        s["trials"].append(r["trial"])
+        if r.get("score") is None:
+            s["failed"].append(r["trial"])
+        else:
+            s["scores"][str(r["overrides"].get(FOLD_KEY))] = r["score"]
+            s.update(metric=r["metric"], direction=r["direction"])
+    out = []
+    for i, s in enumerate(settings.values(), start=1):
+        s["trial"] = f"s{i}"  # the setting's name in the report
+        s["overrides"] = s["setting"]
+        if s["scores"] and not s["failed"]:
+            values = np.array(list(s["scores"].values()), dtype=np.float64)
+            s["score"], s["std"] = float(values.mean()), float(values.std())
+        out.append(s)
+    return out

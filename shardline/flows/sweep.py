@@ -15,17 +15,23 @@ from functools import partial
 from prefect import flow
 from prefect.logging import get_run_logger
 
-from shardline.core.config import PipelineConfig
+from shardline.core.config import PipelineConfig, validate_config
 from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction
 from shardline.core.sweep import (
+    FOLD_KEY,
+    Trial,
     best_of,
     cpu_share,
+    cross_validate,
     data_key,
+    is_cross_validation,
     parse_space,
     plan_sweep,
     raw_config,
     read_space,
+    trial_config,
+    with_folds,
 )
 from shardline.flows.pipeline import encoded_data
 from shardline.flows.train import train
@@ -59,6 +65,7 @@ def sweep(
     trials: int | None = None,
     seed: int = 0,
     at_once: int | None = None,
+    folds: bool = False,
 ) -> dict:
     """Train one model per trial of `space` (a YAML path or the space itself: dotted config keys to a list
     of values or {low, high, log, int}) over `config`; register the best. `trials`: that many drawn at random
@@ -67,9 +74,11 @@ def sweep(
     install_log_redaction()
     return_freed_memory()
     log = get_run_logger()
-    plan = plan_sweep(
-        raw_config(config), read_space(space) if isinstance(space, str) else parse_space(space), trials, seed
-    )
+    raw = raw_config(config)
+    space = read_space(space) if isinstance(space, str) else parse_space(space) if space or not folds else {}
+    if folds:  # every setting on every fold of the k-fold data
+        space = with_folds(space, validate_config(raw, "(the sweep's base config)"))
+    plan = plan_sweep(raw, space, trials, seed)
     base = plan.base
     root = base.storage.root
     log.info("sweep %s: %d %s trial(s) over %s", plan.id, len(plan.trials), plan.mode, ", ".join(plan.keys))
@@ -91,21 +100,49 @@ def sweep(
     with parent_run(plan, folder) as parent:  # ended KILLED or FAILED if the sweep is interrupted or fails
         outcomes = train_trials(plan, data, parent.run_id, at_once, here)
         rows = [row for row, _ in outcomes]
-        best = best_of(rows)
+        cv = is_cross_validation(plan.space)
+        settings = cross_validate(rows) if cv else None
+        best = best_of(settings if cv else rows)  # cross-validation: the setting with the best mean over folds
         metric = best["metric"] if best else "val_loss"
         direction = best["direction"] if best else "minimize"
+        final = None
+        if cv and best is not None:  # the chosen setting retrained on every non-test fold (training.fold: null)
+            final = Trial("final", {**best["setting"], FOLD_KEY: None})
+            final_config = trial_config(raw, final)
+            final_row, final_trained = train_trials(plan, data, parent.run_id, 1, here, only=[(final, final_config)])[0]
+            rows.append(final_row)
         pages = parent_pages(parent, [r["mlflow_run_id"] for r in rows if r.get("mlflow_run_id")])
         heading = f"{base.name}: sweep of {len(rows)} trial(s) over {', '.join(plan.keys)}, by {metric}"
-        plot = report_sweep(rows, plan.keys, metric, direction, folder, heading, pages)
-        if best is None:
-            finish_parent_run(parent, rows, metric, plot, f"**{heading}**: every trial failed.")
-            raise RuntimeError(
-                "every trial of the sweep failed: " + "; ".join(f"{r['trial']}: {r['error']}" for r in rows)
-            )
+        retrain = (
+            f"The best setting, {best['trial']} (mean {metric} {best['score']:.4g} ± {best['std']:.3g} over "
+            f"{len(best['scores'])} folds), retrained on all non-test data ({base.data.split.folds} folds, "
+            "training.fold: null, validated in-sample on the last fold) as trial `final`; that model is evaluated "
+            "on the test split and registered."
+            if final
+            else ""
+        )
+        plot = report_sweep(
+            [r for r in rows if r["trial"] != "final"],
+            plan.keys,
+            metric,
+            direction,
+            folder,
+            heading,
+            pages,
+            settings=settings,
+            final=retrain,
+        )
+        if best is None or (final and final_trained is None):
+            why = "every trial failed" if best is None else f"the final retrain failed: {rows[-1]['error']}"
+            finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {why}.", settings)
+            raise RuntimeError(f"{why}: " + "; ".join(f"{r['trial']}: {r['error']}" for r in rows if r.get("error")))
 
-        # the best trial: evaluated on the test split and registered by the pipeline's own steps
-        i = [r["trial"] for r in rows].index(best["trial"])
-        trial, config_, trained = plan.trials[i], plan.configs[i], outcomes[i][1]
+        # the best trial (cross-validation: its retrain): evaluated on the test split, registered as the pipeline does
+        if final:
+            trial, config_, trained = final, final_config, final_trained
+        else:
+            i = [r["trial"] for r in rows].index(best["trial"])
+            trial, config_, trained = plan.trials[i], plan.configs[i], outcomes[i][1]
         snapshot, manifest_uri, _ = data[data_key(config_)]
         scores, ran["evaluate"] = run_cached(evaluate, EVALUATE_CACHE, root, False, manifest_uri, trained, config_)
         registered, ran["register"] = run_cached(
@@ -114,7 +151,10 @@ def sweep(
         tag_version(config_, registered, parent.run_id, trial)
         version = f"{registered['model_name']} v{registered['version']} @{registered['alias']}"
         summary = f"best {trial.id} ({trial.label}), {metric} {best['score']:.4g}; registered as {version}."
-        finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {summary}")
+        if final:
+            summary = f"{retrain} Registered as {version}."
+            parent.set_tags({"shardline.sweep.final": "retrained on all non-test folds (training.fold: null)"})
+        finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {summary}", settings)
     links.tag_flow_run(
         [f"mlflow-run:{parent.run_id}", f"model:{registered['model_name']}"] if parent.run_id else [],
         name=f"{base.name} · sweep · best {trial.id} · {version}",
@@ -134,6 +174,8 @@ def sweep(
         "cpu_threads": threads,
         "trials": rows,
         "best": best,
+        "settings": settings,
+        "final": rows[-1] if final else None,
         "steps": {
             "ingest": "ran" if ran["ingest"] else "cached",
             "encode": "ran" if ran["encode"] else "cached",

@@ -22,7 +22,7 @@ from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
 from shardline.core import storage
-from shardline.core.config import SPLITS, DataConfig, stable_hash
+from shardline.core.config import DataConfig, stable_hash
 from shardline.core.encoding.columns import DataError, order_expr, parse_order, prepare
 from shardline.core.encoding.contract import contract, contract_hash
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
@@ -279,12 +279,12 @@ def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, r
     with one_torch_thread():
         encoded = encode_splits(frame, splits, data)
     del frame
-    train = encoded["train"].stats if "train" in encoded else None
+    train = next((encoded[s].stats for s in data.split.fit_splits() if s in encoded), None)
     if data.group_key:
         train = {**(train or empty_stats(data)), "ranking": training_statistics(ranked.get("train"), data)}
     pending = []
     with ThreadPoolExecutor(max(1, len(encoded)), thread_name_prefix="shardline-write") as writer:
-        for split in SPLITS:
+        for split in data.split.names():
             if split not in encoded:
                 continue
             # the file's bytes were built in memory; compressed there, written once (atomically)
@@ -323,7 +323,7 @@ def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, r
             )
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in SPLITS}
+    rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
     group = EncodedGroup(key=key, shards=infos, train=train or empty_stats(data), rows=rows)
     storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())  # last: the group is whole
     return group
@@ -372,16 +372,28 @@ def keys_parquet(keys: list[str]) -> memoryview:
 
 
 def check_splits(windows: dict[str, int], data: DataConfig) -> None:
-    empty = [s for s in SPLITS if windows.get(s, 0) == 0]
+    empty = [s for s in data.split.names() if windows.get(s, 0) == 0]
     if empty:
-        how = (
-            f"data.split.fractions={data.split.fractions}"
-            if data.split.method == "hash"
-            else f"data.split.ranges={data.split.ranges}"
-        )
+        how = {
+            "hash": f"data.split.fractions={data.split.fractions}",
+            "range": f"data.split.ranges={data.split.ranges}",
+            "kfold": f"data.split.folds={data.split.folds}, data.split.test={data.split.test}",
+        }[data.split.method]
         raise DataError(
             f"the split leaves {', '.join(empty)} with no window (windows per split: {windows}; {how}, "
             f"data.window={data.window}); widen that split, add data, or shorten the window"
+        )
+
+
+def check_folds(groups: list[EncodedGroup], data: DataConfig) -> None:
+    """k-fold data: refuse more folds than the non-test data has sequences, naming both counts."""
+    if data.split.method != "kfold":
+        return
+    sequences = sum(s.segments for g in groups for s in g.shards if s.split != "test")
+    if sequences < data.split.folds:
+        raise DataError(
+            f"data.split.folds={data.split.folds} is more folds than the {sequences} sequence(s) outside the test "
+            f"split (data.split.test={data.split.test}): each fold needs at least one; lower data.split.folds"
         )
 
 
@@ -412,8 +424,9 @@ def build_manifest(
     group store seen from the manifest's folder: `datasets/<id>/` beside `datasets/groups/` in the
     pipeline) says they lie; refuses a split with no window (nothing is published then)."""
     shards = [s for g in groups for s in listed(g, store)]
-    rows = {s: sum(g.rows.get(s, 0) for g in groups) for s in SPLITS}
-    windows = {s: sum(x.windows for x in shards if x.split == s) for s in SPLITS}
+    rows = {s: sum(g.rows.get(s, 0) for g in groups) for s in data.split.names()}
+    windows = {s: sum(x.windows for x in shards if x.split == s) for s in data.split.names()}
+    check_folds(groups, data)
     check_splits(windows, data)
     spec = fit_spec([g.train for g in groups], data)
     spec = spec.model_copy(update={"targets": _typed(spec.targets, snapshot.files[0].uri)})

@@ -35,7 +35,7 @@ from shardline.tasks import links
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.gate import better, champion_gate, reevaluate_champion
 from shardline.tasks.ingest import raw_sample
-from shardline.tasks.training_run import model_identity, training_identity
+from shardline.tasks.training_run import kfold_note, model_identity, training_identity
 from shardline.trainer.serving import bundle_dict, example_outputs, input_columns, key_columns, prediction_frame
 
 PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
@@ -383,7 +383,7 @@ def describe(client, name, version, run_id, config, train_result, eval_result, a
     text = (
         f"{config.name}: `{config.model.entrypoint or config.model.family}` on {eval_result.get('test_windows', 0):,} "
         f"test windows: {scores}. Evaluated {chosen}; {train_result.get('steps', 0):,} steps on "
-        f"{train_result.get('device', '?')}. {verdict} by {metric}."
+        f"{train_result.get('device', '?')}. {verdict} by {metric}." + kfold_note(config)
     )
     try:
         client.update_model_version(name, str(version), description=text)

@@ -134,13 +134,16 @@ def parent_run(plan: Plan, folder: str) -> Iterator[Tracker]:
         raise
 
 
-def train_trials(plan: Plan, data: dict, parent_run_id: str | None, at_once: int, train_here) -> list[tuple]:
+def train_trials(
+    plan: Plan, data: dict, parent_run_id: str | None, at_once: int, train_here, only: list[tuple] | None = None
+) -> list[tuple]:
     """Wire the trials' training (inside a flow run): each trial through the pipeline's cached train step
     (`TRAIN_CACHE`: a finished trial is a cache hit, an unfinished one resumes), `at_once` in flight, the next
     submitted as soon as one finishes; `data` maps `data_key(config)` to (snapshot, manifest URI, checksum).
     Returns each trial's (row, training result) in the trials' order (`trial_outcome`)."""
     futures, running = {}, []
-    for trial, config in zip(plan.trials, plan.configs):
+    pairs = only if only is not None else list(zip(plan.trials, plan.configs))  # `only`: (trial, config) pairs
+    for trial, config in pairs:
         if len(running) >= at_once:
             running.remove(next(as_completed(running)))
         _, manifest_uri, manifest_hash = data[data_key(config)]
@@ -153,7 +156,7 @@ def train_trials(plan: Plan, data: dict, parent_run_id: str | None, at_once: int
         tags = trial_tags(parent_run_id, plan.id, trial)
         futures[trial.id] = step.submit(manifest_uri, manifest_hash, config, train_here, mlflow_tags=tags)
         running.append(futures[trial.id])
-    return [trial_outcome(trial, futures[trial.id]) for trial in plan.trials]
+    return [trial_outcome(trial, futures[trial.id]) for trial, _ in pairs]
 
 
 def start_parent_run(plan: Plan, folder: str) -> Tracker:
@@ -200,9 +203,34 @@ def table(rows: list[dict], best: dict | None, metric: str, pages: dict[str, str
     return "\n".join(lines)
 
 
+def cv_table(settings: list[dict], best: dict | None, metric: str) -> str:
+    """A cross-validated sweep's settings as a markdown table: each fold's score, their mean and std."""
+    folds = sorted({f for s in settings for f in s["scores"]}, key=int)
+    lines = [
+        f"| setting | overrides | {' | '.join(f'fold {f}' for f in folds)} | mean {metric} | std |",
+        "|---" * (4 + len(folds)) + "|",
+    ]
+    for s in settings:
+        name = f"**{s['trial']}** (best)" if best is not None and s["trial"] == best["trial"] else s["trial"]
+        overrides = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in s["setting"].items())
+        scores = " | ".join(f"{s['scores'][f]:.4g}" if f in s["scores"] else "failed" for f in folds)
+        mean = "" if s["score"] is None else f"{s['score']:.4g}"
+        std = "" if s["std"] is None else f"{s['std']:.4g}"
+        lines.append(f"| {name} | {overrides} | {scores} | {mean} | {std} |")
+    return "\n".join(lines)
+
+
 @task(name="report-sweep")
 def report_sweep(
-    rows: list[dict], keys: list[str], metric: str, direction: str, folder: str, heading: str, pages: dict[str, str]
+    rows: list[dict],
+    keys: list[str],
+    metric: str,
+    direction: str,
+    folder: str,
+    heading: str,
+    pages: dict[str, str],
+    settings: list[dict] | None = None,
+    final: str = "",
 ) -> str:
     """Draw the comparison picture into the sweep's folder and list the trials in the `sweep` artifact;
     return the picture's URI."""
@@ -219,13 +247,24 @@ def report_sweep(
             storage.write_bytes(plot, drawn.read_bytes())
     create_markdown_artifact(
         key="sweep",
-        markdown=redact_text(f"## {heading}\n\n{table(rows, best, metric, pages)}"),
+        markdown=redact_text(
+            f"## {heading}\n\n"
+            + (
+                f"### Cross-validation (selected by the mean)\n\n{cv_table(settings, best_of(settings), metric)}\n\n"
+                f"{final}\n\n### Trials (one per setting and fold)\n\n"
+                if settings
+                else ""
+            )
+            + table(rows, best, metric, pages)
+        ),
         description="the sweep's trials: overrides, validation score, state, MLflow run",
     )
     return plot
 
 
-def finish_parent_run(tracker: Tracker, rows: list[dict], metric: str, plot: str, text: str) -> None:
+def finish_parent_run(
+    tracker: Tracker, rows: list[dict], metric: str, plot: str, text: str, settings: list[dict] | None = None
+) -> None:
     """Log the trials on the parent run (each trial's score at its trial number, once; the results as
     sweep.json; the failures as a tag; the picture) and end it: FINISHED unless every trial failed."""
     log = get_run_logger()
@@ -235,7 +274,11 @@ def finish_parent_run(tracker: Tracker, rows: list[dict], metric: str, plot: str
         if r.get("score") is not None and i > logged:
             tracker.log_metrics({key: r["score"]}, i)
     failed = {r["trial"]: r["error"] for r in rows if r.get("error")}
-    tracker.log_dict({"metric": metric, "trials": rows}, "sweep.json")
+    if settings:  # cross-validation: each setting's mean and std over the folds, at its setting number
+        for i, st in enumerate(settings, start=1):
+            if st["score"] is not None and i > tracker.last_step(f"setting/{metric}/mean"):
+                tracker.log_metrics({f"setting/{metric}/mean": st["score"], f"setting/{metric}/std": st["std"]}, i)
+    tracker.log_dict({"metric": metric, "trials": rows, **({"settings": settings} if settings else {})}, "sweep.json")
     tracker.set_tags(
         {
             "shardline.sweep.failed": json.dumps(failed)[:5000] if failed else "none",

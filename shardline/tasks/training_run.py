@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from shardline.core import storage
-from shardline.core.config import ModelConfig, PipelineConfig, stable_hash
+from shardline.core.config import ModelConfig, PipelineConfig, stable_hash, training_splits
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import EncodingSpec, Manifest
 from shardline.core.secrets import redact_text
@@ -161,7 +161,7 @@ def dataset_inputs(manifest: Manifest, manifest_uri: str, name: str) -> list[dic
     colspec += [{"name": b, "type": "boolean"} for b in spec.boolean]
     schema = json.dumps({"mlflow_colspec": colspec})
     out = []
-    for split in ("train", "validation", "test"):
+    for split in dict.fromkeys(s.split for s in manifest.shards):
         shards = manifest.shards_of(split)
         profile = {
             "windows": manifest.windows.get(split, 0),
@@ -194,11 +194,41 @@ def run_description(config: PipelineConfig, manifest: Manifest) -> str:
     run = links.current_flow_run()
     where = f" in Prefect flow run [{run['name']}]({run['url']})" if run and run.get("url") else ""
     where = where or (f" in Prefect flow run {run['name']} (`{run['id']}`)" if run else "")
+    trains_on, validates_on = training_splits(config.data.split, config.training.fold)
+    windows = sum(manifest.windows.get(s, 0) for s in trains_on)
     return (
-        f"**{config.name}**: `{model}` trained on {manifest.windows.get('train', 0):,} windows of "
+        f"**{config.name}**: `{model}` trained on {windows:,} windows of "
         f"{manifest.encoding.window} frames from {manifest.source_files} raw file(s), predicting {targets}; "
-        f"{config.training.epochs} epoch(s){where}."
+        f"{config.training.epochs} epoch(s){where}." + kfold_note(config)
     )
+
+
+def kfold_note(config: PipelineConfig) -> str:
+    """What a k-fold run trains and validates on, for its description (empty for other data)."""
+    split = config.data.split
+    if split.method != "kfold":
+        return ""
+    trains_on, validates_on = training_splits(split, config.training.fold)
+    if config.training.fold is None:
+        return (
+            f" k-fold: retrained on all {split.folds} non-test folds ({', '.join(trains_on)}); its validation, "
+            f"{validates_on[0]}, is one of them (in-sample): the test split measures it."
+        )
+    return (
+        f" k-fold: fold {config.training.fold} of {split.folds}: trained on {', '.join(trains_on)}, "
+        f"validated on {validates_on[0]}."
+    )
+
+
+def kfold_tags(config: PipelineConfig) -> dict[str, str]:
+    """MLflow tags of a k-fold run: its fold (`all` for the final retrain on every non-test fold)."""
+    if config.data.split.method != "kfold":
+        return {}
+    fold = config.training.fold
+    return {
+        "shardline.kfold.folds": str(config.data.split.folds),
+        "shardline.kfold.fold": "all" if fold is None else str(fold),
+    }
 
 
 def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
@@ -270,8 +300,9 @@ def _run_training(
     log = run_logger()
     every = progress_seconds()  # a bad SHARDLINE_PROGRESS_SECONDS fails here, before any work
     spec = manifest.encoding
-    train_data = open_split(manifest, manifest_uri, "train")
-    val_data = open_split(manifest, manifest_uri, "validation")
+    trains_on, validates_on = training_splits(config.data.split, config.training.fold)
+    train_data = open_split(manifest, manifest_uri, trains_on)
+    val_data = open_split(manifest, manifest_uri, validates_on)
     ckpt_dir = storage.join(folder, "checkpoints")
     # the resolved config (after extends and --set) is stored with what it produced
     storage.write_text(
@@ -287,6 +318,7 @@ def _run_training(
             "shardline.config_hash": config.hash(),
             "shardline.data_fingerprint": manifest.data_fingerprint,
             "shardline.code_version": code_version(),
+            **kfold_tags(config),
             **(mlflow_tags or {}),
         },
     )

@@ -604,9 +604,13 @@ def manifest_folder(manifest_uri: str) -> str:
 
 
 def open_split(
-    manifest: Manifest, manifest_uri: str, split: str, mmap: bool = True, cache: ShardCache | None = None
+    manifest: Manifest,
+    manifest_uri: str,
+    split: str | list[str] | tuple[str, ...],
+    mmap: bool = True,
+    cache: ShardCache | None = None,
 ) -> SplitData:
-    """The windows of `split`.
+    """The windows of `split`, or of several splits as one (k-fold: the folds a run trains on).
 
     When the split fits in half the size-capped local cache, its shards are fetched (checked against
     their sha256), unpacked, mapped from their own codes to the data set's encoding
@@ -619,6 +623,7 @@ def open_split(
     codes, is memory-mapped in place.)
     """
     shards = manifest.shards_of(split)
+    split = split if isinstance(split, str) else "+".join(split)
     folder = manifest_folder(manifest_uri)
     enc = manifest.encoding
     glob = Globaliser(enc)

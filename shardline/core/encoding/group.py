@@ -170,7 +170,9 @@ def _standardise_splits(
         for a0, a1, out in outs:
             torch.mul(xc[a0:a1], inv, out=out[j])
         if train is not None:
-            tc, tr, tsq = parts[[a0 for a0, _, _ in outs].index(train[0])]
+            # the fitted rows: one split's, or (k-fold) the folds' laid end to end; their sums add up
+            fitted = [p for p, (a0, a1, _) in zip(parts, outs) if train[0] <= a0 and a1 <= train[1]]
+            tc, tr, tsq = (sum(p[k] for p in fitted) for k in range(3))
             tr /= max(tc, 1)
             # float32 columns: the mean corrected by the centred values' mean (float32 sums drift
             # on long columns); any other column: the mean of its float64 values
@@ -241,7 +243,9 @@ def encode_splits(frame: pl.DataFrame, splits: dict[str, SplitRows], data: DataC
 
     n = frame.height
     f = data.features
-    train = (splits["train"].first, splits["train"].end) if "train" in splits else None
+    # the rows the encoding is fitted on: the train split, or every fold of k-fold data (laid out together)
+    fit = [name for name in data.split.fit_splits() if name in splits]
+    train = (min(splits[s].first for s in fit), max(splits[s].end for s in fit)) if fit else None
 
     # categorical ids first (their widths size the files): the group's own ids; booleans: 0 null, 1 false, 2 true
     cats = list(f.categorical)
@@ -336,14 +340,21 @@ def encode_splits(frame: pl.DataFrame, splits: dict[str, SplitRows], data: DataC
             else:
                 arr[name][...] = values[a0:a1]
     if train is not None:
-        tarr = files["train"][2]
+        tarrs = [files[s][2] for s in fit]
+
+        def fitted(name: str, j: int | None = None) -> np.ndarray:
+            parts = [a[name] if j is None else a[name][j] for a in tarrs]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
         for j, (c, voc) in enumerate(zip(cats, vocs)):
-            stats["categorical"][c] = _counts_of(tarr["cat_cols"][j], voc)
+            stats["categorical"][c] = _counts_of(fitted("cat_cols", j), voc)
         for i, (code, *_rest) in enumerate(targets):
             if isinstance(code, LocalVocab):
-                stats["targets"][i] = {"counts": _counts_of(tarr[target_array(i)], code)}
+                stats["targets"][i] = {"counts": _counts_of(fitted(target_array(i)), code)}
     codes = LocalCodes(cont=affine, cat=vocs, targets=[tg[0] for tg in targets])
     return {
-        name: EncodedSplit(*files[name], keys=splits[name].keys, codes=codes, stats=stats if name == "train" else None)
+        name: EncodedSplit(
+            *files[name], keys=splits[name].keys, codes=codes, stats=stats if fit and name == fit[0] else None
+        )
         for name in splits
     }

@@ -4,7 +4,10 @@ By hash (the default): a seeded hash of each sequence's key draws a number in [0
 fractions cut into train, validation and test, so a sequence's rows stay together and the split is
 stable across machines, versions and appended files; rows without a sequence key are drawn one by
 one from their file and row number, or, in ranking data (`data.group_key`), by their group's key, so
-a group's rows (a query's results) stay together. By range: a column's value bounds, per split."""
+a group's rows (a query's results) stay together. By range: a column's value bounds, per split.
+K-fold (`method: kfold`): the same seeded draw holds out the top `test` share of sequences as the test
+split and deals the rest into `folds` equal bands of the draw, the splits fold0..fold{K-1}, so each
+sequence's fold is decided once, by its key, and stored once by the encode."""
 
 from __future__ import annotations
 
@@ -57,11 +60,20 @@ def _split_index(u: np.ndarray, split: SplitConfig) -> np.ndarray:
     return np.where(u < f_train, 0, np.where(u < f_train + f_val, 1, 2)).astype(np.int8)
 
 
+def _fold_index(u: np.ndarray, split: SplitConfig) -> np.ndarray:
+    """k-fold: the fold 0..K-1 of each draw below 1 - test, K (the test split) for the rest."""
+    keep = 1.0 - split.test
+    fold = np.minimum((u / keep * split.folds).astype(np.int64), split.folds - 1)
+    return np.where(u < keep, fold, split.folds).astype(np.int16)
+
+
 def sequence_splits(keys: list[str], split: SplitConfig) -> np.ndarray:
-    """The split index (0 train, 1 validation, 2 test) of each sequence key."""
+    """The index in `split.names()` of each sequence key's split (0 train, 1 validation, 2 test; k-fold:
+    its fold, K for test)."""
     if not keys:
         return np.zeros(0, np.int8)
-    return _split_index(_draws(keys, split.seed), split)
+    u = _draws(keys, split.seed)
+    return _fold_index(u, split) if split.method == "kfold" else _split_index(u, split)
 
 
 def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
@@ -160,7 +172,7 @@ def split_rows(df: pl.DataFrame, data: DataConfig) -> tuple[pl.DataFrame, dict[s
     pieces: list[pl.DataFrame] = []
     splits: dict[str, SplitRows] = {}
     at = 0
-    if data.split.method == "hash" and data.sequence_key is not None:
+    if data.split.method in ("hash", "kfold") and data.sequence_key is not None:
         runs = _runs(df)
         if runs is None:
             df = df.sort([SEQ, ORDER], maintain_order=True)
@@ -169,7 +181,7 @@ def split_rows(df: pl.DataFrame, data: DataConfig) -> tuple[pl.DataFrame, dict[s
         labels = sequence_splits(keys, data.split)
         ends = np.append(starts[1:], df.height).astype(np.int64)
         lengths = ends - starts
-        for i, name in enumerate(SPLITS):
+        for i, name in enumerate(data.split.names()):
             mine = labels == i
             if not mine.any():
                 continue
