@@ -29,7 +29,9 @@ def test_prefect_and_mlflow_runs_name_each_other_and_mlflow_shows_data_system_an
 ):
     from shardline.flows.pipeline import pipeline
 
-    monkeypatch.setenv("SHARDLINE_SYSTEM_METRICS_SECONDS", "0.2")
+    monkeypatch.setenv("SHARDLINE_SYSTEM_METRICS_SECONDS", "0.1")
+    # a training of ~1 s (26 steps) however fast the machine: several samples, not a race with the sampler
+    monkeypatch.setenv("SHARDLINE_TEST_STEP_DELAY", "0.04")
     make_raw(tmp_path / "raw", n_seq=12, rows=60)
     root = str(tmp_path / "store")
     result = pipeline(validate_config(tiny_config(str(tmp_path / "raw" / "*.parquet"), root)))
