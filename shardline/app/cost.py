@@ -63,21 +63,11 @@ class Plan:
 
 @flow(name="cost-data", log_prints=True)
 def encoded_data(config: PipelineConfig) -> str:
-    """The config's encoded data set (its manifest URI): ingest and encode with the pipeline's own cached steps,
-    so the real run finds them cached; fine-tuning encodes as its parent was trained, as the pipeline does."""
-    from shardline.core.encoding.reuse import check_columns
-    from shardline.tasks.caching import run_cached
-    from shardline.tasks.encode import encode
-    from shardline.tasks.ingest import INGEST_CACHE, ingest
-    from shardline.tasks.training_run import parent_encoding, parent_model
+    """The config's encoded data set (its manifest URI): the pipeline's own cached ingest and encode, so the
+    real run finds them cached."""
+    from shardline.flows import pipeline
 
-    snapshot, _ = run_cached(ingest, INGEST_CACHE, config.storage.root, False, config.data)
-    parent = parent_model(config)
-    base = (parent_encoding(config, parent), parent["uri"]) if parent else None
-    if base is not None:
-        check_columns(config.data.features.model_dump(), *base)
-    manifest_uri, _ = encode(snapshot, config.data, config.storage.root, base=base)
-    return manifest_uri
+    return pipeline.encoded_data(config)[1]
 
 
 def run_rate(folder: str, gpu: str, epoch_windows: int) -> tuple[Rate | None, str]:
