@@ -399,6 +399,7 @@ class TrainingConfig(_Strict):
         "device",
         "precision",
         "num_workers",
+        "compile",
         "checkpoint_every_steps",
         "checkpoint_every_seconds",
         "keep_checkpoints",
@@ -471,6 +472,11 @@ class TrainingConfig(_Strict):
     )
     num_workers: int = Field(
         0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)"
+    )
+    compile: bool = Field(
+        False,
+        description="run the training step's forward through torch.compile (for GPUs: it pays off on long runs of "
+        "a fixed shape; the first steps wait for the compilation)",
     )
     fold: int | None = Field(
         None,
