@@ -13,6 +13,7 @@ pipeline does today for a categorical token column (text columns tokenize into t
   gradient clipping, the LR schedule, per-step logging, a validation pass and a checkpoint at the epoch's end),
   timed as a whole from the call to its return; its training tokens/s leave out the validation pass (the
   hand loop validates nothing), and everything else counts (set-up, checks, the checkpoint);
+- generation: greedy tokens/s with the key/value cache against recomputing the context for every token;
 - hand loop: the same model class (`model_from_spec` of the same spec, the same seed) on the train split's token
   ids as one int64 array in memory, random windows (nanoGPT's get_batch), AdamW, gradient clipping at the same
   norm, `cross_entropy` on the logits: no loader, no checkpoint, no validation, no logging.
@@ -25,6 +26,7 @@ shown: on a shared machine the CPU time is the steadier one (with --threads 1 it
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -260,8 +262,40 @@ def main() -> None:
                 f"| {name} | {wall:.2f} | {val_wall:.2f} | {per_run / train_wall:,.0f} | {base_wall / train_wall:.2f}x "
                 f"| {cpu:.2f} | {per_run / cpu:,.0f} | {base_cpu / cpu:.2f}x |"
             )
+        print(generation_table(spec, args.window))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def generation_table(spec: dict, window: int) -> str:
+    """Greedy generation of the last half of the context from a prompt of its first half, with the key/value
+    cache and by recomputing the context for every token (`use_cache=False`): the same tokens, timed."""
+    from shardline.trainer.generate import generate
+    from shardline.trainer.models import model_from_spec
+
+    torch.manual_seed(0)
+    model = model_from_spec(spec).eval()
+    prompt, new = list(range(1, window // 2 + 1)), window // 2
+    rows, outs = [], {}
+    for cache in (True, False):
+        generate(model, prompt, 2, temperature=0, use_cache=cache)  # warm
+        best = math.inf
+        for _ in range(3):
+            t = time.perf_counter()
+            outs[cache] = generate(model, prompt, new, temperature=0, use_cache=cache)
+            best = min(best, time.perf_counter() - t)
+        rows.append((cache, best))
+    same = "the same tokens" if outs[True] == outs[False] else "DIFFERENT tokens"
+    lines = [
+        f"\ngeneration: a {len(prompt)}-token prompt, {new} new tokens, greedy, best of 3 ({same})\n",
+        "| generation | seconds | tokens/s | vs recomputing |",
+        "|---|---:|---:|---:|",
+    ]
+    base = rows[1][1]
+    for cache, secs in rows:
+        name = "key/value cache" if cache else "recomputing the context"
+        lines.append(f"| {name} | {secs:.3f} | {new / secs:,.0f} | {base / secs:.2f}x |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
