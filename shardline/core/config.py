@@ -591,11 +591,8 @@ class PipelineConfig(_Strict):
                 "data.target_positions='all' needs a model that predicts every position: model.family: transformer "
                 "(causal over the window), or your own model; the mlp predicts the last position only"
             )
-        if self.data.target_positions != "all" and not self.model.entrypoint and self.model.family == "gpt":
-            raise ValueError(
-                "model.family: gpt predicts the next token at every position: set data.target_positions: all "
-                "(and data.horizon: 1)"
-            )
+        if not self.model.entrypoint and self.model.family == "gpt":
+            self._check_gpt_data()
         metrics = metric_directions(targets, self.evaluation.k if self.data.group_key else ())
         if self.mlflow.promotion_metric is None:
             self.mlflow.promotion_metric = next(iter(metrics))
@@ -644,6 +641,21 @@ class PipelineConfig(_Strict):
                 f"{[t.column for t in targets]}"
             )
         return self
+
+    def _check_gpt_data(self) -> None:
+        """The gpt family reads one token column and predicts the next token at every position."""
+        features = self.data.features
+        columns = features.all()
+        if features.continuous or features.boolean or len(columns) != 1:
+            raise ValueError(
+                f"model.family: gpt reads exactly one token column (a categorical column of token ids, or a text "
+                f"column) and no other feature; data.features lists {columns}"
+            )
+        if self.data.target_positions != "all":
+            raise ValueError(
+                "model.family: gpt predicts the next token at every position: set data.target_positions: all "
+                "(and data.horizon: 1)"
+            )
 
     @model_serializer(mode="wrap")
     def _without_secrets(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict:
