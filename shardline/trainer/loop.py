@@ -530,6 +530,8 @@ def fit(
     if frozen:
         log(f"training.freeze {list(cfg.freeze)}: {len(frozen)} parameter tensor(s) frozen")
     model = model.to(device)
+    # training.compile: the step's forward compiled; the module itself (its state_dict) is what is saved
+    step_model = torch.compile(model) if cfg.compile else model
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
     ctx = autocast(device, precision)  # chosen once: every precision shares the one step below
@@ -708,7 +710,7 @@ def fit(
                     b = batch.to(device, non_blocking=True)
                     targets = batch_targets(data_spec, b)
                     with ctx:
-                        outputs = as_outputs(model(b.cont, b.cat), data_spec)
+                        outputs = as_outputs(step_model(b.cont, b.cat), data_spec)
                         if not checked:  # the contract, on the run's first batch: before any step is taken
                             check_outputs(outputs, data_spec, len(b))
                         loss = model_loss(model, outputs, b.cont, b.cat, targets, data_spec, cfg.loss_weights)
