@@ -285,7 +285,7 @@ def _sweep_summary(result: dict) -> None:
     typer.echo("")
     typer.secho(
         f"Best {best['trial']} registered as {reg['model_name']} version {reg['version']} (@{reg['alias']}); "
-        "its test metrics against the trivial baseline:\n",
+        f"its test metrics against {result.get('baseline_name', 'the trivial baseline')}:\n",
         fg=typer.colors.GREEN,
         bold=True,
     )
