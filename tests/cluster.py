@@ -1,4 +1,4 @@
-"""A Prefect server, a process worker for `cpu-pool` and one for `gpu-pool`, deployments from
+"""A Prefect server, a process worker for `cpu-pool` and two for `gpu-pool` (one run at a time each), deployments from
 prefect.yaml and a local S3 server (moto), all on 127.0.0.1, shared by the tests of one session
 (fixture `cluster` in conftest.py; started only when a test asks for it).
 """
@@ -22,6 +22,8 @@ from tests.net import free_port
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BUCKET = "shardline-e2e"
+# (pool, worker name, its --limit): the GPU pool's two workers stand for two GPU machines
+WORKERS = [("cpu-pool", "cpu-pool-w1", None), ("gpu-pool", "gpu-pool-w1", 1), ("gpu-pool", "gpu-pool-w2", 1)]
 
 
 def wait_until(check, timeout: float, what: str, every: float = 0.5):
@@ -129,15 +131,13 @@ def cluster(tmp_path_factory):
         for pool in ("cpu-pool", "gpu-pool"):
             c.prefect("work-pool", "create", "--type", "process", pool)
         c.prefect("--no-prompt", "deploy", "--all")
-        for pool in ("cpu-pool", "gpu-pool"):
-            procs.append(
-                _start(
-                    [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"{pool}-w1"],
-                    env,
-                    logs / f"{pool}.log",
-                )
-            )
-        wait_until(lambda: all(_has_worker(api, p) for p in ("cpu-pool", "gpu-pool")), 120, "both workers to poll")
+        # one CPU worker; two GPU workers, each a GPU machine that trains one run at a time (`--limit 1`)
+        for pool, name, limit in WORKERS:
+            cmd = [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", name]
+            procs.append(_start(cmd + (["--limit", str(limit)] if limit else []), env, logs / f"{name}.log"))
+        wait_until(
+            lambda: _workers(api, "cpu-pool") >= 1 and _workers(api, "gpu-pool") >= 2, 120, "the three workers to poll"
+        )
 
         import s3fs
 
@@ -159,6 +159,6 @@ def _healthy(api: str) -> bool:
         return False
 
 
-def _has_worker(api: str, pool: str) -> bool:
+def _workers(api: str, pool: str) -> int:
     r = httpx.post(f"{api}/work_pools/{pool}/workers/filter", json={}, timeout=10)
-    return r.status_code == 200 and len(r.json()) > 0
+    return len(r.json()) if r.status_code == 200 else 0

@@ -253,3 +253,60 @@ def test_a_budget_stop_has_its_own_exit_status(story, monkeypatch):
     assert done.exit_code == BUDGET_EXIT_CODE == 76, done.output
     assert "error: training stopped at its budget: training.max_cost=0.01 USD reached" in done.output
     assert "raise training.max_cost and run again to resume" in done.output
+
+
+def test_max_hours_stops_a_run_with_status_76_and_a_higher_limit_resumes_it_to_the_uninterrupted_weights(
+    story, monkeypatch
+):
+    """`shardline run` with a few seconds of `training.max_hours`: a checkpoint, the budget's message and status;
+    the same command with a higher limit resumes that run folder, into the same MLflow run, and ends with the
+    weights of a run never stopped (trained here with `--force train`, in a folder of its own)."""
+    import torch
+
+    from shardline.app.cli import app
+    from shardline.flows.pipeline import pipeline
+    from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+    cfg_path = str(story["tmp"] / "cfg.yaml")
+    this = ["--set", "training.lr=0.003"]  # a run of its own (the others' learning rate is the story's)
+    monkeypatch.setenv("SHARDLINE_TEST_STEP_DELAY", "0.2")  # 58 steps: about 12 s against a limit of 5.4 s
+    stopped = CliRunner().invoke(app, ["run", cfg_path, *this, "--set", "training.max_hours=0.0015"])
+    assert stopped.exit_code == BUDGET_EXIT_CODE == 76, stopped.output
+    said = re.search(
+        r"error: (training stopped at its budget: .*run again to resume)", " ".join(stopped.output.split())
+    )
+    assert said and "training.max_hours=0.0015 reached: " in said.group(1), stopped.output
+    assert said.group(1).endswith("raise training.max_hours and run again to resume")
+    checkpoint = re.search(r"checkpoint saved at (\S+\.pt)", said.group(1)).group(1)
+    assert Path(checkpoint).is_file() and 0 < checkpoint_step(checkpoint) < STEPS
+    run = Path(checkpoint).parents[1]
+
+    monkeypatch.delenv("SHARDLINE_TEST_STEP_DELAY")
+    resumed = CliRunner().invoke(app, ["run", cfg_path, *this, "--set", "training.max_hours=1"])
+    assert resumed.exit_code == 0, resumed.output
+    ledger = json.loads((run / "cost.json").read_text())  # the same run folder, its two attempts
+    assert [a["outcome"] for a in ledger["attempts"]] == ["budget", "finished"], (
+        resumed.output[-3000:],
+        sorted(p.name for p in run.parent.iterdir()),
+    )
+    assert ledger["attempts"][1]["first_step"] == checkpoint_step(checkpoint)
+    client = MlflowClient(story["cfg"]["mlflow"]["tracking_uri"])
+    (mlflow_run,) = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+        if r.data.params.get("training.lr") == "0.003"
+    ]
+    assert mlflow_run.info.status == "FINISHED"
+    assert mlflow_run.data.tags["shardline.stopped_by"] == "budget, then resumed to the end"
+
+    config = copy.deepcopy(story["cfg"])
+    config["training"]["lr"] = 0.003
+    never_stopped = pipeline(validate_config(config), force="train")["train"]
+    assert never_stopped["run_dir"] != str(run)
+    for folder in (str(run), never_stopped["run_dir"]):
+        assert latest_checkpoint(f"{folder}/checkpoints")[1]["step"] == STEPS
+    final = [
+        load_checkpoint(latest_checkpoint(f"{f}/checkpoints")[0])["model"] for f in (run, never_stopped["run_dir"])
+    ]
+    assert final[0].keys() == final[1].keys()
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[1])

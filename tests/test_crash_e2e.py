@@ -21,16 +21,11 @@ pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent / "shardline"
 
 
-def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
 def start(config: Path) -> subprocess.Popen:
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    """`shardline run CONFIG` in a session of its own (a terminal's foreground group), with Prefect's ephemeral
+    API as on a laptop; every process it starts carries `SHARDLINE_TEST_RUN=<config>` in its environment."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", SHARDLINE_TEST_RUN=str(config))
     return subprocess.Popen(
         [str(BIN), "run", str(config)],
         stdout=subprocess.PIPE,
@@ -39,6 +34,19 @@ def start(config: Path) -> subprocess.Popen:
         start_new_session=True,
         env=env,
     )
+
+
+def processes_of(config: Path) -> list[int]:
+    """The live processes `start(config)` started, found by their environment (a child in a session of its own
+    too)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"SHARDLINE_TEST_RUN={config}".encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def kill_when(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
@@ -78,17 +86,32 @@ def test_killed_during_training_resumes_to_the_same_weights(tmp_path):
     over = {"training.epochs": 3, "training.batch_size": 16, "training.checkpoint_every_steps": 20, "model.hidden": 64}
     killed, clean = write_config(tmp_path, "killed", **over), write_config(tmp_path, "clean", **over)
 
-    # first a spot notice: SIGTERM -> a checkpoint, then the distinct "preempted" exit status
+    # first Ctrl-C: the terminal's SIGINT to the whole foreground group, Prefect's temporary API server
+    # included (it used to stop with it, and the run then waited minutes on its address) -> a checkpoint
+    # and the distinct "preempted" exit status within seconds, the server stopped at exit
     proc = start(killed)
     deadline = time.monotonic() + 240
     while not list((tmp_path / "killed").glob("runs/*/checkpoints/ckpt-*.json")) and time.monotonic() < deadline:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 75, proc.stdout.read()[-3000:]
+    os.killpg(proc.pid, signal.SIGINT)
+    interrupted = time.monotonic()
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"still running 60 s after Ctrl-C:\n{proc.communicate()[0][-3000:]}")
+    out = proc.stdout.read()
+    assert code == 75 and time.monotonic() - interrupted < 30, (code, time.monotonic() - interrupted, out[-3000:])
+    (said,) = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert "training stopped by SIGINT; checkpoint saved at " in said and said.endswith("run again to resume")
+    assert Path(said.split("checkpoint saved at ")[1].split(": run again")[0]).is_file()
     client = MlflowClient(f"sqlite:///{tmp_path / 'killed' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
     assert run.info.status == "KILLED"
-    os.killpg(proc.pid, signal.SIGKILL) if _alive(proc.pid) else None
+    gone = time.monotonic() + 10
+    while processes_of(killed) and time.monotonic() < gone:
+        time.sleep(0.2)
+    assert not processes_of(killed), "a process of the run (its Prefect server?) outlived it"
 
     # then the machine disappears: SIGKILL of the resumed run, mid-training
     proc = start(killed)

@@ -172,7 +172,7 @@ def test_doctor_on_the_cluster_runs_the_gpu_probe_on_the_gpu_pool(cluster):
     assert list(failed) == ["gpu probe"] and out.returncode == 1, out.stdout + out.stderr[-3000:] + cluster.tail_logs()
     assert rows["prefect api"].startswith(f"PASS {cluster.api}: reachable, server version 3.")
     assert rows["train deployment"].startswith("PASS train/train on pool gpu-pool")
-    assert "1 live worker(s): gpu-pool-w1 (last heartbeat" in rows["train pool"]
+    assert "2 live worker(s): gpu-pool-w" in rows["train pool"]
     assert "1 live worker(s): cpu-pool-w1 (last heartbeat" in rows["pipeline pool"]
     assert rows["storage"].startswith(
         f"PASS s3://{BUCKET}/store-doctor via {cluster.env['AWS_ENDPOINT_URL']}: wrote, read back"

@@ -20,22 +20,30 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 
 
-def readme_commands(example: str) -> list[str]:
-    """The commands of the README's first ```bash block, as a user copies them."""
+def readme_commands(example: str, block: int = 0) -> list[str]:
+    """The commands of the README's ```bash block number `block` (the first by default), as a user copies them."""
     text = (EXAMPLES / example / "README.md").read_text()
-    block = re.search(r"```bash\n(.*?)```", text, re.S)
-    assert block, f"examples/{example}/README.md has no ```bash block"
-    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    assert len(blocks) > block, f"examples/{example}/README.md has no ```bash block number {block + 1}"
+    return [line for line in blocks[block].splitlines() if line.strip() and not line.startswith("#")]
+
+
+def run_commands(commands: list[str], folder: Path) -> str:
+    """Run a README's commands in `folder` as a user would; their output."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env["PYTHONPATH"] = str(REPO)  # this checkout's shardline, not whichever one is installed (a worktree's)
+    out = ""
+    for command in commands:
+        done = subprocess.run(command, shell=True, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"`{command}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        out += done.stdout
+    return out
 
 
 def run_example(example: str, tmp_path: Path) -> Path:
     folder = tmp_path / example
     shutil.copytree(EXAMPLES / example, folder, ignore=shutil.ignore_patterns("data", "store", "__pycache__"))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env["PYTHONPATH"] = str(REPO)  # this checkout's shardline, not whichever one is installed (a worktree's)
-    for command in readme_commands(example):
-        done = subprocess.run(command, shell=True, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"`{command}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    run_commands(readme_commands(example), folder)
     return folder
 
 
@@ -165,13 +173,30 @@ def test_two_tower_example(tmp_path):
     assert shown and float(shown.group(1)) == pytest.approx(model, abs=0.02)
     assert float(shown.group(2)) == pytest.approx(popularity, abs=0.02)
 
+    # "Tuning it": the k-fold sweep of the README's second block, on the same folder and data
+    out = run_commands(readme_commands("two_tower", block=1), folder)
+    best = re.search(r"^  (s\d+) +([\d.]+) ± ([\d.]+) +(\S+) +<- best$", out, re.M)
+    assert best and best.group(4) == re.search(r"The chosen setting is \*\*`(\S+)`\*\*", readme).group(1), out
+    assert "the best setting retrained on all non-test data (training.fold: null) as trial 'final'" in out
+    tuned = client.get_model_version("two-tower", "2")  # the final retrain, through the same gate
+    assert tuned.tags["shardline.sweep.trial"] == "final" and tuned.tags["shardline.sweep.overrides"]
+    tuned_metrics = client.get_run(tuned.run_id).data.metrics
+    claimed = re.search(r"\| ndcg@10 \(tuned, 1 epoch\) \| ([\d.]+) \| ([\d.]+) \| model \|", readme)
+    assert claimed and float(claimed.group(1)) == pytest.approx(tuned_metrics["test/ndcg_at_10"], abs=0.02)
+    assert float(claimed.group(2)) == pytest.approx(tuned_metrics["test/ndcg_at_10_baseline"], abs=0.02)
+    # as the README says: below the 2-epoch champion, so registered as the challenger, the champion kept
+    assert tuned_metrics["test/ndcg_at_10"] < model
+    assert client.get_model_version_by_alias("two-tower", "champion").version == version.version
+    assert str(client.get_model_version_by_alias("two-tower", "challenger").version) == "2"
+
 
 @pytest.mark.parametrize("example", ["world_model", "pretrain_finetune", "two_tower"])
 def test_example_readme_names_only_files_it_ships(example):
     """The configs the README runs are in the folder, and the code their entrypoints name is too."""
     import yaml
 
-    for command in readme_commands(example):
+    blocks = (EXAMPLES / example / "README.md").read_text().count("```bash")
+    for command in [c for b in range(blocks) for c in readme_commands(example, b)]:
         for word in command.split():
             if word.endswith(".yaml"):
                 config = yaml.safe_load((EXAMPLES / example / word).read_text())

@@ -146,3 +146,25 @@ def test_a_cross_validated_sweep_reports_mean_and_std_and_registers_the_retrain(
     assert [m.value for m in means] == pytest.approx([s["score"] for s in settings])
     listed = sweep_artifact()
     assert "Cross-validation (selected by the mean)" in listed and "retrained on all non-test data" in listed
+
+
+def test_ranking_data_deals_whole_groups_into_folds_and_counts_popularity_over_every_fold(tmp_path):
+    """Ranking data without a sequence key: each group (a query) lies whole in one fold, and the popularity
+    baseline counts the clicks of every fold (all the non-test rows), never the test split's."""
+    from tests.test_ranking_pipeline import make_clicks, ranking_config
+
+    clicks = make_clicks(tmp_path / "raw", groups=60)
+    cfg = validate_config(ranking_config(tmp_path, split=KFOLD))
+    _, _, out_dir, manifest = encode_all(cfg)
+    assert set(manifest.windows) == {"fold0", "fold1", "fold2", "test"} and min(manifest.windows.values()) > 0
+    rows = {
+        s: pl.concat([pl.read_parquet(resolve(out_dir, i.rows_path)) for i in manifest.shards_of(s)])
+        for s in manifest.windows
+    }
+    groups = {s: set(r["group"].cast(pl.Utf8).to_list()) for s, r in rows.items()}
+    assert sum(len(g) for g in groups.values()) == len(set().union(*groups.values())) == 60  # each in one split
+    for s, r in rows.items():  # a group's every row with it
+        assert r.height == clicks.filter(pl.col("query").is_in(list(groups[s]))).height, s
+    non_test = clicks.filter(~pl.col("query").is_in(list(groups["test"])))
+    expected = non_test.group_by("item").agg((pl.col("click") > 0).sum().alias("n")).sort("item")
+    assert manifest.item_counts == {str(i): n for i, n in zip(expected["item"], expected["n"])}

@@ -1,4 +1,4 @@
-"""The team loop on 127.0.0.1: a Prefect server, a process worker for the CPU pool and one for the GPU
+"""The team loop on 127.0.0.1: a Prefect server, a process worker for the CPU pool and two for the GPU
 pool, deployments from prefect.yaml, the storage root in S3 (moto's server, through s3fs), MLflow on
 SQLite with its artifacts in that S3. Run alone with `pytest -m remote`.
 
@@ -281,11 +281,16 @@ def test_planted_secrets_never_leave_the_process_on_the_cluster(cluster):
 
 def test_a_sweep_deployment_dispatches_each_trial_to_the_gpu_pool_and_registers_the_best(cluster, monkeypatch):
     """`prefect deployment run sweep/sweep` on the CPU pool: each trial is a flow run of the training
-    deployment on the GPU pool, nested in MLflow under the sweep's run; the best is registered and tagged."""
+    deployment on the GPU pool, the two at once on the pool's two workers (one run each), nested in MLflow
+    under the sweep's run; the best is registered and tagged."""
+    from datetime import datetime
+
     from mlflow import MlflowClient
 
     s3_env(monkeypatch, cluster)
-    config = write_config(cluster, "store-w", **{"training.epochs": 1})
+    # each optimizer step sleeps 0.1 s (about 2 s a trial), so that two trials in flight are seen in flight
+    slow = {"compute": {"job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.1"}}}}
+    config = write_config(cluster, "store-w", **{"training.epochs": 1, **slow})
     space = cluster.base / "space-w.yaml"
     space.write_text(yaml.safe_dump({"model.hidden": [8, 32]}))
     before = {r["id"] for r in cluster.flow_runs()}
@@ -299,6 +304,13 @@ def test_a_sweep_deployment_dispatches_each_trial_to_the_gpu_pool_and_registers_
     trains = [r for r in new if r["work_pool_name"] == "gpu-pool"]
     assert len(trains) == 2 and {r["state_type"] for r in trains} == {"COMPLETED"}
     assert all(r["parent_task_run_id"] is not None for r in trains)  # each dispatched by its trial's train step
+    # two at once: each was Running while the other was, on a worker of its own
+    (a_start, a_end), (b_start, b_end) = [
+        (datetime.fromisoformat(r["start_time"]), datetime.fromisoformat(r["end_time"])) for r in trains
+    ]
+    assert a_start < b_end and b_start < a_end, [(r["name"], r["start_time"], r["end_time"]) for r in trains]
+    workers = sorted(r["labels"].get("prefect.worker.name") for r in trains)
+    assert workers == ["gpu-pool-w1", "gpu-pool-w2"], workers
 
     client = MlflowClient(f"sqlite:///{cluster.base / 'store-w'}-mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("store-w").experiment_id])

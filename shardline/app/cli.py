@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from shardline.app.ephemeral_api import start_ephemeral_api
+
 # Prefect's ephemeral API takes 15-25 s to start on a small machine; its default allows 20.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -98,6 +100,7 @@ def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> di
     if force is not None and force not in STEPS:
         _fail(f"--force {force}: not a step; choose one of {', '.join(STEPS)}", 2)
     try:
+        start_ephemeral_api()  # without a server: one that the terminal's Ctrl-C does not stop under the run
         with _console_quiet(verbose):
             return pipeline(config, force=force)
     except Exception as e:
@@ -282,7 +285,7 @@ def _sweep_summary(result: dict) -> None:
     typer.echo("")
     typer.secho(
         f"Best {best['trial']} registered as {reg['model_name']} version {reg['version']} (@{reg['alias']}); "
-        "its test metrics against the trivial baseline:\n",
+        f"its test metrics against {result.get('baseline_name', 'the trivial baseline')}:\n",
         fg=typer.colors.GREEN,
         bold=True,
     )
@@ -335,6 +338,7 @@ def sweep(
 
     typer.echo(f"sweep: {len(plan.trials)} {plan.mode} trial(s) over {', '.join(plan.keys)}", err=True)
     try:
+        start_ephemeral_api()  # without a server: one that the terminal's Ctrl-C does not stop under the trials
         with _console_quiet(verbose):
             result = sweep_flow(plan.base, space, trials=random_n, seed=seed, at_once=at_once, folds=folds)
     except KeyboardInterrupt:

@@ -245,10 +245,10 @@ class DataConfig(_Strict):
                 "data.order_by is required with data.sequence_key: name the column that orders rows in a sequence"
             )
         self._check_ranking()
-        if self.split.method == "kfold" and (self.sequence_key is None or self.group_key is not None):
+        if self.split.method == "kfold" and self.sequence_key is None and self.group_key is None:
             raise ValueError(
-                "data.split.method: kfold deals whole sequences into folds: it needs data.sequence_key (a column, "
-                f"or '{FILE_SEQUENCE}'), and does not take ranking data (data.group_key)"
+                "data.split.method: kfold deals whole sequences (or, in ranking data, whole groups) into folds: it "
+                f"needs data.sequence_key (a column, or '{FILE_SEQUENCE}') or data.group_key"
             )
         if self.split.method == "hash" and self.split.fractions.get("test", 0) <= 0:
             raise ValueError("data.split.fractions.test must be > 0: evaluation needs a test split")

@@ -43,6 +43,14 @@ def resolve_config(config: PipelineConfig | dict | str) -> PipelineConfig:
     return validate_config(config, "the 'config' parameter")
 
 
+def baseline_name(config: PipelineConfig) -> str:
+    """What the test table's baseline is: the majority class or the mean; ranking data, the items' popularity
+    or chance."""
+    if not config.data.group_key:
+        return "the trivial baseline"
+    return "the popularity baseline" if config.data.item_key else "a random order of each group"
+
+
 def encoded_data(config: PipelineConfig, refresh: set[str] | frozenset[str] = frozenset()):
     """Ingest and encode, inside a flow run: (the snapshot, the manifest's URI, its checksum, which of the
     two steps ran rather than came from the cache). `refresh`: the steps `--force` recomputes."""
@@ -123,14 +131,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
         },
         "metrics": scores["metrics"],
         "baseline": scores["baseline"],
-        # what the baseline is: the majority class or the mean; ranking data, the items' popularity or chance
-        "baseline_name": (
-            "the trivial baseline"
-            if not config.data.group_key
-            else "the popularity baseline"
-            if config.data.item_key
-            else "a random order of each group"
-        ),
+        "baseline_name": baseline_name(config),
         "table": scores["table"],
         "registered": registered,
     }

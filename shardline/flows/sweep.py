@@ -33,7 +33,7 @@ from shardline.core.sweep import (
     trial_config,
     with_folds,
 )
-from shardline.flows.pipeline import encoded_data
+from shardline.flows.pipeline import baseline_name, encoded_data
 from shardline.flows.train import train
 from shardline.tasks import links
 from shardline.tasks.caching import run_cached
@@ -186,6 +186,7 @@ def sweep(
         "train": {k: trained.get(k) for k in ("best_checkpoint", "steps", "device", "precision", "run_dir")},
         "metrics": scores["metrics"],
         "baseline": scores["baseline"],
+        "baseline_name": baseline_name(config_),
         "table": scores["table"],
         "registered": registered,
     }

@@ -280,8 +280,10 @@ def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, r
         encoded = encode_splits(frame, splits, data)
     del frame
     train = next((encoded[s].stats for s in data.split.fit_splits() if s in encoded), None)
-    if data.group_key:
-        train = {**(train or empty_stats(data)), "ranking": training_statistics(ranked.get("train"), data)}
+    if data.group_key:  # the training rows: the train split, or (k-fold) every fold
+        fitted = [ranked[s] for s in data.split.fit_splits() if ranked.get(s) is not None]
+        rows = pl.concat(fitted) if fitted else None
+        train = {**(train or empty_stats(data)), "ranking": training_statistics(rows, data)}
     pending = []
     with ThreadPoolExecutor(max(1, len(encoded)), thread_name_prefix="shardline-write") as writer:
         for split in data.split.names():
@@ -460,7 +462,7 @@ def check_groups(groups: list[EncodedGroup], data: DataConfig, store: str) -> No
     hashes = [np.zeros(0, np.uint64)]
     for g in groups:
         for s in g.shards:
-            if s.split == "train" and s.rows_path and g.key is not None:
+            if s.split in data.split.fit_splits() and s.rows_path and g.key is not None:
                 uri = storage.resolve(storage.join(store, g.key), s.rows_path)
                 table = pl.read_parquet(io.BytesIO(storage.read_verified(uri, s.rows_sha256)), columns=[GROUP])
                 hashes.append(table[GROUP].hash(seed=0).to_numpy())

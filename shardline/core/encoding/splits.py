@@ -7,7 +7,8 @@ one from their file and row number, or, in ranking data (`data.group_key`), by t
 a group's rows (a query's results) stay together. By range: a column's value bounds, per split.
 K-fold (`method: kfold`): the same seeded draw holds out the top `test` share of sequences as the test
 split and deals the rest into `folds` equal bands of the draw, the splits fold0..fold{K-1}, so each
-sequence's fold is decided once, by its key, and stored once by the encode."""
+sequence's fold is decided once, by its key, and stored once by the encode; in ranking data without a
+sequence key, each group's (by its key, as the hash split draws it)."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
     if data.group_key is not None:  # ranking: a group's rows stay together (a query is ranked whole)
         groups = df[data.group_key].cast(pl.Utf8)
         distinct = groups.unique()
-        drawn = np.array(SPLITS, dtype=object)[_split_index(_draws(distinct.to_list(), split.seed), split)]
+        drawn = np.array(split.names(), dtype=object)[sequence_splits(distinct.to_list(), split)]  # k-fold: its fold
         labels = groups.replace_strict(distinct, pl.Series(drawn.tolist(), dtype=pl.Utf8), return_dtype=pl.Utf8)
         return df.with_columns(labels.alias(SPLIT))
     bases = {k: _key64(k, split.seed) for k in df[SEQ].unique().to_list()}
@@ -198,7 +199,7 @@ def split_rows(df: pl.DataFrame, data: DataConfig) -> tuple[pl.DataFrame, dict[s
             at += rows
     else:
         labelled = label_rows(df, data)
-        for name in SPLITS:
+        for name in data.split.names():
             part = labelled.filter(pl.col(SPLIT) == name).drop(SPLIT)
             if not part.height:
                 continue

@@ -1,0 +1,72 @@
+"""Prefect's ephemeral API, out of the reach of the terminal's Ctrl-C.
+
+Without `PREFECT_API_URL`, Prefect starts a temporary API server (uvicorn) as a child process the first
+time a flow runs. That child is in the terminal's foreground process group, so Ctrl-C sends it SIGINT
+too: it stops at once, and the training that was checkpointing on the same SIGINT then reports its
+flow runs' final states to a dead address, each report retried with back-off (seen: `shardline run`
+still waiting more than a minute after the SIGINT, its server a zombie). With a Prefect server the
+same Ctrl-C stops in about five seconds.
+
+`start_ephemeral_api` starts that server before any flow, with Prefect's own class, in a session of its
+own (Ctrl-C reaches only the command's processes) and tied to this process's life on Linux
+(PR_SET_PDEATHSIG: if the command dies without a word, the server gets SIGTERM). Prefect's code finds
+this instance (its ephemeral server is one per port; port None is the one it asks for), and stops it
+at exit as it would its own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with(parent: int):
+    """A `preexec_fn`: the child gets SIGTERM when `parent` (the thread that started it) exits."""
+
+    def preexec() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before the prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def start_ephemeral_api() -> str | None:
+    """Start Prefect's ephemeral API server now, in its own session, when no `PREFECT_API_URL` is set; return
+    its address (None with a server configured: nothing to do). Call it from the main thread: the server's
+    life is tied to the thread that starts it."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    class DetachedServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            popen = subprocess.Popen
+            extra = {"start_new_session": True}
+            if sys.platform.startswith("linux"):
+                extra["preexec_fn"] = _die_with(os.getpid())
+
+            def detached(*args, **kwargs):
+                return popen(*args, **{**kwargs, **extra})
+
+            subprocess.Popen = detached  # for Prefect's own command line, in this one call
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                subprocess.Popen = popen
+
+    server = SubprocessASGIServer._instances.get(None)
+    if server is None:
+        server = DetachedServer()  # registered as the instance Prefect's client asks for
+    server.start()
+    return server.api_url
