@@ -285,6 +285,59 @@ def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
     return {("loss" if k == "val_loss" else k.removeprefix("val_")): v for k, v in scores.items()}
 
 
+def unigram_log_probs(token_counts: list[int]) -> np.ndarray:
+    """The unigram baseline: log p of each token id from the training split's target counts, add-one
+    smoothed over the real ids (1..V-1: a test token the training split never had is not infinitely
+    surprising); id 0 (<pad>) is never a target."""
+    counts = np.asarray(token_counts, np.float64)
+    counts[0] = 0.0
+    smoothed = counts + 1.0
+    smoothed[0] = 0.0
+    with np.errstate(divide="ignore"):
+        return np.log(smoothed / smoothed.sum())
+
+
+def generation_scores(model, manifest: Manifest, manifest_uri: str) -> dict[str, float]:
+    """HOOK (issue #19, the model half): a generation target's exact match and token F1 of greedy generations on
+    the test split (`text_generation_scores` in core, with KV-cache generation). Empty until that lands; its
+    metrics, once returned here, are reported and promotable as `exact_match` and `token_f1`."""
+    return {}
+
+
+def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: list, out_dir: Path) -> dict:
+    """Text data: on the test split's target tokens (every window's positions whose target is not <pad>), the
+    model's mean token loss (`loss`), its perplexity (exp of it) and next-token accuracy, against a unigram
+    model of the training split's target tokens (`perplexity_baseline`: the manifest's `token_counts`), on
+    the same positions."""
+    import torch
+
+    from shardline.trainer.data import WindowLoader
+    from shardline.trainer.loop import evaluate as validate
+
+    scores = validate(model, test, None, 256, torch.device("cpu"))
+    logp = unigram_log_probs(manifest.token_counts or [])
+    nll, n = 0.0, 0
+    for batch in WindowLoader(test, 4096, seed=0, shuffle=False):
+        y = batch.targets[0].numpy().reshape(-1).astype(np.int64)
+        y = y[y != manifest.encoding.text.pad_id]
+        nll -= float(logp[y].sum())
+        n += len(y)
+    baseline_loss = nll / max(n, 1)
+    perplexity = scores["val_perplexity"]
+    metrics = {"perplexity": perplexity, "loss": float(np.log(perplexity)), "accuracy": scores["val_accuracy"]}
+    baseline = {"perplexity": float(np.exp(min(baseline_loss, 700.0))), "loss": baseline_loss}
+    metrics.update(generation_scores(model, manifest, manifest_uri))
+    directions = {k: "maximize" if k in ("accuracy", "exact_match", "token_f1") else "minimize" for k in metrics}
+    return {
+        "metrics": metrics,
+        "baseline": baseline,
+        "table": M.format_metrics_table(metrics, baseline, directions),
+        "test_windows": int(test.n_windows),
+        "test_tokens": n,
+        "files": [str(p) for p in plots],
+    }
+
+
 def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig, out_dir: Path) -> dict:
     """The best checkpoint on the test split: per target its metrics, a trivial baseline's (the training
     split's majority class or mean) and a plot (a class target also its per-class table, per_class.csv),
@@ -310,6 +363,8 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
             history, out_dir / "learning_curves.png", train_result.get("best_epoch"), train_result.get("select_by")
         )
     ]
+    if spec.text is not None:
+        return evaluate_text(manifest, manifest_uri, model, test, plots, out_dir)
     scores = [_scores(t, train_statistic(manifest, manifest_uri, i, t)) for i, t in enumerate(spec.targets)]
     seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
     seq_keys = SequenceKeys(manifest, manifest_uri, "test", seq) if seq else None
