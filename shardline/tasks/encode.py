@@ -308,8 +308,10 @@ def encode_text_group(
         if split not in encoded:
             continue
         raw, specs, arrays, keys, stats = encoded.pop(split)
-        if stats is not None:
-            train.update(stats)
+        if stats is not None:  # the fitted splits' counts summed (k-fold: every fold's)
+            counts = train["token_counts"] or [0] * len(stats["token_counts"])
+            train["token_counts"] = [a + b for a, b in zip(counts, stats["token_counts"])]
+            train["rows"] += stats["rows"]
         info = dict(
             path=f"{split}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
             compression=codec,

@@ -188,9 +188,29 @@ def token_stream(
     <sep>, ended by <eos>, padded with <pad> to `window` + 1 tokens when shorter), the target of each token
     row (the token itself; with `generation`, only on the last column's tokens and the <eos>, 0 elsewhere)
     and where each sequence's stream starts."""
-    n = len(texts[0]) if texts else 0
-    m = len(texts)
     pieces = [_ids(tok, col, dtype) for col in texts]
+    return lay_out(pieces, len(texts[0]) if texts else 0, row_starts, window, generation, dtype)
+
+
+def _rows(piece: tuple[np.ndarray, np.ndarray], a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows a..b of a tokenized column (its ids end to end, each row's count): a slice, no copy."""
+    flat, lengths = piece
+    ends = np.cumsum(lengths)
+    lo = int(ends[a - 1]) if a else 0
+    return flat[lo : int(ends[b - 1]) if b > a else lo], lengths[a:b]
+
+
+def lay_out(
+    pieces: list[tuple[np.ndarray, np.ndarray]],
+    n: int,
+    row_starts: np.ndarray,
+    window: int,
+    generation: bool,
+    dtype: np.dtype,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`token_stream` from tokenized columns (`pieces`: per column, its rows' ids end to end and each row's
+    count; `n` rows)."""
+    m = len(pieces)
     lengths = np.stack([p[1] for p in pieces]) if pieces else np.zeros((0, n), np.int64)  # [m, rows]
     row_len = lengths.sum(axis=0) + m  # the columns, m - 1 <sep> between them, and the row's end
     seq_of_row = np.repeat(np.arange(len(row_starts)), np.diff(np.append(row_starts, n)))
@@ -235,6 +255,9 @@ def encode_text_splits(
     dtype = token_dtype(v)
     columns = stream_columns(data)
     generation = bool(data.target_list)
+    # each column tokenized once for the whole group (one large batch: the tokenizer's threads stay busy),
+    # then each split's rows are a slice of it
+    whole = [_ids(tok, frame[c].to_list(), dtype) for c in columns]
     out = {}
     for name, r in splits.items():
         part = frame.slice(r.first, r.end - r.first)
@@ -242,9 +265,8 @@ def encode_text_splits(
         if data.sequence_key is None:  # every row is a document: its own sequence, keyed by its file and row
             starts = np.arange(part.height, dtype=np.int64)
             keys = part.select(pl.col(SEQ) + "#" + pl.col(ORDER).cast(pl.Utf8)).to_series().to_list()
-        tokens, targets, offsets = token_stream(
-            tok, [part[c].to_list() for c in columns], starts, data.window, generation, dtype
-        )
+        pieces = [_rows(p, r.first, r.end) for p in whole]
+        tokens, targets, offsets = lay_out(pieces, part.height, starts, data.window, generation, dtype)
         rows, segs = len(tokens), len(offsets) - 1
         buf, specs, arrays = allocate(
             {
