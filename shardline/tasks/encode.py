@@ -525,24 +525,19 @@ def build_manifest(
     windows = {s: sum(x.windows for x in shards if x.split == s) for s in data.split.names()}
     check_folds(groups, data)
     check_splits(windows, data)
+    stats = [g.train for g in groups]
     if data.features.text:  # the tokenizer's vocabulary is the encoding: nothing fitted, nothing reused
         spec = text_spec(data, tokenizer)
-        return Manifest(
-            encoding=spec,
-            encoding_hash=spec.hash(),
-            contract_hash=contract_hash(contract(data)),
-            data_fingerprint=snapshot.fingerprint,
-            shards=shards,
-            rows=rows,
-            windows=windows,
-            source_files=len(snapshot.files),
-            tokenizer=TOKENIZER,
-            token_counts=merged_token_counts([g.train for g in groups], spec.text.vocab_size),
-        )
-    spec = fit_spec([g.train for g in groups], data)
-    spec = spec.model_copy(update={"targets": _typed(spec.targets, snapshot.files[0].uri)})
-    if base is not None:
-        spec = reuse_encoding(spec, *base)
+        extra = {"tokenizer": TOKENIZER, "token_counts": merged_token_counts(stats, spec.text.vocab_size)}
+    else:
+        spec = fit_spec(stats, data)
+        spec = spec.model_copy(update={"targets": _typed(spec.targets, snapshot.files[0].uri)})
+        if base is not None:
+            spec = reuse_encoding(spec, *base)
+        extra = {
+            "target_stats": target_statistics(stats, data),
+            "item_counts": item_counts([g.train.get("ranking") for g in groups]) if data.item_key else None,
+        }
     return Manifest(
         encoding=spec,
         encoding_hash=spec.hash(),
@@ -552,8 +547,7 @@ def build_manifest(
         rows=rows,
         windows=windows,
         source_files=len(snapshot.files),
-        target_stats=target_statistics([g.train for g in groups], data),
-        item_counts=item_counts([g.train.get("ranking") for g in groups]) if data.item_key else None,
+        **extra,
     )
 
 

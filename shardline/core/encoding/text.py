@@ -29,6 +29,7 @@ import polars as pl
 
 from shardline.core.config import DataConfig
 from shardline.core.encoding.columns import ORDER, SEQ, DataError
+from shardline.core.encoding.fit import configured
 from shardline.core.encoding.splits import SplitRows
 from shardline.core.manifest import ArraySpec, EncodingSpec, TargetSpec, TextSpec
 from shardline.core.shards import allocate
@@ -304,18 +305,11 @@ def text_spec(data: DataConfig, tokenizer_json: str) -> EncodingSpec:
     v = vocab_size(tokenizer_json)
     name = data.text_target
     return EncodingSpec(
-        sequence_key=data.sequence_key,
-        order_by=data.order_by,
-        order_format=data.order_format,
-        id_columns=list(data.id_columns),
-        window=data.window,
-        horizon=data.effective_horizon,
+        **configured(data),
         continuous=[],
         boolean=[],
         categorical=[],
         targets=[TargetSpec(column=name, task="classification")],
-        target_positions="all",
-        continuous_dtype=data.continuous_dtype,
         text=TextSpec(
             columns=list(data.features.text),
             target_column=data.target_list[0].column if data.target_list else None,
