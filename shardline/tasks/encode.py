@@ -127,6 +127,8 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
     dumped.pop("source")  # where the files are listed from does not change what they hold
     dumped.pop("on_bad_file")
     dumped.pop("encode_workers")  # how many groups run at once does not change a byte
+    if data.features.text:  # the user's tokenizer file by its content: an edited file is another data set
+        dumped["tokenizer"] = contract(data)["tokenizer"]
     return stable_hash({"files": snapshot.fingerprint, "data": dumped, "encoder": ENCODER_VERSION})[:20]
 
 

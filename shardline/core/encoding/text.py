@@ -135,9 +135,9 @@ def stream_columns(data: DataConfig) -> list[str]:
     return [*data.features.text, *(t.column for t in data.target_list)]
 
 
-def bad_rows(df: pl.DataFrame, columns: list[str]) -> pl.Expr:
-    """Rows whose text is null or empty in any of `columns`."""
-    return pl.any_horizontal([pl.col(c).is_null() | (pl.col(c).str.len_bytes() == 0) for c in columns])
+def _empty(column: str) -> pl.Expr:
+    """Whether a row's text in `column` is null or empty."""
+    return pl.col(column).is_null() | (pl.col(column).str.len_bytes() == 0)
 
 
 def clean_rows(df: pl.DataFrame, data: DataConfig, where: str) -> tuple[pl.DataFrame, dict[str, int]]:
@@ -145,7 +145,7 @@ def clean_rows(df: pl.DataFrame, data: DataConfig, where: str) -> tuple[pl.DataF
     (`data.on_bad_rows: error`), or left out (`skip`); returns the rows kept and the count left out per
     column (a row counted under each column it lacks)."""
     columns = stream_columns(data)
-    counts = df.select([(pl.col(c).is_null() | (pl.col(c).str.len_bytes() == 0)).sum().alias(c) for c in columns])
+    counts = df.select([_empty(c).sum().alias(c) for c in columns])
     bad = {c: int(counts[c][0]) for c in columns if counts[c][0]}
     if not bad:
         return df, {}
@@ -155,7 +155,7 @@ def clean_rows(df: pl.DataFrame, data: DataConfig, where: str) -> tuple[pl.DataF
             + ", ".join(f"column '{c}' has {n} null or empty text(s)" for c, n in bad.items())
             + "; fill or drop those rows, or set data.on_bad_rows: skip to leave them out (counted in the encode's log)"
         )
-    return df.filter(~bad_rows(df, columns)), bad
+    return df.filter(~pl.any_horizontal([_empty(c) for c in columns])), bad
 
 
 def split_texts(frame: pl.DataFrame, splits: dict[str, SplitRows], names: tuple[str, ...], data: DataConfig):
