@@ -196,7 +196,13 @@ def test_shards_tokenized_otherwise_are_refused_naming_both_tokenizers(tmp_path)
         files.append(path)
     raw = text_config(tmp_path, tokenizer={"file": str(files[0])})
     _, uri = encode(tmp_path, raw)
-    load_manifest(uri, validate_config(raw))  # the config it was encoded for
+    config = validate_config(raw)
+    load_manifest(uri, config)  # the config it was encoded for
+    # a training worker without the file: the config, as the pipeline sends it, still names its tokenizer
+    sent = config.model_dump(mode="json")
+    files[0].rename(tmp_path / "elsewhere.json")
+    load_manifest(uri, validate_config(sent))
+    (tmp_path / "elsewhere.json").rename(files[0])
     other = text_config(tmp_path, tokenizer={"file": str(files[1])})
     with pytest.raises(ValueError) as err:
         load_manifest(uri, validate_config(other))

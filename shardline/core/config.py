@@ -80,6 +80,21 @@ class TokenizerConfig(_Strict):
         description="a tokenizers-library tokenizer.json defining <pad>=0, <sep>=1, <eos>=2; nothing is downloaded",
     )
 
+    sha256: str | None = Field(
+        None,
+        description="the file's sha256, filled in when the config is read where the file is (so a machine without "
+        "it, a training worker, still knows which tokenizer the config means); leave it unset",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_hash(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and isinstance(raw.get("file"), str) and not raw.get("sha256"):
+            path = Path(raw["file"])
+            if path.is_file():  # a missing file is said, naming it, by the encode (before any work)
+                raw = {**raw, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        return raw
+
     @model_validator(mode="after")
     def _check(self) -> TokenizerConfig:
         if (self.kind is None) == (self.file is None):

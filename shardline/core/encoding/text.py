@@ -101,7 +101,10 @@ def read_tokenizer_file(path: str) -> str:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data.tokenizer.file '{path}' does not exist; give the path of a tokenizer.json")
-    text = p.read_text()
+    try:
+        text = p.read_bytes().decode()  # no newline translation: its sha256 is the file's
+    except UnicodeDecodeError as e:
+        raise DataError(f"data.tokenizer.file '{path}' is not UTF-8 text ({e}); give a tokenizer.json") from None
     check_tokenizer(text, f"data.tokenizer.file '{path}'")
     return text
 
@@ -122,8 +125,8 @@ def tokenizer_contract(data: DataConfig) -> dict[str, Any]:
     tok = data.tokenizer
     if tok is None:
         return {}
-    if tok.file is not None:
-        return {"file_sha256": sha256_text(read_tokenizer_file(tok.file))}
+    if tok.file is not None:  # its hash as the config was read (where the file is), else the file's now
+        return {"file_sha256": tok.sha256 or sha256_text(read_tokenizer_file(tok.file))}
     return {"kind": tok.kind, "vocab_size": tok.vocab_size}
 
 
