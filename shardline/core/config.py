@@ -426,6 +426,10 @@ class DataConfig(_Strict):
         return cols
 
 
+# the gpt family's settings under model.params (nanoGPT's names) -> the model.* key it overrides
+GPT_PARAMS = {"d_model": "hidden", "n_layer": "layers", "n_head": "heads", "dropout": "dropout", "bias": None}
+
+
 class ModelConfig(_Strict):
     entrypoint: str | None = Field(
         None,
@@ -440,10 +444,13 @@ class ModelConfig(_Strict):
         description="the folder the entrypoint's module is imported from (default: the config file's folder; "
         "the working directory is searched too)",
     )
-    family: Literal["mlp", "transformer"] = "mlp"
-    hidden: int = Field(256, ge=1, description="MLP width / Transformer d_model")
-    layers: int = Field(2, ge=1)
-    heads: int = Field(4, ge=1, description="Transformer attention heads")
+    family: Literal["mlp", "transformer", "gpt"] = Field(
+        "mlp",
+        description="mlp, transformer (windows of frames) or gpt (a decoder-only language model over one token column)",
+    )
+    hidden: int = Field(256, ge=1, description="MLP width / Transformer and GPT d_model")
+    layers: int = Field(2, ge=1, description="MLP blocks / Transformer and GPT layers (n_layer)")
+    heads: int = Field(4, ge=1, description="Transformer and GPT attention heads (n_head)")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     embedding_dim: int | None = Field(
         None, ge=1, description="per-categorical embedding width (default: min(32, 1.6*vocab**0.56))"
@@ -463,7 +470,45 @@ class ModelConfig(_Strict):
             raise ValueError(
                 f"model.hidden={self.hidden} must be divisible by model.heads={self.heads} for a transformer"
             )
+        if self.family == "gpt":
+            self.gpt_params()  # checked here: an error names the key
         return self
+
+    def gpt_params(self) -> dict:
+        """The gpt family's keyword arguments: model.params under nanoGPT's names (d_model, n_layer, n_head,
+        dropout, bias) where given (they win), else model.hidden, layers, heads, dropout; checked, each error
+        naming its key."""
+        given = dict(self.params)
+        unknown = sorted(set(given) - set(GPT_PARAMS))
+        if unknown:
+            raise ValueError(f"model.params {unknown} are not gpt settings; allowed: {list(GPT_PARAMS)}")
+        if self.embedding_dim is not None:
+            raise ValueError("model.embedding_dim is not a gpt setting: its token embedding is d_model wide")
+        out = {
+            "d_model": given.get("d_model", self.hidden),
+            "n_layer": given.get("n_layer", self.layers),
+            "n_head": given.get("n_head", self.heads),
+            "dropout": given.get("dropout", self.dropout),
+            "bias": given.get("bias", False),
+        }
+        where = {k: f"model.params.{k}" if k in given else f"model.{GPT_PARAMS[k] or k}" for k in out}
+        for key in ("d_model", "n_layer", "n_head"):
+            if isinstance(out[key], bool) or not isinstance(out[key], int) or out[key] < 1:
+                raise ValueError(f"{where[key]}={out[key]!r} must be a whole number >= 1")
+        if (
+            isinstance(out["dropout"], bool)
+            or not isinstance(out["dropout"], int | float)
+            or not 0 <= out["dropout"] < 1
+        ):
+            raise ValueError(f"{where['dropout']}={out['dropout']!r} must be a number in [0, 1)")
+        if not isinstance(out["bias"], bool):
+            raise ValueError(f"model.params.bias={out['bias']!r} must be true or false")
+        if out["d_model"] % out["n_head"]:
+            raise ValueError(
+                f"{where['d_model']}={out['d_model']} must be divisible by {where['n_head']}={out['n_head']}: each "
+                "attention head gets d_model / n_head of the width"
+            )
+        return out
 
 
 class TrainingConfig(_Strict):
@@ -473,6 +518,7 @@ class TrainingConfig(_Strict):
         "device",
         "precision",
         "num_workers",
+        "compile",
         "checkpoint_every_steps",
         "checkpoint_every_seconds",
         "keep_checkpoints",
@@ -545,6 +591,11 @@ class TrainingConfig(_Strict):
     )
     num_workers: int = Field(
         0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)"
+    )
+    compile: bool = Field(
+        False,
+        description="run the training step's forward through torch.compile (for GPUs: it pays off on long runs of "
+        "a fixed shape; the first steps wait for the compilation)",
     )
     fold: int | None = Field(
         None,
@@ -661,6 +712,8 @@ class PipelineConfig(_Strict):
                 "data.target_positions='all' needs a model that predicts every position: model.family: transformer "
                 "(causal over the window), or your own model; the mlp predicts the last position only"
             )
+        if not self.model.entrypoint and self.model.family == "gpt":
+            self._check_gpt_data()
         metrics = metric_directions(targets, self.evaluation.k if self.data.group_key else ())
         if self.mlflow.promotion_metric is None:
             self.mlflow.promotion_metric = next(iter(metrics))
@@ -709,6 +762,21 @@ class PipelineConfig(_Strict):
                 f"{[t.column for t in targets]}"
             )
         return self
+
+    def _check_gpt_data(self) -> None:
+        """The gpt family reads one token column and predicts the next token at every position."""
+        features = self.data.features
+        columns = features.all()
+        if features.continuous or features.boolean or len(columns) != 1:
+            raise ValueError(
+                f"model.family: gpt reads exactly one token column (a categorical column of token ids, or a text "
+                f"column) and no other feature; data.features lists {columns}"
+            )
+        if self.data.target_positions != "all":
+            raise ValueError(
+                "model.family: gpt predicts the next token at every position: set data.target_positions: all "
+                "(and data.horizon: 1)"
+            )
 
     @model_serializer(mode="wrap")
     def _without_secrets(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import tempfile
@@ -28,6 +29,7 @@ from shardline.core.encoding.row_keys import GROUP, ITEM, RELEVANCE, class_grade
 from shardline.core.manifest import Manifest
 from shardline.core.ranking import PopularityCounts, RankingScores
 from shardline.core.secrets import redact_text
+from shardline.core.text_metrics import unigram_perplexity
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
 
@@ -285,22 +287,13 @@ def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
     return {("loss" if k == "val_loss" else k.removeprefix("val_")): v for k, v in scores.items()}
 
 
-def unigram_log_probs(token_counts: list[int]) -> np.ndarray:
-    """The unigram baseline: log p of each token id from the training split's target counts, add-one
-    smoothed over the real ids (1..V-1: a test token the training split never had is not infinitely
-    surprising); id 0 (<pad>) is never a target."""
-    counts = np.asarray(token_counts, np.float64)
-    counts[0] = 0.0
-    smoothed = counts + 1.0
-    smoothed[0] = 0.0
-    with np.errstate(divide="ignore"):
-        return np.log(smoothed / smoothed.sum())
-
-
 def generation_scores(model, manifest: Manifest, manifest_uri: str) -> dict[str, float]:
     """HOOK (issue #19, the model half): a generation target's exact match and token F1 of greedy generations on
-    the test split (`text_generation_scores` in core, with KV-cache generation). Empty until that lands; its
-    metrics, once returned here, are reported and promotable as `exact_match` and `token_f1`."""
+    the test split; reported and promotable as `exact_match` and `token_f1` once returned here. Empty for now.
+    The pieces are in: `shardline.trainer.generate.generate` (KV cache, `temperature=0`, `eos_id`) and
+    `shardline.core.text_metrics.text_generation_scores`. Per test sequence of the shards: the prompt is its
+    tokens before the first one whose target is not 0 (the source, `<sep>` included), the reference the
+    decoded tokens whose target is not 0, `<eos>` left out (`shardline.core.encoding.text.decode`)."""
     return {}
 
 
@@ -315,17 +308,15 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
     from shardline.trainer.loop import evaluate as validate
 
     scores = validate(model, test, None, 256, torch.device("cpu"))
-    logp = unigram_log_probs(manifest.token_counts or [])
-    nll, n = 0.0, 0
+    text = manifest.encoding.text
+    held = np.zeros(text.vocab_size, np.int64)  # the test positions' target tokens, as the model was scored
     for batch in WindowLoader(test, 4096, seed=0, shuffle=False):
-        y = batch.targets[0].numpy().reshape(-1).astype(np.int64)
-        y = y[y != manifest.encoding.text.pad_id]
-        nll -= float(logp[y].sum())
-        n += len(y)
-    baseline_loss = nll / max(n, 1)
+        held += np.bincount(batch.targets[0].numpy().reshape(-1).astype(np.int64), minlength=text.vocab_size)
+    held[text.pad_id] = 0
+    baseline_ppl = unigram_perplexity(manifest.token_counts or [0] * text.vocab_size, held)
     perplexity = scores["val_perplexity"]
-    metrics = {"perplexity": perplexity, "loss": float(np.log(perplexity)), "accuracy": scores["val_accuracy"]}
-    baseline = {"perplexity": float(np.exp(min(baseline_loss, 700.0))), "loss": baseline_loss}
+    metrics = {"perplexity": perplexity, "loss": math.log(perplexity), "accuracy": scores["val_accuracy"]}
+    baseline = {"perplexity": baseline_ppl, "loss": math.log(baseline_ppl)}
     metrics.update(generation_scores(model, manifest, manifest_uri))
     directions = {k: "maximize" if k in ("accuracy", "exact_match", "token_f1") else "minimize" for k in metrics}
     return {
@@ -333,7 +324,7 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
         "baseline": baseline,
         "table": M.format_metrics_table(metrics, baseline, directions),
         "test_windows": int(test.n_windows),
-        "test_tokens": n,
+        "test_tokens": int(held.sum()),
         "files": [str(p) for p in plots],
     }
 

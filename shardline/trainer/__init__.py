@@ -1,4 +1,4 @@
-"""Shardline's trainer: windows over shards, two model families, a resumable training loop.
+"""Shardline's trainer: windows over shards, the built-in model families, a resumable training loop, generation.
 
 Pure PyTorch + numpy (no Prefect, no MLflow). Names are imported lazily so `import shardline.trainer` stays cheap:
     from shardline.trainer import fit, predict, load_model, open_split, build_model

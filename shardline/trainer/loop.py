@@ -34,6 +34,7 @@ from torch import nn
 
 from shardline.core.config import TrainingConfig, resolve_selection, validation_metrics, validation_name
 from shardline.core.storage import join
+from shardline.core.text_metrics import perplexity
 from shardline.trainer.checkpoint import (
     best_checkpoint,
     checkpoint_name,
@@ -243,7 +244,7 @@ def evaluate(
     out = {"val_loss": loss_sum.item() / n}
     out.update({names[k]: v.item() / max(1, counts[k]) for k, v in sums.items()})
     if ignore is not None and spec.targets:  # text: exp of the mean loss over the target tokens
-        out["val_perplexity"] = math.exp(min(token_loss.item() / max(1, sum(counts.values())), 700.0))
+        out["val_perplexity"] = perplexity(token_loss.item() / max(1, sum(counts.values())))
     out.update({f"val_{k}": float(v.item()) / n for k, v in extra.items()})
     return out
 
@@ -546,6 +547,8 @@ def fit(
     if frozen:
         log(f"training.freeze {list(cfg.freeze)}: {len(frozen)} parameter tensor(s) frozen")
     model = model.to(device)
+    # training.compile: the step's forward compiled; the module itself (its state_dict) is what is saved
+    step_model = torch.compile(model) if cfg.compile else model
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
     ctx = autocast(device, precision)  # chosen once: every precision shares the one step below
@@ -724,7 +727,7 @@ def fit(
                     b = batch.to(device, non_blocking=True)
                     targets = batch_targets(data_spec, b)
                     with ctx:
-                        outputs = as_outputs(model(b.cont, b.cat), data_spec)
+                        outputs = as_outputs(step_model(b.cont, b.cat), data_spec)
                         if not checked:  # the contract, on the run's first batch: before any step is taken
                             check_outputs(outputs, data_spec, len(b))
                         loss = model_loss(model, outputs, b.cont, b.cat, targets, data_spec, cfg.loss_weights)

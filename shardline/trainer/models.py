@@ -1,8 +1,9 @@
-"""The two built-in model families over a window of frames, an MLP on the flattened window and a
-Transformer: two implementations of the model contract (shardline/trainer/contract.py), as a user's
-own model is; and how a model is described (`model_spec_for`) and rebuilt (`model_from_spec`).
+"""The built-in model families: over a window of frames, an MLP on the flattened window and a
+Transformer; over a window of tokens, a GPT (shardline/trainer/gpt.py). Each implements the model
+contract (shardline/trainer/contract.py), as a user's own model does; and how a model is described
+(`model_spec_for`) and rebuilt (`model_from_spec`).
 
-Both embed every categorical column and concatenate the embeddings with the continuous features, so a
+The frame families embed every categorical column and concatenate the embeddings with the continuous features, so a
 frame is one vector of F numbers. A model is fully described by its `spec` (a plain JSON dict), which
 is what checkpoints store and what `model_from_spec` rebuilds from.
 """
@@ -14,6 +15,7 @@ from torch import nn
 
 from shardline.core.config import ModelConfig
 from shardline.trainer.contract import DataSpec, TargetInfo, build_user_model
+from shardline.trainer.gpt import GPT
 
 # 2: the categorical embeddings of one width share one table (v1: a table per column); 3: the model
 # contract (a data spec with named features and targets, the user's entrypoint)
@@ -219,11 +221,14 @@ class WindowTransformer(_Heads):
         return self._outputs(self.norm(x[:, -1]))
 
 
-FAMILIES = {"mlp": WindowMLP, "transformer": WindowTransformer}
+FAMILIES = {"mlp": WindowMLP, "transformer": WindowTransformer, "gpt": GPT}
+FRAME_FAMILIES = ("mlp", "transformer")  # over frames of features (FrameEncoder): they take `fused`
 
 
 def builtin_params(cfg: ModelConfig) -> dict:
     """A built-in family's keyword arguments, from the model config."""
+    if cfg.family == "gpt":  # model.hidden/layers/heads under nanoGPT's names; model.params may set them too
+        return cfg.gpt_params()
     params = {"hidden": cfg.hidden, "layers": cfg.layers, "dropout": cfg.dropout, "embedding_dim": cfg.embedding_dim}
     if cfg.family == "transformer":
         params["heads"] = cfg.heads
@@ -248,7 +253,8 @@ def model_from_spec(spec: dict, code_dir: str | None | object = _FROM_SPEC) -> n
         folder = cfg.code_dir if code_dir is _FROM_SPEC else code_dir
         model = build_user_model(cfg.entrypoint, cfg.params, data, folder)
     else:
-        model = FAMILIES[cfg.family](data, **builtin_params(cfg), fused=version >= 2)
+        frames = {"fused": version >= 2} if cfg.family in FRAME_FAMILIES else {}
+        model = FAMILIES[cfg.family](data, **builtin_params(cfg), **frames)
     model.shardline_spec = dict(spec)
     return model
 

@@ -1,0 +1,111 @@
+"""Generating tokens from a model of a token column (the `gpt` family, or any model of the contract
+over one token column), with a key/value cache.
+
+The prompt runs through the model once; then each new token is fed alone, its keys and values
+added to the cache, so a step costs one token's work whatever the prompt's length. The context is
+the last K tokens (K: the model's window, `data.window`), as in training: a prompt longer than K
+keeps its last K tokens, and once the sequence outgrows K each further token is computed from the
+last K tokens again (positions are absolute, so cached keys cannot slide), exactly what recomputing
+the whole context every step would give, at that cost.
+
+A model without a cache (no `new_cache`) is run on the whole context every step, through its
+`forward(cont, cat)`; it must accept windows shorter than K.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shardline.trainer.contract import as_outputs
+from shardline.trainer.gpt import check_token_spec
+from shardline.trainer.models import data_spec_of
+
+
+def _check_args(prompt_ids, max_new_tokens: int, temperature: float, top_k: int | None, vocab: int) -> list[int]:
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token id (a separator or end-of-text id will do)")
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"prompt token id(s) {bad[:5]} are outside the model's vocabulary 0..{vocab - 1}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be 0 or more")
+    if not temperature >= 0:
+        raise ValueError(f"temperature={temperature} must be 0 (greedy) or more")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be 1 or more (or unset: every token)")
+    return prompt
+
+
+def next_token(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> int:
+    """One token from the last position's logits [vocab]: the most likely (temperature 0), or drawn from the
+    softmax at `temperature` over the `top_k` most likely. Id 0 (padding, or a token never seen in training)
+    is never produced."""
+    logits = logits.float().clone()
+    logits[0] = float("-inf")
+    if temperature == 0:
+        return int(logits.argmax())
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits[logits < kth] = float("-inf")
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.inference_mode()
+def generate(
+    model: nn.Module,
+    prompt_ids,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+) -> list[int]:
+    """The token ids that follow `prompt_ids` (the new ones only, at most `max_new_tokens`; generation stops
+    before `eos_id`, which is not returned). `temperature` 0 is greedy; `seed` makes sampling repeatable;
+    `top_k` samples among the k most likely tokens only. `use_cache=False` recomputes the whole context for
+    every token (the reference the cache must agree with)."""
+    if not hasattr(model, "shardline_spec"):
+        raise ValueError(
+            f"{type(model).__name__} has no shardline_spec: build it with model_from_spec, or load it with load_model"
+        )
+    spec = data_spec_of(model.shardline_spec)
+    vocab = check_token_spec(spec, family=type(model).__name__)
+    prompt = _check_args(prompt_ids, max_new_tokens, temperature, top_k, vocab)
+    target, window = spec.targets[0].name, spec.window
+    device = next(model.parameters()).device
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(seed))
+    was_training = model.training
+    model.eval()
+    tokens, out = prompt[-window:], []
+    cached = use_cache and callable(getattr(model, "new_cache", None))
+    cache, filled = (model.new_cache(1), 0) if cached else (None, 0)
+    try:
+        while len(out) < max_new_tokens:
+            if cached and filled and filled < window:  # the one new token, at the next position
+                ids = torch.tensor([tokens[-1:]], device=device)
+                logits = model.logits(ids, cache, filled)
+                filled += 1
+            elif cached:  # the first step, or the context outgrew the cache: the last K tokens from position 0
+                ids = torch.tensor([tokens[-window:]], device=device)
+                logits = model.logits(ids, cache, 0)
+                filled = ids.shape[1]
+            else:
+                ids = torch.tensor([tokens[-window:]], device=device)
+                cont = torch.zeros((*ids.shape, 0), device=device)
+                logits = as_outputs(model(cont, ids[..., None]), spec)[target]
+            token = next_token(logits[0, -1], temperature, top_k, generator)
+            if token == eos_id:
+                break
+            out.append(token)
+            tokens.append(token)
+    finally:
+        model.train(was_training)
+    return out

@@ -1,0 +1,219 @@
+"""The built-in `gpt` family (shardline/trainer/gpt.py), its generation with a key/value cache
+(shardline/trainer/generate.py) and the text metrics (shardline/core/text_metrics.py): tiny models,
+seconds each; one real training over shards the encode step wrote from a column of token ids."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from shardline.core.config import ConfigError, ModelConfig, TrainingConfig, validate_config
+from shardline.core.text_metrics import perplexity, text_generation_scores, token_f1, unigram_perplexity
+from shardline.trainer.contract import DataSpec, ModelContractError, TargetInfo
+from shardline.trainer.generate import generate
+from shardline.trainer.models import model_from_spec, model_spec_for
+from tests.conftest import tiny_config
+
+V, K = 50, 16
+TINY = {"family": "gpt", "hidden": 32, "layers": 2, "heads": 4, "dropout": 0.0}
+
+
+def token_spec(vocab: int = V, window: int = K, **target) -> DataSpec:
+    t = {"name": "tokens", "kind": "classification", "n_classes": vocab, "positions": "all", **target}
+    return DataSpec([], [], ["tokens"], [vocab], window, [TargetInfo(**t)])
+
+
+def tiny_gpt(spec: DataSpec | None = None, **model) -> torch.nn.Module:
+    return model_from_spec(model_spec_for(ModelConfig(**{**TINY, **model}), spec or token_spec()))
+
+
+@pytest.fixture(scope="module")
+def varied():
+    """A tiny GPT with large random weights (float64): its greedy choices differ from token to token, so two
+    ways of generating that disagree anywhere produce different sequences."""
+    torch.manual_seed(0)
+    model = tiny_gpt().double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.4)
+    return model
+
+
+def test_contract_shapes_causality_and_tied_weights():
+    model = tiny_gpt().eval()
+    cat = torch.randint(1, V, (3, K, 1))
+    out = model(torch.zeros(3, K, 0), cat)
+    assert list(out) == ["tokens"] and tuple(out["tokens"].shape) == (3, K, V)
+    later = cat.clone()
+    later[:, 10] = (later[:, 10] % (V - 1)) + 1  # another token at position 10
+    again = model(torch.zeros(3, K, 0), later)["tokens"]
+    assert torch.allclose(out["tokens"][:, :10], again[:, :10], atol=1e-6)  # no earlier position sees it
+    assert not torch.allclose(out["tokens"][:, 10:], again[:, 10:])
+    assert model.lm_head.weight is model.wte.weight  # one tensor: the output layer is the embedding
+    with torch.no_grad():
+        model.wte.weight[7] += 1.0
+    assert not torch.equal(model(torch.zeros(3, K, 0), cat)["tokens"], out["tokens"])
+    names = [n for n, _ in model.named_parameters()]
+    assert "lm_head.weight" not in names  # tied: counted and trained once
+    assert model.state_dict()["lm_head.weight"].data_ptr() == model.state_dict()["wte.weight"].data_ptr()
+
+
+def test_what_it_refuses_names_what_it_needs():
+    two_columns = DataSpec([], [], ["tokens", "other"], [V, 5], K, [TargetInfo("tokens", "classification", V, "all")])
+    with pytest.raises(ModelContractError, match=r"exactly one token column.*\['tokens', 'other'\]"):
+        tiny_gpt(two_columns)
+    with pytest.raises(ModelContractError, match="target_positions: all"):
+        tiny_gpt(token_spec(positions="last"))
+    with pytest.raises(ModelContractError, match="12 classes, 'tokens' has 50 ids"):
+        tiny_gpt(token_spec(n_classes=12))
+    with pytest.raises(ModelContractError, match="regression"):
+        tiny_gpt(token_spec(kind="regression", n_classes=None))
+    for model, key in (
+        ({"hidden": 30}, r"model.hidden=30 must be divisible by model.heads=4"),
+        ({"params": {"d_model": 30}}, r"model.params.d_model=30 must be divisible by model.heads=4"),
+        ({"params": {"n_head": 0}}, r"model.params.n_head=0 must be a whole number >= 1"),
+        ({"params": {"block": 3}}, r"model.params \['block'\] are not gpt settings"),
+        ({"params": {"bias": "yes"}}, r"model.params.bias='yes' must be true or false"),
+    ):
+        with pytest.raises(ValueError, match=key):
+            ModelConfig(**{**TINY, **model})
+    raw = tiny_config("/x", "/y", model={"family": "gpt"})  # continuous, boolean and categorical features
+    with pytest.raises(ConfigError, match=r"exactly one token column .* lists \['x', 'y', 'flag', 'kind'\]"):
+        validate_config(raw)
+    raw["data"]["features"] = {"categorical": ["kind"]}
+    with pytest.raises(ConfigError, match="gpt predicts the next token at every position"):
+        validate_config(raw)
+    # model.params under nanoGPT's names win over model.hidden/layers/heads
+    model = tiny_gpt(params={"d_model": 16, "n_layer": 1, "n_head": 2, "bias": True})
+    assert (model.d_model, model.n_layer, model.n_head) == (16, 1, 2) and model.ln_f.bias is not None
+
+
+def test_generation_with_the_cache_is_generation_by_recomputation(varied):
+    seen = set()
+    for prompt, new in (([5], 12), ([3, 4, 5, 6, 7, 8], 8), (list(range(1, 30)), 6), ([9, 10], 40)):
+        cached = generate(varied, prompt, new, temperature=0)
+        assert cached == generate(varied, prompt, new, temperature=0, use_cache=False), prompt
+        assert len(cached) == new
+        seen.update(cached)
+    assert len(seen) > 5  # varied tokens: the comparison means something
+    # a prompt longer than the context keeps its last K tokens
+    long = list(range(1, 40))
+    assert generate(varied, long, 5, temperature=0) == generate(varied, long[-K:], 5, temperature=0)
+
+
+def test_the_cache_feeds_one_token_per_step(varied):
+    fed = []
+    hook = varied.wte.register_forward_hook(lambda m, args, out: fed.append(args[0].numel()))
+    try:
+        counts = {}
+        for n in (4, 12):
+            for cache in (True, False):
+                fed.clear()
+                generate(varied, list(range(1, n + 1)), 4, temperature=0, use_cache=cache)
+                counts[n, cache] = list(fed)
+    finally:
+        hook.remove()
+    assert counts[4, True] == [4, 1, 1, 1] and counts[12, True] == [12, 1, 1, 1]  # the prompt once, then 1 a step
+    assert counts[12, False] == [12, 13, 14, 15]  # recomputing: every step costs the whole context
+
+
+def test_sampling_with_a_seed_repeats_and_top_k_is_respected(varied):
+    a = generate(varied, [1, 2, 3], 30, temperature=1.5, seed=7)
+    assert a == generate(varied, [1, 2, 3], 30, temperature=1.5, seed=7)
+    assert a != generate(varied, [1, 2, 3], 30, temperature=1.5, seed=8)
+    assert generate(varied, [1, 2, 3], 30, top_k=1, seed=3) == generate(varied, [1, 2, 3], 30, temperature=0)
+    allowed = set()
+    for seed in range(40):  # the first token after the prompt, drawn among the 3 most likely only
+        allowed.add(generate(varied, [4, 5], 1, temperature=5.0, top_k=3, seed=seed)[0])
+    logits = varied.logits(torch.tensor([[4, 5]]))[0, -1].clone()
+    logits[0] = float("-inf")
+    assert allowed <= set(torch.topk(logits, 3).indices.tolist()) and len(allowed) > 1
+    full = generate(varied, [1, 2, 3], 30, temperature=0)
+    stop = full.index(full[3])  # generation stops before the end-of-text id, which is not returned
+    assert generate(varied, [1, 2, 3], 30, temperature=0, eos_id=full[3]) == full[:stop] != full
+    with pytest.raises(ValueError, match=r"prompt token id\(s\) \[50\] are outside the model's vocabulary 0..49"):
+        generate(varied, [1, 50], 3)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        generate(varied, [], 3)
+
+
+def test_text_metrics_by_hand():
+    assert perplexity(0.0) == 1.0 and math.isclose(perplexity(math.log(7)), 7.0)
+    assert perplexity(1e6) == math.inf
+    with pytest.raises(ValueError, match=">= 0"):
+        perplexity(float("nan"))
+    # unigram: train counts 1:3, 2:1 -> add-one p = 4/6, 2/6; eval one of each: exp(-(ln 4/6 + ln 2/6)/2)
+    assert math.isclose(unigram_perplexity([9, 3, 1], [5, 1, 1]), math.exp(-(math.log(4 / 6) + math.log(2 / 6)) / 2))
+    # "the cat sat" vs "The cat sat down": 3 shared, P 3/3, R 3/4 -> F1 6/7; "a a b" vs "a b b": 2 shared -> 2/3
+    assert math.isclose(token_f1("the cat sat", "The cat sat down"), 6 / 7)
+    assert math.isclose(token_f1("a a b", "a b b"), 2 / 3)
+    assert token_f1("", "") == 1.0 and token_f1("x", "") == 0.0 and token_f1("x y", "z") == 0.0
+    scores = text_generation_scores(["The  Cat", "a a b", "no"], ["the cat", "a b b", "yes"])
+    assert math.isclose(scores["exact_match"], 1 / 3)
+    assert math.isclose(scores["token_f1"], (1.0 + 2 / 3 + 0.0) / 3)
+    with pytest.raises(ValueError, match="2 predictions for 1 references"):
+        text_generation_scores(["a", "b"], ["a"])
+
+
+def token_corpus(folder, sequences: int = 24, length: int = 120, vocab: int = 20) -> None:
+    """Sequences of token ids following a fixed rule (the next token is (3 * token + 1) mod vocab, from a random
+    start, with one random token in ten): a small GPT learns it from the previous token."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for s in range(sequences):
+        tok = int(rng.integers(vocab))
+        for t in range(length):
+            rows.append((f"s{s:03d}", t, tok + 100))  # ids 100..: the encode gives them their own vocabulary
+            tok = int(rng.integers(vocab)) if rng.random() < 0.1 else (3 * tok + 1) % vocab
+    folder.mkdir()
+    frame = pl.DataFrame(rows, schema=["seq", "t", "tokens"], orient="row")
+    for i in range(2):
+        frame.filter(pl.col("seq").is_in([f"s{s:03d}" for s in range(i, sequences, 2)])).write_parquet(
+            folder / f"part-{i}.parquet"
+        )
+
+
+def test_a_small_gpt_trains_on_encoded_token_shards_and_generates(tmp_path):
+    from shardline.core.manifest import Manifest
+    from shardline.tasks.encode import encode_dataset
+    from shardline.tasks.ingest import snapshot_source
+    from shardline.trainer.data import open_split
+    from shardline.trainer.loop import fit, load_model
+    from shardline.trainer.serving import data_spec
+
+    token_corpus(tmp_path / "raw")
+    raw = tiny_config(str(tmp_path / "raw"), str(tmp_path / "store"))
+    raw["data"].update(
+        window=K,
+        horizon=1,
+        target_positions="all",
+        features={"categorical": ["tokens"]},
+        target={"column": "tokens", "task": "classification"},
+    )
+    raw["model"] = dict(TINY)
+    raw["training"].update(epochs=2, batch_size=32, lr=3e-3, warmup_steps=5, max_steps_per_epoch=40)
+    cfg = validate_config(raw)
+    uri = encode_dataset(snapshot_source(cfg.data), cfg.data, str(tmp_path / "data"), threads=1)
+    manifest = Manifest.model_validate_json((tmp_path / "data" / "manifest.json").read_text())
+    spec = model_spec_for(cfg.model, data_spec(manifest.encoding))
+    assert spec["data"]["cardinalities"] == [21] and spec["data"]["targets"][0]["n_classes"] == 21
+    train, val = open_split(manifest, uri, "train"), open_split(manifest, uri, "validation")
+    result = fit(train, val, spec, TrainingConfig(**raw["training"]), "classification", str(tmp_path / "ck"), log=print)
+    first, last = result.history[0], result.history[-1]  # log(21) = 3.04: a uniform guess over the 21 ids
+    assert first["train_loss"] < math.log(21) and last["val_loss"] < 0.6 * math.log(21), result.history
+    assert last["val_accuracy"] > 0.6
+    # the trained model continues the rule it learned: ids map back to the raw tokens through the vocabulary
+    model = load_model(result.best_checkpoint)
+    vocab = manifest.encoding.categorical[0].values
+    ids = {int(v): i + 1 for i, v in enumerate(vocab)}
+    prompt = [100 + t for t in (3, 10, 11)]
+    out = [int(vocab[i - 1]) - 100 for i in generate(model, [ids[p] for p in prompt], 6, temperature=0)]
+    expect, tok = [], 11
+    for _ in range(6):
+        tok = (3 * tok + 1) % 20
+        expect.append(tok)
+    assert sum(a == b for a, b in zip(out, expect)) >= 4, (out, expect)
