@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shardline.core.config import TrainingConfig, resolve_selection, validation_metrics, validation_name
 from shardline.core.storage import join
+from shardline.core.text_metrics import perplexity
 from shardline.trainer.checkpoint import (
     best_checkpoint,
     checkpoint_name,
@@ -208,6 +210,8 @@ def evaluate(
     sums = {t.name: torch.zeros((), dtype=torch.float64, device=device) for t in spec.targets}
     counts = dict.fromkeys(sums, 0)
     extra: dict[str, torch.Tensor] = {}
+    ignore = spec.ignore_id  # text: <pad> targets count nowhere
+    token_loss = torch.zeros((), dtype=torch.float64, device=device)  # text: the perplexity's token-level sum
     for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
         b = batch.to(device)
         targets = batch_targets(spec, b)
@@ -219,6 +223,14 @@ def evaluate(
             loss_sum += default_loss(outputs, targets, spec, weights, reduction="sum").double()
         for t in spec.targets:
             out, y = outputs[t.name].float(), targets[t.name]
+            if t.kind == "classification" and ignore is not None:
+                real = y != ignore
+                sums[t.name] += ((masked_logits(out).argmax(dim=-1) == y) & real).sum()
+                counts[t.name] += int(real.sum())
+                token_loss += F.cross_entropy(
+                    out.reshape(-1, out.shape[-1]), y.long().reshape(-1), ignore_index=ignore, reduction="sum"
+                ).double()
+                continue
             if t.kind == "classification":
                 sums[t.name] += (masked_logits(out).argmax(dim=-1) == y).sum()
             else:
@@ -231,6 +243,8 @@ def evaluate(
     n = max(1, data.n_windows)
     out = {"val_loss": loss_sum.item() / n}
     out.update({names[k]: v.item() / max(1, counts[k]) for k, v in sums.items()})
+    if ignore is not None and spec.targets:  # text: exp of the mean loss over the target tokens
+        out["val_perplexity"] = perplexity(token_loss.item() / max(1, sum(counts.values())))
     out.update({f"val_{k}": float(v.item()) / n for k, v in extra.items()})
     return out
 
@@ -466,7 +480,10 @@ def fit(
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     training = cfg.model_dump(mode="json")
-    known = validation_metrics([(t.name, t.kind) for t in data_spec.targets])
+    # text data: its target validated as a generation (val_perplexity, val_accuracy on the real target tokens)
+    known = validation_metrics(
+        [(t.name, "generation" if data_spec.text is not None else t.kind) for t in data_spec.targets]
+    )
     select_by = cfg.select_by or "val_loss"
     direction = cfg.select_direction or known.get(select_by)
     # stored resolved: a resume compares the selection meant (unset and val_loss are the same one)
