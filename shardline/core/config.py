@@ -678,6 +678,43 @@ class ComputeConfig(_Strict):
         "of your SHARDLINE_PRICES file); null: the cheapest one listed for the machine's GPU type",
     )
     spot: bool = Field(False, description="cost GPU-hours at the provider's spot (interruptible) price")
+    task_runner: Literal["threads", "dask"] = Field(
+        "threads",
+        description=(
+            "where the encode's file-group tasks run: threads (this process, data.encode_workers at once) or dask "
+            "(the workers of a Dask cluster, one group per worker thread; needs `pip install shardline[dask]`)"
+        ),
+    )
+    dask_address: str | None = Field(
+        None,
+        description=(
+            "task_runner: dask: the scheduler of an existing Dask cluster (tcp://host:8786); null: a local cluster "
+            "of dask_workers processes for the run"
+        ),
+    )
+    dask_workers: int | None = Field(
+        None, ge=1, description="the local Dask cluster's worker processes (one thread each); null: data.encode_workers"
+    )
+
+    @model_validator(mode="after")
+    def _dask_settings_need_dask(self) -> ComputeConfig:
+        if self.task_runner != "dask":
+            for key in ("dask_address", "dask_workers"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"compute.{key} is set but compute.task_runner is '{self.task_runner}'; "
+                        "set compute.task_runner: dask, or remove it"
+                    )
+        if self.dask_address is not None and self.dask_workers is not None:
+            raise ValueError(
+                "compute.dask_workers sizes a local cluster; with compute.dask_address (an existing "
+                "cluster) its workers are what that cluster has: remove compute.dask_workers"
+            )
+        if self.dask_address is not None and "://" not in self.dask_address:
+            raise ValueError(
+                f"compute.dask_address '{self.dask_address}' is not a scheduler address; write it as tcp://host:8786"
+            )
+        return self
 
     @field_validator("train_deployment")
     @classmethod

@@ -805,23 +805,21 @@ def encode(
     storage_root: str,
     refresh: bool = False,
     base: tuple[EncodingSpec, str] | None = None,
+    runner=None,
 ) -> tuple[str, bool]:
     """Wire the encode step (inside a flow): map the encode over file groups, then fit the encoding (or
     reuse `base`, the encoding of the model a fine-tune starts from, and where it came from) and write
-    the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache)."""
+    the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache).
+    `runner`: None (the groups run on the flow's own thread pool, `data.encode_workers` at once) or a
+    function opening another task runner, a context yielding (a started Prefect task runner, how many
+    groups it runs at once): a Dask cluster's, shardline/flows/runners.py. It is opened only when a
+    group is to be encoded (a rerun that finds every group in the store starts no cluster)."""
+    from contextlib import nullcontext
+
     log = get_run_logger()
     out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
     store = storage.join(storage_root, "datasets", GROUPS)
     groups = file_groups(snapshot, data)
-    workers = encode_workers(data)
-    log.info(
-        "encode: %d file(s) in %d group(s), %d at a time -> %s (shards in %s)",
-        len(snapshot.files),
-        len(groups),
-        workers,
-        out_dir,
-        store,
-    )
     tokenizer = None
     if data.features.text:  # the tokenizer first: the groups' token ids are its
         tok_t = cached(fit_tokenizer_task, TOKENIZER_CACHE, storage_root, refresh)
@@ -831,22 +829,31 @@ def encode(
     # only the others become tasks (`--force encode`: every group is encoded again)
     found = {} if refresh else stored_groups(store, keys)
     enc_t = cached(encode_group, ENCODE_GROUP_CACHE, storage_root, refresh)
-    # at most `workers` groups in flight: the encode's memory is bounded by the group size times
-    # that, not by the data set (a mapped task would start every group at once on a thread pool)
+    todo = [i for i, k in enumerate(keys) if k not in found]
     enc_futures = {}  # by the group's place in the snapshot's order
-    submitted = []  # the same futures, in the order they were submitted
-    for i, g in enumerate(groups):
-        if keys[i] in found:
-            continue
-        if len(submitted) >= workers:
-            submitted[-workers].wait()
-        # quoted: no futures inside, and Prefect's search for them visits every field of every file
-        enc_futures[i] = enc_t.submit(
-            quote(g), i, n_groups=len(groups), data=quote(data), store=store, reuse=not refresh, tokenizer=tokenizer
+    with runner() if runner is not None and todo else nullcontext((None, encode_workers(data))) as (other, workers):
+        log.info(
+            "encode: %d file(s) in %d group(s), %d at a time -> %s (shards in %s)",
+            len(snapshot.files),
+            len(groups),
+            workers,
+            out_dir,
+            store,
         )
-        submitted.append(enc_futures[i])
-    results = [found[k] if k in found else enc_futures[i].result() for i, k in enumerate(keys)]
-    cached_groups = len(found) + sum(f.state.name == "Cached" for f in enc_futures.values())
+        # at most `workers` groups in flight: the encode's memory is bounded by the group size times
+        # that, not by the data set (a mapped task would start every group at once on a thread pool)
+        submitted = []  # the same futures, in the order they were submitted
+        for i in todo:
+            if len(submitted) >= workers:
+                submitted[-workers].wait()
+            params = dict(group=i, n_groups=len(groups), store=store, reuse=not refresh, tokenizer=tokenizer)
+            if other is None:  # quoted: no futures inside, and Prefect's search for them visits every field
+                enc_futures[i] = enc_t.submit(quote(groups[i]), data=quote(data), **params)
+            else:  # a runner given its parameters directly does not unwrap quotes
+                enc_futures[i] = other.submit(enc_t, {"files": groups[i], "data": data, **params})
+            submitted.append(enc_futures[i])
+        results = [found[k] if k in found else enc_futures[i].result() for i, k in enumerate(keys)]
+        cached_groups = len(found) + sum(f.state.name == "Cached" for f in enc_futures.values())
     log.info(
         "encode: %d of %d group(s) found in the group store, %d encoded",
         cached_groups,

@@ -491,6 +491,8 @@ def fit(
     windows = {"train": train.n_windows, "validation": val.n_windows}
     # test hook, off unless set: sleep after every optimizer step, so that a test can kill a run mid-way
     step_delay = float(os.environ.get("SHARDLINE_TEST_STEP_DELAY") or 0)
+    # test hook, off unless set: sleep while fetching each step's batches, as a starved loader would
+    loader_delay = float(os.environ.get("SHARDLINE_TEST_LOADER_DELAY") or 0)
     # `shardline rehearse`: a run that did not resume preempts itself at this step (SIGTERM, the real path)
     preempt_at = int(os.environ.get("SHARDLINE_PREEMPT_AT_STEP") or 0)
 
@@ -715,6 +717,8 @@ def fit(
             while loop["epoch_step"] < steps_per_epoch:
                 fetch = time.perf_counter()
                 micro = list(itertools.islice(batches, cfg.grad_accum))
+                if loader_delay:
+                    time.sleep(loader_delay)
                 fetched = time.perf_counter()
                 if not micro:
                     break
