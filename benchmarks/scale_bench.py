@@ -233,7 +233,7 @@ def measure(games: int) -> dict:
         cap_gb = split / 4 / 1e9
         stream = None
         if max(shards) * STREAM_ROOM <= split / 4:
-            log(f"  {again['wall']:.1f} s; training again, streaming at a cap of {cap_gb * 1e3:.0f} MB ...")
+            log(f"  {unbounded['wall']:.1f} s; training again, streaming at a cap of {cap_gb * 1e3:.0f} MB ...")
             stream = run_child(
                 config,
                 home,
@@ -242,7 +242,7 @@ def measure(games: int) -> dict:
             )
             log(f"  {stream['wall']:.1f} s")
         else:  # a quarter of the split holds too few of its shards to stream through
-            log(f"  {again['wall']:.1f} s; no streaming run: {len(shards)} train shards, too few for a quarter")
+            log(f"  {unbounded['wall']:.1f} s; no streaming run: {len(shards)} train shards, too few for a quarter")
         return {
             "games": games,
             "raw_mb": raw_mb,
