@@ -118,6 +118,9 @@ _LONGEST_FIRST = (
     "test_kfold.py",
     "test_lease.py",
     "test_examples.py",
+    "test_text_pipeline.py",
+    "test_cost_e2e.py",
+    "test_registry.py",
 )
 
 
