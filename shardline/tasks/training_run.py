@@ -17,6 +17,7 @@ import yaml
 from shardline.core import storage
 from shardline.core.config import ModelConfig, PipelineConfig, stable_hash, training_splits
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
+from shardline.core.encoding.row_keys import SplitRanking
 from shardline.core.manifest import EncodingSpec, Manifest
 from shardline.core.secrets import redact_text
 from shardline.core.system_metrics import CPU_KEY, SystemSampler
@@ -385,6 +386,8 @@ def _run_training(
             on_progress=on_progress,
             progress_seconds=every,
             deadline=deadline,
+            # ranking data: the validation split's groups ranked each epoch (val_ndcg_at_10, ...)
+            ranking=SplitRanking.of_validation(manifest, manifest_uri, validates_on, config.evaluation.k),
         )
     except Preempted as stopped:
         training_cost.close_cost(tracker, ledger, "preempted", checkpoint_step(stopped.checkpoint), log)
