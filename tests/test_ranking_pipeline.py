@@ -215,6 +215,23 @@ def test_graded_relevance_is_ranked_by_expected_grade_or_value(tmp_path, target,
         assert result["ranking"]["baseline"] == "popularity"
 
 
+def test_selecting_by_validation_ndcg_without_a_relevant_validation_row_is_a_clear_error(tmp_path):
+    """No click in the validation split: no ranking metric is defined there, so selecting by one says why and
+    what to do, instead of keeping whichever epoch came first."""
+    raw = make_clicks(tmp_path / "raw", groups=60, files=1)
+    config = ranking_config(tmp_path)
+    config["training"]["epochs"] = 1
+    validation = [g for g, s in split_of(raw["query"], config).items() if s == "validation"]
+    no_click = pl.when(pl.col("query").is_in(validation)).then(0).otherwise(pl.col("click")).alias("click")
+    raw.with_columns(no_click).write_parquet(tmp_path / "raw" / "clicks-0.parquet")
+    with pytest.raises(
+        ValueError,
+        match=r"training.select_by='val_ndcg_at_10' ranks the validation split's groups, "
+        r"but none of its [\d,]+ rows is relevant .* set training.select_by: val_loss",
+    ):
+        train_run(tmp_path, config)
+
+
 def test_a_group_key_missing_from_the_raw_files_is_named_before_any_work(tmp_path):
     make_clicks(tmp_path / "raw", groups=20)
     cfg = validate_config(ranking_config(tmp_path, group_key="session"))

@@ -258,11 +258,10 @@ def evaluate(
     out.update({names[k]: v.item() / max(1, counts[k]) for k, v in sums.items()})
     out.update({f"val_{k}": float(v.item()) / n for k, v in extra.items()})
     if ranking is not None:
-        ranked = ranking.metrics()
-        t = spec.targets[0]
-        out.update(
-            {v: ranked[k] for k, v in validation_ranking_names(t.name, len(spec.targets) > 1, ranking.ks).items()}
-        )
+        named = validation_ranking_names(spec.targets[0].name, len(spec.targets) > 1, ranking.ks)
+        # a split without a relevant row (a tiny one) has no ranking metric: NaN, never an epoch's best
+        ranked = ranking.metrics() if ranking.relevant else dict.fromkeys(named, math.nan)
+        out.update({v: ranked[k] for k, v in named.items()})
     return out
 
 
@@ -815,6 +814,12 @@ def fit(
                 raise ValueError(
                     f"training.select_by='{select_by}' is not a metric this model's validation gives; available: "
                     f"{sorted(metrics)}"
+                )
+            if ranking is not None and not ranking.relevant and is_ranking_validation(select_by):
+                raise ValueError(
+                    f"training.select_by='{select_by}' ranks the validation split's groups, but none of its "
+                    f"{val.n_windows:,} rows is relevant (grade > 0), so no ranking metric is defined: set "
+                    "training.select_by: val_loss, or give the validation split more groups (data.split)"
                 )
             entry = {
                 "epoch": epoch,

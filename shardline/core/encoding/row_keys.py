@@ -203,6 +203,7 @@ class SplitRanking:
         """Forget the rows ranked so far."""
         self._codes: dict = {}  # group key -> a number: 8 bytes a row kept, not a Python string
         self.model = RankingScores(self.ks, ties="average")
+        self.relevant = 0  # rows with a grade > 0: none, and no ranking metric is defined
 
     def update(
         self, shard: np.ndarray, row: np.ndarray, output: np.ndarray
@@ -215,7 +216,9 @@ class SplitRanking:
         else:
             score = output.reshape(-1).astype(np.float64) * self.target.std + self.target.mean
         codes = self._group_codes(rows[GROUP])
-        self.model.update(codes, score, rows[RELEVANCE].to_numpy())
+        relevance = rows[RELEVANCE].to_numpy()
+        self.model.update(codes, score, relevance)
+        self.relevant += int(np.count_nonzero(relevance))
         return rows, score, codes
 
     def _group_codes(self, groups: pl.Series) -> np.ndarray:
