@@ -144,3 +144,20 @@ def test_demo_config_declares_exactly_the_demo_columns():
     assert cfg.data.features.boolean == DEMO_BOOLEAN
     assert cfg.data.features.categorical == DEMO_CATEGORICAL
     assert cfg.data.target.column == DEMO_TARGET
+
+
+@pytest.mark.parametrize(
+    "compute, said",
+    [
+        ({"dask_address": "tcp://h:8786"}, "compute.dask_address is set but compute.task_runner is 'threads'"),
+        ({"task_runner": "dask", "dask_address": "h:8786"}, "write it as tcp://host:8786"),
+        ({"task_runner": "dask", "dask_address": "tcp://h:8786", "dask_workers": 2}, "remove compute.dask_workers"),
+    ],
+)
+def test_dask_settings_that_cannot_work_are_named(tmp_path, compute, said):
+    raw = tiny_config("raw", "store")
+    raw["compute"] = compute
+    with pytest.raises(ConfigError, match=said):
+        load_config(write(tmp_path / "c.yaml", raw))
+    raw["compute"] = {"task_runner": "dask", "dask_workers": 2}  # a local cluster of two processes
+    assert load_config(write(tmp_path / "c.yaml", raw)).compute.dask_workers == 2

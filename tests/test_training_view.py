@@ -239,7 +239,8 @@ def test_the_training_flow_run_has_its_logs_a_live_table_and_says_its_best_epoch
     from shardline.flows.pipeline import pipeline
 
     monkeypatch.setenv("SHARDLINE_PROGRESS_SECONDS", "0")  # every step may change the table
-    monkeypatch.setenv("SHARDLINE_TEST_STEP_DELAY", "0.05")  # a few seconds of training to watch
+    # a few seconds of training to watch, spent waiting for a (test-only) slowed loader
+    monkeypatch.setenv("SHARDLINE_TEST_LOADER_DELAY", "0.05")
     make_raw(tmp_path / "raw")
     cfg = validate_config(tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"),
                                       **{"training.epochs": 3}))  # fmt: skip
@@ -306,6 +307,17 @@ def test_the_training_flow_run_has_its_logs_a_live_table_and_says_its_best_epoch
     steps_logged = MlflowClient(cfg.mlflow.tracking_uri).get_metric_history(mlflow_run.info.run_id, "train/train_loss")
     assert len(steps_logged) == train["steps"]
     assert Path(train["run_dir"], "eval", "learning_curves.png").exists()
+
+    # (d) a run starved of data: the fraction of step time spent waiting for it, per epoch in MLflow, and
+    # one warning in the training run's log, after the second such epoch, naming the fixes
+    waited = MlflowClient(cfg.mlflow.tracking_uri).get_metric_history(
+        mlflow_run.info.run_id, "epoch/data_wait_fraction"
+    )
+    assert sorted(m.step for m in waited) == [1, 2, 3] and all(m.value > 0.1 for m in waited), [m.value for m in waited]
+    warnings = [log for log in logs if "waiting for the next batch" in log.message]
+    assert len(warnings) == 1 and warnings[0].level == logging.WARNING, [w.message for w in warnings]
+    assert "training.num_workers, now 0" in warnings[0].message and "training.batch_size" in warnings[0].message
+    assert "SHARDLINE_CACHE" in warnings[0].message
 
 
 def test_a_prefect_api_that_fails_costs_the_live_view_one_warning_and_training_nothing(prefect_api, caplog):

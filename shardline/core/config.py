@@ -59,14 +59,65 @@ class Features(_Strict):
     continuous: list[str] = Field(default_factory=list, description="numeric columns, standardised")
     boolean: list[str] = Field(default_factory=list, description="true/false columns")
     categorical: list[str] = Field(default_factory=list, description="columns with a vocabulary")
+    text: list[str] = Field(
+        default_factory=list,
+        description="string columns tokenized into one token stream per sequence (data.tokenizer); not mixed with "
+        "the other roles",
+    )
 
     def all(self) -> list[str]:
-        return [*self.continuous, *self.boolean, *self.categorical]
+        return [*self.continuous, *self.boolean, *self.categorical, *self.text]
+
+
+class TokenizerConfig(_Strict):
+    """How text columns become token ids: a byte-level BPE trained on the training split (`kind: bpe`,
+    `vocab_size`), or the user's own `tokenizer.json` (`file`, relative to the config file's folder)."""
+
+    kind: Literal["bpe"] | None = Field(None, description="bpe: a byte-level BPE trained on the training split")
+    vocab_size: int | None = Field(None, ge=259, le=1 << 24, description="bpe: ids in all, <pad> <sep> <eos> included")
+    file: str | None = Field(
+        None,
+        description="a tokenizers-library tokenizer.json defining <pad>=0, <sep>=1, <eos>=2; nothing is downloaded",
+    )
+
+    sha256: str | None = Field(
+        None,
+        description="the file's sha256, filled in when the config is read where the file is (so a machine without "
+        "it, a training worker, still knows which tokenizer the config means); leave it unset",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_hash(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and isinstance(raw.get("file"), str) and not raw.get("sha256"):
+            path = Path(raw["file"])
+            if path.is_file():  # a missing file is said, naming it, by the encode (before any work)
+                raw = {**raw, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        return raw
+
+    @model_validator(mode="after")
+    def _check(self) -> TokenizerConfig:
+        if (self.kind is None) == (self.file is None):
+            raise ValueError(
+                "data.tokenizer takes either {kind: bpe, vocab_size: N} (trained on the training split) or "
+                "{file: path/to/tokenizer.json} (yours), exactly one of them"
+            )
+        if self.kind == "bpe" and self.vocab_size is None:
+            raise ValueError("data.tokenizer.vocab_size is required with kind: bpe (e.g. 8192)")
+        if self.file is not None and self.vocab_size is not None:
+            raise ValueError("data.tokenizer.vocab_size is a bpe setting: a tokenizer file has its own vocabulary")
+        return self
 
 
 class Target(_Strict):
     column: str
-    task: Literal["classification", "regression"]
+    task: Literal["classification", "regression", "generation"] = Field(
+        description="generation: a text column the model writes after the data.features.text source (the loss on "
+        "its tokens only)"
+    )
+
+
+TEXT_TARGET = "next_token"  # the target of text pre-training (no data.target): each position's next token
 
 
 class SplitConfig(_Strict):
@@ -140,6 +191,12 @@ class SplitConfig(_Strict):
 class DataConfig(_Strict):
     source: str = Field(description="local path, glob, or fsspec URL such as s3://bucket/raw/*.parquet")
     on_bad_file: Literal["fail", "skip"] = "fail"
+    on_bad_rows: Literal["error", "skip"] = Field(
+        "error",
+        description="text data: a row whose text column is null or empty is an error naming the file, column and "
+        "count (error), or left out and counted in the encode's log (skip)",
+    )
+    tokenizer: TokenizerConfig | None = Field(None, description="text data: how data.features.text is tokenized")
     sequence_key: str | None = Field(
         None, description=f"column grouping rows into sequences, '{FILE_SEQUENCE}' for one sequence per file, or null"
     )
@@ -217,8 +274,70 @@ class DataConfig(_Strict):
             return list(self.targets)
         return [self.target] if self.target is not None else []
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_positions(cls, raw: Any) -> Any:
+        """Text data predicts every position's next token: `target_positions: all` is implied."""
+        if isinstance(raw, dict) and isinstance(raw.get("features"), dict) and raw["features"].get("text"):
+            raw = {**raw}
+            raw.setdefault("target_positions", "all")
+        return raw
+
+    @property
+    def text_target(self) -> str | None:
+        """Text data's one target: `next_token` (pre-training) or the generation target's column; None otherwise."""
+        if not self.features.text:
+            return None
+        return self.target_list[0].column if self.target_list else TEXT_TARGET
+
+    def _check_text(self) -> None:
+        """Text data (`data.features.text`): its own roles, tokenizer, target and positions."""
+        text = self.features.text
+        generation = [t for t in self.target_list if t.task == "generation"]
+        if not text:
+            if generation or self.tokenizer is not None:
+                raise ValueError(
+                    ("data.target task: generation" if generation else "data.tokenizer")
+                    + " is for text data: list the source text column(s) under data.features.text"
+                )
+            return
+        others = [c for role in ("continuous", "boolean", "categorical") for c in getattr(self.features, role)]
+        if others:
+            raise ValueError(
+                f"data.features.text cannot be mixed with other feature roles in this version: remove {others} "
+                "(continuous/boolean/categorical) or the text columns"
+            )
+        if self.tokenizer is None:
+            raise ValueError(
+                "data.features.text needs data.tokenizer: {kind: bpe, vocab_size: 8192} (trained on the training "
+                "split) or {file: tokenizer.json}"
+            )
+        if self.target_list and (len(self.target_list) > 1 or not generation):
+            raise ValueError(
+                "text data takes no target (pre-training: every position predicts its next token) or one target "
+                "with task: generation (data.target: {column: summary, task: generation})"
+            )
+        if generation and generation[0].column in text:
+            raise ValueError(f"data.target '{generation[0].column}' is also in data.features.text: name another column")
+        if generation and self.sequence_key is not None:
+            raise ValueError(
+                "data.target task: generation pairs a row's source text with its target text: each row is its own "
+                "sequence, so leave data.sequence_key unset"
+            )
+        if self.target_positions != "all":
+            raise ValueError(
+                "text data predicts the next token at every position: data.target_positions must be 'all' (implied)"
+            )
+        if self.horizon not in (None, 1):
+            raise ValueError(
+                f"data.horizon={self.horizon}: text data predicts the next token, horizon 1 (leave it unset)"
+            )
+        if self.group_key is not None or self.split.method == "range":
+            raise ValueError("text data takes neither data.group_key nor a range split in this version")
+
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
+        self._check_text()
         if self.target is not None and self.targets is not None:
             raise ValueError("set data.target (one target) or data.targets (a list), not both")
         names = [t.column for t in self.target_list]
@@ -230,12 +349,12 @@ class DataConfig(_Strict):
                 "data.features lists no column; declare at least one continuous, boolean or categorical column"
             )
         seen: dict[str, str] = {}
-        for role in ("continuous", "boolean", "categorical"):
+        for role in ("continuous", "boolean", "categorical", "text"):
             for col in getattr(self.features, role):
                 if col in seen:
                     raise ValueError(f"column '{col}' is declared twice in data.features ({seen[col]} and {role})")
                 seen[col] = role
-        if self.sequence_key is None and self.window > 1:
+        if self.sequence_key is None and self.window > 1 and not self.features.text:
             raise ValueError(
                 f"data.window={self.window} needs data.sequence_key (a column, or '{FILE_SEQUENCE}'); "
                 "without sequences each row stands alone, so only window: 1 is allowed"
@@ -289,7 +408,7 @@ class DataConfig(_Strict):
     def effective_horizon(self) -> int:
         if self.horizon is not None:
             return self.horizon
-        return 1 if self.sequence_key is not None else 0
+        return 1 if self.sequence_key is not None or self.features.text else 0
 
     def raw_columns(self) -> list[str]:
         """Every column the raw files must hold."""
@@ -561,6 +680,43 @@ class ComputeConfig(_Strict):
         "of your SHARDLINE_PRICES file); null: the cheapest one listed for the machine's GPU type",
     )
     spot: bool = Field(False, description="cost GPU-hours at the provider's spot (interruptible) price")
+    task_runner: Literal["threads", "dask"] = Field(
+        "threads",
+        description=(
+            "where the encode's file-group tasks run: threads (this process, data.encode_workers at once) or dask "
+            "(the workers of a Dask cluster, one group per worker thread; needs `pip install shardline[dask]`)"
+        ),
+    )
+    dask_address: str | None = Field(
+        None,
+        description=(
+            "task_runner: dask: the scheduler of an existing Dask cluster (tcp://host:8786); null: a local cluster "
+            "of dask_workers processes for the run"
+        ),
+    )
+    dask_workers: int | None = Field(
+        None, ge=1, description="the local Dask cluster's worker processes (one thread each); null: data.encode_workers"
+    )
+
+    @model_validator(mode="after")
+    def _dask_settings_need_dask(self) -> ComputeConfig:
+        if self.task_runner != "dask":
+            for key in ("dask_address", "dask_workers"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"compute.{key} is set but compute.task_runner is '{self.task_runner}'; "
+                        "set compute.task_runner: dask, or remove it"
+                    )
+        if self.dask_address is not None and self.dask_workers is not None:
+            raise ValueError(
+                "compute.dask_workers sizes a local cluster; with compute.dask_address (an existing "
+                "cluster) its workers are what that cluster has: remove compute.dask_workers"
+            )
+        if self.dask_address is not None and "://" not in self.dask_address:
+            raise ValueError(
+                f"compute.dask_address '{self.dask_address}' is not a scheduler address; write it as tcp://host:8786"
+            )
+        return self
 
     @field_validator("train_deployment")
     @classmethod
@@ -583,6 +739,8 @@ class PipelineConfig(_Strict):
     @model_validator(mode="after")
     def _defaults(self) -> PipelineConfig:
         targets = self.data.target_list
+        if self.data.text_target is not None:  # text: one target over the vocabulary, implied when pre-training
+            targets = [Target(column=self.data.text_target, task="generation")]
         if not targets and not self.model.entrypoint:
             raise ValueError(
                 "data.target (or data.targets) is required for the built-in model families; only a model of your "
@@ -687,6 +845,11 @@ CLASSIFICATION_METRICS = {
 }
 REGRESSION_METRICS = {"mae": "minimize", "rmse": "minimize", "r2": "maximize"}
 SELF_SUPERVISED_METRICS = {"loss": "minimize"}  # no target: the model's own loss on the test split
+# text (data.features.text): the next token's loss over the target tokens, its perplexity (exp of that mean;
+# the unigram baseline's is `perplexity_baseline`), next-token accuracy; a generation target also scores its
+# greedy generations (exact match, token F1)
+TEXT_METRICS = {"perplexity": "minimize", "loss": "minimize", "accuracy": "maximize"}
+GENERATION_METRICS = {**TEXT_METRICS, "exact_match": "maximize", "token_f1": "maximize"}
 
 
 RANKING_METRICS = ("ndcg", "map", "recall", "mrr")  # each at every k of evaluation.k; mrr uncut too
@@ -728,6 +891,9 @@ def metric_directions(targets: list[Target], ranking_ks=()) -> dict[str, str]:
     for i, t in enumerate(targets):
         names = CLASSIFICATION_METRICS if t.task == "classification" else REGRESSION_METRICS
         first = "accuracy" if t.task == "classification" else "rmse"
+        if t.task == "generation":
+            names = TEXT_METRICS if t.column == TEXT_TARGET else GENERATION_METRICS
+            first = "perplexity"
         if i == 0 and ranking_ks:
             names = {**names, **ranking_metrics_of(ranking_ks)}
         for m in sorted(names, key=lambda m: m != first):
@@ -753,6 +919,9 @@ def validation_metrics(targets: list[tuple[str, str]], ranking_ks=()) -> dict[st
     maximised). A model's own `metrics()` add `val_<name>` ones, known only once it runs."""
     out = {"val_loss": "minimize"}
     for name, kind in targets:
+        if kind == "generation":  # text: the token-level perplexity and next-token accuracy
+            out.update({"val_perplexity": "minimize", "val_accuracy": "maximize"})
+            continue
         out[validation_name(name, kind, len(targets) > 1)] = VALIDATION_SCORES[kind][1]
     if targets and ranking_ks:
         out.update(
@@ -807,20 +976,26 @@ def _ranking_hint(chosen: str, group_key: str | None, ks: list[int]) -> str:
     return ""
 
 
-def env_seconds(name: str, default: float, zero: str = "") -> float:
-    """A number of seconds from the environment variable `name` (`default` when unset or empty); a value
-    that is not a number of 0 or more is an error naming the variable. `zero` says what 0 means, if anything."""
+def env_number(name: str, default: float, unit: str = "seconds", zero: str = "") -> float:
+    """A number of `unit` (seconds, MB, ...) from the environment variable `name` (`default` when unset or
+    empty); a value that is not a number of 0 or more is an error naming the variable. `zero` says what 0
+    means, if anything."""
     value = os.environ.get(name)
     if not value:
         return default
     meaning = f" (0 {zero})" if zero else ""
     try:
-        seconds = float(value)
+        number = float(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number; set it to seconds, e.g. {default:g}{meaning}") from None
-    if seconds < 0:
-        raise ValueError(f"{name}={value!r} must be 0 or more (seconds){meaning}")
-    return seconds
+        raise ValueError(f"{name}={value!r} is not a number; set it to {unit}, e.g. {default:g}{meaning}") from None
+    if not number >= 0:
+        raise ValueError(f"{name}={value!r} must be 0 or more ({unit}){meaning}")
+    return number
+
+
+def env_seconds(name: str, default: float, zero: str = "") -> float:
+    """A number of seconds from the environment variable `name` (`env_number`)."""
+    return env_number(name, default, "seconds", zero)
 
 
 def stable_hash(obj: Any) -> str:
@@ -869,6 +1044,10 @@ def _rebase_paths(raw: dict, folder: Path) -> dict:
     model = raw.get("model")
     if isinstance(model, dict) and model.get("entrypoint") and not model.get("code_dir"):
         raw["model"] = {**model, "code_dir": str(folder.resolve())}  # the user's code sits beside the config
+    data = raw.get("data")
+    tok = data.get("tokenizer") if isinstance(data, dict) else None
+    if isinstance(tok, dict) and isinstance(tok.get("file"), str) and not Path(tok["file"]).is_absolute():
+        raw["data"] = {**data, "tokenizer": {**tok, "file": str((folder / tok["file"]).resolve())}}
     for section, key in (("data", "source"), ("storage", "root"), ("model", "code_dir")):
         val = (raw.get(section) or {}).get(key) if isinstance(raw.get(section), dict) else None
         if isinstance(val, str) and "://" not in val and not Path(val).is_absolute():

@@ -89,6 +89,27 @@ def _one_target_as_list(data, key: str):
     return data
 
 
+class TextSpec(_Model):
+    """Text data (`data.features.text`): its columns become one token stream per sequence, the `cat` array's
+    one column `tokens`, ids of the tokenizer stored beside the manifest (`Manifest.tokenizer`) and inside a
+    registered model. Special ids are fixed: 0 `<pad>` (never a real token; a target of 0 is ignored by the
+    loss and the metrics), 1 `<sep>` (between text columns and between rows), 2 `<eos>` (ends a stream)."""
+
+    columns: list[str] = Field(description="the text columns, joined with <sep> in this order")
+    target_column: str | None = Field(None, description="generation: the target text column; None: pre-training")
+    vocab_size: int
+    pad_id: int = 0
+    sep_id: int = 1
+    eos_id: int = 2
+    tokenizer_sha256: str = Field(description="sha256 of the tokenizer.json the ids come from")
+    tokenizer: dict = Field(description="what the config said: {kind: bpe, vocab_size} or {file_sha256}")
+    on_bad_rows: Literal["error", "skip"] = "error"
+
+    @property
+    def target_name(self) -> str:
+        return self.target_column or "next_token"
+
+
 class EncodingSpec(_Model):
     """How raw rows become arrays: fitted on the training split only, then frozen."""
 
@@ -108,6 +129,7 @@ class EncodingSpec(_Model):
     targets: list[TargetSpec] = Field(default_factory=list, description="none when the model has its own loss")
     target_positions: Literal["last", "all"] = "last"
     continuous_dtype: Literal["float32", "float16"] = "float32"
+    text: TextSpec | None = Field(None, description="text data: the token stream's columns and tokenizer")
 
     _legacy = model_validator(mode="before")(lambda data: _one_target_as_list(data, "target"))
 
@@ -117,11 +139,15 @@ class EncodingSpec(_Model):
         return self.targets[0] if self.targets else None
 
     def hash(self) -> str:
-        return stable_hash(self.model_dump(mode="json"))
+        # `text` only when set: every encoding written before text data keeps its hash
+        return stable_hash(self.model_dump(mode="json", exclude=None if self.text else {"text"}))
 
     @property
     def cat_cardinalities(self) -> list[int]:
-        """Vocabulary size per column of the `cat` array: categoricals, then booleans (0 null, 1 false, 2 true)."""
+        """Vocabulary size per column of the `cat` array: categoricals, then booleans (0 null, 1 false, 2 true);
+        text data: the one `tokens` column's vocabulary size."""
+        if self.text is not None:
+            return [self.text.vocab_size]
         return [v.size for v in self.categorical] + [3] * len(self.boolean)
 
 
@@ -244,6 +270,12 @@ class Manifest(_Model):
         description="ranking data with data.item_key: relevant rows (grade > 0) per item in the training split, "
         "keyed by the item as text: the popularity baseline's scores",
     )
+    tokenizer: str | None = Field(None, description="text data: the tokenizer.json, relative to the manifest's folder")
+    token_counts: list[int] | None = Field(
+        None,
+        description="text data: how often each token id is a target (not 0) in the training split: the unigram "
+        "baseline's distribution",
+    )
 
     def shards_of(self, split: str | list[str] | tuple[str, ...]) -> list[ShardInfo]:
         """The shards of a split, or of several (k-fold training on several folds), in manifest order."""
@@ -251,4 +283,5 @@ class Manifest(_Model):
         return [s for s in self.shards if s.split in wanted]
 
     def hash(self) -> str:
-        return stable_hash(self.model_dump(mode="json"))
+        text = {"tokenizer", "token_counts"} if self.tokenizer is None and self.token_counts is None else None
+        return stable_hash(self.model_dump(mode="json", exclude=text))  # earlier manifests keep their hash

@@ -15,6 +15,7 @@ from shardline.core.config import PipelineConfig, load_config, validate_config
 from shardline.core.encoding.reuse import check_columns
 from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction
+from shardline.flows.runners import encode_runner
 from shardline.flows.train import train
 from shardline.tasks import links
 from shardline.tasks.caching import STEPS, cached, run_cached
@@ -63,7 +64,9 @@ def encoded_data(config: PipelineConfig, refresh: set[str] | frozenset[str] = fr
     base = (parent_encoding(config, parent), parent["uri"]) if parent else None
     if base is not None:  # a column the parent was not trained on: said before any work
         check_columns(config.data.features.model_dump(), *base)
-    manifest_uri, ran["encode"] = encode(snapshot, config.data, root, refresh="encode" in refresh, base=base)
+    manifest_uri, ran["encode"] = encode(  # on the flow's threads, or a Dask cluster (compute.task_runner)
+        snapshot, config.data, root, refresh="encode" in refresh, base=base, runner=encode_runner(config)
+    )
     return snapshot, manifest_uri, storage.sha256_uri(manifest_uri), ran
 
 

@@ -30,6 +30,16 @@ from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_parquet, rows_table, training_statistics
 from shardline.core.encoding.splits import split_rows
+from shardline.core.encoding.text import (
+    clean_rows,
+    encode_text_splits,
+    merged_token_counts,
+    read_tokenizer_file,
+    sha256_text,
+    split_texts,
+    text_spec,
+    train_bpe,
+)
 from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.core.shards import compress_bytes, window_count
 from shardline.core.version import code_version_of
@@ -45,6 +55,7 @@ ENCODER_VERSION = "7"
 
 GROUPS = "groups"  # the group store's folder, beside the data sets' folders under `<root>/datasets/`
 GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
+TOKENIZER = "tokenizer.json"  # text data: the tokenizer, beside the manifest
 
 SMALLEST = 8  # a group holds at least group_mb / SMALLEST of raw bytes,
 SHARE = 16  # and about 1 / SHARE of the raw bytes before it, up to group_mb
@@ -92,19 +103,22 @@ def encoder_code() -> str:
     h = hashlib.sha256(Path(__file__).read_bytes())
     h.update(
         code_version_of(
-            "shardline.core.encoding.group", "shardline.core.encoding.row_keys", "shardline.core.storage"
+            "shardline.core.encoding.group",
+            "shardline.core.encoding.row_keys",
+            "shardline.core.storage",
+            "shardline.core.encoding.text",
         ).encode()
     )
     return h.hexdigest()[:16]
 
 
-def group_key(files: list[RawFile], data: DataConfig) -> str:
+def group_key(files: list[RawFile], data: DataConfig, tokenizer: str | None = None) -> str:
     """A file group's content address, its folder in the group store: its files (path, size,
-    etag/mtime), the data settings that change a byte, the encoder's version and code. Not its place
-    among the groups nor the rest of the snapshot, so any snapshot that holds the group finds it."""
-    return stable_hash(
-        {"files": raw_files_key(files), "data": _data_key(data), "encoder": ENCODER_VERSION, "code": encoder_code()}
-    )[:24]
+    etag/mtime), the data settings that change a byte, the encoder's version and code, and for text data
+    the tokenizer's sha256 (`tokenizer`). Not its place among the groups nor the rest of the snapshot, so
+    any snapshot that holds the group finds it."""
+    key = {"files": raw_files_key(files), "data": _data_key(data), "encoder": ENCODER_VERSION, "code": encoder_code()}
+    return stable_hash(key | ({"tokenizer": tokenizer} if tokenizer else {}))[:24]
 
 
 def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
@@ -113,6 +127,8 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
     dumped.pop("source")  # where the files are listed from does not change what they hold
     dumped.pop("on_bad_file")
     dumped.pop("encode_workers")  # how many groups run at once does not change a byte
+    if data.features.text:  # the user's tokenizer file by its content: an edited file is another data set
+        dumped["tokenizer"] = contract(data)["tokenizer"]
     return stable_hash({"files": snapshot.fingerprint, "data": dumped, "encoder": ENCODER_VERSION})[:20]
 
 
@@ -147,7 +163,7 @@ def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl
             df = pl.read_parquet(storage.local_path(uri), columns=columns)
     except Exception as e:
         raise DataError(f"{uri}: cannot read columns {columns}: {e}") from e
-    for target in (t.column for t in data.target_list):
+    for target in (t.column for t in data.target_list if t.task != "generation"):  # text: data.on_bad_rows
         if df[target].null_count():
             raise DataError(
                 f"{uri}: the target column '{target}' has {df[target].null_count()} null value(s); "
@@ -188,7 +204,8 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
             df = df.with_columns(parse_order(df, data.order_by, data.order_format, ", ".join(uris)).alias(ORDER))
     except Exception:  # noqa: BLE001 - files that do not scan as one table: read one by one, naming the bad one
         return None
-    for col in (*(t.column for t in data.target_list), data.sequence_key, data.order_by, data.group_key, data.item_key):
+    targets = (t.column for t in data.target_list if t.task != "generation")  # text: data.on_bad_rows
+    for col in (*targets, data.sequence_key, data.order_by, data.group_key, data.item_key):
         if col and col != FILE_SEQUENCE and df[col].null_count():
             return None  # read file by file: the error names the file and the column
     if data.group_key:
@@ -259,7 +276,86 @@ def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
     return found
 
 
-def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, reuse: bool = True) -> EncodedGroup:
+def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFrame, dict[str, dict[str, int]]]:
+    """A text data set's file group, its rows with a null or empty text left out (`data.on_bad_rows: skip`,
+    counted per file and column) or refused naming the file, the column and the count (`error`)."""
+    df = read_group(files, data)
+    _, bad = clean_rows(df, data.model_copy(update={"on_bad_rows": "skip"}), "")
+    if not bad:
+        return df, {}
+    parts, skipped = [], {}
+    for f in files:  # said per file: re-read one by one (only a group that has bad rows)
+        part, dropped = clean_rows(read_raw(f.uri if isinstance(f, RawFile) else f, data), data, f"{f.uri}")
+        parts.append(part)
+        if dropped:
+            skipped[f.uri] = dropped
+    return pl.concat(parts, how="vertical_relaxed"), skipped
+
+
+def encode_text_group(
+    files: list[RawFile], data: DataConfig, store: str, tokenizer: tuple[str, str], key: str
+) -> EncodedGroup:
+    """Encode a text data set's file group into token shards (`shardline/core/encoding/text.py`), written
+    like any group's: each shard atomically, the group's record last. Its training statistics are the
+    target token counts (the unigram baseline) and the rows left out (`skipped`, per file and column)."""
+    out_dir = storage.join(store, key)
+    frame, skipped = read_text_group(files, data)
+    frame, splits = split_rows(frame, data)
+    codec = None if data.shard_compression == "none" else data.shard_compression
+    encoded = encode_text_splits(frame, splits, data, storage.read_text(tokenizer[0]))
+    del frame
+    infos = []
+    train = {"rows": 0, "token_counts": [], "skipped": skipped}
+    for split in data.split.names():
+        if split not in encoded:
+            continue
+        raw, specs, arrays, keys, stats = encoded.pop(split)
+        if stats is not None:  # the fitted splits' counts summed (k-fold: every fold's)
+            counts = train["token_counts"] or [0] * len(stats["token_counts"])
+            train["token_counts"] = [a + b for a, b in zip(counts, stats["token_counts"])]
+            train["rows"] += stats["rows"]
+        info = dict(
+            path=f"{split}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
+            compression=codec,
+            raw_bytes=len(raw),
+            split=split,
+            rows=len(arrays["target"]),
+            segments=len(keys),
+            windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
+            arrays=specs,
+            keys_path=f"{split}.keys.parquet",
+        )
+        stored = _store(raw, codec, storage.join(out_dir, info["path"]), keys, storage.join(out_dir, info["keys_path"]))
+        infos.append(ShardInfo(**info, **stored))
+    rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
+    group = EncodedGroup(key=key, shards=infos, train=train, rows=rows)
+    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())  # last: the group is whole
+    return group
+
+
+def fit_tokenizer(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tuple[str, str]:
+    """Text data's tokenizer, written (atomically) as `tokenizer.json` in the data set's folder `out_dir`:
+    a byte-level BPE trained on the training split's texts only (every file group read, in the snapshot's
+    order, so the same data gives the same bytes), or the user's file (`data.tokenizer.file`), checked.
+    Returns (its URI, its sha256)."""
+    if data.tokenizer.file is not None:
+        text = read_tokenizer_file(data.tokenizer.file)
+    else:
+
+        def texts():
+            for files in file_groups(snapshot, data):
+                frame, splits = split_rows(read_text_group(files, data)[0], data)
+                yield from split_texts(frame, splits, data.split.fit_splits(), data)
+
+        text = train_bpe(texts(), data.tokenizer.vocab_size)
+    uri = storage.join(out_dir, TOKENIZER)
+    storage.write_text(uri, text)
+    return uri, sha256_text(text)
+
+
+def encode_group_to_shards(
+    files: list[RawFile], data: DataConfig, store: str, reuse: bool = True, tokenizer: tuple[str, str] | None = None
+) -> EncodedGroup:
     """Encode one group of raw files, read once, into one shard per split in its folder of the group
     store, `<store>/<group key>/` (each file written atomically, the group's record `group.json`
     last), in the group's own codes, and gather its training rows' statistics. With `reuse`, a group
@@ -269,9 +365,11 @@ def encode_group_to_shards(files: list[RawFile], data: DataConfig, store: str, r
     measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode speed")."""
     from concurrent.futures import ThreadPoolExecutor
 
-    key = group_key(files, data)
+    key = group_key(files, data, tokenizer[1] if tokenizer else None)
     if reuse and (stored := stored_group(store, key)) is not None:
         return stored
+    if data.features.text:
+        return encode_text_group(files, data, store, tokenizer, key)
     out_dir = storage.join(store, key)
     frame, splits = split_rows(read_group(files, data), data)
     codec = None if data.shard_compression == "none" else data.shard_compression
@@ -420,6 +518,7 @@ def build_manifest(
     data: DataConfig,
     base: tuple[EncodingSpec, str] | None = None,
     store: str = f"../{GROUPS}",
+    tokenizer: str | None = None,
 ) -> Manifest:
     """Fit the data set's encoding from the groups' training statistics (or, fine-tuning, take the
     parent's: `base` is its encoding and where it came from) and list their shards, where `store` (the
@@ -430,10 +529,19 @@ def build_manifest(
     windows = {s: sum(x.windows for x in shards if x.split == s) for s in data.split.names()}
     check_folds(groups, data)
     check_splits(windows, data)
-    spec = fit_spec([g.train for g in groups], data)
-    spec = spec.model_copy(update={"targets": _typed(spec.targets, snapshot.files[0].uri)})
-    if base is not None:
-        spec = reuse_encoding(spec, *base)
+    stats = [g.train for g in groups]
+    if data.features.text:  # the tokenizer's vocabulary is the encoding: nothing fitted, nothing reused
+        spec = text_spec(data, tokenizer)
+        extra = {"tokenizer": TOKENIZER, "token_counts": merged_token_counts(stats, spec.text.vocab_size)}
+    else:
+        spec = fit_spec(stats, data)
+        spec = spec.model_copy(update={"targets": _typed(spec.targets, snapshot.files[0].uri)})
+        if base is not None:
+            spec = reuse_encoding(spec, *base)
+        extra = {
+            "target_stats": target_statistics(stats, data),
+            "item_counts": item_counts([g.train.get("ranking") for g in groups]) if data.item_key else None,
+        }
     return Manifest(
         encoding=spec,
         encoding_hash=spec.hash(),
@@ -443,8 +551,7 @@ def build_manifest(
         rows=rows,
         windows=windows,
         source_files=len(snapshot.files),
-        target_stats=target_statistics([g.train for g in groups], data),
-        item_counts=item_counts([g.train.get("ranking") for g in groups]) if data.item_key else None,
+        **extra,
     )
 
 
@@ -515,14 +622,22 @@ def _retry_infrastructure(task, task_run, state) -> bool:
     retry_condition_fn=_retry_infrastructure,
 )
 def encode_group(
-    files: list[RawFile], group: int, n_groups: int, data: DataConfig, store: str, reuse: bool = True
+    files: list[RawFile],
+    group: int,
+    n_groups: int,
+    data: DataConfig,
+    store: str,
+    reuse: bool = True,
+    tokenizer: tuple[str, str] | None = None,
 ) -> EncodedGroup:
     """Encode one file group into shards (one per split) in the group store and its training statistics
-    (or, with `reuse`, take the group's stored shards when they are already there)."""
+    (or, with `reuse`, take the group's stored shards when they are already there); text data with the
+    `tokenizer` (its URI and sha256)."""
     t0 = time.perf_counter()
-    key = group_key(files, data)
+    tokenizer = tuple(tokenizer) if tokenizer else None
+    key = group_key(files, data, tokenizer[1] if tokenizer else None)
     stored = stored_group(store, key) if reuse else None
-    result = stored or encode_group_to_shards(files, data, store, reuse=False)
+    result = stored or encode_group_to_shards(files, data, store, reuse=False, tokenizer=tokenizer)
     get_run_logger().info(
         "encode: group %d/%d %s: %d file(s), %d rows in %.1fs",
         group + 1,
@@ -533,6 +648,31 @@ def encode_group(
         time.perf_counter() - t0,
     )
     return result
+
+
+def log_skipped_rows(groups: list[EncodedGroup], log) -> dict[str, dict[str, int]]:
+    """Text data with `data.on_bad_rows: skip`: the rows left out for a null or empty text, said per file and
+    column in the encode's log; returns them."""
+    skipped = {uri: cols for g in groups for uri, cols in (g.train.get("skipped") or {}).items()}
+    if skipped:
+        total = sum(n for cols in skipped.values() for n in cols.values())
+        listing = "; ".join(
+            f"{uri}: " + ", ".join(f"{n} in '{c}'" for c, n in cols.items()) for uri, cols in sorted(skipped.items())
+        )
+        log.warning(
+            "encode: left out rows with a null or empty text (data.on_bad_rows: skip), %d in all: %s", total, listing
+        )
+    return skipped
+
+
+@task(name="fit-tokenizer")
+def fit_tokenizer_task(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tuple[str, str]:
+    """Text data: train (or check the user's) tokenizer, stored beside the manifest; (its URI, its sha256)."""
+    t0 = time.perf_counter()
+    uri, sha = fit_tokenizer(snapshot, data, out_dir)
+    how = f"file {data.tokenizer.file}" if data.tokenizer.file else f"BPE of {data.tokenizer.vocab_size} ids"
+    get_run_logger().info("encode: tokenizer (%s) %s sha256 %s in %.1fs", how, uri, sha[:12], time.perf_counter() - t0)
+    return uri, sha
 
 
 def _typed(targets: list, sample_uri: str) -> list:
@@ -575,9 +715,13 @@ def write_manifest(
     `store` (default: `groups` beside `out_dir`)."""
     store = store or storage.join(out_dir.rstrip("/").rsplit("/", 1)[0], GROUPS)
     check_groups(groups, data, store)
-    manifest = build_manifest(snapshot, groups, data, base, store=storage.relative_to(store, out_dir))
+    tokenizer = storage.read_text(storage.join(out_dir, TOKENIZER)) if data.features.text else None
+    manifest = build_manifest(
+        snapshot, groups, data, base, store=storage.relative_to(store, out_dir), tokenizer=tokenizer
+    )
     uri = storage.join(out_dir, manifest_name(base))
     storage.write_text(uri, manifest.model_dump_json(indent=1))
+    log_skipped_rows(groups, get_run_logger())
     get_run_logger().info(
         "encode: manifest %s: rows %s, windows %s, %.1f MB of shards",
         uri,
@@ -613,10 +757,29 @@ def shards_intact(infos: list[ShardInfo], folder: str) -> bool:
 # snapshot, so a snapshot with appended files finds it) and the group store; its shards must be intact.
 ENCODE_GROUP_CACHE = CacheRule(
     "encode",
-    key=lambda inputs: (group_key(inputs["files"], inputs["data"]), inputs["store"]),
+    key=lambda inputs: (
+        group_key(inputs["files"], inputs["data"], (inputs.get("tokenizer") or (None, None))[1]),
+        inputs["store"],
+    ),
     code=(__name__,),
     still_valid=lambda group, inputs: (
         group.key is not None and shards_intact(group.shards, storage.join(inputs["store"], group.key))
+    ),
+)
+# What decides text data's tokenizer: the snapshot, the data settings (the user's file by its content) and
+# where it is written; it must still be there with its sha256.
+TOKENIZER_CACHE = CacheRule(
+    "encode",
+    key=lambda inputs: (
+        "tokenizer",
+        inputs["snapshot"].fingerprint,
+        _data_key(inputs["data"]),
+        contract(inputs["data"]).get("tokenizer"),
+        inputs["out_dir"],
+    ),
+    code=(__name__,),
+    still_valid=lambda result, inputs: (
+        storage.exists(result[0]) and sha256_text(storage.read_text(result[0])) == result[1]
     ),
 )
 # What decides the manifest: the snapshot, every group's shards (where they lie, by checksum) and the
@@ -642,44 +805,55 @@ def encode(
     storage_root: str,
     refresh: bool = False,
     base: tuple[EncodingSpec, str] | None = None,
+    runner=None,
 ) -> tuple[str, bool]:
     """Wire the encode step (inside a flow): map the encode over file groups, then fit the encoding (or
     reuse `base`, the encoding of the model a fine-tune starts from, and where it came from) and write
-    the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache)."""
+    the manifest. Returns (manifest URI, whether any of its tasks ran rather than came from the cache).
+    `runner`: None (the groups run on the flow's own thread pool, `data.encode_workers` at once) or a
+    function opening another task runner, a context yielding (a started Prefect task runner, how many
+    groups it runs at once): a Dask cluster's, shardline/flows/runners.py. It is opened only when a
+    group is to be encoded (a rerun that finds every group in the store starts no cluster)."""
+    from contextlib import nullcontext
+
     log = get_run_logger()
     out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
     store = storage.join(storage_root, "datasets", GROUPS)
     groups = file_groups(snapshot, data)
-    workers = encode_workers(data)
-    log.info(
-        "encode: %d file(s) in %d group(s), %d at a time -> %s (shards in %s)",
-        len(snapshot.files),
-        len(groups),
-        workers,
-        out_dir,
-        store,
-    )
-    keys = [group_key(g, data) for g in groups]
+    tokenizer = None
+    if data.features.text:  # the tokenizer first: the groups' token ids are its
+        tok_t = cached(fit_tokenizer_task, TOKENIZER_CACHE, storage_root, refresh)
+        tokenizer = tuple(tok_t(quote(snapshot), data, out_dir))
+    keys = [group_key(g, data, tokenizer[1] if tokenizer else None) for g in groups]
     # the groups already in the store (an append's old ones, a rerun's all) are taken from one listing;
     # only the others become tasks (`--force encode`: every group is encoded again)
     found = {} if refresh else stored_groups(store, keys)
     enc_t = cached(encode_group, ENCODE_GROUP_CACHE, storage_root, refresh)
-    # at most `workers` groups in flight: the encode's memory is bounded by the group size times
-    # that, not by the data set (a mapped task would start every group at once on a thread pool)
+    todo = [i for i, k in enumerate(keys) if k not in found]
     enc_futures = {}  # by the group's place in the snapshot's order
-    submitted = []  # the same futures, in the order they were submitted
-    for i, g in enumerate(groups):
-        if keys[i] in found:
-            continue
-        if len(submitted) >= workers:
-            submitted[-workers].wait()
-        # quoted: no futures inside, and Prefect's search for them visits every field of every file
-        enc_futures[i] = enc_t.submit(
-            quote(g), i, n_groups=len(groups), data=quote(data), store=store, reuse=not refresh
+    with runner() if runner is not None and todo else nullcontext((None, encode_workers(data))) as (other, workers):
+        log.info(
+            "encode: %d file(s) in %d group(s), %d at a time -> %s (shards in %s)",
+            len(snapshot.files),
+            len(groups),
+            workers,
+            out_dir,
+            store,
         )
-        submitted.append(enc_futures[i])
-    results = [found[k] if k in found else enc_futures[i].result() for i, k in enumerate(keys)]
-    cached_groups = len(found) + sum(f.state.name == "Cached" for f in enc_futures.values())
+        # at most `workers` groups in flight: the encode's memory is bounded by the group size times
+        # that, not by the data set (a mapped task would start every group at once on a thread pool)
+        submitted = []  # the same futures, in the order they were submitted
+        for i in todo:
+            if len(submitted) >= workers:
+                submitted[-workers].wait()
+            params = dict(group=i, n_groups=len(groups), store=store, reuse=not refresh, tokenizer=tokenizer)
+            if other is None:  # quoted: no futures inside, and Prefect's search for them visits every field
+                enc_futures[i] = enc_t.submit(quote(groups[i]), data=quote(data), **params)
+            else:  # a runner given its parameters directly does not unwrap quotes
+                enc_futures[i] = other.submit(enc_t, {"files": groups[i], "data": data, **params})
+            submitted.append(enc_futures[i])
+        results = [found[k] if k in found else enc_futures[i].result() for i, k in enumerate(keys)]
+        cached_groups = len(found) + sum(f.state.name == "Cached" for f in enc_futures.values())
     log.info(
         "encode: %d of %d group(s) found in the group store, %d encoded",
         cached_groups,
@@ -723,10 +897,17 @@ def encode_dataset(
     return_freed_memory()
     store = store or storage.join(out_dir, GROUPS)
     groups = file_groups(snapshot, data)
+    tokenizer = fit_tokenizer(snapshot, data, out_dir) if data.features.text else None
     with ThreadPoolExecutor(max(1, threads or encode_workers(data))) as pool:
-        results = list(pool.map(lambda g: encode_group_to_shards(g, data, store), groups))
+        results = list(pool.map(lambda g: encode_group_to_shards(g, data, store, tokenizer=tokenizer), groups))
     check_groups(results, data, store)
-    manifest = build_manifest(snapshot, results, data, store=storage.relative_to(store, out_dir))
+    manifest = build_manifest(
+        snapshot,
+        results,
+        data,
+        store=storage.relative_to(store, out_dir),
+        tokenizer=storage.read_text(tokenizer[0]) if tokenizer else None,
+    )
     uri = storage.join(out_dir, "manifest.json")
     storage.write_text(uri, manifest.model_dump_json(indent=1))
     return uri

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import tempfile
@@ -28,6 +29,7 @@ from shardline.core.encoding.row_keys import GROUP, ITEM, RELEVANCE, SplitRankin
 from shardline.core.manifest import Manifest
 from shardline.core.ranking import PopularityCounts, RankingScores
 from shardline.core.secrets import redact_text
+from shardline.core.text_metrics import unigram_perplexity
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
 
@@ -232,6 +234,48 @@ def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
     return {("loss" if k == "val_loss" else k.removeprefix("val_")): v for k, v in scores.items()}
 
 
+def generation_scores(model, manifest: Manifest, manifest_uri: str) -> dict[str, float]:
+    """HOOK (issue #19, the model half): a generation target's exact match and token F1 of greedy generations on
+    the test split; reported and promotable as `exact_match` and `token_f1` once returned here. Empty for now.
+    The pieces are in: `shardline.trainer.generate.generate` (KV cache, `temperature=0`, `eos_id`) and
+    `shardline.core.text_metrics.text_generation_scores`. Per test sequence of the shards: the prompt is its
+    tokens before the first one whose target is not 0 (the source, `<sep>` included), the reference the
+    decoded tokens whose target is not 0, `<eos>` left out (`shardline.core.encoding.text.decode`)."""
+    return {}
+
+
+def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: list, out_dir: Path) -> dict:
+    """Text data: on the test split's target tokens (every window's positions whose target is not <pad>), the
+    model's mean token loss (`loss`), its perplexity (exp of it) and next-token accuracy, against a unigram
+    model of the training split's target tokens (`perplexity_baseline`: the manifest's `token_counts`), on
+    the same positions."""
+    import torch
+
+    from shardline.trainer.data import WindowLoader
+    from shardline.trainer.loop import evaluate as validate
+
+    scores = validate(model, test, None, 256, torch.device("cpu"))
+    text = manifest.encoding.text
+    held = np.zeros(text.vocab_size, np.int64)  # the test positions' target tokens, as the model was scored
+    for batch in WindowLoader(test, 4096, seed=0, shuffle=False):
+        held += np.bincount(batch.targets[0].numpy().reshape(-1).astype(np.int64), minlength=text.vocab_size)
+    held[text.pad_id] = 0
+    baseline_ppl = unigram_perplexity(manifest.token_counts or [0] * text.vocab_size, held)
+    perplexity = scores["val_perplexity"]
+    metrics = {"perplexity": perplexity, "loss": math.log(perplexity), "accuracy": scores["val_accuracy"]}
+    baseline = {"perplexity": baseline_ppl, "loss": math.log(baseline_ppl)}
+    metrics.update(generation_scores(model, manifest, manifest_uri))
+    directions = {k: "maximize" if k in ("accuracy", "exact_match", "token_f1") else "minimize" for k in metrics}
+    return {
+        "metrics": metrics,
+        "baseline": baseline,
+        "table": M.format_metrics_table(metrics, baseline, directions),
+        "test_windows": int(test.n_windows),
+        "test_tokens": int(held.sum()),
+        "files": [str(p) for p in plots],
+    }
+
+
 def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig, out_dir: Path) -> dict:
     """The best checkpoint on the test split: per target its metrics, a trivial baseline's (the training
     split's majority class or mean) and a plot (a class target also its per-class table, per_class.csv),
@@ -257,6 +301,8 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
             history, out_dir / "learning_curves.png", train_result.get("best_epoch"), train_result.get("select_by")
         )
     ]
+    if spec.text is not None:
+        return evaluate_text(manifest, manifest_uri, model, test, plots, out_dir)
     scores = [_scores(t, train_statistic(manifest, manifest_uri, i, t)) for i, t in enumerate(spec.targets)]
     seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
     seq_keys = SequenceKeys(manifest, manifest_uri, "test", seq) if seq else None

@@ -47,6 +47,8 @@ def _kind_ok(kind: str, t: pa.DataType) -> bool:
         return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_boolean(t)
     if kind == "regression target":
         return numeric
+    if kind in ("text", "generation target"):  # tokenized (shardline/core/encoding/text.py)
+        return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
     if kind == "order":  # text: ISO-8601 date-times (or data.order_format), parsed when read
         return pa.types.is_integer(t) or pa.types.is_temporal(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
     if kind == "id column":  # passed through to predictions as it is
@@ -65,6 +67,8 @@ _ALLOWED = {
     "group key": "a string, an integer or a boolean",
     "item key": "a string, an integer or a boolean",
     "regression target": "a number",
+    "text": "a string (text tokenized by data.tokenizer)",
+    "generation target": "a string (text the model learns to write)",
     "order": "an integer, a date/time or ISO-8601 text",
     "split column": "a number, a date/time or a string",
     "id column": "any type",
@@ -80,6 +84,8 @@ def expected_columns(data: DataConfig) -> dict[str, str]:
         roles[c] = "boolean"
     for c in data.features.categorical:
         roles[c] = "categorical"
+    for c in data.features.text:
+        roles[c] = "text"
     for t in data.target_list:
         roles.setdefault(t.column, f"{t.task} target")
     if data.sequence_key and data.sequence_key != FILE_SEQUENCE:
@@ -144,7 +150,7 @@ def target_nulls(meta: pq.FileMetaData, data: DataConfig) -> dict[str, int]:
     out: dict[str, int] = {}
     names = [meta.schema.column(i).path for i in range(meta.num_columns)]
     for t in data.target_list:
-        if t.column not in names:
+        if t.column not in names or t.task == "generation":  # text: data.on_bad_rows decides, at the encode
             continue
         j = names.index(t.column)
         total = 0

@@ -8,7 +8,9 @@ class ShardlineModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
         from shardline.trainer.serving import Predictor
 
-        self.predictor = Predictor.from_files(context.artifacts["bundle"], context.artifacts["weights"])
+        self.predictor = Predictor.from_files(
+            context.artifacts["bundle"], context.artifacts["weights"], context.artifacts.get("tokenizer")
+        )
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import polars as pl

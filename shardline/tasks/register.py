@@ -35,7 +35,14 @@ from shardline.tasks.caching import CacheRule
 from shardline.tasks.gate import better, champion_gate, reevaluate_champion
 from shardline.tasks.ingest import raw_sample
 from shardline.tasks.training_run import kfold_note, model_identity, training_identity
-from shardline.trainer.serving import bundle_dict, example_outputs, input_columns, key_columns, prediction_frame
+from shardline.trainer.serving import (
+    bundle_dict,
+    example_outputs,
+    input_columns,
+    key_columns,
+    prediction_frame,
+    text_prediction_frame,
+)
 
 PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
 
@@ -86,11 +93,31 @@ def _signature(spec, sample_uri: str):
     # enough rows for a window (MLflow predicts with the input example when it logs the model: five rows
     # gave it "0 predictions" and an error message in the middle of every registration's output)
     sample = raw_sample(sample_uri, input_columns(spec), rows=max(5, 4 * (spec.window + spec.horizon)))
+    if spec.text is not None:  # one prediction per row: its keys, prompt length, next token and probability
+        keys = {c: sample[c].iloc[:1].to_numpy() for c in spec.id_columns} or {"row": np.zeros(1, np.int64)}
+        out = text_prediction_frame(keys, {"prompt_tokens": [1], "next_token": ["a"], "probability": [1.0]})
+        return infer_signature(sample, out.to_pandas()), sample
     keys = {k: (np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy()) for k in key_columns(spec)}
     out = prediction_frame(spec, keys, example_outputs(spec)).to_pandas()
     with warnings.catch_warnings():  # the integer-columns hint: nulls in them are handled by the encoding
         warnings.simplefilter("ignore", UserWarning)
         return infer_signature(sample, pd.DataFrame(out)), sample
+
+
+def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str, str]:
+    """Text data: the tokenizer the shards were encoded with (beside the manifest, checked against the
+    encoding's sha256), bundled with the model so that it tokenizes raw text anywhere; {} for other data."""
+    if manifest.encoding.text is None:
+        return {}
+    import hashlib
+
+    text = storage.read_text(storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json"))
+    if hashlib.sha256(text.encode()).hexdigest() != manifest.encoding.text.tokenizer_sha256:
+        raise ValueError(
+            f"the tokenizer beside {manifest_uri} is not the one its shards were encoded with; encode again"
+        )
+    (tmp / "tokenizer.json").write_text(text)
+    return {"tokenizer": str(tmp / "tokenizer.json")}
 
 
 def registration_identity(config: PipelineConfig, manifest: Manifest, train_result: dict) -> str:
@@ -260,7 +287,8 @@ def _register_model(
             info = mlflow.pyfunc.log_model(
                 name="model",
                 python_model=str(PYFUNC_CODE),
-                artifacts={"weights": str(tmp / "weights.pt"), "bundle": str(tmp / "bundle.json")},
+                artifacts={"weights": str(tmp / "weights.pt"), "bundle": str(tmp / "bundle.json")}
+                | text_artifacts(manifest, manifest_uri, tmp),
                 signature=signature,
                 input_example=sample,
                 pip_requirements=_requirements(),

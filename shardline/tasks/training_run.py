@@ -6,6 +6,7 @@ checkpoints for a dispatcher on another machine."""
 from __future__ import annotations
 
 import json
+import math
 import socket
 import tempfile
 import time
@@ -25,6 +26,7 @@ from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, track
 from shardline.core.version import code_version, user_code_version
 from shardline.tasks import links, training_cost
 from shardline.tasks.training_view import LiveView, progress_seconds, run_logger
+from shardline.trainer.progress import BAR_SECONDS, DataWaitWatch, TerminalProgress
 
 RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
 
@@ -346,7 +348,11 @@ def _run_training(
             return
         tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)
 
+    starved = DataWaitWatch(config.training.batch_size, config.training.num_workers)
+
     def on_epoch(epoch: int, metrics: dict) -> None:
+        if (warning := starved.epoch(metrics.get("data_wait_fraction"))) is not None:
+            log.warning(warning)  # once a run: the loader, not the model, sets the pace
         if epoch + 1 <= logged_epoch:
             return
         tracker.log_metrics({f"epoch/{k}": v for k, v in metrics.items()}, epoch + 1)
@@ -357,13 +363,21 @@ def _run_training(
     # the machine while it trains: MLflow's System metrics tab (a resumed run continues the samples)
     system = SystemSampler(tracker, first_step=tracker.last_step(CPU_KEY) + 1 if tracker.resumed else 0).start()
     view = LiveView(log)  # the progress bar and the live table, sent from a thread of their own
+    bar = TerminalProgress()  # a bar on the terminal, when this process has one (a local run)
+    shown = {"at": -math.inf}
 
     def on_checkpoint(uri: str) -> None:
         tracker.save_journal()  # the journal's copy beside each checkpoint holds every step up to it
         ledger.checkpoint(checkpoint_step(uri))  # a later attempt may resume from here: time up to it is useful
 
     def on_progress(progress: dict) -> None:
-        view.show(progress)
+        bar.show(progress)
+        # the terminal's bar is fed more often than the Prefect view needs: that one keeps its own pace,
+        # plus each epoch's end (its validation) and the last step
+        now, epoch_end = time.monotonic(), progress.get("validated_epoch") == progress["epoch"]
+        if now - shown["at"] >= every or epoch_end or progress["step"] >= progress["total_steps"]:
+            view.show(progress)
+            shown["at"] = now
         ledger.progress(progress["step"])  # written every SHARDLINE_COST_LEDGER_SECONDS: time after a checkpoint
 
     try:
@@ -384,7 +398,7 @@ def _run_training(
             on_checkpoint=on_checkpoint,
             step_every=None,  # about STEP_POINTS points a run, every step of a short one
             on_progress=on_progress,
-            progress_seconds=every,
+            progress_seconds=min(every, BAR_SECONDS) if bar.on else every,
             deadline=deadline,
             # ranking data: the validation split's groups ranked each epoch (val_ndcg_at_10, ...)
             ranking=SplitRanking.of_validation(manifest, manifest_uri, validates_on, config.evaluation.k),
@@ -409,6 +423,7 @@ def _run_training(
         train_data.release()
         val_data.release()
         view.close()
+        bar.close()
     init = result.run_meta.get("init_from")
     if init and not tracker.resumed:
         tracker.log_dict(init, "init_from.json")  # which tensors were loaded, which are new, which skipped

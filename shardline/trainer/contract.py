@@ -61,6 +61,10 @@ class DataSpec:
     cardinalities: list[int]  # one per column of `cat`: the categorical columns, then the boolean ones (3 ids)
     window: int
     targets: list[TargetInfo] = field(default_factory=list)
+    # text data (data.features.text): {"vocab_size", "pad_id": 0, "sep_id": 1, "eos_id": 2, "target_column"
+    # (a generation target's column, or None when pre-training)}; `cat` is then [B, K, 1] token ids and a
+    # target of 0 (<pad>) is ignored by the default loss and the metrics. None for other data.
+    text: dict | None = None
 
     @property
     def n_cont(self) -> int:
@@ -84,6 +88,11 @@ class DataSpec:
     @classmethod
     def from_dict(cls, d: dict) -> DataSpec:
         return cls(**{**d, "targets": [TargetInfo(**t) for t in d["targets"]]})
+
+    @property
+    def ignore_id(self) -> int | None:
+        """The target id the default loss and the metrics ignore: text data's <pad> (0); None otherwise."""
+        return None if self.text is None else int(self.text.get("pad_id", 0))
 
 
 # ---------------------------------------------------------------- the user's code
@@ -235,9 +244,17 @@ def default_loss(
     """Per target: cross-entropy (classification) or MSE on the standardised value (regression), summed
     with `weights` (default 1 each)."""
     total = None
+    ignore = spec.ignore_id
     for t in spec.targets:
         out, y = outputs[t.name].float(), targets[t.name]
-        if t.positions == "all":  # every position: a window's loss is the mean over its K positions
+        if ignore is not None and t.kind == "classification":  # text: the mean over a window's real targets
+            part = F.cross_entropy(
+                out.reshape(-1, out.shape[-1]), y.long().reshape(-1), ignore_index=ignore, reduction="none"
+            ).reshape(y.shape[0], -1)
+            counted = (y.reshape(y.shape[0], -1) != ignore).sum(dim=1)
+            part = part.sum(dim=1) / counted.clamp(min=1)
+            part = part.mean() if reduction == "mean" else part.sum()
+        elif t.positions == "all":  # every position: a window's loss is the mean over its K positions
             if t.kind == "classification":
                 part = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.long().reshape(-1), reduction="none")
             else:

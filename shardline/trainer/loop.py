@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shardline.core.config import (
@@ -41,6 +42,7 @@ from shardline.core.config import (
 )
 from shardline.core.encoding.row_keys import SplitRanking
 from shardline.core.storage import join
+from shardline.core.text_metrics import perplexity
 from shardline.trainer.checkpoint import (
     best_checkpoint,
     checkpoint_name,
@@ -219,6 +221,8 @@ def evaluate(
     sums = {t.name: torch.zeros((), dtype=torch.float64, device=device) for t in spec.targets}
     counts = dict.fromkeys(sums, 0)
     extra: dict[str, torch.Tensor] = {}
+    ignore = spec.ignore_id  # text: <pad> targets count nowhere
+    token_loss = torch.zeros((), dtype=torch.float64, device=device)  # text: the perplexity's token-level sum
     first = 0  # the batch's first window number: batches come in window order
     if ranking is not None:
         ranking.begin()
@@ -233,6 +237,14 @@ def evaluate(
             loss_sum += default_loss(outputs, targets, spec, weights, reduction="sum").double()
         for t in spec.targets:
             out, y = outputs[t.name].float(), targets[t.name]
+            if t.kind == "classification" and ignore is not None:
+                real = y != ignore
+                sums[t.name] += ((masked_logits(out).argmax(dim=-1) == y) & real).sum()
+                counts[t.name] += int(real.sum())
+                token_loss += F.cross_entropy(
+                    out.reshape(-1, out.shape[-1]), y.long().reshape(-1), ignore_index=ignore, reduction="sum"
+                ).double()
+                continue
             if t.kind == "classification":
                 sums[t.name] += (masked_logits(out).argmax(dim=-1) == y).sum()
             else:
@@ -256,6 +268,8 @@ def evaluate(
     n = max(1, data.n_windows)
     out = {"val_loss": loss_sum.item() / n}
     out.update({names[k]: v.item() / max(1, counts[k]) for k, v in sums.items()})
+    if ignore is not None and spec.targets:  # text: exp of the mean loss over the target tokens
+        out["val_perplexity"] = perplexity(token_loss.item() / max(1, sum(counts.values())))
     out.update({f"val_{k}": float(v.item()) / n for k, v in extra.items()})
     if ranking is not None:
         named = validation_ranking_names(spec.targets[0].name, len(spec.targets) > 1, ranking.ks)
@@ -499,7 +513,12 @@ def fit(
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     training = cfg.model_dump(mode="json")
-    known = validation_metrics([(t.name, t.kind) for t in data_spec.targets], ranking.ks if ranking else ())
+    # text data: its target validated as a generation (val_perplexity, val_accuracy on the real target tokens);
+    # ranking data: the ranking metrics of the validation split's groups (val_ndcg_at_10, ...)
+    known = validation_metrics(
+        [(t.name, "generation" if data_spec.text is not None else t.kind) for t in data_spec.targets],
+        ranking.ks if ranking else (),
+    )
     select_by = cfg.select_by or "val_loss"
     if ranking is None and select_by not in known and is_ranking_validation(select_by):
         raise ValueError(
@@ -513,6 +532,8 @@ def fit(
     windows = {"train": train.n_windows, "validation": val.n_windows}
     # test hook, off unless set: sleep after every optimizer step, so that a test can kill a run mid-way
     step_delay = float(os.environ.get("SHARDLINE_TEST_STEP_DELAY") or 0)
+    # test hook, off unless set: sleep while fetching each step's batches, as a starved loader would
+    loader_delay = float(os.environ.get("SHARDLINE_TEST_LOADER_DELAY") or 0)
     # `shardline rehearse`: a run that did not resume preempts itself at this step (SIGTERM, the real path)
     preempt_at = int(os.environ.get("SHARDLINE_PREEMPT_AT_STEP") or 0)
 
@@ -737,6 +758,8 @@ def fit(
             while loop["epoch_step"] < steps_per_epoch:
                 fetch = time.perf_counter()
                 micro = list(itertools.islice(batches, cfg.grad_accum))
+                if loader_delay:
+                    time.sleep(loader_delay)
                 fetched = time.perf_counter()
                 if not micro:
                     break

@@ -3,6 +3,7 @@ takes the same raw parquet columns the pipeline was trained on."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,23 @@ def data_spec(spec: EncodingSpec) -> DataSpec:
     # imported here: the contract imports torch, which the pipeline's import (a cached rerun) must not pay for
     from shardline.trainer.contract import DataSpec, TargetInfo
 
+    if spec.text is not None:  # one `tokens` column; one target over the vocabulary, at every position
+        t = spec.text
+        return DataSpec(
+            continuous=[],
+            boolean=[],
+            categorical=["tokens"],
+            cardinalities=[t.vocab_size],
+            window=spec.window,
+            targets=[TargetInfo(t.target_name, "classification", t.vocab_size, "all")],
+            text={
+                "vocab_size": t.vocab_size,
+                "pad_id": t.pad_id,
+                "sep_id": t.sep_id,
+                "eos_id": t.eos_id,
+                "target_column": t.target_column,
+            },
+        )
     return DataSpec(
         continuous=[c.name for c in spec.continuous],
         boolean=list(spec.boolean),
@@ -44,6 +62,7 @@ def data_spec(spec: EncodingSpec) -> DataSpec:
 def input_columns(spec: EncodingSpec) -> list[str]:
     """Raw columns a prediction needs (the target is not one of them), and the id columns it passes through."""
     cols = [c.name for c in spec.continuous] + list(spec.boolean) + [v.name for v in spec.categorical]
+    cols += list(spec.text.columns) if spec.text is not None else []
     for c in (spec.sequence_key, spec.order_by, *spec.id_columns):
         if c and c != FILE_SEQUENCE and c not in cols:
             cols.append(c)
@@ -95,6 +114,18 @@ def decode_outputs(spec: EncodingSpec, outputs: dict[str, np.ndarray]) -> dict[s
     return cols
 
 
+TEXT_OUTPUTS = {"prompt_tokens": pl.Int64, "next_token": pl.String, "probability": pl.Float32}
+
+
+def text_prediction_frame(keys: dict[str, object], columns: dict[str, object]) -> pl.DataFrame:
+    """Text data's predictions, one row per input row: its keys, then `prompt_tokens` (the row's prompt, as
+    training laid it out), `next_token` (the most likely next token, as text) and its `probability`."""
+    out = {name: v if isinstance(v, pl.Series) else pl.Series(name, v) for name, v in keys.items()}
+    for name, dtype in TEXT_OUTPUTS.items():
+        out[name] = pl.Series(name, columns[name], dtype=dtype)
+    return pl.DataFrame(out)
+
+
 def example_outputs(spec: EncodingSpec) -> dict[str, np.ndarray]:
     """What `predict` returns for one window (zeros, class 1 most likely): to show the predictions' columns
     and types (the registered model's signature) without a model."""
@@ -127,12 +158,15 @@ def prediction_frame(spec: EncodingSpec, keys: dict[str, object], outputs: dict[
 
 
 class Predictor:
-    def __init__(self, spec: EncodingSpec, model):
+    def __init__(self, spec: EncodingSpec, model, tokenizer: str | None = None):
         self.spec = spec
         self.model = model
+        self.tokenizer = tokenizer  # text data: the tokenizer.json text the model was trained with
 
     @classmethod
-    def from_files(cls, bundle_path: str | Path, weights_path: str | Path) -> Predictor:
+    def from_files(
+        cls, bundle_path: str | Path, weights_path: str | Path, tokenizer_path: str | Path | None = None
+    ) -> Predictor:
         import torch
 
         from shardline.trainer.models import model_from_spec
@@ -142,10 +176,60 @@ class Predictor:
         model = model_from_spec(bundle["model_spec"], code_dir=None)  # the user's code travels with the model
         model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
         model.eval()
-        return cls(spec, model)
+        tokenizer = None
+        if spec.text is not None:
+            if tokenizer_path is None:
+                raise DataError("this text model's bundle has no tokenizer (register it again with this Shardline)")
+            tokenizer = Path(tokenizer_path).read_text()
+            got = hashlib.sha256(tokenizer.encode()).hexdigest()
+            if got != spec.text.tokenizer_sha256:
+                raise DataError(
+                    f"the bundled tokenizer {tokenizer_path} has sha256 {got[:12]}, the model was trained with "
+                    f"{spec.text.tokenizer_sha256[:12]}; register the model again"
+                )
+        return cls(spec, model, tokenizer)
+
+    def prompts(self, df: pl.DataFrame) -> list[list[int]]:
+        """Text data: each row's prompt as token ids (its text columns joined with <sep>, then a <sep> when the
+        model writes a generation target after them), tokenized with the bundled tokenizer."""
+        from shardline.core.encoding.text import prompt_ids
+
+        t = self.spec.text
+        texts = [df[c].cast(pl.Utf8).fill_null("").to_list() for c in t.columns]
+        return prompt_ids(self.tokenizer, texts, generation=t.target_column is not None)
+
+    def predict_text(self, df: pl.DataFrame, batch_size: int = 256) -> pl.DataFrame:
+        """Text data: per row, its prompt's next token (greedy) and probability, from the prompt's last window
+        (the model reads up to data.window tokens; the continuation is `generate`'s, the model half's hook)."""
+        import torch
+
+        from shardline.core.encoding.text import decode
+
+        k, ids = self.spec.window, self.prompts(df)
+        window = np.zeros((len(ids), k), np.int64)  # right-padded with <pad>: a causal model never sees it
+        last = np.zeros(len(ids), np.int64)
+        for i, p in enumerate(ids):
+            p = p[-k:]
+            window[i, : len(p)] = p
+            last[i] = max(len(p) - 1, 0)
+        name = self.spec.text.target_name
+        best, prob = np.zeros(len(ids), np.int64), np.zeros(len(ids), np.float32)
+        with torch.inference_mode():
+            for lo in range(0, len(ids), batch_size):
+                cat = torch.from_numpy(window[lo : lo + batch_size, :, None])
+                out = self.model(torch.zeros((*cat.shape[:2], 0)), cat)[name].float()
+                out = out[torch.arange(len(cat)), torch.from_numpy(last[lo : lo + batch_size])]
+                out[:, self.spec.text.pad_id] = float("-inf")
+                p = torch.softmax(out, dim=-1)
+                best[lo : lo + len(cat)] = p.argmax(dim=-1).numpy()
+                prob[lo : lo + len(cat)] = p.max(dim=-1).values.numpy()
+        keys = {c: df[c] for c in self.spec.id_columns if c in df.columns} or {"row": np.arange(df.height)}
+        columns = {"prompt_tokens": [len(p) for p in ids], "next_token": [decode(self.tokenizer, [b]) for b in best]}
+        return text_prediction_frame(keys, {**columns, "probability": prob})
 
     def predict_frame(self, df: pl.DataFrame, batch_size: int = 4096) -> pl.DataFrame:
-        """One prediction per window the rows contain (each row with K rows of history in its sequence)."""
+        """One prediction per window the rows contain (each row with K rows of history in its sequence); text
+        data: one per row (`predict_text`)."""
         from shardline.trainer.data import SplitData
         from shardline.trainer.loop import predict
 
@@ -156,6 +240,8 @@ class Predictor:
                 f"the input lacks column(s) {missing} that the model was trained on; add them (the model's "
                 "signature lists every input column)"
             )
+        if spec.text is not None:
+            return self.predict_text(df)
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
         prepared = prepare(df, spec.sequence_key, spec.order_by, "input", spec.order_format)
         prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # the rows as the encoding lays them out

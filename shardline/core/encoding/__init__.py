@@ -6,7 +6,8 @@ One module a concept:
 - `splits`: which rows go to train, validation and test (a seeded hash of the sequence, or value ranges);
 - `fit`: the data set's encoding from every file group's training statistics;
 - `group`: the encode step's one-pass encoder of a file group into its shards, in the group's own codes;
-- `frame`: the serving encoder of prepared rows in the data set's encoding (the registered model's).
+- `frame`: the serving encoder of prepared rows in the data set's encoding (the registered model's);
+- `text`: text data (`data.features.text`): the tokenizer and the token streams (docs/model-contract.md, Text).
 
 How a shard's own codes map to the data set's encoding at read time: `shardline/core/codes.py`.
 

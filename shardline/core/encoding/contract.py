@@ -8,12 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 from shardline.core.config import DataConfig, stable_hash
+from shardline.core.encoding.text import tokenizer_contract
 from shardline.core.manifest import EncodingSpec
 
 
 def contract(data: DataConfig) -> dict[str, Any]:
-    """What the config decides about the encoding (the fitted statistics come from the data)."""
-    return {
+    """What the config decides about the encoding (the fitted statistics come from the data); text data
+    adds its columns and tokenizer (the user's file by its sha256: another file is another encoding)."""
+    text = (
+        {"text": list(data.features.text), "tokenizer": tokenizer_contract(data), "on_bad_rows": data.on_bad_rows}
+        if data.features.text
+        else {}
+    )
+    return text | {
         "sequence_key": data.sequence_key,
         "order_by": data.order_by,
         "order_format": data.order_format,
@@ -29,7 +36,12 @@ def contract(data: DataConfig) -> dict[str, Any]:
 
 
 def contract_of(spec: EncodingSpec) -> dict[str, Any]:
-    return {
+    text = (
+        {"text": list(spec.text.columns), "tokenizer": dict(spec.text.tokenizer), "on_bad_rows": spec.text.on_bad_rows}
+        if spec.text
+        else {}
+    )
+    return text | {
         "sequence_key": spec.sequence_key,
         "order_by": spec.order_by,
         "order_format": spec.order_format,
@@ -38,7 +50,9 @@ def contract_of(spec: EncodingSpec) -> dict[str, Any]:
         "continuous": [c.name for c in spec.continuous],
         "boolean": list(spec.boolean),
         "categorical": [v.name for v in spec.categorical],
-        "targets": [{"column": t.column, "task": t.task} for t in spec.targets],
+        "targets": [{"column": t.column, "task": t.task} for t in spec.targets]
+        if spec.text is None
+        else ([{"column": spec.text.target_column, "task": "generation"}] if spec.text.target_column else []),
         "target_positions": spec.target_positions,
         "continuous_dtype": spec.continuous_dtype,
     }

@@ -70,21 +70,24 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
             mean, std = _mean_std([p["targets"][i] for p in partials])
             targets.append(TargetSpec(column=t.column, task=t.task, mean=mean, std=std))
     return EncodingSpec(
-        sequence_key=data.sequence_key,
-        order_by=data.order_by,
-        order_format=data.order_format,
-        id_columns=list(data.id_columns),
-        group_key=data.group_key,
-        item_key=data.item_key,
-        window=data.window,
-        horizon=data.effective_horizon,
-        continuous=cont,
-        boolean=list(data.features.boolean),
-        categorical=cats,
-        targets=targets,
-        target_positions=data.target_positions,
-        continuous_dtype=data.continuous_dtype,
+        **configured(data), continuous=cont, boolean=list(data.features.boolean), categorical=cats, targets=targets
     )
+
+
+def configured(data: DataConfig) -> dict[str, Any]:
+    """The encoding's fields that the config decides alone (the rest is fitted from the data)."""
+    return {
+        "sequence_key": data.sequence_key,
+        "order_by": data.order_by,
+        "order_format": data.order_format,
+        "id_columns": list(data.id_columns),
+        "group_key": data.group_key,
+        "item_key": data.item_key,
+        "window": data.window,
+        "horizon": data.effective_horizon,
+        "target_positions": data.target_positions,
+        "continuous_dtype": data.continuous_dtype,
+    }
 
 
 def target_statistics(partials: list[dict[str, Any]], data: DataConfig) -> list[dict[str, Any]]:

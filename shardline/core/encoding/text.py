@@ -1,0 +1,344 @@
+"""Text data (`data.features.text`): the tokenizer and the token streams.
+
+Each sequence becomes one token stream: a row's document (no `data.sequence_key`: every row is a
+sequence) or a sequence key's rows in order; a row's text columns are joined with `<sep>`, rows are
+separated by `<sep>` and the stream ends with `<eos>`. With a generation target (`data.target: {column:
+summary, task: generation}`) a row's stream is its source columns, `<sep>`, the target's tokens, `<eos>`.
+A stream is stored once, one shard row per token (`cat`, one column, uint16 below 65,536 ids), and its
+targets once beside it (`target`): the token itself where it is to be predicted, 0 (ignored) elsewhere,
+so with horizon 1 the window's position k predicts the token after it. A stream shorter than a window
+and its next token is padded with `<pad>` (id 0: never a real token, an ignored target), so every
+sequence gives at least one window.
+
+The tokenizer (the `tokenizers` library, nothing downloaded): a byte-level BPE trained on the training
+split only, deterministically (the same texts give a byte-identical tokenizer.json), or the user's
+tokenizer.json. Special ids are fixed: 0 `<pad>`, 1 `<sep>`, 2 `<eos>`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Iterable
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from shardline.core.config import DataConfig
+from shardline.core.encoding.columns import ORDER, SEQ, DataError
+from shardline.core.encoding.fit import configured
+from shardline.core.encoding.splits import SplitRows
+from shardline.core.manifest import ArraySpec, EncodingSpec, TargetSpec, TextSpec
+from shardline.core.shards import allocate
+
+PAD, SEP, EOS = "<pad>", "<sep>", "<eos>"
+SPECIALS = (PAD, SEP, EOS)  # their ids are their places: 0, 1, 2
+PAD_ID, SEP_ID, EOS_ID = 0, 1, 2
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned type for token ids: uint16 below 65,536 ids, else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- the tokenizer
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> str:
+    """A byte-level BPE trained on `texts` (the training split's), as tokenizer.json text: the same texts in
+    the same order give the same bytes. Ids 0, 1, 2 are `<pad>`, `<sep>`, `<eos>`; every byte is in the
+    vocabulary, so no text is ever out of it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok.to_str()
+
+
+def check_tokenizer(text: str, where: str) -> None:
+    """A tokenizer.json must parse and define `<pad>` = 0, `<sep>` = 1, `<eos>` = 2 (the ids the shards and the
+    loss rely on); the error names `where` (its path) and what to do."""
+    tok = _parse(text, where)
+    wrong = {s: tok.token_to_id(s) for s in SPECIALS if tok.token_to_id(s) != SPECIALS.index(s)}
+    if wrong:
+        raise DataError(
+            f"{where}: the tokenizer must define the special tokens <pad>=0, <sep>=1, <eos>=2; it has "
+            + ", ".join(f"{s}={i}" for s, i in wrong.items())
+            + " (None: missing). Add them as its first added tokens (tokenizers: add_special_tokens before "
+            "training), or use data.tokenizer: {kind: bpe, vocab_size: N}"
+        )
+
+
+def _parse(text: str, where: str):
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as e:  # noqa: BLE001 - any parse failure is the user's file: said with its path
+        raise DataError(
+            f"{where}: not a tokenizer.json the tokenizers library reads ({e}); fix or replace it"
+        ) from None
+
+
+def read_tokenizer_file(path: str) -> str:
+    """The user's tokenizer.json (`data.tokenizer.file`), checked; refused naming the path when it is not
+    there, does not parse or lacks the special tokens."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data.tokenizer.file '{path}' does not exist; give the path of a tokenizer.json")
+    try:
+        text = p.read_bytes().decode()  # no newline translation: its sha256 is the file's
+    except UnicodeDecodeError as e:
+        raise DataError(f"data.tokenizer.file '{path}' is not UTF-8 text ({e}); give a tokenizer.json") from None
+    check_tokenizer(text, f"data.tokenizer.file '{path}'")
+    return text
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer(text: str):
+    """The `tokenizers.Tokenizer` of a tokenizer.json text (one per distinct text in this process)."""
+    return _parse(text, "the tokenizer")
+
+
+def vocab_size(text: str) -> int:
+    return int(tokenizer(text).get_vocab_size(with_added_tokens=True))
+
+
+def tokenizer_contract(data: DataConfig) -> dict[str, Any]:
+    """What the config says about the tokenizer, as the encoding contract holds it: the BPE's settings, or
+    the user's file by its content's sha256 (a changed file is another encoding)."""
+    tok = data.tokenizer
+    if tok is None:
+        return {}
+    if tok.file is not None:  # its hash as the config was read (where the file is), else the file's now
+        return {"file_sha256": tok.sha256 or sha256_text(read_tokenizer_file(tok.file))}
+    return {"kind": tok.kind, "vocab_size": tok.vocab_size}
+
+
+# ---------------------------------------------------------------- rows
+
+
+def stream_columns(data: DataConfig) -> list[str]:
+    """The columns a row's stream is made of, in order: the text columns, then a generation target's."""
+    return [*data.features.text, *(t.column for t in data.target_list)]
+
+
+def _empty(column: str) -> pl.Expr:
+    """Whether a row's text in `column` is null or empty."""
+    return pl.col(column).is_null() | (pl.col(column).str.len_bytes() == 0)
+
+
+def clean_rows(df: pl.DataFrame, data: DataConfig, where: str) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Text rows with a null or empty text: an error naming `where` (the file), the column and the count
+    (`data.on_bad_rows: error`), or left out (`skip`); returns the rows kept and the count left out per
+    column (a row counted under each column it lacks)."""
+    columns = stream_columns(data)
+    counts = df.select([_empty(c).sum().alias(c) for c in columns])
+    bad = {c: int(counts[c][0]) for c in columns if counts[c][0]}
+    if not bad:
+        return df, {}
+    if data.on_bad_rows == "error":
+        raise DataError(
+            f"{where}: "
+            + ", ".join(f"column '{c}' has {n} null or empty text(s)" for c, n in bad.items())
+            + "; fill or drop those rows, or set data.on_bad_rows: skip to leave them out (counted in the encode's log)"
+        )
+    return df.filter(~pl.any_horizontal([_empty(c) for c in columns])), bad
+
+
+def split_texts(frame: pl.DataFrame, splits: dict[str, SplitRows], names: tuple[str, ...], data: DataConfig):
+    """The texts of the `names` splits' rows, for training a tokenizer: each row's columns in order."""
+    for name in names:
+        if name not in splits:
+            continue
+        r = splits[name]
+        part = frame.slice(r.first, r.end - r.first)
+        for c in stream_columns(data):
+            yield from part[c].to_list()
+
+
+# ---------------------------------------------------------------- the token streams
+
+
+def _ids(tok, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(every text's token ids laid end to end, each text's count) of `texts` tokenized together."""
+    encoded = tok.encode_batch_fast(texts, add_special_tokens=False)
+    ids = [e.ids for e in encoded]
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def token_stream(
+    tok, texts: list[list[str]], row_starts: np.ndarray, window: int, generation: bool, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of text (one list per column, `row_starts`: the first row of each sequence, rows of a sequence
+    consecutive) -> (tokens, targets, offsets): each sequence's stream (columns joined with <sep>, rows by
+    <sep>, ended by <eos>, padded with <pad> to `window` + 1 tokens when shorter), the target of each token
+    row (the token itself; with `generation`, only on the last column's tokens and the <eos>, 0 elsewhere)
+    and where each sequence's stream starts."""
+    pieces = [_ids(tok, col, dtype) for col in texts]
+    return lay_out(pieces, len(texts[0]) if texts else 0, row_starts, window, generation, dtype)
+
+
+def _rows(piece: tuple[np.ndarray, np.ndarray], a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows a..b of a tokenized column (its ids end to end, each row's count): a slice, no copy."""
+    flat, lengths = piece
+    ends = np.cumsum(lengths)
+    lo = int(ends[a - 1]) if a else 0
+    return flat[lo : int(ends[b - 1]) if b > a else lo], lengths[a:b]
+
+
+def lay_out(
+    pieces: list[tuple[np.ndarray, np.ndarray]],
+    n: int,
+    row_starts: np.ndarray,
+    window: int,
+    generation: bool,
+    dtype: np.dtype,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`token_stream` from tokenized columns (`pieces`: per column, its rows' ids end to end and each row's
+    count; `n` rows)."""
+    m = len(pieces)
+    lengths = np.stack([p[1] for p in pieces]) if pieces else np.zeros((0, n), np.int64)  # [m, rows]
+    row_len = lengths.sum(axis=0) + m  # the columns, m - 1 <sep> between them, and the row's end
+    seq_of_row = np.repeat(np.arange(len(row_starts)), np.diff(np.append(row_starts, n)))
+    seq_tokens = np.bincount(seq_of_row, weights=row_len, minlength=len(row_starts)).astype(np.int64)
+    pad = np.maximum(window + 1 - seq_tokens, 0)
+    seq_len = seq_tokens + pad
+    offsets = np.concatenate([[0], np.cumsum(seq_len)]).astype(np.int64)
+    # where each row starts: its sequence's start plus the rows before it in the sequence
+    before = np.cumsum(row_len) - row_len
+    row_at = offsets[:-1][seq_of_row] + before - before[row_starts][seq_of_row]
+    tokens = np.zeros(int(offsets[-1]), dtype=dtype)  # <pad> where nothing else goes
+    targets = np.zeros_like(tokens) if generation else None
+    at = row_at.copy()
+    for j, (flat, lens) in enumerate(pieces):
+        pos = np.repeat(at - (np.cumsum(lens) - lens), lens) + np.arange(len(flat), dtype=np.int64)
+        tokens[pos] = flat
+        if generation and j == m - 1:
+            targets[pos] = flat
+        at = at + lens
+        if j < m - 1:
+            tokens[at] = SEP_ID
+            at = at + 1
+    last = np.append(row_starts[1:], n) - 1  # each sequence's last row ends with <eos>, the others with <sep>
+    tokens[at] = SEP_ID
+    tokens[at[last]] = EOS_ID
+    if generation:
+        targets[at] = tokens[at]
+        return tokens, targets, offsets
+    return tokens, tokens, offsets
+
+
+def encode_text_splits(
+    frame: pl.DataFrame, splits: dict[str, SplitRows], data: DataConfig, tokenizer_json: str
+) -> dict[str, tuple[memoryview, dict[str, ArraySpec], dict[str, np.ndarray], list[str], dict | None]]:
+    """A group's rows and splits (`split_rows`) -> per split, its shard file (buffer, layout, arrays), its
+    sequences' keys and, for the training split, the token counts of its targets (the unigram baseline).
+    Arrays: `cont` [tokens, 0], `cat` [tokens, 1] token ids, `target` [tokens] (one stored copy, 0 = no
+    target), `offsets` and `order_start` (a token's order is its place in its stream). The ids are the
+    tokenizer's: the data set's encoding, so a shard holds no own codes."""
+    tok = tokenizer(tokenizer_json)
+    v = vocab_size(tokenizer_json)
+    dtype = token_dtype(v)
+    columns = stream_columns(data)
+    generation = bool(data.target_list)
+    # each column tokenized once for the whole group (one large batch: the tokenizer's threads stay busy),
+    # then each split's rows are a slice of it
+    whole = [_ids(tok, frame[c].to_list(), dtype) for c in columns]
+    out = {}
+    for name, r in splits.items():
+        part = frame.slice(r.first, r.end - r.first)
+        starts, keys = r.starts, list(r.keys)
+        if data.sequence_key is None:  # every row is a document: its own sequence, keyed by its file and row
+            starts = np.arange(part.height, dtype=np.int64)
+            keys = part.select(pl.col(SEQ) + "#" + pl.col(ORDER).cast(pl.Utf8)).to_series().to_list()
+        pieces = [_rows(p, r.first, r.end) for p in whole]
+        tokens, targets, offsets = lay_out(pieces, part.height, starts, data.window, generation, dtype)
+        rows, segs = len(tokens), len(offsets) - 1
+        buf, specs, arrays = allocate(
+            {
+                "cont": (np.float32, (rows, 0)),
+                "cat": (dtype, (rows, 1)),
+                "target": (dtype, (rows,)),
+                "offsets": (np.int64, (segs + 1,)),
+                "order_start": (np.int64, (segs,)),
+            }
+        )
+        arrays["cat"][:, 0] = tokens
+        arrays["target"][...] = targets
+        arrays["offsets"][...] = offsets
+        arrays["order_start"][...] = 0
+        stats = None
+        if name in data.split.fit_splits():
+            stats = {"rows": r.end - r.first, "token_counts": np.bincount(targets, minlength=v).tolist()}
+        out[name] = (buf, specs, arrays, keys, stats)
+    return out
+
+
+def merged_token_counts(parts: list[dict], v: int) -> list[int]:
+    """The training split's target token counts over every group (id 0, no target, counted as 0)."""
+    total = np.zeros(v, np.int64)
+    for p in parts:
+        counts = p.get("token_counts")
+        if counts:
+            total[: len(counts)] += np.asarray(counts, np.int64)
+    total[PAD_ID] = 0
+    return total.tolist()
+
+
+def text_spec(data: DataConfig, tokenizer_json: str) -> EncodingSpec:
+    """The data set's encoding of text data: no fitted statistics, the tokenizer's vocabulary."""
+    v = vocab_size(tokenizer_json)
+    name = data.text_target
+    return EncodingSpec(
+        **configured(data),
+        continuous=[],
+        boolean=[],
+        categorical=[],
+        targets=[TargetSpec(column=name, task="classification")],
+        text=TextSpec(
+            columns=list(data.features.text),
+            target_column=data.target_list[0].column if data.target_list else None,
+            vocab_size=v,
+            tokenizer_sha256=sha256_text(tokenizer_json),
+            tokenizer=tokenizer_contract(data),
+            on_bad_rows=data.on_bad_rows,
+        ),
+    )
+
+
+def decode(tokenizer_json: str, ids: Iterable[int]) -> str:
+    """Token ids back to text (special tokens left out)."""
+    return tokenizer(tokenizer_json).decode([int(i) for i in ids])
+
+
+def prompt_ids(tokenizer_json: str, texts: list[list[str]], generation: bool) -> list[list[int]]:
+    """Serving: each row's prompt as token ids, as training laid it out: its text columns (`texts`, one list
+    per column) joined with <sep>, and, when a generation target follows (`generation`), a <sep> after them
+    (the model continues with the target's tokens). What a generation step starts from."""
+    tok = tokenizer(tokenizer_json)
+    cols = [[e.ids for e in tok.encode_batch_fast(col, add_special_tokens=False)] for col in texts]
+    out = []
+    for row in zip(*cols):
+        ids: list[int] = []
+        for j, piece in enumerate(row):
+            ids += ([SEP_ID] if j else []) + list(piece)
+        out.append(ids + ([SEP_ID] if generation else []))
+    return out

@@ -1,0 +1,74 @@
+"""Where the encode's file-group tasks run (`compute.task_runner`): this process's threads (the flow's
+own task runner), or the workers of a Dask cluster through prefect-dask's `DaskTaskRunner`, an
+existing one (`compute.dask_address`) or a local one of `compute.dask_workers` processes started for
+the encode and stopped after it. Each Dask worker runs one group at a time (one thread), so its memory
+is bounded by the group size (`data.group_mb`) as the thread-pool encode's is; the workers write the
+shards to the storage root themselves and return only the groups' small records."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+from prefect.logging import get_run_logger
+
+from shardline.core.config import PipelineConfig
+from shardline.tasks.encode import encode_workers
+
+
+def dask_missing() -> str | None:
+    """Why `compute.task_runner: dask` cannot run here (the packages it needs are missing), or None."""
+    import importlib.util
+
+    missing = [m for m in ("prefect_dask", "distributed") if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"compute.task_runner: dask needs {' and '.join(missing)}, not installed here: "
+        "pip install 'shardline[dask]' (prefect-dask and distributed), or set compute.task_runner: threads"
+    )
+
+
+def encode_runner(config: PipelineConfig) -> Callable[[], AbstractContextManager[tuple[Any, int]]] | None:
+    """What the encode's groups run on (`encode`'s `runner`): None for the flow's thread pool, else a
+    function opening the Dask runner the config asks for. Says up front when prefect-dask is missing."""
+    if config.compute.task_runner != "dask":
+        return None
+    if (why := dask_missing()) is not None:
+        raise RuntimeError(why)
+    return lambda: _dask_runner(config)
+
+
+@contextmanager
+def _dask_runner(config: PipelineConfig) -> Iterator[tuple[Any, int]]:
+    """prefect-dask's runner on the configured cluster, started (inside a flow run), and its worker threads."""
+    compute = config.compute
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_dask import DaskTaskRunner
+
+    if compute.dask_address:
+        runner = DaskTaskRunner(address=compute.dask_address)
+        where = f"the Dask cluster at {compute.dask_address}"
+    else:
+        n = compute.dask_workers or encode_workers(config.data)
+        runner = DaskTaskRunner(
+            cluster_class="distributed.LocalCluster",
+            cluster_kwargs={"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None},
+        )
+        where = f"a local Dask cluster of {n} worker process(es)"
+    with get_client(sync_client=True) as client:
+        api = str(client.api_url).rstrip("/")  # the ephemeral API's too: a worker must not start its own
+    # the workers' task runs report to this API (the settings travel with each task's context)
+    with temporary_settings(updates={PREFECT_API_URL: api}), runner:
+        if compute.dask_address:  # a cluster whose workers are still starting: wait a little for one
+            try:
+                runner.client.wait_for_workers(1, timeout=60)
+            except Exception:  # noqa: BLE001 - a timeout: said below, naming the address
+                pass
+        slots = sum(runner.client.nthreads().values())  # the workers' threads: groups that run at once
+        if slots < 1:
+            raise RuntimeError(f"{where} has no worker: start one (dask worker {compute.dask_address}) and run again")
+        get_run_logger().info("encode: file groups run on %s (%d worker thread(s))", where, slots)
+        yield runner, slots

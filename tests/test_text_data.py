@@ -1,0 +1,262 @@
+"""Text data (`data.features.text`): a text column becomes one token stream per sequence in the shards (uint16
+ids, `<sep>` between columns and rows, `<eos>` at the end), generation targets only on the target's tokens,
+a tokenizer trained deterministically on the training split only, the encoding-hash refusal, and bad input
+refused (or skipped) with what to do. The encode runs without Prefect (`encode_dataset`): seconds each."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from tokenizers import Tokenizer, models
+
+from shardline.core import storage
+from shardline.core.config import ConfigError, validate_config
+from shardline.core.encoding.columns import DataError
+from shardline.core.encoding.text import EOS_ID, PAD_ID, SEP_ID, decode, train_bpe
+from shardline.core.manifest import EncodedGroup, Manifest
+from shardline.tasks.encode import encode_dataset, log_skipped_rows
+from shardline.tasks.ingest import snapshot_source
+from shardline.tasks.training_run import load_manifest
+from shardline.trainer.contract import default_loss
+from shardline.trainer.data import open_split
+from shardline.trainer.serving import data_spec
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven cats sing softly near old river".split()
+
+
+def sentences(n: int, seed: int = 0, lo: int = 2, hi: int = 9) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, rng.integers(lo, hi))) for _ in range(n)]
+
+
+def text_config(tmp_path: Path, **data) -> dict:
+    return {
+        "data": {
+            "source": str(tmp_path / "raw" / "*.parquet"),
+            "features": {"text": ["body"]},
+            "tokenizer": {"kind": "bpe", "vocab_size": 300},
+            "window": 8,
+            "split": {"method": "hash", "seed": 1, "fractions": {"train": 0.6, "validation": 0.2, "test": 0.2}},
+            **data,
+        },
+        "model": {"family": "transformer", "hidden": 16, "layers": 1, "heads": 2},
+        "storage": {"root": str(tmp_path / "store")},
+    }
+
+
+def write(tmp_path: Path, frame: pl.DataFrame, name: str = "a.parquet") -> None:
+    (tmp_path / "raw").mkdir(parents=True, exist_ok=True)
+    frame.write_parquet(tmp_path / "raw" / name)
+
+
+def encode(tmp_path: Path, raw: dict, out: str = "ds") -> tuple[Manifest, str]:
+    config = validate_config(raw)
+    uri = encode_dataset(snapshot_source(config.data), config.data, str(tmp_path / out))
+    return Manifest.model_validate_json(storage.read_text(uri)), uri
+
+
+def tokenizer_of(uri: str) -> str:
+    return Path(uri).with_name("tokenizer.json").read_text()
+
+
+def streams(manifest: Manifest, uri: str, split: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each sequence's (tokens, targets) as the shards store them, by its key."""
+    out = {}
+    folder = uri.rsplit("/", 1)[0]
+    for info in manifest.shards_of(split):
+        view = open_split(manifest, uri, split)  # one shard per split here
+        arrays = view.shards[0]
+        keys = pl.read_parquet(io.BytesIO(storage.read_bytes(storage.resolve(folder, info.keys_path))))["sequence"]
+        offsets = np.asarray(arrays["offsets"])
+        for i, key in enumerate(keys.to_list()):
+            a, b = offsets[i], offsets[i + 1]
+            out[key] = (np.asarray(arrays["cat"][a:b, 0]), np.asarray(arrays["target"][a:b]))
+    return out
+
+
+def test_documents_and_sequences_become_uint16_streams_that_decode_to_their_texts(tmp_path):
+    titles, bodies = sentences(60, 1), sentences(60, 2)
+    write(tmp_path, pl.DataFrame({"title": titles, "body": bodies}))
+    manifest, uri = encode(tmp_path, text_config(tmp_path, features={"text": ["title", "body"]}))
+    tok = tokenizer_of(uri)
+    spec = data_spec(manifest.encoding)
+    assert (spec.categorical, spec.cardinalities, spec.continuous, spec.boolean) == (["tokens"], [300], [], [])
+    assert spec.targets[0].name == "next_token" and spec.targets[0].n_classes == 300
+    assert spec.targets[0].positions == "all" and spec.text["pad_id"] == PAD_ID and spec.window == 8
+    seen = 0
+    for split in ("train", "validation", "test"):
+        for key, (tokens, targets) in streams(manifest, uri, split).items():
+            row = int(key.rsplit("#", 1)[1])  # a document: its file and row
+            assert tokens.dtype == np.uint16
+            real = tokens[: np.flatnonzero(tokens == EOS_ID)[0] + 1]
+            assert decode(tok, real) == titles[row] + bodies[row]  # the special tokens are not text
+            assert (tokens[len(real) :] == PAD_ID).all() and len(tokens) >= 9  # padded to a window and its next
+            assert (real == SEP_ID).sum() == 1 and real[-1] == EOS_ID  # title <sep> body <eos>
+            np.testing.assert_array_equal(targets, tokens)  # pre-training: every token is a target, <pad> is 0
+            seen += 1
+    assert seen == 60
+
+    # a sequence key's rows, in order, separated by <sep>: one stream per sequence
+    (tmp_path / "raw" / "a.parquet").unlink()
+    lines = sentences(40, 3)
+    docs = pl.DataFrame(
+        {"doc": [f"d{i // 4}" for i in range(40)], "line": [3 - i % 4 for i in range(40)], "body": lines}
+    )
+    write(tmp_path, docs)
+    manifest, uri = encode(tmp_path, text_config(tmp_path, sequence_key="doc", order_by="line"), out="ds2")
+    tok = tokenizer_of(uri)
+    got = {k: v for split in ("train", "validation", "test") for k, v in streams(manifest, uri, split).items()}
+    assert sorted(got) == sorted({f"d{i}" for i in range(10)})
+    for key, (tokens, _) in got.items():
+        rows = docs.filter(pl.col("doc") == key).sort("line")["body"].to_list()
+        cut = np.flatnonzero((tokens == SEP_ID) | (tokens == EOS_ID))
+        pieces = np.split(tokens[: cut[-1]], cut[:-1] + 1)
+        assert [decode(tok, p[p != SEP_ID]) for p in pieces] == rows and tokens[cut[-1]] == EOS_ID
+
+
+def test_generation_targets_are_the_summary_tokens_and_the_loss_ignores_the_rest(tmp_path):
+    articles, summaries = sentences(50, 4, 4, 12), sentences(50, 5, 1, 4)
+    write(tmp_path, pl.DataFrame({"article": articles, "summary": summaries}))
+    raw = text_config(
+        tmp_path, features={"text": ["article"]}, target={"column": "summary", "task": "generation"}, window=12
+    )
+    manifest, uri = encode(tmp_path, raw)
+    tok = tokenizer_of(uri)
+    assert data_spec(manifest.encoding).targets[0].name == "summary"
+    for key, (tokens, targets) in streams(manifest, uri, "train").items():
+        row = int(key.rsplit("#", 1)[1])
+        sep = np.flatnonzero(tokens == SEP_ID)[0]
+        eos = np.flatnonzero(tokens == EOS_ID)[0]
+        assert decode(tok, tokens[:sep]) == articles[row] and decode(tok, tokens[sep + 1 : eos]) == summaries[row]
+        assert (targets[: sep + 1] == 0).all() and (targets[eos + 1 :] == 0).all()  # the source is context only
+        np.testing.assert_array_equal(targets[sep + 1 : eos + 1], tokens[sep + 1 : eos + 1])  # summary and <eos>
+
+    # through the loader: position k's target is the next token where that is the summary's, else 0
+    train = open_split(manifest, uri, "train")
+    batch = train.batch(np.arange(train.n_windows))
+    cat, y = batch.cat[..., 0].long(), batch.targets[0].long()
+    arrays = train.shards[0]
+    start = train.starts[0]
+    nxt = torch.from_numpy(np.asarray(arrays["cat"][:, 0]).astype(np.int64))[start[:, None] + np.arange(1, 13)]
+    tgt = torch.from_numpy(np.asarray(arrays["target"]).astype(np.int64))[start[:, None] + np.arange(1, 13)]
+    assert torch.equal(y, tgt) and torch.equal(y[y != 0], nxt[y != 0]) and (y == 0).any() and (y != 0).any()
+    assert torch.equal(
+        cat, torch.from_numpy(np.asarray(arrays["cat"][:, 0]).astype(np.int64))[start[:, None] + np.arange(12)]
+    )
+
+    # the default loss counts the summary's positions only: what the model says elsewhere changes nothing
+    spec = data_spec(manifest.encoding)
+    logits = torch.randn(*y.shape, 300)
+    other = logits.clone()
+    other[y == 0] = torch.randn(int((y == 0).sum()), 300) * 10
+    assert torch.allclose(
+        default_loss({"summary": logits}, {"summary": y}, spec), default_loss({"summary": other}, {"summary": y}, spec)
+    )
+    changed = logits.clone()
+    changed[y != 0] += torch.randn(int((y != 0).sum()), 300)
+    assert not torch.allclose(
+        default_loss({"summary": logits}, {"summary": y}, spec),
+        default_loss({"summary": changed}, {"summary": y}, spec),
+    )
+
+
+def test_the_tokenizer_is_byte_identical_on_re_encode_and_trained_on_the_train_split_only(tmp_path):
+    bodies = sentences(80, 6)
+    write(tmp_path, pl.DataFrame({"body": bodies}))
+    raw = text_config(tmp_path)
+    manifest, uri = encode(tmp_path, raw)
+    first = tokenizer_of(uri)
+    again = tokenizer_of(encode(tmp_path, raw, out="again")[1])
+    assert again == first  # same data -> the same bytes
+    assert manifest.encoding.text.tokenizer_sha256 == hashlib.sha256(first.encode()).hexdigest()
+
+    def row_of(split: str) -> int:
+        return int(next(iter(streams(manifest, uri, split))).rsplit("#", 1)[1])
+
+    for split, changes in (("test", False), ("validation", False), ("train", True)):
+        edited = list(bodies)
+        edited[row_of(split)] = "zebra zebra xylophone quartz " * 6
+        write(tmp_path, pl.DataFrame({"body": edited}))
+        assert (tokenizer_of(encode(tmp_path, raw, out=f"edit-{split}")[1]) != first) is changes, split
+
+
+def test_shards_tokenized_otherwise_are_refused_naming_both_tokenizers(tmp_path):
+    write(tmp_path, pl.DataFrame({"body": sentences(40, 7)}))
+    files = []
+    for i, size in enumerate((270, 290)):
+        path = tmp_path / f"tok{i}.json"
+        path.write_text(train_bpe(sentences(200, 8 + i), size))
+        files.append(path)
+    raw = text_config(tmp_path, tokenizer={"file": str(files[0])})
+    _, uri = encode(tmp_path, raw)
+    config = validate_config(raw)
+    load_manifest(uri, config)  # the config it was encoded for
+    # a training worker without the file: the config, as the pipeline sends it, still names its tokenizer
+    sent = config.model_dump(mode="json")
+    files[0].rename(tmp_path / "elsewhere.json")
+    load_manifest(uri, validate_config(sent))
+    (tmp_path / "elsewhere.json").rename(files[0])
+    other = text_config(tmp_path, tokenizer={"file": str(files[1])})
+    with pytest.raises(ValueError) as err:
+        load_manifest(uri, validate_config(other))
+    shas = [hashlib.sha256(p.read_bytes()).hexdigest() for p in files]
+    assert "data.tokenizer" in str(err.value) and shas[0] in str(err.value) and shas[1] in str(err.value)
+    with pytest.raises(ValueError, match="data.tokenizer"):
+        load_manifest(uri, validate_config(text_config(tmp_path)))  # a trained BPE is not that file either
+
+
+def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
+    bodies = sentences(30, 9)
+    bodies[3], bodies[7], bodies[11] = None, "", None
+    write(tmp_path, pl.DataFrame({"body": bodies}, schema={"body": pl.String}))
+    raw = text_config(tmp_path)
+    with pytest.raises(DataError) as err:
+        encode(tmp_path, raw)
+    said = str(err.value)
+    assert "a.parquet" in said and "'body'" in said and "3 null or empty" in said and "on_bad_rows: skip" in said
+    manifest, uri = encode(tmp_path, text_config(tmp_path, on_bad_rows="skip"))
+    assert sum(manifest.rows.values()) == 27
+    # the rows left out are said in the encode's log, per file and column
+    groups = [
+        EncodedGroup.model_validate_json(g.read_text()) for g in (tmp_path / "ds" / "groups").glob("*/group.json")
+    ]
+    logged = []
+    skipped = log_skipped_rows(groups, SimpleNamespace(warning=lambda msg, *args: logged.append(msg % args)))
+    assert list(skipped.values()) == [{"body": 3}] and "3 in all" in logged[0] and "a.parquet" in logged[0]
+
+    # a column that is not text, declared as text: the file is refused before any work, naming it
+    write(tmp_path, pl.DataFrame({"body": [1, 2, 3]}))
+    with pytest.raises(DataError, match="column 'body' has type int64, but as the text it must be a string"):
+        snapshot_source(validate_config(raw).data)
+    write(tmp_path, pl.DataFrame({"body": sentences(30, 9)}))
+
+    # a tokenizer file that is not there, does not parse, or lacks the special ids: refused naming the path
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    plain = tmp_path / "plain.json"
+    plain.write_text(Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>")).to_str())
+    for path, said in (
+        (tmp_path / "missing.json", "does not exist"),
+        (bad, "not a tokenizer.json"),
+        (plain, "<pad>=0, <sep>=1, <eos>=2"),
+    ):
+        with pytest.raises(DataError, match=said) as err:
+            encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(path)}), out=path.stem)
+        assert str(path) in str(err.value)
+
+    # text mixed with other roles, or without a tokenizer, or asked for the last position only: the config says so
+    for data, said in (
+        ({"features": {"text": ["body"], "continuous": ["x"]}}, "cannot be mixed"),
+        ({"tokenizer": None}, "needs data.tokenizer"),
+        ({"target_positions": "last"}, "must be 'all'"),
+        ({"target": {"column": "body", "task": "generation"}}, "also in data.features.text"),
+    ):
+        with pytest.raises(ConfigError, match=said):
+            validate_config(text_config(tmp_path, **data))

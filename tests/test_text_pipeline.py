@@ -1,0 +1,65 @@
+"""Text data through the whole pipeline: a text column is ingested, tokenized into token shards, a causal
+`transformer` pre-trains on them (one epoch), evaluation reports its perplexity against the unigram baseline's,
+and the registered model, with its tokenizer bundled, loads in-process and reads raw text rows."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import polars as pl
+import pytest
+
+from shardline.core import storage
+from shardline.core.config import validate_config
+from shardline.core.manifest import Manifest
+from tests.test_text_data import sentences
+
+
+@pytest.mark.e2e
+def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_its_tokenizer(tmp_path, prefect_api):
+    import mlflow
+
+    from shardline.flows.pipeline import pipeline
+
+    (tmp_path / "raw").mkdir()
+    # a corpus with structure a unigram model cannot see: each sentence counts up through a fixed order of words
+    bodies = [" ".join(s.split()[:1] + sorted(s.split()[1:])) for s in sentences(400, 11, 4, 12)]
+    pl.DataFrame({"body": bodies}).write_parquet(tmp_path / "raw" / "corpus.parquet")
+    root = tmp_path / "store"
+    config = validate_config(
+        {
+            "name": "text",
+            "data": {
+                "source": str(tmp_path / "raw" / "*.parquet"),
+                "features": {"text": ["body"]},
+                "tokenizer": {"kind": "bpe", "vocab_size": 300},
+                "window": 8,
+            },
+            "model": {"family": "transformer", "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.0},
+            "training": {"epochs": 1, "batch_size": 64, "lr": 0.01, "warmup_steps": 2},
+            "storage": {"root": str(root)},
+            "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "text", "model_name": "text-lm"},
+        }
+    )
+    result = pipeline(config)
+
+    # evaluated on the test split's tokens: perplexity is exp of the token loss, below the unigram baseline's
+    metrics, baseline = result["metrics"], result["baseline"]
+    assert metrics["perplexity"] == pytest.approx(math.exp(metrics["loss"]))
+    assert 1.0 < metrics["perplexity"] < baseline["perplexity"] < 300
+    assert "| perplexity |" in result["table"]
+    assert result["train"]["select_by"] == "val_perplexity" and result["train"]["best_score"] > 1
+
+    # registered on perplexity (lower is better), the tokenizer inside the model: it reads raw text rows
+    registered = result["registered"]
+    assert registered["promotion_metric"] == "perplexity" and registered["alias"] == "champion"
+    manifest = Manifest.model_validate_json(storage.read_text(result["manifest"]))
+    mlflow.set_tracking_uri(registered["tracking_uri"])
+    model = mlflow.pyfunc.load_model(registered["model_uri"])
+    bundled = model.unwrap_python_model().predictor.tokenizer
+    assert hashlib.sha256(bundled.encode()).hexdigest() == manifest.encoding.text.tokenizer_sha256
+    out = model.predict(pl.DataFrame({"body": ["the quick brown", "a lazy"]}).to_pandas())
+    assert list(out.columns) == ["row", "prompt_tokens", "next_token", "probability"]
+    assert out["prompt_tokens"].min() >= 2 and out["next_token"].str.len().min() >= 1
+    assert ((out["probability"] > 0) & (out["probability"] <= 1)).all()
