@@ -107,7 +107,7 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
     """Train `steps` optimizer steps of the real training step on this machine (two short epochs, each with its
     full validation pass, into a temporary checkpoint folder) and time the parts apart: the second epoch's
     training and validation are the rate, what the first took more is the run's start-up."""
-    from shardline.core.encoding.row_keys import SplitRanking
+    from shardline.core.split_ranking import SplitRanking
     from shardline.trainer.data import open_split
     from shardline.trainer.loop import fit, planned_steps
     from shardline.trainer.models import model_spec_for

@@ -25,10 +25,11 @@ from shardline.core.config import (
     PipelineConfig,
     ranking_metrics_of,
 )
-from shardline.core.encoding.row_keys import GROUP, ITEM, RELEVANCE, SplitRanking
+from shardline.core.encoding.row_keys import GROUP, ITEM, RELEVANCE
 from shardline.core.manifest import Manifest
 from shardline.core.ranking import PopularityCounts, RankingScores
 from shardline.core.secrets import redact_text
+from shardline.core.split_ranking import SplitRanking
 from shardline.core.text_metrics import unigram_perplexity
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame

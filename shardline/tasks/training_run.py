@@ -18,9 +18,9 @@ import yaml
 from shardline.core import storage
 from shardline.core.config import ModelConfig, PipelineConfig, stable_hash, training_splits
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
-from shardline.core.encoding.row_keys import SplitRanking
 from shardline.core.manifest import EncodingSpec, Manifest
 from shardline.core.secrets import redact_text
+from shardline.core.split_ranking import SplitRanking
 from shardline.core.system_metrics import CPU_KEY, SystemSampler
 from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version

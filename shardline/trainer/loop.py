@@ -40,7 +40,7 @@ from shardline.core.config import (
     validation_name,
     validation_ranking_names,
 )
-from shardline.core.encoding.row_keys import SplitRanking
+from shardline.core.split_ranking import SplitRanking
 from shardline.core.storage import join
 from shardline.core.text_metrics import perplexity
 from shardline.trainer.checkpoint import (
