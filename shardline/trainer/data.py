@@ -509,6 +509,12 @@ class SplitData:
             start[sel] = self.view(int(s)).starts[idx[sel] - self._first[s]]
         return shard, start
 
+    def target_rows_of(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard index, target row in that shard) of the windows numbered `idx`, in that order (the row of the
+        window's last position). It opens the streamed shards it needs: the caller releases them."""
+        shard, start = self.locate(idx)
+        return shard, start + (self.window - 1 + self.horizon)
+
     def _check(self, idx) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.n_windows):
