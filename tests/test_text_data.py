@@ -260,3 +260,22 @@ def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
     ):
         with pytest.raises(ConfigError, match=said):
             validate_config(text_config(tmp_path, **data))
+
+
+def test_a_fine_tune_of_a_text_model_refuses_data_of_another_tokenizer():
+    from shardline.core.encoding.reuse import EncodingMismatch, reuse_encoding
+    from shardline.core.manifest import EncodingSpec, TextSpec
+
+    def spec(sha):
+        text = None
+        if sha:
+            text = TextSpec(columns=["doc"], vocab_size=300, tokenizer_sha256=sha, tokenizer={"kind": "bpe"})
+        return EncodingSpec(
+            sequence_key=None, order_by=None, window=8, horizon=1, continuous=[], boolean=[], categorical=[], text=text
+        )
+
+    assert reuse_encoding(spec("a" * 64), spec("a" * 64), "models:/lm/1").text.tokenizer_sha256 == "a" * 64
+    with pytest.raises(EncodingMismatch, match=r"bbbbbbbbbbbb\) is not the one models:/lm/1 was trained with"):
+        reuse_encoding(spec("b" * 64), spec("a" * 64), "models:/lm/1")
+    with pytest.raises(EncodingMismatch, match="not a text model"):
+        reuse_encoding(spec("b" * 64), spec(None), "models:/tabular/1")

@@ -44,10 +44,10 @@ def check_columns(mine: dict[str, list[str]], parent: EncodingSpec, source: str)
                     f"column '{c}' is {role} here but {where[c]} in the encoding of {source}: declare it under "
                     f"data.features.{where[c]}, as the parent had it"
                 )
-        if cols != theirs[role]:
-            missing = [c for c in theirs[role] if c not in cols]
+        if cols != theirs.get(role, []):  # a role the parent has no column of (text) is empty here too
+            missing = [c for c in theirs.get(role, []) if c not in cols]
             raise EncodingMismatch(
-                f"data.features.{role} is {cols}, the encoding of {source} has {theirs[role]}"
+                f"data.features.{role} is {cols}, the encoding of {source} has {theirs.get(role, [])}"
                 + (f" (missing: {missing})" if missing else " (another order)")
                 + f": list the parent's {role} columns, in its order (the model meets its columns by position)"
             )
@@ -57,6 +57,15 @@ def reuse_encoding(fitted: EncodingSpec, parent: EncodingSpec, source: str) -> E
     """`fitted` (the new data's own encoding) with the parent's scalings and vocabularies in place of its
     own, after `check_columns`."""
     check_columns(_roles(fitted), parent, source)
+    mine, its = fitted.text, parent.text
+    if (mine is None) != (its is None) or (mine and mine.tokenizer_sha256 != its.tokenizer_sha256):
+        # a token id means a word only by its tokenizer: another one would feed the parent's embeddings other words
+        raise EncodingMismatch(
+            f"the data's tokenizer ({mine.tokenizer_sha256[:12] if mine else 'none: not text data'}) is not the one "
+            f"{source} was trained with ({its.tokenizer_sha256[:12] if its else 'none: not a text model'}); a "
+            "fine-tune of a text model reads its parent's token ids: set data.tokenizer: {file: tokenizer.json} to "
+            "the parent's (the registered model's artifacts/tokenizer.json, or the one beside its manifest)"
+        )
     theirs = {t.column: t for t in parent.targets}
     targets = [
         theirs[t.column] if t.column in theirs and theirs[t.column].task == t.task else t for t in fitted.targets
