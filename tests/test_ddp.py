@@ -189,3 +189,49 @@ def test_sigterm_to_one_rank_stops_all_and_sigkill_resumes_exactly(tmp_path, sha
     for key, state in b["optimizer"]["state"].items():
         for k, v in state.items():
             assert torch.equal(a["optimizer"]["state"][key][k], v), (key, k)
+
+
+def test_a_batch_the_processes_cannot_share_equally_or_nodes_without_a_rendezvous_are_refused():
+    from shardline.core.config import ComputeConfig, PipelineConfig
+    from shardline.tasks.torchrun import launcher_args
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config("raw/*.parquet", "store", **{"training.batch_size": 30})
+    with pytest.raises(ValueError, match=r"training.batch_size=30 is not divisible by the world size 4 .*nodes=2"):
+        PipelineConfig.model_validate({**cfg, "compute": {"processes_per_node": 2, "nodes": 2}})
+    assert launcher_args(ComputeConfig(processes_per_node=2), {}) == ["--standalone", "--nproc-per-node=2"]
+    with pytest.raises(ValueError, match=r"compute.nodes=2: .*MASTER_ADDR, MASTER_PORT, NODE_RANK is not set"):
+        launcher_args(ComputeConfig(nodes=2), {})
+    jobset = {"MASTER_ADDR": "trainer-0", "MASTER_PORT": "29500", "JOB_COMPLETION_INDEX": "1"}
+    assert launcher_args(ComputeConfig(nodes=2, processes_per_node=8), jobset)[-3:] == [
+        "--node-rank=1",
+        "--master-addr=trainer-0",
+        "--master-port=29500",
+    ]
+
+
+@pytest.mark.e2e
+def test_shardline_run_with_two_processes_per_node(tmp_path):
+    """The whole pipeline, its training under torchrun: rank 0's steps reach MLflow once each, its
+    checkpoints say the world size, and the model is registered."""
+    import sqlite3
+
+    import yaml
+
+    from tests.conftest import make_raw, tiny_config
+    from tests.test_cli import shardline
+
+    make_raw(tmp_path / "raw")
+    cfg = tiny_config("raw/*.parquet", str(tmp_path / "store"), **{"training.device": "cpu"})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({**cfg, "compute": {"processes_per_node": 2}}))
+    out = shardline("run", tmp_path / "c.yaml", cwd=tmp_path)
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, said[-3000:]
+    assert "Registered tiny-model version 1 as @champion" in said
+    (result_file,) = (tmp_path / "store" / "runs").glob("*/result.json")
+    result = json.loads(result_file.read_text())
+    side = json.loads(Path(result["last_checkpoint"]).with_suffix(".json").read_text())
+    assert side["world_size"] == 2 and len(result["history"]) == 2
+    db = sqlite3.connect(tmp_path / "store" / "mlflow.db")
+    steps = db.execute("select count(*), count(distinct step) from metrics where key = 'train/train_loss'").fetchone()
+    assert steps == (result["steps"], result["steps"])  # one value a step: rank 0 alone reports

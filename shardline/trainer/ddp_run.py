@@ -9,8 +9,9 @@ rank 0 alone writes checkpoints and speaks for the run:
   what `fit`'s callbacks say, read by the task (which sends them to MLflow and Prefect) while it runs;
 - `result` (JSON, written atomically at the end): {"status": "finished", "fit": FitResult as a dict},
   {"status": "preempted", "checkpoint", "signal"} (exit status PREEMPTED_EXIT_CODE) or {"status": "budget",
-  "message", "checkpoint"} (BUDGET_EXIT_CODE). torchrun itself exits 1 when any rank fails; the status says
-  why.
+  "message", "checkpoint"} (BUDGET_EXIT_CODE) or {"status": "failed", "error", "bases", "message"} (rank 0
+  raised). torchrun itself exits 1 when any rank fails; the status says why, and no result at all means a
+  rank died (killed, lost its peer): an infrastructure failure, which the task's retry resumes.
 
 JOB (JSON): `manifest` (URI), `trains_on` and `validates_on` (split names), `model_spec`, `training`
 (TrainingConfig fields), `task`, `ckpt_dir`, `run_meta`, `events`, `result`, optional `init_weights`
@@ -108,6 +109,11 @@ def run_job(job: dict, train, val) -> int:
         if ranks.is_main:
             write_json(result_path, {"status": "budget", "message": str(stopped), "checkpoint": stopped.checkpoint})
         return BUDGET_EXIT_CODE
+    except Exception as e:  # a code, config or data error: said to the task, which fails at once on it
+        if ranks.is_main:
+            bases = [c.__name__ for c in type(e).__mro__]
+            write_json(result_path, {"status": "failed", "error": type(e).__name__, "bases": bases, "message": str(e)})
+        raise
     finally:
         events.close()
     if ranks.is_main:
