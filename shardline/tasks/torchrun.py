@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,8 +129,13 @@ def fit_in_processes(
             code = _follow(proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress)
         result_file = folder / "result.json"
         result = json.loads(result_file.read_text()) if result_file.exists() else None
-        tail = "\n".join(output.read_text(errors="replace").splitlines()[-TAIL_LINES:])
+        said = output.read_text(errors="replace")
+        _, cause, after = said.rpartition("Root Cause")  # torchrun's own account of the failure, or the end
+        tail = cause + after if cause else "\n".join(said.splitlines()[-TAIL_LINES:])
     status = (result or {}).get("status")
+    killed = _killed_first(said)
+    if status == "failed" and killed is not None:
+        status = None  # the first rank to fail was killed by a signal: the others' errors follow from it
     if status == "finished":
         return FitResult(**result["fit"])
     if status == "preempted":
@@ -140,9 +146,19 @@ def fit_in_processes(
         kind = ValueError if "ValueError" in result["bases"] else RuntimeError
         raise kind(f"{result['error']} in the training processes: {result['message']}")
     raise RankFailed(
-        f"the training processes failed (torchrun exit status {code}): a rank died or lost its peers; the newest "
+        f"the training processes failed (torchrun exit status {code}"
+        + (f"; a rank was killed by {signal.Signals(killed).name}" if killed else "")
+        + f"): a rank died or lost its peers; the newest "
         f"checkpoint in {ckpt_dir} is where a retry resumes. torchrun said:\n{tail}"
     )
+
+
+def _killed_first(said: str) -> int | None:
+    """The signal that ended the rank torchrun names as the root cause of a failure, if a signal did
+    (its report: `Root Cause (first observed failure): ... exitcode : -9`), else None."""
+    _, found, after = said.rpartition("Root Cause")
+    match = re.search(r"exitcode\s*:\s*(-?\d+)", after) if found else None
+    return -int(match.group(1)) if match and int(match.group(1)) < 0 else None
 
 
 def _follow(proc, events: Path, log, on_step, on_epoch, on_checkpoint, on_progress) -> int:

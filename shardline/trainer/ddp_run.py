@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
 
@@ -57,11 +55,12 @@ class Events:
             self._f.close()
 
 
-def write_json(path: str, obj) -> None:
-    """Atomically: a reader sees the whole result or none."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    Path(tmp).write_text(json.dumps(obj, default=float))
-    os.replace(tmp, path)
+def write_json(uri: str, obj) -> None:
+    """Atomically (the storage layer's write: a local path or an object store URI): a reader sees the whole
+    result or none."""
+    from shardline.core.storage import write_text
+
+    write_text(uri, json.dumps(obj, default=float))
 
 
 def run_job(job: dict, train, val) -> int:
@@ -123,14 +122,18 @@ def run_job(job: dict, train, val) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: torchrun --nproc-per-node N -m shardline.trainer.ddp_run JOB.json", file=sys.stderr)
+        print(
+            "usage: torchrun --nproc-per-node N -m shardline.trainer.ddp_run JOB.json (a path or a storage URI)",
+            file=sys.stderr,
+        )
         return 2
-    job = json.loads(Path(argv[0]).read_text())
+    from shardline.core.storage import read_text
+
+    job = json.loads(read_text(argv[0]))  # a local path, or a URI in storage (a multi-node launcher's)
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
     init_from_env(TrainingConfig(**job["training"]).device)
     from shardline.core.manifest import Manifest
-    from shardline.core.storage import read_text
     from shardline.trainer.data import open_split
 
     manifest = Manifest.model_validate_json(read_text(job["manifest"]))
