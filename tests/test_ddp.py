@@ -172,7 +172,8 @@ def test_sigterm_to_one_rank_stops_all_and_sigkill_resumes_exactly(tmp_path, sha
     wait_until(lambda: [e for e in events(second, "checkpoint") if "ckpt-000000035" in e["uri"]], "no step 35")
     os.kill(pid, signal.SIGKILL)
     finish(proc, expect_ok=False)
-    assert not Path(json.loads(second.read_text())["result"]).exists()
+    said = Path(json.loads(second.read_text())["result"])
+    assert not said.exists() or result(second)["status"] == "failed"  # rank 0: its peer's connection closed
     killed_at = latest_checkpoint(str(ckpt))[1]["step"]
     assert 35 <= killed_at < STEPS
 

@@ -861,8 +861,10 @@ def fit(
                         f"  epoch {epoch + 1}/{cfg.epochs} step {loop['epoch_step']}/{steps_per_epoch} "
                         f"loss {step_loss.item():.4f} lr {lr:.2e} {wps:,.0f} windows/s"
                     )
+                if ddp is None:  # one process: a signal, the clock and the budget as they are now
+                    stopping, spent = stop.signal_name, time.monotonic() >= stop_at
+                    due = bool(seconds and time.monotonic() - last_save >= seconds)
                 due = due or bool(every and loop["step"] % every == 0)
-                stopping = stopping if ddp is not None else stop.signal_name  # one process: a signal up to here
                 # the epoch's last step is checkpointed after validation instead
                 if loop["epoch_step"] < steps_per_epoch and (stopping or due or spent):
                     loop["train_loss_sum"] = loss_sum.item()
