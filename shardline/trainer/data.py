@@ -977,10 +977,10 @@ class WindowLoader:
             here = np.unique(shard[lo:hi])
             idx = order[lo:hi] if pos is None else order[pos]  # pos: a rank's share of the span (DDP)
             passed = here[last[here] < hi]
-            big = d.batch(idx, pin_memory=self.pin_memory, release=passed)
-            if pos is not None:  # passed shards this rank's share did not touch
-                for s in passed:
+            if pos is not None:  # passed shards this rank's share does not touch: released before it opens others
+                for s in np.setdiff1d(passed, d.shard_of(idx)):
                     d.release_shard(int(s))
+            big = d.batch(idx, pin_memory=self.pin_memory, release=passed)
             at = int(np.searchsorted(firsts, hi))
             for s in by_first[at : at + self.read_ahead]:
                 if first[s] >= end or not d.prefetch(int(s)):
