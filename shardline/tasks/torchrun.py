@@ -125,7 +125,9 @@ def fit_in_processes(
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         output = folder / "torchrun.log"
         with open(output, "w") as out:
-            proc = subprocess.Popen([*command, str(folder / "job.json")], stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [*command, str(folder / "job.json")], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent
+            )
             code = _follow(proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress)
         result_file = folder / "result.json"
         result = json.loads(result_file.read_text()) if result_file.exists() else None
@@ -151,6 +153,20 @@ def fit_in_processes(
         + f"): a rank died or lost its peers; the newest "
         f"checkpoint in {ckpt_dir} is where a retry resumes. torchrun said:\n{tail}"
     )
+
+
+def _term_with_parent() -> None:
+    """In torchrun's process before it starts (Linux): SIGTERM it when the training task's process dies (SIGKILL,
+    a lost pod), so that the ranks checkpoint and stop instead of training on unwatched, holding the run's
+    lease. Elsewhere nothing is done."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def _killed_first(said: str) -> int | None:
