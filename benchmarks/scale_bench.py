@@ -13,13 +13,14 @@ reads the process tree's RSS every 50 ms from /proc:
 
 - first: the whole pipeline (ingest, encode, train, evaluate, register);
 - again: the same command, every step cached;
+- unbounded: training again (`force=train`) with `SHARDLINE_RESIDENT_MB=0`: the split packs' pages it
+  reads stay mapped (the first run keeps them under the default bound), for the cost of the bound;
 - streaming: training again (`force=train`) with an empty local shard cache capped at a quarter of the
   train split's unpacked size (`SHARDLINE_CACHE_MAX_GB`): the shards stream through the cache.
 
 Per step: wall time (from the Prefect API's task runs), time per raw MB, peak RSS while it ran and
-its anonymous part. RSS also counts the pages of the memory-mapped split packs that training touched:
-they grow with the split, but they are the page cache's (clean file pages the kernel drops under
-pressure and reads again), not memory the run holds; the anonymous part is what it holds.
+its anonymous part. RSS also counts the pages of the memory-mapped split packs that a step has read and
+holds mapped: clean pages of the page cache, kept under `SHARDLINE_RESIDENT_MB` (128 by default).
 Per scale: stored bytes, train windows/s in cache and streaming (the epoch's rate, from MLflow), the
 cached rerun's wall time. The targets are ratios in the same run: whole-run peak RSS at 10x <= 1.25x
 the 1x peak; encode s per raw MB at 10x <= its 1x value; streaming windows/s >= 0.8x in cache; the
@@ -41,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 for p in (str(ROOT), str(ROOT / "benchmarks")):
     if p not in sys.path:
         sys.path.insert(0, p)
+
+from shardline.core.shards import RESIDENT_DEFAULT_MB, RESIDENT_ENV  # noqa: E402
 
 DEMO_GAMES = 160
 FRAMES = 2000
@@ -223,12 +226,14 @@ def measure(games: int) -> dict:
         first = run_child(config, home, env=cache)
         log(f"  {first['wall']:.1f} s; the same command again ...")
         again = run_child(config, home, env=cache)
+        log(f"  {again['wall']:.1f} s; training again, its split packs' pages unbounded ({RESIDENT_ENV}=0) ...")
+        unbounded = run_child(config, home, force="train", env={**cache, RESIDENT_ENV: "0"})
         shards = train_shards(first["manifest"])
         split = sum(shards)
         cap_gb = split / 4 / 1e9
         stream = None
         if max(shards) * STREAM_ROOM <= split / 4:
-            log(f"  {again['wall']:.1f} s; training again, streaming at a cap of {cap_gb * 1e3:.0f} MB ...")
+            log(f"  {unbounded['wall']:.1f} s; training again, streaming at a cap of {cap_gb * 1e3:.0f} MB ...")
             stream = run_child(
                 config,
                 home,
@@ -237,12 +242,13 @@ def measure(games: int) -> dict:
             )
             log(f"  {stream['wall']:.1f} s")
         else:  # a quarter of the split holds too few of its shards to stream through
-            log(f"  {again['wall']:.1f} s; no streaming run: {len(shards)} train shards, too few for a quarter")
+            log(f"  {unbounded['wall']:.1f} s; no streaming run: {len(shards)} train shards, too few for a quarter")
         return {
             "games": games,
             "raw_mb": raw_mb,
             "first": first,
             "again": again,
+            "unbounded": unbounded,
             "stream": stream,
             "stored_mb": stored_mb(home / "store" / "datasets"),
             "split_mb": split / 1e6,
@@ -268,8 +274,26 @@ def table(rows: list[dict]) -> str:
             f"{first['wall'] / r['raw_mb']:.3f} | **{peak(first['samples']):,.0f}** | "
             f"{peak(first['samples'], anon=True):,.0f} |"
         )
+    lines += ["", *stream_table(rows)]
     lines += [
         "",
+        f"| games (raw MB) | train windows/s, packs' pages bounded ({RESIDENT_ENV}={RESIDENT_DEFAULT_MB:g}: default) "
+        f"| unbounded ({RESIDENT_ENV}=0) | bounded / unbounded | train step's peak RSS MB, bounded | unbounded |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        wps, uwps = r["first"]["wps"] or 0, r["unbounded"]["wps"] or 0
+        lo, hi = r["first"]["spans"].get("train", (0, 0))
+        ulo, uhi = r["unbounded"]["spans"].get("train", (0, 0))
+        lines.append(
+            f"| {r['games']} ({r['raw_mb']:.0f}) | {wps:,.0f} | {uwps:,.0f} | {wps / max(uwps, 1e-9):.2f} | "
+            f"{peak(r['first']['samples'], lo, hi):,.0f} | {peak(r['unbounded']['samples'], ulo, uhi):,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def stream_table(rows: list[dict]) -> list[str]:
+    lines = [
         "| games (raw MB) | stored MB (x raw) | train split unpacked MB | windows/s in cache | streaming at split/4 "
         "| streaming / in cache | cached rerun s | rerun / first |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -283,7 +307,7 @@ def table(rows: list[dict]) -> str:
             f"{r['split_mb']:.0f} in {r['shards']} shards | {wps:,.0f} | {swps} | {ratio} | "
             f"{r['again']['wall']:.1f} | {r['again']['wall'] / r['first']['wall']:.2f} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def verdicts(rows: list[dict]) -> str:
@@ -332,6 +356,9 @@ def main() -> None:
     unit = DEMO_GAMES // 10 if a.quick else DEMO_GAMES
     scales = [1, 10, 30] if a.big else [1, 10]
     rows = [measure(unit * s) for s in scales]
+    saved = Path(tempfile.gettempdir()) / "shardline-scale-bench.json"
+    saved.write_text(json.dumps(rows))  # the measures, should a table need another look
+    log(f"measures saved to {saved}")
     print(f"\nThe pipeline at {', '.join(f'{s}x' for s in scales)} the demo ({FRAMES} frames a game), 1 epoch at")
     print(f"batch 1,024, on {os.cpu_count()} cores; each run in its own process, start-up included\n")
     print(table(rows))

@@ -8,6 +8,12 @@ if "SHARDLINE_CACHE" not in os.environ:  # unpacked shards of this test session,
     import tempfile
 
     os.environ["SHARDLINE_CACHE"] = tempfile.mkdtemp(prefix="shardline-test-cache-")
+if "PYTEST_XDIST_WORKER" in os.environ and "PREFECT_HOME" not in os.environ:
+    # each pytest-xdist worker (scripts/test runs two) gets a Prefect home of its own: the `shardline`
+    # processes the tests start use the ephemeral API, whose SQLite file two workers must not share
+    import tempfile
+
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="shardline-test-prefect-")
 
 from pathlib import Path
 
@@ -98,8 +104,30 @@ def prefect_api():
 _e2e = {"collected": 0, "passed": 0, "skipped": []}
 
 
+# the longest files first (a full run's durations): pytest-xdist hands whole files to its workers in this
+# order, so the longest start at once and the short ones fill in behind them
+_LONGEST_FIRST = (
+    "test_remote_e2e.py",
+    "test_sweep.py",
+    "test_packaging.py",
+    "test_crash_e2e.py",
+    "test_tracker_outage.py",
+    "test_resume_kill.py",
+    "test_user_model_e2e.py",
+    "test_secrets.py",
+    "test_kfold.py",
+    "test_lease.py",
+    "test_examples.py",
+    "test_text_pipeline.py",
+    "test_cost_e2e.py",
+    "test_registry.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     _e2e["collected"] = sum(1 for i in items if i.get_closest_marker("e2e"))
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
 
 
 def pytest_runtest_logreport(report):
@@ -114,8 +142,11 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("SHARDLINE_REQUIRE_E2E") != "1" or exitstatus not in (0,):
         return
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: the controller, which sees every report, checks
     problems = []
-    if _e2e["collected"] == 0:
+    distributed = getattr(session.config.option, "numprocesses", None)
+    if _e2e["collected"] == 0 and not distributed:  # under xdist the controller collects nothing itself
         problems.append("no end-to-end test was collected")
     if _e2e["skipped"]:
         problems.append(f"end-to-end test(s) skipped: {_e2e['skipped']}")

@@ -291,3 +291,17 @@ def test_budgets_and_prices_change_nothing_that_is_trained():
     assert {"max_hours", "max_cost"} <= set(TrainingConfig.RESUMABLE_CHANGES)
     with pytest.raises(ValueError, match="greater than 0"):
         TrainingConfig(max_cost=0)
+
+
+def test_a_sweeps_cost_adds_its_trials_up_and_says_what_was_not_priced():
+    from shardline.core.cost_ledger import add_up
+
+    priced = {"seconds": 3600.0, "gpu_hours": 1.0, "gpu_hours_useful": 0.75, "gpu_hours_wasted": 0.25, "attempts": 2}
+    priced.update(usd=2.0, usd_useful=1.5, usd_wasted=0.5)
+    unpriced = {**priced, "gpu_hours": 0.5, "gpu_hours_useful": 0.5, "gpu_hours_wasted": 0.0, "attempts": 1}
+    unpriced.update(usd=None, usd_useful=None, usd_wasted=None)
+    total = add_up([priced, unpriced, None])
+    assert (total["gpu_hours"], total["gpu_hours_wasted"], total["attempts"]) == (1.5, 0.25, 3)
+    assert (total["usd"], total["usd_wasted"]) == (2.0, 0.5)  # only the priced run has a price
+    assert (total["runs"], total["uncosted"], total["unpriced_runs"]) == (2, 1, 1)
+    assert add_up([unpriced])["usd"] is None and add_up([]) is None

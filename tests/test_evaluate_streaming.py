@@ -21,6 +21,7 @@ from shardline.core import metrics as M
 from shardline.core import storage
 from shardline.core.config import validate_config
 from shardline.core.manifest import Manifest
+from shardline.core.split_ranking import SplitRanking
 from shardline.tasks.encode import encode_dataset
 from shardline.tasks.evaluate import evaluate_model, train_statistic
 from shardline.tasks.ingest import snapshot_source
@@ -50,6 +51,7 @@ def train_run(tmp_path: Path, cfg_dict: dict) -> tuple[str, dict, object]:
         spec.targets[0].task if spec.targets else None,
         str(tmp_path / "checkpoints"),
         log=lambda *a: None,
+        ranking=SplitRanking.of_validation(manifest, uri, "validation", cfg.evaluation.k),
     )
     return uri, {"best_checkpoint": result.best_checkpoint, "history": result.history}, cfg
 

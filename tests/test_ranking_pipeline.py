@@ -105,6 +105,23 @@ def direct_scores(predictions: pl.DataFrame, group: str, score: str) -> dict[str
     return {k: v for k, v in out.items() if k not in ("groups", "groups_with_relevant")}
 
 
+def validation_ranked(manifest_uri: str, checkpoint: str, batch_size: int) -> dict[str, float]:
+    """The ranking metrics of a checkpoint on the validation split, computed here: its predictions (`predict`),
+    each window's target row, and that row's group and grade read straight from the rows files."""
+    from shardline.trainer.data import open_split
+    from shardline.trainer.loop import load_model, predict
+
+    manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+    val = open_split(manifest, manifest_uri, "validation")
+    probs = next(iter(predict(load_model(checkpoint), val, batch_size=batch_size).values()))
+    grades = np.array([0, *map(int, manifest.encoding.targets[0].classes)], dtype=np.float64)
+    shard, row = val.target_rows_of(np.arange(val.n_windows))
+    folder = manifest_uri.rsplit("/", 1)[0]
+    files = [pl.read_parquet(storage.resolve(folder, s.rows_path)) for s in manifest.shards_of("validation")]
+    rows = pl.concat([files[s][int(r)] for s, r in zip(shard, row)])
+    return ranking_metrics(rows["group"], probs.astype(np.float64) @ grades, rows["relevance"], KS, ties="average")
+
+
 @pytest.mark.e2e
 def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promotes_on_ndcg(tmp_path, prefect_api):
     from mlflow import MlflowClient
@@ -155,6 +172,18 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
     version = client.get_model_version_by_alias("rank-model", "champion")
     assert str(version.version) == str(registered["version"]) and "metric.ndcg_at_10" in version.tags
 
+    # validation ranks the validation split's groups every epoch, and nDCG@10 (the promotion metric's
+    # counterpart) picked the checkpoint: its value is what shardline.core.ranking computes for that checkpoint
+    trained = result["train"]
+    assert trained["select_by"] == "val_ndcg_at_10"
+    direct = validation_ranked(result["manifest"], trained["best_checkpoint"], batch_size=64)
+    for name in ("ndcg@10", "ndcg@5", "map@10", "recall@5", "mrr"):
+        logged = client.get_metric_history(trained["mlflow_run_id"], "epoch/val_" + name.replace("@", "_at_"))
+        assert [m.step for m in logged] == [1, 2, 3], name  # every epoch
+        assert logged[trained["best_epoch"] - 1].value == pytest.approx(direct[name], rel=1e-9), name
+        if name == "ndcg@10":  # the epoch chosen is the one with the highest
+            assert trained["best_score"] == max(m.value for m in logged)
+
 
 @pytest.mark.parametrize(
     "target, item_key",
@@ -184,6 +213,23 @@ def test_graded_relevance_is_ranked_by_expected_grade_or_value(tmp_path, target,
             assert result["baseline"][name] == pytest.approx(want, rel=1e-12), name
     else:
         assert result["ranking"]["baseline"] == "popularity"
+
+
+def test_selecting_by_validation_ndcg_without_a_relevant_validation_row_is_a_clear_error(tmp_path):
+    """No click in the validation split: no ranking metric is defined there, so selecting by one says why and
+    what to do, instead of keeping whichever epoch came first."""
+    raw = make_clicks(tmp_path / "raw", groups=60, files=1)
+    config = ranking_config(tmp_path)
+    config["training"]["epochs"] = 1
+    validation = [g for g, s in split_of(raw["query"], config).items() if s == "validation"]
+    no_click = pl.when(pl.col("query").is_in(validation)).then(0).otherwise(pl.col("click")).alias("click")
+    raw.with_columns(no_click).write_parquet(tmp_path / "raw" / "clicks-0.parquet")
+    with pytest.raises(
+        ValueError,
+        match=r"training.select_by='val_ndcg_at_10' ranks the validation split's groups, "
+        r"but none of its [\d,]+ rows is relevant .* set training.select_by: val_loss",
+    ):
+        train_run(tmp_path, config)
 
 
 def test_a_group_key_missing_from_the_raw_files_is_named_before_any_work(tmp_path):
@@ -247,6 +293,14 @@ def test_ranking_settings_and_promotion_metrics_are_checked_with_the_config(tmp_
         mlflow={"promotion_metric": "click/mrr@5"},
     )
     assert several.mlflow.promotion_direction == "maximize"
+    # the best checkpoint is chosen by the promotion metric's validation counterpart, maximised (a sweep too)
+    from shardline.core.sweep import score_direction
+
+    assert (chosen.training.select_by, chosen.training.select_direction) == ("val_ndcg_at_10", "maximize")
+    assert several.training.select_by == "val_click/mrr_at_5" and score_direction("val_click/mrr_at_5") == "maximize"
+    assert check(mlflow={"promotion_metric": "log_loss"}).training.select_by == "val_loss"
+    with pytest.raises(ConfigError, match=r"training.select_by='val_ndcg_at_20' is not a metric .*'val_ndcg_at_10'"):
+        validate_config({**ranking_config(tmp_path), "training": {"select_by": "val_ndcg_at_20"}})
     with pytest.raises(ConfigError, match=r"promotion_metric='ndcg@10' is not a metric .* 'click/ndcg@10'"):
         check(target=None, targets=several.data.model_dump()["targets"])
     with pytest.raises(ConfigError, match=r"add 20 to evaluation.k, now \[5, 10\], for ndcg@20"):

@@ -9,6 +9,7 @@ child processes (tests/_train_child.py) do the same arithmetic.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import queue
 import signal
@@ -25,6 +26,7 @@ import torch
 from shardline.core import storage
 from shardline.core.codes import Globaliser
 from shardline.core.config import ModelConfig, TrainingConfig, validate_config
+from shardline.core.shards import RESIDENT_ENV, MappedPages
 from shardline.core.storage import CacheFull, ShardCache
 from shardline.tasks.train import is_infrastructure_failure
 from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
@@ -145,16 +147,28 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 @pytest.fixture(scope="module")
 def reference(dataset, tmp_path_factory) -> dict:
-    """The same training with an uncapped cache: the split is one pack in the cache, nothing streams."""
+    """The same training with an uncapped cache: the split is one pack in the cache, nothing streams. The
+    pack's pages it keeps mapped are bounded by a small budget (SHARDLINE_RESIDENT_MB=8, the pack is 36 MB):
+    two loader threads gather while pages are dropped under them; a streamed split has no pack to bound,
+    so the streamed runs below, which end with the same weights, show that the bound changes none."""
     tmp = tmp_path_factory.mktemp("uncapped")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    drops = MappedPages.drops
     try:
-        train, val, result = train_here(dataset, ShardCache(tmp / "cache", cap_bytes=20 * dataset["split"]), tmp / "ck")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(RESIDENT_ENV, "8")
+            cache = ShardCache(tmp / "cache", cap_bytes=20 * dataset["split"])
+            train, val, result = train_here(dataset, cache, tmp / "ck", num_workers=2)
     finally:
         torch.set_num_threads(threads)
     assert not train.streaming and not val.streaming
-    return {"weights": weights(result), "history": result.history, "steps": result.steps}
+    return {
+        "weights": weights(result),
+        "history": result.history,
+        "steps": result.steps,
+        "drops": MappedPages.drops - drops,
+    }
 
 
 def test_a_quarter_cap_streams_and_trains_the_same_weights_as_an_uncapped_cache(
@@ -174,10 +188,72 @@ def test_a_quarter_cap_streams_and_trains_the_same_weights_as_an_uncapped_cache(
     assert result.steps == reference["steps"]
     assert_same_weights(weights(result), reference["weights"])
     assert [h["val_loss"] for h in result.history] == [h["val_loss"] for h in reference["history"]]
+    assert reference["drops"] > 0  # the reference's pack pages were dropped while it trained: the same weights
     # only the shards in flight and the read-ahead were held, and shards left the cache and came back
     assert 0 < peak["pinned"] <= cap and peak["held"] <= cap
     assert cache.evictions > 0 and cache.downloads > train.n_shards + val.n_shards
     assert cache.pinned_bytes() == 0 and not train.open_shards and not val.open_shards
+
+
+class MappedRss:
+    """The most RSS, in MB, of the mapping of this process that holds `array` (/proc/self/smaps), sampled
+    every few ms while in the `with` block: the pages of a split pack that a reader holds mapped."""
+
+    def __init__(self, array: np.ndarray):
+        self.addr = int(np.asarray(array).__array_interface__["data"][0])
+        self.peak = 0.0
+        self._stop = threading.Event()
+
+    def now(self) -> float:
+        inside = False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(maxsplit=1)[0]
+                if not head.endswith(":"):  # a mapping's first line: its address range
+                    if inside:
+                        break
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= self.addr < hi
+                elif inside and head == "Rss:":
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self.now())
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.now())
+
+
+def test_a_resident_bound_keeps_a_packs_mapped_pages_under_it_and_reads_the_same_windows(
+    dataset, tmp_path, monkeypatch
+):
+    manifest, uri = dataset["manifest"], dataset["uri"]
+    cache = ShardCache(tmp_path / "cache", cap_bytes=20 * dataset["split"])
+    passes = {}
+    for mb in ("0", "12"):  # no bound; a pack 3 times the bound
+        monkeypatch.setenv(RESIDENT_ENV, mb)
+        train = open_split(manifest, uri, "train", cache=cache)
+        digest = hashlib.sha256()
+        # read in order, as validation and evaluation read, by two loader threads
+        with MappedRss(train._joined.cont.array) as mapped:
+            for b in WindowLoader(train, 4096, seed=0, shuffle=False, num_workers=2):
+                for t in (b.cont, b.cat, *b.targets):
+                    digest.update(t.numpy().tobytes())
+        passes[mb] = (digest.hexdigest(), mapped.peak, train)
+    pack_mb = passes["12"][2]._pages.size / 1e6
+    assert passes["0"][2]._pages is None and passes["0"][1] > 0.8 * pack_mb  # unbounded: the whole pack stays
+    pages = passes["12"][2]._pages
+    assert passes["12"][0] == passes["0"][0] and not pages.scattered
+    assert passes["12"][1] <= 12 + pages.footprint / 1e6 < 0.6 * pack_mb, (passes["12"][1], pages.footprint)
 
 
 class Child:

@@ -104,6 +104,11 @@ def test_a_grid_sweep_trains_each_trial_once_registers_the_best_and_a_rerun_trai
     ]
     assert {a.path for a in client.list_artifacts(parent, "sweep")} == {"sweep/comparison.png"}
     assert Path(result["plot"]).read_bytes()[:4] == b"\x89PNG"
+    # what the sweep cost: each trial's training, added up, on the result and on the parent run
+    total = result["cost"]
+    assert total["runs"] == 4 and total["gpu_hours"] > 0
+    assert total["gpu_hours"] == sum(r["cost"]["gpu_hours"] for r in rows)
+    assert [m.value for m in client.get_metric_history(parent, "cost/gpu_hours")] == [total["gpu_hours"]]
     listed = sweep_artifact()
     assert all(f"`model.hidden={r['overrides']['model.hidden']}`" in listed for r in rows)
     assert f"**{best['trial']}** (best)" in listed
@@ -121,6 +126,8 @@ def test_a_grid_sweep_trains_each_trial_once_registers_the_best_and_a_rerun_trai
     assert again["parent_run_id"] == parent and len(runs_of(client)) == before
     assert [r["score"] for r in again["trials"]] == [r["score"] for r in rows]
     assert len(client.get_metric_history(parent, key)) == 4  # each trial's score logged once
+    assert again["cost"]["gpu_hours"] == total["gpu_hours"]  # the cached trials at what they cost when they ran
+    assert len(client.get_metric_history(parent, "cost/gpu_hours")) == 1
 
 
 def test_a_trial_that_fails_is_reported_and_the_best_of_the_rest_is_registered(data, prefect_api):

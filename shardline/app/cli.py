@@ -276,6 +276,14 @@ def _sweep_summary(result: dict) -> None:
             mark = "  <- best" if st["trial"] == best["trial"] else ""
             typer.secho(f"  {st['trial']}  {mean:>17}  {label}{mark}", bold=bool(mark))
         typer.echo("  the best setting retrained on all non-test data (training.fold: null) as trial 'final'")
+    total = result.get("cost")
+    if total:
+        usd = "unpriced" if total["usd"] is None else f"about {total['usd']:.3g} USD"
+        wasted = f" ({total['gpu_hours_wasted']:.3g} wasted)" if total["gpu_hours_wasted"] else ""
+        typer.echo(
+            f"\ncost of the trials' training: {total['gpu_hours']:.3g} GPU-hours{wasted}, {usd}, over "
+            f"{total['runs']} run(s) (an estimate; each trial's own is on its MLflow run)"
+        )
     failed = [r for r in rows if r["state"] == "failed"]
     if failed:
         typer.secho(f"\n{len(failed)} trial(s) failed (the others were compared):", fg=typer.colors.YELLOW)

@@ -107,6 +107,7 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
     """Train `steps` optimizer steps of the real training step on this machine (two short epochs, each with its
     full validation pass, into a temporary checkpoint folder) and time the parts apart: the second epoch's
     training and validation are the rate, what the first took more is the run's start-up."""
+    from shardline.core.split_ranking import SplitRanking
     from shardline.trainer.data import open_split
     from shardline.trainer.loop import fit, planned_steps
     from shardline.trainer.models import model_spec_for
@@ -139,6 +140,7 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
                 tmp,
                 log=lambda _m: None,
                 step_every=10**9,
+                ranking=SplitRanking.of_validation(manifest, manifest_uri, validates_on, config.evaluation.k),
             )
     finally:
         train.release()

@@ -580,8 +580,10 @@ class TrainingConfig(_Strict):
         None,
         description="the validation metric that picks the best checkpoint (the one evaluated and registered), as "
         "the epoch history names it: val_loss, val_accuracy, val_mae, val_<target>/accuracy, val_<target>/mae, or "
-        "val_<name> of your model's own metrics(); default: the promotion metric's validation counterpart "
-        "(accuracy -> val_accuracy, mae -> val_mae), else val_loss",
+        "val_<name> of your model's own metrics(), and on ranking data (data.group_key) val_ndcg_at_10, "
+        "val_map_at_5, val_mrr, ... (evaluation.k's ranking metrics on the validation split); default: the "
+        "promotion metric's validation counterpart (accuracy -> val_accuracy, mae -> val_mae, ndcg@10 -> "
+        "val_ndcg_at_10), else val_loss",
     )
     select_direction: Literal["maximize", "minimize"] | None = Field(
         None,
@@ -797,8 +799,10 @@ class PipelineConfig(_Strict):
         if self.mlflow.promotion_direction is None:
             self.mlflow.promotion_direction = metrics[chosen]
         # the best checkpoint is chosen the way promotion decides, where validation measures the same thing
-        known = validation_metrics([(t.column, t.task) for t in targets])
-        counterpart = f"val_{chosen}"
+        known = validation_metrics(
+            [(t.column, t.task) for t in targets], self.evaluation.k if self.data.group_key else ()
+        )
+        counterpart = "val_" + metric_key(chosen)  # ndcg@10 -> val_ndcg_at_10
         own = {counterpart: self.mlflow.promotion_direction} if chosen not in metrics else {}  # the model's own
         if self.training.select_by is None:
             self.training.select_by = counterpart if counterpart in known or own else "val_loss"
@@ -872,11 +876,32 @@ TEXT_METRICS = {"perplexity": "minimize", "loss": "minimize", "accuracy": "maxim
 GENERATION_METRICS = {**TEXT_METRICS, "exact_match": "maximize", "token_f1": "maximize"}
 
 
+RANKING_METRICS = ("ndcg", "map", "recall", "mrr")  # each at every k of evaluation.k; mrr uncut too
+
+
 def ranking_metrics_of(ks) -> dict[str, str]:
     """The ranking metrics evaluation reports at cutoffs `ks` (shardline/core/ranking.py) -> the better
     direction (every one is maximised)."""
-    names = [f"{m}@{k}" for m in ("ndcg", "map", "recall") for k in ks] + ["mrr"] + [f"mrr@{k}" for k in ks]
+    names = [f"{m}@{k}" for m in RANKING_METRICS[:3] for k in ks] + ["mrr"] + [f"mrr@{k}" for k in ks]
     return dict.fromkeys(names, "maximize")
+
+
+def metric_key(name: str) -> str:
+    """An evaluation metric's name as MLflow takes it: MLflow names hold letters, digits, `_ - . / :` and
+    spaces only, so a ranking metric's `@` is spelled out (`ndcg@10` is logged as `ndcg_at_10`); every
+    other name is its own."""
+    return name.replace("@", "_at_")
+
+
+def validation_ranking_names(target: str, several: bool, ks) -> dict[str, str]:
+    """Ranking data: each ranking metric at cutoffs `ks` (`ndcg@10`) -> its validation name, as the epoch
+    history and MLflow name it (`val_ndcg_at_10`; `val_<target>/ndcg_at_10` with several targets)."""
+    return {m: "val_" + metric_key(f"{target}/{m}" if several else m) for m in ranking_metrics_of(ks)}
+
+
+def is_ranking_validation(name: str) -> bool:
+    """Whether a validation metric's name is a ranking metric's (`val_ndcg_at_10`, `val_click/mrr`)."""
+    return name.removeprefix("val_").rsplit("/", 1)[-1].partition("_at_")[0] in RANKING_METRICS
 
 
 def metric_directions(targets: list[Target], ranking_ks=()) -> dict[str, str]:
@@ -911,16 +936,21 @@ def validation_name(target: str, kind: str, several: bool) -> str:
     return f"val_{target}/{metric}" if several else f"val_{metric}"
 
 
-def validation_metrics(targets: list[tuple[str, str]]) -> dict[str, str]:
+def validation_metrics(targets: list[tuple[str, str]], ranking_ks=()) -> dict[str, str]:
     """The metrics the training loop validates for targets given as (column, kind), as the history names
-    them -> the direction that is better: `val_loss`, then each target's score. A model's own `metrics()`
-    add `val_<name>` ones, known only once it runs."""
+    them -> the direction that is better: `val_loss`, then each target's score; ranking data (`ranking_ks`:
+    `evaluation.k` when `data.group_key` is set) adds the first target's ranking metrics (`val_ndcg_at_10`,
+    maximised). A model's own `metrics()` add `val_<name>` ones, known only once it runs."""
     out = {"val_loss": "minimize"}
     for name, kind in targets:
         if kind == "generation":  # text: the token-level perplexity and next-token accuracy
             out.update({"val_perplexity": "minimize", "val_accuracy": "maximize"})
             continue
         out[validation_name(name, kind, len(targets) > 1)] = VALIDATION_SCORES[kind][1]
+    if targets and ranking_ks:
+        out.update(
+            dict.fromkeys(validation_ranking_names(targets[0][0], len(targets) > 1, ranking_ks).values(), "maximize")
+        )
     return out
 
 
@@ -961,7 +991,7 @@ def _ranking_hint(chosen: str, group_key: str | None, ks: list[int]) -> str:
     """What a ranking metric that is not there needs: `data.group_key`, or its cutoff in `evaluation.k`."""
     name = chosen.rsplit("/", 1)[-1]
     metric, _, k = name.partition("@")
-    if metric not in ("ndcg", "map", "recall", "mrr"):
+    if metric not in RANKING_METRICS:
         return ""
     if group_key is None:
         return f" ({name} is a ranking metric: set data.group_key, the column whose rows are ranked together)"
@@ -970,20 +1000,26 @@ def _ranking_hint(chosen: str, group_key: str | None, ks: list[int]) -> str:
     return ""
 
 
-def env_seconds(name: str, default: float, zero: str = "") -> float:
-    """A number of seconds from the environment variable `name` (`default` when unset or empty); a value
-    that is not a number of 0 or more is an error naming the variable. `zero` says what 0 means, if anything."""
+def env_number(name: str, default: float, unit: str = "seconds", zero: str = "") -> float:
+    """A number of `unit` (seconds, MB, ...) from the environment variable `name` (`default` when unset or
+    empty); a value that is not a number of 0 or more is an error naming the variable. `zero` says what 0
+    means, if anything."""
     value = os.environ.get(name)
     if not value:
         return default
     meaning = f" (0 {zero})" if zero else ""
     try:
-        seconds = float(value)
+        number = float(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number; set it to seconds, e.g. {default:g}{meaning}") from None
-    if seconds < 0:
-        raise ValueError(f"{name}={value!r} must be 0 or more (seconds){meaning}")
-    return seconds
+        raise ValueError(f"{name}={value!r} is not a number; set it to {unit}, e.g. {default:g}{meaning}") from None
+    if not number >= 0:
+        raise ValueError(f"{name}={value!r} must be 0 or more ({unit}){meaning}")
+    return number
+
+
+def env_seconds(name: str, default: float, zero: str = "") -> float:
+    """A number of seconds from the environment variable `name` (`env_number`)."""
+    return env_number(name, default, "seconds", zero)
 
 
 def stable_hash(obj: Any) -> str:

@@ -306,6 +306,24 @@ class CostLedger:
         return f"training.max_cost={max_cost:g} USD reached: {spent}"
 
 
+def add_up(summaries: list[dict | None]) -> dict | None:
+    """What several runs cost together (a sweep's trials): the sums of their GPU-hours, USD and seconds, and
+    how many runs had no ledger (`uncosted`); the USD is None when no run was priced, and counts the priced
+    ones otherwise (`unpriced_runs` says how many were not). None when there is nothing to add."""
+    if not summaries:
+        return None
+    costed = [c for c in summaries if c]
+    priced = [c for c in costed if c.get("usd") is not None]
+    total = {
+        k: sum(c[k] for c in costed)
+        for k in ("seconds", "gpu_hours", "gpu_hours_useful", "gpu_hours_wasted", "attempts")
+    }
+    for k in ("usd", "usd_useful", "usd_wasted"):
+        total[k] = sum(c[k] for c in priced) if priced else None
+    total.update(runs=len(costed), uncosted=len(summaries) - len(costed), unpriced_runs=len(costed) - len(priced))
+    return total
+
+
 def describe(summary: dict) -> str:
     """One line for a log or a summary: GPU-hours (wasted), USD, GPU and price, and that it is an estimate."""
     wasted = f" ({summary['gpu_hours_wasted']:.3g} wasted)" if summary["gpu_hours_wasted"] else ""

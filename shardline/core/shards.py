@@ -7,10 +7,13 @@ is one plain binary file: one checksum, one atomic rename, one sequential read.
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
 
+from shardline.core.config import env_number
 from shardline.core.manifest import ArraySpec
 
 ALIGN = 64
@@ -118,6 +121,128 @@ def map_file(path: str | Path, mmap_it: bool = True):
         if os.fstat(f.fileno()).st_size == 0:
             return b""
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+RESIDENT_ENV = "SHARDLINE_RESIDENT_MB"
+RESIDENT_DEFAULT_MB = 128.0
+# what one read fault may map of a file mapping: a PMD (2 MiB; a large page-cache folio is mapped whole)
+# or, without large folios, the fault-around window (64 KiB): counting in 2 MiB blocks is an upper bound
+FAULT_BLOCK = 2 << 20
+
+
+def resident_budget() -> int:
+    """Bytes of memory-mapped split packs a process keeps mapped in (counted in its RSS):
+    `SHARDLINE_RESIDENT_MB`, default 128; 0: no bound."""
+    return int(env_number(RESIDENT_ENV, RESIDENT_DEFAULT_MB, "MB", zero="keeps every page read mapped") * 1e6)
+
+
+class MappedPages:
+    """The pages of read-only file mappings that this process has read, kept under one budget.
+
+    A page of a memory-mapped file that is read stays mapped in the process, and RSS counts it, until the
+    mapping is closed: a training that reads every window of a 400 MB split pack shows 400 MB more in `top`
+    than one over a 40 MB pack, although they are clean pages of the page cache. Readers note what they read
+    (`read`: byte ranges of the mapping, after reading them); when the blocks read since the last drop, in
+    every mapping under this budget, pass the budget, each is dropped (`madvise(MADV_DONTNEED)`): the pages
+    leave the process, not the page cache, and a later read maps them again from it (a minor fault). The
+    mapping is read-only and shared, so what a read returns never changes, whichever thread reads it while
+    another drops. The budget holds to within what one `read` call adds (a batch gather).
+
+    A read right after a drop measures what one read maps (`footprint`). A mapping whose reads map more than
+    the budget, twice in a row (a global shuffle of a pack larger than that: every batch reads all over it) is
+    left alone from then on (`scattered`): dropping it would only make the next batch fault its pages in
+    again, at a cost and for no lower peak. Its pages then stay mapped, as without a budget."""
+
+    _lock = threading.Lock()
+    _all: weakref.WeakSet = weakref.WeakSet()  # the mappings under the budget, in this process
+    _counted = 0  # blocks read since the last drop, in all of them
+    drops = 0  # how many times the budget was passed
+
+    def __init__(self, buffer, budget: int, block: int = FAULT_BLOCK):
+        self._buffer = buffer
+        self.budget = int(budget)
+        self.block = int(block)
+        self._base = int(np.frombuffer(buffer, np.uint8, count=1).__array_interface__["data"][0]) if len(buffer) else 0
+        self._first = self._base // self.block  # blocks are aligned in the address space, as faults map them
+        self.size = len(buffer)
+        self._read = np.zeros((self._base + max(self.size, 1) - 1) // self.block - self._first + 1, dtype=bool)
+        self.footprint = 0  # bytes one read mapped into the empty mapping (the last measure; 0: none yet)
+        self.scattered = False
+        self._measure = True  # the next read measures the footprint
+        with MappedPages._lock:
+            MappedPages._all.add(self)
+
+    def offset_of(self, a: np.ndarray) -> int:
+        """Where array `a` (a view of this mapping) starts in it, in bytes."""
+        off = int(a.__array_interface__["data"][0]) - self._base
+        if not 0 <= off <= self.size - a.nbytes:
+            raise ValueError("the array is not a view of this mapping")
+        return off
+
+    @property
+    def resident(self) -> int:
+        """Bytes of this mapping counted as read since the last drop (whole blocks)."""
+        return int(np.count_nonzero(self._read)) * self.block
+
+    def read(self, spans) -> None:
+        """Note that bytes [start, start + length) of the mapping were read, for each (starts, length) in
+        `spans` (`starts`: an array of byte offsets); drop every mapping once the budget is passed."""
+        ids = []
+        for starts, length in spans:
+            if length <= 0 or not len(starts):
+                continue
+            lo = (np.asarray(starts, dtype=np.int64) + self._base) // self.block - self._first
+            hi = (np.asarray(starts, dtype=np.int64) + (self._base + length - 1)) // self.block - self._first
+            ids.append(lo)
+            extra = (length - 1) // self.block + 1  # blocks after the first that a range may reach
+            for k in range(1, extra + 1):
+                ids.append(np.minimum(lo + k, hi))
+        if not ids:
+            return
+        ids = np.concatenate(ids)
+        with MappedPages._lock:
+            if self.scattered:
+                return
+            fresh = ids[~self._read[ids]]
+            if not fresh.size:
+                return
+            before = int(np.count_nonzero(self._read))
+            self._read[fresh] = True
+            new = int(np.count_nonzero(self._read)) - before
+            MappedPages._counted += new
+            if self._measure:
+                self._measure = False
+                last, self.footprint = self.footprint, new * self.block
+                if min(last, self.footprint) > self.budget:  # reads map more than the budget: no drop keeps it
+                    self.scattered = True
+                    MappedPages._counted = max(0, MappedPages._counted - before - new)
+                    self._read[:] = False
+                    return
+            if MappedPages._counted * self.block > self.budget:
+                MappedPages._drop_all()
+
+    def drop(self) -> None:
+        """Drop this mapping's pages from the process (they stay in the page cache)."""
+        with MappedPages._lock:
+            self._drop(always=True)  # pages read without a note (a pass over whole arrays) go too
+
+    def _drop(self, always: bool = False) -> None:
+        import mmap
+
+        n = int(np.count_nonzero(self._read))
+        if (n or always) and isinstance(self._buffer, mmap.mmap) and not self._buffer.closed:
+            self._buffer.madvise(mmap.MADV_DONTNEED)
+        self._read[:] = False
+        self._measure = True
+        MappedPages._counted = max(0, MappedPages._counted - n)
+
+    @classmethod
+    def _drop_all(cls) -> None:
+        for pages in list(cls._all):
+            if not pages.scattered:
+                pages._drop()
+        cls._counted = 0
+        cls.drops += 1
 
 
 JOINED = ("cont", "cat", "target")

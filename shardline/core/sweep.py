@@ -32,6 +32,7 @@ from shardline.core.config import (
     PipelineConfig,
     _read_yaml,
     apply_overrides,
+    is_ranking_validation,
     metric_directions,
     stable_hash,
     validate_config,
@@ -371,10 +372,12 @@ def data_key(config: PipelineConfig) -> str:
 
 def score_direction(name: str) -> str:
     """Which way a validation score is better: `val_loss`, `val_mae` minimise; `val_accuracy`,
-    `val_<target>/macro_f1` maximise."""
+    `val_<target>/macro_f1` and the ranking metrics (`val_ndcg_at_10`, `val_mrr`) maximise."""
     base = name.removeprefix("val_").rsplit("/", 1)[-1]
     if base == "loss":
         return "minimize"
+    if is_ranking_validation(name):
+        return "maximize"
     return {**CLASSIFICATION_METRICS, **REGRESSION_METRICS}.get(base, "minimize")
 
 

@@ -384,10 +384,3 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-def metric_key(name: str) -> str:
-    """An evaluation metric's name as MLflow takes it: MLflow names hold letters, digits, `_ - . / :` and
-    spaces only, so a ranking metric's `@` is spelled out (`ndcg@10` is logged as `ndcg_at_10`); every
-    other name is its own."""
-    return name.replace("@", "_at_")

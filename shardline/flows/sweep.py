@@ -16,6 +16,7 @@ from prefect import flow
 from prefect.logging import get_run_logger
 
 from shardline.core.config import PipelineConfig, validate_config
+from shardline.core.cost_ledger import add_up
 from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction
 from shardline.core.sweep import (
@@ -176,6 +177,8 @@ def sweep(
         "best": best,
         "settings": settings,
         "final": rows[-1] if final else None,
+        # what the trials' training cost in all (a cached trial: when it ran): an estimate, by the price table
+        "cost": add_up([r.get("cost") for r in rows if not r.get("error")]),
         "steps": {
             "ingest": "ran" if ran["ingest"] else "cached",
             "encode": "ran" if ran["encode"] else "cached",

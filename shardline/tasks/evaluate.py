@@ -25,10 +25,11 @@ from shardline.core.config import (
     PipelineConfig,
     ranking_metrics_of,
 )
-from shardline.core.encoding.row_keys import GROUP, ITEM, RELEVANCE, class_grades
+from shardline.core.encoding.row_keys import GROUP, ITEM, RELEVANCE
 from shardline.core.manifest import Manifest
 from shardline.core.ranking import PopularityCounts, RankingScores
 from shardline.core.secrets import redact_text
+from shardline.core.split_ranking import SplitRanking
 from shardline.core.text_metrics import unigram_perplexity
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
@@ -60,76 +61,31 @@ class SequenceKeys:
         return pl.concat(parts).gather(np.argsort(by_shard, kind="stable"))
 
 
-class RowKeys:
-    """Ranking data: the group, item and relevance grade of windows' target rows, from the shards' rows files
-    (`shardline/core/encoding/row_keys.py`), each read when first needed and only the last one kept:
-    evaluation asks for windows in order, so shard by shard."""
-
-    def __init__(self, manifest: Manifest, manifest_uri: str, split: str):
-        self.folder = manifest_uri.rsplit("/", 1)[0]
-        self.shards = manifest.shards_of(split)
-        self._held: tuple[int, pl.DataFrame] | None = None
-
-    def _of_shard(self, s: int) -> pl.DataFrame:
-        if self._held is None or self._held[0] != s:
-            info = self.shards[s]
-            if info.rows_path is None or info.rows_sha256 is None:
-                raise ValueError(
-                    f"shard {info.path} has no rows file (each row's group, item and relevance): it was encoded "
-                    "without data.group_key; encode again (`shardline run CONFIG --force encode`)"
-                )
-            data = storage.read_verified(storage.resolve(self.folder, info.rows_path), info.rows_sha256)
-            self._held = (s, pl.read_parquet(io.BytesIO(data)))
-        return self._held[1]
-
-    def __call__(self, shard: np.ndarray, row: np.ndarray) -> pl.DataFrame:
-        """The rows files' rows of each (shard, row) pair, in the order given."""
-        by_shard = np.argsort(shard, kind="stable")
-        shard, row = shard[by_shard], row[by_shard]
-        parts = [self._of_shard(int(s))[row[shard == s]] for s in np.unique(shard)]
-        rows = pl.concat(parts) if len(parts) != 1 else parts[0]
-        return rows[np.argsort(by_shard, kind="stable")]
-
-
-class RankingEvaluation:
+class RankingEvaluation(SplitRanking):
     """Ranking data: the test split's groups ranked by the model's score for the relevance (the first target),
-    and by the popularity baseline's, a batch at a time (`RankingScores`, ties averaged: see `scores`).
-
-    The model's score of a row is its expected grade for a class target (the class probabilities times each
-    class's grade: for 0/1 clicks, the probability of the click) and its predicted value for a regression
-    target. The baseline's is its item's relevant rows in the training split (the manifest's `item_counts`),
-    or, without `data.item_key`, one score for every row: a random order, whose expected metrics are what tied
-    scores averaged give."""
+    as `SplitRanking` ranks them (the validation's code too), and by the popularity baseline's: its item's
+    relevant rows in the training split (the manifest's `item_counts`), or, without `data.item_key`, one score
+    for every row: a random order, whose expected metrics are what tied scores averaged give."""
 
     def __init__(self, manifest: Manifest, manifest_uri: str, ks: list[int]):
-        spec = manifest.encoding
-        self.spec, self.target = spec, spec.targets[0]
-        self.grades = class_grades(self.target) if self.target.task == "classification" else None
-        self.rows = RowKeys(manifest, manifest_uri, "test")
+        super().__init__(manifest, manifest_uri, "test", ks)
+        spec = self.spec
         if spec.item_key and manifest.item_counts is None:
             raise ValueError("the manifest has no item_counts for the popularity baseline; encode again")
         self.counts = PopularityCounts.from_counts(manifest.item_counts) if spec.item_key else None
-        self._codes: dict = {}  # group key -> a number: 8 bytes a row kept, not a Python string
         # ties averaged: the popularity baseline ties every item it never counted, and a stable order would
         # rank those by where the rows happen to be stored
-        self.model = RankingScores(ks, ties="average")
         self.baseline = RankingScores(ks, ties="average")
 
     def update(self, where: dict, output: np.ndarray) -> dict[str, pl.Series]:
         """One batch: its windows' keys (`window_keys_of`) and the relevance target's outputs; returns the
         columns its predictions gain (the group, the item, the relevance, both scores)."""
-        rows = self.rows(where["shard"], where["row"])
-        if self.grades is not None:
-            score = output.reshape(-1, output.shape[-1]).astype(np.float64) @ self.grades
-        else:
-            score = output.reshape(-1).astype(np.float64) * self.target.std + self.target.mean
+        rows, score, codes = super().update(where["shard"], where["row"], output)
         groups, relevance = rows[GROUP], rows[RELEVANCE]
         if self.counts is not None:  # the manifest's counts are keyed by the item as text
             popularity = self.counts.scores(rows[ITEM].cast(pl.Utf8).to_numpy().astype(str))
         else:
             popularity = np.zeros(len(score))
-        codes = self._group_codes(groups)
-        self.model.update(codes, score, relevance.to_numpy())
         self.baseline.update(codes, popularity, relevance.to_numpy())
         columns = {self.spec.group_key: groups}
         if self.spec.item_key:
@@ -140,17 +96,9 @@ class RankingEvaluation:
             columns["popularity"] = pl.Series(popularity)
         return columns
 
-    def _group_codes(self, groups: pl.Series) -> np.ndarray:
-        """Each row's group as a number, the same in every batch (a group's rows may span batches)."""
-        distinct = groups.unique().to_list()
-        for g in distinct:
-            self._codes.setdefault(g, len(self._codes))
-        ids = pl.Series([self._codes[g] for g in distinct], dtype=pl.Int64)
-        return groups.replace_strict(distinct, ids, return_dtype=pl.Int64).to_numpy()
-
     def scores(self) -> tuple[dict[str, float], dict[str, float], dict]:
         """(the model's metrics, the baseline's, facts: the groups scored and which baseline it is)."""
-        model, baseline = self.model.metrics(), self.baseline.metrics()
+        model, baseline = self.metrics(), self.baseline.metrics()
         facts = {k: model.pop(k) for k in ("groups", "groups_with_relevant")}
         for k in facts:
             baseline.pop(k)

@@ -16,8 +16,8 @@ import polars as pl
 
 from shardline.core import metrics as M
 from shardline.core import storage
+from shardline.core.config import metric_key
 from shardline.core.manifest import EncodingSpec, Snapshot
-from shardline.core.tracking import metric_key
 from shardline.trainer.serving import key_columns
 
 # what a served prediction (the predicted value, no class distribution) can be scored on

@@ -17,13 +17,12 @@ from prefect.logging import get_run_logger
 
 from shardline.core import metrics as M
 from shardline.core import storage
-from shardline.core.config import PipelineConfig
+from shardline.core.config import PipelineConfig, metric_key
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.secrets import redact_text
 from shardline.core.tracking import (
     Tracker,
     fluent_tracking_uri,
-    metric_key,
     model_version_page,
     run_page,
     sync_run,

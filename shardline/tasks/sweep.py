@@ -22,6 +22,7 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
+from shardline.core.cost_ledger import add_up
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text
 from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
@@ -278,7 +279,15 @@ def finish_parent_run(
         for i, st in enumerate(settings, start=1):
             if st["score"] is not None and i > tracker.last_step(f"setting/{metric}/mean"):
                 tracker.log_metrics({f"setting/{metric}/mean": st["score"], f"setting/{metric}/std": st["std"]}, i)
-    tracker.log_dict({"metric": metric, "trials": rows, **({"settings": settings} if settings else {})}, "sweep.json")
+    total = add_up([r.get("cost") for r in rows if not r.get("error")])
+    if total is not None and tracker.last_step("cost/gpu_hours") < 0:  # the trials' training, all of it
+        spend = {"cost/gpu_hours": total["gpu_hours"], "cost/gpu_hours_wasted": total["gpu_hours_wasted"]}
+        if total["usd"] is not None:
+            spend.update({"cost/usd": total["usd"], "cost/usd_wasted": total["usd_wasted"]})
+        tracker.log_metrics(spend, 0)
+    tracker.log_dict(
+        {"metric": metric, "trials": rows, "cost": total, **({"settings": settings} if settings else {})}, "sweep.json"
+    )
     tracker.set_tags(
         {
             "shardline.sweep.failed": json.dumps(failed)[:5000] if failed else "none",
@@ -345,5 +354,6 @@ def trial_outcome(trial: Trial, future) -> tuple[dict, dict | None]:
         best_epoch=result.get("best_epoch"),
         mlflow_run_id=result.get("mlflow_run_id"),
         run_dir=result.get("run_dir"),
+        cost=result.get("cost"),  # what its training cost (a cached trial: when it ran), an estimate
     )
     return row, result

@@ -87,8 +87,10 @@ def fit_in_processes(
     on_progress: Callable[[dict], None] | None = None,
     progress_seconds: float = 5.0,
     deadline: Deadline | None = None,
+    ranking=None,
 ) -> FitResult:
-    """`fit` in `compute.processes_per_node` processes (x `compute.nodes`) under torchrun."""
+    """`fit` in `compute.processes_per_node` processes (x `compute.nodes`) under torchrun. `ranking` (a
+    SplitRanking, ranking data) is rebuilt by rank 0 from the manifest and its cutoffs."""
     size = world_size(compute)
     check_batch_size(cfg.batch_size, size)  # before starting anything
     args = launcher_args(compute)
@@ -108,6 +110,7 @@ def fit_in_processes(
             "step_every": step_every,
             "progress_seconds": progress_seconds,
             "init_source": init_source,
+            "ranking_ks": list(ranking.ks) if ranking is not None else None,
             # the machine's threads shared by the processes on it
             "threads": max(1, torch.get_num_threads() // compute.processes_per_node),
         }

@@ -20,6 +20,7 @@ from shardline.core.config import ModelConfig, PipelineConfig, stable_hash, trai
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import EncodingSpec, Manifest
 from shardline.core.secrets import redact_text
+from shardline.core.split_ranking import SplitRanking
 from shardline.core.system_metrics import CPU_KEY, SystemSampler
 from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
@@ -413,6 +414,8 @@ def _run_training(
             on_progress=on_progress,
             progress_seconds=min(every, BAR_SECONDS) if bar.on else every,
             deadline=deadline,
+            # ranking data: the validation split's groups ranked each epoch (val_ndcg_at_10, ...)
+            ranking=SplitRanking.of_validation(manifest, manifest_uri, validates_on, config.evaluation.k),
         )
     except Preempted as stopped:
         training_cost.close_cost(tracker, ledger, "preempted", checkpoint_step(stopped.checkpoint), log)

@@ -22,7 +22,15 @@ import torch
 
 from shardline.core.codes import Globaliser
 from shardline.core.manifest import Manifest, target_array
-from shardline.core.shards import arrays_in, map_file, pack_layout, read_arrays, window_starts
+from shardline.core.shards import (
+    MappedPages,
+    arrays_in,
+    map_file,
+    pack_layout,
+    read_arrays,
+    resident_budget,
+    window_starts,
+)
 from shardline.core.storage import (
     CACHE_CAP_ENV,
     ShardCache,
@@ -155,13 +163,39 @@ class ShardView:
             [Windows(t[horizon:].reshape(-1, 1), window) for t in self.targets] if positions == "all" else None
         )
 
+    pages: MappedPages | None = None  # the mapping the arrays are views of, when its pages are bounded
+    _spans: list[tuple[int, int, int]] = []
+
+    def bound(self, pages: MappedPages) -> None:
+        """Note every gather in `pages` (the mapping these arrays are views of), which keeps the pages
+        this process holds mapped under its budget."""
+        spans = []
+        for w in (self.cont, self.cat):  # a window: K rows from its start row
+            if w.array.nbytes:
+                row = w.width * w.array.dtype.itemsize
+                spans.append((pages.offset_of(w.array), row, w.k * row))
+        for t in self.targets:
+            if t.nbytes:
+                item = t.dtype.itemsize * int(np.prod(t.shape[1:], dtype=np.int64))
+                if self.positions == "all":  # K targets from `horizon` rows on
+                    spans.append((pages.offset_of(t) + self.horizon * item, item, self.cont.k * item))
+                else:  # one, `shift` rows on
+                    spans.append((pages.offset_of(t) + self.shift * item, item, item))
+        self._spans, self.pages = spans, pages
+
+    def _note(self, start: np.ndarray) -> None:
+        if self.pages is not None:
+            self.pages.read([(base + start * row, length) for base, row, length in self._spans])
+
     def gather_targets(self, start: np.ndarray) -> tuple[np.ndarray, ...]:
         if self._target_windows is not None:
             return tuple(w.gather(start)[..., 0] for w in self._target_windows)
         return tuple(t[start + self.shift] for t in self.targets)
 
     def gather(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
-        return self.cont.gather(start), self.cat.gather(start), self.gather_targets(start)
+        out = self.cont.gather(start), self.cat.gather(start), self.gather_targets(start)
+        self._note(start)
+        return out
 
     def order_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """The `order` value of shard rows (-1 when the shard has none)."""
@@ -277,6 +311,7 @@ class SplitData:
         self._lock = threading.Lock()
         self._open: set[int] = set()  # streamed shards pinned in the cache (open or read ahead)
         self._on_open: list = []  # checks of each streamed shard as it is opened (`check_each`)
+        self._pages: MappedPages | None = None  # a split pack's mapping, when its pages are bounded
         if streaming:
             weakref.finalize(self, _unpin_all, refs)
         self._joined: ShardView | None = (
@@ -474,6 +509,12 @@ class SplitData:
             start[sel] = self.view(int(s)).starts[idx[sel] - self._first[s]]
         return shard, start
 
+    def target_rows_of(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard index, target row in that shard) of the windows numbered `idx`, in that order (the row of the
+        window's last position). It opens the streamed shards it needs: the caller releases them."""
+        shard, start = self.locate(idx)
+        return shard, start + (self.window - 1 + self.horizon)
+
     def _check(self, idx) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.n_windows):
@@ -561,6 +602,8 @@ class SplitData:
                 del v
                 if s not in held:
                     self.release_shard(s)
+                if self._pages is not None:  # a pass over whole arrays: what it read leaves the process
+                    self._pages.drop()
         finally:
             self.release(held)
         return out
@@ -695,6 +738,12 @@ def open_split(
         rows=[int(i.rows) for i in shards],
         positions=enc.target_positions,
     )
+    budget = resident_budget()
+    if budget and len(buffer) and not isinstance(buffer, bytes):
+        # the pages of the pack a process reads stay mapped (RSS) until dropped: kept under the budget
+        data._pages = MappedPages(buffer, budget)
+        for v in {id(v): v for v in [*(r.view for r in refs), data._joined]}.values():
+            v.bound(data._pages)
     weakref.finalize(data, cache.unpin, key)  # a split that is gone no longer holds its pack in the cache
     return data
 

@@ -15,7 +15,8 @@ rank 0 alone writes checkpoints and speaks for the run:
 
 JOB (JSON): `manifest` (URI), `trains_on` and `validates_on` (split names), `model_spec`, `training`
 (TrainingConfig fields), `task`, `ckpt_dir`, `run_meta`, `events`, `result`, optional `init_weights`
-(a .pt of tensors, loaded with weights_only=True) and `init_source`, `deadline_seconds` with
+(a .pt of tensors, loaded with weights_only=True) and `init_source`, `ranking_ks` (ranking data: the
+cutoffs of the validation ranking), `deadline_seconds` with
 `deadline_reason` and `deadline_limit` (a budget: seconds left when the task started torchrun), `threads`
 (torch's threads per process), `step_every`, `progress_seconds`.
 """
@@ -63,7 +64,7 @@ def write_json(uri: str, obj) -> None:
     write_text(uri, json.dumps(obj, default=float))
 
 
-def run_job(job: dict, train, val) -> int:
+def run_job(job: dict, train, val, ranking=None) -> int:
     """Train `job` on the splits `train` and `val` in this process (one rank of the group torchrun made, or
     alone); rank 0 writes the events and the result. Returns the exit status."""
     from shardline.trainer.loop import BudgetExceeded, Deadline, Preempted, fit
@@ -97,6 +98,7 @@ def run_job(job: dict, train, val) -> int:
             init_weights=init,
             init_source=job.get("init_source", ""),
             deadline=deadline,
+            ranking=ranking,
         )
     except Preempted as stopped:
         if ranks.is_main:
@@ -140,8 +142,13 @@ def main(argv: list[str]) -> int:
     train = open_split(manifest, job["manifest"], job["trains_on"])
     val = open_split(manifest, job["manifest"], job["validates_on"])
     code = 1
+    ranking = None
+    if job.get("ranking_ks"):  # ranking data: rank 0 ranks the validation split's groups each epoch
+        from shardline.core.split_ranking import SplitRanking
+
+        ranking = SplitRanking.of_validation(manifest, job["manifest"], job["validates_on"], job["ranking_ks"])
     try:
-        code = run_job(job, train, val)
+        code = run_job(job, train, val, ranking)
         return code
     finally:
         train.release()

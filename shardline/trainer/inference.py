@@ -59,8 +59,7 @@ def window_keys_of(data: SplitData, idx: np.ndarray) -> dict[str, np.ndarray]:
     segment (sequence) of its target row in that shard, the target row and that row's `order` value."""
     held = data.open_shards  # the loader's: left as they are
     try:
-        shard, start = data.locate(idx)
-        row = start + (data.window - 1 + data.horizon)  # the target row of the window's last position
+        shard, row = data.target_rows_of(idx)
         segment, order = np.empty_like(row), np.empty_like(row)
         for s in np.unique(shard):
             sel = shard == s

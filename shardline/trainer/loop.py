@@ -32,7 +32,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardline.core.config import TrainingConfig, resolve_selection, validation_metrics, validation_name
+from shardline.core.config import (
+    TrainingConfig,
+    is_ranking_validation,
+    resolve_selection,
+    validation_metrics,
+    validation_name,
+    validation_ranking_names,
+)
+from shardline.core.split_ranking import SplitRanking
 from shardline.core.storage import join
 from shardline.core.text_metrics import perplexity
 from shardline.trainer.checkpoint import (
@@ -196,11 +204,14 @@ def evaluate(
     ctx=None,
     spec: DataSpec | None = None,
     weights: dict[str, float] | None = None,
+    ranking: SplitRanking | None = None,
 ) -> dict:
     """val_loss (the model's own loss when it defines one) plus, per target, its accuracy (classification;
     id-0 targets count as wrong) or mean absolute error (standardised units), named by `score_names`
     (every position counted when the target is predicted at every position), and the means of what the
-    model's own `metrics(outputs, cont, cat, targets)` returns, as `val_<name>`."""
+    model's own `metrics(outputs, cont, cat, targets)` returns, as `val_<name>`. Ranking data (`ranking`,
+    `data`'s split's rows): the first target's ranking metrics, as evaluation computes them on the test
+    split, named by `validation_ranking_names` (`val_ndcg_at_10`)."""
     spec = spec or data_spec_of(model.shardline_spec)
     names = score_names(spec)
     own_metrics = getattr(model, "metrics", None)
@@ -213,6 +224,9 @@ def evaluate(
     extra: dict[str, torch.Tensor] = {}
     ignore = spec.ignore_id  # text: <pad> targets count nowhere
     token_loss = torch.zeros((), dtype=torch.float64, device=device)  # text: the perplexity's token-level sum
+    first = 0  # the batch's first window number: batches come in window order
+    if ranking is not None:
+        ranking.begin()
     for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
         b = batch.to(device)
         targets = batch_targets(spec, b)
@@ -240,6 +254,17 @@ def evaluate(
         if own_metrics is not None:
             for key, value in dict(own_metrics(outputs, b.cont, b.cat, targets)).items():
                 extra[key] = extra.get(key, 0.0) + torch.as_tensor(value, device=device).double().detach() * len(b)
+        if ranking is not None:  # the relevance target's outputs as evaluation scores them
+            t = spec.targets[0]
+            y = outputs[t.name].float()
+            y = torch.softmax(masked_logits(y), dim=-1) if t.kind == "classification" else y.reshape(len(b), -1)
+            held = data.open_shards  # the loader's: left as they are
+            try:
+                shard, row = data.target_rows_of(np.arange(first, first + len(b)))
+            finally:
+                data.release(held)
+            ranking.update(shard, row, y.cpu().numpy())
+        first += len(b)
     model.train(was_training)
     n = max(1, data.n_windows)
     out = {"val_loss": loss_sum.item() / n}
@@ -247,6 +272,11 @@ def evaluate(
     if ignore is not None and spec.targets:  # text: exp of the mean loss over the target tokens
         out["val_perplexity"] = perplexity(token_loss.item() / max(1, sum(counts.values())))
     out.update({f"val_{k}": float(v.item()) / n for k, v in extra.items()})
+    if ranking is not None:
+        named = validation_ranking_names(spec.targets[0].name, len(spec.targets) > 1, ranking.ks)
+        # a split without a relevant row (a tiny one) has no ranking metric: NaN, never an epoch's best
+        ranked = ranking.metrics() if ranking.relevant else dict.fromkeys(named, math.nan)
+        out.update({v: ranked[k] for k, v in named.items()})
     return out
 
 
@@ -466,6 +496,7 @@ def fit(
     on_progress: Callable[[dict], None] | None = None,
     progress_seconds: float = 5.0,
     deadline: Deadline | None = None,
+    ranking: SplitRanking | None = None,
 ) -> FitResult:
     """Train `model_spec` on `train`, validate on `val` every epoch, checkpoint into `ckpt_dir`.
 
@@ -485,6 +516,8 @@ def fit(
     a finished run returns its result without training. Without resume, old checkpoints there are deleted.
     A fresh run starts from `init_weights` (another model's, `init_source` names it) where they match by
     name and shape; `cfg.freeze` prefixes name the parameters that are not trained.
+    Ranking data: `ranking` (a `SplitRanking` over `val`'s rows) adds the ranking metrics of its `ks` to each
+    epoch's validation (`val_ndcg_at_10`, ...), which `cfg.select_by` may then name.
     """
     spec = _plain(model_spec, "model_spec")
     run_meta = _plain(run_meta or {}, "run_meta")
@@ -501,11 +534,19 @@ def fit(
             on_step = on_epoch = on_checkpoint = on_progress = None
             log = _quiet
     training = cfg.model_dump(mode="json")
-    # text data: its target validated as a generation (val_perplexity, val_accuracy on the real target tokens)
+    # text data: its target validated as a generation (val_perplexity, val_accuracy on the real target tokens);
+    # ranking data: the ranking metrics of the validation split's groups (val_ndcg_at_10, ...)
     known = validation_metrics(
-        [(t.name, "generation" if data_spec.text is not None else t.kind) for t in data_spec.targets]
+        [(t.name, "generation" if data_spec.text is not None else t.kind) for t in data_spec.targets],
+        ranking.ks if ranking else (),
     )
     select_by = cfg.select_by or "val_loss"
+    if ranking is None and select_by not in known and is_ranking_validation(select_by):
+        raise ValueError(
+            f"training.select_by='{select_by}' is a ranking metric of the validation split: pass fit() the split's "
+            "rows to rank (ranking=SplitRanking(manifest, manifest_uri, validation split, evaluation.k)), or set "
+            "training.select_by to another metric"
+        )
     direction = cfg.select_direction or known.get(select_by)
     # stored resolved: a resume compares the selection meant (unset and val_loss are the same one)
     training.update(select_by=select_by, select_direction=direction)
@@ -882,12 +923,18 @@ def fit(
             is_best = False
             # several processes: rank 0 validates (the others wait for it at the checkpoint's collective)
             if ranks.is_main:
-                metrics = evaluate(model, val, task, cfg.batch_size, device, ctx, data_spec, cfg.loss_weights)
+                metrics = evaluate(model, val, task, cfg.batch_size, device, ctx, data_spec, cfg.loss_weights, ranking)
                 val_seconds = time.perf_counter() - t0 - train_seconds
                 if select_by not in metrics:  # a model's own metric it did not return: before any epoch is marked best
                     raise ValueError(
                         f"training.select_by='{select_by}' is not a metric this model's validation gives; available: "
                         f"{sorted(metrics)}"
+                    )
+                if ranking is not None and not ranking.relevant and is_ranking_validation(select_by):
+                    raise ValueError(
+                        f"training.select_by='{select_by}' ranks the validation split's groups, but none of its "
+                        f"{val.n_windows:,} rows is relevant (grade > 0), so no ranking metric is defined: set "
+                        "training.select_by: val_loss, or give the validation split more groups (data.split)"
                     )
                 entry = {
                     "epoch": epoch,
