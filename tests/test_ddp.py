@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from shardline.core.config import ModelConfig
+from shardline.tasks.torchrun import _killed_first
 from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from shardline.trainer.data import WindowLoader
 from shardline.trainer.loop import TIMING_KEYS
@@ -159,7 +160,8 @@ def test_sigterm_to_one_rank_stops_all_and_sigkill_resumes_exactly(tmp_path, sha
     pid = pid_of(first, 1)
     wait_until(lambda: len(events(first, "step")) >= 10, "no 10th step")
     os.kill(pid, signal.SIGTERM)
-    finish(proc, expect_ok=False)  # torchrun fails: its ranks exited with PREEMPTED_EXIT_CODE
+    said = finish(proc, expect_ok=False)  # torchrun fails: its ranks exited with PREEMPTED_EXIT_CODE
+    assert _killed_first(said) is None  # the training task reads the result: Preempted, not a dead rank
     stopped = result(first)
     assert stopped["status"] == "preempted"
     at = latest_checkpoint(str(ckpt))[1]["step"]
@@ -171,7 +173,8 @@ def test_sigterm_to_one_rank_stops_all_and_sigkill_resumes_exactly(tmp_path, sha
     pid = pid_of(second, 1)
     wait_until(lambda: [e for e in events(second, "checkpoint") if "ckpt-000000035" in e["uri"]], "no step 35")
     os.kill(pid, signal.SIGKILL)
-    finish(proc, expect_ok=False)
+    said = finish(proc, expect_ok=False)
+    assert _killed_first(said) == signal.SIGKILL  # the training task raises RankFailed: retried, resumed
     said = Path(json.loads(second.read_text())["result"])
     assert not said.exists() or result(second)["status"] == "failed"  # rank 0: its peer's connection closed
     killed_at = latest_checkpoint(str(ckpt))[1]["step"]
