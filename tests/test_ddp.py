@@ -206,6 +206,11 @@ def test_a_batch_the_processes_cannot_share_equally_or_nodes_without_a_rendezvou
     assert launcher_args(ComputeConfig(processes_per_node=2), {}) == ["--standalone", "--nproc-per-node=2"]
     with pytest.raises(ValueError, match=r"compute.nodes=2: .*MASTER_ADDR, MASTER_PORT, NODE_RANK is not set"):
         launcher_args(ComputeConfig(nodes=2), {})
+    # `shardline rehearse` shrinks the batch for its short run: to a multiple of the processes' count
+    from shardline.app.rehearse import size_batch
+
+    assert size_batch(456, 32, 1, 20) == 23 and size_batch(456, 32, 1, 20, multiple=2) == 22
+    assert size_batch(456, 32, 1, 500, multiple=2) is None
     jobset = {"MASTER_ADDR": "trainer-0", "MASTER_PORT": "29500", "JOB_COMPLETION_INDEX": "1"}
     assert launcher_args(ComputeConfig(nodes=2, processes_per_node=8), jobset)[-3:] == [
         "--node-rank=1",
