@@ -398,3 +398,24 @@ def test_a_streamed_split_is_checked_as_its_shards_open_not_in_a_pass_of_its_own
     narrow = {**dataset, "spec": spec}
     with pytest.raises(ValueError, match=r"categorical ids beyond the spec's cardinalities .*shard "):
         train_here(narrow, ShardCache(tmp_path / "cache2", cap_bytes=dataset["cap"]), tmp_path / "ck2", epochs=1)
+
+
+def test_a_streamed_split_gives_each_rank_its_share_within_the_cap(dataset, tmp_path):
+    """Several processes (DDP), each with its own capped cache: rank r's batches of a streamed split are its
+    share of the one-process batches, and its cache holds no more than the cap (shards its share does not
+    touch are released as the order passes them too)."""
+    manifest, uri, cap = dataset["manifest"], dataset["uri"], dataset["cap"]
+    whole = open_split(manifest, uri, "train", cache=ShardCache(tmp_path / "c", cap_bytes=20 * dataset["split"]))
+    one = WindowLoader(whole, 4096, seed=7, shuffle_shards=SHUFFLE_SHARDS)
+    caches = [ShardCache(tmp_path / f"c{r}", cap_bytes=cap) for r in range(2)]
+    splits = [open_split(manifest, uri, "train", cache=c) for c in caches]
+    ranks = [
+        WindowLoader(s, 4096, seed=7, shuffle_shards=SHUFFLE_SHARDS, rank=r, world_size=2) for r, s in enumerate(splits)
+    ]
+    assert all(s.streaming for s in splits) and not whole.streaming
+    held = 0
+    for batch, share_0, share_1 in zip(one, *ranks, strict=True):
+        assert torch.equal(torch.cat([share_0.cat, share_1.cat]), batch.cat)
+        held = max(held, *(c.held_bytes() for c in caches))
+    assert 0 < held <= cap
+    assert all(c.pinned_bytes() == 0 for c in caches) and not any(s.open_shards for s in splits)

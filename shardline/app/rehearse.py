@@ -90,10 +90,12 @@ def steps_per_epoch(train_windows: int, batch_size: int, grad_accum: int) -> int
     return -(-batches // grad_accum)
 
 
-def size_batch(train_windows: int, batch_size: int, grad_accum: int, steps: int) -> int | None:
-    """The largest batch size (at most the configured one) that gives `steps` steps in one epoch of
-    `train_windows` windows; None when even a batch of one window does not."""
-    for b in range(min(batch_size, max(train_windows, 1)), 0, -1):
+def size_batch(train_windows: int, batch_size: int, grad_accum: int, steps: int, multiple: int = 1) -> int | None:
+    """The largest batch size (at most the configured one, a multiple of `multiple`: the training processes'
+    count) that gives `steps` steps in one epoch of `train_windows` windows; None when even the smallest
+    does not."""
+    top = min(batch_size, max(train_windows, multiple))
+    for b in range(top - top % multiple, 0, -multiple):
         if steps_per_epoch(train_windows, b, grad_accum) >= steps:
             return b
     return None
@@ -156,21 +158,22 @@ def rehearse(
         # pipeline then finds it cached), then shrink the batch, copy more files, or, with all of them, shorten
         nonlocal cfg, steps, preempt_at
         t = config.training
+        world = config.compute.nodes * config.compute.processes_per_node  # each takes an equal share of a batch
         while True:
             windows = encode_sample(cfg).get("train", 0)
-            batch = size_batch(windows, t.batch_size, t.grad_accum, steps)
+            batch = size_batch(windows, t.batch_size, t.grad_accum, steps, world)
             if batch is not None or len(copied) >= available:
                 break
             copied.extend(copy_sample(config, root, min(available, 2 * len(copied)), skip=len(copied)))
         if batch is None:
-            most = steps_per_epoch(windows, 1, t.grad_accum)
+            most = steps_per_epoch(windows, world, t.grad_accum)
             if most < 3:
                 return False, (
                     f"the {len(copied)} raw file(s) give {windows} training window(s), {most} step(s): too few to "
                     "train, preempt and resume; the rehearsal needs at least 3 steps (more rows per file, or a "
                     "smaller data.window)"
                 )
-            steps, preempt_at, batch = most, max(1, most // 2) if preempt_at >= most else preempt_at, 1
+            steps, preempt_at, batch = most, max(1, most // 2) if preempt_at >= most else preempt_at, world
         cfg = rehearsal_config(config, root, steps, preempt_at, job_env, batch_size=batch)
         plan.update(windows=windows, batch=batch)
         resized = "" if batch == t.batch_size else f" (training.batch_size {t.batch_size} -> {batch} for the rehearsal)"

@@ -662,6 +662,23 @@ class ComputeConfig(_Strict):
         default_factory=dict,
         description="per-run overrides of the training deployment's job variables (env, image, resources)",
     )
+    processes_per_node: int = Field(
+        1,
+        ge=1,
+        description=(
+            "training processes on each machine (DDP through torchrun: one per GPU; gloo on CPU); >1 runs the "
+            "training body under `torchrun --nproc-per-node N`; training.batch_size is the global batch and must "
+            "divide by nodes x processes_per_node"
+        ),
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        description=(
+            "machines training together; >1 takes torchrun's rendezvous from the environment the launcher sets "
+            "(a Kubeflow TrainJob or a JobSet: deploy/)"
+        ),
+    )
     max_preemptions: int = Field(
         3,
         ge=0,
@@ -738,6 +755,13 @@ class PipelineConfig(_Strict):
 
     @model_validator(mode="after")
     def _defaults(self) -> PipelineConfig:
+        size = self.compute.nodes * self.compute.processes_per_node
+        if self.training.batch_size % size:  # several processes: each takes an equal share of a global batch
+            raise ValueError(
+                f"training.batch_size={self.training.batch_size} is not divisible by the world size {size} "
+                f"(compute.nodes={self.compute.nodes} x compute.processes_per_node="
+                f"{self.compute.processes_per_node}); use a multiple of {size}"
+            )
         targets = self.data.target_list
         if self.data.text_target is not None:  # text: one target over the vocabulary, implied when pre-training
             targets = [Target(column=self.data.text_target, task="generation")]

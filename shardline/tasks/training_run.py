@@ -283,6 +283,13 @@ def run_training(
         lease.release()
 
 
+def partial_fit(train_data, val_data):
+    """`fit` on splits this process opened (one process)."""
+    from shardline.trainer.loop import fit
+
+    return lambda *args, **kwargs: fit(train_data, val_data, *args, **kwargs)
+
+
 def _run_training(
     manifest_uri: str,
     manifest: Manifest,
@@ -296,7 +303,7 @@ def _run_training(
 ) -> dict:
     from shardline.trainer.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint
     from shardline.trainer.data import open_split
-    from shardline.trainer.loop import BudgetExceeded, Preempted, fit
+    from shardline.trainer.loop import BudgetExceeded, Preempted
     from shardline.trainer.models import model_spec_for
     from shardline.trainer.serving import data_spec
 
@@ -380,10 +387,17 @@ def _run_training(
             shown["at"] = now
         ledger.progress(progress["step"])  # written every SHARDLINE_COST_LEDGER_SECONDS: time after a checkpoint
 
+    if config.compute.processes_per_node * config.compute.nodes > 1:  # DDP: the same body under torchrun
+        from functools import partial
+
+        from shardline.tasks.torchrun import fit_in_processes
+
+        # the splits stay open here: their shards are in the local cache before the ranks open them
+        body = partial(fit_in_processes, config.compute, manifest_uri, list(trains_on), list(validates_on))
+    else:
+        body = partial_fit(train_data, val_data)
     try:
-        result = fit(
-            train_data,
-            val_data,
+        result = body(
             mspec,
             config.training,
             spec.target.task if spec.target else None,

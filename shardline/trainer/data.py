@@ -840,6 +840,8 @@ class WindowLoader:
         num_workers: int = 0,
         read_ahead: int = 2,
         shuffle_shards: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -860,6 +862,11 @@ class WindowLoader:
         self.shuffle_shards = shuffle_shards
         self.epoch = 0
         self.offset = 0
+        # several processes (DDP): each yields its share of each global batch (trainer/distributed.py); the
+        # position (`offset`, `state_dict`) stays the global one, the same on every rank and for one process
+        self.rank, self.world_size = int(rank), int(world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
 
     @property
     def n_windows(self) -> int:
@@ -921,6 +928,48 @@ class WindowLoader:
                 self.offset += len(b)  # counted when handed out: a checkpoint after this batch resumes past it
                 yield b  # a view of the gathered (and, for CUDA, pinned) chunk
 
+        if self.world_size > 1:  # this rank's share of each global batch; the offset counts whole batches
+            from shardline.trainer.distributed import rank_positions
+
+            def share(lo: int, hi: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+                parts = rank_positions(lo, hi, bs, self.end, self.rank, self.world_size)
+                return np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n, _ in parts]), parts
+
+            def batches(big: Batch, parts):  # the DDP form of the one above
+                at = 0
+                for _, n, k in parts:
+                    b = big.slice(at, at + n)
+                    at += n
+                    self.offset += k
+                    yield b
+
+            stream = self._stream_gather(order, spans) if data.streaming else None
+
+            def gather(lo: int, hi: int):
+                pos, parts = share(lo, hi)
+                return (stream(lo, hi, pos) if stream else data.batch(order[pos], pin_memory=pin)), parts
+
+            threads = 1 if data.streaming else self.num_workers
+            try:
+                if self.num_workers == 0:
+                    for lo, hi in spans:
+                        yield from batches(*gather(lo, hi))
+                    return
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(threads, thread_name_prefix="shardline-loader") as pool:
+                    pending = []
+                    todo = iter(spans)
+                    while True:
+                        while len(pending) < 2 * self.num_workers and (span := next(todo, None)) is not None:
+                            pending.append(pool.submit(gather, *span))
+                        if not pending:
+                            break
+                        yield from batches(*pending.pop(0).result())
+            finally:
+                data.release()
+            return
+
         if data.streaming:
             # one thread gathers a streamed split's spans, in order, so that the shards it holds stay those of
             # one block; `num_workers` sets how far ahead it may go
@@ -973,9 +1022,14 @@ class WindowLoader:
         by_first = np.argsort(first, kind="stable")
         firsts = first[by_first]
 
-        def gather(lo: int, hi: int) -> Batch:
+        def gather(lo: int, hi: int, pos: np.ndarray | None = None) -> Batch:
             here = np.unique(shard[lo:hi])
-            big = d.batch(order[lo:hi], pin_memory=self.pin_memory, release=here[last[here] < hi])
+            idx = order[lo:hi] if pos is None else order[pos]  # pos: a rank's share of the span (DDP)
+            passed = here[last[here] < hi]
+            if pos is not None:  # passed shards this rank's share does not touch: released before it opens others
+                for s in np.setdiff1d(passed, d.shard_of(idx)):
+                    d.release_shard(int(s))
+            big = d.batch(idx, pin_memory=self.pin_memory, release=passed)
             at = int(np.searchsorted(firsts, hi))
             for s in by_first[at : at + self.read_ahead]:
                 if first[s] >= end or not d.prefetch(int(s)):

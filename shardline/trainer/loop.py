@@ -66,6 +66,7 @@ from shardline.trainer.contract import (
 )
 from shardline.trainer.data import SplitData, WindowLoader, check_cache_room, target_names
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
+from shardline.trainer.distributed import all_sum, check_batch_size, from_main, gather_to_main, rank_bounds, world
 from shardline.trainer.models import data_spec_of, model_from_spec
 
 TASKS = ("classification", "regression")
@@ -330,6 +331,19 @@ def set_rng_state(state: dict) -> None:
         torch.mps.set_rng_state(state["mps"])
 
 
+def _quiet(message: str) -> None:
+    """The log of a rank other than 0: rank 0 says what the run does."""
+
+
+def _seed_rank(seed: int, rank: int, step: int) -> None:
+    """RNGs of their own for rank `rank` > 0 (dropout masks differ between ranks, as between the rows of one
+    process's batch), derived from the seed, the rank and the step they start at."""
+    mixed = int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+    random.seed(mixed)
+    np.random.seed(mixed)
+    torch.manual_seed(mixed)
+
+
 class _StopFlag:
     signal_name: str | None = None
 
@@ -512,6 +526,13 @@ def fit(
     _check_inputs(train, val, data_spec, task)
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
+    # several processes (DDP, trainer/distributed.py): rank 0 alone logs, reports and writes checkpoints
+    ranks = world()
+    if ranks.distributed:
+        check_batch_size(cfg.batch_size, ranks.size)
+        if not ranks.is_main:
+            on_step = on_epoch = on_checkpoint = on_progress = None
+            log = _quiet
     training = cfg.model_dump(mode="json")
     # text data: its target validated as a generation (val_perplexity, val_accuracy on the real target tokens);
     # ranking data: the ranking metrics of the validation split's groups (val_ndcg_at_10, ...)
@@ -603,6 +624,8 @@ def fit(
         pin_memory=device.type == "cuda",
         num_workers=cfg.num_workers,
         shuffle_shards=cfg.shuffle_shards,
+        rank=ranks.rank,
+        world_size=ranks.size,
     )
     steps_per_epoch, total_steps = planned_steps(train.n_windows, cfg)
     if step_every is None:
@@ -643,7 +666,17 @@ def fit(
         loader.load_state_dict(ckpt["loader"])
         loop, history = {"best_epoch": None, **ckpt["loop"]}, list(ckpt["history"])
         run_meta = {**ckpt["run_meta"], **run_meta}
-        set_rng_state(ckpt["rng"])
+        saved_size = found[1].get("world_size", 1)
+        if saved_size == ranks.size:  # each rank's own RNGs (one process: rng_ranks is absent or [rng])
+            set_rng_state((ckpt.get("rng_ranks") or [ckpt["rng"]])[ranks.rank])
+        else:  # same position in the data; rank 0 continues the saved RNGs, the others start their own
+            set_rng_state(ckpt["rng"])
+            if ranks.rank:
+                _seed_rank(cfg.seed, ranks.rank, loop["step"])
+            log(
+                f"note: checkpoint was trained by {saved_size} process(es), resuming with {ranks.size}: same "
+                "position in the data, same global batches, but not bit-identical to an uninterrupted run"
+            )
         resumed_from = found[0]
         if (found[1]["device"], found[1]["precision"]) != (device.type, precision):
             log(
@@ -655,6 +688,20 @@ def fit(
             f"{loader.offset}/{loader.n_windows} windows of the epoch done"
         )
 
+    ddp = None
+    if ranks.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # the unwrapped `model` is what is saved, validated and handed back; the step goes through `ddp`,
+        # whose backward averages the ranks' gradients (the losses are weighted below so that the average is
+        # the gradient of the global batch)
+        ddp = DistributedDataParallel(
+            model, device_ids=[torch.cuda.current_device()] if device.type == "cuda" else None
+        )
+        step_model = torch.compile(ddp) if cfg.compile else ddp
+        if found is None and ranks.rank:  # the same weights everywhere (seeded alike), but each rank its own dropout
+            _seed_rank(cfg.seed, ranks.rank, 0)
+
     last_save = time.monotonic()  # checkpoint_every_seconds counts from here and from the end of each save
 
     def save(is_best: bool) -> str:
@@ -662,12 +709,16 @@ def fit(
         loop["last_checkpoint"] = checkpoint_name(loop["step"])
         if is_best:
             loop["best_checkpoint"] = loop["last_checkpoint"]
+        rngs = gather_to_main(rng_state()) if ranks.distributed else None  # every rank's RNGs, on rank 0
+        if not ranks.is_main:
+            return join(ckpt_dir, loop["last_checkpoint"])  # rank 0 writes it
         state = {
             "format": 1,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(),
             "rng": rng_state(),
+            **({"rng_ranks": rngs} if rngs else {}),
             "loader": loader.state_dict(),
             "loop": dict(loop),
             "history": history,
@@ -692,6 +743,7 @@ def fit(
             "device": device.type,
             "precision": precision,
             "steps_per_epoch": steps_per_epoch,
+            "world_size": ranks.size,
         }
         uri = save_checkpoint(ckpt_dir, loop["step"], state, meta, is_best=is_best, keep=cfg.keep_checkpoints)
         if on_checkpoint is not None:
@@ -757,18 +809,29 @@ def fit(
             model.train()
             while loop["epoch_step"] < steps_per_epoch:
                 fetch = time.perf_counter()
+                at = loader.offset  # the global position: each micro-batch is a global batch's share (DDP)
                 micro = list(itertools.islice(batches, cfg.grad_accum))
                 if loader_delay:
                     time.sleep(loader_delay)
                 fetched = time.perf_counter()
                 if not micro:
                     break
-                n_step = sum(len(m) for m in micro)
+                n_step = sum(len(m) for m in micro) if ddp is None else loader.offset - at  # the global batches'
+                # DDP: (this rank's real windows, the global batch's) of each micro-batch; DDP averages the
+                # ranks' gradients, so a rank's batch-mean loss weighs real * W / k (exactly the mean over the
+                # global batch, also for an uneven last batch; an empty share trains one window at weight 0)
+                real = [len(m) for m in micro]  # windows of each micro-batch that count
+                weight = [1.0] * len(micro)  # of each micro-batch's loss, before the 1 / len(micro)
+                if ddp is not None:
+                    ks = [min(cfg.batch_size, n_step - i * cfg.batch_size) for i in range(len(micro))]
+                    real = [(lambda lo, hi: hi - lo)(*rank_bounds(k, ranks.rank, ranks.size)) for k in ks]
+                    weight = [r * ranks.size / k for r, k in zip(real, ks)]
                 lr = lr_at(loop["step"], cfg, total_steps)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 step_loss = torch.zeros((), dtype=torch.float64, device=device)
-                for batch in micro:
+                epoch_part = torch.zeros((), dtype=torch.float64, device=device)  # of the epoch's loss sum
+                for i, batch in enumerate(micro):
                     b = batch.to(device, non_blocking=True)
                     targets = batch_targets(data_spec, b)
                     with ctx:
@@ -781,9 +844,16 @@ def fit(
                         checked = True
                     # gradients add up over micro-batches: scale each so the step follows their mean
                     # (len(micro) is grad_accum except for an epoch's last, shorter group)
-                    scaler.scale(loss / len(micro)).backward()
-                    step_loss += loss.detach().double() * (len(b) / n_step)
-                    loss_sum += loss.detach().double() * len(b)
+                    if ddp is None:
+                        scaler.scale(loss / len(micro)).backward()
+                    else:  # the ranks' gradients are averaged once, at the step's last micro-batch
+                        with ddp.no_sync() if i < len(micro) - 1 else contextlib.nullcontext():
+                            scaler.scale(loss * weight[i] / len(micro)).backward()
+                    step_loss += loss.detach().double() * (real[i] / n_step)
+                    if ddp is None:
+                        loss_sum += loss.detach().double() * len(b)
+                    else:
+                        epoch_part += loss.detach().double() * real[i]
                 if cfg.grad_clip is not None:
                     scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -803,6 +873,22 @@ def fit(
                     log(f"SHARDLINE_PREEMPT_AT_STEP={preempt_at}: sending myself SIGTERM, as a spot reclaim would")
                     signal.raise_signal(signal.SIGTERM)
 
+                stopping = stop.signal_name
+                every, seconds = cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds
+                due = bool(seconds and time.monotonic() - last_save >= seconds)
+                spent = time.monotonic() >= stop_at
+                if ddp is not None:  # one all-reduce: the global batch's loss, and any rank's stop, save or budget
+                    step_loss, part, n_stop, n_due, n_spent = all_sum(
+                        [step_loss.item(), epoch_part.item(), float(bool(stopping)), float(due), float(spent)], device
+                    )
+                    step_loss = torch.tensor(step_loss, dtype=torch.float64, device=device)
+                    epoch_part = torch.tensor(part, dtype=torch.float64, device=device)
+                    stopping = stopping or ("SIGTERM" if n_stop else None)
+                    due, spent = n_due > 0, n_spent > 0
+                    if n_stop and not stop.signal_name:
+                        log("another process was stopped: saving a checkpoint at this step, then stopping")
+                    loss_sum += epoch_part
+
                 if on_step is not None and loop["step"] % step_every == 0:
                     check_loss(step_loss.float(), loop["step"], model)  # read back here anyway: no extra sync
                     on_step(loop["step"], {"train_loss": step_loss.item(), "lr": lr})
@@ -816,69 +902,83 @@ def fit(
                         f"  epoch {epoch + 1}/{cfg.epochs} step {loop['epoch_step']}/{steps_per_epoch} "
                         f"loss {step_loss.item():.4f} lr {lr:.2e} {wps:,.0f} windows/s"
                     )
-                every, seconds = cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds
-                due = (every and loop["step"] % every == 0) or (seconds and time.monotonic() - last_save >= seconds)
-                spent = time.monotonic() >= stop_at
+                if ddp is None:  # one process: a signal, the clock and the budget as they are now
+                    stopping, spent = stop.signal_name, time.monotonic() >= stop_at
+                    due = bool(seconds and time.monotonic() - last_save >= seconds)
+                due = due or bool(every and loop["step"] % every == 0)
                 # the epoch's last step is checkpointed after validation instead
-                if loop["epoch_step"] < steps_per_epoch and (stop.signal_name or due or spent):
+                if loop["epoch_step"] < steps_per_epoch and (stopping or due or spent):
                     loop["train_loss_sum"] = loss_sum.item()
                     last = save(is_best=False)
-                    if stop.signal_name:
-                        raise Preempted(last, stop.signal_name)
+                    # one process: a signal during the save stops at it too (several: at the next step, together)
+                    stopping = stopping if ddp is not None else stop.signal_name
+                    if stopping:
+                        raise Preempted(last, stopping)
                     if spent:
                         raise deadline.exceeded(last)
 
             batches.close()  # a streamed split's shards in flight leave the cache to the validation split
             train_seconds = time.perf_counter() - t0
             loop["train_loss_sum"] = loss_sum.item()
-            metrics = evaluate(model, val, task, cfg.batch_size, device, ctx, data_spec, cfg.loss_weights, ranking)
-            val_seconds = time.perf_counter() - t0 - train_seconds
-            if select_by not in metrics:  # a model's own metric it did not return: before any epoch is marked best
-                raise ValueError(
-                    f"training.select_by='{select_by}' is not a metric this model's validation gives; available: "
-                    f"{sorted(metrics)}"
-                )
-            if ranking is not None and not ranking.relevant and is_ranking_validation(select_by):
-                raise ValueError(
-                    f"training.select_by='{select_by}' ranks the validation split's groups, but none of its "
-                    f"{val.n_windows:,} rows is relevant (grade > 0), so no ranking metric is defined: set "
-                    "training.select_by: val_loss, or give the validation split more groups (data.split)"
-                )
-            entry = {
-                "epoch": epoch,
-                "step": loop["step"],
-                "train_loss": loop["train_loss_sum"] / max(1, loop["train_windows"]),
-                **metrics,
-                "lr": lr,
-                "windows_per_s": windows_done / max(train_seconds, 1e-9),
-                "seconds": time.perf_counter() - t0,
-                "val_seconds": val_seconds,
-                "data_wait_fraction": pace.wait_fraction,
-            }
-            history.append(entry)
-            is_best = is_better(entry[select_by], loop["best_score"], direction)
-            if is_best:
-                loop["best_score"], loop["best_epoch"] = entry[select_by], epoch + 1
+            is_best = False
+            # several processes: rank 0 validates (the others wait for it at the checkpoint's collective)
+            if ranks.is_main:
+                metrics = evaluate(model, val, task, cfg.batch_size, device, ctx, data_spec, cfg.loss_weights, ranking)
+                val_seconds = time.perf_counter() - t0 - train_seconds
+                if select_by not in metrics:  # a model's own metric it did not return: before any epoch is marked best
+                    raise ValueError(
+                        f"training.select_by='{select_by}' is not a metric this model's validation gives; available: "
+                        f"{sorted(metrics)}"
+                    )
+                if ranking is not None and not ranking.relevant and is_ranking_validation(select_by):
+                    raise ValueError(
+                        f"training.select_by='{select_by}' ranks the validation split's groups, but none of its "
+                        f"{val.n_windows:,} rows is relevant (grade > 0), so no ranking metric is defined: set "
+                        "training.select_by: val_loss, or give the validation split more groups (data.split)"
+                    )
+                entry = {
+                    "epoch": epoch,
+                    "step": loop["step"],
+                    "train_loss": loop["train_loss_sum"] / max(1, loop["train_windows"]),
+                    **metrics,
+                    "lr": lr,
+                    "windows_per_s": windows_done / max(train_seconds, 1e-9),
+                    "seconds": time.perf_counter() - t0,
+                    "val_seconds": val_seconds,
+                    "data_wait_fraction": pace.wait_fraction,
+                }
+                history.append(entry)
+                is_best = is_better(entry[select_by], loop["best_score"], direction)
+                if is_best:
+                    loop["best_score"], loop["best_epoch"] = entry[select_by], epoch + 1
             loop["epoch_complete"] = True
             if on_epoch is not None:
                 on_epoch(epoch, {k: v for k, v in entry.items() if k not in ("epoch", "step")})
             last = save(is_best=is_best)
-            scores = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "val_loss")
-            waited = f", data wait {pace.wait_fraction:.0%} of step time" if pace.wait_fraction is not None else ""
-            log(
-                f"epoch {epoch + 1}/{cfg.epochs}: train_loss {entry['train_loss']:.4f} val_loss "
-                f"{entry['val_loss']:.4f}{' ' + scores if scores else ''} lr {lr:.2e} "
-                f"{entry['windows_per_s']:,.0f} windows/s {entry['seconds']:.1f}s{waited}"
-                f"{f' (best {select_by})' if is_best else ''}"
-            )
+            if ranks.is_main:
+                scores = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "val_loss")
+                waited = f", data wait {pace.wait_fraction:.0%} of step time" if pace.wait_fraction is not None else ""
+                log(
+                    f"epoch {epoch + 1}/{cfg.epochs}: train_loss {entry['train_loss']:.4f} val_loss "
+                    f"{entry['val_loss']:.4f}{' ' + scores if scores else ''} lr {lr:.2e} "
+                    f"{entry['windows_per_s']:,.0f} windows/s {entry['seconds']:.1f}s{waited}"
+                    f"{f' (best {select_by})' if is_best else ''}"
+                )
             if on_progress is not None:
                 last_loss = step_loss.item() if step_loss is not None else last_loss
                 report(epoch)
                 last_report = time.perf_counter()
-            if stop.signal_name:
-                raise Preempted(last, stop.signal_name)
-            if epoch < cfg.epochs - 1 and time.monotonic() >= stop_at:
+            stopping, spent = stop.signal_name, epoch < cfg.epochs - 1 and time.monotonic() >= stop_at
+            if ddp is not None:  # every rank stops, or none
+                n_stop, n_spent = all_sum([float(bool(stopping)), float(spent)], device)
+                stopping, spent = stopping or ("SIGTERM" if n_stop else None), n_spent > 0
+            if stopping:
+                raise Preempted(last, stopping)
+            if spent:
                 raise deadline.exceeded(last)
+
+    if ddp is not None:  # every rank hands back rank 0's account of the run
+        loop, history = from_main((loop, history))
 
     if loop["best_epoch"] is not None:
         log(

@@ -1,0 +1,228 @@
+"""The training body in several processes: `compute.processes_per_node` > 1 (or `compute.nodes` > 1) runs
+`python -m torch.distributed.run ... -m shardline.trainer.ddp_run JOB.json` as a child of the training task.
+
+`fit_in_processes` takes what `fit` takes and gives back what it gives (a FitResult, or `Preempted` /
+`BudgetExceeded`), so the training run around it (MLflow, Prefect, the cost ledger, result.json) is the
+same: rank 0's events (its log lines, steps, epochs, checkpoints, progress) are read from a file while it
+trains and handed to the same callbacks. A SIGTERM/SIGINT to the task is passed on to torchrun, which
+passes it to every rank: they checkpoint together and stop. A rank that dies (SIGKILL, a lost machine)
+makes torchrun fail: that is a `RankFailed` (a torch distributed error: the training step's retry resumes
+from the newest checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from shardline.core.config import ComputeConfig, TrainingConfig
+from shardline.trainer.distributed import check_batch_size
+from shardline.trainer.loop import BudgetExceeded, Deadline, FitResult, Preempted
+
+POLL_SECONDS = 0.2  # how often the events file is read while torchrun runs
+TAIL_LINES = 40  # of torchrun's output, in the error of a failed run
+
+
+class RankFailed(dist.DistBackendError):
+    """A rank died (killed, its machine lost, a peer gone) and torchrun ended the run: an infrastructure
+    failure, retried like one; the retry resumes from the newest checkpoint."""
+
+
+def world_size(compute: ComputeConfig) -> int:
+    return compute.nodes * compute.processes_per_node
+
+
+def launcher_args(compute: ComputeConfig, environ: dict[str, str] | None = None) -> list[str]:
+    """torchrun's arguments: one node (a rendezvous of its own on this machine), or `compute.nodes` whose
+    rendezvous the launcher's environment gives (Kubeflow Trainer and JobSet set PET_* or MASTER_ADDR,
+    MASTER_PORT and the node's rank)."""
+    env = os.environ if environ is None else environ
+    args = [f"--nproc-per-node={compute.processes_per_node}"]
+    if compute.nodes == 1:
+        return ["--standalone", *args]
+    args.append(f"--nnodes={compute.nodes}")
+    if env.get("PET_RDZV_ENDPOINT") or env.get("PET_MASTER_ADDR"):
+        return args  # torchrun reads the rest of its arguments from PET_* itself
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
+    rank = env.get("NODE_RANK") or env.get("GROUP_RANK") or env.get("JOB_COMPLETION_INDEX")
+    if missing or rank is None:
+        raise ValueError(
+            f"compute.nodes={compute.nodes}: the rendezvous comes from the launcher's environment, and "
+            f"{', '.join(missing + ([] if rank is not None else ['NODE_RANK']))} is not set; run it under a "
+            "launcher that sets it (deploy/trainjob.yaml: Kubeflow Trainer sets PET_*; a JobSet sets "
+            "MASTER_ADDR, MASTER_PORT and JOB_COMPLETION_INDEX), or set compute.nodes: 1"
+        )
+    return [*args, f"--node-rank={rank}", f"--master-addr={env['MASTER_ADDR']}", f"--master-port={env['MASTER_PORT']}"]
+
+
+def fit_in_processes(
+    compute: ComputeConfig,
+    manifest_uri: str,
+    trains_on: list[str],
+    validates_on: list[str],
+    model_spec: dict,
+    cfg: TrainingConfig,
+    task: str | None,
+    ckpt_dir: str,
+    on_step: Callable[[int, dict], None] | None = None,
+    on_epoch: Callable[[int, dict], None] | None = None,
+    run_meta: dict | None = None,
+    log: Callable[[str], None] = print,
+    step_every: int | None = 10,
+    init_weights: dict[str, torch.Tensor] | None = None,
+    init_source: str = "",
+    on_checkpoint: Callable[[str], None] | None = None,
+    on_progress: Callable[[dict], None] | None = None,
+    progress_seconds: float = 5.0,
+    deadline: Deadline | None = None,
+    ranking=None,
+) -> FitResult:
+    """`fit` in `compute.processes_per_node` processes (x `compute.nodes`) under torchrun. `ranking` (a
+    SplitRanking, ranking data) is rebuilt by rank 0 from the manifest and its cutoffs."""
+    size = world_size(compute)
+    check_batch_size(cfg.batch_size, size)  # before starting anything
+    args = launcher_args(compute)
+    with tempfile.TemporaryDirectory(prefix="shardline-ddp-") as tmp:
+        folder = Path(tmp)
+        job = {
+            "manifest": manifest_uri,
+            "trains_on": list(trains_on),
+            "validates_on": list(validates_on),
+            "model_spec": model_spec,
+            "training": cfg.model_dump(mode="json"),
+            "task": task,
+            "ckpt_dir": ckpt_dir,
+            "run_meta": run_meta or {},
+            "events": str(folder / "events.jsonl"),
+            "result": str(folder / "result.json"),
+            "step_every": step_every,
+            "progress_seconds": progress_seconds,
+            "init_source": init_source,
+            "ranking_ks": list(ranking.ks) if ranking is not None else None,
+            # the machine's threads shared by the processes on it
+            "threads": max(1, torch.get_num_threads() // compute.processes_per_node),
+        }
+        if init_weights is not None:
+            torch.save(init_weights, folder / "init.pt")
+            job["init_weights"] = str(folder / "init.pt")
+        if deadline is not None:
+            job.update(
+                deadline_seconds=max(0.0, deadline.at - time.monotonic()),
+                deadline_reason=deadline.reason(),
+                deadline_limit=deadline.limit,
+            )
+        (folder / "job.json").write_text(json.dumps(job))
+        command = [sys.executable, "-m", "torch.distributed.run", *args, "-m", "shardline.trainer.ddp_run"]
+        log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
+        output = folder / "torchrun.log"
+        with open(output, "w") as out:
+            proc = subprocess.Popen(
+                [*command, str(folder / "job.json")], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent
+            )
+            code = _follow(proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress)
+        result_file = folder / "result.json"
+        result = json.loads(result_file.read_text()) if result_file.exists() else None
+        said = output.read_text(errors="replace")
+        _, cause, after = said.rpartition("Root Cause")  # torchrun's own account of the failure, or the end
+        tail = cause + after if cause else "\n".join(said.splitlines()[-TAIL_LINES:])
+    status = (result or {}).get("status")
+    killed = _killed_first(said)
+    if status == "failed" and killed is not None:
+        status = None  # the first rank to fail was killed by a signal: the others' errors follow from it
+    if status == "finished":
+        return FitResult(**result["fit"])
+    if status == "preempted":
+        raise Preempted(result["checkpoint"], result["signal"])
+    if status == "budget":
+        raise BudgetExceeded(result["message"], result["checkpoint"])
+    if status == "failed":  # rank 0 raised: the same error here (a ValueError stays one: not retried)
+        kind = ValueError if "ValueError" in result["bases"] else RuntimeError
+        raise kind(f"{result['error']} in the training processes: {result['message']}")
+    raise RankFailed(
+        f"the training processes failed (torchrun exit status {code}"
+        + (f"; a rank was killed by {signal.Signals(killed).name}" if killed else "")
+        + f"): a rank died or lost its peers; the newest "
+        f"checkpoint in {ckpt_dir} is where a retry resumes. torchrun said:\n{tail}"
+    )
+
+
+def _term_with_parent() -> None:
+    """In torchrun's process before it starts (Linux): SIGTERM it when the training task's process dies (SIGKILL,
+    a lost pod), so that the ranks checkpoint and stop instead of training on unwatched, holding the run's
+    lease. Elsewhere nothing is done."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _killed_first(said: str) -> int | None:
+    """The signal that ended the rank torchrun names as the root cause of a failure, if a signal did
+    (its report: `Root Cause (first observed failure): ... exitcode : -9`), else None."""
+    _, found, after = said.rpartition("Root Cause")
+    match = re.search(r"exitcode\s*:\s*(-?\d+)", after) if found else None
+    return -int(match.group(1)) if match and int(match.group(1)) < 0 else None
+
+
+def _follow(proc, events: Path, log, on_step, on_epoch, on_checkpoint, on_progress) -> int:
+    """Hand rank 0's events to the callbacks until torchrun exits (the rest after it); a SIGTERM/SIGINT to
+    this process goes to torchrun, which passes it to the ranks. Returns torchrun's exit status."""
+    handlers = {
+        "log": lambda e: log(e["message"]),
+        "step": lambda e: on_step and on_step(e["step"], e["metrics"]),
+        "epoch": lambda e: on_epoch and on_epoch(e["epoch"], e["metrics"]),
+        "checkpoint": lambda e: on_checkpoint and on_checkpoint(e["uri"]),
+        "progress": lambda e: on_progress and on_progress(e["progress"]),
+    }
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+
+        def forward(signum, frame):
+            log(f"{signal.Signals(signum).name} received: passing it to the training processes")
+            proc.send_signal(signal.SIGTERM)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    position, pending = 0, ""
+    try:
+        while True:
+            done = proc.poll() is not None
+            if events.exists():
+                with open(events, encoding="utf-8") as f:
+                    f.seek(position)
+                    chunk = f.read()
+                    position = f.tell()
+                pending += chunk
+                *lines, pending = pending.split("\n")  # a line not yet ended waits for its end
+                for line in lines:
+                    if line.strip():
+                        event = json.loads(line)
+                        handlers[event["kind"]](event)
+            if done:
+                return proc.returncode
+            time.sleep(POLL_SECONDS)
+    except BaseException:
+        proc.terminate()  # a callback failed (the lease lost, ...): the ranks stop with a checkpoint
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)

@@ -1,0 +1,160 @@
+"""One training run in several processes: `torchrun --nproc-per-node N -m shardline.trainer.ddp_run JOB.json`.
+
+The training task (shardline/tasks/training_run.py) writes JOB and starts torchrun as its child when
+`compute.processes_per_node` > 1; on Kubernetes a TrainJob or JobSet starts the same module on every node
+(deploy/). Plain PyTorch: no Prefect, no MLflow. Every rank trains (trainer/loop.py `fit` under DDP);
+rank 0 alone writes checkpoints and speaks for the run:
+
+- `events` (JSON lines, appended and flushed): {"kind": "log"|"step"|"epoch"|"checkpoint"|"progress", ...},
+  what `fit`'s callbacks say, read by the task (which sends them to MLflow and Prefect) while it runs;
+- `result` (JSON, written atomically at the end): {"status": "finished", "fit": FitResult as a dict},
+  {"status": "preempted", "checkpoint", "signal"} (exit status PREEMPTED_EXIT_CODE) or {"status": "budget",
+  "message", "checkpoint"} (BUDGET_EXIT_CODE) or {"status": "failed", "error", "bases", "message"} (rank 0
+  raised). torchrun itself exits 1 when any rank fails; the status says why, and no result at all means a
+  rank died (killed, lost its peer): an infrastructure failure, which the task's retry resumes.
+
+JOB (JSON): `manifest` (URI), `trains_on` and `validates_on` (split names), `model_spec`, `training`
+(TrainingConfig fields), `task`, `ckpt_dir`, `run_meta`, `events`, `result`, optional `init_weights`
+(a .pt of tensors, loaded with weights_only=True) and `init_source`, `ranking_ks` (ranking data: the
+cutoffs of the validation ranking), `deadline_seconds` with
+`deadline_reason` and `deadline_limit` (a budget: seconds left when the task started torchrun), `threads`
+(torch's threads per process), `step_every`, `progress_seconds`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+import time
+
+import torch
+
+from shardline.core.config import TrainingConfig
+from shardline.trainer.distributed import exit_now, init_from_env, leave, world
+from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
+
+
+class Events:
+    """Rank 0's side of `fit`'s callbacks, as JSON lines a reader may tail while they are written."""
+
+    def __init__(self, path: str | None):
+        self._f = open(path, "a", encoding="utf-8") if path else None
+        self._lock = threading.Lock()
+
+    def put(self, kind: str, **data) -> None:
+        if self._f is None:
+            return
+        line = json.dumps({"kind": kind, **data}, default=float)
+        with self._lock:
+            self._f.write(line + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
+def write_json(uri: str, obj) -> None:
+    """Atomically (the storage layer's write: a local path or an object store URI): a reader sees the whole
+    result or none."""
+    from shardline.core.storage import write_text
+
+    write_text(uri, json.dumps(obj, default=float))
+
+
+def run_job(job: dict, train, val, ranking=None) -> int:
+    """Train `job` on the splits `train` and `val` in this process (one rank of the group torchrun made, or
+    alone); rank 0 writes the events and the result. Returns the exit status."""
+    from shardline.trainer.loop import BudgetExceeded, Deadline, Preempted, fit
+
+    ranks = world()
+    events = Events(job.get("events") if ranks.is_main else None)
+    deadline = None
+    if job.get("deadline_seconds") is not None:
+        reason = job.get("deadline_reason") or "the training budget is spent"
+        deadline = Deadline(time.monotonic() + float(job["deadline_seconds"]), lambda: reason, job["deadline_limit"])
+    init = None
+    if job.get("init_weights"):
+        init = torch.load(job["init_weights"], map_location="cpu", weights_only=True)
+    result_path = job["result"]
+    try:
+        result = fit(
+            train,
+            val,
+            job["model_spec"],
+            TrainingConfig(**job["training"]),
+            job.get("task"),
+            job["ckpt_dir"],
+            on_step=lambda step, m: events.put("step", step=step, metrics=m),
+            on_epoch=lambda epoch, m: events.put("epoch", epoch=epoch, metrics=m),
+            on_checkpoint=lambda uri: events.put("checkpoint", uri=uri),
+            on_progress=lambda p: events.put("progress", progress=p),
+            progress_seconds=float(job.get("progress_seconds", 5.0)),
+            run_meta=job.get("run_meta") or {},
+            log=lambda message: events.put("log", message=message),
+            step_every=job.get("step_every"),
+            init_weights=init,
+            init_source=job.get("init_source", ""),
+            deadline=deadline,
+            ranking=ranking,
+        )
+    except Preempted as stopped:
+        if ranks.is_main:
+            write_json(
+                result_path, {"status": "preempted", "checkpoint": stopped.checkpoint, "signal": stopped.signal_name}
+            )
+        return PREEMPTED_EXIT_CODE
+    except BudgetExceeded as stopped:
+        if ranks.is_main:
+            write_json(result_path, {"status": "budget", "message": str(stopped), "checkpoint": stopped.checkpoint})
+        return BUDGET_EXIT_CODE
+    except Exception as e:  # a code, config or data error: said to the task, which fails at once on it
+        if ranks.is_main:
+            bases = [c.__name__ for c in type(e).__mro__]
+            write_json(result_path, {"status": "failed", "error": type(e).__name__, "bases": bases, "message": str(e)})
+        raise
+    finally:
+        events.close()
+    if ranks.is_main:
+        write_json(result_path, {"status": "finished", "fit": dataclasses.asdict(result)})
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(
+            "usage: torchrun --nproc-per-node N -m shardline.trainer.ddp_run JOB.json (a path or a storage URI)",
+            file=sys.stderr,
+        )
+        return 2
+    from shardline.core.storage import read_text
+
+    job = json.loads(read_text(argv[0]))  # a local path, or a URI in storage (a multi-node launcher's)
+    if job.get("threads"):
+        torch.set_num_threads(int(job["threads"]))
+    init_from_env(TrainingConfig(**job["training"]).device)
+    from shardline.core.manifest import Manifest
+    from shardline.trainer.data import open_split
+
+    manifest = Manifest.model_validate_json(read_text(job["manifest"]))
+    train = open_split(manifest, job["manifest"], job["trains_on"])
+    val = open_split(manifest, job["manifest"], job["validates_on"])
+    code = 1
+    ranking = None
+    if job.get("ranking_ks"):  # ranking data: rank 0 ranks the validation split's groups each epoch
+        from shardline.core.split_ranking import SplitRanking
+
+        ranking = SplitRanking.of_validation(manifest, job["manifest"], job["validates_on"], job["ranking_ks"])
+    try:
+        code = run_job(job, train, val, ranking)
+        return code
+    finally:
+        train.release()
+        val.release()
+        leave(code in (0, PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE))  # every rank stopped at the same step
+
+
+if __name__ == "__main__":
+    exit_now(main(sys.argv[1:]))

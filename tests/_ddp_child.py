@@ -1,0 +1,44 @@
+"""One rank of a DDP training for tests/test_ddp.py: `torchrun --standalone --nproc-per-node N
+tests/_ddp_child.py JOB.json`, or alone (`python tests/_ddp_child.py JOB.json`: one process).
+
+The same as `python -m shardline.trainer.ddp_run JOB.json`, except that the splits are two shard files
+(JOB's `shards`: a folder with train.bin, val.bin and specs.json, `window`, `horizon`) instead of a
+manifest. Each rank writes its pid to `<result>.pid-<rank>` so that the test can kill one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)  # every run computes with the same thread count
+
+from _train_child import split  # noqa: E402 (this script's folder is on sys.path)
+
+from shardline.core.config import TrainingConfig  # noqa: E402
+from shardline.trainer.ddp_run import run_job  # noqa: E402
+from shardline.trainer.distributed import exit_now, init_from_env, leave  # noqa: E402
+from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE  # noqa: E402
+
+
+def main(job_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    ranks = init_from_env(TrainingConfig(**job["training"]).device)
+    Path(f"{job['result']}.pid-{ranks.rank}").write_text(str(os.getpid()))
+    shards = Path(job["shards"])
+    train = split(shards, "train.bin", job["window"], job["horizon"])
+    val = split(shards, "val.bin", job["window"], job["horizon"])
+    code = 1
+    try:
+        code = run_job(job, train, val)
+        return code
+    finally:
+        leave(code in (0, PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE))  # every rank stopped at the same step
+
+
+if __name__ == "__main__":
+    exit_now(main(sys.argv[1]))

@@ -1,0 +1,246 @@
+"""Training in several processes (DDP through torchrun), on this machine's CPU: 2 gloo processes.
+
+Real processes, real torch.distributed: `torchrun --standalone --nproc-per-node 2 tests/_ddp_child.py`
+(shardline/trainer/ddp_run.py's `run_job` on two shard files). At the same global batch, the 2-process
+run follows the 1-process loss curve step by step; a SIGTERM to one rank stops both with one checkpoint;
+a SIGKILL of one rank loses only what followed the newest checkpoint, and the resumed 2-process run ends
+with the very weights of the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardline.core.config import ModelConfig
+from shardline.tasks.torchrun import _killed_first
+from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from shardline.trainer.data import WindowLoader
+from shardline.trainer.loop import TIMING_KEYS
+from shardline.trainer.models import model_spec
+from tests.test_resume_kill import CARDS, HORIZON, N_CLASSES, WINDOW, shards  # noqa: F401 (a fixture)
+
+CHILD = Path(__file__).with_name("_ddp_child.py")
+STEPS = 60  # 2 epochs x 30 steps: 1,920 train windows / global batch 64
+WAIT = 90
+
+
+def job(tmp: Path, folder: Path, label: str, ckpt: Path, dropout: float = 0.0) -> Path:
+    spec = {
+        "shards": str(folder),
+        "window": WINDOW,
+        "horizon": HORIZON,
+        "model_spec": model_spec(ModelConfig(hidden=32, layers=2, dropout=dropout), 2, CARDS, WINDOW, N_CLASSES),
+        "training": dict(
+            epochs=2,
+            batch_size=64,
+            lr=1e-2,
+            warmup_steps=5,
+            device="cpu",
+            precision="fp32",
+            seed=3,
+            checkpoint_every_steps=7,
+            checkpoint_every_seconds=0,
+            keep_checkpoints=2,
+        ),
+        "task": "classification",
+        "ckpt_dir": str(ckpt),
+        "events": str(tmp / f"{label}-events.jsonl"),
+        "result": str(tmp / f"{label}-result.json"),
+        "step_every": 1,
+    }
+    path = tmp / f"{label}-job.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def start(job_path: Path, processes: int, step_delay: float = 0.0) -> subprocess.Popen:
+    env = {**os.environ, "SHARDLINE_TEST_STEP_DELAY": str(step_delay)}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    return subprocess.Popen(
+        [*(launcher if processes > 1 else [sys.executable]), str(CHILD), str(job_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, expect_ok: bool = True) -> str:
+    out, _ = proc.communicate(timeout=WAIT)
+    assert (proc.returncode == 0) == expect_ok, f"exit status {proc.returncode}:\n{out[-3000:]}"
+    return out
+
+
+def events(job_path: Path, kind: str) -> list[dict]:
+    path = Path(json.loads(job_path.read_text())["events"])
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in (json.loads(x) for x in lines if x.endswith("}")) if e["kind"] == kind]
+
+
+def result(job_path: Path) -> dict:
+    return json.loads(Path(json.loads(job_path.read_text())["result"]).read_text())
+
+
+def wait_until(what, message: str):
+    until = time.monotonic() + WAIT
+    while time.monotonic() < until:
+        if got := what():
+            return got
+        time.sleep(0.05)
+    pytest.fail(message)
+
+
+def pid_of(job_path: Path, rank: int) -> int:
+    path = Path(json.loads(job_path.read_text())["result"] + f".pid-{rank}")
+    return int(wait_until(lambda: path.exists() and path.read_text(), f"rank {rank} never started"))
+
+
+def no_timing(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in history]
+
+
+def test_each_rank_takes_its_share_of_every_global_batch(shards):  # noqa: F811
+    """In-process: the ranks' batches, put together in rank order, are the one-process batches, the uneven
+    last one included (1,920 windows: by 50, 20 left for 4 ranks; by 14, 2 left for 7 ranks: empty shares,
+    which train one window at weight 0)."""
+    from tests._train_child import split
+
+    data = split(shards, "train.bin", WINDOW, HORIZON)
+    for batch_size, size in ((64, 2), (50, 4), (14, 7)):
+        one = [b.cont for b in WindowLoader(data, batch_size, seed=3)]
+        loaders = [WindowLoader(data, batch_size, seed=3, rank=r, world_size=size) for r in range(size)]
+        shares = [[b.cont for b in loader] for loader in loaders]
+        assert all(len(s) == len(one) for s in shares)
+        for step, whole in enumerate(one):
+            k = len(whole)
+            parts = [shares[r][step][: k * (r + 1) // size - k * r // size] for r in range(size)]
+            assert torch.equal(torch.cat(parts), whole), (batch_size, size, step)
+        assert {loader.offset for loader in loaders} == {data.n_windows}  # the global position, on every rank
+
+
+def test_two_processes_follow_the_one_process_curve(tmp_path, shards):  # noqa: F811
+    """Without dropout (whose masks differ with the batch's shape), at the same global batch."""
+    one = job(tmp_path, shards, "one", tmp_path / "ckpt-1")
+    two_job = job(tmp_path, shards, "two", tmp_path / "ckpt-2")
+    finish(start(one, 1))
+    finish(start(two_job, 2))
+    two_result = result(two_job)
+    curve_1 = [e["metrics"]["train_loss"] for e in events(one, "step")]
+    curve_2 = [e["metrics"]["train_loss"] for e in events(two_job, "step")]
+    assert len(curve_1) == len(curve_2) == STEPS  # rank 0 alone reports: each step once
+    np.testing.assert_allclose(curve_2, curve_1, rtol=1e-4)
+    assert curve_2[-1] < curve_2[0] / 10  # it learned: the comparison is not of two flat lines
+    w1 = load_checkpoint(result(one)["fit"]["last_checkpoint"])["model"]
+    ckpt = load_checkpoint(two_result["fit"]["last_checkpoint"])
+    for k, v in w1.items():
+        torch.testing.assert_close(ckpt["model"][k], v, rtol=1e-4, atol=1e-5)
+    assert len(ckpt["rng_ranks"]) == 2 and ckpt["loader"]["offset"] == 1920
+    val_1 = [h["val_loss"] for h in result(one)["fit"]["history"]]
+    np.testing.assert_allclose([h["val_loss"] for h in two_result["fit"]["history"]], val_1, rtol=1e-4)
+
+
+def test_sigterm_to_one_rank_stops_all_and_sigkill_resumes_exactly(tmp_path, shards):  # noqa: F811
+    """With dropout: each rank's RNGs are in the checkpoint, and each rank gets its own back."""
+    reference = job(tmp_path, shards, "reference", tmp_path / "ckpt-ref", dropout=0.1)
+    finish(start(reference, 2))
+    ckpt = tmp_path / "ckpt"
+    # a SIGTERM to rank 1 only: both ranks stop at the same step, rank 0 writes one checkpoint
+    first = job(tmp_path, shards, "stopped", ckpt, dropout=0.1)
+    proc = start(first, 2, step_delay=0.03)
+    pid = pid_of(first, 1)
+    wait_until(lambda: len(events(first, "step")) >= 10, "no 10th step")
+    os.kill(pid, signal.SIGTERM)
+    said = finish(proc, expect_ok=False)  # torchrun fails: its ranks exited with PREEMPTED_EXIT_CODE
+    assert _killed_first(said) is None  # the training task reads the result: Preempted, not a dead rank
+    stopped = result(first)
+    assert stopped["status"] == "preempted"
+    at = latest_checkpoint(str(ckpt))[1]["step"]
+    assert Path(stopped["checkpoint"]).name == f"ckpt-{at:09d}.pt" and 10 <= at < STEPS
+
+    # resumed, then rank 1 is killed (SIGKILL) after a later checkpoint: torchrun takes rank 0 down too
+    second = job(tmp_path, shards, "killed", ckpt, dropout=0.1)
+    proc = start(second, 2, step_delay=0.03)
+    pid = pid_of(second, 1)
+    wait_until(lambda: [e for e in events(second, "checkpoint") if "ckpt-000000035" in e["uri"]], "no step 35")
+    os.kill(pid, signal.SIGKILL)
+    said = finish(proc, expect_ok=False)
+    assert _killed_first(said) == signal.SIGKILL  # the training task raises RankFailed: retried, resumed
+    said = Path(json.loads(second.read_text())["result"])
+    assert not said.exists() or result(second)["status"] == "failed"  # rank 0: its peer's connection closed
+    killed_at = latest_checkpoint(str(ckpt))[1]["step"]
+    assert 35 <= killed_at < STEPS
+
+    # the last attempt ends where the uninterrupted run did, to the bit
+    third = job(tmp_path, shards, "resumed", ckpt, dropout=0.1)
+    finish(start(third, 2))
+    got, want = result(third)["fit"], result(reference)["fit"]
+    assert Path(got["resumed_from"]).name == f"ckpt-{killed_at:09d}.pt"
+    assert got["steps"] == want["steps"] == STEPS
+    assert no_timing(got["history"]) == no_timing(want["history"])
+    a, b = load_checkpoint(got["last_checkpoint"]), load_checkpoint(want["last_checkpoint"])
+    for k in b["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for key, state in b["optimizer"]["state"].items():
+        for k, v in state.items():
+            assert torch.equal(a["optimizer"]["state"][key][k], v), (key, k)
+
+
+def test_a_batch_the_processes_cannot_share_equally_or_nodes_without_a_rendezvous_are_refused():
+    from shardline.core.config import ComputeConfig, PipelineConfig
+    from shardline.tasks.torchrun import launcher_args
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config("raw/*.parquet", "store", **{"training.batch_size": 30})
+    with pytest.raises(ValueError, match=r"training.batch_size=30 is not divisible by the world size 4 .*nodes=2"):
+        PipelineConfig.model_validate({**cfg, "compute": {"processes_per_node": 2, "nodes": 2}})
+    assert launcher_args(ComputeConfig(processes_per_node=2), {}) == ["--standalone", "--nproc-per-node=2"]
+    with pytest.raises(ValueError, match=r"compute.nodes=2: .*MASTER_ADDR, MASTER_PORT, NODE_RANK is not set"):
+        launcher_args(ComputeConfig(nodes=2), {})
+    # `shardline rehearse` shrinks the batch for its short run: to a multiple of the processes' count
+    from shardline.app.rehearse import size_batch
+
+    assert size_batch(456, 32, 1, 20) == 23 and size_batch(456, 32, 1, 20, multiple=2) == 22
+    assert size_batch(456, 32, 1, 500, multiple=2) is None
+    jobset = {"MASTER_ADDR": "trainer-0", "MASTER_PORT": "29500", "JOB_COMPLETION_INDEX": "1"}
+    assert launcher_args(ComputeConfig(nodes=2, processes_per_node=8), jobset)[-3:] == [
+        "--node-rank=1",
+        "--master-addr=trainer-0",
+        "--master-port=29500",
+    ]
+
+
+@pytest.mark.e2e
+def test_shardline_run_with_two_processes_per_node(tmp_path):
+    """The whole pipeline, its training under torchrun: rank 0's steps reach MLflow once each, its
+    checkpoints say the world size, and the model is registered."""
+    import sqlite3
+
+    import yaml
+
+    from tests.conftest import make_raw, tiny_config
+    from tests.test_cli import shardline
+
+    make_raw(tmp_path / "raw")
+    cfg = tiny_config("raw/*.parquet", str(tmp_path / "store"), **{"training.device": "cpu"})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({**cfg, "compute": {"processes_per_node": 2}}))
+    out = shardline("run", tmp_path / "c.yaml", cwd=tmp_path)
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, said[-3000:]
+    assert "Registered tiny-model version 1 as @champion" in said
+    (result_file,) = (tmp_path / "store" / "runs").glob("*/result.json")
+    result = json.loads(result_file.read_text())
+    side = json.loads(Path(result["last_checkpoint"]).with_suffix(".json").read_text())
+    assert side["world_size"] == 2 and len(result["history"]) == 2
+    db = sqlite3.connect(tmp_path / "store" / "mlflow.db")
+    steps = db.execute("select count(*), count(distinct step) from metrics where key = 'train/train_loss'").fetchone()
+    assert steps == (result["steps"], result["steps"])  # one value a step: rank 0 alone reports
