@@ -119,6 +119,8 @@ _LONGEST_FIRST = (
     "test_lease.py",
     "test_examples.py",
     "test_text_pipeline.py",
+    "test_ddp.py",
+    "test_dask_encode.py",
     "test_cost_e2e.py",
     "test_registry.py",
 )
