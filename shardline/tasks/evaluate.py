@@ -304,13 +304,13 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
     the same positions."""
     import torch
 
-    from shardline.trainer.data import WindowLoader
+    from shardline.trainer.data import ScoredLoader
     from shardline.trainer.loop import evaluate as validate
 
     scores = validate(model, test, None, 256, torch.device("cpu"))
     text = manifest.encoding.text
     held = np.zeros(text.vocab_size, np.int64)  # the test positions' target tokens, as the model was scored
-    for batch in WindowLoader(test, 4096, seed=0, shuffle=False):
+    for batch in ScoredLoader(test, 4096, stride=True, ignore=text.pad_id):  # the windows `validate` scores
         held += np.bincount(batch.targets[0].numpy().reshape(-1).astype(np.int64), minlength=text.vocab_size)
     held[text.pad_id] = 0
     baseline_ppl = unigram_perplexity(manifest.token_counts or [0] * text.vocab_size, held)

@@ -56,7 +56,7 @@ from shardline.trainer.contract import (
     load_matching,
     model_loss,
 )
-from shardline.trainer.data import SplitData, WindowLoader, check_cache_room, target_names
+from shardline.trainer.data import ScoredLoader, SplitData, WindowLoader, check_cache_room, target_names
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
 from shardline.trainer.models import data_spec_of, model_from_spec
 
@@ -212,7 +212,9 @@ def evaluate(
     extra: dict[str, torch.Tensor] = {}
     ignore = spec.ignore_id  # text: <pad> targets count nowhere
     token_loss = torch.zeros((), dtype=torch.float64, device=device)  # text: the perplexity's token-level sum
-    for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
+    # text: non-overlapping windows, each target token scored once (`ScoredLoader`)
+    loader = ScoredLoader(data, batch_size, stride=ignore is not None, ignore=ignore or 0)
+    for batch in loader:
         b = batch.to(device)
         targets = batch_targets(spec, b)
         with ctx or contextlib.nullcontext():
@@ -240,7 +242,7 @@ def evaluate(
             for key, value in dict(own_metrics(outputs, b.cont, b.cat, targets)).items():
                 extra[key] = extra.get(key, 0.0) + torch.as_tensor(value, device=device).double().detach() * len(b)
     model.train(was_training)
-    n = max(1, data.n_windows)
+    n = max(1, loader.n_windows)
     out = {"val_loss": loss_sum.item() / n}
     out.update({names[k]: v.item() / max(1, counts[k]) for k, v in sums.items()})
     if ignore is not None and spec.targets:  # text: exp of the mean loss over the target tokens
