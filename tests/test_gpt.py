@@ -265,3 +265,21 @@ def test_text_evaluation_scores_each_token_once():
     assert scored.n_windows == 4 + 1 + 2 + 4 < data.n_windows // 4
     every = [b.targets[0] for b in WindowLoader(data, 7, seed=0, shuffle=False)]
     assert sum(int((t != 0).sum()) for t in every) > 5 * int((tokens != 0).sum())  # what it cost before
+
+
+def test_generation_test_pairs_are_each_sequences_source_and_target():
+    """The prompts evaluation generates from are the sources with their <sep>, the references the targets'
+    tokens without the <eos>, read back from the token shards as the encode laid them out."""
+    from shardline.core.encoding.text import EOS_ID, SEP_ID, lay_out
+    from shardline.tasks.evaluate import test_pairs
+    from shardline.trainer.data import SplitData
+
+    sources = [[5, 6, 7], [8], [9, 10, 11, 12, 13, 14]]
+    targets = [[20, 21], [22, 23, 24], [25]]
+    piece = lambda rows: (np.array([t for r in rows for t in r], np.int64), np.array([len(r) for r in rows]))
+    tokens, target, offsets = lay_out([piece(sources), piece(targets)], 3, np.arange(3), 4, True, np.dtype(np.uint16))
+    arrays = {"cont": np.zeros((len(tokens), 0), np.float32), "cat": tokens[:, None], "target": target}
+    data = SplitData([{**arrays, "offsets": offsets}], 4, 1, positions="all")
+    pairs = test_pairs(data, 10, SEP_ID, EOS_ID)
+    assert pairs == [(s + [SEP_ID], t) for s, t in zip(sources, targets)]
+    assert test_pairs(data, 2, SEP_ID, EOS_ID) == pairs[:2]
