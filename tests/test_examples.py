@@ -28,9 +28,9 @@ def readme_commands(example: str, block: int = 0) -> list[str]:
     return [line for line in blocks[block].splitlines() if line.strip() and not line.startswith("#")]
 
 
-def run_commands(commands: list[str], folder: Path) -> str:
+def run_commands(commands: list[str], folder: Path, env_extra: dict | None = None) -> str:
     """Run a README's commands in `folder` as a user would; their output."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env_extra or {})}
     env["PYTHONPATH"] = str(REPO)  # this checkout's shardline, not whichever one is installed (a worktree's)
     out = ""
     for command in commands:
@@ -190,7 +190,31 @@ def test_two_tower_example(tmp_path):
     assert str(client.get_model_version_by_alias("two-tower", "challenger").version) == "2"
 
 
-@pytest.mark.parametrize("example", ["world_model", "pretrain_finetune", "two_tower"])
+def test_small_lm_example(tmp_path):
+    """The README's commands at test size (300 docstrings, 30 steps, 10 test generations: the README's own
+    sizes take minutes): both models run the whole pipeline, register, and generate in a fresh process."""
+    folder = tmp_path / "small_lm"
+    shutil.copytree(EXAMPLES / "small_lm", folder, ignore=shutil.ignore_patterns("data", "store", "__pycache__"))
+    small = " --set training.max_steps_per_epoch=30 --set evaluation.max_generations=10"
+    commands = [c + small if c.startswith("shardline run") else c for c in readme_commands("small_lm")]
+    assert sum(c.startswith("shardline run") for c in commands) == 2
+    assert sum(c.startswith("shardline generate") for c in commands) >= 2
+    generating = [c for c in commands if c.startswith("shardline generate")]
+    run_commands([c for c in commands if c not in generating], folder, {"SMALL_LM_ROWS": "300"})
+    client = client_for(folder)
+    lm = client.get_run(client.get_model_version_by_alias("small-lm", "champion").run_id).data.metrics
+    assert lm["test/perplexity"] < lm["test/perplexity_baseline"]  # below the unigram model's, even this small
+    summarizer = client.get_model_version_by_alias("docstring-summarizer", "champion")
+    metrics = client.get_run(summarizer.run_id).data.metrics
+    assert 0 <= metrics["test/exact_match"] <= metrics["test/token_f1"] <= 1
+    files = {a.path for a in client.list_artifacts(summarizer.run_id, "evaluation")}
+    assert "evaluation/generations.csv" in files
+    # each `shardline generate`, a fresh process, prints text (a tiny model's: poor, but text)
+    for command in generating:
+        assert run_commands([command], folder).strip(), command
+
+
+@pytest.mark.parametrize("example", ["world_model", "pretrain_finetune", "two_tower", "small_lm"])
 def test_example_readme_names_only_files_it_ships(example):
     """The configs the README runs are in the folder, and the code their entrypoints name is too."""
     import yaml

@@ -217,3 +217,69 @@ def test_a_small_gpt_trains_on_encoded_token_shards_and_generates(tmp_path):
         tok = (3 * tok + 1) % 20
         expect.append(tok)
     assert sum(a == b for a, b in zip(out, expect)) >= 4, (out, expect)
+
+
+class Bigram(torch.nn.Module):
+    """Next-token logits from the current token alone: a token's loss is the same in whichever window it is
+    scored, so the mean over each token once can be computed by hand from the whole stream."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab, vocab)
+
+    def forward(self, cont, cat):
+        return {"tokens": self.table(cat[..., 0].long())}
+
+
+def test_text_evaluation_scores_each_token_once():
+    from shardline.trainer.data import ScoredLoader, SplitData, WindowLoader
+    from shardline.trainer.loop import evaluate
+
+    rng = np.random.default_rng(0)
+    lengths = [K * 3 + 5, K + 1, 2 * K + 1, K * 4]  # a tail, exactly one window, two windows, a tail again
+    tokens = np.concatenate([rng.integers(1, V, n) for n in lengths]).astype(np.uint16)
+    tokens[np.cumsum(lengths)[1] - 3 :][:2] = 0  # two <pad> targets (as a short stream's padding)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    arrays = {"cont": np.zeros((len(tokens), 0), np.float32), "cat": tokens[:, None], "target": tokens}
+    arrays["offsets"] = offsets
+    data = SplitData([arrays], K, 1, positions="all")
+    spec = DataSpec([], [], ["tokens"], [V], K, [TargetInfo("tokens", "classification", V, "all")], text={"pad_id": 0})
+    torch.manual_seed(0)
+    model = Bigram(V)
+    # by hand: every (token, next token) pair of each stream once, <pad> targets left out
+    losses = []
+    with torch.no_grad():
+        for lo, hi in zip(offsets[:-1], offsets[1:]):
+            x, y = (
+                torch.from_numpy(tokens[lo : hi - 1].astype(np.int64)),
+                torch.from_numpy(tokens[lo + 1 : hi].astype(np.int64)),
+            )
+            ce = torch.nn.functional.cross_entropy(model.table(x), y, reduction="none")
+            losses.append(ce[y != 0])
+    by_hand = torch.cat(losses).double().mean().item()
+    got = evaluate(model, data, None, 7, torch.device("cpu"), spec=spec)
+    assert got["val_perplexity"] == pytest.approx(math.exp(by_hand), rel=1e-6)
+    # each real target once: as many as the streams hold, in about 1/K of the windows
+    scored = ScoredLoader(data, 7, stride=True)
+    assert sum(int((b.targets[0] != 0).sum()) for b in scored) == sum(len(x) for x in losses)
+    assert scored.n_windows == 4 + 1 + 2 + 4 < data.n_windows // 4
+    every = [b.targets[0] for b in WindowLoader(data, 7, seed=0, shuffle=False)]
+    assert sum(int((t != 0).sum()) for t in every) > 5 * int((tokens != 0).sum())  # what it cost before
+
+
+def test_generation_test_pairs_are_each_sequences_source_and_target():
+    """The prompts evaluation generates from are the sources with their <sep>, the references the targets'
+    tokens without the <eos>, read back from the token shards as the encode laid them out."""
+    from shardline.core.encoding.text import EOS_ID, SEP_ID, lay_out
+    from shardline.tasks.evaluate import test_pairs
+    from shardline.trainer.data import SplitData
+
+    sources = [[5, 6, 7], [8], [9, 10, 11, 12, 13, 14]]
+    targets = [[20, 21], [22, 23, 24], [25]]
+    piece = lambda rows: (np.array([t for r in rows for t in r], np.int64), np.array([len(r) for r in rows]))
+    tokens, target, offsets = lay_out([piece(sources), piece(targets)], 3, np.arange(3), 4, True, np.dtype(np.uint16))
+    arrays = {"cont": np.zeros((len(tokens), 0), np.float32), "cat": tokens[:, None], "target": target}
+    data = SplitData([{**arrays, "offsets": offsets}], 4, 1, positions="all")
+    pairs = test_pairs(data, 10, SEP_ID, EOS_ID)
+    assert pairs == [(s + [SEP_ID], t) for s, t in zip(sources, targets)]
+    assert test_pairs(data, 2, SEP_ID, EOS_ID) == pairs[:2]

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -59,7 +64,29 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     model = mlflow.pyfunc.load_model(registered["model_uri"])
     bundled = model.unwrap_python_model().predictor.tokenizer
     assert hashlib.sha256(bundled.encode()).hexdigest() == manifest.encoding.text.tokenizer_sha256
-    out = model.predict(pl.DataFrame({"body": ["the quick brown", "a lazy"]}).to_pandas())
-    assert list(out.columns) == ["row", "prompt_tokens", "next_token", "probability"]
+    rows = pl.DataFrame({"body": ["the quick brown", "a lazy"]}).to_pandas()
+    out = model.predict(rows)
+    assert list(out.columns) == ["row", "prompt_tokens", "next_token", "probability", "generated"]
     assert out["prompt_tokens"].min() >= 2 and out["next_token"].str.len().min() >= 1
     assert ((out["probability"] > 0) & (out["probability"] <= 1)).all()
+    # greedy by default: the continuation starts with the most likely next token; params are the signature's
+    assert all(g.startswith(t) for g, t in zip(out["generated"], out["next_token"]))
+    short = model.predict(rows, params={"max_tokens": 1})["generated"]
+    assert list(short) == list(out["next_token"])
+    drawn = [
+        model.predict(rows, params={"temperature": 1.5, "seed": s, "max_tokens": 12})["generated"] for s in (1, 1, 2)
+    ]
+    assert list(drawn[0]) == list(drawn[1]) and list(drawn[0]) != list(drawn[2])
+
+    # `shardline generate` in a fresh process, in another folder, the training folder gone: the same greedy text
+    shutil.rmtree(tmp_path / "raw")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this checkout's command
+    command = [sys.executable, "-m", "shardline", "generate", "models:/text-lm@champion", "--prompt", "a lazy"]
+    command += ["--tracking-uri", registered["tracking_uri"]]
+    done = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.rstrip("\n") == out["generated"][1]
+    bad = subprocess.run([*command, "--temperature", "-1"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "temperature=-1.0 must be 0 (greedy) or more" in bad.stderr + bad.stdout

@@ -1,4 +1,4 @@
-"""`shardline`: demo, run, sweep, check-config, predict, rehearse, doctor, cost, gc."""
+"""`shardline`: demo, run, sweep, check-config, predict, generate, rehearse, doctor, cost, gc."""
 
 from __future__ import annotations
 
@@ -388,6 +388,24 @@ def _check_first_file(config) -> None:
     typer.echo(f"# the columns fit {uri}")
 
 
+def _load_model(model_uri: str, tracking_uri: str | None):
+    """The MLflow pyfunc model at `model_uri`, from `tracking_uri` (else $MLFLOW_TRACKING_URI, else
+    ./shardline-home/mlflow.db when there is one); a clear error when it cannot load."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri is None and Path("shardline-home/mlflow.db").exists():
+        uri = f"sqlite:///{Path('shardline-home/mlflow.db').resolve()}"
+    import mlflow
+
+    if uri:
+        mlflow.set_tracking_uri(uri)
+    elif model_uri.startswith(("models:/", "runs:/")):
+        _fail("no MLflow tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI", 2)
+    try:
+        return mlflow.pyfunc.load_model(model_uri)
+    except Exception as e:  # noqa: BLE001 - any load failure: reported with the model URI
+        _fail(f"cannot load model {model_uri} from {uri}: {e}")
+
+
 @app.command()
 def predict(
     model_uri: str = typer.Argument(..., help="models:/NAME@champion, models:/NAME/3, runs:/..., or a model folder"),
@@ -402,23 +420,11 @@ def predict(
     """Write one prediction per window in INPUT, keyed by sequence key and order column so it joins back."""
     import polars as pl
 
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri is None and Path("shardline-home/mlflow.db").exists():
-        uri = f"sqlite:///{Path('shardline-home/mlflow.db').resolve()}"
-    import mlflow
-
-    if uri:
-        mlflow.set_tracking_uri(uri)
-    elif model_uri.startswith(("models:/", "runs:/")):
-        _fail("no MLflow tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI", 2)
     try:
         df = pl.read_parquet(input_path)
     except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
         _fail(f"cannot read {input_path}: {e}", 2)
-    try:
-        model = mlflow.pyfunc.load_model(model_uri)
-    except Exception as e:  # noqa: BLE001 - any load failure: reported with the model URI
-        _fail(f"cannot load model {model_uri} from {uri}: {e}")
+    model = _load_model(model_uri, tracking_uri)
     from shardline.tasks.ingest import naive_utc
 
     schema = model.metadata.get_input_schema()
@@ -437,6 +443,38 @@ def predict(
     result.write_parquet(tmp)
     os.replace(tmp, out)
     typer.echo(f"wrote {result.height} prediction(s) for {df.height} input row(s) to {out}")
+
+
+@app.command()
+def generate(
+    model_uri: str = typer.Argument(..., help="a registered text model: models:/NAME@champion, models:/NAME/3, ..."),
+    prompt: str = typer.Option(..., "--prompt", help="the text to continue (a generation target's source)"),
+    max_tokens: int = typer.Option(32, "--max-tokens", help="new tokens at most"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0: greedy (the most likely token each step)"),
+    top_k: int = typer.Option(0, "--top-k", help="sample among the k most likely tokens (0: every token)"),
+    seed: int = typer.Option(0, "--seed", help="the draws' seed: the same seed, the same text"),
+    tracking_uri: str | None = typer.Option(
+        None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./shardline-home/mlflow.db)"
+    ),
+) -> None:
+    """Print what a registered text model writes after PROMPT (for a generation target: the target it writes
+    for PROMPT as its source), with the tokenizer bundled in the model and a key/value cache."""
+    import pandas as pd
+
+    model = _load_model(model_uri, tracking_uri)
+    python_model = model.unwrap_python_model() if hasattr(model, "unwrap_python_model") else None
+    spec = getattr(getattr(python_model, "predictor", None), "spec", None)
+    if spec is None or spec.text is None:
+        _fail(f"{model_uri} is not a text model (data.features.text): `shardline predict` scores its rows", 2)
+    frame = pd.DataFrame({c: [prompt if i == 0 else ""] for i, c in enumerate(spec.text.columns)})
+    params = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "seed": seed}
+    from shardline.core.encoding.columns import DataError
+
+    try:
+        out = model.predict(frame, params=params)
+    except DataError as e:
+        _fail(str(e), 2)
+    typer.echo(out["generated"].iloc[0])
 
 
 @app.command()

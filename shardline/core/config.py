@@ -633,6 +633,19 @@ class EvaluationConfig(_Strict):
             raise ValueError(f"evaluation.k holds {low}: cutoffs are whole numbers >= 1 (the top k of a ranking)")
         return sorted(set(v))
 
+    max_generations: int = Field(
+        200,
+        ge=0,
+        description="a generation target (data.target.task: generation): how many test sequences are generated "
+        "greedily for exact match and token F1 (the first N, in the shards' order; 0: none)",
+    )
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="a generation target: new tokens per test generation (default: the longest reference + 8, "
+        "at most 256)",
+    )
+
 
 class StorageConfig(_Strict):
     root: str = Field("./shardline-home/store", description="local path or fsspec URL for shards, checkpoints, results")

@@ -30,7 +30,7 @@ from shardline.core.manifest import Manifest
 from shardline.core.ranking import PopularityCounts, RankingScores
 from shardline.core.secrets import redact_text
 from shardline.core.split_ranking import SplitRanking
-from shardline.core.text_metrics import unigram_perplexity
+from shardline.core.text_metrics import text_generation_scores, unigram_perplexity
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
 
@@ -235,45 +235,111 @@ def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
     return {("loss" if k == "val_loss" else k.removeprefix("val_")): v for k, v in scores.items()}
 
 
-def generation_scores(model, manifest: Manifest, manifest_uri: str) -> dict[str, float]:
-    """HOOK (issue #19, the model half): a generation target's exact match and token F1 of greedy generations on
-    the test split; reported and promotable as `exact_match` and `token_f1` once returned here. Empty for now.
-    The pieces are in: `shardline.trainer.generate.generate` (KV cache, `temperature=0`, `eos_id`) and
-    `shardline.core.text_metrics.text_generation_scores`. Per test sequence of the shards: the prompt is its
-    tokens before the first one whose target is not 0 (the source, `<sep>` included), the reference the
-    decoded tokens whose target is not 0, `<eos>` left out (`shardline.core.encoding.text.decode`)."""
-    return {}
+GENERATIONS_FILE = "generations.csv"
+GENERATION_MARGIN = 8  # new tokens beyond the longest reference, by default
+GENERATION_CAP = 256  # ... and never more than this many
 
 
-def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: list, out_dir: Path) -> dict:
+def test_pairs(test, limit: int, sep_id: int, eos_id: int) -> list[tuple[list[int], list[int]]]:
+    """A generation target's (prompt, reference) token ids, per test sequence in the shards' order, the first
+    `limit`: the prompt is the sequence's tokens before its first target token (the source, `<sep>`
+    included), the reference its target tokens from there up to the `<sep>` or `<eos>` that ends them."""
+    from shardline.trainer.data import target_names
+
+    pairs: list[tuple[list[int], list[int]]] = []
+
+    def per_shard(v, s):
+        if len(pairs) >= limit:
+            return
+        tokens = np.asarray(v.arrays["cat"])[:, 0]
+        target = np.asarray(v.arrays[target_names(v.arrays)[0]])
+        offsets = np.asarray(v.arrays["offsets"], dtype=np.int64)
+        for lo, hi in zip(offsets[:-1], offsets[1:]):
+            if len(pairs) >= limit:
+                return
+            real = np.flatnonzero(target[lo:hi])
+            if not len(real):
+                continue
+            first = lo + int(real[0])
+            ref = []
+            for t in tokens[first:hi].tolist():
+                if t in (sep_id, eos_id) or not target[first + len(ref)]:
+                    break
+                ref.append(int(t))
+            pairs.append((tokens[lo:first].astype(np.int64).tolist(), ref))
+
+    test.each_shard(per_shard)
+    return pairs
+
+
+def generation_scores(model, manifest: Manifest, manifest_uri: str, test, config, out_dir: Path) -> tuple[dict, str]:
+    """A generation target's exact match and token F1 (`text_generation_scores`) of greedy generations on the
+    first `evaluation.max_generations` test sequences, each prompted with its source and `<sep>` (as
+    training laid it out) and given `evaluation.max_new_tokens` new tokens (default: the longest reference
+    plus GENERATION_MARGIN, at most GENERATION_CAP); every generation written to generations.csv (source,
+    reference, output). Returns the metrics and a few examples as markdown; ({}, "") for pre-training."""
+    from shardline.core.encoding.text import EOS_ID, SEP_ID, decode
+    from shardline.trainer.generate import continuations
+
+    text = manifest.encoding.text
+    limit = config.evaluation.max_generations
+    if text.target_column is None or limit == 0:
+        return {}, ""
+    pairs = test_pairs(test, limit, SEP_ID, EOS_ID)
+    if not pairs:
+        return {}, ""
+    tokenizer = storage.read_text(
+        storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json")
+    )
+    longest = max(len(r) for _, r in pairs)
+    max_new = config.evaluation.max_new_tokens or min(longest + GENERATION_MARGIN, GENERATION_CAP)
+    outputs = continuations(model, tokenizer, [p for p, _ in pairs], max_new, temperature=0.0, stop_at_sep=True)
+    sources = [decode(tokenizer, p) for p, _ in pairs]
+    references = [decode(tokenizer, r) for _, r in pairs]
+    frame = pl.DataFrame({"source": sources, "reference": references, "output": outputs})
+    frame.write_csv(out_dir / GENERATIONS_FILE)
+    scores = text_generation_scores(outputs, references)
+    cut = lambda t, n=120: (t[:n] + "…" if len(t) > n else t).replace("|", "\\|").replace("\n", " ")
+    rows = [f"| {cut(s)} | {cut(r)} | {cut(o)} |" for s, r, o in frame.head(3).iter_rows()]
+    examples = (
+        f"Greedy generations on {len(pairs)} test sequences (up to {max_new} new tokens; all in {GENERATIONS_FILE}), "
+        "the first three:\n\n| source | reference | output |\n| --- | --- | --- |\n" + "\n".join(rows)
+    )
+    return scores, examples
+
+
+def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: list, out_dir: Path, config) -> dict:
     """Text data: on the test split's target tokens (every window's positions whose target is not <pad>), the
     model's mean token loss (`loss`), its perplexity (exp of it) and next-token accuracy, against a unigram
     model of the training split's target tokens (`perplexity_baseline`: the manifest's `token_counts`), on
     the same positions."""
     import torch
 
-    from shardline.trainer.data import WindowLoader
+    from shardline.trainer.data import ScoredLoader
     from shardline.trainer.loop import evaluate as validate
 
     scores = validate(model, test, None, 256, torch.device("cpu"))
     text = manifest.encoding.text
     held = np.zeros(text.vocab_size, np.int64)  # the test positions' target tokens, as the model was scored
-    for batch in WindowLoader(test, 4096, seed=0, shuffle=False):
+    for batch in ScoredLoader(test, 4096, stride=True, ignore=text.pad_id):  # the windows `validate` scores
         held += np.bincount(batch.targets[0].numpy().reshape(-1).astype(np.int64), minlength=text.vocab_size)
     held[text.pad_id] = 0
     baseline_ppl = unigram_perplexity(manifest.token_counts or [0] * text.vocab_size, held)
     perplexity = scores["val_perplexity"]
     metrics = {"perplexity": perplexity, "loss": math.log(perplexity), "accuracy": scores["val_accuracy"]}
     baseline = {"perplexity": baseline_ppl, "loss": math.log(baseline_ppl)}
-    metrics.update(generation_scores(model, manifest, manifest_uri))
+    generated, examples = generation_scores(model, manifest, manifest_uri, test, config, out_dir)
+    metrics.update(generated)
     directions = {k: "maximize" if k in ("accuracy", "exact_match", "token_f1") else "minimize" for k in metrics}
+    table = M.format_metrics_table(metrics, baseline, directions)
+    files = [str(p) for p in plots] + ([str(out_dir / GENERATIONS_FILE)] if generated else [])
     return {
         "metrics": metrics,
         "baseline": baseline,
-        "table": M.format_metrics_table(metrics, baseline, directions),
+        "table": table + (f"\n\n{examples}" if examples else ""),
         "test_windows": int(test.n_windows),
         "test_tokens": int(held.sum()),
-        "files": [str(p) for p in plots],
+        "files": files,
     }
 
 
@@ -303,7 +369,7 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
         )
     ]
     if spec.text is not None:
-        return evaluate_text(manifest, manifest_uri, model, test, plots, out_dir)
+        return evaluate_text(manifest, manifest_uri, model, test, plots, out_dir, config)
     scores = [_scores(t, train_statistic(manifest, manifest_uri, i, t)) for i, t in enumerate(spec.targets)]
     seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
     seq_keys = SequenceKeys(manifest, manifest_uri, "test", seq) if seq else None

@@ -15,7 +15,7 @@ class ShardlineModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import polars as pl
 
-        return self.predictor.predict_frame(pl.from_pandas(model_input)).to_pandas()
+        return self.predictor.predict_frame(pl.from_pandas(model_input), params=params).to_pandas()
 
 
 mlflow.models.set_model(ShardlineModel())

@@ -36,6 +36,7 @@ from shardline.tasks.gate import better, champion_gate, reevaluate_champion
 from shardline.tasks.ingest import raw_sample
 from shardline.tasks.training_run import kfold_note, model_identity, training_identity
 from shardline.trainer.serving import (
+    GENERATION_PARAMS,
     bundle_dict,
     example_outputs,
     input_columns,
@@ -92,11 +93,14 @@ def _signature(spec, sample_uri: str):
 
     # enough rows for a window (MLflow predicts with the input example when it logs the model: five rows
     # gave it "0 predictions" and an error message in the middle of every registration's output)
-    sample = raw_sample(sample_uri, input_columns(spec), rows=max(5, 4 * (spec.window + spec.horizon)))
-    if spec.text is not None:  # one prediction per row: its keys, prompt length, next token and probability
+    # (text: one prediction per row, each a generation: a few rows)
+    rows = 3 if spec.text is not None else max(5, 4 * (spec.window + spec.horizon))
+    sample = raw_sample(sample_uri, input_columns(spec), rows=rows)
+    if spec.text is not None:  # per row: its keys, prompt length, next token, probability and generated text
         keys = {c: sample[c].iloc[:1].to_numpy() for c in spec.id_columns} or {"row": np.zeros(1, np.int64)}
-        out = text_prediction_frame(keys, {"prompt_tokens": [1], "next_token": ["a"], "probability": [1.0]})
-        return infer_signature(sample, out.to_pandas()), sample
+        columns = {"prompt_tokens": [1], "next_token": ["a"], "probability": [1.0], "generated": ["a"]}
+        out = text_prediction_frame(keys, columns)
+        return infer_signature(sample, out.to_pandas(), params=GENERATION_PARAMS), sample
     keys = {k: (np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy()) for k in key_columns(spec)}
     out = prediction_frame(spec, keys, example_outputs(spec)).to_pandas()
     with warnings.catch_warnings():  # the integer-columns hint: nulls in them are handled by the encoding

@@ -109,3 +109,28 @@ def generate(
     finally:
         model.train(was_training)
     return out
+
+
+def continuations(
+    model: nn.Module,
+    tokenizer_json: str,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop_at_sep: bool = False,
+) -> list[str]:
+    """Each prompt's continuation as text (`generate` one prompt at a time, decoded with the tokenizer the
+    model was trained with): up to `<eos>`, or, for a generation target (`stop_at_sep`), up to the `<sep>`
+    that ends a target in a sequence of several rows. `seed` seeds each prompt's draws alike, so a row's
+    continuation does not depend on the rows beside it."""
+    from shardline.core.encoding.text import EOS_ID, SEP_ID, decode
+
+    out = []
+    for ids in prompts:
+        new = generate(model, ids or [SEP_ID], max_new_tokens, temperature, top_k, seed, eos_id=EOS_ID)
+        if stop_at_sep and SEP_ID in new:
+            new = new[: new.index(SEP_ID)]
+        out.append(decode(tokenizer_json, new))
+    return out

@@ -64,7 +64,7 @@ from shardline.trainer.contract import (
     load_matching,
     model_loss,
 )
-from shardline.trainer.data import SplitData, WindowLoader, check_cache_room, target_names
+from shardline.trainer.data import ScoredLoader, SplitData, WindowLoader, check_cache_room, target_names
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
 from shardline.trainer.distributed import all_sum, check_batch_size, from_main, gather_to_main, rank_bounds, world
 from shardline.trainer.models import data_spec_of, model_from_spec
@@ -227,7 +227,9 @@ def evaluate(
     first = 0  # the batch's first window number: batches come in window order
     if ranking is not None:
         ranking.begin()
-    for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
+    # text: non-overlapping windows, each target token scored once (`ScoredLoader`)
+    loader = ScoredLoader(data, batch_size, stride=ignore is not None, ignore=ignore or 0)
+    for batch in loader:
         b = batch.to(device)
         targets = batch_targets(spec, b)
         with ctx or contextlib.nullcontext():
@@ -266,7 +268,7 @@ def evaluate(
             ranking.update(shard, row, y.cpu().numpy())
         first += len(b)
     model.train(was_training)
-    n = max(1, data.n_windows)
+    n = max(1, loader.n_windows)
     out = {"val_loss": loss_sum.item() / n}
     out.update({names[k]: v.item() / max(1, counts[k]) for k, v in sums.items()})
     if ignore is not None and spec.targets:  # text: exp of the mean loss over the target tokens

@@ -114,12 +114,16 @@ def decode_outputs(spec: EncodingSpec, outputs: dict[str, np.ndarray]) -> dict[s
     return cols
 
 
-TEXT_OUTPUTS = {"prompt_tokens": pl.Int64, "next_token": pl.String, "probability": pl.Float32}
+TEXT_OUTPUTS = {"prompt_tokens": pl.Int64, "next_token": pl.String, "probability": pl.Float32, "generated": pl.String}
+# a text model's `predict` params (MLflow's `predict(data, params=...)`, declared in the signature): what
+# `generated` is; temperature 0 is greedy, top_k 0 samples among every token
+GENERATION_PARAMS = {"max_tokens": 32, "temperature": 0.0, "top_k": 0, "seed": 0}
 
 
 def text_prediction_frame(keys: dict[str, object], columns: dict[str, object]) -> pl.DataFrame:
     """Text data's predictions, one row per input row: its keys, then `prompt_tokens` (the row's prompt, as
-    training laid it out), `next_token` (the most likely next token, as text) and its `probability`."""
+    training laid it out), `next_token` (the most likely next token, as text), its `probability`, and
+    `generated` (the text the model writes after the prompt: for a generation target, the row's target)."""
     out = {name: v if isinstance(v, pl.Series) else pl.Series(name, v) for name, v in keys.items()}
     for name, dtype in TEXT_OUTPUTS.items():
         out[name] = pl.Series(name, columns[name], dtype=dtype)
@@ -155,6 +159,26 @@ def prediction_frame(spec: EncodingSpec, keys: dict[str, object], outputs: dict[
         out["position"] = np.tile(np.arange(k, dtype=np.int64), n)
     out.update(decode_outputs(spec, outputs))
     return pl.DataFrame(out)
+
+
+def generation_params(params: dict | None) -> dict:
+    """GENERATION_PARAMS with `params` over them, checked: a clear error naming the param that cannot work."""
+    unknown = sorted(set(params or {}) - set(GENERATION_PARAMS))
+    if unknown:
+        raise DataError(f"unknown generation param(s) {unknown}: a text model takes {list(GENERATION_PARAMS)}")
+    p = {**GENERATION_PARAMS, **{k: v for k, v in (params or {}).items() if v is not None}}
+    try:
+        p = {k: type(GENERATION_PARAMS[k])(v) for k, v in p.items()}
+    except (TypeError, ValueError) as e:
+        raise DataError(f"generation params {params}: {e}") from None
+    for name, ok, want in (
+        ("max_tokens", p["max_tokens"] >= 0, "0 or more"),
+        ("temperature", p["temperature"] >= 0, "0 (greedy) or more"),
+        ("top_k", p["top_k"] >= 0, "0 (every token) or more"),
+    ):
+        if not ok:
+            raise DataError(f"generation param {name}={p[name]} must be {want}")
+    return p
 
 
 class Predictor:
@@ -198,12 +222,17 @@ class Predictor:
         texts = [df[c].cast(pl.Utf8).fill_null("").to_list() for c in t.columns]
         return prompt_ids(self.tokenizer, texts, generation=t.target_column is not None)
 
-    def predict_text(self, df: pl.DataFrame, batch_size: int = 256) -> pl.DataFrame:
+    def predict_text(self, df: pl.DataFrame, batch_size: int = 256, params: dict | None = None) -> pl.DataFrame:
         """Text data: per row, its prompt's next token (greedy) and probability, from the prompt's last window
-        (the model reads up to data.window tokens; the continuation is `generate`'s, the model half's hook)."""
+        (the model reads up to data.window tokens), and the text generated after the prompt (`generate`, with
+        the key/value cache; `params`: GENERATION_PARAMS' keys; a generation target's text ends at its
+        `<sep>` or `<eos>`)."""
         import torch
 
         from shardline.core.encoding.text import decode
+        from shardline.trainer.generate import continuations
+
+        gen = generation_params(params)
 
         k, ids = self.spec.window, self.prompts(df)
         window = np.zeros((len(ids), k), np.int64)  # right-padded with <pad>: a causal model never sees it
@@ -224,10 +253,20 @@ class Predictor:
                 best[lo : lo + len(cat)] = p.argmax(dim=-1).numpy()
                 prob[lo : lo + len(cat)] = p.max(dim=-1).values.numpy()
         keys = {c: df[c] for c in self.spec.id_columns if c in df.columns} or {"row": np.arange(df.height)}
+        generated = continuations(
+            self.model,
+            self.tokenizer,
+            ids,
+            gen["max_tokens"],
+            gen["temperature"],
+            gen["top_k"] or None,
+            gen["seed"],
+            stop_at_sep=self.spec.text.target_column is not None,
+        )
         columns = {"prompt_tokens": [len(p) for p in ids], "next_token": [decode(self.tokenizer, [b]) for b in best]}
-        return text_prediction_frame(keys, {**columns, "probability": prob})
+        return text_prediction_frame(keys, {**columns, "probability": prob, "generated": generated})
 
-    def predict_frame(self, df: pl.DataFrame, batch_size: int = 4096) -> pl.DataFrame:
+    def predict_frame(self, df: pl.DataFrame, batch_size: int = 4096, params: dict | None = None) -> pl.DataFrame:
         """One prediction per window the rows contain (each row with K rows of history in its sequence); text
         data: one per row (`predict_text`)."""
         from shardline.trainer.data import SplitData
@@ -241,7 +280,7 @@ class Predictor:
                 "signature lists every input column)"
             )
         if spec.text is not None:
-            return self.predict_text(df)
+            return self.predict_text(df, params=params)
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
         prepared = prepare(df, spec.sequence_key, spec.order_by, "input", spec.order_format)
         prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # the rows as the encoding lays them out
