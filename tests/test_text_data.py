@@ -251,6 +251,14 @@ def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
             encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(path)}), out=path.stem)
         assert str(path) in str(err.value)
 
+    # a vocabulary the storage type cannot hold is refused naming data.tokenizer; the narrowest type otherwise
+    from shardline.core.encoding.text import token_dtype
+
+    sizes = (300, 1 << 16, (1 << 16) + 1, 1 << 32)
+    assert [token_dtype(v) for v in sizes] == [np.uint16, np.uint16, np.uint32, np.uint32]
+    with pytest.raises(DataError, match="data.tokenizer: the vocabulary has 4,294,967,297 ids.*uint32"):
+        token_dtype((1 << 32) + 1)
+
     # text mixed with other roles, or without a tokenizer, or asked for the last position only: the config says so
     for data, said in (
         ({"features": {"text": ["body"], "continuous": ["x"]}}, "cannot be mixed"),
