@@ -259,6 +259,18 @@ def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
     with pytest.raises(DataError, match="data.tokenizer: the vocabulary has 4,294,967,297 ids.*uint32"):
         token_dtype((1 << 32) + 1)
 
+    # a parent whose learned positions cover another context than data.window: refused, not re-initialised
+    from shardline.trainer.contract import ModelContractError, load_matching
+
+    def lm(window):
+        m = torch.nn.Module()
+        m.wte, m.wpe = torch.nn.Embedding(10, 4), torch.nn.Embedding(window, 4)
+        return m
+
+    with pytest.raises(ModelContractError, match=r"covers? a context of 8 tokens, this model's 16 \(data.window\)"):
+        load_matching(lm(16), lm(8).state_dict(), "runs:/parent/model")
+    assert load_matching(lm(8), lm(8).state_dict(), "runs:/parent/model")["skipped"] == []
+
     # text mixed with other roles, or without a tokenizer, or asked for the last position only: the config says so
     for data, said in (
         ({"features": {"text": ["body"], "continuous": ["x"]}}, "cannot be mixed"),
