@@ -231,6 +231,11 @@ def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
     skipped = log_skipped_rows(groups, SimpleNamespace(warning=lambda msg, *args: logged.append(msg % args)))
     assert list(skipped.values()) == [{"body": 3}] and "3 in all" in logged[0] and "a.parquet" in logged[0]
 
+    # every text row skipped: an empty corpus after the split, refused naming data.split and data.window
+    write(tmp_path, pl.DataFrame({"body": [None] * 30}, schema={"body": pl.String}))
+    with pytest.raises(DataError, match=r"train, validation, test with no window.*data.split.*data.window=8"):
+        encode(tmp_path, text_config(tmp_path, on_bad_rows="skip"), out="empty")
+
     # a column that is not text, declared as text: the file is refused before any work, naming it
     write(tmp_path, pl.DataFrame({"body": [1, 2, 3]}))
     with pytest.raises(DataError, match="column 'body' has type int64, but as the text it must be a string"):
@@ -250,6 +255,26 @@ def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
         with pytest.raises(DataError, match=said) as err:
             encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(path)}), out=path.stem)
         assert str(path) in str(err.value)
+
+    # a vocabulary the storage type cannot hold is refused naming data.tokenizer; the narrowest type otherwise
+    from shardline.core.encoding.text import token_dtype
+
+    sizes = (300, 1 << 16, (1 << 16) + 1, 1 << 32)
+    assert [token_dtype(v) for v in sizes] == [np.uint16, np.uint16, np.uint32, np.uint32]
+    with pytest.raises(DataError, match="data.tokenizer: the vocabulary has 4,294,967,297 ids.*uint32"):
+        token_dtype((1 << 32) + 1)
+
+    # a parent whose learned positions cover another context than data.window: refused, not re-initialised
+    from shardline.trainer.contract import ModelContractError, load_matching
+
+    def lm(window):
+        m = torch.nn.Module()
+        m.wte, m.wpe = torch.nn.Embedding(10, 4), torch.nn.Embedding(window, 4)
+        return m
+
+    with pytest.raises(ModelContractError, match=r"covers? a context of 8 tokens, this model's 16 \(data.window\)"):
+        load_matching(lm(16), lm(8).state_dict(), "runs:/parent/model")
+    assert load_matching(lm(8), lm(8).state_dict(), "runs:/parent/model")["skipped"] == []
 
     # text mixed with other roles, or without a tokenizer, or asked for the last position only: the config says so
     for data, said in (

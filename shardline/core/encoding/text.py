@@ -40,7 +40,13 @@ PAD_ID, SEP_ID, EOS_ID = 0, 1, 2
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """The narrowest unsigned type for token ids: uint16 below 65,536 ids, else uint32."""
+    """The narrowest unsigned type for token ids: uint16 up to 65,536 ids, else uint32; a vocabulary
+    larger than uint32 holds is refused before any work, naming the setting."""
+    if vocab_size > 1 << 32:
+        raise DataError(
+            f"data.tokenizer: the vocabulary has {vocab_size:,} ids, more than the largest token storage "
+            f"type (uint32) holds ({1 << 32:,}); use a tokenizer with a smaller vocabulary"
+        )
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
