@@ -322,8 +322,8 @@ def load_matching(model: nn.Module, weights: dict[str, torch.Tensor], source: st
                 raise ModelContractError(
                     f"training.init_from={source}: its learned positions ({name}) cover a context of "
                     f"{value.shape[0]} tokens, this model's {own[name].shape[0]} (data.window); re-initialising "
-                    f"them would silently discard what the parent learned: set data.window to {value.shape[0]} "
-                    "(or less, with a parent trained on that window), or drop training.init_from"
+                    f"them would silently discard what the parent learned: set data.window to {value.shape[0]}, "
+                    "the parent's, or drop training.init_from"
                 )
             skipped.append(f"{name} {list(value.shape)} -> {list(own[name].shape)}")
             continue
