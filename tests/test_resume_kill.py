@@ -354,3 +354,45 @@ def test_kill_mid_epoch_and_resume_a_users_model_bit_identical(run, tmp_path, us
     child.kill()
     assert latest_checkpoint(str(folder))[1]["step"] == 14
     resumed(run, folder, 14, reference, model_spec=spec)
+
+
+# ---------------------------------------------------------------- text: a small GPT on token shards
+
+
+def test_kill_mid_epoch_of_a_gpt_on_text_and_resume_bit_identical(tmp_path):
+    """The same guarantee for text (issue #19): a gpt on BPE token shards, SIGKILLed mid-epoch between
+    checkpoints, resumes in a fresh process to the uninterrupted run's weights, bit for bit."""
+    import polars as pl
+
+    from shardline.core.config import validate_config
+    from shardline.core.manifest import Manifest
+    from shardline.tasks.encode import encode_dataset
+    from shardline.tasks.ingest import snapshot_source
+    from shardline.trainer.models import model_spec_for
+    from shardline.trainer.serving import data_spec
+    from tests.test_text_data import sentences, text_config, write
+
+    write(tmp_path, pl.DataFrame({"body": sentences(240, seed=4, lo=6, hi=14)}))
+    raw = text_config(tmp_path)
+    raw["model"] = {"family": "gpt", "params": {"d_model": 32, "n_layer": 2, "n_head": 2, "dropout": 0.1}}
+    cfg = validate_config(raw)
+    uri = encode_dataset(snapshot_source(cfg.data), cfg.data, str(tmp_path / "data"), threads=1)
+    spec = model_spec_for(cfg.model, data_spec(Manifest.model_validate_json(Path(uri).read_text()).encoding))
+    job = dict(manifest=uri, model_spec=spec, training=training(batch_size=16, checkpoint_every_steps=5))
+
+    ref_result = Child(tmp_path, tmp_path, tmp_path / "ref", "text-reference", **job).finish()
+    steps = ref_result["steps"]
+    assert steps > 12 and ref_result["resumed_from"] is None, ref_result["steps"]
+    reference = (ref_result, load_checkpoint(ref_result["last_checkpoint"]))
+
+    folder = tmp_path / "ckpt"
+    child = Child(tmp_path, tmp_path, folder, "text-killed", hold_at_step=12, **job)
+    try:
+        child.wait_for("held 12")
+        child.kill()
+    finally:
+        child.proc.kill()
+    assert latest_checkpoint(str(folder))[1]["step"] == 10  # steps 11-12 are lost and redone
+    result = Child(tmp_path, tmp_path, folder, "text-resume", **job).finish()
+    assert Path(result["resumed_from"]).name == name(10)
+    assert_same_as_reference(result, reference, folder)
