@@ -4,6 +4,12 @@ run preempted mid-epoch resumes to the weights of a run that never stopped. Prin
 
     .venv/bin/python benchmarks/gpu_train.py STORE/datasets/ID/manifest.json              # CUDA if present
     .venv/bin/python benchmarks/gpu_train.py MANIFEST --families mlp transformer --workers 0 2 --epochs 2
+    .venv/bin/python benchmarks/gpu_train.py MANIFEST --families mlp --modes eager compile graphs compile+graphs
+
+--modes compares the launch-bound remedies in the same run: eager steps, `training.compile`, `training.cuda_graphs`
+(the whole step captured and replayed) and both; the table gives each one's steps/s as a ratio to eager, and
+the resume check runs with the last mode given (a graph-captured run preempted and resumed must end on the same
+weights as one that never stopped).
 
 Only `trainer/` and the contract types are imported (no Prefect, no MLflow), so it runs on a bare GPU
 host with torch, numpy, fsspec, pyyaml and pydantic. The model and training settings are the demo
@@ -51,10 +57,18 @@ class TimedLoader(WindowLoader):
             yield b
 
 
-def run_fit(train, val, spec, cfg, task, ckpt, resume=True):
+MODES = {
+    "eager": ["training.compile=false", "training.cuda_graphs=false"],
+    "compile": ["training.compile=true", "training.cuda_graphs=false"],
+    "graphs": ["training.compile=false", "training.cuda_graphs=true"],
+    "compile+graphs": ["training.compile=true", "training.cuda_graphs=true"],
+}
+
+
+def run_fit(train, val, spec, cfg, task, ckpt, resume=True, log=lambda m: None):
     TimedLoader.waited = 0.0
     t = time.perf_counter()
-    result = loop.fit(train, val, spec, cfg, task, ckpt, resume=resume, log=lambda m: None)
+    result = loop.fit(train, val, spec, cfg, task, ckpt, resume=resume, log=log)
     return result, time.perf_counter() - t, TimedLoader.waited
 
 
@@ -72,6 +86,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--preempt-at", type=int, default=150, help="optimizer step the resume check preempts at")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows and the resume check to PATH as JSON")
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["eager"],
+        choices=sorted(MODES),
+        help="step modes to compare (the resume check runs the last one)",
+    )
     args = ap.parse_args()
 
     loop.WindowLoader = TimedLoader  # fit builds its loaders through this name
@@ -109,30 +131,53 @@ def main() -> None:
             spec = model_spec(cfg.model, len(enc.continuous), enc.cat_cardinalities, enc.window, enc.target.n_outputs)
             params = sum(p.numel() for p in loop.model_from_spec(spec).parameters())
             for w in args.workers:
-                tc = cfg.training.model_copy(update={"num_workers": w})
-                res, wall, waited = run_fit(
-                    train, val, spec, tc, enc.target.task, str(work / f"{family}-{w}"), resume=False
-                )
-                last = res.history[-1]
-                train_s = sum(h["seconds"] for h in res.history)
-                rows.append(
-                    {
-                        "model": f"{family} ({params / 1e6:.2f}M)",
-                        "workers": w,
-                        "precision": res.precision,
-                        "windows/s": last["windows_per_s"],
-                        "steps/s": last["windows_per_s"] / args.batch,
-                        "input-bound": waited / max(train_s, 1e-9),
-                        "val_loss": last["val_loss"],
-                        "score": last.get("val_accuracy", last.get("val_mae")),
-                        "wall": wall,
-                    }
-                )
-                print(
-                    f"  {family} workers={w}: {last['windows_per_s']:,.0f} windows/s, waited {waited:.2f}s of "
-                    f"{train_s:.1f}s",
-                    flush=True,
-                )
+                eager_rate = None
+                for mode in args.modes:
+                    tc = load_config(
+                        ROOT / "shardline" / "configs" / "demo.yaml",
+                        [
+                            f"training.batch_size={args.batch}",
+                            f"training.epochs={args.epochs}",
+                            f"model.family={family}",
+                            *args.set,
+                            *MODES[mode],
+                        ],
+                    ).training.model_copy(update={"num_workers": w})
+                    said = []
+                    res, wall, waited = run_fit(
+                        train,
+                        val,
+                        spec,
+                        tc,
+                        enc.target.task,
+                        str(work / f"{family}-{w}-{mode}"),
+                        resume=False,
+                        log=said.append,
+                    )
+                    last = res.history[-1]
+                    train_s = sum(h["seconds"] for h in res.history)
+                    eager_rate = last["windows_per_s"] if mode == "eager" else eager_rate
+                    notes = [m for m in said if "cuda_graphs" in m]
+                    rows.append(
+                        {
+                            "model": f"{family} ({params / 1e6:.2f}M)",
+                            "workers": w,
+                            "mode": mode,
+                            "precision": res.precision,
+                            "windows/s": last["windows_per_s"],
+                            "steps/s": last["windows_per_s"] / args.batch,
+                            "x eager": last["windows_per_s"] / eager_rate if eager_rate else float("nan"),
+                            "input-bound": waited / max(train_s, 1e-9),
+                            "val_loss": last["val_loss"],
+                            "score": last.get("val_accuracy", last.get("val_mae")),
+                            "wall": wall,
+                        }
+                    )
+                    print(
+                        f"  {family} workers={w} {mode}: {last['windows_per_s']:,.0f} windows/s, waited {waited:.2f}s "
+                        f"of {train_s:.1f}s{'; ' + ' | '.join(notes) if notes else ''}",
+                        flush=True,
+                    )
 
         # resume: an uninterrupted run against one preempted (SIGTERM, the spot path) at --preempt-at, then resumed
         family = args.families[0]
@@ -144,6 +189,7 @@ def main() -> None:
                 f"model.family={family}",
                 "training.checkpoint_every_steps=50",
                 *args.set,
+                *MODES[args.modes[-1]],
             ],
         )
         spec = model_spec(cfg.model, len(enc.continuous), enc.cat_cardinalities, enc.window, enc.target.n_outputs)
@@ -177,17 +223,18 @@ def main() -> None:
         f"{train.n_windows:,} train windows of K={enc.window}, batch {args.batch}, {args.epochs} epoch(s), last epoch\n"
     )
     print(
-        "| model | loader workers | precision | windows/s | optimizer steps/s | input-bound (waiting for a batch) | "
-        "val_loss | val score | wall s |"
+        "| model | loader workers | step | precision | windows/s | optimizer steps/s | x eager | input-bound (waiting "
+        "for a batch) | val_loss | val score | wall s |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['model']} | {r['workers']} | {r['precision']} | {r['windows/s']:,.0f} | {r['steps/s']:,.1f} | "
+            f"| {r['model']} | {r['workers']} | {r['mode']} | {r['precision']} | {r['windows/s']:,.0f} | "
+            f"{r['steps/s']:,.1f} | {r['x eager']:.2f} | "
             f"{100 * r['input-bound']:.1f} % | "
             f"{r['val_loss']:.4f} | {r['score']:.4f} | {r['wall']:.1f} |"
         )
-    print(f"\n## Resume ({family}, 1 epoch, checkpoint every 50 steps)\n")
+    print(f"\n## Resume ({family}, {args.modes[-1]} steps, 1 epoch, checkpoint every 50 steps)\n")
     print(f"- preempted: {resume['preempted']}; resumed from {resume['resumed_from']}")
     print(f"- optimizer steps, uninterrupted / preempted+resumed: {resume['steps'][0]} / {resume['steps'][1]}")
     print(
@@ -195,6 +242,19 @@ def main() -> None:
         f"{resume['max_weight_diff']:.3g}"
     )
     print(f"- preempted run + resume, wall: {resume['seconds']:.1f} s")
+    if args.json:
+        Path(args.json).write_text(
+            __import__("json").dumps(
+                {
+                    "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                    "torch": torch.__version__,
+                    "batch": args.batch,
+                    "rows": rows,
+                    "resume": {**resume, "mode": args.modes[-1]},
+                },
+                indent=2,
+            )
+        )
     print(
         f"- GPU deterministic algorithms: {torch.are_deterministic_algorithms_enabled()} (cuBLAS/cuDNN kernels may "
         "differ in the last bits)"

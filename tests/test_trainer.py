@@ -616,6 +616,67 @@ def test_sigterm_checkpoints_then_resume_is_bit_identical(data, tmp_path, straig
     assert no_timing(result.history) == no_timing(reference.history)
 
 
+def test_cuda_graphs_on_the_cpu_say_so_and_train_exactly_as_eager_steps(data, tmp_path, straight):
+    reference, ref_weights = straight["mlp"]
+    said = []
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for("mlp"),
+        train_cfg(cuda_graphs=True),
+        "classification",
+        str(tmp_path / "ckpt"),
+        log=said.append,
+    )
+    assert any(
+        m.startswith("note: training.cuda_graphs is set, but every step runs eagerly: it trains on cpu") for m in said
+    ), said
+    assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
+    assert no_timing(result.history) == no_timing(reference.history)
+
+
+def test_a_checkpoint_of_a_captured_run_resumes_with_eager_steps(data, tmp_path, straight):
+    """A run on a GPU with training.cuda_graphs saves AdamW capturable, its learning rate a tensor: resumed on
+    a machine without graphs (here the CPU) it steps as an ordinary AdamW, exactly as the uninterrupted run."""
+    reference, ref_weights = straight["mlp"]
+    folder = str(tmp_path / "ckpt")
+
+    def terminate(step, metrics):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(Preempted) as stopped:
+        fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for("mlp"),
+            train_cfg(),
+            "classification",
+            folder,
+            on_step=terminate,
+            step_every=1,
+            log=quiet,
+        )
+    pt, side = latest_checkpoint(folder)
+    assert pt == stopped.value.checkpoint
+    state = load_checkpoint(pt)
+    for group in state["optimizer"]["param_groups"]:  # as match_optimizer leaves them for a captured step
+        group["capturable"], group["lr"] = True, torch.tensor(group["lr"], dtype=torch.float32)
+    meta = {k: v for k, v in side.items() if k not in ("format", "step", "file", "sha256", "bytes", "saved_at")}
+    save_checkpoint(folder, side["step"], state, meta, is_best=False, keep=10)
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for("mlp"),
+        train_cfg(cuda_graphs=True),  # switching it resumes the same run: it changes nothing that is trained
+        "classification",
+        folder,
+        log=quiet,
+    )
+    assert result.resumed_from == pt
+    assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
+
+
 def test_finished_run_is_not_trained_again(data, tmp_path, straight):
     reference, _ = straight["mlp"]
     folder = Path(reference.last_checkpoint).parent

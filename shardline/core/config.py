@@ -519,6 +519,7 @@ class TrainingConfig(_Strict):
         "precision",
         "num_workers",
         "compile",
+        "cuda_graphs",
         "checkpoint_every_steps",
         "checkpoint_every_seconds",
         "keep_checkpoints",
@@ -598,6 +599,15 @@ class TrainingConfig(_Strict):
         False,
         description="run the training step's forward through torch.compile (for GPUs: it pays off on long runs of "
         "a fixed shape; the first steps wait for the compilation)",
+    )
+    cuda_graphs: bool = Field(
+        False,
+        description="on a CUDA device, capture the whole optimizer step (forward, loss, backward, clipping, AdamW) "
+        "of full batches once as a CUDA graph and replay it: one launch a step instead of hundreds, for small "
+        "models whose steps wait on Python and kernel launches. Each epoch's last, shorter batch, fp16 (its loss "
+        "scaler reads the gradients back) and several processes train eagerly; a step that cannot be captured "
+        "(a model that reads a value back to Python, or changes shape) says so and the run goes on eagerly. "
+        "Ignored on the CPU",
     )
     fold: int | None = Field(
         None,

@@ -61,11 +61,12 @@ def pick_precision(pref: str, device: torch.device) -> str:
     return pref
 
 
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """The one mixed-precision context of a run: a null context for fp32."""
+def autocast(device: torch.device, precision: str, cache: bool = True) -> contextlib.AbstractContextManager:
+    """The one mixed-precision context of a run: a null context for fp32. `cache=False` for a step captured as
+    a CUDA graph (the cast weights are then recomputed in the graph, as capture requires)."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=_DTYPES[precision])
+    return torch.autocast(device_type=torch.device(device).type, dtype=_DTYPES[precision], cache_enabled=cache)
 
 
 def needs_grad_scaler(precision: str) -> bool:

@@ -67,6 +67,7 @@ from shardline.trainer.contract import (
 from shardline.trainer.data import ScoredLoader, SplitData, WindowLoader, check_cache_room, target_names
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
 from shardline.trainer.distributed import all_sum, check_batch_size, from_main, gather_to_main, rank_bounds, world
+from shardline.trainer.graphed import GraphedStep, graphs_blocker, match_optimizer, set_lr
 from shardline.trainer.models import data_spec_of, model_from_spec
 
 TASKS = ("classification", "regression")
@@ -617,7 +618,12 @@ def fit(
     step_model = torch.compile(model) if cfg.compile else model
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
-    ctx = autocast(device, precision)  # chosen once: every precision shares the one step below
+    blocker = graphs_blocker(device, precision, ranks.size) if cfg.cuda_graphs else None
+    graphs = cfg.cuda_graphs and blocker is None
+    if blocker:
+        log(f"note: training.cuda_graphs is set, but every step runs eagerly: {blocker}")
+    # chosen once: every precision shares the one step below (a captured step recomputes its casts)
+    ctx = autocast(device, precision, cache=not graphs)
     loader = WindowLoader(
         train,
         cfg.batch_size,
@@ -690,6 +696,8 @@ def fit(
             f"{loader.offset}/{loader.n_windows} windows of the epoch done"
         )
 
+    match_optimizer(optimizer, device, graphs)  # also over a checkpoint's groups, which bring their own form
+
     ddp = None
     if ranks.distributed:
         from torch.nn.parallel import DistributedDataParallel
@@ -754,6 +762,54 @@ def fit(
         return uri
 
     checked = False
+
+    def train_step(micro: list, real: list[int], weight: list[float], n_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step: forward, loss and backward of each micro-batch, clipping, the update. Returns the
+        step's loss (the global batch's mean) and this process's part of the epoch's loss sum, on the device
+        (no value is read back here: a CUDA graph can capture this function whole)."""
+        nonlocal checked
+        step_loss = torch.zeros((), dtype=torch.float64, device=device)
+        part = torch.zeros((), dtype=torch.float64, device=device)
+        for i, batch in enumerate(micro):
+            b = batch.to(device, non_blocking=True)
+            targets = batch_targets(data_spec, b)
+            with ctx:
+                outputs = as_outputs(step_model(b.cont, b.cat), data_spec)
+                if not checked:  # the contract, on the run's first batch: before any step is taken
+                    check_outputs(outputs, data_spec, len(b))
+                loss = model_loss(model, outputs, b.cont, b.cat, targets, data_spec, cfg.loss_weights)
+            if not checked:
+                check_loss(loss, loop["step"] + 1, model)
+                checked = True
+            # gradients add up over micro-batches: scale each so the step follows their mean
+            # (len(micro) is grad_accum except for an epoch's last, shorter group)
+            if ddp is None:
+                scaler.scale(loss / len(micro)).backward()
+            else:  # the ranks' gradients are averaged once, at the step's last micro-batch
+                with ddp.no_sync() if i < len(micro) - 1 else contextlib.nullcontext():
+                    scaler.scale(loss * weight[i] / len(micro)).backward()
+            step_loss += loss.detach().double() * (real[i] / n_step)
+            part += loss.detach().double() * (len(b) if ddp is None else real[i])
+        if cfg.grad_clip is not None:
+            scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        return step_loss, part
+
+    # training.cuda_graphs: full steps (grad_accum full batches) replay one captured graph
+    graphed = (
+        GraphedStep(
+            lambda bs: train_step(bs, [len(b) for b in bs], [1.0] * len(bs), sum(len(b) for b in bs)),
+            (cfg.batch_size,) * cfg.grad_accum,
+            optimizer,
+            [p for p in model.parameters() if p.requires_grad],
+            device,
+            log,
+        )
+        if graphs
+        else None
+    )
     name = spec["model"].get("entrypoint") or spec["model"]["family"]
     log(
         f"training {name} ({sum(p.numel() for p in model.parameters()):,} parameters) on "
@@ -829,39 +885,14 @@ def fit(
                     real = [(lambda lo, hi: hi - lo)(*rank_bounds(k, ranks.rank, ranks.size)) for k in ks]
                     weight = [r * ranks.size / k for r, k in zip(real, ks)]
                 lr = lr_at(loop["step"], cfg, total_steps)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                step_loss = torch.zeros((), dtype=torch.float64, device=device)
-                epoch_part = torch.zeros((), dtype=torch.float64, device=device)  # of the epoch's loss sum
-                for i, batch in enumerate(micro):
-                    b = batch.to(device, non_blocking=True)
-                    targets = batch_targets(data_spec, b)
-                    with ctx:
-                        outputs = as_outputs(step_model(b.cont, b.cat), data_spec)
-                        if not checked:  # the contract, on the run's first batch: before any step is taken
-                            check_outputs(outputs, data_spec, len(b))
-                        loss = model_loss(model, outputs, b.cont, b.cat, targets, data_spec, cfg.loss_weights)
-                    if not checked:
-                        check_loss(loss, loop["step"] + 1, model)
-                        checked = True
-                    # gradients add up over micro-batches: scale each so the step follows their mean
-                    # (len(micro) is grad_accum except for an epoch's last, shorter group)
-                    if ddp is None:
-                        scaler.scale(loss / len(micro)).backward()
-                    else:  # the ranks' gradients are averaged once, at the step's last micro-batch
-                        with ddp.no_sync() if i < len(micro) - 1 else contextlib.nullcontext():
-                            scaler.scale(loss * weight[i] / len(micro)).backward()
-                    step_loss += loss.detach().double() * (real[i] / n_step)
-                    if ddp is None:
-                        loss_sum += loss.detach().double() * len(b)
-                    else:
-                        epoch_part += loss.detach().double() * real[i]
-                if cfg.grad_clip is not None:
-                    scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
+                set_lr(optimizer, lr)
+                if graphed is not None and graphed.takes(micro):
+                    step_loss, part = graphed(micro)
+                else:
+                    step_loss, part = train_step(micro, real, weight, n_step)
                 optimizer.zero_grad(set_to_none=True)
+                if ddp is None:  # several processes: their parts are summed below
+                    loss_sum += part
                 loop["step"] += 1
                 loop["epoch_step"] += 1
                 loop["train_windows"] += n_step
@@ -880,16 +911,15 @@ def fit(
                 due = bool(seconds and time.monotonic() - last_save >= seconds)
                 spent = time.monotonic() >= stop_at
                 if ddp is not None:  # one all-reduce: the global batch's loss, and any rank's stop, save or budget
-                    step_loss, part, n_stop, n_due, n_spent = all_sum(
-                        [step_loss.item(), epoch_part.item(), float(bool(stopping)), float(due), float(spent)], device
+                    step_loss, summed, n_stop, n_due, n_spent = all_sum(
+                        [step_loss.item(), part.item(), float(bool(stopping)), float(due), float(spent)], device
                     )
                     step_loss = torch.tensor(step_loss, dtype=torch.float64, device=device)
-                    epoch_part = torch.tensor(part, dtype=torch.float64, device=device)
                     stopping = stopping or ("SIGTERM" if n_stop else None)
                     due, spent = n_due > 0, n_spent > 0
                     if n_stop and not stop.signal_name:
                         log("another process was stopped: saving a checkpoint at this step, then stopping")
-                    loss_sum += epoch_part
+                    loss_sum += torch.tensor(summed, dtype=torch.float64, device=device)
 
                 if on_step is not None and loop["step"] % step_every == 0:
                     check_loss(step_loss.float(), loop["step"], model)  # read back here anyway: no extra sync

@@ -1,0 +1,141 @@
+"""`training.cuda_graphs`: the whole optimizer step of full batches (forward, loss, backward, clipping, the
+AdamW update) captured once as a CUDA graph and replayed, so that a small model's step is one launch instead of
+hundreds of Python-issued kernels.
+
+The step is the training loop's own step function, unchanged: the graph records exactly the kernels an eager
+step launches, with the learning rate read from a device tensor (set before each step) and AdamW in its
+capturable form (its step count on the device). A few eager warm-up steps come first, on a side stream, as
+CUDA graph capture requires; shapes that differ from the captured one (an epoch's last, shorter batch) run
+eagerly. A step that cannot be captured (a model that reads a value back to Python, or a data-dependent shape)
+is said once, and the run goes on eagerly: nothing of the failed capture ran, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from shardline.trainer.data import Batch
+
+StepFn = Callable[[list[Batch]], tuple[torch.Tensor, torch.Tensor]]
+
+
+def graphs_blocker(device: torch.device, precision: str, processes: int) -> str | None:
+    """Why this run cannot capture its step (None: it can)."""
+    if device.type != "cuda":
+        return f"it trains on {device.type}, and CUDA graphs are a CUDA feature"
+    if precision == "fp16":
+        return "fp16's loss scaler reads the gradients back to skip a step on overflow; bf16 needs no scaler"
+    if processes > 1:
+        return "several processes train together (DDP), and their gradient all-reduce is not captured"
+    return None
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The step's learning rate: written into the device tensor a captured step reads, or set as a number."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
+def match_optimizer(optimizer: torch.optim.Optimizer, device: torch.device, graphs: bool) -> None:
+    """AdamW in the form this run steps it: for a captured step, the learning rate a device tensor and the step
+    count on the device (capturable); else a number, not capturable (a checkpoint of a captured run resumed
+    without graphs, on another device, brings capturable groups). Called after any `load_state_dict`."""
+    for group in optimizer.param_groups:
+        group["capturable"] = graphs
+        lr = group["lr"]
+        if graphs and not (isinstance(lr, torch.Tensor) and lr.device == device):
+            group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
+        elif not graphs and isinstance(lr, torch.Tensor):
+            group["lr"] = float(lr)
+    if graphs:
+        for state in optimizer.state.values():
+            if isinstance(state.get("step"), torch.Tensor) and state["step"].device != device:
+                state["step"] = state["step"].to(device)
+        # its warm-up steps run uncaptured on purpose: the once-per-optimizer warning about that is noise here
+        optimizer._warned_capturable_if_run_uncaptured = True
+
+
+class GraphedStep:
+    """Replays the captured step for batches of `shape` (the micro-batch sizes of a full optimizer step)."""
+
+    WARMUP = 3  # eager steps before the capture: lazy initialisation (AdamW's state, cuBLAS) happens there
+
+    def __init__(
+        self,
+        step: StepFn,
+        shape: tuple[int, ...],
+        optimizer: torch.optim.Optimizer,
+        params: list[torch.nn.Parameter],
+        device: torch.device,
+        log: Callable[[str], None],
+    ):
+        self.step, self.shape, self.optimizer, self.params = step, shape, optimizer, params
+        self.device, self.log = device, log
+        self.warm = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static: list[Batch] = []
+        self.out: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.grads: list[torch.Tensor | None] = []  # the graph's gradient buffers, kept alive
+        self.off = False
+        self.replays = 0
+
+    def takes(self, micro: list[Batch]) -> bool:
+        """Whether this step is one the graph covers (else the loop runs it eagerly)."""
+        return not self.off and tuple(len(m) for m in micro) == self.shape
+
+    def __call__(self, micro: list[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.graph is not None:
+            for static, batch in zip(self.static, micro):
+                for dst, src in zip(
+                    (static.cont, static.cat, *static.targets), (batch.cont, batch.cat, *batch.targets)
+                ):
+                    dst.copy_(src, non_blocking=True)  # host -> device and the widening, in one copy
+            self.graph.replay()
+            self.replays += 1
+            return self.out
+        if self.warm < self.WARMUP:
+            self.warm += 1
+            return self._on_side_stream(micro)
+        return self._capture(micro)
+
+    def _on_side_stream(self, micro: list[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
+        main = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            out = self.step([m.to(self.device, non_blocking=True) for m in micro])
+        main.wait_stream(side)
+        torch.cuda.synchronize(self.device)  # what the side stream allocated is now safe to free anywhere
+        return out
+
+    def _capture(self, micro: list[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
+        static = [m.to(self.device) for m in micro]  # the graph's own input buffers (a host batch is always copied)
+        torch.cuda.synchronize(self.device)
+        self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients itself
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                out = self.step(static)
+        except RuntimeError as e:  # torch's and CUDA's errors; nothing recorded ran: the step is taken eagerly
+            self.off = True
+            self.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize(self.device)
+            reason = (str(e).strip().splitlines() or [""])[0][:300]
+            self.log(
+                f"note: training.cuda_graphs: the training step could not be captured as a CUDA graph "
+                f"({type(e).__name__}: {reason}); the run goes on with eager steps. A model's forward or loss "
+                "that reads a value back to Python (.item(), a bool of a tensor) or whose shapes depend on the "
+                "data cannot be captured"
+            )
+            return self._on_side_stream(micro)
+        self.graph, self.static, self.out = graph, static, out
+        self.grads = [p.grad for p in self.params]
+        self.log(f"training.cuda_graphs: the step of {'+'.join(map(str, self.shape))} windows is captured")
+        graph.replay()  # this step's batch is already in the graph's input buffers
+        self.replays += 1
+        return out
