@@ -4,6 +4,12 @@ loop of the same model on the same tokens, in the same run (issue #19). Prints a
     .venv/bin/python benchmarks/gpt_bench.py                    # ~1M-parameter GPT, K=64, batch 16, 2 threads
     .venv/bin/python benchmarks/gpt_bench.py --quick            # a smoke run (seconds)
     .venv/bin/python benchmarks/gpt_bench.py --d-model 256 --layers 6 --window 128 --steps 60 --compile
+    python benchmarks/gpt_bench.py --device cuda --precision bf16 --d-model 384 --layers 6 --heads 6 \
+        --window 256 --batch 32 --compile --graphs                  # on a GPU: ~10M parameters, with MFU
+
+On a GPU the table adds the model FLOPs utilisation (MFU: 6 x parameters + attention's 12 x layers x d_model x
+K FLOPs per trained token, over the GPU's dense bf16 peak from a table of known GPUs) and --graphs times
+`training.cuda_graphs: true` too.
 
 The data: a synthetic corpus of token ids (a column `tokens` of integers, one sequence per `seq`), written as
 raw parquet and encoded by the encode step's own functions (`encode_dataset`, no Prefect) into shards, as the
@@ -101,8 +107,8 @@ def config(source: str, root: str, args):
                 "lr": 1e-3,
                 "warmup_steps": 0,
                 "max_steps_per_epoch": args.steps,
-                "device": "cpu",
-                "precision": "fp32",
+                "device": args.device,
+                "precision": args.precision,
                 "compile": False,
             },
             "storage": {"root": root},
@@ -145,27 +151,46 @@ def shardline_run(train, val, spec, cfg, ckpt: str) -> tuple[float, float, float
 
 
 def hand_run(tokens: torch.Tensor, spec, cfg, compile_model: bool = False) -> tuple[float, float, float, float]:
-    """nanoGPT's minimal loop on the same model: random windows of the token array, AdamW, clipping."""
+    """nanoGPT's minimal loop on the same model: random windows of the token array, AdamW, clipping (on a GPU:
+    the token array on it, the same autocast precision, AdamW fused as the trainer's)."""
+    from shardline.trainer.device import autocast, pick_device, pick_precision
     from shardline.trainer.models import model_from_spec
 
+    device = pick_device(cfg.device)
+    ctx = autocast(device, pick_precision(cfg.precision, device))
     torch.manual_seed(cfg.seed)
     clock = Clock()
-    model = model_from_spec(spec).train()
+    model = model_from_spec(spec).to(device).train()
     step = torch.compile(model.logits) if compile_model else model.logits
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
     k, b = spec["data"]["window"], cfg.batch_size
+    tokens = tokens.to(device)
     gen = torch.Generator().manual_seed(cfg.seed)
     for _ in range(cfg.max_steps_per_epoch):
         start = torch.randint(len(tokens) - k - 1, (b,), generator=gen)
-        rows = start[:, None] + torch.arange(k)
+        rows = (start[:, None] + torch.arange(k)).to(device, non_blocking=True)
         x, y = tokens[rows], tokens[rows + 1]
-        logits = step(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        with ctx:
+            logits = step(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     return (*clock.read(), 0.0, 0.0)
+
+
+# dense bf16 peak FLOP/s of known GPUs (the vendors' figures without sparsity), for MFU
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+
+
+def peak_flops(device: str) -> tuple[str, float | None]:
+    if device != "cuda":
+        return "cpu", None
+    name = torch.cuda.get_device_name()
+    return name, next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
 def main() -> None:
@@ -182,6 +207,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="also time training.compile: true (and the hand loop's)")
+    ap.add_argument("--graphs", action="store_true", help="also time training.cuda_graphs: true (GPU)")
+    ap.add_argument("--device", default="cpu", help="training.device: cpu, cuda, auto")
+    ap.add_argument("--precision", default="fp32", help="training.precision: fp32, bf16, fp16, auto")
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny corpus and model, few steps")
     args = ap.parse_args()
     if args.quick:
@@ -191,6 +219,7 @@ def main() -> None:
     from shardline.tasks.encode import encode_dataset
     from shardline.tasks.ingest import snapshot_source
     from shardline.trainer.data import open_split
+    from shardline.trainer.device import pick_device
     from shardline.trainer.models import model_from_spec, model_spec_for
     from shardline.trainer.serving import data_spec
 
@@ -220,7 +249,10 @@ def main() -> None:
         runs: dict[str, list[tuple[float, float, float, float]]] = {"hand loop": [], "shardline fit": []}
         if args.compile:
             runs.update({"hand loop, compiled": [], "shardline fit, compile: true": []})
+        if args.graphs:
+            runs["shardline fit, cuda_graphs: true"] = []
         compiled_cfg = cfg.training.model_copy(update={"compile": True})
+        graphs_cfg = cfg.training.model_copy(update={"cuda_graphs": True})
         warm = cfg.training.model_copy(update={"max_steps_per_epoch": 2})
         hand_run(tokens, spec, warm)  # first calls (lazy imports, kernel set-up) out of the timed runs
         shardline_run(train, val, spec, warm, str(work / "ck"))
@@ -232,16 +264,23 @@ def main() -> None:
                 runs["shardline fit, compile: true"].append(
                     shardline_run(train, val, spec, compiled_cfg, str(work / "ck"))
                 )
+            if args.graphs:
+                runs["shardline fit, cuda_graphs: true"].append(
+                    shardline_run(train, val, spec, graphs_cfg, str(work / "ck"))
+                )
             log(
                 f"round {r + 1}/{args.repeat}: "
                 + ", ".join(f"{k} {v[-1][0]:.2f} s ({v[-1][1]:.2f} CPU s)" for k, v in runs.items())
             )
         load = os.getloadavg()[0]
+        gpu, peak = peak_flops(pick_device(args.device).type)
+        # training FLOPs per token: 6 per parameter (forward and backward) + attention's scores and mixing
+        flops_per_token = 6 * params + 12 * args.layers * args.d_model * args.window
         print(
             f"\ngpt {params / 1e6:.2f}M parameters (d_model {args.d_model}, {args.layers} layers, {args.heads} heads, "
             f"vocab {manifest.encoding.cat_cardinalities[0]}), K={args.window}, batch {args.batch}, {args.steps} steps "
             f"({per_run:,} tokens) a run, {args.threads} threads, torch {torch.__version__}, best of {args.repeat}, "
-            f"load average {load:.1f} on {os.cpu_count()} CPUs\n"
+            f"load average {load:.1f} on {os.cpu_count()} CPUs, on {gpu} ({args.precision})\n"
         )
         print(
             f"validation split: {val.n_windows:,} windows of {args.window} tokens (every start: each token is in K "
@@ -249,9 +288,9 @@ def main() -> None:
         )
         print(
             "| loop | wall s | of which validation | training tokens/s (wall) | vs hand loop (wall) "
-            "| training CPU s | training tokens/CPU-s | vs hand loop (CPU) |"
+            "| training CPU s | training tokens/CPU-s | vs hand loop (CPU) | MFU |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         base_wall = min(w - vw for w, c, vw, vc in runs["hand loop"])
         base_cpu = min(c - vc for w, c, vw, vc in runs["hand loop"])
         for name, times in runs.items():
@@ -260,21 +299,22 @@ def main() -> None:
             train_wall = wall - val_wall
             print(
                 f"| {name} | {wall:.2f} | {val_wall:.2f} | {per_run / train_wall:,.0f} | {base_wall / train_wall:.2f}x "
-                f"| {cpu:.2f} | {per_run / cpu:,.0f} | {base_cpu / cpu:.2f}x |"
+                f"| {cpu:.2f} | {per_run / cpu:,.0f} | {base_cpu / cpu:.2f}x | "
+                f"{f'{100 * flops_per_token * per_run / train_wall / peak:.1f} %' if peak else '-'} |"
             )
-        print(generation_table(spec, args.window))
+        print(generation_table(spec, args.window, pick_device(args.device).type))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def generation_table(spec: dict, window: int) -> str:
+def generation_table(spec: dict, window: int, device: str = "cpu") -> str:
     """Greedy generation of the last half of the context from a prompt of its first half, with the key/value
     cache and by recomputing the context for every token (`use_cache=False`): the same tokens, timed."""
     from shardline.trainer.generate import generate
     from shardline.trainer.models import model_from_spec
 
     torch.manual_seed(0)
-    model = model_from_spec(spec).eval()
+    model = model_from_spec(spec).to(device).eval()
     prompt, new = list(range(1, window // 2 + 1)), window // 2
     rows, outs = [], {}
     for cache in (True, False):
