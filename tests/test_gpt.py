@@ -60,6 +60,11 @@ def test_contract_shapes_causality_and_tied_weights():
     names = [n for n, _ in model.named_parameters()]
     assert "lm_head.weight" not in names  # tied: counted and trained once
     assert model.state_dict()["lm_head.weight"].data_ptr() == model.state_dict()["wte.weight"].data_ptr()
+    # init_from a gpt of another context: its learned positions are refused, not silently re-initialised
+    from shardline.trainer.contract import load_matching
+
+    with pytest.raises(ModelContractError, match=r"\(wpe.weight\) cover a context of 32 tokens, this model's 16"):
+        load_matching(model, tiny_gpt(token_spec(window=32)).state_dict(), "models:/lm/1")
 
 
 def test_what_it_refuses_names_what_it_needs():

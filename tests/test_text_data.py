@@ -267,14 +267,23 @@ def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
     # a parent whose learned positions cover another context than data.window: refused, not re-initialised
     from shardline.trainer.contract import ModelContractError, load_matching
 
-    def lm(window):
-        m = torch.nn.Module()
-        m.wte, m.wpe = torch.nn.Embedding(10, 4), torch.nn.Embedding(window, 4)
-        return m
+    class LM(torch.nn.Module):
+        shardline_position_tables = ("wpe.weight",)  # as the gpt family declares its learned positions
+
+        def __init__(self, window, width=4):
+            super().__init__()
+            self.wte, self.wpe = torch.nn.Embedding(10, width), torch.nn.Embedding(window, width)
 
     with pytest.raises(ModelContractError, match=r"covers? a context of 8 tokens, this model's 16 \(data.window\)"):
-        load_matching(lm(16), lm(8).state_dict(), "runs:/parent/model")
-    assert load_matching(lm(8), lm(8).state_dict(), "runs:/parent/model")["skipped"] == []
+        load_matching(LM(16), LM(8).state_dict(), "runs:/parent/model")
+    assert load_matching(LM(8), LM(8).state_dict(), "runs:/parent/model")["skipped"] == []
+    # another width is another architecture, not another context: skipped as any mismatch (then "none matches")
+    with pytest.raises(ModelContractError, match="none of its 2 tensors matches"):
+        load_matching(LM(16, width=8), LM(16).state_dict(), "runs:/parent/model")
+    # a model that declares no position table: a mismatching one is skipped and listed, as any other tensor
+    plain = torch.nn.Module()
+    plain.wte, plain.wpe = torch.nn.Embedding(10, 4), torch.nn.Embedding(16, 4)
+    assert load_matching(plain, LM(8).state_dict(), "runs:/parent/model")["skipped"] == ["wpe.weight [8, 4] -> [16, 4]"]
 
     # text mixed with other roles, or without a tokenizer, or asked for the last position only: the config says so
     for data, said in (

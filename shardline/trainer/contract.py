@@ -311,14 +311,20 @@ def check_loss(loss: Any, step: int, model: nn.Module) -> None:
 def load_matching(model: nn.Module, weights: dict[str, torch.Tensor], source: str) -> dict[str, list[str]]:
     """Copy the parameters and buffers of `weights` that match `model`'s by name and shape; returns which
     were `loaded`, which the model has that `weights` lacks (`new`) and which did not fit (`skipped`,
-    with the shapes). Nothing matching is an error naming both models."""
+    with the shapes). Nothing matching is an error naming both models.
+
+    A model may name its learned position tables (`shardline_position_tables`, e.g. the gpt family's
+    `("wpe.weight",)`: one row per position of the window): one whose width matches but whose rows do not
+    covers another context than this run's `data.window`, and is refused rather than re-initialised, which
+    would silently discard what the parent learned about positions."""
     own = model.state_dict()
+    positions = set(getattr(model, "shardline_position_tables", ()))
     loaded, skipped = [], []
     for name, value in weights.items():
         if name not in own:
             continue
         if tuple(own[name].shape) != tuple(value.shape):
-            if name.rsplit(".", 1)[-1:] == ["weight"] and name.split(".")[-2:-1] == ["wpe"]:
+            if name in positions and value.dim() >= 1 and tuple(value.shape[1:]) == tuple(own[name].shape[1:]):
                 raise ModelContractError(
                     f"training.init_from={source}: its learned positions ({name}) cover a context of "
                     f"{value.shape[0]} tokens, this model's {own[name].shape[0]} (data.window); re-initialising "

@@ -117,6 +117,10 @@ class GPT(nn.Module):
     """Decoder-only Transformer over a window of K tokens: `forward(cont [B, K, 0], cat [B, K, 1])` ->
     `{target: logits [B, K, vocab]}`, position k's logits predicting the token after position k."""
 
+    # learned positions, one row per position of the window: training.init_from refuses a parent of another
+    # context rather than re-initialise them (trainer/contract.py load_matching)
+    shardline_position_tables = ("wpe.weight",)
+
     def __init__(
         self,
         spec: DataSpec,
