@@ -92,6 +92,28 @@ def test_what_it_refuses_names_what_it_needs():
     raw["data"]["features"] = {"categorical": ["kind"]}
     with pytest.raises(ConfigError, match="gpt predicts the next token at every position"):
         validate_config(raw)
+
+    # generation settings of a registered text model (its predict params, `shardline generate`'s options)
+    from shardline.core.encoding.columns import DataError
+    from shardline.trainer.serving import generation_params
+
+    assert generation_params({"max_tokens": 4.0, "temperature": 0.5}) == {
+        "max_tokens": 4,
+        "temperature": 0.5,
+        "top_k": 0,
+        "seed": 0,
+    }
+    for params, said in (
+        ({"max_tokens": 2.7}, r"max_tokens=2.7 must be a whole number"),
+        ({"top_k": True}, r"top_k=True must be a whole number"),
+        ({"temperature": float("inf")}, r"temperature=inf must be 0 \(greedy\) or a finite number"),
+        ({"temperature": -1}, r"temperature=-1.0 must be 0 \(greedy\) or a finite number"),
+        ({"beams": 4}, r"unknown generation param\(s\) \['beams'\]"),
+    ):
+        with pytest.raises(DataError, match=said):
+            generation_params(params)
+    with pytest.raises(ValueError, match="temperature=inf must be 0"):
+        generate(tiny_gpt(), [1, 2], 3, temperature=float("inf"))
     # model.params under nanoGPT's names win over model.hidden/layers/heads
     model = tiny_gpt(params={"d_model": 16, "n_layer": 1, "n_head": 2, "bias": True})
     assert (model.d_model, model.n_layer, model.n_head) == (16, 1, 2) and model.ln_f.bias is not None

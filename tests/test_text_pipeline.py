@@ -30,13 +30,17 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     (tmp_path / "raw").mkdir()
     # a corpus with structure a unigram model cannot see: each sentence counts up through a fixed order of words
     bodies = [" ".join(s.split()[:1] + sorted(s.split()[1:])) for s in sentences(400, 11, 4, 12)]
-    pl.DataFrame({"body": bodies}).write_parquet(tmp_path / "raw" / "corpus.parquet")
+    # one document a row, keyed as users' corpora are: the model's signature then also lists `doc` and `line`
+    corpus = pl.DataFrame({"doc": [f"doc-{i}" for i in range(len(bodies))], "line": [0] * len(bodies), "body": bodies})
+    corpus.write_parquet(tmp_path / "raw" / "corpus.parquet")
     root = tmp_path / "store"
     config = validate_config(
         {
             "name": "text",
             "data": {
                 "source": str(tmp_path / "raw" / "*.parquet"),
+                "sequence_key": "doc",
+                "order_by": "line",
                 "features": {"text": ["body"]},
                 "tokenizer": {"kind": "bpe", "vocab_size": 300},
                 "window": 8,
@@ -64,7 +68,7 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     model = mlflow.pyfunc.load_model(registered["model_uri"])
     bundled = model.unwrap_python_model().predictor.tokenizer
     assert hashlib.sha256(bundled.encode()).hexdigest() == manifest.encoding.text.tokenizer_sha256
-    rows = pl.DataFrame({"body": ["the quick brown", "a lazy"]}).to_pandas()
+    rows = pl.DataFrame({"doc": ["x", "y"], "line": [0, 0], "body": ["the quick brown", "a lazy"]}).to_pandas()
     out = model.predict(rows)
     assert list(out.columns) == ["row", "prompt_tokens", "next_token", "probability", "generated"]
     assert out["prompt_tokens"].min() >= 2 and out["next_token"].str.len().min() >= 1
@@ -77,8 +81,14 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
         model.predict(rows, params={"temperature": 1.5, "seed": s, "max_tokens": 12})["generated"] for s in (1, 1, 2)
     ]
     assert list(drawn[0]) == list(drawn[1]) and list(drawn[0]) != list(drawn[2])
+    # a prompt of nothing is no input (training refused such rows): the error names the column and the row
+    from shardline.core.encoding.columns import DataError
+
+    with pytest.raises(DataError, match=r"column 'body' has 1 null or empty text\(s\) \(row\(s\) \[1\]\)"):
+        model.predict(rows.assign(body=["the quick brown", ""]))
 
     # `shardline generate` in a fresh process, in another folder, the training folder gone: the same greedy text
+    # (the model's `doc` and `line` inputs, which generation does not read, are filled in)
     shutil.rmtree(tmp_path / "raw")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -89,4 +99,4 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.rstrip("\n") == out["generated"][1]
     bad = subprocess.run([*command, "--temperature", "-1"], cwd=elsewhere, env=env, capture_output=True, text=True)
-    assert bad.returncode == 2 and "temperature=-1.0 must be 0 (greedy) or more" in bad.stderr + bad.stdout
+    assert bad.returncode == 2 and "temperature=-1.0 must be 0 (greedy) or a finite" in bad.stderr + bad.stdout

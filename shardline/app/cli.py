@@ -448,7 +448,12 @@ def predict(
 @app.command()
 def generate(
     model_uri: str = typer.Argument(..., help="a registered text model: models:/NAME@champion, models:/NAME/3, ..."),
-    prompt: str = typer.Option(..., "--prompt", help="the text to continue (a generation target's source)"),
+    prompt: list[str] = typer.Option(
+        ...,
+        "--prompt",
+        help="the text to continue (a generation target's source); a model of several text columns takes one "
+        "--prompt for each, in their order",
+    ),
     max_tokens: int = typer.Option(32, "--max-tokens", help="new tokens at most"),
     temperature: float = typer.Option(0.0, "--temperature", help="0: greedy (the most likely token each step)"),
     top_k: int = typer.Option(0, "--top-k", help="sample among the k most likely tokens (0: every token)"),
@@ -466,15 +471,47 @@ def generate(
     spec = getattr(getattr(python_model, "predictor", None), "spec", None)
     if spec is None or spec.text is None:
         _fail(f"{model_uri} is not a text model (data.features.text): `shardline predict` scores its rows", 2)
-    frame = pd.DataFrame({c: [prompt if i == 0 else ""] for i, c in enumerate(spec.text.columns)})
+    columns = list(spec.text.columns)
+    if len(prompt) != len(columns):
+        _fail(
+            f"{model_uri} reads {len(columns)} text column(s) {columns}: give one --prompt for each, in that order "
+            f"(got {len(prompt)})",
+            2,
+        )
+    row: dict[str, object] = dict(zip(columns, prompt))
+    # the model's other inputs (a sequence key, an order column, id columns) locate rows; generation reads none
+    schema = model.metadata.get_input_schema()
+    for col in schema.inputs if schema is not None else []:
+        if col.name is not None and col.name not in row:
+            row[col.name] = _placeholder(col.type)
+    frame = pd.DataFrame({name: [value] for name, value in row.items()})
     params = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "seed": seed}
+    from mlflow.exceptions import MlflowException
+
     from shardline.core.encoding.columns import DataError
 
     try:
         out = model.predict(frame, params=params)
-    except DataError as e:
+    except (DataError, MlflowException) as e:
         _fail(str(e), 2)
     typer.echo(out["generated"].iloc[0])
+
+
+def _placeholder(dtype) -> object:
+    """A value of an MLflow column type, for an input that generation does not read."""
+    import numpy as np
+    import pandas as pd
+
+    name = getattr(dtype, "name", "")
+    if name == "string":
+        return "-"
+    if name == "datetime":
+        return pd.Timestamp(0)
+    if name == "binary":
+        return b""
+    if name == "boolean":
+        return False
+    return np.zeros(1, dtype=dtype.to_numpy())[0] if hasattr(dtype, "to_numpy") else 0
 
 
 @app.command()

@@ -31,8 +31,8 @@ def _check_args(prompt_ids, max_new_tokens: int, temperature: float, top_k: int 
         raise ValueError(f"prompt token id(s) {bad[:5]} are outside the model's vocabulary 0..{vocab - 1}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be 0 or more")
-    if not temperature >= 0:
-        raise ValueError(f"temperature={temperature} must be 0 (greedy) or more")
+    if not 0 <= temperature < float("inf"):
+        raise ValueError(f"temperature={temperature} must be 0 (greedy) or a finite number above it")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be 1 or more (or unset: every token)")
     return prompt

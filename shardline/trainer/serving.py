@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -166,14 +167,20 @@ def generation_params(params: dict | None) -> dict:
     unknown = sorted(set(params or {}) - set(GENERATION_PARAMS))
     if unknown:
         raise DataError(f"unknown generation param(s) {unknown}: a text model takes {list(GENERATION_PARAMS)}")
-    p = {**GENERATION_PARAMS, **{k: v for k, v in (params or {}).items() if v is not None}}
+    given = {k: v for k, v in (params or {}).items() if v is not None}
+    for name, v in given.items():  # a whole number where one is meant: 2.7 tokens, or True, is a mistake
+        if isinstance(GENERATION_PARAMS[name], int) and (
+            isinstance(v, bool) or (isinstance(v, float) and not v.is_integer())
+        ):
+            raise DataError(f"generation param {name}={v!r} must be a whole number")
+    p = {**GENERATION_PARAMS, **given}
     try:
         p = {k: type(GENERATION_PARAMS[k])(v) for k, v in p.items()}
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise DataError(f"generation params {params}: {e}") from None
     for name, ok, want in (
         ("max_tokens", p["max_tokens"] >= 0, "0 or more"),
-        ("temperature", p["temperature"] >= 0, "0 (greedy) or more"),
+        ("temperature", 0 <= p["temperature"] < math.inf, "0 (greedy) or a finite number above it"),
         ("top_k", p["top_k"] >= 0, "0 (every token) or more"),
     ):
         if not ok:
@@ -220,6 +227,18 @@ class Predictor:
 
         t = self.spec.text
         texts = [df[c].cast(pl.Utf8).fill_null("").to_list() for c in t.columns]
+        empty = {c: [i for i, v in enumerate(col) if not v] for c, col in zip(t.columns, texts)}
+        if any(empty.values()):  # training refused such rows (data.on_bad_rows): a prompt of nothing is no input
+            raise DataError(
+                "; ".join(
+                    f"column '{c}' has {len(rows)} null or empty text(s) (row(s) {rows[:5]}"
+                    f"{', ...' if len(rows) > 5 else ''})"
+                    for c, rows in empty.items()
+                    if rows
+                )
+                + ": give every row some text in each of the model's text columns "
+                + f"{list(t.columns)} (the model was trained on none)"
+            )
         return prompt_ids(self.tokenizer, texts, generation=t.target_column is not None)
 
     def predict_text(self, df: pl.DataFrame, batch_size: int = 256, params: dict | None = None) -> pl.DataFrame:
