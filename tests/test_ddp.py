@@ -129,11 +129,19 @@ def test_each_rank_takes_its_share_of_every_global_batch(shards):  # noqa: F811
 
 
 def test_two_processes_follow_the_one_process_curve(tmp_path, shards):  # noqa: F811
-    """Without dropout (whose masks differ with the batch's shape), at the same global batch."""
+    """Without dropout (whose masks differ with the batch's shape), at the same global batch. The 2-process
+    run also checkpoints by the clock (which changes nothing computed): every 0.5 s, not at every step."""
     one = job(tmp_path, shards, "one", tmp_path / "ckpt-1")
     two_job = job(tmp_path, shards, "two", tmp_path / "ckpt-2")
+    spec = json.loads(two_job.read_text())
+    spec["training"].update(checkpoint_every_steps=0, checkpoint_every_seconds=0.5)
+    two_job.write_text(json.dumps(spec))
     finish(start(one, 1))
-    finish(start(two_job, 2))
+    began = time.monotonic()
+    finish(start(two_job, 2, step_delay=0.03))
+    elapsed = time.monotonic() - began
+    saves = len(events(two_job, "checkpoint"))
+    assert 2 <= saves <= 2 + elapsed / 0.5, (saves, elapsed)  # the epochs' ends, and one per 0.5 s at most
     two_result = result(two_job)
     curve_1 = [e["metrics"]["train_loss"] for e in events(one, "step")]
     curve_2 = [e["metrics"]["train_loss"] for e in events(two_job, "step")]

@@ -33,7 +33,7 @@ MODULES = [
 
 
 def rows() -> list[dict]:
-    seen: set[int] = set()
+    seen: set[str] = set()  # docstrings already taken (an inherited or re-exported one appears many times)
     out = []
     for mod_name in MODULES:
         try:
@@ -42,7 +42,8 @@ def rows() -> list[dict]:
             continue
         objects = [(mod_name, module)]
         for name, obj in sorted(vars(module).items()):
-            if name.startswith("_") or getattr(obj, "__module__", mod_name) != mod_name:
+            # another module's objects, and modules it imported (`ast.sys`: their own docstrings, elsewhere)
+            if name.startswith("_") or inspect.ismodule(obj) or getattr(obj, "__module__", mod_name) != mod_name:
                 continue
             objects.append((f"{mod_name}.{name}", obj))
             if inspect.isclass(obj):
@@ -51,10 +52,10 @@ def rows() -> list[dict]:
                 ]
         for qualname, obj in objects:
             doc = inspect.getdoc(obj) if callable(obj) or inspect.ismodule(obj) else None
-            if not doc or id(doc) in seen or len(doc) < 20:
+            doc = doc.strip() if doc else ""
+            if len(doc) < 20 or doc in seen:
                 continue
-            seen.add(id(doc))
-            doc = doc.strip()
+            seen.add(doc)
             summary, _, body = doc.partition("\n\n")  # the first paragraph, on one line, and the rest
             summary = " ".join(summary.split())
             out.append({"name": qualname, "doc": doc[:2000], "summary": summary[:300], "body": body.strip()[:1000]})

@@ -721,7 +721,9 @@ def fit(
             loop["best_checkpoint"] = loop["last_checkpoint"]
         rngs = gather_to_main(rng_state()) if ranks.distributed else None  # every rank's RNGs, on rank 0
         if not ranks.is_main:
-            return join(ckpt_dir, loop["last_checkpoint"])  # rank 0 writes it
+            # rank 0 writes it; every rank restarts checkpoint_every_seconds' clock (one rank's `due` is all's)
+            last_save = time.monotonic()
+            return join(ckpt_dir, loop["last_checkpoint"])
         state = {
             "format": 1,
             "model": model.state_dict(),
