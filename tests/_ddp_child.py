@@ -29,6 +29,18 @@ def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     ranks = init_from_env(TrainingConfig(**job["training"]).device)
     Path(f"{job['result']}.pid-{ranks.rank}").write_text(str(os.getpid()))
+    if os.environ.get("SHARDLINE_TEST_RAISE_ON_RANK") == str(ranks.rank):  # this rank fails as a GPU's would
+        import shardline.trainer.loop as loop
+
+        model_loss, calls = loop.model_loss, []
+
+        def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) >= 5:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (this test's)")
+            return model_loss(*args, **kwargs)
+
+        loop.model_loss = failing
     shards = Path(job["shards"])
     train = split(shards, "train.bin", job["window"], job["horizon"])
     val = split(shards, "val.bin", job["window"], job["horizon"])

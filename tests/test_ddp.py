@@ -63,8 +63,8 @@ def job(tmp: Path, folder: Path, label: str, ckpt: Path, dropout: float = 0.0) -
     return path
 
 
-def start(job_path: Path, processes: int, step_delay: float = 0.0) -> subprocess.Popen:
-    env = {**os.environ, "SHARDLINE_TEST_STEP_DELAY": str(step_delay)}
+def start(job_path: Path, processes: int, step_delay: float = 0.0, **env_vars: str) -> subprocess.Popen:
+    env = {**os.environ, "SHARDLINE_TEST_STEP_DELAY": str(step_delay), **env_vars}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
     return subprocess.Popen(
         [*(launcher if processes > 1 else [sys.executable]), str(CHILD), str(job_path)],
@@ -201,6 +201,25 @@ def test_sigterm_to_one_rank_stops_all_and_sigkill_resumes_exactly(tmp_path, sha
     for key, state in b["optimizer"]["state"].items():
         for k, v in state.items():
             assert torch.equal(a["optimizer"]["state"][key][k], v), (key, k)
+
+
+def test_an_error_in_one_rank_is_reported_as_that_rank_s_not_as_its_peers_lost_connection(tmp_path, shards):  # noqa: F811
+    """Rank 1 raises (a CUDA out-of-memory, as a GPU would) at step 5: rank 0 then fails on its closed
+    connection. The training task reports rank 1's error, which is the cause, and not as a dead rank."""
+    from shardline.tasks.torchrun import RankFailed, outcome
+
+    failing = job(tmp_path, shards, "failing", tmp_path / "ckpt")
+    proc = start(failing, 2, SHARDLINE_TEST_RAISE_ON_RANK="1")
+    said = finish(proc, expect_ok=False)
+    result_file = Path(json.loads(failing.read_text())["result"])
+    rank1 = json.loads(Path(f"{result_file}.rank-1").read_text())
+    assert rank1["rank"] == 1 and "CUDA out of memory" in rank1["message"]
+    with pytest.raises(RuntimeError, match=r"RuntimeError in training process 1: CUDA out of memory") as raised:
+        outcome(result_file, said, proc.returncode, str(tmp_path / "ckpt"))
+    assert not isinstance(raised.value, RankFailed)
+    # a rank that was killed is a dead rank (retried), whatever the others said about their lost peer
+    with pytest.raises(RankFailed, match="a rank was killed by SIGKILL"):
+        outcome(result_file, said + "\nRoot Cause (first observed failure):\n  exitcode  : -9", 1, "ckpt")
 
 
 def test_a_batch_the_processes_cannot_share_equally_or_nodes_without_a_rendezvous_are_refused():

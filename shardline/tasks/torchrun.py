@@ -33,6 +33,14 @@ from shardline.trainer.loop import BudgetExceeded, Deadline, FitResult, Preempte
 
 POLL_SECONDS = 0.2  # how often the events file is read while torchrun runs
 TAIL_LINES = 40  # of torchrun's output, in the error of a failed run
+# after a SIGTERM, how long torchrun waits for the ranks to checkpoint and stop before it SIGKILLs them: long
+# enough for rank 0 to finish a validation pass and write the checkpoint (the others wait for it at the save);
+# torchrun's own default, 30 s, lost the epoch of a run stopped while it validated
+SHUTDOWN_SECONDS = 300
+# a rank's error that follows from another rank's failure: its peer's connection closed, a collective aborted
+_PEER_LOST = re.compile(
+    r"by peer|connection (closed|reset|refused)|broken pipe|communicator was aborted|socket timeout", re.IGNORECASE
+)
 
 
 class RankFailed(dist.DistBackendError):
@@ -124,37 +132,74 @@ def fit_in_processes(
                 deadline_limit=deadline.limit,
             )
         (folder / "job.json").write_text(json.dumps(job))
-        command = [sys.executable, "-m", "torch.distributed.run", *args, "-m", "shardline.trainer.ddp_run"]
+        grace = shutdown_seconds()
+        command = [sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={grace}", *args]
+        command += ["-m", "shardline.trainer.ddp_run"]
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         output = folder / "torchrun.log"
         with open(output, "w") as out:
             proc = subprocess.Popen(
                 [*command, str(folder / "job.json")], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent
             )
-            code = _follow(proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress)
-        result_file = folder / "result.json"
-        result = json.loads(result_file.read_text()) if result_file.exists() else None
-        said = output.read_text(errors="replace")
-        _, cause, after = said.rpartition("Root Cause")  # torchrun's own account of the failure, or the end
-        tail = cause + after if cause else "\n".join(said.splitlines()[-TAIL_LINES:])
+            code, forwarded = _follow(
+                proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress, grace
+            )
+        return outcome(folder / "result.json", output.read_text(errors="replace"), code, ckpt_dir, forwarded, grace)
+
+
+def shutdown_seconds() -> int:
+    """torchrun's --shutdown-timeout: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT (torchrun's own setting) or SHUTDOWN_SECONDS."""
+    value = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "")
+    return int(value) if value.strip().isdigit() else SHUTDOWN_SECONDS
+
+
+def _consequence(failure: dict) -> bool:
+    """Whether a rank's error follows from another rank's failure rather than being a cause of its own."""
+    return any(b.startswith("Dist") for b in failure.get("bases", [])) or bool(
+        _PEER_LOST.search(failure.get("message", ""))
+    )
+
+
+def outcome(
+    result_file: Path, said: str, code: int, ckpt_dir: str, forwarded: str | None = None, grace: int = 0
+) -> FitResult:
+    """What the processes' run came to, from rank 0's result, the other ranks' failures beside it and
+    torchrun's output `said`: the FitResult, or the error to raise (`Preempted`, `BudgetExceeded`, the
+    failing rank's own error, or `RankFailed` for a rank that died)."""
+    result = json.loads(result_file.read_text()) if result_file.exists() else None
+    _, cause, after = said.rpartition("Root Cause")  # torchrun's own account of the failure, or the end
+    tail = cause + after if cause else "\n".join(said.splitlines()[-TAIL_LINES:])
     status = (result or {}).get("status")
-    killed = _killed_first(said)
-    if status == "failed" and killed is not None:
-        status = None  # the first rank to fail was killed by a signal: the others' errors follow from it
     if status == "finished":
         return FitResult(**result["fit"])
     if status == "preempted":
         raise Preempted(result["checkpoint"], result["signal"])
     if status == "budget":
         raise BudgetExceeded(result["message"], result["checkpoint"])
-    if status == "failed":  # rank 0 raised: the same error here (a ValueError stays one: not retried)
-        kind = ValueError if "ValueError" in result["bases"] else RuntimeError
-        raise kind(f"{result['error']} in the training processes: {result['message']}")
+    failures = [{"rank": 0, **result}] if status == "failed" else []
+    for path in sorted(result_file.parent.glob(f"{result_file.name}.rank-*")):
+        try:
+            failures.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # a rank killed while it wrote: its error is in torchrun's output
+    killed = _killed_first(said)
+    causes = sorted((f for f in failures if not _consequence(f)), key=lambda f: f.get("at", 0))
+    if causes and killed is None:  # a rank raised: its error here (a ValueError stays one: not retried)
+        first = causes[0]
+        kind = ValueError if "ValueError" in first["bases"] else RuntimeError
+        where = "the training processes" if first["rank"] == 0 else f"training process {first['rank']}"
+        raise kind(f"{first['error']} in {where}: {first['message']}")
+    why = "a rank died or lost its peers"
+    if forwarded and killed == signal.SIGKILL:
+        why = (
+            f"{forwarded} was passed on to the ranks, and they did not checkpoint and stop within torchrun's "
+            f"shutdown timeout ({grace} s, TORCH_ELASTIC_SHUTDOWN_TIMEOUT; a long validation pass or checkpoint "
+            "write outlasts it), so torchrun killed them"
+        )
     raise RankFailed(
         f"the training processes failed (torchrun exit status {code}"
         + (f"; a rank was killed by {signal.Signals(killed).name}" if killed else "")
-        + f"): a rank died or lost its peers; the newest "
-        f"checkpoint in {ckpt_dir} is where a retry resumes. torchrun said:\n{tail}"
+        + f"): {why}; the newest checkpoint in {ckpt_dir} is where a retry resumes. torchrun said:\n{tail}"
     )
 
 
@@ -180,9 +225,12 @@ def _killed_first(said: str) -> int | None:
     return -int(match.group(1)) if match and int(match.group(1)) < 0 else None
 
 
-def _follow(proc, events: Path, log, on_step, on_epoch, on_checkpoint, on_progress) -> int:
+def _follow(
+    proc, events: Path, log, on_step, on_epoch, on_checkpoint, on_progress, grace: int
+) -> tuple[int, str | None]:
     """Hand rank 0's events to the callbacks until torchrun exits (the rest after it); a SIGTERM/SIGINT to
-    this process goes to torchrun, which passes it to the ranks. Returns torchrun's exit status."""
+    this process goes to torchrun, which passes it to the ranks. Returns torchrun's exit status and the
+    signal passed on, if one was."""
     handlers = {
         "log": lambda e: log(e["message"]),
         "step": lambda e: on_step and on_step(e["step"], e["metrics"]),
@@ -190,11 +238,13 @@ def _follow(proc, events: Path, log, on_step, on_epoch, on_checkpoint, on_progre
         "checkpoint": lambda e: on_checkpoint and on_checkpoint(e["uri"]),
         "progress": lambda e: on_progress and on_progress(e["progress"]),
     }
-    previous = {}
+    previous, forwarded = {}, None
     if threading.current_thread() is threading.main_thread():
 
         def forward(signum, frame):
-            log(f"{signal.Signals(signum).name} received: passing it to the training processes")
+            nonlocal forwarded
+            forwarded = signal.Signals(signum).name
+            log(f"{forwarded} received: passing it to the training processes")
             proc.send_signal(signal.SIGTERM)
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -214,12 +264,12 @@ def _follow(proc, events: Path, log, on_step, on_epoch, on_checkpoint, on_progre
                         event = json.loads(line)
                         handlers[event["kind"]](event)
             if done:
-                return proc.returncode
+                return proc.returncode, forwarded
             time.sleep(POLL_SECONDS)
     except BaseException:
         proc.terminate()  # a callback failed (the lease lost, ...): the ranks stop with a checkpoint
         try:
-            proc.wait(60)
+            proc.wait(grace + 30)  # torchrun kills its ranks after `grace` seconds, then exits
         except subprocess.TimeoutExpired:
             proc.kill()
         raise

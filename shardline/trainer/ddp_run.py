@@ -111,9 +111,21 @@ def run_job(job: dict, train, val, ranking=None) -> int:
             write_json(result_path, {"status": "budget", "message": str(stopped), "checkpoint": stopped.checkpoint})
         return BUDGET_EXIT_CODE
     except Exception as e:  # a code, config or data error: said to the task, which fails at once on it
-        if ranks.is_main:
-            bases = [c.__name__ for c in type(e).__mro__]
-            write_json(result_path, {"status": "failed", "error": type(e).__name__, "bases": bases, "message": str(e)})
+        # every rank says its own (rank 0 in the result, the others beside it): when one rank fails, the
+        # others' errors are mostly its consequence (their peer's connection closed), and the task reports the
+        # cause (tasks/torchrun.py)
+        failure = {
+            "status": "failed",
+            "rank": ranks.rank,
+            "at": time.time(),
+            "error": type(e).__name__,
+            "bases": [c.__name__ for c in type(e).__mro__],
+            "message": str(e),
+        }
+        try:
+            write_json(result_path if ranks.is_main else f"{result_path}.rank-{ranks.rank}", failure)
+        except Exception:  # noqa: BLE001 - the storage gone too: the error itself still goes to torchrun's log
+            pass
         raise
     finally:
         events.close()
