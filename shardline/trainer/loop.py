@@ -565,6 +565,8 @@ def fit(
     if removed:
         log(f"deleted {len(removed)} temp file(s) of an interrupted checkpoint write in {ckpt_dir}")
     found = latest_checkpoint(ckpt_dir) if resume else None
+    if ranks.distributed:  # every rank resumes from the checkpoint rank 0 found (or none)
+        found = from_main(found)
     if found:
         _check_same_run(found[1], spec, training, task, windows, ckpt_dir)
         side = found[1]
@@ -666,7 +668,16 @@ def fit(
     history: list[dict] = []
     resumed_from = None
     if found:
-        ckpt = load_checkpoint(found[0])
+        try:
+            ckpt = load_checkpoint(found[0])
+        except FileNotFoundError:
+            if ranks.is_main:
+                raise
+            raise ValueError(
+                f"process {ranks.rank} cannot read {found[0]}, the checkpoint rank 0 resumes from: with "
+                "compute.nodes > 1, storage.root must be storage every node reads (an object store, a shared "
+                "volume)"
+            ) from None
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         if scaler.is_enabled() and ckpt["scaler"]:
@@ -854,7 +865,10 @@ def fit(
         report(first_epoch)
     last_report = time.perf_counter()
     stop_at = deadline.at if deadline is not None else math.inf  # one clock compare a step
-    if time.monotonic() >= stop_at:  # spent before this attempt trained a step: nothing new to save
+    spent = time.monotonic() >= stop_at
+    if ddp is not None and deadline is not None:  # agreed: a rank that left here would hang the others' steps
+        spent = all_sum([float(spent)], device)[0] > 0
+    if spent:  # spent before this attempt trained a step: nothing new to save
         raise deadline.exceeded(found[0] if found else None)
     with _deterministic(device), _stop_on_signals(log) as stop:
         for epoch in range(first_epoch, cfg.epochs):
