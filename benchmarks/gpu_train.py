@@ -118,31 +118,22 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="shardline-gpu-"))
     rows = []
     try:
-        for family in args.families:
-            cfg = load_config(
+
+        def config(family: str, *more: str):
+            return load_config(
                 ROOT / "shardline" / "configs" / "demo.yaml",
-                [
-                    f"training.batch_size={args.batch}",
-                    f"training.epochs={args.epochs}",
-                    f"model.family={family}",
-                    *args.set,
-                ],
+                [f"training.batch_size={args.batch}", f"training.epochs={args.epochs}", f"model.family={family}"]
+                + [*args.set, *more],
             )
+
+        for family in args.families:
+            cfg = config(family)
             spec = model_spec(cfg.model, len(enc.continuous), enc.cat_cardinalities, enc.window, enc.target.n_outputs)
             params = sum(p.numel() for p in loop.model_from_spec(spec).parameters())
             for w in args.workers:
                 eager_rate = None
                 for mode in args.modes:
-                    tc = load_config(
-                        ROOT / "shardline" / "configs" / "demo.yaml",
-                        [
-                            f"training.batch_size={args.batch}",
-                            f"training.epochs={args.epochs}",
-                            f"model.family={family}",
-                            *args.set,
-                            *MODES[mode],
-                        ],
-                    ).training.model_copy(update={"num_workers": w})
+                    tc = config(family, *MODES[mode]).training.model_copy(update={"num_workers": w})
                     said = []
                     res, wall, waited = run_fit(
                         train,

@@ -576,28 +576,34 @@ def test_resume_after_a_crash_is_bit_identical(data, tmp_path, straight, family,
     assert result.best_checkpoint.rsplit("/", 1)[-1] == reference.best_checkpoint.rsplit("/", 1)[-1]
 
 
-def test_sigterm_checkpoints_then_resume_is_bit_identical(data, tmp_path, straight):
-    reference, ref_weights = straight["mlp"]
-    folder = str(tmp_path / "ckpt")
-    before = signal.getsignal(signal.SIGTERM)
+def preempt_at_step_4(data, folder: str, cfg: TrainingConfig):
+    """The mlp's run of `cfg`, sent SIGTERM at its 4th step: it checkpoints there and raises Preempted."""
 
     def terminate(step, metrics):
         if step == 4:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    # checkpoint_every_steps differs from the reference run: it does not change what is computed
     with pytest.raises(Preempted) as stopped:
         fit(
             data["classification"],
             data["classification-val"],
             spec_for("mlp"),
-            train_cfg(checkpoint_every_steps=0),
+            cfg,
             "classification",
             folder,
             on_step=terminate,
             step_every=1,
             log=quiet,
         )
+    return stopped
+
+
+def test_sigterm_checkpoints_then_resume_is_bit_identical(data, tmp_path, straight):
+    reference, ref_weights = straight["mlp"]
+    folder = str(tmp_path / "ckpt")
+    before = signal.getsignal(signal.SIGTERM)
+    # checkpoint_every_steps differs from the reference run: it does not change what is computed
+    stopped = preempt_at_step_4(data, folder, train_cfg(checkpoint_every_steps=0))
     assert signal.getsignal(signal.SIGTERM) == before
     assert stopped.value.checkpoint.endswith("ckpt-000000004.pt")
     side = latest_checkpoint(folder)[1]
@@ -640,23 +646,7 @@ def test_a_checkpoint_of_a_captured_run_resumes_with_eager_steps(data, tmp_path,
     a machine without graphs (here the CPU) it steps as an ordinary AdamW, exactly as the uninterrupted run."""
     reference, ref_weights = straight["mlp"]
     folder = str(tmp_path / "ckpt")
-
-    def terminate(step, metrics):
-        if step == 4:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    with pytest.raises(Preempted) as stopped:
-        fit(
-            data["classification"],
-            data["classification-val"],
-            spec_for("mlp"),
-            train_cfg(),
-            "classification",
-            folder,
-            on_step=terminate,
-            step_every=1,
-            log=quiet,
-        )
+    stopped = preempt_at_step_4(data, folder, train_cfg())
     pt, side = latest_checkpoint(folder)
     assert pt == stopped.value.checkpoint
     state = load_checkpoint(pt)
