@@ -209,9 +209,24 @@ def test_small_lm_example(tmp_path):
     assert 0 <= metrics["test/exact_match"] <= metrics["test/token_f1"] <= 1
     files = {a.path for a in client.list_artifacts(summarizer.run_id, "evaluation")}
     assert "evaluation/generations.csv" in files
-    # each `shardline generate`, a fresh process, prints text (a tiny model's: poor, but text)
+    # each `shardline generate`, a fresh process, prints what the registered model's predict writes for that
+    # prompt and those params (a tiny model's text: poor, at this size often only line breaks)
+    import shlex
+
+    import mlflow
+    import pandas as pd
+
+    mlflow.set_tracking_uri(f"sqlite:///{folder / 'store' / 'mlflow.db'}")
+    options = {"--max-tokens": "max_tokens", "--temperature": "temperature", "--top-k": "top_k", "--seed": "seed"}
     for command in generating:
-        assert run_commands([command], folder).strip(), command
+        words = shlex.split(command)
+        given = dict(zip(words[3::2], words[4::2]))
+        model = mlflow.pyfunc.load_model(words[2])
+        (column,) = model.unwrap_python_model().predictor.spec.text.columns
+        params = {options[k]: float(v) if k == "--temperature" else int(v) for k, v in given.items() if k in options}
+        want = model.predict(pd.DataFrame({column: [given["--prompt"]]}), params=params)["generated"][0]
+        assert run_commands([command], folder) == want + "\n", command
+    assert len(generating) >= 3 and any("--temperature" in c for c in generating)
 
 
 @pytest.mark.parametrize("example", ["world_model", "pretrain_finetune", "two_tower", "small_lm"])
