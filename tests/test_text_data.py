@@ -313,3 +313,25 @@ def test_a_fine_tune_of_a_text_model_refuses_data_of_another_tokenizer():
         reuse_encoding(spec("b" * 64), spec("a" * 64), "models:/lm/1")
     with pytest.raises(EncodingMismatch, match="not a text model"):
         reuse_encoding(spec("b" * 64), spec(None), "models:/tabular/1")
+
+
+def test_a_text_fine_tune_with_another_tokenizer_is_refused_when_its_manifest_is_built(tmp_path):
+    from shardline.core.encoding.reuse import EncodingMismatch
+    from shardline.tasks.encode import build_manifest
+
+    write(tmp_path, pl.DataFrame({"body": sentences(100)}))
+    manifest, _ = encode(tmp_path, text_config(tmp_path))
+    data = validate_config(text_config(tmp_path)).data
+    records = sorted((tmp_path / "ds" / "groups").glob("*/group.json"))
+    groups = [EncodedGroup.model_validate_json(p.read_text()) for p in records]
+    tok = (tmp_path / "ds" / "tokenizer.json").read_text()
+
+    def built(parent):
+        return build_manifest(snapshot_source(data), groups, data, base=(parent, "models:/lm/1"), tokenizer=tok)
+
+    # the parent's own tokenizer: the manifest is built, its tokenizer the parent's
+    assert built(manifest.encoding).encoding.text.tokenizer_sha256 == manifest.encoding.text.tokenizer_sha256
+    # another tokenizer of the same vocabulary size: its ids would be other words to the parent's embeddings
+    other = manifest.encoding.text.model_copy(update={"tokenizer_sha256": "a" * 64})
+    with pytest.raises(EncodingMismatch, match=r"is not the one models:/lm/1 was trained with \(aaaaaaaaaaaa\)"):
+        built(manifest.encoding.model_copy(update={"text": other}))

@@ -27,7 +27,7 @@ from shardline.core.encoding.columns import DataError, order_expr, parse_order, 
 from shardline.core.encoding.contract import contract, contract_hash
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
-from shardline.core.encoding.reuse import reuse_encoding
+from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_parquet, rows_table, training_statistics
 from shardline.core.encoding.splits import split_rows
 from shardline.core.encoding.text import (
@@ -532,6 +532,8 @@ def build_manifest(
     stats = [g.train for g in groups]
     if data.features.text:  # the tokenizer's vocabulary is the encoding: nothing fitted, nothing reused
         spec = text_spec(data, tokenizer)
+        if base is not None:  # but a fine-tune's data must be tokenized as its parent's was
+            check_parent_tokenizer(spec, *base)
         extra = {"tokenizer": TOKENIZER, "token_counts": merged_token_counts(stats, spec.text.vocab_size)}
     else:
         spec = fit_spec(stats, data)
