@@ -335,3 +335,27 @@ def test_a_text_fine_tune_with_another_tokenizer_is_refused_when_its_manifest_is
     other = manifest.encoding.text.model_copy(update={"tokenizer_sha256": "a" * 64})
     with pytest.raises(EncodingMismatch, match=r"is not the one models:/lm/1 was trained with \(aaaaaaaaaaaa\)"):
         built(manifest.encoding.model_copy(update={"text": other}))
+
+
+def test_a_tokenizer_file_saved_with_truncation_and_padding_still_tokenizes_every_text_whole(tmp_path):
+    from shardline.core.encoding.text import prompt_ids
+
+    texts = sentences(60, lo=20, hi=30)  # far longer than the file's 6 tokens
+    write(tmp_path, pl.DataFrame({"body": texts}))
+    whole = train_bpe(texts, 300)
+    saved = Tokenizer.from_str(whole)
+    saved.enable_truncation(max_length=6)
+    saved.enable_padding(pad_id=0, pad_token="<pad>", length=64)
+    (tmp_path / "t.json").write_text(saved.to_str())
+    manifest, uri = encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(tmp_path / "t.json")}))
+    n = 0
+    for split in ("train", "validation", "test"):
+        for key, (tokens, _) in streams(manifest, uri, split).items():
+            row = int(key.rsplit("#", 1)[1])
+            real = tokens[: np.flatnonzero(tokens == EOS_ID)[0]]
+            assert decode(whole, real) == texts[row] and len(real) > 6  # every token, no padding inside
+            n += 1
+    assert n == 60
+    # serving tokenizes a prompt whole too, as training did
+    full = Tokenizer.from_str(whole).encode(texts[0], add_special_tokens=False).ids
+    assert prompt_ids(saved.to_str(), [[texts[0]]], generation=False) == [full]

@@ -117,8 +117,13 @@ def read_tokenizer_file(path: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def tokenizer(text: str):
-    """The `tokenizers.Tokenizer` of a tokenizer.json text (one per distinct text in this process)."""
-    return _parse(text, "the tokenizer")
+    """The `tokenizers.Tokenizer` of a tokenizer.json text (one per distinct text in this process), with its
+    truncation and padding off whatever the file says: every text is tokenized whole, for encoding and
+    serving alike (a file saved with them on would otherwise cut or pad every text, silently)."""
+    tok = _parse(text, "the tokenizer")
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
 
 
 def vocab_size(text: str) -> int:
