@@ -359,3 +359,21 @@ def test_a_tokenizer_file_saved_with_truncation_and_padding_still_tokenizes_ever
     # serving tokenizes a prompt whole too, as training did
     full = Tokenizer.from_str(whole).encode(texts[0], add_special_tokens=False).ids
     assert prompt_ids(saved.to_str(), [[texts[0]]], generation=False) == [full]
+
+
+def test_a_tokenizer_file_whose_ids_are_not_contiguous_is_refused_naming_it_and_its_largest_id(tmp_path):
+    from tokenizers import pre_tokenizers
+
+    write(tmp_path, pl.DataFrame({"body": sentences(100)}))
+    for first in (500, 70_000):  # past the vocabulary; past what uint16 holds
+        vocab = {"<pad>": 0, "<sep>": 1, "<eos>": 2, "[UNK]": 3}
+        vocab.update({w: first + i for i, w in enumerate(WORDS[:4])})
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        (tmp_path / "t.json").write_text(tok.to_str())
+        with pytest.raises(DataError) as e:
+            encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(tmp_path / "t.json")}))
+        said = str(e.value)
+        assert f"data.tokenizer.file '{tmp_path / 't.json'}'" in said and f"{first + 3:,}" in said
+        assert "has 8 tokens" in said and "re-number the vocabulary 0..N-1" in said
+        assert not (tmp_path / "ds" / "manifest.json").exists()

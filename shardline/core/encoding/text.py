@@ -77,8 +77,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> str:
 
 
 def check_tokenizer(text: str, where: str) -> None:
-    """A tokenizer.json must parse and define `<pad>` = 0, `<sep>` = 1, `<eos>` = 2 (the ids the shards and the
-    loss rely on); the error names `where` (its path) and what to do."""
+    """A tokenizer.json must parse, define `<pad>` = 0, `<sep>` = 1, `<eos>` = 2 (the ids the shards and the
+    loss rely on) and number its tokens 0..N-1 (an id at or past its size has no embedding row); the error
+    names `where` (its path) and what to do."""
     tok = _parse(text, where)
     wrong = {s: tok.token_to_id(s) for s in SPECIALS if tok.token_to_id(s) != SPECIALS.index(s)}
     if wrong:
@@ -87,6 +88,15 @@ def check_tokenizer(text: str, where: str) -> None:
             + ", ".join(f"{s}={i}" for s, i in wrong.items())
             + " (None: missing). Add them as its first added tokens (tokenizers: add_special_tokens before "
             "training), or use data.tokenizer: {kind: bpe, vocab_size: N}"
+        )
+    # the model has one embedding row per id, 0 .. vocabulary size - 1: an id past it has no row
+    size = int(tok.get_vocab_size(with_added_tokens=True))
+    top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+    if top >= size:
+        raise DataError(
+            f"{where}: its largest token id is {top:,} but its vocabulary has {size:,} tokens, so ids are not "
+            f"contiguous (the model has one embedding row per id, 0..{size - 1:,}); re-number the vocabulary "
+            "0..N-1 (keeping <pad>=0, <sep>=1, <eos>=2), or use data.tokenizer: {kind: bpe, vocab_size: N}"
         )
 
 
