@@ -377,3 +377,23 @@ def test_a_tokenizer_file_whose_ids_are_not_contiguous_is_refused_naming_it_and_
         assert f"data.tokenizer.file '{tmp_path / 't.json'}'" in said and f"{first + 3:,}" in said
         assert "has 8 tokens" in said and "re-number the vocabulary 0..N-1" in said
         assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_a_tokenizer_file_edited_after_the_config_was_read_is_refused_naming_it(tmp_path):
+    from shardline.tasks.encode import dataset_id
+
+    write(tmp_path, pl.DataFrame({"body": sentences(100)}))
+    path = tmp_path / "t.json"
+    path.write_text(train_bpe(sentences(100, seed=1), 300))
+    config = validate_config(text_config(tmp_path, tokenizer={"file": str(path)}))
+    snapshot = snapshot_source(config.data)
+    before = dataset_id(snapshot, config.data)
+    path.write_text(train_bpe(sentences(100, seed=2), 400))  # edited after the config was read
+    with pytest.raises(DataError, match=rf"data.tokenizer.file '{path}' changed since the config was read.*run again"):
+        encode_dataset(snapshot, config.data, str(tmp_path / "ds"))
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+    # read again: the data set's id is the new file's, and its shards are tokenized by it
+    config = validate_config(text_config(tmp_path, tokenizer={"file": str(path)}))
+    assert dataset_id(snapshot, config.data) != before
+    uri = encode_dataset(snapshot, config.data, str(tmp_path / "ds"))
+    assert tokenizer_of(uri) == path.read_text()

@@ -339,7 +339,7 @@ def fit_tokenizer(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tuple[s
     order, so the same data gives the same bytes), or the user's file (`data.tokenizer.file`), checked.
     Returns (its URI, its sha256)."""
     if data.tokenizer.file is not None:
-        text = read_tokenizer_file(data.tokenizer.file)
+        text = read_tokenizer_file(data.tokenizer.file, data.tokenizer.sha256)  # the file the config was read with
     else:
 
         def texts():

@@ -111,14 +111,23 @@ def _parse(text: str, where: str):
         ) from None
 
 
-def read_tokenizer_file(path: str) -> str:
+def read_tokenizer_file(path: str, sha256: str | None = None) -> str:
     """The user's tokenizer.json (`data.tokenizer.file`), checked; refused naming the path when it is not
-    there, does not parse or lacks the special tokens."""
+    there, is not the file of `sha256` (`data.tokenizer.sha256`, taken when the config was read: the data
+    set's id is made from it), does not parse or lacks the special tokens."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data.tokenizer.file '{path}' does not exist; give the path of a tokenizer.json")
+    raw = p.read_bytes()
+    now = hashlib.sha256(raw).hexdigest()
+    if sha256 is not None and now != sha256:
+        raise DataError(
+            f"data.tokenizer.file '{path}' changed since the config was read (sha256 {sha256[:12]} then, "
+            f"{now[:12]} now), so the data set it names is not the one it would encode; run again (the config is "
+            "read again, with the file as it is now), and leave the file as it is while the encode runs"
+        )
     try:
-        text = p.read_bytes().decode()  # no newline translation: its sha256 is the file's
+        text = raw.decode()  # no newline translation: its sha256 is the file's
     except UnicodeDecodeError as e:
         raise DataError(f"data.tokenizer.file '{path}' is not UTF-8 text ({e}); give a tokenizer.json") from None
     check_tokenizer(text, f"data.tokenizer.file '{path}'")
