@@ -20,7 +20,7 @@ from shardline.core import storage
 from shardline.core.config import ConfigError, validate_config
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.text import EOS_ID, PAD_ID, SEP_ID, decode, train_bpe
-from shardline.core.manifest import EncodedGroup, Manifest
+from shardline.core.manifest import EncodedGroup, Manifest, RawFile
 from shardline.tasks.encode import encode_dataset, log_skipped_rows
 from shardline.tasks.ingest import snapshot_source
 from shardline.tasks.training_run import load_manifest
@@ -397,3 +397,42 @@ def test_a_tokenizer_file_edited_after_the_config_was_read_is_refused_naming_it(
     assert dataset_id(snapshot, config.data) != before
     uri = encode_dataset(snapshot, config.data, str(tmp_path / "ds"))
     assert tokenizer_of(uri) == path.read_text()
+
+
+def test_a_categorical_text_column_encodes_to_the_tokens_of_the_same_column_as_strings(tmp_path):
+    import pandas as pd
+
+    from shardline.tasks.encode import read_text_group
+
+    texts = sentences(100)
+    results = {}
+    frames = {
+        "plain": pl.DataFrame({"body": texts}),
+        "categorical": pl.DataFrame({"body": pl.Series(texts, dtype=pl.Categorical)}),
+        "enum": pl.DataFrame({"body": pl.Series(texts, dtype=pl.Enum(sorted(set(texts))))}),
+    }
+    for name, frame in frames.items():
+        write(tmp_path / name, frame)
+        manifest, uri = encode(tmp_path / name, text_config(tmp_path / name))
+        results[name] = (tokenizer_of(uri), {s: streams(manifest, uri, s) for s in ("train", "validation", "test")})
+    # a pandas category column (dictionary-encoded in the file), in a group beside a plain file
+    pd.DataFrame({"body": pd.Series(texts[:50], dtype="category")}).to_parquet(tmp_path / "mixed.parquet")
+    pl.DataFrame({"body": texts[50:]}).write_parquet(tmp_path / "mixed2.parquet")
+    data = validate_config(text_config(tmp_path)).data
+    files = [RawFile(uri=str(tmp_path / f), size=0, version="0") for f in ("mixed.parquet", "mixed2.parquet")]
+    assert read_text_group(files, data)[0]["body"].to_list() == texts
+
+    plain_tok, plain = results.pop("plain")
+    for name, (tok, got) in results.items():
+        assert tok == plain_tok, name
+        for split in plain:
+            assert got[split].keys() == plain[split].keys(), name
+            for key, (tokens, targets) in plain[split].items():
+                np.testing.assert_array_equal(got[split][key][0], tokens)
+                np.testing.assert_array_equal(got[split][key][1], targets)
+
+    # a text column of another type, where ingest did not see it (the file replaced since): said naming the
+    # file, the column and its type
+    pl.DataFrame({"body": list(range(50))}).write_parquet(tmp_path / "mixed2.parquet")
+    with pytest.raises(DataError, match=rf"{tmp_path / 'mixed2.parquet'}: text column 'body' is Int64, not text"):
+        read_text_group(files, data)

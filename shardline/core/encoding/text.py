@@ -168,6 +168,29 @@ def stream_columns(data: DataConfig) -> list[str]:
     return [*data.features.text, *(t.column for t in data.target_list)]
 
 
+def as_text(df: pl.DataFrame, data: DataConfig, where: str) -> pl.DataFrame:
+    """`df` with its text columns (`stream_columns`) as strings: a dictionary-encoded one (polars Categorical
+    or Enum, a pandas category) is text and is cast to String; any other non-string column is refused naming
+    `where` (the file), the column and its type."""
+    casts, bad = [], {}
+    for c in stream_columns(data):
+        dtype = df.schema[c]
+        if dtype == pl.String:
+            continue
+        if isinstance(dtype, (pl.Categorical, pl.Enum)) or dtype == pl.Null:  # Null: every value null (on_bad_rows)
+            casts.append(pl.col(c).cast(pl.String))
+        else:
+            bad[c] = dtype
+    if bad:
+        raise DataError(
+            f"{where}: "
+            + ", ".join(f"text column '{c}' is {dtype}, not text" for c, dtype in bad.items())
+            + "; a text column (data.features.text, a generation target) holds strings: write it as a string "
+            "column, or list it under another role"
+        )
+    return df.with_columns(casts) if casts else df
+
+
 def _empty(column: str) -> pl.Expr:
     """Whether a row's text in `column` is null or empty."""
     return pl.col(column).is_null() | (pl.col(column).str.len_bytes() == 0)
