@@ -20,7 +20,7 @@ from shardline.core import storage
 from shardline.core.config import ConfigError, validate_config
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.text import EOS_ID, PAD_ID, SEP_ID, decode, train_bpe
-from shardline.core.manifest import EncodedGroup, Manifest
+from shardline.core.manifest import EncodedGroup, Manifest, RawFile
 from shardline.tasks.encode import encode_dataset, log_skipped_rows
 from shardline.tasks.ingest import snapshot_source
 from shardline.tasks.training_run import load_manifest
@@ -313,3 +313,126 @@ def test_a_fine_tune_of_a_text_model_refuses_data_of_another_tokenizer():
         reuse_encoding(spec("b" * 64), spec("a" * 64), "models:/lm/1")
     with pytest.raises(EncodingMismatch, match="not a text model"):
         reuse_encoding(spec("b" * 64), spec(None), "models:/tabular/1")
+
+
+def test_a_text_fine_tune_with_another_tokenizer_is_refused_when_its_manifest_is_built(tmp_path):
+    from shardline.core.encoding.reuse import EncodingMismatch
+    from shardline.tasks.encode import build_manifest
+
+    write(tmp_path, pl.DataFrame({"body": sentences(100)}))
+    manifest, _ = encode(tmp_path, text_config(tmp_path))
+    data = validate_config(text_config(tmp_path)).data
+    records = sorted((tmp_path / "ds" / "groups").glob("*/group.json"))
+    groups = [EncodedGroup.model_validate_json(p.read_text()) for p in records]
+    tok = (tmp_path / "ds" / "tokenizer.json").read_text()
+
+    def built(parent):
+        return build_manifest(snapshot_source(data), groups, data, base=(parent, "models:/lm/1"), tokenizer=tok)
+
+    # the parent's own tokenizer: the manifest is built, its tokenizer the parent's
+    assert built(manifest.encoding).encoding.text.tokenizer_sha256 == manifest.encoding.text.tokenizer_sha256
+    # another tokenizer of the same vocabulary size: its ids would be other words to the parent's embeddings
+    other = manifest.encoding.text.model_copy(update={"tokenizer_sha256": "a" * 64})
+    with pytest.raises(EncodingMismatch, match=r"is not the one models:/lm/1 was trained with \(aaaaaaaaaaaa\)"):
+        built(manifest.encoding.model_copy(update={"text": other}))
+
+
+def test_a_tokenizer_file_saved_with_truncation_and_padding_still_tokenizes_every_text_whole(tmp_path):
+    from shardline.core.encoding.text import prompt_ids
+
+    texts = sentences(60, lo=20, hi=30)  # far longer than the file's 6 tokens
+    write(tmp_path, pl.DataFrame({"body": texts}))
+    whole = train_bpe(texts, 300)
+    saved = Tokenizer.from_str(whole)
+    saved.enable_truncation(max_length=6)
+    saved.enable_padding(pad_id=0, pad_token="<pad>", length=64)
+    (tmp_path / "t.json").write_text(saved.to_str())
+    manifest, uri = encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(tmp_path / "t.json")}))
+    n = 0
+    for split in ("train", "validation", "test"):
+        for key, (tokens, _) in streams(manifest, uri, split).items():
+            row = int(key.rsplit("#", 1)[1])
+            real = tokens[: np.flatnonzero(tokens == EOS_ID)[0]]
+            assert decode(whole, real) == texts[row] and len(real) > 6  # every token, no padding inside
+            n += 1
+    assert n == 60
+    # serving tokenizes a prompt whole too, as training did
+    full = Tokenizer.from_str(whole).encode(texts[0], add_special_tokens=False).ids
+    assert prompt_ids(saved.to_str(), [[texts[0]]], generation=False) == [full]
+
+
+def test_a_tokenizer_file_whose_ids_are_not_contiguous_is_refused_naming_it_and_its_largest_id(tmp_path):
+    from tokenizers import pre_tokenizers
+
+    write(tmp_path, pl.DataFrame({"body": sentences(100)}))
+    for first in (500, 70_000):  # past the vocabulary; past what uint16 holds
+        vocab = {"<pad>": 0, "<sep>": 1, "<eos>": 2, "[UNK]": 3}
+        vocab.update({w: first + i for i, w in enumerate(WORDS[:4])})
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        (tmp_path / "t.json").write_text(tok.to_str())
+        with pytest.raises(DataError) as e:
+            encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(tmp_path / "t.json")}))
+        said = str(e.value)
+        assert f"data.tokenizer.file '{tmp_path / 't.json'}'" in said and f"{first + 3:,}" in said
+        assert "has 8 tokens" in said and "re-number the vocabulary 0..N-1" in said
+        assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_a_tokenizer_file_edited_after_the_config_was_read_is_refused_naming_it(tmp_path):
+    from shardline.tasks.encode import dataset_id
+
+    write(tmp_path, pl.DataFrame({"body": sentences(100)}))
+    path = tmp_path / "t.json"
+    path.write_text(train_bpe(sentences(100, seed=1), 300))
+    config = validate_config(text_config(tmp_path, tokenizer={"file": str(path)}))
+    snapshot = snapshot_source(config.data)
+    before = dataset_id(snapshot, config.data)
+    path.write_text(train_bpe(sentences(100, seed=2), 400))  # edited after the config was read
+    with pytest.raises(DataError, match=rf"data.tokenizer.file '{path}' changed since the config was read.*run again"):
+        encode_dataset(snapshot, config.data, str(tmp_path / "ds"))
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+    # read again: the data set's id is the new file's, and its shards are tokenized by it
+    config = validate_config(text_config(tmp_path, tokenizer={"file": str(path)}))
+    assert dataset_id(snapshot, config.data) != before
+    uri = encode_dataset(snapshot, config.data, str(tmp_path / "ds"))
+    assert tokenizer_of(uri) == path.read_text()
+
+
+def test_a_categorical_text_column_encodes_to_the_tokens_of_the_same_column_as_strings(tmp_path):
+    import pandas as pd
+
+    from shardline.tasks.encode import read_text_group
+
+    texts = sentences(100)
+    results = {}
+    frames = {
+        "plain": pl.DataFrame({"body": texts}),
+        "categorical": pl.DataFrame({"body": pl.Series(texts, dtype=pl.Categorical)}),
+        "enum": pl.DataFrame({"body": pl.Series(texts, dtype=pl.Enum(sorted(set(texts))))}),
+    }
+    for name, frame in frames.items():
+        write(tmp_path / name, frame)
+        manifest, uri = encode(tmp_path / name, text_config(tmp_path / name))
+        results[name] = (tokenizer_of(uri), {s: streams(manifest, uri, s) for s in ("train", "validation", "test")})
+    # a pandas category column (dictionary-encoded in the file), in a group beside a plain file
+    pd.DataFrame({"body": pd.Series(texts[:50], dtype="category")}).to_parquet(tmp_path / "mixed.parquet")
+    pl.DataFrame({"body": texts[50:]}).write_parquet(tmp_path / "mixed2.parquet")
+    data = validate_config(text_config(tmp_path)).data
+    files = [RawFile(uri=str(tmp_path / f), size=0, version="0") for f in ("mixed.parquet", "mixed2.parquet")]
+    assert read_text_group(files, data)[0]["body"].to_list() == texts
+
+    plain_tok, plain = results.pop("plain")
+    for name, (tok, got) in results.items():
+        assert tok == plain_tok, name
+        for split in plain:
+            assert got[split].keys() == plain[split].keys(), name
+            for key, (tokens, targets) in plain[split].items():
+                np.testing.assert_array_equal(got[split][key][0], tokens)
+                np.testing.assert_array_equal(got[split][key][1], targets)
+
+    # a text column of another type, where ingest did not see it (the file replaced since): said naming the
+    # file, the column and its type
+    pl.DataFrame({"body": list(range(50))}).write_parquet(tmp_path / "mixed2.parquet")
+    with pytest.raises(DataError, match=rf"{tmp_path / 'mixed2.parquet'}: text column 'body' is Int64, not text"):
+        read_text_group(files, data)

@@ -13,6 +13,7 @@ import hashlib
 import io
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +28,11 @@ from shardline.core.encoding.columns import DataError, order_expr, parse_order, 
 from shardline.core.encoding.contract import contract, contract_hash
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
-from shardline.core.encoding.reuse import reuse_encoding
+from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_parquet, rows_table, training_statistics
 from shardline.core.encoding.splits import split_rows
 from shardline.core.encoding.text import (
+    as_text,
     clean_rows,
     encode_text_splits,
     merged_token_counts,
@@ -216,11 +218,20 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
     return df
 
 
-def read_group(files: list[RawFile] | list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame:
+def read_group(
+    files: list[RawFile] | list[str],
+    data: DataConfig,
+    columns: list[str] | None = None,
+    each: Callable[[pl.DataFrame, str], pl.DataFrame] | None = None,
+) -> pl.DataFrame:
+    """A file group's rows, the files in one scan when they scan as one table (same columns and types),
+    else read one by one, `each` (a file's rows and its URI -> its rows) applied to each before they are
+    put together."""
     uris = [f.uri if isinstance(f, RawFile) else f for f in files]
     df = _scan_local(uris, data, columns) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
-        df = pl.concat([read_raw(u, data, columns) for u in uris], how="vertical_relaxed")
+        each = each or (lambda frame, _: frame)
+        df = pl.concat([each(read_raw(u, data, columns), u) for u in uris], how="vertical_relaxed")
     return df
 
 
@@ -279,16 +290,19 @@ def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
 def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFrame, dict[str, dict[str, int]]]:
     """A text data set's file group, its rows with a null or empty text left out (`data.on_bad_rows: skip`,
     counted per file and column) or refused naming the file, the column and the count (`error`)."""
-    df = read_group(files, data)
+    uris = [f.uri if isinstance(f, RawFile) else f for f in files]
+    # a categorical text column is text (cast to String); another type is refused naming its file: each file
+    # checked before the group's files are put together (one scan: they share their types, said together)
+    df = as_text(read_group(files, data, each=lambda frame, uri: as_text(frame, data, uri)), data, ", ".join(uris))
     _, bad = clean_rows(df, data.model_copy(update={"on_bad_rows": "skip"}), "")
     if not bad:
         return df, {}
     parts, skipped = [], {}
-    for f in files:  # said per file: re-read one by one (only a group that has bad rows)
-        part, dropped = clean_rows(read_raw(f.uri if isinstance(f, RawFile) else f, data), data, f"{f.uri}")
+    for uri in uris:  # said per file: re-read one by one (only a group that has bad rows)
+        part, dropped = clean_rows(as_text(read_raw(uri, data), data, uri), data, uri)
         parts.append(part)
         if dropped:
-            skipped[f.uri] = dropped
+            skipped[uri] = dropped
     return pl.concat(parts, how="vertical_relaxed"), skipped
 
 
@@ -339,7 +353,7 @@ def fit_tokenizer(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tuple[s
     order, so the same data gives the same bytes), or the user's file (`data.tokenizer.file`), checked.
     Returns (its URI, its sha256)."""
     if data.tokenizer.file is not None:
-        text = read_tokenizer_file(data.tokenizer.file)
+        text = read_tokenizer_file(data.tokenizer.file, data.tokenizer.sha256)  # the file the config was read with
     else:
 
         def texts():
@@ -532,6 +546,8 @@ def build_manifest(
     stats = [g.train for g in groups]
     if data.features.text:  # the tokenizer's vocabulary is the encoding: nothing fitted, nothing reused
         spec = text_spec(data, tokenizer)
+        if base is not None:  # but a fine-tune's data must be tokenized as its parent's was
+            check_parent_tokenizer(spec, *base)
         extra = {"tokenizer": TOKENIZER, "token_counts": merged_token_counts(stats, spec.text.vocab_size)}
     else:
         spec = fit_spec(stats, data)

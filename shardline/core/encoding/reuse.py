@@ -53,19 +53,25 @@ def check_columns(mine: dict[str, list[str]], parent: EncodingSpec, source: str)
             )
 
 
-def reuse_encoding(fitted: EncodingSpec, parent: EncodingSpec, source: str) -> EncodingSpec:
-    """`fitted` (the new data's own encoding) with the parent's scalings and vocabularies in place of its
-    own, after `check_columns`."""
-    check_columns(_roles(fitted), parent, source)
+def check_parent_tokenizer(fitted: EncodingSpec, parent: EncodingSpec, source: str) -> None:
+    """The data's tokenizer (`fitted.text`, by its sha256) must be the parent's: a token id means a word only
+    by its tokenizer, and another one would feed the parent's embeddings other words (silently, when both
+    vocabularies have the same size). Text data for a tabular parent, or the reverse, is refused too."""
     mine, its = fitted.text, parent.text
     if (mine is None) != (its is None) or (mine and mine.tokenizer_sha256 != its.tokenizer_sha256):
-        # a token id means a word only by its tokenizer: another one would feed the parent's embeddings other words
         raise EncodingMismatch(
             f"the data's tokenizer ({mine.tokenizer_sha256[:12] if mine else 'none: not text data'}) is not the one "
             f"{source} was trained with ({its.tokenizer_sha256[:12] if its else 'none: not a text model'}); a "
             "fine-tune of a text model reads its parent's token ids: set data.tokenizer: {file: tokenizer.json} to "
             "the parent's (the registered model's artifacts/tokenizer.json, or the one beside its manifest)"
         )
+
+
+def reuse_encoding(fitted: EncodingSpec, parent: EncodingSpec, source: str) -> EncodingSpec:
+    """`fitted` (the new data's own encoding) with the parent's scalings and vocabularies in place of its
+    own, after `check_columns`."""
+    check_columns(_roles(fitted), parent, source)
+    check_parent_tokenizer(fitted, parent, source)
     theirs = {t.column: t for t in parent.targets}
     targets = [
         theirs[t.column] if t.column in theirs and theirs[t.column].task == t.task else t for t in fitted.targets

@@ -77,8 +77,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> str:
 
 
 def check_tokenizer(text: str, where: str) -> None:
-    """A tokenizer.json must parse and define `<pad>` = 0, `<sep>` = 1, `<eos>` = 2 (the ids the shards and the
-    loss rely on); the error names `where` (its path) and what to do."""
+    """A tokenizer.json must parse, define `<pad>` = 0, `<sep>` = 1, `<eos>` = 2 (the ids the shards and the
+    loss rely on) and number its tokens 0..N-1 (an id at or past its size has no embedding row); the error
+    names `where` (its path) and what to do."""
     tok = _parse(text, where)
     wrong = {s: tok.token_to_id(s) for s in SPECIALS if tok.token_to_id(s) != SPECIALS.index(s)}
     if wrong:
@@ -87,6 +88,15 @@ def check_tokenizer(text: str, where: str) -> None:
             + ", ".join(f"{s}={i}" for s, i in wrong.items())
             + " (None: missing). Add them as its first added tokens (tokenizers: add_special_tokens before "
             "training), or use data.tokenizer: {kind: bpe, vocab_size: N}"
+        )
+    # the model has one embedding row per id, 0 .. vocabulary size - 1: an id past it has no row
+    size = int(tok.get_vocab_size(with_added_tokens=True))
+    top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+    if top >= size:
+        raise DataError(
+            f"{where}: its largest token id is {top:,} but its vocabulary has {size:,} tokens, so ids are not "
+            f"contiguous (the model has one embedding row per id, 0..{size - 1:,}); re-number the vocabulary "
+            "0..N-1 (keeping <pad>=0, <sep>=1, <eos>=2), or use data.tokenizer: {kind: bpe, vocab_size: N}"
         )
 
 
@@ -101,14 +111,23 @@ def _parse(text: str, where: str):
         ) from None
 
 
-def read_tokenizer_file(path: str) -> str:
+def read_tokenizer_file(path: str, sha256: str | None = None) -> str:
     """The user's tokenizer.json (`data.tokenizer.file`), checked; refused naming the path when it is not
-    there, does not parse or lacks the special tokens."""
+    there, is not the file of `sha256` (`data.tokenizer.sha256`, taken when the config was read: the data
+    set's id is made from it), does not parse or lacks the special tokens."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data.tokenizer.file '{path}' does not exist; give the path of a tokenizer.json")
+    raw = p.read_bytes()
+    now = hashlib.sha256(raw).hexdigest()
+    if sha256 is not None and now != sha256:
+        raise DataError(
+            f"data.tokenizer.file '{path}' changed since the config was read (sha256 {sha256[:12]} then, "
+            f"{now[:12]} now), so the data set it names is not the one it would encode; run again (the config is "
+            "read again, with the file as it is now), and leave the file as it is while the encode runs"
+        )
     try:
-        text = p.read_bytes().decode()  # no newline translation: its sha256 is the file's
+        text = raw.decode()  # no newline translation: its sha256 is the file's
     except UnicodeDecodeError as e:
         raise DataError(f"data.tokenizer.file '{path}' is not UTF-8 text ({e}); give a tokenizer.json") from None
     check_tokenizer(text, f"data.tokenizer.file '{path}'")
@@ -117,8 +136,13 @@ def read_tokenizer_file(path: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def tokenizer(text: str):
-    """The `tokenizers.Tokenizer` of a tokenizer.json text (one per distinct text in this process)."""
-    return _parse(text, "the tokenizer")
+    """The `tokenizers.Tokenizer` of a tokenizer.json text (one per distinct text in this process), with its
+    truncation and padding off whatever the file says: every text is tokenized whole, for encoding and
+    serving alike (a file saved with them on would otherwise cut or pad every text, silently)."""
+    tok = _parse(text, "the tokenizer")
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
 
 
 def vocab_size(text: str) -> int:
@@ -142,6 +166,29 @@ def tokenizer_contract(data: DataConfig) -> dict[str, Any]:
 def stream_columns(data: DataConfig) -> list[str]:
     """The columns a row's stream is made of, in order: the text columns, then a generation target's."""
     return [*data.features.text, *(t.column for t in data.target_list)]
+
+
+def as_text(df: pl.DataFrame, data: DataConfig, where: str) -> pl.DataFrame:
+    """`df` with its text columns (`stream_columns`) as strings: a dictionary-encoded one (polars Categorical
+    or Enum, a pandas category) is text and is cast to String; any other non-string column is refused naming
+    `where` (the file), the column and its type."""
+    casts, bad = [], {}
+    for c in stream_columns(data):
+        dtype = df.schema[c]
+        if dtype == pl.String:
+            continue
+        if isinstance(dtype, (pl.Categorical, pl.Enum)) or dtype == pl.Null:  # Null: every value null (on_bad_rows)
+            casts.append(pl.col(c).cast(pl.String))
+        else:
+            bad[c] = dtype
+    if bad:
+        raise DataError(
+            f"{where}: "
+            + ", ".join(f"text column '{c}' is {dtype}, not text" for c, dtype in bad.items())
+            + "; a text column (data.features.text, a generation target) holds strings: write it as a string "
+            "column, or list it under another role"
+        )
+    return df.with_columns(casts) if casts else df
 
 
 def _empty(column: str) -> pl.Expr:
