@@ -337,6 +337,43 @@ def test_a_text_fine_tune_with_another_tokenizer_is_refused_when_its_manifest_is
         built(manifest.encoding.model_copy(update={"text": other}))
 
 
+def test_a_text_fine_tune_takes_its_parent_s_tokenizer_and_refuses_another_before_any_work(tmp_path):
+    """Text columns are one token stream whatever their names (a pre-trained LM's `doc` fine-tuned on a
+    summarizer's `body`); what must match is the tokenizer, which the fine-tune takes from its parent."""
+    from shardline.core.encoding.reuse import EncodingMismatch, check_columns
+    from shardline.core.manifest import EncodingSpec, TextSpec
+    from shardline.tasks.training_run import with_parent_tokenizer
+
+    lm = EncodingSpec(
+        sequence_key=None, order_by=None, window=8, horizon=1, continuous=[], boolean=[], categorical=[],
+        text=TextSpec(columns=["doc"], vocab_size=300, tokenizer_sha256="a" * 64, tokenizer={"kind": "bpe"}),
+    )  # fmt: skip
+    check_columns({"text": ["body"], "continuous": [], "boolean": [], "categorical": []}, lm, "models:/lm/1")
+    with pytest.raises(EncodingMismatch, match=r"models:/lm/1 is a text model and this data is not text"):
+        check_columns({"continuous": ["x"]}, lm, "models:/lm/1")
+    tabular = lm.model_copy(update={"text": None})
+    with pytest.raises(EncodingMismatch, match=r"models:/tab/2 is not a text model and this data is text"):
+        check_columns({"text": ["body"]}, tabular, "models:/tab/2")
+
+    # a tokenizer file of the config's own that is not the parent's: refused naming both, nothing written
+    (tmp_path / "mine.json").write_text(train_bpe(sentences(50), 300))
+    config = validate_config(
+        {
+            **text_config(tmp_path, tokenizer={"file": str(tmp_path / "mine.json")}),
+            "training": {"init_from": "models:/lm/1"},
+        }
+    )
+    with pytest.raises(EncodingMismatch, match=r"mine.json' \(sha256 \w{12}\) is not the tokenizer models:/lm/1 "):
+        with_parent_tokenizer(config, {"uri": "models:/lm/1"}, lm)
+    assert not (Path(config.storage.root) / "tokenizers").exists()
+    # without a tokenizer of its own, a text fine-tune's config is valid (its parent's is used); not otherwise
+    raw = text_config(tmp_path)
+    del raw["data"]["tokenizer"]
+    assert validate_config({**raw, "training": {"init_from": "models:/lm/1"}}).data.tokenizer is None
+    with pytest.raises(ConfigError, match="a fine-tune \\(training.init_from a text model\\) uses its parent's"):
+        validate_config(raw)
+
+
 def test_a_tokenizer_file_saved_with_truncation_and_padding_still_tokenizes_every_text_whole(tmp_path):
     from shardline.core.encoding.text import prompt_ids
 

@@ -100,3 +100,40 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     assert done.stdout.rstrip("\n") == out["generated"][1]
     bad = subprocess.run([*command, "--temperature", "-1"], cwd=elsewhere, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "temperature=-1.0 must be 0 (greedy) or a finite" in bad.stderr + bad.stdout
+
+    # a fine-tune of the registered LM on other data with other column names: a titler (a generation target)
+    # starts from its weights and reads its token ids, tokenized with the parent's tokenizer (data.tokenizer
+    # unset: the parent's is used, and kept in the store under its sha256)
+    (tmp_path / "pairs").mkdir()
+    texts = sentences(300, 21, 3, 10)
+    pairs = pl.DataFrame({"text": texts, "title": [t.split()[0] for t in texts]})
+    pairs.write_parquet(tmp_path / "pairs" / "titles.parquet")
+    tuned = validate_config(
+        {
+            "name": "titler",
+            "data": {
+                "source": str(tmp_path / "pairs" / "*.parquet"),
+                "features": {"text": ["text"]},
+                "target": {"column": "title", "task": "generation"},
+                "window": 8,
+            },
+            "model": {"family": "transformer", "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.0},
+            "training": {
+                "epochs": 1,
+                "batch_size": 64,
+                "lr": 0.01,
+                "warmup_steps": 2,
+                "init_from": "models:/text-lm@champion",
+            },
+            "storage": {"root": str(root)},
+            "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "text", "model_name": "titler"},
+        }
+    )
+    titled = pipeline(tuned)
+    tuned_manifest = Manifest.model_validate_json(storage.read_text(titled["manifest"]))
+    sha = manifest.encoding.text.tokenizer_sha256
+    assert tuned_manifest.encoding.text.tokenizer_sha256 == sha and tuned_manifest.encoding.text.columns == ["text"]
+    assert (root / "tokenizers" / f"{sha}.json").read_text() == bundled
+    version = mlflow.MlflowClient().get_model_version("titler", titled["registered"]["version"])
+    assert (version.tags["shardline.parent_name"], version.tags["shardline.parent_version"]) == ("text-lm", "1")
+    assert titled["metrics"]["perplexity"] < titled["baseline"]["perplexity"]

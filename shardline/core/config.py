@@ -307,11 +307,6 @@ class DataConfig(_Strict):
                 f"data.features.text cannot be mixed with other feature roles in this version: remove {others} "
                 "(continuous/boolean/categorical) or the text columns"
             )
-        if self.tokenizer is None:
-            raise ValueError(
-                "data.features.text needs data.tokenizer: {kind: bpe, vocab_size: 8192} (trained on the training "
-                "split) or {file: tokenizer.json}"
-            )
         if self.target_list and (len(self.target_list) > 1 or not generation):
             raise ValueError(
                 "text data takes no target (pre-training: every position predicts its next token) or one target "
@@ -784,6 +779,11 @@ class PipelineConfig(_Strict):
                 f"training.batch_size={self.training.batch_size} is not divisible by the world size {size} "
                 f"(compute.nodes={self.compute.nodes} x compute.processes_per_node="
                 f"{self.compute.processes_per_node}); use a multiple of {size}"
+            )
+        if self.data.features.text and self.data.tokenizer is None and not self.training.init_from:
+            raise ValueError(
+                "data.features.text needs data.tokenizer: {kind: bpe, vocab_size: 8192} (trained on the training "
+                "split) or {file: tokenizer.json}; a fine-tune (training.init_from a text model) uses its parent's"
             )
         targets = self.data.target_list
         if self.data.text_target is not None:  # text: one target over the vocabulary, implied when pre-training

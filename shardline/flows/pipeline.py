@@ -24,7 +24,7 @@ from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.ingest import INGEST_CACHE, ingest
 from shardline.tasks.register import REGISTER_CACHE, register
 from shardline.tasks.train import TRAIN_CACHE, retry_on_infrastructure, train_step
-from shardline.tasks.training_run import parent_encoding, parent_model
+from shardline.tasks.training_run import parent_encoding, parent_model, with_parent_tokenizer
 
 
 def _refreshed(force: str | None) -> set[str]:
@@ -62,10 +62,13 @@ def encoded_data(config: PipelineConfig, refresh: set[str] | frozenset[str] = fr
     # fine-tuning: the data is encoded the way the model it starts from was trained (its scalings, vocabularies)
     parent = parent_model(config)
     base = (parent_encoding(config, parent), parent["uri"]) if parent else None
+    data = config.data
     if base is not None:  # a column the parent was not trained on: said before any work
         check_columns(config.data.features.model_dump(), *base)
+        if base[0].text is not None:  # a text model's token ids mean words by its tokenizer: the parent's
+            data = with_parent_tokenizer(config, parent, base[0])
     manifest_uri, ran["encode"] = encode(  # on the flow's threads, or a Dask cluster (compute.task_runner)
-        snapshot, config.data, root, refresh="encode" in refresh, base=base, runner=encode_runner(config)
+        snapshot, data, root, refresh="encode" in refresh, base=base, runner=encode_runner(config)
     )
     return snapshot, manifest_uri, storage.sha256_uri(manifest_uri), ran
 

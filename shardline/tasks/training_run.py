@@ -5,6 +5,7 @@ checkpoints for a dispatcher on another machine."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import socket
@@ -16,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from shardline.core import storage
-from shardline.core.config import ModelConfig, PipelineConfig, stable_hash, training_splits
+from shardline.core.config import DataConfig, ModelConfig, PipelineConfig, stable_hash, training_splits
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import EncodingSpec, Manifest
 from shardline.core.secrets import redact_text
@@ -110,6 +111,59 @@ def parent_encoding(config: PipelineConfig, parent: dict) -> EncodingSpec:
     with tempfile.TemporaryDirectory() as tmp:
         bundle = json.loads((_registered_files(config, parent, tmp) / "artifacts" / "bundle.json").read_text())
     return EncodingSpec.model_validate(bundle["encoding"])
+
+
+def parent_tokenizer(config: PipelineConfig, parent: dict, encoding: EncodingSpec) -> str:
+    """A text parent's tokenizer.json (the text): a registered model's bundled one, or the one beside the
+    manifest a checkpoint's run trained on; checked against the sha256 its encoding records."""
+    if "checkpoint" in parent:
+        from shardline.trainer.checkpoint import sidecar_uri
+
+        manifest_uri = json.loads(storage.read_text(sidecar_uri(parent["checkpoint"])))["run_meta"]["manifest"]
+        manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+        where = storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json")
+        text = storage.read_text(where) if storage.exists(where) else None
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            found = _registered_files(config, parent, tmp) / "artifacts" / "tokenizer.json"
+            where = f"{parent['uri']} (artifacts/tokenizer.json)"
+            text = found.read_text() if found.is_file() else None
+    if text is None or hashlib.sha256(text.encode()).hexdigest() != encoding.text.tokenizer_sha256:
+        raise ValueError(
+            f"training.init_from={parent['uri']}: the tokenizer its token ids mean ({where}) is missing or not the "
+            f"one it was trained with (sha256 {encoding.text.tokenizer_sha256[:12]}); start from another version"
+        )
+    return text
+
+
+def with_parent_tokenizer(config: PipelineConfig, parent: dict, encoding: EncodingSpec, log=print) -> DataConfig:
+    """A fine-tune of a text model reads its parent's token ids: `config.data` with the parent's tokenizer
+    (kept in the store under its sha256, `<root>/tokenizers/`) in place of data.tokenizer. A tokenizer file
+    of the config's own that is another one is refused, before any work."""
+    from shardline.core.config import TokenizerConfig
+    from shardline.core.encoding.reuse import EncodingMismatch
+
+    sha = encoding.text.tokenizer_sha256
+    mine = config.data.tokenizer
+    if mine is not None and mine.file is not None and mine.sha256 not in (None, sha):
+        raise EncodingMismatch(
+            f"data.tokenizer.file '{mine.file}' (sha256 {mine.sha256[:12]}) is not the tokenizer "
+            f"{parent['uri']} was trained with (sha256 {sha[:12]}); a fine-tune of a text model reads its "
+            "parent's token ids: drop data.tokenizer (the parent's is used), or train without training.init_from"
+        )
+    uri = storage.join(config.storage.root, "tokenizers", f"{sha}.json")
+    if not storage.exists(uri):
+        storage.write_text(uri, parent_tokenizer(config, parent, encoding))  # atomic: whole or absent
+    if mine is None or mine.file is None:
+        log(
+            f"init_from {parent['uri']}: the data is tokenized with the parent's tokenizer (sha256 {sha[:12]}), "
+            + (
+                f"not data.tokenizer's BPE of {mine.vocab_size} ids"
+                if mine is not None
+                else "as data.tokenizer is unset"
+            )
+        )
+    return config.data.model_copy(update={"tokenizer": TokenizerConfig(file=uri, sha256=sha)})
 
 
 def init_weights(config: PipelineConfig, parent: dict) -> dict:
@@ -238,6 +292,11 @@ def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
     """Read the manifest and refuse it when its encoding disagrees with the config."""
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     expected = contract(config.data)
+    tok = config.data.tokenizer
+    if config.training.init_from and config.data.features.text and (tok is None or tok.file is None):
+        # a text fine-tune is tokenized with its parent's tokenizer, whatever data.tokenizer's BPE says: the
+        # encode took it from the parent (with_parent_tokenizer) and checked the data set's against it
+        expected["tokenizer"] = contract_of(manifest.encoding).get("tokenizer", expected["tokenizer"])
     if manifest.contract_hash != contract_hash(expected):
         diffs = contract_differences(expected, contract_of(manifest.encoding))
         raise ValueError(

@@ -23,12 +23,22 @@ def _roles(spec: EncodingSpec) -> dict[str, list[str]]:
         "continuous": [c.name for c in spec.continuous],
         "boolean": list(spec.boolean),
         "categorical": [v.name for v in spec.categorical],
+        "text": list(spec.text.columns) if spec.text is not None else [],
     }
 
 
 def check_columns(mine: dict[str, list[str]], parent: EncodingSpec, source: str) -> None:
     """Every feature column (`mine`: role -> columns, as data.features lists them) in the parent's role
     and order; the error names the column and the fix. The pipeline checks it before any work."""
+    text = list(mine.get("text") or [])
+    if (parent.text is not None) != bool(text):
+        raise EncodingMismatch(
+            f"{source} is {'a text model' if parent.text is not None else 'not a text model'} and this data "
+            f"{'is' if text else 'is not'} text (data.features.text): a fine-tune reads its data as its parent did; "
+            "start from a model of the same kind, or train without training.init_from"
+        )
+    if text:  # text columns are one token stream, whatever their names: the tokenizer is what must match
+        return
     theirs = _roles(parent)
     where = {c: role for role, cols in theirs.items() for c in cols}
     for role, cols in mine.items():
@@ -62,8 +72,9 @@ def check_parent_tokenizer(fitted: EncodingSpec, parent: EncodingSpec, source: s
         raise EncodingMismatch(
             f"the data's tokenizer ({mine.tokenizer_sha256[:12] if mine else 'none: not text data'}) is not the one "
             f"{source} was trained with ({its.tokenizer_sha256[:12] if its else 'none: not a text model'}); a "
-            "fine-tune of a text model reads its parent's token ids: set data.tokenizer: {file: tokenizer.json} to "
-            "the parent's (the registered model's artifacts/tokenizer.json, or the one beside its manifest)"
+            "fine-tune of a text model reads its parent's token ids: drop data.tokenizer (the pipeline then "
+            "tokenizes with the parent's), or set it to the parent's file (the registered model's "
+            "artifacts/tokenizer.json)"
         )
 
 

@@ -115,10 +115,11 @@ def read_tokenizer_file(path: str, sha256: str | None = None) -> str:
     """The user's tokenizer.json (`data.tokenizer.file`), checked; refused naming the path when it is not
     there, is not the file of `sha256` (`data.tokenizer.sha256`, taken when the config was read: the data
     set's id is made from it), does not parse or lacks the special tokens."""
-    p = Path(path)
-    if not p.is_file():
+    from shardline.core import storage
+
+    if not (storage.exists(path) if storage.is_remote(path) else Path(path).is_file()):
         raise DataError(f"data.tokenizer.file '{path}' does not exist; give the path of a tokenizer.json")
-    raw = p.read_bytes()
+    raw = storage.read_bytes(path) if storage.is_remote(path) else Path(path).read_bytes()
     now = hashlib.sha256(raw).hexdigest()
     if sha256 is not None and now != sha256:
         raise DataError(
