@@ -106,12 +106,9 @@ def encode_sample(cfg: PipelineConfig) -> dict[str, int]:
     """Ingest and encode the sample with the pipeline's own cached tasks (the pipeline then finds them
     cached); return the manifest's window counts, from which the training is sized."""
     from shardline.core.manifest import Manifest
-    from shardline.tasks.caching import run_cached
-    from shardline.tasks.encode import encode
-    from shardline.tasks.ingest import INGEST_CACHE, ingest
+    from shardline.flows.pipeline import encoded_data
 
-    snapshot, _ = run_cached(ingest, INGEST_CACHE, cfg.storage.root, False, cfg.data)
-    manifest_uri, _ = encode(snapshot, cfg.data, cfg.storage.root)
+    _, manifest_uri, _, _ = encoded_data(cfg)  # as the pipeline encodes (a fine-tune: its parent's encoding)
     return dict(Manifest.model_validate_json(storage.read_text(manifest_uri)).windows)
 
 
