@@ -313,3 +313,31 @@ def test_a_fine_tune_of_a_text_model_refuses_data_of_another_tokenizer():
         reuse_encoding(spec("b" * 64), spec("a" * 64), "models:/lm/1")
     with pytest.raises(EncodingMismatch, match="not a text model"):
         reuse_encoding(spec("b" * 64), spec(None), "models:/tabular/1")
+
+
+def split_of_rows(manifest: Manifest, uri: str) -> dict[str, str]:
+    """Each document's split, by its key (its file and row)."""
+    folder = uri.rsplit("/", 1)[0]
+    out = {}
+    for info in manifest.shards:
+        keys = pl.read_parquet(io.BytesIO(storage.read_bytes(storage.resolve(folder, info.keys_path))))["sequence"]
+        out.update(dict.fromkeys(keys.to_list(), info.split))
+    return out
+
+
+def test_leaving_out_a_bad_text_row_moves_no_other_row_to_another_split(tmp_path):
+    # a row's split is drawn from its file and its place in the file as written: emptying the first row of a
+    # file (left out, data.on_bad_rows: skip) must not move the file's later rows, nor another file's, to
+    # another split (test rows would end up in training)
+    a, b = sentences(200, 3), sentences(120, 4)
+    write(tmp_path, pl.DataFrame({"body": a}))
+    write(tmp_path, pl.DataFrame({"body": b}), "b.parquet")
+    raw = text_config(tmp_path, on_bad_rows="skip")
+    before = split_of_rows(*encode(tmp_path, raw))
+    assert len(before) == 320 and set(before.values()) == {"train", "validation", "test"}
+    a[0] = ""
+    write(tmp_path, pl.DataFrame({"body": a}))
+    after = split_of_rows(*encode(tmp_path, raw, out="ds2"))
+    gone = set(before) - set(after)
+    assert len(gone) == 1 and next(iter(gone)).endswith("a.parquet#0") and set(after) < set(before)
+    assert after == {k: before[k] for k in after}

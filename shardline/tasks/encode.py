@@ -29,7 +29,7 @@ from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_parquet, rows_table, training_statistics
-from shardline.core.encoding.splits import split_rows
+from shardline.core.encoding.splits import ROW, split_rows
 from shardline.core.encoding.text import (
     clean_rows,
     encode_text_splits,
@@ -278,14 +278,18 @@ def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
 
 def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFrame, dict[str, dict[str, int]]]:
     """A text data set's file group, its rows with a null or empty text left out (`data.on_bad_rows: skip`,
-    counted per file and column) or refused naming the file, the column and the count (`error`)."""
+    counted per file and column) or refused naming the file, the column and the count (`error`). When rows
+    are left out, the others carry their place in their file as read (`__row`): a row's split is drawn from
+    it, so leaving out a bad row moves no other row to another split."""
     df = read_group(files, data)
     _, bad = clean_rows(df, data.model_copy(update={"on_bad_rows": "skip"}), "")
     if not bad:
         return df, {}
     parts, skipped = [], {}
     for f in files:  # said per file: re-read one by one (only a group that has bad rows)
-        part, dropped = clean_rows(read_raw(f.uri if isinstance(f, RawFile) else f, data), data, f"{f.uri}")
+        raw = read_raw(f.uri if isinstance(f, RawFile) else f, data)
+        raw = raw.with_columns(pl.int_range(0, pl.len(), dtype=pl.UInt64).alias(ROW))
+        part, dropped = clean_rows(raw, data, f"{f.uri}")
         parts.append(part)
         if dropped:
             skipped[f.uri] = dropped
