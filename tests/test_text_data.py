@@ -341,3 +341,26 @@ def test_leaving_out_a_bad_text_row_moves_no_other_row_to_another_split(tmp_path
     gone = set(before) - set(after)
     assert len(gone) == 1 and next(iter(gone)).endswith("a.parquet#0") and set(after) < set(before)
     assert after == {k: before[k] for k in after}
+
+
+def test_the_same_tokenizer_file_at_another_path_finds_the_same_encoded_groups(tmp_path):
+    # the config loader makes data.tokenizer.file absolute: a moved project or a teammate's checkout at another
+    # path must not encode every group again; the file's content decides
+    from shardline.tasks.encode import TOKENIZER_CACHE, file_groups, group_key
+
+    write(tmp_path, pl.DataFrame({"body": sentences(50)}))
+    tok = train_bpe(sentences(50), 300)
+    for d, text in (("x", tok), ("y", tok), ("z", train_bpe(sentences(50, 1), 300))):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "tokenizer.json").write_text(text)
+
+    def keys(d: str):
+        data = validate_config(text_config(tmp_path, tokenizer={"file": str(tmp_path / d / "tokenizer.json")})).data
+        snapshot = snapshot_source(data)
+        inputs = {"snapshot": snapshot, "data": data, "out_dir": str(tmp_path / "ds")}
+        groups = [group_key(g, data, data.tokenizer.sha256) for g in file_groups(snapshot, data)]
+        return groups, TOKENIZER_CACHE.key(inputs)
+
+    x, y, z = keys("x"), keys("y"), keys("z")
+    assert x == y  # the same bytes elsewhere: the same groups and tokenizer
+    assert x[0] != z[0] and x[1] != z[1]  # another tokenizer: other groups

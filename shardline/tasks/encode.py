@@ -737,8 +737,19 @@ def write_manifest(
 
 
 def _data_key(data: DataConfig) -> dict:
+    """The data settings that change a byte of the shards. Not where the user's tokenizer file lies (the config
+    loader makes its path absolute, so another checkout or a moved project would encode every group again):
+    its content is in the key, by its sha256 (here, and the group's tokenizer in `group_key`)."""
     return data.model_dump(
-        mode="json", exclude={"source", "on_bad_file", "files_per_group", "group_mb", "encode_workers"}
+        mode="json",
+        exclude={
+            "source": True,
+            "on_bad_file": True,
+            "files_per_group": True,
+            "group_mb": True,
+            "encode_workers": True,
+            "tokenizer": {"file"},
+        },
     )
 
 
