@@ -364,3 +364,27 @@ def test_the_same_tokenizer_file_at_another_path_finds_the_same_encoded_groups(t
     x, y, z = keys("x"), keys("y"), keys("z")
     assert x == y  # the same bytes elsewhere: the same groups and tokenizer
     assert x[0] != z[0] and x[1] != z[1]  # another tokenizer: other groups
+
+
+def test_texts_tokenized_in_small_batches_give_byte_identical_shards(tmp_path, monkeypatch):
+    # a group's texts are tokenized a batch at a time (its memory bounded by the batch, not the group): the
+    # shards are the same bytes whatever the batch, down to one text, or a few, at a time
+    from shardline.core.encoding import text
+
+    rng = np.random.default_rng(5)
+    n = 300
+    titles = sentences(n, 6, 1, 4)
+    bodies = [" ".join(sentences(int(rng.integers(1, 12)), i)) for i in range(n)]  # a few bytes to ~600
+    write(tmp_path, pl.DataFrame({"title": titles, "body": bodies}))
+    raw = text_config(tmp_path, features={"text": ["title", "body"]})
+
+    def shards(out: str) -> list[tuple[str, str]]:
+        manifest, _ = encode(tmp_path, raw, out=out)
+        return sorted((s.split, s.sha256) for s in manifest.shards)
+
+    whole = shards("whole")
+    assert len(whole) == 3
+    for texts, size in ((7, 1 << 20), (1000, 200), (1, 1)):
+        monkeypatch.setattr(text, "TOKENIZE_TEXTS", texts)
+        monkeypatch.setattr(text, "TOKENIZE_BYTES", size)
+        assert shards(f"b{texts}-{size}") == whole
