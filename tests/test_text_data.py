@@ -473,3 +473,78 @@ def test_a_categorical_text_column_encodes_to_the_tokens_of_the_same_column_as_s
     pl.DataFrame({"body": list(range(50))}).write_parquet(tmp_path / "mixed2.parquet")
     with pytest.raises(DataError, match=rf"{tmp_path / 'mixed2.parquet'}: text column 'body' is Int64, not text"):
         read_text_group(files, data)
+
+
+def split_of_rows(manifest: Manifest, uri: str) -> dict[str, str]:
+    """Each document's split, by its key (its file and row)."""
+    folder = uri.rsplit("/", 1)[0]
+    out = {}
+    for info in manifest.shards:
+        keys = pl.read_parquet(io.BytesIO(storage.read_bytes(storage.resolve(folder, info.keys_path))))["sequence"]
+        out.update(dict.fromkeys(keys.to_list(), info.split))
+    return out
+
+
+def test_leaving_out_a_bad_text_row_moves_no_other_row_to_another_split(tmp_path):
+    # a row's split is drawn from its file and its place in the file as written: emptying the first row of a
+    # file (left out, data.on_bad_rows: skip) must not move the file's later rows, nor another file's, to
+    # another split (test rows would end up in training)
+    a, b = sentences(200, 3), sentences(120, 4)
+    write(tmp_path, pl.DataFrame({"body": a}))
+    write(tmp_path, pl.DataFrame({"body": b}), "b.parquet")
+    raw = text_config(tmp_path, on_bad_rows="skip")
+    before = split_of_rows(*encode(tmp_path, raw))
+    assert len(before) == 320 and set(before.values()) == {"train", "validation", "test"}
+    a[0] = ""
+    write(tmp_path, pl.DataFrame({"body": a}))
+    after = split_of_rows(*encode(tmp_path, raw, out="ds2"))
+    gone = set(before) - set(after)
+    assert len(gone) == 1 and next(iter(gone)).endswith("a.parquet#0") and set(after) < set(before)
+    assert after == {k: before[k] for k in after}
+
+
+def test_the_same_tokenizer_file_at_another_path_finds_the_same_encoded_groups(tmp_path):
+    # the config loader makes data.tokenizer.file absolute: a moved project or a teammate's checkout at another
+    # path must not encode every group again; the file's content decides
+    from shardline.tasks.encode import TOKENIZER_CACHE, file_groups, group_key
+
+    write(tmp_path, pl.DataFrame({"body": sentences(50)}))
+    tok = train_bpe(sentences(50), 300)
+    for d, text in (("x", tok), ("y", tok), ("z", train_bpe(sentences(50, 1), 300))):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "tokenizer.json").write_text(text)
+
+    def keys(d: str):
+        data = validate_config(text_config(tmp_path, tokenizer={"file": str(tmp_path / d / "tokenizer.json")})).data
+        snapshot = snapshot_source(data)
+        inputs = {"snapshot": snapshot, "data": data, "out_dir": str(tmp_path / "ds")}
+        groups = [group_key(g, data, data.tokenizer.sha256) for g in file_groups(snapshot, data)]
+        return groups, TOKENIZER_CACHE.key(inputs)
+
+    x, y, z = keys("x"), keys("y"), keys("z")
+    assert x == y  # the same bytes elsewhere: the same groups and tokenizer
+    assert x[0] != z[0] and x[1] != z[1]  # another tokenizer: other groups
+
+
+def test_texts_tokenized_in_small_batches_give_byte_identical_shards(tmp_path, monkeypatch):
+    # a group's texts are tokenized a batch at a time (its memory bounded by the batch, not the group): the
+    # shards are the same bytes whatever the batch, down to one text, or a few, at a time
+    from shardline.core.encoding import text
+
+    rng = np.random.default_rng(5)
+    n = 300
+    titles = sentences(n, 6, 1, 4)
+    bodies = [" ".join(sentences(int(rng.integers(1, 12)), i)) for i in range(n)]  # a few bytes to ~600
+    write(tmp_path, pl.DataFrame({"title": titles, "body": bodies}))
+    raw = text_config(tmp_path, features={"text": ["title", "body"]})
+
+    def shards(out: str) -> list[tuple[str, str]]:
+        manifest, _ = encode(tmp_path, raw, out=out)
+        return sorted((s.split, s.sha256) for s in manifest.shards)
+
+    whole = shards("whole")
+    assert len(whole) == 3
+    for texts, size in ((7, 1 << 20), (1000, 200), (1, 1)):
+        monkeypatch.setattr(text, "TOKENIZE_TEXTS", texts)
+        monkeypatch.setattr(text, "TOKENIZE_BYTES", size)
+        assert shards(f"b{texts}-{size}") == whole

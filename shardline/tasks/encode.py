@@ -30,7 +30,7 @@ from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_parquet, rows_table, training_statistics
-from shardline.core.encoding.splits import split_rows
+from shardline.core.encoding.splits import ROW, split_rows
 from shardline.core.encoding.text import (
     as_text,
     clean_rows,
@@ -289,7 +289,9 @@ def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
 
 def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFrame, dict[str, dict[str, int]]]:
     """A text data set's file group, its rows with a null or empty text left out (`data.on_bad_rows: skip`,
-    counted per file and column) or refused naming the file, the column and the count (`error`)."""
+    counted per file and column) or refused naming the file, the column and the count (`error`). When rows
+    are left out, the others carry their place in their file as read (`__row`): a row's split is drawn from
+    it, so leaving out a bad row moves no other row to another split."""
     uris = [f.uri if isinstance(f, RawFile) else f for f in files]
     # a categorical text column is text (cast to String); another type is refused naming its file: each file
     # checked before the group's files are put together (one scan: they share their types, said together)
@@ -299,7 +301,9 @@ def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFram
         return df, {}
     parts, skipped = [], {}
     for uri in uris:  # said per file: re-read one by one (only a group that has bad rows)
-        part, dropped = clean_rows(as_text(read_raw(uri, data), data, uri), data, uri)
+        raw = as_text(read_raw(uri, data), data, uri)
+        raw = raw.with_columns(pl.int_range(0, pl.len(), dtype=pl.UInt64).alias(ROW))
+        part, dropped = clean_rows(raw, data, uri)
         parts.append(part)
         if dropped:
             skipped[uri] = dropped
@@ -749,8 +753,19 @@ def write_manifest(
 
 
 def _data_key(data: DataConfig) -> dict:
+    """The data settings that change a byte of the shards. Not where the user's tokenizer file lies (the config
+    loader makes its path absolute, so another checkout or a moved project would encode every group again):
+    its content is in the key, by its sha256 (here, and the group's tokenizer in `group_key`)."""
     return data.model_dump(
-        mode="json", exclude={"source", "on_bad_file", "files_per_group", "group_mb", "encode_workers"}
+        mode="json",
+        exclude={
+            "source": True,
+            "on_bad_file": True,
+            "files_per_group": True,
+            "group_mb": True,
+            "encode_workers": True,
+            "tokenizer": {"file"},
+        },
     )
 
 

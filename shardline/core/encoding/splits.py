@@ -22,6 +22,7 @@ from shardline.core.config import SPLITS, DataConfig, SplitConfig
 from shardline.core.encoding.columns import ORDER, SEQ, DataError
 
 SPLIT = "__split"
+ROW = "__row"  # a row's place in its file before any row was left out (text: data.on_bad_rows: skip)
 MAX_SLICES = 256  # a split made of more separate row blocks than this is copied out with one filter
 
 
@@ -80,7 +81,13 @@ def sequence_splits(keys: list[str], split: SplitConfig) -> np.ndarray:
 def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
     """Add `__split` to rows that are not split by sequence: by value ranges, or (no sequence key) by a
     seeded hash of each row's file and its row number in that file, or of its group's key in ranking data
-    (as `sequence_splits` draws a sequence's). Rows outside every range are dropped."""
+    (as `sequence_splits` draws a sequence's). Rows outside every range are dropped. The row number is
+    the row's place in its file as read (`__row` when the frame has it: rows were left out after reading,
+    so leaving out a bad row moves no other row to another split); `__row` is not kept."""
+    if ROW in df.columns:
+        rows, df = df[ROW].cast(pl.UInt64).to_numpy(), df.drop(ROW)
+    else:
+        rows = None
     split = data.split
     if split.method == "range":
         col = pl.col(split.column)
@@ -105,7 +112,11 @@ def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
         return df.with_columns(labels.alias(SPLIT))
     bases = {k: _key64(k, split.seed) for k in df[SEQ].unique().to_list()}
     base = df[SEQ].replace_strict(bases, return_dtype=pl.UInt64).to_numpy()
-    row = df.select(pl.int_range(0, pl.len(), dtype=pl.UInt64).over(SEQ)).to_series().to_numpy()
+    row = (
+        rows
+        if rows is not None
+        else df.select(pl.int_range(0, pl.len(), dtype=pl.UInt64).over(SEQ)).to_series().to_numpy()
+    )
     u = (_splitmix64(base ^ row) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
     names = np.array(SPLITS, dtype=object)[_split_index(u, split)]
     return df.with_columns(pl.Series(SPLIT, names.tolist(), dtype=pl.Utf8))
@@ -174,6 +185,7 @@ def split_rows(df: pl.DataFrame, data: DataConfig) -> tuple[pl.DataFrame, dict[s
     splits: dict[str, SplitRows] = {}
     at = 0
     if data.split.method in ("hash", "kfold") and data.sequence_key is not None:
+        df = df.drop(ROW, strict=False)  # a sequence's rows go where its key draws: their places do not count
         runs = _runs(df)
         if runs is None:
             df = df.sort([SEQ, ORDER], maintain_order=True)

@@ -229,13 +229,51 @@ def split_texts(frame: pl.DataFrame, splits: dict[str, SplitRows], names: tuple[
 # ---------------------------------------------------------------- the token streams
 
 
-def _ids(tok, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(every text's token ids laid end to end, each text's count) of `texts` tokenized together."""
-    encoded = tok.encode_batch_fast(texts, add_special_tokens=False)
-    ids = [e.ids for e in encoded]
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
-    return flat, lengths
+# Texts tokenized in one batch: at most this many, of about this many bytes in all (a longer text is a batch of
+# its own). The tokenizer's Encoding objects and Python lists of ids cost ~40x the text's bytes, so a batch's ids
+# become a numpy array (2 or 4 bytes a token) before the next one: a group's encode holds its texts, its token
+# arrays and one batch, not ~130x its text as one batch of the whole group did. Large enough to keep the
+# tokenizer's threads busy (benchmarks/text_bench.py).
+TOKENIZE_TEXTS = 10_000
+TOKENIZE_BYTES = 1 << 20
+
+
+def _batches(texts: pl.Series | list[str]) -> list[tuple[int, int]]:
+    """(first, end) of each batch of `texts` tokenized together: `TOKENIZE_TEXTS` texts or `TOKENIZE_BYTES`."""
+    n = len(texts)
+    if isinstance(texts, pl.Series):
+        sizes = texts.str.len_bytes().fill_null(0).to_numpy()
+    else:
+        sizes = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    ends = np.cumsum(sizes, dtype=np.int64)
+    out, a = [], 0
+    while a < n:
+        before = int(ends[a - 1]) if a else 0
+        b = min(a + TOKENIZE_TEXTS, int(np.searchsorted(ends, before + TOKENIZE_BYTES, side="right")))
+        b = max(b, a + 1)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def _ids(tok, texts: pl.Series | list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(every text's token ids laid end to end, each text's count) of `texts` (a text column or a list),
+    tokenized a batch at a time (`_batches`), each batch's ids stored as `dtype` before the next."""
+    flats, counts = [], []
+    for a, b in _batches(texts):
+        batch = texts[a:b]
+        if isinstance(batch, pl.Series):
+            batch = batch.to_list()
+        ids = [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flats.append(np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum())))
+        counts.append(lengths)
+        del ids, batch
+    if len(flats) == 1:
+        return flats[0], counts[0]
+    if not flats:
+        return np.zeros(0, dtype), np.zeros(0, np.int64)
+    return np.concatenate(flats), np.concatenate(counts)
 
 
 def token_stream(
@@ -313,9 +351,9 @@ def encode_text_splits(
     dtype = token_dtype(v)
     columns = stream_columns(data)
     generation = bool(data.target_list)
-    # each column tokenized once for the whole group (one large batch: the tokenizer's threads stay busy),
-    # then each split's rows are a slice of it
-    whole = [_ids(tok, frame[c].to_list(), dtype) for c in columns]
+    # each column tokenized once for the whole group (in batches of thousands of texts: the tokenizer's threads
+    # stay busy, and only one batch's Python objects are held), then each split's rows are a slice of it
+    whole = [_ids(tok, frame[c], dtype) for c in columns]
     out = {}
     for name, r in splits.items():
         part = frame.slice(r.first, r.end - r.first)
