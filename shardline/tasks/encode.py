@@ -120,7 +120,15 @@ def group_key(files: list[RawFile], data: DataConfig, tokenizer: str | None = No
     the tokenizer's sha256 (`tokenizer`). Not its place among the groups nor the rest of the snapshot, so
     any snapshot that holds the group finds it."""
     key = {"files": raw_files_key(files), "data": _data_key(data), "encoder": ENCODER_VERSION, "code": encoder_code()}
-    return stable_hash(key | ({"tokenizer": tokenizer} if tokenizer else {}))[:24]
+    text = {"tokenizer": tokenizer, "tokenizers": tokenizers_version()} if tokenizer else {}
+    return stable_hash(key | text)[:24]
+
+
+def tokenizers_version() -> str:
+    """The tokenizers library's version: it tokenizes (and trains the BPE), so another one is another encoding."""
+    from importlib.metadata import version
+
+    return version("tokenizers")
 
 
 def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
@@ -131,6 +139,7 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
     dumped.pop("encode_workers")  # how many groups run at once does not change a byte
     if data.features.text:  # the user's tokenizer file by its content: an edited file is another data set
         dumped["tokenizer"] = contract(data)["tokenizer"]
+        dumped["tokenizers"] = tokenizers_version()  # the library that trains and applies it
     return stable_hash({"files": snapshot.fingerprint, "data": dumped, "encoder": ENCODER_VERSION})[:20]
 
 
