@@ -119,7 +119,9 @@ class GraphedStep:
         self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the gradients itself
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            # thread_local: the loader's threads keep pinning and gathering the next batches while this thread
+            # captures (the default, global, would count their CUDA calls against the capture)
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 out = self.step(static)
         except RuntimeError as e:  # torch's and CUDA's errors; nothing recorded ran: the step is taken eagerly
             self.off = True
