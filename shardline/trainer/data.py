@@ -73,6 +73,17 @@ def _cast(t: torch.Tensor, floating: bool) -> torch.Tensor:
     return t if t.dtype == torch.int64 else t.long()
 
 
+# unsigned ids (text's uint16 / uint32 token columns) are widened on the host before they travel: torch's
+# kernels for those types are few (a conversion on the device may not exist), a signed int32 is supported
+_UNSIGNED = {torch.uint16: torch.int32, torch.uint32: torch.int64, torch.uint64: torch.int64}
+
+
+def portable(t: torch.Tensor) -> torch.Tensor:
+    """`t` in a type every device converts from: unsigned ids widened (on the host), anything else as it is."""
+    wider = _UNSIGNED.get(t.dtype)
+    return t if wider is None or t.device.type != "cpu" else t.to(wider)
+
+
 @dataclass(frozen=True)
 class Batch:
     """One batch as stored (narrow dtypes: float16/32 `cont`, int8/16/32 `cat`, each target's stored type),
@@ -99,11 +110,20 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """On `device`, as the model takes it: float32 features, int64 ids, int64 classes / float32 values."""
-        cont, cat, *targets = (t.to(device, non_blocking=non_blocking) for t in (self.cont, self.cat, *self.targets))
+        host = torch.device(device).type == "cpu"
+        cont, cat, *targets = (
+            (t if host else portable(t)).to(device, non_blocking=non_blocking)
+            for t in (self.cont, self.cat, *self.targets)
+        )
         return Batch(_cast(cont, True), _cast(cat, False), tuple(_cast(t, t.is_floating_point()) for t in targets))
 
     def pin_memory(self) -> Batch:
-        return Batch(self.cont.pin_memory(), self.cat.pin_memory(), tuple(t.pin_memory() for t in self.targets))
+        # pinned for a GPU: unsigned ids widened first, so that what is pinned is what travels
+        return Batch(
+            self.cont.pin_memory(),
+            portable(self.cat).pin_memory(),
+            tuple(portable(t).pin_memory() for t in self.targets),
+        )
 
 
 class Windows:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from shardline.trainer.data import Batch
+from shardline.trainer.data import Batch, portable
 
 StepFn = Callable[[list[Batch]], tuple[torch.Tensor, torch.Tensor]]
 
@@ -94,7 +94,7 @@ class GraphedStep:
                 for dst, src in zip(
                     (static.cont, static.cat, *static.targets), (batch.cont, batch.cat, *batch.targets)
                 ):
-                    dst.copy_(src, non_blocking=True)  # host -> device and the widening, in one copy
+                    dst.copy_(portable(src), non_blocking=True)  # host -> device and the widening, in one copy
             self.graph.replay()
             self.replays += 1
             return self.out
