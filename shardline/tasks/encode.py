@@ -308,6 +308,7 @@ def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFram
     _, bad = clean_rows(df, data.model_copy(update={"on_bad_rows": "skip"}), "")
     if not bad:
         return df, {}
+    del df  # the files are read again one by one: the group is not held twice
     parts, skipped = [], {}
     for uri in uris:  # said per file: re-read one by one (only a group that has bad rows)
         raw = as_text(read_raw(uri, data), data, uri)

@@ -1143,13 +1143,16 @@ class ScoredLoader:
         d, k = self.data, self.data.window
         shard = d.shard_of(self.idx)
         last_of = {int(s): int(np.flatnonzero(shard == s)[-1]) for s in np.unique(shard)}
-        for lo in range(0, len(self.idx), self.batch_size):
-            hi = min(lo + self.batch_size, len(self.idx))
-            passed = [s for s in np.unique(shard[lo:hi]).tolist() if last_of[s] < hi]
-            batch = d.batch(self.idx[lo:hi], release=passed)
-            skip = self.skip[lo:hi]
-            if skip.any():
-                mask = np.arange(k)[None, :] < skip[:, None]
-                for t in batch.targets:
-                    t.numpy()[mask] = self.ignore
-            yield batch
+        try:
+            for lo in range(0, len(self.idx), self.batch_size):
+                hi = min(lo + self.batch_size, len(self.idx))
+                passed = [s for s in np.unique(shard[lo:hi]).tolist() if last_of[s] < hi]
+                batch = d.batch(self.idx[lo:hi], release=passed)
+                skip = self.skip[lo:hi]
+                if skip.any():
+                    mask = np.arange(k)[None, :] < skip[:, None]
+                    for t in batch.targets:
+                        t.numpy()[mask] = self.ignore
+                yield batch
+        finally:  # a pass stopped part-way (an error, a closed iterator): its shards leave the cache's hold
+            d.release()
