@@ -130,13 +130,22 @@ def test_generation_targets_are_the_summary_tokens_and_the_loss_ignores_the_rest
     manifest, uri = encode(tmp_path, raw)
     tok = tokenizer_of(uri)
     assert data_spec(manifest.encoding).targets[0].name == "summary"
+    from shardline.core.encoding.text import prompt_ids
+
+    trimmed = 0
     for key, (tokens, targets) in streams(manifest, uri, "train").items():
         row = int(key.rsplit("#", 1)[1])
         sep = np.flatnonzero(tokens == SEP_ID)[0]
         eos = np.flatnonzero(tokens == EOS_ID)[0]
-        assert decode(tok, tokens[:sep]) == articles[row] and decode(tok, tokens[sep + 1 : eos]) == summaries[row]
+        # the source's last 11 tokens and its <sep> (window 12 + horizon 1 - 1): what any window with a target
+        # reads of it; a longer source's first tokens are read by windows without a target only, left out
+        (article,) = prompt_ids(tok, [[articles[row]]], generation=False)
+        assert tokens[:sep].tolist() == article[-11:] and sep == min(len(article), 11)
+        trimmed += len(article) > 11
+        assert decode(tok, tokens[sep + 1 : eos]) == summaries[row]
         assert (targets[: sep + 1] == 0).all() and (targets[eos + 1 :] == 0).all()  # the source is context only
         np.testing.assert_array_equal(targets[sep + 1 : eos + 1], tokens[sep + 1 : eos + 1])  # summary and <eos>
+    assert trimmed >= 5  # the test covers sources longer than the context
 
     # through the loader: position k's target is the next token where that is the summary's, else 0
     train = open_split(manifest, uri, "train")
@@ -147,6 +156,7 @@ def test_generation_targets_are_the_summary_tokens_and_the_loss_ignores_the_rest
     nxt = torch.from_numpy(np.asarray(arrays["cat"][:, 0]).astype(np.int64))[start[:, None] + np.arange(1, 13)]
     tgt = torch.from_numpy(np.asarray(arrays["target"]).astype(np.int64))[start[:, None] + np.arange(1, 13)]
     assert torch.equal(y, tgt) and torch.equal(y[y != 0], nxt[y != 0]) and (y == 0).any() and (y != 0).any()
+    assert (y != 0).any(dim=1).all()  # every window trains on some of a summary: none is spent on source alone
     assert torch.equal(
         cat, torch.from_numpy(np.asarray(arrays["cat"][:, 0]).astype(np.int64))[start[:, None] + np.arange(12)]
     )

@@ -303,9 +303,14 @@ def lay_out(
     window: int,
     generation: bool,
     dtype: np.dtype,
+    context: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`token_stream` from tokenized columns (`pieces`: per column, its rows' ids end to end and each row's
-    count; `n` rows)."""
+    count; `n` rows). `context` (a generation target's data, each row its own sequence): a source longer than
+    this many tokens (its `<sep>` included) keeps its last `context` only. A window of the data then reaches
+    a target: the tokens left out were read by no window with a target in it (`window` + horizon - 1 tokens
+    before the first target token are the most any window holding a target reads), so they cost the
+    training steps and scored nothing."""
     m = len(pieces)
     lengths = np.stack([p[1] for p in pieces]) if pieces else np.zeros((0, n), np.int64)  # [m, rows]
     row_len = lengths.sum(axis=0) + m  # the columns, m - 1 <sep> between them, and the row's end
@@ -334,8 +339,26 @@ def lay_out(
     tokens[at[last]] = EOS_ID
     if generation:
         targets[at] = tokens[at]
+        if context is not None and m > 1:
+            tokens, targets, offsets = _trim_sources(tokens, targets, lengths, row_at, seq_of_row, seq_len, context)
         return tokens, targets, offsets
     return tokens, tokens, offsets
+
+
+def _trim_sources(tokens, targets, lengths, row_at, seq_of_row, seq_len, context: int):
+    """`lay_out`'s streams with each one-row sequence's source cut to its last `context` tokens (its columns
+    and their <sep>s, the one before the target included): the positions no window with a target reads."""
+    source = lengths[:-1].sum(axis=0) + (len(lengths) - 1)  # per row: the source columns and their <sep>s
+    one_row = np.bincount(seq_of_row, minlength=len(seq_len)) == 1
+    drop = np.where(one_row[seq_of_row], np.maximum(source - context, 0), 0).astype(np.int64)
+    if not drop.any():
+        return tokens, targets, np.concatenate([[0], np.cumsum(seq_len)]).astype(np.int64)
+    keep = np.ones(len(tokens), dtype=bool)
+    keep[np.repeat(row_at, drop) + (np.arange(int(drop.sum())) - np.repeat(np.cumsum(drop) - drop, drop))] = False
+    # a trimmed row keeps `context` source tokens, its target and its end: never shorter than a window and its next
+    seq_drop = np.bincount(seq_of_row, weights=drop, minlength=len(seq_len)).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(seq_len - seq_drop)]).astype(np.int64)
+    return tokens[keep], targets[keep], offsets
 
 
 def encode_text_splits(
@@ -362,7 +385,9 @@ def encode_text_splits(
             starts = np.arange(part.height, dtype=np.int64)
             keys = part.select(pl.col(SEQ) + "#" + pl.col(ORDER).cast(pl.Utf8)).to_series().to_list()
         pieces = [_rows(p, r.first, r.end) for p in whole]
-        tokens, targets, offsets = lay_out(pieces, part.height, starts, data.window, generation, dtype)
+        # a generation target's documents: the source tokens no window with a target reads are left out
+        context = data.window + data.effective_horizon - 1 if generation and data.sequence_key is None else None
+        tokens, targets, offsets = lay_out(pieces, part.height, starts, data.window, generation, dtype, context)
         rows, segs = len(tokens), len(offsets) - 1
         buf, specs, arrays = allocate(
             {
