@@ -558,3 +558,26 @@ def test_texts_tokenized_in_small_batches_give_byte_identical_shards(tmp_path, m
         monkeypatch.setattr(text, "TOKENIZE_TEXTS", texts)
         monkeypatch.setattr(text, "TOKENIZE_BYTES", size)
         assert shards(f"b{texts}-{size}") == whole
+
+
+def test_a_text_model_serves_categorical_text_and_refuses_other_types_naming_the_column(tmp_path):
+    from shardline.core.config import ModelConfig
+    from shardline.trainer.models import model_from_spec, model_spec_for
+    from shardline.trainer.serving import Predictor, data_spec
+
+    write(tmp_path, pl.DataFrame({"body": sentences(60, 7)}))
+    manifest, uri = encode(tmp_path, text_config(tmp_path))
+    torch.manual_seed(0)
+    model = model_from_spec(
+        model_spec_for(ModelConfig(family="transformer", hidden=16, layers=1, heads=2), data_spec(manifest.encoding))
+    ).eval()
+    predictor = Predictor(manifest.encoding, model, tokenizer_of(uri))
+    rows = pl.DataFrame({"body": ["the quick brown", "a lazy"]})
+    plain = predictor.predict_frame(rows, params={"max_tokens": 3})
+    categorical = predictor.predict_frame(
+        rows.with_columns(pl.col("body").cast(pl.Categorical)), params={"max_tokens": 3}
+    )
+    assert plain.equals(categorical)
+    for bad, dtype in (([[1, 2], [3]], "List"), ([1, 2], "Int64")):
+        with pytest.raises(DataError, match=rf"input column 'body' is {dtype}.*, not text; the model reads strings"):
+            predictor.predict_frame(pl.DataFrame({"body": bad}))

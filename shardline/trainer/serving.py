@@ -226,6 +226,16 @@ class Predictor:
         from shardline.core.encoding.text import prompt_ids
 
         t = self.spec.text
+        wrong = {
+            c: df.schema[c]
+            for c in t.columns
+            if not (df.schema[c] in (pl.String, pl.Null) or isinstance(df.schema[c], (pl.Categorical, pl.Enum)))
+        }
+        if wrong:  # a list or a number is not text: said naming the column, not as polars' cast error
+            raise DataError(
+                ", ".join(f"input column '{c}' is {dtype}, not text" for c, dtype in wrong.items())
+                + f"; the model reads strings in its text columns {list(t.columns)}"
+            )
         texts = [df[c].cast(pl.Utf8).fill_null("").to_list() for c in t.columns]
         empty = {c: [i for i, v in enumerate(col) if not v] for c, col in zip(t.columns, texts)}
         if any(empty.values()):  # training refused such rows (data.on_bad_rows): a prompt of nothing is no input
