@@ -223,14 +223,10 @@ class Predictor:
     def prompts(self, df: pl.DataFrame) -> list[list[int]]:
         """Text data: each row's prompt as token ids (its text columns joined with <sep>, then a <sep> when the
         model writes a generation target after them), tokenized with the bundled tokenizer."""
-        from shardline.core.encoding.text import prompt_ids
+        from shardline.core.encoding.text import prompt_ids, reads_as_text
 
         t = self.spec.text
-        wrong = {
-            c: df.schema[c]
-            for c in t.columns
-            if not (df.schema[c] in (pl.String, pl.Null) or isinstance(df.schema[c], (pl.Categorical, pl.Enum)))
-        }
+        wrong = {c: df.schema[c] for c in t.columns if not reads_as_text(df.schema[c])}
         if wrong:  # a list or a number is not text: said naming the column, not as polars' cast error
             raise DataError(
                 ", ".join(f"input column '{c}' is {dtype}, not text" for c, dtype in wrong.items())

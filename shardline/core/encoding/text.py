@@ -169,6 +169,12 @@ def stream_columns(data: DataConfig) -> list[str]:
     return [*data.features.text, *(t.column for t in data.target_list)]
 
 
+def reads_as_text(dtype: pl.DataType) -> bool:
+    """Whether a column of `dtype` is text: strings, or dictionary-encoded strings (polars Categorical or Enum,
+    a pandas category), or nothing at all (Null: every value null)."""
+    return dtype == pl.String or dtype == pl.Null or isinstance(dtype, (pl.Categorical, pl.Enum))
+
+
 def as_text(df: pl.DataFrame, data: DataConfig, where: str) -> pl.DataFrame:
     """`df` with its text columns (`stream_columns`) as strings: a dictionary-encoded one (polars Categorical
     or Enum, a pandas category) is text and is cast to String; any other non-string column is refused naming
@@ -176,12 +182,10 @@ def as_text(df: pl.DataFrame, data: DataConfig, where: str) -> pl.DataFrame:
     casts, bad = [], {}
     for c in stream_columns(data):
         dtype = df.schema[c]
-        if dtype == pl.String:
-            continue
-        if isinstance(dtype, (pl.Categorical, pl.Enum)) or dtype == pl.Null:  # Null: every value null (on_bad_rows)
-            casts.append(pl.col(c).cast(pl.String))
-        else:
+        if not reads_as_text(dtype):
             bad[c] = dtype
+        elif dtype != pl.String:  # Null: every value null (on_bad_rows says what becomes of those rows)
+            casts.append(pl.col(c).cast(pl.String))
     if bad:
         raise DataError(
             f"{where}: "
