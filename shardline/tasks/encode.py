@@ -9,6 +9,7 @@ manifest (`datasets/<dataset id>/manifest.json`) lists the shards where they lie
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -124,8 +125,10 @@ def group_key(files: list[RawFile], data: DataConfig, tokenizer: str | None = No
     return stable_hash(key | text)[:24]
 
 
+@functools.cache
 def tokenizers_version() -> str:
-    """The tokenizers library's version: it tokenizes (and trains the BPE), so another one is another encoding."""
+    """The tokenizers library's version: it tokenizes (and trains the BPE), so another one is another encoding
+    (read once: every group's key asks)."""
     from importlib.metadata import version
 
     return version("tokenizers")
