@@ -284,8 +284,15 @@ def test_a_batch_the_processes_cannot_share_equally_or_nodes_without_a_rendezvou
     with pytest.raises(ValueError, match=r"training.batch_size=30 is not divisible by the world size 4 .*nodes=2"):
         PipelineConfig.model_validate({**cfg, "compute": {"processes_per_node": 2, "nodes": 2}})
     assert launcher_args(ComputeConfig(processes_per_node=2), {}) == ["--standalone", "--nproc-per-node=2"]
-    with pytest.raises(ValueError, match=r"compute.nodes=2: .*MASTER_ADDR, MASTER_PORT, NODE_RANK is not set"):
-        launcher_args(ComputeConfig(nodes=2), {})
+    with pytest.raises(ValueError, match=r"compute.nodes=2: .*MASTER_PORT, NODE_RANK is not set.*unset MASTER_ADDR"):
+        launcher_args(ComputeConfig(nodes=2), {"MASTER_ADDR": "trainer-0"})  # half a launcher's rendezvous
+    # no launcher: this run is node 0 and starts the others, which meet at its address
+    assert launcher_args(ComputeConfig(nodes=2), {}, master=("10.0.0.5", 29400))[-4:] == [
+        "--nnodes=2",
+        "--node-rank=0",
+        "--master-addr=10.0.0.5",
+        "--master-port=29400",
+    ]
     # `shardline rehearse` shrinks the batch for its short run: to a multiple of the processes' count
     from shardline.app.rehearse import size_batch
 
@@ -324,3 +331,14 @@ def test_shardline_run_with_two_processes_per_node(tmp_path):
     db = sqlite3.connect(tmp_path / "store" / "mlflow.db")
     steps = db.execute("select count(*), count(distinct step) from metrics where key = 'train/train_loss'").fetchone()
     assert steps == (result["steps"], result["steps"])  # one value a step: rank 0 alone reports
+
+
+def test_several_nodes_without_the_node_deployment_are_refused_naming_it(tmp_path, prefect_api):
+    """compute.nodes: 2 with no launcher and a Prefect API without the node deployment (a laptop's ephemeral
+    API): refused before any process starts, naming the setting and how to deploy it."""
+    from shardline.core.config import ComputeConfig
+    from shardline.tasks.nodes import Nodes
+
+    with pytest.raises(ValueError, match=r"compute.node_deployment 'train-node/train-node'.*prefect.yaml"):
+        Nodes(ComputeConfig(nodes=2), str(tmp_path / "nodes"), print)
+    assert not (tmp_path / "nodes").exists()  # nothing written

@@ -322,3 +322,32 @@ def test_a_sweep_deployment_dispatches_each_trial_to_the_gpu_pool_and_registers_
     version = client.get_model_version("store-w-model", "1")
     assert version.tags["shardline.sweep"] == parent.info.run_id
     assert version.run_id in {r.info.run_id for r in children}
+
+
+def test_two_nodes_train_together_the_second_a_flow_run_of_the_node_deployment(cluster, reference, monkeypatch):
+    """compute.nodes: 2 on the GPU pool's two workers (two machines here): the training run is node 0 and
+    starts node 1 as a flow run of train-node/train-node; they meet at node 0's address over TCP, train one
+    DDP run of world size 2 with the job, checkpoints and errors in S3, and follow the one-node run's curve."""
+    import torch
+
+    s3_env(monkeypatch, cluster)
+    config = write_config(
+        cluster,
+        "store-n",
+        **{"compute": {"nodes": 2, "processes_per_node": 1, "master_addr": "127.0.0.1"}, "training.device": "cpu"},
+    )
+    out = run_pipeline(cluster, config)
+    gpu = [r for r in out["new"] if r["work_pool_name"] == "gpu-pool"]
+    (node_run,) = [r for r in gpu if "node_rank" in r["parameters"]]
+    (train_run,) = [r for r in gpu if r["id"] != node_run["id"]]
+    assert train_run["state_type"] == node_run["state_type"] == "COMPLETED", (gpu, cluster.tail_logs())
+    assert node_run["parameters"]["node_rank"] == 1 and node_run["parameters"]["master_addr"] == "127.0.0.1"
+    assert node_run["parent_task_run_id"] is not None  # shown under the training run in the Prefect UI
+
+    side_n, weights_n = final_weights(f"s3://{BUCKET}/store-n")
+    side_a, weights_a = final_weights(f"s3://{BUCKET}/store-a")
+    assert side_n["world_size"] == 2 and side_a.get("world_size", 1) == 1
+    assert side_n["step"] == side_a["step"]  # the same global batches
+    for k in weights_a:  # not bit-identical (two half-batch means), the same curve within float rounding
+        assert torch.allclose(weights_n[k], weights_a[k], rtol=1e-3, atol=1e-5), k
+    assert not [p for p in cluster.fs.find(f"{BUCKET}/store-n/runs") if p.endswith("/job.json")]  # cleared

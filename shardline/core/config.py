@@ -693,9 +693,24 @@ class ComputeConfig(_Strict):
         1,
         ge=1,
         description=(
-            "machines training together; >1 takes torchrun's rendezvous from the environment the launcher sets "
-            "(a Kubeflow TrainJob or a JobSet: deploy/)"
+            "machines training together; >1: the training run is node 0 and starts the others as flow runs of "
+            "`node_deployment` (one machine each, rendezvous at node 0's master_addr:master_port), or takes "
+            "torchrun's rendezvous from the environment a launcher sets (a Kubeflow TrainJob or a JobSet: deploy/)"
         ),
+    )
+    node_deployment: str = Field(
+        "train-node/train-node",
+        description="'flow/deployment' that runs nodes 1.. of a compute.nodes > 1 training (a GPU work pool)",
+    )
+    master_addr: str | None = Field(
+        None,
+        description=(
+            "the address the other nodes reach node 0 at (its IP or host name); null: node 0's own IP, as its "
+            "host name resolves or its default route leaves"
+        ),
+    )
+    master_port: int | None = Field(
+        None, ge=1, le=65535, description="the port node 0's rendezvous listens on; null: a free one"
     )
     max_preemptions: int = Field(
         3,

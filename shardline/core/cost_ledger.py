@@ -11,6 +11,7 @@ resumed from: a kill, a failure, a preemption without a checkpoint) is wasted; t
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -81,17 +82,22 @@ def choose_price(table: PriceTable, gpu: str, gpus: int, provider: str | None, s
     )
 
 
-def machine_pricing(provider: str | None, spot: bool) -> Pricing:
+def machine_pricing(provider: str | None, spot: bool, machines: int = 1) -> Pricing:
     """This machine's pricing: its GPU type (`detect_gpu`: SHARDLINE_GPU_TYPE, torch, nvidia-smi, else CPU), the
     GPUs visible to this process (a machine is billed for all of them, whichever the run uses; a CPU machine
-    counts as one), priced from the table (`SHARDLINE_PRICES` laid over the shipped one)."""
+    counts as one), times `machines` (a training on several: the others taken to be like this one), priced
+    from the table (`SHARDLINE_PRICES` laid over the shipped one)."""
     import torch
 
     from shardline.core.cost import detect_gpu
 
     gpu, _how = detect_gpu()
     gpus = max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
-    return choose_price(load_prices(), gpu, gpus, provider, spot)
+    pricing = choose_price(load_prices(), gpu, gpus * machines, provider, spot)
+    if machines > 1:
+        note = f"{pricing.note}; {machines} machines (compute.nodes), each taken to have this one's {gpus}"
+        pricing = dataclasses.replace(pricing, note=note)
+    return pricing
 
 
 # ---------------------------------------------------------------- the arithmetic

@@ -37,3 +37,21 @@ def train(
 
         torch.set_num_threads(cpu_threads)
     return run_training(manifest_uri, config, run_folder, mlflow_tags)
+
+
+@flow(name="train-node", log_prints=True)
+def train_node(
+    job: str,
+    node_rank: int,
+    nodes: int,
+    processes_per_node: int,
+    master_addr: str,
+    master_port: int,
+    shutdown_seconds: int = 300,
+) -> str:
+    """Node `node_rank` of a training on `nodes` machines (`compute.nodes` > 1): started by the training run
+    (node 0), it runs the job's processes on this machine until the run ends (shardline/tasks/nodes.py)."""
+    install_log_redaction()
+    from shardline.tasks.torchrun import run_node
+
+    return run_node(job, node_rank, nodes, processes_per_node, master_addr, master_port, shutdown_seconds)

@@ -27,9 +27,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
+from shardline.tasks.nodes import Nodes
 from shardline.trainer.distributed import check_batch_size
-from shardline.trainer.loop import BudgetExceeded, Deadline, FitResult, Preempted
+from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, BudgetExceeded, Deadline, FitResult, Preempted
 
 POLL_SECONDS = 0.2  # how often the events file is read while torchrun runs
 TAIL_LINES = 40  # of torchrun's output, in the error of a failed run
@@ -52,15 +54,30 @@ def world_size(compute: ComputeConfig) -> int:
     return compute.nodes * compute.processes_per_node
 
 
-def launcher_args(compute: ComputeConfig, environ: dict[str, str] | None = None) -> list[str]:
-    """torchrun's arguments: one node (a rendezvous of its own on this machine), or `compute.nodes` whose
-    rendezvous the launcher's environment gives (Kubeflow Trainer and JobSet set PET_* or MASTER_ADDR,
-    MASTER_PORT and the node's rank)."""
+_LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "JOB_COMPLETION_INDEX")
+
+
+def launched_by_environment(environ: dict[str, str] | None = None) -> bool:
+    """Whether a launcher (Kubeflow Trainer, a JobSet) started this node and its environment names the
+    rendezvous; if not, a run of `compute.nodes` > 1 starts the other nodes itself (`start_nodes`)."""
+    env = os.environ if environ is None else environ
+    return any(env.get(k) for k in ("PET_RDZV_ENDPOINT", "PET_MASTER_ADDR", *_LAUNCHER_VARIABLES))
+
+
+def launcher_args(
+    compute: ComputeConfig, environ: dict[str, str] | None = None, master: tuple[str, int] | None = None
+) -> list[str]:
+    """torchrun's arguments: one node (a rendezvous of its own on this machine); `compute.nodes` with this
+    one as node 0 at `master` (address, port), which starts the others (flow runs of the node deployment);
+    or `compute.nodes` whose rendezvous the launcher's environment gives (Kubeflow Trainer and JobSet set PET_*
+    or MASTER_ADDR, MASTER_PORT and the node's rank)."""
     env = os.environ if environ is None else environ
     args = [f"--nproc-per-node={compute.processes_per_node}"]
     if compute.nodes == 1:
         return ["--standalone", *args]
     args.append(f"--nnodes={compute.nodes}")
+    if master is not None:
+        return [*args, "--node-rank=0", f"--master-addr={master[0]}", f"--master-port={master[1]}"]
     if env.get("PET_RDZV_ENDPOINT") or env.get("PET_MASTER_ADDR"):
         return args  # torchrun reads the rest of its arguments from PET_* itself
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
@@ -70,7 +87,9 @@ def launcher_args(compute: ComputeConfig, environ: dict[str, str] | None = None)
             f"compute.nodes={compute.nodes}: the rendezvous comes from the launcher's environment, and "
             f"{', '.join(missing + ([] if rank is not None else ['NODE_RANK']))} is not set; run it under a "
             "launcher that sets it (deploy/trainjob.yaml: Kubeflow Trainer sets PET_*; a JobSet sets "
-            "MASTER_ADDR, MASTER_PORT and JOB_COMPLETION_INDEX), or set compute.nodes: 1"
+            "MASTER_ADDR, MASTER_PORT and JOB_COMPLETION_INDEX), or unset "
+            f"{', '.join(k for k in _LAUNCHER_VARIABLES if env.get(k))} to have this run start the other nodes "
+            "as flow runs of compute.node_deployment"
         )
     return [*args, f"--node-rank={rank}", f"--master-addr={env['MASTER_ADDR']}", f"--master-port={env['MASTER_PORT']}"]
 
@@ -96,12 +115,22 @@ def fit_in_processes(
     progress_seconds: float = 5.0,
     deadline: Deadline | None = None,
     ranking=None,
+    shared: str | None = None,
 ) -> FitResult:
     """`fit` in `compute.processes_per_node` processes (x `compute.nodes`) under torchrun. `ranking` (a
-    SplitRanking, ranking data) is rebuilt by rank 0 from the manifest and its cutoffs."""
+    SplitRanking, ranking data) is rebuilt by rank 0 from the manifest and its cutoffs. `shared`: a folder in
+    the run's storage, where a run of several nodes that starts the others itself puts what they read (the
+    job, the parent's weights) and where their ranks write their errors."""
     size = world_size(compute)
     check_batch_size(cfg.batch_size, size)  # before starting anything
-    args = launcher_args(compute)
+    nodes = None
+    if compute.nodes > 1 and not launched_by_environment():  # this run is node 0, and starts the others
+        if shared is None:
+            raise ValueError("compute.nodes > 1: the job's shared folder in storage is not given")
+        nodes = Nodes(compute, shared, log)
+        args = launcher_args(compute, master=nodes.master)
+    else:
+        args = launcher_args(compute)
     with tempfile.TemporaryDirectory(prefix="shardline-ddp-") as tmp:
         folder = Path(tmp)
         job = {
@@ -125,6 +154,10 @@ def fit_in_processes(
         if init_weights is not None:
             torch.save(init_weights, folder / "init.pt")
             job["init_weights"] = str(folder / "init.pt")
+            if nodes is not None:  # the other machines read it from storage
+                job["init_weights"] = nodes.put("init.pt", (folder / "init.pt").read_bytes())
+        if nodes is not None:
+            job["failures"] = nodes.failures
         if deadline is not None:
             job.update(
                 deadline_seconds=max(0.0, deadline.at - time.monotonic()),
@@ -137,14 +170,30 @@ def fit_in_processes(
         command += ["-m", "shardline.trainer.ddp_run"]
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         output = folder / "torchrun.log"
-        with open(output, "w") as out:
-            proc = subprocess.Popen(
-                [*command, str(folder / "job.json")], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent
-            )
-            code, forwarded = _follow(
-                proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress, grace
-            )
-        return outcome(folder / "result.json", output.read_text(errors="replace"), code, ckpt_dir, forwarded, grace)
+        if nodes is not None:
+            nodes.start(nodes.put("job.json", json.dumps(job).encode()), grace)
+        ok = False
+        try:
+            with open(output, "w") as out:
+                proc = subprocess.Popen(
+                    [*command, str(folder / "job.json")],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_term_with_parent,
+                )
+                code, forwarded = _follow(
+                    proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress, grace
+                )
+            said = output.read_text(errors="replace")
+            try:
+                fit = outcome(folder / "result.json", said, code, ckpt_dir, forwarded, grace, nodes and nodes.failures)
+            except RankFailed as e:  # what became of the other nodes' runs says more
+                raise RankFailed(f"{e}{nodes.report() if nodes is not None else ''}") from None
+            ok = True
+            return fit
+        finally:
+            if nodes is not None:
+                nodes.finish(ok)
 
 
 def shutdown_seconds() -> int:
@@ -161,11 +210,18 @@ def _consequence(failure: dict) -> bool:
 
 
 def outcome(
-    result_file: Path, said: str, code: int, ckpt_dir: str, forwarded: str | None = None, grace: int = 0
+    result_file: Path,
+    said: str,
+    code: int,
+    ckpt_dir: str,
+    forwarded: str | None = None,
+    grace: int = 0,
+    failures_uri: str | None = None,
 ) -> FitResult:
-    """What the processes' run came to, from rank 0's result, the other ranks' failures beside it and
-    torchrun's output `said`: the FitResult, or the error to raise (`Preempted`, `BudgetExceeded`, the
-    failing rank's own error, or `RankFailed` for a rank that died)."""
+    """What the processes' run came to, from rank 0's result, the other ranks' failures beside it (or in
+    `failures_uri`, when they were on other machines) and torchrun's output `said`: the FitResult, or the
+    error to raise (`Preempted`, `BudgetExceeded`, the failing rank's own error, or `RankFailed` for a rank
+    that died)."""
     result = json.loads(result_file.read_text()) if result_file.exists() else None
     _, cause, after = said.rpartition("Root Cause")  # torchrun's own account of the failure, or the end
     tail = cause + after if cause else "\n".join(said.splitlines()[-TAIL_LINES:])
@@ -177,9 +233,12 @@ def outcome(
     if status == "budget":
         raise BudgetExceeded(result["message"], result["checkpoint"])
     failures = [{"rank": 0, **result}] if status == "failed" else []
-    for path in sorted(result_file.parent.glob(f"{result_file.name}.rank-*")):
+    written = [str(p) for p in sorted(result_file.parent.glob(f"{result_file.name}.rank-*"))]
+    if failures_uri:
+        written += [storage.join(failures_uri, n) for n in storage.names(failures_uri) if n.startswith("rank-")]
+    for uri in written:
         try:
-            failures.append(json.loads(path.read_text()))
+            failures.append(json.loads(storage.read_text(uri)))
         except (OSError, ValueError):
             continue  # a rank killed while it wrote: its error is in torchrun's output
     killed = _killed_first(said)
@@ -276,3 +335,40 @@ def _follow(
     finally:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def run_node(
+    job: str,
+    node_rank: int,
+    nodes: int,
+    processes_per_node: int,
+    master_addr: str,
+    master_port: int,
+    shutdown_seconds: int,
+    log: Callable[[str], None] = print,
+) -> str:
+    """Node `node_rank`'s torchrun of the training `job` (a URI in storage) until it ends: 'finished', or
+    'stopped' when the run was preempted or out of budget (node 0 says so to the pipeline); a failure
+    raises, with what torchrun said."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={shutdown_seconds}",
+        f"--nproc-per-node={processes_per_node}", f"--nnodes={nodes}", f"--node-rank={node_rank}",
+        f"--master-addr={master_addr}", f"--master-port={master_port}", "-m", "shardline.trainer.ddp_run", job,
+    ]  # fmt: skip
+    log(f"node {node_rank} of {nodes}: {processes_per_node} process(es), rendezvous at {master_addr}:{master_port}")
+    with tempfile.TemporaryDirectory(prefix="shardline-node-") as tmp:
+        output = Path(tmp) / "torchrun.log"
+        nothing = lambda *a: None  # rank 0's events are node 0's
+        with open(output, "w") as out:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent)
+            code, _ = _follow(proc, Path(tmp) / "no-events", log, nothing, nothing, nothing, nothing, shutdown_seconds)
+        said = output.read_text(errors="replace")
+    if code == 0:
+        log(f"node {node_rank}: its processes finished")
+        return "finished"
+    codes = {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", said)}
+    if codes and codes <= {PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE}:
+        log(f"node {node_rank}: its processes stopped with the run (checkpointed by node 0)")
+        return "stopped"
+    tail = "\n".join(said.splitlines()[-TAIL_LINES:])
+    raise RuntimeError(f"node {node_rank}: torchrun exit status {code}; it said:\n{tail}")

@@ -16,7 +16,7 @@ def open_ledger(config: PipelineConfig, folder: str, log):
     from shardline.trainer.checkpoint import latest_checkpoint
     from shardline.trainer.loop import Deadline
 
-    pricing = machine_pricing(config.compute.provider, config.compute.spot)
+    pricing = machine_pricing(config.compute.provider, config.compute.spot, config.compute.nodes)
     if pricing.usd_per_gpu_hour is None:
         log.warning(
             "train: cost: no price for %s x%d (%s): its hours are counted, not its USD",

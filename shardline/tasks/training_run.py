@@ -452,7 +452,14 @@ def _run_training(
         from shardline.tasks.torchrun import fit_in_processes
 
         # the splits stay open here: their shards are in the local cache before the ranks open them
-        body = partial(fit_in_processes, config.compute, manifest_uri, list(trains_on), list(validates_on))
+        body = partial(
+            fit_in_processes,
+            config.compute,
+            manifest_uri,
+            list(trains_on),
+            list(validates_on),
+            shared=storage.join(folder, "nodes"),  # several machines: what they read, in the run's folder
+        )
     else:
         body = partial_fit(train_data, val_data)
     try:

@@ -18,7 +18,8 @@ JOB (JSON): `manifest` (URI), `trains_on` and `validates_on` (split names), `mod
 (a .pt of tensors, loaded with weights_only=True) and `init_source`, `ranking_ks` (ranking data: the
 cutoffs of the validation ranking), `deadline_seconds` with
 `deadline_reason` and `deadline_limit` (a budget: seconds left when the task started torchrun), `threads`
-(torch's threads per process), `step_every`, `progress_seconds`.
+(torch's threads per process), `step_every`, `progress_seconds`, `failures` (a folder in storage where ranks > 0
+write their errors, `rank-<r>.json`, when they are on other machines; else beside `result`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,16 @@ def write_json(uri: str, obj) -> None:
     write_text(uri, json.dumps(obj, default=float))
 
 
+def failure_uri(job: dict, rank: int) -> str:
+    """Where rank `rank` (> 0) writes its error: beside the result, or in JOB's `failures` folder in storage when
+    the ranks are on several machines (the result is rank 0's, on its machine)."""
+    if job.get("failures"):
+        from shardline.core.storage import join
+
+        return join(job["failures"], f"rank-{rank}.json")
+    return f"{job['result']}.rank-{rank}"
+
+
 def run_job(job: dict, train, val, ranking=None) -> int:
     """Train `job` on the splits `train` and `val` in this process (one rank of the group torchrun made, or
     alone); rank 0 writes the events and the result. Returns the exit status."""
@@ -76,8 +87,12 @@ def run_job(job: dict, train, val, ranking=None) -> int:
         reason = job.get("deadline_reason") or "the training budget is spent"
         deadline = Deadline(time.monotonic() + float(job["deadline_seconds"]), lambda: reason, job["deadline_limit"])
     init = None
-    if job.get("init_weights"):
-        init = torch.load(job["init_weights"], map_location="cpu", weights_only=True)
+    if job.get("init_weights"):  # a local path, or a URI in storage (nodes on other machines read it too)
+        import io
+
+        from shardline.core.storage import read_bytes
+
+        init = torch.load(io.BytesIO(read_bytes(job["init_weights"])), map_location="cpu", weights_only=True)
     result_path = job["result"]
     try:
         result = fit(
@@ -123,7 +138,7 @@ def run_job(job: dict, train, val, ranking=None) -> int:
             "message": str(e),
         }
         try:
-            write_json(result_path if ranks.is_main else f"{result_path}.rank-{ranks.rank}", failure)
+            write_json(result_path if ranks.is_main else failure_uri(job, ranks.rank), failure)
         except Exception:  # noqa: BLE001 - the storage gone too: the error itself still goes to torchrun's log
             pass
         raise

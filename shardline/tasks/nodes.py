@@ -1,0 +1,158 @@
+"""Training on several machines, started by the training run itself: with `compute.nodes` = M > 1 (and no
+launcher's rendezvous in the environment), the training task is node 0. It writes the DDP job to the run's
+folder in storage, starts nodes 1..M-1 as flow runs of `compute.node_deployment` (prefect.yaml: `train-node`
+on the GPU pool, one machine each), and runs its own torchrun with `--node-rank 0`; every node's torchrun
+meets at node 0's `master_addr:master_port` (torchrun's static rendezvous) and trains the same job.
+
+Rank 0 is on node 0, so its events and its result stay on this machine, as with one node; the other nodes'
+ranks write their errors to the job's `failures` folder in storage. When node 0's torchrun ends, the node runs
+end with it (their peers are gone); one still running after `FINISH_SECONDS` is cancelled. A node that dies
+makes every torchrun fail: the training task raises `RankFailed`, and its retry starts the nodes again
+(a new job, new flow runs), resuming from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Callable
+
+from shardline.core import storage
+from shardline.core.config import ComputeConfig
+
+FINISH_SECONDS = 60.0  # how long the node runs get to end after node 0's torchrun did, before they are cancelled
+
+
+def own_address() -> str:
+    """This machine's address as other machines see it: the interface its default route leaves by (no packet
+    is sent), else what its host name resolves to."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.254.254.254", 1))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class Nodes:
+    """Nodes 1..M-1 of this training: one flow run of `compute.node_deployment` each."""
+
+    def __init__(self, compute: ComputeConfig, shared: str, log: Callable[[str], None]):
+        self.compute, self.log = compute, log
+        self.folder = storage.join(shared, uuid.uuid4().hex[:12])  # this attempt's: a retry starts afresh
+        self.failures = storage.join(self.folder, "failures")
+        self.master = (compute.master_addr or own_address(), compute.master_port or free_port())
+        self.runs: list = []
+        self._check_deployment()
+
+    def _check_deployment(self) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        name = self.compute.node_deployment
+        with get_client(sync_client=True) as client:
+            try:
+                client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                raise ValueError(
+                    f"compute.nodes={self.compute.nodes}: nodes 1 to {self.compute.nodes - 1} run as flow runs of "
+                    f"compute.node_deployment '{name}', which the Prefect API ({_api()}) does not have. Deploy it "
+                    "(`prefect --no-prompt deploy --all` in the project folder: prefect.yaml's train-node) and start "
+                    "a worker of its pool on each training machine, or run the nodes under a launcher "
+                    "(deploy/trainjob.yaml), or set compute.nodes: 1"
+                ) from None
+
+    def put(self, name: str, data: bytes) -> str:
+        """`data` in this attempt's folder in storage, where every node reads it; its URI."""
+        uri = storage.join(self.folder, name)
+        storage.write_bytes(uri, data)
+        return uri
+
+    def start(self, job_uri: str, shutdown_seconds: int) -> None:
+        from prefect.deployments import run_deployment
+
+        c = self.compute
+        address, port = self.master
+        for rank in range(1, c.nodes):
+            self.runs.append(
+                run_deployment(
+                    name=c.node_deployment,
+                    parameters={
+                        "job": job_uri,
+                        "node_rank": rank,
+                        "nodes": c.nodes,
+                        "processes_per_node": c.processes_per_node,
+                        "master_addr": address,
+                        "master_port": port,
+                        "shutdown_seconds": shutdown_seconds,
+                    },
+                    job_variables=c.job_variables or None,
+                    timeout=0,  # started, not waited for: this process is node 0
+                    as_subflow=True,
+                    tags=["shardline", "shardline-node"],
+                )
+            )
+        self.log(
+            f"nodes 1 to {c.nodes - 1}: flow runs {', '.join(r.name for r in self.runs)} of {c.node_deployment}; "
+            f"the rendezvous is node 0's {address}:{port} (the other machines must reach it: compute.master_addr, "
+            "compute.master_port)"
+        )
+
+    def _states(self) -> list:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            return [client.read_flow_run(r.id) for r in self.runs]
+
+    def report(self) -> str:
+        """What became of the node runs, for the error of a failed training."""
+        try:
+            runs = self._states()
+        except Exception as e:  # noqa: BLE001 - the API away: the error stands without it
+            return f"; the other nodes' flow runs could not be read ({type(e).__name__})"
+        said = [
+            f"node {i + 1}: {r.name} ({r.id}) {r.state.name if r.state else '?'}"
+            + (f": {r.state.message}" if r.state and r.state.message else "")
+            for i, r in enumerate(runs)
+        ]
+        return "; the other nodes' flow runs: " + "; ".join(said)
+
+    def finish(self, ok: bool) -> None:
+        """Wait for the node runs to end (they end with node 0's torchrun), cancel any still going after
+        FINISH_SECONDS (node 0 failed before they joined, or they never started), and clear a finished
+        attempt's folder."""
+        from prefect.client.orchestration import get_client
+        from prefect.states import Cancelled, Cancelling
+
+        until = time.monotonic() + FINISH_SECONDS
+        pending = []
+        while True:
+            try:
+                pending = [r for r in self._states() if not (r.state and r.state.is_final())]
+            except Exception as e:  # noqa: BLE001 - the API away: nothing more to do here
+                self.log(f"note: the nodes' flow runs could not be read ({type(e).__name__}: {e})")
+                return
+            if not pending or time.monotonic() >= until:
+                break
+            time.sleep(1.0)
+        with get_client(sync_client=True) as client:
+            for run in pending:
+                running = run.state is not None and run.state.is_running()
+                client.set_flow_run_state(run.id, Cancelling() if running else Cancelled(), force=True)
+                self.log(f"node run {run.name} ({run.id}) was still {run.state.name if run.state else '?'}: cancelled")
+        if ok:
+            for name in ("job.json", "init.pt"):
+                storage.delete(storage.join(self.folder, name))
+
+
+def _api() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or "ephemeral, in this process"
