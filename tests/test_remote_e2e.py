@@ -351,3 +351,69 @@ def test_two_nodes_train_together_the_second_a_flow_run_of_the_node_deployment(c
     for k in weights_a:  # not bit-identical (two half-batch means), the same curve within float rounding
         assert torch.allclose(weights_n[k], weights_a[k], rtol=1e-3, atol=1e-5), k
     assert not [p for p in cluster.fs.find(f"{BUCKET}/store-n/runs") if p.endswith("/job.json")]  # cleared
+
+
+def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resumes_exactly(cluster, monkeypatch):
+    """Every process of node 1 SIGKILLed mid-run (its machine lost): node 0's training run fails on the lost
+    peer, an infrastructure failure, so the pipeline dispatches it again; it starts a new node 1, resumes from
+    the checkpoint in S3, and ends with the weights of the uninterrupted two-node run (test above) to the bit."""
+    import torch
+
+    s3_env(monkeypatch, cluster)
+    config = write_config(
+        cluster,
+        "store-k",
+        **{
+            "compute": {
+                "nodes": 2,
+                "processes_per_node": 1,
+                "master_addr": "127.0.0.1",
+                "job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.2"}},
+            },
+            "training.device": "cpu",
+        },
+    )
+    before = {r["id"] for r in cluster.flow_runs()}
+    watcher = subprocess.Popen(
+        [str(BIN / "prefect"), "deployment", "run", "pipeline/pipeline", "-p", f"config={config}", "--watch",
+         "--watch-interval", "1"],
+        cwd=REPO, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+    def running_node():
+        runs = [r for r in cluster.flow_runs() if r["id"] not in before and "node_rank" in r["parameters"]]
+        return next((r for r in runs if r["state_type"] == "RUNNING"), None)
+
+    node_run = wait_until(running_node, 240, "node 1's flow run to start on the GPU pool")
+
+    def mid_run_checkpoint():
+        try:
+            (runs,) = _ls(f"s3://{BUCKET}/store-k/runs")
+            names = [p.rsplit("/", 1)[-1] for p in _ls(f"s3://{runs}/checkpoints")]
+        except (FileNotFoundError, ValueError):
+            return None
+        steps = [int(n[5:14]) for n in names if n.startswith("ckpt-") and n.endswith(".json")]
+        return max(steps) if steps and max(steps) >= 10 else None
+
+    killed_after = wait_until(mid_run_checkpoint, 240, "a checkpoint of step >= 10 in S3", every=0.2)
+    pids = processes_of_flow_run(node_run["id"])  # the flow run's process, its torchrun and its rank
+    assert len(pids) >= 3, pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+    out, _ = watcher.communicate(timeout=500)
+    assert watcher.returncode == 0, out + cluster.tail_logs()
+    new = [r for r in cluster.flow_runs() if r["id"] not in before]
+    nodes = [r for r in new if "node_rank" in r["parameters"]]
+    trains = [r for r in new if r["work_pool_name"] == "gpu-pool" and r not in nodes]
+    assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
+    assert "RankFailed" in trains[0]["state"]["message"] and "node 1" in trains[0]["state"]["message"]
+    assert [r["state_type"] for r in nodes] == ["CRASHED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
+
+    side_k, weights_k = final_weights(f"s3://{BUCKET}/store-k")
+    side_n, weights_n = final_weights(f"s3://{BUCKET}/store-n")
+    assert side_k["step"] == side_n["step"] > killed_after and side_k["world_size"] == 2
+    for k in weights_n:
+        assert torch.equal(weights_k[k], weights_n[k]), k
+    result = json.loads(cluster.fs.cat(f"{_ls(f's3://{BUCKET}/store-k/runs')[0]}/result.json"))
+    assert result["resumed_from"].startswith(f"s3://{BUCKET}/store-k/runs/")

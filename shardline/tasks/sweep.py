@@ -31,7 +31,9 @@ from shardline.tasks import links
 from shardline.tasks.caching import cached
 from shardline.tasks.train import (
     TRAIN_CACHE,
+    InfrastructureFailure,
     TrainingRunFailed,
+    failed_on_infrastructure,
     retry_on_infrastructure,
     train_step,
     wait_for_flow_run,
@@ -88,6 +90,7 @@ def train_in_child(
         "run_folder": folder,
         "mlflow_tags": mlflow_tags,
         "cpu_threads": cpu_threads,
+        "watched": True,  # an infrastructure failure is raised as InfrastructureFailure: the trial is retried
     }
     earlier = {r.id for r in _flow_runs(run_tag)}  # an interrupted attempt's: not this child's
     with temporary_settings(updates={PREFECT_API_URL: api}), tags("shardline", run_tag):
@@ -104,6 +107,8 @@ def train_in_child(
     if process.exitcode == 0 and state is not None and state.is_completed():
         return {**json.loads(storage.read_text(storage.join(folder, RESULT_FILE))), "flow_runs": runs}
     why = state.message if state is not None and state.message else f"its process exited with status {process.exitcode}"
+    if state is not None and failed_on_infrastructure(state):  # retried by the trial's step (max_restarts)
+        raise InfrastructureFailure(f"training run {flow_run.name} failed on its infrastructure: {why}")
     raise TrainingRunFailed(
         f"training run {flow_run.name if flow_run else folder} ended "
         f"{state.name if state else 'without a flow run'}: {why}"

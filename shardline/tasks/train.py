@@ -5,7 +5,9 @@ In-process (`compute.train_on: local`, the laptop default) the training flow is 
 workers), and this step is its watchdog: Prefect does not retry a Crashed flow run (its process or
 machine died, its pod was evicted, the spot instance was reclaimed), so a crashed or preempted run is
 dispatched again, up to `compute.max_preemptions`, and resumes from its newest checkpoint in storage.
-A run that Failed (a real error in the code, the config or the data) is not dispatched again.
+A run that Failed on its infrastructure (`InfrastructureFailure`: storage or network errors, a lost node) is
+dispatched again by this step's retry (`training.max_restarts`); one that Failed on a real error in the
+code, the config or the data is not.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_ident
 
 class TrainingRunFailed(RuntimeError):
     """The dispatched training run failed for a reason a re-dispatch would not fix (or its budget is spent)."""
+
+
+class InfrastructureFailure(RuntimeError):
+    """A training run stopped by a failure of its machine, its storage or network, or a lost peer (a node of a
+    training on several): the error that did is its cause and in its message. Retried like that error
+    (`training.max_restarts`); a dispatched run that failed so is dispatched again, and resumes from its
+    newest checkpoint."""
 
 
 @task(name="train")
@@ -51,6 +60,11 @@ def was_preempted(state) -> bool:
     if state.is_crashed():
         return True
     return state.is_failed() and "Preempted" in (state.message or "")
+
+
+def failed_on_infrastructure(state) -> bool:
+    """Failed on an infrastructure error (the training flow says so by raising `InfrastructureFailure`)."""
+    return state.is_failed() and "InfrastructureFailure" in (state.message or "")
 
 
 def live_training_run(run_tag: str):
@@ -110,7 +124,12 @@ def dispatch_training(
     folder = folder or run_dir(config, load_manifest(manifest_uri, config))
     result_uri = storage.join(folder, RESULT_FILE)
     run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
-    parameters = {"manifest_uri": manifest_uri, "config": config.model_dump(mode="json"), "run_folder": folder}
+    parameters = {
+        "manifest_uri": manifest_uri,
+        "config": config.model_dump(mode="json"),
+        "run_folder": folder,
+        "watched": True,  # an infrastructure failure is raised as InfrastructureFailure: dispatched again
+    }
     if mlflow_tags:
         parameters["mlflow_tags"] = mlflow_tags
     runs: list[dict] = []
@@ -160,6 +179,11 @@ def dispatch_training(
             raise BudgetExceeded(
                 f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment}: "
                 + (state.message or "").split("BudgetExceeded: ", 1)[-1]
+            )
+        if failed_on_infrastructure(state):  # the step's retry (training.max_restarts) dispatches it again
+            raise InfrastructureFailure(
+                f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment} failed on its "
+                f"infrastructure: {state.message}"
             )
         if not was_preempted(state):
             raise TrainingRunFailed(
@@ -227,6 +251,8 @@ def is_infrastructure_failure(exc: BaseException) -> bool:
 
     if isinstance(exc, Preempted | BudgetExceeded):  # asked to stop, or out of budget: stopping is the answer
         return False
+    if isinstance(exc, InfrastructureFailure):  # classified where it was raised
+        return True
     import torch
 
     if isinstance(exc, NOT_INFRASTRUCTURE) or isinstance(exc, torch.OutOfMemoryError):
