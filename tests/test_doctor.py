@@ -116,6 +116,19 @@ def test_broken_setup_fails_in_plain_words_without_leaking_secrets(tmp_path):
     assert "3 check(s) failed: prefect api, storage, mlflow tracking" in out.stdout
 
 
+def test_several_machines_without_a_prefect_server_fail_the_node_check(tmp_path):
+    """compute.nodes: 2 on a laptop (the ephemeral API): the other node could never start, said before any work."""
+    make_raw(tmp_path / "raw")
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.device": "cpu"})
+    cfg["compute"] = {"nodes": 2}
+    out, rows = doctor(write(tmp_path / "c.yaml", cfg), clean_env())
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert rows["node deployment"].startswith(
+        "FAIL compute.nodes=2: node 1 run(s) as flow runs of train-node/train-node (compute.node_deployment)"
+    ), rows["node deployment"]
+    assert "1 check(s) failed: node deployment" in out.stdout
+
+
 def test_a_typo_in_a_column_fails_the_data_check(tmp_path):
     make_raw(tmp_path / "raw")
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))
@@ -152,12 +165,14 @@ def cluster_config(c: Cluster, name: str, **compute) -> Path:
 @pytest.mark.remote
 def test_doctor_on_the_cluster_runs_the_gpu_probe_on_the_gpu_pool(cluster):
     before = {r["id"] for r in cluster.flow_runs()}
-    out, rows = doctor(cluster_config(cluster, "store-doctor"), cluster.env, timeout=600)
+    # a training on two machines: the node deployment its other node runs as is checked too
+    out, rows = doctor(cluster_config(cluster, "store-doctor", nodes=2), cluster.env, timeout=600)
     assert list(rows) == [
         "config",
         "prefect api",
         "train deployment",
         "train pool",
+        "node deployment",
         "pipeline deployment",
         "pipeline pool",
         "data source",
@@ -173,6 +188,7 @@ def test_doctor_on_the_cluster_runs_the_gpu_probe_on_the_gpu_pool(cluster):
     assert rows["prefect api"].startswith(f"PASS {cluster.api}: reachable, server version 3.")
     assert rows["train deployment"].startswith("PASS train/train on pool gpu-pool")
     assert "2 live worker(s): gpu-pool-w" in rows["train pool"]
+    assert rows["node deployment"].startswith("PASS train-node/train-node on pool gpu-pool: gpu-pool (process): 2 live")
     assert "1 live worker(s): cpu-pool-w1 (last heartbeat" in rows["pipeline pool"]
     assert rows["storage"].startswith(
         f"PASS s3://{BUCKET}/store-doctor via {cluster.env['AWS_ENDPOINT_URL']}: wrote, read back"

@@ -207,6 +207,38 @@ def _pool_check(client, name: str, label: str, where: str) -> Check:
     return Check(label, True, f"{name} ({pool.type}): {len(live)} live worker(s): {names}")
 
 
+def _starts_nodes(config: PipelineConfig) -> bool:
+    """Whether a training of this config starts its other nodes as flow runs (no launcher's rendezvous here)."""
+    from shardline.tasks.torchrun import launched_by_environment
+
+    return config.compute.nodes > 1 and not launched_by_environment()
+
+
+def _node_check(client, config: PipelineConfig, api: str) -> Check:
+    """The node deployment a training on several machines starts its other nodes with, and its pool's workers."""
+    from shardline.tasks.nodes import others
+
+    c = config.compute
+    dep = _deployment(client, c.node_deployment)
+    if dep is None or not dep.work_pool_name:
+        why = "does not exist" if dep is None else "has no work pool"
+        return Check(
+            "node deployment",
+            False,
+            f"deployment {c.node_deployment} (compute.node_deployment) {why} on {api}: compute.nodes={c.nodes} "
+            f"starts {others(c.nodes)} as its flow run(s); {DEPLOY_HINT}",
+        )
+    pool = _pool_check(client, dep.work_pool_name, "node deployment", "on each training machine")
+    if not pool.ok:
+        return pool
+    return Check(
+        "node deployment",
+        True,
+        f"{c.node_deployment} on pool {dep.work_pool_name}: {pool.detail}; a training takes {c.nodes} of its "
+        "machines at once (node 0 is the training run), which must reach node 0 over TCP",
+    )
+
+
 def _deployment(client, name: str):
     from prefect.exceptions import ObjectNotFound
 
@@ -258,6 +290,18 @@ def _prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., N
                     )
                 else:
                     checks.append(Check("train deployment", None, skip_local))
+                if _starts_nodes(config):
+                    from shardline.tasks.nodes import others
+
+                    checks.append(
+                        Check(
+                            "node deployment",
+                            False,
+                            f"compute.nodes={config.compute.nodes}: {others(config.compute.nodes)} run(s) as "
+                            f"flow runs of {config.compute.node_deployment} (compute.node_deployment) on a Prefect "
+                            "server's work pool: set PREFECT_API_URL, or set compute.nodes: 1",
+                        )
+                    )
                 checks.append(
                     Check(
                         "pipeline deployment",
@@ -312,6 +356,8 @@ def _prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., N
                         no_probe = f"needs a live worker on {train_dep.work_pool_name} (see above)"
             else:
                 checks.append(Check("train deployment", None, skip_local))
+            if _starts_nodes(config):
+                checks.append(_node_check(client, config, api))
 
             pipe = _deployment(client, PIPELINE_DEPLOYMENT)
             if pipe is None:

@@ -24,6 +24,11 @@ from shardline.core.config import ComputeConfig
 FINISH_SECONDS = 60.0  # how long the node runs get to end after node 0's torchrun did, before they are cancelled
 
 
+def others(nodes: int) -> str:
+    """The nodes a training on `nodes` machines starts, in words: 'node 1', 'nodes 1 to 3'."""
+    return "node 1" if nodes == 2 else f"nodes 1 to {nodes - 1}"
+
+
 def own_address() -> str:
     """This machine's address as other machines see it: the interface its default route leaves by (no packet
     is sent), else what its host name resolves to."""
@@ -62,7 +67,7 @@ class Nodes:
                 client.read_deployment_by_name(name)
             except ObjectNotFound:
                 raise ValueError(
-                    f"compute.nodes={self.compute.nodes}: nodes 1 to {self.compute.nodes - 1} run as flow runs of "
+                    f"compute.nodes={self.compute.nodes}: {others(self.compute.nodes)} run(s) as flow runs of "
                     f"compute.node_deployment '{name}', which the Prefect API ({_api()}) does not have. Deploy it "
                     "(`prefect --no-prompt deploy --all` in the project folder: prefect.yaml's train-node) and start "
                     "a worker of its pool on each training machine, or run the nodes under a launcher "
@@ -100,7 +105,7 @@ class Nodes:
                 )
             )
         self.log(
-            f"nodes 1 to {c.nodes - 1}: flow runs {', '.join(r.name for r in self.runs)} of {c.node_deployment}; "
+            f"{others(c.nodes)}: flow run(s) {', '.join(r.name for r in self.runs)} of {c.node_deployment}; "
             f"the rendezvous is node 0's {address}:{port} (the other machines must reach it: compute.master_addr, "
             "compute.master_port)"
         )
