@@ -417,3 +417,35 @@ def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resume
         assert torch.equal(weights_k[k], weights_n[k]), k
     result = json.loads(cluster.fs.cat(f"{_ls(f's3://{BUCKET}/store-k/runs')[0]}/result.json"))
     assert result["resumed_from"].startswith(f"s3://{BUCKET}/store-k/runs/")
+
+
+def test_a_node_run_that_never_starts_training_stops_the_training_at_once_naming_it(cluster):
+    """Node 1's flow run crashes before its torchrun ever joins (here its worker's command is `false`): node 0
+    does not wait out torchrun's rendezvous (15 minutes) but stops, naming the node run and how it ended.
+    Training runs here (train_on: local) against the cluster's API, so only the node run gets the command."""
+    import time
+
+    config = write_config(
+        cluster,
+        "store-f",
+        **{
+            "compute": {
+                "train_on": "local",
+                "nodes": 2,
+                "master_addr": "127.0.0.1",
+                "job_variables": {"command": "false"},
+            },
+            "training.device": "cpu",
+            "training.max_restarts": 0,
+        },
+    )
+    began = time.monotonic()
+    out = subprocess.run(
+        [str(BIN / "shardline"), "run", str(config)], cwd=REPO, env=cluster.env, capture_output=True, text=True,
+        timeout=400,
+    )  # fmt: skip
+    said = out.stdout + out.stderr
+    assert out.returncode != 0, said[-3000:]
+    assert time.monotonic() - began < 240, said[-3000:]  # not torchrun's 900 s rendezvous timeout
+    assert "a node's flow run" in said and "of train-node/train-node ended Crashed" in said, said[-3000:]
+    assert "the training on 2 machines stopped" in said

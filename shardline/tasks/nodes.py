@@ -14,6 +14,7 @@ makes every torchrun fail: the training task raises `RankFailed`, and its retry 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -22,6 +23,12 @@ from shardline.core import storage
 from shardline.core.config import ComputeConfig
 
 FINISH_SECONDS = 60.0  # how long the node runs get to end after node 0's torchrun did, before they are cancelled
+WATCH_SECONDS = 5.0  # how often the node runs' states are read while node 0 trains
+START_WARNING_SECONDS = 120.0  # a node run not started after this long is said (training waits for every node)
+
+
+class NodeFailed(RuntimeError):
+    """A node's flow run failed (an error in its code, config or environment) or was cancelled: not retried."""
 
 
 def others(nodes: int) -> str:
@@ -55,6 +62,8 @@ class Nodes:
         self.failures = storage.join(self.folder, "failures")
         self.master = (compute.master_addr or own_address(), compute.master_port or free_port())
         self.runs: list = []
+        self.lost = None  # a node run that ended, not completed, while node 0 trained
+        self._stop = threading.Event()
         self._check_deployment()
 
     def _check_deployment(self) -> None:
@@ -110,6 +119,53 @@ class Nodes:
             "compute.master_port)"
         )
 
+    def watch(self, proc) -> None:
+        """While node 0's torchrun `proc` runs, watch the node runs (a thread): one that ends without completing
+        (it crashed, failed or was cancelled, often before it ever joined: node 0 would wait out torchrun's
+        rendezvous timeout) stops node 0's processes and is kept in `lost`; one not started after
+        START_WARNING_SECONDS is said once."""
+        threading.Thread(target=self._watch, args=(proc,), name="shardline-nodes", daemon=True).start()
+
+    def _watch(self, proc) -> None:
+        from prefect.client.schemas.objects import StateType
+
+        began, warned = time.monotonic(), False
+        while proc.poll() is None and not self._stop.wait(WATCH_SECONDS):
+            try:
+                runs = self._states()
+            except Exception:  # noqa: BLE001 - the API away for a moment: torchrun itself still sees a lost peer
+                continue
+            ended = next((r for r in runs if r.state and r.state.is_final() and not r.state.is_completed()), None)
+            if ended is not None and proc.poll() is None:
+                self.lost = ended
+                self.log(
+                    f"node run {ended.name} ({ended.id}) ended {ended.state.name} while this node trains: "
+                    "stopping this node's processes"
+                )
+                proc.terminate()  # torchrun passes it on to the ranks: a checkpoint, if they had begun
+                return
+            waiting = [r.name for r in runs if r.state and r.state.type in (StateType.SCHEDULED, StateType.PENDING)]
+            if waiting and not warned and time.monotonic() - began >= START_WARNING_SECONDS:
+                warned = True
+                self.log(
+                    f"warning: flow run(s) {', '.join(waiting)} of {self.compute.node_deployment} not started after "
+                    f"{START_WARNING_SECONDS:.0f} s; the training waits for every node: is a worker of its pool free "
+                    "on another machine (one per machine, as many as compute.nodes)?"
+                )
+
+    def lost_error(self, ckpt_dir: str) -> Exception:
+        """The error for a node run that ended without completing: `RankFailed` (retried) when it crashed (its
+        machine or process died), `NodeFailed` (not retried) when it failed or was cancelled."""
+        from shardline.tasks.torchrun import RankFailed
+
+        run, state = self.lost, self.lost.state
+        said = (
+            f"a node's flow run {run.name} ({run.id}) of {self.compute.node_deployment} ended {state.name}"
+            f"{': ' + state.message if state.message else ''}; the training on {self.compute.nodes} machines stopped"
+            f" (its newest checkpoint in {ckpt_dir} is where a rerun resumes)"
+        )
+        return RankFailed(said) if state.is_crashed() else NodeFailed(f"{said}. Its logs are in the Prefect UI")
+
     def _states(self) -> list:
         from prefect.client.orchestration import get_client
 
@@ -136,6 +192,7 @@ class Nodes:
         from prefect.client.orchestration import get_client
         from prefect.states import Cancelled, Cancelling
 
+        self._stop.set()
         until = time.monotonic() + FINISH_SECONDS
         pending = []
         while True:

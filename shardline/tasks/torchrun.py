@@ -181,14 +181,23 @@ def fit_in_processes(
                     stderr=subprocess.STDOUT,
                     preexec_fn=_term_with_parent,
                 )
+                if nodes is not None:
+                    nodes.watch(proc)
                 code, forwarded = _follow(
                     proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress, grace
                 )
             said = output.read_text(errors="replace")
+            lost = nodes is not None and nodes.lost is not None and not forwarded
             try:
                 fit = outcome(folder / "result.json", said, code, ckpt_dir, forwarded, grace, nodes and nodes.failures)
             except RankFailed as e:  # what became of the other nodes' runs says more
+                if lost:
+                    raise nodes.lost_error(ckpt_dir) from None
                 raise RankFailed(f"{e}{nodes.report() if nodes is not None else ''}") from None
+            except (Preempted, BudgetExceeded):
+                if lost:  # stopped because a node run ended: that is the error (the checkpoint stands)
+                    raise nodes.lost_error(ckpt_dir) from None
+                raise
             ok = True
             return fit
         finally:
