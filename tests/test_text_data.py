@@ -617,3 +617,27 @@ def test_a_model_of_a_tokenizer_file_with_crlf_line_ends_serves_from_its_bundle(
     assert predictor.tokenizer == Path(uri).with_name("tokenizer.json").read_bytes().decode()  # CRLF kept
     out = predictor.predict_frame(pl.DataFrame({"body": ["the quick brown", "a lazy"]}), params={"max_tokens": 2})
     assert out.height == 2
+
+
+def test_a_fine_tune_of_a_registered_model_of_a_crlf_tokenizer_file_takes_its_tokenizer(tmp_path):
+    import mlflow
+
+    from shardline.core.tracking import fluent_tracking_uri
+    from shardline.tasks.register import PYFUNC_CODE
+    from shardline.tasks.training_run import parent_model, with_parent_tokenizer
+
+    manifest, uri, files = crlf_model_files(tmp_path)
+    tracking = f"sqlite:///{tmp_path}/mlflow.db"
+    with fluent_tracking_uri(tracking):
+        mlflow.set_experiment("lm")
+        with mlflow.start_run():
+            mlflow.pyfunc.log_model(name="model", python_model=str(PYFUNC_CODE), artifacts=files)
+            mlflow.register_model(f"runs:/{mlflow.active_run().info.run_id}/model", "lm")
+    raw = text_config(tmp_path, target={"column": "title", "task": "generation"})
+    del raw["data"]["tokenizer"]  # the parent's is used
+    config = validate_config(
+        {**raw, "training": {"init_from": "models:/lm/1"}, "mlflow": {"tracking_uri": tracking, "experiment": "lm"}}
+    )
+    data = with_parent_tokenizer(config, parent_model(config), manifest.encoding, log=lambda _: None)
+    assert data.tokenizer.sha256 == manifest.encoding.text.tokenizer_sha256
+    assert Path(data.tokenizer.file).read_bytes() == (tmp_path / "t.json").read_bytes()  # CRLF kept

@@ -127,7 +127,7 @@ def parent_tokenizer(config: PipelineConfig, parent: dict, encoding: EncodingSpe
         with tempfile.TemporaryDirectory() as tmp:
             found = _registered_files(config, parent, tmp) / "artifacts" / "tokenizer.json"
             where = f"{parent['uri']} (artifacts/tokenizer.json)"
-            text = found.read_text() if found.is_file() else None
+            text = found.read_bytes().decode() if found.is_file() else None  # as written: its sha256 is the file's
     if text is None or hashlib.sha256(text.encode()).hexdigest() != encoding.text.tokenizer_sha256:
         raise ValueError(
             f"training.init_from={parent['uri']}: the tokenizer its token ids mean ({where}) is missing or not the "
