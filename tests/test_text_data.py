@@ -641,3 +641,20 @@ def test_a_fine_tune_of_a_registered_model_of_a_crlf_tokenizer_file_takes_its_to
     data = with_parent_tokenizer(config, parent_model(config), manifest.encoding, log=lambda _: None)
     assert data.tokenizer.sha256 == manifest.encoding.text.tokenizer_sha256
     assert Path(data.tokenizer.file).read_bytes() == (tmp_path / "t.json").read_bytes()  # CRLF kept
+
+
+def test_a_text_fine_tune_whose_tokenizer_file_is_missing_is_refused_naming_it_before_any_work(tmp_path):
+    from shardline.core.manifest import EncodingSpec, TextSpec
+    from shardline.tasks.training_run import with_parent_tokenizer
+
+    lm = EncodingSpec(
+        sequence_key=None, order_by=None, window=8, horizon=1, continuous=[], boolean=[], categorical=[],
+        text=TextSpec(columns=["doc"], vocab_size=300, tokenizer_sha256="a" * 64, tokenizer={"kind": "bpe"}),
+    )  # fmt: skip
+    missing = tmp_path / "parent-tokenizer.json"  # a typo, or a file not copied here
+    config = validate_config(
+        {**text_config(tmp_path, tokenizer={"file": str(missing)}), "training": {"init_from": "models:/lm/1"}}
+    )
+    with pytest.raises(DataError, match=rf"data.tokenizer.file '{missing}' does not exist"):
+        with_parent_tokenizer(config, {"uri": "models:/lm/1"}, lm)
+    assert not (Path(config.storage.root) / "tokenizers").exists()

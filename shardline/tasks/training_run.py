@@ -142,12 +142,15 @@ def with_parent_tokenizer(config: PipelineConfig, parent: dict, encoding: Encodi
     of the config's own that is another one is refused, before any work."""
     from shardline.core.config import TokenizerConfig
     from shardline.core.encoding.reuse import EncodingMismatch
+    from shardline.core.encoding.text import read_tokenizer_file, sha256_text
 
     sha = encoding.text.tokenizer_sha256
     mine = config.data.tokenizer
-    if mine is not None and mine.file is not None and mine.sha256 not in (None, sha):
+    # no sha256: the file was not there when the config was read (a typo, a file not copied): said naming it
+    own = (mine.sha256 or sha256_text(read_tokenizer_file(mine.file))) if mine and mine.file else None
+    if own not in (None, sha):
         raise EncodingMismatch(
-            f"data.tokenizer.file '{mine.file}' (sha256 {mine.sha256[:12]}) is not the tokenizer "
+            f"data.tokenizer.file '{mine.file}' (sha256 {own[:12]}) is not the tokenizer "
             f"{parent['uri']} was trained with (sha256 {sha[:12]}); a fine-tune of a text model reads its "
             "parent's token ids: drop data.tokenizer (the parent's is used), or train without training.init_from"
         )
