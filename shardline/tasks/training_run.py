@@ -81,16 +81,14 @@ def parent_model(config: PipelineConfig) -> dict | None:
     return {"uri": uri, "checkpoint": found[0], "sha256": found[1].get("sha256")}
 
 
-def _registered_files(config: PipelineConfig, parent: dict, dst: str) -> Path:
-    """A registered parent's model folder, downloaded into `dst`."""
+def _registered_files(config: PipelineConfig, parent: dict, dst: str, path: str = "") -> Path:
+    """A registered parent's model folder, or only the file `path` in it (not the weights), downloaded into
+    `dst`; returns where it lies."""
     import mlflow
 
+    uri = f"models:/{parent['name']}/{parent['version']}" + (f"/{path}" if path else "")
     with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)):
-        return Path(
-            mlflow.artifacts.download_artifacts(
-                artifact_uri=f"models:/{parent['name']}/{parent['version']}", dst_path=dst
-            )
-        )
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst))
 
 
 def parent_encoding(config: PipelineConfig, parent: dict) -> EncodingSpec:
@@ -109,7 +107,7 @@ def parent_encoding(config: PipelineConfig, parent: dict) -> EncodingSpec:
             )
         return Manifest.model_validate_json(storage.read_text(manifest)).encoding
     with tempfile.TemporaryDirectory() as tmp:
-        bundle = json.loads((_registered_files(config, parent, tmp) / "artifacts" / "bundle.json").read_text())
+        bundle = json.loads(_registered_files(config, parent, tmp, "artifacts/bundle.json").read_text())
     return EncodingSpec.model_validate(bundle["encoding"])
 
 
@@ -322,6 +320,12 @@ def run_training(
     log = run_logger()  # the training flow run's, also when the pipeline's train task calls it as a subflow
     manifest = load_manifest(manifest_uri, config)
     parent = parent_model(config)  # resolved once: the run folder and the starting weights agree
+    if parent is not None and manifest.encoding.text is not None:
+        from shardline.core.encoding.reuse import check_parent_tokenizer
+
+        # the manifest may come from anywhere (the training flow is its own deployment): a text fine-tune's
+        # token ids must be its parent's, which load_manifest cannot tell when data.tokenizer leaves it to it
+        check_parent_tokenizer(manifest.encoding, parent_encoding(config, parent), parent["uri"])
     folder = folder or run_dir(config, manifest, parent)
     # one writer per run folder, whichever machine (a retry racing a re-dispatch, two laptops, a "Crashed"
     # run that was not dead): the second waits while the first renews its lease, then resumes or attaches
