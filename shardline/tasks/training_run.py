@@ -138,7 +138,6 @@ def with_parent_tokenizer(config: PipelineConfig, parent: dict, encoding: Encodi
     """A fine-tune of a text model reads its parent's token ids: `config.data` with the parent's tokenizer
     (kept in the store under its sha256, `<root>/tokenizers/`) in place of data.tokenizer. A tokenizer file
     of the config's own that is another one is refused, before any work."""
-    from shardline.core.config import TokenizerConfig
     from shardline.core.encoding.reuse import EncodingMismatch
     from shardline.core.encoding.text import read_tokenizer_file, sha256_text
 
@@ -152,7 +151,8 @@ def with_parent_tokenizer(config: PipelineConfig, parent: dict, encoding: Encodi
             f"{parent['uri']} was trained with (sha256 {sha[:12]}); a fine-tune of a text model reads its "
             "parent's token ids: drop data.tokenizer (the parent's is used), or train without training.init_from"
         )
-    uri = storage.join(config.storage.root, "tokenizers", f"{sha}.json")
+    data = parent_tokenized(config, encoding)
+    uri = data.tokenizer.file
     if not storage.exists(uri):
         storage.write_text(uri, parent_tokenizer(config, parent, encoding))  # atomic: whole or absent
     if mine is None or mine.file is None:
@@ -164,6 +164,16 @@ def with_parent_tokenizer(config: PipelineConfig, parent: dict, encoding: Encodi
                 else "as data.tokenizer is unset"
             )
         )
+    return data
+
+
+def parent_tokenized(config: PipelineConfig, encoding: EncodingSpec) -> DataConfig:
+    """`config.data` as a fine-tune of the text model of `encoding` encodes it: data.tokenizer the parent's
+    tokenizer, kept in the store under its sha256 (`with_parent_tokenizer` puts it there). Reads nothing."""
+    from shardline.core.config import TokenizerConfig
+
+    sha = encoding.text.tokenizer_sha256
+    uri = storage.join(config.storage.root, "tokenizers", f"{sha}.json")
     return config.data.model_copy(update={"tokenizer": TokenizerConfig(file=uri, sha256=sha)})
 
 
