@@ -322,3 +322,40 @@ def test_gc_on_an_object_store(tmp_path, s3, prefect_api):
     apply_plan(plan, now=later)
     left = sorted(p[len("lake/store/") :] for p in s3.find("lake/store"))
     assert left == ["prefect-results/ingest-1", "raw-not-ours/x.parquet"]
+
+
+def test_a_live_text_fine_tune_pipeline_keeps_the_data_set_it_encodes(tmp_path, prefect_api):
+    # a text fine-tune's data is tokenized with its parent's tokenizer, not data.tokenizer: the data set a live
+    # (or about to start) pipeline of it uses is the one its encode wrote, and gc must find that one
+    from prefect import flow
+
+    from shardline.app.gc import Locator, flow_run_uses
+    from shardline.flows.pipeline import encoded_data
+    from shardline.flows.train import train
+    from tests.test_text_data import sentences
+
+    root = tmp_path / "store"
+
+    def config(raw: str, **training):
+        pl.DataFrame({"body": sentences(200, len(raw))}).write_parquet(tmp_path / f"{raw}.parquet")
+        data = {"source": str(tmp_path / f"{raw}.parquet"), "features": {"text": ["body"]}, "window": 8}
+        return validate_config(
+            {
+                "data": data if training else {**data, "tokenizer": {"kind": "bpe", "vocab_size": 300}},
+                "model": {"family": "transformer", "hidden": 16, "layers": 1, "heads": 2, "dropout": 0.0},
+                "training": {"epochs": 1, "batch_size": 64, **training},
+                "storage": {"root": str(root)},
+                "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "text"},
+            }
+        )
+
+    @flow(name="gc-text-encode")
+    def encode(cfg):
+        return encoded_data(cfg)[1]
+
+    lm = config("corpus")
+    parent = train(encode(lm), lm)
+    tuned = config("other-corpus", init_from=f"{parent['run_dir']}/checkpoints")
+    manifest = Path(encode(tuned))
+    uses = flow_run_uses({"config": tuned.model_dump(mode="json")}, str(root), Locator(str(root)))
+    assert manifest.parent.name in uses[0]

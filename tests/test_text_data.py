@@ -581,3 +581,80 @@ def test_a_text_model_serves_categorical_text_and_refuses_other_types_naming_the
     for bad, dtype in (([[1, 2], [3]], "List"), ([1, 2], "Int64")):
         with pytest.raises(DataError, match=rf"input column 'body' is {dtype}.*, not text; the model reads strings"):
             predictor.predict_frame(pl.DataFrame({"body": bad}))
+
+
+def crlf_model_files(tmp_path: Path) -> tuple[Manifest, str, dict[str, str]]:
+    """Text encoded with a tokenizer file whose lines end in CRLF (a tokenizer.json checked out on Windows), and
+    a model's files as registration bundles them (weights, bundle.json, the tokenizer beside its shards)."""
+    import json
+
+    from shardline.core.config import ModelConfig
+    from shardline.tasks.register import text_artifacts
+    from shardline.trainer.models import model_from_spec, model_spec_for
+    from shardline.trainer.serving import bundle_dict
+
+    write(tmp_path, pl.DataFrame({"body": sentences(60, 7)}))
+    crlf = json.dumps(json.loads(train_bpe(sentences(60, 7), 300)), indent=1).replace("\n", "\r\n")
+    (tmp_path / "t.json").write_bytes(crlf.encode())
+    manifest, uri = encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(tmp_path / "t.json")}))
+    assert manifest.encoding.text.tokenizer_sha256 == hashlib.sha256(crlf.encode()).hexdigest()
+    torch.manual_seed(0)
+    spec = model_spec_for(ModelConfig(family="transformer", hidden=16, layers=1, heads=2), data_spec(manifest.encoding))
+    model = model_from_spec(spec)
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    torch.save(model.state_dict(), folder / "weights.pt")
+    (folder / "bundle.json").write_text(json.dumps(bundle_dict(manifest.encoding, spec)))
+    files = {"weights": str(folder / "weights.pt"), "bundle": str(folder / "bundle.json")}
+    return manifest, uri, files | text_artifacts(manifest, uri, folder)
+
+
+def test_a_model_of_a_tokenizer_file_with_crlf_line_ends_serves_from_its_bundle(tmp_path):
+    from shardline.trainer.serving import Predictor
+
+    manifest, uri, files = crlf_model_files(tmp_path)
+    predictor = Predictor.from_files(files["bundle"], files["weights"], files["tokenizer"])
+    assert predictor.tokenizer == Path(uri).with_name("tokenizer.json").read_bytes().decode()  # CRLF kept
+    out = predictor.predict_frame(pl.DataFrame({"body": ["the quick brown", "a lazy"]}), params={"max_tokens": 2})
+    assert out.height == 2
+
+
+def test_a_fine_tune_of_a_registered_model_of_a_crlf_tokenizer_file_takes_its_tokenizer(tmp_path):
+    import mlflow
+
+    from shardline.core.tracking import fluent_tracking_uri
+    from shardline.tasks.register import PYFUNC_CODE
+    from shardline.tasks.training_run import parent_model, with_parent_tokenizer
+
+    manifest, uri, files = crlf_model_files(tmp_path)
+    tracking = f"sqlite:///{tmp_path}/mlflow.db"
+    with fluent_tracking_uri(tracking):
+        mlflow.set_experiment("lm")
+        with mlflow.start_run():
+            mlflow.pyfunc.log_model(name="model", python_model=str(PYFUNC_CODE), artifacts=files)
+            mlflow.register_model(f"runs:/{mlflow.active_run().info.run_id}/model", "lm")
+    raw = text_config(tmp_path, target={"column": "title", "task": "generation"})
+    del raw["data"]["tokenizer"]  # the parent's is used
+    config = validate_config(
+        {**raw, "training": {"init_from": "models:/lm/1"}, "mlflow": {"tracking_uri": tracking, "experiment": "lm"}}
+    )
+    data = with_parent_tokenizer(config, parent_model(config), manifest.encoding, log=lambda _: None)
+    assert data.tokenizer.sha256 == manifest.encoding.text.tokenizer_sha256
+    assert Path(data.tokenizer.file).read_bytes() == (tmp_path / "t.json").read_bytes()  # CRLF kept
+
+
+def test_a_text_fine_tune_whose_tokenizer_file_is_missing_is_refused_naming_it_before_any_work(tmp_path):
+    from shardline.core.manifest import EncodingSpec, TextSpec
+    from shardline.tasks.training_run import with_parent_tokenizer
+
+    lm = EncodingSpec(
+        sequence_key=None, order_by=None, window=8, horizon=1, continuous=[], boolean=[], categorical=[],
+        text=TextSpec(columns=["doc"], vocab_size=300, tokenizer_sha256="a" * 64, tokenizer={"kind": "bpe"}),
+    )  # fmt: skip
+    missing = tmp_path / "parent-tokenizer.json"  # a typo, or a file not copied here
+    config = validate_config(
+        {**text_config(tmp_path, tokenizer={"file": str(missing)}), "training": {"init_from": "models:/lm/1"}}
+    )
+    with pytest.raises(DataError, match=rf"data.tokenizer.file '{missing}' does not exist"):
+        with_parent_tokenizer(config, {"uri": "models:/lm/1"}, lm)
+    assert not (Path(config.storage.root) / "tokenizers").exists()

@@ -137,3 +137,41 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     version = mlflow.MlflowClient().get_model_version("titler", titled["registered"]["version"])
     assert (version.tags["shardline.parent_name"], version.tags["shardline.parent_version"]) == ("text-lm", "1")
     assert titled["metrics"]["perplexity"] < titled["baseline"]["perplexity"]
+
+
+def test_the_training_flow_refuses_a_text_fine_tune_on_shards_of_another_tokenizer(tmp_path, prefect_api):
+    # the training flow is its own deployment, given a manifest: one encoded with another tokenizer than the
+    # parent's (here the new data's own BPE, of the same size) would feed the parent's embeddings other words
+    from shardline.core.encoding.reuse import EncodingMismatch
+    from shardline.flows.train import train
+    from shardline.tasks.encode import encode_dataset
+    from shardline.tasks.ingest import snapshot_source
+
+    root = tmp_path / "store"
+
+    def config(raw: str, **training) -> dict:
+        pl.DataFrame({"body": sentences(200, len(raw))}).write_parquet(tmp_path / f"{raw}.parquet")
+        return {
+            "data": {
+                "source": str(tmp_path / f"{raw}.parquet"),
+                "features": {"text": ["body"]},
+                "tokenizer": {"kind": "bpe", "vocab_size": 300},
+                "window": 8,
+            },
+            "model": {"family": "transformer", "hidden": 16, "layers": 1, "heads": 2, "dropout": 0.0},
+            "training": {"epochs": 1, "batch_size": 64, **training},
+            "storage": {"root": str(root)},
+            "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "text"},
+        }
+
+    def encoded(cfg) -> str:
+        return encode_dataset(snapshot_source(cfg.data), cfg.data, f"{cfg.data.source}.encoded")
+
+    lm = validate_config(config("corpus"))
+    parent = train(encoded(lm), lm)
+    tuned = validate_config(config("other-corpus", init_from=f"{parent['run_dir']}/checkpoints"))
+    manifest = encoded(tuned)  # its own BPE: not the parent's
+    mine = Manifest.model_validate_json(storage.read_text(manifest)).encoding.text.tokenizer_sha256
+    with pytest.raises(EncodingMismatch, match=rf"the data's tokenizer \({mine[:12]}\) is not the one"):
+        train(manifest, tuned)
+    assert {p.parent.parent for p in (root / "runs").glob("*/checkpoints/*.pt")} == {Path(parent["run_dir"])}

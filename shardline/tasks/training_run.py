@@ -81,16 +81,14 @@ def parent_model(config: PipelineConfig) -> dict | None:
     return {"uri": uri, "checkpoint": found[0], "sha256": found[1].get("sha256")}
 
 
-def _registered_files(config: PipelineConfig, parent: dict, dst: str) -> Path:
-    """A registered parent's model folder, downloaded into `dst`."""
+def _registered_files(config: PipelineConfig, parent: dict, dst: str, path: str = "") -> Path:
+    """A registered parent's model folder, or only the file `path` in it (not the weights), downloaded into
+    `dst`; returns where it lies."""
     import mlflow
 
+    uri = f"models:/{parent['name']}/{parent['version']}" + (f"/{path}" if path else "")
     with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)):
-        return Path(
-            mlflow.artifacts.download_artifacts(
-                artifact_uri=f"models:/{parent['name']}/{parent['version']}", dst_path=dst
-            )
-        )
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst))
 
 
 def parent_encoding(config: PipelineConfig, parent: dict) -> EncodingSpec:
@@ -109,7 +107,7 @@ def parent_encoding(config: PipelineConfig, parent: dict) -> EncodingSpec:
             )
         return Manifest.model_validate_json(storage.read_text(manifest)).encoding
     with tempfile.TemporaryDirectory() as tmp:
-        bundle = json.loads((_registered_files(config, parent, tmp) / "artifacts" / "bundle.json").read_text())
+        bundle = json.loads(_registered_files(config, parent, tmp, "artifacts/bundle.json").read_text())
     return EncodingSpec.model_validate(bundle["encoding"])
 
 
@@ -127,7 +125,7 @@ def parent_tokenizer(config: PipelineConfig, parent: dict, encoding: EncodingSpe
         with tempfile.TemporaryDirectory() as tmp:
             found = _registered_files(config, parent, tmp) / "artifacts" / "tokenizer.json"
             where = f"{parent['uri']} (artifacts/tokenizer.json)"
-            text = found.read_text() if found.is_file() else None
+            text = found.read_bytes().decode() if found.is_file() else None  # as written: its sha256 is the file's
     if text is None or hashlib.sha256(text.encode()).hexdigest() != encoding.text.tokenizer_sha256:
         raise ValueError(
             f"training.init_from={parent['uri']}: the tokenizer its token ids mean ({where}) is missing or not the "
@@ -140,18 +138,21 @@ def with_parent_tokenizer(config: PipelineConfig, parent: dict, encoding: Encodi
     """A fine-tune of a text model reads its parent's token ids: `config.data` with the parent's tokenizer
     (kept in the store under its sha256, `<root>/tokenizers/`) in place of data.tokenizer. A tokenizer file
     of the config's own that is another one is refused, before any work."""
-    from shardline.core.config import TokenizerConfig
     from shardline.core.encoding.reuse import EncodingMismatch
+    from shardline.core.encoding.text import read_tokenizer_file, sha256_text
 
     sha = encoding.text.tokenizer_sha256
     mine = config.data.tokenizer
-    if mine is not None and mine.file is not None and mine.sha256 not in (None, sha):
+    # no sha256: the file was not there when the config was read (a typo, a file not copied): said naming it
+    own = (mine.sha256 or sha256_text(read_tokenizer_file(mine.file))) if mine and mine.file else None
+    if own not in (None, sha):
         raise EncodingMismatch(
-            f"data.tokenizer.file '{mine.file}' (sha256 {mine.sha256[:12]}) is not the tokenizer "
+            f"data.tokenizer.file '{mine.file}' (sha256 {own[:12]}) is not the tokenizer "
             f"{parent['uri']} was trained with (sha256 {sha[:12]}); a fine-tune of a text model reads its "
             "parent's token ids: drop data.tokenizer (the parent's is used), or train without training.init_from"
         )
-    uri = storage.join(config.storage.root, "tokenizers", f"{sha}.json")
+    data = parent_tokenized(config, encoding)
+    uri = data.tokenizer.file
     if not storage.exists(uri):
         storage.write_text(uri, parent_tokenizer(config, parent, encoding))  # atomic: whole or absent
     if mine is None or mine.file is None:
@@ -163,6 +164,16 @@ def with_parent_tokenizer(config: PipelineConfig, parent: dict, encoding: Encodi
                 else "as data.tokenizer is unset"
             )
         )
+    return data
+
+
+def parent_tokenized(config: PipelineConfig, encoding: EncodingSpec) -> DataConfig:
+    """`config.data` as a fine-tune of the text model of `encoding` encodes it: data.tokenizer the parent's
+    tokenizer, kept in the store under its sha256 (`with_parent_tokenizer` puts it there). Reads nothing."""
+    from shardline.core.config import TokenizerConfig
+
+    sha = encoding.text.tokenizer_sha256
+    uri = storage.join(config.storage.root, "tokenizers", f"{sha}.json")
     return config.data.model_copy(update={"tokenizer": TokenizerConfig(file=uri, sha256=sha)})
 
 
@@ -319,6 +330,12 @@ def run_training(
     log = run_logger()  # the training flow run's, also when the pipeline's train task calls it as a subflow
     manifest = load_manifest(manifest_uri, config)
     parent = parent_model(config)  # resolved once: the run folder and the starting weights agree
+    if parent is not None and manifest.encoding.text is not None:
+        from shardline.core.encoding.reuse import check_parent_tokenizer
+
+        # the manifest may come from anywhere (the training flow is its own deployment): a text fine-tune's
+        # token ids must be its parent's, which load_manifest cannot tell when data.tokenizer leaves it to it
+        check_parent_tokenizer(manifest.encoding, parent_encoding(config, parent), parent["uri"])
     folder = folder or run_dir(config, manifest, parent)
     # one writer per run folder, whichever machine (a retry racing a re-dispatch, two laptops, a "Crashed"
     # run that was not dead): the second waits while the first renews its lease, then resumes or attaches

@@ -211,7 +211,7 @@ class Predictor:
         if spec.text is not None:
             if tokenizer_path is None:
                 raise DataError("this text model's bundle has no tokenizer (register it again with this Shardline)")
-            tokenizer = Path(tokenizer_path).read_text()
+            tokenizer = Path(tokenizer_path).read_bytes().decode()  # no newline translation: its sha256 is the file's
             got = hashlib.sha256(tokenizer.encode()).hexdigest()
             if got != spec.text.tokenizer_sha256:
                 raise DataError(
