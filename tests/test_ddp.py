@@ -342,3 +342,30 @@ def test_several_nodes_without_the_node_deployment_are_refused_naming_it(tmp_pat
     with pytest.raises(ValueError, match=r"compute.node_deployment 'train-node/train-node'.*prefect.yaml"):
         Nodes(ComputeConfig(nodes=2), str(tmp_path / "nodes"), print)
     assert not (tmp_path / "nodes").exists()  # nothing written
+
+
+def test_a_rank_s_own_storage_error_is_retried_and_a_peer_s_lost_connection_is_not_the_cause(tmp_path):
+    """Rank 1 could not reach its storage ("Connection refused", an OSError) and rank 0 then lost its peer:
+    the cause is rank 1's, said with its message, and is an infrastructure failure (retried, as one process's
+    storage error is), not a code error; a missing file on a rank stays a plain error (not retried)."""
+    from shardline.tasks.torchrun import RankFailed, outcome
+    from shardline.tasks.train import is_infrastructure_failure
+
+    result = tmp_path / "result.json"
+    lost_peer = {"status": "failed", "rank": 0, "at": 2.0, "error": "RuntimeError",
+                 "message": "[gloo] Connection closed by peer [127.0.0.1]:1234",
+                 "bases": ["RuntimeError", "Exception"]}  # fmt: skip
+    result.write_text(json.dumps(lost_peer))
+    refused = {"status": "failed", "rank": 1, "at": 1.0, "error": "ConnectionRefusedError",
+               "message": "[Errno 111] Connection refused: s3 endpoint 127.0.0.1:9",
+               "bases": ["ConnectionRefusedError", "ConnectionError", "OSError", "Exception"]}  # fmt: skip
+    Path(f"{result}.rank-1").write_text(json.dumps(refused))
+    with pytest.raises(RankFailed, match=r"ConnectionRefusedError in training process 1: \[Errno 111\]") as raised:
+        outcome(result, "torchrun: a rank failed", 1, "s3://b/ckpt")
+    assert is_infrastructure_failure(raised.value)
+    missing = {**refused, "error": "FileNotFoundError", "message": "s3://b/shards/x.bin: not found",
+               "bases": ["FileNotFoundError", "OSError", "Exception"]}  # fmt: skip
+    Path(f"{result}.rank-1").write_text(json.dumps(missing))
+    with pytest.raises(RuntimeError, match="FileNotFoundError in training process 1") as raised:
+        outcome(result, "torchrun: a rank failed", 1, "s3://b/ckpt")
+    assert not is_infrastructure_failure(raised.value)

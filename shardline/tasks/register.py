@@ -120,7 +120,7 @@ def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str
         raise ValueError(
             f"the tokenizer beside {manifest_uri} is not the one its shards were encoded with; encode again"
         )
-    (tmp / "tokenizer.json").write_text(text)
+    (tmp / "tokenizer.json").write_bytes(text.encode())  # its bytes as hashed: no newline translation
     return {"tokenizer": str(tmp / "tokenizer.json")}
 
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
+from shardline.core.failures import infrastructure_by_names
 from shardline.tasks.nodes import Nodes
 from shardline.trainer.distributed import check_batch_size
 from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, BudgetExceeded, Deadline, FitResult, Preempted
@@ -192,11 +193,11 @@ def fit_in_processes(
                 fit = outcome(folder / "result.json", said, code, ckpt_dir, forwarded, grace, nodes and nodes.failures)
             except RankFailed as e:  # what became of the other nodes' runs says more
                 if lost:
-                    raise nodes.lost_error(ckpt_dir) from None
+                    raise nodes.lost_error(ckpt_dir, RankFailed) from None
                 raise RankFailed(f"{e}{nodes.report() if nodes is not None else ''}") from None
             except (Preempted, BudgetExceeded):
                 if lost:  # stopped because a node run ended: that is the error (the checkpoint stands)
-                    raise nodes.lost_error(ckpt_dir) from None
+                    raise nodes.lost_error(ckpt_dir, RankFailed) from None
                 raise
             ok = True
             return fit
@@ -212,10 +213,13 @@ def shutdown_seconds() -> int:
 
 
 def _consequence(failure: dict) -> bool:
-    """Whether a rank's error follows from another rank's failure rather than being a cause of its own."""
-    return any(b.startswith("Dist") for b in failure.get("bases", [])) or bool(
-        _PEER_LOST.search(failure.get("message", ""))
-    )
+    """Whether a rank's error follows from another rank's failure rather than being a cause of its own: a torch
+    distributed error, or a collective's error on a lost peer (gloo raises a RuntimeError saying so; an OSError
+    that says "connection refused" is the rank's own: its storage or network)."""
+    bases = failure.get("bases", [])
+    if any(b.startswith("Dist") for b in bases):
+        return True
+    return "OSError" not in bases and bool(_PEER_LOST.search(failure.get("message", "")))
 
 
 def outcome(
@@ -254,9 +258,11 @@ def outcome(
     causes = sorted((f for f in failures if not _consequence(f)), key=lambda f: f.get("at", 0))
     if causes and killed is None:  # a rank raised: its error here (a ValueError stays one: not retried)
         first = causes[0]
-        kind = ValueError if "ValueError" in first["bases"] else RuntimeError
         where = "the training processes" if first["rank"] == 0 else f"training process {first['rank']}"
-        raise kind(f"{first['error']} in {where}: {first['message']}")
+        said = f"{first['error']} in {where}: {first['message']}"
+        if infrastructure_by_names(first["bases"]):  # its storage or network: retried, as in one process
+            raise RankFailed(f"{said}; the newest checkpoint in {ckpt_dir} is where a retry resumes")
+        raise (ValueError if "ValueError" in first["bases"] else RuntimeError)(said)
     why = "a rank died or lost its peers"
     if forwarded and killed == signal.SIGKILL:
         why = (

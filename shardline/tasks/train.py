@@ -20,6 +20,7 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
+from shardline.core.failures import INFRASTRUCTURE_ERRORS, NOT_INFRASTRUCTURE
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_identity, run_dir, training_identity
 
@@ -205,29 +206,6 @@ def dispatch_training(
         f"(runs: {', '.join(r['name'] + ' ' + r['id'] for r in runs)}); "
         "its checkpoints are kept: rerun to resume, or raise compute.max_preemptions"
     )
-
-
-# errors of the machine or the network, worth a retry that resumes from the newest checkpoint, by type
-# (never by the text of a message): I/O and network failures, a lost GPU or interconnect
-INFRASTRUCTURE_ERRORS = (ConnectionError, TimeoutError, OSError)
-# ...but not these: a missing or unreadable input is the same on the next try, as is running out of
-# memory with the same batch on the same machine (deterministic), a local shard cache capped below what
-# the run holds at once (CacheFull: only this process's pins keep shards in it, so it fails again the
-# same way; its message names SHARDLINE_CACHE_MAX_GB and the size), or a code, config or data error
-NOT_INFRASTRUCTURE = (
-    storage.CacheFull,
-    FileNotFoundError,
-    PermissionError,
-    IsADirectoryError,
-    NotADirectoryError,
-    MemoryError,
-    ValueError,
-    TypeError,
-    KeyError,
-    IndexError,
-    AssertionError,
-    NotImplementedError,
-)
 
 
 def _torch_infrastructure() -> tuple[type, ...]:
