@@ -63,7 +63,7 @@ def test_contract_shapes_causality_and_tied_weights():
     # init_from a gpt of another context: its learned positions are refused, not silently re-initialised
     from shardline.trainer.contract import load_matching
 
-    with pytest.raises(ModelContractError, match=r"\(wpe.weight\) cover a context of 32 tokens, this model's 16"):
+    with pytest.raises(ModelContractError, match=r"\(wpe.weight\) cover a context of 32 positions, this model's 16"):
         load_matching(model, tiny_gpt(token_spec(window=32)).state_dict(), "models:/lm/1")
 
 

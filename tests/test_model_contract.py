@@ -272,3 +272,18 @@ def test_two_projects_with_a_models_package_each_train_their_own_in_one_process(
         for folder in (first, second):
             if str(folder) in sys.path:
                 sys.path.remove(str(folder))
+
+
+def test_a_transformer_fine_tune_of_another_window_is_refused_not_re_initialised():
+    """The transformer family's learned positions (one row per frame): a parent of another data.window would
+    have them re-initialised (under a frozen backbone, silently); refused naming the setting, as the gpt's."""
+    from shardline.trainer.contract import load_matching
+
+    def transformer(window: int):
+        cfg = {"family": "transformer", "hidden": 16, "layers": 1, "heads": 2, "dropout": 0.0}
+        return model_from_spec(model_spec_for(cfg, legacy_data_spec(2, CARDS, window, N_CLASSES)))
+
+    child = transformer(K)
+    with pytest.raises(ModelContractError, match=rf"\(position.weight\) cover a context of {K + 4} .*data.window"):
+        load_matching(child, transformer(K + 4).state_dict(), "models:/world/3")
+    assert "position.weight" in load_matching(child, transformer(K).state_dict(), "models:/world/3")["loaded"]

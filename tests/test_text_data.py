@@ -284,7 +284,7 @@ def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
             super().__init__()
             self.wte, self.wpe = torch.nn.Embedding(10, width), torch.nn.Embedding(window, width)
 
-    with pytest.raises(ModelContractError, match=r"covers? a context of 8 tokens, this model's 16 \(data.window\)"):
+    with pytest.raises(ModelContractError, match=r"covers? a context of 8 positions, this model's 16 \(data.window\)"):
         load_matching(LM(16), LM(8).state_dict(), "runs:/parent/model")
     assert load_matching(LM(8), LM(8).state_dict(), "runs:/parent/model")["skipped"] == []
     # another width is another architecture, not another context: skipped as any mismatch (then "none matches")

@@ -327,7 +327,7 @@ def load_matching(model: nn.Module, weights: dict[str, torch.Tensor], source: st
             if name in positions and value.dim() >= 1 and tuple(value.shape[1:]) == tuple(own[name].shape[1:]):
                 raise ModelContractError(
                     f"training.init_from={source}: its learned positions ({name}) cover a context of "
-                    f"{value.shape[0]} tokens, this model's {own[name].shape[0]} (data.window); re-initialising "
+                    f"{value.shape[0]} positions, this model's {own[name].shape[0]} (data.window); re-initialising "
                     f"them would silently discard what the parent learned: set data.window to {value.shape[0]}, "
                     "the parent's, or drop training.init_from"
                 )

@@ -181,6 +181,9 @@ class WindowTransformer(_Heads):
     predicted at every position is read from each frame, and attention is then causal (a frame sees
     itself and the frames before it, never the rows it predicts)."""
 
+    # one row per frame of the window: a fine-tune of another data.window is refused, not re-initialised
+    shardline_position_tables = ("position.weight",)
+
     def __init__(
         self,
         spec: DataSpec,
