@@ -148,24 +148,7 @@ def test_spot_reclaim_of_the_training_process_is_redispatched_and_resumes_exactl
         cluster, "store-b", **{"compute": {"job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.2"}}}}
     )
     before = {r["id"] for r in cluster.flow_runs()}
-    watcher = subprocess.Popen(
-        [
-            str(BIN / "prefect"),
-            "deployment",
-            "run",
-            "pipeline/pipeline",
-            "-p",
-            f"config={config}",
-            "--watch",
-            "--watch-interval",
-            "1",
-        ],
-        cwd=REPO,
-        env=cluster.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    watcher = start_pipeline(cluster, config)
 
     def running_train():
         runs = [r for r in cluster.flow_runs() if r["id"] not in before and r["work_pool_name"] == "gpu-pool"]
@@ -173,16 +156,7 @@ def test_spot_reclaim_of_the_training_process_is_redispatched_and_resumes_exactl
 
     train_run = wait_until(running_train, 240, "the training flow run to start on the GPU pool")
 
-    def mid_run_checkpoint():
-        try:
-            (runs,) = _ls(f"s3://{BUCKET}/store-b/runs")
-            names = [p.rsplit("/", 1)[-1] for p in _ls(f"s3://{runs}/checkpoints")]
-        except (FileNotFoundError, ValueError):
-            return None
-        steps = [int(n[5:14]) for n in names if n.startswith("ckpt-") and n.endswith(".json")]
-        return max(steps) if steps and max(steps) >= 10 else None
-
-    killed_after = wait_until(mid_run_checkpoint, 240, "a checkpoint of step >= 10 in S3", every=0.2)
+    killed_after = checkpoint_of_step(f"s3://{BUCKET}/store-b", 10)
     pids = processes_of_flow_run(train_run["id"])
     assert pids, "found no process running the training flow run"
     for pid in pids:
@@ -208,6 +182,30 @@ def test_spot_reclaim_of_the_training_process_is_redispatched_and_resumes_exactl
     # the second dispatch resumed from the checkpoint the killed one left in S3
     result = json.loads(cluster.fs.cat(f"{_ls(f's3://{BUCKET}/store-b/runs')[0]}/result.json"))
     assert result["resumed_from"].startswith(f"s3://{BUCKET}/store-b/runs/")
+
+
+def start_pipeline(c: Cluster, config: Path) -> subprocess.Popen:
+    """`prefect deployment run pipeline/pipeline -p config=... --watch`, left running."""
+    command = ["deployment", "run", "pipeline/pipeline", "-p", f"config={config}", "--watch", "--watch-interval", "1"]
+    return subprocess.Popen(
+        [str(BIN / "prefect"), *command], cwd=REPO, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
+def checkpoint_of_step(root: str, step: int) -> int:
+    """Wait for the run under `root` to have a checkpoint of `step` or later in S3; its step."""
+
+    def newest():
+        try:
+            (runs,) = _ls(f"{root}/runs")
+            names = [p.rsplit("/", 1)[-1] for p in _ls(f"s3://{runs}/checkpoints")]
+        except (FileNotFoundError, ValueError):
+            return None
+        steps = [int(n[5:14]) for n in names if n.startswith("ckpt-") and n.endswith(".json")]
+        return max(steps) if steps and max(steps) >= step else None
+
+    return wait_until(newest, 240, f"a checkpoint of step >= {step} in {root}", every=0.2)
 
 
 def processes_of_flow_run(flow_run_id: str) -> list[int]:
@@ -374,11 +372,7 @@ def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resume
         },
     )
     before = {r["id"] for r in cluster.flow_runs()}
-    watcher = subprocess.Popen(
-        [str(BIN / "prefect"), "deployment", "run", "pipeline/pipeline", "-p", f"config={config}", "--watch",
-         "--watch-interval", "1"],
-        cwd=REPO, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    watcher = start_pipeline(cluster, config)
 
     def running_node():
         runs = [r for r in cluster.flow_runs() if r["id"] not in before and "node_rank" in r["parameters"]]
@@ -386,16 +380,7 @@ def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resume
 
     node_run = wait_until(running_node, 240, "node 1's flow run to start on the GPU pool")
 
-    def mid_run_checkpoint():
-        try:
-            (runs,) = _ls(f"s3://{BUCKET}/store-k/runs")
-            names = [p.rsplit("/", 1)[-1] for p in _ls(f"s3://{runs}/checkpoints")]
-        except (FileNotFoundError, ValueError):
-            return None
-        steps = [int(n[5:14]) for n in names if n.startswith("ckpt-") and n.endswith(".json")]
-        return max(steps) if steps and max(steps) >= 10 else None
-
-    killed_after = wait_until(mid_run_checkpoint, 240, "a checkpoint of step >= 10 in S3", every=0.2)
+    killed_after = checkpoint_of_step(f"s3://{BUCKET}/store-k", 10)
     pids = processes_of_flow_run(node_run["id"])  # the flow run's process, its torchrun and its rank
     assert len(pids) >= 3, pids
     for pid in pids:
