@@ -122,10 +122,15 @@ def parent_tokenizer(config: PipelineConfig, parent: dict, encoding: EncodingSpe
         where = storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json")
         text = storage.read_text(where) if storage.exists(where) else None
     else:
+        from mlflow.exceptions import MlflowException
+
+        where = f"{parent['uri']} (artifacts/tokenizer.json)"
         with tempfile.TemporaryDirectory() as tmp:
-            found = _registered_files(config, parent, tmp) / "artifacts" / "tokenizer.json"
-            where = f"{parent['uri']} (artifacts/tokenizer.json)"
-            text = found.read_bytes().decode() if found.is_file() else None  # as written: its sha256 is the file's
+            try:  # that file alone, not the model's weights
+                found = _registered_files(config, parent, tmp, "artifacts/tokenizer.json")
+            except (MlflowException, OSError):  # not in the model: said below
+                found = None
+            text = found.read_bytes().decode() if found and found.is_file() else None  # its sha256 is the file's
     if text is None or hashlib.sha256(text.encode()).hexdigest() != encoding.text.tokenizer_sha256:
         raise ValueError(
             f"training.init_from={parent['uri']}: the tokenizer its token ids mean ({where}) is missing or not the "
@@ -185,9 +190,9 @@ def init_weights(config: PipelineConfig, parent: dict) -> dict:
         from shardline.trainer.checkpoint import load_checkpoint
 
         return load_checkpoint(parent["checkpoint"])["model"]
-    with tempfile.TemporaryDirectory() as tmp:
-        local = _registered_files(config, parent, tmp)
-        return torch.load(local / "artifacts" / "weights.pt", map_location="cpu", weights_only=True)
+    with tempfile.TemporaryDirectory() as tmp:  # the weights alone, not the rest of the model's folder
+        local = _registered_files(config, parent, tmp, "artifacts/weights.pt")
+        return torch.load(local, map_location="cpu", weights_only=True)
 
 
 def training_identity(config: PipelineConfig, parent: dict | None = None) -> dict:
