@@ -44,7 +44,14 @@ def own_address() -> str:
             s.connect(("10.254.254.254", 1))
             return s.getsockname()[0]
     except OSError:
+        pass
+    try:
         return socket.gethostbyname(socket.gethostname())
+    except OSError as e:
+        raise ValueError(
+            f"compute.nodes > 1: this machine's address, where the other nodes meet it, could not be told ({e}); "
+            "set compute.master_addr"
+        ) from None
 
 
 def free_port() -> int:

@@ -171,10 +171,10 @@ def fit_in_processes(
         command += ["-m", "shardline.trainer.ddp_run"]
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         output = folder / "torchrun.log"
-        if nodes is not None:
-            nodes.start(nodes.put("job.json", json.dumps(job).encode()), grace)
         ok = False
         try:
+            if nodes is not None:  # inside: node runs started before a failure here are cancelled
+                nodes.start(nodes.put("job.json", json.dumps(job).encode()), grace)
             with open(output, "w") as out:
                 proc = subprocess.Popen(
                     [*command, str(folder / "job.json")],
