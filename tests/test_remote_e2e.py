@@ -248,6 +248,27 @@ def test_rehearse_runs_the_first_loop_on_the_gpu_pool_with_a_forced_preemption(c
     assert "Preempted" in trains[0]["state"]["message"]
 
 
+def test_rehearse_on_two_nodes_preempts_and_resumes_both(cluster):
+    """`shardline rehearse` of a config of two machines: the forced SIGTERM stops both nodes at one step, the
+    re-dispatched run starts node 1 again, and the checkpoint says both trained (world size 2)."""
+    config = write_config(
+        cluster, "store-rn", **{"compute": {"nodes": 2, "master_addr": "127.0.0.1"}, "training.device": "cpu"}
+    )
+    before = {r["id"] for r in cluster.flow_runs()}
+    out = subprocess.run(
+        [str(BIN / "shardline"), "rehearse", str(config), "--files", "4", "--steps", "12"],
+        cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr[-5000:] + cluster.tail_logs()
+    table = [line for line in out.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert len(table) == 11 and all(line.startswith("PASS") for line in table), out.stdout
+    checkpoint = next(line for line in table if line.startswith("PASS  checkpoint"))
+    assert "(world size 2 of 2 node(s) x 1 process(es))" in checkpoint, checkpoint
+    nodes = [r for r in cluster.flow_runs() if r["id"] not in before and "node_rank" in r["parameters"]]
+    # one node 1 per attempt: stopped with node 0 at the SIGTERM (its part done), then to the end
+    assert [r["state_type"] for r in nodes] == ["COMPLETED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
+
+
 def test_planted_secrets_never_leave_the_process_on_the_cluster(cluster):
     """A credential in the training job's environment (the config's job variables): the pipeline runs on
     the loopback cluster (Prefect server, process workers, S3), then the Prefect API's objects (flow and

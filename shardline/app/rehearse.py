@@ -241,7 +241,14 @@ def rehearse(
         from shardline.trainer.checkpoint import latest_checkpoint
 
         found = latest_checkpoint(storage.join(tr["run_dir"], "checkpoints"))
-        return found is not None and found[1]["step"] == tr["steps"], f"{found[0] if found else 'none'}"
+        if found is None:
+            return False, "none"
+        c = config.compute
+        world, trained = c.nodes * c.processes_per_node, found[1].get("world_size", 1)
+        said = found[0]
+        if world > 1:  # the processes the config asks for really trained together
+            said += f" (world size {trained} of {c.nodes} node(s) x {c.processes_per_node} process(es))"
+        return found[1]["step"] == tr["steps"] and trained == world, said
 
     stage("checkpoint: written to storage, verified by checksum", _checkpoint)
 
