@@ -236,6 +236,16 @@ def test_shardline_cost_prices_a_config_on_a_gpu_only_with_a_rate_measured_on_it
     assert "  aws " in here.output and "  gcp " in here.output
     assert "(compute.provider testcloud lists no CPU price: a run on one is timed, not priced)" in here.output
 
+    # a config of 2 processes: the probe's one process is scaled (said, and priced for both)
+    two = cost_cli(story, "--set", "training.lr=0.02", "--set", "compute.processes_per_node=2")
+    assert two.exit_code == 0, two.output
+    assert "training on 2 x CPU" in two.output and "this config trains in 2 (compute.nodes x" in two.output
+
+    # priced for both processes: the GPU-hours are the time's hours twice over
+    hours = float(re.search(r"\(([0-9.e+-]+) hours\)", two.output).group(1))
+    aws = next(line for line in two.output.splitlines() if line.startswith("  aws "))
+    assert float(aws.split()[2]) == pytest.approx(2 * hours, rel=2e-3), two.output
+
     bad = cost_cli(story, "--gpu", "B200")
     assert bad.exit_code == 2
     assert "GPU type 'B200' is not in the price table" in bad.output and "known types: A10, " in bad.output

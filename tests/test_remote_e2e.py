@@ -370,6 +370,8 @@ def test_two_nodes_train_together_the_second_a_flow_run_of_the_node_deployment(c
     for k in weights_a:  # not bit-identical (two half-batch means), the same curve within float rounding
         assert torch.allclose(weights_n[k], weights_a[k], rtol=1e-3, atol=1e-5), k
     assert not [p for p in cluster.fs.find(f"{BUCKET}/store-n/runs") if p.endswith("/job.json")]  # cleared
+    (ledger,) = [p for p in cluster.fs.find(f"{BUCKET}/store-n/runs") if p.endswith("/cost.json")]
+    assert json.loads(cluster.fs.cat(ledger))["attempts"][-1]["gpus"] == 2  # both machines' (CPUs count as one)
 
 
 def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resumes_exactly(cluster, monkeypatch):

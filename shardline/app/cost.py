@@ -38,6 +38,7 @@ class Rate:
     gpu: str
     source: str  # how it was measured, in words
     warmup_s: float = 0.0  # once a run: loading the splits, the first batches (what a probe's first epoch adds)
+    gpus: int = 1  # the GPUs that trained at this rate (a run's, from its ledger: every machine's; a probe's: one)
 
 
 @dataclass
@@ -53,6 +54,8 @@ class Plan:
     rate: Rate
     hours: float
     gpu: str
+    gpus: int  # GPUs the run is costed for (each GPU-hour of each)
+    scaled: int  # >1: a probe of one process, its time divided among this many (compute.nodes x processes_per_node)
     spot: bool
     provider: str | None  # compute.provider: the one the run is costed at (None: the cheapest)
     as_of: str
@@ -94,12 +97,15 @@ def run_rate(folder: str, gpu: str, epoch_windows: int) -> tuple[Rate | None, st
     wps = len(warm) / sum(1 / h["windows_per_s"] for h in warm)  # windows over seconds, epochs of equal size
     # an epoch's validation: measured as such; a run from before it was recorded, its time less the training's
     val = [h["val_seconds"] if "val_seconds" in h else h["seconds"] - epoch_windows / h["windows_per_s"] for h in warm]
+    gpus = int(attempts[-1].get("gpus", 1))  # what its machines were billed for: every GPU of every node
+    on = gpu if gpus == 1 else f"{gpus} x {gpu}"
     return Rate(
         wps,
         max(0.0, sum(val) / len(val)),
         gpu,
-        f"measured by this config's run on {gpu} (epoch(s) {', '.join(str(h['epoch'] + 1) for h in warm)} of its "
-        f"{len(attempts)} attempt(s), {folder})",
+        f"measured by this config's run on {on} (epoch(s) {', '.join(str(h['epoch'] + 1) for h in warm)} "
+        f"of its {len(attempts)} attempt(s), {folder})",
+        gpus=gpus,
     ), ""
 
 
@@ -189,10 +195,13 @@ def plan_cost(
             f"probe), or train this config there once (`shardline run`: this command then reads its rate); or "
             "leave out --gpu for this machine's estimate"
         )
+    scaled = 1
     if rate is None:
         log(f"{why}: measuring this machine instead")
         rate = probe_rate(config, manifest_uri, manifest, probe_steps, log)
-    hours = (rate.warmup_s + t.epochs * (epoch_windows / rate.windows_per_s + rate.val_seconds)) / 3600
+        scaled = config.compute.nodes * config.compute.processes_per_node  # the probe trained in one process
+    hours = (rate.warmup_s + t.epochs * (epoch_windows / rate.windows_per_s / scaled + rate.val_seconds)) / 3600
+    gpus = rate.gpus * scaled
     return Plan(
         name=config.name,
         manifest=manifest_uri,
@@ -205,11 +214,13 @@ def plan_cost(
         rate=rate,
         hours=hours,
         gpu=gpu,
+        gpus=gpus,
+        scaled=scaled,
         spot=spot,
         provider=config.compute.provider,
         as_of=table.as_of,
         sources=table.sources,
-        rows=estimate(hours, gpu, table, spot=spot),
+        rows=estimate(hours, gpu, table, spot=spot, gpus=gpus),
         spent=summarize(read_ledger(folder)["attempts"]),
     )
 
@@ -226,7 +237,7 @@ def _duration(seconds: float) -> str:
 def report(plan: Plan) -> str:
     """What `shardline cost` prints: each figure with how it was got, then the cost per provider."""
     t = plan.rate
-    train_s = plan.epoch_windows / t.windows_per_s
+    train_s = plan.epoch_windows / t.windows_per_s / plan.scaled
     kind = "spot" if plan.spot else "on-demand"
     # a probe measures loading the splits and the first batches (its first epoch less its second); a run's
     # epochs after its first do not
@@ -234,12 +245,21 @@ def report(plan: Plan) -> str:
     left_out = "checkpoints" if t.warmup_s else "start-up, checkpoints"
     left_out += ", MLflow, evaluation and registration"
     lines = [
-        f"{plan.name}: training on one {plan.gpu}",
+        f"{plan.name}: training on " + (f"one {plan.gpu}" if plan.gpus == 1 else f"{plan.gpus} x {plan.gpu}"),
         f"  steps   {plan.epochs} epoch(s) x {plan.steps_per_epoch:,} optimizer steps = {plan.steps:,} steps, "
         f"{plan.epoch_windows:,} of {plan.train_windows:,} training windows an epoch (the training loop's own count, "
         f"from the encoded data set {plan.manifest})",
         f"  rate    {t.windows_per_s:,.1f} training windows/s and {format_number(t.val_seconds)} s per validation pass "
         f"({plan.val_windows:,} windows): {t.source}",
+        *(
+            [
+                f"  scale   the probe trained in one process; this config trains in {plan.scaled} (compute.nodes x "
+                "processes_per_node): its training time is divided among them as if they scaled linearly, an "
+                "optimistic bound (the gradients' all-reduce adds to each step); a run of this config measures it"
+            ]
+            if plan.scaled > 1
+            else []
+        ),
         f"  time    {warmup}{plan.epochs} x ({format_number(train_s)} s training + {format_number(t.val_seconds)} s "
         f"validation) = {_duration(plan.hours * 3600)} ({format_number(plan.hours)} hours); {left_out} not included",
         f"  prices  {kind} USD per GPU-hour for {plan.gpu}: an ESTIMATE from list prices, not a quote; as of "
