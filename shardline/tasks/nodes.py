@@ -191,10 +191,11 @@ class Nodes:
         ]
         return "; the other nodes' flow runs: " + "; ".join(said)
 
-    def finish(self, ok: bool) -> None:
+    def finish(self) -> None:
         """Wait for the node runs to end (they end with node 0's torchrun), cancel any still going after
-        FINISH_SECONDS (node 0 failed before they joined, or they never started), and clear a finished
-        attempt's folder."""
+        FINISH_SECONDS (node 0 failed before they joined, or they never started), and clear the attempt's
+        folder, however it ended (its errors are read by then; a retry writes a new one): a stopped or failed
+        attempt does not leave its job and its copy of the parent's weights in the run's folder."""
         from prefect.client.orchestration import get_client
         from prefect.states import Cancelled, Cancelling
 
@@ -206,7 +207,8 @@ class Nodes:
                 pending = [r for r in self._states() if not (r.state and r.state.is_final())]
             except Exception as e:  # noqa: BLE001 - the API away: nothing more to do here
                 self.log(f"note: the nodes' flow runs could not be read ({type(e).__name__}: {e})")
-                return
+                pending = []
+                break
             if not pending or time.monotonic() >= until:
                 break
             time.sleep(1.0)
@@ -215,9 +217,17 @@ class Nodes:
                 running = run.state is not None and run.state.is_running()
                 client.set_flow_run_state(run.id, Cancelling() if running else Cancelled(), force=True)
                 self.log(f"node run {run.name} ({run.id}) was still {run.state.name if run.state else '?'}: cancelled")
-        if ok:
+        self.clear()
+
+    def clear(self) -> None:
+        """Delete what this attempt put in storage: the job, the parent's weights, the ranks' errors."""
+        try:
             for name in ("job.json", "init.pt"):
                 storage.delete(storage.join(self.folder, name))
+            for name in storage.names(self.failures):
+                storage.delete(storage.join(self.failures, name))
+        except OSError as e:  # the storage away: the error of the training stands without it
+            self.log(f"note: {self.folder} could not be cleared ({type(e).__name__}: {e})")
 
 
 def _api() -> str:

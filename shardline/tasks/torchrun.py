@@ -171,7 +171,6 @@ def fit_in_processes(
         command += ["-m", "shardline.trainer.ddp_run"]
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         output = folder / "torchrun.log"
-        ok = False
         try:
             if nodes is not None:  # inside: node runs started before a failure here are cancelled
                 nodes.start(nodes.put("job.json", json.dumps(job).encode()), grace)
@@ -199,11 +198,10 @@ def fit_in_processes(
                 if lost:  # stopped because a node run ended: that is the error (the checkpoint stands)
                     raise nodes.lost_error(ckpt_dir, RankFailed) from None
                 raise
-            ok = True
             return fit
         finally:
             if nodes is not None:
-                nodes.finish(ok)
+                nodes.finish()
 
 
 def shutdown_seconds() -> int:
