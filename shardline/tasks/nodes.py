@@ -162,15 +162,17 @@ class Nodes:
 
     def lost_error(self, ckpt_dir: str, rank_failed: type[Exception]) -> Exception:
         """The error for a node run that ended without completing: `rank_failed` (torchrun.RankFailed: retried)
-        when it crashed (its machine or process died), `NodeFailed` (not retried) when it failed or was
-        cancelled."""
+        when it crashed (its machine or process died) or failed on a rank of its own that died (`run_node`
+        raised RankFailed: a rank killed, as on node 0), `NodeFailed` (not retried) when it failed otherwise or
+        was cancelled."""
         run, state = self.lost, self.lost.state
+        died = state.is_crashed() or (state.is_failed() and "RankFailed" in (state.message or ""))
         said = (
             f"a node's flow run {run.name} ({run.id}) of {self.compute.node_deployment} ended {state.name}"
             f"{': ' + state.message if state.message else ''}; the training on {self.compute.nodes} machines stopped"
             f" (its newest checkpoint in {ckpt_dir} is where a rerun resumes)"
         )
-        return rank_failed(said) if state.is_crashed() else NodeFailed(f"{said}. Its logs are in the Prefect UI")
+        return rank_failed(said) if died else NodeFailed(f"{said}. Its logs are in the Prefect UI")
 
     def _states(self) -> list:
         from prefect.client.orchestration import get_client

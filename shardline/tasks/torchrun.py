@@ -362,7 +362,8 @@ def run_node(
 ) -> str:
     """Node `node_rank`'s torchrun of the training `job` (a URI in storage) until it ends: 'finished', or
     'stopped' when the run was preempted or out of budget (node 0 says so to the pipeline); a failure
-    raises, with what torchrun said."""
+    raises, with what torchrun said: `RankFailed` when a rank was killed by a signal (its GPU or machine lost,
+    the OOM killer: node 0 retries, as for a rank of its own), else a RuntimeError."""
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={shutdown_seconds}",
         f"--nproc-per-node={processes_per_node}", f"--nnodes={nodes}", f"--node-rank={node_rank}",
@@ -384,4 +385,8 @@ def run_node(
         log(f"node {node_rank}: its processes stopped with the run (checkpointed by node 0)")
         return "stopped"
     tail = "\n".join(said.splitlines()[-TAIL_LINES:])
+    killed = _killed_first(said)
+    if killed is not None:  # the infrastructure's: node 0 sees RankFailed in this run's state and retries
+        how = f"a rank was killed by {signal.Signals(killed).name} (torchrun exit status {code})"
+        raise RankFailed(f"node {node_rank}: {how}; it said:\n{tail}")
     raise RuntimeError(f"node {node_rank}: torchrun exit status {code}; it said:\n{tail}")
