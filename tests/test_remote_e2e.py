@@ -502,6 +502,62 @@ def test_a_rank_of_node_1_killed_fails_its_node_run_and_the_training_is_dispatch
     assert [r["state_type"] for r in nodes] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
 
 
+def test_a_node_run_whose_node_0_died_before_it_joined_ends_at_once_and_frees_its_machine(cluster, monkeypatch):
+    """Node 0's training process killed (its machine reclaimed) after it started node 1's flow run, before node 1
+    joined: node 1's run ends within seconds of starting, naming node 0's run (was: its torchrun waited out the
+    rendezvous, 10 minutes, holding a GPU machine the re-dispatched training's own node 1 then waited for). The
+    GPU pool is paused for a moment so that node 1 starts only after node 0 is gone."""
+    import time
+
+    s3_env(monkeypatch, cluster)
+    config = write_config(
+        cluster,
+        "store-d",
+        **{"compute": {"nodes": 2, "processes_per_node": 1, "master_addr": "127.0.0.1"}, "training.device": "cpu"},
+    )
+    before = {r["id"] for r in cluster.flow_runs()}
+    watcher = start_pipeline(cluster, config)
+
+    def new_runs(node: bool):
+        return [
+            r
+            for r in cluster.flow_runs()
+            if r["id"] not in before and r["work_pool_name"] == "gpu-pool" and ("node_rank" in r["parameters"]) == node
+        ]
+
+    train_run = wait_until(
+        lambda: next((r for r in new_runs(False) if r["state_type"] == "RUNNING"), None), 240, "the training run"
+    )
+    cluster.prefect("work-pool", "pause", "gpu-pool")
+    try:
+        (node_run,) = wait_until(lambda: new_runs(True), 120, "node 1's flow run to be started by node 0")
+        for pid in processes_of_flow_run(train_run["id"]):  # node 0's flow process, its torchrun, its rank
+            os.kill(pid, signal.SIGKILL)
+        wait_until(
+            lambda: [r for r in cluster.flow_runs() if r["id"] == train_run["id"] and r["state_type"] == "CRASHED"],
+            60,
+            "node 0's flow run to be marked Crashed by its worker",
+        )
+    finally:
+        cluster.prefect("work-pool", "resume", "gpu-pool")
+
+    def first_node_run():
+        (r,) = [r for r in cluster.flow_runs() if r["id"] == node_run["id"]]
+        return r if r["start_time"] else None
+
+    began = time.monotonic()
+    wait_until(first_node_run, 120, "node 1's flow run to start")
+    ended = wait_until(
+        lambda: (r := first_node_run()) and r["state_type"] in ("FAILED", "CRASHED", "COMPLETED", "CANCELLED") and r,
+        90,
+        "node 1's flow run, whose node 0 is gone, to end",
+    )
+    assert time.monotonic() - began < 90
+    assert train_run["id"] in ended["state"]["message"], ended["state"]
+    out, _ = watcher.communicate(timeout=500)  # the training, re-dispatched, ends with a new node 1
+    assert watcher.returncode == 0, out[-3000:] + cluster.tail_logs()
+
+
 def test_a_node_run_that_never_starts_training_stops_the_training_at_once_naming_it(cluster):
     """Node 1's flow run crashes before its torchrun ever joins (here its worker's command is `false`): node 0
     does not wait out torchrun's rendezvous (15 minutes) but stops, naming the node run and how it ended.

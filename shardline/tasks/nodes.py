@@ -232,6 +232,33 @@ class Nodes:
             self.log(f"note: {self.folder} could not be cleared ({type(e).__name__}: {e})")
 
 
+def watch_node0(proc, node0_run: str, log: Callable[[str], None]) -> list:
+    """On node 1..M-1, while its torchrun `proc` runs: when node 0's flow run `node0_run` (the training run
+    that started this node) has ended (its process or machine died before this node joined, or it failed
+    while this node waits on a peer), stop `proc` rather than wait out torchrun's rendezvous (10 minutes)
+    holding this machine. Returns a list that gets node 0's flow run when it did (a thread watches)."""
+    gone: list = []
+
+    def watch() -> None:
+        from prefect.client.orchestration import get_client
+
+        while proc.poll() is None:
+            try:
+                with get_client(sync_client=True) as client:
+                    run = client.read_flow_run(node0_run)
+            except Exception:  # noqa: BLE001 - the API away for a moment: torchrun itself still sees a lost peer
+                run = None
+            if run is not None and run.state is not None and run.state.is_final() and proc.poll() is None:
+                gone.append(run)
+                log(f"node 0's flow run {run.name} ({run.id}) ended {run.state.name}: stopping this node's processes")
+                proc.terminate()
+                return
+            time.sleep(WATCH_SECONDS)
+
+    threading.Thread(target=watch, name="shardline-node0", daemon=True).start()
+    return gone
+
+
 def _api() -> str:
     from prefect.settings import PREFECT_API_URL
 
