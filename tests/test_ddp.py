@@ -434,3 +434,23 @@ def test_a_stopped_attempt_on_several_nodes_leaves_no_copy_of_the_parent_weights
     canceller.join(5)
     left = sorted(p.name for p in shared.rglob("*") if p.is_file())
     assert left == [], (left, said)
+
+
+@pytest.mark.parametrize("node_rank, nodes", [(2, 2), (0, 2), (1, 1)])
+def test_a_node_run_started_by_hand_with_a_rank_it_cannot_have_is_refused_naming_it(tmp_path, node_rank, nodes):
+    """`train-node` run by hand (the Prefect UI's "custom run") with node_rank outside 1..nodes-1 (node 0 is the
+    training run, which starts the others): refused at once naming the parameters (was: its torchrun waited
+    silently for a rendezvous that could never be, 10 minutes, holding the GPU machine)."""
+    code = (
+        "from shardline.flows.train import train_node\n"
+        f"train_node(job='{tmp_path}/job.json', node_rank={node_rank}, nodes={nodes}, processes_per_node=1, "
+        "master_addr='127.0.0.1', master_port=29593)\n"
+    )
+    began = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=240
+    )
+    said = out.stdout + out.stderr
+    assert out.returncode != 0, said[-2000:]
+    assert f"node_rank={node_rank}" in said and f"nodes={nodes}" in said and "1 to" in said, said[-2000:]
+    assert time.monotonic() - began < 120

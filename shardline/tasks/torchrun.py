@@ -366,6 +366,13 @@ def run_node(
     raises, with what torchrun said: `RankFailed` when a rank was killed by a signal (its GPU or machine lost,
     the OOM killer: node 0 retries, as for a rank of its own), else a RuntimeError. `node0_run`: node 0's flow
     run (the training run that started this node): when it has ended, this node stops (`watch_node0`)."""
+    if not 1 <= node_rank < nodes or processes_per_node < 1:  # its torchrun would wait 10 minutes, silently
+        raise ValueError(
+            f"node_rank={node_rank}, nodes={nodes}, processes_per_node={processes_per_node}: a node run is one of "
+            f"nodes 1 to nodes-1 of a training on `nodes` machines (node 0 is the training run, which starts "
+            "the others with these parameters: compute.nodes, compute.processes_per_node) and runs at least "
+            "one process"
+        )
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={shutdown_seconds}",
         f"--nproc-per-node={processes_per_node}", f"--nnodes={nodes}", f"--node-rank={node_rank}",
