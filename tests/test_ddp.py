@@ -369,3 +369,88 @@ def test_a_rank_s_own_storage_error_is_retried_and_a_peer_s_lost_connection_is_n
     with pytest.raises(RuntimeError, match="FileNotFoundError in training process 1") as raised:
         outcome(result, "torchrun: a rank failed", 1, "s3://b/ckpt")
     assert not is_infrastructure_failure(raised.value)
+
+
+def _node_deployment(pool: str) -> None:
+    """train-node/train-node on a process pool of the ephemeral API, with no worker: its runs stay Scheduled."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    from shardline.flows.train import train_node
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        except ObjectAlreadyExists:
+            pass
+        client.create_deployment(
+            flow_id=client.create_flow(train_node),
+            name="train-node",
+            work_pool_name=pool,
+            entrypoint="shardline/flows/train.py:train_node",
+        )
+
+
+def test_a_stopped_attempt_on_several_nodes_leaves_no_copy_of_the_parent_weights_in_storage(tmp_path, prefect_api):
+    """A training on 2 machines whose node run is cancelled (from the UI) stops naming it, and the attempt's
+    job and the copy of the parent's weights it put in the run's folder for the other nodes are cleared: a
+    stopped or failed attempt (a preemption, a lost node) does not leave one copy of the weights per attempt."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.states import Cancelled
+
+    from shardline.core.config import ComputeConfig, TrainingConfig
+    from shardline.tasks.nodes import NodeFailed
+    from shardline.tasks.torchrun import fit_in_processes
+
+    _node_deployment("gpu-nodes-test")
+    shared = tmp_path / "run" / "nodes"
+    said: list[str] = []
+
+    def cancel_the_node_run():  # as from the Prefect UI, once node 0 has started it
+        with get_client(sync_client=True) as client:
+            for _ in range(600):
+                runs = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["shardline-node"]))
+                )
+                mine = [r for r in runs if str(shared) in r.parameters.get("job", "")]
+                if mine:
+                    client.set_flow_run_state(mine[0].id, Cancelled(), force=True)
+                    return
+                time.sleep(0.1)
+
+    import threading
+
+    canceller = threading.Thread(target=cancel_the_node_run, daemon=True)
+    canceller.start()
+    compute = ComputeConfig(nodes=2, master_addr="127.0.0.1")
+    cfg = TrainingConfig(epochs=1, batch_size=8, device="cpu")
+    with pytest.raises(NodeFailed, match=r"ended Cancelled"):
+        fit_in_processes(
+            compute, str(tmp_path / "m.json"), ["train"], ["validation"], {}, cfg, "classification",
+            str(tmp_path / "ckpt"), log=said.append, init_weights={"w": torch.zeros(1000)}, shared=str(shared),
+        )  # fmt: skip
+    canceller.join(5)
+    left = sorted(p.name for p in shared.rglob("*") if p.is_file())
+    assert left == [], (left, said)
+
+
+@pytest.mark.parametrize("node_rank, nodes", [(2, 2), (0, 2), (1, 1)])
+def test_a_node_run_started_by_hand_with_a_rank_it_cannot_have_is_refused_naming_it(tmp_path, node_rank, nodes):
+    """`train-node` run by hand (the Prefect UI's "custom run") with node_rank outside 1..nodes-1 (node 0 is the
+    training run, which starts the others): refused at once naming the parameters (was: its torchrun waited
+    silently for a rendezvous that could never be, 10 minutes, holding the GPU machine)."""
+    code = (
+        "from shardline.flows.train import train_node\n"
+        f"train_node(job='{tmp_path}/job.json', node_rank={node_rank}, nodes={nodes}, processes_per_node=1, "
+        "master_addr='127.0.0.1', master_port=29593)\n"
+    )
+    began = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=240
+    )
+    said = out.stdout + out.stderr
+    assert out.returncode != 0, said[-2000:]
+    assert f"node_rank={node_rank}" in said and f"nodes={nodes}" in said and "1 to" in said, said[-2000:]
+    assert time.monotonic() - began < 120

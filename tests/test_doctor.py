@@ -129,6 +129,44 @@ def test_several_machines_without_a_prefect_server_fail_the_node_check(tmp_path)
     assert "1 check(s) failed: node deployment" in out.stdout
 
 
+def test_several_machines_on_a_pool_of_fewer_live_workers_fail_the_node_check(tmp_path, prefect_api):
+    """compute.nodes: 2, the training run and its node 1 on one process pool (one worker a machine) where one
+    worker is live: the training could never have both machines at once (node 1 would wait for the worker the
+    training run holds, until torchrun's rendezvous times out, attempt after attempt), so the node row fails,
+    naming the count; with train_on: local (node 0 is this machine) the one worker is enough."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from shardline.app.doctor import _prefect_checks
+    from shardline.core.config import PipelineConfig
+    from shardline.flows.train import train, train_node
+
+    pool = "one-worker-pool"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        for flow in (train, train_node):
+            client.create_deployment(flow_id=client.create_flow(flow), name="one-worker", work_pool_name=pool)
+        client.send_worker_heartbeat(work_pool_name=pool, worker_name="gpu-machine-1")
+
+    def node_row(train_on: str) -> str:
+        cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))
+        cfg["compute"] = {
+            "nodes": 2,
+            "train_on": train_on,
+            "train_deployment": "train/one-worker",
+            "node_deployment": "train-node/one-worker",
+        }
+        rows: list = []
+        _prefect_checks(PipelineConfig.model_validate(cfg), 30, lambda *checks: rows.extend(checks))
+        (row,) = [c for c in rows if c.name == "node deployment"]
+        return f"{'PASS' if row.ok else 'FAIL'} {row.detail}"
+
+    row = node_row("deployment")
+    assert row.startswith("FAIL") and "2 of its machines at once" in row and "1 live worker" in row, row
+    assert "compute.nodes" in row, row
+    assert node_row("local").startswith("PASS")
+
+
 def test_a_typo_in_a_column_fails_the_data_check(tmp_path):
     make_raw(tmp_path / "raw")
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))

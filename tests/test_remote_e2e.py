@@ -427,6 +427,139 @@ def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resume
     assert result["resumed_from"].startswith(f"s3://{BUCKET}/store-k/runs/")
 
 
+def _ranks(pids: list[int]) -> list[int]:
+    """Of `pids`, the training ranks: torchrun's workers (`python -u -m shardline.trainer.ddp_run`), not torchrun."""
+    found = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"shardline.trainer.ddp_run" in cmd and b"torch.distributed.run" not in cmd:
+            found.append(pid)
+    return found
+
+
+def test_a_rank_of_node_1_killed_fails_its_node_run_and_the_training_is_dispatched_again(cluster, monkeypatch):
+    """Node 1's rank alone SIGKILLed (its GPU lost, the kernel's OOM killer): node 1's torchrun fails, so its flow
+    run ends Failed (not Crashed: the flow's process lives). That is the infrastructure, as a rank killed on node
+    0 is, so the training run is dispatched again and resumes. Node 0's rank is held (SIGSTOP) until node 0 has
+    seen the node run end, as NCCL's ranks block in a collective for minutes after a peer is gone (gloo's here
+    notice it at once, and node 0's own RankFailed would win the race)."""
+    import time
+
+    from shardline.tasks.nodes import WATCH_SECONDS
+
+    s3_env(monkeypatch, cluster)
+    config = write_config(
+        cluster,
+        "store-rk",
+        **{
+            "compute": {
+                "nodes": 2,
+                "processes_per_node": 1,
+                "master_addr": "127.0.0.1",
+                "job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.2"}},
+            },
+            "training.device": "cpu",
+        },
+    )
+    before = {r["id"] for r in cluster.flow_runs()}
+    watcher = start_pipeline(cluster, config)
+
+    def new_runs():
+        return [r for r in cluster.flow_runs() if r["id"] not in before]
+
+    def running(node: bool):
+        runs = [r for r in new_runs() if r["work_pool_name"] == "gpu-pool" and ("node_rank" in r["parameters"]) == node]
+        return next((r for r in runs if r["state_type"] == "RUNNING"), None)
+
+    node_run = wait_until(lambda: running(True), 240, "node 1's flow run to start on the GPU pool")
+    train_run = running(False)
+    checkpoint_of_step(f"s3://{BUCKET}/store-rk", 5)
+    (rank0,) = _ranks(processes_of_flow_run(train_run["id"]))
+    (rank1,) = _ranks(processes_of_flow_run(node_run["id"]))
+    os.kill(rank0, signal.SIGSTOP)
+    try:
+        os.kill(rank1, signal.SIGKILL)
+
+        def node_run_ended():
+            (r,) = [r for r in cluster.flow_runs() if r["id"] == node_run["id"]]
+            return r if r["state_type"] in ("FAILED", "CRASHED", "COMPLETED", "CANCELLED") else None
+
+        ended = wait_until(node_run_ended, 120, "node 1's flow run to end")
+        assert ended["state_type"] == "FAILED", ended["state"]
+        time.sleep(3 * WATCH_SECONDS)  # node 0's watch has seen it
+    finally:
+        os.kill(rank0, signal.SIGCONT)
+
+    out, _ = watcher.communicate(timeout=500)
+    assert watcher.returncode == 0, out[-3000:] + cluster.tail_logs()
+    new = new_runs()
+    nodes = [r for r in new if "node_rank" in r["parameters"]]
+    trains = [r for r in new if r["work_pool_name"] == "gpu-pool" and r not in nodes]
+    assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
+    assert "RankFailed" in trains[0]["state"]["message"], trains[0]["state"]
+    assert "ended Failed" in trains[0]["state"]["message"] and "SIGKILL" in trains[0]["state"]["message"]
+    assert [r["state_type"] for r in nodes] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
+
+
+def test_a_node_run_whose_node_0_died_before_it_joined_ends_at_once_and_frees_its_machine(cluster, monkeypatch):
+    """Node 0's training process killed (its machine reclaimed) after it started node 1's flow run, before node 1
+    joined: node 1's run ends within seconds of starting, naming node 0's run (was: its torchrun waited out the
+    rendezvous, 10 minutes, holding a GPU machine the re-dispatched training's own node 1 then waited for). The
+    GPU pool is paused for a moment so that node 1 starts only after node 0 is gone."""
+    import time
+
+    s3_env(monkeypatch, cluster)
+    config = write_config(
+        cluster,
+        "store-d",
+        **{"compute": {"nodes": 2, "processes_per_node": 1, "master_addr": "127.0.0.1"}, "training.device": "cpu"},
+    )
+    before = {r["id"] for r in cluster.flow_runs()}
+    watcher = start_pipeline(cluster, config)
+
+    def new_runs(node: bool):
+        return [
+            r
+            for r in cluster.flow_runs()
+            if r["id"] not in before and r["work_pool_name"] == "gpu-pool" and ("node_rank" in r["parameters"]) == node
+        ]
+
+    train_run = wait_until(
+        lambda: next((r for r in new_runs(False) if r["state_type"] == "RUNNING"), None), 240, "the training run"
+    )
+    cluster.prefect("work-pool", "pause", "gpu-pool")
+    try:
+        (node_run,) = wait_until(lambda: new_runs(True), 120, "node 1's flow run to be started by node 0")
+        for pid in processes_of_flow_run(train_run["id"]):  # node 0's flow process, its torchrun, its rank
+            os.kill(pid, signal.SIGKILL)
+        wait_until(
+            lambda: [r for r in cluster.flow_runs() if r["id"] == train_run["id"] and r["state_type"] == "CRASHED"],
+            60,
+            "node 0's flow run to be marked Crashed by its worker",
+        )
+    finally:
+        cluster.prefect("work-pool", "resume", "gpu-pool")
+
+    def first_node_run():
+        (r,) = [r for r in cluster.flow_runs() if r["id"] == node_run["id"]]
+        return r if r["start_time"] else None
+
+    began = time.monotonic()
+    wait_until(first_node_run, 120, "node 1's flow run to start")
+    ended = wait_until(
+        lambda: (r := first_node_run()) and r["state_type"] in ("FAILED", "CRASHED", "COMPLETED", "CANCELLED") and r,
+        90,
+        "node 1's flow run, whose node 0 is gone, to end",
+    )
+    assert time.monotonic() - began < 90
+    assert train_run["id"] in ended["state"]["message"], ended["state"]
+    out, _ = watcher.communicate(timeout=500)  # the training, re-dispatched, ends with a new node 1
+    assert watcher.returncode == 0, out[-3000:] + cluster.tail_logs()
+
+
 def test_a_node_run_that_never_starts_training_stops_the_training_at_once_naming_it(cluster):
     """Node 1's flow run crashes before its torchrun ever joins (here its worker's command is `false`): node 0
     does not wait out torchrun's rendezvous (15 minutes) but stops, naming the node run and how it ended.

@@ -188,13 +188,7 @@ def _pool_check(client, name: str, label: str, where: str) -> Check:
         )
     if pool.type.endswith(":push") or pool.type == "prefect:managed":
         return Check(label, True, f"{name} ({pool.type}): a push pool, no worker needed")
-    workers = client.read_workers_for_work_pool(name)
-    live, stale = [], []
-    for w in workers:
-        age = _age(w.last_heartbeat_time)
-        status = str(getattr(w.status, "value", w.status)).upper()
-        (live if status == "ONLINE" and age is not None and age <= _worker_window(w) else stale).append((w, age))
-    window = _worker_window(workers[0]) if workers else 90
+    live, stale, window = _workers(client, name)
     if not live:
         seen = "; last seen: " + ", ".join(f"{w.name} {_ago(a)}" for w, a in stale[:3]) if stale else ""
         return Check(
@@ -205,6 +199,17 @@ def _pool_check(client, name: str, label: str, where: str) -> Check:
         )
     names = ", ".join(f"{w.name} (last heartbeat {_ago(a)})" for w, a in live[:5])
     return Check(label, True, f"{name} ({pool.type}): {len(live)} live worker(s): {names}")
+
+
+def _workers(client, name: str) -> tuple[list, list, float]:
+    """The workers of pool `name` that polled it lately (live) and the others, each with its age, and the window."""
+    workers = client.read_workers_for_work_pool(name)
+    live, stale = [], []
+    for w in workers:
+        age = _age(w.last_heartbeat_time)
+        status = str(getattr(w.status, "value", w.status)).upper()
+        (live if status == "ONLINE" and age is not None and age <= _worker_window(w) else stale).append((w, age))
+    return live, stale, _worker_window(workers[0]) if workers else 90
 
 
 def _starts_nodes(config: PipelineConfig) -> bool:
@@ -231,6 +236,21 @@ def _node_check(client, config: PipelineConfig, api: str) -> Check:
     pool = _pool_check(client, dep.work_pool_name, "node deployment", "on each training machine")
     if not pool.ok:
         return pool
+    train = _deployment(client, c.train_deployment) if c.train_on == "deployment" else None
+    shared = train is not None and train.work_pool_name == dep.work_pool_name  # the training run is node 0 there
+    needed = c.nodes if shared else c.nodes - 1
+    if client.read_work_pool(dep.work_pool_name).type == "process":  # a process worker: one machine
+        live = len(_workers(client, dep.work_pool_name)[0])
+        if live < needed:
+            return Check(
+                "node deployment",
+                False,
+                f"compute.nodes={c.nodes}: a training takes {needed} of its machines at once "
+                f"({'the training run and ' if shared else ''}{others(c.nodes)}) on pool {dep.work_pool_name}, "
+                f"where {live} live worker(s) poll; the other node run(s) would wait for a worker until "
+                f"torchrun's rendezvous times out: start a worker of {dep.work_pool_name} on "
+                f"{needed - live} more machine(s), or lower compute.nodes",
+            )
     return Check(
         "node deployment",
         True,

@@ -28,10 +28,16 @@ NOT_INFRASTRUCTURE = (
 )
 
 
+# torch's own types for a GPU or interconnect failure (not its out-of-memory: deterministic), by name: torch is
+# imported only where an error is classified
+TORCH_INFRASTRUCTURE = ("AcceleratorError", "DistBackendError", "DistNetworkError", "DistStoreError")
+
+
 def infrastructure_by_names(bases: list[str]) -> bool:
     """The same rule for an error known by its class's and its bases' names (another process's, written down:
-    a training rank's): an I/O or network error that is none of NOT_INFRASTRUCTURE nor an out-of-memory."""
+    a training rank's): an I/O, network, GPU or interconnect error that is none of NOT_INFRASTRUCTURE nor an
+    out-of-memory."""
     names = set(bases)
-    infra = {t.__name__ for t in INFRASTRUCTURE_ERRORS}
+    infra = {t.__name__ for t in INFRASTRUCTURE_ERRORS} | set(TORCH_INFRASTRUCTURE)
     never = {t.__name__ for t in NOT_INFRASTRUCTURE} | {"OutOfMemoryError"}
     return bool(names & infra) and not names & never

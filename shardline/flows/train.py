@@ -62,6 +62,11 @@ def train_node(
     """Node `node_rank` of a training on `nodes` machines (`compute.nodes` > 1): started by the training run
     (node 0), it runs the job's processes on this machine until the run ends (shardline/tasks/nodes.py)."""
     install_log_redaction()
+    from prefect.runtime import flow_run
+
     from shardline.tasks.torchrun import run_node
 
-    return run_node(job, node_rank, nodes, processes_per_node, master_addr, master_port, shutdown_seconds)
+    node0_run = flow_run.parent_flow_run_id  # the training run that started it (None: started by hand)
+    return run_node(
+        job, node_rank, nodes, processes_per_node, master_addr, master_port, shutdown_seconds, node0_run=node0_run
+    )

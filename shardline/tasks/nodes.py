@@ -162,15 +162,17 @@ class Nodes:
 
     def lost_error(self, ckpt_dir: str, rank_failed: type[Exception]) -> Exception:
         """The error for a node run that ended without completing: `rank_failed` (torchrun.RankFailed: retried)
-        when it crashed (its machine or process died), `NodeFailed` (not retried) when it failed or was
-        cancelled."""
+        when it crashed (its machine or process died) or failed on a rank of its own that died (`run_node`
+        raised RankFailed: a rank killed, as on node 0), `NodeFailed` (not retried) when it failed otherwise or
+        was cancelled."""
         run, state = self.lost, self.lost.state
+        died = state.is_crashed() or (state.is_failed() and "RankFailed" in (state.message or ""))
         said = (
             f"a node's flow run {run.name} ({run.id}) of {self.compute.node_deployment} ended {state.name}"
             f"{': ' + state.message if state.message else ''}; the training on {self.compute.nodes} machines stopped"
             f" (its newest checkpoint in {ckpt_dir} is where a rerun resumes)"
         )
-        return rank_failed(said) if state.is_crashed() else NodeFailed(f"{said}. Its logs are in the Prefect UI")
+        return rank_failed(said) if died else NodeFailed(f"{said}. Its logs are in the Prefect UI")
 
     def _states(self) -> list:
         from prefect.client.orchestration import get_client
@@ -191,10 +193,11 @@ class Nodes:
         ]
         return "; the other nodes' flow runs: " + "; ".join(said)
 
-    def finish(self, ok: bool) -> None:
+    def finish(self) -> None:
         """Wait for the node runs to end (they end with node 0's torchrun), cancel any still going after
-        FINISH_SECONDS (node 0 failed before they joined, or they never started), and clear a finished
-        attempt's folder."""
+        FINISH_SECONDS (node 0 failed before they joined, or they never started), and clear the attempt's
+        folder, however it ended (its errors are read by then; a retry writes a new one): a stopped or failed
+        attempt does not leave its job and its copy of the parent's weights in the run's folder."""
         from prefect.client.orchestration import get_client
         from prefect.states import Cancelled, Cancelling
 
@@ -206,7 +209,8 @@ class Nodes:
                 pending = [r for r in self._states() if not (r.state and r.state.is_final())]
             except Exception as e:  # noqa: BLE001 - the API away: nothing more to do here
                 self.log(f"note: the nodes' flow runs could not be read ({type(e).__name__}: {e})")
-                return
+                pending = []
+                break
             if not pending or time.monotonic() >= until:
                 break
             time.sleep(1.0)
@@ -215,9 +219,44 @@ class Nodes:
                 running = run.state is not None and run.state.is_running()
                 client.set_flow_run_state(run.id, Cancelling() if running else Cancelled(), force=True)
                 self.log(f"node run {run.name} ({run.id}) was still {run.state.name if run.state else '?'}: cancelled")
-        if ok:
+        self.clear()
+
+    def clear(self) -> None:
+        """Delete what this attempt put in storage: the job, the parent's weights, the ranks' errors."""
+        try:
             for name in ("job.json", "init.pt"):
                 storage.delete(storage.join(self.folder, name))
+            for name in storage.names(self.failures):
+                storage.delete(storage.join(self.failures, name))
+        except OSError as e:  # the storage away: the error of the training stands without it
+            self.log(f"note: {self.folder} could not be cleared ({type(e).__name__}: {e})")
+
+
+def watch_node0(proc, node0_run: str, log: Callable[[str], None]) -> list:
+    """On node 1..M-1, while its torchrun `proc` runs: when node 0's flow run `node0_run` (the training run
+    that started this node) has ended (its process or machine died before this node joined, or it failed
+    while this node waits on a peer), stop `proc` rather than wait out torchrun's rendezvous (10 minutes)
+    holding this machine. Returns a list that gets node 0's flow run when it did (a thread watches)."""
+    gone: list = []
+
+    def watch() -> None:
+        from prefect.client.orchestration import get_client
+
+        while proc.poll() is None:
+            try:
+                with get_client(sync_client=True) as client:
+                    run = client.read_flow_run(node0_run)
+            except Exception:  # noqa: BLE001 - the API away for a moment: torchrun itself still sees a lost peer
+                run = None
+            if run is not None and run.state is not None and run.state.is_final() and proc.poll() is None:
+                gone.append(run)
+                log(f"node 0's flow run {run.name} ({run.id}) ended {run.state.name}: stopping this node's processes")
+                proc.terminate()
+                return
+            time.sleep(WATCH_SECONDS)
+
+    threading.Thread(target=watch, name="shardline-node0", daemon=True).start()
+    return gone
 
 
 def _api() -> str:

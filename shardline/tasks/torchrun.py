@@ -30,7 +30,7 @@ import torch.distributed as dist
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
-from shardline.tasks.nodes import Nodes
+from shardline.tasks.nodes import Nodes, watch_node0
 from shardline.trainer.distributed import check_batch_size
 from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, BudgetExceeded, Deadline, FitResult, Preempted
 
@@ -171,7 +171,6 @@ def fit_in_processes(
         command += ["-m", "shardline.trainer.ddp_run"]
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         output = folder / "torchrun.log"
-        ok = False
         try:
             if nodes is not None:  # inside: node runs started before a failure here are cancelled
                 nodes.start(nodes.put("job.json", json.dumps(job).encode()), grace)
@@ -199,11 +198,10 @@ def fit_in_processes(
                 if lost:  # stopped because a node run ended: that is the error (the checkpoint stands)
                     raise nodes.lost_error(ckpt_dir, RankFailed) from None
                 raise
-            ok = True
             return fit
         finally:
             if nodes is not None:
-                nodes.finish(ok)
+                nodes.finish()
 
 
 def shutdown_seconds() -> int:
@@ -361,10 +359,20 @@ def run_node(
     master_port: int,
     shutdown_seconds: int,
     log: Callable[[str], None] = print,
+    node0_run: str | None = None,
 ) -> str:
     """Node `node_rank`'s torchrun of the training `job` (a URI in storage) until it ends: 'finished', or
     'stopped' when the run was preempted or out of budget (node 0 says so to the pipeline); a failure
-    raises, with what torchrun said."""
+    raises, with what torchrun said: `RankFailed` when a rank was killed by a signal (its GPU or machine lost,
+    the OOM killer: node 0 retries, as for a rank of its own), else a RuntimeError. `node0_run`: node 0's flow
+    run (the training run that started this node): when it has ended, this node stops (`watch_node0`)."""
+    if not 1 <= node_rank < nodes or processes_per_node < 1:  # its torchrun would wait 10 minutes, silently
+        raise ValueError(
+            f"node_rank={node_rank}, nodes={nodes}, processes_per_node={processes_per_node}: a node run is one of "
+            f"nodes 1 to nodes-1 of a training on `nodes` machines (node 0 is the training run, which starts "
+            "the others with these parameters: compute.nodes, compute.processes_per_node) and runs at least "
+            "one process"
+        )
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={shutdown_seconds}",
         f"--nproc-per-node={processes_per_node}", f"--nnodes={nodes}", f"--node-rank={node_rank}",
@@ -376,6 +384,7 @@ def run_node(
         nothing = lambda *a: None  # rank 0's events are node 0's
         with open(output, "w") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent)
+            gone = watch_node0(proc, node0_run, log) if node0_run else []
             code, _ = _follow(proc, Path(tmp) / "no-events", log, nothing, nothing, nothing, nothing, shutdown_seconds)
         said = output.read_text(errors="replace")
     if code == 0:
@@ -386,4 +395,14 @@ def run_node(
         log(f"node {node_rank}: its processes stopped with the run (checkpointed by node 0)")
         return "stopped"
     tail = "\n".join(said.splitlines()[-TAIL_LINES:])
+    if gone:  # nothing left to train with: the training's retry starts nodes of its own
+        run = gone[0]
+        raise RuntimeError(
+            f"node {node_rank}: node 0's flow run {run.name} ({run.id}), which started this node, ended "
+            f"{run.state.name}: this node's processes were stopped (torchrun exit status {code})"
+        )
+    killed = _killed_first(said)
+    if killed is not None:  # the infrastructure's: node 0 sees RankFailed in this run's state and retries
+        how = f"a rank was killed by {signal.Signals(killed).name} (torchrun exit status {code})"
+        raise RankFailed(f"node {node_rank}: {how}; it said:\n{tail}")
     raise RuntimeError(f"node {node_rank}: torchrun exit status {code}; it said:\n{tail}")

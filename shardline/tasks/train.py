@@ -20,7 +20,7 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
-from shardline.core.failures import INFRASTRUCTURE_ERRORS, NOT_INFRASTRUCTURE
+from shardline.core.failures import INFRASTRUCTURE_ERRORS, NOT_INFRASTRUCTURE, TORCH_INFRASTRUCTURE
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_identity, run_dir, training_identity
 
@@ -212,14 +212,14 @@ def _torch_infrastructure() -> tuple[type, ...]:
     """torch's own types for a GPU or interconnect failure (not its out-of-memory: deterministic)."""
     import torch
 
-    found = [getattr(torch, "AcceleratorError", None)]
+    found = [getattr(torch, n, None) for n in TORCH_INFRASTRUCTURE]
     try:
         import torch.distributed as dist
 
-        found += [getattr(dist, n, None) for n in ("DistBackendError", "DistNetworkError", "DistStoreError")]
+        found += [getattr(dist, n, None) for n in TORCH_INFRASTRUCTURE]
     except ImportError:
         pass
-    return tuple(t for t in found if t is not None)
+    return tuple(t for t in found if isinstance(t, type))
 
 
 def is_infrastructure_failure(exc: BaseException) -> bool:
