@@ -1,0 +1,162 @@
+"""The GPU kit (scripts/gpu-kit, scripts/gpu-kit-run) off the GPU: a lent GPU machine is rare and its calls are
+short, so everything in the kit that does not need CUDA must already have run here.
+
+- what the kit resolves for the GPU machine (no torch, no S3 stack, all of Shardline's own needs);
+- its packing: real wheels unpacked for Python 3.12 into one .tar.xz cut into parts, and gpu-kit-run's unpacking
+  of them (an incomplete or damaged kit refused, naming the part);
+- gpu-kit-run's whole loop on the CPU (DEVICE=cpu QUICK=1 --no-install): the demo, rehearse, kill-and-resume,
+  launch-bound and gpt rows each PASS, the table and the logs copied out, a second call keeping the first's rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.machinery
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_kit():
+    loader = importlib.machinery.SourceFileLoader("gpu_kit", str(ROOT / "scripts" / "gpu-kit"))
+    spec = importlib.util.spec_from_loader("gpu_kit", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A real (tiny, pure-Python) wheel, as a build backend writes it."""
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    entries = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{k},,\n" for k in entries) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for k, v in {**entries, f"{info}/RECORD": record}.items():
+            z.writestr(k, v)
+    return path
+
+
+def run_kit(*args: str, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-kit-run"), *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def rows(results: Path) -> dict[str, tuple[str, str]]:
+    with results.open() as f:
+        return {r[0]: (r[1], r[2]) for r in csv.reader(f, delimiter="\t")}
+
+
+def test_the_kit_leaves_out_what_the_gpu_machine_has_and_fetches_all_shardline_needs():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu-kit"), "--dry-run"], capture_output=True, text=True, check=True
+    ).stdout
+    names = {p.split("==")[0] for p in out.splitlines()[1].split()}
+    assert {"prefect", "mlflow", "polars", "pydantic", "tokenizers", "pyyaml", "sqlalchemy", "alembic"} <= names
+    assert not names & {"torch", "numpy", "pandas", "pyarrow", "fsspec", "scipy", "matplotlib", "triton"}
+    assert not names & {"s3fs", "botocore"}, "the GPU machine reaches no S3: --with-s3 fetches them"
+    assert not [n for n in names if n.startswith("nvidia-")]
+
+
+def test_packed_parts_unpack_there_and_an_incomplete_or_damaged_kit_is_refused(tmp_path):
+    kit = load_kit()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    # random text, so that the .tar.xz is cut into 3 parts of at most 40 KiB
+    blob = os.urandom(100_000).hex()  # 4 bits of entropy a character: ~100 KB once compressed
+    made = [
+        wheel(wheels, "kit_probe_a", "1.0", {"kit_probe_a/__init__.py": "VALUE = 'a'\n", "kit_probe_a/blob.txt": blob}),
+        wheel(wheels, "kit_probe_b", "2.0", {"kit_probe_b/__init__.py": "VALUE = 'b'\n"}),
+    ]
+    out = tmp_path / "kit"
+    chunks = kit.pack(made, out, 40 * 1024, ["kit_probe_a==1.0", "kit_probe_b==2.0"])
+    assert [c.parent.name for c in chunks] == ["part-1", "part-2", "part-3"]
+    assert all(c.stat().st_size <= 40 * 1024 for c in chunks)
+    whole = b"".join(c.read_bytes() for c in chunks)
+    with tarfile.open(fileobj=io.BytesIO(whole), mode="r:xz") as tar:
+        names = tar.getnames()
+    assert "./kit_probe_a/blob.txt" in names and "./kit_probe_b-2.0.dist-info/METADATA" in names
+    assert not [n for n in names if n.startswith("./bin")]
+
+    site = tmp_path / "site"
+    env = {"SHARDLINE_GPU_KIT": str(out), "SHARDLINE_GPU_SITE": str(site), "SHARDLINE_GPU_WORK": str(tmp_path / "w")}
+    # part-2 not carried yet
+    part2 = chunks[1].read_bytes()
+    chunks[1].unlink()
+    done = run_kit("--install-only", env=env)
+    assert done.returncode == 2 and "site.tar.xz.2 (not here)" in done.stderr and "of 3 part(s)" in done.stderr
+    # part-2 cut short in transfer
+    chunks[1].write_bytes(part2[:-10])
+    done = run_kit("--install-only", env=env)
+    assert done.returncode == 2 and "site.tar.xz.2 (damaged: carry it again)" in done.stderr
+    assert not site.exists(), "nothing unpacked from an incomplete kit"
+
+    chunks[1].write_bytes(part2)
+    done = run_kit("--install-only", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "unpacked" in done.stdout and "install: PASS" in done.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import kit_probe_a, kit_probe_b; print(kit_probe_a.VALUE + kit_probe_b.VALUE)"],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+    )
+    assert probe.stdout.strip() == "ab", probe.stderr
+    # the next call (the machine still warm) does not unpack it again
+    again = run_kit("--install-only", env=env)
+    assert again.returncode == 0 and "already unpacked" in again.stdout
+
+
+@pytest.mark.e2e
+def test_gpu_kit_run_whole_loop_on_the_cpu(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    env = {
+        "DEVICE": "cpu",
+        "QUICK": "1",
+        "SHARDLINE_GPU_WORK": str(work),
+        "SHARDLINE_GPU_OUT": str(out),
+        "SHARDLINE_CACHE": str(tmp_path / "cache"),
+    }
+    first = run_kit("--no-install", "demo", "rehearse", "kill", env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    table = rows(out / "results.tsv")
+    assert table["install"][0] == "PASS" and "prefect 3." in table["install"][1]
+    assert table["cuda"][0] == "SKIP"
+    assert table["demo"][0] == "PASS" and "steps/s" in table["demo"][1] and "data wait" in table["demo"][1]
+    assert table["rehearse"][0] == "PASS"
+    assert table["kill-resume"][0] == "PASS" and "resumed from ckpt-" in table["kill-resume"][1]
+
+    # the next call: the steps that need the demo's data, which the first call left in SHARDLINE_GPU_WORK
+    second = run_kit("--no-install", "launch", "gpt", env=env)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    table = rows(out / "results.tsv")
+    assert table["demo"][0] == "PASS", "the first call's rows are kept"
+    assert table["launch-bound"][0] == "PASS" and "eager" in table["launch-bound"][1]
+    assert "preempted yes" in table["launch-bound"][1]
+    assert table["gpt-quick"][0] == "PASS" and "shardline fit" in table["gpt-quick"][1]
+    with tarfile.open(out / "logs.tgz") as tar:
+        logs = {Path(n).name for n in tar.getnames()}
+    assert {"demo.log", "rehearse.log", "kill-2.log", "launch.log", "launch.json", "gpt-quick.md"} <= logs
+    assert "launch-bound" in second.stdout and "demo" in second.stdout  # the table of both calls
+
+    bad = run_kit("--no-install", "train", env=env)
+    assert bad.returncode == 2 and "unknown step 'train'" in bad.stderr
