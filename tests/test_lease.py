@@ -50,6 +50,61 @@ def test_a_lease_on_s3(s3_endpoint):  # noqa: F811
     _exercise("s3://lease-bucket/runs/x/lease")
 
 
+HOLDER = """
+import sys, time
+from shardline.core.lease import Lease
+lease = Lease(sys.argv[1], "training x", ttl=60)
+lease.acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(folder: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, folder], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_a_holder_killed_on_this_machine_is_not_waited_out(tmp_path, reaped):
+    """`shardline run` killed with SIGKILL (or by the out-of-memory killer) and run again on the same machine:
+    its lease (60 s left) is taken at once, not after the expiry; a live holder still keeps it."""
+    import json
+
+    folder = str(tmp_path / "lease")
+    proc = _holder(folder)
+    try:
+        other = Lease(folder, "training x", ttl=60)
+        assert not other.try_acquire()[0], "a live holder keeps its lease"
+        proc.kill()
+        if reaped:
+            proc.wait()
+        else:  # killed, not yet reaped by its parent (this test): /proc still lists it, as a zombie
+            deadline = time.monotonic() + 10
+            while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        gen, record = read_current(folder)
+        assert record["expires_at"] > time.time() + 30 and not record["released"]
+        ok, _ = other.try_acquire()
+        assert ok and other.gen == gen + 1
+        assert other.taken_from["pid"] == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+    # the same dead pid, but the record says another boot (another machine, or before a reboot): waited out
+    newest = Path(folder) / f"gen-{other.gen:09d}.json"
+    theirs = {**json.loads(newest.read_text()), "pid": proc.pid}
+    theirs["process"] = {**theirs["process"], "boot": "another-machine"}
+    newest.write_text(json.dumps(theirs))
+    assert not Lease(folder, "training x").try_acquire()[0]
+    # a holder that named no process (a machine without /proc): waited out
+    newest.write_text(json.dumps({**theirs, "process": None}))
+    assert not Lease(folder, "training x").try_acquire()[0]
+
+
 @pytest.mark.e2e
 def test_two_runs_of_one_config_at_once_never_write_the_same_run_folder_together(tmp_path):
     """Two `shardline run` of the same config on one storage root: the second waits while the first holds

@@ -9,6 +9,12 @@ renews it (rewrites its own object with a later expiry) while it works; a holder
 renewing, the lease expires, and the next taker creates the next number. A holder that finds a higher
 number than its own has lost the lease (it stalled past its expiry, as a "Crashed" run that was not
 really dead can) and must stop writing: `check()` raises `LeaseLost`.
+
+A holder on this very machine that is gone (killed with SIGKILL, by the out-of-memory killer, a crash)
+need not be waited out: the lease names its process by the machine's boot id, its pid namespace, its pid
+and that process's start time (Linux), and a taker in the same boot and pid namespace that finds no such
+process (or a zombie) takes the lease at once. Anywhere else (another machine or container, no /proc),
+only the expiry frees it.
 """
 
 from __future__ import annotations
@@ -94,6 +100,40 @@ def describe(record: dict | None) -> str:
     )
 
 
+def _this_machine() -> dict | None:
+    """This boot of this machine and this process's pid namespace (Linux; None elsewhere): with a pid and its
+    start time, they name one process that no other machine, container or later boot has."""
+    try:
+        return {
+            "boot": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            "pidns": os.stat("/proc/self/ns/pid").st_ino,
+        }
+    except OSError:
+        return None
+
+
+def _started(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot); None when there is no such process, or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def holder_gone(record: dict | None) -> bool:
+    """True when the lease's holder was a process of this machine's boot and pid namespace that no longer runs
+    (its pid is free, a zombie, or another process's): its lease need not be waited out."""
+    proc = (record or {}).get("process")
+    here = _this_machine()
+    if not proc or not here or proc.get("boot") != here["boot"] or proc.get("pidns") != here["pidns"]:
+        return False
+    try:
+        return _started(int(record["pid"])) != proc.get("start")
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 class Lease:
     """`with Lease(folder, "training run"):` holds the lease while the block runs (renewed in the background)."""
 
@@ -108,6 +148,9 @@ class Lease:
         self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        here = _this_machine()
+        self._process = {**here, "start": _started(os.getpid())} if here else None
+        self.taken_from: dict | None = None  # the record of a gone holder whose lease this one took at once
 
     def _record(self, released: bool = False) -> bytes:
         return json.dumps(
@@ -118,16 +161,21 @@ class Lease:
                 "purpose": self.purpose,
                 "expires_at": time.time() + (0 if released else self.ttl),
                 "released": released,
+                "process": self._process,
             }
         ).encode()
 
     def try_acquire(self) -> tuple[bool, dict | None]:
-        """Take the lease if it is free, released or expired: (True, None); else (False, the holder's record)."""
+        """Take the lease if it is free, released, expired or its holder is gone from this machine (`holder_gone`):
+        (True, None); else (False, the holder's record)."""
         gen, record = read_current(self.folder)
-        if record is not None and not record.get("released") and record.get("expires_at", 0) > time.time():
+        live = record is not None and not record.get("released") and record.get("expires_at", 0) > time.time()
+        gone = live and holder_gone(record)
+        if live and not gone:
             return False, record
         if _create_exclusive(storage.join(self.folder, _name(gen + 1)), self._record()):
             self.gen = gen + 1
+            self.taken_from = record if gone else None
             self._prune()
             return True, None
         return False, read_current(self.folder)[1]  # another taker won this number

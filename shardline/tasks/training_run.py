@@ -352,6 +352,12 @@ def run_training(
             who,
         )
     )
+    if lease.taken_from:
+        log.warning(
+            "train: %s was held by %s, which no longer runs on this machine (killed?): taken at once, not waited out",
+            folder,
+            lease.taken_from.get("owner"),
+        )
     try:
         # this attempt's entry in the run's cost ledger (cost.json), and the budget it trains within
         ledger, deadline = training_cost.open_ledger(config, folder, log)
