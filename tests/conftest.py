@@ -114,6 +114,7 @@ _LONGEST_FIRST = (
     "test_tracker_outage.py",
     "test_resume_kill.py",
     "test_user_model_e2e.py",
+    "test_gpu_kit.py",
     "test_secrets.py",
     "test_kfold.py",
     "test_lease.py",
