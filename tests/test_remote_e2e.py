@@ -184,6 +184,56 @@ def test_spot_reclaim_of_the_training_process_is_redispatched_and_resumes_exactl
     assert result["resumed_from"].startswith(f"s3://{BUCKET}/store-b/runs/")
 
 
+def test_a_training_machine_that_vanishes_without_a_word_is_found_by_its_silent_lease(cluster, reference, monkeypatch):
+    """The training run's whole machine gone at once (a spot machine reclaimed with no notice, a host powered off):
+    here its flow process and its worker frozen with SIGSTOP, so that nothing exits, reports a state or renews the
+    lease. Prefect keeps the run RUNNING (was: the pipeline waited for it forever). The train step sees the run's
+    lease silent past its ttl (SHARDLINE_LEASE_TTL=8, through the job variables), sets the run Crashed and
+    dispatches it again, to the other worker, which resumes from S3 to the uninterrupted run's weights."""
+    s3_env(monkeypatch, cluster)
+    env = {"SHARDLINE_TEST_STEP_DELAY": "0.2", "SHARDLINE_LEASE_TTL": "8"}
+    config = write_config(cluster, "store-v", **{"compute": {"job_variables": {"env": env}}})
+    before = {r["id"] for r in cluster.flow_runs()}
+    watcher = start_pipeline(cluster, config)
+
+    def running_train():
+        runs = [r for r in cluster.flow_runs() if r["id"] not in before and r["work_pool_name"] == "gpu-pool"]
+        return next((r for r in runs if r["state_type"] == "RUNNING"), None)
+
+    train_run = wait_until(running_train, 240, "the training flow run to start on the GPU pool")
+    frozen_after = checkpoint_of_step(f"s3://{BUCKET}/store-v", 10)
+    pids = processes_of_flow_run(train_run["id"])
+    assert pids, "found no process running the training flow run"
+    workers = {parent_of(pid) for pid in pids} - set(pids)  # the worker that started the flow's process
+    assert len(workers) == 1, workers
+    for pid in [*pids, *workers]:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        out, _ = watcher.communicate(timeout=500)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for pid in workers:  # back for the other tests
+            os.kill(pid, signal.SIGCONT)
+    assert watcher.returncode == 0, out[-3000:] + cluster.tail_logs()
+    trains = [r for r in cluster.flow_runs() if r["id"] not in before and r["work_pool_name"] == "gpu-pool"]
+    assert [r["state_type"] for r in trains] == ["CRASHED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
+    message = trains[0]["state"]["message"]
+    assert "lease" in message and "was not renewed" in message and "ttl 8 s" in message, message
+
+    side_v, weights_v = final_weights(f"s3://{BUCKET}/store-v")
+    side_a, weights_a = final_weights(f"s3://{BUCKET}/store-a")
+    import torch
+
+    assert side_v["step"] == side_a["step"] > frozen_after
+    for k in weights_a:
+        assert torch.equal(weights_a[k], weights_v[k]), k
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def slow_two_nodes(c: Cluster, name: str) -> Path:
     """A config of two nodes of one process on this machine, each step 0.2 s slower (a test hook set through the
     job variables), so that a kill lands mid-run."""

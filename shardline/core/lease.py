@@ -32,7 +32,19 @@ from pathlib import Path
 from shardline.core import storage
 
 _GEN = re.compile(r"^gen-(\d{9})\.json$")
-DEFAULT_TTL = 90.0
+DEFAULT_TTL = 90.0  # seconds; SHARDLINE_LEASE_TTL sets it for the leases a process takes
+
+
+def default_ttl() -> float:
+    try:
+        ttl = float(os.environ.get("SHARDLINE_LEASE_TTL") or DEFAULT_TTL)
+    except ValueError:
+        raise ValueError(
+            f"SHARDLINE_LEASE_TTL={os.environ['SHARDLINE_LEASE_TTL']!r} is not a number of seconds (unset: 90)"
+        ) from None
+    if ttl < 3:
+        raise ValueError(f"SHARDLINE_LEASE_TTL={ttl:g}: a lease must last 3 s or more (it is renewed every third)")
+    return ttl
 
 
 class LeaseLost(RuntimeError):
@@ -137,10 +149,12 @@ def holder_gone(record: dict | None) -> bool:
 class Lease:
     """`with Lease(folder, "training run"):` holds the lease while the block runs (renewed in the background)."""
 
-    def __init__(self, folder: str, purpose: str, ttl: float = DEFAULT_TTL):
+    def __init__(self, folder: str, purpose: str, ttl: float | None = None, holder: dict | None = None):
+        """`holder`: more of who holds it, written into the record (the training run's Prefect flow run)."""
         self.folder = folder
         self.purpose = purpose
-        self.ttl = ttl
+        self.ttl = ttl if ttl is not None else default_ttl()
+        self.holder = holder or {}
         self.gen = 0
         self.owner = (
             f"{purpose} by {getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} ({uuid.uuid4().hex[:8]})"
@@ -155,11 +169,13 @@ class Lease:
     def _record(self, released: bool = False) -> bytes:
         return json.dumps(
             {
+                **self.holder,
                 "owner": self.owner,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "purpose": self.purpose,
                 "expires_at": time.time() + (0 if released else self.ttl),
+                "ttl": self.ttl,
                 "released": released,
                 "process": self._process,
             }

@@ -36,7 +36,7 @@ from shardline.tasks.train import (
     failed_on_infrastructure,
     retry_on_infrastructure,
     train_step,
-    wait_for_flow_run,
+    watch_training_run,
 )
 from shardline.tasks.training_run import RESULT_FILE
 
@@ -101,7 +101,7 @@ def train_in_child(
     process.join()
     flow_run = next((r for r in _flow_runs(run_tag) if r.id not in earlier), None)
     if flow_run is not None and (flow_run.state is None or not flow_run.state.is_final()):
-        flow_run = wait_for_flow_run(flow_run.id, 30, 1)  # its last state may still be on its way
+        flow_run = watch_training_run(flow_run.id, folder, 30, 1)  # its last state may still be on its way
     state = flow_run.state if flow_run is not None else None
     runs = [{"name": flow_run.name, "id": str(flow_run.id), "state": state.name if state else None}] if flow_run else []
     if process.exitcode == 0 and state is not None and state.is_completed():

@@ -7,7 +7,8 @@ machine died, its pod was evicted, the spot instance was reclaimed), so a crashe
 dispatched again, up to `compute.max_preemptions`, and resumes from its newest checkpoint in storage.
 A run that Failed on its infrastructure (`InfrastructureFailure`: storage or network errors, a lost node) is
 dispatched again by this step's retry (`training.max_restarts`); one that Failed on a real error in the
-code, the config or the data is not.
+code, the config or the data is not. A run left RUNNING by a machine that vanished without a word is found
+by its silent lease and set Crashed (`watch_training_run`).
 """
 
 from __future__ import annotations
@@ -92,19 +93,52 @@ def live_training_run(run_tag: str):
     return live[0] if live else None
 
 
-def wait_for_flow_run(flow_run_id, timeout: float | None, poll: float):
+def watch_training_run(flow_run_id, folder: str, timeout: float | None, poll: float, log=None):
+    """Wait for a dispatched training run to end (or `timeout`), and return it.
+
+    A run whose machine vanished without a word (a spot machine reclaimed at once, a host powered off, a frozen
+    VM) stays RUNNING in Prefect: no process is left to say otherwise, nor a worker when it ran on the same
+    machine. Its lease in the run folder says it: the run renews it every third of its ttl. If the lease was
+    taken by this flow run and has not changed for longer than its ttl, by this process's clock (no clock of
+    two machines is compared), the run is set Crashed and so dispatched again. Should it only have stalled,
+    its next write finds the lease taken and stops (`LeaseLost`)."""
     import time
 
     from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    from shardline.core.lease import DEFAULT_TTL, read_current
 
     start = time.monotonic()
+    lease_folder = storage.join(folder, "lease")
+    seen, since = None, start
     with get_client(sync_client=True) as client:
         while True:
             flow_run = client.read_flow_run(flow_run_id)
-            if flow_run.state is not None and flow_run.state.is_final():
+            state = flow_run.state
+            if state is not None and state.is_final():
                 return flow_run
             if timeout is not None and time.monotonic() - start > timeout:
                 return flow_run
+            if state is not None and state.is_running():
+                try:
+                    gen, record = read_current(lease_folder)
+                except OSError:  # the store did not answer: no verdict this time
+                    gen, record = 0, None
+                if record and record.get("flow_run") == str(flow_run_id) and not record.get("released"):
+                    if (gen, record.get("expires_at")) != seen:
+                        seen, since = (gen, record.get("expires_at")), time.monotonic()
+                    elif time.monotonic() - since > float(record.get("ttl") or DEFAULT_TTL):
+                        silent = time.monotonic() - since
+                        message = (
+                            f"its lease in {lease_folder} was not renewed for {silent:.0f} s (ttl "
+                            f"{float(record.get('ttl') or DEFAULT_TTL):.0f} s) while the run was RUNNING: its process "
+                            f"or machine is gone ({record.get('owner')})"
+                        )
+                        if log is not None:
+                            log.warning("train: run %s: %s; setting it Crashed", flow_run.name, message)
+                        client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
+                        continue  # read back: Crashed, dispatched again
             time.sleep(poll)
 
 
@@ -140,17 +174,17 @@ def dispatch_training(
             # a pipeline killed while its training went on: wait for that run, never start a second
             # writer of the same checkpoints
             log.info("train: run %s (%s) is already training this; waiting for it", live.name, live.id)
-            flow_run = wait_for_flow_run(live.id, c.dispatch_timeout_seconds, c.poll_seconds)
+            flow_run = watch_training_run(live.id, folder, c.dispatch_timeout_seconds, c.poll_seconds, log)
         else:
-            flow_run = run_deployment(
+            started = run_deployment(
                 name=c.train_deployment,
                 parameters=parameters,
                 job_variables=c.job_variables or None,
-                timeout=c.dispatch_timeout_seconds,
-                poll_interval=c.poll_seconds,
+                timeout=0,  # created; watched below
                 as_subflow=True,
                 tags=["shardline", run_tag],
             )
+            flow_run = watch_training_run(started.id, folder, c.dispatch_timeout_seconds, c.poll_seconds, log)
         state = flow_run.state
         runs.append(
             {

@@ -344,7 +344,13 @@ def run_training(
     folder = folder or run_dir(config, manifest, parent)
     # one writer per run folder, whichever machine (a retry racing a re-dispatch, two laptops, a "Crashed"
     # run that was not dead): the second waits while the first renews its lease, then resumes or attaches
-    lease = Lease(storage.join(folder, "lease"), f"training {folder.rstrip('/').rsplit('/', 1)[-1]}")
+    # the flow run in its record: a dispatcher that sees it silent past its ttl while that run is RUNNING knows
+    # the run's machine is gone (train.watch_training_run)
+    lease = Lease(
+        storage.join(folder, "lease"),
+        f"training {folder.rstrip('/').rsplit('/', 1)[-1]}",
+        holder={"flow_run": (links.current_flow_run() or {}).get("id")},
+    )
     lease.acquire(
         on_wait=lambda who: log.warning(
             "train: %s is being trained by %s; waiting for it, then this run takes its result or resumes it",
