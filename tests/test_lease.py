@@ -142,3 +142,21 @@ def test_two_runs_of_one_config_at_once_never_write_the_same_run_folder_together
     run_id = client.search_model_versions("name='tiny-model'")[0].run_id
     steps = [m.step for m in client.get_metric_history(run_id, "train/train_loss")]
     assert steps and len(steps) == len(set(steps))
+
+
+def test_the_lease_ttl_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDLINE_LEASE_TTL", "12")
+    lease = Lease(str(tmp_path / "lease"), "training x", holder={"flow_run": "abc"})
+    lease.acquire()
+    try:
+        record = read_current(str(tmp_path / "lease"))[1]
+        assert record["ttl"] == 12 and record["flow_run"] == "abc"
+        assert 10 < record["expires_at"] - time.time() <= 12
+    finally:
+        lease.release()
+    monkeypatch.setenv("SHARDLINE_LEASE_TTL", "soon")
+    with pytest.raises(ValueError, match="SHARDLINE_LEASE_TTL='soon' is not a number of seconds"):
+        Lease(str(tmp_path / "lease"), "training x")
+    monkeypatch.setenv("SHARDLINE_LEASE_TTL", "1")
+    with pytest.raises(ValueError, match="3 s or more"):
+        Lease(str(tmp_path / "lease"), "training x")
