@@ -160,3 +160,28 @@ def test_the_lease_ttl_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDLINE_LEASE_TTL", "1")
     with pytest.raises(ValueError, match="3 s or more"):
         Lease(str(tmp_path / "lease"), "training x")
+
+
+def test_a_lease_silent_past_its_ttl_is_seen_as_a_gone_holder_by_its_flow_run_only(tmp_path):
+    """What the train step and node 0 watch: the lease a flow run took, unchanged for longer than its ttl by the
+    watcher's own clock (its holder renews it every third of the ttl while it lives)."""
+    from shardline.core.lease import Silence
+
+    folder = str(tmp_path / "lease")
+    holder = Lease(folder, "training x", ttl=3, holder={"flow_run": "run-1"})
+    holder.acquire()
+    mine, other = Silence(folder, "run-1"), Silence(folder, "run-2")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # renewed every second: never silent
+        assert mine.check() is None
+        time.sleep(0.2)
+    holder._stop.set()  # its process frozen: no renewal, no release
+    holder._thread.join(5)
+    deadline = time.monotonic() + 10
+    while (said := mine.check()) is None:
+        assert time.monotonic() < deadline, "the silent lease was never seen"
+        time.sleep(0.2)
+    assert "was not renewed for" in said and "(ttl 3 s)" in said and "training x" in said
+    assert other.check() is None and other.check() is None  # another flow run's watcher: not its lease
+    holder.release()  # released (its run ended): not silent
+    assert mine.check() is None

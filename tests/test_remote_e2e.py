@@ -234,14 +234,14 @@ def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def slow_two_nodes(c: Cluster, name: str) -> Path:
+def slow_two_nodes(c: Cluster, name: str, **env: str) -> Path:
     """A config of two nodes of one process on this machine, each step 0.2 s slower (a test hook set through the
-    job variables), so that a kill lands mid-run."""
+    job variables, with `env`), so that a kill lands mid-run."""
     compute = {
         "nodes": 2,
         "processes_per_node": 1,
         "master_addr": "127.0.0.1",
-        "job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.2"}},
+        "job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.2", **env}},
     }
     return write_config(c, name, **{"compute": compute, "training.device": "cpu"})
 
@@ -475,6 +475,62 @@ def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resume
         assert torch.equal(weights_k[k], weights_n[k]), k
     result = json.loads(cluster.fs.cat(f"{_ls(f's3://{BUCKET}/store-k/runs')[0]}/result.json"))
     assert result["resumed_from"].startswith(f"s3://{BUCKET}/store-k/runs/")
+
+
+def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_training_resumes(cluster, monkeypatch):
+    """Node 1's whole machine gone without a word: its flow process, torchrun, rank and worker frozen (SIGSTOP),
+    so that nothing exits or reports and node 0's rank waits on it in a collective. Node 0 sees node 1's lease
+    silent past its ttl (SHARDLINE_LEASE_TTL=8), sets its run Crashed and stops; the training is dispatched
+    again and ends with the uninterrupted two-node run's weights (was: node 0 waited out gloo's 30 minutes)."""
+    import torch
+
+    s3_env(monkeypatch, cluster)
+    config = slow_two_nodes(cluster, "store-z", SHARDLINE_LEASE_TTL="8")
+    before = {r["id"] for r in cluster.flow_runs()}
+    watcher = start_pipeline(cluster, config)
+
+    def node_runs():
+        return [r for r in cluster.flow_runs() if r["id"] not in before and "node_rank" in r["parameters"]]
+
+    node_run = wait_until(
+        lambda: next((r for r in node_runs() if r["state_type"] == "RUNNING"), None), 240, "node 1's flow run"
+    )
+    frozen_after = checkpoint_of_step(f"s3://{BUCKET}/store-z", 10)
+    pids = processes_of_flow_run(node_run["id"])  # the flow run's process, its torchrun and its rank
+    assert len(pids) >= 3, pids
+    workers = {parent_of(pid) for pid in pids} - set(pids)
+    assert len(workers) == 1, workers
+    for pid in [*pids, *workers]:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        crashed = wait_until(
+            lambda: next((r for r in node_runs() if r["id"] == node_run["id"] and r["state_type"] == "CRASHED"), None),
+            120,
+            "node 0 to set node 1's silent run Crashed",
+        )
+    finally:  # the machine is gone for good; its worker comes back as a new machine would
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+    message = crashed["state"]["message"]
+    assert "lease" in message and "was not renewed" in message and "ttl 8 s" in message, message
+
+    out, _ = watcher.communicate(timeout=500)
+    assert watcher.returncode == 0, out[-3000:] + cluster.tail_logs()
+    new = [r for r in cluster.flow_runs() if r["id"] not in before]
+    nodes = [r for r in new if "node_rank" in r["parameters"]]
+    trains = [r for r in new if r["work_pool_name"] == "gpu-pool" and r not in nodes]
+    assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
+    assert "RankFailed" in trains[0]["state"]["message"], trains[0]["state"]
+    assert [r["state_type"] for r in nodes] == ["CRASHED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
+
+    side_z, weights_z = final_weights(f"s3://{BUCKET}/store-z")
+    side_n, weights_n = final_weights(f"s3://{BUCKET}/store-n")
+    assert side_z["step"] == side_n["step"] > frozen_after and side_z["world_size"] == 2
+    for k in weights_n:
+        assert torch.equal(weights_z[k], weights_n[k]), k
+    assert not [p for p in cluster.fs.find(f"{BUCKET}/store-z/runs") if "/leases/" in p]  # cleared
 
 
 def _ranks(pids: list[int]) -> list[int]:

@@ -263,3 +263,37 @@ class Lease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class Silence:
+    """Whether the lease in `folder` that `flow_run` (a Prefect flow run id) took has gone silent: the same record,
+    unreleased, for longer than its ttl by this process's clock (no clock of two machines is compared). Its
+    holder renews it every third of its ttl, so a silent one lost its process or its machine, or stalled that
+    long (its next write then finds the lease taken: `LeaseLost`). Call `check()` as often as convenient."""
+
+    def __init__(self, folder: str, flow_run) -> None:
+        self.folder = folder
+        self.flow_run = str(flow_run)
+        self._seen: tuple | None = None
+        self._since = time.monotonic()
+
+    def check(self) -> str | None:
+        """None, or what was seen, in words, once the lease has been silent past its ttl."""
+        try:
+            gen, record = read_current(self.folder)
+        except OSError:  # the store did not answer: no verdict this time
+            return None
+        if not record or record.get("flow_run") != self.flow_run or record.get("released"):
+            self._seen = None
+            return None
+        if (gen, record.get("expires_at")) != self._seen:
+            self._seen, self._since = (gen, record.get("expires_at")), time.monotonic()
+            return None
+        ttl = float(record.get("ttl") or DEFAULT_TTL)
+        silent = time.monotonic() - self._since
+        if silent <= ttl:
+            return None
+        return (
+            f"its lease in {self.folder} was not renewed for {silent:.0f} s (ttl {ttl:.0f} s) while the run was "
+            f"RUNNING: its process or machine is gone ({record.get('owner')})"
+        )

@@ -68,5 +68,13 @@ def train_node(
 
     node0_run = flow_run.parent_flow_run_id  # the training run that started it (None: started by hand)
     return run_node(
-        job, node_rank, nodes, processes_per_node, master_addr, master_port, shutdown_seconds, node0_run=node0_run
+        job,
+        node_rank,
+        nodes,
+        processes_per_node,
+        master_addr,
+        master_port,
+        shutdown_seconds,
+        node0_run=node0_run,
+        own_run=flow_run.id,
     )

@@ -8,7 +8,10 @@ Rank 0 is on node 0, so its events and its result stay on this machine, as with 
 ranks write their errors to the job's `failures` folder in storage. When node 0's torchrun ends, the node runs
 end with it (their peers are gone); one still running after `FINISH_SECONDS` is cancelled. A node that dies
 makes every torchrun fail: the training task raises `RankFailed`, and its retry starts the nodes again
-(a new job, new flow runs), resuming from the newest checkpoint.
+(a new job, new flow runs), resuming from the newest checkpoint. A node whose machine vanished without a word
+leaves its flow run RUNNING and node 0's ranks waiting on it in a collective: each node run holds a lease in
+the attempt's folder (`leases/node-<rank>`), and node 0 sets a run whose lease went silent past its ttl
+Crashed and stops (`RankFailed`, retried).
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ class Nodes:
                     "(deploy/trainjob.yaml), or set compute.nodes: 1"
                 ) from None
 
+    def lease_folder(self, rank: int) -> str:
+        return node_lease(self.folder, rank)
+
     def put(self, name: str, data: bytes) -> str:
         """`data` in this attempt's folder in storage, where every node reads it; its URI."""
         uri = storage.join(self.folder, name)
@@ -134,12 +140,23 @@ class Nodes:
         threading.Thread(target=self._watch, args=(proc,), name="shardline-nodes", daemon=True).start()
 
     def _watch(self, proc) -> None:
+        from prefect.client.orchestration import get_client
         from prefect.client.schemas.objects import StateType
+        from prefect.states import Crashed
+
+        from shardline.core.lease import Silence
 
         began, warned = time.monotonic(), False
+        silences = {r.id: Silence(self.lease_folder(rank), r.id) for rank, r in enumerate(self.runs, 1)}
         while proc.poll() is None and not self._stop.wait(WATCH_SECONDS):
             try:
                 runs = self._states()
+                for r in runs:  # a node whose machine vanished: its run RUNNING, its lease silent
+                    if r.state and r.state.is_running() and (message := silences[r.id].check()):
+                        with get_client(sync_client=True) as client:
+                            client.set_flow_run_state(r.id, Crashed(message=message), force=True)
+                        runs = self._states()
+                        break
             except Exception:  # noqa: BLE001 - the API away for a moment: torchrun itself still sees a lost peer
                 continue
             ended = next((r for r in runs if r.state and r.state.is_final() and not r.state.is_completed()), None)
@@ -222,14 +239,23 @@ class Nodes:
         self.clear()
 
     def clear(self) -> None:
-        """Delete what this attempt put in storage: the job, the parent's weights, the ranks' errors."""
+        """Delete what this attempt put in storage: the job, the parent's weights, the ranks' errors, the node runs'
+        leases."""
         try:
             for name in ("job.json", "init.pt"):
                 storage.delete(storage.join(self.folder, name))
             for name in storage.names(self.failures):
                 storage.delete(storage.join(self.failures, name))
+            for rank in range(1, self.compute.nodes):
+                for name in storage.names(self.lease_folder(rank)):
+                    storage.delete(storage.join(self.lease_folder(rank), name))
         except OSError as e:  # the storage away: the error of the training stands without it
             self.log(f"note: {self.folder} could not be cleared ({type(e).__name__}: {e})")
+
+
+def node_lease(attempt_folder: str, rank: int) -> str:
+    """Where node `rank`'s flow run holds its lease while its processes run (node 0 watches it)."""
+    return storage.join(attempt_folder, "leases", f"node-{rank}")
 
 
 def watch_node0(proc, node0_run: str, log: Callable[[str], None]) -> list:

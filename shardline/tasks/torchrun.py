@@ -360,12 +360,15 @@ def run_node(
     shutdown_seconds: int,
     log: Callable[[str], None] = print,
     node0_run: str | None = None,
+    own_run: str | None = None,
 ) -> str:
     """Node `node_rank`'s torchrun of the training `job` (a URI in storage) until it ends: 'finished', or
     'stopped' when the run was preempted or out of budget (node 0 says so to the pipeline); a failure
     raises, with what torchrun said: `RankFailed` when a rank was killed by a signal (its GPU or machine lost,
     the OOM killer: node 0 retries, as for a rank of its own), else a RuntimeError. `node0_run`: node 0's flow
-    run (the training run that started this node): when it has ended, this node stops (`watch_node0`)."""
+    run (the training run that started this node): when it has ended, this node stops (`watch_node0`). `own_run`:
+    this node's flow run, named in the lease it holds while its processes run (node 0 watches it: a node whose
+    machine vanished leaves it silent)."""
     if not 1 <= node_rank < nodes or processes_per_node < 1:  # its torchrun would wait 10 minutes, silently
         raise ValueError(
             f"node_rank={node_rank}, nodes={nodes}, processes_per_node={processes_per_node}: a node run is one of "
@@ -379,7 +382,11 @@ def run_node(
         f"--master-addr={master_addr}", f"--master-port={master_port}", "-m", "shardline.trainer.ddp_run", job,
     ]  # fmt: skip
     log(f"node {node_rank} of {nodes}: {processes_per_node} process(es), rendezvous at {master_addr}:{master_port}")
-    with tempfile.TemporaryDirectory(prefix="shardline-node-") as tmp:
+    from shardline.core.lease import Lease
+    from shardline.tasks.nodes import node_lease
+
+    lease = Lease(node_lease(job.rsplit("/", 1)[0], node_rank), f"node {node_rank}", holder={"flow_run": own_run})
+    with lease, tempfile.TemporaryDirectory(prefix="shardline-node-") as tmp:
         output = Path(tmp) / "torchrun.log"
         nothing = lambda *a: None  # rank 0's events are node 0's
         with open(output, "w") as out:

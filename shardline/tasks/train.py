@@ -107,11 +107,10 @@ def watch_training_run(flow_run_id, folder: str, timeout: float | None, poll: fl
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 
-    from shardline.core.lease import DEFAULT_TTL, read_current
+    from shardline.core.lease import Silence
 
     start = time.monotonic()
-    lease_folder = storage.join(folder, "lease")
-    seen, since = None, start
+    silence = Silence(storage.join(folder, "lease"), flow_run_id)
     with get_client(sync_client=True) as client:
         while True:
             flow_run = client.read_flow_run(flow_run_id)
@@ -120,25 +119,11 @@ def watch_training_run(flow_run_id, folder: str, timeout: float | None, poll: fl
                 return flow_run
             if timeout is not None and time.monotonic() - start > timeout:
                 return flow_run
-            if state is not None and state.is_running():
-                try:
-                    gen, record = read_current(lease_folder)
-                except OSError:  # the store did not answer: no verdict this time
-                    gen, record = 0, None
-                if record and record.get("flow_run") == str(flow_run_id) and not record.get("released"):
-                    if (gen, record.get("expires_at")) != seen:
-                        seen, since = (gen, record.get("expires_at")), time.monotonic()
-                    elif time.monotonic() - since > float(record.get("ttl") or DEFAULT_TTL):
-                        silent = time.monotonic() - since
-                        message = (
-                            f"its lease in {lease_folder} was not renewed for {silent:.0f} s (ttl "
-                            f"{float(record.get('ttl') or DEFAULT_TTL):.0f} s) while the run was RUNNING: its process "
-                            f"or machine is gone ({record.get('owner')})"
-                        )
-                        if log is not None:
-                            log.warning("train: run %s: %s; setting it Crashed", flow_run.name, message)
-                        client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
-                        continue  # read back: Crashed, dispatched again
+            if state is not None and state.is_running() and (message := silence.check()):
+                if log is not None:
+                    log.warning("train: run %s: %s; setting it Crashed", flow_run.name, message)
+                client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
+                continue  # read back: Crashed, dispatched again
             time.sleep(poll)
 
 
