@@ -140,23 +140,27 @@ def test_deployment_run_trains_on_the_gpu_pool_registers_to_s3_and_reruns_cached
     assert {"ingest", "train", "evaluate", "register"} <= set(states)
 
 
-def test_spot_reclaim_of_the_training_process_is_redispatched_and_resumes_exactly(cluster, reference, monkeypatch):
-    s3_env(monkeypatch, cluster)
-    # each optimizer step sleeps 0.2 s in the training process (a test hook set through job variables),
-    # so that the kill lands mid-run
-    config = write_config(
-        cluster, "store-b", **{"compute": {"job_variables": {"env": {"SHARDLINE_TEST_STEP_DELAY": "0.2"}}}}
-    )
-    before = {r["id"] for r in cluster.flow_runs()}
-    watcher = start_pipeline(cluster, config)
+def slow_training_under_way(c: Cluster, name: str, **env: str) -> tuple[set, subprocess.Popen, dict, int]:
+    """The pipeline started on a config whose every optimizer step sleeps 0.2 s in the training process (a test
+    hook set through the job variables, with `env`), so that what the test does lands mid-run; once its
+    training run is RUNNING on the GPU pool and has a checkpoint of step 10 or later in S3: the flow runs
+    before it, the watcher, the training run and that checkpoint's step."""
+    env = {"SHARDLINE_TEST_STEP_DELAY": "0.2", **env}
+    config = write_config(c, name, **{"compute": {"job_variables": {"env": env}}})
+    before = {r["id"] for r in c.flow_runs()}
+    watcher = start_pipeline(c, config)
 
     def running_train():
-        runs = [r for r in cluster.flow_runs() if r["id"] not in before and r["work_pool_name"] == "gpu-pool"]
+        runs = [r for r in c.flow_runs() if r["id"] not in before and r["work_pool_name"] == "gpu-pool"]
         return next((r for r in runs if r["state_type"] == "RUNNING"), None)
 
     train_run = wait_until(running_train, 240, "the training flow run to start on the GPU pool")
+    return before, watcher, train_run, checkpoint_of_step(f"s3://{BUCKET}/{name}", 10)
 
-    killed_after = checkpoint_of_step(f"s3://{BUCKET}/store-b", 10)
+
+def test_spot_reclaim_of_the_training_process_is_redispatched_and_resumes_exactly(cluster, reference, monkeypatch):
+    s3_env(monkeypatch, cluster)
+    before, watcher, train_run, killed_after = slow_training_under_way(cluster, "store-b")
     pids = processes_of_flow_run(train_run["id"])
     assert pids, "found no process running the training flow run"
     for pid in pids:
@@ -191,17 +195,7 @@ def test_a_training_machine_that_vanishes_without_a_word_is_found_by_its_silent_
     lease silent past its ttl (SHARDLINE_LEASE_TTL=8, through the job variables), sets the run Crashed and
     dispatches it again, to the other worker, which resumes from S3 to the uninterrupted run's weights."""
     s3_env(monkeypatch, cluster)
-    env = {"SHARDLINE_TEST_STEP_DELAY": "0.2", "SHARDLINE_LEASE_TTL": "8"}
-    config = write_config(cluster, "store-v", **{"compute": {"job_variables": {"env": env}}})
-    before = {r["id"] for r in cluster.flow_runs()}
-    watcher = start_pipeline(cluster, config)
-
-    def running_train():
-        runs = [r for r in cluster.flow_runs() if r["id"] not in before and r["work_pool_name"] == "gpu-pool"]
-        return next((r for r in runs if r["state_type"] == "RUNNING"), None)
-
-    train_run = wait_until(running_train, 240, "the training flow run to start on the GPU pool")
-    frozen_after = checkpoint_of_step(f"s3://{BUCKET}/store-v", 10)
+    before, watcher, train_run, frozen_after = slow_training_under_way(cluster, "store-v", SHARDLINE_LEASE_TTL="8")
     pids = processes_of_flow_run(train_run["id"])
     assert pids, "found no process running the training flow run"
     workers = {parent_of(pid) for pid in pids} - set(pids)  # the worker that started the flow's process
@@ -440,7 +434,6 @@ def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resume
     """Every process of node 1 SIGKILLed mid-run (its machine lost): node 0's training run fails on the lost
     peer, an infrastructure failure, so the pipeline dispatches it again; it starts a new node 1, resumes from
     the checkpoint in S3, and ends with the weights of the uninterrupted two-node run (test above) to the bit."""
-    import torch
 
     s3_env(monkeypatch, cluster)
     config = slow_two_nodes(cluster, "store-k")
@@ -459,20 +452,8 @@ def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resume
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
 
-    out, _ = watcher.communicate(timeout=500)
-    assert watcher.returncode == 0, out + cluster.tail_logs()
-    new = [r for r in cluster.flow_runs() if r["id"] not in before]
-    nodes = [r for r in new if "node_rank" in r["parameters"]]
-    trains = [r for r in new if r["work_pool_name"] == "gpu-pool" and r not in nodes]
-    assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
-    assert "RankFailed" in trains[0]["state"]["message"] and "node 1" in trains[0]["state"]["message"]
-    assert [r["state_type"] for r in nodes] == ["CRASHED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
-
-    side_k, weights_k = final_weights(f"s3://{BUCKET}/store-k")
-    side_n, weights_n = final_weights(f"s3://{BUCKET}/store-n")
-    assert side_k["step"] == side_n["step"] > killed_after and side_k["world_size"] == 2
-    for k in weights_n:
-        assert torch.equal(weights_k[k], weights_n[k]), k
+    failed = lost_node_resumed(cluster, watcher, before, "store-k", killed_after)
+    assert "node 1" in failed["state"]["message"]
     result = json.loads(cluster.fs.cat(f"{_ls(f's3://{BUCKET}/store-k/runs')[0]}/result.json"))
     assert result["resumed_from"].startswith(f"s3://{BUCKET}/store-k/runs/")
 
@@ -482,7 +463,6 @@ def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_trai
     so that nothing exits or reports and node 0's rank waits on it in a collective. Node 0 sees node 1's lease
     silent past its ttl (SHARDLINE_LEASE_TTL=8), sets its run Crashed and stops; the training is dispatched
     again and ends with the uninterrupted two-node run's weights (was: node 0 waited out gloo's 30 minutes)."""
-    import torch
 
     s3_env(monkeypatch, cluster)
     config = slow_two_nodes(cluster, "store-z", SHARDLINE_LEASE_TTL="8")
@@ -516,21 +496,31 @@ def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_trai
     message = crashed["state"]["message"]
     assert "lease" in message and "was not renewed" in message and "ttl 8 s" in message, message
 
+    lost_node_resumed(cluster, watcher, before, "store-z", frozen_after)
+    assert not [p for p in cluster.fs.find(f"{BUCKET}/store-z/runs") if "/leases/" in p]  # cleared
+
+
+def lost_node_resumed(c: Cluster, watcher: subprocess.Popen, before: set, name: str, after_step: int) -> dict:
+    """The pipeline under `watcher` ends well: its training run failed on a lost node (RankFailed), its node run
+    crashed, and both, dispatched again, completed with the uninterrupted two-node run's (store-n) weights to the
+    bit, from a checkpoint past `after_step`. Returns the failed training run."""
+    import torch
+
     out, _ = watcher.communicate(timeout=500)
-    assert watcher.returncode == 0, out[-3000:] + cluster.tail_logs()
-    new = [r for r in cluster.flow_runs() if r["id"] not in before]
+    assert watcher.returncode == 0, out[-3000:] + c.tail_logs()
+    new = [r for r in c.flow_runs() if r["id"] not in before]
     nodes = [r for r in new if "node_rank" in r["parameters"]]
     trains = [r for r in new if r["work_pool_name"] == "gpu-pool" and r not in nodes]
     assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
     assert "RankFailed" in trains[0]["state"]["message"], trains[0]["state"]
     assert [r["state_type"] for r in nodes] == ["CRASHED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
 
-    side_z, weights_z = final_weights(f"s3://{BUCKET}/store-z")
+    side, weights = final_weights(f"s3://{BUCKET}/{name}")
     side_n, weights_n = final_weights(f"s3://{BUCKET}/store-n")
-    assert side_z["step"] == side_n["step"] > frozen_after and side_z["world_size"] == 2
+    assert side["step"] == side_n["step"] > after_step and side["world_size"] == 2
     for k in weights_n:
-        assert torch.equal(weights_z[k], weights_n[k]), k
-    assert not [p for p in cluster.fs.find(f"{BUCKET}/store-z/runs") if "/leases/" in p]  # cleared
+        assert torch.equal(weights[k], weights_n[k]), k
+    return trains[0]
 
 
 def _ranks(pids: list[int]) -> list[int]:
@@ -682,5 +672,5 @@ def test_a_node_run_that_never_starts_training_stops_the_training_at_once_naming
     said = out.stdout + out.stderr
     assert out.returncode != 0, said[-3000:]
     assert time.monotonic() - began < 240, said[-3000:]  # not torchrun's 900 s rendezvous timeout
-    assert "a node's flow run" in said and "of train-node/train-node ended Crashed" in said, said[-3000:]
+    assert "node 1's flow run" in said and "of train-node/train-node ended Crashed" in said, said[-3000:]
     assert "the training on 2 machines stopped" in said

@@ -93,6 +93,10 @@ class Nodes:
                     "(deploy/trainjob.yaml), or set compute.nodes: 1"
                 ) from None
 
+    def rank_of(self, run) -> int | str:
+        """The node rank of one of this attempt's node runs."""
+        return next((rank for rank, r in enumerate(self.runs, 1) if r.id == run.id), "?")
+
     def lease_folder(self, rank: int) -> str:
         return node_lease(self.folder, rank)
 
@@ -185,7 +189,8 @@ class Nodes:
         run, state = self.lost, self.lost.state
         died = state.is_crashed() or (state.is_failed() and "RankFailed" in (state.message or ""))
         said = (
-            f"a node's flow run {run.name} ({run.id}) of {self.compute.node_deployment} ended {state.name}"
+            f"node {self.rank_of(run)}'s flow run {run.name} ({run.id}) of {self.compute.node_deployment} ended "
+            f"{state.name}"
             f"{': ' + state.message if state.message else ''}; the training on {self.compute.nodes} machines stopped"
             f" (its newest checkpoint in {ckpt_dir} is where a rerun resumes)"
         )
