@@ -454,3 +454,68 @@ def test_a_node_run_started_by_hand_with_a_rank_it_cannot_have_is_refused_naming
     assert out.returncode != 0, said[-2000:]
     assert f"node_rank={node_rank}" in said and f"nodes={nodes}" in said and "1 to" in said, said[-2000:]
     assert time.monotonic() - began < 120
+
+
+PEERS = """
+import os, signal, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, here = dist.get_rank(), Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: (Path(here, f"term-{rank}").touch(), sys.exit(0)))
+x = torch.ones(1)
+dist.all_reduce(x)
+Path(here, f"joined-{rank}").touch()
+if rank == 1 and sys.argv[2] == "vanish":
+    os.kill(os.getpid(), signal.SIGSTOP)  # its machine gone without a word: its sockets open, nothing sent
+while True:
+    dist.all_reduce(x)  # rank 0 waits here on the vanished rank 1, deaf to SIGTERM
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("peer", ["vanish", "answer"])
+def test_a_torchrun_whose_peer_vanished_is_killed_after_the_grace_not_torchrun_s_300_s(tmp_path, peer):
+    """Node 0's or node 1's torchrun when the other machine is lost (tasks/nodes.py:stop_without_peers): its ranks
+    wait in a collective on a peer that never answers and never see the SIGTERM, so after the grace every
+    process under torchrun is killed (torchrun itself would wait its --shutdown-timeout, 300 s, and a rank
+    left behind would hold the GPU). Ranks that can stop on SIGTERM do, and nothing is killed."""
+    import psutil
+
+    from shardline.tasks.nodes import stop_without_peers
+
+    script = tmp_path / "peers.py"
+    script.write_text(PEERS)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    log = (tmp_path / "torchrun.log").open("w")
+    proc = subprocess.Popen(
+        [*command, "--shutdown-timeout=300", str(script), str(tmp_path), peer], stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + WAIT
+        while not all((tmp_path / f"joined-{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "torchrun.log").read_text()
+            time.sleep(0.2)
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+        assert len(ranks) >= 2
+        said: list[str] = []
+        stop_without_peers(proc, said.append, grace=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    assert [p.pid for p in ranks if running(p)] == [], [(p.pid, p.status(), p.cmdline()) for p in ranks if running(p)]
+    if peer == "vanish":
+        assert proc.returncode == -signal.SIGKILL
+        assert len(said) == 1 and "did not stop within 5 s of SIGTERM" in said[0], said
+        assert not (tmp_path / "term-0").exists()  # rank 0 never ran its handler: it was deaf in the collective
+    else:
+        assert proc.returncode != -signal.SIGKILL and said == []
+        assert (tmp_path / "term-0").exists()  # rank 0 stopped by itself

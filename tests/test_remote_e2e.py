@@ -461,8 +461,9 @@ def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resume
 def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_training_resumes(cluster, monkeypatch):
     """Node 1's whole machine gone without a word: its flow process, torchrun, rank and worker frozen (SIGSTOP),
     so that nothing exits or reports and node 0's rank waits on it in a collective. Node 0 sees node 1's lease
-    silent past its ttl (SHARDLINE_LEASE_TTL=8), sets its run Crashed and stops; the training is dispatched
-    again and ends with the uninterrupted two-node run's weights (was: node 0 waited out gloo's 30 minutes)."""
+    silent past its ttl (SHARDLINE_LEASE_TTL=8), sets its run Crashed and stops, its rank killed when it does not
+    stop (it cannot: it waits on the frozen machine); the training is dispatched again and ends with the
+    uninterrupted two-node run's weights (was: node 0 waited out gloo's 30 minutes, then torchrun's 300 s)."""
 
     s3_env(monkeypatch, cluster)
     config = slow_two_nodes(cluster, "store-z", SHARDLINE_LEASE_TTL="8")
@@ -487,6 +488,23 @@ def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_trai
             lambda: next((r for r in node_runs() if r["id"] == node_run["id"] and r["state_type"] == "CRASHED"), None),
             120,
             "node 0 to set node 1's silent run Crashed",
+        )
+        # node 0's rank, deaf in a collective on the frozen machine, is killed after the grace (PEERLESS_SECONDS):
+        # node 0's training run fails while node 1 is still frozen (was: torchrun's 300 s shutdown timeout)
+        wait_until(
+            lambda: next(
+                (
+                    r
+                    for r in cluster.flow_runs()
+                    if r["id"] not in before
+                    and r["work_pool_name"] == "gpu-pool"
+                    and "node_rank" not in r["parameters"]
+                    and r["state_type"] == "FAILED"
+                ),
+                None,
+            ),
+            150,
+            "node 0's training run to stop while node 1 is frozen",
         )
     finally:  # the machine is gone for good; its worker comes back as a new machine would
         for pid in pids:

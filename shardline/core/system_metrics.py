@@ -44,7 +44,7 @@ def sample() -> dict[str, float]:
             free, total = torch.cuda.mem_get_info(i)
             out[f"system/gpu_{i}_memory_usage_megabytes"] = (total - free) / mb
             out[f"system/gpu_{i}_memory_usage_percentage"] = 100.0 * (total - free) / max(total, 1)
-            try:  # needs NVIDIA's management library (pynvml); without it, memory only
+            try:  # NVML through nvidia-ml-py (a dependency); where the driver's NVML is not reachable, memory only
                 out[f"system/gpu_{i}_utilization_percentage"] = float(torch.cuda.utilization(i))
             except Exception:  # noqa: BLE001 - an optional reading
                 pass

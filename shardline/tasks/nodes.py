@@ -17,6 +17,7 @@ Crashed and stops (`RankFailed`, retried).
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -28,6 +29,10 @@ from shardline.core.config import ComputeConfig
 FINISH_SECONDS = 60.0  # how long the node runs get to end after node 0's torchrun did, before they are cancelled
 WATCH_SECONDS = 5.0  # how often the node runs' states are read while node 0 trains
 START_WARNING_SECONDS = 120.0  # a node run not started after this long is said (training waits for every node)
+# how long a torchrun whose peers on another machine are gone gets to end after SIGTERM before its processes are
+# killed: a checkpoint needs every rank's agreement (the step's all-reduce), so no more can be written, and ranks
+# waiting on a vanished machine in a collective never see the signal (torchrun would wait its 300 s shutdown)
+PEERLESS_SECONDS = 20.0
 
 
 class NodeFailed(RuntimeError):
@@ -170,7 +175,7 @@ class Nodes:
                     f"node run {ended.name} ({ended.id}) ended {ended.state.name} while this node trains: "
                     "stopping this node's processes"
                 )
-                proc.terminate()  # torchrun passes it on to the ranks: a checkpoint, if they had begun
+                stop_without_peers(proc, self.log)
                 return
             waiting = [r.name for r in runs if r.state and r.state.type in (StateType.SCHEDULED, StateType.PENDING)]
             if waiting and not warned and time.monotonic() - began >= START_WARNING_SECONDS:
@@ -282,12 +287,48 @@ def watch_node0(proc, node0_run: str, log: Callable[[str], None]) -> list:
             if run is not None and run.state is not None and run.state.is_final() and proc.poll() is None:
                 gone.append(run)
                 log(f"node 0's flow run {run.name} ({run.id}) ended {run.state.name}: stopping this node's processes")
-                proc.terminate()
+                stop_without_peers(proc, log)
                 return
             time.sleep(WATCH_SECONDS)
 
     threading.Thread(target=watch, name="shardline-node0", daemon=True).start()
     return gone
+
+
+def stop_without_peers(proc, log: Callable[[str], None], grace: float | None = None) -> None:
+    """Stop torchrun `proc` whose peers on another machine are gone: SIGTERM (torchrun passes it on; ranks that
+    are not waiting on the lost machine stop), then, if it still runs after `grace` seconds (PEERLESS_SECONDS),
+    SIGKILL it and every process under it: its ranks are waiting in a collective on a machine that will not
+    answer, and no checkpoint can be agreed without it. The training resumes from the newest checkpoint."""
+    import psutil
+
+    grace = PEERLESS_SECONDS if grace is None else grace
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
+    proc.terminate()
+    try:
+        proc.wait(grace)
+        return
+    except subprocess.TimeoutExpired:  # still waiting on the lost peers
+        pass
+    try:
+        family = {p.pid: p for p in [*family, *psutil.Process(proc.pid).children(recursive=True)]}.values()
+    except psutil.Error:
+        pass
+    log(
+        f"the training processes did not stop within {grace:.0f} s of SIGTERM (they wait on the lost machine in a "
+        f"collective): killing {len(family)} of them"
+    )
+    for p in family:
+        try:
+            p.kill()
+        except psutil.Error:
+            continue
+    proc.kill()
+    proc.wait()
+    psutil.wait_procs(list(family), timeout=30)  # gone (their GPU memory freed) before the retry starts
 
 
 def _api() -> str:
