@@ -162,6 +162,12 @@ def test_sampling_with_a_seed_repeats_and_top_k_is_respected(varied):
     full = generate(varied, [1, 2, 3], 30, temperature=0)
     stop = full.index(full[3])  # generation stops before the end-of-text id, which is not returned
     assert generate(varied, [1, 2, 3], 30, temperature=0, eos_id=full[3]) == full[:stop] != full
+    # a generation target's <sep> stops it too, drawn or not: what came before it is the same
+    assert generate(varied, [1, 2, 3], 30, temperature=0, stop_ids=(full[3], 49)) == full[:stop]
+    drawn = generate(varied, [1, 2, 3], 30, temperature=1.5, seed=7)
+    assert (
+        generate(varied, [1, 2, 3], 30, temperature=1.5, seed=7, stop_ids=(drawn[5],)) == drawn[: drawn.index(drawn[5])]
+    )
     with pytest.raises(ValueError, match=r"prompt token id\(s\) \[50\] are outside the model's vocabulary 0..49"):
         generate(varied, [1, 50], 3)
     with pytest.raises(ValueError, match="prompt is empty"):

@@ -64,11 +64,12 @@ def generate(
     seed: int | None = None,
     eos_id: int | None = None,
     use_cache: bool = True,
+    stop_ids: tuple[int, ...] = (),
 ) -> list[int]:
     """The token ids that follow `prompt_ids` (the new ones only, at most `max_new_tokens`; generation stops
-    before `eos_id`, which is not returned). `temperature` 0 is greedy; `seed` makes sampling repeatable;
-    `top_k` samples among the k most likely tokens only. `use_cache=False` recomputes the whole context for
-    every token (the reference the cache must agree with)."""
+    before `eos_id` or any of `stop_ids`, which is not returned). `temperature` 0 is greedy; `seed` makes
+    sampling repeatable; `top_k` samples among the k most likely tokens only. `use_cache=False` recomputes the
+    whole context for every token (the reference the cache must agree with)."""
     if not hasattr(model, "shardline_spec"):
         raise ValueError(
             f"{type(model).__name__} has no shardline_spec: build it with model_from_spec, or load it with load_model"
@@ -85,6 +86,7 @@ def generate(
     was_training = model.training
     model.eval()
     tokens, out = prompt[-window:], []
+    stops = {*stop_ids, *([] if eos_id is None else [eos_id])}
     cached = use_cache and callable(getattr(model, "new_cache", None))
     cache, filled = (model.new_cache(1), 0) if cached else (None, 0)
     try:
@@ -102,7 +104,7 @@ def generate(
                 cont = torch.zeros((*ids.shape, 0), device=device)
                 logits = as_outputs(model(cont, ids[..., None]), spec)[target]
             token = next_token(logits[0, -1], temperature, top_k, generator)
-            if token == eos_id:
+            if token in stops:
                 break
             out.append(token)
             tokens.append(token)
@@ -127,10 +129,9 @@ def continuations(
     continuation does not depend on the rows beside it."""
     from shardline.core.encoding.text import EOS_ID, SEP_ID, decode
 
+    stops = (SEP_ID,) if stop_at_sep else ()  # a target ends at its <sep>: nothing after it is generated
     out = []
     for ids in prompts:
-        new = generate(model, ids or [SEP_ID], max_new_tokens, temperature, top_k, seed, eos_id=EOS_ID)
-        if stop_at_sep and SEP_ID in new:
-            new = new[: new.index(SEP_ID)]
+        new = generate(model, ids or [SEP_ID], max_new_tokens, temperature, top_k, seed, eos_id=EOS_ID, stop_ids=stops)
         out.append(decode(tokenizer_json, new))
     return out
