@@ -466,7 +466,7 @@ def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_trai
     uninterrupted two-node run's weights (was: node 0 waited out gloo's 30 minutes, then torchrun's 300 s)."""
 
     s3_env(monkeypatch, cluster)
-    config = slow_two_nodes(cluster, "store-z", SHARDLINE_LEASE_TTL="8")
+    config = slow_two_nodes(cluster, "store-z", SHARDLINE_LEASE_TTL="8", SHARDLINE_PEERLESS_SECONDS="5")
     before = {r["id"] for r in cluster.flow_runs()}
     watcher = start_pipeline(cluster, config)
 
@@ -489,9 +489,9 @@ def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_trai
             120,
             "node 0 to set node 1's silent run Crashed",
         )
-        # node 0's rank, deaf in a collective on the frozen machine, is killed after the grace (PEERLESS_SECONDS):
-        # node 0's training run fails while node 1 is still frozen (was: torchrun's 300 s shutdown timeout)
-        wait_until(
+        # node 0's rank, deaf in a collective on the frozen machine, is killed after the grace (5 s here): node 0's
+        # training run fails while node 1 is still frozen (was: torchrun's 300 s shutdown timeout)
+        failed = wait_until(
             lambda: next(
                 (
                     r
@@ -506,6 +506,9 @@ def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_trai
             150,
             "node 0's training run to stop while node 1 is frozen",
         )
+        newest = {"logs": {"flow_run_id": {"any_": [failed["id"]]}}, "sort": "TIMESTAMP_DESC", "limit": 200}
+        said = [x["message"] for x in cluster.post("/logs/filter", newest)]
+        assert any("did not stop within 5 s of SIGTERM" in m for m in said), said[:20]
     finally:  # the machine is gone for good; its worker comes back as a new machine would
         for pid in pids:
             os.kill(pid, signal.SIGKILL)

@@ -33,6 +33,15 @@ START_WARNING_SECONDS = 120.0  # a node run not started after this long is said 
 # killed: a checkpoint needs every rank's agreement (the step's all-reduce), so no more can be written, and ranks
 # waiting on a vanished machine in a collective never see the signal (torchrun would wait its 300 s shutdown)
 PEERLESS_SECONDS = 20.0
+PEERLESS_ENV = "SHARDLINE_PEERLESS_SECONDS"  # more for a model whose checkpoint takes longer to write
+
+
+def peerless_seconds() -> float:
+    """The grace of `stop_without_peers`: $SHARDLINE_PEERLESS_SECONDS or PEERLESS_SECONDS (read before training
+    starts, so that a bad value is said then, not in the watching thread)."""
+    from shardline.core.config import env_seconds
+
+    return env_seconds(PEERLESS_ENV, PEERLESS_SECONDS)
 
 
 class NodeFailed(RuntimeError):
@@ -78,6 +87,7 @@ class Nodes:
         self.master = (compute.master_addr or own_address(), compute.master_port or free_port())
         self.runs: list = []
         self.lost = None  # a node run that ended, not completed, while node 0 trained
+        self.grace = peerless_seconds()
         self._stop = threading.Event()
         self._check_deployment()
 
@@ -175,7 +185,7 @@ class Nodes:
                     f"node run {ended.name} ({ended.id}) ended {ended.state.name} while this node trains: "
                     "stopping this node's processes"
                 )
-                stop_without_peers(proc, self.log)
+                stop_without_peers(proc, self.log, self.grace)
                 return
             waiting = [r.name for r in runs if r.state and r.state.type in (StateType.SCHEDULED, StateType.PENDING)]
             if waiting and not warned and time.monotonic() - began >= START_WARNING_SECONDS:
@@ -268,11 +278,12 @@ def node_lease(attempt_folder: str, rank: int) -> str:
     return storage.join(attempt_folder, "leases", f"node-{rank}")
 
 
-def watch_node0(proc, node0_run: str, log: Callable[[str], None]) -> list:
+def watch_node0(proc, node0_run: str, log: Callable[[str], None], grace: float = PEERLESS_SECONDS) -> list:
     """On node 1..M-1, while its torchrun `proc` runs: when node 0's flow run `node0_run` (the training run
     that started this node) has ended (its process or machine died before this node joined, or it failed
     while this node waits on a peer), stop `proc` rather than wait out torchrun's rendezvous (10 minutes)
-    holding this machine. Returns a list that gets node 0's flow run when it did (a thread watches)."""
+    holding this machine (`stop_without_peers` with `grace`). Returns a list that gets node 0's flow run when it
+    did (a thread watches)."""
     gone: list = []
 
     def watch() -> None:
@@ -287,7 +298,7 @@ def watch_node0(proc, node0_run: str, log: Callable[[str], None]) -> list:
             if run is not None and run.state is not None and run.state.is_final() and proc.poll() is None:
                 gone.append(run)
                 log(f"node 0's flow run {run.name} ({run.id}) ended {run.state.name}: stopping this node's processes")
-                stop_without_peers(proc, log)
+                stop_without_peers(proc, log, grace)
                 return
             time.sleep(WATCH_SECONDS)
 
@@ -297,12 +308,12 @@ def watch_node0(proc, node0_run: str, log: Callable[[str], None]) -> list:
 
 def stop_without_peers(proc, log: Callable[[str], None], grace: float | None = None) -> None:
     """Stop torchrun `proc` whose peers on another machine are gone: SIGTERM (torchrun passes it on; ranks that
-    are not waiting on the lost machine stop), then, if it still runs after `grace` seconds (PEERLESS_SECONDS),
+    are not waiting on the lost machine stop), then, if it still runs after `grace` seconds (`peerless_seconds`),
     SIGKILL it and every process under it: its ranks are waiting in a collective on a machine that will not
     answer, and no checkpoint can be agreed without it. The training resumes from the newest checkpoint."""
     import psutil
 
-    grace = PEERLESS_SECONDS if grace is None else grace
+    grace = peerless_seconds() if grace is None else grace
     try:
         family = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:

@@ -383,15 +383,16 @@ def run_node(
     ]  # fmt: skip
     log(f"node {node_rank} of {nodes}: {processes_per_node} process(es), rendezvous at {master_addr}:{master_port}")
     from shardline.core.lease import Lease
-    from shardline.tasks.nodes import node_lease
+    from shardline.tasks.nodes import node_lease, peerless_seconds
 
+    grace = peerless_seconds()  # a bad value said before anything starts
     lease = Lease(node_lease(job.rsplit("/", 1)[0], node_rank), f"node {node_rank}", holder={"flow_run": own_run})
     with lease, tempfile.TemporaryDirectory(prefix="shardline-node-") as tmp:
         output = Path(tmp) / "torchrun.log"
         nothing = lambda *a: None  # rank 0's events are node 0's
         with open(output, "w") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent)
-            gone = watch_node0(proc, node0_run, log) if node0_run else []
+            gone = watch_node0(proc, node0_run, log, grace) if node0_run else []
             code, _ = _follow(proc, Path(tmp) / "no-events", log, nothing, nothing, nothing, nothing, shutdown_seconds)
         said = output.read_text(errors="replace")
     if code == 0:
