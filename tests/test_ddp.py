@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from shardline.core.config import ModelConfig
-from shardline.tasks.torchrun import _killed_first
+from shardline.tasks.torchrun import _killed_first, outcome, stopped_elsewhere
 from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from shardline.trainer.data import WindowLoader
-from shardline.trainer.loop import TIMING_KEYS
+from shardline.trainer.loop import ANOTHER_PROCESS, TIMING_KEYS, Preempted
 from shardline.trainer.models import model_spec
 from tests.test_resume_kill import CARDS, HORIZON, N_CLASSES, WINDOW, shards  # noqa: F401 (a fixture)
 
@@ -171,7 +171,13 @@ def test_sigterm_to_one_rank_stops_all_and_sigkill_resumes_exactly(tmp_path, sha
     said = finish(proc, expect_ok=False)  # torchrun fails: its ranks exited with PREEMPTED_EXIT_CODE
     assert _killed_first(said) is None  # the training task reads the result: Preempted, not a dead rank
     stopped = result(first)
-    assert stopped["status"] == "preempted"
+    assert stopped["status"] == "preempted" and stopped["signal"] == ANOTHER_PROCESS  # rank 0 was not signalled
+    with pytest.raises(Preempted) as caught:  # what the training task makes of it
+        outcome(Path(json.loads(first.read_text())["result"]), said, proc.returncode, str(ckpt))
+    # on several machines, node 0 not asked to stop: retried with new node runs (RankFailed), not stopped
+    assert stopped_elsewhere(caught.value, None, machines=2)
+    assert not stopped_elsewhere(caught.value, "SIGTERM", machines=2)  # node 0's own notice: it stops
+    assert not stopped_elsewhere(caught.value, None, machines=1)  # one machine: stopped, as it was asked
     at = latest_checkpoint(str(ckpt))[1]["step"]
     assert Path(stopped["checkpoint"]).name == f"ckpt-{at:09d}.pt" and 10 <= at < STEPS
 

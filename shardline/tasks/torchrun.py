@@ -32,7 +32,15 @@ from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
 from shardline.tasks.nodes import Nodes, watch_node0
 from shardline.trainer.distributed import check_batch_size
-from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, BudgetExceeded, Deadline, FitResult, Preempted
+from shardline.trainer.loop import (
+    ANOTHER_PROCESS,
+    BUDGET_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    BudgetExceeded,
+    Deadline,
+    FitResult,
+    Preempted,
+)
 
 POLL_SECONDS = 0.2  # how often the events file is read while torchrun runs
 TAIL_LINES = 40  # of torchrun's output, in the error of a failed run
@@ -194,14 +202,28 @@ def fit_in_processes(
                 if lost:
                     raise nodes.lost_error(ckpt_dir, RankFailed) from None
                 raise RankFailed(f"{e}{nodes.report() if nodes is not None else ''}") from None
-            except (Preempted, BudgetExceeded):
+            except (Preempted, BudgetExceeded) as stopped:
                 if lost:  # stopped because a node run ended: that is the error (the checkpoint stands)
                     raise nodes.lost_error(ckpt_dir, RankFailed) from None
+                if nodes is not None and stopped_elsewhere(stopped, forwarded, compute.nodes):
+                    raise RankFailed(
+                        f"another process of this training on {compute.nodes} machines was stopped (SIGTERM: a spot "
+                        f"reclaim's notice?) and every rank checkpointed at {stopped.checkpoint}, where a retry "
+                        f"resumes{nodes.report()}"
+                    ) from None
                 raise
             return fit
         finally:
             if nodes is not None:
                 nodes.finish()
+
+
+def stopped_elsewhere(stopped: Exception, forwarded: str | None, machines: int) -> bool:
+    """Whether a training on several `machines` stopped (`Preempted`) for another process's signal, not one this
+    node's task passed on (`forwarded`): another machine's notice, a spot reclaim of node 1. Every rank
+    checkpointed together, but this node was not asked to stop, so the training is retried (`RankFailed`, new
+    node runs, resumed from that checkpoint) rather than stopped as preempted."""
+    return machines > 1 and not forwarded and getattr(stopped, "signal_name", "") == ANOTHER_PROCESS
 
 
 def shutdown_seconds() -> int:

@@ -78,6 +78,10 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: what a script exits with on `Preempted`
 BUDGET_EXIT_CODE = 76  # what a script exits with on `BudgetExceeded`: "raise the limit and run me again to resume"
 
 
+# the signal a rank stops for when another process of a run in several was stopped (their step's all-reduce)
+ANOTHER_PROCESS = "SIGTERM to another process"
+
+
 class Preempted(Exception):
     """Training stopped on SIGTERM/SIGINT after saving `checkpoint`; call `fit` again to resume."""
 
@@ -931,7 +935,7 @@ def fit(
                         [step_loss.item(), part.item(), float(bool(stopping)), float(due), float(spent)], device
                     )
                     step_loss = torch.tensor(step_loss, dtype=torch.float64, device=device)
-                    stopping = stopping or ("SIGTERM" if n_stop else None)
+                    stopping = stopping or (ANOTHER_PROCESS if n_stop else None)
                     due, spent = n_due > 0, n_spent > 0
                     if n_stop and not stop.signal_name:
                         log("another process was stopped: saving a checkpoint at this step, then stopping")
@@ -1019,7 +1023,7 @@ def fit(
             stopping, spent = stop.signal_name, epoch < cfg.epochs - 1 and time.monotonic() >= stop_at
             if ddp is not None:  # every rank stops, or none
                 n_stop, n_spent = all_sum([float(bool(stopping)), float(spent)], device)
-                stopping, spent = stopping or ("SIGTERM" if n_stop else None), n_spent > 0
+                stopping, spent = stopping or (ANOTHER_PROCESS if n_stop else None), n_spent > 0
             if stopping:
                 raise Preempted(last, stopping)
             if spent:
