@@ -430,34 +430,6 @@ def test_two_nodes_train_together_the_second_a_flow_run_of_the_node_deployment(c
     assert json.loads(cluster.fs.cat(ledger))["attempts"][-1]["gpus"] == 2  # both machines' (CPUs count as one)
 
 
-def test_a_lost_node_fails_the_training_run_which_is_dispatched_again_and_resumes_exactly(cluster, monkeypatch):
-    """Every process of node 1 SIGKILLed mid-run (its machine lost): node 0's training run fails on the lost
-    peer, an infrastructure failure, so the pipeline dispatches it again; it starts a new node 1, resumes from
-    the checkpoint in S3, and ends with the weights of the uninterrupted two-node run (test above) to the bit."""
-
-    s3_env(monkeypatch, cluster)
-    config = slow_two_nodes(cluster, "store-k")
-    before = {r["id"] for r in cluster.flow_runs()}
-    watcher = start_pipeline(cluster, config)
-
-    def running_node():
-        runs = [r for r in cluster.flow_runs() if r["id"] not in before and "node_rank" in r["parameters"]]
-        return next((r for r in runs if r["state_type"] == "RUNNING"), None)
-
-    node_run = wait_until(running_node, 240, "node 1's flow run to start on the GPU pool")
-
-    killed_after = checkpoint_of_step(f"s3://{BUCKET}/store-k", 10)
-    pids = processes_of_flow_run(node_run["id"])  # the flow run's process, its torchrun and its rank
-    assert len(pids) >= 3, pids
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-
-    failed = lost_node_resumed(cluster, watcher, before, "store-k", killed_after)
-    assert "node 1" in failed["state"]["message"]
-    result = json.loads(cluster.fs.cat(f"{_ls(f's3://{BUCKET}/store-k/runs')[0]}/result.json"))
-    assert result["resumed_from"].startswith(f"s3://{BUCKET}/store-k/runs/")
-
-
 def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_training_resumes(cluster, monkeypatch):
     """Node 1's whole machine gone without a word: its flow process, torchrun, rank and worker frozen (SIGSTOP),
     so that nothing exits or reports and node 0's rank waits on it in a collective. Node 0 sees node 1's lease
@@ -521,10 +493,13 @@ def test_a_node_whose_machine_vanishes_is_found_by_its_silent_lease_and_the_trai
     assert not [p for p in cluster.fs.find(f"{BUCKET}/store-z/runs") if "/leases/" in p]  # cleared
 
 
-def lost_node_resumed(c: Cluster, watcher: subprocess.Popen, before: set, name: str, after_step: int) -> dict:
-    """The pipeline under `watcher` ends well: its training run failed on a lost node (RankFailed), its node run
-    crashed, and both, dispatched again, completed with the uninterrupted two-node run's (store-n) weights to the
-    bit, from a checkpoint past `after_step`. Returns the failed training run."""
+def lost_node_resumed(
+    c: Cluster, watcher: subprocess.Popen, before: set, name: str, after_step: int, node_ends: tuple = ("CRASHED",)
+) -> list[dict]:
+    """The pipeline under `watcher` ends well: its training run failed on a lost node (RankFailed) once per fault,
+    its node run ending as `node_ends` says each time, and the last dispatch completed with the uninterrupted
+    two-node run's (store-n) weights to the bit, from a checkpoint past `after_step`. Returns the failed training
+    runs."""
     import torch
 
     out, _ = watcher.communicate(timeout=500)
@@ -532,16 +507,18 @@ def lost_node_resumed(c: Cluster, watcher: subprocess.Popen, before: set, name: 
     new = [r for r in c.flow_runs() if r["id"] not in before]
     nodes = [r for r in new if "node_rank" in r["parameters"]]
     trains = [r for r in new if r["work_pool_name"] == "gpu-pool" and r not in nodes]
-    assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
-    assert "RankFailed" in trains[0]["state"]["message"], trains[0]["state"]
-    assert [r["state_type"] for r in nodes] == ["CRASHED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
+    ends = [r["state_type"] for r in trains]
+    assert ends == ["FAILED"] * len(node_ends) + ["COMPLETED"], [(r["name"], r["state"]) for r in trains]
+    for failed in trains[:-1]:
+        assert "RankFailed" in failed["state"]["message"], failed["state"]
+    assert [r["state_type"] for r in nodes] == [*node_ends, "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
 
     side, weights = final_weights(f"s3://{BUCKET}/{name}")
     side_n, weights_n = final_weights(f"s3://{BUCKET}/store-n")
     assert side["step"] == side_n["step"] > after_step and side["world_size"] == 2
     for k in weights_n:
         assert torch.equal(weights[k], weights_n[k]), k
-    return trains[0]
+    return trains[:-1]
 
 
 def _ranks(pids: list[int]) -> list[int]:
@@ -557,17 +534,25 @@ def _ranks(pids: list[int]) -> list[int]:
     return found
 
 
-def test_a_rank_of_node_1_killed_fails_its_node_run_and_the_training_is_dispatched_again(cluster, monkeypatch):
-    """Node 1's rank alone SIGKILLed (its GPU lost, the kernel's OOM killer): node 1's torchrun fails, so its flow
-    run ends Failed (not Crashed: the flow's process lives). That is the infrastructure, as a rank killed on node
-    0 is, so the training run is dispatched again and resumes. Node 0's rank is held (SIGSTOP) until node 0 has
-    seen the node run end, as NCCL's ranks block in a collective for minutes after a peer is gone (gloo's here
-    notice it at once, and node 0's own RankFailed would win the race)."""
+def test_node_1_lost_twice_its_rank_then_its_machine_and_each_time_the_training_is_dispatched_again(
+    cluster, monkeypatch
+):
+    """Two faults of node 1 in one training, each failing the training run, which is dispatched again, starts a
+    new node 1 and resumes from the checkpoint in S3; the last attempt ends with the uninterrupted two-node run's
+    (test above) weights to the bit.
+
+    First node 1's rank alone SIGKILLed (its GPU lost, the kernel's OOM killer): node 1's torchrun fails, so its
+    flow run ends Failed (not Crashed: the flow's process lives). That is the infrastructure, as a rank killed on
+    node 0 is. Node 0's rank is held (SIGSTOP) until node 0 has seen the node run end, as NCCL's ranks block in a
+    collective for minutes after a peer is gone (gloo's here notice it at once, and node 0's own RankFailed would
+    win the race). Then every process of the second attempt's node 1 SIGKILLed (its machine lost): its flow run
+    Crashed."""
     import time
 
     from shardline.tasks.nodes import WATCH_SECONDS
 
     s3_env(monkeypatch, cluster)
+    root = f"s3://{BUCKET}/store-rk"
     config = slow_two_nodes(cluster, "store-rk")
     before = {r["id"] for r in cluster.flow_runs()}
     watcher = start_pipeline(cluster, config)
@@ -575,13 +560,13 @@ def test_a_rank_of_node_1_killed_fails_its_node_run_and_the_training_is_dispatch
     def new_runs():
         return [r for r in cluster.flow_runs() if r["id"] not in before]
 
-    def running(node: bool):
+    def running(node: bool, but: tuple = ()):
         runs = [r for r in new_runs() if r["work_pool_name"] == "gpu-pool" and ("node_rank" in r["parameters"]) == node]
-        return next((r for r in runs if r["state_type"] == "RUNNING"), None)
+        return next((r for r in runs if r["state_type"] == "RUNNING" and r["id"] not in but), None)
 
     node_run = wait_until(lambda: running(True), 240, "node 1's flow run to start on the GPU pool")
     train_run = running(False)
-    checkpoint_of_step(f"s3://{BUCKET}/store-rk", 5)
+    checkpoint_of_step(root, 5)
     (rank0,) = _ranks(processes_of_flow_run(train_run["id"]))
     (rank1,) = _ranks(processes_of_flow_run(node_run["id"]))
     os.kill(rank0, signal.SIGSTOP)
@@ -598,15 +583,21 @@ def test_a_rank_of_node_1_killed_fails_its_node_run_and_the_training_is_dispatch
     finally:
         os.kill(rank0, signal.SIGCONT)
 
-    out, _ = watcher.communicate(timeout=500)
-    assert watcher.returncode == 0, out[-3000:] + cluster.tail_logs()
-    new = new_runs()
-    nodes = [r for r in new if "node_rank" in r["parameters"]]
-    trains = [r for r in new if r["work_pool_name"] == "gpu-pool" and r not in nodes]
-    assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
-    assert "RankFailed" in trains[0]["state"]["message"], trains[0]["state"]
-    assert "ended Failed" in trains[0]["state"]["message"] and "SIGKILL" in trains[0]["state"]["message"]
-    assert [r["state_type"] for r in nodes] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
+    # the second attempt: its node 1's every process killed once it has trained past where it resumed
+    second = wait_until(lambda: running(True, but=(node_run["id"],)), 240, "the second attempt's node 1 to start")
+    resumed_at = checkpoint_of_step(root, 0)
+    killed_after = checkpoint_of_step(root, resumed_at + 1)
+    pids = processes_of_flow_run(second["id"])  # the flow run's process, its torchrun and its rank
+    assert len(pids) >= 3, pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+    first, then = lost_node_resumed(cluster, watcher, before, "store-rk", killed_after, ("FAILED", "CRASHED"))
+    said = first["state"]["message"]
+    assert "ended Failed" in said and "SIGKILL" in said, first["state"]
+    assert "node 1" in then["state"]["message"], then["state"]
+    result = json.loads(cluster.fs.cat(f"{_ls(f'{root}/runs')[0]}/result.json"))
+    assert result["resumed_from"].startswith(f"{root}/runs/")
 
 
 def test_a_node_run_whose_node_0_died_before_it_joined_ends_at_once_and_frees_its_machine(cluster, monkeypatch):
