@@ -312,15 +312,79 @@ def test_a_batch_the_processes_cannot_share_equally_or_nodes_without_a_rendezvou
     ]
 
 
+def test_a_launch_is_named_by_its_id_its_attempts_numbered_on_and_the_trainjob_runs_shardline_run(tmp_path):
+    import yaml
+
+    from shardline.tasks import launched
+
+    env = {"SHARDLINE_LAUNCH_ID": "5f1c-uid.2"}
+    assert launched.launch_folder("s3://bucket/root", env) == "s3://bucket/root/launches/5f1c-uid.2"
+    with pytest.raises(ValueError, match=r"SHARDLINE_LAUNCH_ID is 'a/b'.*the same id.*each launch its own"):
+        launched.launch_folder("s3://bucket/root", {"SHARDLINE_LAUNCH_ID": "a/b"})
+    assert [launched.node_rank(e) for e in ({"PET_NODE_RANK": "1"}, {"JOB_COMPLETION_INDEX": "3"}, {})] == [1, 3, 0]
+    with pytest.raises(ValueError, match=r"PET_NODE_RANK='x': a node's rank is a whole number"):
+        launched.node_rank({"PET_NODE_RANK": "x"})
+    with pytest.raises(ValueError, match=r"SHARDLINE_JOIN_TIMEOUT='0': seconds, more than 0"):
+        launched.join_seconds({"SHARDLINE_JOIN_TIMEOUT": "0"})
+    # node 0's attempts: numbered on from what the folder holds (node 0's pod restarted), open until ended
+    folder = str(tmp_path / "launches" / "x")
+    first = launched.Attempt(folder)
+    first.announce()
+    assert first.number == 1 and launched.attempts(folder)[1]["ended"] is False
+    first.end(1)
+    second = launched.Attempt(folder)
+    assert second.number == 2 and launched.attempts(folder)[1]["ended"] is True
+    launched.end(folder, "completed", 0)
+    assert launched.ended(folder)["exit"] == 0
+    launched.begin(folder)  # node 0's pipeline again: the old end is not the new one's
+    assert launched.ended(folder) is None
+    # the TrainJob template runs that command on every node, with the launch's id
+    trainer = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "trainjob.yaml").read_text())["spec"]["trainer"]
+    assert trainer["command"][:2] == ["shardline", "run"]
+    assert "SHARDLINE_LAUNCH_ID" in {e["name"] for e in trainer["env"]}
+    assert trainer["numProcPerNode"] == trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"]
+
+
+def launched_node(config: Path, rank: int, port: int, launch: str, cwd: Path) -> subprocess.Popen:
+    """`shardline run CONFIG` as a Kubeflow Trainer's node `rank` of 2 would run it: the rendezvous in PET_*."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PET_NNODES="2",
+        PET_NPROC_PER_NODE="1",
+        PET_NODE_RANK=str(rank),
+        PET_MASTER_ADDR="127.0.0.1",
+        PET_MASTER_PORT=str(port),
+        SHARDLINE_LAUNCH_ID=launch,
+    )
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "shardline"), "run", str(config)],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def final_weights_of(store: Path) -> tuple[dict, dict]:
+    (result_file,) = (store / "runs").glob("*/result.json")
+    result = json.loads(result_file.read_text())
+    return result, load_checkpoint(result["last_checkpoint"])["model"]
+
+
 @pytest.mark.e2e
-def test_shardline_run_with_two_processes_per_node(tmp_path):
+def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_launcher(tmp_path):
     """The whole pipeline, its training under torchrun: rank 0's steps reach MLflow once each, its
-    checkpoints say the world size, and the model is registered."""
+    checkpoints say the world size, and the model is registered.
+
+    Then the same training on 2 nodes of 1 process under a launcher (a Kubeflow TrainJob's PET_* environment),
+    every node running the same `shardline run CONFIG`: node 0 runs the pipeline (ingest, encode, train,
+    evaluate, register) and node 1, started first, waits for node 0's training and joins it, taking its job from
+    rank 0. The two-node run ends on the two-process run's weights to the bit. A second launch finds every step
+    cached and node 1 ends with node 0, having joined nothing."""
     import sqlite3
 
     import yaml
 
     from tests.conftest import make_raw, tiny_config
+    from tests.net import free_port
     from tests.test_cli import shardline
 
     make_raw(tmp_path / "raw")
@@ -330,13 +394,47 @@ def test_shardline_run_with_two_processes_per_node(tmp_path):
     said = out.stdout + out.stderr
     assert out.returncode == 0, said[-3000:]
     assert "Registered tiny-model version 1 as @champion" in said
-    (result_file,) = (tmp_path / "store" / "runs").glob("*/result.json")
-    result = json.loads(result_file.read_text())
+    result, weights = final_weights_of(tmp_path / "store")
     side = json.loads(Path(result["last_checkpoint"]).with_suffix(".json").read_text())
     assert side["world_size"] == 2 and len(result["history"]) == 2
     db = sqlite3.connect(tmp_path / "store" / "mlflow.db")
     steps = db.execute("select count(*), count(distinct step) from metrics where key = 'train/train_loss'").fetchone()
     assert steps == (result["steps"], result["steps"])  # one value a step: rank 0 alone reports
+
+    # under a launcher, without an id for the launch: refused before anything starts, naming it
+    store = tmp_path / "launched"
+    cfg = tiny_config("raw/*.parquet", str(store), **{"training.device": "cpu"})
+    (tmp_path / "l.yaml").write_text(yaml.safe_dump({**cfg, "compute": {"nodes": 2, "processes_per_node": 1}}))
+    port = free_port()
+    unnamed = launched_node(tmp_path / "l.yaml", 1, port, "", tmp_path)
+    said = unnamed.communicate(timeout=120)[0]
+    assert unnamed.returncode == 2 and "SHARDLINE_LAUNCH_ID is not set" in said, said[-3000:]
+    assert not store.exists()
+
+    node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a1", tmp_path)
+    time.sleep(2)  # node 1 first: it waits for node 0's training
+    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path)
+    said0 = node0.communicate(timeout=400)[0]
+    said1 = node1.communicate(timeout=60)[0]
+    assert node0.returncode == 0, said0[-3000:] + said1[-3000:]
+    assert node1.returncode == 0, said1[-3000:]
+    assert "Registered tiny-model version 1 as @champion" in said0
+    assert "joining node 0's attempt 1" in said1 and "attempt 1: its processes finished" in said1, said1
+    assert "node 0's pipeline ended (completed); 1 torchrun(s) joined" in said1
+    assert "Registered" not in said1 and not list(store.glob("runs/*/nodes"))
+    launched, weights_2 = final_weights_of(store)
+    side = json.loads(Path(launched["last_checkpoint"]).with_suffix(".json").read_text())
+    assert side["world_size"] == 2 and launched["steps"] == result["steps"]
+    for k in weights:
+        assert torch.equal(weights[k], weights_2[k]), k
+
+    # another launch of the same config: node 0's steps all cached, node 1 ends with it
+    node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a2", tmp_path)
+    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a2", tmp_path)
+    said0, said1 = node0.communicate(timeout=300)[0], node1.communicate(timeout=60)[0]
+    assert node0.returncode == node1.returncode == 0, said0[-3000:] + said1[-3000:]
+    assert "train cached" in said0, said0[-2000:]
+    assert "node 0's pipeline ended (completed); 0 torchrun(s) joined" in said1, said1
 
 
 def test_several_nodes_without_the_node_deployment_are_refused_naming_it(tmp_path, prefect_api):

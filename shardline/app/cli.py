@@ -211,7 +211,62 @@ def run(
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
     config = _load(config_path, list(set_))
-    _summary(_run_pipeline(config, force, verbose))
+    launch = _under_launcher(config)
+    if launch is None:
+        _summary(_run_pipeline(config, force, verbose))
+        return
+    _run_launched(config, force, verbose, *launch)
+
+
+def _under_launcher(config) -> tuple[str, int] | None:
+    """The launch's folder and this node's rank, when this `shardline run` is a node of a training on several
+    machines under a launcher (a Kubeflow TrainJob, a JobSet: its rendezvous in the environment); else None."""
+    from shardline.tasks import launched
+    from shardline.tasks.torchrun import launched_by_environment
+
+    if config.compute.nodes <= 1 or not launched_by_environment():
+        return None
+    try:
+        found = launched.launch_folder(config.storage.root), launched.node_rank()
+    except ValueError as e:
+        _fail(str(e), 2)
+    if config.compute.train_on != "local":
+        _fail(
+            f"compute.nodes={config.compute.nodes} under a launcher (its rendezvous is in this environment) with "
+            f"compute.train_on: {config.compute.train_on}: the launcher's nodes are the training's machines; set "
+            "compute.train_on: local, or run the pipeline outside the launcher (the training run then starts its "
+            "nodes as flow runs of compute.node_deployment)",
+            2,
+        )
+    return found
+
+
+def _run_launched(config, force: str | None, verbose: bool, folder: str, rank: int) -> None:
+    """Under a launcher, node 0 runs the pipeline and says when it ends; the others join its training
+    (shardline/tasks/launched.py) and exit as it did."""
+    from shardline.tasks import launched
+    from shardline.trainer import loop
+
+    if rank > 0:
+        from shardline.tasks.torchrun import join_launch
+
+        try:
+            code = join_launch(config.compute, config.training.device, config.storage.root, log=typer.echo)
+        except ValueError as e:
+            _fail(str(e), 2)
+        raise typer.Exit(code)
+    launched.begin(folder)
+    status, code = "failed", 1
+    try:
+        result = _run_pipeline(config, force, verbose)
+        status, code = "completed", 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        status = {loop.PREEMPTED_EXIT_CODE: "preempted", loop.BUDGET_EXIT_CODE: "out of budget"}.get(code, "failed")
+        raise
+    finally:
+        launched.end(folder, status, code)
+    _summary(result)
 
 
 def _sweep_plan(

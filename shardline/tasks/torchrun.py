@@ -30,6 +30,7 @@ import torch.distributed as dist
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
+from shardline.tasks.launched import Attempt
 from shardline.tasks.nodes import Nodes, watch_node0
 from shardline.trainer.distributed import check_batch_size
 from shardline.trainer.loop import (
@@ -125,11 +126,14 @@ def fit_in_processes(
     deadline: Deadline | None = None,
     ranking=None,
     shared: str | None = None,
+    launch: str | None = None,
 ) -> FitResult:
     """`fit` in `compute.processes_per_node` processes (x `compute.nodes`) under torchrun. `ranking` (a
     SplitRanking, ranking data) is rebuilt by rank 0 from the manifest and its cutoffs. `shared`: a folder in
     the run's storage, where a run of several nodes that starts the others itself puts what they read (the
-    job, the parent's weights) and where their ranks write their errors."""
+    job, the parent's weights) and where their ranks write their errors. `launch`: under a launcher, the launch's
+    folder in storage, where this run (node 0) says when its torchrun starts and ends, for the other nodes to join
+    it (tasks/launched.py)."""
     size = world_size(compute)
     check_batch_size(cfg.batch_size, size)  # before starting anything
     nodes = None
@@ -140,6 +144,11 @@ def fit_in_processes(
         args = launcher_args(compute, master=nodes.master)
     else:
         args = launcher_args(compute)
+    attempt = None
+    if compute.nodes > 1 and nodes is None:  # under a launcher: the other nodes join this run's torchrun
+        if launch is None:
+            raise ValueError("compute.nodes > 1 under a launcher: the launch's folder in storage is not given")
+        attempt = Attempt(launch)
     with tempfile.TemporaryDirectory(prefix="shardline-ddp-") as tmp:
         folder = Path(tmp)
         job = {
@@ -165,8 +174,12 @@ def fit_in_processes(
             job["init_weights"] = str(folder / "init.pt")
             if nodes is not None:  # the other machines read it from storage
                 job["init_weights"] = nodes.put("init.pt", (folder / "init.pt").read_bytes())
+            elif attempt is not None:
+                job["init_weights"] = attempt.put("init.pt", (folder / "init.pt").read_bytes())
         if nodes is not None:
             job["failures"] = nodes.failures
+        elif attempt is not None:
+            job["failures"] = attempt.failures
         if deadline is not None:
             job.update(
                 deadline_seconds=max(0.0, deadline.at - time.monotonic()),
@@ -179,9 +192,13 @@ def fit_in_processes(
         command += ["-m", "shardline.trainer.ddp_run"]
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         output = folder / "torchrun.log"
+        code = None
         try:
             if nodes is not None:  # inside: node runs started before a failure here are cancelled
                 nodes.start(nodes.put("job.json", json.dumps(job).encode()), grace)
+            if attempt is not None:
+                log(f"node 0 of a launch: attempt {attempt.number}, the other nodes join it ({attempt.folder})")
+                attempt.announce()
             with open(output, "w") as out:
                 proc = subprocess.Popen(
                     [*command, str(folder / "job.json")],
@@ -196,8 +213,9 @@ def fit_in_processes(
                 )
             said = output.read_text(errors="replace")
             lost = nodes is not None and nodes.lost is not None and not forwarded
+            failures = nodes.failures if nodes is not None else attempt.failures if attempt is not None else None
             try:
-                fit = outcome(folder / "result.json", said, code, ckpt_dir, forwarded, grace, nodes and nodes.failures)
+                fit = outcome(folder / "result.json", said, code, ckpt_dir, forwarded, grace, failures)
             except RankFailed as e:  # what became of the other nodes' runs says more
                 if lost:
                     raise nodes.lost_error(ckpt_dir, RankFailed) from None
@@ -216,6 +234,8 @@ def fit_in_processes(
         finally:
             if nodes is not None:
                 nodes.finish()
+            if attempt is not None:
+                attempt.end(code)
 
 
 def stopped_elsewhere(stopped: Exception, forwarded: str | None, machines: int) -> bool:
@@ -436,3 +456,61 @@ def run_node(
         how = f"a rank was killed by {signal.Signals(killed).name} (torchrun exit status {code})"
         raise RankFailed(f"node {node_rank}: {how}; it said:\n{tail}")
     raise RuntimeError(f"node {node_rank}: torchrun exit status {code}; it said:\n{tail}")
+
+
+def join_launch(
+    compute: ComputeConfig, device: str, root: str, log: Callable[[str], None] = print, poll: float = 1.0
+) -> int:
+    """Node 1..M-1 of a training under a launcher (tasks/launched.py): join each of node 0's torchruns in the
+    launch's folder under `root` until node 0's pipeline ends; the exit status that node 0's had (0: completed).
+    Its ranks take rank 0's job over the process group (trainer/ddp_run.py, a job of `{"join": true}`), so that
+    every rank trains the one job node 0 made. A node whose torchrun fails (a lost peer, a rank killed) waits for
+    node 0's next attempt: node 0 decides whether the training is retried."""
+    from shardline.tasks import launched
+
+    rank = launched.node_rank()
+    folder = launched.launch_folder(root)
+    wait = launched.join_seconds()
+    args = launcher_args(compute)
+    grace = shutdown_seconds()
+    log(f"node {rank} of {compute.nodes} under a launcher: joining node 0's training in {folder}")
+    joined, deadline = 0, time.monotonic() + wait
+    with tempfile.TemporaryDirectory(prefix="shardline-join-") as tmp:
+        stub = Path(tmp) / "job.json"
+        threads = max(1, torch.get_num_threads() // compute.processes_per_node)
+        stub.write_text(json.dumps({"join": True, "training": {"device": device}, "threads": threads}))
+        while True:
+            end = launched.ended(folder)
+            if end is not None:
+                status, code = end.get("status", "?"), int(end.get("exit", 1))
+                log(f"node {rank}: node 0's pipeline ended ({status}); {joined} torchrun(s) joined")
+                return code
+            open_ones = [k for k, a in launched.attempts(folder).items() if k > joined and not a.get("ended")]
+            if not open_ones:
+                if time.monotonic() > deadline:
+                    log(
+                        f"node {rank}: node 0 started no training and its pipeline did not end within {wait:.0f} s "
+                        f"({launched.JOIN_TIMEOUT}); is node 0 running, with the same {launched.LAUNCH_ID}?"
+                    )
+                    return 1
+                time.sleep(poll)
+                continue
+            joined = max(open_ones)
+            log(f"node {rank}: joining node 0's attempt {joined}")
+            command = [sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={grace}", *args]
+            output = Path(tmp) / f"torchrun-{joined}.log"
+            with open(output, "w") as out:
+                proc = subprocess.Popen(
+                    [*command, "-m", "shardline.trainer.ddp_run", str(stub)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_term_with_parent,
+                )
+                nothing = lambda *a: None  # rank 0's events are node 0's
+                code, _ = _follow(proc, Path(tmp) / "no-events", log, nothing, nothing, nothing, nothing, grace)
+            if code == 0:
+                log(f"node {rank}: attempt {joined}: its processes finished")
+            else:
+                tail = "\n".join(output.read_text(errors="replace").splitlines()[-TAIL_LINES:])
+                log(f"node {rank}: attempt {joined}: torchrun exit status {code}; waiting for node 0. It said:\n{tail}")
+            deadline = time.monotonic() + wait

@@ -483,7 +483,10 @@ def _run_training(
     if config.compute.processes_per_node * config.compute.nodes > 1:  # DDP: the same body under torchrun
         from functools import partial
 
-        from shardline.tasks.torchrun import fit_in_processes
+        from shardline.tasks.launched import launch_folder
+        from shardline.tasks.torchrun import fit_in_processes, launched_by_environment
+
+        under_launcher = config.compute.nodes > 1 and launched_by_environment()
 
         # the splits stay open here: their shards are in the local cache before the ranks open them
         body = partial(
@@ -493,6 +496,8 @@ def _run_training(
             list(trains_on),
             list(validates_on),
             shared=storage.join(folder, "nodes"),  # several machines: what they read, in the run's folder
+            # under a launcher: where the other nodes learn when to join (`shardline run` on each)
+            launch=launch_folder(config.storage.root) if under_launcher else None,
         )
     else:
         body = partial_fit(train_data, val_data)

@@ -1,8 +1,8 @@
 """One training run in several processes: `torchrun --nproc-per-node N -m shardline.trainer.ddp_run JOB.json`.
 
 The training task (shardline/tasks/training_run.py) writes JOB and starts torchrun as its child when
-`compute.processes_per_node` > 1; on Kubernetes a TrainJob or JobSet starts the same module on every node
-(deploy/). Plain PyTorch: no Prefect, no MLflow. Every rank trains (trainer/loop.py `fit` under DDP);
+`compute.processes_per_node` > 1 (on each node of `compute.nodes`: tasks/nodes.py, tasks/launched.py). Plain
+PyTorch: no Prefect, no MLflow. Every rank trains (trainer/loop.py `fit` under DDP);
 rank 0 alone writes checkpoints and speaks for the run:
 
 - `events` (JSON lines, appended and flushed): {"kind": "log"|"step"|"epoch"|"checkpoint"|"progress", ...},
@@ -20,6 +20,10 @@ cutoffs of the validation ranking), `deadline_seconds` with
 `deadline_reason` and `deadline_limit` (a budget: seconds left when the task started torchrun), `threads`
 (torch's threads per process), `step_every`, `progress_seconds`, `failures` (a folder in storage where ranks > 0
 write their errors, `rank-<r>.json`, when they are on other machines; else beside `result`).
+
+Every rank takes rank 0's job over the process group before it trains (`agree`): a node under a launcher starts
+its ranks with `{"join": true, "training": {"device": ...}, "threads": N}` alone, as it cannot know node 0's job;
+a rank with a job of its own that differs from rank 0's in what is trained stops, naming the fields.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import time
 import torch
 
 from shardline.core.config import TrainingConfig
-from shardline.trainer.distributed import exit_now, init_from_env, leave, world
+from shardline.trainer.distributed import broadcast_json, exit_now, init_from_env, leave, world
 from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 
@@ -149,6 +153,26 @@ def run_job(job: dict, train, val, ranking=None) -> int:
     return 0
 
 
+# what every rank must have as rank 0 has it (the rest is rank 0's alone, or each machine's own: `threads`)
+_SHARED = ("manifest", "trains_on", "validates_on", "model_spec", "training", "task", "ckpt_dir", "init_weights")
+
+
+def agree(job: dict) -> dict:
+    """Rank 0's job, on every rank: a rank started with `{"join": true, ...}` (a node under a launcher, which
+    cannot know node 0's job: tasks/launched.py) takes it whole, keeping its own `threads`; a rank started with a
+    job of its own must have rank 0's in every field that decides what is trained, or it stops, naming them."""
+    theirs = broadcast_json(job if world().is_main else None)
+    if job.get("join"):
+        return {**theirs, "threads": job.get("threads")}
+    differ = [k for k in _SHARED if job.get(k) != theirs.get(k)]
+    if differ:
+        raise ValueError(
+            f"training process {world().rank} was started with another job than process 0's ({', '.join(differ)} "
+            "differ): every node must run the same job (a node left from an earlier attempt?)"
+        )
+    return job
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(
@@ -161,7 +185,8 @@ def main(argv: list[str]) -> int:
     job = json.loads(read_text(argv[0]))  # a local path, or a URI in storage (a multi-node launcher's)
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
-    init_from_env(TrainingConfig(**job["training"]).device)
+    init_from_env(job["training"].get("device", "auto"))
+    job = agree(job)
     from shardline.core.manifest import Manifest
     from shardline.trainer.data import open_split
 

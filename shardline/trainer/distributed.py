@@ -10,6 +10,7 @@ of it with weight 0 (DDP needs every rank in every step), so it adds nothing to 
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -51,6 +52,25 @@ def init_from_env(device: str = "auto") -> World:
         torch.cuda.set_device(local_rank)  # "cuda" is then this rank's GPU
     dist.init_process_group(backend="nccl" if cuda else "gloo")
     return world()
+
+
+def broadcast_json(obj, src: int = 0):
+    """Rank `src`'s `obj` (JSON-serialisable) on every rank, as JSON bytes in a tensor (never a pickle: the
+    other ranks may be other machines)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    cuda = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    mine = dist.get_rank() == src
+    data = json.dumps(obj).encode() if mine else b""
+    length = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(length, src)
+    if mine:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buffer = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buffer, src)
+    return json.loads(bytes(buffer.cpu().numpy().tobytes()))
 
 
 def check_batch_size(batch_size: int, size: int) -> None:
