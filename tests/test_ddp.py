@@ -345,10 +345,11 @@ def test_a_launch_is_named_by_its_id_its_attempts_numbered_on_and_the_trainjob_r
     assert trainer["numProcPerNode"] == trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"]
 
 
-def launched_node(config: Path, rank: int, port: int, launch: str, cwd: Path) -> subprocess.Popen:
+def launched_node(config: Path, rank: int, port: int, launch: str, cwd: Path, **extra: str) -> subprocess.Popen:
     """`shardline run CONFIG` as a Kubeflow Trainer's node `rank` of 2 would run it: the rendezvous in PET_*."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(
+        **extra,
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PET_NNODES="2",
         PET_NPROC_PER_NODE="1",
@@ -361,6 +362,29 @@ def launched_node(config: Path, rank: int, port: int, launch: str, cwd: Path) ->
         [str(Path(sys.executable).parent / "shardline"), "run", str(config)],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+
+
+def launched_ranks(launch: str, node: int) -> list[int]:
+    """The training ranks (not torchrun) of node `node` of the launch `launch`, found by their environment."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ours = f"SHARDLINE_LAUNCH_ID={launch}".encode() in environ and f"PET_NODE_RANK={node}".encode() in environ
+        if ours and b"shardline.trainer.ddp_run" in cmd and b"torch.distributed.run" not in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+def launched_attempts(folder: Path) -> list[int]:
+    from shardline.tasks.launched import attempts
+
+    found = attempts(str(folder))
+    assert all(a["ended"] for a in found.values()), found
+    return sorted(found)
 
 
 def final_weights_of(store: Path) -> tuple[dict, dict]:
@@ -411,20 +435,31 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     assert unnamed.returncode == 2 and "SHARDLINE_LAUNCH_ID is not set" in said, said[-3000:]
     assert not store.exists()
 
-    node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a1", tmp_path)
+    slow = {"SHARDLINE_TEST_STEP_DELAY": "0.1"}  # room to kill node 1's rank mid-training
+    node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a1", tmp_path, **slow)
     time.sleep(2)  # node 1 first: it waits for node 0's training
-    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path)
+    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **slow)
+    # node 1's rank killed after node 0's first checkpoint (its GPU lost, the OOM killer): node 0's training
+    # fails (RankFailed), its retry is attempt 2, which node 1 joins, and it resumes from that checkpoint
+    deadline = time.monotonic() + 240
+    while not list(store.glob("runs/*/checkpoints/ckpt-*.json")):
+        assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()[0][-3000:]
+        time.sleep(0.1)
+    (rank1,) = launched_ranks("job-a1", node=1)
+    os.kill(rank1, signal.SIGKILL)
     said0 = node0.communicate(timeout=400)[0]
     said1 = node1.communicate(timeout=60)[0]
     assert node0.returncode == 0, said0[-3000:] + said1[-3000:]
     assert node1.returncode == 0, said1[-3000:]
     assert "Registered tiny-model version 1 as @champion" in said0
-    assert "joining node 0's attempt 1" in said1 and "attempt 1: its processes finished" in said1, said1
-    assert "node 0's pipeline ended (completed); 1 torchrun(s) joined" in said1
+    assert "joining node 0's attempt 1" in said1 and "attempt 1: torchrun exit status" in said1, said1
+    assert "joining node 0's attempt 2" in said1 and "attempt 2: its processes finished" in said1, said1
+    assert "node 0's pipeline ended (completed); 2 torchrun(s) joined" in said1
+    assert launched_attempts(store / "launches" / "job-a1") == [1, 2]
     assert "Registered" not in said1 and not list(store.glob("runs/*/nodes"))
     launched, weights_2 = final_weights_of(store)
     side = json.loads(Path(launched["last_checkpoint"]).with_suffix(".json").read_text())
-    assert side["world_size"] == 2 and launched["steps"] == result["steps"]
+    assert side["world_size"] == 2 and launched["steps"] == result["steps"] and launched["resumed_from"]
     for k in weights:
         assert torch.equal(weights[k], weights_2[k]), k
 
