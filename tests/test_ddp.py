@@ -312,7 +312,9 @@ def test_a_batch_the_processes_cannot_share_equally_or_nodes_without_a_rendezvou
     ]
 
 
-def test_a_launch_is_named_by_its_id_its_attempts_numbered_on_and_the_trainjob_runs_shardline_run(tmp_path):
+def test_a_launch_is_named_by_its_id_a_node_says_when_it_waits_and_the_trainjob_runs_shardline_run(
+    tmp_path, monkeypatch
+):
     import yaml
 
     from shardline.tasks import launched
@@ -338,6 +340,19 @@ def test_a_launch_is_named_by_its_id_its_attempts_numbered_on_and_the_trainjob_r
     assert launched.ended(folder)["exit"] == 0
     launched.begin(folder)  # node 0's pipeline again: the old end is not the new one's
     assert launched.ended(folder) is None
+    # a node that waits for a node 0 it cannot see (another storage root, a node 0 that never started) says so
+    # while it waits, and ends when SHARDLINE_JOIN_TIMEOUT is up
+    from shardline.core.config import ComputeConfig
+    from shardline.tasks import torchrun
+
+    for k, v in {**env, "PET_MASTER_ADDR": "127.0.0.1", "PET_NODE_RANK": "1", "SHARDLINE_JOIN_TIMEOUT": "1.5"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torchrun, "WAITING_SAY_SECONDS", 0.5)
+    said = []
+    assert torchrun.join_launch(ComputeConfig(nodes=2), "cpu", str(tmp_path / "elsewhere"), said.append, 0.1) == 1
+    assert "node 1 of 2 under a launcher: joining node 0's training in" in said[0]
+    assert any("still waiting for node 0's training" in m and "every node must see" in m for m in said), said
+    assert "started no training and its pipeline did not end within 2 s (SHARDLINE_JOIN_TIMEOUT)" in said[-1]
     # the TrainJob template runs that command on every node, with the launch's id
     trainer = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "trainjob.yaml").read_text())["spec"]["trainer"]
     assert trainer["command"][:2] == ["shardline", "run"]

@@ -44,6 +44,7 @@ from shardline.trainer.loop import (
 )
 
 POLL_SECONDS = 0.2  # how often the events file is read while torchrun runs
+WAITING_SAY_SECONDS = 300  # how often a node under a launcher says it is still waiting for node 0's training
 TAIL_LINES = 40  # of torchrun's output, in the error of a failed run
 # after a SIGTERM, how long torchrun waits for the ranks to checkpoint and stop before it SIGKILLs them: long
 # enough for rank 0 to finish a validation pass and write the checkpoint (the others wait for it at the save);
@@ -475,6 +476,7 @@ def join_launch(
     grace = shutdown_seconds()
     log(f"node {rank} of {compute.nodes} under a launcher: joining node 0's training in {folder}")
     joined, deadline = 0, time.monotonic() + wait
+    since = said = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="shardline-join-") as tmp:
         stub = Path(tmp) / "job.json"
         threads = max(1, torch.get_num_threads() // compute.processes_per_node)
@@ -490,9 +492,17 @@ def join_launch(
                 if time.monotonic() > deadline:
                     log(
                         f"node {rank}: node 0 started no training and its pipeline did not end within {wait:.0f} s "
-                        f"({launched.JOIN_TIMEOUT}); is node 0 running, with the same {launched.LAUNCH_ID}?"
+                        f"({launched.JOIN_TIMEOUT}); is node 0 running, with the same {launched.LAUNCH_ID} and a "
+                        f"storage.root every node sees ({folder})?"
                     )
                     return 1
+                if time.monotonic() - said >= WAITING_SAY_SECONDS:  # a node that waits for nothing says so
+                    said = time.monotonic()
+                    log(
+                        f"node {rank}: still waiting for node 0's {'next ' if joined else ''}training "
+                        f"({said - since:.0f} s; node 0 ingests and encodes first): its attempts appear in {folder}, "
+                        "which every node must see (a storage.root shared by all, such as s3://)"
+                    )
                 time.sleep(poll)
                 continue
             joined = max(open_ones)
@@ -514,3 +524,4 @@ def join_launch(
                 tail = "\n".join(output.read_text(errors="replace").splitlines()[-TAIL_LINES:])
                 log(f"node {rank}: attempt {joined}: torchrun exit status {code}; waiting for node 0. It said:\n{tail}")
             deadline = time.monotonic() + wait
+            since = said = time.monotonic()
