@@ -4,6 +4,7 @@ storage root (local files and S3 through a real moto server)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -108,30 +109,42 @@ def test_a_holder_killed_on_this_machine_is_not_waited_out(tmp_path, reaped):
 @pytest.mark.e2e
 def test_two_runs_of_one_config_at_once_never_write_the_same_run_folder_together(tmp_path):
     """Two `shardline run` of the same config on one storage root: the second waits while the first holds
-    the run folder's lease, then takes its finished result; one model version, no step logged twice."""
+    the run folder's lease, then takes its finished result; one model version, no step logged twice. The first is
+    held (SIGSTOP) while the second reaches its lease (was: each of its steps slept 2.5 s to make room: 75 s)."""
     make_raw(tmp_path / "raw", n_seq=9, rows=60)
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 2})
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
-    def start(step_delay: str) -> subprocess.Popen:
+    def start(step_delay: str, out) -> subprocess.Popen:
         return subprocess.Popen(
             [str(BIN), "run", str(tmp_path / "cfg.yaml")],
-            stdout=subprocess.PIPE,
+            stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
             env={**env, "SHARDLINE_TEST_STEP_DELAY": step_delay},
         )
 
-    first = start("2.5")  # 18 steps: ~45 s of training, while the second starts and reaches its train step
+    first = start("0.3", subprocess.PIPE)  # 18 steps: ~5 s of training
     deadline = time.monotonic() + 300
     while not list((tmp_path / "store" / "runs").glob("*/lease/gen-*.json")):
         assert first.poll() is None, first.stdout.read()[-3000:]
         assert time.monotonic() < deadline, "the first run never took its lease"
         time.sleep(0.2)
-    second = start("0")
+    # the first held (SIGSTOP: alive, its lease not yet past its ttl) until the second waits on its lease
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        with open(tmp_path / "second.log", "w") as log:
+            second = start("0", log)
+            while "is being trained by training" not in (tmp_path / "second.log").read_text():
+                assert second.poll() is None, (tmp_path / "second.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the second run never reached the first run's lease"
+                time.sleep(0.2)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     out1, _ = first.communicate(timeout=600)
-    out2, _ = second.communicate(timeout=600)
+    second.wait(timeout=600)
+    out2 = (tmp_path / "second.log").read_text()
     assert first.returncode == 0, out1[-3000:]
     assert second.returncode == 0, out2[-3000:]
     assert "is being trained by training" in out2, out2[-3000:]
