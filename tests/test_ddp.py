@@ -331,9 +331,11 @@ def test_a_launch_is_named_by_its_id_a_node_says_when_it_waits_and_the_trainjob_
     # node 0's attempts: numbered on from what the folder holds (node 0's pod restarted), open until ended
     folder = str(tmp_path / "launches" / "x")
     first = launched.Attempt(folder)
+    weights = first.put("init.pt", b"a parent model's weights")
     first.announce()
     assert first.number == 1 and launched.attempts(folder)[1]["ended"] is False
     first.end(1)
+    assert not Path(weights).exists()  # no copy of them left in storage
     second = launched.Attempt(folder)
     assert second.number == 2 and launched.attempts(folder)[1]["ended"] is True
     launched.end(folder, "completed", 0)

@@ -8,8 +8,8 @@ They meet in a folder of the storage root, `launches/<SHARDLINE_LAUNCH_ID>/`:
 
 - `attempt-<k>.json`: node 0 is starting its k-th torchrun (the training step's retries are attempts too);
   rewritten with `"ended": true` when that torchrun has ended. A node joins the newest attempt not ended.
-- `attempt-<k>/`: what the other machines read (the parent model's weights of a fine-tune) and where their ranks
-  write their errors (`failures/`), which node 0 reports.
+- `attempt-<k>/`: what the other machines read (the parent model's weights of a fine-tune, deleted when the
+  attempt ends) and where their ranks write their errors (`failures/`), which node 0 reports.
 - `end.json`: node 0's pipeline has ended, `{"status": "completed" | "failed" | "preempted" | ..., "exit": N}`;
   the other nodes exit with that status (0 when it completed).
 
@@ -96,16 +96,22 @@ class Attempt:
         self.shared = storage.join(folder, f"attempt-{self.number}")
         self.failures = storage.join(self.shared, "failures")
         self._uri = storage.join(folder, f"attempt-{self.number}.json")
+        self._put: list[str] = []
 
     def put(self, name: str, data: bytes) -> str:
+        """`data` where the other nodes read it (deleted when the attempt ends: no copy of a parent model's
+        weights is left in storage)."""
         uri = storage.join(self.shared, name)
         storage.write_bytes(uri, data)
+        self._put.append(uri)
         return uri
 
     def announce(self) -> None:
         storage.write_text(self._uri, json.dumps({"attempt": self.number, "started": time.time(), "ended": False}))
 
     def end(self, exit_code: int | None) -> None:
+        for uri in self._put:
+            storage.delete(uri)
         storage.write_text(
             self._uri, json.dumps({"attempt": self.number, "ended": True, "exit": exit_code, "at": time.time()})
         )
