@@ -313,7 +313,7 @@ def test_a_batch_the_processes_cannot_share_equally_or_nodes_without_a_rendezvou
 
 
 def test_a_launch_is_named_by_its_id_a_node_says_when_it_waits_and_the_trainjob_runs_shardline_run(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capsys
 ):
     import yaml
 
@@ -355,6 +355,24 @@ def test_a_launch_is_named_by_its_id_a_node_says_when_it_waits_and_the_trainjob_
     assert "node 1 of 2 under a launcher: joining node 0's training in" in said[0]
     assert any("still waiting for node 0's training" in m and "every node must see" in m for m in said), said
     assert "started no training and its pipeline did not end within 2 s (SHARDLINE_JOIN_TIMEOUT)" in said[-1]
+    # node 0's pipeline ended with no training (every step cached): a node ends with it, having joined nothing
+    launched.end(launched.launch_folder(str(tmp_path / "elsewhere")), "completed", 0)
+    said.clear()
+    assert torchrun.join_launch(ComputeConfig(nodes=2), "cpu", str(tmp_path / "elsewhere"), said.append, 0.1) == 0
+    assert said[-1] == "node 1: node 0's pipeline ended (completed); 0 torchrun(s) joined"
+    # `shardline run` under a launcher without an id for the launch: refused before anything starts, naming it
+    import typer
+
+    from shardline.app.cli import _under_launcher
+    from shardline.core.config import validate_config
+    from tests.conftest import tiny_config
+
+    config = validate_config({**tiny_config("raw/*.parquet", str(tmp_path / "s")), "compute": {"nodes": 2}})
+    monkeypatch.delenv("SHARDLINE_LAUNCH_ID")
+    with pytest.raises(typer.Exit) as stopped:
+        _under_launcher(config)
+    assert stopped.value.exit_code == 2
+    assert "SHARDLINE_LAUNCH_ID is not set" in capsys.readouterr().err
     # the TrainJob template runs that command on every node, with the launch's id
     trainer = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "trainjob.yaml").read_text())["spec"]["trainer"]
     assert trainer["command"][:2] == ["shardline", "run"]
@@ -418,8 +436,8 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     Then the same training on 2 nodes of 1 process under a launcher (a Kubeflow TrainJob's PET_* environment),
     every node running the same `shardline run CONFIG`: node 0 runs the pipeline (ingest, encode, train,
     evaluate, register) and node 1, started first, waits for node 0's training and joins it, taking its job from
-    rank 0. The two-node run ends on the two-process run's weights to the bit. A second launch finds every step
-    cached and node 1 ends with node 0, having joined nothing."""
+    rank 0. Node 1's rank killed mid-training, node 0's retry is joined again, and the two-node run ends on the
+    two-process run's weights to the bit."""
     import sqlite3
 
     import yaml
@@ -442,16 +460,10 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     steps = db.execute("select count(*), count(distinct step) from metrics where key = 'train/train_loss'").fetchone()
     assert steps == (result["steps"], result["steps"])  # one value a step: rank 0 alone reports
 
-    # under a launcher, without an id for the launch: refused before anything starts, naming it
     store = tmp_path / "launched"
     cfg = tiny_config("raw/*.parquet", str(store), **{"training.device": "cpu"})
     (tmp_path / "l.yaml").write_text(yaml.safe_dump({**cfg, "compute": {"nodes": 2, "processes_per_node": 1}}))
     port = free_port()
-    unnamed = launched_node(tmp_path / "l.yaml", 1, port, "", tmp_path)
-    said = unnamed.communicate(timeout=120)[0]
-    assert unnamed.returncode == 2 and "SHARDLINE_LAUNCH_ID is not set" in said, said[-3000:]
-    assert not store.exists()
-
     slow = {"SHARDLINE_TEST_STEP_DELAY": "0.1"}  # room to kill node 1's rank mid-training
     node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a1", tmp_path, **slow)
     time.sleep(2)  # node 1 first: it waits for node 0's training
@@ -479,14 +491,6 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     assert side["world_size"] == 2 and launched["steps"] == result["steps"] and launched["resumed_from"]
     for k in weights:
         assert torch.equal(weights[k], weights_2[k]), k
-
-    # another launch of the same config: node 0's steps all cached, node 1 ends with it
-    node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a2", tmp_path)
-    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a2", tmp_path)
-    said0, said1 = node0.communicate(timeout=300)[0], node1.communicate(timeout=60)[0]
-    assert node0.returncode == node1.returncode == 0, said0[-3000:] + said1[-3000:]
-    assert "train cached" in said0, said0[-2000:]
-    assert "node 0's pipeline ended (completed); 0 torchrun(s) joined" in said1, said1
 
 
 def test_several_nodes_without_the_node_deployment_are_refused_naming_it(tmp_path, prefect_api):
