@@ -350,15 +350,16 @@ def test_a_launch_is_named_by_its_id_a_node_says_when_it_waits_and_the_trainjob_
     for k, v in {**env, "PET_MASTER_ADDR": "127.0.0.1", "PET_NODE_RANK": "1", "SHARDLINE_JOIN_TIMEOUT": "1.5"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(torchrun, "WAITING_SAY_SECONDS", 0.5)
+    elsewhere = launched.launch_folder(str(tmp_path / "elsewhere"))
     said = []
-    assert torchrun.join_launch(ComputeConfig(nodes=2), "cpu", str(tmp_path / "elsewhere"), said.append, 0.1) == 1
+    assert torchrun.join_launch(ComputeConfig(nodes=2), "cpu", elsewhere, 1, said.append, 0.1) == 1
     assert "node 1 of 2 under a launcher: joining node 0's training in" in said[0]
     assert any("still waiting for node 0's training" in m and "every node must see" in m for m in said), said
     assert "started no training and its pipeline did not end within 2 s (SHARDLINE_JOIN_TIMEOUT)" in said[-1]
     # node 0's pipeline ended with no training (every step cached): a node ends with it, having joined nothing
-    launched.end(launched.launch_folder(str(tmp_path / "elsewhere")), "completed", 0)
+    launched.end(elsewhere, "completed", 0)
     said.clear()
-    assert torchrun.join_launch(ComputeConfig(nodes=2), "cpu", str(tmp_path / "elsewhere"), said.append, 0.1) == 0
+    assert torchrun.join_launch(ComputeConfig(nodes=2), "cpu", elsewhere, 1, said.append, 0.1) == 0
     assert said[-1] == "node 1: node 0's pipeline ended (completed); 0 torchrun(s) joined"
     # `shardline run` under a launcher without an id for the launch: refused before anything starts, naming it
     import typer

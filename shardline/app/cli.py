@@ -251,7 +251,7 @@ def _run_launched(config, force: str | None, verbose: bool, folder: str, rank: i
         from shardline.tasks.torchrun import join_launch
 
         try:
-            code = join_launch(config.compute, config.training.device, config.storage.root, log=typer.echo)
+            code = join_launch(config.compute, config.training.device, folder, rank, log=typer.echo)
         except ValueError as e:
             _fail(str(e), 2)
         raise typer.Exit(code)

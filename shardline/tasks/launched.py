@@ -119,9 +119,7 @@ class Attempt:
 
 def begin(folder: str) -> None:
     """Node 0's pipeline starts: an end of an earlier run of this launch (node 0's pod restarted) is cleared."""
-    end_uri = storage.join(folder, "end.json")
-    if storage.exists(end_uri):
-        storage.delete(end_uri)
+    storage.delete(storage.join(folder, "end.json"))
 
 
 def end(folder: str, status: str, exit_code: int) -> None:

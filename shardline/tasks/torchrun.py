@@ -460,17 +460,15 @@ def run_node(
 
 
 def join_launch(
-    compute: ComputeConfig, device: str, root: str, log: Callable[[str], None] = print, poll: float = 1.0
+    compute: ComputeConfig, device: str, folder: str, rank: int, log: Callable[[str], None] = print, poll: float = 1.0
 ) -> int:
-    """Node 1..M-1 of a training under a launcher (tasks/launched.py): join each of node 0's torchruns in the
-    launch's folder under `root` until node 0's pipeline ends; the exit status that node 0's had (0: completed).
+    """Node `rank` (1..M-1) of a training under a launcher (tasks/launched.py): join each of node 0's torchruns
+    announced in the launch's `folder` until node 0's pipeline ends; the exit status that node 0's had (0: completed).
     Its ranks take rank 0's job over the process group (trainer/ddp_run.py, a job of `{"join": true}`), so that
     every rank trains the one job node 0 made. A node whose torchrun fails (a lost peer, a rank killed) waits for
     node 0's next attempt: node 0 decides whether the training is retried."""
     from shardline.tasks import launched
 
-    rank = launched.node_rank()
-    folder = launched.launch_folder(root)
     wait = launched.join_seconds()
     args = launcher_args(compute)
     grace = shutdown_seconds()
