@@ -10,6 +10,10 @@ They meet in a folder of the storage root, `launches/<SHARDLINE_LAUNCH_ID>/`:
   rewritten with `"ended": true` when that torchrun has ended. A node joins the newest attempt not ended.
 - `attempt-<k>/`: what the other machines read (the parent model's weights of a fine-tune, deleted when the
   attempt ends) and where their ranks write their errors (`failures/`), which node 0 reports.
+- `attempt-<k>/leases/node-<r>`: node r's lease while its torchrun of that attempt runs, renewed every third of
+  its ttl; `attempt-<k>/nodes/node-<r>.json`: how that torchrun ended. Node 0 watches both while its own torchrun
+  runs: a node whose torchrun failed (a rank killed, its GPU lost) or whose lease went silent (its machine gone)
+  stops node 0's processes, which could otherwise wait in a collective on the lost peer for gloo's 30 minutes.
 - `end.json`: node 0's pipeline has ended, `{"status": "completed" | "failed" | "preempted" | ..., "exit": N}`;
   the other nodes exit with that status (0 when it completed).
 
@@ -21,9 +25,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
+from collections.abc import Callable
 
 from shardline.core import storage
+from shardline.core.lease import Silence
+from shardline.tasks.nodes import WATCH_SECONDS, stop_without_peers
 
 LAUNCH_ID = "SHARDLINE_LAUNCH_ID"
 JOIN_TIMEOUT = "SHARDLINE_JOIN_TIMEOUT"  # how long a node waits for node 0's next torchrun or its pipeline's end
@@ -87,8 +95,39 @@ def attempts(folder: str) -> dict[int, dict]:
     return found
 
 
+def node_lease(shared: str, rank: int) -> str:
+    """Where node `rank` holds its lease while its torchrun of the attempt whose folder is `shared` runs."""
+    return storage.join(shared, "leases", f"node-{rank}")
+
+
+def node_holder(shared: str, rank: int) -> str:
+    """Who holds `node_lease(shared, rank)`, in its record: node 0 tells this attempt's node from another."""
+    return f"{shared}#node-{rank}"
+
+
+def node_ended(shared: str, rank: int, exit_code: int, stopped: bool) -> None:
+    """Node `rank`'s torchrun of the attempt in `shared` has ended with `exit_code`; `stopped`: its ranks stopped
+    with the training (preempted or out of budget: node 0's ranks checkpointed), not on a failure."""
+    uri = storage.join(shared, "nodes", f"node-{rank}.json")
+    storage.write_text(uri, json.dumps({"rank": rank, "exit": exit_code, "stopped": stopped, "at": time.time()}))
+
+
+def nodes_ended(shared: str) -> dict[int, dict]:
+    """How the other nodes' torchruns of the attempt in `shared` ended, by node rank (those that have)."""
+    folder, found = storage.join(shared, "nodes"), {}
+    for name in storage.names(folder) if storage.exists(folder) else []:
+        if re.fullmatch(r"node-\d+\.json", name):
+            try:
+                record = json.loads(storage.read_text(storage.join(folder, name)))
+                found[int(record["rank"])] = record
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return found
+
+
 class Attempt:
-    """Node 0's k-th torchrun of this launch: `announce` before it starts, `end` when it has ended."""
+    """Node 0's k-th torchrun of this launch: `announce` before it starts, `watch` while it runs, `end` when it has
+    ended."""
 
     def __init__(self, folder: str):
         self.folder = folder
@@ -97,6 +136,39 @@ class Attempt:
         self.failures = storage.join(self.shared, "failures")
         self._uri = storage.join(folder, f"attempt-{self.number}.json")
         self._put: list[str] = []
+        self._stop = threading.Event()
+        self.lost: str | None = None  # what became of a node that stopped node 0's processes, in words
+
+    def watch(self, proc, nodes: int, log: Callable[[str], None], grace: float, every: float = WATCH_SECONDS) -> None:
+        """While node 0's torchrun `proc` runs (a thread): a node whose torchrun failed, or whose lease went silent
+        past its ttl, stops `proc` (`stop_without_peers`, with `grace`) and is said in `lost`. Without it, node 0's
+        ranks could wait on the lost peer in a collective for gloo's timeout (30 minutes), holding every machine;
+        the training's retry resumes from the newest checkpoint."""
+
+        def run() -> None:
+            silences = {r: Silence(node_lease(self.shared, r), node_holder(self.shared, r)) for r in range(1, nodes)}
+            while proc.poll() is None and not self._stop.wait(every):
+                try:
+                    failed = [(r, e) for r, e in sorted(nodes_ended(self.shared).items()) if e.get("exit") != 0]
+                    said = next(
+                        (
+                            f"node {r}'s torchrun ended with exit status {e['exit']}"
+                            for r, e in failed
+                            if not e.get("stopped")
+                        ),
+                        None,
+                    )
+                    if said is None:
+                        said = next((f"node {r}: {m}" for r, s in silences.items() if (m := s.check())), None)
+                except OSError:  # the store did not answer: no verdict this time
+                    continue
+                if said is not None and proc.poll() is None:
+                    self.lost = said
+                    log(f"{said}, while node 0 trains: stopping node 0's processes")
+                    stop_without_peers(proc, log, grace)
+                    return
+
+        threading.Thread(target=run, name="shardline-launch-nodes", daemon=True).start()
 
     def put(self, name: str, data: bytes) -> str:
         """`data` where the other nodes read it (deleted when the attempt ends: no copy of a parent model's
@@ -110,6 +182,7 @@ class Attempt:
         storage.write_text(self._uri, json.dumps({"attempt": self.number, "started": time.time(), "ended": False}))
 
     def end(self, exit_code: int | None) -> None:
+        self._stop.set()
         for uri in self._put:
             storage.delete(uri)
         storage.write_text(

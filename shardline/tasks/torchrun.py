@@ -149,6 +149,9 @@ def fit_in_processes(
     if compute.nodes > 1 and nodes is None:  # under a launcher: the other nodes join this run's torchrun
         if launch is None:
             raise ValueError("compute.nodes > 1 under a launcher: the launch's folder in storage is not given")
+        from shardline.tasks.nodes import peerless_seconds
+
+        peerless = peerless_seconds()  # a bad value said before anything starts
         attempt = Attempt(launch)
     with tempfile.TemporaryDirectory(prefix="shardline-ddp-") as tmp:
         folder = Path(tmp)
@@ -209,21 +212,28 @@ def fit_in_processes(
                 )
                 if nodes is not None:
                     nodes.watch(proc)
+                elif attempt is not None:
+                    attempt.watch(proc, compute.nodes, log, peerless)
                 code, forwarded = _follow(
                     proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress, grace
                 )
             said = output.read_text(errors="replace")
             lost = nodes is not None and nodes.lost is not None and not forwarded
+            gone = attempt.lost if attempt is not None and not forwarded else None  # a node of the launch lost
             failures = nodes.failures if nodes is not None else attempt.failures if attempt is not None else None
             try:
                 fit = outcome(folder / "result.json", said, code, ckpt_dir, forwarded, grace, failures)
             except RankFailed as e:  # what became of the other nodes' runs says more
                 if lost:
                     raise nodes.lost_error(ckpt_dir, RankFailed) from None
+                if gone:
+                    raise RankFailed(launch_lost(gone, compute.nodes, ckpt_dir)) from None
                 raise RankFailed(f"{e}{nodes.report() if nodes is not None else ''}") from None
             except (Preempted, BudgetExceeded) as stopped:
                 if lost:  # stopped because a node run ended: that is the error (the checkpoint stands)
                     raise nodes.lost_error(ckpt_dir, RankFailed) from None
+                if gone:
+                    raise RankFailed(launch_lost(gone, compute.nodes, ckpt_dir)) from None
                 if nodes is not None and stopped_elsewhere(stopped, forwarded, compute.nodes):
                     raise RankFailed(
                         f"another process of this training on {compute.nodes} machines was stopped (SIGTERM: a spot "
@@ -237,6 +247,14 @@ def fit_in_processes(
                 nodes.finish()
             if attempt is not None:
                 attempt.end(code)
+
+
+def launch_lost(said: str, machines: int, ckpt_dir: str) -> str:
+    """The error of node 0's torchrun under a launcher that was stopped because another node was lost (`said`)."""
+    return (
+        f"{said}; the training on {machines} machines stopped (its newest checkpoint in {ckpt_dir} is where a "
+        "retry resumes, which the other nodes join)"
+    )
 
 
 def stopped_elsewhere(stopped: Exception, forwarded: str | None, machines: int) -> bool:
@@ -467,6 +485,7 @@ def join_launch(
     Its ranks take rank 0's job over the process group (trainer/ddp_run.py, a job of `{"join": true}`), so that
     every rank trains the one job node 0 made. A node whose torchrun fails (a lost peer, a rank killed) waits for
     node 0's next attempt: node 0 decides whether the training is retried."""
+    from shardline.core.lease import Lease
     from shardline.tasks import launched
 
     wait = launched.join_seconds()
@@ -507,7 +526,10 @@ def join_launch(
             log(f"node {rank}: joining node 0's attempt {joined}")
             command = [sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={grace}", *args]
             output = Path(tmp) / f"torchrun-{joined}.log"
-            with open(output, "w") as out:
+            shared = storage.join(folder, f"attempt-{joined}")
+            # node 0 watches this lease while it trains (silent: this machine is gone) and how the torchrun ended
+            holder = {"flow_run": launched.node_holder(shared, rank)}
+            with Lease(launched.node_lease(shared, rank), f"node {rank}", holder=holder), open(output, "w") as out:
                 proc = subprocess.Popen(
                     [*command, "-m", "shardline.trainer.ddp_run", str(stub)],
                     stdout=out,
@@ -516,6 +538,12 @@ def join_launch(
                 )
                 nothing = lambda *a: None  # rank 0's events are node 0's
                 code, _ = _follow(proc, Path(tmp) / "no-events", log, nothing, nothing, nothing, nothing, grace)
+                codes = {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", output.read_text(errors="replace"))}
+                stopped = bool(codes) and codes <= {PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE}
+                try:
+                    launched.node_ended(shared, rank, code, stopped)
+                except OSError as e:  # node 0 still sees the lost peer, later
+                    log(f"node {rank}: could not say in {shared} that its torchrun ended ({type(e).__name__}: {e})")
             if code == 0:
                 log(f"node {rank}: attempt {joined}: its processes finished")
             else:
