@@ -100,6 +100,18 @@ def prefect_api():
         yield
 
 
+def api_env(**extra: str) -> dict[str, str]:
+    """The environment for a `shardline` command in a subprocess that talks to the session's Prefect API (the
+    `prefect_api` fixture, which the test must use) rather than starting a temporary server of its own: ~5 s of
+    CPU saved a command. For tests that are not about a laptop's ephemeral API (test_cli, test_packaging,
+    test_crash_e2e and the GPU kit's loop keep it)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert url, "api_env() needs the prefect_api fixture"
+    return {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": url, **extra}
+
+
 # ---------------------------------------------------------------- CI guard: the pipeline really ran
 _e2e = {"collected": 0, "passed": 0, "skipped": []}
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from shardline.core.metrics import format_number
+from tests.conftest import api_env
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -30,7 +31,8 @@ def readme_commands(example: str, block: int = 0) -> list[str]:
 
 def run_commands(commands: list[str], folder: Path, env_extra: dict | None = None) -> str:
     """Run a README's commands in `folder` as a user would; their output."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env_extra or {})}
+    # the session's Prefect API (tests.conftest.api_env), not a temporary server per command
+    env = api_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env_extra or {}))
     env["PYTHONPATH"] = str(REPO)  # this checkout's shardline, not whichever one is installed (a worktree's)
     out = ""
     for command in commands:
@@ -61,7 +63,7 @@ def weights_of(client, name: str, version: str, dst: Path) -> dict[str, torch.Te
     return torch.load(Path(local) / "artifacts" / "weights.pt", map_location="cpu", weights_only=True)
 
 
-def test_world_model_example(tmp_path):
+def test_world_model_example(tmp_path, prefect_api):
     folder = run_example("world_model", tmp_path)
     client = client_for(folder)
     version = client.get_model_version_by_alias("world-model", "champion")
@@ -115,7 +117,7 @@ def test_world_model_example(tmp_path):
     assert preds["p1_x"].is_finite().all() and preds["p1_action_probability"].is_between(0, 1).all()
 
 
-def test_pretrain_finetune_example(tmp_path):
+def test_pretrain_finetune_example(tmp_path, prefect_api):
     folder = run_example("pretrain_finetune", tmp_path)
     client = client_for(folder)
     parent = client.get_model_version_by_alias("masked-pretrain", "champion")
@@ -148,7 +150,7 @@ def test_pretrain_finetune_example(tmp_path):
     assert set(backbone) <= set(record["loaded"]) and any(k.startswith("heads.") for k in record["new"])
 
 
-def test_two_tower_example(tmp_path):
+def test_two_tower_example(tmp_path, prefect_api):
     import polars as pl
 
     from shardline.core.ranking import ranking_metrics
@@ -190,7 +192,7 @@ def test_two_tower_example(tmp_path):
     assert str(client.get_model_version_by_alias("two-tower", "challenger").version) == "2"
 
 
-def test_small_lm_example(tmp_path):
+def test_small_lm_example(tmp_path, prefect_api):
     """The README's commands at test size (300 docstrings, 30 steps, 10 test generations: the README's own
     sizes take minutes): both models run the whole pipeline, register, and generate in a fresh process."""
     folder = tmp_path / "small_lm"

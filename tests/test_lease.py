@@ -15,7 +15,7 @@ import yaml
 from mlflow import MlflowClient
 
 from shardline.core.lease import Lease, LeaseHeld, LeaseLost, read_current
-from tests.conftest import make_raw, tiny_config
+from tests.conftest import api_env, make_raw, tiny_config
 from tests.test_s3_source import s3_endpoint  # noqa: F401 - the moto fixture
 
 BIN = Path(sys.executable).parent / "shardline"
@@ -107,14 +107,14 @@ def test_a_holder_killed_on_this_machine_is_not_waited_out(tmp_path, reaped):
 
 
 @pytest.mark.e2e
-def test_two_runs_of_one_config_at_once_never_write_the_same_run_folder_together(tmp_path):
+def test_two_runs_of_one_config_at_once_never_write_the_same_run_folder_together(tmp_path, prefect_api):
     """Two `shardline run` of the same config on one storage root: the second waits while the first holds
     the run folder's lease, then takes its finished result; one model version, no step logged twice. The first is
     held (SIGSTOP) while the second reaches its lease (was: each of its steps slept 2.5 s to make room: 75 s)."""
     make_raw(tmp_path / "raw", n_seq=9, rows=60)
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 2})
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = api_env()  # the session's Prefect API, not a temporary server for each run
 
     def start(step_delay: str, out) -> subprocess.Popen:
         return subprocess.Popen(

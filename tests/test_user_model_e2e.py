@@ -6,7 +6,6 @@ raw rows in a fresh process elsewhere after the user's folder is gone."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,19 +14,19 @@ import polars as pl
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import make_raw, tiny_config
+from tests.conftest import api_env, make_raw, tiny_config
 from tests.user_project import HELPERS, write_project
 
 BIN = Path(sys.executable).with_name("shardline")
 
 
 def shardline(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = api_env()  # the session's Prefect API: the test uses the prefect_api fixture
     return subprocess.run([str(BIN), *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.mark.e2e
-def test_a_users_model_trains_retrains_on_a_code_edit_and_predicts_without_its_code(tmp_path):
+def test_a_users_model_trains_retrains_on_a_code_edit_and_predicts_without_its_code(tmp_path, prefect_api):
     make_raw(tmp_path / "raw", n_seq=15, rows=80)
     root = tmp_path / "store"
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root), **{"training.epochs": 3})
@@ -84,7 +83,7 @@ print(json.dumps({{
     assert got["user_code"].startswith(artifacts) and got["shardline"].startswith(artifacts)
 
 
-def test_a_bad_entrypoint_is_refused_before_any_work_with_exit_code_2(tmp_path):
+def test_a_bad_entrypoint_is_refused_before_any_work_with_exit_code_2(tmp_path, prefect_api):
     make_raw(tmp_path / "raw", n_seq=3, rows=20)
     root = tmp_path / "store"
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root))
