@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import api_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -127,9 +129,12 @@ def test_packed_parts_unpack_there_and_an_incomplete_or_damaged_kit_is_refused(t
 
 
 @pytest.mark.e2e
-def test_gpu_kit_run_whole_loop_on_the_cpu(tmp_path):
+def test_gpu_kit_run_whole_loop_on_the_cpu(tmp_path, prefect_api):
     work, out = tmp_path / "work", tmp_path / "out"
     env = {
+        # the session's Prefect API: on the GPU machine each command starts a temporary one (the demo's, as
+        # test_cli and test_packaging run it), here that would be ~5 s of CPU a command
+        "PREFECT_API_URL": api_env()["PREFECT_API_URL"],
         "DEVICE": "cpu",
         "QUICK": "1",
         "SHARDLINE_GPU_WORK": str(work),
