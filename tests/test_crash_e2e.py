@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from shardline.core.encoding.contract import contract  # noqa: F401  (import check: the package is importable)
 from shardline.tasks.encode import verify_manifest
 from shardline.trainer.checkpoint import load_checkpoint
-from tests.conftest import make_raw, tiny_config
+from tests.conftest import api_env, make_raw, tiny_config
 
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent / "shardline"
@@ -62,13 +62,16 @@ def kill_when(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
     proc.wait()
 
 
-def finish(config: Path) -> str:
+def finish(config: Path, reference: bool = False) -> str:
+    """`shardline run CONFIG` to its end, as a user reruns it (Prefect's ephemeral API); a `reference` run (the
+    uninterrupted one the killed run is compared with) talks to the session's Prefect API instead (the
+    prefect_api fixture): it is not what the test is about, and a temporary server costs ~5 s of CPU."""
     out = subprocess.run(
         [str(BIN), "run", str(config)],
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+        env=api_env() if reference else {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
@@ -81,7 +84,7 @@ def write_config(tmp_path: Path, root: str, **over) -> Path:
     return path
 
 
-def test_killed_during_training_resumes_to_the_same_weights(tmp_path):
+def test_killed_during_training_resumes_to_the_same_weights(tmp_path, prefect_api):
     make_raw(tmp_path / "raw", n_seq=12, rows=300)
     over = {"training.epochs": 3, "training.batch_size": 16, "training.checkpoint_every_steps": 20, "model.hidden": 64}
     killed, clean = write_config(tmp_path, "killed", **over), write_config(tmp_path, "clean", **over)
@@ -119,7 +122,7 @@ def test_killed_during_training_resumes_to_the_same_weights(tmp_path):
     assert not list((tmp_path / "killed").glob("runs/*/eval")), "the kill came after training: nothing was tested"
     out = finish(killed)
     assert "steps: ingest cached, encode cached, train ran, evaluate ran, register ran" in out
-    finish(clean)
+    finish(clean, reference=True)
 
     def best_weights(root: str):
         best = sorted((tmp_path / root).glob("runs/*/checkpoints/best.json"))[0]
@@ -137,7 +140,7 @@ def test_killed_during_training_resumes_to_the_same_weights(tmp_path):
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "epoch/val_loss")] == [1, 2, 3]
 
 
-def test_killed_during_encode_leaves_nothing_a_rerun_trusts(tmp_path):
+def test_killed_during_encode_leaves_nothing_a_rerun_trusts(tmp_path, prefect_api):
     make_raw(tmp_path / "raw", n_seq=120, rows=120)  # 40 files
     over = {"data.files_per_group": 1, "training.epochs": 1}
     killed, clean = write_config(tmp_path, "killed", **over), write_config(tmp_path, "clean", **over)
@@ -150,7 +153,7 @@ def test_killed_during_encode_leaves_nothing_a_rerun_trusts(tmp_path):
     assert len(list((tmp_path / "killed").glob("datasets/groups/*/*.bin.lz4"))) < 40 * 3
 
     finish(killed)
-    finish(clean)
+    finish(clean, reference=True)
     manifest_path = next((tmp_path / "killed").glob("datasets/*/manifest.json"))
     manifest = verify_manifest(str(manifest_path), deep=True)
     assert manifest is not None  # every shard it lists is there with its checksum
