@@ -95,6 +95,11 @@ def attempts(folder: str) -> dict[int, dict]:
     return found
 
 
+def attempt_folder(folder: str, number: int) -> str:
+    """The folder of attempt `number` of the launch in `folder`: what the other nodes read, where they write."""
+    return storage.join(folder, f"attempt-{number}")
+
+
 def node_lease(shared: str, rank: int) -> str:
     """Where node `rank` holds its lease while its torchrun of the attempt whose folder is `shared` runs."""
     return storage.join(shared, "leases", f"node-{rank}")
@@ -132,7 +137,7 @@ class Attempt:
     def __init__(self, folder: str):
         self.folder = folder
         self.number = max(attempts(folder), default=0) + 1
-        self.shared = storage.join(folder, f"attempt-{self.number}")
+        self.shared = attempt_folder(folder, self.number)
         self.failures = storage.join(self.shared, "failures")
         self._uri = storage.join(folder, f"attempt-{self.number}.json")
         self._put: list[str] = []
@@ -149,14 +154,12 @@ class Attempt:
             silences = {r: Silence(node_lease(self.shared, r), node_holder(self.shared, r)) for r in range(1, nodes)}
             while proc.poll() is None and not self._stop.wait(every):
                 try:
-                    failed = [(r, e) for r, e in sorted(nodes_ended(self.shared).items()) if e.get("exit") != 0]
-                    said = next(
-                        (
-                            f"node {r}'s torchrun ended with exit status {e['exit']}"
-                            for r, e in failed
-                            if not e.get("stopped")
-                        ),
-                        None,
+                    ended = sorted(nodes_ended(self.shared).items())
+                    failed = [(r, e) for r, e in ended if e.get("exit") != 0 and not e.get("stopped")]
+                    said = (
+                        f"node {failed[0][0]}'s torchrun ended with exit status {failed[0][1]['exit']}"
+                        if failed
+                        else None
                     )
                     if said is None:
                         said = next((f"node {r}: {m}" for r, s in silences.items() if (m := s.check())), None)

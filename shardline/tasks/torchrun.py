@@ -249,6 +249,13 @@ def fit_in_processes(
                 attempt.end(code)
 
 
+def stopped_with_the_run(said: str) -> bool:
+    """Whether a node's torchrun, which said `said`, ended because its ranks stopped with the training (preempted
+    or out of budget: node 0's ranks checkpointed), not on a failure."""
+    codes = {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", said)}
+    return bool(codes) and codes <= {PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE}
+
+
 def launch_lost(said: str, machines: int, ckpt_dir: str) -> str:
     """The error of node 0's torchrun under a launcher that was stopped because another node was lost (`said`)."""
     return (
@@ -459,8 +466,7 @@ def run_node(
     if code == 0:
         log(f"node {node_rank}: its processes finished")
         return "finished"
-    codes = {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", said)}
-    if codes and codes <= {PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE}:
+    if stopped_with_the_run(said):
         log(f"node {node_rank}: its processes stopped with the run (checkpointed by node 0)")
         return "stopped"
     tail = "\n".join(said.splitlines()[-TAIL_LINES:])
@@ -526,7 +532,7 @@ def join_launch(
             log(f"node {rank}: joining node 0's attempt {joined}")
             command = [sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={grace}", *args]
             output = Path(tmp) / f"torchrun-{joined}.log"
-            shared = storage.join(folder, f"attempt-{joined}")
+            shared = launched.attempt_folder(folder, joined)
             # node 0 watches this lease while it trains (silent: this machine is gone) and how the torchrun ended
             holder = {"flow_run": launched.node_holder(shared, rank)}
             with Lease(launched.node_lease(shared, rank), f"node {rank}", holder=holder), open(output, "w") as out:
@@ -538,8 +544,7 @@ def join_launch(
                 )
                 nothing = lambda *a: None  # rank 0's events are node 0's
                 code, _ = _follow(proc, Path(tmp) / "no-events", log, nothing, nothing, nothing, nothing, grace)
-                codes = {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", output.read_text(errors="replace"))}
-                stopped = bool(codes) and codes <= {PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE}
+                stopped = stopped_with_the_run(output.read_text(errors="replace"))
                 try:
                     launched.node_ended(shared, rank, code, stopped)
                 except OSError as e:  # node 0 still sees the lost peer, later
