@@ -359,6 +359,68 @@ def test_under_a_launcher_node_0_stops_its_processes_when_a_node_s_torchrun_fail
     attempt.end(-9)
 
 
+def test_under_a_launcher_node_0_waits_for_every_node_before_a_torchrun_and_names_one_that_never_came(
+    tmp_path, monkeypatch
+):
+    """A node's pod may start minutes after node 0's (the cluster adding a GPU machine), or be restarted after its
+    machine was lost: node 0 waits until every node's `shardline run` holds its place in the launch before it starts
+    a torchrun (whose rendezvous would wait 10 minutes, then fail the attempt and spend a retry), and fails with
+    the missing nodes named, not retried, when they do not come."""
+    import threading
+
+    from shardline.core.config import ComputeConfig
+    from shardline.core.lease import Lease
+    from shardline.tasks import launched, torchrun
+    from shardline.tasks.train import is_infrastructure_failure
+
+    monkeypatch.setenv("PET_MASTER_ADDR", "127.0.0.1")
+    folder = str(tmp_path / "launches" / "x")
+    said: list[str] = []
+    # nobody came: node 0 says whom it waits for, then fails naming them and the setting
+    with pytest.raises(launched.NodesMissing) as missing:
+        launched.wait_for_nodes(folder, 3, said.append, timeout=1.0, poll=0.1, say_every=0.4)
+    assert "nodes 1, 2 of the launch did not start within 1 s (SHARDLINE_NODES_TIMEOUT)" in str(missing.value)
+    assert "pods pending" in str(missing.value) and not is_infrastructure_failure(missing.value)
+    assert "waiting for nodes 1, 2 of 3 to start before training" in said[0], said
+    assert any("still waiting for nodes 1, 2" in line for line in said), said
+
+    # node 1's `shardline run` starts now, node 2's a second later: node 0 goes on once both hold their places
+    heard: dict[int, list[str]] = {1: [], 2: []}
+    codes: dict[int, int] = {}
+
+    def node(rank: int, after: float) -> None:
+        time.sleep(after)
+        codes[rank] = torchrun.join_launch(ComputeConfig(nodes=3), "cpu", folder, rank, heard[rank].append, 0.1)
+
+    nodes = [threading.Thread(target=node, args=(1, 0.0)), threading.Thread(target=node, args=(2, 1.0))]
+    began = time.monotonic()
+    for t in nodes:
+        t.start()
+    said.clear()
+    launched.wait_for_nodes(folder, 3, said.append, timeout=30, poll=0.1)
+    assert time.monotonic() - began >= 1.0 and launched.absent(folder, 3) == []
+    assert said[-1].startswith("node 0 of a launch: all 3 nodes are running"), said
+    # node 0's pipeline ends: the nodes exit with its status and give their places up
+    launched.end(folder, "completed", 0)
+    for t in nodes:
+        t.join(30)
+    assert codes == {1: 0, 2: 0}, heard
+    assert launched.absent(folder, 3) == [1, 2]
+
+    # a second `shardline run` given node 1's rank while node 1 runs waits for its place, and gives up after
+    # SHARDLINE_JOIN_TIMEOUT; node 0 never sees two nodes 1
+    launched.begin(folder)
+    with Lease(launched.presence(folder, 1), "node 1 of the launch"):
+        monkeypatch.setenv("SHARDLINE_JOIN_TIMEOUT", "1")
+        heard[1].clear()
+        assert torchrun.join_launch(ComputeConfig(nodes=3), "cpu", folder, 1, heard[1].append, 0.1) == 1
+    assert any("node 1's place in the launch" in line and "two nodes given rank 1?" in line for line in heard[1])
+    assert "node 1 of the launch cannot start" in heard[1][-1], heard[1]
+    monkeypatch.setenv("SHARDLINE_NODES_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match=r"SHARDLINE_NODES_TIMEOUT='soon' is not a number"):
+        launched.nodes_seconds()
+
+
 def test_a_launch_is_named_by_its_id_a_node_says_when_it_waits_and_the_trainjob_runs_shardline_run(
     tmp_path, monkeypatch, capsys
 ):

@@ -228,6 +228,7 @@ def _under_launcher(config) -> tuple[str, int] | None:
         return None
     try:
         found = launched.launch_folder(config.storage.root), launched.node_rank()
+        launched.join_seconds(), launched.nodes_seconds()  # a bad value said before anything starts
     except ValueError as e:
         _fail(str(e), 2)
     if config.compute.train_on != "local":

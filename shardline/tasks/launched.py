@@ -14,6 +14,10 @@ They meet in a folder of the storage root, `launches/<SHARDLINE_LAUNCH_ID>/`:
   its ttl; `attempt-<k>/nodes/node-<r>.json`: how that torchrun ended. Node 0 watches both while its own torchrun
   runs: a node whose torchrun failed (a rank killed, its GPU lost) or whose lease went silent (its machine gone)
   stops node 0's processes, which could otherwise wait in a collective on the lost peer for gloo's 30 minutes.
+- `present/node-<r>`: node r's lease while its `shardline run` of the launch runs. Before each torchrun node 0 waits
+  until every node holds one (`wait_for_nodes`): a pod still pending while the cluster adds a GPU machine, or one
+  restarted after its machine was lost, would otherwise fail torchrun's rendezvous after 10 minutes and spend one
+  of the training's retries each time.
 - `end.json`: node 0's pipeline has ended, `{"status": "completed" | "failed" | "preempted" | ..., "exit": N}`;
   the other nodes exit with that status (0 when it completed).
 
@@ -27,15 +31,19 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from shardline.core import storage
-from shardline.core.lease import Silence
+from shardline.core.lease import Lease, Silence, read_current
 from shardline.tasks.nodes import WATCH_SECONDS, stop_without_peers
 
 LAUNCH_ID = "SHARDLINE_LAUNCH_ID"
 JOIN_TIMEOUT = "SHARDLINE_JOIN_TIMEOUT"  # how long a node waits for node 0's next torchrun or its pipeline's end
 DEFAULT_JOIN_SECONDS = 6 * 3600  # node 0 ingests and encodes before it trains: hours, on a big data set
+NODES_TIMEOUT = "SHARDLINE_NODES_TIMEOUT"  # how long node 0 waits, before each torchrun, for the other nodes to run
+DEFAULT_NODES_SECONDS = 1800  # a pod pending while the cluster adds a GPU machine: minutes
+NODES_SAY_SECONDS = 60  # how often node 0 says which nodes it still waits for
 _RANK_VARIABLES = ("PET_NODE_RANK", "NODE_RANK", "GROUP_RANK", "JOB_COMPLETION_INDEX")
 _ATTEMPT = re.compile(r"^attempt-(\d+)\.json$")
 
@@ -93,6 +101,98 @@ def attempts(folder: str) -> dict[int, dict]:
             except (OSError, ValueError):
                 continue  # being written
     return found
+
+
+def nodes_seconds() -> float:
+    """How long node 0 waits for the other nodes before each torchrun: $SHARDLINE_NODES_TIMEOUT or 30 minutes (read
+    before anything starts, so that a bad value is said then)."""
+    from shardline.core.config import env_seconds
+
+    return env_seconds(NODES_TIMEOUT, DEFAULT_NODES_SECONDS, zero="a node not running then fails the training at once")
+
+
+class NodesMissing(RuntimeError):
+    """Nodes of the launch did not start (or were lost and did not come back) in time: no training started. Not
+    retried: the next attempt would wait for the same pods."""
+
+
+def presence(folder: str, rank: int) -> str:
+    """Where node `rank` (1..M-1) holds its lease while its `shardline run` of the launch in `folder` runs."""
+    return storage.join(folder, "present", f"node-{rank}")
+
+
+@contextmanager
+def present_while(folder: str, rank: int, log: Callable[[str], None], wait: float) -> Iterator[Lease]:
+    """Node `rank` holds its lease in `presence` while the block runs. Held by another process (an earlier `shardline
+    run` of this node, its pod restarted on another machine; two pods given one rank), it is taken when that one's
+    ends or expires; `LeaseHeld` after `wait` seconds."""
+    lease = Lease(presence(folder, rank), f"node {rank} of the launch")
+    lease.acquire(
+        wait=wait,
+        on_wait=lambda who: log(
+            f"node {rank}: node {rank}'s place in the launch ({presence(folder, rank)}) is held by {who}: an "
+            f"earlier run of node {rank}, or two nodes given rank {rank}? Waiting until it ends or expires"
+        ),
+    )
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
+def absent(folder: str, nodes: int) -> list[int]:
+    """The ranks of the other nodes of a launch on `nodes` machines that hold no live lease in `presence`: not
+    started, ended (released), or gone (not renewed past its expiry)."""
+    missing = []
+    for rank in range(1, nodes):
+        try:
+            _, record = read_current(presence(folder, rank))
+        except OSError:
+            record = None
+        if not record or record.get("released") or record.get("expires_at", 0) <= time.time():
+            missing.append(rank)
+    return missing
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"node {ranks[0]}" if len(ranks) == 1 else "nodes " + ", ".join(str(r) for r in ranks)
+
+
+def wait_for_nodes(
+    folder: str,
+    nodes: int,
+    log: Callable[[str], None],
+    timeout: float,
+    poll: float = 1.0,
+    say_every: float = NODES_SAY_SECONDS,
+) -> None:
+    """Node 0, before a torchrun: wait until every other node of the launch runs (`absent` is empty), saying which
+    it waits for every `say_every` seconds; `NodesMissing` after `timeout` seconds. torchrun's own rendezvous
+    would wait 10 minutes for a missing node, then fail the attempt."""
+    start = said = time.monotonic()
+    missing = absent(folder, nodes)
+    if not missing:
+        return
+    log(
+        f"node 0 of a launch: waiting for {_ranks(missing)} of {nodes} to start before training (each node's "
+        f"`shardline run` holds a lease in {storage.join(folder, 'present')}; at most {timeout:.0f} s, "
+        f"{NODES_TIMEOUT})"
+    )
+    while missing:
+        if time.monotonic() - start >= timeout:
+            raise NodesMissing(
+                f"{_ranks(missing)} of the launch did not start within {timeout:.0f} s ({NODES_TIMEOUT}), or "
+                f"stopped and did not come back: no training started. Are their pods pending (kubectl get pods; a "
+                f"GPU machine the cluster could not add)? Every node runs `shardline run` with the same {LAUNCH_ID} "
+                f"and a storage.root that all of them see ({folder}). The training's checkpoints stay: a rerun "
+                "resumes from the newest"
+            )
+        time.sleep(poll)
+        if time.monotonic() - said >= say_every:
+            said = time.monotonic()
+            log(f"node 0 of a launch: still waiting for {_ranks(missing)} ({said - start:.0f} s)")
+        missing = absent(folder, nodes)
+    log(f"node 0 of a launch: all {nodes} nodes are running ({time.monotonic() - start:.0f} s)")
 
 
 def attempt_folder(folder: str, number: int) -> str:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
-from shardline.tasks.launched import Attempt
+from shardline.tasks.launched import Attempt, nodes_seconds, wait_for_nodes
 from shardline.tasks.nodes import Nodes, watch_node0
 from shardline.trainer.distributed import check_batch_size
 from shardline.trainer.loop import (
@@ -152,6 +152,9 @@ def fit_in_processes(
         from shardline.tasks.nodes import peerless_seconds
 
         peerless = peerless_seconds()  # a bad value said before anything starts
+        # every other node runs (a pod still pending, one restarted after its machine was lost): else torchrun's
+        # rendezvous waits 10 minutes for it, then fails the attempt
+        wait_for_nodes(launch, compute.nodes, log, nodes_seconds())
         attempt = Attempt(launch)
     with tempfile.TemporaryDirectory(prefix="shardline-ddp-") as tmp:
         folder = Path(tmp)
@@ -490,14 +493,30 @@ def join_launch(
     announced in the launch's `folder` until node 0's pipeline ends; the exit status that node 0's had (0: completed).
     Its ranks take rank 0's job over the process group (trainer/ddp_run.py, a job of `{"join": true}`), so that
     every rank trains the one job node 0 made. A node whose torchrun fails (a lost peer, a rank killed) waits for
-    node 0's next attempt: node 0 decides whether the training is retried."""
-    from shardline.core.lease import Lease
+    node 0's next attempt: node 0 decides whether the training is retried. While it runs it holds its place in the
+    launch (`launched.presence`): node 0 starts each torchrun once every node holds one."""
+    from shardline.core.lease import LeaseHeld
     from shardline.tasks import launched
 
     wait = launched.join_seconds()
+    log(f"node {rank} of {compute.nodes} under a launcher: joining node 0's training in {folder}")
+    try:
+        with launched.present_while(folder, rank, log, wait):
+            return _join_attempts(compute, device, folder, rank, log, poll, wait)
+    except LeaseHeld as e:
+        log(f"node {rank}: {e}")
+        return 1
+
+
+def _join_attempts(
+    compute: ComputeConfig, device: str, folder: str, rank: int, log: Callable[[str], None], poll: float, wait: float
+) -> int:
+    """`join_launch`'s loop: each attempt node 0 announces is joined, until node 0's pipeline ends."""
+    from shardline.core.lease import Lease
+    from shardline.tasks import launched
+
     args = launcher_args(compute)
     grace = shutdown_seconds()
-    log(f"node {rank} of {compute.nodes} under a launcher: joining node 0's training in {folder}")
     joined, deadline = 0, time.monotonic() + wait
     since = said = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="shardline-join-") as tmp:
