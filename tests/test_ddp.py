@@ -560,9 +560,9 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
 
     Then the same training on 2 nodes of 1 process under a launcher (a Kubeflow TrainJob's PET_* environment),
     every node running the same `shardline run CONFIG`: node 0 runs the pipeline (ingest, encode, train,
-    evaluate, register) and node 1, started first, waits for node 0's training and joins it, taking its job from
-    rank 0. Node 1's rank killed mid-training, node 0's retry is joined again, and the two-node run ends on the
-    two-process run's weights to the bit."""
+    evaluate, register) and waits for node 1, started late, before it trains; node 1 joins its training, taking
+    its job from rank 0. Node 1's rank killed mid-training, node 0's retry is joined again, and the two-node run
+    ends on the two-process run's weights to the bit."""
     import sqlite3
 
     import yaml
@@ -590,9 +590,16 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     (tmp_path / "l.yaml").write_text(yaml.safe_dump({**cfg, "compute": {"nodes": 2, "processes_per_node": 1}}))
     port = free_port()
     slow = {"SHARDLINE_TEST_STEP_DELAY": "0.1"}  # room to kill node 1's rank mid-training
-    node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a1", tmp_path, **slow)
-    time.sleep(2)  # node 1 first: it waits for node 0's training
     node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **slow)
+    # node 1's pod late (the cluster adding its machine): node 0 ingests and encodes, then waits for it before its
+    # torchrun, whose rendezvous would otherwise give up after 10 minutes
+    deadline = time.monotonic() + 240
+    while not list(store.glob("datasets/**/manifest.json")):
+        assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()[0][-3000:]
+        time.sleep(0.1)
+    time.sleep(3)
+    assert not launched_attempts(store / "launches" / "job-a1"), "no torchrun before every node runs"
+    node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a1", tmp_path, **slow)
     # node 1's rank killed after node 0's first checkpoint (its GPU lost, the OOM killer): node 0's training
     # fails (RankFailed), its retry is attempt 2, which node 1 joins, and it resumes from that checkpoint
     deadline = time.monotonic() + 240
@@ -605,6 +612,7 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     assert node0.returncode == 0, said0[-3000:] + said1[-3000:]
     assert node1.returncode == 0, said1[-3000:]
     assert "Registered tiny-model version 1 as @champion" in said0
+    assert "waiting for node 1 of 2 to start before training" in said0 and "all 2 nodes are running" in said0
     assert "joining node 0's attempt 1" in said1 and "attempt 1: torchrun exit status" in said1, said1
     assert "joining node 0's attempt 2" in said1 and "attempt 2: its processes finished" in said1, said1
     assert "node 0's pipeline ended (completed); 2 torchrun(s) joined" in said1
