@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -357,6 +358,53 @@ def test_under_a_launcher_node_0_stops_its_processes_when_a_node_s_torchrun_fail
     assert proc.wait(timeout=30) == -signal.SIGKILL
     assert attempt.lost.startswith("node 2: its lease in ") and "was not renewed" in attempt.lost, attempt.lost
     attempt.end(-9)
+
+
+def test_under_a_launcher_a_node_stops_its_processes_when_node_0_s_torchrun_ended_or_its_machine_went_silent(
+    tmp_path, monkeypatch
+):
+    """Node 1's torchrun is stopped (SIGTERM, then SIGKILL after the grace) when node 0's torchrun of the attempt
+    ended and node 1's still runs a grace later, when node 0 began a newer attempt (its pod restarted), or when node
+    0's lease of the attempt went silent past its ttl (its machine gone): its ranks could otherwise wait on node 0
+    in a collective for gloo's 30 minutes, while node 0's next attempt waits for this node. Not while node 0's
+    lease is renewed."""
+    from shardline.tasks import launched
+
+    monkeypatch.setenv("SHARDLINE_LEASE_TTL", "3")
+    deaf = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
+    folder = str(tmp_path / "launches" / "x")
+
+    def joined(number: int):
+        proc = subprocess.Popen(deaf)
+        said: list[str] = []
+        return proc, said, launched.watch_attempt_node0(proc, folder, number, 1, said.append, grace=1.0, every=0.1)
+
+    # node 0's torchrun of attempt 1 ended; node 1's does not end by itself: stopped after the grace
+    first = launched.Attempt(folder)
+    first.announce()
+    proc, said, gone = joined(1)
+    time.sleep(1.0)
+    assert proc.poll() is None and not gone, "node 0 trains: its lease is renewed"
+    began = time.monotonic()
+    first.end(1)
+    assert proc.wait(timeout=30) == -signal.SIGKILL and time.monotonic() - began < 20
+    assert len(gone) == 1 and re.fullmatch(r"node 0's torchrun of attempt 1 ended \d+ s ago", gone[0]), gone
+    assert any("node 1: node 0's torchrun of attempt 1 ended" in line for line in said), said
+
+    # node 0's machine gone during attempt 2: its lease is no longer renewed (and no end is written)
+    second = launched.Attempt(folder)
+    second.announce()
+    proc, said, gone = joined(2)
+    second._lease._stop.set()  # its renewals stop, as on a frozen machine: no release
+    second._lease._thread.join(5)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert gone[0].startswith("node 0's lease of attempt 2: its lease in ") and "not renewed" in gone[0], gone
+
+    # node 0's pod restarted: its new pipeline's attempt 3 while node 1 still runs attempt 2's torchrun
+    proc, said, gone = joined(2)
+    launched.Attempt(folder).announce()
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert len(gone) == 1 and re.fullmatch(r"node 0's torchrun of attempt 2 ended \d+ s ago", gone[0]), gone
 
 
 def test_under_a_launcher_node_0_waits_for_every_node_before_a_torchrun_and_names_one_that_never_came(

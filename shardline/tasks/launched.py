@@ -14,6 +14,8 @@ They meet in a folder of the storage root, `launches/<SHARDLINE_LAUNCH_ID>/`:
   its ttl; `attempt-<k>/nodes/node-<r>.json`: how that torchrun ended. Node 0 watches both while its own torchrun
   runs: a node whose torchrun failed (a rank killed, its GPU lost) or whose lease went silent (its machine gone)
   stops node 0's processes, which could otherwise wait in a collective on the lost peer for gloo's 30 minutes.
+  The other nodes watch node 0's lease (`leases/node-0`) and `attempt-<k>.json` the same way
+  (`watch_attempt_node0`): node 0's torchrun ended or its machine gone, they stop theirs.
 - `present/node-<r>`: node r's lease while its `shardline run` of the launch runs. Before each torchrun node 0 waits
   until every node holds one (`wait_for_nodes`): a pod still pending while the cluster adds a GPU machine, or one
   restarted after its machine was lost, would otherwise fail torchrun's rendezvous after 10 minutes and spend one
@@ -243,6 +245,7 @@ class Attempt:
         self._put: list[str] = []
         self._stop = threading.Event()
         self.lost: str | None = None  # what became of a node that stopped node 0's processes, in words
+        self._lease: Lease | None = None
 
     def watch(self, proc, nodes: int, log: Callable[[str], None], grace: float, every: float = WATCH_SECONDS) -> None:
         """While node 0's torchrun `proc` runs (a thread): a node whose torchrun failed, or whose lease went silent
@@ -282,6 +285,11 @@ class Attempt:
         return uri
 
     def announce(self) -> None:
+        """The other nodes may join: node 0 holds its lease of this attempt (`node_lease(shared, 0)`, which they watch
+        while they train) until `end`."""
+        holder = {"flow_run": node_holder(self.shared, 0)}
+        self._lease = Lease(node_lease(self.shared, 0), "node 0", holder=holder)
+        self._lease.acquire()
         storage.write_text(self._uri, json.dumps({"attempt": self.number, "started": time.time(), "ended": False}))
 
     def end(self, exit_code: int | None) -> None:
@@ -291,6 +299,45 @@ class Attempt:
         storage.write_text(
             self._uri, json.dumps({"attempt": self.number, "ended": True, "exit": exit_code, "at": time.time()})
         )
+        if self._lease is not None:
+            self._lease.release()
+
+
+def watch_attempt_node0(
+    proc, folder: str, number: int, rank: int, log: Callable[[str], None], grace: float, every: float = WATCH_SECONDS
+) -> list[str]:
+    """On node `rank` (1..M-1), while its torchrun `proc` of attempt `number` runs (a thread): node 0's torchrun of
+    that attempt ended `grace` seconds ago (or node 0 began a newer attempt: its pod restarted) and `proc` still
+    runs, or node 0's lease of the attempt went silent past its ttl (node 0's machine gone): stop `proc`
+    (`stop_without_peers`, with `grace`). Without it, this node's ranks could wait on node 0 in a collective for
+    gloo's timeout (30 minutes) while node 0's next attempt waits for them. Returns a list that gets what was seen,
+    in words, when it stopped `proc`."""
+    shared = attempt_folder(folder, number)
+    silence = Silence(node_lease(shared, 0), node_holder(shared, 0))
+    gone: list[str] = []
+
+    def run() -> None:
+        over = None  # when node 0's torchrun was first seen ended
+        while proc.poll() is None:
+            time.sleep(every)
+            try:
+                known = attempts(folder)
+                silent = silence.check()
+            except OSError:  # the store did not answer: no verdict this time
+                continue
+            said = f"node 0's lease of attempt {number}: {silent}" if silent else None
+            if known.get(number, {}).get("ended") or any(k > number for k in known):
+                over = time.monotonic() if over is None else over
+                if said is None and time.monotonic() - over >= grace:
+                    said = f"node 0's torchrun of attempt {number} ended {time.monotonic() - over:.0f} s ago"
+            if said is not None and proc.poll() is None:
+                gone.append(said)
+                log(f"node {rank}: {said}: stopping this node's processes")
+                stop_without_peers(proc, log, grace)
+                return
+
+    threading.Thread(target=run, name="shardline-launch-node0", daemon=True).start()
+    return gone
 
 
 def begin(folder: str) -> None:

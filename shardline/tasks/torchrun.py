@@ -31,7 +31,7 @@ from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
 from shardline.tasks.launched import Attempt, nodes_seconds, wait_for_nodes
-from shardline.tasks.nodes import Nodes, watch_node0
+from shardline.tasks.nodes import Nodes, peerless_seconds, watch_node0
 from shardline.trainer.distributed import check_batch_size
 from shardline.trainer.loop import (
     ANOTHER_PROCESS,
@@ -149,8 +149,6 @@ def fit_in_processes(
     if compute.nodes > 1 and nodes is None:  # under a launcher: the other nodes join this run's torchrun
         if launch is None:
             raise ValueError("compute.nodes > 1 under a launcher: the launch's folder in storage is not given")
-        from shardline.tasks.nodes import peerless_seconds
-
         peerless = peerless_seconds()  # a bad value said before anything starts
         # every other node runs (a pod still pending, one restarted after its machine was lost): else torchrun's
         # rendezvous waits 10 minutes for it, then fails the attempt
@@ -516,7 +514,7 @@ def _join_attempts(
     from shardline.tasks import launched
 
     args = launcher_args(compute)
-    grace = shutdown_seconds()
+    grace, peerless = shutdown_seconds(), peerless_seconds()
     joined, deadline = 0, time.monotonic() + wait
     since = said = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="shardline-join-") as tmp:
@@ -561,9 +559,11 @@ def _join_attempts(
                     stderr=subprocess.STDOUT,
                     preexec_fn=_term_with_parent,
                 )
+                # node 0's torchrun ended or its machine gone: this node's ranks could wait on it in a collective
+                gone = launched.watch_attempt_node0(proc, folder, joined, rank, log, peerless)
                 nothing = lambda *a: None  # rank 0's events are node 0's
                 code, _ = _follow(proc, Path(tmp) / "no-events", log, nothing, nothing, nothing, nothing, grace)
-                stopped = stopped_with_the_run(output.read_text(errors="replace"))
+                stopped = stopped_with_the_run(output.read_text(errors="replace")) and not gone
                 try:
                     launched.node_ended(shared, rank, code, stopped)
                 except OSError as e:  # node 0 still sees the lost peer, later
