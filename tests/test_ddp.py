@@ -419,6 +419,7 @@ def test_under_a_launcher_node_0_waits_for_every_node_before_a_torchrun_and_name
     from shardline.core.config import ComputeConfig
     from shardline.core.lease import Lease
     from shardline.tasks import launched, torchrun
+    from shardline.tasks.nodes import nodes_seconds
     from shardline.tasks.train import is_infrastructure_failure
 
     monkeypatch.setenv("PET_MASTER_ADDR", "127.0.0.1")
@@ -466,7 +467,7 @@ def test_under_a_launcher_node_0_waits_for_every_node_before_a_torchrun_and_name
     assert "node 1 of the launch cannot start" in heard[1][-1], heard[1]
     monkeypatch.setenv("SHARDLINE_NODES_TIMEOUT", "soon")
     with pytest.raises(ValueError, match=r"SHARDLINE_NODES_TIMEOUT='soon' is not a number"):
-        launched.nodes_seconds()
+        nodes_seconds()
 
 
 def test_a_launch_is_named_by_its_id_a_node_says_when_it_waits_and_the_trainjob_runs_shardline_run(
@@ -774,6 +775,51 @@ def test_a_stopped_attempt_on_several_nodes_leaves_no_copy_of_the_parent_weights
     canceller.join(5)
     left = sorted(p.name for p in shared.rglob("*") if p.is_file())
     assert left == [], (left, said)
+
+
+def test_a_training_on_several_nodes_waits_for_its_node_runs_and_names_one_that_never_started(
+    tmp_path, prefect_api, monkeypatch
+):
+    """A node run not started (no worker of its pool free, a machine its infrastructure is still adding) is waited
+    for before node 0's torchrun starts (whose rendezvous would give up after 10 minutes and spend a retry), and
+    said while it is; after SHARDLINE_NODES_TIMEOUT the training fails naming it, not retried, and the node run
+    is cancelled at once (it has nothing left to join)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    from shardline.core.config import ComputeConfig, TrainingConfig
+    from shardline.tasks import nodes
+    from shardline.tasks.torchrun import fit_in_processes
+    from shardline.tasks.train import is_infrastructure_failure
+
+    _node_deployment("gpu-nodes-test")  # no worker: its runs stay Scheduled
+    monkeypatch.setenv("SHARDLINE_NODES_TIMEOUT", "4")
+    monkeypatch.setattr(nodes, "NODES_SAY_SECONDS", 1.5)
+    shared = tmp_path / "run" / "nodes"
+    said: list[str] = []
+    compute = ComputeConfig(nodes=2, master_addr="127.0.0.1")
+    cfg = TrainingConfig(epochs=1, batch_size=8, device="cpu")
+    began = time.monotonic()
+    with pytest.raises(nodes.NodesMissing) as missing:
+        fit_in_processes(
+            compute, str(tmp_path / "m.json"), ["train"], ["validation"], {}, cfg, "classification",
+            str(tmp_path / "ckpt"), log=said.append, shared=str(shared),
+        )  # fmt: skip
+    assert re.search(
+        r"flow run\(s\) [\w-]+ \((Scheduled|Late)\) of train-node/train-node did not start within 4 s "
+        r"\(SHARDLINE_NODES_TIMEOUT\): no training started",
+        str(missing.value),
+    ), missing.value
+    assert "Is a worker of its pool free" in str(missing.value) and not is_infrastructure_failure(missing.value)
+    assert any(
+        line.startswith("waiting for flow run(s) ") and "of train-node/train-node to start" in line for line in said
+    )
+    assert time.monotonic() - began < 30, "a node run not started is cancelled at once, not waited for"
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["shardline-node"])))
+    mine = [r for r in runs if str(shared) in r.parameters.get("job", "")]
+    assert len(mine) == 1 and mine[0].state.name == "Cancelled", [(r.name, r.state.name) for r in mine]
+    assert sorted(p.name for p in shared.rglob("*") if p.is_file()) == []
 
 
 @pytest.mark.parametrize("node_rank, nodes", [(2, 2), (0, 2), (1, 1)])

@@ -222,13 +222,14 @@ def _under_launcher(config) -> tuple[str, int] | None:
     """The launch's folder and this node's rank, when this `shardline run` is a node of a training on several
     machines under a launcher (a Kubeflow TrainJob, a JobSet: its rendezvous in the environment); else None."""
     from shardline.tasks import launched
+    from shardline.tasks.nodes import nodes_seconds
     from shardline.tasks.torchrun import launched_by_environment
 
     if config.compute.nodes <= 1 or not launched_by_environment():
         return None
     try:
         found = launched.launch_folder(config.storage.root), launched.node_rank()
-        launched.join_seconds(), launched.nodes_seconds()  # a bad value said before anything starts
+        launched.join_seconds(), nodes_seconds()  # a bad value said before anything starts
     except ValueError as e:
         _fail(str(e), 2)
     if config.compute.train_on != "local":

@@ -38,14 +38,17 @@ from contextlib import contextmanager
 
 from shardline.core import storage
 from shardline.core.lease import Lease, Silence, read_current
-from shardline.tasks.nodes import WATCH_SECONDS, stop_without_peers
+from shardline.tasks.nodes import (
+    NODES_SAY_SECONDS,
+    NODES_TIMEOUT,
+    WATCH_SECONDS,
+    NodesMissing,
+    stop_without_peers,
+)
 
 LAUNCH_ID = "SHARDLINE_LAUNCH_ID"
 JOIN_TIMEOUT = "SHARDLINE_JOIN_TIMEOUT"  # how long a node waits for node 0's next torchrun or its pipeline's end
 DEFAULT_JOIN_SECONDS = 6 * 3600  # node 0 ingests and encodes before it trains: hours, on a big data set
-NODES_TIMEOUT = "SHARDLINE_NODES_TIMEOUT"  # how long node 0 waits, before each torchrun, for the other nodes to run
-DEFAULT_NODES_SECONDS = 1800  # a pod pending while the cluster adds a GPU machine: minutes
-NODES_SAY_SECONDS = 60  # how often node 0 says which nodes it still waits for
 _RANK_VARIABLES = ("PET_NODE_RANK", "NODE_RANK", "GROUP_RANK", "JOB_COMPLETION_INDEX")
 _ATTEMPT = re.compile(r"^attempt-(\d+)\.json$")
 
@@ -103,19 +106,6 @@ def attempts(folder: str) -> dict[int, dict]:
             except (OSError, ValueError):
                 continue  # being written
     return found
-
-
-def nodes_seconds() -> float:
-    """How long node 0 waits for the other nodes before each torchrun: $SHARDLINE_NODES_TIMEOUT or 30 minutes (read
-    before anything starts, so that a bad value is said then)."""
-    from shardline.core.config import env_seconds
-
-    return env_seconds(NODES_TIMEOUT, DEFAULT_NODES_SECONDS, zero="a node not running then fails the training at once")
-
-
-class NodesMissing(RuntimeError):
-    """Nodes of the launch did not start (or were lost and did not come back) in time: no training started. Not
-    retried: the next attempt would wait for the same pods."""
 
 
 def presence(folder: str, rank: int) -> str:

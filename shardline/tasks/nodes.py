@@ -11,7 +11,9 @@ makes every torchrun fail: the training task raises `RankFailed`, and its retry 
 (a new job, new flow runs), resuming from the newest checkpoint. A node whose machine vanished without a word
 leaves its flow run RUNNING and node 0's ranks waiting on it in a collective: each node run holds a lease in
 the attempt's folder (`leases/node-<rank>`), and node 0 sets a run whose lease went silent past its ttl
-Crashed and stops (`RankFailed`, retried).
+Crashed and stops (`RankFailed`, retried). Node 0 starts its torchrun once no node run is still Scheduled or
+Pending (`wait_running`, at most SHARDLINE_NODES_TIMEOUT): a machine the pool's infrastructure is still adding
+would otherwise fail torchrun's rendezvous after 10 minutes.
 """
 
 from __future__ import annotations
@@ -28,12 +30,17 @@ from shardline.core.config import ComputeConfig
 
 FINISH_SECONDS = 60.0  # how long the node runs get to end after node 0's torchrun did, before they are cancelled
 WATCH_SECONDS = 5.0  # how often the node runs' states are read while node 0 trains
-START_WARNING_SECONDS = 120.0  # a node run not started after this long is said (training waits for every node)
 # how long a torchrun whose peers on another machine are gone gets to end after SIGTERM before its processes are
 # killed: a checkpoint needs every rank's agreement (the step's all-reduce), so no more can be written, and ranks
 # waiting on a vanished machine in a collective never see the signal (torchrun would wait its 300 s shutdown)
 PEERLESS_SECONDS = 20.0
 PEERLESS_ENV = "SHARDLINE_PEERLESS_SECONDS"  # more for a model whose checkpoint takes longer to write
+# how long node 0 waits, before each torchrun, for the other nodes to run (their flow runs RUNNING, or under a
+# launcher their `shardline run`): a machine the cluster is still adding takes minutes, and torchrun's own
+# rendezvous would give up after 10 minutes and spend one of the training's retries
+NODES_TIMEOUT = "SHARDLINE_NODES_TIMEOUT"
+DEFAULT_NODES_SECONDS = 1800.0
+NODES_SAY_SECONDS = 60.0  # how often node 0 says which nodes it still waits for
 
 
 def peerless_seconds() -> float:
@@ -42,6 +49,19 @@ def peerless_seconds() -> float:
     from shardline.core.config import env_seconds
 
     return env_seconds(PEERLESS_ENV, PEERLESS_SECONDS)
+
+
+def nodes_seconds() -> float:
+    """How long node 0 waits for the other nodes before each torchrun: $SHARDLINE_NODES_TIMEOUT or 30 minutes (read
+    before anything starts, so that a bad value is said then)."""
+    from shardline.core.config import env_seconds
+
+    return env_seconds(NODES_TIMEOUT, DEFAULT_NODES_SECONDS, zero="a node not running then fails the training at once")
+
+
+class NodesMissing(RuntimeError):
+    """Nodes of the training did not start (or were lost and did not come back) in time: no training started. Not
+    retried: the next attempt would wait for the same machines."""
 
 
 class NodeFailed(RuntimeError):
@@ -151,21 +171,58 @@ class Nodes:
             "compute.master_port)"
         )
 
+    def wait_running(self, timeout: float, poll: float = 1.0, say_every: float | None = None) -> None:
+        """Before node 0's torchrun: wait until no node run is still Scheduled or Pending (its machine being added,
+        no worker of its pool free), saying which every `say_every` seconds; `NodesMissing` after `timeout` seconds.
+        A node run that ended meanwhile is left to `watch`, which names it. torchrun's own rendezvous would wait 10
+        minutes for a node that is not there, then fail the attempt (and a retry starts its nodes afresh)."""
+        from prefect.client.schemas.objects import StateType
+
+        say_every = NODES_SAY_SECONDS if say_every is None else say_every
+        start = said = time.monotonic()
+        waiting: list = []
+        while True:
+            try:
+                runs = self._states()
+            except Exception:  # noqa: BLE001 - the API away for a moment: ask again
+                runs = None
+            if runs is not None:
+                waiting = [r for r in runs if not r.state or r.state.type in (StateType.SCHEDULED, StateType.PENDING)]
+                if not waiting:
+                    if time.monotonic() - start >= say_every:
+                        self.log(f"every node's flow run runs ({time.monotonic() - start:.0f} s): training")
+                    return
+            names = ", ".join(f"{r.name} ({r.state.name if r.state else '?'})" for r in waiting)
+            if time.monotonic() - start >= timeout:
+                raise NodesMissing(
+                    f"flow run(s) {names} of {self.compute.node_deployment} did not start within {timeout:.0f} s "
+                    f"({NODES_TIMEOUT}): no training started, and they are cancelled. Is a worker of its pool free "
+                    f"on another machine (one per machine, as many as compute.nodes={self.compute.nodes}), or can "
+                    "the pool's infrastructure add one? The training's checkpoints stay: a rerun resumes from the "
+                    "newest"
+                )
+            if time.monotonic() - said >= say_every:
+                said = time.monotonic()
+                self.log(
+                    f"waiting for flow run(s) {names} of {self.compute.node_deployment} to start "
+                    f"({said - start:.0f} s; the training starts when every node runs, at most {timeout:.0f} s, "
+                    f"{NODES_TIMEOUT}): is a worker of its pool free on another machine?"
+                )
+            time.sleep(poll)
+
     def watch(self, proc) -> None:
         """While node 0's torchrun `proc` runs, watch the node runs (a thread): one that ends without completing
         (it crashed, failed or was cancelled, often before it ever joined: node 0 would wait out torchrun's
-        rendezvous timeout) stops node 0's processes and is kept in `lost`; one not started after
-        START_WARNING_SECONDS is said once."""
+        rendezvous timeout) stops node 0's processes and is kept in `lost`. (Node 0's torchrun starts once every
+        node run runs: `wait_running`.)"""
         threading.Thread(target=self._watch, args=(proc,), name="shardline-nodes", daemon=True).start()
 
     def _watch(self, proc) -> None:
         from prefect.client.orchestration import get_client
-        from prefect.client.schemas.objects import StateType
         from prefect.states import Crashed
 
         from shardline.core.lease import Silence
 
-        began, warned = time.monotonic(), False
         silences = {r.id: Silence(self.lease_folder(rank), r.id) for rank, r in enumerate(self.runs, 1)}
         while proc.poll() is None and not self._stop.wait(WATCH_SECONDS):
             try:
@@ -187,14 +244,6 @@ class Nodes:
                 )
                 stop_without_peers(proc, self.log, self.grace)
                 return
-            waiting = [r.name for r in runs if r.state and r.state.type in (StateType.SCHEDULED, StateType.PENDING)]
-            if waiting and not warned and time.monotonic() - began >= START_WARNING_SECONDS:
-                warned = True
-                self.log(
-                    f"warning: flow run(s) {', '.join(waiting)} of {self.compute.node_deployment} not started after "
-                    f"{START_WARNING_SECONDS:.0f} s; the training waits for every node: is a worker of its pool free "
-                    "on another machine (one per machine, as many as compute.nodes)?"
-                )
 
     def lost_error(self, ckpt_dir: str, rank_failed: type[Exception]) -> Exception:
         """The error for a node run that ended without completing: `rank_failed` (torchrun.RankFailed: retried)
@@ -231,8 +280,8 @@ class Nodes:
         return "; the other nodes' flow runs: " + "; ".join(said)
 
     def finish(self) -> None:
-        """Wait for the node runs to end (they end with node 0's torchrun), cancel any still going after
-        FINISH_SECONDS (node 0 failed before they joined, or they never started), and clear the attempt's
+        """Wait for the running node runs to end (they end with node 0's torchrun), cancel any still going after
+        FINISH_SECONDS (node 0 failed before they joined) and, at once, any not started, and clear the attempt's
         folder, however it ended (its errors are read by then; a retry writes a new one): a stopped or failed
         attempt does not leave its job and its copy of the parent's weights in the run's folder."""
         from prefect.client.orchestration import get_client
@@ -248,7 +297,8 @@ class Nodes:
                 self.log(f"note: the nodes' flow runs could not be read ({type(e).__name__}: {e})")
                 pending = []
                 break
-            if not pending or time.monotonic() >= until:
+            # only a running node ends by itself; one not started yet has nothing left to join: cancelled at once
+            if not any(r.state and r.state.is_running() for r in pending) or time.monotonic() >= until:
                 break
             time.sleep(1.0)
         with get_client(sync_client=True) as client:

@@ -30,8 +30,8 @@ import torch.distributed as dist
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
-from shardline.tasks.launched import Attempt, nodes_seconds, wait_for_nodes
-from shardline.tasks.nodes import Nodes, peerless_seconds, watch_node0
+from shardline.tasks.launched import Attempt, wait_for_nodes
+from shardline.tasks.nodes import Nodes, nodes_seconds, peerless_seconds, watch_node0
 from shardline.trainer.distributed import check_batch_size
 from shardline.trainer.loop import (
     ANOTHER_PROCESS,
@@ -143,6 +143,7 @@ def fit_in_processes(
             raise ValueError("compute.nodes > 1: the job's shared folder in storage is not given")
         nodes = Nodes(compute, shared, log)
         args = launcher_args(compute, master=nodes.master)
+        waits = nodes_seconds()  # a bad value said before any node starts
     else:
         args = launcher_args(compute)
     attempt = None
@@ -201,6 +202,7 @@ def fit_in_processes(
         try:
             if nodes is not None:  # inside: node runs started before a failure here are cancelled
                 nodes.start(nodes.put("job.json", json.dumps(job).encode()), grace)
+                nodes.wait_running(waits)  # else torchrun's rendezvous gives up on a machine not there yet
             if attempt is not None:
                 log(f"node 0 of a launch: attempt {attempt.number}, the other nodes join it ({attempt.folder})")
                 attempt.announce()
