@@ -610,8 +610,9 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     Then the same training on 2 nodes of 1 process under a launcher (a Kubeflow TrainJob's PET_* environment),
     every node running the same `shardline run CONFIG`: node 0 runs the pipeline (ingest, encode, train,
     evaluate, register) and waits for node 1, started late, before it trains; node 1 joins its training, taking
-    its job from rank 0. Node 1's rank killed mid-training, node 0's retry is joined again, and the two-node run
-    ends on the two-process run's weights to the bit."""
+    its job from rank 0. Node 1's rank killed mid-training, node 0's retry is joined again; node 0's machine then
+    frozen in that retry (node 1 stops its processes on node 0's silent lease) and its pod restarted, the same
+    command's attempt is joined too, and the two-node run ends on the two-process run's weights to the bit."""
     import sqlite3
 
     import yaml
@@ -638,7 +639,9 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     cfg = tiny_config("raw/*.parquet", str(store), **{"training.device": "cpu"})
     (tmp_path / "l.yaml").write_text(yaml.safe_dump({**cfg, "compute": {"nodes": 2, "processes_per_node": 1}}))
     port = free_port()
-    slow = {"SHARDLINE_TEST_STEP_DELAY": "0.1"}  # room to kill node 1's rank mid-training
+    # room to kill node 1's rank mid-training, then to freeze node 0 after a checkpoint of the next attempt; a
+    # silent lease found in seconds, and a peerless torchrun killed 3 s after SIGTERM
+    slow = {"SHARDLINE_TEST_STEP_DELAY": "0.5", "SHARDLINE_LEASE_TTL": "6", "SHARDLINE_PEERLESS_SECONDS": "3"}
     node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **slow)
     # node 1's pod late (the cluster adding its machine): node 0 ingests and encodes, then waits for it before its
     # torchrun, whose rendezvous would otherwise give up after 10 minutes
@@ -657,15 +660,39 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
         time.sleep(0.1)
     (rank1,) = launched_ranks("job-a1", node=1)
     os.kill(rank1, signal.SIGKILL)
-    said0, said1 = ended_nodes(node0, node1, store / "launches" / "job-a1")
+    # then node 0's whole machine silent in attempt 2 (SIGSTOP of all its processes), after attempt 2's first
+    # checkpoint: node 1's ranks would wait on it in a collective for gloo's 30 minutes; node 1 sees node 0's
+    # lease of the attempt go silent and stops them. Node 0's pod restarted (its processes killed, the same
+    # command again): its attempt 3 resumes from the newest checkpoint, and node 1 joins it
+    launch = store / "launches" / "job-a1"
+    while (
+        not (store_ckpt := sorted(store.glob("runs/*/checkpoints/ckpt-*.json")))
+        or store_ckpt[-1].stem < "ckpt-000000010"
+    ):
+        assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()[0][-3000:]
+        time.sleep(0.1)
+    assert (launch / "attempt-2" / "leases" / "node-1").exists(), "node 1 trains in attempt 2"
+    os.killpg(node0.pid, signal.SIGSTOP)
+    while not (launch / "attempt-2" / "nodes" / "node-1.json").exists():
+        assert time.monotonic() < deadline, "node 1 did not stop its processes after node 0 went silent"
+        time.sleep(0.2)
+    os.killpg(node0.pid, signal.SIGKILL)
+    first = node0.communicate(timeout=30)[0]
+    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **slow)
+    said0, said1 = ended_nodes(node0, node1, launch)
+    said0 = first + said0
     assert node0.returncode == 0, said0[-3000:] + said1[-3000:]
     assert node1.returncode == 0, said1[-3000:]
     assert "Registered tiny-model version 1 as @champion" in said0
     assert "waiting for node 1 of 2 to start before training" in said0 and "all 2 nodes are running" in said0
     assert "joining node 0's attempt 1" in said1 and "attempt 1: torchrun exit status" in said1, said1
-    assert "joining node 0's attempt 2" in said1 and "attempt 2: its processes finished" in said1, said1
-    assert "node 0's pipeline ended (completed); 2 torchrun(s) joined" in said1
-    assert launched_attempts(store / "launches" / "job-a1") == [1, 2]
+    assert "joining node 0's attempt 2" in said1 and "node 1: node 0's lease of attempt 2: its lease in" in said1
+    assert "joining node 0's attempt 3" in said1 and "attempt 3: its processes finished" in said1, said1
+    assert "node 0's pipeline ended (completed); 3 torchrun(s) joined" in said1
+    from shardline.tasks.launched import attempts
+
+    ended = {k: a["ended"] for k, a in attempts(str(launch)).items()}
+    assert ended == {1: True, 2: False, 3: True}, ended  # node 0 never came back to end attempt 2
     assert "Registered" not in said1 and not list(store.glob("runs/*/nodes"))
     launched, weights_2 = final_weights_of(store)
     side = json.loads(Path(launched["last_checkpoint"]).with_suffix(".json").read_text())
