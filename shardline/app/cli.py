@@ -731,7 +731,8 @@ def gc_command(
 
     Kept: what any registered version in the config's MLflow store refers to (its run, its data set), the
     --keep newest runs, anything modified in the last --recent-minutes, what a live Prefect flow run uses,
-    and the data sets and parent runs of all of those. Only datasets/, runs/ and prefect-results/ of the
+    and the data sets and parent runs of all of those. A launch's folder (launches/<id>/) goes when no node of
+    it has written there for --recent-minutes. Only datasets/, runs/, prefect-results/ and launches/ of the
     storage root are touched; never the raw data or the MLflow store. Prints what goes, its size and why.
     """
     from shardline.app.gc import GcError, apply_plan, plan_gc, report
