@@ -14,8 +14,8 @@ from tests.conftest import make_raw, tiny_config
 BIN = Path(sys.executable).parent / "shardline"
 
 
-def shardline(*args, cwd=None, timeout=600):
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+def shardline(*args, cwd=None, timeout=600, env=None):
+    env = {**(os.environ if env is None else env), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     return subprocess.run(
         [str(BIN), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env
     )

@@ -603,7 +603,7 @@ def final_weights_of(store: Path) -> tuple[dict, dict]:
 
 
 @pytest.mark.e2e
-def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_launcher(tmp_path):
+def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_launcher(tmp_path, prefect_api):
     """The whole pipeline, its training under torchrun: rank 0's steps reach MLflow once each, its
     checkpoints say the world size, and the model is registered.
 
@@ -617,14 +617,16 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
 
     import yaml
 
-    from tests.conftest import make_raw, tiny_config
+    from tests.conftest import api_env, make_raw, tiny_config
     from tests.net import free_port
     from tests.test_cli import shardline
 
     make_raw(tmp_path / "raw")
     cfg = tiny_config("raw/*.parquet", str(tmp_path / "store"), **{"training.device": "cpu"})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({**cfg, "compute": {"processes_per_node": 2}}))
-    out = shardline("run", tmp_path / "c.yaml", cwd=tmp_path)
+    # the session's Prefect API (node 0's pod may start a temporary one, as test_cli runs it: ~5 s of CPU a command)
+    api = api_env()
+    out = shardline("run", tmp_path / "c.yaml", cwd=tmp_path, env=api)
     said = out.stdout + out.stderr
     assert out.returncode == 0, said[-3000:]
     assert "Registered tiny-model version 1 as @champion" in said
@@ -641,8 +643,9 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     port = free_port()
     # room to kill node 1's rank mid-training, then to freeze node 0 after a checkpoint of the next attempt; a
     # silent lease found in seconds, and a peerless torchrun killed 3 s after SIGTERM
-    slow = {"SHARDLINE_TEST_STEP_DELAY": "0.5", "SHARDLINE_LEASE_TTL": "6", "SHARDLINE_PEERLESS_SECONDS": "3"}
-    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **slow)
+    slow = {"SHARDLINE_TEST_STEP_DELAY": "0.4", "SHARDLINE_LEASE_TTL": "6", "SHARDLINE_PEERLESS_SECONDS": "3"}
+    on_api = {**slow, "PREFECT_API_URL": api["PREFECT_API_URL"]}  # node 0's pipeline; node 1 runs none
+    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **on_api)
     # node 1's pod late (the cluster adding its machine): node 0 ingests and encodes, then waits for it before its
     # torchrun, whose rendezvous would otherwise give up after 10 minutes
     deadline = time.monotonic() + 240
@@ -678,7 +681,7 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
         time.sleep(0.2)
     os.killpg(node0.pid, signal.SIGKILL)
     first = node0.communicate(timeout=30)[0]
-    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **slow)
+    node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **on_api)
     said0, said1 = ended_nodes(node0, node1, launch)
     said0 = first + said0
     assert node0.returncode == 0, said0[-3000:] + said1[-3000:]
@@ -693,6 +696,21 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
 
     ended = {k: a["ended"] for k, a in attempts(str(launch)).items()}
     assert ended == {1: True, 2: False, 3: True}, ended  # node 0 never came back to end attempt 2
+    # in the Prefect server both node 0s shared, the first one's runs (left Running: its process was killed) were
+    # set Crashed by the second, saying why; the second's completed
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["shardline-launch:job-a1"]))
+        )
+    states = sorted((r.state.name, r.state.message if r.state.is_crashed() else "") for r in runs)
+    # the first node 0's pipeline and its attempt-2 training Crashed (attempt 1's training Failed: node 1's rank
+    # killed); the second node 0's pipeline and training Completed; none left Running
+    assert [name for name, _ in states] == ["Completed", "Completed", "Crashed", "Crashed", "Failed"], states
+    assert all("node 0 of launch job-a1 started again" in m for name, m in states if name == "Crashed"), states
+    assert "an earlier node 0's flow run(s)" in said0 and "set Crashed" in said0
     assert "Registered" not in said1 and not list(store.glob("runs/*/nodes"))
     launched, weights_2 = final_weights_of(store)
     side = json.loads(Path(launched["last_checkpoint"]).with_suffix(".json").read_text())

@@ -257,10 +257,14 @@ def _run_launched(config, force: str | None, verbose: bool, folder: str, rank: i
         except ValueError as e:
             _fail(str(e), 2)
         raise typer.Exit(code)
+    from prefect import tags
+
     launched.begin(folder)
+    launched.crash_earlier_node0(folder, typer.echo)
     status, code = "failed", 1
     try:
-        result = _run_pipeline(config, force, verbose)
+        with tags(launched.run_tag(folder)):  # an earlier node 0's runs are found by it when its pod restarts
+            result = _run_pipeline(config, force, verbose)
         status, code = "completed", 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1

@@ -335,6 +335,51 @@ def begin(folder: str) -> None:
     storage.delete(storage.join(folder, "end.json"))
 
 
+def run_tag(folder: str) -> str:
+    """The tag of the flow runs node 0's pipeline makes in the launch whose folder is `folder`."""
+    return f"shardline-launch:{folder.rstrip('/').rsplit('/', 1)[-1]}"
+
+
+def crash_earlier_node0(folder: str, log: Callable[[str], None]) -> list[str]:
+    """Node 0's pipeline starts again in this launch (its pod restarted): the flow runs an earlier node 0 of it left
+    Running or Pending in a Prefect server they share are set Crashed, saying why (their process is gone; nothing
+    else would end them, and the UI would show them running for ever). Their names; none without a server of the
+    team's (a temporary API per pod has no earlier runs)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        return []
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    launch = folder.rstrip("/").rsplit("/", 1)[-1]
+    crashed = []
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    tags=FlowRunFilterTags(all_=[run_tag(folder)]),
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])),
+                )
+            )
+            for run in runs:
+                message = f"node 0 of launch {launch} started again (its pod restarted?): this run's process is gone"
+                client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+                crashed.append(run.name)
+    except Exception as e:  # noqa: BLE001 - the UI's view of old runs is not worth failing the pipeline for
+        log(f"note: the earlier runs of launch {launch} could not be read ({type(e).__name__}: {e})")
+    if crashed:
+        log(f"node 0 of launch {launch}: an earlier node 0's flow run(s) {', '.join(crashed)} set Crashed")
+    return crashed
+
+
 def end(folder: str, status: str, exit_code: int) -> None:
     """Node 0's pipeline has ended: the other nodes stop waiting and exit with `exit_code`."""
     storage.write_text(
