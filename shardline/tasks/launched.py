@@ -44,6 +44,7 @@ from shardline.tasks.nodes import (
     WATCH_SECONDS,
     NodesMissing,
     stop_without_peers,
+    wait_while,
 )
 
 LAUNCH_ID = "SHARDLINE_LAUNCH_ID"
@@ -161,7 +162,6 @@ def wait_for_nodes(
     """Node 0, before a torchrun: wait until every other node of the launch runs (`absent` is empty), saying which
     it waits for every `say_every` seconds; `NodesMissing` after `timeout` seconds. torchrun's own rendezvous
     would wait 10 minutes for a missing node, then fail the attempt."""
-    start = said = time.monotonic()
     missing = absent(folder, nodes)
     if not missing:
         return
@@ -170,21 +170,20 @@ def wait_for_nodes(
         f"`shardline run` holds a lease in {storage.join(folder, 'present')}; at most {timeout:.0f} s, "
         f"{NODES_TIMEOUT})"
     )
-    while missing:
-        if time.monotonic() - start >= timeout:
-            raise NodesMissing(
-                f"{_ranks(missing)} of the launch did not start within {timeout:.0f} s ({NODES_TIMEOUT}), or "
-                f"stopped and did not come back: no training started. Are their pods pending (kubectl get pods; a "
-                f"GPU machine the cluster could not add)? Every node runs `shardline run` with the same {LAUNCH_ID} "
-                f"and a storage.root that all of them see ({folder}). The training's checkpoints stay: a rerun "
-                "resumes from the newest"
-            )
-        time.sleep(poll)
-        if time.monotonic() - said >= say_every:
-            said = time.monotonic()
-            log(f"node 0 of a launch: still waiting for {_ranks(missing)} ({said - start:.0f} s)")
-        missing = absent(folder, nodes)
-    log(f"node 0 of a launch: all {nodes} nodes are running ({time.monotonic() - start:.0f} s)")
+    waited = wait_while(
+        lambda: _ranks(m) if (m := absent(folder, nodes)) else None,
+        timeout,
+        poll,
+        say_every,
+        lambda what, waited: log(f"node 0 of a launch: still waiting for {what} ({waited:.0f} s)"),
+        lambda what: NodesMissing(
+            f"{what} of the launch did not start within {timeout:.0f} s ({NODES_TIMEOUT}), or stopped and did not "
+            f"come back: no training started. Are their pods pending (kubectl get pods; a GPU machine the cluster "
+            f"could not add)? Every node runs `shardline run` with the same {LAUNCH_ID} and a storage.root that all "
+            f"of them see ({folder}). The training's checkpoints stay: a rerun resumes from the newest"
+        ),
+    )
+    log(f"node 0 of a launch: all {nodes} nodes are running ({waited:.0f} s)")
 
 
 def attempt_folder(folder: str, number: int) -> str:
@@ -335,9 +334,13 @@ def begin(folder: str) -> None:
     storage.delete(storage.join(folder, "end.json"))
 
 
+def _launch_id(folder: str) -> str:
+    return folder.rstrip("/").rsplit("/", 1)[-1]
+
+
 def run_tag(folder: str) -> str:
     """The tag of the flow runs node 0's pipeline makes in the launch whose folder is `folder`."""
-    return f"shardline-launch:{folder.rstrip('/').rsplit('/', 1)[-1]}"
+    return f"shardline-launch:{_launch_id(folder)}"
 
 
 def crash_earlier_node0(folder: str, log: Callable[[str], None]) -> list[str]:
@@ -359,7 +362,7 @@ def crash_earlier_node0(folder: str, log: Callable[[str], None]) -> list[str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
-    launch = folder.rstrip("/").rsplit("/", 1)[-1]
+    launch = _launch_id(folder)
     crashed = []
     try:
         with get_client(sync_client=True) as client:

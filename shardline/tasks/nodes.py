@@ -59,6 +59,28 @@ def nodes_seconds() -> float:
     return env_seconds(NODES_TIMEOUT, DEFAULT_NODES_SECONDS, zero="a node not running then fails the training at once")
 
 
+def wait_while(
+    pending: Callable[[], str | None],
+    timeout: float,
+    poll: float,
+    say_every: float,
+    say: Callable[[str, float], None],
+    fail: Callable[[str], Exception],
+) -> float:
+    """Poll `pending()` (what is still awaited, in words; None once nothing is) every `poll` seconds, calling
+    `say(what, seconds waited)` every `say_every` seconds and raising `fail(what)` after `timeout` seconds. The
+    seconds waited."""
+    start = said = time.monotonic()
+    while (what := pending()) is not None:
+        if time.monotonic() - start >= timeout:
+            raise fail(what)
+        if time.monotonic() - said >= say_every:
+            said = time.monotonic()
+            say(what, said - start)
+        time.sleep(poll)
+    return time.monotonic() - start
+
+
 class NodesMissing(RuntimeError):
     """Nodes of the training did not start (or were lost and did not come back) in time: no training started. Not
     retried: the next attempt would wait for the same machines."""
@@ -179,36 +201,38 @@ class Nodes:
         from prefect.client.schemas.objects import StateType
 
         say_every = NODES_SAY_SECONDS if say_every is None else say_every
-        start = said = time.monotonic()
-        waiting: list = []
-        while True:
+        names = "?"
+
+        def pending() -> str | None:
+            nonlocal names
             try:
                 runs = self._states()
             except Exception:  # noqa: BLE001 - the API away for a moment: ask again
-                runs = None
-            if runs is not None:
-                waiting = [r for r in runs if not r.state or r.state.type in (StateType.SCHEDULED, StateType.PENDING)]
-                if not waiting:
-                    if time.monotonic() - start >= say_every:
-                        self.log(f"every node's flow run runs ({time.monotonic() - start:.0f} s): training")
-                    return
+                return names
+            waiting = [r for r in runs if not r.state or r.state.type in (StateType.SCHEDULED, StateType.PENDING)]
             names = ", ".join(f"{r.name} ({r.state.name if r.state else '?'})" for r in waiting)
-            if time.monotonic() - start >= timeout:
-                raise NodesMissing(
-                    f"flow run(s) {names} of {self.compute.node_deployment} did not start within {timeout:.0f} s "
-                    f"({NODES_TIMEOUT}): no training started, and they are cancelled. Is a worker of its pool free "
-                    f"on another machine (one per machine, as many as compute.nodes={self.compute.nodes}), or can "
-                    "the pool's infrastructure add one? The training's checkpoints stay: a rerun resumes from the "
-                    "newest"
-                )
-            if time.monotonic() - said >= say_every:
-                said = time.monotonic()
-                self.log(
-                    f"waiting for flow run(s) {names} of {self.compute.node_deployment} to start "
-                    f"({said - start:.0f} s; the training starts when every node runs, at most {timeout:.0f} s, "
-                    f"{NODES_TIMEOUT}): is a worker of its pool free on another machine?"
-                )
-            time.sleep(poll)
+            return names or None
+
+        waited = wait_while(
+            pending,
+            timeout,
+            poll,
+            say_every,
+            lambda what, waited: self.log(
+                f"waiting for flow run(s) {what} of {self.compute.node_deployment} to start ({waited:.0f} s; the "
+                f"training starts when every node runs, at most {timeout:.0f} s, {NODES_TIMEOUT}): is a worker of "
+                "its pool free on another machine?"
+            ),
+            lambda what: NodesMissing(
+                f"flow run(s) {what} of {self.compute.node_deployment} did not start within {timeout:.0f} s "
+                f"({NODES_TIMEOUT}): no training started, and they are cancelled. Is a worker of its pool free "
+                f"on another machine (one per machine, as many as compute.nodes={self.compute.nodes}), or can "
+                "the pool's infrastructure add one? The training's checkpoints stay: a rerun resumes from the "
+                "newest"
+            ),
+        )
+        if waited >= say_every:
+            self.log(f"every node's flow run runs ({waited:.0f} s): training")
 
     def watch(self, proc) -> None:
         """While node 0's torchrun `proc` runs, watch the node runs (a thread): one that ends without completing
