@@ -583,7 +583,8 @@ def launched_ranks(launch: str, node: int) -> list[int]:
         except OSError:
             continue
         ours = f"SHARDLINE_LAUNCH_ID={launch}".encode() in environ and f"PET_NODE_RANK={node}".encode() in environ
-        if ours and b"shardline.trainer.ddp_run" in cmd and b"torch.distributed.run" not in cmd:
+        launcher = b"torch.distributed.run" in cmd or b"shardline.trainer.torchrun\0" in cmd
+        if ours and b"shardline.trainer.ddp_run" in cmd and not launcher:
             found.append(int(entry.name))
     return found
 
@@ -915,14 +916,13 @@ def test_a_torchrun_whose_peer_vanished_is_killed_after_the_grace_not_torchrun_s
     import psutil
 
     from shardline.tasks.nodes import stop_without_peers
+    from shardline.tasks.torchrun import torchrun_command
 
     script = tmp_path / "peers.py"
     script.write_text(PEERS)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [*torchrun_command(300), "--standalone", "--nproc-per-node=2"]
     log = (tmp_path / "torchrun.log").open("w")
-    proc = subprocess.Popen(
-        [*command, "--shutdown-timeout=300", str(script), str(tmp_path), peer], stdout=log, stderr=subprocess.STDOUT
-    )
+    proc = subprocess.Popen([*command, str(script), str(tmp_path), peer], stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + WAIT
         while not all((tmp_path / f"joined-{r}").exists() for r in (0, 1)):
@@ -951,3 +951,51 @@ def test_a_torchrun_whose_peer_vanished_is_killed_after_the_grace_not_torchrun_s
     else:
         assert proc.returncode != -signal.SIGKILL and said == []
         assert (tmp_path / "term-0").exists()  # rank 0 stopped by itself
+
+
+SLOW_TO_STOP = """
+import signal, sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+
+def stop(*_):
+    time.sleep(20)  # a validation pass and a checkpoint that take longer than the grace
+    (folder / "finished").write_text("")
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stop)
+(folder / "started").write_text("")
+time.sleep(120)
+"""
+
+
+def test_torchrun_gives_the_ranks_shardline_s_grace_after_a_sigterm_on_every_torch(tmp_path):
+    """Every torchrun Shardline starts goes through shardline.trainer.torchrun, which gives the ranks the grace it
+    asks for whether this torch's torchrun has --shutdown-timeout (it refused the option on torch 2.11, the lent
+    GPU machines', and gave a fixed 30 s) or not: a rank still busy when the grace ends is killed, and torchrun
+    returns then, not after its own default."""
+    from shardline.tasks.torchrun import torchrun_command
+    from shardline.trainer.torchrun import knows
+
+    assert knows("--nproc-per-node=2") and not knows("--no-such-option=1")
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_TO_STOP)
+    with (tmp_path / "torchrun.log").open("w") as log:
+        proc = subprocess.Popen(
+            [*torchrun_command(2), "--standalone", "--nproc-per-node=1", str(script), str(tmp_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + WAIT
+        while not (tmp_path / "started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "torchrun.log").read_text()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=15)  # the grace (2 s), not the rank's 20 s nor torchrun's default 30 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code != 0
+    assert not (tmp_path / "finished").exists(), "the rank outlived the grace"

@@ -477,7 +477,9 @@ def _ranks(pids: list[int]) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"shardline.trainer.ddp_run" in cmd and b"torch.distributed.run" not in cmd:
+        if b"shardline.trainer.ddp_run" in cmd and not {b"torch.distributed.run", b"shardline.trainer.torchrun"} & set(
+            cmd
+        ):
             found.append(pid)
     return found
 

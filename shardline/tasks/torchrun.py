@@ -194,7 +194,7 @@ def fit_in_processes(
             )
         (folder / "job.json").write_text(json.dumps(job))
         grace = shutdown_seconds()
-        command = [sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={grace}", *args]
+        command = [*torchrun_command(grace), *args]
         command += ["-m", "shardline.trainer.ddp_run"]
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         output = folder / "torchrun.log"
@@ -273,6 +273,11 @@ def stopped_elsewhere(stopped: Exception, forwarded: str | None, machines: int) 
     checkpointed together, but this node was not asked to stop, so the training is retried (`RankFailed`, new
     node runs, resumed from that checkpoint) rather than stopped as preempted."""
     return machines > 1 and not forwarded and getattr(stopped, "signal_name", "") == ANOTHER_PROCESS
+
+
+def torchrun_command(grace: int) -> list[str]:
+    """torchrun, giving the ranks `grace` seconds after a SIGTERM on every torch (`shardline.trainer.torchrun`)."""
+    return [sys.executable, "-m", "shardline.trainer.torchrun", f"--shutdown-timeout={grace}"]
 
 
 def shutdown_seconds() -> int:
@@ -448,7 +453,7 @@ def run_node(
             "one process"
         )
     command = [
-        sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={shutdown_seconds}",
+        *torchrun_command(shutdown_seconds),
         f"--nproc-per-node={processes_per_node}", f"--nnodes={nodes}", f"--node-rank={node_rank}",
         f"--master-addr={master_addr}", f"--master-port={master_port}", "-m", "shardline.trainer.ddp_run", job,
     ]  # fmt: skip
@@ -549,7 +554,7 @@ def _join_attempts(
                 continue
             joined = max(open_ones)
             log(f"node {rank}: joining node 0's attempt {joined}")
-            command = [sys.executable, "-m", "torch.distributed.run", f"--shutdown-timeout={grace}", *args]
+            command = [*torchrun_command(grace), *args]
             output = Path(tmp) / f"torchrun-{joined}.log"
             shared = launched.attempt_folder(folder, joined)
             # node 0 watches this lease while it trains (silent: this machine is gone) and how the torchrun ended
