@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -649,18 +650,22 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **on_api)
     # node 1's pod late (the cluster adding its machine): node 0 ingests and encodes, then waits for it before its
     # torchrun, whose rendezvous would otherwise give up after 10 minutes
+    said_first: list[str] = []  # node 0's output so far (read by a thread: the test waits for a line of it)
+    reader = threading.Thread(target=lambda: [said_first.append(line) for line in node0.stdout], daemon=True)
+    reader.start()
     deadline = time.monotonic() + 240
-    while not list(store.glob("datasets/**/manifest.json")):
-        assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()[0][-3000:]
+    while not any("waiting for node 1 of 2 to start before training" in line for line in said_first):
+        assert time.monotonic() < deadline and node0.poll() is None, "".join(said_first)[-3000:]
         time.sleep(0.1)
-    time.sleep(3)
+    assert list(store.glob("datasets/**/manifest.json")), "node 0 ingested and encoded first"
+    time.sleep(2)
     assert not launched_attempts(store / "launches" / "job-a1"), "no torchrun before every node runs"
     node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a1", tmp_path, **slow)
     # node 1's rank killed after node 0's first checkpoint (its GPU lost, the OOM killer): node 0's training
     # fails (RankFailed), its retry is attempt 2, which node 1 joins, and it resumes from that checkpoint
     deadline = time.monotonic() + 240
     while not list(store.glob("runs/*/checkpoints/ckpt-*.json")):
-        assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()[0][-3000:]
+        assert time.monotonic() < deadline and node0.poll() is None, "".join(said_first)[-3000:]
         time.sleep(0.1)
     (rank1,) = launched_ranks("job-a1", node=1)
     os.kill(rank1, signal.SIGKILL)
@@ -673,7 +678,7 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
         not (store_ckpt := sorted(store.glob("runs/*/checkpoints/ckpt-*.json")))
         or store_ckpt[-1].stem < "ckpt-000000010"
     ):
-        assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()[0][-3000:]
+        assert time.monotonic() < deadline and node0.poll() is None, "".join(said_first)[-3000:]
         time.sleep(0.1)
     assert (launch / "attempt-2" / "leases" / "node-1").exists(), "node 1 trains in attempt 2"
     os.killpg(node0.pid, signal.SIGSTOP)
@@ -681,7 +686,9 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
         assert time.monotonic() < deadline, "node 1 did not stop its processes after node 0 went silent"
         time.sleep(0.2)
     os.killpg(node0.pid, signal.SIGKILL)
-    first = node0.communicate(timeout=30)[0]
+    node0.wait(timeout=30)
+    reader.join(timeout=30)
+    first = "".join(said_first)
     node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **on_api)
     said0, said1 = ended_nodes(node0, node1, launch)
     said0 = first + said0
