@@ -13,7 +13,12 @@ FAILURES = (
         (OSError("connection reset while writing checkpoint"), True),
         (ConnectionError("s3 endpoint went away"), True),
         (TimeoutError("read timed out"), True),
-        (torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), True),
+        # torch 2.8 on: a lost GPU's error has its own type (before, a plain RuntimeError: not retried there)
+        *(
+            [(torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), True)]
+            if hasattr(torch, "AcceleratorError")
+            else []
+        ),
         (torch.distributed.DistNetworkError("connection to rank 1 lost"), True),
         # by type, never by text: a plain RuntimeError that mentions CUDA is a code error
         (RuntimeError("CUDA error: an illegal memory access was encountered"), False),

@@ -29,7 +29,8 @@ NOT_INFRASTRUCTURE = (
 
 
 # torch's own types for a GPU or interconnect failure (not its out-of-memory: deterministic), by name: torch is
-# imported only where an error is classified
+# imported only where an error is classified. AcceleratorError is torch 2.8's: before it, a CUDA fault is a plain
+# RuntimeError, which is not told from a code error (not retried there)
 TORCH_INFRASTRUCTURE = ("AcceleratorError", "DistBackendError", "DistNetworkError", "DistStoreError")
 
 
