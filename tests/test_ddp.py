@@ -408,6 +408,63 @@ def test_under_a_launcher_a_node_stops_its_processes_when_node_0_s_torchrun_ende
     assert len(gone) == 1 and re.fullmatch(r"node 0's torchrun of attempt 2 ended \d+ s ago", gone[0]), gone
 
 
+def test_under_a_launcher_a_restarted_node_joins_no_attempt_node_0_left_and_node_0_starts_none_beside_an_old_one(
+    tmp_path, monkeypatch
+):
+    """Pods restarted (a JobSet restarting all of them, a node's machine lost): node 0's earlier process left its
+    attempt open. A node starting again must not join it (its torchrun would meet node 0's next one at the
+    launch's one rendezvous address, and be stopped in it, failing that attempt too): it joins an open attempt only
+    while node 0 holds its lease of it, and node 0 starting again ends the attempts left open as abandoned; a
+    node's torchrun in one is stopped at once, not after the grace. Node 0 starts its next torchrun only once no
+    node's torchrun of an earlier attempt runs."""
+    import threading
+
+    from shardline.core.lease import Lease
+    from shardline.tasks import launched
+
+    monkeypatch.setenv("SHARDLINE_LEASE_TTL", "3")
+    folder = str(tmp_path / "launches" / "x")
+    first = launched.Attempt(folder)
+    first.announce()
+    assert launched.to_join(folder, 0) == 1, "node 0 holds its lease of attempt 1: joined"
+    first._lease._stop.set()  # node 0's machine lost: no renewal, no release, no end
+    first._lease._thread.join(5)
+    time.sleep(3.5)  # past the lease's expiry
+    assert launched.to_join(folder, 0) is None, "node 0 is gone: its open attempt is not joined"
+
+    # a node that joined it before node 0's lease expired: node 0 starting again ends it, and the node's torchrun is
+    # stopped at once (the grace here is 30 s)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    said: list[str] = []
+    gone = launched.watch_attempt_node0(sleeper, folder, 1, 1, said.append, grace=30.0, every=0.1)
+    heard: list[str] = []
+    began = time.monotonic()
+    assert launched.begin(folder, heard.append) == [1]
+    assert sleeper.wait(timeout=30) == -signal.SIGTERM and time.monotonic() - began < 10
+    assert gone == ["node 0 started again and ended attempt 1, which its earlier process left"], gone
+    assert "attempt(s) 1 of an earlier node 0 of this launch (its pod restarted) ended" in heard[0], heard
+    assert launched.attempts(folder)[1]["abandoned"] and launched.to_join(folder, 0) is None
+    assert launched.begin(folder, heard.append) == [] and len(heard) == 1, "nothing left open: nothing said"
+
+    # node 1's torchrun of attempt 1 still holds its lease (stopping): node 0's attempt 2 waits for it to end
+    held = Lease(launched.node_lease(launched.attempt_folder(folder, 1), 1), "node 1")
+    held.acquire()
+    said.clear()
+    with pytest.raises(launched.NodesMissing, match=r"node 1's torchrun of attempt 1 did not end within 1 s"):
+        launched.wait_for_earlier_torchruns(folder, 2, said.append, timeout=1.0, poll=0.1)
+    threading.Timer(1.0, held.release).start()
+    said.clear()
+    began = time.monotonic()
+    launched.wait_for_earlier_torchruns(folder, 2, said.append, timeout=30, poll=0.1)
+    assert time.monotonic() - began >= 0.9
+    assert said[0].startswith("node 0 of a launch: waiting for node 1's torchrun of attempt 1 to end before attempt 2")
+    assert "earlier torchruns have ended" in said[-1], said
+    second = launched.Attempt(folder)
+    second.announce()
+    assert second.number == 2 and launched.to_join(folder, 0) == 2 and launched.to_join(folder, 2) is None
+    second.end(0)
+
+
 def test_under_a_launcher_node_0_waits_for_every_node_before_a_torchrun_and_names_one_that_never_came(
     tmp_path, monkeypatch
 ):
@@ -613,8 +670,9 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     every node running the same `shardline run CONFIG`: node 0 runs the pipeline (ingest, encode, train,
     evaluate, register) and waits for node 1, started late, before it trains; node 1 joins its training, taking
     its job from rank 0. Node 1's rank killed mid-training, node 0's retry is joined again; node 0's machine then
-    frozen in that retry (node 1 stops its processes on node 0's silent lease) and its pod restarted, the same
-    command's attempt is joined too, and the two-node run ends on the two-process run's weights to the bit."""
+    frozen in that retry (node 1 stops its processes on node 0's silent lease) and both pods restarted, the
+    restarted node 1 joins the new node 0's attempt (not the one the lost node 0 left open), and the two-node run
+    ends on the two-process run's weights to the bit."""
     import sqlite3
 
     import yaml
@@ -685,10 +743,15 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     while not (launch / "attempt-2" / "nodes" / "node-1.json").exists():
         assert time.monotonic() < deadline, "node 1 did not stop its processes after node 0 went silent"
         time.sleep(0.2)
+    # both pods restarted (a JobSet restarting all of its pods), node 1's first: node 0 runs a pipeline before it
+    # trains. The restarted node 1 does not join attempt 2, which node 0's lost process left open (it did: its
+    # torchrun of "attempt 2" met node 0's attempt 3 at the one rendezvous address)
     os.killpg(node0.pid, signal.SIGKILL)
+    os.killpg(node1.pid, signal.SIGKILL)
     node0.wait(timeout=30)
     reader.join(timeout=30)
-    first = "".join(said_first)
+    first, first1 = "".join(said_first), node1.communicate(timeout=30)[0]
+    node1 = launched_node(tmp_path / "l.yaml", 1, port, "job-a1", tmp_path, **slow)
     node0 = launched_node(tmp_path / "l.yaml", 0, port, "job-a1", tmp_path, **on_api)
     said0, said1 = ended_nodes(node0, node1, launch)
     said0 = first + said0
@@ -696,14 +759,16 @@ def test_shardline_run_with_two_processes_per_node_and_on_two_nodes_under_a_laun
     assert node1.returncode == 0, said1[-3000:]
     assert "Registered tiny-model version 1 as @champion" in said0
     assert "waiting for node 1 of 2 to start before training" in said0 and "all 2 nodes are running" in said0
-    assert "joining node 0's attempt 1" in said1 and "attempt 1: torchrun exit status" in said1, said1
-    assert "joining node 0's attempt 2" in said1 and "node 1: node 0's lease of attempt 2: its lease in" in said1
+    assert "joining node 0's attempt 1" in first1 and "attempt 1: torchrun exit status" in first1, first1
+    assert "joining node 0's attempt 2" in first1 and "node 1: node 0's lease of attempt 2: its lease in" in first1
+    assert "attempt(s) 2 of an earlier node 0 of this launch (its pod restarted) ended" in said0
+    assert "joining node 0's attempt 2" not in said1, said1
     assert "joining node 0's attempt 3" in said1 and "attempt 3: its processes finished" in said1, said1
-    assert "node 0's pipeline ended (completed); 3 torchrun(s) joined" in said1
+    assert "node 0's pipeline ended (completed); 1 torchrun(s) joined" in said1
     from shardline.tasks.launched import attempts
 
-    ended = {k: a["ended"] for k, a in attempts(str(launch)).items()}
-    assert ended == {1: True, 2: False, 3: True}, ended  # node 0 never came back to end attempt 2
+    ended = {k: (a["ended"], a.get("abandoned", False)) for k, a in attempts(str(launch)).items()}
+    assert ended == {1: (True, False), 2: (True, True), 3: (True, False)}, ended  # 2: left by the lost node 0
     # in the Prefect server both node 0s shared, the first one's runs (left Running: its process was killed) were
     # set Crashed by the second, saying why; the second's completed
     from prefect.client.orchestration import get_client

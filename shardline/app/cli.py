@@ -259,7 +259,7 @@ def _run_launched(config, force: str | None, verbose: bool, folder: str, rank: i
         raise typer.Exit(code)
     from prefect import tags
 
-    launched.begin(folder)
+    launched.begin(folder, typer.echo)
     launched.crash_earlier_node0(folder, typer.echo)
     status, code = "failed", 1
     try:

@@ -7,7 +7,11 @@ tasks/torchrun.py), their ranks taking rank 0's job over the process group, and 
 They meet in a folder of the storage root, `launches/<SHARDLINE_LAUNCH_ID>/`:
 
 - `attempt-<k>.json`: node 0 is starting its k-th torchrun (the training step's retries are attempts too);
-  rewritten with `"ended": true` when that torchrun has ended. A node joins the newest attempt not ended.
+  rewritten with `"ended": true` when that torchrun has ended, or with `"abandoned": true` too when node 0 starts
+  again (its pod restarted: the attempts its earlier process left open are over). A node joins the newest attempt
+  not ended whose node 0 still holds its lease: a node whose pod restarted does not join an attempt node 0 left
+  when its machine was lost (its torchrun would meet node 0's next one at the same rendezvous and be stopped in
+  it, failing that attempt too).
 - `attempt-<k>/`: what the other machines read (the parent model's weights of a fine-tune, deleted when the
   attempt ends) and where their ranks write their errors (`failures/`), which node 0 reports.
 - `attempt-<k>/leases/node-<r>`: node r's lease while its torchrun of that attempt runs, renewed every third of
@@ -19,7 +23,9 @@ They meet in a folder of the storage root, `launches/<SHARDLINE_LAUNCH_ID>/`:
 - `present/node-<r>`: node r's lease while its `shardline run` of the launch runs. Before each torchrun node 0 waits
   until every node holds one (`wait_for_nodes`): a pod still pending while the cluster adds a GPU machine, or one
   restarted after its machine was lost, would otherwise fail torchrun's rendezvous after 10 minutes and spend one
-  of the training's retries each time.
+  of the training's retries each time. It then waits until no node's torchrun of an earlier attempt still runs
+  (its lease of that attempt released or expired): every torchrun at the launch's one rendezvous address is of
+  the same attempt.
 - `end.json`: node 0's pipeline has ended, `{"status": "completed" | "failed" | "preempted" | ..., "exit": N}`;
   the other nodes exit with that status (0 when it completed).
 
@@ -147,6 +153,39 @@ def absent(folder: str, nodes: int) -> list[int]:
     return missing
 
 
+def held(uri: str) -> bool | None:
+    """Whether the lease in `uri` is held by its record: taken, not released and not past its expiry (this machine's
+    clock, as `absent`); None when the store did not answer."""
+    try:
+        _, record = read_current(uri)
+    except OSError:
+        return None
+    return bool(record) and not record.get("released") and record.get("expires_at", 0) > time.time()
+
+
+def earlier_torchruns(folder: str, nodes: int, before: int) -> list[tuple[int, int]]:
+    """(attempt, node rank) of the other nodes' torchruns of attempts before `before` that still hold their lease of
+    the attempt (an unanswered read counts as held: asked again)."""
+    return [
+        (number, rank)
+        for number in sorted(attempts(folder))
+        if number < before
+        for rank in range(1, nodes)
+        if held(node_lease(attempt_folder(folder, number), rank)) is not False
+    ]
+
+
+def to_join(folder: str, joined: int) -> int | None:
+    """On node 1..M-1, which has joined attempts up to `joined`: the attempt to join now, or None. The newest attempt
+    not ended, once node 0 holds its lease of it: an attempt whose node 0 lease is released or expired was left by a
+    node 0 that is gone (node 0 starting again ends it, `begin`)."""
+    open_ones = [k for k, a in attempts(folder).items() if k > joined and not a.get("ended")]
+    if not open_ones:
+        return None
+    newest = max(open_ones)
+    return None if held(node_lease(attempt_folder(folder, newest), 0)) is False else newest
+
+
 def _ranks(ranks: list[int]) -> str:
     return f"node {ranks[0]}" if len(ranks) == 1 else "nodes " + ", ".join(str(r) for r in ranks)
 
@@ -184,6 +223,44 @@ def wait_for_nodes(
         ),
     )
     log(f"node 0 of a launch: all {nodes} nodes are running ({waited:.0f} s)")
+
+
+def wait_for_earlier_torchruns(
+    folder: str,
+    nodes: int,
+    log: Callable[[str], None],
+    timeout: float,
+    poll: float = 1.0,
+    say_every: float = NODES_SAY_SECONDS,
+) -> None:
+    """Node 0, before the torchrun of its next attempt: wait until no other node's torchrun of an earlier attempt
+    runs (`earlier_torchruns` is empty). Such a torchrun (a node that joined an attempt just before node 0 started
+    again, or whose previous torchrun is still stopping) would meet the new one at the launch's one rendezvous
+    address. Each is stopped by its node's watch of node 0 (`watch_attempt_node0`), or its lease expires within its
+    ttl (its machine gone); `NodesMissing` after `timeout` seconds."""
+    before = max(attempts(folder), default=0) + 1
+
+    def busy() -> str | None:
+        found = earlier_torchruns(folder, nodes, before)
+        return ", ".join(f"node {rank}'s torchrun of attempt {number}" for number, rank in found) or None
+
+    first = busy()
+    if first is None:
+        return
+    log(f"node 0 of a launch: waiting for {first} to end before attempt {before} (at most {timeout:.0f} s)")
+    waited = wait_while(
+        busy,
+        timeout,
+        poll,
+        say_every,
+        lambda what, waited: log(f"node 0 of a launch: still waiting for {what} to end ({waited:.0f} s)"),
+        lambda what: NodesMissing(
+            f"{what} did not end within {timeout:.0f} s ({NODES_TIMEOUT}): its node should stop it once node 0's "
+            f"attempt ended. Is that node's `shardline run` stuck (kubectl logs)? The training's checkpoints stay: a "
+            f"rerun resumes from the newest"
+        ),
+    )
+    log(f"node 0 of a launch: the other nodes' earlier torchruns have ended ({waited:.0f} s)")
 
 
 def attempt_folder(folder: str, number: int) -> str:
@@ -315,6 +392,8 @@ def watch_attempt_node0(
             except OSError:  # the store did not answer: no verdict this time
                 continue
             said = f"node 0's lease of attempt {number}: {silent}" if silent else None
+            if said is None and known.get(number, {}).get("abandoned"):  # nothing of node 0's runs in it
+                said = f"node 0 started again and ended attempt {number}, which its earlier process left"
             if known.get(number, {}).get("ended") or any(k > number for k in known):
                 over = time.monotonic() if over is None else over
                 if said is None and time.monotonic() - over >= grace:
@@ -329,9 +408,19 @@ def watch_attempt_node0(
     return gone
 
 
-def begin(folder: str) -> None:
-    """Node 0's pipeline starts: an end of an earlier run of this launch (node 0's pod restarted) is cleared."""
+def begin(folder: str, log: Callable[[str], None] = print) -> list[int]:
+    """Node 0's pipeline starts: an end of an earlier run of this launch (node 0's pod restarted) is cleared, and the
+    attempts an earlier node 0 left open are ended as abandoned (its torchrun is gone with it), so that no node joins
+    one, and a node in one stops at once. Their numbers."""
     storage.delete(storage.join(folder, "end.json"))
+    left = sorted(k for k, a in attempts(folder).items() if not a.get("ended"))
+    for number in left:
+        record = {"attempt": number, "ended": True, "abandoned": True, "exit": None, "at": time.time()}
+        storage.write_text(storage.join(folder, f"attempt-{number}.json"), json.dumps(record))
+    if left:
+        which = ", ".join(str(k) for k in left)
+        log(f"node 0 of a launch: attempt(s) {which} of an earlier node 0 of this launch (its pod restarted) ended")
+    return left
 
 
 def _launch_id(folder: str) -> str:

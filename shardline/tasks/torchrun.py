@@ -30,7 +30,7 @@ import torch.distributed as dist
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
-from shardline.tasks.launched import Attempt, wait_for_nodes
+from shardline.tasks.launched import Attempt, wait_for_earlier_torchruns, wait_for_nodes
 from shardline.tasks.nodes import Nodes, nodes_seconds, peerless_seconds, watch_node0
 from shardline.trainer.distributed import check_batch_size
 from shardline.trainer.loop import (
@@ -154,6 +154,8 @@ def fit_in_processes(
         # every other node runs (a pod still pending, one restarted after its machine was lost): else torchrun's
         # rendezvous waits 10 minutes for it, then fails the attempt
         wait_for_nodes(launch, compute.nodes, log, nodes_seconds())
+        # ...and none still runs a torchrun of an earlier attempt, which would meet this one at the rendezvous
+        wait_for_earlier_torchruns(launch, compute.nodes, log, nodes_seconds())
         attempt = Attempt(launch)
     with tempfile.TemporaryDirectory(prefix="shardline-ddp-") as tmp:
         folder = Path(tmp)
@@ -522,7 +524,7 @@ def _join_attempts(
 
     args = launcher_args(compute)
     grace, peerless = shutdown_seconds(), peerless_seconds()
-    joined, deadline = 0, time.monotonic() + wait
+    joined, count, deadline = 0, 0, time.monotonic() + wait  # the last attempt joined; how many this process joined
     since = said = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="shardline-join-") as tmp:
         stub = Path(tmp) / "job.json"
@@ -532,10 +534,10 @@ def _join_attempts(
             end = launched.ended(folder)
             if end is not None:
                 status, code = end.get("status", "?"), int(end.get("exit", 1))
-                log(f"node {rank}: node 0's pipeline ended ({status}); {joined} torchrun(s) joined")
+                log(f"node {rank}: node 0's pipeline ended ({status}); {count} torchrun(s) joined")
                 return code
-            open_ones = [k for k, a in launched.attempts(folder).items() if k > joined and not a.get("ended")]
-            if not open_ones:
+            number = launched.to_join(folder, joined)
+            if number is None:
                 if time.monotonic() > deadline:
                     log(
                         f"node {rank}: node 0 started no training and its pipeline did not end within {wait:.0f} s "
@@ -552,7 +554,7 @@ def _join_attempts(
                     )
                 time.sleep(poll)
                 continue
-            joined = max(open_ones)
+            joined, count = number, count + 1
             log(f"node {rank}: joining node 0's attempt {joined}")
             command = [*torchrun_command(grace), *args]
             output = Path(tmp) / f"torchrun-{joined}.log"
