@@ -446,19 +446,23 @@ def test_under_a_launcher_a_restarted_node_joins_no_attempt_node_0_left_and_node
     assert launched.attempts(folder)[1]["abandoned"] and launched.to_join(folder, 0) is None
     assert launched.begin(folder, heard.append) == [] and len(heard) == 1, "nothing left open: nothing said"
 
-    # node 1's torchrun of attempt 1 still holds its lease (stopping): node 0's attempt 2 waits for it to end
+    # node 1 (restarted) holds its place, but its torchrun of attempt 1 still holds its lease (stopping): node 0's
+    # attempt 2 waits for it to end
+    place = Lease(launched.presence(folder, 1), "node 1 of the launch")
+    place.acquire()
     held = Lease(launched.node_lease(launched.attempt_folder(folder, 1), 1), "node 1")
     held.acquire()
     said.clear()
     with pytest.raises(launched.NodesMissing, match=r"node 1's torchrun of attempt 1 did not end within 1 s"):
-        launched.wait_for_earlier_torchruns(folder, 2, said.append, timeout=1.0, poll=0.1)
+        launched.wait_for_nodes(folder, 2, said.append, timeout=1.0, poll=0.1)
     threading.Timer(1.0, held.release).start()
     said.clear()
     began = time.monotonic()
-    launched.wait_for_earlier_torchruns(folder, 2, said.append, timeout=30, poll=0.1)
+    launched.wait_for_nodes(folder, 2, said.append, timeout=30, poll=0.1)
     assert time.monotonic() - began >= 0.9
     assert said[0].startswith("node 0 of a launch: waiting for node 1's torchrun of attempt 1 to end before attempt 2")
     assert "earlier torchruns have ended" in said[-1], said
+    place.release()
     second = launched.Attempt(folder)
     second.announce()
     assert second.number == 2 and launched.to_join(folder, 0) == 2 and launched.to_join(folder, 2) is None

@@ -144,11 +144,7 @@ def absent(folder: str, nodes: int) -> list[int]:
     started, ended (released), or gone (not renewed past its expiry)."""
     missing = []
     for rank in range(1, nodes):
-        try:
-            _, record = read_current(presence(folder, rank))
-        except OSError:
-            record = None
-        if not record or record.get("released") or record.get("expires_at", 0) <= time.time():
+        if not held(presence(folder, rank)):  # an unanswered read counts as absent
             missing.append(rank)
     return missing
 
@@ -200,44 +196,13 @@ def wait_for_nodes(
 ) -> None:
     """Node 0, before a torchrun: wait until every other node of the launch runs (`absent` is empty), saying which
     it waits for every `say_every` seconds; `NodesMissing` after `timeout` seconds. torchrun's own rendezvous
-    would wait 10 minutes for a missing node, then fail the attempt."""
-    missing = absent(folder, nodes)
-    if not missing:
-        return
-    log(
-        f"node 0 of a launch: waiting for {_ranks(missing)} of {nodes} to start before training (each node's "
-        f"`shardline run` holds a lease in {storage.join(folder, 'present')}; at most {timeout:.0f} s, "
-        f"{NODES_TIMEOUT})"
-    )
-    waited = wait_while(
-        lambda: _ranks(m) if (m := absent(folder, nodes)) else None,
-        timeout,
-        poll,
-        say_every,
-        lambda what, waited: log(f"node 0 of a launch: still waiting for {what} ({waited:.0f} s)"),
-        lambda what: NodesMissing(
-            f"{what} of the launch did not start within {timeout:.0f} s ({NODES_TIMEOUT}), or stopped and did not "
-            f"come back: no training started. Are their pods pending (kubectl get pods; a GPU machine the cluster "
-            f"could not add)? Every node runs `shardline run` with the same {LAUNCH_ID} and a storage.root that all "
-            f"of them see ({folder}). The training's checkpoints stay: a rerun resumes from the newest"
-        ),
-    )
-    log(f"node 0 of a launch: all {nodes} nodes are running ({waited:.0f} s)")
-
-
-def wait_for_earlier_torchruns(
-    folder: str,
-    nodes: int,
-    log: Callable[[str], None],
-    timeout: float,
-    poll: float = 1.0,
-    say_every: float = NODES_SAY_SECONDS,
-) -> None:
-    """Node 0, before the torchrun of its next attempt: wait until no other node's torchrun of an earlier attempt
-    runs (`earlier_torchruns` is empty). Such a torchrun (a node that joined an attempt just before node 0 started
-    again, or whose previous torchrun is still stopping) would meet the new one at the launch's one rendezvous
-    address. Each is stopped by its node's watch of node 0 (`watch_attempt_node0`), or its lease expires within its
-    ttl (its machine gone); `NodesMissing` after `timeout` seconds."""
+    would wait 10 minutes for a missing node, then fail the attempt. Then wait, the same way, until no other node's
+    torchrun of an earlier attempt runs (`earlier_torchruns` is empty): such a torchrun (a node that joined an
+    attempt just before node 0 started again, or whose previous torchrun is still stopping) would meet the new one
+    at the launch's one rendezvous address. Each is stopped by its node's watch of node 0 (`watch_attempt_node0`),
+    or its lease expires within its ttl (its machine gone)."""
+    if absent(folder, nodes):
+        _wait_for_places(folder, nodes, log, timeout, poll, say_every)
     before = max(attempts(folder), default=0) + 1
 
     def busy() -> str | None:
@@ -261,6 +226,31 @@ def wait_for_earlier_torchruns(
         ),
     )
     log(f"node 0 of a launch: the other nodes' earlier torchruns have ended ({waited:.0f} s)")
+
+
+def _wait_for_places(
+    folder: str, nodes: int, log: Callable[[str], None], timeout: float, poll: float, say_every: float
+) -> None:
+    missing = absent(folder, nodes)
+    log(
+        f"node 0 of a launch: waiting for {_ranks(missing)} of {nodes} to start before training (each node's "
+        f"`shardline run` holds a lease in {storage.join(folder, 'present')}; at most {timeout:.0f} s, "
+        f"{NODES_TIMEOUT})"
+    )
+    waited = wait_while(
+        lambda: _ranks(m) if (m := absent(folder, nodes)) else None,
+        timeout,
+        poll,
+        say_every,
+        lambda what, waited: log(f"node 0 of a launch: still waiting for {what} ({waited:.0f} s)"),
+        lambda what: NodesMissing(
+            f"{what} of the launch did not start within {timeout:.0f} s ({NODES_TIMEOUT}), or stopped and did not "
+            f"come back: no training started. Are their pods pending (kubectl get pods; a GPU machine the cluster "
+            f"could not add)? Every node runs `shardline run` with the same {LAUNCH_ID} and a storage.root that all "
+            f"of them see ({folder}). The training's checkpoints stay: a rerun resumes from the newest"
+        ),
+    )
+    log(f"node 0 of a launch: all {nodes} nodes are running ({waited:.0f} s)")
 
 
 def attempt_folder(folder: str, number: int) -> str:

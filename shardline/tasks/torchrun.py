@@ -30,7 +30,7 @@ import torch.distributed as dist
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
-from shardline.tasks.launched import Attempt, wait_for_earlier_torchruns, wait_for_nodes
+from shardline.tasks.launched import Attempt, wait_for_nodes
 from shardline.tasks.nodes import Nodes, nodes_seconds, peerless_seconds, watch_node0
 from shardline.trainer.distributed import check_batch_size
 from shardline.trainer.loop import (
@@ -153,9 +153,8 @@ def fit_in_processes(
         peerless = peerless_seconds()  # a bad value said before anything starts
         # every other node runs (a pod still pending, one restarted after its machine was lost): else torchrun's
         # rendezvous waits 10 minutes for it, then fails the attempt
-        wait_for_nodes(launch, compute.nodes, log, nodes_seconds())
         # ...and none still runs a torchrun of an earlier attempt, which would meet this one at the rendezvous
-        wait_for_earlier_torchruns(launch, compute.nodes, log, nodes_seconds())
+        wait_for_nodes(launch, compute.nodes, log, nodes_seconds())
         attempt = Attempt(launch)
     with tempfile.TemporaryDirectory(prefix="shardline-ddp-") as tmp:
         folder = Path(tmp)
