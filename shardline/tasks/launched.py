@@ -115,6 +115,16 @@ def attempts(folder: str) -> dict[int, dict]:
     return found
 
 
+def next_attempt(folder: str) -> int:
+    """The number node 0's next torchrun of the launch in `folder` gets."""
+    return max(attempts(folder), default=0) + 1
+
+
+def attempt_record(folder: str, number: int) -> str:
+    """Where attempt `number` of the launch in `folder` is announced, and said ended."""
+    return storage.join(folder, f"attempt-{number}.json")
+
+
 def presence(folder: str, rank: int) -> str:
     """Where node `rank` (1..M-1) holds its lease while its `shardline run` of the launch in `folder` runs."""
     return storage.join(folder, "present", f"node-{rank}")
@@ -203,7 +213,7 @@ def wait_for_nodes(
     or its lease expires within its ttl (its machine gone)."""
     if absent(folder, nodes):
         _wait_for_places(folder, nodes, log, timeout, poll, say_every)
-    before = max(attempts(folder), default=0) + 1
+    before = next_attempt(folder)
 
     def busy() -> str | None:
         found = earlier_torchruns(folder, nodes, before)
@@ -294,10 +304,10 @@ class Attempt:
 
     def __init__(self, folder: str):
         self.folder = folder
-        self.number = max(attempts(folder), default=0) + 1
+        self.number = next_attempt(folder)
         self.shared = attempt_folder(folder, self.number)
         self.failures = storage.join(self.shared, "failures")
-        self._uri = storage.join(folder, f"attempt-{self.number}.json")
+        self._uri = attempt_record(folder, self.number)
         self._put: list[str] = []
         self._stop = threading.Event()
         self.lost: str | None = None  # what became of a node that stopped node 0's processes, in words
@@ -406,7 +416,7 @@ def begin(folder: str, log: Callable[[str], None] = print) -> list[int]:
     left = sorted(k for k, a in attempts(folder).items() if not a.get("ended"))
     for number in left:
         record = {"attempt": number, "ended": True, "abandoned": True, "exit": None, "at": time.time()}
-        storage.write_text(storage.join(folder, f"attempt-{number}.json"), json.dumps(record))
+        storage.write_text(attempt_record(folder, number), json.dumps(record))
     if left:
         which = ", ".join(str(k) for k in left)
         log(f"node 0 of a launch: attempt(s) {which} of an earlier node 0 of this launch (its pod restarted) ended")
