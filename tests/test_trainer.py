@@ -667,6 +667,77 @@ def test_a_checkpoint_of_a_captured_run_resumes_with_eager_steps(data, tmp_path,
     assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
 
 
+def test_training_deterministic_switches_torchs_kernels_for_the_fit_alone_and_switching_it_resumes_the_run(
+    data, tmp_path, straight
+):
+    """training.deterministic: false leaves torch's deterministic algorithms off during the fit, true turns
+    them on (null: on the CPU only); after the fit the process has its own setting back. It is a setting a
+    resume may change: a run preempted without it resumes with it, to the uninterrupted run's weights."""
+    reference, ref_weights = straight["mlp"]
+    folder = str(tmp_path / "ckpt")
+    assert not torch.are_deterministic_algorithms_enabled()
+    seen = {}
+
+    def watch(setting):
+        def on_step(step, metrics):
+            seen.setdefault(setting, set()).add(torch.are_deterministic_algorithms_enabled())
+            if setting is False and step == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        return on_step
+
+    with pytest.raises(Preempted):
+        fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for("mlp"),
+            train_cfg(deterministic=False),
+            "classification",
+            folder,
+            on_step=watch(False),
+            step_every=1,
+            log=quiet,
+        )
+    assert seen[False] == {False}
+    assert not torch.are_deterministic_algorithms_enabled()
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for("mlp"),
+        train_cfg(deterministic=True),
+        "classification",
+        folder,
+        on_step=watch(True),
+        step_every=1,
+        log=quiet,
+    )
+    assert seen[True] == {True}
+    assert result.resumed_from and result.resumed_from.endswith("ckpt-000000004.pt")
+    assert not torch.are_deterministic_algorithms_enabled()  # the process's own setting is back
+    assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)  # the CPU's kernels are exact
+
+
+def test_training_deterministic_on_cuda_fixes_cublas_workspace_unless_the_environment_sets_one(monkeypatch):
+    """On a GPU, training.deterministic: true needs cuBLAS's fixed workspace too: set for the process when the
+    environment has none, a user's own left alone; null leaves the GPU's kernels as they are (fast)."""
+    from shardline.trainer.loop import _deterministic
+
+    cuda = torch.device("cuda")  # only the setting is read: no GPU is touched
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    with _deterministic(cuda, None):
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    with _deterministic(cuda, True):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.are_deterministic_algorithms_enabled()
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    with _deterministic(cuda, True):
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    with _deterministic(torch.device("cpu"), None):
+        assert torch.are_deterministic_algorithms_enabled()
+
+
 def test_finished_run_is_not_trained_again(data, tmp_path, straight):
     reference, _ = straight["mlp"]
     folder = Path(reference.last_checkpoint).parent

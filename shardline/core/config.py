@@ -515,6 +515,7 @@ class TrainingConfig(_Strict):
         "num_workers",
         "compile",
         "cuda_graphs",
+        "deterministic",
         "checkpoint_every_steps",
         "checkpoint_every_seconds",
         "keep_checkpoints",
@@ -603,6 +604,14 @@ class TrainingConfig(_Strict):
         "scaler reads the gradients back) and several processes train eagerly; a step that cannot be captured "
         "(a model that reads a value back to Python, or changes shape) says so and the run goes on eagerly. "
         "Ignored on the CPU",
+    )
+    deterministic: bool | None = Field(
+        None,
+        description="deterministic kernels, so that a run and its resume from a checkpoint end on bit-identical "
+        "weights. null: on the CPU only (where they cost nothing measurable); true: on a GPU too (torch's "
+        "deterministic algorithms, and cuBLAS's fixed workspace CUBLAS_WORKSPACE_CONFIG=:4096:8 when the "
+        "environment sets none; some kernels are slower, an embedding's backward sorts instead of adding "
+        "atomically); false: nowhere",
     )
     fold: int | None = Field(
         None,

@@ -378,13 +378,19 @@ def _stop_on_signals(log: Callable[[str], None]):
 
 
 @contextlib.contextmanager
-def _deterministic(device: torch.device):
-    """Deterministic kernels on the CPU for the duration of a fit (the setting is process-wide)."""
+def _deterministic(device: torch.device, setting: bool | None = None):
+    """Deterministic kernels for the duration of a fit (the setting is process-wide): training.deterministic,
+    null meaning on the CPU only. On CUDA, cuBLAS needs a fixed workspace too: CUBLAS_WORKSPACE_CONFIG, set
+    here when the environment sets none (torch reads it when a cuBLAS handle takes its workspace, so the
+    process's first CUDA matmul must come after: in a pipeline, training's)."""
     enabled, warn_only = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
     )
-    if device.type == "cpu":
+    on = device.type == "cpu" if setting is None else setting
+    if on and device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if on:
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
@@ -874,7 +880,7 @@ def fit(
         spent = all_sum([float(spent)], device)[0] > 0
     if spent:  # spent before this attempt trained a step: nothing new to save
         raise deadline.exceeded(found[0] if found else None)
-    with _deterministic(device), _stop_on_signals(log) as stop:
+    with _deterministic(device, cfg.deterministic), _stop_on_signals(log) as stop:
         for epoch in range(first_epoch, cfg.epochs):
             if not (resumed_mid_epoch and epoch == first_epoch):
                 loader.set_epoch(epoch)
