@@ -17,8 +17,10 @@ pipeline does today for a categorical token column (text columns tokenize into t
 
 - shardline: `shardline.trainer.loop.fit` over those shards (the loader, the contract checks, AMP's context,
   gradient clipping, the LR schedule, per-step logging, a validation pass and a checkpoint at the epoch's end),
-  timed as a whole from the call to its return; its training tokens/s leave out the validation pass (the
-  hand loop validates nothing), and everything else counts (set-up, checks, the checkpoint);
+  timed as a whole from the call to its return; its training tokens/s leave out the validation pass and the
+  checkpoint's write (the hand loop validates and saves nothing; both have their own column: a 100M-parameter
+  model's checkpoint with AdamW's moments is ~1 GB, seconds of a 100-step run), and everything else counts
+  (set-up, checks, the loader);
 - generation: greedy tokens/s with the key/value cache against recomputing the context for every token;
 - hand loop: the same model class (`model_from_spec` of the same spec, the same seed) on the train split's token
   ids as one int64 array in memory, random windows (nanoGPT's get_batch), AdamW, gradient clipping at the same
@@ -127,7 +129,8 @@ class Clock:
 
 
 VALIDATION = [0.0, 0.0]  # wall and CPU seconds in the trainer's validation passes
-EVALUATE = None  # shardline.trainer.loop.evaluate, timed by timed_evaluate
+SAVING = [0.0, 0.0]  # wall and CPU seconds in its checkpoint writes
+EVALUATE = SAVE = None  # shardline.trainer.loop's evaluate and save_checkpoint, timed by the wrappers below
 
 
 def timed_evaluate(*args, **kwargs):
@@ -139,18 +142,28 @@ def timed_evaluate(*args, **kwargs):
             VALIDATION[i] += v
 
 
-def shardline_run(train, val, spec, cfg, ckpt: str) -> tuple[float, float, float, float]:
-    """Seconds of the whole fit (wall, CPU), and of them in the epoch's validation pass (wall, CPU)."""
+def timed_save(*args, **kwargs):
+    clock = Clock()
+    try:
+        return SAVE(*args, **kwargs)
+    finally:
+        for i, v in enumerate(clock.read()):
+            SAVING[i] += v
+
+
+def shardline_run(train, val, spec, cfg, ckpt: str) -> tuple[float, ...]:
+    """Seconds of the whole fit (wall, CPU), of them in the epoch's validation pass (wall, CPU) and in its
+    checkpoint writes (wall, CPU)."""
     from shardline.trainer.loop import fit
 
     shutil.rmtree(ckpt, ignore_errors=True)
-    VALIDATION[:] = [0.0, 0.0]
+    VALIDATION[:] = SAVING[:] = [0.0, 0.0]
     clock = Clock()
     fit(train, val, spec, cfg, "classification", ckpt, resume=False, log=lambda m: None)
-    return (*clock.read(), *VALIDATION)
+    return (*clock.read(), *VALIDATION, *SAVING)
 
 
-def hand_run(tokens: torch.Tensor, spec, cfg, compile_model: bool = False) -> tuple[float, float, float, float]:
+def hand_run(tokens: torch.Tensor, spec, cfg, compile_model: bool = False) -> tuple[float, ...]:
     """nanoGPT's minimal loop on the same model: random windows of the token array, AdamW, clipping (on a GPU:
     the token array on it, the same autocast precision, AdamW fused as the trainer's)."""
     from shardline.trainer.device import autocast, pick_device, pick_precision
@@ -179,7 +192,7 @@ def hand_run(tokens: torch.Tensor, spec, cfg, compile_model: bool = False) -> tu
         opt.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return (*clock.read(), 0.0, 0.0)
+    return (*clock.read(), 0.0, 0.0, 0.0, 0.0)
 
 
 # dense bf16 peak FLOP/s of known GPUs (the vendors' figures without sparsity), for MFU
@@ -223,11 +236,12 @@ def main() -> None:
     from shardline.trainer.models import model_from_spec, model_spec_for
     from shardline.trainer.serving import data_spec
 
-    global EVALUATE
+    global EVALUATE, SAVE
     import shardline.trainer.loop as loop
 
-    EVALUATE = loop.evaluate
+    EVALUATE, SAVE = loop.evaluate, loop.save_checkpoint
     loop.evaluate = timed_evaluate  # fit validates through this name: its passes are timed apart
+    loop.save_checkpoint = timed_save  # and saves through this one
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="shardline-gpt-bench-"))
     try:
@@ -245,8 +259,9 @@ def main() -> None:
         )
         params = sum(p.numel() for p in model_from_spec(spec).parameters())
         per_run = args.steps * args.batch * args.window
-        # (wall, CPU seconds, of which validation: wall, CPU): the hand loop validates nothing
-        runs: dict[str, list[tuple[float, float, float, float]]] = {"hand loop": [], "shardline fit": []}
+        # (wall, CPU seconds, of which validation: wall, CPU, of which checkpoints: wall, CPU): the hand loop
+        # validates and saves nothing
+        runs: dict[str, list[tuple[float, ...]]] = {"hand loop": [], "shardline fit": []}
         if args.compile:
             runs.update({"hand loop, compiled": [], "shardline fit, compile: true": []})
         if args.graphs:
@@ -287,19 +302,19 @@ def main() -> None:
             "windows), evaluated once at the epoch's end\n"
         )
         print(
-            "| loop | wall s | of which validation | training tokens/s (wall) | vs hand loop (wall) "
-            "| training CPU s | training tokens/CPU-s | vs hand loop (CPU) | MFU |"
+            "| loop | wall s | of which validation | of which checkpoint | training tokens/s (wall) "
+            "| vs hand loop (wall) | training CPU s | training tokens/CPU-s | vs hand loop (CPU) | MFU |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        base_wall = min(w - vw for w, c, vw, vc in runs["hand loop"])
-        base_cpu = min(c - vc for w, c, vw, vc in runs["hand loop"])
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        base_wall = min(w - vw - sw for w, c, vw, vc, sw, sc in runs["hand loop"])
+        base_cpu = min(c - vc - sc for w, c, vw, vc, sw, sc in runs["hand loop"])
         for name, times in runs.items():
-            wall, _, val_wall, _ = min(times, key=lambda t: t[0] - t[2])
-            cpu = min(c - vc for w, c, vw, vc in times)
-            train_wall = wall - val_wall
+            wall, _, val_wall, _, save_wall, _ = min(times, key=lambda t: t[0] - t[2] - t[4])
+            cpu = min(c - vc - sc for w, c, vw, vc, sw, sc in times)
+            train_wall = wall - val_wall - save_wall
             print(
-                f"| {name} | {wall:.2f} | {val_wall:.2f} | {per_run / train_wall:,.0f} | {base_wall / train_wall:.2f}x "
-                f"| {cpu:.2f} | {per_run / cpu:,.0f} | {base_cpu / cpu:.2f}x | "
+                f"| {name} | {wall:.2f} | {val_wall:.2f} | {save_wall:.2f} | {per_run / train_wall:,.0f} "
+                f"| {base_wall / train_wall:.2f}x | {cpu:.2f} | {per_run / cpu:,.0f} | {base_cpu / cpu:.2f}x | "
                 f"{f'{100 * flops_per_token * per_run / train_wall / peak:.1f} %' if peak else '-'} |"
             )
         print(generation_table(spec, args.window, pick_device(args.device).type))

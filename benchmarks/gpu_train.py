@@ -8,8 +8,10 @@ run preempted mid-epoch resumes to the weights of a run that never stopped. Prin
 
 --modes compares the launch-bound remedies in the same run: eager steps, `training.compile`, `training.cuda_graphs`
 (the whole step captured and replayed) and both; the table gives each one's steps/s as a ratio to eager, and
-the resume check runs with the last mode given (a graph-captured run preempted and resumed must end on the same
-weights as one that never stopped).
+the resume check runs with the last mode given: a run preempted and resumed against one that never stopped, and
+a second uninterrupted run against the first (the run-to-run baseline), under each --deterministic setting
+(default: `null` and `true`). With `training.deterministic: true` both differences must be 0.0 on a GPU too;
+without it, CUDA's atomic adds (an embedding's backward) make even two uninterrupted runs differ a little.
 
 Only `trainer/` and the contract types are imported (no Prefect, no MLflow), so it runs on a bare GPU
 host with torch, numpy, fsspec, pyyaml and pydantic. The model and training settings are the demo
@@ -77,6 +79,40 @@ def weights(ckpt_uri: str) -> dict:
     return state["model"] if "model" in state else state
 
 
+def max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a if a[k].is_floating_point())
+
+
+def resume_check(train, val, cfg, enc, work: Path, args) -> dict:
+    """An uninterrupted run, a second one (the run-to-run baseline), and one preempted at --preempt-at and
+    resumed: the largest weight difference of each pair, the steps and the val_loss."""
+    spec = model_spec(cfg.model, len(enc.continuous), enc.cat_cardinalities, enc.window, enc.target.n_outputs)
+    task = enc.target.task
+    ref, _, _ = run_fit(train, val, spec, cfg.training, task, str(work / "ref"), resume=False)
+    twin, _, _ = run_fit(train, val, spec, cfg.training, task, str(work / "twin"), resume=False)
+    os.environ["SHARDLINE_PREEMPT_AT_STEP"] = str(args.preempt_at)
+    t = time.perf_counter()
+    try:
+        run_fit(train, val, spec, cfg.training, task, str(work / "cut"), resume=False)
+        preempted = "no (the run ended before the preemption step)"
+    except loop.Preempted as e:
+        preempted = f"yes, at step {args.preempt_at} ({e.signal_name}), checkpoint {Path(e.checkpoint).name}"
+    finally:
+        os.environ.pop("SHARDLINE_PREEMPT_AT_STEP", None)
+    again, _, _ = run_fit(train, val, spec, cfg.training, task, str(work / "cut"), resume=True)
+    lost = time.perf_counter() - t
+    a = weights(ref.last_checkpoint)
+    return {
+        "preempted": preempted,
+        "resumed_from": Path(again.resumed_from or "-").name,
+        "steps": (ref.steps, again.steps),
+        "val_loss": (ref.history[-1]["val_loss"], again.history[-1]["val_loss"]),
+        "max_weight_diff": max_diff(a, weights(again.last_checkpoint)),
+        "run_to_run_diff": max_diff(a, weights(twin.last_checkpoint)),
+        "seconds": lost,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("manifest", help="an encoded data set's manifest.json (local path or URL)")
@@ -94,7 +130,16 @@ def main() -> None:
         choices=sorted(MODES),
         help="step modes to compare (the resume check runs the last one)",
     )
+    ap.add_argument(
+        "--deterministic",
+        nargs="+",
+        default=["null", "true"],
+        choices=["null", "true", "false"],
+        help="training.deterministic settings the resume check runs under (null: the default, on the CPU only)",
+    )
     args = ap.parse_args()
+    if "true" in args.deterministic:  # before the process's first CUDA matmul: cuBLAS reads it then
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     loop.WindowLoader = TimedLoader  # fit builds its loaders through this name
     uri = args.manifest
@@ -170,42 +215,25 @@ def main() -> None:
                         flush=True,
                     )
 
-        # resume: an uninterrupted run against one preempted (SIGTERM, the spot path) at --preempt-at, then resumed
+        # resume: an uninterrupted run against one preempted (SIGTERM, the spot path) at --preempt-at, then resumed;
+        # and against a second uninterrupted run (the run-to-run baseline: what the kernels alone make differ),
+        # under each training.deterministic setting asked for
         family = args.families[0]
-        cfg = load_config(
-            ROOT / "shardline" / "configs" / "demo.yaml",
-            [
-                f"training.batch_size={args.batch}",
-                "training.epochs=1",
-                f"model.family={family}",
-                "training.checkpoint_every_steps=50",
-                *args.set,
-                *MODES[args.modes[-1]],
-            ],
-        )
-        spec = model_spec(cfg.model, len(enc.continuous), enc.cat_cardinalities, enc.window, enc.target.n_outputs)
-        ref, _, _ = run_fit(train, val, spec, cfg.training, enc.target.task, str(work / "ref"), resume=False)
-        os.environ["SHARDLINE_PREEMPT_AT_STEP"] = str(args.preempt_at)
-        t = time.perf_counter()
-        try:
-            run_fit(train, val, spec, cfg.training, enc.target.task, str(work / "cut"), resume=False)
-            preempted = "no (the run ended before the preemption step)"
-        except loop.Preempted as e:
-            preempted = f"yes, at step {args.preempt_at} ({e.signal_name}), checkpoint {Path(e.checkpoint).name}"
-        finally:
-            os.environ.pop("SHARDLINE_PREEMPT_AT_STEP", None)
-        again, _, _ = run_fit(train, val, spec, cfg.training, enc.target.task, str(work / "cut"), resume=True)
-        lost = time.perf_counter() - t
-        a, b = weights(ref.last_checkpoint), weights(again.last_checkpoint)
-        diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a if a[k].is_floating_point())
-        resume = {
-            "preempted": preempted,
-            "resumed_from": Path(again.resumed_from or "-").name,
-            "steps": (ref.steps, again.steps),
-            "val_loss": (ref.history[-1]["val_loss"], again.history[-1]["val_loss"]),
-            "max_weight_diff": diff,
-            "seconds": lost,
-        }
+        resumes = []
+        for setting in args.deterministic:
+            cfg = load_config(
+                ROOT / "shardline" / "configs" / "demo.yaml",
+                [
+                    f"training.batch_size={args.batch}",
+                    "training.epochs=1",
+                    f"model.family={family}",
+                    "training.checkpoint_every_steps=50",
+                    f"training.deterministic={setting}",
+                    *args.set,
+                    *MODES[args.modes[-1]],
+                ],
+            )
+            resumes.append({"deterministic": setting, **resume_check(train, val, cfg, enc, work / setting, args)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -225,14 +253,21 @@ def main() -> None:
             f"{100 * r['input-bound']:.1f} % | "
             f"{r['val_loss']:.4f} | {r['score']:.4f} | {r['wall']:.1f} |"
         )
-    print(f"\n## Resume ({family}, {args.modes[-1]} steps, 1 epoch, checkpoint every 50 steps)\n")
-    print(f"- preempted: {resume['preempted']}; resumed from {resume['resumed_from']}")
-    print(f"- optimizer steps, uninterrupted / preempted+resumed: {resume['steps'][0]} / {resume['steps'][1]}")
     print(
-        f"- val_loss: {resume['val_loss'][0]:.6f} / {resume['val_loss'][1]:.6f}; largest weight difference "
-        f"{resume['max_weight_diff']:.3g}"
+        f"\n## Resume ({family}, {args.modes[-1]} steps, 1 epoch, checkpoint every 50 steps): largest weight "
+        "difference to an uninterrupted run, of a second uninterrupted run and of one preempted and resumed\n"
     )
-    print(f"- preempted run + resume, wall: {resume['seconds']:.1f} s")
+    print(
+        "| training.deterministic | preempted | resumed from | steps (uninterrupted / resumed) | run to run "
+        "| resumed | val_loss (uninterrupted / resumed) | preempted + resume wall s |"
+    )
+    print("|---|---|---|---|---:|---:|---|---:|")
+    for r in resumes:
+        print(
+            f"| {r['deterministic']} | {r['preempted']} | {r['resumed_from']} | {r['steps'][0]} / {r['steps'][1]} "
+            f"| {r['run_to_run_diff']:.3g} | {r['max_weight_diff']:.3g} "
+            f"| {r['val_loss'][0]:.6f} / {r['val_loss'][1]:.6f} | {r['seconds']:.1f} |"
+        )
     if args.json:
         Path(args.json).write_text(
             __import__("json").dumps(
@@ -241,15 +276,11 @@ def main() -> None:
                     "torch": torch.__version__,
                     "batch": args.batch,
                     "rows": rows,
-                    "resume": {**resume, "mode": args.modes[-1]},
+                    "resume": [{**r, "mode": args.modes[-1]} for r in resumes],
                 },
                 indent=2,
             )
         )
-    print(
-        f"- GPU deterministic algorithms: {torch.are_deterministic_algorithms_enabled()} (cuBLAS/cuDNN kernels may "
-        "differ in the last bits)"
-    )
 
 
 if __name__ == "__main__":
