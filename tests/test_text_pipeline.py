@@ -32,6 +32,10 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     bodies = [" ".join(s.split()[:1] + sorted(s.split()[1:])) for s in sentences(400, 11, 4, 12)]
     # one document a row, keyed as users' corpora are: the model's signature then also lists `doc` and `line`
     corpus = pl.DataFrame({"doc": [f"doc-{i}" for i in range(len(bodies))], "line": [0] * len(bodies), "body": bodies})
+    # the file opens with two rows of no text (left out by data.on_bad_rows: skip): the registered model's input
+    # example must not be made of them (the model refuses them, and MLflow predicts with it when logging)
+    empty = pl.DataFrame({"doc": ["doc-empty-0", "doc-empty-1"], "line": [0, 0], "body": [None, ""]})
+    corpus = pl.concat([empty, corpus])
     corpus.write_parquet(tmp_path / "raw" / "corpus.parquet")
     root = tmp_path / "store"
     config = validate_config(
@@ -44,6 +48,7 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
                 "features": {"text": ["body"]},
                 "tokenizer": {"kind": "bpe", "vocab_size": 300},
                 "window": 8,
+                "on_bad_rows": "skip",
             },
             "model": {"family": "transformer", "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.0},
             "training": {"epochs": 1, "batch_size": 64, "lr": 0.01, "warmup_steps": 2},
@@ -67,6 +72,10 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     mlflow.set_tracking_uri(registered["tracking_uri"])
     model = mlflow.pyfunc.load_model(registered["model_uri"])
     bundled = model.unwrap_python_model().predictor.tokenizer
+    local = mlflow.artifacts.download_artifacts(registered["model_uri"], dst_path=str(tmp_path / "registered"))
+    example = mlflow.models.Model.load(local).load_input_example(local)
+    assert len(example) == 3 and example["body"].map(lambda v: isinstance(v, str) and v != "").all(), example
+    assert len(model.predict(example)) == 3  # the example is input the model takes
     assert hashlib.sha256(bundled.encode()).hexdigest() == manifest.encoding.text.tokenizer_sha256
     rows = pl.DataFrame({"doc": ["x", "y"], "line": [0, 0], "body": ["the quick brown", "a lazy"]}).to_pandas()
     out = model.predict(rows)
