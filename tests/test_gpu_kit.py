@@ -5,7 +5,8 @@ short, so everything in the kit that does not need CUDA must already have run he
 - its packing: real wheels unpacked for Python 3.12 into one .tar.xz cut into parts, and gpu-kit-run's unpacking
   of them (an incomplete or damaged kit refused, naming the part);
 - gpu-kit-run's whole loop on the CPU (DEVICE=cpu QUICK=1 --no-install): the demo, rehearse, kill-and-resume,
-  launch-bound and gpt rows each PASS, the table and the logs copied out, a second call keeping the first's rows.
+  launch-bound, gpt and an example's rows each PASS, the table and the logs copied out, a second call keeping the
+  first's rows.
 """
 
 from __future__ import annotations
@@ -150,17 +151,26 @@ def test_gpu_kit_run_whole_loop_on_the_cpu(tmp_path, prefect_api):
     assert table["rehearse"][0] == "PASS"
     assert table["kill-resume"][0] == "PASS" and "resumed from ckpt-" in table["kill-resume"][1]
 
-    # the next call: the steps that need the demo's data, which the first call left in SHARDLINE_GPU_WORK
-    second = run_kit("--no-install", "launch", "gpt", env=env)
+    # the next call: the steps that need the demo's data, which the first call left in SHARDLINE_GPU_WORK, and an
+    # example run from its README as written (one: each is a test of its own in test_examples)
+    second = run_kit(
+        "--no-install", "launch", "gpt", "examples", env={**env, "SHARDLINE_GPU_EXAMPLES": "examples/world_model"}
+    )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     table = rows(out / "results.tsv")
     assert table["demo"][0] == "PASS", "the first call's rows are kept"
     assert table["launch-bound"][0] == "PASS" and "eager" in table["launch-bound"][1]
     assert "preempted yes" in table["launch-bound"][1]
+    # with deterministic kernels (on the CPU with either setting) the resume and a second run are bit-identical
+    assert "training.deterministic true: preempted yes" in table["launch-bound"][1]
+    assert "largest weight difference resumed 0 (run to run 0)" in table["launch-bound"][1]
+    assert table["example-world_model"][0] == "PASS", table["example-world_model"]
+    assert "2 command(s); 1 training(s) on cpu fp32" in table["example-world_model"][1]
     assert table["gpt-quick"][0] == "PASS" and "shardline fit" in table["gpt-quick"][1]
     with tarfile.open(out / "logs.tgz") as tar:
         logs = {Path(n).name for n in tar.getnames()}
     assert {"demo.log", "rehearse.log", "kill-2.log", "launch.log", "launch.json", "gpt-quick.md"} <= logs
+    assert "example-world_model.log" in logs
     assert "launch-bound" in second.stdout and "demo" in second.stdout  # the table of both calls
 
     bad = run_kit("--no-install", "train", env=env)
