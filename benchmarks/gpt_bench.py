@@ -130,25 +130,20 @@ class Clock:
 
 VALIDATION = [0.0, 0.0]  # wall and CPU seconds in the trainer's validation passes
 SAVING = [0.0, 0.0]  # wall and CPU seconds in its checkpoint writes
-EVALUATE = SAVE = None  # shardline.trainer.loop's evaluate and save_checkpoint, timed by the wrappers below
 
 
-def timed_evaluate(*args, **kwargs):
-    clock = Clock()
-    try:
-        return EVALUATE(*args, **kwargs)
-    finally:
-        for i, v in enumerate(clock.read()):
-            VALIDATION[i] += v
+def timed(fn, into: list[float]):
+    """`fn`, adding the wall and CPU seconds of each call to `into`."""
 
+    def call(*args, **kwargs):
+        clock = Clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for i, v in enumerate(clock.read()):
+                into[i] += v
 
-def timed_save(*args, **kwargs):
-    clock = Clock()
-    try:
-        return SAVE(*args, **kwargs)
-    finally:
-        for i, v in enumerate(clock.read()):
-            SAVING[i] += v
+    return call
 
 
 def shardline_run(train, val, spec, cfg, ckpt: str) -> tuple[float, ...]:
@@ -157,7 +152,7 @@ def shardline_run(train, val, spec, cfg, ckpt: str) -> tuple[float, ...]:
     from shardline.trainer.loop import fit
 
     shutil.rmtree(ckpt, ignore_errors=True)
-    VALIDATION[:] = SAVING[:] = [0.0, 0.0]
+    VALIDATION[:], SAVING[:] = [0.0, 0.0], [0.0, 0.0]
     clock = Clock()
     fit(train, val, spec, cfg, "classification", ckpt, resume=False, log=lambda m: None)
     return (*clock.read(), *VALIDATION, *SAVING)
@@ -228,6 +223,7 @@ def main() -> None:
     if args.quick:
         args.sequences, args.length, args.d_model, args.layers, args.steps = 40, 300, 64, 2, 10
 
+    import shardline.trainer.loop as loop
     from shardline.core.manifest import Manifest
     from shardline.tasks.encode import encode_dataset
     from shardline.tasks.ingest import snapshot_source
@@ -236,12 +232,8 @@ def main() -> None:
     from shardline.trainer.models import model_from_spec, model_spec_for
     from shardline.trainer.serving import data_spec
 
-    global EVALUATE, SAVE
-    import shardline.trainer.loop as loop
-
-    EVALUATE, SAVE = loop.evaluate, loop.save_checkpoint
-    loop.evaluate = timed_evaluate  # fit validates through this name: its passes are timed apart
-    loop.save_checkpoint = timed_save  # and saves through this one
+    loop.evaluate = timed(loop.evaluate, VALIDATION)  # fit validates through this name: its passes are timed apart
+    loop.save_checkpoint = timed(loop.save_checkpoint, SAVING)  # and saves through this one
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="shardline-gpt-bench-"))
     try:

@@ -678,39 +678,29 @@ def test_training_deterministic_switches_torchs_kernels_for_the_fit_alone_and_sw
     assert not torch.are_deterministic_algorithms_enabled()
     seen = {}
 
-    def watch(setting):
+    def run(setting):
         def on_step(step, metrics):
             seen.setdefault(setting, set()).add(torch.are_deterministic_algorithms_enabled())
             if setting is False and step == 4:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-        return on_step
-
-    with pytest.raises(Preempted):
-        fit(
+        return fit(
             data["classification"],
             data["classification-val"],
             spec_for("mlp"),
-            train_cfg(deterministic=False),
+            train_cfg(deterministic=setting),
             "classification",
             folder,
-            on_step=watch(False),
+            on_step=on_step,
             step_every=1,
             log=quiet,
         )
+
+    with pytest.raises(Preempted):
+        run(False)
     assert seen[False] == {False}
     assert not torch.are_deterministic_algorithms_enabled()
-    result = fit(
-        data["classification"],
-        data["classification-val"],
-        spec_for("mlp"),
-        train_cfg(deterministic=True),
-        "classification",
-        folder,
-        on_step=watch(True),
-        step_every=1,
-        log=quiet,
-    )
+    result = run(True)
     assert seen[True] == {True}
     assert result.resumed_from and result.resumed_from.endswith("ckpt-000000004.pt")
     assert not torch.are_deterministic_algorithms_enabled()  # the process's own setting is back
