@@ -314,6 +314,20 @@ def test_a_batch_the_processes_cannot_share_equally_or_nodes_without_a_rendezvou
     ]
 
 
+def test_more_processes_on_a_node_than_it_has_gpus_are_refused_naming_the_setting():
+    """On CUDA each process needs a GPU of its own (NCCL refuses two ranks on one; a rank past the last GPU would
+    fail on CUDA's "invalid device ordinal"): refused before torchrun starts, and by each rank before it picks
+    its GPU. Processes on the CPU (gloo) need none."""
+    from shardline.trainer.distributed import check_gpus_per_node
+
+    with pytest.raises(ValueError, match=r"compute.processes_per_node=2, but this machine has 1 GPU\(s\).*at most 1"):
+        check_gpus_per_node(2, "cuda", 1)
+    with pytest.raises(ValueError, match=r"or training.device: cpu"):
+        check_gpus_per_node(1, "cuda", 0)
+    check_gpus_per_node(8, "cuda", 8)
+    check_gpus_per_node(2, "cpu", 0)
+
+
 def test_under_a_launcher_node_0_stops_its_processes_when_a_node_s_torchrun_failed_or_its_machine_went_silent(
     tmp_path,
 ):

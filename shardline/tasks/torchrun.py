@@ -32,7 +32,8 @@ from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
 from shardline.tasks.launched import Attempt, wait_for_nodes
 from shardline.tasks.nodes import Nodes, nodes_seconds, peerless_seconds, watch_node0
-from shardline.trainer.distributed import check_batch_size
+from shardline.trainer.device import pick_device
+from shardline.trainer.distributed import check_batch_size, check_gpus_per_node
 from shardline.trainer.loop import (
     ANOTHER_PROCESS,
     BUDGET_EXIT_CODE,
@@ -137,6 +138,7 @@ def fit_in_processes(
     it (tasks/launched.py)."""
     size = world_size(compute)
     check_batch_size(cfg.batch_size, size)  # before starting anything
+    check_gpus_per_node(compute.processes_per_node, pick_device(cfg.device).type, torch.cuda.device_count())
     nodes = None
     if compute.nodes > 1 and not launched_by_environment():  # this run is node 0, and starts the others
         if shared is None:

@@ -40,6 +40,18 @@ def world() -> World:
     return World()
 
 
+def check_gpus_per_node(processes: int, device_type: str, gpus: int) -> None:
+    """A GPU for each process of a node that trains on CUDA: more processes than GPUs refused, naming the
+    setting (NCCL refuses two ranks on one GPU, and a rank numbered past the last GPU fails on CUDA's
+    "invalid device ordinal", which names nothing a user set)."""
+    if device_type == "cuda" and processes > gpus:
+        raise ValueError(
+            f"compute.processes_per_node={processes}, but this machine has {gpus} GPU(s): each process trains "
+            f"on a GPU of its own (NCCL does not share one between processes); set compute.processes_per_node "
+            f"to at most {gpus}, or training.device: cpu to train in processes on the CPU (gloo)"
+        )
+
+
 def init_from_env(device: str = "auto") -> World:
     """Join the process group torchrun's environment describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
     MASTER_PORT): NCCL on CUDA, gloo on CPU. Without WORLD_SIZE > 1 it is one process and nothing is joined."""
@@ -48,7 +60,8 @@ def init_from_env(device: str = "auto") -> World:
         return world()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = device in ("auto", "cuda") and torch.cuda.is_available()
-    if cuda:
+    if cuda:  # this node's processes (torchrun's LOCAL_WORLD_SIZE), a GPU each
+        check_gpus_per_node(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)), "cuda", torch.cuda.device_count())
         torch.cuda.set_device(local_rank)  # "cuda" is then this rank's GPU
     dist.init_process_group(backend="nccl" if cuda else "gloo")
     return world()
