@@ -83,7 +83,9 @@ def test_dask_encode_writes_the_thread_pool_shards_on_two_worker_processes(tmp_p
     assert {t["worker"] for t in groups} == set(before)
     for worker in before:
         ran = [t for t in groups if t["worker"] == worker]
-        spans = sorted((s["start"], s["stop"]) for t in ran for s in t["startstops"] if s["action"] == "compute")
+        spans = sorted(
+            (s["start"], s["stop"], t["key"]) for t in ran for s in t["startstops"] if s["action"] == "compute"
+        )
         assert all(b[0] >= a[1] - 1e-3 for a, b in zip(spans, spans[1:])), f"{worker} ran two at once: {spans}"
     assert all(before[w]["pid"] != os.getpid() for w in before)
 
