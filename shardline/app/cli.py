@@ -211,68 +211,34 @@ def run(
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
     config = _load(config_path, list(set_))
-    launch = _under_launcher(config)
-    if launch is None:
-        _summary(_run_pipeline(config, force, verbose))
-        return
-    _run_launched(config, force, verbose, *launch)
+    _summary(_run_pipeline(config, force, verbose))
 
 
-def _under_launcher(config) -> tuple[str, int] | None:
-    """The launch's folder and this node's rank, when this `shardline run` is a node of a training on several
-    machines under a launcher (a Kubeflow TrainJob, a JobSet: its rendezvous in the environment); else None."""
-    from shardline.tasks import launched
-    from shardline.tasks.nodes import nodes_seconds
-    from shardline.tasks.torchrun import launched_by_environment
+@app.command()
+def node(
+    job: str = typer.Argument(..., metavar="JOB", help="the training's job in storage (s3://.../ddp/job.json)"),
+    endpoint: str | None = typer.Option(
+        None, "--endpoint", help="the rendezvous HOST:PORT; default: the launcher's (PET_RDZV_ENDPOINT, MASTER_ADDR)"
+    ),
+) -> None:
+    """One machine of a training on several, under a launcher (a TrainJob, JobSet, Slurm, SkyPilot): torch's agent
+    for the job that `shardline run` (compute.train_on: launcher) wrote, meeting the other machines at the
+    launcher's rendezvous address. The pipeline follows it in storage."""
+    from shardline.core.secrets import install_log_redaction
+    from shardline.tasks.torchrun import launcher_endpoint, run_node, shutdown_seconds
 
-    if config.compute.nodes <= 1 or not launched_by_environment():
-        return None
+    install_log_redaction()
     try:
-        found = launched.launch_folder(config.storage.root), launched.node_rank()
-        launched.join_seconds(), nodes_seconds()  # a bad value said before anything starts
+        where = endpoint or launcher_endpoint()
     except ValueError as e:
         _fail(str(e), 2)
-    if config.compute.train_on != "local":
-        _fail(
-            f"compute.nodes={config.compute.nodes} under a launcher (its rendezvous is in this environment) with "
-            f"compute.train_on: {config.compute.train_on}: the launcher's nodes are the training's machines; set "
-            "compute.train_on: local, or run the pipeline outside the launcher (the training run then starts its "
-            "nodes as flow runs of compute.node_deployment)",
-            2,
-        )
-    return found
-
-
-def _run_launched(config, force: str | None, verbose: bool, folder: str, rank: int) -> None:
-    """Under a launcher, node 0 runs the pipeline and says when it ends; the others join its training
-    (shardline/tasks/launched.py) and exit as it did."""
-    from shardline.tasks import launched
-    from shardline.trainer import loop
-
-    if rank > 0:
-        from shardline.tasks.torchrun import join_launch
-
-        try:
-            code = join_launch(config.compute, config.training.device, folder, rank, log=typer.echo)
-        except ValueError as e:
-            _fail(str(e), 2)
-        raise typer.Exit(code)
-    from prefect import tags
-
-    launched.begin(folder, typer.echo)
-    launched.crash_earlier_node0(folder, typer.echo)
-    status, code = "failed", 1
     try:
-        with tags(launched.run_tag(folder)):  # an earlier node 0's runs are found by it when its pod restarts
-            result = _run_pipeline(config, force, verbose)
-        status, code = "completed", 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-        status = {loop.PREEMPTED_EXIT_CODE: "preempted", loop.BUDGET_EXIT_CODE: "out of budget"}.get(code, "failed")
-        raise
-    finally:
-        launched.end(folder, status, code)
-    _summary(result)
+        said = run_node(job, where, shutdown_seconds(), log=typer.echo)
+    except ValueError as e:
+        _fail(str(e), 2)
+    except Exception as e:  # noqa: BLE001 - torch's account of it, and a failed exit for the launcher
+        _fail(f"{type(e).__name__}: {e}", 1)
+    typer.echo(f"training {said}")
 
 
 def _sweep_plan(
@@ -735,8 +701,7 @@ def gc_command(
 
     Kept: what any registered version in the config's MLflow store refers to (its run, its data set), the
     --keep newest runs, anything modified in the last --recent-minutes, what a live Prefect flow run uses,
-    and the data sets and parent runs of all of those. A launch's folder (launches/<id>/) goes when no node of
-    it has written there for --recent-minutes. Only datasets/, runs/, prefect-results/ and launches/ of the
+    and the data sets and parent runs of all of those. Only datasets/, runs/ and prefect-results/ of the
     storage root are touched; never the raw data or the MLflow store. Prints what goes, its size and why.
     """
     from shardline.app.gc import GcError, apply_plan, plan_gc, report

@@ -1,7 +1,6 @@
-"""`shardline gc CONFIG`: delete the data sets, training runs and cached results that nothing refers to, and the
-folders of launches no node runs any more.
+"""`shardline gc CONFIG`: delete the data sets, training runs and cached results that nothing refers to.
 
-Only four folders of the storage root are ever touched: `datasets/`, `runs/`, `prefect-results/` and `launches/`.
+Only three folders of the storage root are ever touched: `datasets/`, `runs/` and `prefect-results/`.
 The raw data, the MLflow store (its database and artifacts) and anything else under the root are not.
 
 What refers to what is read from the files and the registry, never guessed from names:
@@ -19,9 +18,7 @@ What refers to what is read from the files and the registry, never guessed from 
 Kept: what a registered version refers to, the `keep` newest runs (by their newest file), anything
 modified within `recent_minutes` (in use; 24 h when the Prefect API cannot be asked), what a live
 flow run uses, and the data sets and parent runs of everything kept. Deleted: the other data sets and
-runs, the cached results that point at one of them, and the folders of launches (`launches/<id>/`: a training
-under a cluster's launcher) not modified within `recent_minutes` (each node of a running launch renews a lease
-there every third of its ttl).
+runs and the cached results that point at one of them.
 
 Deletes go pointers first, so a gc killed at any moment leaves nothing that reads as complete and is
 not: the cached results that point at a doomed folder, then each run's `result.json`, `best.json` and
@@ -46,7 +43,7 @@ from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.tasks.encode import GROUPS
 
-AREAS = ("datasets", "runs", "prefect-results", "launches")
+AREAS = ("datasets", "runs", "prefect-results")
 DEFAULT_KEEP = 3
 DEFAULT_RECENT_MINUTES = 60
 UNREACHABLE_RECENT_MINUTES = 24 * 60  # when the Prefect API cannot say which flow runs are live
@@ -526,7 +523,6 @@ def plan_gc(
     groups = {i.name: i for i in _folders(storage.join(root, "datasets", GROUPS), "file group", now)}
     runs = {i.name: _run(i) for i in _folders(storage.join(root, "runs"), "run", now)}
     records = _records(storage.join(root, "prefect-results"), now)
-    launches = _folders(storage.join(root, "launches"), "launch", now)
 
     log("reading the model registry ...")
     versions = registered_versions(config)
@@ -633,16 +629,6 @@ def plan_gc(
             continue
         keep_items.append(item)
 
-    # a launch's folder (tasks/launched.py): while any node of it runs, it renews a lease there every third of its
-    # ttl, so a folder not written to within the window has no node left (nothing else refers to one)
-    for item in launches:
-        if item.newest >= cutoff:
-            item.why = f"in use: modified {_age(now - item.newest)} ago (each node of a launch renews its lease there)"
-            keep_items.append(item)
-        else:
-            item.why = f"no node of it runs: last modified {_age(now - item.newest)} ago"
-            delete_items.append(item)
-
     doomed = {i.uri: i for i in delete_items}
     unreadable, stale = [], []
     for rec in records:
@@ -672,8 +658,8 @@ def plan_gc(
 
 
 def _check_inside(root: str, source: str, items: list[Item]) -> None:
-    """Our own invariant, checked before anything goes: only files under datasets/, runs/, prefect-results/ and
-    launches/ of the root, and none of the raw data."""
+    """Our own invariant, checked before anything goes: only files under datasets/, runs/ and prefect-results/ of
+    the root, and none of the raw data."""
     prefixes = [storage.join(root, area) + "/" for area in AREAS]
     raw = _source_base(source).rstrip("/")
     for item in items:
@@ -744,7 +730,6 @@ def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] 
             ("datasets", "data set"),
             ("runs", "run"),
             (f"datasets/{GROUPS}", "file group"),
-            ("launches", "launch"),
         )
         if any(f.kind == kind for f in folders)
         for i in _folders(storage.join(plan.root, area), kind, now)
@@ -772,7 +757,7 @@ def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] 
             rec.why = "points at a folder kept after all: kept"
     for rec in records:
         _delete_file(rec.uri)
-    for kind in ("run", "data set", "file group", "launch"):  # a group's shards after the manifests that list them
+    for kind in ("run", "data set", "file group"):  # a group's shards after the manifests that list them
         for item in (i for i in folders if i.kind == kind):
             log(f"deleting {item.uri} ...")
             for uri in deletion_order(item):

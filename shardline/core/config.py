@@ -676,10 +676,20 @@ class MlflowConfig(_Strict):
 class ComputeConfig(_Strict):
     """Where training runs. Nothing here changes what is trained: switching it never retrains."""
 
-    train_on: Literal["local", "deployment"] = Field(
+    train_on: Literal["local", "deployment", "launcher"] = Field(
         "local",
         description=(
-            "local: a subflow in the pipeline's process; deployment: dispatched to `train_deployment` (a GPU work pool)"
+            "local: a subflow in the pipeline's process; deployment: dispatched to `train_deployment` (a GPU work "
+            "pool); launcher: the pipeline runs `launch_command`, whose machines each run `shardline node JOB` (a "
+            "TrainJob, JobSet, Slurm or SkyPilot job: deploy/), and follows the training in storage"
+        ),
+    )
+    launch_command: list[str] = Field(
+        default_factory=list,
+        description=(
+            "train_on: launcher: the command that starts the training's machines (argv; `{job}` is replaced by the "
+            "job's URI in storage and `{run}` by the run's id), e.g. [sbatch, --export=ALL,SHARDLINE_JOB={job}, "
+            "deploy/slurm.sh]; it returns once they are submitted"
         ),
     )
     train_deployment: str = Field(
@@ -702,9 +712,9 @@ class ComputeConfig(_Strict):
         1,
         ge=1,
         description=(
-            "machines training together; >1: the training run is node 0 and starts the others as flow runs of "
-            "`node_deployment` (one machine each, rendezvous at node 0's master_addr:master_port), or takes "
-            "torchrun's rendezvous from the environment a launcher sets (a Kubeflow TrainJob or a JobSet: deploy/)"
+            "machines training together, one torchrun agent each meeting at a c10d rendezvous; >1: the training run "
+            "is node 0 and starts the others as flow runs of `node_deployment`, or a launcher starts them all "
+            "(train_on: launcher)"
         ),
     )
     node_deployment: str = Field(
@@ -714,12 +724,28 @@ class ComputeConfig(_Strict):
     master_addr: str | None = Field(
         None,
         description=(
-            "the address the other nodes reach node 0 at (its IP or host name); null: node 0's own IP, as its "
-            "host name resolves or its default route leaves"
+            "the address the other nodes reach the rendezvous at, on node 0's machine (its IP or host name); null: "
+            "node 0's own IP, as its host name resolves or its default route leaves"
         ),
     )
     master_port: int | None = Field(
         None, ge=1, le=65535, description="the port node 0's rendezvous listens on; null: a free one"
+    )
+    join_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        description=(
+            "how long torchrun's rendezvous waits for all `nodes` (at the start, and after a lost node for its "
+            "replacement); then the training fails naming the nodes that came, and is retried whole"
+        ),
+    )
+    collective_timeout_seconds: float = Field(
+        900.0,
+        gt=0,
+        description=(
+            "how long a training process waits in a collective for a peer (a machine gone without a word); then "
+            "torch's restart round resumes from the newest checkpoint. Longer than rank 0's validation pass"
+        ),
     )
     max_preemptions: int = Field(
         3,

@@ -50,31 +50,11 @@ def train(
 
 
 @flow(name="train-node", log_prints=True)
-def train_node(
-    job: str,
-    node_rank: int,
-    nodes: int,
-    processes_per_node: int,
-    master_addr: str,
-    master_port: int,
-    shutdown_seconds: int = 300,
-) -> str:
-    """Node `node_rank` of a training on `nodes` machines (`compute.nodes` > 1): started by the training run
-    (node 0), it runs the job's processes on this machine until the run ends (shardline/tasks/nodes.py)."""
+def train_node(job: str, endpoint: str, shutdown_seconds: int = 300) -> str:
+    """One more machine of a training on several (`compute.nodes` > 1), started by the training run (node 0): its
+    torchrun agent meets the others at the rendezvous `endpoint` (HOST:PORT) and trains the `job` in storage until
+    the training ends (shardline/tasks/torchrun.py)."""
     install_log_redaction()
-    from prefect.runtime import flow_run
-
     from shardline.tasks.torchrun import run_node
 
-    node0_run = flow_run.parent_flow_run_id  # the training run that started it (None: started by hand)
-    return run_node(
-        job,
-        node_rank,
-        nodes,
-        processes_per_node,
-        master_addr,
-        master_port,
-        shutdown_seconds,
-        node0_run=node0_run,
-        own_run=flow_run.id,
-    )
+    return run_node(job, endpoint, shutdown_seconds)

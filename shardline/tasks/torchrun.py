@@ -1,26 +1,38 @@
-"""The training body in several processes: `compute.processes_per_node` > 1 (or `compute.nodes` > 1) runs
-`python -m torch.distributed.run ... -m shardline.trainer.ddp_run JOB.json` as a child of the training task.
+"""The training body in several processes, on torch's elastic agent: `compute.processes_per_node` > 1, or
+`compute.nodes` > 1, or `compute.train_on: launcher`.
 
-`fit_in_processes` takes what `fit` takes and gives back what it gives (a FitResult, or `Preempted` /
-`BudgetExceeded`), so the training run around it (MLflow, Prefect, the cost ledger, result.json) is the
-same: rank 0's events (its log lines, steps, epochs, checkpoints, progress) are read from a file while it
-trains and handed to the same callbacks. A SIGTERM/SIGINT to the task is passed on to torchrun, which
-passes it to every rank: they checkpoint together and stop. A rank that dies (SIGKILL, a lost machine)
-makes torchrun fail: that is a `RankFailed` (a torch distributed error: the training step's retry resumes
-from the newest checkpoint).
+One torchrun agent per machine (`shardline.trainer.torchrun`, torch's own in this process), running
+`shardline.trainer.ddp_run` on the job this task writes. With several machines every agent has the run's id as
+`--rdzv-id` and meets the others at one c10d rendezvous; membership, waiting for late nodes, restart rounds after a
+lost rank or node (`training.max_restarts` is torchrun's `--max-restarts`) and dead-agent detection are torch's.
+Where the machines come from:
+
+- on a Prefect pool (no launcher): this task is node 0. It hosts the rendezvous' store (torch's TCPStore, so that
+  the store outlives any one agent: a lost node, node 0's agent included, is a restart round), starts nodes 1..M-1
+  as flow runs of `compute.node_deployment`, and runs its own agent;
+- under a launcher (`compute.train_on: launcher`): the pipeline runs `compute.launch_command`, every machine runs
+  `shardline node JOB` (the trainer alone, with the launcher's rendezvous address), and this task follows.
+
+Either way rank 0 (on whichever machine) writes its events, checkpoints and result to storage; `fit_in_processes`
+hands the events to the same callbacks as `fit` and gives back what `fit` gives (a FitResult, or `Preempted` /
+`BudgetExceeded`), so the training run around it (MLflow, Prefect, the cost ledger) is the same. A training torch
+cannot mend (its restarts spent, a replacement node that never came) fails with the root cause from torch's error
+records, `RankFailed` when it is the infrastructure's: the training step's retry (or re-dispatch) starts it whole
+again, from the newest checkpoint. A SIGTERM/SIGINT to this task goes to its agent, which passes it to its ranks:
+every rank checkpoints at the same step and stops.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,80 +42,114 @@ import torch.distributed as dist
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
-from shardline.tasks.launched import Attempt, wait_for_nodes
-from shardline.tasks.nodes import Nodes, nodes_seconds, peerless_seconds, watch_node0
 from shardline.trainer.device import pick_device
 from shardline.trainer.distributed import check_batch_size, check_gpus_per_node
-from shardline.trainer.loop import (
-    ANOTHER_PROCESS,
-    BUDGET_EXIT_CODE,
-    PREEMPTED_EXIT_CODE,
-    BudgetExceeded,
-    Deadline,
-    FitResult,
-    Preempted,
-)
+from shardline.trainer.loop import Deadline, FitResult
 
-POLL_SECONDS = 0.2  # how often the events file is read while torchrun runs
-WAITING_SAY_SECONDS = 300  # how often a node under a launcher says it is still waiting for node 0's training
+POLL_SECONDS = 0.5  # how often the events are read while the training runs
 TAIL_LINES = 40  # of torchrun's output, in the error of a failed run
 # after a SIGTERM, how long torchrun waits for the ranks to checkpoint and stop before it SIGKILLs them: long
-# enough for rank 0 to finish a validation pass and write the checkpoint (the others wait for it at the save);
-# torchrun's own default, 30 s, lost the epoch of a run stopped while it validated
+# enough for rank 0 to finish a validation pass and write the checkpoint
 SHUTDOWN_SECONDS = 300
-# a rank's error that follows from another rank's failure: its peer's connection closed, a collective aborted
-_PEER_LOST = re.compile(
-    r"by peer|connection (closed|reset|refused)|broken pipe|communicator was aborted|socket timeout", re.IGNORECASE
-)
+FINISH_SECONDS = 60.0  # how long the node runs get to end after node 0's agent finished, before they are cancelled
 
 
 class RankFailed(dist.DistBackendError):
-    """A rank died (killed, its machine lost, a peer gone) and torchrun ended the run: an infrastructure
-    failure, retried like one; the retry resumes from the newest checkpoint."""
+    """A rank or a machine was lost and torch's agent could not mend it (its restarts spent, or no replacement
+    node joined in time): an infrastructure failure, retried whole; the retry resumes from the newest checkpoint."""
+
+
+class NodesMissing(RuntimeError):
+    """Not every node of the training joined its first rendezvous in time: no training started. Not retried: the
+    next attempt would wait for the same machines."""
 
 
 def world_size(compute: ComputeConfig) -> int:
     return compute.nodes * compute.processes_per_node
 
 
-_LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "JOB_COMPLETION_INDEX")
+def torchrun_command(grace: int, record: str | None = None) -> list[str]:
+    """torch's agent through `shardline.trainer.torchrun`: `grace` seconds for the ranks after a SIGTERM on every
+    torch, and torch's error record written to `record` (a path or a URI) when it fails."""
+    return [
+        sys.executable, "-m", "shardline.trainer.torchrun", *([f"--error-record={record}"] if record else []),
+        f"--shutdown-timeout={grace}",
+    ]  # fmt: skip
 
 
-def launched_by_environment(environ: dict[str, str] | None = None) -> bool:
-    """Whether a launcher (Kubeflow Trainer, a JobSet) started this node and its environment names the
-    rendezvous; if not, a run of `compute.nodes` > 1 starts the other nodes itself (`start_nodes`)."""
-    env = os.environ if environ is None else environ
-    return any(env.get(k) for k in ("PET_RDZV_ENDPOINT", "PET_MASTER_ADDR", *_LAUNCHER_VARIABLES))
-
-
-def launcher_args(
-    compute: ComputeConfig, environ: dict[str, str] | None = None, master: tuple[str, int] | None = None
-) -> list[str]:
-    """torchrun's arguments: one node (a rendezvous of its own on this machine); `compute.nodes` with this
-    one as node 0 at `master` (address, port), which starts the others (flow runs of the node deployment);
-    or `compute.nodes` whose rendezvous the launcher's environment gives (Kubeflow Trainer and JobSet set PET_*
-    or MASTER_ADDR, MASTER_PORT and the node's rank)."""
-    env = os.environ if environ is None else environ
-    args = [f"--nproc-per-node={compute.processes_per_node}"]
-    if compute.nodes == 1:
+def agent_args(job: dict, endpoint: str | None, host: bool | None) -> list[str]:
+    """torchrun's arguments for the job's rendezvous: one machine (a rendezvous of its own) or `nodes` meeting at
+    `endpoint` (HOST:PORT) under the job's run id. `host`: whether this agent hosts the rendezvous' store (None:
+    torch decides, by whether the endpoint names this machine)."""
+    r = job["rendezvous"]
+    args = [f"--nproc-per-node={r['processes_per_node']}", f"--max-restarts={r['max_restarts']}"]
+    if r["nodes"] == 1:
         return ["--standalone", *args]
-    args.append(f"--nnodes={compute.nodes}")
-    if master is not None:
-        return [*args, "--node-rank=0", f"--master-addr={master[0]}", f"--master-port={master[1]}"]
-    if env.get("PET_RDZV_ENDPOINT") or env.get("PET_MASTER_ADDR"):
-        return args  # torchrun reads the rest of its arguments from PET_* itself
-    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
-    rank = env.get("NODE_RANK") or env.get("GROUP_RANK") or env.get("JOB_COMPLETION_INDEX")
-    if missing or rank is None:
+    conf = f"join_timeout={r['join_timeout']:g}" + ("" if host is None else f",is_host={str(host).lower()}")
+    return [
+        *args, f"--nnodes={r['nodes']}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={r['id']}", f"--rdzv-conf={conf}",
+    ]  # fmt: skip
+
+
+def shutdown_seconds() -> int:
+    """torchrun's --shutdown-timeout: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT (torchrun's own setting) or SHUTDOWN_SECONDS."""
+    value = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "")
+    return int(value) if value.strip().isdigit() else SHUTDOWN_SECONDS
+
+
+def own_address() -> str:
+    """This machine's address as other machines see it: the interface its default route leaves by (no packet
+    is sent), else what its host name resolves to."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.254.254.254", 1))
+            return s.getsockname()[0]
+    except OSError:
+        pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError as e:
         raise ValueError(
-            f"compute.nodes={compute.nodes}: the rendezvous comes from the launcher's environment, and "
-            f"{', '.join(missing + ([] if rank is not None else ['NODE_RANK']))} is not set; run it under a "
-            "launcher that sets it (deploy/trainjob.yaml: Kubeflow Trainer sets PET_*; a JobSet sets "
-            "MASTER_ADDR, MASTER_PORT and JOB_COMPLETION_INDEX), or unset "
-            f"{', '.join(k for k in _LAUNCHER_VARIABLES if env.get(k))} to have this run start the other nodes "
-            "as flow runs of compute.node_deployment"
+            f"compute.nodes > 1: this machine's address, where the other nodes meet it, could not be told ({e}); "
+            "set compute.master_addr"
+        ) from None
+
+
+def launcher_endpoint(environ: dict[str, str] | None = None) -> str:
+    """The rendezvous HOST:PORT a launcher gives every machine: PET_RDZV_ENDPOINT, else PET_MASTER_ADDR and
+    PET_MASTER_PORT (Kubeflow Trainer), else MASTER_ADDR and MASTER_PORT (a JobSet, or what a Slurm or SkyPilot
+    script sets from its first node). The machine at that address hosts the rendezvous' store."""
+    env = os.environ if environ is None else environ
+    if env.get("PET_RDZV_ENDPOINT"):
+        return env["PET_RDZV_ENDPOINT"]
+    for prefix in ("PET_", ""):
+        addr, port = env.get(f"{prefix}MASTER_ADDR"), env.get(f"{prefix}MASTER_PORT")
+        if addr and port:
+            return f"{addr}:{port}"
+    raise ValueError(
+        "shardline node: no rendezvous address in the environment: give --endpoint HOST:PORT, or run it under a "
+        "launcher that sets PET_RDZV_ENDPOINT, PET_MASTER_ADDR and PET_MASTER_PORT (Kubeflow Trainer) or "
+        "MASTER_ADDR and MASTER_PORT (a JobSet; in a Slurm or SkyPilot script, the first node's address)"
+    )
+
+
+class Store:
+    """The rendezvous' store (torch's TCPStore) hosted by this task for the whole attempt, so that it outlives any
+    one agent: a node lost whole, node 0's agent included, is a restart round among the agents that are left and
+    its replacement. Closed when the attempt ends: agents still waiting in a round then fail at once."""
+
+    def __init__(self, compute: ComputeConfig):
+        from datetime import timedelta
+
+        port = compute.master_port or 0
+        self._store = dist.TCPStore(
+            "0.0.0.0", port, is_master=True, multi_tenant=True, wait_for_workers=False, timeout=timedelta(seconds=60)
         )
-    return [*args, f"--node-rank={rank}", f"--master-addr={env['MASTER_ADDR']}", f"--master-port={env['MASTER_PORT']}"]
+        self.endpoint = f"{compute.master_addr or own_address()}:{self._store.port}"
+
+    def close(self) -> None:
+        self._store = None
 
 
 def fit_in_processes(
@@ -128,38 +174,26 @@ def fit_in_processes(
     deadline: Deadline | None = None,
     ranking=None,
     shared: str | None = None,
-    launch: str | None = None,
+    run_id: str = "",
 ) -> FitResult:
-    """`fit` in `compute.processes_per_node` processes (x `compute.nodes`) under torchrun. `ranking` (a
-    SplitRanking, ranking data) is rebuilt by rank 0 from the manifest and its cutoffs. `shared`: a folder in
-    the run's storage, where a run of several nodes that starts the others itself puts what they read (the
-    job, the parent's weights) and where their ranks write their errors. `launch`: under a launcher, the launch's
-    folder in storage, where this run (node 0) says when its torchrun starts and ends, for the other nodes to join
-    it (tasks/launched.py)."""
+    """`fit` in `compute.processes_per_node` processes on each of `compute.nodes` machines. `shared`: a folder in
+    the run's storage for a training on several machines (the job, rank 0's events and result, the agents' error
+    records); one machine uses a temporary folder. `run_id`: the rendezvous id's stem (the run folder's name)."""
     size = world_size(compute)
     check_batch_size(cfg.batch_size, size)  # before starting anything
-    check_gpus_per_node(compute.processes_per_node, pick_device(cfg.device).type, torch.cuda.device_count())
-    nodes = None
-    if compute.nodes > 1 and not launched_by_environment():  # this run is node 0, and starts the others
-        if shared is None:
-            raise ValueError("compute.nodes > 1: the job's shared folder in storage is not given")
-        nodes = Nodes(compute, shared, log)
-        args = launcher_args(compute, master=nodes.master)
-        waits = nodes_seconds()  # a bad value said before any node starts
-    else:
-        args = launcher_args(compute)
-    attempt = None
-    if compute.nodes > 1 and nodes is None:  # under a launcher: the other nodes join this run's torchrun
-        if launch is None:
-            raise ValueError("compute.nodes > 1 under a launcher: the launch's folder in storage is not given")
-        peerless = peerless_seconds()  # a bad value said before anything starts
-        # every other node runs (a pod still pending, one restarted after its machine was lost): else torchrun's
-        # rendezvous waits 10 minutes for it, then fails the attempt
-        # ...and none still runs a torchrun of an earlier attempt, which would meet this one at the rendezvous
-        wait_for_nodes(launch, compute.nodes, log, nodes_seconds())
-        attempt = Attempt(launch)
+    launcher = compute.train_on == "launcher"
+    if not launcher:
+        check_gpus_per_node(compute.processes_per_node, pick_device(cfg.device).type, torch.cuda.device_count())
+    several = compute.nodes > 1 or launcher
+    if several and shared is None:
+        raise ValueError("compute.nodes > 1: the training's folder in storage is not given")
+    grace = shutdown_seconds()
     with tempfile.TemporaryDirectory(prefix="shardline-ddp-") as tmp:
-        folder = Path(tmp)
+        folder = shared if several else tmp
+        for name in ("events", "errors"):  # an earlier attempt's
+            for old in storage.names(storage.join(folder, name)):
+                storage.delete(storage.join(folder, name, old))
+        storage.delete(storage.join(folder, "result.json"))
         job = {
             "manifest": manifest_uri,
             "trains_on": list(trains_on),
@@ -169,152 +203,214 @@ def fit_in_processes(
             "task": task,
             "ckpt_dir": ckpt_dir,
             "run_meta": run_meta or {},
-            "events": str(folder / "events.jsonl"),
-            "result": str(folder / "result.json"),
+            "events": storage.join(folder, "events"),
+            "result": storage.join(folder, "result.json"),
+            "errors": storage.join(folder, "errors"),
             "step_every": step_every,
             "progress_seconds": progress_seconds,
             "init_source": init_source,
             "ranking_ks": list(ranking.ks) if ranking is not None else None,
             # the machine's threads shared by the processes on it
             "threads": max(1, torch.get_num_threads() // compute.processes_per_node),
+            "collective_timeout": compute.collective_timeout_seconds if several else None,
+            "rendezvous": {
+                "nodes": compute.nodes,
+                "processes_per_node": compute.processes_per_node,
+                "max_restarts": cfg.max_restarts,
+                "join_timeout": compute.join_timeout_seconds,
+                "id": f"{run_id or 'shardline'}-{uuid.uuid4().hex[:8]}",  # each attempt its own rendezvous
+            },
         }
-        if init_weights is not None:
-            torch.save(init_weights, folder / "init.pt")
-            job["init_weights"] = str(folder / "init.pt")
-            if nodes is not None:  # the other machines read it from storage
-                job["init_weights"] = nodes.put("init.pt", (folder / "init.pt").read_bytes())
-            elif attempt is not None:
-                job["init_weights"] = attempt.put("init.pt", (folder / "init.pt").read_bytes())
-        if nodes is not None:
-            job["failures"] = nodes.failures
-        elif attempt is not None:
-            job["failures"] = attempt.failures
         if deadline is not None:
             job.update(
                 deadline_seconds=max(0.0, deadline.at - time.monotonic()),
                 deadline_reason=deadline.reason(),
                 deadline_limit=deadline.limit,
             )
-        (folder / "job.json").write_text(json.dumps(job))
-        grace = shutdown_seconds()
-        command = [*torchrun_command(grace), *args]
-        command += ["-m", "shardline.trainer.ddp_run"]
+        init_uri = storage.join(folder, "init.pt")
+        if init_weights is not None:  # in storage: rank 0 may be on any machine
+            import io
+
+            buffer = io.BytesIO()
+            torch.save(init_weights, buffer)
+            storage.write_bytes(init_uri, buffer.getvalue())
+            job["init_weights"] = init_uri
+        job_uri = storage.join(folder, "job.json")
+        storage.write_text(job_uri, json.dumps(job))
+        follower = Follower(job["events"], log, on_step, on_epoch, on_checkpoint, on_progress)
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
-        output = folder / "torchrun.log"
-        code = None
         try:
-            if nodes is not None:  # inside: node runs started before a failure here are cancelled
-                nodes.start(nodes.put("job.json", json.dumps(job).encode()), grace)
-                nodes.wait_running(waits)  # else torchrun's rendezvous gives up on a machine not there yet
-            if attempt is not None:
-                log(f"node 0 of a launch: attempt {attempt.number}, the other nodes join it ({attempt.folder})")
-                attempt.announce()
-            with open(output, "w") as out:
-                proc = subprocess.Popen(
-                    [*command, str(folder / "job.json")],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=_term_with_parent,
-                )
-                if nodes is not None:
-                    nodes.watch(proc)
-                elif attempt is not None:
-                    attempt.watch(proc, compute.nodes, log, peerless)
-                code, forwarded = _follow(
-                    proc, folder / "events.jsonl", log, on_step, on_epoch, on_checkpoint, on_progress, grace
-                )
-            said = output.read_text(errors="replace")
-            lost = nodes is not None and nodes.lost is not None and not forwarded
-            gone = attempt.lost if attempt is not None and not forwarded else None  # a node of the launch lost
-            failures = nodes.failures if nodes is not None else attempt.failures if attempt is not None else None
-            try:
-                fit = outcome(folder / "result.json", said, code, ckpt_dir, forwarded, grace, failures)
-            except RankFailed as e:  # what became of the other nodes' runs says more
-                if lost:
-                    raise nodes.lost_error(ckpt_dir, RankFailed) from None
-                if gone:
-                    raise RankFailed(launch_lost(gone, compute.nodes, ckpt_dir)) from None
-                raise RankFailed(f"{e}{nodes.report() if nodes is not None else ''}") from None
-            except (Preempted, BudgetExceeded) as stopped:
-                if lost:  # stopped because a node run ended: that is the error (the checkpoint stands)
-                    raise nodes.lost_error(ckpt_dir, RankFailed) from None
-                if gone:
-                    raise RankFailed(launch_lost(gone, compute.nodes, ckpt_dir)) from None
-                if nodes is not None and stopped_elsewhere(stopped, forwarded, compute.nodes):
-                    raise RankFailed(
-                        f"another process of this training on {compute.nodes} machines was stopped (SIGTERM: a spot "
-                        f"reclaim's notice?) and every rank checkpointed at {stopped.checkpoint}, where a retry "
-                        f"resumes{nodes.report()}"
-                    ) from None
-                raise
-            return fit
+            if launcher:
+                return on_launcher(compute, job, job_uri, follower, log)
+            return on_this_machine(compute, job, job_uri, follower, tmp, grace, log)
         finally:
-            if nodes is not None:
-                nodes.finish()
-            if attempt is not None:
-                attempt.end(code)
+            if init_weights is not None:  # no copy of a parent's weights is left in the run's folder
+                storage.delete(init_uri)
 
 
-def stopped_with_the_run(said: str) -> bool:
-    """Whether a node's torchrun, which said `said`, ended because its ranks stopped with the training (preempted
-    or out of budget: node 0's ranks checkpointed), not on a failure."""
-    codes = {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", said)}
-    return bool(codes) and codes <= {PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE}
+def on_this_machine(
+    compute: ComputeConfig, job: dict, job_uri: str, follower: Follower, tmp: str, grace: int, log
+) -> FitResult:
+    """This task's own agent (node 0), and on several machines the rendezvous' store and nodes 1..M-1 as flow runs
+    of the node deployment."""
+    from shardline.tasks.nodes import NodeRuns
+
+    store = Store(compute) if compute.nodes > 1 else None
+    nodes = NodeRuns(compute, log) if store is not None else None
+    record = str(Path(tmp) / "error-record.json")
+    output = Path(tmp) / "torchrun.log"
+    code, forwarded = None, None
+    try:
+        if nodes is not None:
+            nodes.start(job_uri, store.endpoint, grace)
+        command = [
+            *torchrun_command(grace, record),
+            *agent_args(job, store and store.endpoint, False if store else None),
+        ]
+        with open(output, "w") as out:
+            proc = subprocess.Popen(
+                [*command, "-m", "shardline.trainer.ddp_run", job_uri],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_term_with_parent,
+            )
+            code, forwarded = follower.follow(proc, grace)
+    finally:
+        if code != 0 and store is not None:
+            store.close()  # agents still waiting in a round fail at once
+        if nodes is not None:
+            nodes.finish(wait=FINISH_SECONDS if code == 0 else 0)
+        if store is not None:
+            store.close()
+    said = output.read_text(errors="replace")
+    records = [json.loads(Path(record).read_text())] if Path(record).exists() else []
+    return outcome(job, records, code, forwarded, grace, said, nodes.report() if nodes is not None else "")
 
 
-def launch_lost(said: str, machines: int, ckpt_dir: str) -> str:
-    """The error of node 0's torchrun under a launcher that was stopped because another node was lost (`said`)."""
-    return (
-        f"{said}; the training on {machines} machines stopped (its newest checkpoint in {ckpt_dir} is where a "
-        "retry resumes, which the other nodes join)"
-    )
+def on_launcher(compute: ComputeConfig, job: dict, job_uri: str, follower: Follower, log) -> FitResult:
+    """`compute.launch_command` starts the machines, each running `shardline node JOB`; this task follows the
+    training in storage until rank 0's result is there, or every agent has failed and none started again within
+    the join timeout (the launcher did not restart them)."""
+    run = job["rendezvous"]["id"]
+    command = [part.replace("{job}", job_uri).replace("{run}", run) for part in compute.launch_command]
+    if command:
+        log(f"starting the training's machines: {' '.join(command)}")
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"compute.launch_command exited with status {done.returncode}: "
+                + (done.stderr or done.stdout).strip()[-2000:]
+            )
+    else:
+        log(f"waiting for a launcher to run, on each of {compute.nodes} machine(s): shardline node {job_uri}")
+    wait = compute.join_timeout_seconds
+
+    def over() -> bool:
+        if present(job["result"]):
+            return True
+        failed = error_records(job)
+        # every agent that came failed, and none has said anything for the join timeout since
+        return bool(failed) and time.time() - max(r.get("at", 0) for r in failed) > wait and follower.quiet(wait)
+
+    code, _ = follower.follow(None, 0, done=over)
+    return outcome(job, [], None, None, 0, "", "")
 
 
-def stopped_elsewhere(stopped: Exception, forwarded: str | None, machines: int) -> bool:
-    """Whether a training on several `machines` stopped (`Preempted`) for another process's signal, not one this
-    node's task passed on (`forwarded`): another machine's notice, a spot reclaim of node 1. Every rank
-    checkpointed together, but this node was not asked to stop, so the training is retried (`RankFailed`, new
-    node runs, resumed from that checkpoint) rather than stopped as preempted."""
-    return machines > 1 and not forwarded and getattr(stopped, "signal_name", "") == ANOTHER_PROCESS
+class Follower:
+    """Rank 0's events (chunks in the job's events folder) handed to `fit`'s callbacks, each step and epoch once
+    (a restart round replays the steps after its checkpoint)."""
+
+    def __init__(self, folder: str | None, log, on_step=None, on_epoch=None, on_checkpoint=None, on_progress=None):
+        self.folder = folder
+        self.seen: set[str] = set()
+        self.step, self.epoch = -1, -1
+        self.last = time.monotonic()
+        self.handlers = {
+            "log": lambda e: log(e["message"]),
+            "step": lambda e: on_step and self._once("step", e["step"], lambda: on_step(e["step"], e["metrics"])),
+            "epoch": lambda e: on_epoch and self._once("epoch", e["epoch"], lambda: on_epoch(e["epoch"], e["metrics"])),
+            "checkpoint": lambda e: on_checkpoint and on_checkpoint(e["uri"]),
+            "progress": lambda e: on_progress and on_progress(e["progress"]),
+        }
+
+    def _once(self, kind: str, number: int, call) -> None:
+        if number > getattr(self, kind):
+            setattr(self, kind, number)
+            call()
+
+    def quiet(self, seconds: float) -> bool:
+        return time.monotonic() - self.last > seconds
+
+    def read(self) -> None:
+        if self.folder is None:
+            return
+        for name in sorted(set(storage.names(self.folder)) - self.seen):
+            if not name.endswith(".jsonl"):
+                continue
+            text = storage.read_text(storage.join(self.folder, name))
+            self.seen.add(name)
+            self.last = time.monotonic()
+            for line in text.splitlines():
+                if line.strip():
+                    event = json.loads(line)
+                    self.handlers[event["kind"]](event)
+
+    def follow(self, proc, grace: int, done: Callable[[], bool] | None = None) -> tuple[int | None, str | None]:
+        """Read the events until `proc` (an agent) exits, or `done()`; a SIGTERM/SIGINT to this process goes to
+        `proc`, which passes it to its ranks. Returns the agent's exit status and the signal passed on, if one
+        was."""
+        import threading
+
+        previous, forwarded = {}, None
+        if proc is not None and threading.current_thread() is threading.main_thread():
+
+            def forward(signum, frame):
+                nonlocal forwarded
+                forwarded = signal.Signals(signum).name
+                proc.send_signal(signal.SIGTERM)
+
+            previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while True:
+                finished = proc.poll() is not None if proc is not None else done()
+                self.read()
+                if finished:
+                    self.read()  # what was written while it ended
+                    return (proc.returncode if proc is not None else None), forwarded
+                time.sleep(POLL_SECONDS)
+        except BaseException:
+            if proc is not None:
+                proc.terminate()  # a callback failed (the lease lost, ...): the ranks stop with a checkpoint
+                try:
+                    proc.wait(grace + 30)  # torchrun kills its ranks after `grace` seconds, then exits
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            raise
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
-def torchrun_command(grace: int) -> list[str]:
-    """torchrun, giving the ranks `grace` seconds after a SIGTERM on every torch (`shardline.trainer.torchrun`)."""
-    return [sys.executable, "-m", "shardline.trainer.torchrun", f"--shutdown-timeout={grace}"]
-
-
-def shutdown_seconds() -> int:
-    """torchrun's --shutdown-timeout: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT (torchrun's own setting) or SHUTDOWN_SECONDS."""
-    value = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "")
-    return int(value) if value.strip().isdigit() else SHUTDOWN_SECONDS
-
-
-def _consequence(failure: dict) -> bool:
-    """Whether a rank's error follows from another rank's failure rather than being a cause of its own: a torch
-    distributed error, or a collective's error on a lost peer (gloo raises a RuntimeError saying so; an OSError
-    that says "connection refused" is the rank's own: its storage or network)."""
-    bases = failure.get("bases", [])
-    if any(b.startswith("Dist") for b in bases):
-        return True
-    return "OSError" not in bases and bool(_PEER_LOST.search(failure.get("message", "")))
+def error_records(job: dict) -> list[dict]:
+    """torch's error records the other machines' agents wrote in the job's `errors` folder."""
+    found = []
+    folder = job["errors"]
+    for name in storage.names(folder):
+        try:
+            found.append(json.loads(storage.read_text(storage.join(folder, name))))
+        except (OSError, ValueError):
+            continue  # being written
+    return found
 
 
 def outcome(
-    result_file: Path,
-    said: str,
-    code: int,
-    ckpt_dir: str,
-    forwarded: str | None = None,
-    grace: int = 0,
-    failures_uri: str | None = None,
+    job: dict, records: list[dict], code: int | None, forwarded: str | None, grace: int, said: str, nodes: str
 ) -> FitResult:
-    """What the processes' run came to, from rank 0's result, the other ranks' failures beside it (or in
-    `failures_uri`, when they were on other machines) and torchrun's output `said`: the FitResult, or the
-    error to raise (`Preempted`, `BudgetExceeded`, the failing rank's own error, or `RankFailed` for a rank
-    that died)."""
-    result = json.loads(result_file.read_text()) if result_file.exists() else None
-    _, cause, after = said.rpartition("Root Cause")  # torchrun's own account of the failure, or the end
-    tail = cause + after if cause else "\n".join(said.splitlines()[-TAIL_LINES:])
+    """What the training came to: rank 0's result, else the error that torch's error records (this agent's and
+    the other machines') name as the root cause."""
+    from shardline.trainer.loop import BudgetExceeded, Preempted
+
+    result = json.loads(storage.read_text(job["result"])) if present(job["result"]) else None
     status = (result or {}).get("status")
     if status == "finished":
         return FitResult(**result["fit"])
@@ -322,42 +418,68 @@ def outcome(
         raise Preempted(result["checkpoint"], result["signal"])
     if status == "budget":
         raise BudgetExceeded(result["message"], result["checkpoint"])
-    failures = [{"rank": 0, **result}] if status == "failed" else []
-    written = [str(p) for p in sorted(result_file.parent.glob(f"{result_file.name}.rank-*"))]
-    if failures_uri:
-        written += [storage.join(failures_uri, n) for n in storage.names(failures_uri) if n.startswith("rank-")]
-    for uri in written:
-        try:
-            failures.append(json.loads(storage.read_text(uri)))
-        except (OSError, ValueError):
-            continue  # a rank killed while it wrote: its error is in torchrun's output
-    killed = _killed_first(said)
-    causes = sorted((f for f in failures if not _consequence(f)), key=lambda f: f.get("at", 0))
-    if causes and killed is None:  # a rank raised: its error here (a ValueError stays one: not retried)
-        first = causes[0]
-        where = "the training processes" if first["rank"] == 0 else f"training process {first['rank']}"
-        said = f"{first['error']} in {where}: {first['message']}"
-        if infrastructure_by_names(first["bases"]):  # its storage or network: retried, as in one process
-            raise RankFailed(f"{said}; the newest checkpoint in {ckpt_dir} is where a retry resumes")
-        raise (ValueError if "ValueError" in first["bases"] else RuntimeError)(said)
-    why = "a rank died or lost its peers"
-    if forwarded and killed == signal.SIGKILL:
-        why = (
-            f"{forwarded} was passed on to the ranks, and they did not checkpoint and stop within torchrun's "
-            f"shutdown timeout ({grace} s, TORCH_ELASTIC_SHUTDOWN_TIMEOUT; a long validation pass or checkpoint "
-            "write outlasts it), so torchrun killed them"
+    records = records + error_records(job)
+    ckpt = job["ckpt_dir"]
+    nodes_wanted = job["rendezvous"]["nodes"]
+    raised, killed, agents = [], [], []
+    for record in records:
+        for f in record.get("failures", []):
+            f = {**f, "host": record.get("host")}
+            (raised if f.get("error") else killed).append(f)
+        if "agent" in record:
+            agents.append({**record["agent"], "host": record.get("host"), "at": record.get("at")})
+    raised.sort(key=lambda f: f["error"].get("at", 0))
+    if raised and not killed and not raised[0]["error"].get("collective"):  # a rank raised: its error here
+        first, e = raised[0], raised[0]["error"]
+        said_it = f"{e['error']} in training process {first['rank']} (on {first['host']}): {e['message']}"
+        if infrastructure_by_names(e["bases"]):  # its storage or network: retried, as in one process
+            raise RankFailed(f"{said_it}; the newest checkpoint in {ckpt} is where a retry resumes")
+        raise (ValueError if "ValueError" in e["bases"] else RuntimeError)(said_it)
+    if agents and not killed and not raised and _never_started(job):
+        came = sorted({a["host"] for a in agents if a["error"].startswith("Rendezvous")})
+        raise NodesMissing(
+            f"compute.nodes={nodes_wanted}, but the training's rendezvous did not complete within "
+            f"compute.join_timeout_seconds={job['rendezvous']['join_timeout']:g}: "
+            f"{len(came)} node(s) joined ({', '.join(came) or 'none'}){nodes}. No training started; is a machine "
+            "of each node free (a worker of the node deployment's pool, the launcher's pods)?"
         )
+    why = "a rank or a machine was lost and torch's agent could not mend it"
+    if killed:
+        k = killed[0]
+        why = f"training process {k['rank']} (on {k['host']}) was killed by {k.get('signal') or k['exitcode']}"
+        if forwarded and k.get("signal") == "SIGKILL":
+            why += (
+                f" after {forwarded} was passed on: it did not checkpoint and stop within torchrun's shutdown timeout"
+                f" ({grace} s, TORCH_ELASTIC_SHUTDOWN_TIMEOUT; a long validation pass or checkpoint write outlasts it)"
+            )
+    elif raised:
+        e = raised[0]["error"]
+        why = f"training process {raised[0]['rank']} lost its peers in a collective ({e['error']}: {e['message']})"
+    elif agents:
+        a = agents[0]
+        why = f"the agent on {a['host']} failed: {a['error']}: {a['message']}"
+    tail = "\n".join(said.splitlines()[-TAIL_LINES:]) if said and not records else ""
     raise RankFailed(
-        f"the training processes failed (torchrun exit status {code}"
-        + (f"; a rank was killed by {signal.Signals(killed).name}" if killed else "")
-        + f"): {why}; the newest checkpoint in {ckpt_dir} is where a retry resumes. torchrun said:\n{tail}"
+        f"the training processes failed (torchrun exit status {code}): {why}; the newest checkpoint in {ckpt} is "
+        f"where a retry resumes{nodes}" + (f". torchrun said:\n{tail}" if tail else "")
     )
+
+
+def _never_started(job: dict) -> bool:
+    """Whether no rank of this attempt ever started training (rank 0 wrote no event)."""
+    return not storage.names(job["events"])
+
+
+def present(uri: str) -> bool:
+    """Whether `uri` is there now (listed afresh: an object store's client may have cached an older listing)."""
+    folder, _, name = uri.rpartition("/")
+    return name in storage.names(folder)
 
 
 def _term_with_parent() -> None:
     """In torchrun's process before it starts (Linux): SIGTERM it when the training task's process dies (SIGKILL,
-    a lost pod), so that the ranks checkpoint and stop instead of training on unwatched, holding the run's
-    lease. Elsewhere nothing is done."""
+    a lost pod), so that the ranks checkpoint and stop instead of training on unwatched. Elsewhere nothing is
+    done."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -368,220 +490,50 @@ def _term_with_parent() -> None:
         pass
 
 
-def _killed_first(said: str) -> int | None:
-    """The signal that ended the rank torchrun names as the root cause of a failure, if a signal did
-    (its report: `Root Cause (first observed failure): ... exitcode : -9`), else None."""
-    _, found, after = said.rpartition("Root Cause")
-    match = re.search(r"exitcode\s*:\s*(-?\d+)", after) if found else None
-    return -int(match.group(1)) if match and int(match.group(1)) < 0 else None
-
-
-def _follow(
-    proc, events: Path, log, on_step, on_epoch, on_checkpoint, on_progress, grace: int
-) -> tuple[int, str | None]:
-    """Hand rank 0's events to the callbacks until torchrun exits (the rest after it); a SIGTERM/SIGINT to
-    this process goes to torchrun, which passes it to the ranks. Returns torchrun's exit status and the
-    signal passed on, if one was."""
-    handlers = {
-        "log": lambda e: log(e["message"]),
-        "step": lambda e: on_step and on_step(e["step"], e["metrics"]),
-        "epoch": lambda e: on_epoch and on_epoch(e["epoch"], e["metrics"]),
-        "checkpoint": lambda e: on_checkpoint and on_checkpoint(e["uri"]),
-        "progress": lambda e: on_progress and on_progress(e["progress"]),
-    }
-    previous, forwarded = {}, None
-    if threading.current_thread() is threading.main_thread():
-
-        def forward(signum, frame):
-            nonlocal forwarded
-            forwarded = signal.Signals(signum).name
-            log(f"{forwarded} received: passing it to the training processes")
-            proc.send_signal(signal.SIGTERM)
-
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    position, pending = 0, ""
-    try:
-        while True:
-            done = proc.poll() is not None
-            if events.exists():
-                with open(events, encoding="utf-8") as f:
-                    f.seek(position)
-                    chunk = f.read()
-                    position = f.tell()
-                pending += chunk
-                *lines, pending = pending.split("\n")  # a line not yet ended waits for its end
-                for line in lines:
-                    if line.strip():
-                        event = json.loads(line)
-                        handlers[event["kind"]](event)
-            if done:
-                return proc.returncode, forwarded
-            time.sleep(POLL_SECONDS)
-    except BaseException:
-        proc.terminate()  # a callback failed (the lease lost, ...): the ranks stop with a checkpoint
-        try:
-            proc.wait(grace + 30)  # torchrun kills its ranks after `grace` seconds, then exits
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-
-
-def run_node(
-    job: str,
-    node_rank: int,
-    nodes: int,
-    processes_per_node: int,
-    master_addr: str,
-    master_port: int,
-    shutdown_seconds: int,
-    log: Callable[[str], None] = print,
-    node0_run: str | None = None,
-    own_run: str | None = None,
-) -> str:
-    """Node `node_rank`'s torchrun of the training `job` (a URI in storage) until it ends: 'finished', or
-    'stopped' when the run was preempted or out of budget (node 0 says so to the pipeline); a failure
-    raises, with what torchrun said: `RankFailed` when a rank was killed by a signal (its GPU or machine lost,
-    the OOM killer: node 0 retries, as for a rank of its own), else a RuntimeError. `node0_run`: node 0's flow
-    run (the training run that started this node): when it has ended, this node stops (`watch_node0`). `own_run`:
-    this node's flow run, named in the lease it holds while its processes run (node 0 watches it: a node whose
-    machine vanished leaves it silent)."""
-    if not 1 <= node_rank < nodes or processes_per_node < 1:  # its torchrun would wait 10 minutes, silently
-        raise ValueError(
-            f"node_rank={node_rank}, nodes={nodes}, processes_per_node={processes_per_node}: a node run is one of "
-            f"nodes 1 to nodes-1 of a training on `nodes` machines (node 0 is the training run, which starts "
-            "the others with these parameters: compute.nodes, compute.processes_per_node) and runs at least "
-            "one process"
-        )
-    command = [
-        *torchrun_command(shutdown_seconds),
-        f"--nproc-per-node={processes_per_node}", f"--nnodes={nodes}", f"--node-rank={node_rank}",
-        f"--master-addr={master_addr}", f"--master-port={master_port}", "-m", "shardline.trainer.ddp_run", job,
-    ]  # fmt: skip
-    log(f"node {node_rank} of {nodes}: {processes_per_node} process(es), rendezvous at {master_addr}:{master_port}")
-    from shardline.core.lease import Lease
-    from shardline.tasks.nodes import node_lease, peerless_seconds
-
-    grace = peerless_seconds()  # a bad value said before anything starts
-    lease = Lease(node_lease(job.rsplit("/", 1)[0], node_rank), f"node {node_rank}", holder={"flow_run": own_run})
-    with lease, tempfile.TemporaryDirectory(prefix="shardline-node-") as tmp:
+def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[str], None] = print) -> str:
+    """One machine's agent of the training `job_uri` (a node flow run, or `shardline node` under a launcher), meeting
+    the others at `endpoint` (HOST:PORT), until it ends: 'finished', or 'stopped' when the training stopped
+    (preempted or out of budget: rank 0 says so in the job's result). A failure raises with torch's account of it,
+    which is also written to the job's `errors` folder, where the training task reads it."""
+    job = json.loads(storage.read_text(job_uri))
+    r = job["rendezvous"]
+    if r["nodes"] < 2:
+        raise ValueError(f"{job_uri}: a training on one machine (compute.nodes=1) runs no node of its own")
+    record = storage.join(job["errors"], f"{socket.gethostname()}-{os.getpid()}.json")
+    command = [*torchrun_command(shutdown_seconds, record), *agent_args(job, endpoint, None)]
+    log(
+        f"node of a training on {r['nodes']} machines ({r['processes_per_node']} process(es) each): rendezvous "
+        f"{r['id']} at {endpoint}"
+    )
+    with tempfile.TemporaryDirectory(prefix="shardline-node-") as tmp:
         output = Path(tmp) / "torchrun.log"
-        nothing = lambda *a: None  # rank 0's events are node 0's
         with open(output, "w") as out:
-            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent)
-            gone = watch_node0(proc, node0_run, log, grace) if node0_run else []
-            code, _ = _follow(proc, Path(tmp) / "no-events", log, nothing, nothing, nothing, nothing, shutdown_seconds)
+            proc = subprocess.Popen(
+                [*command, "-m", "shardline.trainer.ddp_run", job_uri],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_term_with_parent,
+            )
+            code, forwarded = Follower(None, log).follow(proc, shutdown_seconds)
         said = output.read_text(errors="replace")
+    result = json.loads(storage.read_text(job["result"])) if present(job["result"]) else {}
     if code == 0:
-        log(f"node {node_rank}: its processes finished")
+        log("this node's processes finished")
         return "finished"
-    if stopped_with_the_run(said):
-        log(f"node {node_rank}: its processes stopped with the run (checkpointed by node 0)")
+    if result.get("status") in ("preempted", "budget"):
+        log(f"this node's processes stopped with the training ({result['status']}; rank 0 checkpointed)")
         return "stopped"
-    tail = "\n".join(said.splitlines()[-TAIL_LINES:])
-    if gone:  # nothing left to train with: the training's retry starts nodes of its own
-        run = gone[0]
-        raise RuntimeError(
-            f"node {node_rank}: node 0's flow run {run.name} ({run.id}), which started this node, ended "
-            f"{run.state.name}: this node's processes were stopped (torchrun exit status {code})"
-        )
-    killed = _killed_first(said)
-    if killed is not None:  # the infrastructure's: node 0 sees RankFailed in this run's state and retries
-        how = f"a rank was killed by {signal.Signals(killed).name} (torchrun exit status {code})"
-        raise RankFailed(f"node {node_rank}: {how}; it said:\n{tail}")
-    raise RuntimeError(f"node {node_rank}: torchrun exit status {code}; it said:\n{tail}")
-
-
-def join_launch(
-    compute: ComputeConfig, device: str, folder: str, rank: int, log: Callable[[str], None] = print, poll: float = 1.0
-) -> int:
-    """Node `rank` (1..M-1) of a training under a launcher (tasks/launched.py): join each of node 0's torchruns
-    announced in the launch's `folder` until node 0's pipeline ends; the exit status that node 0's had (0: completed).
-    Its ranks take rank 0's job over the process group (trainer/ddp_run.py, a job of `{"join": true}`), so that
-    every rank trains the one job node 0 made. A node whose torchrun fails (a lost peer, a rank killed) waits for
-    node 0's next attempt: node 0 decides whether the training is retried. While it runs it holds its place in the
-    launch (`launched.presence`): node 0 starts each torchrun once every node holds one."""
-    from shardline.core.lease import LeaseHeld
-    from shardline.tasks import launched
-
-    wait = launched.join_seconds()
-    log(f"node {rank} of {compute.nodes} under a launcher: joining node 0's training in {folder}")
     try:
-        with launched.present_while(folder, rank, log, wait):
-            return _join_attempts(compute, device, folder, rank, log, poll, wait)
-    except LeaseHeld as e:
-        log(f"node {rank}: {e}")
-        return 1
-
-
-def _join_attempts(
-    compute: ComputeConfig, device: str, folder: str, rank: int, log: Callable[[str], None], poll: float, wait: float
-) -> int:
-    """`join_launch`'s loop: each attempt node 0 announces is joined, until node 0's pipeline ends."""
-    from shardline.core.lease import Lease
-    from shardline.tasks import launched
-
-    args = launcher_args(compute)
-    grace, peerless = shutdown_seconds(), peerless_seconds()
-    joined, count, deadline = 0, 0, time.monotonic() + wait  # the last attempt joined; how many this process joined
-    since = said = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="shardline-join-") as tmp:
-        stub = Path(tmp) / "job.json"
-        threads = max(1, torch.get_num_threads() // compute.processes_per_node)
-        stub.write_text(json.dumps({"join": True, "training": {"device": device}, "threads": threads}))
-        while True:
-            end = launched.ended(folder)
-            if end is not None:
-                status, code = end.get("status", "?"), int(end.get("exit", 1))
-                log(f"node {rank}: node 0's pipeline ended ({status}); {count} torchrun(s) joined")
-                return code
-            number = launched.to_join(folder, joined)
-            if number is None:
-                if time.monotonic() > deadline:
-                    log(
-                        f"node {rank}: node 0 started no training and its pipeline did not end within {wait:.0f} s "
-                        f"({launched.JOIN_TIMEOUT}); is node 0 running, with the same {launched.LAUNCH_ID} and a "
-                        f"storage.root every node sees ({folder})?"
-                    )
-                    return 1
-                if time.monotonic() - said >= WAITING_SAY_SECONDS:  # a node that waits for nothing says so
-                    said = time.monotonic()
-                    log(
-                        f"node {rank}: still waiting for node 0's {'next ' if joined else ''}training "
-                        f"({said - since:.0f} s; node 0 ingests and encodes first): its attempts appear in {folder}, "
-                        "which every node must see (a storage.root shared by all, such as s3://)"
-                    )
-                time.sleep(poll)
-                continue
-            joined, count = number, count + 1
-            log(f"node {rank}: joining node 0's attempt {joined}")
-            command = [*torchrun_command(grace), *args]
-            output = Path(tmp) / f"torchrun-{joined}.log"
-            shared = launched.attempt_folder(folder, joined)
-            # node 0 watches this lease while it trains (silent: this machine is gone) and how the torchrun ended
-            holder = {"flow_run": launched.node_holder(shared, rank)}
-            with Lease(launched.node_lease(shared, rank), f"node {rank}", holder=holder), open(output, "w") as out:
-                proc = subprocess.Popen(
-                    [*command, "-m", "shardline.trainer.ddp_run", str(stub)],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=_term_with_parent,
-                )
-                # node 0's torchrun ended or its machine gone: this node's ranks could wait on it in a collective
-                gone = launched.watch_attempt_node0(proc, folder, joined, rank, log, peerless)
-                nothing = lambda *a: None  # rank 0's events are node 0's
-                code, _ = _follow(proc, Path(tmp) / "no-events", log, nothing, nothing, nothing, nothing, grace)
-                stopped = stopped_with_the_run(output.read_text(errors="replace")) and not gone
-                try:
-                    launched.node_ended(shared, rank, code, stopped)
-                except OSError as e:  # node 0 still sees the lost peer, later
-                    log(f"node {rank}: could not say in {shared} that its torchrun ended ({type(e).__name__}: {e})")
-            if code == 0:
-                log(f"node {rank}: attempt {joined}: its processes finished")
-            else:
-                tail = "\n".join(output.read_text(errors="replace").splitlines()[-TAIL_LINES:])
-                log(f"node {rank}: attempt {joined}: torchrun exit status {code}; waiting for node 0. It said:\n{tail}")
-            deadline = time.monotonic() + wait
-            since = said = time.monotonic()
+        found = json.loads(storage.read_text(record))
+    except (OSError, ValueError):
+        found = {}
+    tail = "\n".join(said.splitlines()[-TAIL_LINES:])
+    failures = found.get("failures") or []
+    if failures:
+        f = failures[0]
+        what = (f.get("error") or {}).get("message") or f.get("message")
+        raise RankFailed(f"this node's training process {f['rank']} failed (exit {f['exitcode']}): {what}")
+    if "agent" in found:
+        a = found["agent"]
+        raise RankFailed(f"this node's agent failed: {a['error']}: {a['message']}")
+    raise RankFailed(f"torchrun exit status {code}" + (f" after {forwarded}" if forwarded else "") + f":\n{tail}")

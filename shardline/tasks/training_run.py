@@ -480,24 +480,21 @@ def _run_training(
             shown["at"] = now
         ledger.progress(progress["step"])  # written every SHARDLINE_COST_LEDGER_SECONDS: time after a checkpoint
 
-    if config.compute.processes_per_node * config.compute.nodes > 1:  # DDP: the same body under torchrun
+    c = config.compute
+    if c.processes_per_node * c.nodes > 1 or c.train_on == "launcher":  # DDP: the same body under torchrun
         from functools import partial
 
-        from shardline.tasks.launched import launch_folder
-        from shardline.tasks.torchrun import fit_in_processes, launched_by_environment
-
-        under_launcher = config.compute.nodes > 1 and launched_by_environment()
+        from shardline.tasks.torchrun import fit_in_processes
 
         # the splits stay open here: their shards are in the local cache before the ranks open them
         body = partial(
             fit_in_processes,
-            config.compute,
+            c,
             manifest_uri,
             list(trains_on),
             list(validates_on),
-            shared=storage.join(folder, "nodes"),  # several machines: what they read, in the run's folder
-            # under a launcher: where the other nodes learn when to join (`shardline run` on each)
-            launch=launch_folder(config.storage.root) if under_launcher else None,
+            shared=storage.join(folder, "ddp"),  # several machines: the job, rank 0's events and result
+            run_id=folder.rstrip("/").rsplit("/", 1)[-1],
         )
     else:
         body = partial_fit(train_data, val_data)

@@ -1,29 +1,25 @@
-"""One training run in several processes: `torchrun --nproc-per-node N -m shardline.trainer.ddp_run JOB.json`.
+"""One rank of a training in several processes, started by torch's elastic agent:
+`python -m shardline.trainer.torchrun ... -m shardline.trainer.ddp_run JOB` (JOB: a path or a URI in storage).
 
-The training task (shardline/tasks/training_run.py) writes JOB and starts torchrun as its child when
-`compute.processes_per_node` > 1 (on each node of `compute.nodes`: tasks/nodes.py, tasks/launched.py). Plain
-PyTorch: no Prefect, no MLflow. Every rank trains (trainer/loop.py `fit` under DDP);
-rank 0 alone writes checkpoints and speaks for the run:
+The training task (shardline/tasks/torchrun.py) writes JOB and starts the agent on each machine. Plain PyTorch:
+no Prefect, no MLflow. Every rank trains (trainer/loop.py `fit` under DDP) and resumes from the newest checkpoint
+when the agent restarts it (a restart round after a lost rank or node); rank 0, whichever machine it is on, alone
+writes checkpoints and speaks for the run, in JOB's folder in storage, which the task reads:
 
-- `events` (JSON lines, appended and flushed): {"kind": "log"|"step"|"epoch"|"checkpoint"|"progress", ...},
-  what `fit`'s callbacks say, read by the task (which sends them to MLflow and Prefect) while it runs;
+- `events` (a folder of JSON-lines chunks, one object each, written every EVENTS_SECONDS and at every checkpoint
+  and epoch): {"kind": "log"|"step"|"epoch"|"checkpoint"|"progress", ...}, what `fit`'s callbacks say;
 - `result` (JSON, written atomically at the end): {"status": "finished", "fit": FitResult as a dict},
   {"status": "preempted", "checkpoint", "signal"} (exit status PREEMPTED_EXIT_CODE) or {"status": "budget",
-  "message", "checkpoint"} (BUDGET_EXIT_CODE) or {"status": "failed", "error", "bases", "message"} (rank 0
-  raised). torchrun itself exits 1 when any rank fails; the status says why, and no result at all means a
-  rank died (killed, lost its peer): an infrastructure failure, which the task's retry resumes.
+  "message", "checkpoint"} (BUDGET_EXIT_CODE).
+
+A rank's error is torch's own error record (`@record`, with the error's class and bases and whether it was raised
+in a collective added to its `extraInfo`), which the agent reports (shardline/trainer/torchrun.py).
 
 JOB (JSON): `manifest` (URI), `trains_on` and `validates_on` (split names), `model_spec`, `training`
-(TrainingConfig fields), `task`, `ckpt_dir`, `run_meta`, `events`, `result`, optional `init_weights`
-(a .pt of tensors, loaded with weights_only=True) and `init_source`, `ranking_ks` (ranking data: the
-cutoffs of the validation ranking), `deadline_seconds` with
-`deadline_reason` and `deadline_limit` (a budget: seconds left when the task started torchrun), `threads`
-(torch's threads per process), `step_every`, `progress_seconds`, `failures` (a folder in storage where ranks > 0
-write their errors, `rank-<r>.json`, when they are on other machines; else beside `result`).
-
-Every rank takes rank 0's job over the process group before it trains (`agree`): a node under a launcher starts
-its ranks with `{"join": true, "training": {"device": ...}, "threads": N}` alone, as it cannot know node 0's job;
-a rank with a job of its own that differs from rank 0's in what is trained stops, naming the fields.
+(TrainingConfig fields), `task`, `ckpt_dir`, `run_meta`, `events`, `result`, optional `init_weights` (a .pt of
+tensors in storage, loaded with weights_only=True) and `init_source`, `ranking_ks` (ranking data: the cutoffs of
+the validation ranking), `deadline_seconds` with `deadline_reason` and `deadline_limit`, `threads` (torch's threads
+per process), `step_every`, `progress_seconds`, `collective_timeout` (seconds a collective waits for a lost peer).
 """
 
 from __future__ import annotations
@@ -33,50 +29,98 @@ import json
 import sys
 import threading
 import time
+import traceback
+import uuid
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
+from shardline.core import storage
 from shardline.core.config import TrainingConfig
-from shardline.trainer.distributed import broadcast_json, exit_now, init_from_env, leave, world
+from shardline.trainer.distributed import exit_now, init_from_env, leave, world
 from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
+
+EVENTS_SECONDS = 1.0  # how often rank 0's events reach storage while it trains
 
 
 class Events:
-    """Rank 0's side of `fit`'s callbacks, as JSON lines a reader may tail while they are written."""
+    """Rank 0's side of `fit`'s callbacks, as JSON-lines chunks in a folder of storage (an object store has no
+    append): a reader lists the folder and reads the chunks it has not read yet, in name order."""
 
-    def __init__(self, path: str | None):
-        self._f = open(path, "a", encoding="utf-8") if path else None
+    def __init__(self, folder: str | None):
+        self.folder = folder
+        self._lines: list[str] = []
         self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self._seq = 0
+        self._name = f"{uuid.uuid4().hex[:8]}"
 
     def put(self, kind: str, **data) -> None:
-        if self._f is None:
+        if self.folder is None:
             return
-        line = json.dumps({"kind": kind, **data}, default=float)
         with self._lock:
-            self._f.write(line + "\n")
-            self._f.flush()
+            self._lines.append(json.dumps({"kind": kind, **data}, default=float))
+        if kind in ("checkpoint", "epoch") or time.monotonic() - self._last >= EVENTS_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            lines, self._lines = self._lines, []
+            self._last = time.monotonic()
+            if not lines:
+                return
+            self._seq += 1
+            name = f"{time.time_ns():020d}-{self._name}-{self._seq:06d}.jsonl"
+        storage.write_text(storage.join(self.folder, name), "\n".join(lines) + "\n")
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
+        if self.folder is not None:
+            self.flush()
 
 
 def write_json(uri: str, obj) -> None:
-    """Atomically (the storage layer's write: a local path or an object store URI): a reader sees the whole
-    result or none."""
-    from shardline.core.storage import write_text
-
-    write_text(uri, json.dumps(obj, default=float))
+    """Atomically (a local path or an object store URI): a reader sees the whole result or none."""
+    storage.write_text(uri, json.dumps(obj, default=float))
 
 
-def failure_uri(job: dict, rank: int) -> str:
-    """Where rank `rank` (> 0) writes its error: beside the result, or in JOB's `failures` folder in storage when
-    the ranks are on several machines (the result is rank 0's, on its machine)."""
-    if job.get("failures"):
-        from shardline.core.storage import join
+def raised_in_collective(error: BaseException) -> bool:
+    """Whether `error` was raised inside torch.distributed or autograd's backward (where DDP's all-reduce runs):
+    with several processes, most often a peer lost (its process killed, its machine gone) rather than an error of
+    this rank's own."""
+    tb, module = error.__traceback__, ""
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        tb = tb.tb_next
+    return module.startswith(("torch.distributed", "torch.autograd", "torch.nn.parallel"))
 
-        return join(job["failures"], f"rank-{rank}.json")
-    return f"{job['result']}.rank-{rank}"
+
+class RankErrors(ErrorHandler):
+    """torch's error record of a rank, with what the training task needs to classify it (retried or not): the
+    error's class and bases, when it was raised (a float: the first of several ranks' errors is the cause) and
+    whether it was raised in a collective."""
+
+    def record_exception(self, e: BaseException) -> None:
+        file = self._get_error_file_path()
+        if not file:
+            return
+        data = {
+            "message": {
+                "message": f"{type(e).__name__}: {e}",
+                "extraInfo": {
+                    "py_callstack": traceback.format_exc(),
+                    "timestamp": str(int(time.time())),
+                    "shardline": {
+                        "error": type(e).__name__,
+                        "bases": [c.__name__ for c in type(e).__mro__],
+                        "message": str(e),
+                        "at": time.time(),
+                        "collective": world().distributed and raised_in_collective(e),
+                    },
+                },
+            }
+        }
+        with open(file, "w") as fp:
+            json.dump(data, fp)
 
 
 def run_job(job: dict, train, val, ranking=None) -> int:
@@ -91,13 +135,13 @@ def run_job(job: dict, train, val, ranking=None) -> int:
         reason = job.get("deadline_reason") or "the training budget is spent"
         deadline = Deadline(time.monotonic() + float(job["deadline_seconds"]), lambda: reason, job["deadline_limit"])
     init = None
-    if job.get("init_weights"):  # a local path, or a URI in storage (nodes on other machines read it too)
+    if job.get("init_weights"):  # in storage: a rank on any machine reads it
         import io
 
-        from shardline.core.storage import read_bytes
-
-        init = torch.load(io.BytesIO(read_bytes(job["init_weights"])), map_location="cpu", weights_only=True)
+        init = torch.load(io.BytesIO(storage.read_bytes(job["init_weights"])), map_location="cpu", weights_only=True)
     result_path = job["result"]
+    if ranks.is_main:  # an earlier round's (a restart round resumes from its checkpoint and speaks anew)
+        storage.delete(result_path)
     try:
         result = fit(
             train,
@@ -129,23 +173,6 @@ def run_job(job: dict, train, val, ranking=None) -> int:
         if ranks.is_main:
             write_json(result_path, {"status": "budget", "message": str(stopped), "checkpoint": stopped.checkpoint})
         return BUDGET_EXIT_CODE
-    except Exception as e:  # a code, config or data error: said to the task, which fails at once on it
-        # every rank says its own (rank 0 in the result, the others beside it): when one rank fails, the
-        # others' errors are mostly its consequence (their peer's connection closed), and the task reports the
-        # cause (tasks/torchrun.py)
-        failure = {
-            "status": "failed",
-            "rank": ranks.rank,
-            "at": time.time(),
-            "error": type(e).__name__,
-            "bases": [c.__name__ for c in type(e).__mro__],
-            "message": str(e),
-        }
-        try:
-            write_json(result_path if ranks.is_main else failure_uri(job, ranks.rank), failure)
-        except Exception:  # noqa: BLE001 - the storage gone too: the error itself still goes to torchrun's log
-            pass
-        raise
     finally:
         events.close()
     if ranks.is_main:
@@ -153,44 +180,36 @@ def run_job(job: dict, train, val, ranking=None) -> int:
     return 0
 
 
-# what every rank must have as rank 0 has it (the rest is rank 0's alone, or each machine's own: `threads`)
-_SHARED = ("manifest", "trains_on", "validates_on", "model_spec", "training", "task", "ckpt_dir", "init_weights")
+def die_with_agent() -> None:
+    """On Linux: this rank is killed when its agent dies (its agent SIGKILLed alone, a rank would train on
+    unwatched and keep its peers' round from ending). Elsewhere nothing is done."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
 
-
-def agree(job: dict) -> dict:
-    """Rank 0's job, on every rank: a rank started with `{"join": true, ...}` (a node under a launcher, which
-    cannot know node 0's job: tasks/launched.py) takes it whole, keeping its own `threads`; a rank started with a
-    job of its own must have rank 0's in every field that decides what is trained, or it stops, naming them."""
-    theirs = broadcast_json(job if world().is_main else None)
-    if job.get("join"):
-        return {**theirs, "threads": job.get("threads")}
-    differ = [k for k in _SHARED if job.get(k) != theirs.get(k)]
-    if differ:
-        raise ValueError(
-            f"training process {world().rank} was started with another job than process 0's ({', '.join(differ)} "
-            "differ): every node must run the same job (a node left from an earlier attempt?)"
-        )
-    return job
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(
-            "usage: torchrun --nproc-per-node N -m shardline.trainer.ddp_run JOB.json (a path or a storage URI)",
+            "usage: torchrun --nproc-per-node N -m shardline.trainer.ddp_run JOB.json (a path or a URI)",
             file=sys.stderr,
         )
         return 2
-    from shardline.core.storage import read_text
-
-    job = json.loads(read_text(argv[0]))  # a local path, or a URI in storage (a multi-node launcher's)
+    die_with_agent()
+    job = json.loads(storage.read_text(argv[0]))
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
-    init_from_env(job["training"].get("device", "auto"))
-    job = agree(job)
+    init_from_env(job["training"].get("device", "auto"), job.get("collective_timeout"))
     from shardline.core.manifest import Manifest
     from shardline.trainer.data import open_split
 
-    manifest = Manifest.model_validate_json(read_text(job["manifest"]))
+    manifest = Manifest.model_validate_json(storage.read_text(job["manifest"]))
     train = open_split(manifest, job["manifest"], job["trains_on"])
     val = open_split(manifest, job["manifest"], job["validates_on"])
     code = 1
@@ -209,4 +228,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main(sys.argv[1:]))
+    exit_now(record(main, error_handler=RankErrors())(sys.argv[1:]))

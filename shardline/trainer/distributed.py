@@ -10,7 +10,6 @@ of it with weight 0 (DDP needs every rank in every step), so it adds nothing to 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -52,9 +51,11 @@ def check_gpus_per_node(processes: int, device_type: str, gpus: int) -> None:
         )
 
 
-def init_from_env(device: str = "auto") -> World:
+def init_from_env(device: str = "auto", timeout: float | None = None) -> World:
     """Join the process group torchrun's environment describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-    MASTER_PORT): NCCL on CUDA, gloo on CPU. Without WORLD_SIZE > 1 it is one process and nothing is joined."""
+    MASTER_PORT): NCCL on CUDA, gloo on CPU. Without WORLD_SIZE > 1 it is one process and nothing is joined.
+    `timeout`: seconds a collective waits for a peer before it fails (a lost machine's ranks never answer; torch's
+    default: 30 minutes for gloo, 10 for NCCL); the agent's restart round then resumes from the newest checkpoint."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1 or dist.is_initialized():
         return world()
@@ -63,27 +64,11 @@ def init_from_env(device: str = "auto") -> World:
     if cuda:  # this node's processes (torchrun's LOCAL_WORLD_SIZE), a GPU each
         check_gpus_per_node(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)), "cuda", torch.cuda.device_count())
         torch.cuda.set_device(local_rank)  # "cuda" is then this rank's GPU
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    from datetime import timedelta
+
+    limit = {"timeout": timedelta(seconds=float(timeout))} if timeout else {}
+    dist.init_process_group(backend="nccl" if cuda else "gloo", **limit)
     return world()
-
-
-def broadcast_json(obj, src: int = 0):
-    """Rank `src`'s `obj` (JSON-serialisable) on every rank, as JSON bytes in a tensor (never a pickle: the
-    other ranks may be other machines)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return obj
-    cuda = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    mine = dist.get_rank() == src
-    data = json.dumps(obj).encode() if mine else b""
-    length = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    dist.broadcast(length, src)
-    if mine:
-        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-    else:
-        buffer = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(buffer, src)
-    return json.loads(bytes(buffer.cpu().numpy().tobytes()))
 
 
 def check_batch_size(batch_size: int, size: int) -> None:

@@ -490,6 +490,20 @@ def _check_same_run(sidecar: dict, spec: dict, training: dict, task: str, window
 # ---------------------------------------------------------------- fit
 
 
+def preempt_machine(log, step: int) -> None:
+    """SIGTERM to this machine's training, as a spot reclaim sends it: to this process, or under torch's agent to
+    the agent (by its first process on the machine), which passes it to every process it runs and stops."""
+    agent = os.environ.get("TORCHELASTIC_RUN_ID") is not None
+    if agent and os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    who = "the agent" if agent else "myself"
+    log(f"SHARDLINE_PREEMPT_AT_STEP={step}: sending {who} SIGTERM, as a spot reclaim would")
+    if agent:
+        os.kill(os.getppid(), signal.SIGTERM)
+    else:
+        signal.raise_signal(signal.SIGTERM)
+
+
 def fit(
     train: SplitData,
     val: SplitData,
@@ -929,8 +943,7 @@ def fit(
                 pace.add(n_step, now - fetch, fetched - fetch)
                 span.add(n_step, now - fetch, fetched - fetch)
                 if preempt_at and loop["step"] == preempt_at and resumed_from is None:
-                    log(f"SHARDLINE_PREEMPT_AT_STEP={preempt_at}: sending myself SIGTERM, as a spot reclaim would")
-                    signal.raise_signal(signal.SIGTERM)
+                    preempt_machine(log, preempt_at)
 
                 stopping = stop.signal_name
                 every, seconds = cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds

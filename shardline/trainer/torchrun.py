@@ -1,21 +1,30 @@
-"""torchrun, with the same shutdown grace on every torch Shardline supports:
+"""torchrun (torch's elastic agent) in this process, with the same shutdown grace on every torch Shardline supports
+and torch's account of a failure kept as a record:
 
-    python -m shardline.trainer.torchrun --shutdown-timeout=SECONDS [torchrun's arguments]
+    python -m shardline.trainer.torchrun [--error-record=URI] --shutdown-timeout=SECONDS [torchrun's arguments]
+
+`--error-record`: when the agent stops on a failure, torch's own account of it is written there (a local path or
+a URI in storage), as JSON: `{"host", "at", "failures": [...]}` with one entry per failed rank of the last round
+(torch's `ProcessFailure`: the exit code, the signal that killed it, and the rank's own error record, which
+`shardline.trainer.ddp_run` writes through torch's `@record`), or `{"host", "at", "agent": {...}}` when the agent
+itself failed (its rendezvous timed out or lost its store). Nothing is read from logs.
 
 After a SIGTERM, torchrun passes it on to the ranks and kills those still running after a grace period. Newer
 torch sets that grace with `--shutdown-timeout`; older torch (2.11, the lent GPU machines' build, among them) has
-no such option, refuses the command line that has it (every multi-process training failed there at once), and
-gives the ranks a fixed 30 s, too short for rank 0 to validate and every rank to checkpoint. On such a torch this
-leaves the option out and makes the grace the default of the one call that uses it (the process context's
-`close`, which torchrun calls without a timeout when it stops its workers), so a SIGTERM gives the ranks the same
-time on every torch.
+no such option and gives the ranks a fixed 30 s: on such a torch this leaves the option out and makes the grace
+the default of the one call that uses it (the process context's `close`).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import sys
+import time
 
 OPTION = "--shutdown-timeout"
+RECORD = "--error-record="
 
 
 def knows(option: str) -> bool:
@@ -37,13 +46,60 @@ def grace_by_default(seconds: int) -> None:
     api.PContext.close = close_with_grace
 
 
+def failure_record(error: BaseException) -> dict:
+    """torch's account of why the agent stopped: each failed rank of its last round (ChildFailedError), or the
+    agent's own error."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    record: dict = {"host": socket.gethostname(), "at": time.time()}
+    if isinstance(error, ChildFailedError):
+        failures = []
+        for rank, f in sorted(error.failures.items()):
+            data = f.error_file_data if isinstance(f.error_file_data, dict) else {}
+            message = f.message.get("message") if isinstance(f.message, dict) else f.message
+            failures.append(
+                {
+                    "rank": rank,
+                    "local_rank": f.local_rank,
+                    "pid": f.pid,
+                    "exitcode": f.exitcode,
+                    "signal": f.signal_name() if f.exitcode < 0 else None,
+                    "timestamp": f.timestamp,
+                    "message": message,
+                    "error": (data.get("message") or {}).get("extraInfo", {}).get("shardline"),
+                }
+            )
+        record["failures"] = failures
+    else:
+        record["agent"] = {
+            "error": type(error).__name__,
+            "bases": [c.__name__ for c in type(error).__mro__],
+            "message": str(error),
+        }
+    return record
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    record_to = args.pop(0)[len(RECORD) :] if args and args[0].startswith(RECORD) else None
     if args and args[0].startswith(OPTION + "=") and not knows(args[0]):
         grace_by_default(int(args.pop(0).split("=", 1)[1]))
-    from torch.distributed.run import main as torchrun
+    # a rendezvous round after a lost node publishes its own master address (torch's shared store keeps the first
+    # round's, and a replaced node then waits for a key nobody writes)
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    from torch.distributed.run import parse_args, run
 
-    torchrun(args)
+    try:
+        run(parse_args(args))
+    except Exception as e:
+        if record_to:
+            from shardline.core.storage import write_text
+
+            try:
+                write_text(record_to, json.dumps(failure_record(e), default=str))
+            except Exception as not_written:  # noqa: BLE001 - the storage gone too: torch's log still says it
+                print(f"shardline: torch's error record could not be written to {record_to}: {not_written}")
+        raise
 
 
 if __name__ == "__main__":
