@@ -1,5 +1,6 @@
-"""One rank of a DDP training for tests/test_ddp.py: `torchrun --standalone --nproc-per-node N
-tests/_ddp_child.py JOB.json`, or alone (`python tests/_ddp_child.py JOB.json`: one process).
+"""One rank of a DDP training for tests/test_ddp.py: `python -m shardline.trainer.torchrun --standalone
+--nproc-per-node N tests/_ddp_child.py JOB.json` (or two agents at one c10d rendezvous), or alone
+(`python tests/_ddp_child.py JOB.json`: one process).
 
 The same as `python -m shardline.trainer.ddp_run JOB.json`, except that the splits are two shard files
 (JOB's `shards`: a folder with train.bin, val.bin and specs.json, `window`, `horizon`) instead of a
@@ -18,16 +19,18 @@ import torch
 torch.set_num_threads(1)  # every run computes with the same thread count
 
 from _train_child import split  # noqa: E402 (this script's folder is on sys.path)
+from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
 from shardline.core.config import TrainingConfig  # noqa: E402
-from shardline.trainer.ddp_run import run_job  # noqa: E402
+from shardline.trainer.ddp_run import RankErrors, die_with_agent, run_job  # noqa: E402
 from shardline.trainer.distributed import exit_now, init_from_env, leave  # noqa: E402
 from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE  # noqa: E402
 
 
 def main(job_path: str) -> int:
+    die_with_agent()
     job = json.loads(Path(job_path).read_text())
-    ranks = init_from_env(TrainingConfig(**job["training"]).device)
+    ranks = init_from_env(TrainingConfig(**job["training"]).device, job.get("collective_timeout"))
     Path(f"{job['result']}.pid-{ranks.rank}").write_text(str(os.getpid()))
     if os.environ.get("SHARDLINE_TEST_RAISE_ON_RANK") == str(ranks.rank):  # this rank fails as a GPU's would
         import shardline.trainer.loop as loop
@@ -53,4 +56,4 @@ def main(job_path: str) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main(sys.argv[1]))
+    exit_now(record(main, error_handler=RankErrors())(sys.argv[1]))
