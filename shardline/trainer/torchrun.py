@@ -55,7 +55,8 @@ def failure_record(error: BaseException) -> dict:
     if isinstance(error, ChildFailedError):
         failures = []
         for rank, f in sorted(error.failures.items()):
-            data = f.error_file_data if isinstance(f.error_file_data, dict) else {}
+            data = f.error_file_data.get("message") if isinstance(f.error_file_data, dict) else None
+            data = data if isinstance(data, dict) else {}  # a rank killed by a signal wrote none
             message = f.message.get("message") if isinstance(f.message, dict) else f.message
             failures.append(
                 {
@@ -66,7 +67,7 @@ def failure_record(error: BaseException) -> dict:
                     "signal": f.signal_name() if f.exitcode < 0 else None,
                     "timestamp": f.timestamp,
                     "message": message,
-                    "error": (data.get("message") or {}).get("extraInfo", {}).get("shardline"),
+                    "error": (data.get("extraInfo") or {}).get("shardline"),
                 }
             )
         record["failures"] = failures
