@@ -80,21 +80,6 @@ def store(tmp_path_factory, prefect_api):
         age(root / area, 4 * DAY)
     for path, days in ((runs[0], 3), (data_a, 3), (runs[1], 2), (data_b, 2), (runs[2], 1)):
         age(path, days * DAY)
-    # two launches of A's training under a cluster's launcher (tasks/launched.py): one that ended 2 days ago,
-    # one whose node 1 still runs (its lease renewed: written to now)
-    from shardline.core.lease import Lease
-    from shardline.tasks import launched
-
-    for launch in ("ended-2d", "running"):
-        folder = str(root / "launches" / launch)
-        with Lease(launched.presence(folder, 1), "node 1 of the launch"):
-            attempt = launched.Attempt(folder)
-            attempt.announce()
-            launched.node_ended(attempt.shared, 1, 0, stopped=False)
-            attempt.end(0)
-            if launch == "ended-2d":
-                launched.end(folder, "completed", 0)
-    age(root / "launches" / "ended-2d", 2 * DAY)
     uri = first["registered"]["tracking_uri"]
     MlflowClient(uri).delete_registered_model("gc-other")  # B retired: nothing refers to its run and data
     (tmp / "a.yaml").write_text(yaml.safe_dump(a))
@@ -155,11 +140,9 @@ def test_dry_run_lists_the_unreferenced_and_deletes_nothing(store):
         {f"runs/{store.runs[1].name}", f"datasets/{store.data_b.name}"}
         | {f"prefect-results/{n}" for n in store.b_records}
         | {f"datasets/groups/{g.name}" for g in store.groups_b}
-        | {"launches/ended-2d"}
     )
     plan = planned(store)
     assert set(plan) == expected
-    assert plan["launches/ended-2d"] == "no node of it runs: last modified 2.0 days ago", plan
     assert "no registered version's run" in plan[f"runs/{store.runs[1].name}"]
     assert "no kept run trained on it" in plan[f"datasets/{store.data_b.name}"]
     doomed = [str(store.root / e) for e in expected]
@@ -172,7 +155,6 @@ def test_dry_run_lists_the_unreferenced_and_deletes_nothing(store):
         assert path in out.out
     # why the rest is kept: A's first run is the champion's, the second a registered version and the newest
     assert f"runs/{store.runs[0].name}" in out.out and "registered: gc-model v1 @champion" in out.out
-    assert "launches/running" in out.out and "each node of a launch renews its lease there" in out.out
 
 
 @pytest.mark.e2e
@@ -243,7 +225,6 @@ def test_gc_deletes_them_and_the_champion_still_serves(store):
         assert not (store.root / path).exists(), path
     assert junk.exists()  # an unparseable record is left alone
     assert not store.runs[1].exists() and not store.data_b.exists()
-    assert not (store.root / "launches" / "ended-2d").exists() and (store.root / "launches" / "running").exists()
     assert not any(g.exists() for g in store.groups_b)  # B's shards in the group store went with it
     assert (
         files_of(store.runs[0], store.runs[2], store.data_a, *store.groups_a, store.tmp / "raw-a", store.tmp / "raw-b")

@@ -213,10 +213,8 @@ def _workers(client, name: str) -> tuple[list, list, float]:
 
 
 def _starts_nodes(config: PipelineConfig) -> bool:
-    """Whether a training of this config starts its other nodes as flow runs (no launcher's rendezvous here)."""
-    from shardline.tasks.torchrun import launched_by_environment
-
-    return config.compute.nodes > 1 and not launched_by_environment()
+    """Whether a training of this config starts its other nodes as flow runs (not a launcher's machines)."""
+    return config.compute.nodes > 1 and config.compute.train_on != "launcher"
 
 
 def _node_check(client, config: PipelineConfig, api: str) -> Check:

@@ -278,8 +278,8 @@ def on_this_machine(
     finally:
         if code != 0 and store is not None:
             store.close()  # agents still waiting in a round fail at once
-        if nodes is not None:
-            nodes.finish(wait=FINISH_SECONDS if code == 0 else 0)
+        if nodes is not None:  # they end with node 0's agent (on a failure at once: the store is gone)
+            nodes.finish(wait=FINISH_SECONDS)
         if store is not None:
             store.close()
     said = output.read_text(errors="replace")
@@ -533,6 +533,9 @@ def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[
         f = failures[0]
         what = (f.get("error") or {}).get("message") or f.get("message")
         raise RankFailed(f"this node's training process {f['rank']} failed (exit {f['exitcode']}): {what}")
+    if found.get("agent", {}).get("error") == "SignalException":  # this machine was told to stop (a notice)
+        log("this node's agent was stopped by a signal: its processes stopped with a checkpoint")
+        return "stopped"
     if "agent" in found:
         a = found["agent"]
         raise RankFailed(f"this node's agent failed: {a['error']}: {a['message']}")
