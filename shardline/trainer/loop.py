@@ -491,17 +491,13 @@ def _check_same_run(sidecar: dict, spec: dict, training: dict, task: str, window
 
 
 def preempt_machine(log, step: int) -> None:
-    """SIGTERM to this machine's training, as a spot reclaim sends it: to this process, or under torch's agent to
-    the agent (by its first process on the machine), which passes it to every process it runs and stops."""
-    agent = os.environ.get("TORCHELASTIC_RUN_ID") is not None
-    if agent and os.environ.get("LOCAL_RANK", "0") != "0":
-        return
-    who = "the agent" if agent else "myself"
-    log(f"SHARDLINE_PREEMPT_AT_STEP={step}: sending {who} SIGTERM, as a spot reclaim would")
-    if agent:
+    """SIGTERM to this machine's training, as a spot reclaim sends it: to this process (every rank stops at this
+    step), and under torch's agent to the agent too (by its first process on the machine), which then stops
+    rather than starting a restart round."""
+    log(f"SHARDLINE_PREEMPT_AT_STEP={step}: sending myself SIGTERM, as a spot reclaim would")
+    signal.raise_signal(signal.SIGTERM)
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None and os.environ.get("LOCAL_RANK", "0") == "0":
         os.kill(os.getppid(), signal.SIGTERM)
-    else:
-        signal.raise_signal(signal.SIGTERM)
 
 
 def fit(
