@@ -544,3 +544,15 @@ def test_torchrun_gives_the_ranks_shardline_s_grace_after_a_sigterm_on_every_tor
             proc.wait()
     assert code != 0
     assert not (tmp_path / "finished").exists(), "the rank outlived the grace"
+
+
+def test_shardline_node_without_a_rendezvous_address_is_refused_naming_what_to_set(tmp_path):
+    """`shardline node JOB` outside a launcher and without --endpoint: exit 2 before any agent starts, naming the
+    option and the launcher's variables."""
+    env = {k: v for k, v in os.environ.items() if "MASTER_" not in k and not k.startswith("PET_")}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "shardline"), "node", str(tmp_path / "job.json")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--endpoint HOST:PORT" in done.stderr and "MASTER_ADDR and MASTER_PORT" in done.stderr
