@@ -38,3 +38,18 @@ def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
 
     threading.Thread(target=watch, name="shardline-parent-watch", daemon=True).start()
     return True
+
+
+def signal_on_parent_death(signum: int) -> None:
+    """On Linux: the kernel sends this process `signum` when its parent dies (PR_SET_PDEATHSIG); torchrun's agent
+    gets SIGTERM when the training task dies, a rank SIGKILL when its agent does. Elsewhere nothing is done."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

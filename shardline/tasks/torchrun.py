@@ -42,6 +42,7 @@ import torch.distributed as dist
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
 from shardline.core.failures import infrastructure_by_names
+from shardline.core.parent_watch import signal_on_parent_death
 from shardline.trainer.device import pick_device
 from shardline.trainer.distributed import check_batch_size, check_gpus_per_node
 from shardline.trainer.loop import Deadline, FitResult
@@ -267,14 +268,7 @@ def on_this_machine(
             *torchrun_command(grace, record),
             *agent_args(job, store and store.endpoint, False if store else None),
         ]
-        with open(output, "w") as out:
-            proc = subprocess.Popen(
-                [*command, "-m", "shardline.trainer.ddp_run", job_uri],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_term_with_parent,
-            )
-            code, forwarded = follower.follow(proc, grace)
+        code, forwarded = start_agent(command, job_uri, output, follower, grace)
     finally:
         if code != 0 and store is not None:
             store.close()  # agents still waiting in a round fail at once
@@ -476,18 +470,18 @@ def present(uri: str) -> bool:
     return name in storage.names(folder)
 
 
-def _term_with_parent() -> None:
-    """In torchrun's process before it starts (Linux): SIGTERM it when the training task's process dies (SIGKILL,
-    a lost pod), so that the ranks checkpoint and stop instead of training on unwatched. Elsewhere nothing is
-    done."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+def start_agent(command: list[str], job_uri: str, output: Path, follower: Follower, grace: int):
+    """Run torch's agent (`command`) on the job until it ends, its output in `output`, its events to `follower`
+    (it gets SIGTERM when this process dies, so its ranks checkpoint and stop instead of training on unwatched).
+    The agent's exit status and the signal passed on to it, if one was."""
+    with open(output, "w") as out:
+        proc = subprocess.Popen(
+            [*command, "-m", "shardline.trainer.ddp_run", job_uri],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal_on_parent_death(signal.SIGTERM),
+        )
+        return follower.follow(proc, grace)
 
 
 def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[str], None] = print) -> str:
@@ -507,14 +501,7 @@ def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[
     )
     with tempfile.TemporaryDirectory(prefix="shardline-node-") as tmp:
         output = Path(tmp) / "torchrun.log"
-        with open(output, "w") as out:
-            proc = subprocess.Popen(
-                [*command, "-m", "shardline.trainer.ddp_run", job_uri],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_term_with_parent,
-            )
-            code, forwarded = Follower(None, log).follow(proc, shutdown_seconds)
+        code, forwarded = start_agent(command, job_uri, output, Follower(None, log), shutdown_seconds)
         said = output.read_text(errors="replace")
     result = json.loads(storage.read_text(job["result"])) if present(job["result"]) else {}
     if code == 0:

@@ -181,17 +181,13 @@ def run_job(job: dict, train, val, ranking=None) -> int:
 
 
 def die_with_agent() -> None:
-    """On Linux: this rank is killed when its agent dies (its agent SIGKILLed alone, a rank would train on
-    unwatched and keep its peers' round from ending). Elsewhere nothing is done."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+    """This rank is killed when its agent dies (its agent SIGKILLed alone, a rank would train on unwatched and keep
+    its peers' round from ending)."""
     import signal
 
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    from shardline.core.parent_watch import signal_on_parent_death
+
+    signal_on_parent_death(signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:
