@@ -44,21 +44,24 @@ RANK_ERRORS = (FAILURES[0], [(e, r) for e, r in FAILURES[1] if not isinstance(e,
 
 @pytest.mark.parametrize(*RANK_ERRORS)
 def test_a_rank_of_a_training_in_several_processes_is_retried_as_one_process_would_be(tmp_path, exc, retried):
-    """The same error raised by a rank under torchrun (compute.processes_per_node or compute.nodes > 1): the
-    error record the rank writes (shardline/trainer/ddp_run.py) is classified as in one process: retried
-    (RankFailed) or not (its own error), a CUDA failure included (was: not retried under torchrun)."""
-    import json
-    import time
-
+    """The same error raised by a rank under torch's agent (compute.processes_per_node or compute.nodes > 1): torch's
+    error record of it (written through shardline/trainer/ddp_run.py's RankErrors) is classified as in one process:
+    retried (RankFailed) or not (its own error), a CUDA failure included; rank 0's lost connection is not the cause."""
     from shardline.tasks.torchrun import RankFailed, outcome
 
-    result = tmp_path / "result.json"
-    bases = [c.__name__ for c in type(exc).__mro__]  # as run_job writes a rank's error
-    record = {"status": "failed", "rank": 1, "at": time.time(), "error": type(exc).__name__, "bases": bases}
-    (tmp_path / "result.json.rank-1").write_text(json.dumps({**record, "message": str(exc)}))
-    peer_lost = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")
-    consequence = {"error": "RuntimeError", "bases": [c.__name__ for c in type(peer_lost).__mro__]}
-    result.write_text(json.dumps({**record, **consequence, "rank": 0, "at": time.time(), "message": str(peer_lost)}))
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")
+
+    def error(e: BaseException, at: float, collective: bool) -> dict:  # as RankErrors writes a rank's error
+        bases = [c.__name__ for c in type(e).__mro__]
+        return {"error": type(e).__name__, "bases": bases, "at": at, "collective": collective, "message": str(e)}
+
+    record = {"host": "node-1", "at": 3.0, "failures": [
+        {"rank": 0, "exitcode": 1, "signal": None, "timestamp": 2, "error": error(lost, 2.0, True)},
+        {"rank": 1, "exitcode": 1, "signal": None, "timestamp": 1, "error": error(exc, 1.0, False)}]}  # fmt: skip
+    job = {"result": str(tmp_path / "result.json"), "errors": str(tmp_path / "errors"), "ckpt_dir": "s3://b/ckpt",
+           "events": str(tmp_path / "events"), "rendezvous": {"nodes": 1, "join_timeout": 60}}  # fmt: skip
     with pytest.raises(Exception) as raised:
-        outcome(result, "torchrun: exit status 1", 1, "s3://b/run/checkpoints")
+        outcome(job, [record], 1, None, 30, "", "")
     assert isinstance(raised.value, RankFailed) is retried, raised.value
+    assert f"{type(exc).__name__} in training process 1 (on node-1)" in str(raised.value)
+    assert is_infrastructure_failure(raised.value) is retried
