@@ -11,6 +11,7 @@ never comes fails the training within the join timeout, naming the nodes that ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -540,3 +541,58 @@ def test_shardline_node_without_a_rendezvous_address_is_refused_naming_what_to_s
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--endpoint HOST:PORT" in done.stderr and "MASTER_ADDR and MASTER_PORT" in done.stderr
+
+
+@pytest.mark.e2e
+def test_under_a_launcher_the_pipeline_starts_two_shardline_nodes_follows_them_and_registers_the_model(
+    tmp_path, prefect_api
+):
+    """`compute.train_on: launcher`: the pipeline (ingest, encode, evaluate, register: here, in this process) runs
+    `compute.launch_command`, which starts two `shardline node {job}` processes with a launcher's MASTER_ADDR and
+    MASTER_PORT, as a JobSet or a Slurm script would on two machines. The nodes run the trainer only; the pipeline
+    follows rank 0's events in storage (each epoch in MLflow once), and registers the two-process model."""
+    from mlflow import MlflowClient
+
+    from shardline.core.config import validate_config
+    from shardline.flows.pipeline import pipeline
+    from tests.conftest import make_raw, tiny_config
+
+    make_raw(tmp_path / "raw", n_seq=15, rows=80)
+    root = tmp_path / "store"
+    logs = tmp_path / "nodes"
+    logs.mkdir()
+    start_two = (
+        'for n in a b; do MASTER_ADDR=127.0.0.1 MASTER_PORT="$3" "$1" node "$2" > "$4/$n.log" 2>&1 & '
+        'echo $! >> "$4/pids"; done'
+    )
+    shardline = str(Path(sys.executable).parent / "shardline")
+    compute = {
+        "train_on": "launcher",
+        "nodes": 2,
+        "launch_command": ["sh", "-c", start_two, "sh", shardline, "{job}", str(free_port()), str(logs)],
+        "join_timeout_seconds": 120,
+    }
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root), **{"training.epochs": 2, "compute": compute})
+    try:
+        result = pipeline(validate_config(cfg))
+        pids = [int(p) for p in (logs / "pids").read_text().split()]
+        for pid in pids:  # each node ends by itself once the training is over
+            deadline = time.monotonic() + 60
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not Path(f"/proc/{pid}").exists(), (logs / "a.log").read_text()[-3000:]
+    finally:
+        for pid in [int(p) for p in (logs / "pids").read_text().split()] if (logs / "pids").exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for n in "ab":
+        said = (logs / f"{n}.log").read_text()
+        assert "this node's processes finished" in said, said[-3000:]
+    reg = result["registered"]
+    assert reg["version"] == 1
+    client = MlflowClient(reg["tracking_uri"])
+    history = client.get_metric_history(reg["run_id"], "epoch/val_loss")
+    assert [h.step for h in history] == [1, 2]  # rank 0's epochs, each once
+    (ckpt_dir,) = list((root / "runs").glob("*/checkpoints"))
+    uri, side = latest_checkpoint(str(ckpt_dir))
+    assert side["world_size"] == 2
