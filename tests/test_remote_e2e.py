@@ -293,34 +293,11 @@ def processes_of_flow_run(flow_run_id: str) -> list[int]:
     return found
 
 
-def test_rehearse_runs_the_first_loop_on_the_gpu_pool_with_a_forced_preemption(cluster):
-    config = write_config(cluster, "store-r")
-    out = subprocess.run(
-        [str(BIN / "shardline"), "rehearse", str(config), "--files", "4", "--steps", "12"],
-        cwd=REPO,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr[-5000:] + cluster.tail_logs()
-    table = [line for line in out.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
-    assert len(table) == 11 and all(line.startswith("PASS") for line in table), out.stdout
-    preemption = next(line for line in table if "preemption: SIGTERM" in line)
-    assert "ended Failed at step 6; re-dispatched, resumed from s3://" in preemption, preemption
-    # the rehearsal trained on the GPU pool: two flow runs of the training deployment, the first preempted
-    trains = [
-        r
-        for r in cluster.flow_runs()
-        if r["work_pool_name"] == "gpu-pool" and "store-r" in json.dumps(r.get("parameters", {}))
-    ]
-    assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
-    assert "Preempted" in trains[0]["state"]["message"]
-
-
 def test_rehearse_on_two_nodes_preempts_and_resumes_both(cluster):
-    """`shardline rehearse` of a config of two machines: the forced SIGTERM stops both nodes at one step, the
-    re-dispatched run starts node 1 again, and the checkpoint says both trained (world size 2)."""
+    """`shardline rehearse` runs the first loop on the GPU pool with a forced preemption, here of a config of two
+    machines: the SIGTERM stops both nodes at one step, the training run ends Failed (Preempted) and is
+    re-dispatched, which starts node 1 again and resumes from the checkpoint in S3; the checkpoint says both
+    trained (world size 2)."""
     config = write_config(
         cluster, "store-rn", **{"compute": {"nodes": 2, "master_addr": "127.0.0.1"}, "training.device": "cpu"}
     )
@@ -334,6 +311,12 @@ def test_rehearse_on_two_nodes_preempts_and_resumes_both(cluster):
     assert len(table) == 11 and all(line.startswith("PASS") for line in table), out.stdout
     checkpoint = next(line for line in table if line.startswith("PASS  checkpoint"))
     assert "(world size 2 of 2 node(s) x 1 process(es))" in checkpoint, checkpoint
+    preemption = next(line for line in table if "preemption: SIGTERM" in line)
+    assert "ended Failed at step 6; re-dispatched, resumed from s3://" in preemption, preemption
+    trains = [r for r in cluster.flow_runs() if r["id"] not in before and r["work_pool_name"] == "gpu-pool"]
+    trains = [r for r in trains if "endpoint" not in r["parameters"]]
+    assert [r["state_type"] for r in trains] == ["FAILED", "COMPLETED"], [(r["name"], r["state"]) for r in trains]
+    assert "Preempted" in trains[0]["state"]["message"]
     nodes = [r for r in cluster.flow_runs() if r["id"] not in before and "endpoint" in r["parameters"]]
     # one node 1 per attempt: stopped with node 0 at the SIGTERM (its part done), then to the end
     assert [r["state_type"] for r in nodes] == ["COMPLETED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]

@@ -52,7 +52,11 @@ TAIL_LINES = 40  # of torchrun's output, in the error of a failed run
 # after a SIGTERM, how long torchrun waits for the ranks to checkpoint and stop before it SIGKILLs them: long
 # enough for rank 0 to finish a validation pass and write the checkpoint
 SHUTDOWN_SECONDS = 300
-FINISH_SECONDS = 60.0  # how long the node runs get to end after node 0's agent finished, before they are cancelled
+# how long the node runs get to end by themselves after node 0's agent, before they are cancelled: after a finished
+# training (their agents end with node 0's), and after a failed one (long enough for their agents to write torch's
+# error records; a node whose machine was lost stays RUNNING in Prefect, and is not waited for longer)
+FINISH_SECONDS = 60.0
+FAILED_FINISH_SECONDS = 15.0
 
 
 class RankFailed(dist.DistBackendError):
@@ -273,7 +277,7 @@ def on_this_machine(
         if code != 0 and store is not None:
             store.close()  # agents still waiting in a round fail at once
         if nodes is not None:  # they end with node 0's agent (on a failure at once: the store is gone)
-            nodes.finish(wait=FINISH_SECONDS)
+            nodes.finish(wait=FINISH_SECONDS if code == 0 else FAILED_FINISH_SECONDS)
         if store is not None:
             store.close()
     said = output.read_text(errors="replace")
