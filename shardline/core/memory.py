@@ -7,6 +7,11 @@ left ~300 MB of such free heap behind the pack's build, held for the rest of the
 benchmarks/scale_bench.py: the process's anonymous memory grew with the data, not with what it
 held). A fixed threshold of 4 MB keeps the blocks above it in their own mappings, returned on free;
 the many small ones (a batch of the demo at 1,024 windows is 2.4 MB) stay on the heap as before.
+
+Setting the mmap threshold also stops glibc from moving its trim threshold (2x the mmap threshold when glibc sets
+both), which then stays at 128 KB: every free at the heap's top gave its pages back and the next gather faulted
+them in again, and the loader ran at half its speed (0.5x with 0 threads, 0.6x with 2; benchmarks/data_bench.py).
+The trim threshold is set too, at glibc's own ratio: 8 MB.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import ctypes
 import ctypes.util
 import sys
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 THRESHOLD = 4 << 20
 
 _done = False
@@ -29,7 +34,7 @@ def return_freed_memory() -> bool:
         return _done
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        _done = bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD))
+        _done = bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 * THRESHOLD))
     except (OSError, AttributeError):  # not glibc (musl has no mallopt): its own allocator's ways
         _done = False
     return _done
