@@ -208,7 +208,8 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
     seq = name if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
     try:  # `__seq` and `__order` made inside the scan's query: no second pass over the rows
         scan = pl.scan_parquet(paths, include_file_paths="__file") if by_file else pl.scan_parquet(paths)
-        text = data.order_by is not None and scan.collect_schema()[data.order_by] == pl.Utf8
+        # the first file's footer (0.1 ms; the scan's collect_schema: 1 ms); files of other types fail the scan
+        text = data.order_by is not None and pl.read_parquet_schema(paths[0]).get(data.order_by) == pl.Utf8
         if data.order_by is None:
             order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
         else:  # text is parsed after the scan (a time zone in it is read only eagerly)
