@@ -138,7 +138,7 @@ def main() -> None:
 
     import data_bench as B
 
-    from shardline.tasks.encode import file_groups
+    from shardline.core.encoding.write import file_groups
 
     source = B.demo_source(max(n + max(1, round(n * args.append)) for n in args.games), args.frames)
     rows = []

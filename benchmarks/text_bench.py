@@ -25,7 +25,8 @@ import polars as pl
 from shardline.core.config import validate_config
 from shardline.core.encoding.splits import split_rows
 from shardline.core.encoding.text import _ids, encode_text_splits, token_dtype, tokenizer, train_bpe
-from shardline.tasks.encode import encode_dataset, file_groups, read_text_group
+from shardline.core.encoding.write import file_groups, read_text_group
+from shardline.tasks.encode import encode_dataset
 from shardline.tasks.ingest import snapshot_source
 
 

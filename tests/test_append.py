@@ -14,8 +14,9 @@ import torch
 
 from shardline.core import storage
 from shardline.core.config import validate_config
+from shardline.core.encoding.write import file_groups, verify_manifest
 from shardline.core.manifest import Manifest, RawFile, Snapshot
-from shardline.tasks.encode import encode_dataset, file_groups, verify_manifest
+from shardline.tasks.encode import encode_dataset
 from shardline.tasks.ingest import snapshot_source
 from tests.conftest import make_raw, tiny_config
 

@@ -54,8 +54,9 @@ def test_a_data_set_written_before_the_group_store_reads_as_today_s_encode(tmp_p
     import torch
 
     from shardline.core.config import validate_config
+    from shardline.core.encoding.write import verify_manifest
     from shardline.core.manifest import Manifest
-    from shardline.tasks.encode import encode_dataset, verify_manifest
+    from shardline.tasks.encode import encode_dataset
     from shardline.tasks.ingest import snapshot_source
     from shardline.trainer.data import open_split
     from tests.conftest import tiny_config

@@ -13,7 +13,7 @@ import yaml
 from mlflow import MlflowClient
 
 from shardline.core.encoding.contract import contract  # noqa: F401  (import check: the package is importable)
-from shardline.tasks.encode import verify_manifest
+from shardline.core.encoding.write import verify_manifest
 from shardline.trainer.checkpoint import load_checkpoint
 from tests.conftest import api_env, make_raw, tiny_config
 

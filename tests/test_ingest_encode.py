@@ -9,10 +9,11 @@ from shardline.core.codes import Globaliser
 from shardline.core.config import validate_config
 from shardline.core.encoding.columns import DataError, prepare
 from shardline.core.encoding.frame import encode_frame
+from shardline.core.encoding.write import build_manifest, encode_group_to_shards, file_groups, verify_manifest
 from shardline.core.manifest import Manifest
 from shardline.core.shards import read_arrays, window_starts
 from shardline.core.storage import fetch_verified, resolve
-from shardline.tasks.encode import build_manifest, dataset_id, encode_group_to_shards, file_groups, verify_manifest
+from shardline.tasks.encode import dataset_id, group_key
 from shardline.tasks.ingest import snapshot_source
 from tests.conftest import make_raw, tiny_config
 
@@ -25,7 +26,8 @@ def encode_all(cfg):
     snap = snapshot_source(cfg.data)
     groups = file_groups(snap, cfg.data)
     out_dir = f"{cfg.storage.root}/datasets/{dataset_id(snap, cfg.data)}"
-    results = [encode_group_to_shards(g, cfg.data, f"{cfg.storage.root}/datasets/groups") for g in groups]
+    store = f"{cfg.storage.root}/datasets/groups"
+    results = [encode_group_to_shards(g, cfg.data, store, group_key(g, cfg.data)) for g in groups]
     manifest = build_manifest(snap, results, cfg.data)  # shards listed as ../groups/<key>/...
     return snap, manifest.encoding, out_dir, manifest
 
@@ -522,7 +524,7 @@ def test_a_file_sequence_splits_the_same_wherever_the_raw_files_lie(tmp_path, se
     """With a file as the sequence (`@file`, or no sequence key), a row's split is a seeded hash of the
     file's name below the source's folder (`2024/s-000.parquet`), not of where the files lie: the same
     files in another folder (another machine's mount, a copy) give the same shards, row for row."""
-    from shardline.tasks.encode import sequence_name
+    from shardline.core.encoding.write import sequence_name
 
     shards = []
     for where in ("a/raw", "b/elsewhere/raw"):

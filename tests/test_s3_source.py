@@ -207,7 +207,8 @@ def test_the_groups_an_s3_store_holds_whole_are_found_in_one_listing(tmp_path, s
     import s3fs
 
     from shardline.core import storage
-    from shardline.tasks.encode import file_groups, group_key, stored_group, stored_groups
+    from shardline.core.encoding.write import file_groups, stored_group, stored_groups
+    from shardline.tasks.encode import group_key
     from shardline.tasks.ingest import snapshot_source
 
     fs = s3fs.S3FileSystem()

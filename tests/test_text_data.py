@@ -327,7 +327,7 @@ def test_a_fine_tune_of_a_text_model_refuses_data_of_another_tokenizer():
 
 def test_a_text_fine_tune_with_another_tokenizer_is_refused_when_its_manifest_is_built(tmp_path):
     from shardline.core.encoding.reuse import EncodingMismatch
-    from shardline.tasks.encode import build_manifest
+    from shardline.core.encoding.write import build_manifest
 
     write(tmp_path, pl.DataFrame({"body": sentences(100)}))
     manifest, _ = encode(tmp_path, text_config(tmp_path))
@@ -449,7 +449,7 @@ def test_a_tokenizer_file_edited_after_the_config_was_read_is_refused_naming_it(
 def test_a_categorical_text_column_encodes_to_the_tokens_of_the_same_column_as_strings(tmp_path):
     import pandas as pd
 
-    from shardline.tasks.encode import read_text_group
+    from shardline.core.encoding.write import read_text_group
 
     texts = sentences(100)
     results = {}
@@ -516,7 +516,8 @@ def test_leaving_out_a_bad_text_row_moves_no_other_row_to_another_split(tmp_path
 def test_the_same_tokenizer_file_at_another_path_finds_the_same_encoded_groups(tmp_path):
     # the config loader makes data.tokenizer.file absolute: a moved project or a teammate's checkout at another
     # path must not encode every group again; the file's content decides
-    from shardline.tasks.encode import TOKENIZER_CACHE, file_groups, group_key
+    from shardline.core.encoding.write import file_groups
+    from shardline.tasks.encode import TOKENIZER_CACHE, group_key
 
     write(tmp_path, pl.DataFrame({"body": sentences(50)}))
     tok = train_bpe(sentences(50), 300)

@@ -41,7 +41,7 @@ from typing import Any
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
-from shardline.tasks.encode import GROUPS
+from shardline.core.encoding.write import GROUPS
 
 AREAS = ("datasets", "runs", "prefect-results")
 DEFAULT_KEEP = 3

@@ -1,8 +1,9 @@
 """Versions of code, Shardline's and the user's model code, for cache keys and lineage tags.
 
-`code_version_of("shardline.tasks.encode")` hashes that module and every project module it imports, directly
-or not (function-level imports included): a change to the step or to any code it calls changes
-its version; a change elsewhere does not.
+`code_version_of("shardline.core.encoding.write")` hashes that module and every project module it imports,
+directly or not (function-level imports included): a change to it or to any code it calls changes its version; a
+change elsewhere does not. A cache key holds the version of the code that computes the output, not of the code
+that only displays or reports it (`trainer_version`; the encode's `encoder_code`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,18 @@ def code_version_of(*modules: str) -> str:
         h.update(str(path.relative_to(ROOT)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+# the code that decides a trained model's weights and scores: the trainer (its loop, step, models, loader,
+# checkpoints, the body of a training in several processes) and what it imports. Not the training run's
+# bookkeeping around it (MLflow, the Prefect view, cost, links): an edit there trains nothing again. The train
+# step's cache key and a run's folder are keyed on it.
+TRAINER = ("shardline.trainer.loop", "shardline.trainer.ddp_run")
+
+
+def trainer_version() -> str:
+    """The version of the code that trains (`TRAINER`)."""
+    return code_version_of(*TRAINER)
 
 
 @cache

@@ -10,41 +10,31 @@ manifest (`datasets/<dataset id>/manifest.json`) lists the shards where they lie
 from __future__ import annotations
 
 import functools
-import hashlib
-import io
 import os
 import time
-from collections.abc import Callable
-from pathlib import Path
 
-import numpy as np
-import polars as pl
 from prefect import task
 from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
 from shardline.core import storage
 from shardline.core.config import DataConfig, stable_hash
-from shardline.core.encoding.columns import DataError, order_expr, parse_order, prepare
-from shardline.core.encoding.contract import contract, contract_hash
-from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
-from shardline.core.encoding.group import encode_splits, one_torch_thread
-from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
-from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_parquet, rows_table, training_statistics
-from shardline.core.encoding.splits import ROW, split_rows
-from shardline.core.encoding.text import (
-    as_text,
-    clean_rows,
-    encode_text_splits,
-    merged_token_counts,
-    read_tokenizer_file,
-    sha256_text,
-    split_texts,
-    text_spec,
-    train_bpe,
+from shardline.core.encoding.contract import contract
+from shardline.core.encoding.text import sha256_text
+from shardline.core.encoding.write import (
+    GROUPS,
+    TOKENIZER,
+    build_manifest,
+    check_groups,
+    encode_group_to_shards,
+    file_groups,
+    fit_tokenizer,
+    shards_intact,
+    stored_group,
+    stored_groups,
+    verify_manifest,
 )
-from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
-from shardline.core.shards import compress_bytes, window_count
+from shardline.core.manifest import EncodedGroup, EncodingSpec, RawFile, Snapshot
 from shardline.core.version import code_version_of
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 
@@ -56,63 +46,14 @@ from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 # shard, and its training statistics in the group's record; other data's shards are as they were)
 ENCODER_VERSION = "7"
 
-GROUPS = "groups"  # the group store's folder, beside the data sets' folders under `<root>/datasets/`
-GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
-TOKENIZER = "tokenizer.json"  # text data: the tokenizer, beside the manifest
-
-SMALLEST = 8  # a group holds at least group_mb / SMALLEST of raw bytes,
-SHARE = 16  # and about 1 / SHARE of the raw bytes before it, up to group_mb
-
-
-def group_budget(before: float, data: DataConfig) -> float:
-    """The raw bytes a group is filled to, given the raw bytes of the groups before it: a sixteenth of
-    those, at least an eighth of `group_mb` and at most `group_mb`. A small data set is cut into
-    groups of an eighth of `group_mb` (which encode at once); a large one's grow to `group_mb`.
-    It depends on the files before the group only, never on the data set's size, so appending files
-    moves no boundary before the last group; and that last group, which the first appended files
-    fill up (and encode again), holds at most a sixteenth of the data before it (or group_mb / 8)."""
-    mb = data.group_mb * 1e6
-    return min(mb, max(mb / SMALLEST, before / SHARE))
-
-
-def file_groups(snapshot: Snapshot, data: DataConfig) -> list[list[RawFile]]:
-    """Consecutive runs of the snapshot's files (sorted by URI): `files_per_group` files each when set,
-    else each group filled until it holds `group_budget` raw bytes. A group is decided by the files
-    before it and its own, never by the files after it: files appended at the end leave every group
-    but the last as it was (the last one, until full, takes the first new files), and their stored
-    shards are reused (`group_key`). A file inserted earlier in the order moves the boundaries after
-    it: those groups are encoded again."""
-    files = snapshot.files
-    if data.files_per_group:
-        n = data.files_per_group
-        return [files[i : i + n] for i in range(0, len(files), n)]
-    groups: list[list[RawFile]] = []
-    before = size = 0
-    for f in files:
-        if not groups or size >= group_budget(before, data):
-            groups.append([])
-            before, size = before + size, 0
-        groups[-1].append(f)
-        size += f.size
-    return groups
-
 
 def encoder_code() -> str:
-    """The version of the code that decides a shard's bytes: this module (it reads the raw files and
-    writes the shards) and the encoder it calls (`shardline.core.encoding.group` and what that imports).
-    Part of a group's address, so an edit to that code stores new folders and never rewrites a shard that
-    another snapshot's manifest lists; the rest of the step's code (its retry policy imports the
-    training code) is not: an edit there encodes nothing again."""
-    h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(
-        code_version_of(
-            "shardline.core.encoding.group",
-            "shardline.core.encoding.row_keys",
-            "shardline.core.storage",
-            "shardline.core.encoding.text",
-        ).encode()
-    )
-    return h.hexdigest()[:16]
+    """The version of the code that decides a shard's bytes: the encode's body (`shardline.core.encoding.write`: it
+    reads the raw files and writes the shards) and what it imports (the encoder, `shardline.core.encoding.group`,
+    ...). Part of a group's address, so an edit to that code stores new folders and never rewrites a shard that
+    another snapshot's manifest lists; the step around it (this module: its tasks, retries and logs) is not: an
+    edit here encodes nothing again."""
+    return code_version_of("shardline.core.encoding.write")
 
 
 def group_key(files: list[RawFile], data: DataConfig, tokenizer: str | None = None) -> str:
@@ -144,497 +85,6 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
         dumped["tokenizer"] = contract(data)["tokenizer"]
         dumped["tokenizers"] = tokenizers_version()  # the library that trains and applies it
     return stable_hash({"files": snapshot.fingerprint, "data": dumped, "encoder": ENCODER_VERSION})[:20]
-
-
-def source_folder(source: str) -> str:
-    """The folder `data.source` names files below: its path before the first wildcard (`raw/*.parquet`,
-    `s3://b/raw/**/*.parquet`: `raw`, `s3://b/raw`), or the folder or file it names."""
-    cut = min((source.find(ch) for ch in "*?[" if ch in source), default=-1)
-    folder = source[:cut].rsplit("/", 1)[0] if cut >= 0 else source.rstrip("/")
-    return folder if storage.is_remote(folder) else os.path.abspath(storage.local_path(folder))
-
-
-def sequence_name(uri: str, data: DataConfig) -> str:
-    """A raw file's name as a sequence (`data.sequence_key: '@file'`, or no sequence key): its path below
-    the source's folder (`2024/game-001.parquet`), not where the data set lies, so a row's split is the
-    same on every machine and after the raw files move (a seeded hash of this name)."""
-    folder = source_folder(data.source)
-    path = uri if storage.is_remote(uri) else os.path.abspath(storage.local_path(uri))
-    if path.startswith(folder + "/"):
-        return path[len(folder) + 1 :]
-    return path.rsplit("/", 1)[-1]  # the source names this one file
-
-
-def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame:
-    """One raw file's needed columns (`columns`, default all the config names), with `__seq` and `__order` added."""
-    columns = columns or data.raw_columns()
-    try:
-        if storage.is_remote(uri):
-            fs, path = storage.filesystem(uri)
-            with fs.open(path, "rb") as f:
-                df = pl.read_parquet(f, columns=columns)
-        else:
-            df = pl.read_parquet(storage.local_path(uri), columns=columns)
-    except Exception as e:
-        raise DataError(f"{uri}: cannot read columns {columns}: {e}") from e
-    for target in (t.column for t in data.target_list if t.task != "generation"):  # text: data.on_bad_rows
-        if df[target].null_count():
-            raise DataError(
-                f"{uri}: the target column '{target}' has {df[target].null_count()} null value(s); "
-                "fill or drop those rows before training (a row without a target cannot be learned or scored)"
-            )
-    for key, column in (("group_key", data.group_key), ("item_key", data.item_key)):
-        if column and df[column].null_count():
-            raise DataError(
-                f"{uri}: column '{column}' (data.{key}) has {df[column].null_count()} null value(s); every row of "
-                "ranking data needs its " + key[:-4]
-            )
-    if data.group_key:  # the relevance must be a grade: said here, naming the file, before any training
-        grades(df[data.target_list[0].column], uri)
-    return prepare(df, data.sequence_key, data.order_by, uri, data.order_format, file_name=sequence_name(uri, data))
-
-
-def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame | None:
-    """Several local files in one multi-threaded polars scan (the fast path); None when they do not
-    scan as one table (different column types...): then each file is read alone, naming the bad one."""
-    from shardline.core.config import FILE_SEQUENCE
-    from shardline.core.encoding.columns import ORDER, SEQ
-
-    paths = [storage.local_path(u) for u in uris]
-    by_file = data.sequence_key in (None, FILE_SEQUENCE) or data.order_by is None  # rows need their file's name
-    name = pl.col("__file")
-    if by_file:  # each file's sequence name (below the source's folder), by the path the scan read it from
-        name = name.replace_strict({p: sequence_name(u, data) for p, u in zip(paths, uris)}, return_dtype=pl.Utf8)
-    seq = name if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
-    try:  # `__seq` and `__order` made inside the scan's query: no second pass over the rows
-        scan = pl.scan_parquet(paths, include_file_paths="__file") if by_file else pl.scan_parquet(paths)
-        # the first file's footer (0.1 ms; the scan's collect_schema: 1 ms); files of other types fail the scan
-        text = data.order_by is not None and pl.read_parquet_schema(paths[0]).get(data.order_by) == pl.Utf8
-        if data.order_by is None:
-            order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
-        else:  # text is parsed after the scan (a time zone in it is read only eagerly)
-            order = pl.lit(0, dtype=pl.Int64) if text else order_expr(data.order_by, pl.Int64)
-        df = scan.select([*(columns or data.raw_columns()), seq.alias(SEQ), order.alias(ORDER)]).collect()
-        if text:
-            df = df.with_columns(parse_order(df, data.order_by, data.order_format, ", ".join(uris)).alias(ORDER))
-    except Exception:  # noqa: BLE001 - files that do not scan as one table: read one by one, naming the bad one
-        return None
-    targets = (t.column for t in data.target_list if t.task != "generation")  # text: data.on_bad_rows
-    for col in (*targets, data.sequence_key, data.order_by, data.group_key, data.item_key):
-        if col and col != FILE_SEQUENCE and df[col].null_count():
-            return None  # read file by file: the error names the file and the column
-    if data.group_key:
-        try:
-            grades(df[data.target_list[0].column], "")
-        except DataError:
-            return None  # read file by file: the error names the file and the value
-    return df
-
-
-def read_group(
-    files: list[RawFile] | list[str],
-    data: DataConfig,
-    columns: list[str] | None = None,
-    each: Callable[[pl.DataFrame, str], pl.DataFrame] | None = None,
-) -> pl.DataFrame:
-    """A file group's rows, the files in one scan when they scan as one table (same columns and types),
-    else read one by one, `each` (a file's rows and its URI -> its rows) applied to each before they are
-    put together."""
-    uris = [f.uri if isinstance(f, RawFile) else f for f in files]
-    df = _scan_local(uris, data, columns) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
-    if df is None:
-        each = each or (lambda frame, _: frame)
-        df = pl.concat([each(read_raw(u, data, columns), u) for u in uris], how="vertical_relaxed")
-    return df
-
-
-def stored_group(store: str, key: str) -> EncodedGroup | None:
-    """Group `key`'s record in the group store `store`, when it is there and every shard it lists is
-    intact (a listing: see `shards_intact`); else None."""
-    folder = storage.join(store, key)
-    uri = storage.join(folder, GROUP_RECORD)
-    if not storage.exists(uri):
-        return None
-    try:
-        group = EncodedGroup.model_validate_json(storage.read_text(uri))
-    except Exception:  # noqa: BLE001 - an unreadable record is no record: the group is encoded again
-        return None
-    return group if group.key == key and shards_intact(group.shards, folder) else None
-
-
-def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
-    """The groups among `keys` that the group store `store` holds whole (as `stored_group`: the record and
-    every shard it lists, by size), found together: on an object store one listing of the store and
-    one concurrent read of the records, not a request per file. An append's unchanged groups are found
-    here, so only the new ones become tasks (a task per group found cost ~10-15 ms of Prefect's own
-    bookkeeping: more than the append's encode on a data set of hundreds of groups)."""
-    wanted = set(keys)
-    if not storage.is_remote(store):
-        return {k: g for k in sorted(wanted) if (g := stored_group(store, k)) is not None}
-    fs, root = storage.filesystem(store)
-    root = root.rstrip("/")
-    fs.invalidate_cache(root)
-    try:
-        listing = fs.find(root, detail=True)
-    except FileNotFoundError:
-        return {}
-    sizes = {path[len(root) + 1 :]: int(info.get("size") or 0) for path, info in listing.items()}
-    records = [f"{root}/{k}/{GROUP_RECORD}" for k in sorted(wanted) if f"{k}/{GROUP_RECORD}" in sizes]
-    found: dict[str, EncodedGroup] = {}
-    for path, raw in (fs.cat(records, on_error="return") if records else {}).items():
-        if isinstance(raw, Exception):
-            continue
-        try:
-            group = EncodedGroup.model_validate_json(raw)
-        except Exception:  # noqa: BLE001 - an unreadable record is no record: the group is encoded again
-            continue
-        key = path[len(root) + 1 :].split("/", 1)[0]
-        intact = group.key == key and all(
-            sizes.get(f"{key}/{s.path}") == s.bytes
-            and f"{key}/{s.keys_path}" in sizes
-            and (s.rows_path is None or f"{key}/{s.rows_path}" in sizes)
-            for s in group.shards
-        )
-        if intact:
-            found[key] = group
-    return found
-
-
-def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFrame, dict[str, dict[str, int]]]:
-    """A text data set's file group, its rows with a null or empty text left out (`data.on_bad_rows: skip`,
-    counted per file and column) or refused naming the file, the column and the count (`error`). When rows
-    are left out, the others carry their place in their file as read (`__row`): a row's split is drawn from
-    it, so leaving out a bad row moves no other row to another split."""
-    uris = [f.uri if isinstance(f, RawFile) else f for f in files]
-    # a categorical text column is text (cast to String); another type is refused naming its file: each file
-    # checked before the group's files are put together (one scan: they share their types, said together)
-    df = as_text(read_group(files, data, each=lambda frame, uri: as_text(frame, data, uri)), data, ", ".join(uris))
-    _, bad = clean_rows(df, data.model_copy(update={"on_bad_rows": "skip"}), "")
-    if not bad:
-        return df, {}
-    del df  # the files are read again one by one: the group is not held twice
-    parts, skipped = [], {}
-    for uri in uris:  # said per file: re-read one by one (only a group that has bad rows)
-        raw = as_text(read_raw(uri, data), data, uri)
-        raw = raw.with_columns(pl.int_range(0, pl.len(), dtype=pl.UInt64).alias(ROW))
-        part, dropped = clean_rows(raw, data, uri)
-        parts.append(part)
-        if dropped:
-            skipped[uri] = dropped
-    return pl.concat(parts, how="vertical_relaxed"), skipped
-
-
-def encode_text_group(
-    files: list[RawFile], data: DataConfig, store: str, tokenizer: tuple[str, str], key: str
-) -> EncodedGroup:
-    """Encode a text data set's file group into token shards (`shardline/core/encoding/text.py`), written
-    like any group's: each shard atomically, the group's record last. Its training statistics are the
-    target token counts (the unigram baseline) and the rows left out (`skipped`, per file and column)."""
-    out_dir = storage.join(store, key)
-    frame, skipped = read_text_group(files, data)
-    frame, splits = split_rows(frame, data)
-    codec = None if data.shard_compression == "none" else data.shard_compression
-    encoded = encode_text_splits(frame, splits, data, storage.read_text(tokenizer[0]))
-    del frame
-    infos = []
-    train = {"rows": 0, "token_counts": [], "skipped": skipped}
-    for split in data.split.names():
-        if split not in encoded:
-            continue
-        raw, specs, arrays, keys, stats = encoded.pop(split)
-        if stats is not None:  # the fitted splits' counts summed (k-fold: every fold's)
-            counts = train["token_counts"] or [0] * len(stats["token_counts"])
-            train["token_counts"] = [a + b for a, b in zip(counts, stats["token_counts"])]
-            train["rows"] += stats["rows"]
-        info = dict(
-            path=f"{split}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
-            compression=codec,
-            raw_bytes=len(raw),
-            split=split,
-            rows=len(arrays["target"]),
-            segments=len(keys),
-            windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
-            arrays=specs,
-            keys_path=f"{split}.keys.parquet",
-        )
-        stored = _store(raw, codec, storage.join(out_dir, info["path"]), keys, storage.join(out_dir, info["keys_path"]))
-        infos.append(ShardInfo(**info, **stored))
-    rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
-    group = EncodedGroup(key=key, shards=infos, train=train, rows=rows)
-    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())  # last: the group is whole
-    return group
-
-
-def fit_tokenizer(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tuple[str, str]:
-    """Text data's tokenizer, written (atomically) as `tokenizer.json` in the data set's folder `out_dir`:
-    a byte-level BPE trained on the training split's texts only (every file group read, in the snapshot's
-    order, so the same data gives the same bytes), or the user's file (`data.tokenizer.file`), checked.
-    Returns (its URI, its sha256)."""
-    if data.tokenizer.file is not None:
-        text = read_tokenizer_file(data.tokenizer.file, data.tokenizer.sha256)  # the file the config was read with
-    else:
-
-        def texts():
-            for files in file_groups(snapshot, data):
-                frame, splits = split_rows(read_text_group(files, data)[0], data)
-                yield from split_texts(frame, splits, data.split.fit_splits(), data)
-
-        text = train_bpe(texts(), data.tokenizer.vocab_size)
-    uri = storage.join(out_dir, TOKENIZER)
-    storage.write_text(uri, text)
-    return uri, sha256_text(text)
-
-
-def encode_group_to_shards(
-    files: list[RawFile], data: DataConfig, store: str, reuse: bool = True, tokenizer: tuple[str, str] | None = None
-) -> EncodedGroup:
-    """Encode one group of raw files, read once, into one shard per split in its folder of the group
-    store, `<store>/<group key>/` (each file written atomically, the group's record `group.json`
-    last), in the group's own codes, and gather its training rows' statistics. With `reuse`, a group
-    whose record and shards are already there is taken as it is, without reading a raw file.
-    One writer thread per shard compresses, hashes and stores it: the stores overlap, so the
-    group waits for its largest shard's store, not for the sum of them (fsync waits included;
-    measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode speed")."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    key = group_key(files, data, tokenizer[1] if tokenizer else None)
-    if reuse and (stored := stored_group(store, key)) is not None:
-        return stored
-    if data.features.text:
-        return encode_text_group(files, data, store, tokenizer, key)
-    out_dir = storage.join(store, key)
-    frame, splits = split_rows(read_group(files, data), data)
-    codec = None if data.shard_compression == "none" else data.shard_compression
-    ranked = ranking_rows(frame, splits, data)
-    with one_torch_thread():
-        encoded = encode_splits(frame, splits, data)
-    del frame
-    train = next((encoded[s].stats for s in data.split.fit_splits() if s in encoded), None)
-    if data.group_key:  # the training rows: the train split, or (k-fold) every fold
-        fitted = [ranked[s] for s in data.split.fit_splits() if ranked.get(s) is not None]
-        rows = pl.concat(fitted) if fitted else None
-        train = {**(train or empty_stats(data)), "ranking": training_statistics(rows, data)}
-    pending = []
-    with ThreadPoolExecutor(max(1, len(encoded)), thread_name_prefix="shardline-write") as writer:
-        for split in data.split.names():
-            if split not in encoded:
-                continue
-            # the file's bytes were built in memory; compressed there, written once (atomically)
-            raw, specs, arrays, keys, codes, _ = encoded.pop(split)  # an EncodedSplit
-            name = split  # the group's folder is its address: a shard is named by its split
-            a0, a1 = splits[split].first, splits[split].end
-            info = dict(
-                path=f"{name}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
-                compression=codec,
-                raw_bytes=len(raw),
-                split=split,
-                rows=a1 - a0,
-                segments=len(keys),
-                windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
-                arrays=specs,
-                keys_path=f"{name}.keys.parquet",
-                local=codes,
-            )
-            rows_file = None
-            if data.group_key:
-                info["rows_path"] = f"{name}.rows.parquet"
-                rows_file = (rows_parquet(ranked.pop(split)), storage.join(out_dir, info["rows_path"]))
-            pending.append(
-                (
-                    info,
-                    writer.submit(
-                        _store,
-                        raw,
-                        codec,
-                        storage.join(out_dir, info["path"]),
-                        keys,
-                        storage.join(out_dir, info["keys_path"]),
-                        rows_file,
-                    ),
-                )
-            )
-            del raw, arrays
-        infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
-    group = EncodedGroup(key=key, shards=infos, train=train or empty_stats(data), rows=rows)
-    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())  # last: the group is whole
-    return group
-
-
-def _store(raw, codec: str | None, shard_uri: str, keys: list[str], keys_uri: str, rows: tuple | None = None) -> dict:
-    """Compress, hash and write one shard, its keys file and (ranking data) its rows file, `rows` being
-    (its bytes, its URI); their sizes and checksums."""
-    stored = compress_bytes(raw, codec) if codec else raw
-    out = {"bytes": len(stored), "sha256": hashlib.sha256(stored).hexdigest()}
-    storage.write_bytes(shard_uri, stored)
-    keys_file = keys_parquet(keys)
-    out["keys_sha256"] = hashlib.sha256(keys_file).hexdigest()
-    storage.write_bytes(keys_uri, keys_file)
-    if rows is not None:
-        out["rows_sha256"] = hashlib.sha256(rows[0]).hexdigest()
-        storage.write_bytes(rows[1], rows[0])
-    return out
-
-
-def ranking_rows(frame: pl.DataFrame, splits: dict, data: DataConfig) -> dict[str, pl.DataFrame]:
-    """Ranking data (`data.group_key`): per split, the rows file's table of its rows (group, item,
-    relevance grade: `shardline/core/encoding/row_keys.py`), from the group's one read; {} for other data."""
-    if data.group_key is None:
-        return {}
-    graded = grades(frame[data.target_list[0].column], "the encoded rows")  # each file was checked as read
-    return {
-        name: rows_table(frame.slice(r.first, r.end - r.first), graded.slice(r.first, r.end - r.first), data)
-        for name, r in splits.items()
-    }
-
-
-def keys_parquet(keys: list[str]) -> memoryview:
-    """A shard's keys file: a parquet table (segment int64, sequence string), one row per segment.
-    Written by pyarrow: ten times cheaper than polars for a table this small (0.1 ms against 1 ms)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    sink = pa.BufferOutputStream()
-    pq.write_table(
-        pa.table({"segment": pa.array(np.arange(len(keys), dtype=np.int64)), "sequence": pa.array(keys, pa.string())}),
-        sink,
-    )
-    out = sink.getvalue()
-    return memoryview(out)[: out.size]  # the file's bytes only (see `compress_bytes`)
-
-
-def check_splits(windows: dict[str, int], data: DataConfig) -> None:
-    empty = [s for s in data.split.names() if windows.get(s, 0) == 0]
-    if empty:
-        how = {
-            "hash": f"data.split.fractions={data.split.fractions}",
-            "range": f"data.split.ranges={data.split.ranges}",
-            "kfold": f"data.split.folds={data.split.folds}, data.split.test={data.split.test}",
-        }[data.split.method]
-        raise DataError(
-            f"the split leaves {', '.join(empty)} with no window (windows per split: {windows}; {how}, "
-            f"data.window={data.window}); widen that split, add data, or shorten the window"
-        )
-
-
-def check_folds(groups: list[EncodedGroup], data: DataConfig) -> None:
-    """k-fold data: refuse more folds than the non-test data has sequences, naming both counts."""
-    if data.split.method != "kfold":
-        return
-    sequences = sum(s.segments for g in groups for s in g.shards if s.split != "test")
-    if sequences < data.split.folds:
-        raise DataError(
-            f"data.split.folds={data.split.folds} is more folds than the {sequences} sequence(s) outside the test "
-            f"split (data.split.test={data.split.test}): each fold needs at least one; lower data.split.folds"
-        )
-
-
-def listed(group: EncodedGroup, store: str) -> list[ShardInfo]:
-    """A group's shards as a manifest lists them: their paths seen from the manifest's folder, where
-    `store` is the group store (`../groups` in the pipeline's layout)."""
-    if group.key is None:  # encoder version 4 and before: beside the manifest
-        return list(group.shards)
-    at = f"{store.rstrip('/')}/{group.key}" if store else group.key
-    return [
-        s.model_copy(
-            update={"path": f"{at}/{s.path}", "keys_path": f"{at}/{s.keys_path}"}
-            | ({"rows_path": f"{at}/{s.rows_path}"} if s.rows_path else {})
-        )
-        for s in group.shards
-    ]
-
-
-def build_manifest(
-    snapshot: Snapshot,
-    groups: list[EncodedGroup],
-    data: DataConfig,
-    base: tuple[EncodingSpec, str] | None = None,
-    store: str = f"../{GROUPS}",
-    tokenizer: str | None = None,
-) -> Manifest:
-    """Fit the data set's encoding from the groups' training statistics (or, fine-tuning, take the
-    parent's: `base` is its encoding and where it came from) and list their shards, where `store` (the
-    group store seen from the manifest's folder: `datasets/<id>/` beside `datasets/groups/` in the
-    pipeline) says they lie; refuses a split with no window (nothing is published then)."""
-    shards = [s for g in groups for s in listed(g, store)]
-    rows = {s: sum(g.rows.get(s, 0) for g in groups) for s in data.split.names()}
-    windows = {s: sum(x.windows for x in shards if x.split == s) for s in data.split.names()}
-    check_folds(groups, data)
-    check_splits(windows, data)
-    stats = [g.train for g in groups]
-    if data.features.text:  # the tokenizer's vocabulary is the encoding: nothing fitted, nothing reused
-        spec = text_spec(data, tokenizer)
-        if base is not None:  # but a fine-tune's data must be tokenized as its parent's was
-            check_parent_tokenizer(spec, *base)
-        extra = {"tokenizer": TOKENIZER, "token_counts": merged_token_counts(stats, spec.text.vocab_size)}
-    else:
-        spec = fit_spec(stats, data)
-        spec = spec.model_copy(update={"targets": _typed(spec.targets, snapshot.files[0].uri)})
-        if base is not None:
-            spec = reuse_encoding(spec, *base)
-        extra = {
-            "target_stats": target_statistics(stats, data),
-            "item_counts": item_counts([g.train.get("ranking") for g in groups]) if data.item_key else None,
-        }
-    return Manifest(
-        encoding=spec,
-        encoding_hash=spec.hash(),
-        contract_hash=contract_hash(contract(data)),
-        data_fingerprint=snapshot.fingerprint,
-        shards=shards,
-        rows=rows,
-        windows=windows,
-        source_files=len(snapshot.files),
-        **extra,
-    )
-
-
-def check_groups(groups: list[EncodedGroup], data: DataConfig, store: str) -> None:
-    """Ranking data: refuse a group key whose every group has one row in the training split (each row
-    would be ranked alone: a row id, not a query), naming the column and the groups. The file groups'
-    statistics settle it when one of them has a group of several rows; else (every file group's groups
-    have one row each) their rows files' group keys are compared across them, as 64-bit hashes (8 bytes
-    a training row; a group may span raw files)."""
-    if data.group_key is None:
-        return
-    parts = [g.train.get("ranking") or {} for g in groups]
-    if any(p.get("largest", 0) > 1 for p in parts) or not any(p.get("rows") for p in parts):
-        return  # a group of several rows; or no training row, which `check_splits` refuses
-    hashes = [np.zeros(0, np.uint64)]
-    for g in groups:
-        for s in g.shards:
-            if s.split in data.split.fit_splits() and s.rows_path and g.key is not None:
-                uri = storage.resolve(storage.join(store, g.key), s.rows_path)
-                table = pl.read_parquet(io.BytesIO(storage.read_verified(uri, s.rows_sha256)), columns=[GROUP])
-                hashes.append(table[GROUP].hash(seed=0).to_numpy())
-    keys = np.concatenate(hashes)
-    if np.unique(keys).size < keys.size:
-        return  # a group key in two file groups: a group of several rows
-    raise DataError(
-        f"data.group_key '{data.group_key}': each of the {keys.size:,} groups in the training split has one row, "
-        "so there is nothing to rank within a group; ranking needs several rows per group (the items one query, "
-        "user or session was shown): name the column that groups them"
-    )
-
-
-def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
-    """The manifest at `manifest_uri` if it and every shard it lists are there (and, when deep, match
-    their checksums)."""
-    if not storage.exists(manifest_uri):
-        return None
-    try:
-        manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
-    except Exception:  # noqa: BLE001 - an unreadable manifest is no manifest
-        return None
-    folder = manifest_uri.rsplit("/", 1)[0]
-    for s in manifest.shards:
-        for rel, digest in ((s.path, s.sha256), (s.keys_path, s.keys_sha256), (s.rows_path, s.rows_sha256)):
-            if rel is None:
-                continue
-            uri = storage.resolve(folder, rel)
-            if not storage.exists(uri) or (deep and storage.sha256_uri(uri) != digest):
-                return None
-    return manifest
 
 
 # ---------------------------------------------------------------- Prefect tasks
@@ -671,7 +121,7 @@ def encode_group(
     tokenizer = tuple(tokenizer) if tokenizer else None
     key = group_key(files, data, tokenizer[1] if tokenizer else None)
     stored = stored_group(store, key) if reuse else None
-    result = stored or encode_group_to_shards(files, data, store, reuse=False, tokenizer=tokenizer)
+    result = stored or encode_group_to_shards(files, data, store, key, reuse=False, tokenizer=tokenizer)
     get_run_logger().info(
         "encode: group %d/%d %s: %d file(s), %d rows in %.1fs",
         group + 1,
@@ -707,26 +157,6 @@ def fit_tokenizer_task(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tu
     how = f"file {data.tokenizer.file}" if data.tokenizer.file else f"BPE of {data.tokenizer.vocab_size} ids"
     get_run_logger().info("encode: tokenizer (%s) %s sha256 %s in %.1fs", how, uri, sha[:12], time.perf_counter() - t0)
     return uri, sha
-
-
-def _typed(targets: list, sample_uri: str) -> list:
-    """Each class target with its raw column's type (from a file's footer), which predictions keep: an
-    integer target predicts integers, a boolean one booleans."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if not any(t.task == "classification" for t in targets):
-        return targets
-    fs, path = storage.filesystem(sample_uri)
-    with fs.open(path, "rb") as f:
-        schema = pq.read_schema(f)
-    out = []
-    for t in targets:
-        if t.task == "classification" and t.column in schema.names:
-            dtype = pl.from_arrow(pa.array([], type=schema.field(t.column).type)).dtype
-            t = t.model_copy(update={"dtype": str(dtype.base_type() if hasattr(dtype, "base_type") else dtype)})
-        out.append(t)
-    return out
 
 
 def manifest_name(base: tuple[EncodingSpec, str] | None) -> str:
@@ -781,20 +211,6 @@ def _data_key(data: DataConfig) -> dict:
             "tokenizer": {"file"},
         },
     )
-
-
-def shards_intact(infos: list[ShardInfo], folder: str) -> bool:
-    """Every shard listed (paths relative to `folder`) is there with its size, and its keys file is there: a
-    listing, no download (on S3, hashing every shard would fetch the data set on each rerun). The bytes
-    are checked against their sha256 where they are read anyway: every fetch (`read_verified`)."""
-    for info in infos:
-        if storage.size_of(storage.resolve(folder, info.path)) != info.bytes:
-            return False
-        if not storage.exists(storage.resolve(folder, info.keys_path)):
-            return False
-        if info.rows_path and not storage.exists(storage.resolve(folder, info.rows_path)):
-            return False
-    return True
 
 
 # What decides a group's shards: its content address (its raw files by path, size and etag/mtime, the
@@ -944,7 +360,12 @@ def encode_dataset(
     groups = file_groups(snapshot, data)
     tokenizer = fit_tokenizer(snapshot, data, out_dir) if data.features.text else None
     with ThreadPoolExecutor(max(1, threads or encode_workers(data))) as pool:
-        results = list(pool.map(lambda g: encode_group_to_shards(g, data, store, tokenizer=tokenizer), groups))
+        sha = tokenizer[1] if tokenizer else None
+        results = list(
+            pool.map(
+                lambda g: encode_group_to_shards(g, data, store, group_key(g, data, sha), tokenizer=tokenizer), groups
+            )
+        )
     check_groups(results, data, store)
     manifest = build_manifest(
         snapshot,

@@ -22,6 +22,7 @@ from prefect.logging import get_run_logger
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.failures import INFRASTRUCTURE_ERRORS, NOT_INFRASTRUCTURE, TORCH_INFRASTRUCTURE
+from shardline.core.version import TRAINER
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_identity, run_dir, training_identity
 
@@ -297,4 +298,6 @@ def train_key(inputs: dict) -> tuple:
     )
 
 
-TRAIN_CACHE = CacheRule("train", key=train_key, code=(__name__,), still_valid=checkpoint_intact)
+# keyed on the code that trains (core/version.py's TRAINER), not on this step's own: an edit to the training run's
+# bookkeeping (its Prefect view, MLflow links, cost table) retrains nothing
+TRAIN_CACHE = CacheRule("train", key=train_key, code=TRAINER, still_valid=checkpoint_intact)

@@ -207,9 +207,9 @@ def training_identity(config: PipelineConfig, parent: dict | None = None) -> dic
 def run_dir(config: PipelineConfig, manifest: Manifest, parent: dict | None = None, fresh: bool = False) -> str:
     """Where one training run's checkpoints and evaluation live: addressed by data + model (the user's code
     included) + the training settings that change what is trained + the version of the code that trains
-    (the train step's, as its cache key has it), so an edit to the training code trains again rather than
+    (`trainer_version`, as the train step's cache key has it), so an edit to the training code trains again rather than
     finding the finished run. `fresh` (`--force train`): a new folder beside it (the old run is kept)."""
-    from shardline.core.version import code_version_of
+    from shardline.core.version import trainer_version
 
     training = training_identity(config, parent)
     key = stable_hash(
@@ -217,7 +217,7 @@ def run_dir(config: PipelineConfig, manifest: Manifest, parent: dict | None = No
             "manifest": manifest.hash(),
             "model": model_identity(config.model),
             "training": training,
-            "code": code_version_of("shardline.tasks.train"),
+            "code": trainer_version(),
         }
     )
     folder = storage.join(config.storage.root, "runs", key[:20])

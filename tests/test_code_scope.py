@@ -1,0 +1,80 @@
+"""What an edit to Shardline's own code costs a user: the train step's cache key and a run's folder are keyed on the
+code that trains, and a file group's address on the code that writes its bytes; an edit to code that only displays
+or reports (the Prefect progress table, an encode log line) reruns nothing, an edit to the loss retrains and an edit
+to the encoding re-encodes.
+
+Each edit is made to a copy of the package; the versions are read from that copy as the pipeline reads them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shardline.core import version
+
+PACKAGE = Path(version.__file__).resolve().parents[1]
+
+
+def versions(monkeypatch, root: Path) -> dict[str, str]:
+    """What keys a run's folder and the train cache (`trainer_version`), and a group's address (`encoder_code`),
+    for the package copy under `root`."""
+    from shardline.tasks.encode import encoder_code
+
+    monkeypatch.setattr(version, "ROOT", root)
+    version.module_closure.cache_clear()
+    version.code_version_of.cache_clear()
+    try:
+        return {"train": version.trainer_version(), "encode": encoder_code()}
+    finally:
+        version.module_closure.cache_clear()
+        version.code_version_of.cache_clear()
+
+
+def edited(tmp_path: Path, name: str, module: str, old: str, new: str) -> Path:
+    root = tmp_path / name
+    shutil.copytree(PACKAGE, root / "shardline", ignore=shutil.ignore_patterns("__pycache__"))
+    path = root / "shardline" / module
+    text = path.read_text()
+    assert old in text, f"{module} no longer holds {old!r}: pick another line to edit"
+    path.write_text(text.replace(old, new, 1))
+    return root
+
+
+EDITS = [
+    # (file, text, replacement, train step reruns, groups re-encode)
+    ("tasks/training_view.py", '"optimizer steps done (%)"', '"optimizer steps finished (%)"', False, False),
+    ("tasks/encode.py", '"encode: group %d/%d %s:', '"encode: file group %d/%d %s:', False, False),
+    (
+        "trainer/contract.py",
+        "F.cross_entropy(out, y.long(), reduction=reduction)",
+        "F.cross_entropy(out, y.long(), reduction=reduction, label_smoothing=0.1)",
+        True,
+        False,
+    ),  # fmt: skip
+    # the encoding: new groups (and the manifest's new hash gives the training a new run folder)
+    ("core/encoding/group.py", "RANGE_IDS = 255", "RANGE_IDS = 127", False, True),
+]
+
+
+@pytest.mark.parametrize("module, old, new, retrains, reencodes", EDITS)
+def test_an_edit_reruns_only_the_steps_whose_output_it_changes(
+    tmp_path, monkeypatch, module, old, new, retrains, reencodes
+):
+    before = versions(monkeypatch, edited(tmp_path, "before", module, old, old))
+    after = versions(monkeypatch, edited(tmp_path, "after", module, old, new))
+    assert (after["train"] != before["train"]) is retrains, module
+    assert (after["encode"] != before["encode"]) is reencodes, module
+
+
+def test_the_run_folder_is_keyed_on_the_trainer_version(monkeypatch):
+    """`run_dir` and the train step's cache rule take the trainer's version, not the train step's whole import
+    closure (48 modules, the progress table, MLflow links and cost among them)."""
+    from shardline.tasks.train import TRAIN_CACHE
+
+    assert TRAIN_CACHE.code == version.TRAINER
+    files = {p.relative_to(PACKAGE).as_posix() for m in version.TRAINER for p in version.module_closure(m)}
+    assert "trainer/contract.py" in files and "tasks/training_view.py" not in files
+    assert not {f for f in files if f.startswith(("tasks/", "flows/", "app/"))}
