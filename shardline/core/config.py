@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -1071,28 +1070,6 @@ def _ranking_hint(chosen: str, group_key: str | None, ks: list[int]) -> str:
     if k.isdigit() and int(k) not in ks:
         return f" (add {k} to evaluation.k, now {ks}, for {name})"
     return ""
-
-
-def env_number(name: str, default: float, unit: str = "seconds", zero: str = "") -> float:
-    """A number of `unit` (seconds, MB, ...) from the environment variable `name` (`default` when unset or
-    empty); a value that is not a number of 0 or more is an error naming the variable. `zero` says what 0
-    means, if anything."""
-    value = os.environ.get(name)
-    if not value:
-        return default
-    meaning = f" (0 {zero})" if zero else ""
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number; set it to {unit}, e.g. {default:g}{meaning}") from None
-    if not number >= 0:
-        raise ValueError(f"{name}={value!r} must be 0 or more ({unit}){meaning}")
-    return number
-
-
-def env_seconds(name: str, default: float, zero: str = "") -> float:
-    """A number of seconds from the environment variable `name` (`env_number`)."""
-    return env_number(name, default, "seconds", zero)
 
 
 def stable_hash(obj: Any) -> str:

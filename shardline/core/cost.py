@@ -8,7 +8,6 @@ new ones; its `as_of` is shown with every figure, so an estimate never passes fo
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -16,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from shardline.core import settings
 
 PRICES_FILE = Path(__file__).resolve().parents[1] / "configs" / "prices.yaml"
 PRICES_ENV = "SHARDLINE_PRICES"
@@ -90,7 +91,7 @@ def load_prices(path: str | Path | None = None) -> PriceTable:
     """The shipped table, with the user's file (`path`, else `SHARDLINE_PRICES`) laid over it."""
     prices, as_of = _entries(PRICES_FILE)
     sources = [f"shipped estimate, {as_of}"]
-    own = path or os.environ.get(PRICES_ENV)
+    own = path or settings.text(PRICES_ENV)
     if own:
         own = Path(own).expanduser()
         if not own.is_file():
@@ -134,7 +135,7 @@ def gpu_type(name: str) -> str:
 def detect_gpu() -> tuple[str, str]:
     """This machine's GPU type and how it was found: `SHARDLINE_GPU_TYPE` (a pool's job variables), torch's
     first CUDA device, nvidia-smi, else CPU."""
-    declared = os.environ.get(GPU_ENV)
+    declared = settings.text(GPU_ENV)
     if declared:
         return gpu_type(declared), f"{GPU_ENV}={declared}"
     try:

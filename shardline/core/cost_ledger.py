@@ -20,8 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardline.core import storage
-from shardline.core.config import env_seconds
+from shardline.core import settings, storage
 from shardline.core.cost import CPU, PriceTable, load_prices
 
 LEDGER_FILE = "cost.json"
@@ -182,7 +181,7 @@ def read_ledger(run_dir: str) -> dict:
 
 def ledger_seconds() -> float:
     """How often progress between checkpoints is written to the ledger: `SHARDLINE_COST_LEDGER_SECONDS`, 60."""
-    return env_seconds(LEDGER_ENV, 60.0)
+    return settings.number(LEDGER_ENV)
 
 
 class CostLedger:

@@ -29,22 +29,15 @@ import time
 import uuid
 from pathlib import Path
 
-from shardline.core import storage
+from shardline.core import settings, storage
 
 _GEN = re.compile(r"^gen-(\d{9})\.json$")
-DEFAULT_TTL = 90.0  # seconds; SHARDLINE_LEASE_TTL sets it for the leases a process takes
+DEFAULT_TTL = settings.SETTINGS["SHARDLINE_LEASE_TTL"].default  # seconds, for a record that does not say
 
 
 def default_ttl() -> float:
-    try:
-        ttl = float(os.environ.get("SHARDLINE_LEASE_TTL") or DEFAULT_TTL)
-    except ValueError:
-        raise ValueError(
-            f"SHARDLINE_LEASE_TTL={os.environ['SHARDLINE_LEASE_TTL']!r} is not a number of seconds (unset: 90)"
-        ) from None
-    if ttl < 3:
-        raise ValueError(f"SHARDLINE_LEASE_TTL={ttl:g}: a lease must last 3 s or more (it is renewed every third)")
-    return ttl
+    """The leases this process takes last `SHARDLINE_LEASE_TTL` seconds unrenewed (3 or more)."""
+    return settings.number("SHARDLINE_LEASE_TTL")
 
 
 class LeaseLost(RuntimeError):

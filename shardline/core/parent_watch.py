@@ -23,8 +23,10 @@ log = logging.getLogger("shardline.parent_watch")
 def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
     """Watch the process `SHARDLINE_PARENT_PID` names, when it is this process's parent; SIGTERM this process
     once it has exited. False (nothing watched) without the variable or when another process started this."""
-    value = os.environ.get(PARENT_ENV)
-    if not value or not value.isdigit() or int(value) != os.getppid():
+    from shardline.core import settings
+
+    value = settings.number(PARENT_ENV)
+    if value is None or int(value) != os.getppid():
         return False
     parent = int(value)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardline.core.config import env_number
+from shardline.core import settings
 from shardline.core.manifest import ArraySpec
 
 ALIGN = 64
@@ -124,7 +124,6 @@ def map_file(path: str | Path, mmap_it: bool = True):
 
 
 RESIDENT_ENV = "SHARDLINE_RESIDENT_MB"
-RESIDENT_DEFAULT_MB = 128.0
 # what one read fault may map of a file mapping: a PMD (2 MiB; a large page-cache folio is mapped whole)
 # or, without large folios, the fault-around window (64 KiB): counting in 2 MiB blocks is an upper bound
 FAULT_BLOCK = 2 << 20
@@ -133,7 +132,7 @@ FAULT_BLOCK = 2 << 20
 def resident_budget() -> int:
     """Bytes of memory-mapped split packs a process keeps mapped in (counted in its RSS):
     `SHARDLINE_RESIDENT_MB`, default 128; 0: no bound."""
-    return int(env_number(RESIDENT_ENV, RESIDENT_DEFAULT_MB, "MB", zero="keeps every page read mapped") * 1e6)
+    return int(settings.number(RESIDENT_ENV) * 1e6)
 
 
 class MappedPages:

@@ -17,6 +17,8 @@ from pathlib import Path
 import fsspec
 from fsspec.core import url_to_fs
 
+from shardline.core import settings
+
 TMP_MARK = ".tmp-"
 
 
@@ -173,7 +175,8 @@ def sha256_uri(uri: str) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SHARDLINE_CACHE", Path.home() / ".cache" / "shardline"))
+    """Where this machine unpacks shards: `SHARDLINE_CACHE`, default ~/.cache/shardline."""
+    return settings.path("SHARDLINE_CACHE")
 
 
 CACHE_CAP_ENV = "SHARDLINE_CACHE_MAX_GB"
@@ -239,16 +242,8 @@ class ShardCache:
     @staticmethod
     def default_cap(root: Path) -> int:
         """`SHARDLINE_CACHE_MAX_GB` if set, else half of the free disk where the cache lives plus what it holds."""
-        env = os.environ.get(CACHE_CAP_ENV)
-        if env:
-            try:
-                gb = float(env)
-            except ValueError:
-                raise ValueError(
-                    f"{CACHE_CAP_ENV}={env!r} is not a number; set it to the cache size in GB, e.g. 50"
-                ) from None
-            if gb <= 0:
-                raise ValueError(f"{CACHE_CAP_ENV}={env!r} must be positive (GB)")
+        gb = settings.number(CACHE_CAP_ENV)
+        if gb is not None:
             return int(gb * 1e9)
         probe = root
         while not probe.exists() and probe != probe.parent:

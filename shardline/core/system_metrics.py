@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 
-from shardline.core.config import env_seconds
+from shardline.core import settings
 
 log = logging.getLogger("shardline.core.system_metrics")
 
@@ -23,7 +23,7 @@ CPU_KEY = "system/cpu_utilization_percentage"
 
 def sample_every() -> float:
     """Seconds between samples: `SHARDLINE_SYSTEM_METRICS_SECONDS`, default 10; 0 turns sampling off."""
-    return env_seconds(EVERY_ENV, 10.0, zero="turns it off")
+    return settings.number(EVERY_ENV)
 
 
 def sample() -> dict[str, float]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardline.core import storage
-from shardline.core.config import MlflowConfig, env_seconds
+from shardline.core import settings, storage
+from shardline.core.config import MlflowConfig
 from shardline.core.secrets import has_masked_userinfo, without_userinfo
 from shardline.core.tracking_journal import (
     JOURNAL_FILE,
@@ -106,7 +106,7 @@ START_WAIT_S = 30.0  # start() waits this long at most for the run to be created
 def flush_seconds() -> float:
     """How long `Tracker.end` waits for MLflow to take what is left: `SHARDLINE_MLFLOW_FLUSH_SECONDS`, default 30.
     What it does not take stays in the journal: the next attempt of the run, or `shardline sync`, sends it."""
-    return env_seconds(FLUSH_ENV, 30.0)
+    return settings.number(FLUSH_ENV)
 
 
 def read_run_file(run_dir: str) -> dict:

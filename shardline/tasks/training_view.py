@@ -16,7 +16,7 @@ from uuid import UUID
 
 from prefect import get_run_logger
 
-from shardline.core.config import env_seconds
+from shardline.core import settings
 
 PROGRESS_ENV = "SHARDLINE_PROGRESS_SECONDS"
 PROGRESS_KEY = "train-progress"
@@ -25,7 +25,7 @@ LIVE_KEY = "train-live"
 
 def progress_seconds() -> float:
     """How often the live view may change: `SHARDLINE_PROGRESS_SECONDS`, default 5 (and at each epoch end)."""
-    return env_seconds(PROGRESS_ENV, 5.0)
+    return settings.number(PROGRESS_ENV)
 
 
 def _contexts():

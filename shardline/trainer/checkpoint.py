@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from shardline.core import storage
+from shardline.core import settings, storage
 
 FORMAT_VERSION = 1
 BEST = "best.json"
@@ -84,7 +84,7 @@ def _verified(dir_uri: str, name: str, check_sha: bool = True) -> tuple[str, dic
 
 
 def _test_pause(name: str, written: str) -> None:
-    seconds, _, stage = os.environ.get("SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE", "").partition("@")
+    seconds, _, stage = (settings.text("SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE") or "").partition("@")
     if seconds and float(seconds) > 0 and stage in ("", written):
         print(f"checkpoint-write-paused {name} {written}", file=sys.stderr, flush=True)
         time.sleep(float(seconds))

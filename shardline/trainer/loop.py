@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shardline.core import settings
 from shardline.core.config import (
     TrainingConfig,
     is_ranking_validation,
@@ -575,11 +576,11 @@ def fit(
     training.update(select_by=select_by, select_direction=direction)
     windows = {"train": train.n_windows, "validation": val.n_windows}
     # test hook, off unless set: sleep after every optimizer step, so that a test can kill a run mid-way
-    step_delay = float(os.environ.get("SHARDLINE_TEST_STEP_DELAY") or 0)
+    step_delay = settings.number("SHARDLINE_TEST_STEP_DELAY")
     # test hook, off unless set: sleep while fetching each step's batches, as a starved loader would
-    loader_delay = float(os.environ.get("SHARDLINE_TEST_LOADER_DELAY") or 0)
+    loader_delay = settings.number("SHARDLINE_TEST_LOADER_DELAY")
     # `shardline rehearse`: a run that did not resume preempts itself at this step (SIGTERM, the real path)
-    preempt_at = int(os.environ.get("SHARDLINE_PREEMPT_AT_STEP") or 0)
+    preempt_at = int(settings.number("SHARDLINE_PREEMPT_AT_STEP"))
 
     removed = remove_temp_files(ckpt_dir)  # left by a process killed inside a write
     if removed:
