@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig
 from shardline.core.secrets import redact_text
 
@@ -615,7 +615,7 @@ def _storage_hint(e: BaseException, uri: str) -> str:
 def _storage_check(config: PipelineConfig, timeout: float) -> Check:
     root = config.storage.root
     shown = root if storage.is_remote(root) else os.path.abspath(storage.local_path(root))
-    probe = storage.join(root, ".doctor", uuid.uuid4().hex)
+    probe = layout.doctor_probe(root, uuid.uuid4().hex)
     payload = f"shardline doctor {uuid.uuid4().hex} {time.time()}".encode()
 
     def round_trip() -> float:

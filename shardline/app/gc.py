@@ -39,11 +39,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig
-from shardline.core.encoding.write import GROUPS
+from shardline.core.layout import DATASETS, GROUPS, RESULTS, RUNS
 
-AREAS = ("datasets", "runs", "prefect-results")
+AREAS = (DATASETS, RUNS, RESULTS)
 DEFAULT_KEEP = 3
 DEFAULT_RECENT_MINUTES = 60
 UNREACHABLE_RECENT_MINUTES = 24 * 60  # when the Prefect API cannot say which flow runs are live
@@ -230,7 +230,7 @@ class Locator:
 
     def __init__(self, root: str):
         self.remote = storage.is_remote(root)
-        self.areas = {area: self._norm(storage.join(root, area)) for area in ("datasets", "runs")}
+        self.areas = {area: self._norm(storage.join(root, area)) for area in (DATASETS, RUNS)}
 
     def _norm(self, s: str) -> str:
         if self.remote:
@@ -239,7 +239,7 @@ class Locator:
 
     def find(self, s: str) -> tuple[str, str] | None:
         """(area, folder name) that `s` lies in, or None."""
-        if not isinstance(s, str) or ("datasets" not in s and "runs" not in s) or "\n" in s:
+        if not isinstance(s, str) or (DATASETS not in s and RUNS not in s) or "\n" in s:
             return None
         if not self.remote and storage.is_remote(s):
             return None
@@ -418,12 +418,12 @@ def flow_run_uses(params: dict, root: str, locate: Locator) -> tuple[set[str], s
     for key in ("manifest_uri", "run_folder"):  # the training flow names both
         where = locate.find(params.get(key) or "")
         if where:
-            (datasets if where[0] == "datasets" else runs).add(where[1])
+            (datasets if where[0] == DATASETS else runs).add(where[1])
     if config is None:
         return datasets, runs, prefixes
     named_runs = set(runs)
     parent = locate.find(config.training.init_from or "")  # a checkpoint it is fine-tuned from
-    if parent and parent[0] == "runs":
+    if parent and parent[0] == RUNS:
         runs.add(parent[1])
     if not datasets:  # a pipeline: the data set its config addresses (its raw files as they are now)
         from shardline.tasks.encode import dataset_id
@@ -441,7 +441,7 @@ def flow_run_uses(params: dict, root: str, locate: Locator) -> tuple[set[str], s
         from shardline.tasks.training_run import run_dir
 
         for name in datasets:
-            fs, base = storage.filesystem(storage.join(root, "datasets", name))
+            fs, base = storage.filesystem(layout.dataset(root, name))
             try:
                 listed = fs.ls(base, detail=False)
             except FileNotFoundError:
@@ -450,7 +450,7 @@ def flow_run_uses(params: dict, root: str, locate: Locator) -> tuple[set[str], s
                 file = path.rstrip("/").rsplit("/", 1)[-1]
                 if file.startswith("manifest") and file.endswith(".json"):
                     manifest = Manifest.model_validate_json(
-                        storage.read_text(storage.join(root, "datasets", name, file))
+                        storage.read_text(storage.join(layout.dataset(root, name), file))
                     )
                     prefixes.add(run_dir(config, manifest).rstrip("/").rsplit("/", 1)[-1])
     return datasets, runs, prefixes
@@ -478,10 +478,10 @@ def in_use_by_flow_runs(
         if uses is None:
             continue
         for name in uses[0]:
-            in_use.setdefault(("datasets", name), label)
+            in_use.setdefault((DATASETS, name), label)
         for name in run_names:
             if name in uses[1] or any(name == p or name.startswith(p + "-") for p in uses[2]):
-                in_use.setdefault(("runs", name), label)
+                in_use.setdefault((RUNS, name), label)
     return in_use, keep_all, notes
 
 
@@ -517,12 +517,10 @@ def plan_gc(
     now = time.time() if now is None else now
     notes: list[str] = []
     locate = Locator(root)
-    datasets = {
-        i.name: _dataset(i) for i in _folders(storage.join(root, "datasets"), "data set", now) if i.name != GROUPS
-    }
-    groups = {i.name: i for i in _folders(storage.join(root, "datasets", GROUPS), "file group", now)}
-    runs = {i.name: _run(i) for i in _folders(storage.join(root, "runs"), "run", now)}
-    records = _records(storage.join(root, "prefect-results"), now)
+    datasets = {i.name: _dataset(i) for i in _folders(layout.datasets(root), "data set", now) if i.name != GROUPS}
+    groups = {i.name: i for i in _folders(layout.group_store(root), "file group", now)}
+    runs = {i.name: _run(i) for i in _folders(layout.runs(root), "run", now)}
+    records = _records(layout.results(root), now)
 
     log("reading the model registry ...")
     versions = registered_versions(config)
@@ -552,14 +550,14 @@ def plan_gc(
             if data in ds.data:
                 kept_data.setdefault(name, f"{what} was trained on it")
         parent = locate.find(tags.get("shardline.parent_checkpoint") or "")
-        if parent and parent[0] == "runs":
+        if parent and parent[0] == RUNS:
             kept_runs.setdefault(parent[1], f"{what} was fine-tuned from it")
     cutoff = now - recent_minutes * 60
     newest_first = sorted(runs, key=lambda n: runs[n].item.newest, reverse=True)
     for i, name in enumerate(newest_first):
         item = runs[name].item
-        if ("runs", name) in in_use:
-            kept_runs.setdefault(name, in_use[("runs", name)])
+        if (RUNS, name) in in_use:
+            kept_runs.setdefault(name, in_use[(RUNS, name)])
         elif item.newest >= cutoff:
             kept_runs.setdefault(name, f"in use: modified {_age(now - item.newest)} ago")
         elif i < keep:
@@ -567,8 +565,8 @@ def plan_gc(
         elif keep_all:
             kept_runs.setdefault(name, keep_all)
     for name, ds in datasets.items():
-        if ("datasets", name) in in_use:
-            kept_data.setdefault(name, in_use[("datasets", name)])
+        if (DATASETS, name) in in_use:
+            kept_data.setdefault(name, in_use[(DATASETS, name)])
         elif ds.item.newest >= cutoff:
             kept_data.setdefault(name, f"in use: modified {_age(now - ds.item.newest)} ago")
         elif keep_all:
@@ -578,14 +576,14 @@ def plan_gc(
         name = todo.pop()
         run = runs[name]
         where = locate.find(run.manifest or "")
-        if where and where[0] == "datasets":
+        if where and where[0] == DATASETS:
             kept_data.setdefault(where[1], f"kept run {name} trained on it")
         elif run.manifest is None and run.item.newest >= cutoff:
             for other in datasets:  # in use and not yet saying which data it reads: keep them all
                 kept_data.setdefault(other, f"run {name} is in use and does not yet record its data set")
         for parent in run.parents:
             where = locate.find(parent)
-            if where and where[0] == "runs" and where[1] in runs and where[1] not in kept_runs:
+            if where and where[0] == RUNS and where[1] in runs and where[1] not in kept_runs:
                 kept_runs[where[1]] = f"kept run {name} was fine-tuned from it"
                 todo.append(where[1])
 
@@ -646,7 +644,7 @@ def plan_gc(
         else:
             for s in _strings(value):
                 where = locate.find(s)
-                if where and where[1] in (datasets if where[0] == "datasets" else runs):
+                if where and where[1] in (datasets if where[0] == DATASETS else runs):
                     rec.refs.add(storage.join(root, *where))
         gone = sorted(u for u in rec.refs if u in doomed)
         if gone:
@@ -727,9 +725,9 @@ def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] 
     listed = {
         (kind, i.name): i
         for area, kind in (
-            ("datasets", "data set"),
-            ("runs", "run"),
-            (f"datasets/{GROUPS}", "file group"),
+            (DATASETS, "data set"),
+            (RUNS, "run"),
+            (f"{DATASETS}/{GROUPS}", "file group"),
         )
         if any(f.kind == kind for f in folders)
         for i in _folders(storage.join(plan.root, area), kind, now)
@@ -741,7 +739,7 @@ def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] 
     changed = []
     for item in folders:
         again = listed.get((item.kind, item.name))
-        area = "datasets" if item.kind == "data set" else "runs"
+        area = DATASETS if item.kind == "data set" else RUNS
         if again is not None and (again.newest > item.newest or len(again.files) != len(item.files)):
             item.why = "written to while gc ran: kept"
         elif (area, item.name) in in_use or keep_all:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from prefect import flow
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig, validate_config
 
 PREEMPT_ENV = "SHARDLINE_PREEMPT_AT_STEP"  # read by shardline.trainer.loop.fit
@@ -123,7 +123,7 @@ def rehearse(
     if preempt_at >= steps:
         raise ValueError(f"--preempt-at {preempt_at} must be below --steps {steps}, so that training resumes after it")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    root = storage.join(config.storage.root, "rehearsals", stamp)
+    root = layout.rehearsal(config.storage.root, stamp)
     remote = config.compute.train_on == "deployment"
     rows: list[Row] = []
 

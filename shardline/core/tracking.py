@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardline.core import settings, storage
+from shardline.core import layout, settings, storage
 from shardline.core.config import MlflowConfig
 from shardline.core.secrets import has_masked_userinfo, without_userinfo
 from shardline.core.tracking_journal import (
@@ -86,8 +86,8 @@ def fluent_tracking_uri(uri: str) -> Iterator[None]:
 
 def artifact_location(storage_root: str) -> str:
     if storage.is_remote(storage_root):
-        return storage.join(storage_root, "mlflow-artifacts")
-    return (Path(storage.local_path(storage_root)).resolve() / "mlflow-artifacts").as_uri()
+        return layout.mlflow_artifacts(storage_root)
+    return (Path(storage.local_path(storage_root)).resolve() / layout.MLFLOW_ARTIFACTS).as_uri()
 
 
 def _configure_http_failfast(uri: str | None = None) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from prefect.cache_policies import CachePolicy
 from prefect.utilities.hashing import hash_objects
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.version import code_version_of
 
 log = logging.getLogger("shardline.cache")
@@ -129,7 +129,7 @@ class StepCache(CachePolicy):
 
 def results_storage(root: str):
     """Where the task results live: a folder under the storage root (a saved block when remote)."""
-    uri = storage.join(root, "prefect-results")
+    uri = layout.results(root)
     if not storage.is_remote(uri):
         path = Path(storage.local_path(uri)).resolve()
         path.mkdir(parents=True, exist_ok=True)

@@ -17,12 +17,11 @@ from prefect import task
 from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.config import DataConfig, stable_hash
 from shardline.core.encoding.contract import contract
 from shardline.core.encoding.text import sha256_text
 from shardline.core.encoding.write import (
-    GROUPS,
     TOKENIZER,
     build_manifest,
     check_groups,
@@ -177,7 +176,7 @@ def write_manifest(
     """Fit the encoding (or take the parent's: `base`), check the splits and publish the manifest (last:
     until it exists, the shards are not a data set) in `out_dir`, listing the shards of the group store
     `store` (default: `groups` beside `out_dir`)."""
-    store = store or storage.join(out_dir.rstrip("/").rsplit("/", 1)[0], GROUPS)
+    store = store or storage.join(out_dir.rstrip("/").rsplit("/", 1)[0], layout.GROUPS)
     check_groups(groups, data, store)
     tokenizer = storage.read_text(storage.join(out_dir, TOKENIZER)) if data.features.text else None
     manifest = build_manifest(
@@ -278,8 +277,8 @@ def encode(
     from contextlib import nullcontext
 
     log = get_run_logger()
-    out_dir = storage.join(storage_root, "datasets", dataset_id(snapshot, data))
-    store = storage.join(storage_root, "datasets", GROUPS)
+    out_dir = layout.dataset(storage_root, dataset_id(snapshot, data))
+    store = layout.group_store(storage_root)
     groups = file_groups(snapshot, data)
     tokenizer = None
     if data.features.text:  # the tokenizer first: the groups' token ids are its
@@ -356,7 +355,7 @@ def encode_dataset(
     from shardline.core.memory import return_freed_memory
 
     return_freed_memory()
-    store = store or storage.join(out_dir, GROUPS)
+    store = store or storage.join(out_dir, layout.GROUPS)
     groups = file_groups(snapshot, data)
     tokenizer = fit_tokenizer(snapshot, data, out_dir) if data.features.text else None
     with ThreadPoolExecutor(max(1, threads or encode_workers(data))) as pool:

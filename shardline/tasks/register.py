@@ -181,13 +181,13 @@ def register_model(
 ) -> dict:
     """Register under the registry lease of this model name (in the storage root): two pipelines
     registering at once decide one after the other, each on a fresh read of the champion."""
-    import re
 
+    from shardline.core import layout
     from shardline.core.lease import Lease
 
     name = config.mlflow.model_name
     lock = Lease(
-        storage.join(config.storage.root, "locks", "registry", re.sub(r"[^A-Za-z0-9._-]", "_", name)),
+        layout.registry_lock(config.storage.root, name),
         f"registering {name}",
     )
     lock.acquire(on_wait=lambda who: logging.getLogger("shardline.register").warning("register: waiting for %s", who))

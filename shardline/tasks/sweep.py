@@ -20,7 +20,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 from prefect.logging import get_run_logger
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig
 from shardline.core.cost_ledger import add_up
 from shardline.core.parent_watch import PARENT_ENV
@@ -45,7 +45,7 @@ SWEEP_TAG = "shardline.sweep"  # on the trials' MLflow runs and the registered v
 
 def sweep_folder(root: str, sweep_id: str) -> str:
     """Where a sweep keeps its parent run's journal and its comparison picture: `<root>/sweeps/<id>`."""
-    return storage.join(root, "sweeps", sweep_id)
+    return layout.sweep(root, sweep_id)
 
 
 def _flow_runs(run_tag: str) -> list:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.config import DataConfig, ModelConfig, PipelineConfig, stable_hash, training_splits
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import EncodingSpec, Manifest
@@ -178,7 +178,7 @@ def parent_tokenized(config: PipelineConfig, encoding: EncodingSpec) -> DataConf
     from shardline.core.config import TokenizerConfig
 
     sha = encoding.text.tokenizer_sha256
-    uri = storage.join(config.storage.root, "tokenizers", f"{sha}.json")
+    uri = layout.tokenizer(config.storage.root, sha)
     return config.data.model_copy(update={"tokenizer": TokenizerConfig(file=uri, sha256=sha)})
 
 
@@ -220,7 +220,7 @@ def run_dir(config: PipelineConfig, manifest: Manifest, parent: dict | None = No
             "code": trainer_version(),
         }
     )
-    folder = storage.join(config.storage.root, "runs", key[:20])
+    folder = layout.run(config.storage.root, key[:20])
     return f"{folder}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}" if fresh else folder
 
 

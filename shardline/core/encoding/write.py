@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import polars as pl
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.config import DataConfig
 from shardline.core.encoding.columns import DataError, order_expr, parse_order, prepare
 from shardline.core.encoding.contract import contract, contract_hash
@@ -38,7 +38,6 @@ from shardline.core.encoding.text import (
 from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.core.shards import compress_bytes, window_count
 
-GROUPS = "groups"  # the group store's folder, beside the data sets' folders under `<root>/datasets/`
 GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
 TOKENIZER = "tokenizer.json"  # text data: the tokenizer, beside the manifest
 
@@ -486,7 +485,7 @@ def build_manifest(
     groups: list[EncodedGroup],
     data: DataConfig,
     base: tuple[EncodingSpec, str] | None = None,
-    store: str = f"../{GROUPS}",
+    store: str = f"../{layout.GROUPS}",
     tokenizer: str | None = None,
 ) -> Manifest:
     """Fit the data set's encoding from the groups' training statistics (or, fine-tuning, take the
