@@ -451,7 +451,7 @@ def test_a_node_that_never_comes_fails_the_training_within_the_join_timeout_nami
     assert code != 0 and time.monotonic() - began < 60
     with pytest.raises(NodesMissing, match=r"compute.nodes=2, but .* within compute.join_timeout_seconds=8: 1 node"):
         what_it_came_to(spec)
-    from shardline.tasks.train import is_infrastructure_failure
+    from shardline.core.failures import is_infrastructure_failure
 
     with pytest.raises(NodesMissing) as missing:
         what_it_came_to(spec)
@@ -462,7 +462,7 @@ def test_a_peer_lost_in_a_collective_with_no_record_of_its_own_is_retried_whole(
     """torch's records hold only rank 0's "lost its peer in a collective" (the peer's machine went with its record):
     the training is retried whole from the newest checkpoint, said as a lost peer, not as rank 0's code error.
     (A rank's own error beside such a loss: tests/test_trainer_infra.py.)"""
-    from shardline.tasks.train import is_infrastructure_failure
+    from shardline.core.failures import is_infrastructure_failure
 
     lost = {"error": "RuntimeError", "bases": ["RuntimeError", "Exception"], "at": 2.0, "collective": True,
             "message": "[gloo] Connection closed by peer [127.0.0.1]:1234"}  # fmt: skip

@@ -26,9 +26,9 @@ import torch
 from shardline.core import storage
 from shardline.core.codes import Globaliser
 from shardline.core.config import ModelConfig, TrainingConfig, validate_config
+from shardline.core.failures import is_infrastructure_failure
 from shardline.core.shards import RESIDENT_ENV, MappedPages
 from shardline.core.storage import CacheFull, ShardCache
-from shardline.tasks.train import is_infrastructure_failure
 from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from shardline.trainer.data import WindowLoader, check_cache_room, open_split
 from shardline.trainer.loop import fit

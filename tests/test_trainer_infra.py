@@ -4,8 +4,7 @@ import pytest
 import torch
 import torch.distributed
 
-from shardline.tasks.train import is_infrastructure_failure
-from shardline.trainer.loop import Preempted
+from shardline.core.failures import Preempted, is_infrastructure_failure
 
 FAILURES = (
     "exc, retried",

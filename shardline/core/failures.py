@@ -1,5 +1,7 @@
-"""Which failures are the infrastructure's (retried: the retry resumes from the newest checkpoint) and which are
-errors in the code, the config or the data (not retried), by type, never by the text of a message."""
+"""Failures and their classification, in one place: which are the infrastructure's (retried: the retry resumes
+from the newest checkpoint) and which are errors in the code, the config or the data (not retried), by type,
+never by the text of a message; the stops that are not failures (a preemption, a spent budget); and what a
+Prefect state says of them (a retry condition, a dispatched run's end)."""
 
 from __future__ import annotations
 
@@ -42,3 +44,77 @@ def infrastructure_by_names(bases: list[str]) -> bool:
     infra = {t.__name__ for t in INFRASTRUCTURE_ERRORS} | set(TORCH_INFRASTRUCTURE)
     never = {t.__name__ for t in NOT_INFRASTRUCTURE} | {"OutOfMemoryError"}
     return bool(names & infra) and not names & never
+
+
+class Preempted(Exception):
+    """Training stopped on SIGTERM/SIGINT after saving `checkpoint`; call `fit` again to resume."""
+
+    def __init__(self, checkpoint: str, signal_name: str):
+        super().__init__(f"training stopped by {signal_name}; checkpoint saved at {checkpoint}: run again to resume")
+        self.checkpoint = checkpoint
+        self.signal_name = signal_name
+
+
+class BudgetExceeded(Exception):
+    """Training stopped at its budget (training.max_cost or max_hours) after saving `checkpoint`; raise the
+    limit and call `fit` again to resume. Not a preemption: nothing is dispatched or retried again."""
+
+    def __init__(self, message: str, checkpoint: str | None = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+class InfrastructureFailure(RuntimeError):
+    """A training run stopped by a failure of its machine, its storage or network, or a lost peer (a node of a
+    training on several): the error that did is its cause and in its message. Retried like that error
+    (`training.max_restarts`); a dispatched run that failed so is dispatched again, and resumes from its
+    newest checkpoint."""
+
+
+def was_preempted(state) -> bool:
+    """Crashed (infrastructure gone), or stopped by SIGTERM/SIGINT after its checkpoint
+    (shardline.trainer.loop.Preempted)."""
+    if state.is_crashed():
+        return True
+    return state.is_failed() and "Preempted" in (state.message or "")
+
+
+def failed_on_infrastructure(state) -> bool:
+    """Failed on an infrastructure error (the training flow says so by raising `InfrastructureFailure`)."""
+    return state.is_failed() and "InfrastructureFailure" in (state.message or "")
+
+
+def _torch_infrastructure() -> tuple[type, ...]:
+    """torch's own types for a GPU or interconnect failure (not its out-of-memory: deterministic)."""
+    import torch
+
+    found = [getattr(torch, n, None) for n in TORCH_INFRASTRUCTURE]
+    try:
+        import torch.distributed as dist
+
+        found += [getattr(dist, n, None) for n in TORCH_INFRASTRUCTURE]
+    except ImportError:
+        pass
+    return tuple(t for t in found if isinstance(t, type))
+
+
+def is_infrastructure_failure(exc: BaseException) -> bool:
+    """True for failures of the infrastructure (retry and resume), False for a real error in the code,
+    the config or the data (fail at once with its message). By exception type only."""
+    if isinstance(exc, Preempted | BudgetExceeded):  # asked to stop, or out of budget: stopping is the answer
+        return False
+    if isinstance(exc, InfrastructureFailure):  # classified where it was raised
+        return True
+    import torch
+
+    if isinstance(exc, NOT_INFRASTRUCTURE) or isinstance(exc, torch.OutOfMemoryError):
+        return False
+    return isinstance(exc, INFRASTRUCTURE_ERRORS + _torch_infrastructure())
+
+
+def retry_on_infrastructure(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except BaseException as e:  # noqa: BLE001 - classifying, not swallowing
+        return is_infrastructure_failure(e)
+    return False

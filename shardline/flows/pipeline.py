@@ -13,6 +13,7 @@ from prefect import flow
 from shardline.core import storage
 from shardline.core.config import PipelineConfig, load_config, validate_config
 from shardline.core.encoding.reuse import check_columns
+from shardline.core.failures import retry_on_infrastructure
 from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction
 from shardline.flows.runners import encode_runner
@@ -23,7 +24,7 @@ from shardline.tasks.encode import encode
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.ingest import INGEST_CACHE, ingest
 from shardline.tasks.register import REGISTER_CACHE, register
-from shardline.tasks.train import TRAIN_CACHE, retry_on_infrastructure, train_step
+from shardline.tasks.train import TRAIN_CACHE, train_step
 from shardline.tasks.training_run import parent_encoding, parent_model, with_parent_tokenizer
 
 

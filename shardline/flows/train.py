@@ -10,11 +10,11 @@ pipeline's subflow; a local sweep runs it in a child process per trial. The run 
 from prefect import flow
 
 from shardline.core.config import PipelineConfig
+from shardline.core.failures import InfrastructureFailure, is_infrastructure_failure
 from shardline.core.memory import return_freed_memory
 from shardline.core.parent_watch import stop_when_parent_exits
 from shardline.core.secrets import install_log_redaction
 from shardline.tasks import links
-from shardline.tasks.train import InfrastructureFailure, is_infrastructure_failure
 from shardline.tasks.training_run import run_training
 
 

@@ -33,6 +33,7 @@ from shardline.core.encoding.write import (
     stored_groups,
     verify_manifest,
 )
+from shardline.core.failures import retry_on_infrastructure
 from shardline.core.manifest import EncodedGroup, EncodingSpec, RawFile, Snapshot
 from shardline.core.version import code_version_of
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
@@ -89,20 +90,14 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
 # ---------------------------------------------------------------- Prefect tasks
 
 
-def _retry_infrastructure(task, task_run, state) -> bool:
-    """Retry a group after an I/O or network failure, never after a data error (a wrong type, an unreadable
-    page, a null target): the same bytes fail the same way, and the error is said once."""
-    from shardline.tasks.train import retry_on_infrastructure
-
-    return retry_on_infrastructure(task, task_run, state)
-
-
 @task(
     name="encode-group",
     task_run_name="encode-group-{group}",  # its place in the snapshot's order, from 0
     retries=2,
     retry_delay_seconds=5,
-    retry_condition_fn=_retry_infrastructure,
+    # after an I/O or network failure, never after a data error (a wrong type, an unreadable page, a null target):
+    # the same bytes fail the same way, and the error is said once
+    retry_condition_fn=retry_on_infrastructure,
 )
 def encode_group(
     files: list[RawFile],

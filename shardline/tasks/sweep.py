@@ -23,6 +23,7 @@ from prefect.logging import get_run_logger
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig
 from shardline.core.cost_ledger import add_up
+from shardline.core.failures import InfrastructureFailure, failed_on_infrastructure, retry_on_infrastructure
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text
 from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
@@ -31,10 +32,7 @@ from shardline.tasks import links
 from shardline.tasks.caching import cached
 from shardline.tasks.train import (
     TRAIN_CACHE,
-    InfrastructureFailure,
     TrainingRunFailed,
-    failed_on_infrastructure,
-    retry_on_infrastructure,
     train_step,
     watch_training_run,
 )

@@ -406,7 +406,7 @@ def outcome(
 ) -> FitResult:
     """What the training came to: rank 0's result, else the error that torch's error records (this agent's and
     the other machines') name as the root cause."""
-    from shardline.trainer.loop import BudgetExceeded, Preempted
+    from shardline.core.failures import BudgetExceeded, Preempted
 
     result = json.loads(storage.read_text(job["result"])) if present(job["result"]) else None
     status = (result or {}).get("status")

@@ -21,7 +21,12 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
-from shardline.core.failures import INFRASTRUCTURE_ERRORS, NOT_INFRASTRUCTURE, TORCH_INFRASTRUCTURE
+from shardline.core.failures import (
+    BudgetExceeded,
+    InfrastructureFailure,
+    failed_on_infrastructure,
+    was_preempted,
+)
 from shardline.core.version import TRAINER
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_identity, run_dir, training_identity
@@ -29,13 +34,6 @@ from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_ident
 
 class TrainingRunFailed(RuntimeError):
     """The dispatched training run failed for a reason a re-dispatch would not fix (or its budget is spent)."""
-
-
-class InfrastructureFailure(RuntimeError):
-    """A training run stopped by a failure of its machine, its storage or network, or a lost peer (a node of a
-    training on several): the error that did is its cause and in its message. Retried like that error
-    (`training.max_restarts`); a dispatched run that failed so is dispatched again, and resumes from its
-    newest checkpoint."""
 
 
 @task(name="train")
@@ -55,19 +53,6 @@ def train_step(
     if config.compute.train_on == "deployment":
         return dispatch_training(manifest_uri, config, folder, mlflow_tags)
     return train_here(manifest_uri, config, folder, mlflow_tags=mlflow_tags)
-
-
-def was_preempted(state) -> bool:
-    """Crashed (infrastructure gone), or stopped by SIGTERM/SIGINT after its checkpoint
-    (shardline.trainer.loop.Preempted)."""
-    if state.is_crashed():
-        return True
-    return state.is_failed() and "Preempted" in (state.message or "")
-
-
-def failed_on_infrastructure(state) -> bool:
-    """Failed on an infrastructure error (the training flow says so by raising `InfrastructureFailure`)."""
-    return state.is_failed() and "InfrastructureFailure" in (state.message or "")
 
 
 def live_training_run(run_tag: str):
@@ -195,8 +180,6 @@ def dispatch_training(
                 "(shardline doctor CONFIG checks)"
             )
         if "BudgetExceeded" in (state.message or ""):  # stopped at training.max_cost / max_hours: not re-dispatched
-            from shardline.trainer.loop import BudgetExceeded
-
             raise BudgetExceeded(
                 f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment}: "
                 + (state.message or "").split("BudgetExceeded: ", 1)[-1]
@@ -226,44 +209,6 @@ def dispatch_training(
         f"(runs: {', '.join(r['name'] + ' ' + r['id'] for r in runs)}); "
         "its checkpoints are kept: rerun to resume, or raise compute.max_preemptions"
     )
-
-
-def _torch_infrastructure() -> tuple[type, ...]:
-    """torch's own types for a GPU or interconnect failure (not its out-of-memory: deterministic)."""
-    import torch
-
-    found = [getattr(torch, n, None) for n in TORCH_INFRASTRUCTURE]
-    try:
-        import torch.distributed as dist
-
-        found += [getattr(dist, n, None) for n in TORCH_INFRASTRUCTURE]
-    except ImportError:
-        pass
-    return tuple(t for t in found if isinstance(t, type))
-
-
-def is_infrastructure_failure(exc: BaseException) -> bool:
-    """True for failures of the infrastructure (retry and resume), False for a real error in the code,
-    the config or the data (fail at once with its message). By exception type only."""
-    from shardline.trainer.loop import BudgetExceeded, Preempted
-
-    if isinstance(exc, Preempted | BudgetExceeded):  # asked to stop, or out of budget: stopping is the answer
-        return False
-    if isinstance(exc, InfrastructureFailure):  # classified where it was raised
-        return True
-    import torch
-
-    if isinstance(exc, NOT_INFRASTRUCTURE) or isinstance(exc, torch.OutOfMemoryError):
-        return False
-    return isinstance(exc, INFRASTRUCTURE_ERRORS + _torch_infrastructure())
-
-
-def retry_on_infrastructure(task, task_run, state) -> bool:
-    try:
-        state.result()
-    except BaseException as e:  # noqa: BLE001 - classifying, not swallowing
-        return is_infrastructure_failure(e)
-    return False
 
 
 def checkpoint_intact(result: dict, inputs: dict) -> bool:

@@ -394,9 +394,9 @@ def _run_training(
     deadline,
     mlflow_tags=None,
 ) -> dict:
+    from shardline.core.failures import BudgetExceeded, Preempted
     from shardline.trainer.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint
     from shardline.trainer.data import open_split
-    from shardline.trainer.loop import BudgetExceeded, Preempted
     from shardline.trainer.models import model_spec_for
     from shardline.trainer.serving import data_spec
 

@@ -126,7 +126,8 @@ class RankErrors(ErrorHandler):
 def run_job(job: dict, train, val, ranking=None) -> int:
     """Train `job` on the splits `train` and `val` in this process (one rank of the group torchrun made, or
     alone); rank 0 writes the events and the result. Returns the exit status."""
-    from shardline.trainer.loop import BudgetExceeded, Deadline, Preempted, fit
+    from shardline.core.failures import BudgetExceeded, Preempted
+    from shardline.trainer.loop import Deadline, fit
 
     ranks = world()
     events = Events(job.get("events") if ranks.is_main else None)

@@ -41,6 +41,7 @@ from shardline.core.config import (
     validation_name,
     validation_ranking_names,
 )
+from shardline.core.failures import BudgetExceeded, Preempted
 from shardline.core.split_ranking import SplitRanking
 from shardline.core.storage import join
 from shardline.core.text_metrics import perplexity
@@ -81,24 +82,6 @@ BUDGET_EXIT_CODE = 76  # what a script exits with on `BudgetExceeded`: "raise th
 
 # the signal a rank stops for when another process of a run in several was stopped (their step's all-reduce)
 ANOTHER_PROCESS = "SIGTERM to another process"
-
-
-class Preempted(Exception):
-    """Training stopped on SIGTERM/SIGINT after saving `checkpoint`; call `fit` again to resume."""
-
-    def __init__(self, checkpoint: str, signal_name: str):
-        super().__init__(f"training stopped by {signal_name}; checkpoint saved at {checkpoint}: run again to resume")
-        self.checkpoint = checkpoint
-        self.signal_name = signal_name
-
-
-class BudgetExceeded(Exception):
-    """Training stopped at its budget (training.max_cost or max_hours) after saving `checkpoint`; raise the
-    limit and call `fit` again to resume. Not a preemption: nothing is dispatched or retried again."""
-
-    def __init__(self, message: str, checkpoint: str | None = None):
-        super().__init__(message)
-        self.checkpoint = checkpoint
 
 
 @dataclass(frozen=True)
