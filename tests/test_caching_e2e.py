@@ -148,7 +148,7 @@ def test_an_edit_to_the_training_code_addresses_another_run(setup, prefect_api, 
     from shardline.core import storage, version
     from shardline.core.config import validate_config as check
     from shardline.core.manifest import Manifest
-    from shardline.tasks.training_run import run_dir
+    from shardline.runs.training_run import run_dir
 
     tmp_path, cfg, first = setup
     config = check(cfg)

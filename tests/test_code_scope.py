@@ -45,7 +45,7 @@ def edited(tmp_path: Path, name: str, module: str, old: str, new: str) -> Path:
 
 EDITS = [
     # (file, text, replacement, train step reruns, groups re-encode)
-    ("tasks/training_view.py", '"optimizer steps done (%)"', '"optimizer steps finished (%)"', False, False),
+    ("runs/training_view.py", '"optimizer steps done (%)"', '"optimizer steps finished (%)"', False, False),
     ("tasks/encode.py", '"encode: group %d/%d %s:', '"encode: file group %d/%d %s:', False, False),
     (
         "trainer/contract.py",
@@ -76,5 +76,5 @@ def test_the_run_folder_is_keyed_on_the_trainer_version(monkeypatch):
 
     assert TRAIN_CACHE.code == version.TRAINER
     files = {p.relative_to(PACKAGE).as_posix() for m in version.TRAINER for p in version.module_closure(m)}
-    assert "trainer/contract.py" in files and "tasks/training_view.py" not in files
-    assert not {f for f in files if f.startswith(("tasks/", "flows/", "app/"))}
+    assert "trainer/contract.py" in files and "runs/training_view.py" not in files
+    assert not {f for f in files if f.startswith(("app/", "flows/", "tasks/", "runs/", "launch/"))}

@@ -280,7 +280,7 @@ def test_a_budget_stop_saves_a_checkpoint_and_raising_the_budget_resumes_exactly
 
 def test_budgets_and_prices_change_nothing_that_is_trained():
     from shardline.core.config import TrainingConfig, validate_config
-    from shardline.tasks.training_run import training_identity
+    from shardline.runs.training_run import training_identity
     from tests.conftest import tiny_config
 
     base = tiny_config("raw/*.parquet", "/tmp/store")

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from shardline.core.config import ComputeConfig, ModelConfig
-from shardline.tasks.torchrun import NodesMissing, RankFailed, Store, outcome, torchrun_command
+from shardline.launch.torchrun import NodesMissing, RankFailed, Store, outcome, torchrun_command
 from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from shardline.trainer.data import WindowLoader
 from shardline.trainer.loop import ANOTHER_PROCESS, TIMING_KEYS, Preempted
@@ -317,7 +317,7 @@ def test_a_gpt_on_text_follows_the_one_process_curve_in_two_processes(tmp_path):
 
 def test_a_batch_the_processes_cannot_share_equally_or_a_node_without_a_rendezvous_are_refused():
     from shardline.core.config import PipelineConfig
-    from shardline.tasks.torchrun import agent_args, launcher_endpoint
+    from shardline.launch.torchrun import agent_args, launcher_endpoint
     from tests.conftest import tiny_config
 
     cfg = tiny_config("raw/*.parquet", "store", **{"training.batch_size": 30})
@@ -477,7 +477,7 @@ def test_a_peer_lost_in_a_collective_with_no_record_of_its_own_is_retried_whole(
 def test_several_nodes_without_the_node_deployment_are_refused_naming_it(prefect_api):
     """compute.nodes: 2 on a Prefect API without the node deployment (a laptop's ephemeral API): refused before any
     process starts, naming the setting and how to deploy it, or to use a launcher."""
-    from shardline.tasks.nodes import NodeRuns
+    from shardline.launch.nodes import NodeRuns
 
     with pytest.raises(ValueError, match=r"compute.node_deployment 'train-node/train-node'.*prefect.yaml.*launcher"):
         NodeRuns(ComputeConfig(nodes=2), print)
@@ -504,7 +504,7 @@ def test_torchrun_gives_the_ranks_shardline_s_grace_after_a_sigterm_on_every_tor
     asks for whether this torch's torchrun has --shutdown-timeout (it refused the option on torch 2.11, the lent
     GPU machines', and gave a fixed 30 s) or not: a rank still busy when the grace ends is killed, and torchrun
     returns then, not after its own default."""
-    from shardline.tasks.torchrun import torchrun_command
+    from shardline.launch.torchrun import torchrun_command
     from shardline.trainer.torchrun import knows
 
     assert knows("--nproc-per-node=2") and not knows("--no-such-option=1")

@@ -269,7 +269,7 @@ def test_manifest_verification_rejects_missing_shard(raw_dir, tmp_path):
 
 def test_training_refuses_shards_encoded_for_another_config(raw_dir, tmp_path):
     from shardline.core import storage
-    from shardline.tasks.training_run import load_manifest
+    from shardline.runs.training_run import load_manifest
 
     cfg = cfg_for(raw_dir, tmp_path)
     _, _, out_dir, manifest = encode_all(cfg)

@@ -15,7 +15,7 @@ from shardline.core import version
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "shardline"
 # top to bottom; a module directly in shardline/ (the compatibility re-export, __main__) is the top
-LAYERS = ["app", "flows", "tasks", "trainer", "core"]
+LAYERS = ["app", "flows", "tasks", "runs", "launch", "trainer", "core"]
 TOP = "app"
 FORBIDDEN = {"trainer": ("prefect", "mlflow"), "core": ("prefect",)}
 

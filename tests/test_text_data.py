@@ -21,9 +21,9 @@ from shardline.core.config import ConfigError, validate_config
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.text import EOS_ID, PAD_ID, SEP_ID, decode, train_bpe
 from shardline.core.manifest import EncodedGroup, Manifest, RawFile
+from shardline.runs.training_run import load_manifest
 from shardline.tasks.encode import encode_dataset, log_skipped_rows
 from shardline.tasks.ingest import snapshot_source
-from shardline.tasks.training_run import load_manifest
 from shardline.trainer.contract import default_loss
 from shardline.trainer.data import open_split
 from shardline.trainer.serving import data_spec
@@ -352,7 +352,7 @@ def test_a_text_fine_tune_takes_its_parent_s_tokenizer_and_refuses_another_befor
     summarizer's `body`); what must match is the tokenizer, which the fine-tune takes from its parent."""
     from shardline.core.encoding.reuse import EncodingMismatch, check_columns
     from shardline.core.manifest import EncodingSpec, TextSpec
-    from shardline.tasks.training_run import with_parent_tokenizer
+    from shardline.runs.training_run import with_parent_tokenizer
 
     lm = EncodingSpec(
         sequence_key=None, order_by=None, window=8, horizon=1, continuous=[], boolean=[], categorical=[],
@@ -624,8 +624,8 @@ def test_a_fine_tune_of_a_registered_model_of_a_crlf_tokenizer_file_takes_its_to
     import mlflow
 
     from shardline.core.tracking import fluent_tracking_uri
+    from shardline.runs.training_run import parent_model, with_parent_tokenizer
     from shardline.tasks.register import PYFUNC_CODE
-    from shardline.tasks.training_run import parent_model, with_parent_tokenizer
 
     manifest, uri, files = crlf_model_files(tmp_path)
     tracking = f"sqlite:///{tmp_path}/mlflow.db"
@@ -646,7 +646,7 @@ def test_a_fine_tune_of_a_registered_model_of_a_crlf_tokenizer_file_takes_its_to
 
 def test_a_text_fine_tune_whose_tokenizer_file_is_missing_is_refused_naming_it_before_any_work(tmp_path):
     from shardline.core.manifest import EncodingSpec, TextSpec
-    from shardline.tasks.training_run import with_parent_tokenizer
+    from shardline.runs.training_run import with_parent_tokenizer
 
     lm = EncodingSpec(
         sequence_key=None, order_by=None, window=8, horizon=1, continuous=[], boolean=[], categorical=[],

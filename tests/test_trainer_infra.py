@@ -46,7 +46,7 @@ def test_a_rank_of_a_training_in_several_processes_is_retried_as_one_process_wou
     """The same error raised by a rank under torch's agent (compute.processes_per_node or compute.nodes > 1): torch's
     error record of it (written through shardline/trainer/ddp_run.py's RankErrors) is classified as in one process:
     retried (RankFailed) or not (its own error), a CUDA failure included; rank 0's lost connection is not the cause."""
-    from shardline.tasks.torchrun import RankFailed, outcome
+    from shardline.launch.torchrun import RankFailed, outcome
 
     lost = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")
 

@@ -324,7 +324,7 @@ def test_a_prefect_api_that_fails_costs_the_live_view_one_warning_and_training_n
     from prefect import flow
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    from shardline.tasks.training_view import LiveView
+    from shardline.runs.training_view import LiveView
     from tests.net import free_port
 
     log = logging.getLogger("shardline.test.live-view")

@@ -225,7 +225,7 @@ def node(
     for the job that `shardline run` (compute.train_on: launcher) wrote, meeting the other machines at the
     launcher's rendezvous address. The pipeline follows it in storage."""
     from shardline.core.secrets import install_log_redaction
-    from shardline.tasks.torchrun import launcher_endpoint, run_node, shutdown_seconds
+    from shardline.launch.torchrun import launcher_endpoint, run_node, shutdown_seconds
 
     install_log_redaction()
     try:

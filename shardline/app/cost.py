@@ -172,7 +172,7 @@ def plan_cost(
 ) -> Plan:
     """The planned steps, a measured rate, the time, and its cost per provider of `gpu` (default: this
     machine's type). `table.of(gpu)` must have been checked by the caller (an unknown type is a user error)."""
-    from shardline.tasks.training_run import load_manifest, parent_model, run_dir
+    from shardline.runs.training_run import load_manifest, parent_model, run_dir
     from shardline.trainer.loop import planned_steps
 
     here, _ = detect_gpu()

@@ -219,7 +219,7 @@ def _starts_nodes(config: PipelineConfig) -> bool:
 
 def _node_check(client, config: PipelineConfig, api: str) -> Check:
     """The node deployment a training on several machines starts its other nodes with, and its pool's workers."""
-    from shardline.tasks.nodes import others
+    from shardline.launch.nodes import others
 
     c = config.compute
     dep = _deployment(client, c.node_deployment)
@@ -309,7 +309,7 @@ def _prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., N
                 else:
                     checks.append(Check("train deployment", None, skip_local))
                 if _starts_nodes(config):
-                    from shardline.tasks.nodes import others
+                    from shardline.launch.nodes import others
 
                     checks.append(
                         Check(

@@ -18,14 +18,14 @@ from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction
 from shardline.flows.runners import encode_runner
 from shardline.flows.train import train
-from shardline.tasks import links
+from shardline.runs import links
+from shardline.runs.training_run import parent_encoding, parent_model, with_parent_tokenizer
 from shardline.tasks.caching import STEPS, cached, run_cached
 from shardline.tasks.encode import encode
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.ingest import INGEST_CACHE, ingest
 from shardline.tasks.register import REGISTER_CACHE, register
 from shardline.tasks.train import TRAIN_CACHE, train_step
-from shardline.tasks.training_run import parent_encoding, parent_model, with_parent_tokenizer
 
 
 def _refreshed(force: str | None) -> set[str]:

@@ -36,7 +36,7 @@ from shardline.core.sweep import (
 )
 from shardline.flows.pipeline import baseline_name, encoded_data
 from shardline.flows.train import train
-from shardline.tasks import links
+from shardline.runs import links
 from shardline.tasks.caching import run_cached
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.register import REGISTER_CACHE, register

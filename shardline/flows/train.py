@@ -1,7 +1,7 @@
 """The training flow: shards in, best checkpoint out. A flow of its own so that it can be deployed to
 a GPU work pool (prefect.yaml: `train/train`) and dispatched by the pipeline; in-process it is the
 pipeline's subflow; a local sweep runs it in a child process per trial. The run itself
-(shardline/tasks/training_run.py) is the same on every path."""
+(shardline/runs/training_run.py) is the same on every path."""
 
 # no `from __future__ import annotations`: a sweep's child process gets this flow's function pickled by value
 # (the module's `train` is the Flow, not the function), and Prefect validates the parameters from its
@@ -14,8 +14,8 @@ from shardline.core.failures import InfrastructureFailure, is_infrastructure_fai
 from shardline.core.memory import return_freed_memory
 from shardline.core.parent_watch import stop_when_parent_exits
 from shardline.core.secrets import install_log_redaction
-from shardline.tasks import links
-from shardline.tasks.training_run import run_training
+from shardline.runs import links
+from shardline.runs.training_run import run_training
 
 
 @flow(name="train", log_prints=True, flow_run_name=links.flow_run_name("train"))
@@ -53,8 +53,8 @@ def train(
 def train_node(job: str, endpoint: str, shutdown_seconds: int = 300) -> str:
     """One more machine of a training on several (`compute.nodes` > 1), started by the training run (node 0): its
     torchrun agent meets the others at the rendezvous `endpoint` (HOST:PORT) and trains the `job` in storage until
-    the training ends (shardline/tasks/torchrun.py)."""
+    the training ends (shardline/launch/torchrun.py)."""
     install_log_redaction()
-    from shardline.tasks.torchrun import run_node
+    from shardline.launch.torchrun import run_node
 
     return run_node(job, endpoint, shutdown_seconds)

@@ -30,11 +30,11 @@ from shardline.core.tracking import (
     ui_command,
 )
 from shardline.core.version import code_version, user_code, user_code_version
-from shardline.tasks import links
+from shardline.runs import links
+from shardline.runs.training_run import kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.gate import better, champion_gate, reevaluate_champion
 from shardline.tasks.ingest import raw_sample
-from shardline.tasks.training_run import kfold_note, model_identity, training_identity
 from shardline.trainer.serving import (
     GENERATION_PARAMS,
     bundle_dict,
@@ -138,7 +138,7 @@ def registration_identity(config: PipelineConfig, manifest: Manifest, train_resu
     and the settings that decide training. Where or how fast it trained (`compute.*`, `num_workers`,
     checkpoint cadence, device) is not part of it: changing only those registers no new version."""
     from shardline.core.config import stable_hash
-    from shardline.tasks.training_run import model_identity, training_identity
+    from shardline.runs.training_run import model_identity, training_identity
 
     return stable_hash(
         {

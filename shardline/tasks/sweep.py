@@ -28,7 +28,8 @@ from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text
 from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
 from shardline.core.tracking import Tracker, run_page, tracking_uri
-from shardline.tasks import links
+from shardline.runs import links
+from shardline.runs.training_run import RESULT_FILE
 from shardline.tasks.caching import cached
 from shardline.tasks.train import (
     TRAIN_CACHE,
@@ -36,7 +37,6 @@ from shardline.tasks.train import (
     train_step,
     watch_training_run,
 )
-from shardline.tasks.training_run import RESULT_FILE
 
 SWEEP_TAG = "shardline.sweep"  # on the trials' MLflow runs and the registered version: the parent run's id
 

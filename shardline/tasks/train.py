@@ -28,8 +28,8 @@ from shardline.core.failures import (
     was_preempted,
 )
 from shardline.core.version import TRAINER
+from shardline.runs.training_run import RESULT_FILE, load_manifest, model_identity, run_dir, training_identity
 from shardline.tasks.caching import CacheRule
-from shardline.tasks.training_run import RESULT_FILE, load_manifest, model_identity, run_dir, training_identity
 
 
 class TrainingRunFailed(RuntimeError):

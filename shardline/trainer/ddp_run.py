@@ -1,7 +1,7 @@
 """One rank of a training in several processes, started by torch's elastic agent:
 `python -m shardline.trainer.torchrun ... -m shardline.trainer.ddp_run JOB` (JOB: a path or a URI in storage).
 
-The training task (shardline/tasks/torchrun.py) writes JOB and starts the agent on each machine. Plain PyTorch:
+The training task (shardline/launch/torchrun.py) writes JOB and starts the agent on each machine. Plain PyTorch:
 no Prefect, no MLflow. Every rank trains (trainer/loop.py `fit` under DDP) and resumes from the newest checkpoint
 when the agent restarts it (a restart round after a lost rank or node); rank 0, whichever machine it is on, alone
 writes checkpoints and speaks for the run, in JOB's folder in storage, which the task reads:

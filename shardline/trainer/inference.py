@@ -2,7 +2,7 @@
 pass over the test split, in memory that does not grow with the split.
 
 Kept apart from `loop.py` and `data.py` on purpose: those are part of the train step's code version,
-which addresses a training run's folder (`shardline/tasks/training_run.py: run_dir`), so an edit to
+which addresses a training run's folder (`shardline/runs/training_run.py: run_dir`), so an edit to
 them trains every model again; this module is evaluation's alone.
 """
 

@@ -1,7 +1,7 @@
 """The encoding contract: what the config decides about the encoding (columns, window, horizon, targets
 and their positions, stored type), its hash (written in the manifest), and what differs between the
 config's and a manifest's. Training refuses shards whose contract is not the config's
-(shardline/tasks/training_run.py)."""
+(shardline/runs/training_run.py)."""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ from shardline.core.split_ranking import SplitRanking
 from shardline.core.system_metrics import CPU_KEY, SystemSampler
 from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
-from shardline.tasks import links, training_cost
-from shardline.tasks.training_view import LiveView, progress_seconds, run_logger
+from shardline.runs import links, training_cost
+from shardline.runs.training_view import LiveView, progress_seconds, run_logger
 from shardline.trainer.progress import BAR_SECONDS, DataWaitWatch, TerminalProgress
 
 RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
@@ -484,7 +484,7 @@ def _run_training(
     if c.processes_per_node * c.nodes > 1 or c.train_on == "launcher":  # DDP: the same body under torchrun
         from functools import partial
 
-        from shardline.tasks.torchrun import fit_in_processes
+        from shardline.launch.torchrun import fit_in_processes
 
         # the splits stay open here: their shards are in the local cache before the ranks open them
         body = partial(

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("shardline.tasks.links")
+log = logging.getLogger("shardline.runs.links")
 
 
 def ui_url_of(flow_run_id: str) -> str | None:

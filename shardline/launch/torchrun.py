@@ -258,7 +258,7 @@ def on_this_machine(
 ) -> FitResult:
     """This task's own agent (node 0), and on several machines the rendezvous' store and nodes 1..M-1 as flow runs
     of the node deployment."""
-    from shardline.tasks.nodes import NodeRuns
+    from shardline.launch.nodes import NodeRuns
 
     store = Store(compute) if compute.nodes > 1 else None
     nodes = NodeRuns(compute, log) if store is not None else None

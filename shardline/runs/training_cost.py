@@ -1,4 +1,4 @@
-"""What a training run costs, kept while it trains (shardline/tasks/training_run.py calls these): this attempt's
+"""What a training run costs, kept while it trains (shardline/runs/training_run.py calls these): this attempt's
 entry in the run folder's cost ledger, priced for this machine; the budget (training.max_hours, max_cost) as a
 deadline for the training loop; and the run's spend on its MLflow run when an attempt ends."""
 

@@ -1,6 +1,6 @@
 """Nodes 1..M-1 of a training on several machines on a Prefect pool: one flow run of `compute.node_deployment`
 each, started by the training run (node 0). They meet node 0 only at torchrun's rendezvous
-(shardline/tasks/torchrun.py); what became of them is read back for the training's error."""
+(shardline/launch/torchrun.py); what became of them is read back for the training's error."""
 
 from __future__ import annotations
 
