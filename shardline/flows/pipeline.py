@@ -19,7 +19,7 @@ from shardline.core.secrets import install_log_redaction
 from shardline.flows.runners import encode_runner
 from shardline.flows.train import train
 from shardline.runs import links
-from shardline.runs.training_run import parent_encoding, parent_model, with_parent_tokenizer
+from shardline.runs.training_run import parent_encoding, parent_model, pin_parent, with_parent_tokenizer
 from shardline.tasks.caching import STEPS, cached, run_cached
 from shardline.tasks.encode import encode
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
@@ -79,7 +79,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     """Raw parquet to a registered, evaluated model version. `config`: a YAML path or the config itself."""
     install_log_redaction()  # no secret in the console or the Prefect API's logs
     return_freed_memory()  # buffers of shards decompressed for a moment go back to the system when freed
-    config = resolve_config(config)
+    config = pin_parent(resolve_config(config))  # the fine-tune parent, resolved once for every step
     root = config.storage.root
     refresh = _refreshed(force)
     snapshot, manifest_uri, manifest_hash, ran = encoded_data(config, refresh)

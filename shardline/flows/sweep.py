@@ -37,6 +37,7 @@ from shardline.core.sweep import (
 from shardline.flows.pipeline import baseline_name, encoded_data
 from shardline.flows.train import train
 from shardline.runs import links
+from shardline.runs.training_run import pin_parent
 from shardline.tasks.caching import run_cached
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.register import REGISTER_CACHE, register
@@ -79,6 +80,9 @@ def sweep(
     space = read_space(space) if isinstance(space, str) else parse_space(space) if space or not folds else {}
     if folds:  # every setting on every fold of the k-fold data
         space = with_folds(space, validate_config(raw, "(the sweep's base config)"))
+    if "training.init_from" not in space:  # the parent, resolved once for every trial
+        pinned = pin_parent(validate_config(raw, "(the sweep's base config)")).training.init_from
+        raw = {**raw, "training": {**(raw.get("training") or {}), "init_from": pinned}} if pinned else raw
     plan = plan_sweep(raw, space, trials, seed)
     base = plan.base
     root = base.storage.root

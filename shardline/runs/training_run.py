@@ -43,7 +43,8 @@ def model_identity(model: ModelConfig) -> dict:
 
 def parent_model(config: PipelineConfig) -> dict | None:
     """What `training.init_from` names, resolved: for a registered model its name, version and run (an
-    alias is resolved, so moving it starts another run); for a checkpoint its URI and checksum. An
+    alias is resolved, so moving it starts another run), `uri` naming that version; for a checkpoint (or a run's
+    checkpoints folder: its best, else its newest) its URI and checksum. An
     init_from that names nothing is an error naming it and where it was looked for."""
     uri = config.training.init_from
     if uri is None:
@@ -66,7 +67,13 @@ def parent_model(config: PipelineConfig) -> dict | None:
                 f"training.init_from={uri}: no such registered model version in {where} "
                 f"({e.message.splitlines()[0][:200]}); check the name and the alias or version"
             ) from None
-        return {"uri": uri, "name": name, "version": str(version.version), "run_id": version.run_id}
+        # named by its version, whichever way init_from named it: the same parent, the same identity
+        return {
+            "uri": f"models:/{name}/{version.version}",
+            "name": name,
+            "version": str(version.version),
+            "run_id": version.run_id,
+        }
     from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
 
     if uri.endswith(".pt"):
@@ -78,7 +85,21 @@ def parent_model(config: PipelineConfig) -> dict | None:
             f"training.init_from={uri}: no checkpoint there; give a registered model (models:/name@alias), a "
             ".pt checkpoint or a run's checkpoints folder"
         )
-    return {"uri": uri, "checkpoint": found[0], "sha256": found[1].get("sha256")}
+    return {"uri": found[0], "checkpoint": found[0], "sha256": found[1].get("sha256")}
+
+
+def pin_parent(config: PipelineConfig) -> PipelineConfig:
+    """`config` with `training.init_from` resolved once, for the whole run: an alias to the version it names now
+    (models:/name/N), a run's checkpoints folder to the checkpoint it holds now (its .pt). Every step after it
+    resolves the same parent, whatever moves meanwhile (an alias moved to another version, a newer best
+    checkpoint written into the folder), so the encoding, the run's folder and the starting weights agree."""
+    parent = parent_model(config)
+    if parent is None:
+        return config
+    uri = parent["uri"]  # an alias's version, a folder's checkpoint
+    if uri == config.training.init_from:
+        return config
+    return config.model_copy(update={"training": config.training.model_copy(update={"init_from": uri})})
 
 
 def _registered_files(config: PipelineConfig, parent: dict, dst: str, path: str = "") -> Path:
