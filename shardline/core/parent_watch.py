@@ -14,6 +14,8 @@ import os
 import signal
 import threading
 
+from shardline.core import settings
+
 PARENT_ENV = "SHARDLINE_PARENT_PID"
 POLL_SECONDS = 1.0
 
@@ -23,8 +25,6 @@ log = logging.getLogger("shardline.parent_watch")
 def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
     """Watch the process `SHARDLINE_PARENT_PID` names, when it is this process's parent; SIGTERM this process
     once it has exited. False (nothing watched) without the variable or when another process started this."""
-    from shardline.core import settings
-
     value = settings.number(PARENT_ENV)
     if value is None or int(value) != os.getppid():
         return False

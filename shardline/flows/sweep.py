@@ -80,9 +80,9 @@ def sweep(
     space = read_space(space) if isinstance(space, str) else parse_space(space) if space or not folds else {}
     if folds:  # every setting on every fold of the k-fold data
         space = with_folds(space, validate_config(raw, "(the sweep's base config)"))
-    if "training.init_from" not in space:  # the parent, resolved once for every trial
+    if (raw.get("training") or {}).get("init_from") and "training.init_from" not in space:  # once for every trial
         pinned = pin_parent(validate_config(raw, "(the sweep's base config)")).training.init_from
-        raw = {**raw, "training": {**(raw.get("training") or {}), "init_from": pinned}} if pinned else raw
+        raw = {**raw, "training": {**raw["training"], "init_from": pinned}}
     plan = plan_sweep(raw, space, trials, seed)
     base = plan.base
     root = base.storage.root
