@@ -149,12 +149,21 @@ def timed(fn, into: list[float]):
 def shardline_run(train, val, spec, cfg, ckpt: str) -> tuple[float, ...]:
     """Seconds of the whole fit (wall, CPU), of them in the epoch's validation pass (wall, CPU) and in its
     checkpoint writes (wall, CPU)."""
-    from shardline.trainer.loop import fit
+    from shardline.trainer.loop import Callbacks, FitOptions, fit
 
     shutil.rmtree(ckpt, ignore_errors=True)
     VALIDATION[:], SAVING[:] = [0.0, 0.0], [0.0, 0.0]
     clock = Clock()
-    fit(train, val, spec, cfg, "classification", ckpt, resume=False, log=lambda m: None)
+    fit(
+        train,
+        val,
+        spec,
+        cfg,
+        "classification",
+        ckpt,
+        callbacks=Callbacks(log=lambda m: None),
+        options=FitOptions(resume=False),
+    )
     return (*clock.read(), *VALIDATION, *SAVING)
 
 

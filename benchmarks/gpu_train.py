@@ -70,7 +70,10 @@ MODES = {
 def run_fit(train, val, spec, cfg, task, ckpt, resume=True, log=lambda m: None):
     TimedLoader.waited = 0.0
     t = time.perf_counter()
-    result = loop.fit(train, val, spec, cfg, task, ckpt, resume=resume, log=log)
+    from shardline.trainer.stops import setting_hooks  # SHARDLINE_PREEMPT_AT_STEP: the preemption resume_check asks
+
+    callbacks = loop.Callbacks(log=log, **setting_hooks(log))
+    result = loop.fit(train, val, spec, cfg, task, ckpt, callbacks, loop.FitOptions(resume=resume))
     return result, time.perf_counter() - t, TimedLoader.waited
 
 

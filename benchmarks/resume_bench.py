@@ -111,11 +111,19 @@ SKIP_STEPS = 10  # a fit's first steps are slow (allocation, warm-up): not what 
 
 def throughput(shards: Path, work: Path, steps: int, repeats: int) -> list[dict]:
     from shardline.trainer.checkpoint import latest_checkpoint
-    from shardline.trainer.loop import fit
+    from shardline.trainer.loop import Callbacks, FitOptions, fit
 
     train, val = open_splits(shards)
     cadences = [("off (epoch ends only)", 0), ("every 200 steps (demo)", 200), ("every 50 steps", 50)]
-    fit(train, val, spec(), training(max_steps_per_epoch=20), "classification", str(work / "warm-up"), log=quiet)
+    fit(
+        train,
+        val,
+        spec(),
+        training(max_steps_per_epoch=20),
+        "classification",
+        str(work / "warm-up"),
+        callbacks=Callbacks(log=quiet),
+    )
     speeds: dict[str, list[float]] = {label: [] for label, _ in cadences}
     costs: dict[str, list[float]] = {label: [] for label, _ in cadences}
     size = 0
@@ -130,10 +138,10 @@ def throughput(shards: Path, work: Path, steps: int, repeats: int) -> list[dict]
                 training(max_steps_per_epoch=steps, checkpoint_every_steps=every),
                 "classification",
                 str(folder),
-                on_step=lambda step, _m, at=at: at.__setitem__(step, time.perf_counter()),
-                step_every=1,
-                resume=False,
-                log=quiet,
+                callbacks=Callbacks(
+                    on_step=lambda step, _m, at=at: at.__setitem__(step, time.perf_counter()), log=quiet
+                ),
+                options=FitOptions(step_every=1, resume=False),
             )
             # a checkpoint after step k is taken between on_step(k) and on_step(k + 1): inside this span
             speeds[label].append((steps - SKIP_STEPS) * BATCH / (at[steps] - at[SKIP_STEPS]))
@@ -250,7 +258,7 @@ def preemption(shards: Path, work: Path, cadences: list[tuple[str, dict, int]], 
 
 def child(job_path: str) -> int:
     """Train until killed, printing "step N" after each optimizer step (resumes whatever the folder holds)."""
-    from shardline.trainer.loop import fit
+    from shardline.trainer.loop import Callbacks, FitOptions, fit
 
     job = json.loads(Path(job_path).read_text())
     train, val = open_splits(Path(job["shards"]))
@@ -265,9 +273,8 @@ def child(job_path: str) -> int:
         training(**job["training"]),
         "classification",
         job["ckpt"],
-        on_step=on_step,
-        step_every=1,
-        log=quiet,
+        callbacks=Callbacks(on_step=on_step, log=quiet),
+        options=FitOptions(step_every=1),
     )
     return 0
 

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     from shardline.core.storage import ShardCache
     from shardline.tasks.encode import encode_dataset
     from shardline.trainer.data import WindowLoader, open_split
-    from shardline.trainer.loop import fit
+    from shardline.trainer.loop import Callbacks, FitOptions, fit
     from shardline.trainer.models import model_spec_for
     from shardline.trainer.serving import data_spec
 
@@ -122,10 +122,10 @@ def main(argv: list[str] | None = None) -> None:
                     training,
                     task,
                     str(work / f"ck-{mode}-{r}"),
-                    resume=False,
-                    log=log,
-                    on_step=lambda step, _m, stamps=stamps: stamps.__setitem__(step, time.process_time()),
-                    step_every=1,
+                    callbacks=Callbacks(
+                        log=log, on_step=lambda step, _m, stamps=stamps: stamps.__setitem__(step, time.process_time())
+                    ),
+                    options=FitOptions(resume=False, step_every=1),
                 )
                 runs[mode].append([h["windows_per_s"] for h in result.history])
                 steps = result.steps // args.epochs

@@ -88,7 +88,7 @@ def _fit(config_path: str, manifest_uri: str, ckpt: str, threads: int | None, ov
     from shardline.core.config import load_config
     from shardline.core.manifest import Manifest
     from shardline.trainer.data import open_split
-    from shardline.trainer.loop import fit
+    from shardline.trainer.loop import Callbacks, FitOptions, fit
     from shardline.trainer.models import model_spec_for
     from shardline.trainer.serving import data_spec
 
@@ -100,7 +100,16 @@ def _fit(config_path: str, manifest_uri: str, ckpt: str, threads: int | None, ov
     train, val = open_split(manifest, manifest_uri, "train"), open_split(manifest, manifest_uri, "validation")
     spec = model_spec_for(config.model, data_spec(manifest.encoding))
     t0 = time.perf_counter()
-    result = fit(train, val, spec, config.training, "classification", ckpt, resume=False, log=lambda m: None)
+    result = fit(
+        train,
+        val,
+        spec,
+        config.training,
+        "classification",
+        ckpt,
+        callbacks=Callbacks(log=lambda m: None),
+        options=FitOptions(resume=False),
+    )
     return {
         "seconds": time.perf_counter() - t0,
         "windows": train.n_windows * config.training.epochs,

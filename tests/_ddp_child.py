@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 from shardline.core.config import TrainingConfig  # noqa: E402
 from shardline.trainer.ddp_run import RankErrors, die_with_agent, run_job  # noqa: E402
 from shardline.trainer.distributed import exit_now, init_from_env, leave  # noqa: E402
-from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE  # noqa: E402
+from shardline.trainer.stops import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE  # noqa: E402
 
 
 def main(job_path: str) -> int:

@@ -101,9 +101,8 @@ def main(job_path: str) -> int:
             TrainingConfig(**job["training"]),
             "classification",
             job["ckpt"],
-            on_step=on_step,
-            step_every=1,
-            log=log,
+            callbacks=loop.Callbacks(on_step=on_step, log=log),
+            options=loop.FitOptions(step_every=1),
         )
     except loop.Preempted as stopped:
         log(f"preempted: {stopped}")

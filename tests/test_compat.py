@@ -31,7 +31,7 @@ def test_a_model_registered_before_the_layers_predicts_the_same_in_a_fresh_proce
 
 def test_a_checkpoint_written_before_the_layers_loads_and_predicts_the_same():
     from shardline.core.manifest import EncodingSpec
-    from shardline.trainer.loop import load_model
+    from shardline.trainer.inference import load_model
     from shardline.trainer.serving import Predictor
 
     bundle = json.loads((DATA / "model" / "artifacts" / "bundle.json").read_text())

@@ -8,7 +8,8 @@ import pytest
 from shardline.core import cost, cost_ledger
 from shardline.trainer import loop
 from shardline.trainer.checkpoint import latest_checkpoint, list_checkpoints
-from shardline.trainer.loop import fit, load_model
+from shardline.trainer.inference import load_model
+from shardline.trainer.loop import Callbacks, FitOptions, fit
 from tests.test_trainer import assert_same_weights, data, no_timing, quiet, spec_for, train_cfg  # noqa: F401
 
 
@@ -229,7 +230,7 @@ def test_the_budget_left_is_a_deadline_on_this_attempts_clock(tmp_path):
 
 def test_a_budget_stop_saves_a_checkpoint_and_raising_the_budget_resumes_exactly(data, tmp_path):  # noqa: F811
     args = (data["classification"], data["classification-val"], spec_for("mlp"))
-    reference = fit(*args, train_cfg(), "classification", str(tmp_path / "straight"), log=quiet)
+    reference = fit(*args, train_cfg(), "classification", str(tmp_path / "straight"), callbacks=Callbacks(log=quiet))
     folder = str(tmp_path / "budget")
     deadline = loop.Deadline(time.monotonic() + 3.0, lambda: "training.max_cost=1 USD reached: 1.2 USD", "max_cost")
 
@@ -243,10 +244,8 @@ def test_a_budget_stop_saves_a_checkpoint_and_raising_the_budget_resumes_exactly
             train_cfg(),
             "classification",
             folder,
-            on_step=slow_at_step_4,
-            step_every=1,
-            log=quiet,
-            deadline=deadline,
+            callbacks=Callbacks(on_step=slow_at_step_4, log=quiet),
+            options=FitOptions(step_every=1, deadline=deadline),
         )
     message = str(stopped.value)
     assert stopped.value.checkpoint.endswith("ckpt-000000004.pt")
@@ -259,7 +258,14 @@ def test_a_budget_stop_saves_a_checkpoint_and_raising_the_budget_resumes_exactly
     # still out of budget: stopped before a step is trained, nothing saved
     spent = loop.Deadline(time.monotonic() - 1, lambda: "training.max_hours=1 reached", "max_hours")
     with pytest.raises(loop.BudgetExceeded, match="raise training.max_hours and run again") as again:
-        fit(*args, train_cfg(), "classification", folder, log=quiet, deadline=spent)
+        fit(
+            *args,
+            train_cfg(),
+            "classification",
+            folder,
+            callbacks=Callbacks(log=quiet),
+            options=FitOptions(deadline=spent),
+        )
     assert again.value.checkpoint == stopped.value.checkpoint and list_checkpoints(folder) == saved
     # a higher budget (a far deadline) resumes from the checkpoint to the uninterrupted run's weights, to the bit
     result = fit(
@@ -267,8 +273,8 @@ def test_a_budget_stop_saves_a_checkpoint_and_raising_the_budget_resumes_exactly
         train_cfg(max_cost=100.0),
         "classification",
         folder,
-        log=quiet,
-        deadline=loop.Deadline(time.monotonic() + 3600, lambda: "", "max_cost"),
+        callbacks=Callbacks(log=quiet),
+        options=FitOptions(deadline=loop.Deadline(time.monotonic() + 3600, lambda: "", "max_cost")),
     )
     assert result.resumed_from == stopped.value.checkpoint
     assert_same_weights(

@@ -26,9 +26,10 @@ from typer.testing import CliRunner
 
 from shardline.core import cost_ledger
 from shardline.core.config import validate_config
+from shardline.core.failures import BudgetExceeded
 from shardline.core.metrics import format_number
 from shardline.trainer.checkpoint import checkpoint_step
-from shardline.trainer.loop import BUDGET_EXIT_CODE, BudgetExceeded
+from shardline.trainer.stops import BUDGET_EXIT_CODE
 from tests.conftest import make_raw, tiny_config
 
 pytestmark = pytest.mark.e2e

@@ -26,7 +26,8 @@ from shardline.tasks.encode import encode_dataset
 from shardline.tasks.evaluate import evaluate_model, train_statistic
 from shardline.tasks.ingest import snapshot_source
 from shardline.trainer.data import open_split
-from shardline.trainer.loop import fit, load_model, predict
+from shardline.trainer.inference import load_model, predict
+from shardline.trainer.loop import Callbacks, FitOptions, fit
 from shardline.trainer.models import model_spec_for
 from shardline.trainer.serving import data_spec, prediction_frame
 from tests.conftest import make_raw, tiny_config
@@ -50,8 +51,8 @@ def train_run(tmp_path: Path, cfg_dict: dict) -> tuple[str, dict, object]:
         training,
         spec.targets[0].task if spec.targets else None,
         str(tmp_path / "checkpoints"),
-        log=lambda *a: None,
-        ranking=SplitRanking.of_validation(manifest, uri, "validation", cfg.evaluation.k),
+        callbacks=Callbacks(log=lambda *a: None),
+        options=FitOptions(ranking=SplitRanking.of_validation(manifest, uri, "validation", cfg.evaluation.k)),
     )
     return uri, {"best_checkpoint": result.best_checkpoint, "history": result.history}, cfg
 
@@ -126,12 +127,12 @@ def test_window_keys_of_chosen_windows_are_those_of_the_whole_listing():
 def test_evaluations_code_is_not_part_of_what_addresses_a_training_run():
     """The train step's code version names a run's folder: an edit to evaluation's pass must not train
     every model again (nor re-run the encode)."""
-    from shardline.core.version import module_closure
+    from shardline.core.version import TRAINER, module_closure
 
     inference = REPO / "shardline" / "trainer" / "inference.py"
     assert inference in module_closure("shardline.tasks.evaluate")
-    assert inference not in module_closure("shardline.tasks.train")
-    assert inference not in module_closure("shardline.tasks.encode")
+    assert all(inference not in module_closure(m) for m in TRAINER)  # what the train cache and run folder key on
+    assert inference not in module_closure("shardline.core.encoding.write")  # what the encode keys on (encoder_code)
 
 
 SEVERAL = {

@@ -215,7 +215,8 @@ def test_a_small_gpt_trains_on_encoded_token_shards_and_generates(tmp_path):
     from shardline.tasks.encode import encode_dataset
     from shardline.tasks.ingest import snapshot_source
     from shardline.trainer.data import open_split
-    from shardline.trainer.loop import fit, load_model
+    from shardline.trainer.inference import load_model
+    from shardline.trainer.loop import Callbacks, fit
     from shardline.trainer.serving import data_spec
 
     token_corpus(tmp_path / "raw")
@@ -235,7 +236,15 @@ def test_a_small_gpt_trains_on_encoded_token_shards_and_generates(tmp_path):
     spec = model_spec_for(cfg.model, data_spec(manifest.encoding))
     assert spec["data"]["cardinalities"] == [21] and spec["data"]["targets"][0]["n_classes"] == 21
     train, val = open_split(manifest, uri, "train"), open_split(manifest, uri, "validation")
-    result = fit(train, val, spec, TrainingConfig(**raw["training"]), "classification", str(tmp_path / "ck"), log=print)
+    result = fit(
+        train,
+        val,
+        spec,
+        TrainingConfig(**raw["training"]),
+        "classification",
+        str(tmp_path / "ck"),
+        callbacks=Callbacks(log=print),
+    )
     first, last = result.history[0], result.history[-1]  # log(21) = 3.04: a uniform guess over the 21 ids
     assert first["train_loss"] < math.log(21) and last["val_loss"] < 0.6 * math.log(21), result.history
     assert last["val_accuracy"] > 0.6
@@ -266,7 +275,7 @@ class Bigram(torch.nn.Module):
 
 def test_text_evaluation_scores_each_token_once():
     from shardline.trainer.data import ScoredLoader, SplitData, WindowLoader
-    from shardline.trainer.loop import evaluate
+    from shardline.trainer.validate import evaluate
 
     rng = np.random.default_rng(0)
     lengths = [K * 3 + 5, K + 1, 2 * K + 1, K * 4]  # a tail, exactly one window, two windows, a tail again

@@ -11,7 +11,8 @@ import torch
 
 from shardline.core.config import ModelConfig, TrainingConfig
 from shardline.trainer.contract import ModelContractError, import_entrypoint
-from shardline.trainer.loop import fit, load_model, predict
+from shardline.trainer.inference import load_model, predict
+from shardline.trainer.loop import Callbacks, FitOptions, fit
 from shardline.trainer.models import legacy_data_spec, model_from_spec, model_spec_for
 from tests.test_trainer import CARDS, N_CLASSES, K, data  # noqa: F401  (the module-scoped `data` fixture)
 from tests.user_project import write_project
@@ -51,8 +52,15 @@ def project(tmp_path, monkeypatch):
 
 def test_a_users_model_trains_checkpoints_and_predicts_like_a_built_in(data, project, tmp_path):  # noqa: F811
     spec = user_spec(project, hidden=12)
-    result = fit(data["classification"], data["classification-val"], spec, train_cfg(), "classification",
-                 str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        spec,
+        train_cfg(),
+        "classification",
+        str(tmp_path / "ckpt"),
+        callbacks=Callbacks(log=quiet),
+    )
     model = load_model(result.best_checkpoint)
     assert type(model).__name__ == "WindowGRU" and model.gru.hidden_size == 12  # built as Name(spec, **params)
     probs = predict(model, data["classification-val"])["target"]
@@ -79,8 +87,15 @@ def test_a_model_with_its_own_loss_trains_on_it(data, project, tmp_path):  # noq
         """,
     )
     spec = user_spec(project, "models.own:Counted")
-    fit(data["classification"], data["classification-val"], spec, train_cfg(max_steps_per_epoch=4),
-        "classification", str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+    fit(
+        data["classification"],
+        data["classification-val"],
+        spec,
+        train_cfg(max_steps_per_epoch=4),
+        "classification",
+        str(tmp_path / "ckpt"),
+        callbacks=Callbacks(log=quiet),
+    )
     from models.own import Counted
 
     assert Counted.calls >= 4  # every training step, and the validation batches
@@ -119,8 +134,15 @@ def test_outputs_that_break_the_contract_fail_on_the_first_batch(data, project, 
         """,
     )
     with pytest.raises(ModelContractError, match=expect):
-        fit(data["classification"], data["classification-val"], user_spec(project, "models.bad:Bad"), train_cfg(),
-            "classification", str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+        fit(
+            data["classification"],
+            data["classification-val"],
+            user_spec(project, "models.bad:Bad"),
+            train_cfg(),
+            "classification",
+            str(tmp_path / "ckpt"),
+            callbacks=Callbacks(log=quiet),
+        )
     ckpt = tmp_path / "ckpt"
     assert not ckpt.exists() or not list(ckpt.glob("ckpt-*"))  # no step was taken, nothing written
 
@@ -147,8 +169,15 @@ def test_a_loss_that_is_not_a_finite_scalar_names_the_step(data, project, tmp_pa
         """,
     )
     with pytest.raises(ModelContractError, match=expect):
-        fit(data["classification"], data["classification-val"], user_spec(project, "models.lossy:Lossy"),
-            train_cfg(), "classification", str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+        fit(
+            data["classification"],
+            data["classification-val"],
+            user_spec(project, "models.lossy:Lossy"),
+            train_cfg(),
+            "classification",
+            str(tmp_path / "ckpt"),
+            callbacks=Callbacks(log=quiet),
+        )
 
 
 def test_entrypoints_that_do_not_build_a_module_say_why(project):
@@ -210,8 +239,15 @@ def test_the_documented_example_model_trains_as_written(data, tmp_path):  # noqa
             ModelConfig(entrypoint="docmodel:WindowGRU", params={"hidden": 8}, code_dir=str(folder)),
             legacy_data_spec(2, CARDS, K, N_CLASSES),
         )
-        result = fit(data["classification"], data["classification-val"], spec, train_cfg(), "classification",
-                     str(tmp_path / "ckpt"), log=quiet)  # fmt: skip
+        result = fit(
+            data["classification"],
+            data["classification-val"],
+            spec,
+            train_cfg(),
+            "classification",
+            str(tmp_path / "ckpt"),
+            callbacks=Callbacks(log=quiet),
+        )
         assert predict(load_model(result.best_checkpoint), data["classification-val"])["target"].shape[1] == N_CLASSES
     finally:
         sys.modules.pop("docmodel", None)
@@ -220,8 +256,15 @@ def test_the_documented_example_model_trains_as_written(data, tmp_path):  # noqa
 def test_fine_tuning_starts_from_matching_tensors_and_leaves_frozen_ones_bit_for_bit(data, project, tmp_path):  # noqa: F811
     from shardline.trainer.checkpoint import load_checkpoint
 
-    base = fit(data["classification"], data["classification-val"], user_spec(project), train_cfg(),
-               "classification", str(tmp_path / "base"), log=quiet)  # fmt: skip
+    base = fit(
+        data["classification"],
+        data["classification-val"],
+        user_spec(project),
+        train_cfg(),
+        "classification",
+        str(tmp_path / "base"),
+        callbacks=Callbacks(log=quiet),
+    )
     parent = load_checkpoint(base.best_checkpoint)["model"]
     # a head for one more class: its tensors do not fit and are skipped; the backbone is loaded and frozen
     wider = model_spec_for(
@@ -229,9 +272,16 @@ def test_fine_tuning_starts_from_matching_tensors_and_leaves_frozen_ones_bit_for
         legacy_data_spec(2, CARDS, K, N_CLASSES + 1),
     )
     lines: list[str] = []
-    tuned = fit(data["classification"], data["classification-val"], wider, train_cfg(freeze=["embed.", "gru."]),
-                "classification", str(tmp_path / "tuned"), log=lines.append, init_weights=parent,
-                init_source="models:/base@champion")  # fmt: skip
+    tuned = fit(
+        data["classification"],
+        data["classification-val"],
+        wider,
+        train_cfg(freeze=["embed.", "gru."]),
+        "classification",
+        str(tmp_path / "tuned"),
+        callbacks=Callbacks(log=lines.append),
+        options=FitOptions(init_weights=parent, init_source="models:/base@champion"),
+    )
     child = load_checkpoint(tuned.best_checkpoint)["model"]
     backbone = [k for k in parent if k.startswith(("embed.", "gru."))]
     assert backbone and all(torch.equal(child[k], parent[k]) for k in backbone)  # frozen: not one bit moved
@@ -247,11 +297,26 @@ def test_fine_tuning_starts_from_matching_tensors_and_leaves_frozen_ones_bit_for
 
 def test_fine_tuning_refuses_unmatched_prefixes_and_weights_that_fit_nothing(data, project, tmp_path):  # noqa: F811
     with pytest.raises(ModelContractError, match=r"training.freeze: \['backbone.'\] match\(es\) no parameter"):
-        fit(data["classification"], data["classification-val"], user_spec(project), train_cfg(freeze=["backbone."]),
-            "classification", str(tmp_path / "a"), log=quiet)  # fmt: skip
+        fit(
+            data["classification"],
+            data["classification-val"],
+            user_spec(project),
+            train_cfg(freeze=["backbone."]),
+            "classification",
+            str(tmp_path / "a"),
+            callbacks=Callbacks(log=quiet),
+        )
     with pytest.raises(ModelContractError, match=r"init_from=other: none of its 1 tensors matches WindowGRU"):
-        fit(data["classification"], data["classification-val"], user_spec(project), train_cfg(), "classification",
-            str(tmp_path / "b"), log=quiet, init_weights={"x.weight": torch.zeros(2)}, init_source="other")  # fmt: skip
+        fit(
+            data["classification"],
+            data["classification-val"],
+            user_spec(project),
+            train_cfg(),
+            "classification",
+            str(tmp_path / "b"),
+            callbacks=Callbacks(log=quiet),
+            options=FitOptions(init_weights={"x.weight": torch.zeros(2)}, init_source="other"),
+        )
 
 
 def test_two_projects_with_a_models_package_each_train_their_own_in_one_process(tmp_path):

@@ -11,26 +11,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 # a real, tiny training (two epochs of the trainer tests' shards) with the bar `training_run` uses
 CHILD = """
-import sys, tempfile
+import sys, tempfile, time
 from pathlib import Path
 from tests.test_trainer import K, H, make_arrays, write_shard, spec_for, train_cfg
 from shardline.trainer.data import SplitData
-from shardline.trainer.loop import fit
+from shardline.trainer.loop import Callbacks, FitOptions, fit
 from shardline.trainer.progress import TerminalProgress
 
 folder = Path(tempfile.mkdtemp())
 train = SplitData([write_shard(folder, "t.bin", make_arrays(0, [300, 250]))], K, H)
 val = SplitData([write_shard(folder, "v.bin", make_arrays(7, [120]))], K, H)
 bar = TerminalProgress()
-fit(train, val, spec_for(), train_cfg(), "classification", str(folder / "ckpt"), log=lambda m: None,
-    on_progress=bar.show, progress_seconds=0)
+slow = lambda step, resumed: time.sleep(0.01)  # a run long enough to redraw the bar
+fit(train, val, spec_for(), train_cfg(), "classification", str(folder / "ckpt"),
+    Callbacks(log=lambda m: None, on_progress=bar.show, after_step=slow), FitOptions(progress_seconds=0))
 bar.close()
 print("bar on" if bar.on else "bar off", "trained", flush=True)
 """
 
 
 def run(with_terminal: bool) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SHARDLINE_TEST_STEP_DELAY": "0.01", "COLUMNS": "120"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "120"}
     cmd = [sys.executable, "-c", CHILD]
     if not with_terminal:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)

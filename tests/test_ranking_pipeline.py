@@ -109,7 +109,7 @@ def validation_ranked(manifest_uri: str, checkpoint: str, batch_size: int) -> di
     """The ranking metrics of a checkpoint on the validation split, computed here: its predictions (`predict`),
     each window's target row, and that row's group and grade read straight from the rows files."""
     from shardline.trainer.data import open_split
-    from shardline.trainer.loop import load_model, predict
+    from shardline.trainer.inference import load_model, predict
 
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     val = open_split(manifest, manifest_uri, "validation")

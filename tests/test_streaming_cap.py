@@ -31,7 +31,7 @@ from shardline.core.shards import RESIDENT_ENV, MappedPages
 from shardline.core.storage import CacheFull, ShardCache
 from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from shardline.trainer.data import WindowLoader, check_cache_room, open_split
-from shardline.trainer.loop import fit
+from shardline.trainer.loop import Callbacks, FitOptions, fit
 from shardline.trainer.models import model_spec_for
 from shardline.trainer.serving import data_spec
 from tests.conftest import tiny_config
@@ -127,9 +127,8 @@ def train_here(dataset: dict, cache: ShardCache, ckpt: Path, on_step=None, **tra
         TrainingConfig(**{**TRAINING, **training}),
         "classification",
         str(ckpt),
-        on_step=on_step,
-        step_every=1,
-        log=lambda _m: None,
+        callbacks=Callbacks(on_step=on_step, log=lambda _m: None),
+        options=FitOptions(step_every=1),
     )
     return train, val, result
 

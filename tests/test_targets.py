@@ -15,7 +15,7 @@ import torch
 from shardline.core.config import ModelConfig, TrainingConfig, validate_config
 from shardline.trainer.contract import DataSpec, ModelContractError, TargetInfo
 from shardline.trainer.data import SplitData, WindowLoader
-from shardline.trainer.loop import fit
+from shardline.trainer.loop import Callbacks, fit
 from shardline.trainer.models import model_from_spec, model_spec_for
 from tests.conftest import make_raw, tiny_config
 from tests.test_trainer import CARDS, K, make_arrays
@@ -110,7 +110,7 @@ def test_a_model_without_a_target_needs_its_own_loss_and_a_wrong_shape_names_the
     )
     model = ModelConfig(entrypoint="models.plain:Plain", code_dir=str(tmp_path))
     with pytest.raises(ModelContractError, match="has no loss.*no target"):
-        fit(*no_target, model_spec_for(model, none), cfg, None, str(tmp_path / "a"), log=quiet)
+        fit(*no_target, model_spec_for(model, none), cfg, None, str(tmp_path / "a"), callbacks=Callbacks(log=quiet))
     every = DataSpec(["a", "b"], [], ["c", "d"], list(CARDS), K, [TargetInfo("target", "classification", 4, "all")])
     all_data = (
         SplitData([make_arrays(0, [60, 40])], K, 1, positions="all"),
@@ -119,10 +119,25 @@ def test_a_model_without_a_target_needs_its_own_loss_and_a_wrong_shape_names_the
     with pytest.raises(
         ModelContractError, match=r"'target' .* shape \[16, 4\], expected \[16, 4, 4\] .*one per position of the window"
     ):
-        fit(*all_data, model_spec_for(model, every), cfg, "classification", str(tmp_path / "b"), log=quiet)
+        fit(
+            *all_data,
+            model_spec_for(model, every),
+            cfg,
+            "classification",
+            str(tmp_path / "b"),
+            callbacks=Callbacks(log=quiet),
+        )
     # the data and the model must agree on the positions
     with pytest.raises(ValueError, match="positions 'last', the model spec at 'all'"):
-        fit(data, data, model_spec_for(model, every), cfg, "classification", str(tmp_path / "c"), log=quiet)
+        fit(
+            data,
+            data,
+            model_spec_for(model, every),
+            cfg,
+            "classification",
+            str(tmp_path / "c"),
+            callbacks=Callbacks(log=quiet),
+        )
     import sys
 
     sys.modules.pop("models.plain", None)

@@ -24,7 +24,8 @@ from shardline.trainer.checkpoint import (
 )
 from shardline.trainer.data import LOADER_STATE_VERSION, SplitData, WindowLoader, open_split
 from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, pick_precision
-from shardline.trainer.loop import TIMING_KEYS, Preempted, fit, load_model, predict
+from shardline.trainer.inference import load_model, predict
+from shardline.trainer.loop import TIMING_KEYS, Callbacks, FitOptions, Preempted, fit
 from shardline.trainer.models import build_model, model_from_spec, model_spec
 
 K, H = 4, 1
@@ -405,7 +406,7 @@ def test_both_families_learn_the_rule(data, tmp_path, family):
         cfg,
         "classification",
         str(tmp_path / "ckpt"),
-        log=quiet,
+        callbacks=Callbacks(log=quiet),
     )
     losses = [h["val_loss"] for h in result.history]
     assert losses[-1] < losses[0] and losses[-1] < 0.25 * np.log(3)  # a uniform guess among the 3 classes scores ln 3
@@ -432,7 +433,7 @@ def test_regression_trains(data, tmp_path):
         cfg,
         "regression",
         str(tmp_path / "ckpt"),
-        log=quiet,
+        callbacks=Callbacks(log=quiet),
     )
     val = data["regression-val"]
     baseline = np.abs(val.targets() - val.targets().mean()).mean()
@@ -451,7 +452,7 @@ def test_bf16_on_cpu_runs(data, tmp_path):
         train_cfg(epochs=1, precision="bf16", max_steps_per_epoch=3),
         "classification",
         str(tmp_path),
-        log=quiet,
+        callbacks=Callbacks(log=quiet),
     )
     assert result.precision == "bf16" and result.steps == 3 and np.isfinite(result.history[0]["val_loss"])
 
@@ -515,7 +516,7 @@ def straight(data, tmp_path_factory):
             train_cfg(),
             "classification",
             folder,
-            log=quiet,
+            callbacks=Callbacks(log=quiet),
         )
         runs[family] = (result, load_model(result.last_checkpoint).state_dict())
     return runs
@@ -550,10 +551,8 @@ def test_resume_after_a_crash_is_bit_identical(data, tmp_path, straight, family,
             train_cfg(),
             "classification",
             folder,
-            on_step=crash,
-            step_every=1,
-            run_meta={"run_id": "abc"},
-            log=quiet,
+            callbacks=Callbacks(on_step=crash, log=quiet),
+            options=FitOptions(step_every=1, run_meta={"run_id": "abc"}),
         )
     saved = latest_checkpoint(folder)[1]
     assert saved["step"] == crash_at // 3 * 3  # the last checkpoint before the crash (15: the end of epoch 0)
@@ -565,8 +564,7 @@ def test_resume_after_a_crash_is_bit_identical(data, tmp_path, straight, family,
         train_cfg(),
         "classification",
         folder,
-        on_epoch=lambda e, m: epochs.append(e),
-        log=quiet,
+        callbacks=Callbacks(on_epoch=lambda e, m: epochs.append(e), log=quiet),
     )
     assert result.resumed_from and result.resumed_from.endswith(f"ckpt-{saved['step']:09d}.pt")
     assert result.run_meta == {"run_id": "abc"} and result.steps == 30
@@ -591,9 +589,8 @@ def preempt_at_step_4(data, folder: str, cfg: TrainingConfig):
             cfg,
             "classification",
             folder,
-            on_step=terminate,
-            step_every=1,
-            log=quiet,
+            callbacks=Callbacks(on_step=terminate, log=quiet),
+            options=FitOptions(step_every=1),
         )
     return stopped
 
@@ -616,7 +613,7 @@ def test_sigterm_checkpoints_then_resume_is_bit_identical(data, tmp_path, straig
         train_cfg(checkpoint_every_steps=0),
         "classification",
         folder,
-        log=quiet,
+        callbacks=Callbacks(log=quiet),
     )
     assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
     assert no_timing(result.history) == no_timing(reference.history)
@@ -632,7 +629,7 @@ def test_cuda_graphs_on_the_cpu_say_so_and_train_exactly_as_eager_steps(data, tm
         train_cfg(cuda_graphs=True),
         "classification",
         str(tmp_path / "ckpt"),
-        log=said.append,
+        callbacks=Callbacks(log=said.append),
     )
     assert any(
         m.startswith("note: training.cuda_graphs is set, but every step runs eagerly: it trains on cpu") for m in said
@@ -658,10 +655,10 @@ def test_a_checkpoint_of_a_captured_run_resumes_with_eager_steps(data, tmp_path,
         data["classification"],
         data["classification-val"],
         spec_for("mlp"),
-        train_cfg(cuda_graphs=True),  # switching it resumes the same run: it changes nothing that is trained
+        train_cfg(cuda_graphs=True),
         "classification",
         folder,
-        log=quiet,
+        callbacks=Callbacks(log=quiet),
     )
     assert result.resumed_from == pt
     assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
@@ -691,9 +688,8 @@ def test_training_deterministic_switches_torchs_kernels_for_the_fit_alone_and_sw
             train_cfg(deterministic=setting),
             "classification",
             folder,
-            on_step=on_step,
-            step_every=1,
-            log=quiet,
+            callbacks=Callbacks(on_step=on_step, log=quiet),
+            options=FitOptions(step_every=1),
         )
 
     with pytest.raises(Preempted):
@@ -710,7 +706,7 @@ def test_training_deterministic_switches_torchs_kernels_for_the_fit_alone_and_sw
 def test_training_deterministic_on_cuda_fixes_cublas_workspace_unless_the_environment_sets_one(monkeypatch):
     """On a GPU, training.deterministic: true needs cuBLAS's fixed workspace too: set for the process when the
     environment has none, a user's own left alone; null leaves the GPU's kernels as they are (fast)."""
-    from shardline.trainer.loop import _deterministic
+    from shardline.trainer.stops import deterministic as _deterministic
 
     cuda = torch.device("cuda")  # only the setting is read: no GPU is touched
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -739,9 +735,8 @@ def test_finished_run_is_not_trained_again(data, tmp_path, straight):
         train_cfg(),
         "classification",
         str(folder),
-        on_step=lambda s, m: calls.append(s),
-        step_every=1,
-        log=quiet,
+        callbacks=Callbacks(on_step=lambda s, m: calls.append(s), log=quiet),
+        options=FitOptions(step_every=1),
     )
     assert calls == [] and again.steps == 30 and again.history == reference.history
     assert again.best_checkpoint == reference.best_checkpoint and again.last_checkpoint == reference.last_checkpoint
@@ -757,7 +752,7 @@ def test_resume_refuses_another_config(data, tmp_path, straight):
             train_cfg(),
             "classification",
             folder,
-            log=quiet,
+            callbacks=Callbacks(log=quiet),
         )
     with pytest.raises(ValueError, match=r"training\.lr"):
         fit(
@@ -767,7 +762,7 @@ def test_resume_refuses_another_config(data, tmp_path, straight):
             train_cfg(lr=0.5),
             "classification",
             folder,
-            log=quiet,
+            callbacks=Callbacks(log=quiet),
         )
 
 
@@ -802,7 +797,7 @@ def test_resume_false_starts_over_in_a_used_folder(data, tmp_path):
         quick,
         "classification",
         str(folder),
-        log=quiet,
+        callbacks=Callbacks(log=quiet),
     )
     other = spec_for("mlp", embedding_dim=3)
     result = fit(
@@ -812,8 +807,8 @@ def test_resume_false_starts_over_in_a_used_folder(data, tmp_path):
         train_cfg(epochs=1, max_steps_per_epoch=1),
         "classification",
         str(folder),
-        resume=False,
-        log=quiet,
+        callbacks=Callbacks(log=quiet),
+        options=FitOptions(resume=False),
     )
     assert result.resumed_from is None and result.steps == 1
     assert sorted(os.listdir(folder)) == ["best.json", "ckpt-000000001.json", "ckpt-000000001.pt"]
@@ -823,12 +818,26 @@ def test_resume_false_starts_over_in_a_used_folder(data, tmp_path):
 def test_settings_sized_for_another_data_set_are_said_at_the_start(data, tmp_path):
     lines: list[str] = []
     cfg = train_cfg(epochs=1, warmup_steps=500, checkpoint_every_steps=1000)
-    fit(data["classification"], data["classification-val"], spec_for(), cfg, "classification",
-        str(tmp_path / "ckpt"), log=lines.append)  # fmt: skip
+    fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for(),
+        cfg,
+        "classification",
+        str(tmp_path / "ckpt"),
+        callbacks=Callbacks(log=lines.append),
+    )
     steps = -(-len(WindowLoader(data["classification"], 32, 1)) // 2)  # grad_accum 2
     assert f"note: training.warmup_steps=500 is not below this run's {steps} optimizer steps" in "\n".join(lines)
     assert f"checkpoint_every_steps=1000 is not below an epoch's {steps} steps" in "\n".join(lines)
     quiet_lines: list[str] = []
-    fit(data["classification"], data["classification-val"], spec_for(), train_cfg(epochs=1),
-        "classification", str(tmp_path / "ckpt2"), log=quiet_lines.append)  # fmt: skip
+    fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for(),
+        train_cfg(epochs=1),
+        "classification",
+        str(tmp_path / "ckpt2"),
+        callbacks=Callbacks(log=quiet_lines.append),
+    )
     assert not any(line.startswith("note:") for line in quiet_lines)

@@ -18,7 +18,8 @@ from mlflow import MlflowClient
 from shardline.core.config import ConfigError, ModelConfig, validate_config
 from shardline.core.metrics import learning_curves_figure
 from shardline.trainer.checkpoint import best_checkpoint
-from shardline.trainer.loop import fit, load_model, predict
+from shardline.trainer.inference import load_model, predict
+from shardline.trainer.loop import Callbacks, fit
 from shardline.trainer.models import legacy_data_spec, model_spec_for
 from tests.conftest import make_raw, tiny_config
 from tests.test_trainer import CARDS, N_CLASSES, K, data, quiet, spec_for, train_cfg  # noqa: F401 (`data`: fixture)
@@ -40,8 +41,15 @@ def test_select_by_picks_the_best_epoch_by_that_metric_and_says_which(data, tmp_
     runs = {}
     for select_by in ("val_accuracy", "val_loss"):
         lines: list[str] = []
-        result = fit(data["classification"], val, spec_for(), train_cfg(**SHORT, select_by=select_by),
-                     "classification", str(tmp_path / select_by), log=lines.append)  # fmt: skip
+        result = fit(
+            data["classification"],
+            val,
+            spec_for(),
+            train_cfg(**SHORT, select_by=select_by),
+            "classification",
+            str(tmp_path / select_by),
+            callbacks=Callbacks(log=lines.append),
+        )
         runs[select_by] = (result, lines)
     by_accuracy, acc_lines = runs["val_accuracy"]
     by_loss, loss_lines = runs["val_loss"]
@@ -73,8 +81,15 @@ def test_select_by_picks_the_best_epoch_by_that_metric_and_says_which(data, tmp_
     assert all(0 <= h["data_wait_fraction"] <= 1 for h in history)
 
     # a finished run asked again returns the same selection
-    again = fit(data["classification"], val, spec_for(), train_cfg(**SHORT, select_by="val_accuracy"),
-                "classification", str(tmp_path / "val_accuracy"), log=quiet)  # fmt: skip
+    again = fit(
+        data["classification"],
+        val,
+        spec_for(),
+        train_cfg(**SHORT, select_by="val_accuracy"),
+        "classification",
+        str(tmp_path / "val_accuracy"),
+        callbacks=Callbacks(log=quiet),
+    )
     assert (again.best_epoch, again.select_by, again.best_checkpoint) == (
         highest,
         "val_accuracy",
@@ -82,8 +97,15 @@ def test_select_by_picks_the_best_epoch_by_that_metric_and_says_which(data, tmp_
     )
     # resuming under another criterion is refused: the saved best was chosen by the old one
     with pytest.raises(ValueError, match=r"training\.select_by: 'val_accuracy' -> 'val_loss'"):
-        fit(data["classification"], val, spec_for(), train_cfg(**SHORT, select_by="val_loss"),
-            "classification", str(tmp_path / "val_accuracy"), log=quiet)  # fmt: skip
+        fit(
+            data["classification"],
+            val,
+            spec_for(),
+            train_cfg(**SHORT, select_by="val_loss"),
+            "classification",
+            str(tmp_path / "val_accuracy"),
+            callbacks=Callbacks(log=quiet),
+        )
 
 
 def test_select_by_defaults_to_the_promotion_metrics_validation_counterpart(tmp_path):
@@ -118,8 +140,15 @@ def test_a_select_by_the_validation_never_gives_is_refused_with_the_names_there_
     # fit, called directly, refuses it before the first step: no checkpoint is written
     folder = tmp_path / "ckpt"
     with pytest.raises(ValueError, match=r"training.select_by='val_f1'.*\['val_accuracy', 'val_loss'\]"):
-        fit(data["classification"], data["classification-val"], spec_for(), train_cfg(select_by="val_f1"),
-            "classification", str(folder), log=quiet)  # fmt: skip
+        fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for(),
+            train_cfg(select_by="val_f1"),
+            "classification",
+            str(folder),
+            callbacks=Callbacks(log=quiet),
+        )
     assert not folder.exists() or not any(folder.iterdir())
 
 
@@ -158,22 +187,40 @@ def test_a_models_own_metric_selects_with_its_direction_and_a_missing_one_fails_
     scored_model,
 ):
     quick = dict(epochs=3, grad_accum=1, checkpoint_every_steps=0, max_steps_per_epoch=2)
-    result = fit(data["classification"], data["classification-val"], scored_model,
-                 train_cfg(**quick, select_by="val_confidence", select_direction="maximize"), "classification",
-                 str(tmp_path / "own"), log=quiet)  # fmt: skip
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        scored_model,
+        train_cfg(**quick, select_by="val_confidence", select_direction="maximize"),
+        "classification",
+        str(tmp_path / "own"),
+        callbacks=Callbacks(log=quiet),
+    )
     confidence = [h["val_confidence"] for h in result.history]
     assert (result.best_epoch, result.best_score) == (int(np.argmax(confidence)) + 1, max(confidence))
 
     with pytest.raises(ValueError, match="set training.select_direction"):  # which way is better: not guessed
-        fit(data["classification"], data["classification-val"], scored_model,
-            train_cfg(**quick, select_by="val_confidence"), "classification", str(tmp_path / "no-direction"),
-            log=quiet)  # fmt: skip
+        fit(
+            data["classification"],
+            data["classification-val"],
+            scored_model,
+            train_cfg(**quick, select_by="val_confidence"),
+            "classification",
+            str(tmp_path / "no-direction"),
+            callbacks=Callbacks(log=quiet),
+        )
     # a name the model's metrics() does not return: known at the first epoch's end, before it is marked best
     folder = tmp_path / "missing"
     with pytest.raises(ValueError, match=r"training.select_by='val_sureness'.*'val_confidence'"):
-        fit(data["classification"], data["classification-val"], scored_model,
-            train_cfg(**quick, select_by="val_sureness", select_direction="maximize"), "classification",
-            str(folder), log=quiet)  # fmt: skip
+        fit(
+            data["classification"],
+            data["classification-val"],
+            scored_model,
+            train_cfg(**quick, select_by="val_sureness", select_direction="maximize"),
+            "classification",
+            str(folder),
+            callbacks=Callbacks(log=quiet),
+        )
     assert best_checkpoint(str(folder)) is None
 
 

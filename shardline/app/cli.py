@@ -104,12 +104,13 @@ def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> di
         with _console_quiet(verbose):
             return pipeline(config, force=force)
     except Exception as e:
-        from shardline.trainer import loop
+        from shardline.core.failures import BudgetExceeded, Preempted
+        from shardline.trainer.stops import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
 
-        if isinstance(e, loop.Preempted):  # a distinct status: preempted, not broken; the same command resumes
-            _fail(f"{e}", getattr(loop, "PREEMPTED_EXIT_CODE", 75))
-        if isinstance(e, loop.BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
-            _fail(f"{e}", loop.BUDGET_EXIT_CODE)
+        if isinstance(e, Preempted):  # a distinct status: preempted, not broken; the same command resumes
+            _fail(f"{e}", PREEMPTED_EXIT_CODE)
+        if isinstance(e, BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
+            _fail(f"{e}", BUDGET_EXIT_CODE)
         if isinstance(e, (DataError, ValueError, FileNotFoundError)):
             _fail(str(e))
         raise

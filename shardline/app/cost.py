@@ -115,9 +115,11 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
     training and validation are the rate, what the first took more is the run's start-up."""
     from shardline.core.split_ranking import SplitRanking
     from shardline.trainer.data import open_split
-    from shardline.trainer.loop import fit, planned_steps
+    from shardline.trainer.loop import Callbacks, FitOptions, fit
     from shardline.trainer.models import model_spec_for
     from shardline.trainer.serving import data_spec
+    from shardline.trainer.step import planned_steps
+    from shardline.trainer.stops import setting_hooks
 
     gpu, how = detect_gpu()
     trains_on, validates_on = training_splits(config.data.split, config.training.fold)
@@ -144,9 +146,11 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
                 cfg,
                 spec.target.task if spec.target else None,
                 tmp,
-                log=lambda _m: None,
-                step_every=10**9,
-                ranking=SplitRanking.of_validation(manifest, manifest_uri, validates_on, config.evaluation.k),
+                Callbacks(log=lambda _m: None, **setting_hooks()),
+                FitOptions(
+                    step_every=10**9,
+                    ranking=SplitRanking.of_validation(manifest, manifest_uri, validates_on, config.evaluation.k),
+                ),
             )
     finally:
         train.release()
@@ -173,7 +177,7 @@ def plan_cost(
     """The planned steps, a measured rate, the time, and its cost per provider of `gpu` (default: this
     machine's type). `table.of(gpu)` must have been checked by the caller (an unknown type is a user error)."""
     from shardline.runs.training_run import load_manifest, parent_model, run_dir
-    from shardline.trainer.loop import planned_steps
+    from shardline.trainer.step import planned_steps
 
     here, _ = detect_gpu()
     gpu = gpu or here

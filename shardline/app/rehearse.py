@@ -22,7 +22,7 @@ from prefect import flow
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig, validate_config
 
-PREEMPT_ENV = "SHARDLINE_PREEMPT_AT_STEP"  # read by shardline.trainer.loop.fit
+PREEMPT_ENV = "SHARDLINE_PREEMPT_AT_STEP"  # read by shardline.trainer.stops.setting_hooks
 
 
 @dataclass

@@ -45,7 +45,7 @@ from shardline.core.failures import infrastructure_by_names
 from shardline.core.parent_watch import signal_on_parent_death
 from shardline.trainer.device import pick_device
 from shardline.trainer.distributed import check_batch_size, check_gpus_per_node
-from shardline.trainer.loop import Deadline, FitResult
+from shardline.trainer.loop import Callbacks, FitOptions, FitResult
 
 POLL_SECONDS = 0.5  # how often the events are read while the training runs
 TAIL_LINES = 40  # of torchrun's output, in the error of a failed run
@@ -166,24 +166,16 @@ def fit_in_processes(
     cfg: TrainingConfig,
     task: str | None,
     ckpt_dir: str,
-    on_step: Callable[[int, dict], None] | None = None,
-    on_epoch: Callable[[int, dict], None] | None = None,
-    run_meta: dict | None = None,
-    log: Callable[[str], None] = print,
-    step_every: int | None = 10,
-    init_weights: dict[str, torch.Tensor] | None = None,
-    init_source: str = "",
-    on_checkpoint: Callable[[str], None] | None = None,
-    on_progress: Callable[[dict], None] | None = None,
-    progress_seconds: float = 5.0,
-    deadline: Deadline | None = None,
-    ranking=None,
+    callbacks: Callbacks,
+    options: FitOptions,
     shared: str | None = None,
     run_id: str = "",
 ) -> FitResult:
-    """`fit` in `compute.processes_per_node` processes on each of `compute.nodes` machines. `shared`: a folder in
-    the run's storage for a training on several machines (the job, rank 0's events and result, the agents' error
+    """`fit` in `compute.processes_per_node` processes on each of `compute.nodes` machines, rank 0's events handed
+    to `callbacks` (each rank takes its `after_*` hooks from the environment: `setting_hooks`). `shared`: a folder
+    in the run's storage for a training on several machines (the job, rank 0's events and result, the agents' error
     records); one machine uses a temporary folder. `run_id`: the rendezvous id's stem (the run folder's name)."""
+    log, deadline, init_weights = callbacks.log, options.deadline, options.init_weights
     size = world_size(compute)
     check_batch_size(cfg.batch_size, size)  # before starting anything
     launcher = compute.train_on == "launcher"
@@ -207,14 +199,14 @@ def fit_in_processes(
             "training": cfg.model_dump(mode="json"),
             "task": task,
             "ckpt_dir": ckpt_dir,
-            "run_meta": run_meta or {},
+            "run_meta": options.run_meta,
             "events": storage.join(folder, "events"),
             "result": storage.join(folder, "result.json"),
             "errors": storage.join(folder, "errors"),
-            "step_every": step_every,
-            "progress_seconds": progress_seconds,
-            "init_source": init_source,
-            "ranking_ks": list(ranking.ks) if ranking is not None else None,
+            "step_every": options.step_every,
+            "progress_seconds": options.progress_seconds,
+            "init_source": options.init_source,
+            "ranking_ks": list(options.ranking.ks) if options.ranking is not None else None,
             # the machine's threads shared by the processes on it
             "threads": max(1, torch.get_num_threads() // compute.processes_per_node),
             "collective_timeout": compute.collective_timeout_seconds if several else None,
@@ -242,7 +234,7 @@ def fit_in_processes(
             job["init_weights"] = init_uri
         job_uri = storage.join(folder, "job.json")
         storage.write_text(job_uri, json.dumps(job))
-        follower = Follower(job["events"], log, on_step, on_epoch, on_checkpoint, on_progress)
+        follower = Follower(job["events"], callbacks)
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         try:
             if launcher:
@@ -318,17 +310,19 @@ class Follower:
     """Rank 0's events (chunks in the job's events folder) handed to `fit`'s callbacks, each step and epoch once
     (a restart round replays the steps after its checkpoint)."""
 
-    def __init__(self, folder: str | None, log, on_step=None, on_epoch=None, on_checkpoint=None, on_progress=None):
+    def __init__(self, folder: str | None, cb: Callbacks):
         self.folder = folder
         self.seen: set[str] = set()
         self.step, self.epoch = -1, -1
         self.last = time.monotonic()
         self.handlers = {
-            "log": lambda e: log(e["message"]),
-            "step": lambda e: on_step and self._once("step", e["step"], lambda: on_step(e["step"], e["metrics"])),
-            "epoch": lambda e: on_epoch and self._once("epoch", e["epoch"], lambda: on_epoch(e["epoch"], e["metrics"])),
-            "checkpoint": lambda e: on_checkpoint and on_checkpoint(e["uri"]),
-            "progress": lambda e: on_progress and on_progress(e["progress"]),
+            "log": lambda e: cb.log(e["message"]),
+            "step": lambda e: cb.on_step and self._once("step", e["step"], lambda: cb.on_step(e["step"], e["metrics"])),
+            "epoch": lambda e: (
+                cb.on_epoch and self._once("epoch", e["epoch"], lambda: cb.on_epoch(e["epoch"], e["metrics"]))
+            ),
+            "checkpoint": lambda e: cb.on_checkpoint and cb.on_checkpoint(e["uri"]),
+            "progress": lambda e: cb.on_progress and cb.on_progress(e["progress"]),
         }
 
     def _once(self, kind: str, number: int, call) -> None:
@@ -505,7 +499,7 @@ def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[
     )
     with tempfile.TemporaryDirectory(prefix="shardline-node-") as tmp:
         output = Path(tmp) / "torchrun.log"
-        code, forwarded = start_agent(command, job_uri, output, Follower(None, log), shutdown_seconds)
+        code, forwarded = start_agent(command, job_uri, output, Follower(None, Callbacks(log=log)), shutdown_seconds)
         said = output.read_text(errors="replace")
     result = json.loads(storage.read_text(job["result"])) if present(job["result"]) else {}
     if code == 0:

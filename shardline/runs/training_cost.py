@@ -14,7 +14,7 @@ def open_ledger(config: PipelineConfig, folder: str, log):
     and the `Deadline` of training.max_hours / max_cost, or None without one."""
     from shardline.core.cost_ledger import CostLedger, machine_pricing
     from shardline.trainer.checkpoint import latest_checkpoint
-    from shardline.trainer.loop import Deadline
+    from shardline.trainer.stops import Deadline
 
     pricing = machine_pricing(config.compute.provider, config.compute.spot, config.compute.nodes)
     if pricing.usd_per_gpu_hour is None:

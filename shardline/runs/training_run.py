@@ -12,6 +12,7 @@ import socket
 import tempfile
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -397,13 +398,6 @@ def run_training(
         lease.release()
 
 
-def partial_fit(train_data, val_data):
-    """`fit` on splits this process opened (one process)."""
-    from shardline.trainer.loop import fit
-
-    return lambda *args, **kwargs: fit(train_data, val_data, *args, **kwargs)
-
-
 def _run_training(
     manifest_uri: str,
     manifest: Manifest,
@@ -418,8 +412,10 @@ def _run_training(
     from shardline.core.failures import BudgetExceeded, Preempted
     from shardline.trainer.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint
     from shardline.trainer.data import open_split
+    from shardline.trainer.loop import Callbacks, FitOptions, fit
     from shardline.trainer.models import model_spec_for
     from shardline.trainer.serving import data_spec
+    from shardline.trainer.stops import setting_hooks
 
     log = run_logger()
     every = progress_seconds()  # a bad SHARDLINE_PROGRESS_SECONDS fails here, before any work
@@ -503,8 +499,6 @@ def _run_training(
 
     c = config.compute
     if c.processes_per_node * c.nodes > 1 or c.train_on == "launcher":  # DDP: the same body under torchrun
-        from functools import partial
-
         from shardline.launch.torchrun import fit_in_processes
 
         # the splits stay open here: their shards are in the local cache before the ranks open them
@@ -518,28 +512,22 @@ def _run_training(
             run_id=folder.rstrip("/").rsplit("/", 1)[-1],
         )
     else:
-        body = partial_fit(train_data, val_data)
+        body = partial(fit, train_data, val_data)
+    callbacks = Callbacks(log.info, on_step, on_epoch, on_checkpoint, on_progress, **setting_hooks(log.info))
+    options = FitOptions(
+        run_meta={"mlflow_run_id": run_id, "config_hash": config.hash(), "manifest": manifest_uri},
+        step_every=None,  # about STEP_POINTS points a run, every step of a short one
+        progress_seconds=min(every, BAR_SECONDS) if bar.on else every,
+        # a resumed run has its weights; only a fresh one reads the parent's
+        init_weights=init_weights(config, parent) if parent and not previous else None,
+        init_source=config.training.init_from or "",
+        deadline=deadline,
+        # ranking data: the validation split's groups ranked each epoch (val_ndcg_at_10, ...)
+        ranking=SplitRanking.of_validation(manifest, manifest_uri, validates_on, config.evaluation.k),
+    )
     try:
-        result = body(
-            mspec,
-            config.training,
-            spec.target.task if spec.target else None,
-            ckpt_dir,
-            on_step=on_step,
-            on_epoch=on_epoch,
-            run_meta={"mlflow_run_id": run_id, "config_hash": config.hash(), "manifest": manifest_uri},
-            log=log.info,
-            # a resumed run has its weights; only a fresh one reads the parent's
-            init_weights=init_weights(config, parent) if parent and not previous else None,
-            init_source=config.training.init_from or "",
-            on_checkpoint=on_checkpoint,
-            step_every=None,  # about STEP_POINTS points a run, every step of a short one
-            on_progress=on_progress,
-            progress_seconds=min(every, BAR_SECONDS) if bar.on else every,
-            deadline=deadline,
-            # ranking data: the validation split's groups ranked each epoch (val_ndcg_at_10, ...)
-            ranking=SplitRanking.of_validation(manifest, manifest_uri, validates_on, config.evaluation.k),
-        )
+        task = spec.target.task if spec.target else None
+        result = body(mspec, config.training, task, ckpt_dir, callbacks, options)
     except Preempted as stopped:
         training_cost.close_cost(tracker, ledger, "preempted", checkpoint_step(stopped.checkpoint), log)
         # resumed later into the same run, which sends what is left: a spot notice leaves no time to wait

@@ -229,7 +229,7 @@ def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
     defines them), per window."""
     import torch
 
-    from shardline.trainer.loop import evaluate as validate
+    from shardline.trainer.validate import evaluate as validate
 
     scores = validate(model, test, None, batch_size, torch.device("cpu"))
     return {("loss" if k == "val_loss" else k.removeprefix("val_")): v for k, v in scores.items()}
@@ -316,7 +316,7 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
     import torch
 
     from shardline.trainer.data import ScoredLoader
-    from shardline.trainer.loop import evaluate as validate
+    from shardline.trainer.validate import evaluate as validate
 
     scores = validate(model, test, None, 256, torch.device("cpu"))
     text = manifest.encoding.text
@@ -353,8 +353,7 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     and written to test_predictions.parquet, then dropped, so the memory it needs does not grow with the
     test split (a test split's class probabilities are windows x classes floats)."""
     from shardline.trainer.data import open_split
-    from shardline.trainer.inference import predict_batches, window_keys_of
-    from shardline.trainer.loop import load_model
+    from shardline.trainer.inference import load_model, predict_batches, window_keys_of
 
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     spec = manifest.encoding

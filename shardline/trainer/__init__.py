@@ -25,12 +25,14 @@ _EXPORTS = {
     "best_checkpoint": "checkpoint",
     "load_checkpoint": "checkpoint",
     "fit": "loop",
-    "predict": "loop",
-    "load_model": "loop",
-    "evaluate": "loop",
+    "predict": "inference",
+    "load_model": "inference",
+    "evaluate": "validate",
     "FitResult": "loop",
+    "Callbacks": "loop",
+    "FitOptions": "loop",
     "Preempted": "loop",
-    "PREEMPTED_EXIT_CODE": "loop",
+    "PREEMPTED_EXIT_CODE": "stops",
 }
 
 __all__ = sorted(_EXPORTS)

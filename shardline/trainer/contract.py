@@ -364,3 +364,8 @@ def freeze(model: nn.Module, prefixes: list[str]) -> list[str]:
             param.requires_grad_(False)
             frozen.append(name)
     return frozen
+
+
+def batch_targets(data: DataSpec, batch) -> dict[str, torch.Tensor]:
+    """A batch's targets by name, in the spec's order (as the shards store them)."""
+    return {t.name: y for t, y in zip(data.targets, batch.targets)}

@@ -38,7 +38,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, recor
 from shardline.core import storage
 from shardline.core.config import TrainingConfig
 from shardline.trainer.distributed import exit_now, init_from_env, leave, world
-from shardline.trainer.loop import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
+from shardline.trainer.stops import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 EVENTS_SECONDS = 1.0  # how often rank 0's events reach storage while it trains
 
@@ -127,7 +127,8 @@ def run_job(job: dict, train, val, ranking=None) -> int:
     """Train `job` on the splits `train` and `val` in this process (one rank of the group torchrun made, or
     alone); rank 0 writes the events and the result. Returns the exit status."""
     from shardline.core.failures import BudgetExceeded, Preempted
-    from shardline.trainer.loop import Deadline, fit
+    from shardline.trainer.loop import Callbacks, Deadline, FitOptions, fit
+    from shardline.trainer.stops import setting_hooks
 
     ranks = world()
     events = Events(job.get("events") if ranks.is_main else None)
@@ -144,26 +145,25 @@ def run_job(job: dict, train, val, ranking=None) -> int:
     if ranks.is_main:  # an earlier round's (a restart round resumes from its checkpoint and speaks anew)
         storage.delete(result_path)
     try:
-        result = fit(
-            train,
-            val,
-            job["model_spec"],
-            TrainingConfig(**job["training"]),
-            job.get("task"),
-            job["ckpt_dir"],
+        say = Callbacks(
+            log=lambda message: events.put("log", message=message),
             on_step=lambda step, m: events.put("step", step=step, metrics=m),
             on_epoch=lambda epoch, m: events.put("epoch", epoch=epoch, metrics=m),
             on_checkpoint=lambda uri: events.put("checkpoint", uri=uri),
             on_progress=lambda p: events.put("progress", progress=p),
-            progress_seconds=float(job.get("progress_seconds", 5.0)),
+        )
+        options = FitOptions(
             run_meta=job.get("run_meta") or {},
-            log=lambda message: events.put("log", message=message),
             step_every=job.get("step_every"),
+            progress_seconds=float(job.get("progress_seconds", 5.0)),
             init_weights=init,
             init_source=job.get("init_source", ""),
             deadline=deadline,
             ranking=ranking,
         )
+        cfg = TrainingConfig(**job["training"])
+        callbacks = dataclasses.replace(say, **setting_hooks(say.log))
+        result = fit(train, val, job["model_spec"], cfg, job.get("task"), job["ckpt_dir"], callbacks, options)
     except Preempted as stopped:
         if ranks.is_main:
             write_json(

@@ -1,5 +1,6 @@
-"""A model's outputs over a split a batch at a time, and the keys of a batch's windows: evaluation's one
-pass over the test split, in memory that does not grow with the split.
+"""A trained model at work: loaded from a checkpoint (`load_model`), its outputs over a split (`predict`), or a
+batch at a time with the keys of the batch's windows: evaluation's one pass over the test split, in memory that
+does not grow with the split.
 
 Kept apart from `loop.py` and `data.py` on purpose: those are part of the train step's code version,
 which addresses a training run's folder (`shardline/runs/training_run.py: run_dir`), so an edit to
@@ -14,10 +15,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint, load_checkpoint
 from shardline.trainer.contract import as_outputs
 from shardline.trainer.data import Batch, SplitData, WindowLoader
-from shardline.trainer.loop import masked_logits
-from shardline.trainer.models import data_spec_of
+from shardline.trainer.models import data_spec_of, model_from_spec
+from shardline.trainer.validate import masked_logits
 
 
 def predict_batches(
@@ -71,3 +73,47 @@ def window_keys_of(data: SplitData, idx: np.ndarray) -> dict[str, np.ndarray]:
         # is opened again here: released again, or a pass over a split larger than the cache fills it
         data.release(held)
     return {"shard": shard.astype(np.int64), "segment": segment, "row": row, "order": order}
+
+
+def load_model(checkpoint_uri: str) -> nn.Module:
+    """The model of a checkpoint (a .pt URI, or a checkpoint folder: its best), rebuilt from its spec, in eval mode."""
+    if not checkpoint_uri.endswith(".pt"):
+        found = best_checkpoint(checkpoint_uri) or latest_checkpoint(checkpoint_uri)
+        if found is None:
+            raise FileNotFoundError(f"no complete checkpoint in {checkpoint_uri}")
+        checkpoint_uri = found[0]
+    ckpt = load_checkpoint(checkpoint_uri)
+    model = model_from_spec(ckpt["model_spec"])
+    model.load_state_dict(ckpt["model"])
+    return model.eval()
+
+
+def predict(
+    model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None
+) -> dict[str, np.ndarray]:
+    """Each target's outputs in window order, float32: class probabilities with class 0 (unseen) at 0,
+    [N, n_classes] (or [N, K, n_classes] at every position), or standardised values [N, 1] (or [N, K])."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    spec = data_spec_of(model.shardline_spec)
+    k = spec.window
+    out = {}
+    for t in spec.targets:
+        lead = (data.n_windows, k) if t.positions == "all" else (data.n_windows,)
+        out[t.name] = np.empty((*lead, t.n_classes) if t.kind == "classification" else (*lead, 1), np.float32)
+        if t.positions == "all" and t.kind == "regression":
+            out[t.name] = out[t.name][..., 0]
+    was_training = model.training
+    model.eval()
+    pos = 0
+    with torch.inference_mode():
+        for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
+            b = batch.to(device)
+            outputs = as_outputs(model(b.cont, b.cat), spec)
+            for t in spec.targets:
+                y = outputs[t.name].float()
+                if t.kind == "classification":
+                    y = torch.softmax(masked_logits(y), dim=-1)
+                out[t.name][pos : pos + len(b)] = y.reshape(out[t.name][pos : pos + len(b)].shape).cpu().numpy()
+            pos += len(b)
+    model.train(was_training)
+    return out

@@ -295,7 +295,7 @@ class Predictor:
         """One prediction per window the rows contain (each row with K rows of history in its sequence); text
         data: one per row (`predict_text`)."""
         from shardline.trainer.data import SplitData
-        from shardline.trainer.loop import predict
+        from shardline.trainer.inference import predict
 
         spec = self.spec
         missing = [c for c in input_columns(spec) if c not in df.columns]

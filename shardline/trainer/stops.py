@@ -1,0 +1,125 @@
+"""How a training stops before its last step: a signal (SIGTERM/SIGINT, a spot reclaim's notice), its budget (a
+`Deadline`), or another process of the same run stopping; each saves a checkpoint first. Also the run's
+deterministic kernels, set for the duration of a fit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from shardline.core.failures import BudgetExceeded
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: what a script exits with on `Preempted`; "run me again to resume"
+BUDGET_EXIT_CODE = 76  # what a script exits with on `BudgetExceeded`: "raise the limit and run me again to resume"
+
+
+# the signal a rank stops for when another process of a run in several was stopped (their step's all-reduce)
+ANOTHER_PROCESS = "SIGTERM to another process"
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When `fit` stops: at the first optimizer step boundary once `time.monotonic()` reaches `at`, it saves a
+    checkpoint and raises `BudgetExceeded`, whose message starts with `reason()` (the limit and the spend)
+    and names the limit to raise (`limit`: "max_cost" or "max_hours")."""
+
+    at: float
+    reason: Callable[[], str]
+    limit: str = "max_cost"
+
+    def exceeded(self, checkpoint: str | None) -> BudgetExceeded:
+        where = f"checkpoint saved at {checkpoint}" if checkpoint else "no checkpoint yet"
+        return BudgetExceeded(
+            f"training stopped at its budget: {self.reason()}; {where}: raise training.{self.limit} and run again "
+            "to resume",
+            checkpoint,
+        )
+
+
+class StopFlag:
+    signal_name: str | None = None
+
+
+@contextlib.contextmanager
+def stop_on_signals(log: Callable[[str], None]):
+    """SIGTERM/SIGINT set a flag the loop checks at each optimizer step; a second SIGINT interrupts at once."""
+    flag = StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum, frame):
+        if flag.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        flag.signal_name = signal.Signals(signum).name
+        log(f"{flag.signal_name} received: saving a checkpoint at the next optimizer step, then stopping")
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def deterministic(device: torch.device, setting: bool | None = None):
+    """Deterministic kernels for the duration of a fit (the setting is process-wide): training.deterministic,
+    null meaning on the CPU only. On CUDA, cuBLAS needs a fixed workspace too: CUBLAS_WORKSPACE_CONFIG, set
+    here when the environment sets none (torch reads it when a cuBLAS handle takes its workspace, so the
+    process's first CUDA matmul must come after: in a pipeline, training's)."""
+    enabled, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    on = device.type == "cpu" if setting is None else setting
+    if on and device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if on:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+def preempt_machine(log: Callable[[str], None], step: int) -> None:
+    """SIGTERM to this machine's training, as a spot reclaim sends it: to this process (every rank stops at this
+    step), and under torch's agent to the agent too (by its first process on the machine), which then stops
+    rather than starting a restart round."""
+    log(f"SHARDLINE_PREEMPT_AT_STEP={step}: sending myself SIGTERM, as a spot reclaim would")
+    signal.raise_signal(signal.SIGTERM)
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+        os.kill(os.getppid(), signal.SIGTERM)
+
+
+def setting_hooks(log: Callable[[str], None] = print) -> dict:
+    """`Callbacks` fields for what the environment asks of a run started by a command, a worker or torchrun, where
+    no caller can pass a function: `SHARDLINE_PREEMPT_AT_STEP` (`shardline rehearse`: a run that did not resume
+    preempts itself at that step, the real path), and for the tests that kill or watch a real run mid-way,
+    `SHARDLINE_TEST_STEP_DELAY` / `SHARDLINE_TEST_LOADER_DELAY` (a slower step, a starved loader). Unset: none."""
+    from shardline.core import settings
+
+    step_delay = settings.number("SHARDLINE_TEST_STEP_DELAY")
+    loader_delay = settings.number("SHARDLINE_TEST_LOADER_DELAY")
+    preempt_at = int(settings.number("SHARDLINE_PREEMPT_AT_STEP"))
+    hooks = {}
+    if loader_delay:
+        hooks["after_fetch"] = lambda: time.sleep(loader_delay)
+    if step_delay or preempt_at:
+
+        def after_step(step: int, resumed: bool) -> None:
+            if step_delay:
+                time.sleep(step_delay)
+            if preempt_at and step == preempt_at and not resumed:
+                preempt_machine(log, preempt_at)
+
+        hooks["after_step"] = after_step
+    return hooks
