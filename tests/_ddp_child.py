@@ -33,9 +33,9 @@ def main(job_path: str) -> int:
     ranks = init_from_env(TrainingConfig(**job["training"]).device, job.get("collective_timeout"))
     Path(f"{job['result']}.pid-{ranks.rank}").write_text(str(os.getpid()))
     if os.environ.get("SHARDLINE_TEST_RAISE_ON_RANK") == str(ranks.rank):  # this rank fails as a GPU's would
-        import shardline.trainer.loop as loop
+        import shardline.trainer.step as step
 
-        model_loss, calls = loop.model_loss, []
+        model_loss, calls = step.model_loss, []
 
         def failing(*args, **kwargs):
             calls.append(1)
@@ -43,7 +43,7 @@ def main(job_path: str) -> int:
                 raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (this test's)")
             return model_loss(*args, **kwargs)
 
-        loop.model_loss = failing
+        step.model_loss = failing
     shards = Path(job["shards"])
     train = split(shards, "train.bin", job["window"], job["horizon"])
     val = split(shards, "val.bin", job["window"], job["horizon"])
