@@ -43,7 +43,7 @@ for p in (str(ROOT), str(ROOT / "benchmarks")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from shardline.core.settings import SETTINGS  # noqa: E402
+from shardline.core.config.settings import SETTINGS  # noqa: E402
 from shardline.core.shards import RESIDENT_ENV  # noqa: E402
 
 RESIDENT_DEFAULT_MB = SETTINGS[RESIDENT_ENV].default

@@ -46,9 +46,9 @@ TRIALS = [
 
 
 def config_file(home: Path, raw: Path, epochs: int) -> Path:
-    from shardline.core.config import _read_yaml
+    from shardline.core.config import read_yaml
 
-    cfg = _read_yaml(ROOT / "shardline" / "configs" / "demo.yaml")
+    cfg = read_yaml(ROOT / "shardline" / "configs" / "demo.yaml")
     cfg["data"]["source"] = str(raw / "*.parquet")
     cfg["storage"] = {"root": str(home / "store")}
     cfg["mlflow"]["tracking_uri"] = f"sqlite:///{home / 'mlflow.db'}"

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/tracker_bench.py [--steps 50] [--rounds 30] [--threads 1]
 
 A small real training loop (an MLP, 512 -> 1024 -> 1024 -> 10, batch 256, AdamW, fp32 on the CPU) logs
-`train/train_loss` and `train/lr` through `shardline.core.tracking.Tracker` at EVERY step (the pipeline
+`train/train_loss` and `train/lr` through `shardline.core.tracking.tracker.Tracker` at EVERY step (the pipeline
 logs every 10th), into a real `mlflow server` on 127.0.0.1 ("up") or a closed port ("down": every
 send is refused, the journal grows). Each round runs the three phases (a fresh tracker each, over
 `--steps` steps; "no tracker" is the floor), the rounds going through every order of the three;
@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from shardline.core.config import MlflowConfig  # noqa: E402
-from shardline.core.tracking import Tracker  # noqa: E402
+from shardline.core.tracking.tracker import Tracker  # noqa: E402
 from tests.mlflow_server import MlflowServer, free_port  # noqa: E402
 
 
@@ -99,7 +99,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    logging.getLogger("shardline.core.tracking").setLevel(logging.ERROR)  # the "down" phase's warnings, by design
+    logging.getLogger("shardline.core.tracking.tracker").setLevel(
+        logging.ERROR
+    )  # the "down" phase's warnings, by design
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
     base = Path(tempfile.mkdtemp(prefix="tracker-bench-"))

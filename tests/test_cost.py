@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from shardline.core import cost, cost_ledger
+from shardline.core.cost import ledger as cost_ledger
+from shardline.core.cost import prices as cost
 from shardline.trainer import loop
 from shardline.trainer.checkpoint import latest_checkpoint, list_checkpoints
 from shardline.trainer.inference import load_model
@@ -300,7 +301,7 @@ def test_budgets_and_prices_change_nothing_that_is_trained():
 
 
 def test_a_sweeps_cost_adds_its_trials_up_and_says_what_was_not_priced():
-    from shardline.core.cost_ledger import add_up
+    from shardline.core.cost.ledger import add_up
 
     priced = {"seconds": 3600.0, "gpu_hours": 1.0, "gpu_hours_useful": 0.75, "gpu_hours_wasted": 0.25, "attempts": 2}
     priced.update(usd=2.0, usd_useful=1.5, usd_wasted=0.5)

@@ -24,10 +24,10 @@ import yaml
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from shardline.core import cost_ledger
 from shardline.core.config import validate_config
+from shardline.core.cost import ledger as cost_ledger
 from shardline.core.failures import BudgetExceeded
-from shardline.core.metrics import format_number
+from shardline.core.metrics.report import format_number
 from shardline.trainer.checkpoint import checkpoint_step
 from shardline.trainer.stops import BUDGET_EXIT_CODE
 from tests.conftest import make_raw, tiny_config

@@ -17,11 +17,11 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from shardline.core import metrics as M
 from shardline.core import storage
 from shardline.core.config import validate_config
 from shardline.core.manifest import Manifest
-from shardline.core.split_ranking import SplitRanking
+from shardline.core.metrics import scores as M
+from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.tasks.encode import encode_dataset
 from shardline.tasks.evaluate import evaluate_model, train_statistic
 from shardline.tasks.ingest import snapshot_source

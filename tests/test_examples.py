@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardline.core.metrics import format_number
+from shardline.core.metrics.report import format_number
 from tests.conftest import api_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,7 +153,7 @@ def test_pretrain_finetune_example(tmp_path, prefect_api):
 def test_two_tower_example(tmp_path, prefect_api):
     import polars as pl
 
-    from shardline.core.ranking import ranking_metrics
+    from shardline.core.metrics.ranking import ranking_metrics
 
     folder = run_example("two_tower", tmp_path)
     client = client_for(folder)

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from shardline.app.cli import app
 from shardline.app.gc import Item, deletion_order, plan_gc
 from shardline.core.config import validate_config
-from shardline.core.tracking import fluent_tracking_uri
+from shardline.core.tracking.tracker import fluent_tracking_uri
 from tests.conftest import make_raw, tiny_config
 from tests.test_s3_source import s3_endpoint  # noqa: F401 - the moto fixture
 

@@ -1,5 +1,5 @@
 """The built-in `gpt` family (shardline/trainer/gpt.py), its generation with a key/value cache
-(shardline/trainer/generate.py) and the text metrics (shardline/core/text_metrics.py): tiny models,
+(shardline/trainer/generate.py) and the text metrics (shardline/core/metrics/text.py): tiny models,
 seconds each; one real training over shards the encode step wrote from a column of token ids."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from shardline.core.config import ConfigError, ModelConfig, TrainingConfig, validate_config
-from shardline.core.text_metrics import perplexity, text_generation_scores, token_f1, unigram_perplexity
+from shardline.core.metrics.text import perplexity, text_generation_scores, token_f1, unigram_perplexity
 from shardline.trainer.contract import DataSpec, ModelContractError, TargetInfo
 from shardline.trainer.generate import generate
 from shardline.trainer.models import model_from_spec, model_spec_for

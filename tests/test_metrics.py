@@ -9,17 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardline.core.metrics import (
-    classification_metrics,
+from shardline.core.metrics.report import (
     format_metrics_table,
     format_number,
+    plot_confusion_matrix,
+    plot_learning_curves,
+    plot_residuals,
+)
+from shardline.core.metrics.scores import (
+    classification_metrics,
     label_scores,
     majority_baseline_probs,
     mean_baseline,
     per_class_scores,
-    plot_confusion_matrix,
-    plot_learning_curves,
-    plot_residuals,
     regression_metrics,
 )
 

@@ -6,18 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardline.core.metrics import (
+from shardline.core.metrics.report import fold_confusion, plot_confusion_counts, plot_confusion_matrix
+from shardline.core.metrics.scores import (
     ClassificationScores,
     RegressionScores,
     StrideSample,
     classification_metrics,
-    fold_confusion,
     label_scores,
     majority_baseline_probs,
     mean_baseline,
     per_class_scores,
-    plot_confusion_counts,
-    plot_confusion_matrix,
     regression_metrics,
 )
 

@@ -40,7 +40,7 @@ def test_pip_install_dot_into_a_fresh_environment_runs_the_demo(tmp_path):
     # the registered model's requirements: every one pinned, Shardline not among them (its code travels inside)
     import mlflow
 
-    from shardline.core.tracking import fluent_tracking_uri
+    from shardline.core.tracking.tracker import fluent_tracking_uri
 
     with fluent_tracking_uri(f"sqlite:///{home / 'mlflow.db'}"):
         local = Path(mlflow.pyfunc.get_model_dependencies("models:/shardline-demo/1"))

@@ -8,8 +8,8 @@ import pytest
 from mlflow import MlflowClient
 
 from shardline.core.config import validate_config
-from shardline.core.metrics import format_number
-from shardline.core.tracking import fluent_tracking_uri
+from shardline.core.metrics.report import format_number
+from shardline.core.tracking.tracker import fluent_tracking_uri
 from tests.conftest import make_raw, tiny_config
 
 pytestmark = pytest.mark.e2e

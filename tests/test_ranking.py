@@ -1,4 +1,4 @@
-"""Ranking metrics (shardline/core/ranking.py) against hand arithmetic from the textbook definitions and
+"""Ranking metrics (shardline/core/metrics/ranking.py) against hand arithmetic from the textbook definitions and
 against a slow per-group reference written here: nDCG with gain 2**rel - 1 and discount 1/log2(rank + 1),
 AP@k over min(k, R), recall@k, MRR uncut and at k; ties stable or averaged over every order of the tied
 rows; groups with no relevant row left out; batches equal to one call; the popularity baseline."""
@@ -12,8 +12,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from shardline.core import ranking
-from shardline.core.ranking import PopularityCounts, RankingScores, popularity_scores, ranking_metrics
+from shardline.core.metrics import ranking
+from shardline.core.metrics.ranking import PopularityCounts, RankingScores, popularity_scores, ranking_metrics
 
 LOG2_3 = math.log2(3)  # 1.5849625; the discount at rank 2 is 1/log2(3) = 0.6309298
 LOG2_5 = math.log2(5)  # 2.3219281; the discount at rank 4 is 1/log2(5) = 0.4306766

@@ -1,6 +1,6 @@
 """Ranking data (`data.group_key`) through the product: the encode keeps each row's group, item and relevance
 beside its shard and splits by group; evaluation ranks the test split's groups and reports exactly what
-shardline.core.ranking computes from the predictions file it writes, against the popularity baseline
+shardline.core.metrics.ranking computes from the predictions file it writes, against the popularity baseline
 counted on the training split; nDCG@10 promotes a champion; bad input is refused before training."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from shardline.core.config import ConfigError, validate_config
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.splits import sequence_splits
 from shardline.core.manifest import Manifest
-from shardline.core.ranking import popularity_scores, ranking_metrics
+from shardline.core.metrics.ranking import popularity_scores, ranking_metrics
 from shardline.tasks.encode import encode_dataset
 from shardline.tasks.evaluate import evaluate_model
 from shardline.tasks.ingest import snapshot_source
@@ -100,7 +100,7 @@ def split_of(groups: pl.Series, config: dict) -> dict[str, str]:
 
 
 def direct_scores(predictions: pl.DataFrame, group: str, score: str) -> dict[str, float]:
-    """The ranking metrics of the predictions file's rows, computed here with shardline.core.ranking."""
+    """The ranking metrics of the predictions file's rows, computed here with shardline.core.metrics.ranking."""
     out = ranking_metrics(predictions[group], predictions[score], predictions["relevance"], KS, ties="average")
     return {k: v for k, v in out.items() if k not in ("groups", "groups_with_relevant")}
 
@@ -149,7 +149,7 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
     p_click = np.where(predictions["prediction"] == 1, predictions["probability"], 1 - predictions["probability"])
     np.testing.assert_allclose(predictions["ranking_score"], p_click, rtol=1e-6)
 
-    # the metrics are what shardline.core.ranking computes from that file, ties averaged
+    # the metrics are what shardline.core.metrics.ranking computes from that file, ties averaged
     for name, want in direct_scores(predictions, "query", "ranking_score").items():
         assert result["metrics"][name] == pytest.approx(want, rel=1e-12), name
     # the baseline is popularity: each item's clicks in the training split's groups
@@ -173,7 +173,7 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
     assert str(version.version) == str(registered["version"]) and "metric.ndcg_at_10" in version.tags
 
     # validation ranks the validation split's groups every epoch, and nDCG@10 (the promotion metric's
-    # counterpart) picked the checkpoint: its value is what shardline.core.ranking computes for that checkpoint
+    # counterpart) picked the checkpoint: its value is what shardline.core.metrics.ranking computes for that checkpoint
     trained = result["train"]
     assert trained["select_by"] == "val_ndcg_at_10"
     direct = validation_ranked(result["manifest"], trained["best_checkpoint"], batch_size=64)

@@ -167,7 +167,7 @@ def test_the_gate_scores_served_labels_as_the_whole_table_would():
     import numpy as np
     import polars as pl
 
-    from shardline.core import metrics as M
+    from shardline.core.metrics import scores as M
     from shardline.tasks.gate import _score
 
     rng = np.random.default_rng(0)
@@ -189,7 +189,7 @@ def test_the_gate_compares_the_champions_full_precision_metric_not_its_rounded_t
     metric (registered before the tags were rounded, its tag the full float) is compared by its tag."""
     from mlflow import MlflowClient
 
-    from shardline.core.metrics import format_number
+    from shardline.core.metrics.report import format_number
     from shardline.tasks.gate import champion_gate
 
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")

@@ -107,7 +107,7 @@ def test_deployment_run_trains_on_the_gpu_pool_registers_to_s3_and_reruns_cached
     import mlflow
     from mlflow import MlflowClient
 
-    from shardline.core.tracking import fluent_tracking_uri
+    from shardline.core.tracking.tracker import fluent_tracking_uri
 
     s3_env(monkeypatch, cluster)
     first = reference

@@ -1,5 +1,5 @@
-"""Every `SHARDLINE_*` setting the package reads is in one typed table (shardline/core/settings.py), read there and
-nowhere else, documented in docs/config.md as that table, and a bad value fails naming the variable."""
+"""Every `SHARDLINE_*` setting the package reads is in one typed table (shardline/core/config/settings.py), read
+there and nowhere else, documented in docs/config.md as that table, and a bad value fails naming the variable."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shardline.core import settings
+from shardline.core.config import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 READS = re.compile(r"""(?:os\.environ\.get|os\.getenv|os\.environ\[|os\.environ\.pop)\(?\s*f?["'](SHARDLINE_\w+)""")
@@ -21,7 +21,7 @@ def test_the_package_reads_shardline_variables_only_through_the_table():
             continue
         for name in READS.findall(path.read_text()):
             found.setdefault(name, []).append(path.relative_to(ROOT).as_posix())
-    assert found == {}, f"read outside shardline/core/settings.py: {found}"
+    assert found == {}, f"read outside shardline/core/config/settings.py: {found}"
 
 
 def test_every_shardline_variable_the_package_names_is_in_the_table_or_a_script_s():

@@ -623,7 +623,7 @@ def test_a_model_of_a_tokenizer_file_with_crlf_line_ends_serves_from_its_bundle(
 def test_a_fine_tune_of_a_registered_model_of_a_crlf_tokenizer_file_takes_its_tokenizer(tmp_path):
     import mlflow
 
-    from shardline.core.tracking import fluent_tracking_uri
+    from shardline.core.tracking.tracker import fluent_tracking_uri
     from shardline.runs.training_run import parent_model, with_parent_tokenizer
     from shardline.tasks.register import PYFUNC_CODE
 

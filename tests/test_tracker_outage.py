@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from shardline.core.config import MlflowConfig
-from shardline.core.tracking import Tracker, sync_run
+from shardline.core.tracking.tracker import Tracker, sync_run
 from tests.mlflow_server import MlflowServer, free_port
 from tests.test_s3_source import s3_endpoint  # noqa: F401 - fixture: a real (moto) S3 server
 
@@ -228,13 +228,13 @@ def test_the_tracking_server_killed_mid_training(tmp_path, server, prefect_api, 
             seen["error"] = e
 
     said = Said()
-    logging.getLogger("shardline.core.tracking").addHandler(said)  # Prefect's logging config bypasses caplog
+    logging.getLogger("shardline.core.tracking.tracker").addHandler(said)  # Prefect's logging config bypasses caplog
     watcher = threading.Thread(target=outage, daemon=True)
     watcher.start()
     try:
         result = pipeline(validate_config(cfg))
     finally:
-        logging.getLogger("shardline.core.tracking").removeHandler(said)
+        logging.getLogger("shardline.core.tracking.tracker").removeHandler(said)
     watcher.join(timeout=300)
     assert "error" not in seen, seen.get("error")
     assert seen.get("went_on") and server.healthy()

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from shardline.core.config import MlflowConfig
-from shardline.core.tracking import Tracker, tracking_uri
+from shardline.core.tracking.tracker import Tracker, tracking_uri
 from tests.net import free_port
 
 
@@ -34,7 +34,7 @@ def test_unreachable_mlflow_never_raises_and_keeps_metrics(tmp_path, monkeypatch
 
 
 def test_the_flush_wait_is_checked(monkeypatch):
-    from shardline.core.tracking import flush_seconds
+    from shardline.core.tracking.tracker import flush_seconds
 
     monkeypatch.setenv("SHARDLINE_MLFLOW_FLUSH_SECONDS", "soon")
     with pytest.raises(ValueError, match="SHARDLINE_MLFLOW_FLUSH_SECONDS='soon' is not a number"):
@@ -44,7 +44,7 @@ def test_the_flush_wait_is_checked(monkeypatch):
 
 
 def test_credentials_in_a_uri_are_never_said():
-    from shardline.core.tracking import redact_uri
+    from shardline.core.tracking.tracker import redact_uri
 
     said = redact_uri("MLflow at https://alice:pw@mlflow.example.com/x failed (url: http://bob:t0k@h:5000/api)")
     assert said == "MLflow at https://***@mlflow.example.com/x failed (url: http://***@h:5000/api)"
@@ -73,7 +73,7 @@ def test_sqlite_tracking_logs_and_resumes_the_same_run(tmp_path):
 def test_fluent_tracking_uri_is_put_back(tmp_path, monkeypatch):
     import mlflow
 
-    from shardline.core.tracking import fluent_tracking_uri
+    from shardline.core.tracking.tracker import fluent_tracking_uri
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'users.db'}")
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'users.db'}")

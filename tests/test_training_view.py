@@ -16,7 +16,7 @@ import pytest
 from mlflow import MlflowClient
 
 from shardline.core.config import ConfigError, ModelConfig, validate_config
-from shardline.core.metrics import learning_curves_figure
+from shardline.core.metrics.report import learning_curves_figure
 from shardline.trainer.checkpoint import best_checkpoint
 from shardline.trainer.inference import load_model, predict
 from shardline.trainer.loop import Callbacks, fit

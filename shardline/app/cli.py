@@ -139,7 +139,7 @@ def _summary(result: dict, home_hint: str | None = None) -> None:
     )
     typer.echo(result["table"])
     if tr.get("cost"):
-        from shardline.core.cost_ledger import describe
+        from shardline.core.cost.ledger import describe
 
         typer.echo(f"\ncost: {describe(tr['cost'])}")
     if result["snapshot"]["skipped"]:
@@ -194,9 +194,9 @@ def demo(
         "storage": {"root": str(home / "store")},
         "mlflow": {"tracking_uri": f"sqlite:///{home / 'mlflow.db'}"},
     }
-    from shardline.core.config import _read_yaml
+    from shardline.core.config import read_yaml
 
-    defaults = _read_yaml(DEMO_CONFIG)
+    defaults = read_yaml(DEMO_CONFIG)
     for section, values in base.items():
         defaults.setdefault(section, {}).update(values)
     config = _load(None, list(set_), base=defaults)
@@ -254,7 +254,7 @@ def _sweep_plan(
     """The checked sweep and the space as given, or exit 2 naming what to fix (nothing has started)."""
     import yaml
 
-    from shardline.core.config import ConfigError, _read_yaml, apply_overrides, validate_config
+    from shardline.core.config import ConfigError, apply_overrides, read_yaml, validate_config
     from shardline.core.sweep import parse_grid, plan_sweep, read_space, with_folds
 
     if grid and space_path is not None:
@@ -264,7 +264,7 @@ def _sweep_plan(
     if not grid and space_path is None and not folds:
         _fail("nothing to sweep: give --grid key=v1,v2 (repeatable) or --random N --space SPACE.yaml", 2)
     try:
-        raw = apply_overrides(_read_yaml(config_path), list(set_))
+        raw = apply_overrides(read_yaml(config_path), list(set_))
         space = parse_grid(grid) if grid else read_space(space_path) if space_path else {}
         swept = with_folds(space, validate_config(raw, f"'{config_path}'")) if folds else space
         plan = plan_sweep(raw, swept, n, seed)
@@ -604,7 +604,7 @@ def cost_command(
     stands for this machine's type: another --gpu needs a run on it (exit 1 says so). Prices: an estimate.
     """
     from shardline.app.cost import CostError, plan_cost, report
-    from shardline.core.cost import gpu_type, load_prices
+    from shardline.core.cost.prices import gpu_type, load_prices
 
     config = _load(config_path, list(set_))
     try:  # a bad --gpu or prices file: said before any work
@@ -632,7 +632,7 @@ def sync(
 
     Idempotent: what MLflow already has is not sent again, so a second run sends nothing.
     """
-    from shardline.core.tracking import redact_uri, sync_run
+    from shardline.core.tracking.tracker import redact_uri, sync_run
 
     try:
         report = sync_run(run_dir, tracking_uri)

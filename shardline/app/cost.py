@@ -6,7 +6,7 @@ never assumed: the run of this very config (its run folder) when it trained on t
 short probe of the real training step on this machine when that is the type asked. A CPU's probe says
 nothing about an H100: asking for another type than this machine's, with no run of the config on it, is
 an error that says how to measure one. Time is steps times the measured rate plus one validation pass
-per epoch; cost is time times each provider's price for the type (shardline/core/cost.py: an estimate).
+per epoch; cost is time times each provider's price for the type (shardline/core/cost/prices.py: an estimate).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from prefect import flow
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig, training_splits
-from shardline.core.cost import CPU, PriceTable, detect_gpu, estimate
-from shardline.core.cost_ledger import describe, read_ledger, summarize
+from shardline.core.cost.ledger import describe, read_ledger, summarize
+from shardline.core.cost.prices import CPU, PriceTable, detect_gpu, estimate
 from shardline.core.manifest import Manifest
-from shardline.core.metrics import format_number
+from shardline.core.metrics.report import format_number
 
 PROBE_STEPS = 20  # optimizer steps the probe trains (one short epoch, then one full validation pass)
 
@@ -113,7 +113,7 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
     """Train `steps` optimizer steps of the real training step on this machine (two short epochs, each with its
     full validation pass, into a temporary checkpoint folder) and time the parts apart: the second epoch's
     training and validation are the rate, what the first took more is the run's start-up."""
-    from shardline.core.split_ranking import SplitRanking
+    from shardline.core.metrics.split_ranking import SplitRanking
     from shardline.trainer.data import open_split
     from shardline.trainer.loop import Callbacks, FitOptions, fit
     from shardline.trainer.models import model_spec_for

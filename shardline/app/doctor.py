@@ -674,7 +674,7 @@ def _data_check(config: PipelineConfig, timeout: float) -> Check:
 
 
 def _mlflow_checks(config: PipelineConfig, timeout: float) -> list[Check]:
-    from shardline.core.tracking import _configure_http_failfast, tracking_uri
+    from shardline.core.tracking.tracker import _configure_http_failfast, tracking_uri
 
     cfg = config.mlflow
     try:

@@ -306,7 +306,7 @@ def registered_versions(config: PipelineConfig) -> list[dict]:
     """Every version of every registered model in the config's MLflow store: its run id, tags and aliases."""
     from mlflow import MlflowClient
 
-    from shardline.core.tracking import tracking_uri
+    from shardline.core.tracking.tracker import tracking_uri
 
     uri = tracking_uri(config.mlflow, config.storage.root)
     try:

@@ -277,7 +277,7 @@ def rehearse(
     def _metrics():
         from mlflow import MlflowClient
 
-        from shardline.core.tracking import tracking_uri
+        from shardline.core.tracking.tracker import tracking_uri
 
         reg = result["registered"]
         run = MlflowClient(tracking_uri(cfg.mlflow, cfg.storage.root)).get_run(reg["run_id"])
@@ -295,7 +295,7 @@ def rehearse(
         import mlflow
         import polars as pl
 
-        from shardline.core.tracking import fluent_tracking_uri, tracking_uri
+        from shardline.core.tracking.tracker import fluent_tracking_uri, tracking_uri
         from shardline.tasks.ingest import naive_utc
 
         sample = pl.read_parquet(storage.read_bytes(copied[0]))

@@ -29,7 +29,8 @@ import time
 import uuid
 from pathlib import Path
 
-from shardline.core import settings, storage
+from shardline.core import storage
+from shardline.core.config import settings
 
 _GEN = re.compile(r"^gen-(\d{9})\.json$")
 DEFAULT_TTL = settings.SETTINGS["SHARDLINE_LEASE_TTL"].default  # seconds, for a record that does not say

@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 
-from shardline.core import settings
+from shardline.core.config import settings
 
 PARENT_ENV = "SHARDLINE_PARENT_PID"
 POLL_SECONDS = 1.0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardline.core import settings
+from shardline.core.config import settings
 from shardline.core.manifest import ArraySpec
 
 ALIGN = 64

@@ -17,7 +17,7 @@ from pathlib import Path
 import fsspec
 from fsspec.core import url_to_fs
 
-from shardline.core import settings
+from shardline.core.config import settings
 
 TMP_MARK = ".tmp-"
 

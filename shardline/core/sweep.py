@@ -30,10 +30,10 @@ from shardline.core.config import (
     REGRESSION_METRICS,
     ConfigError,
     PipelineConfig,
-    _read_yaml,
     apply_overrides,
     is_ranking_validation,
     metric_directions,
+    read_yaml,
     stable_hash,
     validate_config,
 )
@@ -297,7 +297,7 @@ def raw_config(config: PipelineConfig | dict | str) -> dict:
     config's, secrets kept (it stays in this process) and without the defaults its validation derived from
     the targets (the promotion metric), so a trial with other targets derives its own."""
     if isinstance(config, str | Path):
-        return _read_yaml(Path(config))
+        return read_yaml(Path(config))
     if isinstance(config, dict):
         return json.loads(json.dumps(config))
     from shardline.core.secrets import KEEP_SECRETS
@@ -421,7 +421,7 @@ def cpu_share(at_once: int, cores: int | None = None) -> int:
 def plot_sweep(rows: list[dict], keys: list[str], metric: str, direction: str, path: str | Path) -> Path:
     """The score of every trial (the best one highlighted, a failed one marked), then the score against each
     swept setting; written atomically."""
-    from shardline.core.metrics import _new_figure, _save_atomic
+    from shardline.core.metrics.report import _new_figure, _save_atomic
 
     panels = 1 + len(keys)
     cols = min(panels, 3)

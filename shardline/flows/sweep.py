@@ -16,7 +16,7 @@ from prefect import flow
 from prefect.logging import get_run_logger
 
 from shardline.core.config import PipelineConfig, validate_config
-from shardline.core.cost_ledger import add_up
+from shardline.core.cost.ledger import add_up
 from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction
 from shardline.core.sweep import (

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
-from shardline.core.tracking import Tracker
+from shardline.core.tracking.tracker import Tracker
 
 
 def open_ledger(config: PipelineConfig, folder: str, log):
     """This attempt's `CostLedger` (priced for this machine: compute.provider, compute.spot; said in the log)
     and the `Deadline` of training.max_hours / max_cost, or None without one."""
-    from shardline.core.cost_ledger import CostLedger, machine_pricing
+    from shardline.core.cost.ledger import CostLedger, machine_pricing
     from shardline.trainer.checkpoint import latest_checkpoint
     from shardline.trainer.stops import Deadline
 
@@ -59,7 +59,7 @@ def cost_metrics(summary: dict) -> dict[str, float | None]:
 
 def close_cost(tracker: Tracker, ledger, outcome: str, step: int | None, log) -> dict | None:
     """End this attempt's ledger entry and put the run's spend so far on its MLflow run (before its end)."""
-    from shardline.core.cost_ledger import describe
+    from shardline.core.cost.ledger import describe
 
     summary = ledger.end(outcome, step)
     if summary is None:

@@ -21,10 +21,10 @@ from shardline.core import layout, storage
 from shardline.core.config import DataConfig, ModelConfig, PipelineConfig, stable_hash, training_splits
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
 from shardline.core.manifest import EncodingSpec, Manifest
+from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.secrets import redact_text
-from shardline.core.split_ranking import SplitRanking
-from shardline.core.system_metrics import CPU_KEY, SystemSampler
-from shardline.core.tracking import Tracker, flatten, fluent_tracking_uri, tracking_uri
+from shardline.core.tracking.system import CPU_KEY, SystemSampler
+from shardline.core.tracking.tracker import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
 from shardline.runs import links, training_cost
 from shardline.runs.training_view import LiveView, progress_seconds, run_logger

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from prefect import get_run_logger
 
-from shardline.core import settings
+from shardline.core.config import settings
 
 PROGRESS_ENV = "SHARDLINE_PROGRESS_SECONDS"
 PROGRESS_KEY = "train-progress"

@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 from prefect import task
 from prefect.logging import get_run_logger
 
-from shardline.core import metrics as M
 from shardline.core import storage
 from shardline.core.config import (
     CLASSIFICATION_METRICS,
@@ -27,10 +26,12 @@ from shardline.core.config import (
 )
 from shardline.core.encoding.row_keys import GROUP, ITEM, RELEVANCE
 from shardline.core.manifest import Manifest
-from shardline.core.ranking import PopularityCounts, RankingScores
+from shardline.core.metrics import report as R
+from shardline.core.metrics import scores as M
+from shardline.core.metrics.ranking import PopularityCounts, RankingScores
+from shardline.core.metrics.split_ranking import SplitRanking
+from shardline.core.metrics.text import text_generation_scores, unigram_perplexity
 from shardline.core.secrets import redact_text
-from shardline.core.split_ranking import SplitRanking
-from shardline.core.text_metrics import text_generation_scores, unigram_perplexity
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
 
@@ -168,7 +169,7 @@ def _target_scores(t, scores, out_dir: Path, prefix: str):
             metrics.pop("top5_accuracy")
             baseline.pop("top5_accuracy")
         names = ["<unseen>", *(t.classes or [])]
-        plot = M.plot_confusion_counts(scores.confusion, names, out_dir / f"{prefix}confusion_matrix.png")
+        plot = R.plot_confusion_counts(scores.confusion, names, out_dir / f"{prefix}confusion_matrix.png")
         per_class = pl.DataFrame(
             M.per_class_scores(scores.confusion, names),
             schema={"class": pl.String, "support": pl.Int64, "predicted": pl.Int64}
@@ -176,7 +177,7 @@ def _target_scores(t, scores, out_dir: Path, prefix: str):
         )
         table = write_csv_atomic(per_class, out_dir / f"{prefix}{PER_CLASS_FILE}")
         return metrics, baseline, [plot, table], CLASSIFICATION_METRICS
-    plot = M.plot_residuals(*scores.sample.kept, out_dir / f"{prefix}residuals.png")
+    plot = R.plot_residuals(*scores.sample.kept, out_dir / f"{prefix}residuals.png")
     return metrics, baseline, [plot], REGRESSION_METRICS
 
 
@@ -331,7 +332,7 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
     generated, examples = generation_scores(model, manifest, manifest_uri, test, config, out_dir)
     metrics.update(generated)
     directions = {k: "maximize" if k in ("accuracy", "exact_match", "token_f1") else "minimize" for k in metrics}
-    table = M.format_metrics_table(metrics, baseline, directions)
+    table = R.format_metrics_table(metrics, baseline, directions)
     files = [str(p) for p in plots] + ([str(out_dir / GENERATIONS_FILE)] if generated else [])
     return {
         "metrics": metrics,
@@ -363,7 +364,7 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     # epochs counted from 1, as the logs and MLflow's epoch/* steps count them; the selected one marked
     history = [{**h, "epoch": h["epoch"] + 1} for h in train_result["history"]]
     plots = [
-        M.plot_learning_curves(
+        R.plot_learning_curves(
             history, out_dir / "learning_curves.png", train_result.get("best_epoch"), train_result.get("select_by")
         )
     ]
@@ -413,7 +414,7 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
     return {
         "metrics": metrics,
         "baseline": baseline,
-        "table": M.format_metrics_table(metrics, baseline, directions),
+        "table": R.format_metrics_table(metrics, baseline, directions),
         "test_windows": int(test.n_windows),
         "files": [str(p) for p in plots] + [str(out_dir / "test_predictions.parquet")],
         **({"ranking": facts} if facts else {}),
@@ -433,7 +434,7 @@ def per_class_artifacts(files: list, folder: str) -> None:
         table = pl.read_csv(f, schema_overrides={"class": pl.String})
         shown = table.head(PER_CLASS_SHOWN)
         rows = [
-            {k: (M.format_number(v) if isinstance(v, float) or v is None else v) for k, v in row.items()}
+            {k: (R.format_number(v) if isinstance(v, float) or v is None else v) for k, v in row.items()}
             for row in shown.iter_rows(named=True)
         ]
         create_table_artifact(

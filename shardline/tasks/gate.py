@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from shardline.core import metrics as M
 from shardline.core import storage
 from shardline.core.config import metric_key
 from shardline.core.manifest import EncodingSpec, Snapshot
+from shardline.core.metrics import scores as M
 from shardline.trainer.serving import key_columns
 
 # what a served prediction (the predicted value, no class distribution) can be scored on

@@ -15,12 +15,12 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
-from shardline.core import metrics as M
 from shardline.core import storage
 from shardline.core.config import PipelineConfig, metric_key
 from shardline.core.manifest import Manifest, Snapshot
+from shardline.core.metrics import report as R
 from shardline.core.secrets import redact_text
-from shardline.core.tracking import (
+from shardline.core.tracking.tracker import (
     Tracker,
     fluent_tracking_uri,
     model_version_page,
@@ -156,9 +156,9 @@ def cost_tags(cost: dict | None) -> dict[str, str]:
     run's `cost/*` metrics hold the full floats; the figures are an estimate)."""
     if not cost:
         return {}
-    tags = {"shardline.cost.gpu_hours": M.format_number(cost["gpu_hours"]), "shardline.cost.gpu": cost["gpu"]}
+    tags = {"shardline.cost.gpu_hours": R.format_number(cost["gpu_hours"]), "shardline.cost.gpu": cost["gpu"]}
     if cost.get("usd") is not None:
-        tags["shardline.cost.usd"] = M.format_number(cost["usd"])
+        tags["shardline.cost.usd"] = R.format_number(cost["usd"])
     return tags
 
 
@@ -311,7 +311,7 @@ def _register_model(
         version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
     for k, v in eval_result["metrics"].items():  # for reading: the gate reads the run's full-precision metric
         tag = f"metric.{metric_key(k)}"
-        client.set_model_version_tag(config.mlflow.model_name, version.version, tag, M.format_number(v))
+        client.set_model_version_tag(config.mlflow.model_name, version.version, tag, R.format_number(v))
     for k, v in cost_tags(train_result.get("cost")).items():  # what training it cost, for reading (an estimate)
         client.set_model_version_tag(config.mlflow.model_name, version.version, k, v)
     promote, previous = champion_gate(
@@ -400,7 +400,7 @@ def ui_pages(client, uri: str, run_id: str, name: str, version) -> dict:
 
 
 def _num(value) -> str:
-    return "n/a" if value is None else M.format_number(value)
+    return "n/a" if value is None else R.format_number(value)
 
 
 def describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, uri) -> None:
@@ -445,8 +445,8 @@ def describe(client, name, version, run_id, config, train_result, eval_result, a
 def _readable(*values: float | None) -> list[str]:
     """Values for reading (4 significant digits), with more digits where those would read the same for
     values that differ (a decision between 0.15242 and 0.15244 is not shown as one between equals)."""
-    for digits in range(M.READING_DIGITS, 18):
-        texts = [M.format_number(v, digits) for v in values]
+    for digits in range(R.READING_DIGITS, 18):
+        texts = [R.format_number(v, digits) for v in values]
         if len(set(texts)) == len(set(values)):
             break
     return texts
@@ -484,7 +484,7 @@ def _evaluated_epoch(train_result: dict) -> str | None:
         return (
             f"evaluated the checkpoint of epoch {train_result['best_epoch']} of {epochs}, selected by "
             f"training.select_by={train_result.get('select_by', 'val_loss')} "
-            f"({M.format_number(score) + ', ' if score is not None else ''}best of {epochs} epochs)"
+            f"({R.format_number(score) + ', ' if score is not None else ''}best of {epochs} epochs)"
         )
     losses = [(e.get("val_loss"), i) for i, e in enumerate(history)]
     finite = [(v, i) for v, i in losses if v is not None and math.isfinite(v)]

@@ -22,12 +22,12 @@ from prefect.logging import get_run_logger
 
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig
-from shardline.core.cost_ledger import add_up
+from shardline.core.cost.ledger import add_up
 from shardline.core.failures import InfrastructureFailure, failed_on_infrastructure, retry_on_infrastructure
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text
 from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
-from shardline.core.tracking import Tracker, run_page, tracking_uri
+from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
 from shardline.runs import links
 from shardline.runs.training_run import RESULT_FILE
 from shardline.tasks.caching import cached

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from shardline.core import settings, storage
+from shardline.core import storage
+from shardline.core.config import settings
 
 FORMAT_VERSION = 1
 BEST = "best.json"

@@ -212,7 +212,7 @@ def main(argv: list[str]) -> int:
     code = 1
     ranking = None
     if job.get("ranking_ks"):  # ranking data: rank 0 ranks the validation split's groups each epoch
-        from shardline.core.split_ranking import SplitRanking
+        from shardline.core.metrics.split_ranking import SplitRanking
 
         ranking = SplitRanking.of_validation(manifest, job["manifest"], job["validates_on"], job["ranking_ks"])
     try:

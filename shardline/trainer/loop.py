@@ -25,7 +25,7 @@ import torch
 
 from shardline.core.config import TrainingConfig
 from shardline.core.failures import BudgetExceeded, Preempted  # noqa: F401  (fit raises them)
-from shardline.core.split_ranking import SplitRanking
+from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.storage import join
 from shardline.trainer.checkpoint import (
     best_checkpoint,

@@ -105,7 +105,7 @@ def setting_hooks(log: Callable[[str], None] = print) -> dict:
     no caller can pass a function: `SHARDLINE_PREEMPT_AT_STEP` (`shardline rehearse`: a run that did not resume
     preempts itself at that step, the real path), and for the tests that kill or watch a real run mid-way,
     `SHARDLINE_TEST_STEP_DELAY` / `SHARDLINE_TEST_LOADER_DELAY` (a slower step, a starved loader). Unset: none."""
-    from shardline.core import settings
+    from shardline.core.config import settings
 
     step_delay = settings.number("SHARDLINE_TEST_STEP_DELAY")
     loader_delay = settings.number("SHARDLINE_TEST_LOADER_DELAY")

@@ -19,8 +19,8 @@ from shardline.core.config import (
     validation_name,
     validation_ranking_names,
 )
-from shardline.core.split_ranking import SplitRanking
-from shardline.core.text_metrics import perplexity
+from shardline.core.metrics.split_ranking import SplitRanking
+from shardline.core.metrics.text import perplexity
 from shardline.trainer.contract import DataSpec, as_outputs, batch_targets, default_loss, model_loss
 from shardline.trainer.data import ScoredLoader, SplitData
 from shardline.trainer.models import data_spec_of

@@ -10,7 +10,7 @@ order). The group and item keep the raw column's type, so predictions carry them
 
 Relevance is a grade: 0 is not relevant, 1..G are (binary clicks are 0/1, a boolean is false/true).
 The target column's values must read as one: integers, booleans, whole floats or integer text, none
-negative and none above `shardline.core.ranking.MAX_GRADE`; anything else is refused while the group is
+negative and none above `shardline.core.metrics.ranking.MAX_GRADE`; anything else is refused while the group is
 encoded, naming the file and the value, before any training.
 
 The training split's statistics (in each file group's record, merged into the manifest): its rows, the
@@ -29,7 +29,7 @@ import polars as pl
 from shardline.core.config import DataConfig
 from shardline.core.encoding.columns import DataError
 from shardline.core.manifest import TargetSpec
-from shardline.core.ranking import MAX_GRADE
+from shardline.core.metrics.ranking import MAX_GRADE
 
 GROUP, ITEM, RELEVANCE = "group", "item", "relevance"  # the rows file's columns
 

@@ -1,5 +1,5 @@
 """Shardline's settings from the environment: every `SHARDLINE_*` variable the package reads, in one typed table,
-read here and nowhere else. The pipeline's own settings are the config file's (shardline/core/config.py); these
+read here and nowhere else. The pipeline's own settings are the config file's (shardline/core/config/); these
 are a machine's or a process's: where its cache lives, how often it reports, what a test or a rehearsal injects.
 
 Each is read when asked for (a worker's job variables or a test may set it between calls). A value that is not of

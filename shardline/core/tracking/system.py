@@ -13,9 +13,9 @@ import logging
 import sys
 import threading
 
-from shardline.core import settings
+from shardline.core.config import settings
 
-log = logging.getLogger("shardline.core.system_metrics")
+log = logging.getLogger("shardline.core.tracking.system")
 
 EVERY_ENV = "SHARDLINE_SYSTEM_METRICS_SECONDS"
 CPU_KEY = "system/cpu_utilization_percentage"

@@ -2,7 +2,7 @@
 it, until it finished, was preempted, failed, stopped at its budget or was killed), and the arithmetic of
 useful and wasted GPU-hours and USD from it.
 
-An entry holds the host, the GPU type and count, the price it is costed at (shardline/core/cost.py's
+An entry holds the host, the GPU type and count, the price it is costed at (shardline/core/cost/prices.py's
 table: an estimate), when it started, the seconds it ran, the first step (the checkpoint it resumed from)
 and the last step it reached, its outcome, and `marks`: (step, seconds) at each checkpoint it saved.
 Time an attempt spent on steps that a later attempt trained again (after the checkpoint that attempt
@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardline.core import settings, storage
-from shardline.core.cost import CPU, PriceTable, load_prices
+from shardline.core import storage
+from shardline.core.config import settings
+from shardline.core.cost.prices import CPU, PriceTable, load_prices
 
 LEDGER_FILE = "cost.json"
 LEDGER_ENV = "SHARDLINE_COST_LEDGER_SECONDS"  # how often progress between checkpoints is written (default 60)
@@ -88,7 +89,7 @@ def machine_pricing(provider: str | None, spot: bool, machines: int = 1) -> Pric
     from the table (`SHARDLINE_PRICES` laid over the shipped one)."""
     import torch
 
-    from shardline.core.cost import detect_gpu
+    from shardline.core.cost.prices import detect_gpu
 
     gpu, _how = detect_gpu()
     gpus = max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardline.core import layout, settings, storage
-from shardline.core.config import MlflowConfig
+from shardline.core import layout, storage
+from shardline.core.config import MlflowConfig, settings
 from shardline.core.secrets import has_masked_userinfo, without_userinfo
-from shardline.core.tracking_journal import (
+from shardline.core.tracking.journal import (
     JOURNAL_FILE,
     RUN_FILE,
     Journal,
@@ -31,7 +31,7 @@ from shardline.core.tracking_journal import (
     redact_uri,
 )
 
-log = logging.getLogger("shardline.core.tracking")
+log = logging.getLogger("shardline.core.tracking.tracker")
 
 
 def unmasked(uri: str) -> str:

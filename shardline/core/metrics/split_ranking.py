@@ -3,7 +3,7 @@ training loop the validation split each epoch (`val_ndcg_at_10`), so both report
 
 `RowKeys` reads back the rows files the encode writes beside each shard (each row's group, item and relevance
 grade: `shardline/core/encoding/row_keys.py`) for windows' target rows; `SplitRanking` scores those rows from
-the model's outputs and ranks each group (`shardline/core/ranking.py`: `RankingScores`, ties averaged).
+the model's outputs and ranks each group (`shardline/core/metrics/ranking.py`: `RankingScores`, ties averaged).
 
 Kept apart from `row_keys.py` on purpose: that module is part of the encoder's code version (a group's
 address, `shardline/tasks/encode.py: encoder_code`), so an edit here must not encode any data again.
@@ -20,7 +20,7 @@ import polars as pl
 from shardline.core import storage
 from shardline.core.encoding.row_keys import GROUP, RELEVANCE, class_grades
 from shardline.core.manifest import Manifest
-from shardline.core.ranking import RankingScores
+from shardline.core.metrics.ranking import RankingScores
 
 
 class RowKeys:

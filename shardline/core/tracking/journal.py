@@ -37,7 +37,7 @@ from typing import Any
 
 from shardline.core import storage
 
-log = logging.getLogger("shardline.core.tracking")
+log = logging.getLogger("shardline.core.tracking.tracker")
 
 JOURNAL_FILE = "mlflow-journal.jsonl"
 RUN_FILE = "mlflow-run.json"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from shardline.core import settings
+from shardline.core.config import settings
 
-PRICES_FILE = Path(__file__).resolve().parents[1] / "configs" / "prices.yaml"
+PRICES_FILE = Path(__file__).resolve().parents[2] / "configs" / "prices.yaml"
 PRICES_ENV = "SHARDLINE_PRICES"
 GPU_ENV = "SHARDLINE_GPU_TYPE"  # a pool's job variables may declare the type instead of detecting it
 CPU = "CPU"

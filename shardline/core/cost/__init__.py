@@ -1,0 +1,1 @@
+"""What training costs: prices and hours (`prices`), and each run's ledger of attempts (`ledger`)."""
