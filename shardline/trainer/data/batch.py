@@ -1,0 +1,109 @@
+"""A batch of windows as tensors (`Batch`), and the arrays a shard's windows are read from (`Windows`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shardline.core.manifest import target_array
+
+# 3: a global permutation, or shuffle blocks of `shuffle_shards` shards (in the state since; absent: a global one)
+LOADER_STATE_VERSION = 3
+ARRAYS = ("cont", "cat", "target", "order", "offsets")
+POSITIONS = ("last", "all")
+
+
+def target_names(arrays) -> list[str]:
+    """The target arrays a shard holds, in order: `target`, `target_1`, ... (none without a target)."""
+    names = []
+    while target_array(len(names)) in arrays:
+        names.append(target_array(len(names)))
+    return names
+
+
+CHUNK_BYTES = 2 << 20  # the loader gathers about this many bytes of windows at a time
+MAX_BATCHES_PER_GATHER = 16
+
+
+def _cast(t: torch.Tensor, floating: bool) -> torch.Tensor:
+    if floating:
+        return t if t.dtype == torch.float32 else t.float()
+    return t if t.dtype == torch.int64 else t.long()
+
+
+# unsigned ids (text's uint16 / uint32 token columns) are widened on the host before they travel: torch's
+# kernels for those types are few (a conversion on the device may not exist), a signed int32 is supported
+_UNSIGNED = {torch.uint16: torch.int32, torch.uint32: torch.int64, torch.uint64: torch.int64}
+
+
+def portable(t: torch.Tensor) -> torch.Tensor:
+    """`t` in a type every device converts from: unsigned ids widened (on the host), anything else as it is."""
+    wider = _UNSIGNED.get(t.dtype)
+    return t if wider is None or t.device.type != "cpu" else t.to(wider)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch as stored (narrow dtypes: float16/32 `cont`, int8/16/32 `cat`, each target's stored type),
+    so the bytes moved to the device are the fewest; `to(device)` widens them there."""
+
+    cont: torch.Tensor  # [B, K, n_cont]
+    cat: torch.Tensor  # [B, K, n_cat]
+    targets: tuple[torch.Tensor, ...] = ()  # per target: [B] (or [B, K], every position) ids or standardised values
+
+    @property
+    def target(self) -> torch.Tensor | None:
+        """The first target (the only one, mostly)."""
+        return self.targets[0] if self.targets else None
+
+    def __len__(self) -> int:
+        return self.cont.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.cont, self.cat, *self.targets))
+
+    def slice(self, lo: int, hi: int) -> Batch:
+        return Batch(self.cont[lo:hi], self.cat[lo:hi], tuple(t[lo:hi] for t in self.targets))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """On `device`, as the model takes it: float32 features, int64 ids, int64 classes / float32 values."""
+        host = torch.device(device).type == "cpu"
+        cont, cat, *targets = (
+            (t if host else portable(t)).to(device, non_blocking=non_blocking)
+            for t in (self.cont, self.cat, *self.targets)
+        )
+        return Batch(_cast(cont, True), _cast(cat, False), tuple(_cast(t, t.is_floating_point()) for t in targets))
+
+    def pin_memory(self) -> Batch:
+        # pinned for a GPU: unsigned ids widened first, so that what is pinned is what travels
+        return Batch(
+            self.cont.pin_memory(),
+            portable(self.cat).pin_memory(),
+            tuple(portable(t).pin_memory() for t in self.targets),
+        )
+
+
+class Windows:
+    """The K-row windows of a [rows, F] array. Window s is rows [s, s+K): one contiguous block of
+    memory, so the array is also seen as a 1-D array of overlapping K-row records (a record starts
+    at every row), and a batch of windows is one fancy index on it: one memcpy of K rows per window,
+    exactly what gathering materialised windows costs, from K times fewer bytes."""
+
+    def __init__(self, a: np.ndarray, k: int):
+        a = np.ascontiguousarray(a)
+        self.array, self.k, self.dtype = a, k, a.dtype
+        self.width = int(a.shape[1])
+        row = self.width * a.dtype.itemsize
+        n = max(int(a.shape[0]) - k + 1, 0)
+        self.records = None
+        if row and n:
+            self.records = np.ndarray((n,), dtype=np.dtype((np.void, k * row)), buffer=a, strides=(row,))
+
+    def gather(self, start: np.ndarray) -> np.ndarray:
+        """[len(start), K, F] windows starting at rows `start` (a new, contiguous array)."""
+        if self.records is None:
+            return np.zeros((len(start), self.k, self.width), dtype=self.dtype)
+        return self.records[start].view(self.dtype).reshape(len(start), self.k, self.width)

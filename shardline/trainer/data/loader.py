@@ -1,0 +1,326 @@
+"""The training loader: shuffled, resumable to the window (`state_dict`), each rank its share of each global batch,
+batches gathered a chunk of windows at a time, optionally in background threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shardline.core.storage import CACHE_CAP_ENV, gb_at_least
+from shardline.trainer.data.batch import CHUNK_BYTES, LOADER_STATE_VERSION, MAX_BATCHES_PER_GATHER, Batch
+from shardline.trainer.data.split import SplitData
+
+
+class WindowLoader:
+    """Batches of one epoch, in an order that is a pure function of (seed, epoch, shuffle_shards) and the
+    split's shards, never of the local cache; resumable mid-epoch.
+
+    Its position is a few integers (`state_dict`): the epoch and how many windows of it were already
+    yielded, so a restored loader yields exactly the batches the interrupted one had not.
+    `set_epoch(e)` starts epoch e from its beginning; iterating continues from the current position.
+
+    Order: with `shuffle_shards` null, a global permutation of all windows (the split's shards are
+    joined, so a batch is one gather wherever its windows live; a split too large for the cache is
+    refused, as a global shuffle needs all of it). With `shuffle_shards=m`, shuffle blocks: the shards
+    in a permuted order, taken m at a time, the windows of each block permuted together. A split in
+    the cache and the same split streamed give the same batches; streamed, a block's shards are
+    opened when the order reaches them, released when it has passed their last window, and up to
+    `read_ahead` shards after them are fetched in the background while there is room in the cache.
+    Batches are gathered a few at a time (about CHUNK_BYTES per fancy index) and handed out as
+    views. `num_workers` threads gather the next ones while the current batch trains: they share
+    the arrays (no pickling), and the gathers run outside the GIL. A streamed split is gathered by
+    one thread, in order (so the shards held stay one block's), up to 2 x `num_workers` chunks ahead.
+    """
+
+    def __init__(
+        self,
+        data: SplitData,
+        batch_size: int,
+        seed: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        pin_memory: bool = False,
+        num_workers: int = 0,
+        read_ahead: int = 2,
+        shuffle_shards: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if shuffle_shards is not None and shuffle_shards < 1:
+            raise ValueError(f"shuffle_shards must be >= 1 or None (a global shuffle), got {shuffle_shards}")
+        if shuffle and data.streaming and (shuffle_shards is None or shuffle_shards >= data.n_shards):
+            raise ValueError(_global_shuffle_refused(data, "streamed"))
+        self.data = data
+        self.batch_size = batch_size
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.pin_memory = pin_memory and torch.cuda.is_available()
+        self.num_workers = int(num_workers)
+        self.read_ahead = max(0, int(read_ahead))
+        self.shuffle_shards = shuffle_shards
+        self.epoch = 0
+        self.offset = 0
+        # several processes (DDP): each yields its share of each global batch (trainer/distributed.py); the
+        # position (`offset`, `state_dict`) stays the global one, the same on every rank and for one process
+        self.rank, self.world_size = int(rank), int(world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+
+    @property
+    def n_windows(self) -> int:
+        return self.data.n_windows
+
+    @property
+    def end(self) -> int:
+        """Windows yielded in a full epoch."""
+        n = self.n_windows
+        return n - n % self.batch_size if self.drop_last else n
+
+    def __len__(self) -> int:
+        """Batches in a full epoch."""
+        return self.end // self.batch_size if self.drop_last else -(-self.n_windows // self.batch_size)
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        """The order shards are taken in, `shuffle_shards` at a time (in-order when not shuffling)."""
+        if not self.shuffle:
+            return np.arange(self.data.n_shards, dtype=np.int64)
+        return np.random.default_rng([self.seed, epoch, 1]).permutation(self.data.n_shards)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Window numbers in the order epoch `epoch` yields them."""
+        n, d, m = self.n_windows, self.data, self.shuffle_shards
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        if m is None or m >= d.n_shards:  # one block of every shard: the global permutation
+            return np.random.default_rng([self.seed, epoch]).permutation(n)
+        first, seq, parts = d._first, self.shard_order(epoch), []
+        for b in range(0, len(seq), m):
+            ids = np.concatenate([np.arange(first[s], first[s + 1], dtype=np.int64) for s in seq[b : b + m]])
+            parts.append(ids[np.random.default_rng([self.seed, epoch, 2, b // m]).permutation(len(ids))])
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.offset = 0
+
+    def _per_gather(self) -> int:
+        """Batches gathered by one fancy index: about CHUNK_BYTES of windows (amortises the per-call
+        cost and, with workers, the hand-off between threads); each batch is then a view of it."""
+        d = self.data
+        per_position = d.window if d.positions == "all" else 1
+        per_window = d.window * (d.n_cont * d.cont_dtype.itemsize + d.n_cat * d.cat_dtype.itemsize) + sum(
+            per_position * t.itemsize for t in d.target_dtypes
+        )
+        return int(min(MAX_BATCHES_PER_GATHER, max(1, -(-CHUNK_BYTES // max(1, per_window * self.batch_size)))))
+
+    def __iter__(self):
+        order = self.order(self.epoch)
+        bs, pin = self.batch_size, self.pin_memory
+        data = self.data
+        step = bs * self._per_gather()
+        spans = [(lo, min(lo + step, self.end)) for lo in range(self.offset, self.end, step)]
+
+        def batches(big: Batch):
+            for lo in range(0, len(big), bs):
+                b = big.slice(lo, lo + bs)
+                self.offset += len(b)  # counted when handed out: a checkpoint after this batch resumes past it
+                yield b  # a view of the gathered (and, for CUDA, pinned) chunk
+
+        if self.world_size > 1:  # this rank's share of each global batch; the offset counts whole batches
+            from shardline.trainer.distributed import rank_positions
+
+            def share(lo: int, hi: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+                parts = rank_positions(lo, hi, bs, self.end, self.rank, self.world_size)
+                return np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n, _ in parts]), parts
+
+            def batches(big: Batch, parts):  # the DDP form of the one above
+                at = 0
+                for _, n, k in parts:
+                    b = big.slice(at, at + n)
+                    at += n
+                    self.offset += k
+                    yield b
+
+            stream = self._stream_gather(order, spans) if data.streaming else None
+
+            def gather(lo: int, hi: int):
+                pos, parts = share(lo, hi)
+                return (stream(lo, hi, pos) if stream else data.batch(order[pos], pin_memory=pin)), parts
+
+            threads = 1 if data.streaming else self.num_workers
+            try:
+                if self.num_workers == 0:
+                    for lo, hi in spans:
+                        yield from batches(*gather(lo, hi))
+                    return
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(threads, thread_name_prefix="shardline-loader") as pool:
+                    pending = []
+                    todo = iter(spans)
+                    while True:
+                        while len(pending) < 2 * self.num_workers and (span := next(todo, None)) is not None:
+                            pending.append(pool.submit(gather, *span))
+                        if not pending:
+                            break
+                        yield from batches(*pending.pop(0).result())
+            finally:
+                data.release()
+            return
+
+        if data.streaming:
+            # one thread gathers a streamed split's spans, in order, so that the shards it holds stay those of
+            # one block; `num_workers` sets how far ahead it may go
+            gather, threads = self._stream_gather(order, spans), 1
+        else:
+            gather, threads = (lambda lo, hi: data.batch(order[lo:hi], pin_memory=pin)), self.num_workers
+        try:
+            if self.num_workers == 0:
+                for lo, hi in spans:
+                    yield from batches(gather(lo, hi))
+                return
+            from collections import deque
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="shardline-loader")
+            pending: deque = deque()
+            todo = iter(spans)
+            try:
+                while True:
+                    while len(pending) < 2 * self.num_workers:
+                        span = next(todo, None)
+                        if span is None:
+                            break
+                        pending.append(pool.submit(gather, *span))  # gathered and pinned in the worker
+                    if not pending:
+                        break
+                    yield from batches(pending.popleft().result())
+            finally:
+                for fut in pending:
+                    fut.cancel()
+                pool.shutdown(wait=True)
+        finally:
+            data.release()  # streamed shards still held when the epoch ends or the loop leaves it (closed)
+
+    def _stream_gather(self, order: np.ndarray, spans: list[tuple[int, int]]):
+        """gather(lo, hi): the windows order[lo:hi] of a streamed split, for spans taken in order. A shard
+        is opened when the order reaches its first window and released with the gather of its last
+        (`SplitData.batch`), so the cache holds the current shuffle block; after each gather the next
+        shards by first window are read ahead, in that order and only while the cache has room (a
+        prefix: the shard needed next never waits behind a later one)."""
+        d = self.data
+        start, end = (spans[0][0], spans[-1][1]) if spans else (0, 0)
+        shard = d.shard_of(order)
+        # each shard's first and last position in what is left to yield (a resumed epoch: from `start`)
+        pos = np.arange(start, end, dtype=np.int64)
+        first = np.full(d.n_shards, end, dtype=np.int64)
+        last = np.full(d.n_shards, -1, dtype=np.int64)
+        np.minimum.at(first, shard[start:end], pos)
+        np.maximum.at(last, shard[start:end], pos)
+        by_first = np.argsort(first, kind="stable")
+        firsts = first[by_first]
+
+        def gather(lo: int, hi: int, pos: np.ndarray | None = None) -> Batch:
+            here = np.unique(shard[lo:hi])
+            idx = order[lo:hi] if pos is None else order[pos]  # pos: a rank's share of the span (DDP)
+            passed = here[last[here] < hi]
+            if pos is not None:  # passed shards this rank's share does not touch: released before it opens others
+                for s in np.setdiff1d(passed, d.shard_of(idx)):
+                    d.release_shard(int(s))
+            big = d.batch(idx, pin_memory=self.pin_memory, release=passed)
+            at = int(np.searchsorted(firsts, hi))
+            for s in by_first[at : at + self.read_ahead]:
+                if first[s] >= end or not d.prefetch(int(s)):
+                    break
+            return big
+
+        return gather
+
+    def state_dict(self) -> dict:
+        return {
+            "version": LOADER_STATE_VERSION,
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "seed": self.seed,
+            "n_windows": self.n_windows,
+            **({"shuffle_shards": self.shuffle_shards} if self.shuffle_shards is not None else {}),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != LOADER_STATE_VERSION:
+            raise ValueError(
+                f"loader state version {state.get('version')!r} is not supported (expected {LOADER_STATE_VERSION})"
+            )
+        if state["n_windows"] != self.n_windows:
+            raise ValueError(
+                f"loader state was saved over {state['n_windows']} windows but this split has {self.n_windows}: "
+                "the data changed since the checkpoint; resume only on the same shards"
+            )
+        if state["seed"] != self.seed:
+            raise ValueError(
+                f"loader state was saved with seed {state['seed']} but this loader has seed {self.seed} "
+                "(training.seed changed): the batch order would differ"
+            )
+        if state.get("shuffle_shards") != self.shuffle_shards:
+            raise ValueError(
+                f"loader state was saved with shuffle_shards={state.get('shuffle_shards')} but this loader has "
+                f"shuffle_shards={self.shuffle_shards} (training.shuffle_shards changed): the batch order would differ"
+            )
+        if not 0 <= state["offset"] <= self.n_windows:
+            raise ValueError(f"loader state offset {state['offset']} is outside [0, {self.n_windows}]")
+        self.epoch = int(state["epoch"])
+        self.offset = int(state["offset"])
+
+
+def _global_shuffle_refused(data: SplitData, name: str) -> str:
+    """Why a streamed split cannot be shuffled whole, and the two ways out, with this split's numbers."""
+    cache = data.cache
+    sizes = sorted((r.footprint for r in data._refs), reverse=True)
+    fit = max(1, int(np.searchsorted(np.cumsum(sizes), cache.cap // 2, side="right")))
+    return (
+        f"the {name} split is {sum(sizes) / 1e6:,.1f} MB unpacked, more than half the local shard cache's "
+        f"{cache.describe_cap()}, so it streams shard by shard, but training.shuffle_shards is null: one shuffle "
+        "of the whole split, which needs all of it in the cache. Set training.shuffle_shards to shuffle that "
+        f"many shards at a time (here at most {fit}, for a block to fit in half the cache; the order is then "
+        f"the same whatever the cache), or raise {CACHE_CAP_ENV} to at least {gb_at_least(2 * sum(sizes))} "
+        "(twice the split) to keep the global shuffle"
+    )
+
+
+def check_cache_room(train: SplitData, val: SplitData, shuffle_shards: int | None) -> None:
+    """Before training: the local cache can hold what training holds of it at once, besides the split
+    packs it holds already: the train split's largest shuffle block while it streams, or the validation
+    split's largest shard while it is read (never both: a loader releases its shards when its epoch
+    ends). A ValueError names the setting to change and the number, so a too-small cache fails before
+    the first step, never when a block of larger shards comes up mid-epoch."""
+    if train.streaming and (shuffle_shards is None or shuffle_shards >= train.n_shards):
+        raise ValueError(_global_shuffle_refused(train, "train"))
+    needs: dict[int, list] = {}
+    for name, data, what in (
+        ("train", train, f"its {shuffle_shards} largest shards (training.shuffle_shards={shuffle_shards})"),
+        ("validation", val, "its largest shard"),
+    ):
+        if data.streaming:
+            need = data.cache_need(shuffle_shards) if name == "train" else data.cache_need(shuffle=False)
+            needs.setdefault(id(data.cache), [data.cache, []])[1].append((need, f"the {name} split's {what}"))
+    for cache, parts in needs.values():
+        need, what = max(parts)
+        held = cache.pinned_bytes()
+        if held + need <= cache.cap:
+            continue
+        lower = ""
+        if train.streaming and train.cache is cache:
+            sizes = np.cumsum(sorted((r.footprint for r in train._refs), reverse=True))
+            fit = int(np.searchsorted(sizes, cache.cap - held, side="right"))
+            if 1 <= fit < shuffle_shards:
+                lower = f", or lower training.shuffle_shards to {fit}"
+        raise ValueError(
+            f"training holds up to {need / 1e6:,.1f} MB of the local shard cache at once ({what}) besides the "
+            f"{held / 1e6:,.1f} MB it holds already (split packs), but the cache is capped at "
+            f"{cache.describe_cap()}: raise {CACHE_CAP_ENV} to at least {gb_at_least(held + need)}{lower}"
+        )
