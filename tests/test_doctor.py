@@ -137,7 +137,7 @@ def test_several_machines_on_a_pool_of_fewer_live_workers_fail_the_node_check(tm
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    from shardline.app.doctor import _prefect_checks
+    from shardline.app.doctor_prefect import prefect_checks as _prefect_checks
     from shardline.core.config import PipelineConfig
     from shardline.flows.train import train, train_node
 

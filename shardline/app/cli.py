@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from shardline.app.ephemeral_api import start_ephemeral_api
+from shardline.app.summary import summary, sweep_summary
 
 # Prefect's ephemeral API takes 15-25 s to start on a small machine; its default allows 20.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -118,49 +119,6 @@ def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> di
         _fail("interrupted; run the same command again to resume", 130)
 
 
-def _summary(result: dict, home_hint: str | None = None) -> None:
-    reg = result["registered"]
-    tr = result["train"]
-    typer.echo("")
-    steps = result["steps"]
-    typer.echo("steps: " + ", ".join(f"{k} {v}" for k, v in steps.items()))
-    typer.secho(
-        f"Registered {reg['model_name']} version {reg['version']} as @{reg['alias']}", fg=typer.colors.GREEN, bold=True
-    )
-    chosen = (
-        f", the checkpoint of epoch {tr['best_epoch']} (best {tr['select_by']})"
-        if tr.get("best_epoch") and tr.get("select_by")
-        else ""
-    )
-    baseline = result.get("baseline_name", "the trivial baseline")
-    typer.echo(
-        f"trained on {tr['device']} ({tr['precision']}), {tr['steps']} optimizer steps{chosen}; test metrics "
-        f"against {baseline}:\n"
-    )
-    typer.echo(result["table"])
-    if tr.get("cost"):
-        from shardline.core.cost.ledger import describe
-
-        typer.echo(f"\ncost: {describe(tr['cost'])}")
-    if result["snapshot"]["skipped"]:
-        typer.secho(f"\nskipped {len(result['snapshot']['skipped'])} raw file(s):", fg=typer.colors.YELLOW)
-        for r in result["snapshot"]["skipped"]:
-            typer.echo(f"  - {r['uri']}: {r['reason']}")
-    uri = reg["tracking_uri"]
-    typer.echo("\nInspect it:")
-    if reg.get("ui_command"):
-        typer.echo(f"  {reg['ui_command']}        # serves the MLflow UI at http://127.0.0.1:5000")
-    if reg.get("run_page"):
-        typer.echo(f"    the run:     {reg['run_page']}")
-        typer.echo(f"    the version: {reg['version_page']}")
-        typer.echo('    (MLflow 3 opens on its GenAI view: pick "Model training" at the top left to list runs)')
-    typer.echo(
-        f"  shardline predict models:/{reg['model_name']}@{reg['alias']} INPUT.parquet --out predictions.parquet "
-        f"--tracking-uri {uri}"
-    )
-    typer.echo("  prefect server start                      # the Prefect UI; runs from now on show up there")
-
-
 @app.command()
 def demo(
     home: Path = typer.Option(
@@ -200,7 +158,7 @@ def demo(
     for section, values in base.items():
         defaults.setdefault(section, {}).update(values)
     config = _load(None, list(set_), base=defaults)
-    _summary(_run_pipeline(config, force))
+    summary(_run_pipeline(config, force))
 
 
 @app.command()
@@ -212,7 +170,7 @@ def run(
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
     config = _load(config_path, list(set_))
-    _summary(_run_pipeline(config, force, verbose))
+    summary(_run_pipeline(config, force, verbose))
 
 
 @app.command()
@@ -275,67 +233,6 @@ def _sweep_plan(
     return plan, given
 
 
-def _sweep_summary(result: dict) -> None:
-    rows, best, metric = result["trials"], result["best"], result["metric"]
-    typer.echo("")
-    typer.echo("steps: " + ", ".join(f"{k} {v}" for k, v in result["steps"].items()))
-    where = (
-        f"{result['at_once']} at once here, {result['cpu_threads']} torch thread(s) each"
-        if result["cpu_threads"]
-        else f"{result['at_once']} at once on the training deployment's pool"
-    )
-    better = "higher" if result["direction"] == "maximize" else "lower"
-    typer.echo(
-        f"sweep {result['sweep_id']}: {len(rows)} {result['mode']} trial(s) over {', '.join(result['keys'])}, "
-        f"{where}; compared by {metric} on the validation split ({better} is better)\n"
-    )
-    width = max(len(r["trial"]) for r in rows)
-    for r in rows:
-        score = f"{r['score']:.4f}" if r.get("score") is not None else "-"
-        label = " ".join(f"{k}={v}" for k, v in r["overrides"].items())
-        mark = "  <- best" if r["trial"] == best["trial"] else ""
-        line = f"  {r['trial'].ljust(width)}  {score:>9}  {r['state']:<6}  {label}{mark}"
-        typer.secho(line, fg=typer.colors.RED if r["state"] == "failed" else None, bold=bool(mark))
-    if result.get("settings"):
-        typer.echo(f"\ncross-validation: each setting's {metric} over the folds, mean ± std (chosen by the mean):")
-        for st in result["settings"]:
-            label = " ".join(f"{k}={v}" for k, v in st["setting"].items()) or "(the config as it is)"
-            mean = f"{st['score']:.4f} ± {st['std']:.4f}" if st["score"] is not None else "failed"
-            mark = "  <- best" if st["trial"] == best["trial"] else ""
-            typer.secho(f"  {st['trial']}  {mean:>17}  {label}{mark}", bold=bool(mark))
-        typer.echo("  the best setting retrained on all non-test data (training.fold: null) as trial 'final'")
-    total = result.get("cost")
-    if total:
-        usd = "unpriced" if total["usd"] is None else f"about {total['usd']:.3g} USD"
-        wasted = f" ({total['gpu_hours_wasted']:.3g} wasted)" if total["gpu_hours_wasted"] else ""
-        typer.echo(
-            f"\ncost of the trials' training: {total['gpu_hours']:.3g} GPU-hours{wasted}, {usd}, over "
-            f"{total['runs']} run(s) (an estimate; each trial's own is on its MLflow run)"
-        )
-    failed = [r for r in rows if r["state"] == "failed"]
-    if failed:
-        typer.secho(f"\n{len(failed)} trial(s) failed (the others were compared):", fg=typer.colors.YELLOW)
-        for r in failed:
-            typer.echo(f"  - {r['trial']}: {r['error']}")
-    reg = result["registered"]
-    typer.echo("")
-    typer.secho(
-        f"Best {best['trial']} registered as {reg['model_name']} version {reg['version']} (@{reg['alias']}); "
-        f"its test metrics against {result.get('baseline_name', 'the trivial baseline')}:\n",
-        fg=typer.colors.GREEN,
-        bold=True,
-    )
-    typer.echo(result["table"])
-    typer.echo("\nInspect it:")
-    if reg.get("ui_command"):
-        typer.echo(f"  {reg['ui_command']}        # serves the MLflow UI at http://127.0.0.1:5000")
-    if result.get("parent_page"):
-        typer.echo(f"    the sweep (its trials nested under it): {result['parent_page']}")
-    if reg.get("version_page"):
-        typer.echo(f"    the version: {reg['version_page']}")
-    typer.echo(f"  the comparison picture: {result['plot']}")
-
-
 @app.command()
 def sweep(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml", help="the base config every trial starts from"),
@@ -381,7 +278,7 @@ def sweep(
         _fail("interrupted; run the same command again: finished trials are cached, the others resume", 130)
     except (DataError, ValueError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
-    _sweep_summary(result)
+    sweep_summary(result)
 
 
 @app.command("check-config")
