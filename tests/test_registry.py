@@ -168,7 +168,7 @@ def test_the_gate_scores_served_labels_as_the_whole_table_would():
     import polars as pl
 
     from shardline.core.metrics import scores as M
-    from shardline.tasks.gate import _score
+    from shardline.runs.gate import _score
 
     rng = np.random.default_rng(0)
     names = [f"act-{i}" for i in range(40)]
@@ -190,7 +190,7 @@ def test_the_gate_compares_the_champions_full_precision_metric_not_its_rounded_t
     from mlflow import MlflowClient
 
     from shardline.core.metrics.report import format_number
-    from shardline.tasks.gate import champion_gate
+    from shardline.runs.gate import champion_gate
 
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.create_experiment("gate", artifact_location=(tmp_path / "artifacts").as_uri())

@@ -350,7 +350,7 @@ def predict(
     except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
         _fail(f"cannot read {input_path}: {e}", 2)
     model = _load_model(model_uri, tracking_uri)
-    from shardline.tasks.ingest import naive_utc
+    from shardline.trainer.serving import naive_utc
 
     schema = model.metadata.get_input_schema()
     if schema is not None:  # only the columns the model takes (no "extra inputs ignored" warning for the rest)

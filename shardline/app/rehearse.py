@@ -296,7 +296,7 @@ def rehearse(
         import polars as pl
 
         from shardline.core.tracking.tracker import fluent_tracking_uri, tracking_uri
-        from shardline.tasks.ingest import naive_utc
+        from shardline.trainer.serving import naive_utc
 
         sample = pl.read_parquet(storage.read_bytes(copied[0]))
         with fluent_tracking_uri(tracking_uri(cfg.mlflow, cfg.storage.root)):

@@ -15,6 +15,7 @@ from shardline.core.encoding.columns import DataError
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
 from shardline.core.storage import filesystem, is_remote
 from shardline.tasks.caching import CacheRule
+from shardline.trainer.serving import naive_utc
 
 
 def list_source(source: str) -> list[str]:
@@ -272,18 +273,6 @@ def snapshot_source(data: DataConfig) -> Snapshot:
             "Fill or drop those rows before training (a row without a target cannot be learned or scored)."
         )
     return Snapshot(source=data.source, files=files, rejected=rejected, fingerprint=Snapshot.fingerprint_of(files))
-
-
-def naive_utc(frame):
-    """A pandas frame with its time-zone-aware date-time columns as naive UTC, the only date-times MLflow's
-    signatures take (`shardline predict` turns them back into the input's zone in the predictions)."""
-    import pandas as pd
-
-    out = frame.copy()
-    for c in out.columns:
-        if isinstance(out[c].dtype, pd.DatetimeTZDtype):
-            out[c] = out[c].dt.tz_convert("UTC").dt.tz_localize(None)
-    return out
 
 
 def raw_sample(sample_uri: str, columns: list[str], rows: int = 5):

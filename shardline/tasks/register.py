@@ -31,9 +31,9 @@ from shardline.core.tracking.tracker import (
 )
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.runs import links
+from shardline.runs.gate import better, champion_gate, reevaluate_champion
 from shardline.runs.training_run import kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
-from shardline.tasks.gate import better, champion_gate, reevaluate_champion
 from shardline.tasks.ingest import raw_sample
 from shardline.trainer.serving import (
     GENERATION_PARAMS,
@@ -45,7 +45,7 @@ from shardline.trainer.serving import (
     text_prediction_frame,
 )
 
-PYFUNC_CODE = Path(__file__).resolve().parent / "pyfunc_model.py"
+PYFUNC_CODE = Path(__file__).resolve().parents[1] / "runs" / "pyfunc_model.py"
 
 
 def _requirements() -> list[str]:
@@ -557,6 +557,6 @@ REGISTER_CACHE = CacheRule(
         model_identity(inputs["config"].model),
         training_identity(inputs["config"], inputs["train_result"].get("parent")),
     ),
-    code=(__name__, "shardline.tasks.pyfunc_model"),
+    code=(__name__, "shardline.runs.pyfunc_model"),
     still_valid=version_exists,
 )

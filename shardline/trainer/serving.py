@@ -330,3 +330,15 @@ class Predictor:
         else:
             out["row"] = pl.Series("row", where["order"])
         return prediction_frame(spec, out, predict(self.model, data, batch_size=batch_size))
+
+
+def naive_utc(frame):
+    """A pandas frame with its time-zone-aware date-time columns as naive UTC, the only date-times MLflow's
+    signatures take (`shardline predict` turns them back into the input's zone in the predictions)."""
+    import pandas as pd
+
+    out = frame.copy()
+    for c in out.columns:
+        if isinstance(out[c].dtype, pd.DatetimeTZDtype):
+            out[c] = out[c].dt.tz_convert("UTC").dt.tz_localize(None)
+    return out

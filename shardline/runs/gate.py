@@ -102,7 +102,7 @@ def reevaluate_champion(
     cannot be done."""
     import mlflow
 
-    from shardline.tasks.ingest import naive_utc
+    from shardline.trainer.serving import naive_utc
 
     if len(spec.targets) != 1 or spec.target_positions == "all":
         return {"reason": "re-scoring a champion on another test split covers one target, last position only"}
