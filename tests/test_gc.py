@@ -355,7 +355,7 @@ def test_a_live_text_fine_tune_pipeline_keeps_the_data_set_it_encodes(tmp_path, 
 
     lm = config("corpus")
     parent = train(encode(lm), lm)
-    tuned = config("other-corpus", init_from=f"{parent['run_dir']}/checkpoints")
+    tuned = config("other-corpus", init_from=f"{parent.run_dir}/checkpoints")
     manifest = Path(encode(tuned))
     uses = flow_run_uses({"config": tuned.model_dump(mode="json")}, str(root), Locator(str(root)))
     assert manifest.parent.name in uses[0]

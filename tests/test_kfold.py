@@ -98,7 +98,7 @@ def test_fold_run_validates_on_exactly_its_fold_and_the_encode_is_shared(tmp_pat
     assert uri0 == uri1 and ran == {"ingest": False, "encode": False}
     manifest = Manifest.model_validate_json(read_text(uri1))
     result = train(uri1, fold1)
-    _, sidecar = latest_checkpoint(f"{result['run_dir']}/checkpoints")
+    _, sidecar = latest_checkpoint(f"{result.run_dir}/checkpoints")
     assert sidecar["windows"] == {
         "train": manifest.windows["fold0"] + manifest.windows["fold2"],
         "validation": manifest.windows["fold1"],

@@ -80,8 +80,8 @@ def test_every_champion_move_is_recorded_on_the_versions(base, prefect_api):
 def test_two_registrations_at_once_decide_one_after_the_other(base, prefect_api):
     """Both candidates beat the first champion; without the registry lease both read "v1 is champion"
     and both promote themselves. With it, the second to decide compares against the first's result."""
-    from shardline.core import storage
     from shardline.core.manifest import Snapshot
+    from shardline.runs.result import EvalResult, TrainResult
     from shardline.tasks.ingest import snapshot_source
     from shardline.tasks.register import register_model
 
@@ -95,13 +95,9 @@ def test_two_registrations_at_once_decide_one_after_the_other(base, prefect_api)
     snapshot: Snapshot = snapshot_source(config.data)
 
     def register(result, out):
-        train = {
-            **result["train"],
-            "best_sha256": storage.sha256_uri(result["train"]["best_checkpoint"]),
-            "parent": None,
-        }
-        scores = {"metrics": result["metrics"], "baseline": result["baseline"], "table": "", "files": []}
-        out.append(register_model(config, snapshot, result["manifest"], train, scores))
+        train = TrainResult.read(result["train"]["run_dir"])  # the run folder's result.json
+        scores = EvalResult(metrics=result["metrics"], baseline=result["baseline"], table="", test_windows=0, files=[])
+        out.append(register_model(config, snapshot, result["manifest"], train, scores).model_dump())
 
     first: list = []
     register(runs[0], first)
@@ -219,7 +215,19 @@ def test_the_gate_compares_the_champions_full_precision_metric_not_its_rounded_t
 
 def test_the_model_report_rounds_for_reading_says_a_tie_and_which_epoch_was_evaluated():
     from shardline.core.manifest import Snapshot
-    from shardline.tasks.register import model_report
+    from shardline.runs.result import EvalResult, Registered, TrainResult
+    from shardline.tasks import register
+
+    def model_report(reg: dict, train: dict, scores: dict, snapshot) -> str:  # the task's typed results
+        trained = {
+            **dict.fromkeys(["best_sha256", "parent", "best_epoch", "best_score", "best_val_loss", "resumed_from"]),
+            **dict.fromkeys(["mlflow_run_id", "flow_run_id", "cost"]),
+            **{"run_dir": "r", "best_checkpoint": "b", "last_checkpoint": "l", "select_by": "val_loss"},
+            **{"tracking_uri": "u", "host": "h"},
+            **train,
+        }
+        tested = EvalResult(metrics={}, baseline={}, test_windows=0, files=[], **scores)
+        return register.model_report(Registered(**reg), TrainResult(**trained), tested, snapshot)
 
     snapshot = Snapshot(source="raw/*.parquet", files=[], fingerprint="f")
     value = 0.1524390243902439

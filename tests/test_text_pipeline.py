@@ -178,9 +178,9 @@ def test_the_training_flow_refuses_a_text_fine_tune_on_shards_of_another_tokeniz
 
     lm = validate_config(config("corpus"))
     parent = train(encoded(lm), lm)
-    tuned = validate_config(config("other-corpus", init_from=f"{parent['run_dir']}/checkpoints"))
+    tuned = validate_config(config("other-corpus", init_from=f"{parent.run_dir}/checkpoints"))
     manifest = encoded(tuned)  # its own BPE: not the parent's
     mine = Manifest.model_validate_json(storage.read_text(manifest)).encoding.text.tokenizer_sha256
     with pytest.raises(EncodingMismatch, match=rf"the data's tokenizer \({mine[:12]}\) is not the one"):
         train(manifest, tuned)
-    assert {p.parent.parent for p in (root / "runs").glob("*/checkpoints/*.pt")} == {Path(parent["run_dir"])}
+    assert {p.parent.parent for p in (root / "runs").glob("*/checkpoints/*.pt")} == {Path(parent.run_dir)}

@@ -100,13 +100,11 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     )
 
     # the Prefect runs name what they produced: the runs list filters by model, version and MLflow run
-    version = f"{registered['model_name']}/{registered['version']}"
-    found = [f"model:{registered['model_name']}", f"model-version:{version}", f"mlflow-run:{registered['run_id']}"]
-    links.tag_flow_run(
-        found, name=f"{config.name} · {registered['model_name']} v{registered['version']} {registered['alias']}"
-    )
-    if trained.get("flow_run_id"):  # the training flow run that trained these weights
-        links.tag_flow_run(found[:2], flow_run_id=trained["flow_run_id"])
+    version = f"{registered.model_name}/{registered.version}"
+    found = [f"model:{registered.model_name}", f"model-version:{version}", f"mlflow-run:{registered.run_id}"]
+    links.tag_flow_run(found, name=f"{config.name} · {registered.model_name} v{registered.version} {registered.alias}")
+    if trained.flow_run_id:  # the training flow run that trained these weights
+        links.tag_flow_run(found[:2], flow_run_id=trained.flow_run_id)
 
     return {
         "steps": {step: ("ran" if did else "cached") for step, did in ran.items()},
@@ -117,7 +115,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
         },
         "manifest": manifest_uri,
         "train": {
-            k: trained.get(k)
+            k: getattr(trained, k)
             for k in (
                 "best_checkpoint",
                 "best_epoch",
@@ -136,9 +134,9 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
                 "cost",
             )
         },
-        "metrics": scores["metrics"],
-        "baseline": scores["baseline"],
+        "metrics": scores.metrics,
+        "baseline": scores.baseline,
         "baseline_name": baseline_name(config),
-        "table": scores["table"],
-        "registered": registered,
+        "table": scores.table,
+        "registered": registered.model_dump(),
     }

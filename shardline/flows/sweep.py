@@ -154,14 +154,14 @@ def sweep(
             register, REGISTER_CACHE, root, False, config_, snapshot, manifest_uri, trained, scores
         )
         tag_version(config_, registered, parent.run_id, trial)
-        version = f"{registered['model_name']} v{registered['version']} @{registered['alias']}"
+        version = f"{registered.model_name} v{registered.version} @{registered.alias}"
         summary = f"best {trial.id} ({trial.label}), {metric} {best['score']:.4g}; registered as {version}."
         if final:
             summary = f"{retrain} Registered as {version}."
             parent.set_tags({"shardline.sweep.final": "retrained on all non-test folds (training.fold: null)"})
         finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {summary}", settings)
     links.tag_flow_run(
-        [f"mlflow-run:{parent.run_id}", f"model:{registered['model_name']}"] if parent.run_id else [],
+        [f"mlflow-run:{parent.run_id}", f"model:{registered.model_name}"] if parent.run_id else [],
         name=f"{base.name} · sweep · best {trial.id} · {version}",
     )
     counts = {s: sum(r["state"] == s for r in rows) for s in ("ran", "cached", "failed")}
@@ -190,10 +190,10 @@ def sweep(
             "evaluate": "ran" if ran["evaluate"] else "cached",
             "register": "ran" if ran["register"] else "cached",
         },
-        "train": {k: trained.get(k) for k in ("best_checkpoint", "steps", "device", "precision", "run_dir")},
-        "metrics": scores["metrics"],
-        "baseline": scores["baseline"],
+        "train": {k: getattr(trained, k) for k in ("best_checkpoint", "steps", "device", "precision", "run_dir")},
+        "metrics": scores.metrics,
+        "baseline": scores.baseline,
         "baseline_name": baseline_name(config_),
-        "table": scores["table"],
-        "registered": registered,
+        "table": scores.table,
+        "registered": registered.model_dump(),
     }

@@ -15,6 +15,7 @@ from shardline.core.memory import return_freed_memory
 from shardline.core.parent_watch import stop_when_parent_exits
 from shardline.core.secrets import install_log_redaction
 from shardline.runs import links
+from shardline.runs.result import TrainResult
 from shardline.runs.training_run import run_training
 
 
@@ -26,7 +27,7 @@ def train(
     mlflow_tags: dict[str, str] | None = None,
     cpu_threads: int | None = None,
     watched: bool = False,
-) -> dict:
+) -> TrainResult:
     """Train the configured model on the manifest's shards (in `run_folder`, when the pipeline chose it);
         return the best checkpoint and its scores. `mlflow_tags`: tags of a new MLflow run (a sweep's trial:
         its parent run); `cpu_threads`: torch's threads in this process (a share of the machine's cores when

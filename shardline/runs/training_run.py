@@ -27,10 +27,9 @@ from shardline.core.tracking.system import CPU_KEY, SystemSampler
 from shardline.core.tracking.tracker import Tracker, flatten, fluent_tracking_uri, tracking_uri
 from shardline.core.version import code_version, user_code_version
 from shardline.runs import links, training_cost
+from shardline.runs.result import RESULT_FILE, TrainResult
 from shardline.runs.training_view import LiveView, progress_seconds, run_logger
 from shardline.trainer.progress import BAR_SECONDS, DataWaitWatch, TerminalProgress
-
-RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
 
 
 def model_identity(model: ModelConfig) -> dict:
@@ -347,7 +346,7 @@ def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
 
 def run_training(
     manifest_uri: str, config: PipelineConfig, folder: str | None = None, mlflow_tags: dict[str, str] | None = None
-) -> dict:
+) -> TrainResult:
     """Train the configured model on the manifest's shards in `folder` (default: `run_dir`; the pipeline
     passes the one it chose, so a worker with other code writes where the pipeline reads), resuming its
     newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`).
@@ -408,7 +407,7 @@ def _run_training(
     ledger,
     deadline,
     mlflow_tags=None,
-) -> dict:
+) -> TrainResult:
     from shardline.core.failures import BudgetExceeded, Preempted
     from shardline.trainer.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint
     from shardline.trainer.data import open_split
@@ -559,28 +558,26 @@ def _run_training(
     tracker.end("FINISHED")
     best = best_checkpoint(ckpt_dir)
     best_entry = next((h for h in result.history if h["epoch"] + 1 == result.best_epoch), {})
-    out = {
-        "best_sha256": best[1]["sha256"] if best else None,
-        "parent": parent,
-        "run_dir": folder,
-        "best_checkpoint": result.best_checkpoint,
-        "last_checkpoint": result.last_checkpoint,
-        "best_epoch": result.best_epoch,  # 1-based, as the logs count epochs
-        "select_by": result.select_by,  # the validation metric that chose the best epoch
-        "best_score": result.best_score,  # the best epoch's select_by
-        "best_val_loss": best_entry.get("val_loss"),  # the best epoch's (the lowest only when select_by is val_loss)
-        "history": result.history,
-        "steps": result.steps,
-        "device": result.device,
-        "precision": result.precision,
-        "resumed_from": result.resumed_from,
-        "mlflow_run_id": tracker.run_id,  # None when MLflow was away all along: `shardline sync` creates it
-        "tracking_uri": redact_text(tracker.uri),
-        "host": socket.gethostname(),
-        "flow_run_id": (links.current_flow_run() or {}).get("id"),  # the Prefect run that finished it
-        # GPU-hours and USD of every attempt, wasted ones said (an estimate: cost.json in the run folder)
-        "cost": cost,
-    }
-    # beside the checkpoints, for a dispatcher on another machine (small results, big data in storage)
-    storage.write_text(storage.join(folder, RESULT_FILE), json.dumps(out, indent=1))
+    out = TrainResult(
+        best_sha256=best[1]["sha256"] if best else None,
+        parent=parent,
+        run_dir=folder,
+        best_checkpoint=result.best_checkpoint,
+        last_checkpoint=result.last_checkpoint,
+        best_epoch=result.best_epoch,
+        select_by=result.select_by,
+        best_score=result.best_score,
+        best_val_loss=best_entry.get("val_loss"),
+        history=result.history,
+        steps=result.steps,
+        device=result.device,
+        precision=result.precision,
+        resumed_from=result.resumed_from,
+        mlflow_run_id=tracker.run_id,
+        tracking_uri=redact_text(tracker.uri),
+        host=socket.gethostname(),
+        flow_run_id=(links.current_flow_run() or {}).get("id"),
+        cost=cost,
+    )
+    storage.write_text(storage.join(folder, RESULT_FILE), out.model_dump_json(indent=1))
     return out

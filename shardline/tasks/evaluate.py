@@ -32,6 +32,7 @@ from shardline.core.metrics.ranking import PopularityCounts, RankingScores
 from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.metrics.text import text_generation_scores, unigram_perplexity
 from shardline.core.secrets import redact_text
+from shardline.runs.result import EvalResult, TrainResult
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
 
@@ -344,7 +345,7 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
     }
 
 
-def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig, out_dir: Path) -> dict:
+def evaluate_model(manifest_uri: str, train_result: TrainResult, config: PipelineConfig, out_dir: Path) -> dict:
     """The best checkpoint on the test split: per target its metrics, a trivial baseline's (the training
     split's majority class or mean) and a plot (a class target also its per-class table, per_class.csv),
     named `metric` for one target and `target/metric` for several (files `target_...`); a model without a
@@ -358,14 +359,14 @@ def evaluate_model(manifest_uri: str, train_result: dict, config: PipelineConfig
 
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     spec = manifest.encoding
-    model = load_model(train_result["best_checkpoint"])
+    model = load_model(train_result.best_checkpoint)
     test = open_split(manifest, manifest_uri, "test")
     out_dir.mkdir(parents=True, exist_ok=True)
     # epochs counted from 1, as the logs and MLflow's epoch/* steps count them; the selected one marked
-    history = [{**h, "epoch": h["epoch"] + 1} for h in train_result["history"]]
+    history = [{**h, "epoch": h["epoch"] + 1} for h in train_result.history]
     plots = [
         R.plot_learning_curves(
-            history, out_dir / "learning_curves.png", train_result.get("best_epoch"), train_result.get("select_by")
+            history, out_dir / "learning_curves.png", train_result.best_epoch, train_result.select_by
         )
     ]
     if spec.text is not None:
@@ -453,11 +454,11 @@ def per_class_artifacts(files: list, folder: str) -> None:
 
 
 @task(name="evaluate")
-def evaluate(manifest_uri: str, train_result: dict, config: PipelineConfig) -> dict:
+def evaluate(manifest_uri: str, train_result: TrainResult, config: PipelineConfig) -> EvalResult:
     """Score the best checkpoint on the test split against the trivial baseline; write plots, tables and predictions."""
     log = get_run_logger()
-    folder = storage.join(train_result["run_dir"], "eval")
-    if not storage.is_remote(train_result["run_dir"]):
+    folder = storage.join(train_result.run_dir, "eval")
+    if not storage.is_remote(train_result.run_dir):
         result = evaluate_model(manifest_uri, train_result, config, Path(storage.local_path(folder)))
         per_class_artifacts(result["files"], folder)
     else:  # written aside, then kept beside the checkpoints in the storage root, which is where the result points
@@ -481,7 +482,7 @@ def evaluate(manifest_uri: str, train_result: dict, config: PipelineConfig) -> d
             r["baseline"] + (f" of {config.data.item_key}" if r["baseline"] == "popularity" else ""),
         )
     log.info("evaluate: %d test windows\n%s", result["test_windows"], result["table"])
-    return result
+    return EvalResult(**result)
 
 
 # What decides the scores: the evaluated weights (the best checkpoint's checksum), the data (the
@@ -489,7 +490,7 @@ def evaluate(manifest_uri: str, train_result: dict, config: PipelineConfig) -> d
 EVALUATE_CACHE = CacheRule(
     "evaluate",
     key=lambda inputs: (
-        inputs["train_result"]["best_sha256"],
+        inputs["train_result"].best_sha256,
         storage.sha256_uri(inputs["manifest_uri"]),
         [t.model_dump() for t in inputs["config"].data.target_list],
         inputs["config"].data.target_positions,
@@ -497,5 +498,5 @@ EVALUATE_CACHE = CacheRule(
     ),
     code=(__name__,),
     # what it wrote is still in the storage root (a listing: any machine that shares the root sees it)
-    still_valid=lambda result, inputs: all(storage.exists(f) for f in result["files"]),
+    still_valid=lambda result, inputs: all(storage.exists(f) for f in result.files),
 )

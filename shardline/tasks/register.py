@@ -32,6 +32,7 @@ from shardline.core.tracking.tracker import (
 from shardline.core.version import code_version, user_code, user_code_version
 from shardline.runs import links
 from shardline.runs.gate import better, champion_gate, reevaluate_champion
+from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.ingest import raw_sample
@@ -133,7 +134,7 @@ def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str
     return {"tokenizer": str(tmp / "tokenizer.json")}
 
 
-def registration_identity(config: PipelineConfig, manifest: Manifest, train_result: dict) -> str:
+def registration_identity(config: PipelineConfig, manifest: Manifest, train_result: TrainResult) -> str:
     """What a registered version is: its weights (their checksum), the data they were trained and tested on,
     and the settings that decide training. Where or how fast it trained (`compute.*`, `num_workers`,
     checkpoint cadence, device) is not part of it: changing only those registers no new version."""
@@ -142,11 +143,11 @@ def registration_identity(config: PipelineConfig, manifest: Manifest, train_resu
 
     return stable_hash(
         {
-            "weights": train_result["best_sha256"],
+            "weights": train_result.best_sha256,
             "data": manifest.data_fingerprint,
             "encoding": manifest.encoding_hash,
             "model": model_identity(config.model),
-            "training": training_identity(config, train_result.get("parent")),
+            "training": training_identity(config, train_result.parent),
         }
     )[:24]
 
@@ -177,8 +178,8 @@ IDENTITY_TAG = "shardline.model_identity"
 
 
 def register_model(
-    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict
-) -> dict:
+    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: TrainResult, eval_result: EvalResult
+) -> Registered:
     """Register under the registry lease of this model name (in the storage root): two pipelines
     registering at once decide one after the other, each on a fresh read of the champion."""
 
@@ -212,8 +213,8 @@ def _who() -> str:
 
 
 def _register_model(
-    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict
-) -> dict:
+    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: TrainResult, eval_result: EvalResult
+) -> Registered:
     import mlflow
     import torch
 
@@ -224,17 +225,17 @@ def _register_model(
     tracker = Tracker(config.mlflow, config.storage.root)
     client = tracker.client
     # what training left in its journal (MLflow was away when it ended) is sent first: its run, metrics, status
-    synced = sync_run(train_result["run_dir"], tracker.uri, missing_ok=True) if train_result.get("run_dir") else None
-    run_id = train_result["mlflow_run_id"] or (synced.run_id if synced else None)
+    synced = sync_run(train_result.run_dir, tracker.uri, missing_ok=True) if train_result.run_dir else None
+    run_id = train_result.mlflow_run_id or (synced.run_id if synced else None)
     if run_id is None:
-        raise RuntimeError(f"the training run {train_result.get('run_dir')} has no MLflow run to register from")
+        raise RuntimeError(f"the training run {train_result.run_dir} has no MLflow run to register from")
     metric_name = config.mlflow.promotion_metric
-    if metric_name not in eval_result["metrics"]:
+    if metric_name not in eval_result.metrics:
         raise ValueError(
             f"mlflow.promotion_metric='{metric_name}' is not among the evaluation's metrics "
-            f"{sorted(eval_result['metrics'])}; name one of them"
+            f"{sorted(eval_result.metrics)}; name one of them"
         )
-    new_value = float(eval_result["metrics"][metric_name])
+    new_value = float(eval_result.metrics[metric_name])
     identity = registration_identity(config, manifest, train_result)
     same = existing_version(client, config.mlflow.model_name, identity)
     if same is not None:  # the same model, registered before (only where or how fast it trained changed)
@@ -244,19 +245,19 @@ def _register_model(
             config.mlflow.model_name,
             same.version,
         )
-        return {
+        return Registered(
             **ui_pages(client, tracker.uri, same.run_id, config.mlflow.model_name, same.version),
-            "model_name": config.mlflow.model_name,
-            "version": int(same.version),
-            "alias": aliases[0] if aliases else "none",
-            "previous_champion": None,
-            "model_uri": f"models:/{config.mlflow.model_name}/{same.version}",
-            "run_id": same.run_id,
-            "tracking_uri": redact_text(tracker.uri),
-            "promotion_metric": metric_name,
-            "value": new_value,
-            "already_registered": True,
-        }
+            model_name=config.mlflow.model_name,
+            version=int(same.version),
+            alias=aliases[0] if aliases else "none",
+            previous_champion=None,
+            model_uri=f"models:/{config.mlflow.model_name}/{same.version}",
+            run_id=same.run_id,
+            tracking_uri=redact_text(tracker.uri),
+            promotion_metric=metric_name,
+            value=new_value,
+            already_registered=True,
+        )
     tags = {
         IDENTITY_TAG: identity,
         "shardline.data_fingerprint": manifest.data_fingerprint,
@@ -264,7 +265,7 @@ def _register_model(
         "shardline.code_version": code_version(),
         "shardline.encoding_hash": manifest.encoding_hash,
     }
-    parent = train_result.get("parent")
+    parent = train_result.parent
     if parent:  # fine-tuned from another model: its lineage
         tags["shardline.parent"] = parent["uri"]
         for key in ("name", "version", "run_id", "checkpoint"):
@@ -273,7 +274,7 @@ def _register_model(
     if config.model.entrypoint:
         tags["shardline.model_entrypoint"] = config.model.entrypoint
         tags["shardline.model_code_version"] = user_code_version(config.model.entrypoint, config.model.code_dir)
-    ckpt = load_checkpoint(train_result["best_checkpoint"])
+    ckpt = load_checkpoint(train_result.best_checkpoint)
     with fluent_tracking_uri(tracker.uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
         tmp = Path(tmp)
         torch.save(ckpt["model"], tmp / "weights.pt")
@@ -283,10 +284,10 @@ def _register_model(
         signature, sample = _signature(spec, snapshot.files[0].uri)
         with mlflow.start_run(run_id=run_id):
             # each baseline beside the metric it is the baseline of (one chart section, adjacent names)
-            mlflow.log_metrics({f"test/{metric_key(k)}": v for k, v in eval_result["metrics"].items()})
-            mlflow.log_metrics({f"test/{metric_key(k)}_baseline": v for k, v in eval_result["baseline"].items()})
+            mlflow.log_metrics({f"test/{metric_key(k)}": v for k, v in eval_result.metrics.items()})
+            mlflow.log_metrics({f"test/{metric_key(k)}_baseline": v for k, v in eval_result.baseline.items()})
             mlflow.set_tags({**tags, **links.mlflow_tags("shardline.prefect.register")})
-            for f in eval_result["files"]:  # local files, or the storage root's copies (a remote root)
+            for f in eval_result.files:  # local files, or the storage root's copies (a remote root)
                 if storage.is_remote(f):
                     (tmp / "evaluation").mkdir(exist_ok=True)
                     local = tmp / "evaluation" / f.rsplit("/", 1)[-1]
@@ -309,10 +310,10 @@ def _register_model(
                 tags=tags,
             )
         version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
-    for k, v in eval_result["metrics"].items():  # for reading: the gate reads the run's full-precision metric
+    for k, v in eval_result.metrics.items():  # for reading: the gate reads the run's full-precision metric
         tag = f"metric.{metric_key(k)}"
         client.set_model_version_tag(config.mlflow.model_name, version.version, tag, R.format_number(v))
-    for k, v in cost_tags(train_result.get("cost")).items():  # what training it cost, for reading (an estimate)
+    for k, v in cost_tags(train_result.cost).items():  # what training it cost, for reading (an estimate)
         client.set_model_version_tag(config.mlflow.model_name, version.version, k, v)
     promote, previous = champion_gate(
         client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
@@ -321,7 +322,7 @@ def _register_model(
     compared: dict = {"on": "the recorded test metrics (the same data)"}
     if previous and previous.get("data_fingerprint") and previous["data_fingerprint"] != manifest.data_fingerprint:
         # the champion was tested on other data: its number is not compared; it is re-scored on this test split
-        preds = next((f for f in eval_result["files"] if str(f).endswith("test_predictions.parquet")), None)
+        preds = next((f for f in eval_result.files if str(f).endswith("test_predictions.parquet")), None)
         try:
             with fluent_tracking_uri(tracker.uri):
                 compared = (
@@ -370,19 +371,19 @@ def _register_model(
                 "shardline.alias.champion.to",
                 json.dumps({"at": record["at"], "by": record["by"], "version": str(version.version)}),
             )
-    return {
+    return Registered(
         **ui_pages(client, tracker.uri, run_id, name, version.version),
-        "model_name": config.mlflow.model_name,
-        "version": int(version.version),
-        "alias": alias,
-        "previous_champion": previous,
-        "model_uri": f"models:/{config.mlflow.model_name}/{version.version}",
-        "run_id": run_id,
-        "tracking_uri": redact_text(tracker.uri),  # a cached result is a file in the storage root
-        "promotion_metric": metric_name,
-        "value": new_value,
-        "compared": compared,
-    }
+        model_name=config.mlflow.model_name,
+        version=int(version.version),
+        alias=alias,
+        previous_champion=previous,
+        model_uri=f"models:/{config.mlflow.model_name}/{version.version}",
+        run_id=run_id,
+        tracking_uri=redact_text(tracker.uri),
+        promotion_metric=metric_name,
+        value=new_value,
+        compared=compared,
+    )
 
 
 def ui_pages(client, uri: str, run_id: str, name: str, version) -> dict:
@@ -408,22 +409,22 @@ def describe(client, name, version, run_id, config, train_result, eval_result, a
     and the run's (its Overview), in words: what was trained on what, its test results beside the
     baseline's, which checkpoint, and what the gate decided. A description is never worth a failed run."""
     metric = config.mlflow.promotion_metric
-    metrics, baseline = eval_result["metrics"], eval_result["baseline"]
+    metrics, baseline = eval_result.metrics, eval_result.baseline
     scores = ", ".join(
         f"{k} **{_num(v)}**" + (f" (baseline {_num(baseline[k])})" if k in baseline else "") for k, v in metrics.items()
     )
-    epochs = len(train_result.get("history") or [])
-    best = train_result.get("best_epoch")
+    epochs = len(train_result.history)
+    best = train_result.best_epoch
     chosen = f"the checkpoint of epoch {best} of {epochs}" if best else "the best checkpoint"
-    if train_result.get("select_by"):
-        chosen += f", selected by training.select_by={train_result['select_by']}"
+    if train_result.select_by:
+        chosen += f", selected by training.select_by={train_result.select_by}"
     verdict = f"@{alias}"
     if previous and previous.get("value") is not None:
         verdict += f" (champion v{previous['version']} had {metric} {_num(previous['value'])})"
     text = (
-        f"{config.name}: `{config.model.entrypoint or config.model.family}` on {eval_result.get('test_windows', 0):,} "
-        f"test windows: {scores}. Evaluated {chosen}; {train_result.get('steps', 0):,} steps on "
-        f"{train_result.get('device', '?')}. {verdict} by {metric}." + kfold_note(config)
+        f"{config.name}: `{config.model.entrypoint or config.model.family}` on {eval_result.test_windows:,} "
+        f"test windows: {scores}. Evaluated {chosen}; {train_result.steps:,} steps on "
+        f"{train_result.device}. {verdict} by {metric}." + kfold_note(config)
     )
     try:
         client.update_model_version(name, str(version), description=text)
@@ -452,38 +453,38 @@ def _readable(*values: float | None) -> list[str]:
     return texts
 
 
-def _verdict(reg: dict) -> str:
+def _verdict(reg: Registered) -> str:
     """What became of the version, with the numbers the gate compared."""
-    prev, metric = reg["previous_champion"], reg["promotion_metric"]
-    if reg.get("already_registered"):
-        return f"already registered (the same weights, data and training settings), @{reg['alias']}"
+    prev, metric = reg.previous_champion, reg.promotion_metric
+    if reg.already_registered:
+        return f"already registered (the same weights, data and training settings), @{reg.alias}"
     if prev is None:
         return "the first **champion**"
     champion = f"champion v{prev['version']}"
-    compared = reg.get("compared") or {}
+    compared = reg.compared or {}
     if "reason" in compared:
         return f"kept as **challenger**: {champion} was tested on other data and could not be re-scored on this one"
     rescored = "champion_value" in compared  # the champion was tested on other data: both scored on this test split
-    new, old = (compared["candidate_value"], compared["champion_value"]) if rescored else (reg["value"], prev["value"])
+    new, old = (compared["candidate_value"], compared["champion_value"]) if rescored else (reg.value, prev["value"])
     new_text, old_text = _readable(new, old)
     on = " (both scored on this test split)" if rescored else ""
-    if reg["alias"] == "champion":
+    if reg.alias == "champion":
         return f"promoted to **champion**: {metric} {new_text} (previous {champion}: {old_text}){on}"
     if new == old:
         return f"tied with {champion} at {old_text}: kept as **challenger** (a tie keeps the champion){on}"
     return f"kept as **challenger**: {champion} has {metric} {old_text}, this version {new_text}{on}"
 
 
-def _evaluated_epoch(train_result: dict) -> str | None:
+def _evaluated_epoch(train_result: TrainResult) -> str | None:
     """Which checkpoint was evaluated, and why. A train result from before training named its selection (no
     `best_epoch`) kept the checkpoint of the lowest validation loss: the epoch is read from its history."""
-    history = train_result.get("history") or []
+    history = train_result.history
     epochs = len(history)
-    if train_result.get("best_epoch") is not None:
-        score = train_result.get("best_score")
+    if train_result.best_epoch is not None:
+        score = train_result.best_score
         return (
-            f"evaluated the checkpoint of epoch {train_result['best_epoch']} of {epochs}, selected by "
-            f"training.select_by={train_result.get('select_by', 'val_loss')} "
+            f"evaluated the checkpoint of epoch {train_result.best_epoch} of {epochs}, selected by "
+            f"training.select_by={train_result.select_by} "
             f"({R.format_number(score) + ', ' if score is not None else ''}best of {epochs} epochs)"
         )
     losses = [(e.get("val_loss"), i) for i, e in enumerate(history)]
@@ -495,20 +496,20 @@ def _evaluated_epoch(train_result: dict) -> str | None:
     return f"evaluated the checkpoint with the lowest validation loss (epoch {epoch} of {epochs})"
 
 
-def model_report(reg: dict, train_result: dict, eval_result: dict, snapshot: Snapshot) -> str:
+def model_report(reg: Registered, train_result: TrainResult, eval_result: EvalResult, snapshot: Snapshot) -> str:
     """The `model-report` artifact: a heading with the verdict, the metrics against the baseline, a few facts
     (one line each, so a line can change on its own); numbers rounded for reading."""
-    run, model = f"MLflow run `{reg['run_id']}`", f"model `{reg['model_uri']}`"
-    if reg.get("run_page"):  # links into the MLflow UI; a SQLite store: the command that serves them
-        run, model = f"[{run}]({reg['run_page']})", f"[{model}]({reg['version_page']})"
-    served = f" (open with `{reg['ui_command']}`)" if reg.get("ui_command") else ""
+    run, model = f"MLflow run `{reg.run_id}`", f"model `{reg.model_uri}`"
+    if reg.run_page:  # links into the MLflow UI; a SQLite store: the command that serves them
+        run, model = f"[{run}]({reg.run_page})", f"[{model}]({reg.version_page})"
+    served = f" (open with `{reg.ui_command}`)" if reg.ui_command else ""
     facts = [
-        f"{run} at `{reg['tracking_uri']}`{served}",
+        f"{run} at `{reg.tracking_uri}`{served}",
         model,
-        f"trained on {train_result['device']} ({train_result['precision']}), {train_result['steps']} steps",
+        f"trained on {train_result.device} ({train_result.precision}), {train_result.steps} steps",
         _evaluated_epoch(train_result),
     ]
-    text = f"## {reg['model_name']} v{reg['version']}: {_verdict(reg)}\n\n{eval_result['table']}\n\n"
+    text = f"## {reg.model_name} v{reg.version}: {_verdict(reg)}\n\n{eval_result.table}\n\n"
     text += "\n".join(f"- {fact}" for fact in facts if fact)
     if snapshot.rejected:
         text += "\n\nSkipped raw files:\n" + "\n".join(f"- skipped `{r.uri}`: {r.reason}" for r in snapshot.rejected)
@@ -517,8 +518,8 @@ def model_report(reg: dict, train_result: dict, eval_result: dict, snapshot: Sna
 
 @task(name="register")
 def register(
-    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: dict, eval_result: dict
-) -> dict:
+    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: TrainResult, eval_result: EvalResult
+) -> Registered:
     """Log the raw-rows model with its metrics and plots; register a version; move the champion alias on merit."""
     log = get_run_logger()
     reg = register_model(config, snapshot, manifest_uri, train_result, eval_result)
@@ -527,20 +528,20 @@ def register(
         markdown=model_report(reg, train_result, eval_result, snapshot),
         description="metrics against the baseline and the registered model version",
     )
-    log.info("register: %s v%s -> %s", reg["model_name"], reg["version"], reg["alias"])
+    log.info("register: %s v%s -> %s", reg.model_name, reg.version, reg.alias)
     return reg
 
 
-def version_exists(reg: dict, inputs: dict | None = None) -> bool:
+def version_exists(reg: Registered, inputs: dict | None = None) -> bool:
     """A cached registration still stands: its model version is in the registry, from the same run."""
     from mlflow import MlflowClient
 
     try:
-        uri = tracking_uri(inputs["config"].mlflow, inputs["config"].storage.root) if inputs else reg["tracking_uri"]
-        version = MlflowClient(uri).get_model_version(reg["model_name"], str(reg["version"]))
+        uri = tracking_uri(inputs["config"].mlflow, inputs["config"].storage.root) if inputs else reg.tracking_uri
+        version = MlflowClient(uri).get_model_version(reg.model_name, str(reg.version))
     except Exception:  # noqa: BLE001 - any registry error: the cached version cannot be trusted
         return False
-    return version.run_id == reg["run_id"]
+    return version.run_id == reg.run_id
 
 
 # What decides the registered version: the weights, their test metrics, the raw data's fingerprint,
@@ -549,13 +550,13 @@ def version_exists(reg: dict, inputs: dict | None = None) -> bool:
 REGISTER_CACHE = CacheRule(
     "register",
     key=lambda inputs: (
-        inputs["train_result"]["best_sha256"],
-        inputs["eval_result"]["metrics"],
+        inputs["train_result"].best_sha256,
+        inputs["eval_result"].metrics,
         inputs["snapshot"].fingerprint,
         inputs["config"].mlflow.model_dump(mode="json"),
         # what decides training, not the whole config: where or how fast it trained registers nothing new
         model_identity(inputs["config"].model),
-        training_identity(inputs["config"], inputs["train_result"].get("parent")),
+        training_identity(inputs["config"], inputs["train_result"].parent),
     ),
     code=(__name__, "shardline.runs.pyfunc_model"),
     still_valid=version_exists,

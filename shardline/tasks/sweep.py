@@ -29,7 +29,7 @@ from shardline.core.secrets import redact_text
 from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
 from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
 from shardline.runs import links
-from shardline.runs.training_run import RESULT_FILE
+from shardline.runs.result import Registered, TrainResult
 from shardline.tasks.caching import cached
 from shardline.tasks.train import (
     TRAIN_CACHE,
@@ -67,7 +67,7 @@ def train_in_child(
     folder: str,
     mlflow_tags: dict[str, str] | None = None,
     cpu_threads: int | None = None,
-) -> dict:
+) -> TrainResult:
     """Run the training flow `flow` in a child process on this machine and return its result (from the run
     folder's `result.json`, as a dispatched run's). The child reaches this process's Prefect API (the
     ephemeral one included), its flow run is tagged like a dispatched one (`shardline-run:<folder>`), it
@@ -103,7 +103,7 @@ def train_in_child(
     state = flow_run.state if flow_run is not None else None
     runs = [{"name": flow_run.name, "id": str(flow_run.id), "state": state.name if state else None}] if flow_run else []
     if process.exitcode == 0 and state is not None and state.is_completed():
-        return {**json.loads(storage.read_text(storage.join(folder, RESULT_FILE))), "flow_runs": runs}
+        return TrainResult.read(folder, runs)
     why = state.message if state is not None and state.message else f"its process exited with status {process.exitcode}"
     if state is not None and failed_on_infrastructure(state):  # retried by the trial's step (max_restarts)
         raise InfrastructureFailure(f"training run {flow_run.name} failed on its infrastructure: {why}")
@@ -312,12 +312,12 @@ def finish_parent_run(
     tracker.end("FAILED" if rows and len(failed) == len(rows) else "FINISHED")
 
 
-def tag_version(config: PipelineConfig, registered: dict, parent_run_id: str | None, trial: Trial) -> None:
+def tag_version(config: PipelineConfig, registered: Registered, parent_run_id: str | None, trial: Trial) -> None:
     """Tag the registered version with the sweep that chose it and the winning trial's overrides."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri(config.mlflow, config.storage.root))
-    name, version = registered["model_name"], str(registered["version"])
+    name, version = registered.model_name, str(registered.version)
     tags = {"shardline.sweep.trial": trial.id, "shardline.sweep.overrides": json.dumps(trial.overrides)}
     if parent_run_id:
         tags[SWEEP_TAG] = parent_run_id
@@ -336,7 +336,7 @@ def parent_pages(tracker: Tracker, run_ids: list[str]) -> dict[str, str]:
     return {r: run_page(tracker.uri, experiment, r) for r in [tracker.run_id, *run_ids] if r}
 
 
-def trial_outcome(trial: Trial, future) -> tuple[dict, dict | None]:
+def trial_outcome(trial: Trial, future) -> tuple[dict, TrainResult | None]:
     """A trial's row (its overrides, the validation metric that picked its checkpoint and its best value,
     whether it trained, came from the cache or failed and why, its MLflow run) and its training result."""
     future.wait()
@@ -348,15 +348,15 @@ def trial_outcome(trial: Trial, future) -> tuple[dict, dict | None]:
         row.update(state="failed", error=redact_text(" ".join(str(text).split())))
         return row, None
     result = future.result()
-    metric, score = trial_score(result)
+    metric, score = trial_score(result.model_dump())
     row.update(
         state="cached" if state.name == "Cached" else "ran",
         metric=metric,
         score=score,
         direction=score_direction(metric),
-        best_epoch=result.get("best_epoch"),
-        mlflow_run_id=result.get("mlflow_run_id"),
-        run_dir=result.get("run_dir"),
-        cost=result.get("cost"),  # what its training cost (a cached trial: when it ran), an estimate
+        best_epoch=result.best_epoch,
+        mlflow_run_id=result.mlflow_run_id,
+        run_dir=result.run_dir,
+        cost=result.cost,  # what its training cost (a cached trial: when it ran), an estimate
     )
     return row, result

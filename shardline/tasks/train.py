@@ -28,7 +28,8 @@ from shardline.core.failures import (
     was_preempted,
 )
 from shardline.core.version import TRAINER
-from shardline.runs.training_run import RESULT_FILE, load_manifest, model_identity, run_dir, training_identity
+from shardline.runs.result import TrainResult
+from shardline.runs.training_run import load_manifest, model_identity, run_dir, training_identity
 from shardline.tasks.caching import CacheRule
 
 
@@ -41,10 +42,10 @@ def train_step(
     manifest_uri: str,
     manifest_hash: str,
     config: PipelineConfig,
-    train_here: Callable[..., dict],
+    train_here: Callable[..., TrainResult],
     fresh: bool = False,
     mlflow_tags: dict[str, str] | None = None,
-) -> dict:
+) -> TrainResult:
     """Train on the manifest's shards where the config says: here (`train_here`: the training flow as a
     subflow, or in a child process of its own for a sweep's trial), or on the training deployment's work
     pool. The run's folder is chosen here and handed over; `fresh` (`--force train`) trains in a new folder
@@ -115,7 +116,7 @@ def watch_training_run(flow_run_id, folder: str, timeout: float | None, poll: fl
 
 def dispatch_training(
     manifest_uri: str, config: PipelineConfig, folder: str | None = None, mlflow_tags: dict[str, str] | None = None
-) -> dict:
+) -> TrainResult:
     """Run the training deployment, re-dispatch it while it is preempted, and return its result."""
     from prefect.deployments import run_deployment
 
@@ -128,7 +129,6 @@ def dispatch_training(
             config.storage.root,
         )
     folder = folder or run_dir(config, load_manifest(manifest_uri, config))
-    result_uri = storage.join(folder, RESULT_FILE)
     run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
     parameters = {
         "manifest_uri": manifest_uri,
@@ -169,8 +169,7 @@ def dispatch_training(
             "train: dispatched run %s on %s ended %s", flow_run.name, c.train_deployment, state.name if state else "?"
         )
         if state is not None and state.is_completed():
-            result = json.loads(storage.read_text(result_uri))
-            return {**result, "flow_runs": runs}
+            return TrainResult.read(folder, runs)
         if state is None or not state.is_final():
             raise TrainingRunFailed(
                 f"training run {flow_run.name} ({flow_run.id}) on {c.train_deployment} was still "
@@ -211,21 +210,21 @@ def dispatch_training(
     )
 
 
-def checkpoint_intact(result: dict, inputs: dict) -> bool:
+def checkpoint_intact(result: TrainResult, inputs: dict) -> bool:
     """A cached training result stands while its best checkpoint is in storage: its sidecar names the
     result's checksum and the file has the sidecar's size. A listing and a small read, no download of the
     weights (on S3, hashing them fetched every checkpoint on each rerun); the bytes are checked against
     the checksum where they are read anyway (`load_checkpoint`: evaluate, register)."""
     from shardline.trainer.checkpoint import sidecar_uri
 
-    uri = result.get("best_checkpoint")
+    uri = result.best_checkpoint
     if not uri or not storage.exists(sidecar_uri(uri)):
         return False
     try:
         side = json.loads(storage.read_text(sidecar_uri(uri)))
     except (OSError, ValueError):
         return False
-    if side.get("sha256") != result.get("best_sha256"):
+    if side.get("sha256") != result.best_sha256:
         return False
     size = storage.size_of(uri)
     return size is not None and size == side.get("bytes", size)

@@ -1,0 +1,81 @@
+"""What the pipeline's steps hand each other: a training run's result (`TrainResult`, kept as `result.json` in the
+run's folder), its evaluation's (`EvalResult`) and its registration's (`Registered`). A small module of its own:
+the steps that read them key their caches on the code they import."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from shardline.core import storage
+
+RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
+
+
+class TrainResult(BaseModel):
+    """What a training run hands the steps after it: the train task's result, and `result.json` in its folder
+    (for a dispatcher on another machine: small results, big data in storage)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    best_sha256: str | None  # the best checkpoint's checksum: what evaluation and registration key on
+    parent: dict | None  # the fine-tune parent, pinned (`parent_model`)
+    run_dir: str
+    best_checkpoint: str
+    last_checkpoint: str
+    best_epoch: int | None  # 1-based, as the logs count epochs
+    select_by: str  # the validation metric that chose the best epoch
+    best_score: float | None  # the best epoch's select_by
+    best_val_loss: float | None  # the best epoch's (the lowest only when select_by is val_loss)
+    history: list[dict]  # fit's, one entry per epoch
+    steps: int
+    device: str
+    precision: str
+    resumed_from: str | None
+    mlflow_run_id: str | None  # None when MLflow was away all along: `shardline sync` creates it
+    tracking_uri: str
+    host: str
+    flow_run_id: str | None  # the Prefect run that finished it
+    cost: dict | None  # GPU-hours and USD of every attempt, wasted ones said (an estimate: cost.json)
+    flow_runs: list[dict] | None = None  # dispatched to a deployment: its flow runs, each with its final state
+
+    @classmethod
+    def read(cls, folder: str, flow_runs: list[dict] | None = None) -> TrainResult:
+        found = cls.model_validate_json(storage.read_text(storage.join(folder, RESULT_FILE)))
+        return found.model_copy(update={"flow_runs": flow_runs}) if flow_runs is not None else found
+
+
+class EvalResult(BaseModel):
+    """The evaluate task's result: the test split's metrics beside the trivial baseline's, their table, and the
+    files it wrote (plots, per-class tables, the test predictions) where they are kept."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    metrics: dict[str, float | None]
+    baseline: dict[str, float | None]
+    table: str
+    test_windows: int
+    files: list[str]
+    test_tokens: int | None = None  # text: the target tokens scored
+    ranking: dict | None = None  # ranking data: the groups ranked, those with a relevant row, the baseline
+
+
+class Registered(BaseModel):
+    """The register task's result: the version registered (or found registered already), its alias, how it
+    compared with the champion, and where to see it."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    model_name: str
+    version: int
+    alias: str  # "champion", or "none" when the champion stayed
+    previous_champion: dict | None
+    model_uri: str
+    run_id: str
+    tracking_uri: str  # redacted: a cached result is a file in the storage root
+    promotion_metric: str
+    value: float | None
+    compared: dict | None = None
+    already_registered: bool = False  # the same weights, data and training settings were registered before
+    run_page: str | None = None  # in the MLflow UI; a SQLite store: `ui_command` serves it there
+    version_page: str | None = None
+    ui_command: str | None = None
