@@ -4,6 +4,7 @@ class probabilities alone would take over a gigabyte, a child process evaluates 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -54,7 +55,7 @@ def train_run(tmp_path: Path, cfg_dict: dict) -> tuple[str, dict, object]:
         callbacks=Callbacks(log=lambda *a: None),
         options=FitOptions(ranking=SplitRanking.of_validation(manifest, uri, "validation", cfg.evaluation.k)),
     )
-    return uri, {"best_checkpoint": result.best_checkpoint, "history": result.history}, cfg
+    return uri, result, cfg
 
 
 def whole_array_evaluation(manifest_uri: str, checkpoint: str) -> tuple[dict, dict, pl.DataFrame]:
@@ -159,7 +160,7 @@ def test_streamed_evaluation_reports_what_the_whole_array_evaluation_did(tmp_pat
     uri, trained, config = train_run(tmp_path, cfg)
 
     result = evaluate_model(uri, trained, config, tmp_path / "eval")
-    metrics, baseline, predictions = whole_array_evaluation(uri, trained["best_checkpoint"])
+    metrics, baseline, predictions = whole_array_evaluation(uri, trained.best_checkpoint)
 
     assert_same_scores(result["metrics"], metrics)
     assert_same_scores(result["baseline"], baseline)
@@ -216,7 +217,7 @@ def test_a_model_without_a_target_is_scored_by_its_own_loss_and_its_predictions_
     try:
         uri, trained, config = train_run(tmp_path, cfg)
         result = evaluate_model(uri, trained, config, tmp_path / "eval")
-        _, _, predictions = whole_array_evaluation(uri, trained["best_checkpoint"])
+        _, _, predictions = whole_array_evaluation(uri, trained.best_checkpoint)
     finally:
         for name in [m for m in sys.modules if m == "selfsup" or m.startswith("selfsup.")]:
             del sys.modules[name]
@@ -239,7 +240,7 @@ from pathlib import Path
 
 from shardline.core.config import validate_config
 from shardline.tasks.evaluate import evaluate_model
-import shardline.trainer.loop  # torch: imported before the count starts, so it counts evaluation only
+from shardline.trainer.loop import FitResult  # torch: imported before the count starts, so it counts evaluation only
 
 def high_water_kib():
     status = Path("/proc/self/status").read_text()
@@ -248,7 +249,7 @@ def high_water_kib():
 run = json.loads(Path(sys.argv[1]).read_text())
 config = validate_config(run["config"])
 before = high_water_kib()
-result = evaluate_model(run["manifest"], run["trained"], config, Path(sys.argv[2]))
+result = evaluate_model(run["manifest"], FitResult(**run["trained"]), config, Path(sys.argv[2]))
 peak = high_water_kib()
 print(json.dumps({"before_kib": before, "peak_kib": peak, "test_windows": result["test_windows"],
                   "metrics": result["metrics"]}))
@@ -296,7 +297,8 @@ def test_evaluation_memory_does_not_grow_with_the_test_split(tmp_path):
         },
     )
     uri, trained, _ = train_run(tmp_path, cfg)
-    (tmp_path / "run.json").write_text(json.dumps({"manifest": uri, "trained": trained, "config": cfg}))
+    run = {"manifest": uri, "trained": dataclasses.asdict(trained), "config": cfg}
+    (tmp_path / "run.json").write_text(json.dumps(run))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     child = subprocess.run(
         [sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "run.json"), str(tmp_path / "eval")],

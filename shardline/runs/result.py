@@ -4,6 +4,8 @@ the steps that read them key their caches on the code they import."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from pydantic import BaseModel, ConfigDict
 
 from shardline.core import storage
@@ -42,6 +44,15 @@ class TrainResult(BaseModel):
     def read(cls, folder: str, flow_runs: list[dict] | None = None) -> TrainResult:
         found = cls.model_validate_json(storage.read_text(storage.join(folder, RESULT_FILE)))
         return found.model_copy(update={"flow_runs": flow_runs}) if flow_runs is not None else found
+
+
+class Trained(Protocol):
+    """What evaluation reads of a training: a `TrainResult`, or `fit`'s own `FitResult`."""
+
+    best_checkpoint: str
+    history: list[dict]
+    best_epoch: int | None
+    select_by: str
 
 
 class EvalResult(BaseModel):

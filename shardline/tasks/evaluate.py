@@ -32,7 +32,7 @@ from shardline.core.metrics.ranking import PopularityCounts, RankingScores
 from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.metrics.text import text_generation_scores, unigram_perplexity
 from shardline.core.secrets import redact_text
-from shardline.runs.result import EvalResult, TrainResult
+from shardline.runs.result import EvalResult, Trained, TrainResult
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
 
@@ -345,7 +345,7 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
     }
 
 
-def evaluate_model(manifest_uri: str, train_result: TrainResult, config: PipelineConfig, out_dir: Path) -> dict:
+def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineConfig, out_dir: Path) -> dict:
     """The best checkpoint on the test split: per target its metrics, a trivial baseline's (the training
     split's majority class or mean) and a plot (a class target also its per-class table, per_class.csv),
     named `metric` for one target and `target/metric` for several (files `target_...`); a model without a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -46,7 +47,7 @@ from shardline.trainer.serving import (
     text_prediction_frame,
 )
 
-PYFUNC_CODE = Path(__file__).resolve().parents[1] / "runs" / "pyfunc_model.py"
+PYFUNC_CODE = Path(importlib.util.find_spec("shardline.runs.pyfunc_model").origin)  # found, not imported
 
 
 def _requirements() -> list[str]:
