@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 import torch
 
+from shardline.trainer.validate import is_better
+
 
 @dataclass
 class TrainState:
@@ -44,8 +46,6 @@ class TrainState:
 
     def mark(self, entry: dict, select_by: str, direction: str | None) -> bool:
         """Record an epoch's validation; whether it is the best so far by `select_by`."""
-        from shardline.trainer.validate import is_better
-
         self.history.append(entry)
         best = is_better(entry[select_by], self.best_score, direction)
         if best:
