@@ -15,9 +15,10 @@ RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_train
 
 class TrainResult(BaseModel):
     """What a training run hands the steps after it: the train task's result, and `result.json` in its folder
-    (for a dispatcher on another machine: small results, big data in storage)."""
+    (for a dispatcher on another machine: small results, big data in storage). A `result.json` written by a worker
+    running another version of the code may hold fields this one does not know: they are left out, not refused."""
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="constants")
 
     best_sha256: str | None  # the best checkpoint's checksum: what evaluation and registration key on
     parent: dict | None  # the fine-tune parent, pinned (`parent_model`)

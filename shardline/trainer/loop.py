@@ -142,7 +142,8 @@ def fit(
     opt = options or FitOptions()
     plan = _plan(train, val, model_spec, cfg, task, opt)
     ranks, device = plan.ranks, plan.device
-    cb = (callbacks or Callbacks()) if ranks.is_main else (callbacks or Callbacks()).quiet()
+    cb = callbacks or Callbacks()
+    cb = cb if ranks.is_main else cb.quiet()  # rank 0 alone logs and reports; every rank acts
     log, run_meta = cb.log, plain(opt.run_meta, "run_meta")
     found = _find_checkpoint(ckpt_dir, opt.resume, ranks, log)
     if found:
