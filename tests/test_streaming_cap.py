@@ -418,3 +418,32 @@ def test_a_streamed_split_gives_each_rank_its_share_within_the_cap(dataset, tmp_
         held = max(held, *(c.held_bytes() for c in caches))
     assert 0 < held <= cap
     assert all(c.pinned_bytes() == 0 for c in caches) and not any(s.open_shards for s in splits)
+
+
+def test_a_read_ahead_released_before_it_lands_gives_its_room_back_instead_of_filling_the_cache(tmp_path):
+    """A rank reads a shard ahead, then releases it unopened (its windows went to the other rank) while it is
+    still downloading: the shard needed now waits for that download to land and evicts it, rather than
+    finding the cache full (a slow disk or a busy machine made this a CacheFull mid-epoch)."""
+    src = tmp_path / "obj"
+    src.write_bytes(b"x" * 600)
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    cache = ShardCache(tmp_path / "cache", cap_bytes=1000)
+    started, land = threading.Event(), threading.Event()
+
+    def slow(data: bytes) -> bytes:
+        started.set()
+        assert land.wait(30)
+        return data
+
+    assert cache.pin_if_room("ahead", 600)
+    cache.prefetch(str(src), sha, derived=storage.Derived("ahead", 600, slow))
+    assert started.wait(30)
+    cache.unpin("ahead")  # released while its download is under way
+    threading.Timer(0.3, land.set).start()
+    cache.pin("now", 600)
+    got = cache.build("now", 600, lambda tmp: tmp.write_bytes(b"y" * 600), "the shard needed now")
+    assert got.read_bytes() == b"y" * 600
+    assert not cache.path("ahead").exists() and cache.held_bytes() == 600 and cache.evictions == 1
+    # a cache too small for what is in use still says so at once
+    with pytest.raises(CacheFull, match="cannot hold"):
+        cache.build("more", 600, lambda tmp: tmp.write_bytes(b"z" * 600), "one more")

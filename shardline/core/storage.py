@@ -310,6 +310,25 @@ class ShardCache:
         held = sum(self._pin_bytes.get(k, 0) for k in self._pins)
         return held + sum(v for k, v in self._reserved.items() if k not in self._pins)
 
+    def _reserve(self, sha256: str, size: int, uri: str) -> None:
+        """Make room for `size` bytes of `sha256` and hold it. A read-ahead still downloading an object no
+        split holds any more (released before it landed) takes room it gives back once it lands: wait for
+        those, then try again, rather than call the cache full."""
+        from concurrent.futures import wait
+
+        while True:
+            with self._lock:
+                try:
+                    self._make_room(sha256, size, uri)
+                    return
+                except CacheFull:
+                    landing = [
+                        f for n, f in self._inflight.items() if n != sha256 and n not in self._pins and not f.done()
+                    ]
+                    if not landing:
+                        raise
+            wait(landing)
+
     def _make_room(self, sha256: str, size: int, uri: str) -> None:
         """Evict least recently used, unpinned objects until `size` more bytes fit (caller holds the lock)."""
         if size > self.cap:
@@ -394,8 +413,7 @@ class ShardCache:
         if size is None:
             size = int(fs.size(path)) if remote else os.path.getsize(path)
         footprint = raw_bytes if compression else size
-        with self._lock:
-            self._make_room(sha256, int(footprint), uri)
+        self._reserve(sha256, int(footprint), uri)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}")
@@ -436,8 +454,7 @@ class ShardCache:
         dest = self.path(key)
         if _touch(dest):
             return dest
-        with self._lock:
-            self._make_room(key, int(size), what)
+        self._reserve(key, int(size), what)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}")
