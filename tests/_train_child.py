@@ -10,7 +10,7 @@ JSON), and optional controls that only decide WHERE the test's kill lands, never
   hold_after_save: NAME after checkpoint NAME is complete, print "held NAME" and wait to be killed
   slow_write_at: N      from step N on, checkpoint writes pause `slow_write_seconds` (default 600) after the
                         .pt and after the sidecar, or only after `slow_write_stage` ("tensors" or "sidecar")
-                        (SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE, trainer/checkpoint.py)
+                        (the child wraps the storage writes trainer/checkpoint.py makes)
   step_sleep: S         sleep S seconds after each step, so a kill sent while it runs lands mid-run
 stdout: "step N" after each optimizer step, "saved NAME" after each complete checkpoint, "done" at the end;
 the checkpoint pauses are announced on stderr (merged by the test). Exit status 0 when training finished,
@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
 
 torch.set_num_threads(1)  # the reference and every resumed process compute with the same thread count
 
+import shardline.trainer.checkpoint as checkpoint  # noqa: E402
 import shardline.trainer.loop as loop  # noqa: E402
+from shardline.core import storage  # noqa: E402
 from shardline.core.config import TrainingConfig  # noqa: E402
 from shardline.core.manifest import ArraySpec  # noqa: E402
 from shardline.core.shards import read_arrays  # noqa: E402
@@ -80,11 +82,33 @@ def main(job_path: str) -> int:
 
     loop.save_checkpoint = announced_save  # the real save, announced once it has returned
 
+    # a save that pauses after its .pt ("tensors") and/or its sidecar ("sidecar"), announced on stderr, so the
+    # test's kill lands inside it: the checkpoint module's own writes, wrapped here in this process
+    slow_writes: dict = {}
+
+    def paused(write, stage: str):
+        def write_then_pause(uri: str, data) -> None:
+            write(uri, data)
+            name = uri.rsplit("/", 1)[-1]
+            if slow_writes and slow_writes["stage"] in (None, stage) and name.startswith("ckpt-"):
+                print(f"checkpoint-write-paused {name.rsplit('.', 1)[0]}.pt {stage}", file=sys.stderr, flush=True)
+                time.sleep(slow_writes["seconds"])
+
+        return write_then_pause
+
+    checkpoint.storage = types.SimpleNamespace(
+        **{
+            **vars(storage),
+            "write_bytes": paused(storage.write_bytes, "tensors"),
+            "write_text": paused(storage.write_text, "sidecar"),
+        }
+    )
+
     def on_step(step: int, metrics: dict) -> None:
         say(f"step {step}")
         if job.get("slow_write_at") is not None and step >= job["slow_write_at"]:
-            stage = f"@{job['slow_write_stage']}" if job.get("slow_write_stage") else ""
-            os.environ["SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE"] = f"{job.get('slow_write_seconds', HOLD_SECONDS)}{stage}"
+            stage = job.get("slow_write_stage")
+            slow_writes.update(seconds=job.get("slow_write_seconds", HOLD_SECONDS), stage=stage)
         if step == job.get("hold_at_step"):
             hold(str(step))
         if job.get("step_sleep"):

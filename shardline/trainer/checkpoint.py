@@ -8,10 +8,6 @@ Write order makes every reader safe without locks:
 A process killed anywhere in that sequence leaves at worst a .pt without a sidecar (ignored, pruned
 later), a stale `best.json` (`point_best` repairs it on resume) or a temp file (`remove_temp_files`).
 Works on local paths and fsspec URLs. Loading is `torch.load(..., weights_only=True)`: no pickles.
-
-Test hook, off unless set: SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE=<seconds>[@tensors|@sidecar] makes a save
-pause that long after writing its .pt and/or after its sidecar, announcing each pause on stderr, so a test
-can kill the process inside a save deterministically (tests/test_resume_kill.py).
 """
 
 from __future__ import annotations
@@ -22,14 +18,11 @@ import io
 import json
 import os
 import re
-import sys
-import time
 from pathlib import Path
 
 import torch
 
 from shardline.core import storage
-from shardline.core.config import settings
 
 FORMAT_VERSION = 1
 BEST = "best.json"
@@ -84,13 +77,6 @@ def _verified(dir_uri: str, name: str, check_sha: bool = True) -> tuple[str, dic
     return pt_uri, side
 
 
-def _test_pause(name: str, written: str) -> None:
-    seconds, _, stage = (settings.text("SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE") or "").partition("@")
-    if seconds and float(seconds) > 0 and stage in ("", written):
-        print(f"checkpoint-write-paused {name} {written}", file=sys.stderr, flush=True)
-        time.sleep(float(seconds))
-
-
 def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: bool, keep: int) -> str:
     """Write checkpoint `step` (tensors `state`, sidecar from `meta`), point best.json at it when `is_best`,
     prune to the newest `keep` plus the best. Returns the .pt URI."""
@@ -102,7 +88,6 @@ def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: b
     name = checkpoint_name(step)
     pt_uri = storage.join(dir_uri, name)
     storage.write_bytes(pt_uri, data)
-    _test_pause(name, "tensors")
     sidecar = {
         **meta,
         "format": FORMAT_VERSION,
@@ -113,7 +98,6 @@ def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: b
         "saved_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     storage.write_text(sidecar_uri(pt_uri), json.dumps(sidecar, indent=2, sort_keys=True))
-    _test_pause(name, "sidecar")
     if is_best:
         _write_best(dir_uri, sidecar)
     prune_checkpoints(dir_uri, keep)

@@ -101,13 +101,6 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("SHARDLINE_TEST_STEP_DELAY", "seconds", 0, "tests only: each optimizer step takes this much longer"),
         Setting("SHARDLINE_TEST_LOADER_DELAY", "seconds", 0, "tests only: each batch takes this much longer to come"),
-        Setting(
-            "SHARDLINE_TEST_SLOW_CHECKPOINT_WRITE",
-            "text",
-            None,
-            "tests only: `SECONDS`, `SECONDS@tensors` or `SECONDS@sidecar`: a checkpoint write that takes that long "
-            "(at that stage)",
-        ),
     )
 }
 
