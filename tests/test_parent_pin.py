@@ -1,10 +1,13 @@
-"""A fine-tune's parent (`training.init_from`) is resolved once per run: an alias moved to another version while the
-run goes on does not make two of its steps disagree (the encoding, the run's folder, the starting weights)."""
+"""A fine-tune's parent (`training.init_from`) is resolved once per run into a typed `Parent` handed to every step: an
+alias moved to another version while the run goes on does not make two of its steps disagree (the encoding, the run's
+folder, the starting weights)."""
 
 from __future__ import annotations
 
 from shardline.core.config import validate_config
-from shardline.runs.training_run import parent_model, pin_parent, training_identity
+from shardline.runs.parent import pinned, resolve_parent
+from shardline.runs.result import Parent
+from shardline.runs.training_run import training_identity
 from tests.conftest import tiny_config
 
 
@@ -25,16 +28,20 @@ def test_an_alias_moved_mid_run_leaves_the_run_on_the_version_it_started_from(tm
     cfg["training"]["init_from"] = "models:/base@champion"
     config = validate_config(cfg)
 
-    pinned = pin_parent(config)
-    assert pinned.training.init_from == "models:/base/1"
-    identity = training_identity(pinned)
-    assert identity["init_from"]["version"] == "1"
+    parent = resolve_parent(config)
+    assert parent == Parent(uri="models:/base/1", name="base", version="1", run_id=parent.run_id) and parent.run_id
+    pinned_config = pinned(config, parent)
+    assert pinned_config.training.init_from == "models:/base/1"
+    identity = training_identity(config, parent)
+    assert identity["init_from"] == {"uri": "models:/base/1", "name": "base", "version": "1", "run_id": parent.run_id}
 
     client.set_registered_model_alias("base", "champion", "2")  # moved while the run goes on
-    assert parent_model(config)["version"] == "2"  # what a step resolving the alias again would get
-    assert parent_model(pinned)["version"] == "1" and training_identity(pinned) == identity
-    assert pin_parent(pinned) is pinned  # already pinned: as it is
-    assert (
-        pin_parent(validate_config({**cfg, "training": {**cfg["training"], "init_from": None}})).training.init_from
-        is None
-    )
+    assert resolve_parent(config).version == "2"  # what a step resolving the alias again would get
+    # a step handed the parent keys on it, not on where the alias points now; one handed only the pinned config
+    # resolves the same version
+    assert training_identity(config, parent) == identity == training_identity(pinned_config)
+    assert resolve_parent(pinned_config) == parent
+    assert pinned(pinned_config, parent) is pinned_config  # already pinned: as it is
+    assert Parent.model_validate_json(parent.model_dump_json()) == parent  # as a flow run's parameter, and back
+    unset = validate_config({**cfg, "training": {**cfg["training"], "init_from": None}})
+    assert resolve_parent(unset) is None and pinned(unset, None) is unset

@@ -21,6 +21,7 @@ from shardline.core.config import ConfigError, validate_config
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.text import EOS_ID, PAD_ID, SEP_ID, decode, train_bpe
 from shardline.core.manifest import EncodedGroup, Manifest, RawFile
+from shardline.runs.result import Parent
 from shardline.runs.training_run import load_manifest
 from shardline.tasks.encode import encode_dataset, log_skipped_rows
 from shardline.tasks.ingest import snapshot_source
@@ -352,7 +353,7 @@ def test_a_text_fine_tune_takes_its_parent_s_tokenizer_and_refuses_another_befor
     summarizer's `body`); what must match is the tokenizer, which the fine-tune takes from its parent."""
     from shardline.core.encoding.reuse import EncodingMismatch, check_columns
     from shardline.core.manifest import EncodingSpec, TextSpec
-    from shardline.runs.training_run import with_parent_tokenizer
+    from shardline.runs.parent import with_parent_tokenizer
 
     lm = EncodingSpec(
         sequence_key=None, order_by=None, window=8, horizon=1, continuous=[], boolean=[], categorical=[],
@@ -374,7 +375,7 @@ def test_a_text_fine_tune_takes_its_parent_s_tokenizer_and_refuses_another_befor
         }
     )
     with pytest.raises(EncodingMismatch, match=r"mine.json' \(sha256 \w{12}\) is not the tokenizer models:/lm/1 "):
-        with_parent_tokenizer(config, {"uri": "models:/lm/1"}, lm)
+        with_parent_tokenizer(config, Parent(uri="models:/lm/1"), lm)
     assert not (Path(config.storage.root) / "tokenizers").exists()
     # without a tokenizer of its own, a text fine-tune's config is valid (its parent's is used); not otherwise
     raw = text_config(tmp_path)
@@ -624,7 +625,7 @@ def test_a_fine_tune_of_a_registered_model_of_a_crlf_tokenizer_file_takes_its_to
     import mlflow
 
     from shardline.core.tracking.tracker import fluent_tracking_uri
-    from shardline.runs.training_run import parent_model, with_parent_tokenizer
+    from shardline.runs.parent import resolve_parent, with_parent_tokenizer
     from shardline.tasks.register import PYFUNC_CODE
 
     manifest, uri, files = crlf_model_files(tmp_path)
@@ -639,14 +640,14 @@ def test_a_fine_tune_of_a_registered_model_of_a_crlf_tokenizer_file_takes_its_to
     config = validate_config(
         {**raw, "training": {"init_from": "models:/lm/1"}, "mlflow": {"tracking_uri": tracking, "experiment": "lm"}}
     )
-    data = with_parent_tokenizer(config, parent_model(config), manifest.encoding, log=lambda _: None)
+    data = with_parent_tokenizer(config, resolve_parent(config), manifest.encoding, log=lambda _: None)
     assert data.tokenizer.sha256 == manifest.encoding.text.tokenizer_sha256
     assert Path(data.tokenizer.file).read_bytes() == (tmp_path / "t.json").read_bytes()  # CRLF kept
 
 
 def test_a_text_fine_tune_whose_tokenizer_file_is_missing_is_refused_naming_it_before_any_work(tmp_path):
     from shardline.core.manifest import EncodingSpec, TextSpec
-    from shardline.runs.training_run import with_parent_tokenizer
+    from shardline.runs.parent import with_parent_tokenizer
 
     lm = EncodingSpec(
         sequence_key=None, order_by=None, window=8, horizon=1, continuous=[], boolean=[], categorical=[],
@@ -657,5 +658,5 @@ def test_a_text_fine_tune_whose_tokenizer_file_is_missing_is_refused_naming_it_b
         {**text_config(tmp_path, tokenizer={"file": str(missing)}), "training": {"init_from": "models:/lm/1"}}
     )
     with pytest.raises(DataError, match=rf"data.tokenizer.file '{missing}' does not exist"):
-        with_parent_tokenizer(config, {"uri": "models:/lm/1"}, lm)
+        with_parent_tokenizer(config, Parent(uri="models:/lm/1"), lm)
     assert not (Path(config.storage.root) / "tokenizers").exists()

@@ -176,7 +176,8 @@ def plan_cost(
 ) -> Plan:
     """The planned steps, a measured rate, the time, and its cost per provider of `gpu` (default: this
     machine's type). `table.of(gpu)` must have been checked by the caller (an unknown type is a user error)."""
-    from shardline.runs.training_run import load_manifest, parent_model, run_dir
+    from shardline.runs.parent import resolve_parent
+    from shardline.runs.training_run import load_manifest, run_dir
     from shardline.trainer.step import planned_steps
 
     here, _ = detect_gpu()
@@ -189,7 +190,7 @@ def plan_cost(
     train_windows = sum(manifest.windows.get(s, 0) for s in trains_on)
     per_epoch, steps = planned_steps(train_windows, t)
     epoch_windows = min(train_windows, per_epoch * t.batch_size * t.grad_accum)
-    folder = run_dir(config, manifest, parent_model(config))
+    folder = run_dir(config, manifest, resolve_parent(config))
     rate, why = run_rate(folder, gpu, epoch_windows)
     if rate is None and gpu != here:
         machine = "a CPU" if here == CPU else f"a {here}"

@@ -327,9 +327,9 @@ def flow_run_uses(params: dict, root: str, locate: Locator) -> tuple[set[str], s
 
         data = config.data
         if config.training.init_from and data.features.text:  # tokenized with its parent's tokenizer
-            from shardline.runs.training_run import parent_encoding, parent_model, parent_tokenized
+            from shardline.runs.parent import parent_encoding, parent_tokenized, resolve_parent
 
-            encoding = parent_encoding(config, parent_model(config))
+            encoding = parent_encoding(config, resolve_parent(config))
             data = parent_tokenized(config, encoding) if encoding.text is not None else data
         datasets.add(dataset_id(snapshot_source(config.data), data))
     if not named_runs:  # ... and the run folder each of its manifests addresses (and `--force train`'s beside it)

@@ -19,7 +19,8 @@ from shardline.core.secrets import install_log_redaction
 from shardline.flows.runners import encode_runner
 from shardline.flows.train import train
 from shardline.runs import links
-from shardline.runs.training_run import parent_encoding, parent_model, pin_parent, with_parent_tokenizer
+from shardline.runs.parent import parent_encoding, pinned, resolve_parent, with_parent_tokenizer
+from shardline.runs.result import Parent
 from shardline.tasks.caching import STEPS, cached, run_cached
 from shardline.tasks.encode import encode
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
@@ -53,16 +54,18 @@ def baseline_name(config: PipelineConfig) -> str:
     return "the popularity baseline" if config.data.item_key else "a random order of each group"
 
 
-def encoded_data(config: PipelineConfig, refresh: set[str] | frozenset[str] = frozenset()):
+def encoded_data(config: PipelineConfig, refresh: frozenset[str] = frozenset(), parent: Parent | None = None):
     """Ingest and encode, inside a flow run: (the snapshot, the manifest's URI, its checksum, which of the
-    two steps ran rather than came from the cache). `refresh`: the steps `--force` recomputes."""
+    two steps ran rather than came from the cache). `refresh`: the steps `--force` recomputes; `parent`: the
+    fine-tune parent the flow resolved (else resolved here from training.init_from)."""
     root = config.storage.root
     ran: dict[str, bool] = {}
     snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data)
 
     # fine-tuning: the data is encoded the way the model it starts from was trained (its scalings, vocabularies)
-    parent = parent_model(config)
-    base = (parent_encoding(config, parent), parent["uri"]) if parent else None
+    if parent is None and config.training.init_from:
+        parent = resolve_parent(config)
+    base = (parent_encoding(config, parent), parent.uri) if parent else None
     data = config.data
     if base is not None:  # a column the parent was not trained on: said before any work
         check_columns(config.data.features.model_dump(), *base)
@@ -79,16 +82,20 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     """Raw parquet to a registered, evaluated model version. `config`: a YAML path or the config itself."""
     install_log_redaction()  # no secret in the console or the Prefect API's logs
     return_freed_memory()  # buffers of shards decompressed for a moment go back to the system when freed
-    config = pin_parent(resolve_config(config))  # the fine-tune parent, resolved once for every step
+    config = resolve_config(config)
+    parent = resolve_parent(config)  # the fine-tune parent, resolved once and handed to every step
+    config = pinned(config, parent)  # init_from names it, for a step that reads only the config
     root = config.storage.root
     refresh = _refreshed(force)
-    snapshot, manifest_uri, manifest_hash, ran = encoded_data(config, refresh)
+    snapshot, manifest_uri, manifest_hash, ran = encoded_data(config, refresh, parent)
 
     # retried after an infrastructure failure (I/O, network, CUDA), resuming from the newest checkpoint
     train_t = cached(train_step, TRAIN_CACHE, root, "train" in refresh).with_options(
         retries=config.training.max_restarts, retry_delay_seconds=5, retry_condition_fn=retry_on_infrastructure
     )
-    state = train_t(manifest_uri, manifest_hash, config, train, fresh="train" in refresh, return_state=True)
+    state = train_t(
+        manifest_uri, manifest_hash, config, train, fresh="train" in refresh, parent=parent, return_state=True
+    )
     trained, ran["train"] = state.result(), state.name != "Cached"
 
     scores, ran["evaluate"] = run_cached(

@@ -37,7 +37,7 @@ from shardline.core.sweep import (
 from shardline.flows.pipeline import baseline_name, encoded_data
 from shardline.flows.train import train
 from shardline.runs import links
-from shardline.runs.training_run import pin_parent
+from shardline.runs.parent import pinned, resolve_parent
 from shardline.tasks.caching import run_cached
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.register import REGISTER_CACHE, register
@@ -81,8 +81,9 @@ def sweep(
     if folds:  # every setting on every fold of the k-fold data
         space = with_folds(space, validate_config(raw, "(the sweep's base config)"))
     if (raw.get("training") or {}).get("init_from") and "training.init_from" not in space:  # once for every trial
-        pinned = pin_parent(validate_config(raw, "(the sweep's base config)")).training.init_from
-        raw = {**raw, "training": {**raw["training"], "init_from": pinned}}
+        given = validate_config(raw, "(the sweep's base config)")
+        init_from = pinned(given, resolve_parent(given)).training.init_from
+        raw = {**raw, "training": {**raw["training"], "init_from": init_from}}
     plan = plan_sweep(raw, space, trials, seed)
     base = plan.base
     root = base.storage.root

@@ -15,7 +15,7 @@ from shardline.core.memory import return_freed_memory
 from shardline.core.parent_watch import stop_when_parent_exits
 from shardline.core.secrets import install_log_redaction
 from shardline.runs import links
-from shardline.runs.result import TrainResult
+from shardline.runs.result import Parent, TrainResult
 from shardline.runs.training_run import run_training
 
 
@@ -27,13 +27,15 @@ def train(
     mlflow_tags: dict[str, str] | None = None,
     cpu_threads: int | None = None,
     watched: bool = False,
+    parent: Parent | None = None,
 ) -> TrainResult:
     """Train the configured model on the manifest's shards (in `run_folder`, when the pipeline chose it);
         return the best checkpoint and its scores. `mlflow_tags`: tags of a new MLflow run (a sweep's trial:
         its parent run); `cpu_threads`: torch's threads in this process (a share of the machine's cores when
         several trainings share it); `watched`: run by a watchdog that sees only this flow run's state (a dispatched
     run, a sweep's trial in a child process), which then raises an infrastructure failure as `InfrastructureFailure`
-    so that the watchdog can tell it from an error in the code, config or data."""
+    so that the watchdog can tell it from an error in the code, config or data. `parent`: the fine-tune parent the
+    pipeline resolved (run on its own, the training resolves `training.init_from` itself, once)."""
     install_log_redaction()  # a worker's process too: no secret in its console or the Prefect API's logs
     return_freed_memory()  # buffers of shards decompressed for a moment go back to the system when freed
     stop_when_parent_exits()  # a sweep's child process: stops like a preempted run when the sweep dies
@@ -42,7 +44,7 @@ def train(
 
         torch.set_num_threads(cpu_threads)
     try:
-        return run_training(manifest_uri, config, run_folder, mlflow_tags)
+        return run_training(manifest_uri, config, run_folder, mlflow_tags, parent)
     except Exception as e:
         if watched and not isinstance(e, InfrastructureFailure) and is_infrastructure_failure(e):
             # by type, here where the error is: a dispatched run's watchdog sees only the flow run's state

@@ -1,5 +1,6 @@
 """What the pipeline's steps hand each other: a training run's result (`TrainResult`, kept as `result.json` in the
-run's folder), its evaluation's (`EvalResult`) and its registration's (`Registered`). A small module of its own:
+run's folder), its evaluation's (`EvalResult`), its registration's (`Registered`), and the fine-tune parent they
+are handed (`Parent`, resolved by runs/parent.py). A small module of its own:
 the steps that read them key their caches on the code they import."""
 
 from __future__ import annotations
@@ -13,6 +14,25 @@ from shardline.core import storage
 RESULT_FILE = "result.json"  # read back by shardline.tasks.train.dispatch_training
 
 
+class Parent(BaseModel):
+    """A fine-tune's parent, pinned: a registered model version (`name`, `version`, `run_id`; `uri` is
+    models:/name/N, whichever alias named it) or a checkpoint (`checkpoint`, its `sha256`; `uri` is the .pt)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    uri: str
+    name: str | None = None
+    version: str | None = None
+    run_id: str | None = None
+    checkpoint: str | None = None
+    sha256: str | None = None
+
+    def identity(self) -> dict:
+        """What the run folder and the caches key on: the same fields as before it was typed."""
+        keys = ("uri", "checkpoint", "sha256") if self.checkpoint else ("uri", "name", "version", "run_id")
+        return {k: getattr(self, k) for k in keys}
+
+
 class TrainResult(BaseModel):
     """What a training run hands the steps after it: the train task's result, and `result.json` in its folder
     (for a dispatcher on another machine: small results, big data in storage). A `result.json` written by a worker
@@ -21,7 +41,7 @@ class TrainResult(BaseModel):
     model_config = ConfigDict(extra="ignore", ser_json_inf_nan="constants")
 
     best_sha256: str | None  # the best checkpoint's checksum: what evaluation and registration key on
-    parent: dict | None  # the fine-tune parent, pinned (`parent_model`)
+    parent: Parent | None  # the fine-tune parent, pinned (runs/parent.py)
     run_dir: str
     best_checkpoint: str
     last_checkpoint: str

@@ -5,29 +5,27 @@ checkpoints for a dispatcher on another machine."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import socket
-import tempfile
 import time
 import uuid
 from functools import partial
-from pathlib import Path
 
 import yaml
 
 from shardline.core import layout, storage
-from shardline.core.config import DataConfig, ModelConfig, PipelineConfig, stable_hash, training_splits
+from shardline.core.config import ModelConfig, PipelineConfig, stable_hash, training_splits
 from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
-from shardline.core.manifest import EncodingSpec, Manifest
+from shardline.core.manifest import Manifest
 from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.secrets import redact_text
 from shardline.core.tracking.system import CPU_KEY, SystemSampler
-from shardline.core.tracking.tracker import Tracker, flatten, fluent_tracking_uri, tracking_uri
+from shardline.core.tracking.tracker import Tracker, flatten
 from shardline.core.version import code_version, user_code_version
 from shardline.runs import links, training_cost
-from shardline.runs.result import RESULT_FILE, TrainResult
+from shardline.runs.parent import init_weights, parent_encoding, resolve_parent
+from shardline.runs.result import RESULT_FILE, Parent, TrainResult
 from shardline.runs.training_view import LiveView, progress_seconds, run_logger
 from shardline.trainer.progress import BAR_SECONDS, DataWaitWatch, TerminalProgress
 
@@ -41,191 +39,16 @@ def model_identity(model: ModelConfig) -> dict:
     return identity
 
 
-def parent_model(config: PipelineConfig) -> dict | None:
-    """What `training.init_from` names, resolved: for a registered model its name, version and run (an
-    alias is resolved, so moving it starts another run), `uri` naming that version; for a checkpoint (or a run's
-    checkpoints folder: its best, else its newest) its URI and checksum. An
-    init_from that names nothing is an error naming it and where it was looked for."""
-    uri = config.training.init_from
-    if uri is None:
-        return None
-    if uri.startswith("models:/"):
-        from mlflow import MlflowClient
-        from mlflow.exceptions import MlflowException
-
-        where = tracking_uri(config.mlflow, config.storage.root)
-        name, _, ref = uri[len("models:/") :].partition("@")
-        if not ref:
-            name, _, ref = name.partition("/")
-        try:
-            client = MlflowClient(where)
-            version = (
-                client.get_model_version_by_alias(name, ref) if "@" in uri else client.get_model_version(name, ref)
-            )
-        except MlflowException as e:
-            raise ValueError(
-                f"training.init_from={uri}: no such registered model version in {where} "
-                f"({e.message.splitlines()[0][:200]}); check the name and the alias or version"
-            ) from None
-        # named by its version, whichever way init_from named it: the same parent, the same identity
-        return {
-            "uri": f"models:/{name}/{version.version}",
-            "name": name,
-            "version": str(version.version),
-            "run_id": version.run_id,
-        }
-    from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
-
-    if uri.endswith(".pt"):
-        found = (uri, {"sha256": storage.sha256_uri(uri)}) if storage.exists(uri) else None
-    else:
-        found = best_checkpoint(uri) or latest_checkpoint(uri)
-    if found is None:
-        raise ValueError(
-            f"training.init_from={uri}: no checkpoint there; give a registered model (models:/name@alias), a "
-            ".pt checkpoint or a run's checkpoints folder"
-        )
-    return {"uri": found[0], "checkpoint": found[0], "sha256": found[1].get("sha256")}
-
-
-def pin_parent(config: PipelineConfig) -> PipelineConfig:
-    """`config` with `training.init_from` resolved once, for the whole run: an alias to the version it names now
-    (models:/name/N), a run's checkpoints folder to the checkpoint it holds now (its .pt). Every step after it
-    resolves the same parent, whatever moves meanwhile (an alias moved to another version, a newer best
-    checkpoint written into the folder), so the encoding, the run's folder and the starting weights agree."""
-    parent = parent_model(config)
-    if parent is None:
-        return config
-    uri = parent["uri"]  # an alias's version, a folder's checkpoint
-    if uri == config.training.init_from:
-        return config
-    return config.model_copy(update={"training": config.training.model_copy(update={"init_from": uri})})
-
-
-def _registered_files(config: PipelineConfig, parent: dict, dst: str, path: str = "") -> Path:
-    """A registered parent's model folder, or only the file `path` in it (not the weights), downloaded into
-    `dst`; returns where it lies."""
-    import mlflow
-
-    uri = f"models:/{parent['name']}/{parent['version']}" + (f"/{path}" if path else "")
-    with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)):
-        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst))
-
-
-def parent_encoding(config: PipelineConfig, parent: dict) -> EncodingSpec:
-    """The encoding the model `training.init_from` names was trained with: a registered model's (its
-    bundle), or a checkpoint's (the manifest its run trained on)."""
-    if "checkpoint" in parent:
-        from shardline.trainer.checkpoint import sidecar_uri
-
-        meta = json.loads(storage.read_text(sidecar_uri(parent["checkpoint"])))
-        manifest = meta.get("run_meta", {}).get("manifest")
-        if not manifest or not storage.exists(manifest):
-            raise ValueError(
-                f"training.init_from={parent['uri']}: the checkpoint does not say which data it was trained on "
-                f"(its manifest {manifest!r} is gone), so its encoding cannot be reused; start from a registered "
-                "model (models:/name@alias) instead"
-            )
-        return Manifest.model_validate_json(storage.read_text(manifest)).encoding
-    with tempfile.TemporaryDirectory() as tmp:
-        bundle = json.loads(_registered_files(config, parent, tmp, "artifacts/bundle.json").read_text())
-    return EncodingSpec.model_validate(bundle["encoding"])
-
-
-def parent_tokenizer(config: PipelineConfig, parent: dict, encoding: EncodingSpec) -> str:
-    """A text parent's tokenizer.json (the text): a registered model's bundled one, or the one beside the
-    manifest a checkpoint's run trained on; checked against the sha256 its encoding records."""
-    if "checkpoint" in parent:
-        from shardline.trainer.checkpoint import sidecar_uri
-
-        manifest_uri = json.loads(storage.read_text(sidecar_uri(parent["checkpoint"])))["run_meta"]["manifest"]
-        manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
-        where = storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json")
-        text = storage.read_text(where) if storage.exists(where) else None
-    else:
-        from mlflow.exceptions import MlflowException
-
-        where = f"{parent['uri']} (artifacts/tokenizer.json)"
-        with tempfile.TemporaryDirectory() as tmp:
-            try:  # that file alone, not the model's weights
-                found = _registered_files(config, parent, tmp, "artifacts/tokenizer.json")
-            except (MlflowException, OSError):  # not in the model: said below
-                found = None
-            text = found.read_bytes().decode() if found and found.is_file() else None  # its sha256 is the file's
-    if text is None or hashlib.sha256(text.encode()).hexdigest() != encoding.text.tokenizer_sha256:
-        raise ValueError(
-            f"training.init_from={parent['uri']}: the tokenizer its token ids mean ({where}) is missing or not the "
-            f"one it was trained with (sha256 {encoding.text.tokenizer_sha256[:12]}); start from another version"
-        )
-    return text
-
-
-def with_parent_tokenizer(config: PipelineConfig, parent: dict, encoding: EncodingSpec, log=print) -> DataConfig:
-    """A fine-tune of a text model reads its parent's token ids: `config.data` with the parent's tokenizer
-    (kept in the store under its sha256, `<root>/tokenizers/`) in place of data.tokenizer. A tokenizer file
-    of the config's own that is another one is refused, before any work."""
-    from shardline.core.encoding.reuse import EncodingMismatch
-    from shardline.core.encoding.text import read_tokenizer_file, sha256_text
-
-    sha = encoding.text.tokenizer_sha256
-    mine = config.data.tokenizer
-    # no sha256: the file was not there when the config was read (a typo, a file not copied): said naming it
-    own = (mine.sha256 or sha256_text(read_tokenizer_file(mine.file))) if mine and mine.file else None
-    if own not in (None, sha):
-        raise EncodingMismatch(
-            f"data.tokenizer.file '{mine.file}' (sha256 {own[:12]}) is not the tokenizer "
-            f"{parent['uri']} was trained with (sha256 {sha[:12]}); a fine-tune of a text model reads its "
-            "parent's token ids: drop data.tokenizer (the parent's is used), or train without training.init_from"
-        )
-    data = parent_tokenized(config, encoding)
-    uri = data.tokenizer.file
-    if not storage.exists(uri):
-        storage.write_text(uri, parent_tokenizer(config, parent, encoding))  # atomic: whole or absent
-    if mine is None or mine.file is None:
-        log(
-            f"init_from {parent['uri']}: the data is tokenized with the parent's tokenizer (sha256 {sha[:12]}), "
-            + (
-                f"not data.tokenizer's BPE of {mine.vocab_size} ids"
-                if mine is not None
-                else "as data.tokenizer is unset"
-            )
-        )
-    return data
-
-
-def parent_tokenized(config: PipelineConfig, encoding: EncodingSpec) -> DataConfig:
-    """`config.data` as a fine-tune of the text model of `encoding` encodes it: data.tokenizer the parent's
-    tokenizer, kept in the store under its sha256 (`with_parent_tokenizer` puts it there). Reads nothing."""
-    from shardline.core.config import TokenizerConfig
-
-    sha = encoding.text.tokenizer_sha256
-    uri = layout.tokenizer(config.storage.root, sha)
-    return config.data.model_copy(update={"tokenizer": TokenizerConfig(file=uri, sha256=sha)})
-
-
-def init_weights(config: PipelineConfig, parent: dict) -> dict:
-    """The tensors of the model `training.init_from` names, loaded with weights_only=True."""
-    import torch
-
-    if "checkpoint" in parent:
-        from shardline.trainer.checkpoint import load_checkpoint
-
-        return load_checkpoint(parent["checkpoint"])["model"]
-    with tempfile.TemporaryDirectory() as tmp:  # the weights alone, not the rest of the model's folder
-        local = _registered_files(config, parent, tmp, "artifacts/weights.pt")
-        return torch.load(local, map_location="cpu", weights_only=True)
-
-
-def training_identity(config: PipelineConfig, parent: dict | None = None) -> dict:
+def training_identity(config: PipelineConfig, parent: Parent | None = None) -> dict:
     """The training settings that change what is trained, with `init_from` resolved (`parent`, when the
-    caller has it, else `parent_model`)."""
+    caller has it, else resolved here)."""
     identity = config.training.model_dump(mode="json", exclude=set(config.training.RESUMABLE_CHANGES))
     if config.training.init_from:
-        identity["init_from"] = parent or parent_model(config)
+        identity["init_from"] = (parent or resolve_parent(config)).identity()
     return identity
 
 
-def run_dir(config: PipelineConfig, manifest: Manifest, parent: dict | None = None, fresh: bool = False) -> str:
+def run_dir(config: PipelineConfig, manifest: Manifest, parent: Parent | None = None, fresh: bool = False) -> str:
     """Where one training run's checkpoints and evaluation live: addressed by data + model (the user's code
     included) + the training settings that change what is trained + the version of the code that trains
     (`trainer_version`, as the train step's cache key has it), so an edit to the training code trains again rather than
@@ -345,23 +168,30 @@ def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
 
 
 def run_training(
-    manifest_uri: str, config: PipelineConfig, folder: str | None = None, mlflow_tags: dict[str, str] | None = None
+    manifest_uri: str,
+    config: PipelineConfig,
+    folder: str | None = None,
+    mlflow_tags: dict[str, str] | None = None,
+    parent: Parent | None = None,
 ) -> TrainResult:
     """Train the configured model on the manifest's shards in `folder` (default: `run_dir`; the pipeline
     passes the one it chose, so a worker with other code writes where the pipeline reads), resuming its
     newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`).
-    `mlflow_tags` go on the MLflow run when it is created (a sweep's trial: its parent run, its overrides)."""
+    `mlflow_tags` go on the MLflow run when it is created (a sweep's trial: its parent run, its overrides).
+    `parent`: the fine-tune parent the caller resolved (else resolved here, once: the folder and the starting
+    weights agree)."""
     from shardline.core.lease import Lease
 
     log = run_logger()  # the training flow run's, also when the pipeline's train task calls it as a subflow
     manifest = load_manifest(manifest_uri, config)
-    parent = parent_model(config)  # resolved once: the run folder and the starting weights agree
+    if parent is None and config.training.init_from:
+        parent = resolve_parent(config)
     if parent is not None and manifest.encoding.text is not None:
         from shardline.core.encoding.reuse import check_parent_tokenizer
 
         # the manifest may come from anywhere (the training flow is its own deployment): a text fine-tune's
         # token ids must be its parent's, which load_manifest cannot tell when data.tokenizer leaves it to it
-        check_parent_tokenizer(manifest.encoding, parent_encoding(config, parent), parent["uri"])
+        check_parent_tokenizer(manifest.encoding, parent_encoding(config, parent), parent.uri)
     folder = folder or run_dir(config, manifest, parent)
     # one writer per run folder, whichever machine (a retry racing a re-dispatch, two laptops, a "Crashed"
     # run that was not dead): the second waits while the first renews its lease, then resumes or attaches
@@ -402,7 +232,7 @@ def _run_training(
     manifest: Manifest,
     config: PipelineConfig,
     folder: str,
-    parent,
+    parent: Parent | None,
     lease,
     ledger,
     deadline,
@@ -475,7 +305,7 @@ def _run_training(
 
     mspec = model_spec_for(config.model, data_spec(spec))
     if parent is not None:
-        tracker.set_tags({"shardline.parent": json.dumps(parent)})
+        tracker.set_tags({"shardline.parent": json.dumps(parent.identity())})
     # the machine while it trains: MLflow's System metrics tab (a resumed run continues the samples)
     system = SystemSampler(tracker, first_step=tracker.last_step(CPU_KEY) + 1 if tracker.resumed else 0).start()
     view = LiveView(log)  # the progress bar and the live table, sent from a thread of their own

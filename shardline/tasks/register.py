@@ -268,10 +268,10 @@ def _register_model(
     }
     parent = train_result.parent
     if parent:  # fine-tuned from another model: its lineage
-        tags["shardline.parent"] = parent["uri"]
+        tags["shardline.parent"] = parent.uri
         for key in ("name", "version", "run_id", "checkpoint"):
-            if parent.get(key):
-                tags[f"shardline.parent_{key}"] = str(parent[key])
+            if getattr(parent, key):
+                tags[f"shardline.parent_{key}"] = str(getattr(parent, key))
     if config.model.entrypoint:
         tags["shardline.model_entrypoint"] = config.model.entrypoint
         tags["shardline.model_code_version"] = user_code_version(config.model.entrypoint, config.model.code_dir)

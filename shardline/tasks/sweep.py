@@ -29,7 +29,7 @@ from shardline.core.secrets import redact_text
 from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
 from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
 from shardline.runs import links
-from shardline.runs.result import Registered, TrainResult
+from shardline.runs.result import Parent, Registered, TrainResult
 from shardline.tasks.caching import cached
 from shardline.tasks.train import (
     TRAIN_CACHE,
@@ -67,6 +67,7 @@ def train_in_child(
     folder: str,
     mlflow_tags: dict[str, str] | None = None,
     cpu_threads: int | None = None,
+    parent: Parent | None = None,
 ) -> TrainResult:
     """Run the training flow `flow` in a child process on this machine and return its result (from the run
     folder's `result.json`, as a dispatched run's). The child reaches this process's Prefect API (the
@@ -88,6 +89,7 @@ def train_in_child(
         "run_folder": folder,
         "mlflow_tags": mlflow_tags,
         "cpu_threads": cpu_threads,
+        "parent": parent,
         "watched": True,  # an infrastructure failure is raised as InfrastructureFailure: the trial is retried
     }
     earlier = {r.id for r in _flow_runs(run_tag)}  # an interrupted attempt's: not this child's

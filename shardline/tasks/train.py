@@ -28,7 +28,7 @@ from shardline.core.failures import (
     was_preempted,
 )
 from shardline.core.version import TRAINER
-from shardline.runs.result import TrainResult
+from shardline.runs.result import Parent, TrainResult
 from shardline.runs.training_run import load_manifest, model_identity, run_dir, training_identity
 from shardline.tasks.caching import CacheRule
 
@@ -45,15 +45,17 @@ def train_step(
     train_here: Callable[..., TrainResult],
     fresh: bool = False,
     mlflow_tags: dict[str, str] | None = None,
+    parent: Parent | None = None,
 ) -> TrainResult:
     """Train on the manifest's shards where the config says: here (`train_here`: the training flow as a
     subflow, or in a child process of its own for a sweep's trial), or on the training deployment's work
     pool. The run's folder is chosen here and handed over; `fresh` (`--force train`) trains in a new folder
-    instead of returning a finished run. `mlflow_tags` go on a new MLflow run (a sweep's trial: its parent)."""
-    folder = run_dir(config, load_manifest(manifest_uri, config), fresh=fresh)
+    instead of returning a finished run. `mlflow_tags` go on a new MLflow run (a sweep's trial: its parent);
+    `parent`: the fine-tune parent the flow resolved, handed on (else the training run resolves it)."""
+    folder = run_dir(config, load_manifest(manifest_uri, config), parent, fresh=fresh)
     if config.compute.train_on == "deployment":
-        return dispatch_training(manifest_uri, config, folder, mlflow_tags)
-    return train_here(manifest_uri, config, folder, mlflow_tags=mlflow_tags)
+        return dispatch_training(manifest_uri, config, folder, mlflow_tags, parent)
+    return train_here(manifest_uri, config, folder, mlflow_tags=mlflow_tags, parent=parent)
 
 
 def live_training_run(run_tag: str):
@@ -115,7 +117,11 @@ def watch_training_run(flow_run_id, folder: str, timeout: float | None, poll: fl
 
 
 def dispatch_training(
-    manifest_uri: str, config: PipelineConfig, folder: str | None = None, mlflow_tags: dict[str, str] | None = None
+    manifest_uri: str,
+    config: PipelineConfig,
+    folder: str | None = None,
+    mlflow_tags: dict[str, str] | None = None,
+    parent: Parent | None = None,
 ) -> TrainResult:
     """Run the training deployment, re-dispatch it while it is preempted, and return its result."""
     from prefect.deployments import run_deployment
@@ -128,7 +134,7 @@ def dispatch_training(
             "disk. Use an object store (s3://...) for workers on other machines.",
             config.storage.root,
         )
-    folder = folder or run_dir(config, load_manifest(manifest_uri, config))
+    folder = folder or run_dir(config, load_manifest(manifest_uri, config), parent)
     run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
     parameters = {
         "manifest_uri": manifest_uri,
@@ -138,6 +144,8 @@ def dispatch_training(
     }
     if mlflow_tags:
         parameters["mlflow_tags"] = mlflow_tags
+    if parent is not None:
+        parameters["parent"] = parent.model_dump(mode="json")
     runs: list[dict] = []
     for attempt in range(c.max_preemptions + 1):
         live = live_training_run(run_tag) if attempt == 0 else None
@@ -237,7 +245,7 @@ def train_key(inputs: dict) -> tuple:
     return (
         inputs["manifest_hash"],
         model_identity(cfg.model),
-        training_identity(cfg),
+        training_identity(cfg, inputs.get("parent")),
         cfg.mlflow.model_dump(mode="json", include={"tracking_uri", "experiment"}),
     )
 
