@@ -192,6 +192,75 @@ def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: st
 # ---------------------------------------------------------------- outputs and loss
 
 
+def is_lazy_model(model: nn.Module) -> bool:
+    """Whether the model has lazy layers still without their shapes (`nn.LazyLinear`, `nn.LazyConv1d`, ...)."""
+    from torch.nn.parameter import is_lazy
+
+    return any(is_lazy(t) for t in (*model.parameters(), *model.buffers()))
+
+
+def materialize(model: nn.Module, cont: torch.Tensor, cat: torch.Tensor, device: torch.device) -> bool:
+    """Give lazy layers their shapes: one forward of (`cont`, `cat`), a few windows of the first batch, on the
+    run's device, in eval mode and without gradients (PyTorch's "call forward with a dummy batch"). The layers
+    draw their initial weights from the seeded RNG as they materialize, so a run and its resume build the same
+    model and use the RNG the same way before the checkpoint's state replaces both. True when it ran."""
+    if not is_lazy_model(model):
+        return False
+    was_training = model.training
+    model.to(device).eval()
+    with torch.no_grad():
+        model(cont.to(device), cat.to(device))
+    model.train(was_training)
+    if is_lazy_model(model):
+        from torch.nn.parameter import is_lazy
+
+        left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if is_lazy(t)]
+        raise ModelContractError(
+            f"{type(model).__name__}: lazy layer(s) {', '.join(left[:8])} still have no shape after a forward "
+            "of the first batch: forward must use every lazy layer on every batch (or build the layer with "
+            "its input size)"
+        )
+    return True
+
+
+def own_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer, Any, str]:
+    """The model's `configure_optimizers()`, in the shapes Lightning's takes: an optimizer; (optimizer,
+    scheduler) or ([optimizer], [scheduler]); or {"optimizer": ..., "lr_scheduler": scheduler or {"scheduler":
+    ..., "interval": "step" | "epoch"}}. Returns (optimizer, scheduler or None, interval: "epoch" unless said).
+    Anything else is a ModelContractError saying what came back and the shapes it may take."""
+    name = f"{type(model).__name__}.configure_optimizers()"
+    got = model.configure_optimizers()
+    optimizer, scheduler, interval = got, None, "epoch"
+    if isinstance(got, dict):
+        optimizer, scheduler = got.get("optimizer"), got.get("lr_scheduler")
+    elif isinstance(got, (tuple, list)) and len(got) == 2:
+        optimizer, scheduler = got
+    if isinstance(optimizer, (tuple, list)) and len(optimizer) == 1:
+        optimizer = optimizer[0]
+    if isinstance(scheduler, (tuple, list)) and len(scheduler) <= 1:
+        scheduler = scheduler[0] if scheduler else None
+    if isinstance(scheduler, dict):
+        scheduler, interval = scheduler.get("scheduler"), scheduler.get("interval", "epoch")
+    if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(scheduler, torch.optim.Optimizer):
+        raise ModelContractError(
+            f"{name} returned {type(got).__name__}, not one optimizer: return an optimizer, (optimizer, "
+            'scheduler), or {"optimizer": ..., "lr_scheduler": ...} (one optimizer: Shardline steps it)'
+        )
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
+    if scheduler is not None and (
+        not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) or isinstance(scheduler, plateau)
+    ):
+        raise ModelContractError(
+            f"{name}: the scheduler is a {type(scheduler).__name__}, not a torch.optim.lr_scheduler.LRScheduler "
+            "(ReduceLROnPlateau, which needs a metric each call, is not supported: use a schedule by step or epoch)"
+        )
+    if scheduler is not None and scheduler.optimizer is not optimizer:
+        raise ModelContractError(f"{name}: the scheduler steps another optimizer than the one returned")
+    if interval not in ("step", "epoch"):
+        raise ModelContractError(f'{name}: lr_scheduler interval {interval!r}: use "step" or "epoch"')
+    return optimizer, scheduler, interval
+
+
 def as_outputs(raw: Any, spec: DataSpec) -> dict[str, torch.Tensor]:
     """A model's return value as {target: tensor}: a dict as it is; a bare tensor when there is one target
     (or none: then it is `{"output": tensor}`, for the model's own loss)."""

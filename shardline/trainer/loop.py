@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from shardline.core.config import TrainingConfig
@@ -38,13 +39,21 @@ from shardline.trainer.checkpoint import (
     save_checkpoint,
 )
 from shardline.trainer.checks import check_inputs, check_same_run, plain
-from shardline.trainer.contract import DataSpec, ModelContractError, check_loss, freeze, load_matching
+from shardline.trainer.contract import (
+    DataSpec,
+    ModelContractError,
+    check_loss,
+    freeze,
+    is_lazy_model,
+    load_matching,
+    materialize,
+)
 from shardline.trainer.data import SplitData, WindowLoader, check_cache_room
 from shardline.trainer.device import pick_device, pick_precision
 from shardline.trainer.distributed import World, all_sum, check_batch_size, from_main, gather_to_main, world
 from shardline.trainer.models import data_spec_of, model_from_spec
 from shardline.trainer.state import Pace, TrainState, rng_state, seed_all, seed_rank, set_rng_state
-from shardline.trainer.step import Step, lr_at, planned_steps
+from shardline.trainer.step import Step, planned_steps
 from shardline.trainer.stops import (  # noqa: F401  (the exit codes: what a script exits with on them)
     ANOTHER_PROCESS,
     BUDGET_EXIT_CODE,
@@ -151,8 +160,8 @@ def fit(
         finished = _finished(found, ckpt_dir, cfg, plan.select_by, run_meta, log)
         if finished is not None:
             return finished
-    model, run_meta = _build_model(plan, cfg, opt, found is None, run_meta, log)
-    step = Step(model, cfg, plan.data, device, plan.precision, ranks, log)
+    model, run_meta = _build_model(plan, cfg, opt, found is None, run_meta, log, train)
+    step = Step(model, cfg, plan.data, device, plan.precision, ranks, plan.total_steps, log)
     loader = _loader(train, cfg, plan)
     _notes(plan, cfg, log)
     state = TrainState()
@@ -176,7 +185,7 @@ def fit(
                 state.start_epoch(epoch)
             loss_sum = torch.tensor(state.train_loss_sum, dtype=torch.float64, device=device)
             t0, windows_done, report_every = time.perf_counter(), 0, max(1, plan.steps_per_epoch // 10)
-            pace, batches, lr = Pace(), iter(loader), lr_at(state.step, cfg, plan.total_steps)
+            pace, batches, lr = Pace(), iter(loader), step.lr(state.step)
             model.train()
             while state.epoch_step < plan.steps_per_epoch:
                 fetch, at = time.perf_counter(), loader.offset  # the global position (DDP: each rank has a share)
@@ -187,8 +196,8 @@ def fit(
                 if not micro:
                     break
                 n_step = sum(len(m) for m in micro) if step.ddp is None else loader.offset - at  # the global batches'
-                lr = lr_at(state.step, cfg, plan.total_steps)
-                step_loss, part = step(micro, n_step, lr, state.step + 1)
+                lr = step.lr(state.step)
+                step_loss, part = step(micro, n_step, state.step + 1)
                 state.step, state.epoch_step = state.step + 1, state.epoch_step + 1
                 state.train_windows, windows_done = state.train_windows + n_step, windows_done + n_step
                 if cb.after_step is not None:
@@ -236,6 +245,7 @@ def fit(
                 entry = _entry(epoch, state, metrics, lr, t0, train_seconds, windows_done, pace)
                 is_best = state.mark(entry, plan.select_by, plan.direction)
             state.epoch_complete = True
+            step.epoch_end()  # the model's own scheduler, when it steps once an epoch: before the epoch's checkpoint
             if cb.on_epoch is not None:
                 cb.on_epoch(epoch, {k: v for k, v in entry.items() if k not in ("epoch", "step")})
             last = saver.save(state, is_best=is_best)
@@ -422,11 +432,16 @@ def _finished(found, ckpt_dir: str, cfg: TrainingConfig, select_by: str, run_met
     )
 
 
-def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool, run_meta: dict, log):
-    """(the model, seeded, with a parent's weights and frozen parameters where asked, on the run's device;
-    run_meta with the parent's account)."""
+def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool, run_meta: dict, log, train):
+    """(the model, seeded, its lazy layers shaped by the first windows, with a parent's weights and frozen
+    parameters where asked, on the run's device; run_meta with the parent's account)."""
     seed_all(cfg.seed)
     model = model_from_spec(plan.spec)
+    if is_lazy_model(model):  # shapes from the first windows of the split, whatever the shuffle
+        first = train.batch(np.arange(min(2, len(train)))).to(plan.device)  # as a step takes it
+        materialize(model, first.cont, first.cat, plan.device)
+        train.release()  # a streamed split's shard, opened for those windows
+        log(f"{type(model).__name__}: lazy layers shaped by a forward of the first batch")
     if not plan.data.targets and getattr(model, "loss", None) is None:
         raise ModelContractError(
             f"{type(model).__name__} has no loss(outputs, cont, cat, targets) and the data has no target "

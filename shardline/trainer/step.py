@@ -1,5 +1,6 @@
-"""The optimizer step: forward, loss and backward of each micro-batch, clipping, the AdamW update; the learning
-rate of each step; and, with several processes (DDP), each rank's weight in the global batch."""
+"""The optimizer step: forward, loss and backward of each micro-batch, clipping, the update (AdamW, or the model's
+own optimizer and schedule: `configure_optimizers`); the learning rate of each step; and, with several processes
+(DDP), each rank's weight in the global batch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import torch
 from torch import nn
 
 from shardline.core.config import TrainingConfig
-from shardline.trainer.contract import DataSpec, as_outputs, batch_targets, check_loss, check_outputs, model_loss
+from shardline.trainer.contract import (
+    DataSpec,
+    as_outputs,
+    batch_targets,
+    check_loss,
+    check_outputs,
+    model_loss,
+    own_optimizer,
+)
 from shardline.trainer.device import autocast, needs_grad_scaler
 from shardline.trainer.distributed import World, rank_bounds
 from shardline.trainer.graphed import GraphedStep, graphs_blocker, match_optimizer, set_lr
@@ -54,13 +63,32 @@ class Step:
     saved, validated and handed back; with several processes the step goes through DDP, whose backward averages
     the ranks' gradients (each rank's loss is weighted so that the average is the gradient of the global batch)."""
 
-    def __init__(self, model: nn.Module, cfg: TrainingConfig, spec: DataSpec, device, precision, ranks: World, log):
+    def __init__(
+        self, model: nn.Module, cfg: TrainingConfig, spec: DataSpec, device, precision, ranks: World, total: int, log
+    ):
         self.model, self.cfg, self.spec, self.device, self.ranks, self.log = model, cfg, spec, device, ranks, log
+        self.total = total  # optimizer steps in the run, for the schedule
         # training.compile: the step's forward compiled; the module itself (its state_dict) is what is saved
         self.forward = torch.compile(model) if cfg.compile else model
-        self.optimizer = make_optimizer(model, cfg, device)
+        # the model's own optimizer and scheduler (configure_optimizers), else AdamW on training.lr's schedule
+        own = own_optimizer(model) if hasattr(model, "configure_optimizers") else None
+        self.optimizer, self.scheduler, self.interval = own or (make_optimizer(model, cfg, device), None, None)
+        # the model's own rates, which training.lr's schedule scales when it brings no scheduler of its own
+        self.base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups] if own else None
+        if own:
+            log(
+                f"{type(model).__name__}.configure_optimizers: {type(self.optimizer).__name__}, "
+                f"{len(self.base_lrs)} parameter group(s), "
+                + (
+                    f"{type(self.scheduler).__name__} every {self.interval}"
+                    if self.scheduler is not None
+                    else "each group's rate on training.lr's schedule (warm-up, decay)"
+                )
+            )
         self.scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
         blocker = graphs_blocker(device, precision, ranks.size) if cfg.cuda_graphs else None
+        if cfg.cuda_graphs and own and blocker is None:
+            blocker = "the model brings its own optimizer (configure_optimizers), which a captured step does not replay"
         self.graphs = cfg.cuda_graphs and blocker is None
         if blocker:
             log(f"note: training.cuda_graphs is set, but every step runs eagerly: {blocker}")
@@ -75,6 +103,7 @@ class Step:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
+            **({"scheduler": self.scheduler.state_dict()} if self.scheduler is not None else {}),
         }
 
     def load_state_dict(self, ckpt: dict) -> None:
@@ -82,6 +111,31 @@ class Step:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.scaler.is_enabled() and ckpt["scaler"]:
             self.scaler.load_state_dict(ckpt["scaler"])
+        if self.scheduler is not None and ckpt.get("scheduler") is not None:
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+
+    def lr(self, number: int) -> float:
+        """The learning rate of optimizer step `number` (0-based), the first parameter group's: training.lr's
+        schedule; the model's own rates on that schedule; or what the model's own scheduler set."""
+        if self.scheduler is not None:
+            return float(self.optimizer.param_groups[0]["lr"])
+        scheduled = lr_at(number, self.cfg, self.total)
+        return scheduled if self.base_lrs is None else self.base_lrs[0] * scheduled / self.cfg.lr
+
+    def _set_lr(self, number: int) -> None:
+        if self.scheduler is not None:  # the model's own scheduler sets the rates
+            return
+        scheduled = lr_at(number, self.cfg, self.total)
+        if self.base_lrs is None:
+            set_lr(self.optimizer, scheduled)
+        else:
+            for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+                group["lr"] = base * scheduled / self.cfg.lr
+
+    def epoch_end(self) -> None:
+        """The model's own scheduler, stepped once an epoch (`interval: epoch`, Lightning's default)."""
+        if self.scheduler is not None and self.interval == "epoch":
+            self.scheduler.step()
 
     def start(self, fresh: bool) -> None:
         """After any `load_state_dict`: the optimizer in the form this run steps it, DDP, the captured step."""
@@ -115,16 +169,18 @@ class Step:
         real = [hi - lo for lo, hi in (rank_bounds(k, self.ranks.rank, size) for k in ks)]
         return real, [r * size / k for r, k in zip(real, ks)]
 
-    def __call__(self, micro: list, n_step: int, lr: float, number: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Optimizer step `number` on `micro` (its global batches hold `n_step` windows): (the step's loss, the
-        global batch's mean; this process's part of the epoch's loss sum), on the device."""
+    def __call__(self, micro: list, n_step: int, number: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Optimizer step `number` (1-based) on `micro` (its global batches hold `n_step` windows): (the step's
+        loss, the global batch's mean; this process's part of the epoch's loss sum), on the device."""
         self.number = number
-        set_lr(self.optimizer, lr)
+        self._set_lr(number - 1)
         if self.graphed is not None and self.graphed.takes(micro):
             out = self.graphed(micro)
         else:
             out = self.run(micro, *self.shares(micro, n_step), n_step)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None and self.interval == "step":
+            self.scheduler.step()
         return out
 
     def run(self, micro: list, real: list[int], weight: list[float], n_step: int) -> tuple[torch.Tensor, torch.Tensor]:
