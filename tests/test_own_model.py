@@ -127,3 +127,26 @@ def test_what_a_lazy_layer_or_configure_optimizers_gets_wrong_is_said_before_the
         own_optimizer(_Tiny(lambda m: {"optimizer": sgd, "lr_scheduler": {"scheduler": step, "interval": "step"}}))[2]
         == "step"
     )
+
+
+def test_the_packages_a_model_imports_are_found_in_its_source_and_a_bare_requirement_is_refused(tmp_path):
+    from shardline.core.config import ConfigError, validate_config
+    from shardline.core.version import user_packages
+    from tests.conftest import tiny_config
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "net.py").write_text(
+        "import os\nimport numpy as np\nfrom einops import rearrange\nfrom models.parts import block\n"
+        "from . import parts\nimport shardline\n\n\ndef f():\n    import mamba_ssm.modules\n"
+    )
+    (tmp_path / "models" / "parts.py").write_text("import json\nimport roman\n\nblock = 1\n")
+    found = user_packages("models.net:Net", str(tmp_path))
+    assert found == {"numpy", "einops", "mamba_ssm", "roman"}  # not os, json, the user's own, nor shardline
+
+    cfg = tiny_config(str(tmp_path / "*.parquet"), str(tmp_path / "store"))
+    for bad, said in (("roman", r"'roman' names no version: pin it \('roman==X.Y'\)"), ("x y z", "not a pip")):
+        with pytest.raises(ConfigError, match=said):
+            validate_config({**cfg, "model": {**cfg["model"], "requirements": [bad]}})
+    good = validate_config({**cfg, "model": {**cfg["model"], "requirements": ["roman==5.2", "einops>=0.8"]}})
+    assert good.model.requirements == ["roman==5.2", "einops>=0.8"]

@@ -99,3 +99,99 @@ def test_a_bad_entrypoint_is_refused_before_any_work_with_exit_code_2(tmp_path, 
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
         assert expect in out.stderr and "model.entrypoint" in out.stderr
     assert not root.exists()  # nothing was started, nothing written
+
+
+ROMAN_HELPERS = """
+import roman  # a package of PyPI's the user installed
+
+
+def embedding_width(cardinality):
+    return roman.fromRoman("IV")
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.e2e
+def test_a_model_importing_a_pypi_package_registers_it_pinned_and_mlflow_models_serve_answers_raw_rows(
+    tmp_path, prefect_api
+):
+    """The user's model imports `roman`, installed from PyPI for the test (beside the environment, on
+    PYTHONPATH): the registered model's requirements name it at the version installed, and MLflow's own scoring
+    server (`mlflow models serve`) loads the model and answers raw rows over HTTP."""
+    import os
+    import time
+    import urllib.request
+    from importlib.metadata import version
+
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps"]
+    got = subprocess.run([*pip, "--target", str(site), "roman==5.2"], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    make_raw(tmp_path / "raw", n_seq=15, rows=80)
+    root = tmp_path / "store"
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root), **{"training.epochs": 1})
+    config = write_project(tmp_path / "my-repo", cfg, helpers=ROMAN_HELPERS)
+    env = {**api_env(), "PYTHONPATH": str(site)}
+    run = subprocess.run(
+        [str(BIN), "run", str(config)], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    import mlflow
+
+    from shardline.core.tracking.tracker import fluent_tracking_uri
+
+    tracking = f"sqlite:///{root}/mlflow.db"
+    with fluent_tracking_uri(tracking):
+        lines = Path(mlflow.pyfunc.get_model_dependencies("models:/tiny-model/1")).read_text().split()
+    assert "roman==5.2" in lines, lines
+    assert f"torch=={version('torch').split('+')[0]}" in lines and all("==" in line for line in lines), lines
+    assert not any(line.lower().startswith(("shardline", "models")) for line in lines), lines
+
+    port = free_port()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    bin_dir = Path(sys.executable).parent  # the server runs `uvicorn` from the environment's bin
+    serve_env = {
+        **os.environ, "MLFLOW_TRACKING_URI": tracking, "PYTHONPATH": str(site),
+        "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+    }  # fmt: skip
+    mlflow_bin = bin_dir / "mlflow"
+    serve = [str(mlflow_bin), "models", "serve", "-m", "models:/tiny-model/1", "--env-manager", "local"]
+    server = subprocess.Popen(
+        [*serve, "--host", "127.0.0.1", "--port", str(port)], cwd=elsewhere, env=serve_env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-3000:]
+            time.sleep(0.5)
+        raw = sorted((tmp_path / "raw").glob("*.parquet"))[0]
+        rows = pl.read_parquet(raw)
+        body = json.dumps({"dataframe_split": rows.drop("label").to_pandas().to_dict(orient="split")}, default=str)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations", body.encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as r:
+            answer = json.loads(r.read())
+    finally:
+        server.terminate()
+        server.wait(30)
+    predictions = answer["predictions"]
+    assert len(predictions) == rows.height - 3 * 3  # one per window: 3 sequences of 80 rows, K=3
+    assert set(predictions[0]) == {"seq", "t", "prediction", "probability"}
+    assert {p["prediction"] for p in predictions} <= set(rows["label"].unique())

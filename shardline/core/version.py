@@ -79,6 +79,17 @@ def user_code(entrypoint: str, code_dir: str | None) -> dict[str, Path]:
     return _closure(entrypoint.partition(":")[0], root, None)
 
 
+def user_packages(entrypoint: str, code_dir: str | None) -> set[str]:
+    """The top-level modules the user's model code imports that are neither the user's own (under `code_dir`),
+    the standard library's, nor Shardline: the third-party packages a registered model must install."""
+    import sys
+
+    code = user_code(entrypoint, code_dir)
+    own = {name.partition(".")[0] for name in code}
+    found = {name.partition(".")[0] for module, path in code.items() for name in imports_of(path, module)}
+    return {n for n in found if n and n not in own and n not in sys.stdlib_module_names and n != "shardline"}
+
+
 def user_code_version(entrypoint: str, code_dir: str | None) -> str:
     """A hash of the user's model code (`user_code`): an edit to any of those files changes it."""
     root = Path(code_dir or Path.cwd()).resolve()

@@ -33,7 +33,7 @@ from shardline.trainer.progress import BAR_SECONDS, DataWaitWatch, TerminalProgr
 def model_identity(model: ModelConfig) -> dict:
     """What decides the model that is trained: its settings and, for the user's own model, the version of
     its code (the entrypoint's module and every module of the user's it imports), not where that code sits."""
-    identity = model.model_dump(mode="json", exclude={"code_dir"})
+    identity = model.model_dump(mode="json", exclude={"code_dir", "requirements"})
     if model.entrypoint:
         identity["code_version"] = user_code_version(model.entrypoint, model.code_dir)
     return identity

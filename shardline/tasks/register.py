@@ -17,7 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
 from shardline.core import storage
-from shardline.core.config import PipelineConfig, metric_key
+from shardline.core.config import ModelConfig, PipelineConfig, metric_key
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.metrics import report as R
 from shardline.core.secrets import redact_text
@@ -30,7 +30,7 @@ from shardline.core.tracking.tracker import (
     tracking_uri,
     ui_command,
 )
-from shardline.core.version import code_version, user_code, user_code_version
+from shardline.core.version import code_version, user_code, user_code_version, user_packages
 from shardline.runs import links
 from shardline.runs.gate import better, champion_gate, reevaluate_champion
 from shardline.runs.result import EvalResult, Registered, TrainResult
@@ -50,14 +50,34 @@ from shardline.trainer.serving import (
 PYFUNC_CODE = Path(importlib.util.find_spec("shardline.runs.pyfunc_model").origin)  # found, not imported
 
 
-def _requirements() -> list[str]:
-    """The packages the registered model imports, pinned to the versions it was trained with. Shardline
-    itself is not among them (a bare `shardline` could resolve to someone else's package): its code
-    travels inside the model (`_code_paths`)."""
-    from importlib.metadata import version
+def _requirements(model: ModelConfig, log=None) -> list[str]:
+    """The packages the registered model imports, pinned to the versions it was trained with: Shardline's, every
+    third-party package the user's model code imports (found in its source, mapped to the distribution installed
+    here), and `model.requirements`. Shardline itself is not among them (a bare `shardline` could resolve to
+    someone else's package): its code and the user's travel inside the model (`_code_paths`)."""
+    from importlib.metadata import packages_distributions, version
 
-    packages = ("torch", "polars", "pyarrow", "numpy", "pandas", "pydantic", "pyyaml", "fsspec", "mlflow")
-    return [f"{pkg}=={version(pkg).split('+')[0]}" for pkg in packages]
+    from packaging.utils import canonicalize_name
+
+    packages = ["torch", "polars", "pyarrow", "numpy", "pandas", "pydantic", "pyyaml", "fsspec", "mlflow"]
+    if model.entrypoint:
+        provided = packages_distributions()
+        for name in sorted(user_packages(model.entrypoint, model.code_dir)):
+            dists = provided.get(name)
+            if dists:
+                packages.extend(dists)
+            elif log is not None:  # importable when it trained, but no installed distribution provides it
+                log.warning(
+                    "register: the model's code imports %s, which no installed package provides: the registered "
+                    "model does not install it (name it in model.requirements, pinned)",
+                    name,
+                )
+    pinned = {canonicalize_name(p): f"{p}=={version(p).split('+')[0]}" for p in packages}
+    for line in model.requirements:  # the user's own, as written (checked: each names a version)
+        from packaging.requirements import Requirement
+
+        pinned[canonicalize_name(Requirement(line).name)] = line
+    return list(pinned.values())
 
 
 SHARDLINE_PACKAGE = Path(__file__).resolve().parents[1]
@@ -306,7 +326,7 @@ def _register_model(
                 | text_artifacts(manifest, manifest_uri, tmp),
                 signature=signature,
                 input_example=sample,
-                pip_requirements=_requirements(),
+                pip_requirements=_requirements(config.model, get_run_logger()),
                 code_paths=_code_paths(config, tmp / "code"),
                 tags=tags,
             )

@@ -65,7 +65,9 @@ def model_spec_for(cfg: ModelConfig | dict, data: DataSpec) -> dict:
     """The JSON description of a model (checkpoints store it): `model_from_spec(model_spec_for(...))` builds it."""
     cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.model_validate(cfg)
     _check_shape(data, builtin=not cfg.entrypoint)
-    return {"version": SPEC_VERSION, "model": cfg.model_dump(mode="json"), "data": data.to_dict()}
+    # model.requirements says what the registered model installs, not what is trained: not part of the spec
+    model = cfg.model_dump(mode="json", exclude={"requirements"})
+    return {"version": SPEC_VERSION, "model": model, "data": data.to_dict()}
 
 
 def model_spec(cfg: ModelConfig | dict, n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int) -> dict:

@@ -41,6 +41,12 @@ class ModelConfig(Strict):
         description="the folder the entrypoint's module is imported from (default: the config file's folder; "
         "the working directory is searched too)",
     )
+    requirements: list[str] = Field(
+        default_factory=list,
+        description="pip requirements of your model beyond the packages its code imports (found and pinned at "
+        "registration), each with a version: 'name==1.2' (a package imported by name at run time, say); a bare name "
+        "is refused (it could resolve to someone else's package)",
+    )
     family: Literal["mlp", "transformer", "gpt"] = Field(
         "mlp",
         description="mlp, transformer (windows of frames) or gpt (a decoder-only language model over one token column)",
@@ -55,6 +61,18 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
+        for line in self.requirements:
+            from packaging.requirements import InvalidRequirement, Requirement
+
+            try:
+                req = Requirement(line)
+            except InvalidRequirement as e:
+                raise ValueError(f"model.requirements: {line!r} is not a pip requirement ({e})") from None
+            if not (req.specifier or req.url):
+                raise ValueError(
+                    f"model.requirements: {line!r} names no version: pin it ('{req.name}==X.Y'), a bare name could "
+                    "resolve to someone else's package"
+                )
         if self.entrypoint is not None:
             module, sep, attr = self.entrypoint.partition(":")
             if not (sep and module and attr) or " " in self.entrypoint:
