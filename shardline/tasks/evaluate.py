@@ -356,10 +356,13 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
     test split (a test split's class probabilities are windows x classes floats)."""
     from shardline.trainer.data import open_split
     from shardline.trainer.inference import load_model, predict_batches, window_keys_of
+    from shardline.trainer.models import model_spec_for
+    from shardline.trainer.serving import data_spec
 
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     spec = manifest.encoding
-    model = load_model(train_result.best_checkpoint)
+    # the model the config describes, with the checkpoint's weights: never the code a checkpoint names
+    model = load_model(train_result.best_checkpoint, model_spec_for(config.model, data_spec(spec)))
     test = open_split(manifest, manifest_uri, "test")
     out_dir.mkdir(parents=True, exist_ok=True)
     # epochs counted from 1, as the logs and MLflow's epoch/* steps count them; the selected one marked

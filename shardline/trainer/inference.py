@@ -75,15 +75,32 @@ def window_keys_of(data: SplitData, idx: np.ndarray) -> dict[str, np.ndarray]:
     return {"shard": shard.astype(np.int64), "segment": segment, "row": row, "order": order}
 
 
-def load_model(checkpoint_uri: str) -> nn.Module:
-    """The model of a checkpoint (a .pt URI, or a checkpoint folder: its best), rebuilt from its spec, in eval mode."""
+def load_model(checkpoint_uri: str, spec: dict | None = None) -> nn.Module:
+    """The model `spec` describes (the pipeline builds it from its config, never from what storage says: a
+    checkpoint names a model entrypoint and a code folder, which would decide what code is imported), with the
+    weights of a checkpoint (a .pt URI, or a checkpoint folder: its best) whose own spec must be the same; in
+    eval mode. `spec` None: the checkpoint's own, only for a checkpoint the caller wrote itself (a test)."""
     if not checkpoint_uri.endswith(".pt"):
         found = best_checkpoint(checkpoint_uri) or latest_checkpoint(checkpoint_uri)
         if found is None:
             raise FileNotFoundError(f"no complete checkpoint in {checkpoint_uri}")
         checkpoint_uri = found[0]
     ckpt = load_checkpoint(checkpoint_uri)
-    model = model_from_spec(ckpt["model_spec"])
+    saved = ckpt.get("model_spec")
+    spec = saved if spec is None else spec
+
+    def where_from_aside(s: dict | None) -> dict | None:  # the folder code is imported from is the config's
+        return s and {**s, "model": {k: v for k, v in s.get("model", {}).items() if k != "code_dir"}}
+
+    if where_from_aside(saved) != where_from_aside(spec):
+        said = {k: (saved or {}).get("model", {}).get(k) for k in ("entrypoint", "code_dir", "family")}
+        want = {k: spec.get("model", {}).get(k) for k in ("entrypoint", "code_dir", "family")}
+        raise ValueError(
+            f"{checkpoint_uri} was saved for another model than the config describes (the checkpoint: {said}; the "
+            f"config: {want}{'' if said != want else '; their settings or data differ'}): its weights are not "
+            "loaded and nothing it names is imported. Train this config again (shardline run CONFIG --force train)"
+        )
+    model = model_from_spec(spec)
     model.load_state_dict(ckpt["model"])
     return model.eval()
 

@@ -1,0 +1,40 @@
+"""A shared storage root a team can trust (issue #43): what anyone with write access to it plants there does
+not decide what code runs."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from shardline.core.config import ModelConfig
+from shardline.trainer.checkpoint import save_checkpoint
+from shardline.trainer.inference import load_model
+from shardline.trainer.models import model_from_spec, model_spec
+
+
+def test_a_checkpoint_rewritten_to_name_other_code_is_refused_and_nothing_it_names_is_imported(tmp_path):
+    """A run's .pt rewritten with another model entrypoint and code folder (tensors and plain values only, so
+    weights_only loading accepts it, and its sidecar's checksum fixed up by the save): evaluation builds the
+    model its config describes and refuses the checkpoint, naming both; the planted module is never imported."""
+    spec = model_spec(ModelConfig(hidden=8, layers=1), 2, [4], 3, 3)
+    model = model_from_spec(spec)
+    planted = tmp_path / "planted" / "evil_model"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "it-ran"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n\ndef Net(spec):\n    pass\n")
+    bad = {**spec, "model": {**spec["model"], "entrypoint": "evil_model:Net", "code_dir": str(planted.parent)}}
+    uri = save_checkpoint(str(tmp_path / "ck"), 1, {"model": model.state_dict(), "model_spec": bad}, {}, True, 2)
+    with pytest.raises(ValueError, match=r"saved for another model than the config describes .*evil_model:Net"):
+        load_model(uri, spec)
+    assert not marker.exists() and "evil_model" not in sys.modules
+
+    # the checkpoint's code folder is not the config's (the project moved): the config's is used, the weights load
+    moved = {**spec, "model": {**spec["model"], "code_dir": str(tmp_path / "old-place")}}
+    uri = save_checkpoint(str(tmp_path / "moved"), 1, {"model": model.state_dict(), "model_spec": moved}, {}, True, 2)
+    assert load_model(uri, spec).shardline_spec == spec
+    # the same weights under the config's own spec load as that model
+    good = save_checkpoint(str(tmp_path / "ok"), 1, {"model": model.state_dict(), "model_spec": spec}, {}, True, 2)
+    loaded = load_model(good, spec)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
