@@ -53,6 +53,20 @@ def test_where_or_how_fast_it_trained_registers_no_new_version(base, prefect_api
     assert third["registered"]["version"] == 1 and third["registered"].get("already_registered")
     assert len(client.search_model_versions(f"name='{cfg['mlflow']['model_name']}'")) == 1
 
+    # a run SIGKILLed between register_model and the alias leaves version 1 registered without the gate's
+    # decision (its state is made here: the gate's tag and the alias gone): the next run gates that version,
+    # and a champion is there again, with no second version
+    name = cfg["mlflow"]["model_name"]
+    client.delete_registered_model_alias(name, "champion")
+    client.delete_model_version_tag(name, "1", "shardline.gate")
+    for record in (tmp_path / "store" / "prefect-results").glob("register-*"):
+        record.unlink()
+    fourth = run(cfg)
+    assert fourth["registered"]["version"] == 1 and fourth["registered"]["alias"] == "champion"
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
+    assert json.loads(client.get_model_version(name, "1").tags["shardline.gate"])["decision"] == "champion"
+    assert len(client.search_model_versions(f"name='{name}'")) == 1
+
 
 def test_every_champion_move_is_recorded_on_the_versions(base, prefect_api):
     tmp_path, cfg = base

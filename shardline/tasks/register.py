@@ -259,6 +259,16 @@ def _register_model(
     new_value = float(eval_result.metrics[metric_name])
     identity = registration_identity(config, manifest, train_result)
     same = existing_version(client, config.mlflow.model_name, identity)
+    same_ids = (str(same.version), same.run_id) if same is not None else None
+    if same is not None and "shardline.gate" not in (same.tags or {}):
+        # registered by a run killed before its gate decided (after register_model, before the alias): gated now
+        logging.getLogger("shardline.register").warning(
+            "register: %s version %s is this model, registered by a run that stopped before the champion gate "
+            "decided: gating it now",
+            config.mlflow.model_name,
+            same.version,
+        )
+        return _gate(config, manifest, snapshot, train_result, eval_result, tracker, metric_name, new_value, *same_ids)
     if same is not None:  # the same model, registered before (only where or how fast it trained changed)
         aliases = list(client.get_model_version(config.mlflow.model_name, same.version).aliases or [])
         logging.getLogger("shardline.register").warning(
@@ -331,11 +341,30 @@ def _register_model(
                 tags=tags,
             )
         version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
+    return _gate(
+        config, manifest, snapshot, train_result, eval_result, tracker, metric_name, new_value, version.version, run_id
+    )
+
+
+def _gate(
+    config: PipelineConfig,
+    manifest: Manifest,
+    snapshot: Snapshot,
+    train_result: TrainResult,
+    eval_result: EvalResult,
+    tracker: Tracker,
+    metric_name: str,
+    new_value: float,
+    version: str,
+    run_id: str,
+) -> Registered:
+    """The champion gate on registered `version`: compare it with the champion (re-scored on this test split when
+    it was tested on other data), record the decision on the version, move the alias."""
+    client, spec = tracker.client, manifest.encoding
     for k, v in eval_result.metrics.items():  # for reading: the gate reads the run's full-precision metric
-        tag = f"metric.{metric_key(k)}"
-        client.set_model_version_tag(config.mlflow.model_name, version.version, tag, R.format_number(v))
+        client.set_model_version_tag(config.mlflow.model_name, version, f"metric.{metric_key(k)}", R.format_number(v))
     for k, v in cost_tags(train_result.cost).items():  # what training it cost, for reading (an estimate)
-        client.set_model_version_tag(config.mlflow.model_name, version.version, k, v)
+        client.set_model_version_tag(config.mlflow.model_name, version, k, v)
     promote, previous = champion_gate(
         client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
     )
@@ -365,13 +394,13 @@ def _register_model(
         else:
             promote = better(compared["candidate_value"], compared["champion_value"], config.mlflow.promotion_direction)
     alias = "champion" if promote else "challenger"
-    describe(client, name, version.version, run_id, config, train_result, eval_result, alias, previous, tracker.uri)
+    describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, tracker.uri)
     import datetime as dt
 
     record = {
         "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "by": _who(),
-        "version": str(version.version),
+        "version": str(version),
         "metric": metric_name,
         "direction": config.mlflow.promotion_direction,
         "value": new_value,
@@ -381,24 +410,24 @@ def _register_model(
         "decision": alias,
     }
     # what the gate compared, on the version; an alias move also on the version it moved from
-    client.set_model_version_tag(name, version.version, "shardline.gate", json.dumps(record))
-    client.set_registered_model_alias(name, alias, version.version)
+    client.set_model_version_tag(name, version, "shardline.gate", json.dumps(record))
+    client.set_registered_model_alias(name, alias, version)
     if promote:
-        client.set_model_version_tag(name, version.version, "shardline.alias.champion.from", json.dumps(record))
+        client.set_model_version_tag(name, version, "shardline.alias.champion.from", json.dumps(record))
         if previous:
             client.set_model_version_tag(
                 name,
                 previous["version"],
                 "shardline.alias.champion.to",
-                json.dumps({"at": record["at"], "by": record["by"], "version": str(version.version)}),
+                json.dumps({"at": record["at"], "by": record["by"], "version": str(version)}),
             )
     return Registered(
-        **ui_pages(client, tracker.uri, run_id, name, version.version),
+        **ui_pages(client, tracker.uri, run_id, name, version),
         model_name=config.mlflow.model_name,
-        version=int(version.version),
+        version=int(version),
         alias=alias,
         previous_champion=previous,
-        model_uri=f"models:/{config.mlflow.model_name}/{version.version}",
+        model_uri=f"models:/{config.mlflow.model_name}/{version}",
         run_id=run_id,
         tracking_uri=redact_text(tracker.uri),
         promotion_metric=metric_name,
