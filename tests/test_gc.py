@@ -8,6 +8,7 @@ B's run and data set are referenced by nothing. The tests run in file order; the
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 from shardline.app.cli import app
 from shardline.app.gc import Item, deletion_order, plan_gc
+from shardline.core import storage
 from shardline.core.config import validate_config
 from shardline.core.tracking.tracker import fluent_tracking_uri
 from tests.conftest import make_raw, tiny_config
@@ -80,6 +82,16 @@ def store(tmp_path_factory, prefect_api):
         age(root / area, 4 * DAY)
     for path, days in ((runs[0], 3), (data_a, 3), (runs[1], 2), (data_b, 2), (runs[2], 1)):
         age(path, days * DAY)
+    # someone else's folders under datasets/ and runs/ (a folder of photos, notes, raw parquet kept there): old,
+    # referenced by nothing, and never Shardline's to delete
+    foreign = [root / "datasets" / "holiday-photos", root / "runs" / "notes", root / "datasets" / "groups" / "raw-c"]
+    for folder in foreign:
+        folder.mkdir(parents=True)
+    (foreign[0] / "beach.jpg").write_bytes(b"\xff\xd8 a photo")
+    (foreign[1] / "todo.txt").write_text("compare the two runs")
+    shutil.copy(sorted((tmp / "raw-a").glob("*.parquet"))[0], foreign[2] / "s-000.parquet")
+    for folder in foreign:
+        age(folder, 4 * DAY)
     uri = first["registered"]["tracking_uri"]
     MlflowClient(uri).delete_registered_model("gc-other")  # B retired: nothing refers to its run and data
     (tmp / "a.yaml").write_text(yaml.safe_dump(a))
@@ -100,6 +112,7 @@ def store(tmp_path_factory, prefect_api):
         # at a model version: neither is B's data set or run)
         b_records={n for n in b_records if not n.startswith(("ingest-", "register-"))},
         third=third,
+        foreign=foreign,
     )
 
 
@@ -206,6 +219,33 @@ def test_what_is_in_use_is_kept(store):
 
 
 @pytest.mark.e2e
+def test_gc_leaves_what_it_did_not_write_and_knows_the_root_however_it_is_spelled(store):
+    """A folder under datasets/ or runs/ holding no manifest, group record, shards, checkpoint or result is listed as
+    left alone, never planned for deletion; the root spelled file://, with `..` or with `//` plans the very same
+    deletions (compared as real paths), and the raw data stays out of them."""
+    plain = planned(store)
+    assert plain and not any(
+        k.startswith(("datasets/holiday-photos", "runs/notes", "datasets/groups/raw-c")) for k in plain
+    )
+    left = {
+        i.uri.rsplit("/", 1)[-1] for i in plan_gc(validate_config(store.a), keep=1).keep if "not Shardline's" in i.why
+    }
+    assert left == {"holiday-photos", "notes", "raw-c"}
+    parent = store.root.parent
+    for spelled in (f"file://{store.root}", f"{parent}/../{parent.name}/store", f"{parent}//store/"):
+        cfg = {**store.a, "storage": {**store.a["storage"], "root": spelled}}
+        plan = plan_gc(validate_config(cfg), keep=1)
+        deleted = {os.path.realpath(storage.local_path(i.uri)) for i in plan.delete}
+        assert deleted == {str(store.root / k) for k in plain}, spelled
+    # the raw data under the root, spelled another way than the root: refused even if a plan named it
+    from shardline.app.gc import GcError, Item, _check_inside
+
+    raw = store.foreign[2] / "s-000.parquet"
+    sneaky = Item("file group", f"file://{store.root}/datasets/groups/raw-c", [(f"file://{raw}", 1, None)], 0.0)
+    with pytest.raises(GcError, match="it is raw data"):
+        _check_inside(f"{parent}//store", f"{parent}/../{parent.name}/store/datasets/groups/raw-c/*.parquet", [sneaky])
+
+
 def test_gc_deletes_them_and_the_champion_still_serves(store):
     import mlflow
 
@@ -231,6 +271,8 @@ def test_gc_deletes_them_and_the_champion_still_serves(store):
         == kept_before
     )
     assert (store.root / "mlflow.db").exists()
+    assert all(folder.exists() and any(folder.iterdir()) for folder in store.foreign)  # someone else's: untouched
+    assert "holiday-photos" in out.out and "not Shardline's" in out.out
     assert planned(store) == {}  # nothing left to delete
 
     # the champion still loads from the registry and predicts raw rows

@@ -31,6 +31,9 @@ written to since it was planned is kept.
 from __future__ import annotations
 
 import datetime as dt
+import os
+import posixpath
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,9 +165,18 @@ def plan_gc(
     now = time.time() if now is None else now
     notes: list[str] = []
     locate = Locator(root)
-    datasets = {i.name: _dataset(i) for i in _folders(layout.datasets(root), "data set", now) if i.name != GROUPS}
-    groups = {i.name: i for i in _folders(layout.group_store(root), "file group", now)}
-    runs = {i.name: _run(i) for i in _folders(layout.runs(root), "run", now)}
+    found = [
+        *(i for i in _folders(layout.datasets(root), "data set", now) if i.name != GROUPS),
+        *_folders(layout.group_store(root), "file group", now),
+        *_folders(layout.runs(root), "run", now),
+    ]
+    foreign = [i for i in found if not _is_ours(i)]  # a folder of someone else's under datasets/ or runs/
+    for item in foreign:
+        item.why = "not Shardline's (no manifest, group record, shards, checkpoint or result in it): left alone"
+    ours = [i for i in found if i not in foreign]
+    datasets = {i.name: _dataset(i) for i in ours if i.kind == "data set"}
+    groups = {i.name: i for i in ours if i.kind == "file group"}
+    runs = {i.name: _run(i) for i in ours if i.kind == "run"}
     records = _records(layout.results(root), now)
 
     log("reading the model registry ...")
@@ -232,7 +244,7 @@ def plan_gc(
                 kept_runs[where[1]] = f"kept run {name} was fine-tuned from it"
                 todo.append(where[1])
 
-    keep_items, delete_items = [], []
+    keep_items, delete_items = list(foreign), []
     for name, run in runs.items():
         if name in kept_runs:
             run.item.why = kept_runs[name]
@@ -300,17 +312,43 @@ def plan_gc(
     return Plan(root, delete_items, keep_items, unreadable, notes)
 
 
+def _real(uri: str) -> str:
+    """`uri` as one spelling: a local path resolved (file://, `..`, `//` and links), an object store's key
+    normalised; so a root and a data source spelled two ways are compared as the places they are."""
+    if storage.is_remote(uri):
+        scheme, _, path = uri.partition("://")
+        return f"{scheme}://{posixpath.normpath('/' + path).lstrip('/')}"
+    return os.path.realpath(storage.local_path(uri))
+
+
 def _check_inside(root: str, source: str, items: list[Item]) -> None:
-    """Our own invariant, checked before anything goes: only files under datasets/, runs/ and prefect-results/ of
-    the root, and none of the raw data."""
-    prefixes = [storage.join(root, area) + "/" for area in AREAS]
-    raw = _source_base(source).rstrip("/")
+    """Our own invariant, checked before anything goes, on the real places (whatever spelling of the root or the
+    data source): only files under datasets/, runs/ and prefect-results/ of the root, none of the raw data."""
+    prefixes = [_real(storage.join(root, area)).rstrip("/") + "/" for area in AREAS]
+    base = _source_base(source).rstrip("/")
+    raw = _real(base).rstrip("/") if base else ""
     for item in items:
         for uri, _, _ in item.files:
-            if not any(uri.startswith(p) for p in prefixes):
+            real = _real(uri)
+            if not any(real.startswith(p) for p in prefixes):
                 raise GcError(f"refusing to delete {uri}: it is not under {', '.join(prefixes)}")
-            if raw and (uri.startswith(raw + "/") or uri == raw):
+            if raw and (real.startswith(raw + "/") or real == raw):
                 raise GcError(f"refusing to delete {uri}: it is raw data (data.source {source})")
+
+
+# what only Shardline writes in each kind of folder: a folder without one is someone else's, left alone
+_OURS = {
+    "run": re.compile(
+        r"^(result\.json|cost\.json|mlflow-run\.json|lease/gen-\d+\.json|checkpoints/ckpt-\d+\.(pt|json))$"
+    ),
+    "data set": re.compile(r"^manifest(-[0-9a-f]+)?\.json$"),
+    "file group": re.compile(r"^(group\.json|[\w-]+\.(bin(\.\w+)?|keys\.parquet))$"),
+}
+
+
+def _is_ours(item: Item) -> bool:
+    """Whether Shardline wrote the folder: it holds a manifest, a group record or shards, a checkpoint, a result."""
+    return any(_OURS[item.kind].match(uri[len(item.uri) + 1 :]) for uri, _, _ in item.files)
 
 
 # ---------------------------------------------------------------- deleting
