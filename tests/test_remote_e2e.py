@@ -328,10 +328,12 @@ def test_planted_secrets_never_leave_the_process_on_the_cluster(cluster):
     task runs with their parameters and states, logs, artifacts), every object under the storage root,
     the MLflow store and the workers' output are searched for it. Job variables themselves go to the
     worker (that is how its process gets them), so that one field is left out of the search."""
-    secret, marker = "PLANTED-CLUSTER-SECRET-5151", "PUBLIC-CLUSTER-MARKER-77"
+    secret, label, marker = "PLANTED-CLUSTER-SECRET-5151", "PLANTED-RUN-LABEL-6262", "public-cluster-marker-77"
     config = write_config(cluster, "store-s", **{"training.epochs": 1})
     cfg = yaml.safe_load(config.read_text())
-    cfg["compute"]["job_variables"] = {"env": {"PLANTED_API_TOKEN": secret, "RUN_LABEL": marker}}
+    cfg["name"] = marker  # a public value of the config's
+    # every value of the job's environment is a secret, whatever its name says
+    cfg["compute"]["job_variables"] = {"env": {"PLANTED_API_TOKEN": secret, "RUN_LABEL": label}}
     config.write_text(yaml.safe_dump(cfg))
     result = run_pipeline(cluster, config)
     ids = [r["id"] for r in result["new"]]
@@ -345,8 +347,8 @@ def test_planted_secrets_never_leave_the_process_on_the_cluster(cluster):
     places["MLflow store"] = (cluster.base / "store-s-mlflow.db").read_bytes().decode("latin-1")
     for log in cluster.logs.glob("*.log"):
         places[log.name] = log.read_text(errors="replace")
-    assert [where for where, text in places.items() if secret in text] == []
-    # the search reaches what the run wrote: the job's public variable is in the training run's parameters
+    assert [where for where, text in places.items() if secret in text or label in text] == []
+    # the search reaches what the run wrote: the config's public name is in the training run's parameters
     assert marker in places["Prefect API"]
     assert any(where.startswith("s3://") and "/runs/" in where for where in places)
 

@@ -19,9 +19,11 @@ from tests.mlflow_server import MlflowServer
 
 BIN = Path(sys.executable).parent
 
+JOB_ENV = ("DB_PASS", "WANDB_KEY", "PGPASSWORD", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING", "OPENAI_KEY")
 SECRETS = {
     "url": "PLANTED-URL-PASSWORD-4711",
     "jobvar": "PLANTED-JOBVAR-SECRET-0099",
+    **{n: f"PLANTED-{n.replace('_', '-')}-{i:04d}" for i, n in enumerate((*JOB_ENV, "GITHUB_PAT", "RUN_LABEL"))},
     "env": "PLANTED-ENV-SECRET-KEY-0042",
 }
 
@@ -38,14 +40,30 @@ def test_secrets_are_found_by_name_and_place_not_by_equal_text(monkeypatch):
     assert redact_text("MLFLOW_TRACKING_PASSWORD=hunter2 AWS_REGION=eu-west-1") == (
         "MLFLOW_TRACKING_PASSWORD=*** AWS_REGION=eu-west-1"
     )
-    # by whole words of the name: max_tokens and tokenizer are settings, not secrets
+    # by whole words of the name: max_tokens, tokenizer and sequence_key are settings, not secrets; every value
+    # of a job's environment is one, whatever its name
     assert redact(
-        {"env": {"AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "eu"}, "max_tokens": 512, "tokenizer": "bpe"}
+        {"env": {"AWS_SECRET_ACCESS_KEY": "x", "RUN_LABEL": "eu"}, "max_tokens": 512, "tokenizer": "bpe"}
+        | {"sequence_key": "game_id", "cache_key": "k"}
     ) == {
-        "env": {"AWS_SECRET_ACCESS_KEY": "***", "AWS_REGION": "eu"},
+        "env": {"AWS_SECRET_ACCESS_KEY": "***", "RUN_LABEL": "***"},
         "max_tokens": 512,
         "tokenizer": "bpe",
+        "sequence_key": "game_id",
+        "cache_key": "k",
     }
+    # the names credentials go by, and a presigned URL's signature
+    names = ("DB_PASS", "WANDB_KEY", "PGPASSWORD", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING")
+    for name in (*names, "OPENAI_KEY", "GITHUB_PAT"):
+        assert redact_text(f"failed: {name}=v4lue-1234 (retry)") == f"failed: {name}=*** (retry)", name
+        assert redact({name: "v4lue-1234"}) == {name: "***"}, name
+    presigned = "https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA1%2F2&X-Amz-Signature=f00d&x-id=GetObject"
+    assert redact_text(f"403 on {presigned}") == (
+        "403 on https://b.s3.amazonaws.com/k?X-Amz-Credential=***&X-Amz-Signature=***&x-id=GetObject"
+    )
+    assert redact_text("https://acct.blob.core.windows.net/c/b?sv=2024&sig=AbC%3D") == (
+        "https://acct.blob.core.windows.net/c/b?sv=2024&sig=***"
+    )
 
 
 def test_a_config_serialized_as_json_has_its_secrets_masked_unless_asked(tmp_path):
@@ -55,7 +73,7 @@ def test_a_config_serialized_as_json_has_its_secrets_masked_unless_asked(tmp_pat
     config = validate_config(cfg)
     dumped = config.model_dump(mode="json")  # what Prefect stores as the flow's parameter
     assert dumped["mlflow"]["tracking_uri"] == "https://***@mlflow.example.com"
-    assert dumped["compute"]["job_variables"]["env"] == {"AWS_SECRET_ACCESS_KEY": "***", "AWS_REGION": "eu"}
+    assert dumped["compute"]["job_variables"]["env"] == {"AWS_SECRET_ACCESS_KEY": "***", "AWS_REGION": "***"}
     assert "s3cr3t" not in config.model_dump_json()
     kept = config.model_dump(mode="json", context=KEEP_SECRETS)
     assert kept["mlflow"]["tracking_uri"] == cfg["mlflow"]["tracking_uri"]
@@ -79,9 +97,9 @@ def test_planted_secrets_appear_in_no_byte_the_pipeline_writes(tmp_path):
         make_raw(tmp_path / "raw", n_seq=9, rows=40)
         cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 1})
         cfg["mlflow"]["tracking_uri"] = f"http://planted-user:{SECRETS['url']}@127.0.0.1:{port}"
-        cfg["compute"] = {
-            "job_variables": {"env": {"AWS_SECRET_ACCESS_KEY": SECRETS["jobvar"], "RUN_LABEL": "PUBLIC-MARKER-77"}}
-        }
+        cfg["name"] = "public-marker-77"  # a public value: found, so the search reaches the stores
+        job_env = {name: SECRETS[name] for name in (*JOB_ENV, "GITHUB_PAT", "RUN_LABEL")}
+        cfg["compute"] = {"job_variables": {"env": {"AWS_SECRET_ACCESS_KEY": SECRETS["jobvar"], **job_env}}}
         (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
         env = {
             **os.environ,
@@ -124,7 +142,7 @@ def test_planted_secrets_appear_in_no_byte_the_pipeline_writes(tmp_path):
         for what, secret in SECRETS.items():
             if secret.encode() in data:
                 found.setdefault(what, []).append(str(path.relative_to(tmp_path)))
-        if b"PUBLIC-MARKER-77" in data:
+        if b"public-marker-77" in data:
             found.setdefault("marker", []).append(str(path.relative_to(tmp_path)))
     for name, text in texts.items():
         for what, secret in SECRETS.items():

@@ -9,9 +9,14 @@ CLI's output and error messages, the doctor's report.
 What counts as a secret, by its name or its place, never by its value alone (a bucket or a path that
 happens to equal some credential's value stays readable):
 - the user:password (or token) part of a URL: `postgresql://user:pass@host/db` -> `postgresql://***@host/db`;
-- the value of any key whose name says credential (`SECRET`, `PASSWORD`, `TOKEN`, `API_KEY`, `ACCESS_KEY`,
-  `CREDENTIAL`, `PRIVATE`, `AUTH`): in mappings (`compute.job_variables.env.AWS_SECRET_ACCESS_KEY`), and in
-  text as `NAME=value` or `NAME: value`;
+- a URL's signing query parameters (`X-Amz-Signature`, `X-Amz-Credential`, `X-Amz-Security-Token`, `sig`,
+  `signature`, `token`, `access_token`): a presigned URL's;
+- every value of an `env` mapping (`compute.job_variables.env`: a job's environment holds credentials under
+  any name, `DB_PASS` as well as `RUN_LABEL`);
+- the value of any key whose name says credential (`SECRET`, `PASSWORD` also inside a word as in
+  `PGPASSWORD`, `PASS`, `TOKEN`, `API_KEY`, `ACCESS_KEY`, `CREDENTIAL`, `PRIVATE`, `AUTH`, `CONNECTION_STRING`,
+  `PAT`, `SIG`, and an environment-style upper-case name ending in `_KEY`: `WANDB_KEY`, `AZURE_STORAGE_KEY`):
+  in mappings, and in text as `NAME=value` or `NAME: value`;
 - in text, the value of such an environment variable of this process, when it is long enough to be a
   real credential (16 characters or more: a short value like `test` is left alone, it would mask
   ordinary words).
@@ -30,16 +35,27 @@ MASK = "***"
 KEEP_SECRETS = {"secrets": "keep"}  # the serialization context that keeps a config's secrets (never written)
 
 # whole words of a name (split at _ . - and camelCase): `max_tokens` or `tokenizer` or `author` are not secrets
-_SECRET_WORDS = {"secret", "password", "passwd", "token", "credential", "credentials", "apikey", "private", "auth"}
-_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("client", "secret")}
+_SECRET_WORDS = {
+    "secret", "password", "passwd", "pass", "pwd", "token", "credential", "credentials", "apikey", "private", "auth",
+    "pat", "sig", "signature",
+}  # fmt: skip
+_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("client", "secret"), ("connection", "string")}
+_SIGNED_QUERY = re.compile(
+    r"(?P<name>[?&](?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|sig|signature|token|access_token)=)"
+    r"(?P<value>[^&#\s'\"]+)",
+    re.IGNORECASE,
+)
 URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
-_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>['\"]?\s*[:=]\s*['\"]?)(?P<value>[^\s'\",;}\]]+)")
+_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>['\"]?\s*[:=]\s*['\"]?)(?P<value>[^\s'\",;}\]&]+)")
 MIN_ENV_SECRET = 16
 
 
 def is_secret_name(name: str) -> bool:
     words = [w.lower() for w in re.split(r"[_.\-\s]+|(?<=[a-z])(?=[A-Z])", name) if w]
-    return any(w in _SECRET_WORDS for w in words) or any(p in _SECRET_PAIRS for p in zip(words, words[1:]))
+    if any(w in _SECRET_WORDS or "passw" in w for w in words) or any(p in _SECRET_PAIRS for p in zip(words, words[1:])):
+        return True
+    # an environment variable's KEY (`WANDB_KEY`, `OPENAI_KEY`): not a setting's (`sequence_key`, `cache_key`)
+    return len(words) > 1 and words[-1] == "key" and name.isupper()
 
 
 def _environ() -> list[tuple[str, str]]:
@@ -62,14 +78,25 @@ def _env_secrets() -> list[str]:
     )
 
 
+def _assignments(text: str) -> str:
+    """`NAME=value` and `NAME: value` with a credential's name masked; a value that is itself such a pair
+    (`failed: DB_PASS=...`) is looked into."""
+
+    def one(m: re.Match) -> str:
+        if is_secret_name(m["name"]):
+            return f"{m['name']}{m['sep']}{MASK}" if m["value"] != MASK else m[0]
+        return f"{m['name']}{m['sep']}{_assignments(m['value'])}"
+
+    return _ASSIGNMENT.sub(one, text)
+
+
 def redact_text(text: str) -> str:
     """`text` with URL userinfo, `SECRET_NAME=value` pairs and this process's credential values masked."""
     if not text:
         return text
     text = URL_USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
-    text = _ASSIGNMENT.sub(
-        lambda m: f"{m['name']}{m['sep']}{MASK}" if is_secret_name(m["name"]) and m["value"] != MASK else m[0], text
-    )
+    text = _SIGNED_QUERY.sub(lambda m: f"{m['name']}{MASK}", text)
+    text = _assignments(text)
     for value in _env_secrets():
         if value in text:
             text = text.replace(value, MASK)
@@ -80,7 +107,13 @@ def redact(obj: Any) -> Any:
     """A copy of `obj` (JSON-like: dicts, lists, strings) with every secret masked (see the module)."""
     if isinstance(obj, dict):
         return {
-            k: (MASK if is_secret_name(str(k)) and obj[k] not in (None, "") and not isinstance(v, dict) else redact(v))
+            k: (
+                {name: MASK if value not in (None, "") else value for name, value in v.items()}
+                if k == "env" and isinstance(v, dict)  # a job's environment: every value a secret
+                else MASK
+                if is_secret_name(str(k)) and v not in (None, "") and not isinstance(v, dict)
+                else redact(v)
+            )
             for k, v in obj.items()
         }
     if isinstance(obj, (list, tuple)):
