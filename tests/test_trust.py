@@ -38,3 +38,34 @@ def test_a_checkpoint_rewritten_to_name_other_code_is_refused_and_nothing_it_nam
     good = save_checkpoint(str(tmp_path / "ok"), 1, {"model": model.state_dict(), "model_spec": spec}, {}, True, 2)
     loaded = load_model(good, spec)
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+@pytest.mark.e2e
+def test_a_failed_step_s_message_holds_no_secret_in_prefect_or_the_storage_root(tmp_path, prefect_api):
+    """A step fails with an error whose message carries a credential (here the data source's own path names
+    one): the task run's and the flow run's state messages in the Prefect API, and every byte under the storage
+    root, hold it masked; the error still fails the run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterFlowRunId
+
+    from shardline.core.config import validate_config
+    from shardline.flows.pipeline import pipeline
+    from tests.conftest import tiny_config
+
+    planted = "hunter2-planted-0451"
+    source = tmp_path / f"MLFLOW_TRACKING_PASSWORD={planted}" / "*.parquet"  # no such folder: ingest fails
+    cfg = tiny_config(str(source), str(tmp_path / "store"))
+    state = pipeline(validate_config(cfg), return_state=True)
+    assert state.is_failed()
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )[0]
+        task_runs = client.read_task_runs(
+            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run.id]))
+        )
+    messages = [flow_run.state.message, *(t.state.message for t in task_runs if t.state)]
+    assert any("MLFLOW_TRACKING_PASSWORD=***" in (m or "") for m in messages), messages
+    assert not any(planted in (m or "") for m in messages), messages
+    written = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and planted.encode() in p.read_bytes()]
+    assert written == []

@@ -180,3 +180,45 @@ def install_log_redaction() -> None:
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, RedactingStream):
             setattr(sys, name, RedactingStream(stream))
+
+
+def redact_exception(error: BaseException) -> BaseException:
+    """`error` (and the errors it was raised from) with secrets masked in place: its arguments, an OSError's
+    strerror and filename, a `message` attribute (MLflow's), its notes. The type and traceback stay, so a retry
+    policy that reads the type still reads it; the message a failed state, a log or a stored record gets is clean."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        try:
+            error.args = tuple(redact_text(a) if isinstance(a, str) else a for a in error.args)
+            for attr in ("strerror", "filename", "filename2", "message", "msg"):
+                value = getattr(error, attr, None)
+                if isinstance(value, str):
+                    setattr(error, attr, redact_text(value))
+            if isinstance(getattr(error, "__notes__", None), list):
+                error.__notes__ = [redact_text(n) if isinstance(n, str) else n for n in error.__notes__]
+        except (AttributeError, TypeError):  # an error that keeps its message read-only: left as it is
+            pass
+        error = error.__cause__ or error.__context__
+    return error
+
+
+def redacted_errors(fn):
+    """`fn` whose errors leave it with their secrets masked (`redact_exception`): the boundary of every Prefect
+    task and flow of Shardline's, so that a failed state's message, its stored record and its logs hold none."""
+    import functools
+    import inspect
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            redact_exception(e)
+            raise
+
+    # the parameters' types resolved where `fn` is defined (Prefect validates a flow's parameters from them, and a
+    # postponed annotation would otherwise be looked up in this module)
+    wrapper.__signature__ = inspect.signature(fn, eval_str=True)
+    wrapper.__annotations__ = {k: v for k, v in inspect.get_annotations(fn, eval_str=True).items()}
+    return wrapper

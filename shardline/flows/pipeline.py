@@ -15,7 +15,7 @@ from shardline.core.config import PipelineConfig, load_config, validate_config
 from shardline.core.encoding.reuse import check_columns
 from shardline.core.failures import retry_on_infrastructure
 from shardline.core.memory import return_freed_memory
-from shardline.core.secrets import install_log_redaction
+from shardline.core.secrets import install_log_redaction, redacted_errors
 from shardline.flows.runners import encode_runner
 from shardline.flows.train import train
 from shardline.runs import links
@@ -78,6 +78,7 @@ def encoded_data(config: PipelineConfig, refresh: frozenset[str] = frozenset(), 
 
 
 @flow(name="pipeline", log_prints=True, flow_run_name=links.flow_run_name("pipeline"))
+@redacted_errors
 def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     """Raw parquet to a registered, evaluated model version. `config`: a YAML path or the config itself."""
     install_log_redaction()  # no secret in the console or the Prefect API's logs

@@ -18,7 +18,7 @@ from prefect.logging import get_run_logger
 from shardline.core.config import PipelineConfig, validate_config
 from shardline.core.cost.ledger import add_up
 from shardline.core.memory import return_freed_memory
-from shardline.core.secrets import install_log_redaction
+from shardline.core.secrets import install_log_redaction, redacted_errors
 from shardline.core.sweep import (
     FOLD_KEY,
     Trial,
@@ -61,6 +61,7 @@ def default_at_once(trials: int) -> int:
 
 
 @flow(name="sweep", log_prints=True, flow_run_name=links.flow_run_name("sweep"))
+@redacted_errors
 def sweep(
     config: PipelineConfig | dict | str,
     space: dict | str,

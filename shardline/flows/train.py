@@ -13,13 +13,14 @@ from shardline.core.config import PipelineConfig
 from shardline.core.failures import InfrastructureFailure, is_infrastructure_failure
 from shardline.core.memory import return_freed_memory
 from shardline.core.parent_watch import stop_when_parent_exits
-from shardline.core.secrets import install_log_redaction
+from shardline.core.secrets import install_log_redaction, redacted_errors
 from shardline.runs import links
 from shardline.runs.result import Parent, TrainResult
 from shardline.runs.training_run import run_training
 
 
 @flow(name="train", log_prints=True, flow_run_name=links.flow_run_name("train"))
+@redacted_errors
 def train(
     manifest_uri: str,
     config: PipelineConfig,
@@ -53,6 +54,7 @@ def train(
 
 
 @flow(name="train-node", log_prints=True)
+@redacted_errors
 def train_node(job: str, endpoint: str, shutdown_seconds: int = 300) -> str:
     """One more machine of a training on several (`compute.nodes` > 1), started by the training run (node 0): its
     torchrun agent meets the others at the rendezvous `endpoint` (HOST:PORT) and trains the `job` in storage until

@@ -35,6 +35,7 @@ from shardline.core.encoding.write import (
 )
 from shardline.core.failures import retry_on_infrastructure
 from shardline.core.manifest import EncodedGroup, EncodingSpec, RawFile, Snapshot
+from shardline.core.secrets import redacted_errors
 from shardline.core.version import code_version_of
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 
@@ -99,6 +100,7 @@ def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
     # the same bytes fail the same way, and the error is said once
     retry_condition_fn=retry_on_infrastructure,
 )
+@redacted_errors
 def encode_group(
     files: list[RawFile],
     group: int,
@@ -144,6 +146,7 @@ def log_skipped_rows(groups: list[EncodedGroup], log) -> dict[str, dict[str, int
 
 
 @task(name="fit-tokenizer")
+@redacted_errors
 def fit_tokenizer_task(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tuple[str, str]:
     """Text data: train (or check the user's) tokenizer, stored beside the manifest; (its URI, its sha256)."""
     t0 = time.perf_counter()
@@ -160,6 +163,7 @@ def manifest_name(base: tuple[EncodingSpec, str] | None) -> str:
 
 
 @task(name="write-manifest")
+@redacted_errors
 def write_manifest(
     snapshot: Snapshot,
     groups: list[EncodedGroup],

@@ -31,7 +31,7 @@ from shardline.core.metrics import scores as M
 from shardline.core.metrics.ranking import PopularityCounts, RankingScores
 from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.metrics.text import text_generation_scores, unigram_perplexity
-from shardline.core.secrets import redact_text
+from shardline.core.secrets import redact_text, redacted_errors
 from shardline.runs.result import EvalResult, Trained, TrainResult
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
@@ -457,6 +457,7 @@ def per_class_artifacts(files: list, folder: str) -> None:
 
 
 @task(name="evaluate")
+@redacted_errors
 def evaluate(manifest_uri: str, train_result: TrainResult, config: PipelineConfig) -> EvalResult:
     """Score the best checkpoint on the test split against the trivial baseline; write plots, tables and predictions."""
     log = get_run_logger()

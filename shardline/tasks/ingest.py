@@ -13,6 +13,7 @@ from prefect.logging import get_run_logger
 from shardline.core.config import FILE_SEQUENCE, DataConfig
 from shardline.core.encoding.columns import DataError
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
+from shardline.core.secrets import redacted_errors
 from shardline.core.storage import filesystem, is_remote
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import naive_utc
@@ -305,6 +306,7 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=lambda t, r, s: _is_transient(s))
+@redacted_errors
 def ingest(data: DataConfig) -> Snapshot:
     """List the raw files and check their schemas; return the snapshot."""
     log = get_run_logger()

@@ -20,7 +20,7 @@ from shardline.core import storage
 from shardline.core.config import ModelConfig, PipelineConfig, metric_key
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.metrics import report as R
-from shardline.core.secrets import redact_text
+from shardline.core.secrets import redact_text, redacted_errors
 from shardline.core.tracking.tracker import (
     Tracker,
     fluent_tracking_uri,
@@ -567,6 +567,7 @@ def model_report(reg: Registered, train_result: TrainResult, eval_result: EvalRe
 
 
 @task(name="register")
+@redacted_errors
 def register(
     config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: TrainResult, eval_result: EvalResult
 ) -> Registered:

@@ -25,7 +25,7 @@ from shardline.core.config import PipelineConfig
 from shardline.core.cost.ledger import add_up
 from shardline.core.failures import InfrastructureFailure, failed_on_infrastructure, retry_on_infrastructure
 from shardline.core.parent_watch import PARENT_ENV
-from shardline.core.secrets import redact_text
+from shardline.core.secrets import redact_text, redacted_errors
 from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
 from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
 from shardline.runs import links
@@ -227,6 +227,7 @@ def cv_table(settings: list[dict], best: dict | None, metric: str) -> str:
 
 
 @task(name="report-sweep")
+@redacted_errors
 def report_sweep(
     rows: list[dict],
     keys: list[str],

@@ -27,6 +27,7 @@ from shardline.core.failures import (
     failed_on_infrastructure,
     was_preempted,
 )
+from shardline.core.secrets import redacted_errors
 from shardline.core.version import TRAINER
 from shardline.runs.result import Parent, TrainResult
 from shardline.runs.training_run import load_manifest, model_identity, run_dir, training_identity
@@ -38,6 +39,7 @@ class TrainingRunFailed(RuntimeError):
 
 
 @task(name="train")
+@redacted_errors
 def train_step(
     manifest_uri: str,
     manifest_hash: str,
