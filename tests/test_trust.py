@@ -69,3 +69,41 @@ def test_a_failed_step_s_message_holds_no_secret_in_prefect_or_the_storage_root(
     assert not any(planted in (m or "") for m in messages), messages
     written = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and planted.encode() in p.read_bytes()]
     assert written == []
+
+
+@pytest.mark.e2e
+def test_a_local_run_works_beside_a_prefect_database_another_version_migrated(tmp_path):
+    """~/.prefect/prefect.db stamped by another Prefect version's migration (another environment on this machine
+    ran a newer Prefect): `shardline run` without a server keeps its runs in a database of its own for this
+    version, and leaves that one as it was."""
+    import os
+    import sqlite3
+    import subprocess
+    from pathlib import Path
+
+    import prefect
+    import yaml
+
+    from tests.conftest import make_raw, tiny_config
+
+    home = tmp_path / "home"
+    (home / ".prefect").mkdir(parents=True)
+    other = home / ".prefect" / "prefect.db"
+    with sqlite3.connect(other) as db:
+        db.execute("create table alembic_version (version_num varchar(32) not null primary key)")
+        db.execute("insert into alembic_version values ('f0f0f0f0f0f0')")  # a revision this Prefect never had
+    make_raw(tmp_path / "raw", n_seq=9, rows=40)
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 1})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(HOME=str(home), SHARDLINE_CACHE=str(tmp_path / "cache"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    shardline = Path(sys.executable).with_name("shardline")
+    out = subprocess.run(
+        [str(shardline), "run", str(tmp_path / "cfg.yaml")], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=400,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "Registered tiny-model version 1" in out.stdout
+    assert (tmp_path / "cache" / "prefect" / prefect.__version__ / "prefect.db").stat().st_size > 0
+    with sqlite3.connect(other) as db:
+        assert db.execute("select version_num from alembic_version").fetchall() == [("f0f0f0f0f0f0",)]
