@@ -107,3 +107,33 @@ def test_a_local_run_works_beside_a_prefect_database_another_version_migrated(tm
     assert (tmp_path / "cache" / "prefect" / prefect.__version__ / "prefect.db").stat().st_size > 0
     with sqlite3.connect(other) as db:
         assert db.execute("select version_num from alembic_version").fetchall() == [("f0f0f0f0f0f0",)]
+
+
+@pytest.mark.e2e
+def test_a_registered_model_edited_in_the_storage_root_is_refused_naming_the_file(tmp_path, prefect_api):
+    """A registered model's code sits under the storage root's mlflow-artifacts/, where it runs when it loads:
+    `shardline predict` (and the champion gate, rehearse) load a version only with the files it was registered
+    with. An edited pyfunc module is refused, naming it, before anything of it runs."""
+    from typer.testing import CliRunner
+
+    from shardline.app.cli import app
+    from shardline.core.config import validate_config
+    from shardline.flows.pipeline import pipeline
+    from tests.conftest import make_raw, tiny_config
+
+    make_raw(tmp_path / "raw", n_seq=9, rows=40)
+    root = tmp_path / "store"
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root), **{"training.epochs": 1})
+    pipeline(validate_config(cfg))
+    raw = sorted((tmp_path / "raw").glob("*.parquet"))[0]
+    tracking = f"sqlite:///{root}/mlflow.db"
+    args = ["predict", "models:/tiny-model/1", str(raw), "--tracking-uri", tracking, "--out", str(tmp_path / "p.parquet")]
+    ok = CliRunner().invoke(app, args)
+    assert ok.exit_code == 0, ok.output
+    (code,) = [p for p in (root / "mlflow-artifacts").rglob("pyfunc_model.py") if "code" not in p.parts]
+    marker = tmp_path / "it-ran"
+    code.write_text(code.read_text() + f"\nopen({str(marker)!r}, 'w').write('ran')\n")  # planted
+    bad = CliRunner().invoke(app, args)
+    assert bad.exit_code != 0
+    assert "refused, its files are not the ones it was registered with" in bad.output, bad.output
+    assert f"{code.name} (changed)" in bad.output and not marker.exists()

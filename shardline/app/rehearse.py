@@ -292,15 +292,15 @@ def rehearse(
     )
 
     def _download():
-        import mlflow
         import polars as pl
 
         from shardline.core.tracking.tracker import fluent_tracking_uri, tracking_uri
+        from shardline.runs.model_files import load_checked
         from shardline.trainer.serving import naive_utc
 
         sample = pl.read_parquet(storage.read_bytes(copied[0]))
         with fluent_tracking_uri(tracking_uri(cfg.mlflow, cfg.storage.root)):
-            model = mlflow.pyfunc.load_model(reg["model_uri"])
+            model = load_checked(reg["model_uri"])  # only with the files it was registered with
         # the columns the model takes, as `shardline predict` sends them (a target may be an input too)
         schema = model.metadata.get_input_schema()
         if schema is not None:

@@ -100,7 +100,6 @@ def reevaluate_champion(
     """Score the champion (`model_uri`, raw rows in) and the candidate (its test predictions) on the
     candidate's test rows: `{"champion_value", "candidate_value", "rows", "on"}`, or `{"reason"}` when it
     cannot be done."""
-    import mlflow
 
     from shardline.trainer.serving import naive_utc
 
@@ -122,7 +121,9 @@ def reevaluate_champion(
     if "row" in keys:
         return {"reason": "the data has no sequence key or order column to match the champion's rows with"}
     candidate = pl.read_parquet(storage.read_bytes(predictions_uri))
-    model = mlflow.pyfunc.load_model(model_uri)
+    from shardline.runs.model_files import load_checked
+
+    model = load_checked(model_uri)  # only with the files it was registered with
     schema = model.metadata.get_input_schema()
     wanted = schema.input_names() if schema is not None else []
     seq = keys[0]

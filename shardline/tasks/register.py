@@ -31,7 +31,7 @@ from shardline.core.tracking.tracker import (
     ui_command,
 )
 from shardline.core.version import code_version, user_code, user_code_version, user_packages
-from shardline.runs import links
+from shardline.runs import links, model_files
 from shardline.runs.gate import better, champion_gate, reevaluate_champion
 from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import kfold_note, model_identity, training_identity
@@ -340,7 +340,13 @@ def _register_model(
                 code_paths=_code_paths(config, tmp / "code"),
                 tags=tags,
             )
-        version = mlflow.register_model(info.model_uri, config.mlflow.model_name, tags=tags)
+            # every file of the model, by sha256: the list in the run, its own sha256 on the version (MLflow's
+            # database), checked before the model is loaded again (runs/model_files.py)
+            listing, files_sha256 = model_files.record(info.model_uri)
+            mlflow.log_text(model_files.list_bytes(listing).decode(), model_files.FILES_ARTIFACT)
+        version = mlflow.register_model(
+            info.model_uri, config.mlflow.model_name, tags={**tags, model_files.FILES_TAG: files_sha256}
+        )
     return _gate(
         config, manifest, snapshot, train_result, eval_result, tracker, metric_name, new_value, version.version, run_id
     )

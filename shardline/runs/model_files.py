@@ -1,0 +1,87 @@
+"""A registered model's files, checked before they run. A registered model is code (`pyfunc_model.py`, Shardline's
+and the user's modules) beside its weights, under the storage root's `mlflow-artifacts/`: anyone who can write
+there could change what runs when it loads. At registration every file's sha256 goes into a list (the run's
+`model-files.json`) whose own sha256 is a tag of the version, in MLflow's database; `load_checked` downloads the
+version, checks the list against the tag and every file against the list, and loads only a model that matches,
+naming the file that does not."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+FILES_TAG = "shardline.model_files_sha256"
+FILES_ARTIFACT = "model-files.json"
+DOWNLOAD_NOTES = {"registered_model_meta"}  # what MLflow writes beside a model it downloads: not the model's
+
+
+class ModelFilesChanged(RuntimeError):
+    """A registered model's files are not the ones it was registered with."""
+
+
+def file_list(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (a model's), by its path there, with its sha256."""
+    listing = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in DOWNLOAD_NOTES):
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        listing[path.relative_to(folder).as_posix()] = h.hexdigest()
+    return listing
+
+
+def list_bytes(listing: dict[str, str]) -> bytes:
+    return json.dumps(listing, indent=1, sort_keys=True).encode()
+
+
+def record(model_uri: str) -> tuple[dict[str, str], str]:
+    """At registration: the logged model's file list, and the sha256 of that list (the version's tag)."""
+    import mlflow
+
+    with tempfile.TemporaryDirectory(prefix="shardline-model-files-") as tmp:
+        listing = file_list(Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)))
+    return listing, hashlib.sha256(list_bytes(listing)).hexdigest()
+
+
+def load_checked(model_uri: str):
+    """The MLflow model `models:/name/N` (or `@alias`), loaded only when its files are the ones it was registered
+    with; a version registered before files were recorded loads with a warning saying it was not checked."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    name, _, ref = model_uri[len("models:/") :].partition("@")
+    client = MlflowClient()
+    if ref:
+        version = client.get_model_version_by_alias(name, ref)
+    else:
+        name, _, number = name.partition("/")
+        version = client.get_model_version(name, number)
+    expected = (version.tags or {}).get(FILES_TAG)
+    where = f"models:/{name}/{version.version}"
+    folder = tempfile.mkdtemp(prefix="shardline-model-")  # kept: the model reads its files as it runs
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=where, dst_path=folder))
+    if expected is None:
+        logging.getLogger("shardline").warning(
+            "%s was registered before Shardline recorded its files: loaded without checking them", where
+        )
+        return mlflow.pyfunc.load_model(str(local))
+    listed = mlflow.artifacts.download_artifacts(
+        artifact_uri=f"runs:/{version.run_id}/{FILES_ARTIFACT}", dst_path=tempfile.mkdtemp(prefix="shardline-")
+    )
+    raw = Path(listed).read_bytes()
+    if hashlib.sha256(raw).hexdigest() != expected:
+        raise ModelFilesChanged(f"{where}: its file list ({FILES_ARTIFACT}) is not the one recorded at registration")
+    want, got = json.loads(raw), file_list(local)
+    changed = sorted(p for p in want.keys() | got.keys() if want.get(p) != got.get(p))
+    if changed:
+        how = {p: "added" if p not in want else "missing" if p not in got else "changed" for p in changed}
+        said = ", ".join(f"{p} ({what})" for p, what in how.items())
+        raise ModelFilesChanged(
+            f"{where}: refused, its files are not the ones it was registered with: {said}. Nothing of it was run; "
+            "register the model again from its run (shardline run CONFIG --force register)"
+        )
+    return mlflow.pyfunc.load_model(str(local))
