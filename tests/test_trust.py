@@ -127,7 +127,8 @@ def test_a_registered_model_edited_in_the_storage_root_is_refused_naming_the_fil
     pipeline(validate_config(cfg))
     raw = sorted((tmp_path / "raw").glob("*.parquet"))[0]
     tracking = f"sqlite:///{root}/mlflow.db"
-    args = ["predict", "models:/tiny-model/1", str(raw), "--tracking-uri", tracking, "--out", str(tmp_path / "p.parquet")]
+    out = str(tmp_path / "p.parquet")
+    args = ["predict", "models:/tiny-model/1", str(raw), "--tracking-uri", tracking, "--out", out]
     ok = CliRunner().invoke(app, args)
     assert ok.exit_code == 0, ok.output
     (code,) = [p for p in (root / "mlflow-artifacts").rglob("pyfunc_model.py") if "code" not in p.parts]
