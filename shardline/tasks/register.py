@@ -336,7 +336,7 @@ def _register_model(
                 | text_artifacts(manifest, manifest_uri, tmp),
                 signature=signature,
                 input_example=sample,
-                pip_requirements=_requirements(config.model, get_run_logger()),
+                pip_requirements=_requirements(config.model, logging.getLogger("shardline.register")),
                 code_paths=_code_paths(config, tmp / "code"),
                 tags=tags,
             )
