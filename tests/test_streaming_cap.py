@@ -360,7 +360,9 @@ def test_evaluation_streams_a_test_split_larger_than_the_cache(dataset, tmp_path
 
     manifest = dataset["manifest"]
     test_bytes = sum(Globaliser(manifest.encoding).nbytes(s) for s in manifest.shards_of("test"))
-    config = validate_config(tiny_config("unused/*.parquet", str(tmp_path / "store")))
+    # the model the data set's spec trained: evaluation builds the config's, and refuses a checkpoint of another
+    model = {"family": "mlp", "hidden": 16, "layers": 1, "dropout": 0.0}
+    config = validate_config(tiny_config("unused/*.parquet", str(tmp_path / "store"), model=model))
     uncapped = ShardCache(tmp_path / "train-cache", cap_bytes=20 * dataset["split"])
     result = train_here(dataset, uncapped, tmp_path / "ck", epochs=1)[2]
     trained = result  # fit's result: what evaluation reads of it
