@@ -183,3 +183,18 @@ def test_redaction_reads_an_environment_another_thread_changes(monkeypatch):
     finally:
         stop.set()
         t.join()
+
+
+def test_a_job_s_masked_environment_is_passed_on_as_this_process_has_it(monkeypatch):
+    """A training run on a worker is handed its config with the job's environment masked; the runs it starts (its
+    other nodes) get the values its own process has (the worker set them), never the mask."""
+    from shardline.core.secrets import job_variables_here
+
+    monkeypatch.setenv("SHARDLINE_TEST_STEP_DELAY", "0.2")
+    monkeypatch.delenv("ABSENT_HERE", raising=False)
+    masked = {"env": {"SHARDLINE_TEST_STEP_DELAY": "***", "ABSENT_HERE": "***", "PLAIN": "1"}, "image": "x"}
+    assert job_variables_here(masked) == {
+        "env": {"SHARDLINE_TEST_STEP_DELAY": "0.2", "ABSENT_HERE": "***", "PLAIN": "1"},
+        "image": "x",
+    }
+    assert job_variables_here({}) == {} and job_variables_here({"image": "x"}) == {"image": "x"}

@@ -222,3 +222,15 @@ def redacted_errors(fn):
     wrapper.__signature__ = inspect.signature(fn, eval_str=True)
     wrapper.__annotations__ = {k: v for k, v in inspect.get_annotations(fn, eval_str=True).items()}
     return wrapper
+
+
+def job_variables_here(job_variables: dict) -> dict:
+    """A job's variables as this process has them. Every value of a job's environment is masked in the config a
+    flow run is handed (its parameters are stored in the Prefect API); where this process runs that job (a worker
+    set its environment from the job's variables), a masked value is this process's own, passed on to the runs it
+    starts (a training's other nodes). A value this process does not have stays masked."""
+    env = job_variables.get("env") if isinstance(job_variables, dict) else None
+    if not env:
+        return job_variables
+    own = {k: os.environ[k] if v == MASK and k in os.environ else v for k, v in env.items()}
+    return {**job_variables, "env": own}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shardline.core.config import ComputeConfig
+from shardline.core.secrets import job_variables_here
 
 
 def others(nodes: int) -> str:
@@ -43,7 +44,7 @@ class NodeRuns:
                 run_deployment(
                     name=c.node_deployment,
                     parameters={"job": job_uri, "endpoint": endpoint, "shutdown_seconds": shutdown_seconds},
-                    job_variables=c.job_variables or None,
+                    job_variables=job_variables_here(c.job_variables) or None,  # this machine's job, as it got it
                     timeout=0,  # started, not waited for: this process is node 0
                     as_subflow=True,
                     tags=["shardline", "shardline-node"],

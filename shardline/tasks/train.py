@@ -27,7 +27,7 @@ from shardline.core.failures import (
     failed_on_infrastructure,
     was_preempted,
 )
-from shardline.core.secrets import redacted_errors
+from shardline.core.secrets import job_variables_here, redacted_errors
 from shardline.core.version import TRAINER
 from shardline.runs.result import Parent, TrainResult
 from shardline.runs.training_run import load_manifest, model_identity, run_dir, training_identity
@@ -160,7 +160,7 @@ def dispatch_training(
             started = run_deployment(
                 name=c.train_deployment,
                 parameters=parameters,
-                job_variables=c.job_variables or None,
+                job_variables=job_variables_here(c.job_variables) or None,
                 timeout=0,  # created; watched below
                 as_subflow=True,
                 tags=["shardline", run_tag],
