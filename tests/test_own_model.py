@@ -51,12 +51,17 @@ def killed_and_resumed(run, tmp_path, spec: dict, hold: int, reference) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def lazy(tmp_path_factory, shards) -> tuple[dict, tuple[dict, dict]]:
-    spec = user_spec(tmp_path_factory.mktemp("lazy-repo"), "LazyMLP")
-    tmp = tmp_path_factory.mktemp("lazy-reference")
+def uninterrupted(tmp_path_factory, shards, cls: str) -> tuple[dict, tuple[dict, dict]]:
+    """The doc's model `cls` in a user's folder: (its spec, (its uninterrupted run's result, last checkpoint))."""
+    spec = user_spec(tmp_path_factory.mktemp(f"{cls}-repo"), cls)
+    tmp = tmp_path_factory.mktemp(f"{cls}-reference")
     result = Child(tmp, shards, tmp / "ckpt", "reference", model_spec=spec).finish()
     return spec, (result, load_checkpoint(result["last_checkpoint"]))
+
+
+@pytest.fixture(scope="module")
+def lazy(tmp_path_factory, shards) -> tuple[dict, tuple[dict, dict]]:
+    return uninterrupted(tmp_path_factory, shards, "LazyMLP")
 
 
 def test_a_model_of_lazy_layers_trains_and_resumes_after_a_kill_to_the_same_weights(run, tmp_path, lazy):
@@ -69,10 +74,7 @@ def test_a_model_of_lazy_layers_trains_and_resumes_after_a_kill_to_the_same_weig
 
 @pytest.fixture(scope="module")
 def two_rates(tmp_path_factory, shards) -> tuple[dict, tuple[dict, dict]]:
-    spec = user_spec(tmp_path_factory.mktemp("two-rates-repo"), "TwoRates")
-    tmp = tmp_path_factory.mktemp("two-rates-reference")
-    result = Child(tmp, shards, tmp / "ckpt", "reference", model_spec=spec).finish()
-    return spec, (result, load_checkpoint(result["last_checkpoint"]))
+    return uninterrupted(tmp_path_factory, shards, "TwoRates")
 
 
 def test_a_model_s_own_optimizer_and_schedule_train_and_resume_after_a_kill_exactly(run, tmp_path, two_rates):
