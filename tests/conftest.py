@@ -1,4 +1,5 @@
 import os
+import sys
 
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -20,6 +21,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+
+# the test-only delays of a training (tests/hooks/sitecustomize.py): in this process, and in every process it starts
+_HOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hooks")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_HOOKS, os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, _HOOKS)
+import sitecustomize  # noqa: E402, F401  (the test hooks, loaded by this process too)
+
+sys.path.remove(_HOOKS)
 
 
 def make_raw(folder: Path, n_seq: int = 12, rows: int = 60, seed: int = 0, prefix: str = "s") -> list[Path]:

@@ -171,7 +171,7 @@ class _Planted:
 
 def test_a_planted_pickle_in_the_results_store_is_never_decoded(setup, prefect_api):
     """The cached results are JSON; a record naming another serializer (a pickle put in a shared store)
-    is deleted unread and the step recomputes."""
+    is refused unread, the step recomputes and writes its own."""
     import base64
     import pickle
 
@@ -189,6 +189,50 @@ def test_a_planted_pickle_in_the_results_store_is_never_decoded(setup, prefect_a
     assert second["steps"]["train"] == "ran" and second["steps"]["encode"] == "cached"
     for record in sorted((tmp_path / "store" / "prefect-results").glob("train-*")):
         assert json.loads(record.read_text())["metadata"]["serializer"]["type"] == "json"
+
+
+def test_a_record_flipped_to_pickle_while_a_rerun_reads_it_is_never_decoded(setup, prefect_api):
+    """Check-then-use: a thread flips every cached record between its JSON and a planted pickle while reruns read
+    them. What is decoded is exactly the bytes that were checked, so the payload never runs; each step either
+    comes from its checked record or recomputes."""
+    import base64
+    import os
+    import pickle
+    import threading
+
+    tmp_path, cfg, first = setup
+    marker = tmp_path / "pickle-was-decoded"
+    results = tmp_path / "store" / "prefect-results"
+    versions = []
+    for record in sorted(p for p in results.iterdir() if "-" in p.name):
+        good = record.read_bytes()
+        bad = json.loads(good)
+        bad["metadata"]["serializer"] = {"type": "pickle", "picklelib": "pickle", "picklelib_version": None}
+        bad["result"] = base64.b64encode(pickle.dumps(_Planted(str(marker)))).decode()
+        versions.append((record, good, json.dumps(bad).encode()))
+    assert len(versions) >= 5
+    stop = threading.Event()
+
+    def flip():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            for record, good, bad in versions:
+                aside = record.with_name(record.name + ".flip")
+                aside.write_bytes(bad if n % 2 else good)
+                os.replace(aside, record)  # atomic: a reader sees one version or the other, whole
+            stop.wait(0.0005)
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    try:
+        for _ in range(2):
+            again = run(cfg)
+            assert set(again["steps"].values()) <= {"ran", "cached"}
+    finally:
+        stop.set()
+        flipper.join()
+    assert not marker.exists()
 
 
 def test_a_cached_rerun_lists_shards_and_reading_them_checks_their_bytes(setup, prefect_api, monkeypatch):

@@ -21,13 +21,15 @@ PACKAGE = Path(version.__file__).resolve().parents[1]
 def versions(monkeypatch, root: Path) -> dict[str, str]:
     """What keys a run's folder and the train cache (`trainer_version`), and a group's address (`encoder_code`),
     for the package copy under `root`."""
-    from shardline.tasks.encode import encoder_code
+    from shardline.tasks.encode import ENCODE_GROUP_CACHE, encoder_code
 
     monkeypatch.setattr(version, "ROOT", root)
     version.module_closure.cache_clear()
     version.code_version_of.cache_clear()
     try:
-        return {"train": version.trainer_version(), "encode": encoder_code()}
+        # a group's address, and the encode step's Prefect cache key (the step reruns, or is Cached)
+        encode = (encoder_code(), version.code_version_of(*ENCODE_GROUP_CACHE.code))
+        return {"train": version.trainer_version(), "encode": encode}
     finally:
         version.module_closure.cache_clear()
         version.code_version_of.cache_clear()

@@ -4,9 +4,10 @@ A step's cache key hashes exactly what decides its output: a content fingerprint
 (raw files by path, size and etag/mtime; shards by checksum; checkpoints by checksum), the config
 section it reads, and the version of its code (its module and every project module it imports).
 Results are persisted as JSON (never pickle) under `<storage.root>/prefect-results/`, so every
-machine sharing the root shares the cache. Before a cached result is reused, its rule's
-`still_valid` checks that what it points to still exists and matches its checksum; if not, the
-record is dropped and the step recomputes.
+machine sharing the root shares the cache; a record is decoded only from the very bytes that were checked
+to be plain JSON holding Shardline's own result types (`checked_record`, in the results store's read).
+Before a cached result is reused, its rule's `still_valid` checks that what it points to still exists
+and matches its checksum; if not, the record is dropped and the step recomputes.
 
 This module is the mechanism. What decides each step's output is declared in the step's own module,
 beside its code, as a `CacheRule`: `INGEST_CACHE` (tasks/ingest.py), `ENCODE_GROUP_CACHE` and
@@ -18,13 +19,17 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.cache_policies import CachePolicy
+from prefect.filesystems import LocalFileSystem, RemoteFileSystem
 from prefect.utilities.hashing import hash_objects
+from pydantic import BaseModel
 
 from shardline.core import layout, storage
 from shardline.core.version import code_version_of
@@ -58,6 +63,75 @@ JSON_SERIALIZER = {
 }
 
 
+def _loaded_type(name: str) -> type | None:
+    """The class a record names, when it is already loaded (nothing is imported for a record)."""
+    module, _, attr = str(name).rpartition(".")
+    found = getattr(sys.modules.get(module), attr, None)
+    return found if isinstance(found, type) else None
+
+
+def _only_ours(obj: dict) -> dict:
+    """A JSON object hook that lets through only what Shardline's steps return: its own pydantic results (and
+    a loaded exception type); a record naming any other type is refused before Prefect's decoder sees it."""
+    if "__class__" in obj:
+        cls = _loaded_type(obj["__class__"])
+        if cls is None or not (cls.__module__.startswith("shardline.") and issubclass(cls, BaseModel)):
+            raise ValueError(f"names type {obj['__class__']!r}, not one of Shardline's results")
+    if "__exc_type__" in obj:
+        cls = _loaded_type(obj["__exc_type__"])
+        if cls is None or not issubclass(cls, BaseException):
+            raise ValueError(f"names exception type {obj['__exc_type__']!r}")
+    return obj
+
+
+def checked_record(content: bytes, path: str) -> bytes:
+    """`content`, a record read from the results store, returned only when it decodes as plain JSON naming the JSON
+    serializer and nothing but Shardline's own result types: these very bytes are what Prefect then decodes (no
+    check-then-use: a record flipped to a pickle between two reads is never decoded). Raises ValueError otherwise;
+    Prefect reads that as "no record", and the step recomputes and writes its own."""
+    try:
+        record = json.loads(content)
+        if isinstance(record, dict) and "metadata" in record:  # a whole record: its serializer, then its payload
+            serializer = (record["metadata"] or {}).get("serializer") or {}
+            if {k: serializer.get(k) for k in JSON_SERIALIZER} != JSON_SERIALIZER:
+                raise ValueError(f"names serializer {serializer.get('type')!r}, not plain JSON")
+            json.loads(record["result"], object_hook=_only_ours)
+        else:  # a result alone (its metadata, naming JSON, is kept by Prefect's API)
+            json.loads(content, object_hook=_only_ours)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        log.warning("cache: record %s refused unread (%s); the step recomputes", path, e)
+        raise ValueError(f"cache record {path} refused: {e}") from None
+    return content
+
+
+class CheckedLocalResults(LocalFileSystem):
+    """The results store on a local root: a record is handed to Prefect only as `checked_record` passed it."""
+
+    _block_type_name = "Shardline results (local)"
+    _block_type_slug = "shardline-local-results"
+
+    async def aread_path(self, path: str) -> bytes:
+        return checked_record(await LocalFileSystem.aread_path(self, path), path)
+
+    @async_dispatch(aread_path)
+    def read_path(self, path: str) -> bytes:
+        return checked_record(LocalFileSystem.read_path(self, path, _sync=True), path)
+
+
+class CheckedRemoteResults(RemoteFileSystem):
+    """The results store on a remote root (S3, ...): as `CheckedLocalResults`."""
+
+    _block_type_name = "Shardline results (remote)"
+    _block_type_slug = "shardline-remote-results"
+
+    async def aread_path(self, path: str) -> bytes:
+        return checked_record(await RemoteFileSystem.aread_path(self, path), path)
+
+    @async_dispatch(aread_path)
+    def read_path(self, path: str) -> bytes:
+        return checked_record(RemoteFileSystem.read_path(self, path, _sync=True), path)
+
+
 @dataclass
 class StepCache(CachePolicy):
     rule: CacheRule | None = None
@@ -69,39 +143,15 @@ class StepCache(CachePolicy):
         rule = self.rule
         key = f"{rule.step}-" + hash_objects(rule.step, code_version_of(*rule.code), rule.key(inputs))
         if not getattr(task_ctx.task, "refresh_cache", False):
-            if not self._plain_json(key):  # before anything decodes it
-                task_ctx.result_store.cache.clear()
-            elif rule.still_valid is not None:
-                self._drop_if_stale(task_ctx, key, inputs)
+            self._drop_if_stale(task_ctx, key, inputs)
         return key
 
-    def _plain_json(self, key: str) -> bool:
-        """A record is read only when it names the JSON serializer with Prefect's own object codec: a
-        record naming any other (a pickle planted in a shared store) is deleted unread, and the step
-        recomputes. False when one was deleted."""
-        uri = storage.join(self.results_root, key)
-        try:
-            if not storage.exists(uri):
-                return True
-            serializer = json.loads(storage.read_text(uri)).get("metadata", {}).get("serializer", {})
-        except Exception:  # noqa: BLE001 - not even JSON: no record we wrote
-            serializer = None
-        if serializer is not None and {k: serializer.get(k) for k in JSON_SERIALIZER} == JSON_SERIALIZER:
-            return True
-        kind = serializer.get("type") if isinstance(serializer, dict) else "unreadable"
-        log.warning(
-            "cache: record %s names serializer %r, not plain JSON; deleted unread, recomputing %s",
-            key,
-            kind,
-            self.rule.step,
-        )
-        self._delete(key)
-        return False
-
     def _drop_if_stale(self, task_ctx, key: str, inputs: dict[str, Any]) -> None:
+        """Reads the record once, checked (kept in the store's memory: the step uses that copy), and drops it when
+        what it points to is gone or changed."""
         store = task_ctx.result_store
         try:
-            if not store.exists(key):
+            if not store.exists(key):  # a record refused by `checked_record` is none
                 return
             value = store.read(key).result
         except Exception as e:  # noqa: BLE001 - an unreadable record is as good as none
@@ -109,7 +159,7 @@ class StepCache(CachePolicy):
             self._delete(key)
             return
         try:
-            ok = self.rule.still_valid(value, inputs)
+            ok = self.rule.still_valid is None or self.rule.still_valid(value, inputs)
         except Exception as e:  # noqa: BLE001 - a check that fails counts as stale
             ok = False
             log.warning("cache: checking %s failed (%s)", key, e)
@@ -127,18 +177,19 @@ class StepCache(CachePolicy):
             Path(storage.local_path(uri)).unlink(missing_ok=True)
 
 
-def results_storage(root: str):
-    """Where the task results live: a folder under the storage root (a saved block when remote)."""
+def results_storage(root: str) -> tuple[str, str]:
+    """Where the task results live: a folder under the storage root, as a saved block of ours that checks every
+    record it hands Prefect (`checked_record`). Its slug, and the folder's URI."""
     uri = layout.results(root)
-    if not storage.is_remote(uri):
+    if storage.is_remote(uri):
+        block = CheckedRemoteResults(basepath=uri)
+    else:
         path = Path(storage.local_path(uri)).resolve()
         path.mkdir(parents=True, exist_ok=True)
-        return path, str(path)
-    from prefect.filesystems import RemoteFileSystem
-
+        uri, block = str(path), CheckedLocalResults(basepath=str(path))
     name = "shardline-results-" + hash_objects(uri)[:12]
-    RemoteFileSystem(basepath=uri).save(name, overwrite=True)
-    return f"remote-file-system/{name}", uri
+    block.save(name, overwrite=True)
+    return f"{block._block_type_slug}/{name}", uri
 
 
 def cached(task, rule: CacheRule, root: str, refresh: bool = False):

@@ -48,13 +48,16 @@ from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 ENCODER_VERSION = "7"
 
 
+ENCODER = "shardline.core.encoding.write"  # the encode's body: reads the raw files, writes the shards
+
+
 def encoder_code() -> str:
     """The version of the code that decides a shard's bytes: the encode's body (`shardline.core.encoding.write`: it
     reads the raw files and writes the shards) and what it imports (the encoder, `shardline.core.encoding.group`,
     ...). Part of a group's address, so an edit to that code stores new folders and never rewrites a shard that
     another snapshot's manifest lists; the step around it (this module: its tasks, retries and logs) is not: an
     edit here encodes nothing again."""
-    return code_version_of("shardline.core.encoding.write")
+    return code_version_of(ENCODER)
 
 
 def group_key(files: list[RawFile], data: DataConfig, tokenizer: str | None = None) -> str:
@@ -220,7 +223,7 @@ ENCODE_GROUP_CACHE = CacheRule(
         group_key(inputs["files"], inputs["data"], (inputs.get("tokenizer") or (None, None))[1]),
         inputs["store"],
     ),
-    code=(__name__,),
+    code=(ENCODER,),  # the code that writes the bytes: an edit to this step's logs or retries encodes nothing
     still_valid=lambda group, inputs: (
         group.key is not None and shards_intact(group.shards, storage.join(inputs["store"], group.key))
     ),
@@ -236,7 +239,7 @@ TOKENIZER_CACHE = CacheRule(
         contract(inputs["data"]).get("tokenizer"),
         inputs["out_dir"],
     ),
-    code=(__name__,),
+    code=(ENCODER,),
     still_valid=lambda result, inputs: (
         storage.exists(result[0]) and sha256_text(storage.read_text(result[0])) == result[1]
     ),

@@ -18,6 +18,7 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import ModelConfig, PipelineConfig, metric_key
+from shardline.core.lease import Lease
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.metrics import report as R
 from shardline.core.secrets import redact_text, redacted_errors
@@ -205,7 +206,6 @@ def register_model(
     registering at once decide one after the other, each on a fresh read of the champion."""
 
     from shardline.core import layout
-    from shardline.core.lease import Lease
 
     name = config.mlflow.model_name
     lock = Lease(
@@ -214,7 +214,7 @@ def register_model(
     )
     lock.acquire(on_wait=lambda who: logging.getLogger("shardline.register").warning("register: waiting for %s", who))
     try:
-        return _register_model(config, snapshot, manifest_uri, train_result, eval_result)
+        return _register_model(config, snapshot, manifest_uri, train_result, eval_result, lock)
     finally:
         lock.release()
 
@@ -234,7 +234,12 @@ def _who() -> str:
 
 
 def _register_model(
-    config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: TrainResult, eval_result: EvalResult
+    config: PipelineConfig,
+    snapshot: Snapshot,
+    manifest_uri: str,
+    train_result: TrainResult,
+    eval_result: EvalResult,
+    lock: Lease,
 ) -> Registered:
     import mlflow
     import torch
@@ -268,7 +273,9 @@ def _register_model(
             config.mlflow.model_name,
             same.version,
         )
-        return _gate(config, manifest, snapshot, train_result, eval_result, tracker, metric_name, new_value, *same_ids)
+        return _gate(
+            config, manifest, snapshot, train_result, eval_result, tracker, metric_name, new_value, *same_ids, lock
+        )
     if same is not None:  # the same model, registered before (only where or how fast it trained changed)
         aliases = list(client.get_model_version(config.mlflow.model_name, same.version).aliases or [])
         logging.getLogger("shardline.register").warning(
@@ -305,6 +312,7 @@ def _register_model(
     if config.model.entrypoint:
         tags["shardline.model_entrypoint"] = config.model.entrypoint
         tags["shardline.model_code_version"] = user_code_version(config.model.entrypoint, config.model.code_dir)
+    _drop_unregistered(client, run_id, identity)
     ckpt = load_checkpoint(train_result.best_checkpoint)
     with fluent_tracking_uri(tracker.uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
         tmp = Path(tmp)
@@ -348,8 +356,34 @@ def _register_model(
             info.model_uri, config.mlflow.model_name, tags={**tags, model_files.FILES_TAG: files_sha256}
         )
     return _gate(
-        config, manifest, snapshot, train_result, eval_result, tracker, metric_name, new_value, version.version, run_id
+        config,
+        manifest,
+        snapshot,
+        train_result,
+        eval_result,
+        tracker,
+        metric_name,
+        new_value,
+        version.version,
+        run_id,
+        lock,
     )
+
+
+def _drop_unregistered(client, run_id: str, identity: str) -> None:
+    """A model this run logged for this identity that no version holds (a registration killed between `log_model`
+    and `register_model`) is deleted before it is logged again: the run keeps one model per registration."""
+    run = client.get_run(run_id)
+    found = client.search_logged_models([run.info.experiment_id], filter_string=f"tags.`{IDENTITY_TAG}` = '{identity}'")
+    for model in found:
+        if model.source_run_id == run_id:
+            logging.getLogger("shardline.register").warning(
+                "register: run %s holds model %s, logged by a registration that stopped before it registered a "
+                "version: deleted, logged again",
+                run_id,
+                model.model_id,
+            )
+            client.delete_logged_model(model.model_id)
 
 
 def _gate(
@@ -363,9 +397,12 @@ def _gate(
     new_value: float,
     version: str,
     run_id: str,
+    lock: Lease,
 ) -> Registered:
     """The champion gate on registered `version`: compare it with the champion (re-scored on this test split when
-    it was tested on other data), record the decision on the version, move the alias."""
+    it was tested on other data), record the decision on the version, move the alias. The registry lease `lock` is
+    renewed right before the alias moves: a registration that lost it (it stalled past the lease and another took
+    it) stops there, with `LeaseLost`, and moves nothing."""
     client, spec = tracker.client, manifest.encoding
     for k, v in eval_result.metrics.items():  # for reading: the gate reads the run's full-precision metric
         client.set_model_version_tag(config.mlflow.model_name, version, f"metric.{metric_key(k)}", R.format_number(v))
@@ -415,6 +452,7 @@ def _gate(
         "compared": compared,
         "decision": alias,
     }
+    lock.renew()  # raises LeaseLost when another registration took the lease: this one decides nothing
     # what the gate compared, on the version; an alias move also on the version it moved from
     client.set_model_version_tag(name, version, "shardline.gate", json.dumps(record))
     client.set_registered_model_alias(name, alias, version)

@@ -8,7 +8,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -103,23 +102,15 @@ def preempt_machine(log: Callable[[str], None], step: int) -> None:
 def setting_hooks(log: Callable[[str], None] = print) -> dict:
     """`Callbacks` fields for what the environment asks of a run started by a command, a worker or torchrun, where
     no caller can pass a function: `SHARDLINE_PREEMPT_AT_STEP` (`shardline rehearse`: a run that did not resume
-    preempts itself at that step, the real path), and for the tests that kill or watch a real run mid-way,
-    `SHARDLINE_TEST_STEP_DELAY` / `SHARDLINE_TEST_LOADER_DELAY` (a slower step, a starved loader). Unset: none."""
+    preempts itself at that step, the real path). Unset: none."""
     from shardline.core.config import settings
 
-    step_delay = settings.number("SHARDLINE_TEST_STEP_DELAY")
-    loader_delay = settings.number("SHARDLINE_TEST_LOADER_DELAY")
     preempt_at = int(settings.number("SHARDLINE_PREEMPT_AT_STEP"))
-    hooks = {}
-    if loader_delay:
-        hooks["after_fetch"] = lambda: time.sleep(loader_delay)
-    if step_delay or preempt_at:
+    if not preempt_at:
+        return {}
 
-        def after_step(step: int, resumed: bool) -> None:
-            if step_delay:
-                time.sleep(step_delay)
-            if preempt_at and step == preempt_at and not resumed:
-                preempt_machine(log, preempt_at)
+    def after_step(step: int, resumed: bool) -> None:
+        if step == preempt_at and not resumed:
+            preempt_machine(log, preempt_at)
 
-        hooks["after_step"] = after_step
-    return hooks
+    return {"after_step": after_step}

@@ -99,8 +99,6 @@ SETTINGS: dict[str, Setting] = {
             None,
             "set by a local sweep for a trial's process: the trial stops at a checkpoint once that process is gone",
         ),
-        Setting("SHARDLINE_TEST_STEP_DELAY", "seconds", 0, "tests only: each optimizer step takes this much longer"),
-        Setting("SHARDLINE_TEST_LOADER_DELAY", "seconds", 0, "tests only: each batch takes this much longer to come"),
     )
 }
 
