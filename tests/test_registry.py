@@ -122,7 +122,7 @@ def test_a_registration_that_lost_its_lease_moves_no_alias(base, prefect_api, mo
     """A registration that stalled past its registry lease while another took it stops before the gate's tag and
     the alias (`LeaseLost`); the next run gates the version it left."""
     from shardline.core import layout, storage
-    from shardline.core.lease import Lease, LeaseLost, _create_exclusive, _name, read_current
+    from shardline.core.lease import Lease, LeaseLost, create_exclusive, _name, read_current
     from shardline.tasks import register as register_module
 
     tmp_path, cfg = base
@@ -134,7 +134,7 @@ def test_a_registration_that_lost_its_lease_moves_no_alias(base, prefect_api, mo
         folder = layout.registry_lock(str(tmp_path / "store"), name)
         gen, _ = read_current(folder)  # as another registration takes a lease whose holder went silent (it
         # ends in half a second, unreleased: the next run takes it once expired)
-        assert _create_exclusive(storage.join(folder, _name(gen + 1)), Lease(folder, "another", ttl=0.5)._record())
+        assert create_exclusive(storage.join(folder, _name(gen + 1)), Lease(folder, "another", ttl=0.5)._record())
         return decided
 
     monkeypatch.setattr(register_module, "champion_gate", gate_then_lease_taken)

@@ -208,6 +208,7 @@ def _sweep_plan(
     n: int | None,
     seed: int,
     folds: bool = False,
+    tpe: int | None = None,
 ):
     """The checked sweep and the space as given, or exit 2 naming what to fix (nothing has started)."""
     import yaml
@@ -217,15 +218,17 @@ def _sweep_plan(
 
     if grid and space_path is not None:
         _fail("give --grid key=v1,v2 ... or --space SPACE.yaml, not both", 2)
-    if n is not None and space_path is None:
-        _fail("--random N draws from a search space: add --space SPACE.yaml", 2)
+    if n is not None and tpe is not None:
+        _fail("give --random N or --tpe N, not both", 2)
+    if (n is not None or tpe is not None) and space_path is None:
+        _fail(f"--{'random' if n is not None else 'tpe'} N draws from a search space: add --space SPACE.yaml", 2)
     if not grid and space_path is None and not folds:
         _fail("nothing to sweep: give --grid key=v1,v2 (repeatable) or --random N --space SPACE.yaml", 2)
     try:
         raw = apply_overrides(read_yaml(config_path), list(set_))
         space = parse_grid(grid) if grid else read_space(space_path) if space_path else {}
         swept = with_folds(space, validate_config(raw, f"'{config_path}'")) if folds else space
-        plan = plan_sweep(raw, swept, n, seed)
+        plan = plan_sweep(raw, swept, tpe if tpe is not None else n, seed, "tpe" if tpe is not None else None)
     except ConfigError as e:
         _fail(str(e), 2)
     _load(config_path, list(set_))  # the user's model imports (the same check as `run`)
@@ -240,6 +243,14 @@ def sweep(
         [], "--grid", help="a key and its values, e.g. --grid training.lr=0.01,0.001 (repeatable: every combination)"
     ),
     random_n: int | None = typer.Option(None, "--random", min=1, help="draw N trials at random from --space"),
+    tpe_n: int | None = typer.Option(
+        None, "--tpe", min=1, help="N trials from --space proposed by Optuna's TPE sampler, each from those finished"
+    ),
+    prune: str | None = typer.Option(
+        None,
+        "--prune",
+        help="stop trials that fall behind at an epoch's end, by Optuna's pruner: median or hyperband",
+    ),
     space_path: Path | None = typer.Option(
         None, "--space", help="search space YAML: dotted keys to a list of values or {low, high, log, int}"
     ),
@@ -262,18 +273,39 @@ def sweep(
     """Train one model per trial (the config with a few keys overridden), concurrently; register the best.
 
     Ingest and encode run once (once per data setting a trial changes); each trial is a cached, resumable
-    training run: the same command again trains only the trials that did not finish. The best trial by
-    its validation score is evaluated on the test split and registered behind the champion gate.
+    training run: the same command again trains only the trials that did not finish. The trials are an Optuna
+    study in the sweep's folder (grid, --random, or --tpe proposals); --prune stops those falling behind. The
+    best trial by its validation score is evaluated on the test split and registered behind the champion gate.
     """
-    plan, space = _sweep_plan(config_path, set_, grid, space_path, random_n, seed, folds)  # before Prefect starts
+    plan, space = _sweep_plan(config_path, set_, grid, space_path, random_n, seed, folds, tpe_n)  # before Prefect
+    if prune is not None:
+        from shardline.core.sweep import SweepError
+        from shardline.tasks.sweep import check_pruning
+
+        try:
+            check_pruning(plan, prune)
+        except SweepError as e:
+            _fail(str(e), 2)
     from shardline.core.encoding.columns import DataError
     from shardline.flows.sweep import sweep as sweep_flow
 
-    typer.echo(f"sweep: {len(plan.trials)} {plan.mode} trial(s) over {', '.join(plan.keys)}", err=True)
+    pruned = f", pruned by {prune}" if prune else ""
+    typer.echo(
+        f"sweep: {plan.size or len(plan.trials)} {plan.mode} trial(s) over {', '.join(plan.keys)}{pruned}", err=True
+    )
     try:
         start_ephemeral_api()  # without a server: one that the terminal's Ctrl-C does not stop under the trials
         with _console_quiet(verbose):
-            result = sweep_flow(plan.base, space, trials=random_n, seed=seed, at_once=at_once, folds=folds)
+            result = sweep_flow(
+                plan.base,
+                space,
+                trials=tpe_n if tpe_n is not None else random_n,
+                seed=seed,
+                at_once=at_once,
+                folds=folds,
+                sampler="tpe" if tpe_n is not None else None,
+                prune=prune,
+            )
     except KeyboardInterrupt:
         _fail("interrupted; run the same command again: finished trials are cached, the others resume", 130)
     except (DataError, ValueError, FileNotFoundError, RuntimeError) as e:

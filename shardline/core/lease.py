@@ -49,7 +49,7 @@ class LeaseHeld(RuntimeError):
     """The lease is held by someone else (the message names who, where, and until when)."""
 
 
-def _create_exclusive(uri: str, data: bytes) -> bool:
+def create_exclusive(uri: str, data: bytes) -> bool:
     """Write `uri` only if it does not exist (atomically, with its whole content); False when it does."""
     if storage.is_remote(uri):
         fs, path = storage.filesystem(uri)
@@ -183,7 +183,7 @@ class Lease:
         gone = live and holder_gone(record)
         if live and not gone:
             return False, record
-        if _create_exclusive(storage.join(self.folder, _name(gen + 1)), self._record()):
+        if create_exclusive(storage.join(self.folder, _name(gen + 1)), self._record()):
             self.gen = gen + 1
             self.taken_from = record if gone else None
             self._prune()

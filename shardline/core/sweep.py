@@ -273,13 +273,17 @@ class Plan:
 
     base: PipelineConfig
     space: Space
-    mode: str  # "grid" or "random"
+    mode: str  # "grid", "random" or "tpe"
     seed: int | None
     trials: list[Trial]
     configs: list[PipelineConfig]
 
+    size: int = 0  # tpe: how many trials Optuna proposes (they are asked one by one, not planned)
+
     @property
     def id(self) -> str:
+        if self.mode == "tpe":  # its trials are Optuna's answers: the sweep is its space, seed and size
+            return stable_hash({"base": self.base.hash(), "tpe": [self.describe_space(), self.seed, self.size]})[:16]
         return stable_hash(
             {"base": self.base.hash(), "trials": [[t.id, t.overrides] for t in self.trials]},
         )[:16]
@@ -319,10 +323,18 @@ def trial_config(raw: dict, trial: Trial) -> PipelineConfig:
         raise SweepError(str(e)) from None
 
 
-def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0) -> Plan:
+def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0, sampler: str | None = None) -> Plan:
     """Check a sweep before any work: the base config (`raw`, after `extends` and `--set`), the space, and
-    every trial's config. `trials`: draw that many at random; None: the grid."""
+    every trial's config. `trials`: draw that many at random; None: the grid. `sampler="tpe"`: `trials` proposed
+    one by one by Optuna's TPE sampler from the finished ones (each checked as it is proposed)."""
     base = validate_config(raw, "(the sweep's base config)")
+    if sampler == "tpe":
+        if trials is None:
+            raise SweepError("--tpe N: say how many trials Optuna proposes")
+        if FOLD_KEY in space:
+            raise SweepError(f"a tpe sweep cannot cross-validate ({FOLD_KEY} in the space, or --folds): sweep a grid")
+        check_keys(list(space), "the search space")
+        return Plan(base, space, "tpe", seed, [], [], size=trials)
     if trials is not None and FOLD_KEY in space:
         # a random draw would pick one fold per setting, not every fold: no mean over the folds to compare
         raise SweepError(
@@ -399,9 +411,10 @@ def _finite(value: Any) -> bool:
 
 
 def best_of(rows: list[dict]) -> dict | None:
-    """The row of the best finished trial by its score (`score`, `direction`), or None when none finished.
-    Ties go to the earlier trial."""
-    done = [r for r in rows if r.get("score") is not None]
+    """The row of the best finished trial by its score (`score`, `direction`), or None when none finished; a
+    trial its pruner stopped only when every trial was. Ties go to the earlier trial."""
+    scored = [r for r in rows if r.get("score") is not None]
+    done = [r for r in scored if r.get("state") != "pruned"] or scored  # a pruned trial's score is of fewer epochs
     if not done:
         return None
     sign = -1 if done[0]["direction"] == "maximize" else 1

@@ -42,6 +42,8 @@ from shardline.tasks.caching import run_cached
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.register import REGISTER_CACHE, register
 from shardline.tasks.sweep import (
+    SweepStudy,
+    check_pruning,
     finish_parent_run,
     parent_pages,
     parent_run,
@@ -69,11 +71,15 @@ def sweep(
     seed: int = 0,
     at_once: int | None = None,
     folds: bool = False,
+    sampler: str | None = None,
+    prune: str | None = None,
 ) -> dict:
     """Train one model per trial of `space` (a YAML path or the space itself: dotted config keys to a list
     of values or {low, high, log, int}) over `config`; register the best. `trials`: that many drawn at random
     with `seed`; None: the grid of the lists. `at_once`: trials training at once (default: all of them on a
-    deployment's pool, two here)."""
+    deployment's pool, two here). `sampler="tpe"`: `trials` proposed by Optuna's TPE sampler as trials finish;
+    `prune` ("median", "hyperband"): Optuna's pruner stops the trials that fall behind at an epoch's end. The trials
+    are an Optuna study in the sweep's folder: the same sweep again continues it."""
     install_log_redaction()
     return_freed_memory()
     log = get_run_logger()
@@ -85,27 +91,36 @@ def sweep(
         given = validate_config(raw, "(the sweep's base config)")
         init_from = pinned(given, resolve_parent(given)).training.init_from
         raw = {**raw, "training": {**raw["training"], "init_from": init_from}}
-    plan = plan_sweep(raw, space, trials, seed)
+    plan = plan_sweep(raw, space, trials, seed, sampler)
+    check_pruning(plan, prune)
     base = plan.base
     root = base.storage.root
-    log.info("sweep %s: %d %s trial(s) over %s", plan.id, len(plan.trials), plan.mode, ", ".join(plan.keys))
+    n = plan.size or len(plan.trials)
+    log.info("sweep %s: %d %s trial(s) over %s", plan.id, n, plan.mode, ", ".join(plan.keys))
 
     data, ran = {}, {"ingest": False, "encode": False}
-    for config_ in plan.configs:  # one ingest and encode per data setting; the encode's own cache shares the rest
-        key = data_key(config_)
-        if key not in data:
-            *data[key], did = encoded_data(config_)
-            ran = {step: ran[step] or did[step] for step in ran}
+
+    def with_data(pairs):  # one ingest and encode per data setting; the encode's own cache shares the rest
+        for trial, config_ in pairs:
+            if (key := data_key(config_)) not in data:
+                *data[key], did = encoded_data(config_)
+                ran.update({step: ran[step] or did[step] for step in ran})
+            yield trial, config_
+
+    for _ in with_data([(None, c) for c in plan.configs or [base]]):
+        pass
 
     folder = sweep_folder(root, plan.id)
+    study = SweepStudy(plan, folder, prune, raw)
     remote = base.compute.train_on == "deployment"
-    at_once = at_once or (len(plan.trials) if remote else default_at_once(len(plan.trials)))
+    at_once = at_once or (n if remote else default_at_once(n))
     threads = None if remote else cpu_share(at_once)
     here = train if remote else partial(train_in_child, train, cpu_threads=threads)
     if not remote:
         log.info("sweep: %d trial(s) at once on this machine, %d torch thread(s) each", at_once, threads)
     with parent_run(plan, folder) as parent:  # ended KILLED or FAILED if the sweep is interrupted or fails
-        outcomes = train_trials(plan, data, parent.run_id, at_once, here)
+        pairs = with_data(study.proposed()) if plan.mode == "tpe" else None
+        outcomes = train_trials(plan, data, parent.run_id, at_once, here, study=study, pairs=pairs)
         rows = [row for row, _ in outcomes]
         cv = is_cross_validation(plan.space)
         settings = cross_validate(rows) if cv else None
@@ -166,10 +181,11 @@ def sweep(
         [f"mlflow-run:{parent.run_id}", f"model:{registered.model_name}"] if parent.run_id else [],
         name=f"{base.name} · sweep · best {trial.id} · {version}",
     )
-    counts = {s: sum(r["state"] == s for r in rows) for s in ("ran", "cached", "failed")}
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("ran", "cached", "pruned", "failed")}
     return {
         "sweep_id": plan.id,
         "mode": plan.mode,
+        "pruner": prune,
         "keys": plan.keys,
         "parent_run_id": parent.run_id,
         "parent_page": pages.get(parent.run_id) if parent.run_id else None,

@@ -14,6 +14,7 @@ from shardline.core.failures import InfrastructureFailure, is_infrastructure_fai
 from shardline.core.memory import return_freed_memory
 from shardline.core.parent_watch import stop_when_parent_exits
 from shardline.core.secrets import install_log_redaction, redacted_errors
+from shardline.core.study import Pruning
 from shardline.runs import links
 from shardline.runs.result import Parent, TrainResult
 from shardline.runs.training_run import run_training
@@ -29,6 +30,7 @@ def train(
     cpu_threads: int | None = None,
     watched: bool = False,
     parent: Parent | None = None,
+    pruning: Pruning | None = None,
 ) -> TrainResult:
     """Train the configured model on the manifest's shards (in `run_folder`, when the pipeline chose it);
         return the best checkpoint and its scores. `mlflow_tags`: tags of a new MLflow run (a sweep's trial:
@@ -36,7 +38,8 @@ def train(
         several trainings share it); `watched`: run by a watchdog that sees only this flow run's state (a dispatched
     run, a sweep's trial in a child process), which then raises an infrastructure failure as `InfrastructureFailure`
     so that the watchdog can tell it from an error in the code, config or data. `parent`: the fine-tune parent the
-    pipeline resolved (run on its own, the training resolves `training.init_from` itself, once)."""
+    pipeline resolved (run on its own, the training resolves `training.init_from` itself, once). `pruning`: a sweep's
+    trial, reporting each epoch to its study, whose pruner may stop it early."""
     install_log_redaction()  # a worker's process too: no secret in its console or the Prefect API's logs
     return_freed_memory()  # buffers of shards decompressed for a moment go back to the system when freed
     stop_when_parent_exits()  # a sweep's child process: stops like a preempted run when the sweep dies
@@ -45,7 +48,7 @@ def train(
 
         torch.set_num_threads(cpu_threads)
     try:
-        return run_training(manifest_uri, config, run_folder, mlflow_tags, parent)
+        return run_training(manifest_uri, config, run_folder, mlflow_tags, parent, pruning)
     except Exception as e:
         if watched and not isinstance(e, InfrastructureFailure) and is_infrastructure_failure(e):
             # by type, here where the error is: a dispatched run's watchdog sees only the flow run's state

@@ -60,6 +60,7 @@ class TrainResult(BaseModel):
     flow_run_id: str | None  # the Prefect run that finished it
     cost: dict | None  # GPU-hours and USD of every attempt, wasted ones said (an estimate: cost.json)
     flow_runs: list[dict] | None = None  # dispatched to a deployment: its flow runs, each with its final state
+    pruned_epoch: int | None = None  # a sweep's trial its pruner stopped after this epoch (1-based)
 
     @classmethod
     def read(cls, folder: str, flow_runs: list[dict] | None = None) -> TrainResult:

@@ -5,6 +5,7 @@ checkpoints for a dispatcher on another machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import socket
@@ -20,6 +21,7 @@ from shardline.core.encoding.contract import contract, contract_differences, con
 from shardline.core.manifest import Manifest
 from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.secrets import redact_text
+from shardline.core.study import PRUNED_TAG, Pruning
 from shardline.core.tracking.system import CPU_KEY, SystemSampler
 from shardline.core.tracking.tracker import Tracker, flatten
 from shardline.core.version import code_version, user_code_version
@@ -173,13 +175,14 @@ def run_training(
     folder: str | None = None,
     mlflow_tags: dict[str, str] | None = None,
     parent: Parent | None = None,
+    pruning: Pruning | None = None,
 ) -> TrainResult:
     """Train the configured model on the manifest's shards in `folder` (default: `run_dir`; the pipeline
     passes the one it chose, so a worker with other code writes where the pipeline reads), resuming its
     newest checkpoint; return the best checkpoint and its scores (also written there as `result.json`).
     `mlflow_tags` go on the MLflow run when it is created (a sweep's trial: its parent run, its overrides).
     `parent`: the fine-tune parent the caller resolved (else resolved here, once: the folder and the starting
-    weights agree)."""
+    weights agree). `pruning`: a sweep's trial reports each epoch to its study, whose pruner may stop it early."""
     from shardline.core.lease import Lease
 
     log = run_logger()  # the training flow run's, also when the pipeline's train task calls it as a subflow
@@ -219,7 +222,9 @@ def run_training(
         # this attempt's entry in the run's cost ledger (cost.json), and the budget it trains within
         ledger, deadline = training_cost.open_ledger(config, folder, log)
         try:
-            return _run_training(manifest_uri, manifest, config, folder, parent, lease, ledger, deadline, mlflow_tags)
+            return _run_training(
+                manifest_uri, manifest, config, folder, parent, lease, ledger, deadline, mlflow_tags, pruning
+            )
         except BaseException:
             ledger.end("failed")  # an attempt that ended before fit could say how (an outcome said stays)
             raise
@@ -237,6 +242,7 @@ def _run_training(
     ledger,
     deadline,
     mlflow_tags=None,
+    pruning: Pruning | None = None,
 ) -> TrainResult:
     from shardline.core.failures import BudgetExceeded, Preempted
     from shardline.trainer.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint
@@ -343,6 +349,8 @@ def _run_training(
     else:
         body = partial(fit, train_data, val_data)
     callbacks = Callbacks(log.info, on_step, on_epoch, on_checkpoint, on_progress, **setting_hooks(log.info))
+    if pruning is not None:  # a sweep's trial: each epoch reported to its study, whose pruner may stop it
+        callbacks = dataclasses.replace(callbacks, prune=pruning.callback(log.info))
     options = FitOptions(
         run_meta={"mlflow_run_id": run_id, "config_hash": config.hash(), "manifest": manifest_uri},
         step_every=None,  # about STEP_POINTS points a run, every step of a short one
@@ -384,6 +392,9 @@ def _run_training(
         tracker.set_tags({f"shardline.init_from.{k}": str(len(init[k])) for k in ("loaded", "new", "skipped")})
     if result.best_epoch is not None:
         tracker.log_metrics({"best_epoch": result.best_epoch}, result.steps)
+    if result.pruned_epoch is not None:  # ended early by the sweep's pruner: said on both runs
+        tracker.set_tags({PRUNED_TAG: str(result.pruned_epoch)})
+        links.tag_flow_run(["pruned"])
     cost = training_cost.close_cost(tracker, ledger, "finished", result.steps, log)
     tracker.end("FINISHED")
     best = best_checkpoint(ckpt_dir)
@@ -408,6 +419,7 @@ def _run_training(
         host=socket.gethostname(),
         flow_run_id=(links.current_flow_run() or {}).get("id"),
         cost=cost,
+        pruned_epoch=result.pruned_epoch,
     )
     storage.write_text(storage.join(folder, RESULT_FILE), out.model_dump_json(indent=1))
     return out

@@ -26,6 +26,7 @@ from shardline.core.cost.ledger import add_up
 from shardline.core.failures import InfrastructureFailure, failed_on_infrastructure, retry_on_infrastructure
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text, redacted_errors
+from shardline.core.study import Pruning
 from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
 from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
 from shardline.runs import links
@@ -68,6 +69,7 @@ def train_in_child(
     mlflow_tags: dict[str, str] | None = None,
     cpu_threads: int | None = None,
     parent: Parent | None = None,
+    pruning: Pruning | None = None,
 ) -> TrainResult:
     """Run the training flow `flow` in a child process on this machine and return its result (from the run
     folder's `result.json`, as a dispatched run's). The child reaches this process's Prefect API (the
@@ -90,6 +92,7 @@ def train_in_child(
         "mlflow_tags": mlflow_tags,
         "cpu_threads": cpu_threads,
         "parent": parent,
+        "pruning": pruning,
         "watched": True,  # an infrastructure failure is raised as InfrastructureFailure: the trial is retried
     }
     earlier = {r.id for r in _flow_runs(run_tag)}  # an interrupted attempt's: not this child's
@@ -140,18 +143,152 @@ def parent_run(plan: Plan, folder: str) -> Iterator[Tracker]:
         raise
 
 
+def check_pruning(plan: Plan, prune: str | None) -> None:
+    """A pruner needs what it compares: trials of whole epochs in one process each, and no cross-validation."""
+    from shardline.core.study import PRUNERS
+    from shardline.core.sweep import SweepError, is_cross_validation
+
+    if prune is None:
+        return
+    if prune not in PRUNERS:
+        raise SweepError(f"--prune {prune!r}: choose one of {', '.join(PRUNERS)}")
+    if is_cross_validation(plan.space):
+        raise SweepError("--prune with --folds: a setting is judged by its mean over the folds; prune a plain sweep")
+    several = [c for c in [plan.base, *plan.configs] if c.compute.processes_per_node * c.compute.nodes > 1]
+    if several:
+        raise SweepError(
+            "--prune: a pruned trial trains in one process (compute.processes_per_node: 1, compute.nodes: 1); "
+            f"this sweep trains in {several[0].compute.processes_per_node * several[0].compute.nodes}"
+        )
+
+
+class SweepStudy:
+    """The sweep's Optuna study (core/study.py) as the trials see it: each trial is one of the study's, found again
+    by its id when the sweep runs again; its outcome is told when it ends (complete with its score, pruned, failed);
+    with a pruner, each trial's training reports its epochs and may be stopped (`Pruning`)."""
+
+    def __init__(self, plan: Plan, folder: str, pruner: str | None, raw: dict | None = None):
+        from shardline.core.study import make_pruner, make_sampler, open_study
+
+        self.plan, self.pruner, self.raw = plan, pruner, raw
+        self.journal = storage.join(folder, "optuna")
+        base = plan.base.training
+        self.select_by = base.select_by or "val_loss"
+        self.direction = base.select_direction or score_direction(self.select_by)
+        self.epochs = max([base.epochs, *(c.training.epochs for c in plan.configs)])
+        self.study = open_study(
+            self.journal,
+            plan.id,
+            self.direction,
+            make_pruner(pruner, self.epochs),
+            make_sampler(plan.mode, plan.seed or 0),
+        )
+        self.numbers: dict[str, int] = {}  # trial id -> Optuna trial number
+
+    def _known(self) -> dict[str, object]:
+        from shardline.core.study import TRIAL_ATTR
+
+        return {
+            t.user_attrs[TRIAL_ATTR]: t for t in self.study.get_trials(deepcopy=False) if TRIAL_ATTR in t.user_attrs
+        }
+
+    def pruning(self, trial: Trial) -> Pruning | None:
+        """The trial's place in the study (found again, or asked now), and what its training needs to be pruned."""
+        from shardline.core.study import TRIAL_ATTR
+
+        if trial.id not in self.numbers:
+            known = self._known().get(trial.id)
+            if known is None:
+                asked = self.study.ask()
+                asked.set_user_attr(TRIAL_ATTR, trial.id)
+                asked.set_user_attr("overrides", json.dumps(trial.overrides))
+                self.numbers[trial.id] = asked.number
+            else:
+                self.numbers[trial.id] = known.number
+        if self.pruner is None:
+            return None
+        return Pruning(
+            journal=self.journal,
+            study=self.plan.id,
+            trial=self.numbers[trial.id],
+            pruner=self.pruner,
+            epochs=self.epochs,
+            select_by=self.select_by,
+        )
+
+    def proposed(self):
+        """tpe: the study's trials so far (a finished one comes from the train cache, an unfinished one resumes),
+        then Optuna's next proposals, asked one at a time as trials finish, up to the sweep's size. Each is
+        (trial, its config), its config checked as it comes (a value the config refuses fails that trial)."""
+        from shardline.core.study import TRIAL_ATTR, distributions
+
+        dists = distributions(self.plan.space)
+        known = sorted(self._known().values(), key=lambda t: t.number)
+        for t in known:
+            yield self._trial(t.user_attrs[TRIAL_ATTR], t.number, t.params)
+        for _ in range(self.plan.size - len(known)):
+            asked = self.study.ask(dists)
+            trial_id = f"t{asked.number + 1:0{len(str(self.plan.size))}d}"
+            asked.set_user_attr(TRIAL_ATTR, trial_id)
+            yield self._trial(trial_id, asked.number, asked.params)
+
+    def _trial(self, trial_id: str, number: int, params: dict) -> tuple[Trial, PipelineConfig]:
+        from shardline.core.sweep import trial_config
+
+        trial = Trial(trial_id, {k: params[k] for k in self.plan.space if k in params})
+        self.numbers[trial.id] = number
+        config = trial_config(self.raw, trial)
+        self.plan.trials.append(trial)
+        self.plan.configs.append(config)
+        return trial, config
+
+    def tell(self, trial: Trial, row: dict) -> None:
+        """A trial's outcome, told once: its score (complete), pruned, or failed."""
+        from optuna.trial import TrialState
+
+        number = self.numbers.get(trial.id)
+        if number is None:
+            return
+        if row.get("state") == "pruned":
+            self.study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
+        elif row.get("score") is not None:
+            self.study.tell(number, row["score"], skip_if_finished=True)
+        else:
+            self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+
+
 def train_trials(
-    plan: Plan, data: dict, parent_run_id: str | None, at_once: int, train_here, only: list[tuple] | None = None
+    plan: Plan,
+    data: dict,
+    parent_run_id: str | None,
+    at_once: int,
+    train_here,
+    only: list[tuple] | None = None,
+    study: SweepStudy | None = None,
+    pairs=None,
 ) -> list[tuple]:
     """Wire the trials' training (inside a flow run): each trial through the pipeline's cached train step
     (`TRAIN_CACHE`: a finished trial is a cache hit, an unfinished one resumes), `at_once` in flight, the next
-    submitted as soon as one finishes; `data` maps `data_key(config)` to (snapshot, manifest URI, checksum).
-    Returns each trial's (row, training result) in the trials' order (`trial_outcome`)."""
-    futures, running = {}, []
-    pairs = only if only is not None else list(zip(plan.trials, plan.configs))  # `only`: (trial, config) pairs
-    for trial, config in pairs:
-        if len(running) >= at_once:
-            running.remove(next(as_completed(running)))
+    taken only once one finishes (and its outcome is told to the `study`); `data` maps `data_key(config)` to
+    (snapshot, manifest URI, checksum). `pairs`: (trial, config) pairs as they come (tpe: Optuna's proposals);
+    default: the plan's. Returns each trial's (row, training result) in the trials' order (`trial_outcome`)."""
+    futures, running, order = {}, [], []
+    pairs = iter(only if only is not None else pairs if pairs is not None else list(zip(plan.trials, plan.configs)))
+
+    def ended(future) -> None:
+        running.remove(future)
+        if study is not None:
+            trial = next(t for t, _ in order if futures[t.id] is future)
+            study.tell(trial, trial_outcome(trial, future)[0])
+
+    while True:
+        while len(running) >= at_once:
+            ended(next(as_completed(running)))
+        pair = next(pairs, None)
+        if pair is None:
+            break
+        trial, config = pair
+        order.append(pair)
         _, manifest_uri, manifest_hash = data[data_key(config)]
         step = cached(train_step, TRAIN_CACHE, config.storage.root).with_options(
             retries=config.training.max_restarts,
@@ -160,9 +297,14 @@ def train_trials(
             task_run_name=f"train {trial.id}",
         )
         tags = trial_tags(parent_run_id, plan.id, trial)
-        futures[trial.id] = step.submit(manifest_uri, manifest_hash, config, train_here, mlflow_tags=tags)
+        pruning = study.pruning(trial) if study is not None else None
+        futures[trial.id] = step.submit(
+            manifest_uri, manifest_hash, config, train_here, mlflow_tags=tags, pruning=pruning
+        )
         running.append(futures[trial.id])
-    return [trial_outcome(trial, futures[trial.id]) for trial, _ in pairs]
+    while running:
+        ended(next(as_completed(running)))
+    return [trial_outcome(trial, futures[trial.id]) for trial, _ in order]
 
 
 def start_parent_run(plan: Plan, folder: str) -> Tracker:
@@ -178,7 +320,7 @@ def start_parent_run(plan: Plan, folder: str) -> Tracker:
         tracker.log_params(
             {
                 "sweep.mode": plan.mode,
-                "sweep.trials": len(plan.trials),
+                "sweep.trials": plan.size or len(plan.trials),
                 "sweep.seed": plan.seed,
                 **{f"sweep.space.{k}": json.dumps(v) for k, v in plan.describe_space().items()},
             }
@@ -353,7 +495,8 @@ def trial_outcome(trial: Trial, future) -> tuple[dict, TrainResult | None]:
     result = future.result()
     metric, score = trial_score(result.model_dump())
     row.update(
-        state="cached" if state.name == "Cached" else "ran",
+        state="pruned" if result.pruned_epoch is not None else "cached" if state.name == "Cached" else "ran",
+        pruned_epoch=result.pruned_epoch,
         metric=metric,
         score=score,
         direction=score_direction(metric),

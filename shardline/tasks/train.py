@@ -28,6 +28,7 @@ from shardline.core.failures import (
     was_preempted,
 )
 from shardline.core.secrets import job_variables_here, redacted_errors
+from shardline.core.study import Pruning
 from shardline.core.version import TRAINER
 from shardline.runs.result import Parent, TrainResult
 from shardline.runs.training_run import load_manifest, model_identity, run_dir, training_identity
@@ -48,16 +49,18 @@ def train_step(
     fresh: bool = False,
     mlflow_tags: dict[str, str] | None = None,
     parent: Parent | None = None,
+    pruning: Pruning | None = None,
 ) -> TrainResult:
     """Train on the manifest's shards where the config says: here (`train_here`: the training flow as a
     subflow, or in a child process of its own for a sweep's trial), or on the training deployment's work
     pool. The run's folder is chosen here and handed over; `fresh` (`--force train`) trains in a new folder
     instead of returning a finished run. `mlflow_tags` go on a new MLflow run (a sweep's trial: its parent);
-    `parent`: the fine-tune parent the flow resolved, handed on (else the training run resolves it)."""
+    `parent`: the fine-tune parent the flow resolved, handed on (else the training run resolves it); `pruning`: a
+    sweep's trial, which its study's pruner may stop early."""
     folder = run_dir(config, load_manifest(manifest_uri, config), parent, fresh=fresh)
     if config.compute.train_on == "deployment":
-        return dispatch_training(manifest_uri, config, folder, mlflow_tags, parent)
-    return train_here(manifest_uri, config, folder, mlflow_tags=mlflow_tags, parent=parent)
+        return dispatch_training(manifest_uri, config, folder, mlflow_tags, parent, pruning)
+    return train_here(manifest_uri, config, folder, mlflow_tags=mlflow_tags, parent=parent, pruning=pruning)
 
 
 def live_training_run(run_tag: str):
@@ -124,6 +127,7 @@ def dispatch_training(
     folder: str | None = None,
     mlflow_tags: dict[str, str] | None = None,
     parent: Parent | None = None,
+    pruning: Pruning | None = None,
 ) -> TrainResult:
     """Run the training deployment, re-dispatch it while it is preempted, and return its result."""
     from prefect.deployments import run_deployment
@@ -148,6 +152,8 @@ def dispatch_training(
         parameters["mlflow_tags"] = mlflow_tags
     if parent is not None:
         parameters["parent"] = parent.model_dump(mode="json")
+    if pruning is not None:
+        parameters["pruning"] = pruning.model_dump(mode="json")
     runs: list[dict] = []
     for attempt in range(c.max_preemptions + 1):
         live = live_training_run(run_tag) if attempt == 0 else None
@@ -242,13 +248,16 @@ def checkpoint_intact(result: TrainResult, inputs: dict) -> bool:
 
 def train_key(inputs: dict) -> tuple:
     """What decides the trained weights: the data (the manifest's checksum), the model (the user's model
-    code included), the training settings that change what is computed, and the MLflow run they are logged to."""
+    code included), the training settings that change what is computed, and the MLflow run they are logged to; for
+    a sweep's trial under a pruner, its study (a pruned result is that study's answer, not a finished training's)."""
     cfg: PipelineConfig = inputs["config"]
+    pruning = inputs.get("pruning")
     return (
         inputs["manifest_hash"],
         model_identity(cfg.model),
         training_identity(cfg, inputs.get("parent")),
         cfg.mlflow.model_dump(mode="json", include={"tracking_uri", "experiment"}),
+        *([pruning.journal, pruning.study, pruning.pruner] if pruning is not None else []),
     )
 
 

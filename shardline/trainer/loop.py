@@ -84,7 +84,10 @@ class Callbacks:
     validated_epoch, val_loss, select_by, selected (its value), best_epoch, best_score}) when training starts, at
     the first step boundary `FitOptions.progress_seconds` after the last call, and at each epoch's end.
     after_fetch() once a step's batches are in hand (its time counts as waiting for data); after_step(step, resumed)
-    after each optimizer step, before the run checks for a stop (`shardline rehearse` preempts itself there)."""
+    after each optimizer step, before the run checks for a stop (`shardline rehearse` preempts itself there).
+    prune(epoch, history entry) after each epoch's validation but the last, before its checkpoint (a sweep's pruner,
+    one process only): True stops the run after that checkpoint, which records it (a resume with `prune` set
+    returns it; one without trains on)."""
 
     log: Callable[[str], None] = print
     on_step: Callable[[int, dict], None] | None = None
@@ -93,6 +96,7 @@ class Callbacks:
     on_progress: Callable[[dict], None] | None = None
     after_fetch: Callable[[], None] | None = None
     after_step: Callable[[int, bool], None] | None = None
+    prune: Callable[[int, dict], bool] | None = None
 
     def quiet(self) -> Callbacks:
         return Callbacks(log=_quiet, after_fetch=self.after_fetch, after_step=self.after_step)
@@ -133,6 +137,7 @@ class FitResult:
     run_meta: dict = field(default_factory=dict)  # as stored in the checkpoints (the first run's, on resume)
     best_epoch: int | None = None  # 1-based, as the logs count epochs: the epoch of best_checkpoint
     select_by: str = "val_loss"  # the validation metric that chose it
+    pruned_epoch: int | None = None  # 1-based: the epoch after which a sweep's pruner stopped it
 
 
 def fit(
@@ -157,7 +162,7 @@ def fit(
     found = _find_checkpoint(ckpt_dir, opt.resume, ranks, log)
     if found:
         check_same_run(found[1], plan.spec, plan.training, task, plan.windows, ckpt_dir)
-        finished = _finished(found, ckpt_dir, cfg, plan.select_by, run_meta, log)
+        finished = _finished(found, ckpt_dir, cfg, plan.select_by, run_meta, log, cb.prune is not None)
         if finished is not None:
             return finished
     model, run_meta = _build_model(plan, cfg, opt, found is None, run_meta, log, train)
@@ -167,6 +172,7 @@ def fit(
     state = TrainState()
     if found:
         run_meta = _resume(found, step, loader, state, run_meta, cfg, plan, log)
+        state.pruned_epoch = state.pruned_epoch if cb.prune is not None else None  # without a pruner: train on
     step.start(fresh=found is None)
     saver = _Checkpoints(ckpt_dir, cfg, plan, step, loader, run_meta, task, cb.on_checkpoint)
     log(_start_line(plan, cfg, model, train))
@@ -248,10 +254,14 @@ def fit(
             step.epoch_end()  # the model's own scheduler, when it steps once an epoch: before the epoch's checkpoint
             if cb.on_epoch is not None:
                 cb.on_epoch(epoch, {k: v for k, v in entry.items() if k not in ("epoch", "step")})
+            if cb.prune is not None and epoch < cfg.epochs - 1 and cb.prune(epoch, entry):
+                state.pruned_epoch = epoch + 1  # decided before the checkpoint, which keeps the decision
             last = saver.save(state, is_best=is_best)
             if ranks.is_main:
                 log(_epoch_line(entry, metrics, cfg, plan.select_by, is_best, pace))
             progress.epoch_end(epoch, step_loss)
+            if state.pruned_epoch is not None:
+                break
             stopping, spent = _any_rank(plan, stop.signal_name, epoch < cfg.epochs - 1 and time.monotonic() >= stop_at)
             if stopping:
                 raise Preempted(last, stopping)
@@ -375,6 +385,7 @@ def _result(state: TrainState, ckpt_dir: str, cfg, plan: _Plan, found, run_meta:
         run_meta=run_meta,
         best_epoch=state.best_epoch,
         select_by=plan.select_by,
+        pruned_epoch=state.pruned_epoch,
     )
 
 
@@ -408,14 +419,18 @@ def _find_checkpoint(ckpt_dir: str, resume: bool, ranks: World, log) -> tuple[st
     return found
 
 
-def _finished(found, ckpt_dir: str, cfg: TrainingConfig, select_by: str, run_meta: dict, log) -> FitResult | None:
-    """A run whose last epoch is checkpointed: its result, without training."""
+def _finished(
+    found, ckpt_dir: str, cfg: TrainingConfig, select_by: str, run_meta: dict, log, pruning: bool
+) -> FitResult | None:
+    """A run whose last epoch is checkpointed (or, while `pruning`, one its pruner stopped): its result, without
+    training."""
     side = found[1]
     if side.get("best_checkpoint") and not point_best(ckpt_dir, side["best_checkpoint"]):
         log(f"warning: the best checkpoint {side['best_checkpoint']} in {ckpt_dir} is missing or damaged")
-    if not (side["epoch_complete"] and side["epoch"] == cfg.epochs - 1):
+    pruned = side.get("pruned_epoch") if pruning else None
+    if not (side["epoch_complete"] and (side["epoch"] == cfg.epochs - 1 or pruned)):
         return None
-    log(f"training already finished in {ckpt_dir} ({side['step']} steps): returning its result")
+    log(f"training already {'pruned' if pruned else 'finished'} in {ckpt_dir} ({side['step']} steps): its result")
     best = best_checkpoint(ckpt_dir)
     return FitResult(
         best_checkpoint=best[0] if best else join(ckpt_dir, side["best_checkpoint"]),
@@ -429,6 +444,7 @@ def _finished(found, ckpt_dir: str, cfg: TrainingConfig, select_by: str, run_met
         run_meta={**side.get("run_meta", {}), **run_meta},
         best_epoch=side.get("best_epoch"),
         select_by=select_by,
+        pruned_epoch=pruned,
     )
 
 
@@ -537,7 +553,15 @@ class _Checkpoints:
         meta = {
             **{
                 k: loop[k]
-                for k in ("epoch", "epoch_step", "epoch_complete", "best_score", "best_epoch", "best_checkpoint")
+                for k in (
+                    "epoch",
+                    "epoch_step",
+                    "epoch_complete",
+                    "best_score",
+                    "best_epoch",
+                    "best_checkpoint",
+                    "pruned_epoch",
+                )
             },
             "loader": self.loader.state_dict(),
             "metrics": history[-1] if history and state.epoch_complete else {},

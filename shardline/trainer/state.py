@@ -27,6 +27,7 @@ class TrainState:
     best_epoch: int | None = None  # 1-based, as the logs count epochs
     best_checkpoint: str | None = None  # file names in the checkpoint folder
     last_checkpoint: str | None = None
+    pruned_epoch: int | None = None  # 1-based: a sweep's pruner stopped the run after this epoch
     history: list[dict] = field(default_factory=list)
 
     def state_dict(self) -> dict:

@@ -1,0 +1,118 @@
+"""Sweeps on Optuna: trials that fall behind are pruned at an epoch's end (said in MLflow, Prefect and the study),
+the study lives in the storage root and a rerun continues it, TPE proposes trials from the finished ones, and a
+trial preempted mid-epoch reports the same values to its pruner as one that never stopped. Real Prefect API, real
+MLflow store, real (tiny) trainings, Optuna's own samplers and pruners."""
+
+from __future__ import annotations
+
+import threading
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+
+from shardline.core.storage import join
+from shardline.core.study import PRUNED_TAG, StorageJournal, open_study
+from tests.conftest import make_raw, tiny_config
+
+pytestmark = pytest.mark.e2e
+
+
+def run_sweep(cfg: dict, space: dict, **kw) -> dict:
+    from shardline.core.config import validate_config
+    from shardline.flows.sweep import sweep
+
+    return sweep(validate_config(cfg), space, **kw)
+
+
+def study_of(result: dict):
+    return open_study(join(result["folder"], "optuna"), result["sweep_id"], None)
+
+
+@pytest.fixture
+def data(tmp_path):
+    make_raw(tmp_path / "raw", n_seq=12, rows=50)
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 3})
+    return tmp_path, cfg
+
+
+def test_trials_that_fall_behind_are_pruned_and_a_rerun_continues_the_study(data, prefect_api):
+    """Median pruning, one trial at a time: the two first trials (good learning rates) finish; the two with a
+    learning rate that learns nothing fall below the median at their first epoch and stop there, with a
+    checkpoint. Pruned in the study, on their MLflow runs and their Prefect flow runs; the best finished trial
+    is registered. The same sweep again opens the same study: no trial is added or trained again."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    tmp_path, cfg = data
+    space = {"training.lr": [0.05, 0.03, 1e-7, 2e-7]}
+    first = run_sweep(cfg, space, at_once=1, prune="median")
+    rows = {r["trial"]: r for r in first["trials"]}
+    assert [rows[t]["state"] for t in ("t1", "t2")] == ["ran", "ran"]
+    assert [(rows[t]["state"], rows[t]["pruned_epoch"]) for t in ("t3", "t4")] == [("pruned", 1), ("pruned", 1)]
+    assert first["best"]["trial"] in ("t1", "t2") and first["registered"]["version"] == 1
+    assert "pruned" in first["steps"]["train"]
+
+    study = study_of(first)
+    states = {t.user_attrs["shardline.trial"]: t.state for t in study.trials}
+    assert states == {
+        "t1": optuna.trial.TrialState.COMPLETE,
+        "t2": optuna.trial.TrialState.COMPLETE,
+        "t3": optuna.trial.TrialState.PRUNED,
+        "t4": optuna.trial.TrialState.PRUNED,
+    }
+    pruned = next(t for t in study.trials if t.user_attrs["shardline.trial"] == "t3")
+    assert list(pruned.intermediate_values) == [1]  # one epoch reported, then stopped
+
+    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
+    run = client.get_run(rows["t3"]["mlflow_run_id"])
+    assert run.data.tags[PRUNED_TAG] == "1" and run.info.status == "FINISHED"
+    assert PRUNED_TAG not in client.get_run(rows["t1"]["mlflow_run_id"]).data.tags
+    with get_client(sync_client=True) as prefect:
+        flow_runs = prefect.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["pruned"])))
+    assert len(flow_runs) == 2 and all(r.state.is_completed() for r in flow_runs)
+
+    again = run_sweep(cfg, space, at_once=1, prune="median")
+    assert [r["state"] for r in again["trials"]] == ["cached", "cached", "pruned", "pruned"]
+    assert len(study_of(again).trials) == 4 and again["sweep_id"] == first["sweep_id"]
+
+
+def test_tpe_proposes_the_trials_and_a_rerun_adds_none(data, prefect_api):
+    """`--tpe 3`: Optuna's TPE sampler proposes each trial as the one before finishes (seeded); the same sweep
+    again finds its three trials in the study, trains nothing and proposes nothing new."""
+    tmp_path, cfg = data
+    cfg["training"]["epochs"] = 1
+    space = {"training.lr": {"low": 0.001, "high": 0.1, "log": True}, "model.hidden": [8, 16]}
+    first = run_sweep(cfg, space, trials=3, sampler="tpe", at_once=1, seed=3)
+    assert first["mode"] == "tpe" and [r["trial"] for r in first["trials"]] == ["t1", "t2", "t3"]
+    assert {r["state"] for r in first["trials"]} == {"ran"}
+    study = study_of(first)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    for row, trial in zip(first["trials"], study.trials):
+        assert row["overrides"] == trial.params and 0.001 <= trial.params["training.lr"] <= 0.1
+    again = run_sweep(cfg, space, trials=3, sampler="tpe", at_once=1, seed=3)
+    assert [r["state"] for r in again["trials"]] == ["cached"] * 3
+    assert [r["overrides"] for r in again["trials"]] == [r["overrides"] for r in first["trials"]]
+    assert len(study_of(again).trials) == 3
+
+
+def test_the_study_journal_takes_appends_from_many_writers_at_once(tmp_path):
+    """The journal in the storage root: writers that race for the next entry never overwrite each other, and a
+    reader replays every append once, in order."""
+    journal = str(tmp_path / "journal")
+    writers = [StorageJournal(journal) for _ in range(4)]
+
+    def write(i: int) -> None:
+        for j in range(25):
+            writers[i].append_logs([{"writer": i, "n": j}])
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    logs = StorageJournal(journal).read_logs(0)
+    assert len(logs) == 100
+    for i in range(4):
+        assert [e["n"] for e in logs if e["writer"] == i] == list(range(25))
+    assert StorageJournal(journal).read_logs(98) == logs[98:]
