@@ -14,6 +14,13 @@ Part `sweep`: the wall time of `shardline sweep CONFIG --grid model.hidden=128,2
 training.lr=0.002,0.0005 --at-once N` against four `shardline run CONFIG --set ...` of the same four
 trials one after the other, each command in a fresh home and started as a user starts it (the
 ephemeral Prefect API's start-up included), on the same demo data.
+
+Part `prune` (issue #46): a 16-trial grid of the demo (training.lr x model.hidden x model.dropout) with
+`--prune hyperband` against the same 16 trials run to the end, each sweep in a fresh home: wall time (target:
+at most 0.5x), the registered best trial's test metric (target: within 1 % of the full sweep's best), and the
+data encoded once in each (asserted: one manifest, one encode).
+
+    .venv/bin/python benchmarks/sweep_bench.py --part prune --epochs 9
 """
 
 from __future__ import annotations
@@ -212,9 +219,48 @@ def part_sweep(raw: Path, work: Path, epochs: int, at_once: int) -> list[tuple]:
     return rows
 
 
+PRUNE_GRID = [
+    "--grid",
+    "training.lr=0.003,0.001,0.0003,0.0001",
+    "--grid",
+    "model.hidden=64,256",
+    "--grid",
+    "model.dropout=0.0,0.3",
+]
+
+
+def _best_test_metric(home: Path, metric: str = "accuracy") -> tuple[str, float]:
+    """The registered champion's test metric, from the sweep's MLflow store."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    version = client.get_model_version_by_alias("shardline-demo", "champion")
+    return version.version, float(version.tags[f"metric.{metric}"])
+
+
+def _encoded_once(home: Path) -> int:
+    """How many data sets the sweep encoded: its manifests in the storage root (one data setting: must be 1)."""
+    return len(list((home / "store").rglob("manifest.json")))
+
+
+def part_prune(raw: Path, work: Path, epochs: int, at_once: int) -> list[tuple]:
+    rows = []
+    for name, extra in (("16 trials to the end", []), ("16 trials, --prune hyperband", ["--prune", "hyperband"])):
+        home = work / f"prune-home-{len(rows)}"
+        home.mkdir(parents=True)
+        cfg = config_file(home, raw, epochs)
+        seconds, steps = _timed(["sweep", str(cfg), *PRUNE_GRID, "--at-once", str(at_once), *extra])
+        manifests = _encoded_once(home)
+        assert manifests == 1, f"{name}: {manifests} data sets encoded, not one"
+        assert "encode ran" in steps, steps
+        version, metric = _best_test_metric(home)
+        rows.append((name, seconds, steps, metric, version))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["design", "sweep", "both"], default="both")
+    ap.add_argument("--part", choices=["design", "sweep", "prune", "both"], default="both")
     ap.add_argument("--games", type=int, default=80)
     ap.add_argument("--frames", type=int, default=2000)
     ap.add_argument("--epochs", type=int, default=3)
@@ -253,6 +299,24 @@ def main() -> None:
             print("|---|---:|---:|---|")
             for how, seconds, steps in rows:
                 print(f"| {how} | {seconds:.1f} | {seconds / base:.2f} | {steps.removeprefix('steps: ')} |")
+        if a.part == "prune":
+            rows = part_prune(raw, work, a.epochs, a.at_once)
+            (_, full_s, _, full_best, _), (_, pruned_s, _, pruned_best, _) = rows
+            print(
+                f"\n16 trials of the demo ({a.epochs} epochs each), {a.at_once} at once, each sweep in a fresh home\n"
+            )
+            print("| sweep | wall s | vs to the end | best test accuracy | steps |")
+            print("|---|---:|---:|---:|---|")
+            for how, seconds, steps, metric, _ in rows:
+                said = steps.removeprefix("steps: ")
+                print(f"| {how} | {seconds:.1f} | {seconds / full_s:.2f} | {metric:.4f} | {said} |")
+            gap = abs(pruned_best - full_best) / full_best
+            fast, close = pruned_s <= 0.5 * full_s, gap <= 0.01
+            print(
+                f"\ntargets: wall {pruned_s / full_s:.2f}x (<= 0.5: {'met' if fast else 'NOT met'}); "
+                f"best test accuracy {gap:.2%} from the full sweep's (<= 1 %: {'met' if close else 'NOT met'}); "
+                "each sweep encoded its data once (asserted)"
+            )
 
 
 if __name__ == "__main__":

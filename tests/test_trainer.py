@@ -841,3 +841,59 @@ def test_settings_sized_for_another_data_set_are_said_at_the_start(data, tmp_pat
         callbacks=Callbacks(log=quiet_lines.append),
     )
     assert not any(line.startswith("note:") for line in quiet_lines)
+
+
+@pytest.mark.parametrize("stop", ["sigterm mid-epoch", "crash after the report"])
+def test_a_trial_stopped_and_resumed_reports_its_pruner_the_same_values(data, tmp_path, stop):
+    """A sweep's trial reports each epoch's selection metric to its Optuna study. Preempted mid-epoch (SIGTERM),
+    or killed after an epoch's report and before its checkpoint, then resumed: the study holds the same values at
+    the same epochs as a trial that never stopped, to the bit, so the pruner decides the same."""
+    from shardline.core.study import Pruning, open_study
+
+    journal = str(tmp_path / "optuna")
+    cfg = train_cfg(epochs=3, checkpoint_every_steps=0)
+
+    def trial_of(name: str) -> Pruning:
+        number = open_study(journal, name, "minimize").ask().number
+        return Pruning(journal=journal, study=name, trial=number, pruner="median", epochs=3, select_by="val_loss")
+
+    def run(folder: str, pruning: Pruning, **callbacks):
+        return fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for("mlp"),
+            cfg,
+            "classification",
+            folder,
+            callbacks=Callbacks(log=quiet, **{"prune": pruning.callback(quiet), **callbacks}),
+            options=FitOptions(step_every=1),
+        )
+
+    straight = run(str(tmp_path / "straight"), trial_of("straight"))
+    assert straight.pruned_epoch is None  # alone in its study: the median pruner has nothing to compare with
+    trial, folder = trial_of("stopped"), str(tmp_path / "stopped")
+    if stop == "sigterm mid-epoch":
+
+        def terminate(step, metrics):
+            if step == 20:  # the second epoch's 5th step (15 a epoch)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        with pytest.raises(Preempted):
+            run(folder, trial, on_step=terminate)
+    else:
+        report = trial.callback(quiet)
+
+        def report_then_die(epoch, entry):
+            report(epoch, entry)
+            if epoch == 1:
+                raise Crash  # reported epoch 2, its checkpoint never written: the resume runs epoch 2 again
+
+        with pytest.raises(Crash):
+            run(folder, trial, prune=report_then_die)
+    resumed = run(folder, trial)
+    assert resumed.resumed_from is not None and resumed.steps == straight.steps
+
+    def values(name: str) -> dict:
+        return open_study(journal, name, None).trials[0].intermediate_values
+
+    assert values("stopped") == values("straight") and sorted(values("straight")) == [1, 2]

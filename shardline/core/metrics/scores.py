@@ -1,16 +1,18 @@
-"""Evaluation metrics and naive baselines, in plain numpy.
+"""Evaluation metrics and naive baselines.
 
-No torch, sklearn, Prefect or MLflow here: every function takes numpy arrays (or things
-``np.asarray`` accepts) and returns plain floats, arrays, strings or paths, so the module is
-cheap to import and easy to test.
+No sklearn, Prefect or MLflow here: every function takes numpy arrays (or things ``np.asarray``
+accepts) and returns plain floats, arrays, strings or paths. The streaming scorers count on
+torchmetrics (the confusion matrix, MAE, RMSE, R², imported when a scorer is made); the log loss,
+the top-5 hits, the baselines and the all-at-once reference functions are numpy.
 
 Every metric is finite: empty inputs, non-finite values and labels out of range raise
 ``ValueError`` with a message naming the problem instead of returning NaN.
 
 Two forms of each metric set: ``classification_metrics`` / ``regression_metrics`` take every
 sample at once (the reference), and ``ClassificationScores`` / ``RegressionScores`` take batches
-and keep only what the metrics need (confusion counts, sums), so scoring a test split needs memory
-independent of its size; both give the same numbers (tests/test_metrics_streaming.py).
+and keep only what the metrics need (torchmetrics' states: confusion counts, sums), so scoring a
+test split needs memory independent of its size; both give the same numbers
+(tests/test_metrics_streaming.py).
 """
 
 from __future__ import annotations
@@ -248,12 +250,32 @@ def per_class_scores(confusion: np.ndarray, class_names: list[str]) -> list[dict
     return rows
 
 
+def _confusion_matrix(c: int):
+    """torchmetrics' streaming confusion matrix over `c` classes (int64 counts, true class by predicted class)."""
+    from torchmetrics.classification import MulticlassConfusionMatrix
+
+    return MulticlassConfusionMatrix(c)
+
+
+def _regression_metrics():
+    """torchmetrics' streaming MAE, RMSE and R², their sums kept in float64."""
+    import torch
+    from torchmetrics import MetricCollection
+    from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError, R2Score
+
+    collection = MetricCollection(
+        {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False), "r2": R2Score()}, compute_groups=False
+    )
+    return collection.set_dtype(torch.float64)
+
+
 class ClassificationScores:
     """``classification_metrics`` batch by batch, and the majority baseline's, in memory independent of N.
 
-    ``update(y_true, probs)`` takes one batch (``[B]`` class ids, ``[B, C]`` probabilities) and keeps only
-    the confusion counts (``[C, C]`` int64, true class by predicted class), the top-5 hits and the sum of
-    the log losses; accuracy and macro F1 follow from the counts. So ``metrics()`` equals
+    ``update(y_true, probs)`` takes one batch (``[B]`` class ids, ``[B, C]`` probabilities) into
+    torchmetrics' confusion matrix (``[C, C]`` counts, true class by predicted class) and adds its top-5
+    hits and log losses; accuracy and macro F1 follow from the counts in float64 (torchmetrics' own
+    accuracy and F1 divide in float32: 0.374 would be logged as 0.37400001). So ``metrics()`` equals
     ``classification_metrics`` on every batch at once: counts and accuracies exactly, the log loss to
     rounding (its terms are added in another order).
 
@@ -274,10 +296,10 @@ class ClassificationScores:
             raise ValueError("train_class_counts must be finite and non-negative")
         self.n_classes = c
         self.train_class_counts = counts
-        self.confusion = np.zeros((c, c), dtype=np.int64)
         self.n = 0
         self.top_k_hits = 0
         self.log_loss_sum = 0.0
+        self._confusion = _confusion_matrix(c)
 
     def update(self, y_true: np.ndarray, probs: np.ndarray) -> None:
         """Count one batch: ``y_true`` ``[B]`` class ids, ``probs`` ``[B, C]`` (float32 is widened first, as
@@ -294,8 +316,9 @@ class ClassificationScores:
             raise ValueError("probs contains NaN or infinite values")
         if y.max() >= c:
             raise ValueError(f"y_true has class id {int(y.max())} but probs has only {c} columns")
-        pred = np.argmax(p, axis=1)
-        np.add.at(self.confusion, (y, pred), 1)
+        import torch
+
+        self._confusion.update(torch.from_numpy(p), torch.from_numpy(y))
         k = min(TOP_K, c)
         if k == c:
             self.top_k_hits += len(y)
@@ -305,6 +328,11 @@ class ClassificationScores:
         p_true = np.clip(p[np.arange(len(y)), y], LOG_LOSS_EPS, None)
         self.log_loss_sum += float(np.sum(-np.log(p_true)))
         self.n += len(y)
+
+    @property
+    def confusion(self) -> np.ndarray:
+        """``[C, C]`` counts so far (int64), true class by predicted class: torchmetrics' confusion matrix."""
+        return self._confusion.compute().numpy().astype(np.int64)
 
     @property
     def true_counts(self) -> np.ndarray:
@@ -384,13 +412,12 @@ class StrideSample:
 class RegressionScores:
     """``regression_metrics`` batch by batch, and the training-mean baseline's, in memory independent of N.
 
-    ``update(y_true, y_pred)`` takes one batch and keeps running sums: of the absolute and squared errors
-    (of the model and of the baseline, which predicts ``train_mean`` for every sample), and the count,
-    mean and sum of squared deviations of ``y_true`` merged batch by batch (Chan et al.'s pairwise update,
-    as exact as the two-pass sum), from which R² follows. So ``metrics()`` and ``baseline()`` equal
-    ``regression_metrics`` on every batch at once, to rounding. A constant ``y_true`` is told by its
-    minimum and maximum, so R² is then 1.0 or 0.0 exactly (``regression_metrics`` can see a non-zero
-    sum of squares from the rounding of a mean such as that of [0.1, 0.1, 0.1]).
+    ``update(y_true, y_pred)`` takes one batch into torchmetrics' MAE, RMSE and R² (their states in
+    float64: sums of errors and of ``y_true``), of the model and of the baseline (``train_mean`` for every
+    sample). So ``metrics()`` and ``baseline()`` equal ``regression_metrics`` on every batch at once, to
+    rounding. A constant ``y_true`` is told by its minimum and maximum, so R² is then 1.0 or 0.0 exactly
+    (``regression_metrics`` can see a non-zero sum of squares from the rounding of a mean such as that of
+    [0.1, 0.1, 0.1]).
 
     ``sample`` keeps at most ``sample_size`` (true, predicted) pairs, a ``StrideSample``, for a plot.
     """
@@ -401,41 +428,32 @@ class RegressionScores:
             raise ValueError(f"train_mean must be finite, got {train_mean!r}")
         self.train_mean = value
         self.n = 0
-        self.mean = 0.0  # of y_true
-        self.ss_tot = 0.0  # sum of squared deviations of y_true from its mean
         self.lo, self.hi = math.inf, -math.inf
-        self.sums = {"model": [0.0, 0.0], "baseline": [0.0, 0.0]}  # absolute, squared errors
+        self._metrics = {"model": _regression_metrics(), "baseline": _regression_metrics()}
         self.sample = StrideSample(sample_size)
 
     def update(self, y_true: np.ndarray, y_pred: np.ndarray) -> None:
         t = _values(y_true, "y_true", allow_empty=True)
         p = _values(y_pred, "y_pred", allow_empty=True)
         _same_length(t, p, "y_true", "y_pred")
-        b = len(t)
-        if b == 0:
+        if len(t) == 0:
             return
-        for key, err in (("model", p - t), ("baseline", self.train_mean - t)):
-            self.sums[key][0] += float(np.sum(np.abs(err)))
-            self.sums[key][1] += float(np.sum(err**2))
-        mean_b = float(t.mean())
-        ss_b = float(np.sum((t - mean_b) ** 2))
-        n = self.n + b
-        delta = mean_b - self.mean
-        self.ss_tot += ss_b + delta * delta * self.n * b / n
-        self.mean += delta * b / n
-        self.n = n
+        import torch
+
+        truth = torch.from_numpy(t)
+        self._metrics["model"].update(torch.from_numpy(p), truth)
+        self._metrics["baseline"].update(torch.full_like(truth, self.train_mean), truth)
+        self.n += len(t)
         self.lo, self.hi = min(self.lo, float(t.min())), max(self.hi, float(t.max()))
         self.sample.add(t, p)
 
     def _scores(self, key: str) -> dict[str, float]:
         if self.n == 0:
             raise _empty()
-        abs_sum, sq_sum = self.sums[key]
+        out = {k: float(v) for k, v in self._metrics[key].compute().items()}
         if self.lo == self.hi:  # constant y_true: R² undefined, reported as regression_metrics does
-            r2 = 1.0 if sq_sum == 0.0 else 0.0
-        else:
-            r2 = 1.0 - sq_sum / self.ss_tot
-        return {"mae": abs_sum / self.n, "rmse": math.sqrt(sq_sum / self.n), "r2": float(r2)}
+            out["r2"] = 1.0 if out["rmse"] == 0.0 else 0.0
+        return out
 
     def metrics(self) -> dict[str, float]:
         """What ``regression_metrics`` reports for every sample counted so far."""
