@@ -280,18 +280,6 @@ def _ids(tok, texts: pl.Series | list[str], dtype: np.dtype) -> tuple[np.ndarray
     return np.concatenate(flats), np.concatenate(counts)
 
 
-def token_stream(
-    tok, texts: list[list[str]], row_starts: np.ndarray, window: int, generation: bool, dtype: np.dtype
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of text (one list per column, `row_starts`: the first row of each sequence, rows of a sequence
-    consecutive) -> (tokens, targets, offsets): each sequence's stream (columns joined with <sep>, rows by
-    <sep>, ended by <eos>, padded with <pad> to `window` + 1 tokens when shorter), the target of each token
-    row (the token itself; with `generation`, only on the last column's tokens and the <eos>, 0 elsewhere)
-    and where each sequence's stream starts."""
-    pieces = [_ids(tok, col, dtype) for col in texts]
-    return lay_out(pieces, len(texts[0]) if texts else 0, row_starts, window, generation, dtype)
-
-
 def _rows(piece: tuple[np.ndarray, np.ndarray], a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows a..b of a tokenized column (its ids end to end, each row's count): a slice, no copy."""
     flat, lengths = piece

@@ -513,12 +513,6 @@ class SplitData:
             self.release(held)
         return out
 
-    def target_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """(shard index, target row in that shard) of every window, in window order."""
-        shard = np.repeat(np.arange(self.n_shards, dtype=np.int64), np.diff(self._first))
-        rows = self.each_shard(lambda v, s: v.starts + v.shift)
-        return shard, (np.concatenate(rows) if rows else np.zeros(0, np.int64)).astype(np.int64)
-
     def window_keys(self) -> dict[str, np.ndarray]:
         """Per window, in window order: its shard, the segment (sequence) of its target row in that shard,
         the target row, and that row's `order` value (-1 when the shard has no order)."""
