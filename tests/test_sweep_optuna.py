@@ -32,14 +32,14 @@ def study_of(result: dict):
 @pytest.fixture
 def data(tmp_path):
     make_raw(tmp_path / "raw", n_seq=12, rows=50)
-    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 3})
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 2})
     return tmp_path, cfg
 
 
 def test_trials_that_fall_behind_are_pruned_and_a_rerun_continues_the_study(data, prefect_api):
-    """Median pruning, one trial at a time: the two first trials (good learning rates) finish; the two with a
-    learning rate that learns nothing fall below the median at their first epoch and stop there, with a
-    checkpoint. Pruned in the study, on their MLflow runs and their Prefect flow runs; the best finished trial
+    """Median pruning, one trial at a time, two epochs each: the two first trials (good learning rates) finish;
+    the two with a learning rate that learns nothing fall below the median at their first epoch and stop there,
+    with a checkpoint. Pruned in the study, on their MLflow runs and their Prefect flow runs; the best finished trial
     is registered. The same sweep again opens the same study: no trial is added or trained again."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
@@ -78,22 +78,22 @@ def test_trials_that_fall_behind_are_pruned_and_a_rerun_continues_the_study(data
 
 
 def test_tpe_proposes_the_trials_and_a_rerun_adds_none(data, prefect_api):
-    """`--tpe 3`: Optuna's TPE sampler proposes each trial as the one before finishes (seeded); the same sweep
-    again finds its three trials in the study, trains nothing and proposes nothing new."""
+    """`--tpe 2`: Optuna's TPE sampler proposes each trial as the one before finishes (seeded); the same sweep
+    again finds its two trials in the study, trains nothing and proposes nothing new."""
     tmp_path, cfg = data
     cfg["training"]["epochs"] = 1
     space = {"training.lr": {"low": 0.001, "high": 0.1, "log": True}, "model.hidden": [8, 16]}
-    first = run_sweep(cfg, space, trials=3, sampler="tpe", at_once=1, seed=3)
-    assert first["mode"] == "tpe" and [r["trial"] for r in first["trials"]] == ["t1", "t2", "t3"]
+    first = run_sweep(cfg, space, trials=2, sampler="tpe", at_once=1, seed=3)
+    assert first["mode"] == "tpe" and [r["trial"] for r in first["trials"]] == ["t1", "t2"]
     assert {r["state"] for r in first["trials"]} == {"ran"}
     study = study_of(first)
-    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
     for row, trial in zip(first["trials"], study.trials):
         assert row["overrides"] == trial.params and 0.001 <= trial.params["training.lr"] <= 0.1
-    again = run_sweep(cfg, space, trials=3, sampler="tpe", at_once=1, seed=3)
-    assert [r["state"] for r in again["trials"]] == ["cached"] * 3
+    again = run_sweep(cfg, space, trials=2, sampler="tpe", at_once=1, seed=3)
+    assert [r["state"] for r in again["trials"]] == ["cached"] * 2
     assert [r["overrides"] for r in again["trials"]] == [r["overrides"] for r in first["trials"]]
-    assert len(study_of(again).trials) == 3
+    assert len(study_of(again).trials) == 2
 
 
 def test_the_study_journal_takes_appends_from_many_writers_at_once(tmp_path):
