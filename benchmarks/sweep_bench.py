@@ -239,8 +239,11 @@ def _best_test_metric(home: Path, metric: str = "accuracy") -> tuple[str, float]
 
 
 def _encoded_once(home: Path) -> int:
-    """How many data sets the sweep encoded: its manifests in the storage root (one data setting: must be 1)."""
-    return len(list((home / "store").rglob("manifest.json")))
+    """How many data sets the sweep encoded: the manifests of its storage root's data sets (one data setting: must
+    be 1; the registered model's copy of it, under mlflow-artifacts/, is not another)."""
+    from shardline.core.layout import DATASETS
+
+    return len(list((home / "store" / DATASETS).rglob("manifest.json")))
 
 
 def part_prune(raw: Path, work: Path, epochs: int, at_once: int) -> list[tuple]:

@@ -91,10 +91,18 @@ def test_every_champion_move_is_recorded_on_the_versions(base, prefect_api):
         assert "shardline.alias.champion.from" not in v2.tags and gate2["decision"] == "challenger"
 
 
-def test_a_registration_killed_after_logging_its_model_leaves_one_model_and_a_champion(base, prefect_api, monkeypatch):
+def test_registrations_killed_after_log_model_or_past_their_lease_leave_one_model_and_a_champion(
+    base, prefect_api, monkeypatch
+):
     """Killed between `log_model` and `register_model` (the registry refused here): the run holds a logged model no
-    version points to. The rerun deletes it, logs the model again, registers it and gates it: one model, a champion."""
+    version points to. The next registration deletes it and logs the model again; that one stalls past its registry
+    lease while another registration takes it (`LeaseLost`), so it stops before the gate's tag and the alias. The
+    run after that gates the version it left: one logged model, one version, a champion."""
     import mlflow
+
+    from shardline.core import layout, storage
+    from shardline.core.lease import Lease, LeaseLost, _name, create_exclusive, read_current
+    from shardline.tasks import register as register_module
 
     tmp_path, cfg = base
     name = cfg["mlflow"]["model_name"]
@@ -102,31 +110,15 @@ def test_a_registration_killed_after_logging_its_model_leaves_one_model_and_a_ch
     def killed(*a, **k):
         raise KeyboardInterrupt("killed after log_model")
 
-    monkeypatch.setattr(mlflow, "register_model", killed)
-    with pytest.raises(BaseException, match="killed after log_model"):
-        run(cfg)
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(mlflow, "register_model", killed)
+        with pytest.raises(BaseException, match="killed after log_model"):
+            run(cfg)
     client = MlflowClient(f"sqlite:///{tmp_path}/store/mlflow.db")
     experiments = [e.experiment_id for e in client.search_experiments()]
     left = client.search_logged_models(experiments)
     assert len(left) == 1 and not client.search_model_versions(f"name='{name}'")
 
-    again = run(cfg)
-    assert again["registered"]["version"] == 1 and again["registered"]["alias"] == "champion"
-    models = client.search_logged_models(experiments)
-    assert len(models) == 1 and models[0].model_id != left[0].model_id
-    assert client.get_model_version(name, "1").source.endswith(models[0].model_id)
-
-
-def test_a_registration_that_lost_its_lease_moves_no_alias(base, prefect_api, monkeypatch):
-    """A registration that stalled past its registry lease while another took it stops before the gate's tag and
-    the alias (`LeaseLost`); the next run gates the version it left."""
-    from shardline.core import layout, storage
-    from shardline.core.lease import Lease, LeaseLost, create_exclusive, _name, read_current
-    from shardline.tasks import register as register_module
-
-    tmp_path, cfg = base
-    name = cfg["mlflow"]["model_name"]
     real_gate = register_module.champion_gate
 
     def gate_then_lease_taken(*a, **k):
@@ -134,18 +126,24 @@ def test_a_registration_that_lost_its_lease_moves_no_alias(base, prefect_api, mo
         folder = layout.registry_lock(str(tmp_path / "store"), name)
         gen, _ = read_current(folder)  # as another registration takes a lease whose holder went silent (it
         # ends in half a second, unreleased: the next run takes it once expired)
-        assert create_exclusive(storage.join(folder, _name(gen + 1)), Lease(folder, "another", ttl=0.5)._record())
+        other = Lease(folder, "another", ttl=0.5)._record()
+        assert create_exclusive(storage.join(folder, _name(gen + 1)), other)
         return decided
 
-    monkeypatch.setattr(register_module, "champion_gate", gate_then_lease_taken)
-    with pytest.raises(LeaseLost):
-        run(cfg)
-    monkeypatch.undo()
-    client = MlflowClient(f"sqlite:///{tmp_path}/store/mlflow.db")
+    with monkeypatch.context() as m:
+        m.setattr(register_module, "champion_gate", gate_then_lease_taken)
+        with pytest.raises(LeaseLost):
+            run(cfg)
     version = client.get_model_version(name, "1")
     assert "shardline.gate" not in version.tags and not version.aliases
+    models = client.search_logged_models(experiments)
+    assert len(models) == 1 and models[0].model_id != left[0].model_id  # the killed registration's is gone
+    assert version.source.endswith(models[0].model_id)
+
     again = run(cfg)
     assert again["registered"]["version"] == 1 and again["registered"]["alias"] == "champion"
+    assert len(client.search_logged_models(experiments)) == 1
+    assert len(client.search_model_versions(f"name='{name}'")) == 1
 
 
 def test_two_registrations_at_once_decide_one_after_the_other(base, prefect_api):
