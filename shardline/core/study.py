@@ -107,7 +107,8 @@ class Pruning(BaseModel):
 def make_pruner(name: str | None, epochs: int):
     """Optuna's pruner by name, over a trial's epochs: `median` (stop a trial whose value at an epoch is worse than
     the median of the other trials' at that epoch, once one epoch is in), `hyperband` (successive halving in
-    brackets, from one epoch to `epochs`, keeping a third at each rung); None: no pruning."""
+    brackets, from one epoch to the last one a decision can save: `epochs` - 1, the last a trial reports; keeping a
+    third at each rung); None: no pruning."""
     import optuna
 
     if name is None:
@@ -115,7 +116,7 @@ def make_pruner(name: str | None, epochs: int):
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
     if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, epochs), reduction_factor=3)
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, epochs - 1), reduction_factor=3)
     raise ValueError(f"--prune {name!r}: choose one of {', '.join(PRUNERS)}")
 
 
