@@ -14,6 +14,7 @@ from mlflow import MlflowClient
 from shardline.core.storage import join
 from shardline.core.study import PRUNED_TAG, StorageJournal, open_study
 from tests.conftest import make_raw, tiny_config
+from tests.test_s3_source import s3_endpoint  # noqa: F401 - the moto fixture
 
 pytestmark = pytest.mark.e2e
 
@@ -89,23 +90,41 @@ def test_trials_that_fall_behind_are_pruned_a_rerun_continues_the_study_and_tpe_
     assert len(study_of(again).trials) == 2
 
 
-def test_the_study_journal_takes_appends_from_many_writers_at_once(tmp_path):
-    """The journal in the storage root: writers that race for the next entry never overwrite each other, and a
-    reader replays every append once, in order."""
-    journal = str(tmp_path / "journal")
-    writers = [StorageJournal(journal) for _ in range(4)]
+def _racing_writers(journal: str, writers: int = 4, each: int = 25) -> None:
+    journals = [StorageJournal(journal) for _ in range(writers)]
 
     def write(i: int) -> None:
-        for j in range(25):
-            writers[i].append_logs([{"writer": i, "n": j}])
+        for j in range(each):
+            journals[i].append_logs([{"writer": i, "n": j}])
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     logs = StorageJournal(journal).read_logs(0)
-    assert len(logs) == 100
-    for i in range(4):
-        assert [e["n"] for e in logs if e["writer"] == i] == list(range(25))
-    assert StorageJournal(journal).read_logs(98) == logs[98:]
+    assert len(logs) == writers * each
+    for i in range(writers):
+        assert [e["n"] for e in logs if e["writer"] == i] == list(range(each))
+    assert StorageJournal(journal).read_logs(len(logs) - 2) == logs[-2:]
+
+
+def test_the_study_journal_takes_appends_from_many_writers_at_once(tmp_path):
+    """The journal in the storage root: writers that race for the next entry never overwrite each other, and a
+    reader replays every append once, in order."""
+    _racing_writers(str(tmp_path / "journal"))
+
+
+def test_the_study_journal_on_s3(s3_endpoint):  # noqa: F811
+    """The same on an S3 root (a real moto server): the entries are created with S3's conditional put, so racing
+    writers on two machines cannot overwrite each other's; and a study opened there works as Optuna's storage."""
+    import s3fs
+
+    s3fs.S3FileSystem().mkdir("study-bucket")
+    _racing_writers("s3://study-bucket/sweeps/x/race", writers=3, each=6)
+    study = open_study("s3://study-bucket/sweeps/x/optuna", "x", "maximize")
+    trial = study.ask()
+    trial.report(0.5, 1)
+    study.tell(trial, 0.7)
+    again = open_study("s3://study-bucket/sweeps/x/optuna", "x", None)
+    assert [(t.value, t.intermediate_values) for t in again.trials] == [(0.7, {1: 0.5})]
