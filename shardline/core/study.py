@@ -13,6 +13,7 @@ asks the pruner whether to go on; a trial resumed after a preemption reports the
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -22,7 +23,6 @@ from pydantic import BaseModel, ConfigDict
 
 from shardline.core import storage
 
-SAMPLERS = ("grid", "random", "tpe")
 PRUNERS = ("median", "hyperband")
 TRIAL_ATTR = "shardline.trial"  # the sweep's own name of an Optuna trial (t01, ...), in its user attributes
 PRUNED_TAG = "shardline.sweep.pruned_at_epoch"  # on a pruned trial's MLflow run: the epoch it stopped after
@@ -60,13 +60,16 @@ class StorageJournal:
             n += 1
 
 
-def _backend(folder: str):
+@functools.cache
+def _backend_class() -> type:
+    """`StorageJournal` as Optuna's backend type, made once (optuna is imported only by what uses a study)."""
     from optuna.storages.journal import BaseJournalBackend
 
-    class Backend(StorageJournal, BaseJournalBackend):
-        pass
+    return type("StorageJournalBackend", (StorageJournal, BaseJournalBackend), {})
 
-    return Backend(folder)
+
+def _backend(folder: str):
+    return _backend_class()(folder)
 
 
 class Pruning(BaseModel):
@@ -120,10 +123,10 @@ def make_pruner(name: str | None, epochs: int):
     raise ValueError(f"--prune {name!r}: choose one of {', '.join(PRUNERS)}")
 
 
-def make_sampler(name: str, seed: int, space: dict | None = None):
-    """The sampler of a sweep: `tpe` (seeded) proposes each trial from the finished ones; the grid and random
-    trials are planned by Shardline (the same trials as before Optuna) and enqueued, so their sampler only
-    replays them."""
+def make_sampler(name: str, seed: int):
+    """The sampler of a sweep: `tpe` (seeded) proposes each trial from the finished ones. The grid and random
+    trials are planned by Shardline (the same trials as before Optuna) and asked without a search space, so
+    their sampler draws nothing."""
     import optuna
 
     if name == "tpe":
@@ -151,6 +154,16 @@ def open_study(journal: str, name: str, direction: str | None, pruner=None, samp
     )
 
 
+def _choice(value: Any) -> Any:
+    """A choice as Optuna's categorical distribution holds it: a list or a mapping as its JSON text."""
+    return value if value is None or isinstance(value, int | float | str | bool) else json.dumps(value)
+
+
+def from_choice(values: list, chosen: Any) -> Any:
+    """The value of `values` that Optuna's `chosen` stands for (the inverse of `_choice`)."""
+    return next((v for v in values if _choice(v) == chosen), chosen)
+
+
 def distributions(space: dict) -> dict:
     """Optuna's distribution of each key of a search space (core/sweep.py's `Space`): a list is a choice, a range
     a float or int range, log-scaled where it says."""
@@ -159,9 +172,7 @@ def distributions(space: dict) -> dict:
     out = {}
     for key, values in space.items():
         if isinstance(values, list):
-            out[key] = CategoricalDistribution(
-                [v if isinstance(v, int | float | str | bool) else json.dumps(v) for v in values]
-            )
+            out[key] = CategoricalDistribution([_choice(v) for v in values])
         elif values.int_:
             out[key] = IntDistribution(math.ceil(values.low), math.floor(values.high), log=values.log)
         else:

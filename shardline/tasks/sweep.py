@@ -233,9 +233,18 @@ class SweepStudy:
             yield self._trial(trial_id, asked.number, asked.params)
 
     def _trial(self, trial_id: str, number: int, params: dict) -> tuple[Trial, PipelineConfig]:
+        from shardline.core.study import from_choice
         from shardline.core.sweep import trial_config
 
-        trial = Trial(trial_id, {k: params[k] for k in self.plan.space if k in params})
+        space = self.plan.space
+        trial = Trial(
+            trial_id,
+            {
+                k: from_choice(v, params[k]) if isinstance(v, list) else params[k]
+                for k, v in space.items()
+                if k in params
+            },
+        )
         self.numbers[trial.id] = number
         config = trial_config(self.raw, trial)
         self.plan.trials.append(trial)
