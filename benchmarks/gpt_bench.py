@@ -129,6 +129,7 @@ class Clock:
 
 
 VALIDATION = [0.0, 0.0]  # wall and CPU seconds in the trainer's validation passes
+STEADY_FROM = 10  # the steady rate: from the end of this optimizer step to the last (the set-up and first steps out)
 SAVING = [0.0, 0.0]  # wall and CPU seconds in its checkpoint writes
 
 
@@ -146,13 +147,31 @@ def timed(fn, into: list[float]):
     return call
 
 
+class Steady:
+    """Wall seconds from the end of step STEADY_FROM to the end of the last step (the device synchronised at both):
+    the rate a long run keeps, without the set-up and first steps a short one pays once."""
+
+    def __init__(self, last: int):
+        self.last, self.marks = last, {}
+
+    def __call__(self, step: int, *_) -> None:
+        if step in (STEADY_FROM, self.last):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.marks[step] = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.marks.get(self.last, math.nan) - self.marks.get(STEADY_FROM, math.nan)
+
+
 def shardline_run(train, val, spec, cfg, ckpt: str) -> tuple[float, ...]:
     """Seconds of the whole fit (wall, CPU), of them in the epoch's validation pass (wall, CPU) and in its
-    checkpoint writes (wall, CPU)."""
+    checkpoint writes (wall, CPU), and the steady steps' wall seconds."""
     from shardline.trainer.loop import Callbacks, FitOptions, fit
 
     shutil.rmtree(ckpt, ignore_errors=True)
     VALIDATION[:], SAVING[:] = [0.0, 0.0], [0.0, 0.0]
+    steady = Steady(cfg.max_steps_per_epoch)
     clock = Clock()
     fit(
         train,
@@ -161,10 +180,10 @@ def shardline_run(train, val, spec, cfg, ckpt: str) -> tuple[float, ...]:
         cfg,
         "classification",
         ckpt,
-        callbacks=Callbacks(log=lambda m: None),
+        callbacks=Callbacks(log=lambda m: None, after_step=steady),
         options=FitOptions(resume=False),
     )
-    return (*clock.read(), *VALIDATION, *SAVING)
+    return (*clock.read(), *VALIDATION, *SAVING, steady.seconds())
 
 
 def hand_run(tokens: torch.Tensor, spec, cfg, compile_model: bool = False) -> tuple[float, ...]:
@@ -183,7 +202,8 @@ def hand_run(tokens: torch.Tensor, spec, cfg, compile_model: bool = False) -> tu
     k, b = spec["data"]["window"], cfg.batch_size
     tokens = tokens.to(device)
     gen = torch.Generator().manual_seed(cfg.seed)
-    for _ in range(cfg.max_steps_per_epoch):
+    steady = Steady(cfg.max_steps_per_epoch)
+    for i in range(cfg.max_steps_per_epoch):
         start = torch.randint(len(tokens) - k - 1, (b,), generator=gen)
         rows = (start[:, None] + torch.arange(k)).to(device, non_blocking=True)
         x, y = tokens[rows], tokens[rows + 1]
@@ -194,9 +214,10 @@ def hand_run(tokens: torch.Tensor, spec, cfg, compile_model: bool = False) -> tu
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        steady(i + 1)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return (*clock.read(), 0.0, 0.0, 0.0, 0.0)
+    return (*clock.read(), 0.0, 0.0, 0.0, 0.0, steady.seconds())
 
 
 # dense bf16 peak FLOP/s of known GPUs (the vendors' figures without sparsity), for MFU
@@ -230,7 +251,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny corpus and model, few steps")
     args = ap.parse_args()
     if args.quick:
-        args.sequences, args.length, args.d_model, args.layers, args.steps = 40, 300, 64, 2, 10
+        args.sequences, args.length, args.d_model, args.layers, args.steps = 40, 300, 64, 2, STEADY_FROM + 4
 
     import shardline.trainer.loop as loop
     from shardline.core.manifest import Manifest
@@ -262,26 +283,28 @@ def main() -> None:
         per_run = args.steps * args.batch * args.window
         # (wall, CPU seconds, of which validation: wall, CPU, of which checkpoints: wall, CPU): the hand loop
         # validates and saves nothing
-        runs: dict[str, list[tuple[float, ...]]] = {"hand loop": [], "shardline fit": []}
+        runs: dict[str, list[tuple[float, ...]]] = {"hand loop": [], "shardline fit (eager)": []}
         if args.compile:
             runs.update({"hand loop, compiled": [], "shardline fit, compile: true": []})
         if args.graphs:
-            runs["shardline fit, cuda_graphs: true"] = []
-        compiled_cfg = cfg.training.model_copy(update={"compile": True})
+            runs["shardline fit, cuda_graphs: true (captured)"] = []
+        # the eager rows say so: training.cuda_graphs' default (null) captures the step on a GPU
+        eager_cfg = cfg.training.model_copy(update={"cuda_graphs": False})
+        compiled_cfg = cfg.training.model_copy(update={"compile": True, "cuda_graphs": False})
         graphs_cfg = cfg.training.model_copy(update={"cuda_graphs": True})
-        warm = cfg.training.model_copy(update={"max_steps_per_epoch": 2})
+        warm = eager_cfg.model_copy(update={"max_steps_per_epoch": 2})
         hand_run(tokens, spec, warm)  # first calls (lazy imports, kernel set-up) out of the timed runs
         shardline_run(train, val, spec, warm, str(work / "ck"))
         for r in range(args.repeat):
             runs["hand loop"].append(hand_run(tokens, spec, cfg.training))
-            runs["shardline fit"].append(shardline_run(train, val, spec, cfg.training, str(work / "ck")))
+            runs["shardline fit (eager)"].append(shardline_run(train, val, spec, eager_cfg, str(work / "ck")))
             if args.compile:
                 runs["hand loop, compiled"].append(hand_run(tokens, spec, cfg.training, compile_model=True))
                 runs["shardline fit, compile: true"].append(
                     shardline_run(train, val, spec, compiled_cfg, str(work / "ck"))
                 )
             if args.graphs:
-                runs["shardline fit, cuda_graphs: true"].append(
+                runs["shardline fit, cuda_graphs: true (captured)"].append(
                     shardline_run(train, val, spec, graphs_cfg, str(work / "ck"))
                 )
             log(
@@ -302,21 +325,26 @@ def main() -> None:
             f"validation split: {val.n_windows:,} windows of {args.window} tokens (every start: each token is in K "
             "windows), evaluated once at the epoch's end\n"
         )
+        steady_tokens = (args.steps - STEADY_FROM) * args.batch * args.window
         print(
             "| loop | wall s | of which validation | of which checkpoint | training tokens/s (wall) "
-            "| vs hand loop (wall) | training CPU s | training tokens/CPU-s | vs hand loop (CPU) | MFU |"
+            "| vs hand loop (wall) | training CPU s | training tokens/CPU-s | vs hand loop (CPU) | MFU "
+            f"| steady tokens/s (steps {STEADY_FROM + 1}-{args.steps}) | vs hand loop (steady) |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        base_wall = min(w - vw - sw for w, c, vw, vc, sw, sc in runs["hand loop"])
-        base_cpu = min(c - vc - sc for w, c, vw, vc, sw, sc in runs["hand loop"])
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        base_wall = min(t[0] - t[2] - t[4] for t in runs["hand loop"])
+        base_cpu = min(t[1] - t[3] - t[5] for t in runs["hand loop"])
+        base_steady = min(t[6] for t in runs["hand loop"])
         for name, times in runs.items():
-            wall, _, val_wall, _, save_wall, _ = min(times, key=lambda t: t[0] - t[2] - t[4])
-            cpu = min(c - vc - sc for w, c, vw, vc, sw, sc in times)
+            wall, _, val_wall, _, save_wall, _, _ = min(times, key=lambda t: t[0] - t[2] - t[4])
+            cpu = min(t[1] - t[3] - t[5] for t in times)
+            steady = min(t[6] for t in times)
             train_wall = wall - val_wall - save_wall
             print(
                 f"| {name} | {wall:.2f} | {val_wall:.2f} | {save_wall:.2f} | {per_run / train_wall:,.0f} "
                 f"| {base_wall / train_wall:.2f}x | {cpu:.2f} | {per_run / cpu:,.0f} | {base_cpu / cpu:.2f}x | "
-                f"{f'{100 * flops_per_token * per_run / train_wall / peak:.1f} %' if peak else '-'} |"
+                f"{f'{100 * flops_per_token * per_run / train_wall / peak:.1f} %' if peak else '-'} "
+                + (f"| {steady_tokens / steady:,.0f} | {base_steady / steady:.2f}x |" if steady > 0 else "| - | - |")
             )
         print(generation_table(spec, args.window, pick_device(args.device).type))
     finally:

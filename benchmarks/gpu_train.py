@@ -64,6 +64,7 @@ MODES = {
     "compile": ["training.compile=true", "training.cuda_graphs=false"],
     "graphs": ["training.compile=false", "training.cuda_graphs=true"],
     "compile+graphs": ["training.compile=true", "training.cuda_graphs=true"],
+    "default": ["training.compile=false"],  # training.cuda_graphs unset: captured on a GPU where the step can be
 }
 
 

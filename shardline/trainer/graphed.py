@@ -12,6 +12,8 @@ is said once, and the run goes on eagerly: nothing of the failed capture ran, so
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -64,6 +66,7 @@ class GraphedStep:
     """Replays the captured step for batches of `shape` (the micro-batch sizes of a full optimizer step)."""
 
     WARMUP = 3  # eager steps before the capture: lazy initialisation (AdamW's state, cuBLAS) happens there
+    TIMED = 3  # the replay timed against the eager steps (synchronised before and after: once a run)
 
     def __init__(
         self,
@@ -73,9 +76,11 @@ class GraphedStep:
         params: list[torch.nn.Parameter],
         device: torch.device,
         log: Callable[[str], None],
+        chosen: bool = True,
     ):
         self.step, self.shape, self.optimizer, self.params = step, shape, optimizer, params
-        self.device, self.log = device, log
+        self.device, self.log, self.chosen = device, log, chosen  # chosen: training.cuda_graphs true, not the default
+        self.eager_s = math.inf  # the fastest eager warm-up step (after the first), against which a replay is timed
         self.warm = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: list[Batch] = []
@@ -95,13 +100,32 @@ class GraphedStep:
                     (static.cont, static.cat, *static.targets), (batch.cont, batch.cat, *batch.targets)
                 ):
                     dst.copy_(portable(src), non_blocking=True)  # host -> device and the widening, in one copy
+            timed = self.replays == self.TIMED
+            if timed:  # once: what a replay gains over an eager step, said with the capture's note
+                torch.cuda.synchronize(self.device)
+                t0 = time.perf_counter()
             self.graph.replay()
             self.replays += 1
+            if timed:
+                torch.cuda.synchronize(self.device)
+                self._said_gain(time.perf_counter() - t0)
             return self.out
         if self.warm < self.WARMUP:
             self.warm += 1
-            return self._on_side_stream(micro)
+            t0 = time.perf_counter()
+            out = self._on_side_stream(micro)
+            if self.warm > 1:  # the first one initialises lazily
+                self.eager_s = min(self.eager_s, time.perf_counter() - t0)
+            return out
         return self._capture(micro)
+
+    def _said_gain(self, replay_s: float) -> None:
+        gain = f"{self.eager_s / replay_s:.1f}x" if replay_s > 0 and math.isfinite(self.eager_s) else "unmeasured"
+        self.log(
+            f"training.cuda_graphs: a captured step took {1e3 * replay_s:.2f} ms against {1e3 * self.eager_s:.2f} ms "
+            f"for an eager one ({gain})"
+            + ("" if self.chosen else "; captured by default on a GPU, training.cuda_graphs: false trains eagerly")
+        )
 
     def _on_side_stream(self, micro: list[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
         main = torch.cuda.current_stream(self.device)
@@ -130,7 +154,8 @@ class GraphedStep:
             reason = (str(e).strip().splitlines() or [""])[0][:300]
             self.log(
                 f"note: training.cuda_graphs: the training step could not be captured as a CUDA graph "
-                f"({type(e).__name__}: {reason}); the run goes on with eager steps. A model's forward or loss "
+                f"({type(e).__name__}: {reason}); the run goes on with eager steps (training.cuda_graphs: false "
+                "skips the attempt). A model's forward or loss "
                 "that reads a value back to Python (.item(), a bool of a tensor) or whose shapes depend on the "
                 "data cannot be captured"
             )

@@ -325,6 +325,14 @@ def _plan(train: SplitData, val: SplitData, model_spec: dict, cfg: TrainingConfi
     )
 
 
+def loader_threads(cfg: TrainingConfig, device: torch.device) -> int:
+    """training.num_workers, or its default: 2 on a CUDA device (whose steps, captured, outrun one thread's
+    gathering), 0 elsewhere (the CPU's cores train)."""
+    if cfg.num_workers is not None:
+        return cfg.num_workers
+    return 2 if device.type == "cuda" else 0
+
+
 def _loader(train: SplitData, cfg: TrainingConfig, plan: _Plan) -> WindowLoader:
     return WindowLoader(
         train,
@@ -332,7 +340,7 @@ def _loader(train: SplitData, cfg: TrainingConfig, plan: _Plan) -> WindowLoader:
         cfg.seed,
         shuffle=True,
         pin_memory=plan.device.type == "cuda",
-        num_workers=cfg.num_workers,
+        num_workers=loader_threads(cfg, plan.device),
         shuffle_shards=cfg.shuffle_shards,
         rank=plan.ranks.rank,
         world_size=plan.ranks.size,

@@ -80,7 +80,7 @@ class DataWaitWatch:
     """Feed it each epoch's `data_wait_fraction`; it returns the warning, once per run, the first time the
     fraction has been above `DATA_WAIT_WARN` for `DATA_WAIT_EPOCHS` epochs in a row (else None)."""
 
-    def __init__(self, batch_size: int, num_workers: int):
+    def __init__(self, batch_size: int, num_workers: int | None):
         self.batch_size, self.num_workers = batch_size, num_workers
         self.above: list[float] = []
         self.said = False
@@ -93,10 +93,11 @@ class DataWaitWatch:
             return None
         self.said = True
         waited = ", ".join(f"{f:.0%}" for f in self.above)
+        workers = "null: 2 on a GPU, 0 elsewhere" if self.num_workers is None else self.num_workers
         return (
             f"train: the last {len(self.above)} epochs spent {waited} of their step time waiting for the next batch "
             f"(above {DATA_WAIT_WARN:.0%}): the model waits for data. Likely fixes: more loader threads "
-            f"(training.num_workers, now {self.num_workers}); a larger batch (training.batch_size, now "
+            f"(training.num_workers, now {workers}); a larger batch (training.batch_size, now "
             f"{self.batch_size}), fewer steps for the same windows; and, when the storage root is remote, the "
             "local cache of shards on a local disk (SHARDLINE_CACHE, not a network mount)"
         )

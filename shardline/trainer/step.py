@@ -86,12 +86,15 @@ class Step:
                 )
             )
         self.scaler = torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(precision))
-        blocker = graphs_blocker(device, precision, ranks.size) if cfg.cuda_graphs else None
-        if cfg.cuda_graphs and own and blocker is None:
+        # training.cuda_graphs: null (the default) captures on a CUDA device whenever nothing below rules it out
+        wanted = cfg.cuda_graphs is not False
+        blocker = graphs_blocker(device, precision, ranks.size) if wanted else None
+        if wanted and own and blocker is None:
             blocker = "the model brings its own optimizer (configure_optimizers), which a captured step does not replay"
-        self.graphs = cfg.cuda_graphs and blocker is None
-        if blocker:
-            log(f"note: training.cuda_graphs is set, but every step runs eagerly: {blocker}")
+        self.graphs = wanted and blocker is None
+        if blocker and (cfg.cuda_graphs or device.type == "cuda"):  # the default says nothing on the CPU
+            setting = "is set" if cfg.cuda_graphs else "is null (capture where it can)"
+            log(f"note: training.cuda_graphs {setting}, but every step runs eagerly: {blocker}")
         # chosen once: every precision shares the one step below (a captured step recomputes its casts)
         self.ctx = autocast(device, precision, cache=not self.graphs)
         self.ddp = self.graphed = None
@@ -156,6 +159,7 @@ class Step:
                 [p for p in self.model.parameters() if p.requires_grad],
                 self.device,
                 self.log,
+                chosen=self.cfg.cuda_graphs is True,
             )
 
     def shares(self, micro: list, n_step: int) -> tuple[list[int], list[float]]:

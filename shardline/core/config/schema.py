@@ -208,22 +208,27 @@ class TrainingConfig(Strict):
         "lower, accuracy higher; mlflow.promotion_direction for the promotion metric); needed only for another "
         "metric of your model's own metrics()",
     )
-    num_workers: int = Field(
-        0, ge=0, description="loader threads gathering the next batches while one trains (shared memory, no pickling)"
+    num_workers: int | None = Field(
+        None,
+        ge=0,
+        description="loader threads gathering the next batches while one trains (shared memory, no pickling); "
+        "null: 2 on a CUDA device (a captured step is fast enough to wait for one thread), 0 elsewhere",
     )
     compile: bool = Field(
         False,
         description="run the training step's forward through torch.compile (for GPUs: it pays off on long runs of "
         "a fixed shape; the first steps wait for the compilation)",
     )
-    cuda_graphs: bool = Field(
-        False,
+    cuda_graphs: bool | None = Field(
+        None,
         description="on a CUDA device, capture the whole optimizer step (forward, loss, backward, clipping, AdamW) "
-        "of full batches once as a CUDA graph and replay it: one launch a step instead of hundreds, for small "
-        "models whose steps wait on Python and kernel launches. Each epoch's last, shorter batch, fp16 (its loss "
-        "scaler reads the gradients back) and several processes train eagerly; a step that cannot be captured "
-        "(a model that reads a value back to Python, or changes shape) says so and the run goes on eagerly. "
-        "Ignored on the CPU",
+        "of full batches once as a CUDA graph and replay it: one launch a step instead of hundreds, for models "
+        "whose steps wait on Python and kernel launches. null (the default): captured on a CUDA device whenever "
+        "the step can be, with a note that says so and what a replay gains over an eager step; true: the same, "
+        "and a note when it cannot be; false: every step eager. Each epoch's last, shorter batch, fp16 (its loss "
+        "scaler reads the gradients back), several processes and a model's own optimizer (configure_optimizers) "
+        "train eagerly; a step that cannot be captured (a model that reads a value back to Python, or changes "
+        "shape) says so and the run goes on eagerly. Ignored on the CPU",
     )
     deterministic: bool | None = Field(
         None,
