@@ -638,6 +638,31 @@ def test_cuda_graphs_on_the_cpu_say_so_and_train_exactly_as_eager_steps(data, tm
     assert no_timing(result.history) == no_timing(reference.history)
 
 
+def test_a_probed_step_names_the_models_line_that_reads_back_and_leaves_torchs_own_to_the_capture(tmp_path):
+    """The second warm-up step on a GPU reports torch's synchronising calls (as warnings, whose place is the Python
+    line that made the call): one in a model's own file keeps the step eager, with that line in the note; torch's
+    own and the trainer's (an autograd backward's, said at `backward()`) are left to the capture."""
+    import warnings
+
+    import shardline.trainer.graphed as graphed
+
+    user = tmp_path / "masked.py"
+    user.write_text("diff = (outputs - cont)[mask]\n")
+    probe = graphed.GraphedStep(lambda bs: None, (4,), None, [], torch.device("cpu"), lambda m: None)
+    sync = "called a synchronizing CUDA operation"
+    said = [
+        warnings.WarningMessage(UserWarning(sync), UserWarning, str(user), 1),
+        warnings.WarningMessage(UserWarning(sync), UserWarning, torch.nn.functional.__file__, 5),
+        warnings.WarningMessage(UserWarning(sync), UserWarning, graphed.__file__.replace("graphed", "step"), 9),
+        warnings.WarningMessage(UserWarning("an unrelated warning"), UserWarning, str(user), 1),
+        warnings.WarningMessage(
+            UserWarning(sync), UserWarning, str(tmp_path / ".." / user.parent.name / "masked.py"), 1
+        ),
+    ]
+    assert probe._syncs_of_users_code(said) == ["masked.py:1"]
+    assert probe._syncs_of_users_code(said[1:4]) == []
+
+
 def test_a_checkpoint_of_a_captured_run_resumes_with_eager_steps(data, tmp_path, straight):
     """A run on a GPU with training.cuda_graphs saves AdamW capturable, its learning rate a tensor: resumed on
     a machine without graphs (here the CPU) it steps as an ordinary AdamW, exactly as the uninterrupted run."""

@@ -6,21 +6,28 @@ The step is the training loop's own step function, unchanged: the graph records 
 step launches, with the learning rate read from a device tensor (set before each step) and AdamW in its
 capturable form (its step count on the device). A few eager warm-up steps come first, on a side stream, as
 CUDA graph capture requires; shapes that differ from the captured one (an epoch's last, shorter batch) run
-eagerly. A step that cannot be captured (a model that reads a value back to Python, or a data-dependent shape)
-is said once, and the run goes on eagerly: nothing of the failed capture ran, so nothing is lost.
+eagerly. The second warm-up step runs with torch's synchronising calls reported: a model whose forward or loss
+reads a value back (`.item()`, a boolean mask's indexing) is never captured, and the note names the line (a failed
+capture would leave CUDA's random number generators unusable in the process: seen on an H100 with
+examples/pretrain_finetune, 2026-11-27). Any other step that cannot be captured is said once, and the run goes on
+eagerly: nothing of the failed capture ran, so nothing is lost.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from shardline.trainer.data import Batch, portable
 
 StepFn = Callable[[list[Batch]], tuple[torch.Tensor, torch.Tensor]]
+TORCH_DIR = Path(torch.__file__).resolve().parent
+TRAINER_DIR = Path(__file__).resolve().parent  # the step, the loss and the built-in models: captured as they are
 
 
 def graphs_blocker(device: torch.device, precision: str, processes: int) -> str | None:
@@ -67,6 +74,7 @@ class GraphedStep:
 
     WARMUP = 3  # eager steps before the capture: lazy initialisation (AdamW's state, cuBLAS) happens there
     TIMED = 3  # the replay timed against the eager steps (synchronised before and after: once a run)
+    PROBED = 2  # the warm-up step whose synchronising calls are looked for (the first one initialises lazily)
 
     def __init__(
         self,
@@ -113,11 +121,27 @@ class GraphedStep:
         if self.warm < self.WARMUP:
             self.warm += 1
             t0 = time.perf_counter()
-            out = self._on_side_stream(micro)
+            out = self._on_side_stream(micro, probe=self.warm == self.PROBED)
             if self.warm > 1:  # the first one initialises lazily
                 self.eager_s = min(self.eager_s, time.perf_counter() - t0)
             return out
         return self._capture(micro)
+
+    def _syncs_of_users_code(self, caught: list[warnings.WarningMessage]) -> list[str]:
+        """Where the probed step synchronised with the GPU from code that is neither torch's nor Shardline's trainer
+        (a model's forward or loss): file:line of each, once. torch's own synchronising paths are left to the
+        capture, which they may avoid while capturing."""
+        places = []
+        for w in caught:
+            if "synchroniz" not in str(w.message):
+                continue
+            where = Path(w.filename).resolve()
+            if TORCH_DIR in where.parents or TRAINER_DIR in where.parents or not where.is_file():
+                continue
+            place = f"{where.name}:{w.lineno}"
+            if place not in places:
+                places.append(place)
+        return places
 
     def _said_gain(self, replay_s: float) -> None:
         gain = f"{self.eager_s / replay_s:.1f}x" if replay_s > 0 and math.isfinite(self.eager_s) else "unmeasured"
@@ -127,14 +151,33 @@ class GraphedStep:
             + ("" if self.chosen else "; captured by default on a GPU, training.cuda_graphs: false trains eagerly")
         )
 
-    def _on_side_stream(self, micro: list[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _on_side_stream(self, micro: list[Batch], probe: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """An eager step on a side stream. `probe`: with torch's synchronising calls reported (as warnings, so the
+        step itself runs as ever): a model whose forward or loss reads a value back (`.item()`, a boolean mask's
+        indexing, a shape from the data) is found here and never captured. A capture that fails leaves CUDA's
+        random number generators unusable in this process (torch: "Offset increment outside graph capture")."""
         main = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(main)
-        with torch.cuda.stream(side):
-            out = self.step([m.to(self.device, non_blocking=True) for m in micro])
+        with torch.cuda.stream(side), warnings.catch_warnings(record=True) as caught:
+            if probe:
+                warnings.simplefilter("always")
+                before = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = self.step([m.to(self.device, non_blocking=True) for m in micro])
+            finally:
+                if probe:
+                    torch.cuda.set_sync_debug_mode(before)
         main.wait_stream(side)
         torch.cuda.synchronize(self.device)  # what the side stream allocated is now safe to free anywhere
+        if probe and (places := self._syncs_of_users_code(caught)):
+            self.off = True
+            self.log(
+                f"note: training.cuda_graphs: every step runs eagerly: the model reads a value back from the GPU at "
+                f"{', '.join(places[:3])} (.item(), a boolean mask's indexing, a shape that depends on the data), "
+                "which a captured step cannot do. Without it the step could be captured as one launch"
+            )
         return out
 
     def _capture(self, micro: list[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +202,16 @@ class GraphedStep:
                 "that reads a value back to Python (.item(), a bool of a tensor) or whose shapes depend on the "
                 "data cannot be captured"
             )
-            return self._on_side_stream(micro)
+            try:
+                return self._on_side_stream(micro)
+            except RuntimeError as again:  # a plain RuntimeError: a code error, not retried
+                if "Offset increment outside graph capture" not in str(again):
+                    raise
+                raise RuntimeError(
+                    "training.cuda_graphs: the failed capture above left CUDA's random number generator unusable in "
+                    f"this process (torch: {again}); set training.cuda_graphs: false for this model, or make its "
+                    "forward and loss read nothing back from the GPU"
+                ) from None
         self.graph, self.static, self.out = graph, static, out
         self.grads = [p.grad for p in self.params]
         self.log(f"training.cuda_graphs: the step of {'+'.join(map(str, self.shape))} windows is captured")
