@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import api_env
 
@@ -143,7 +144,7 @@ def test_gpu_kit_run_whole_loop_on_the_cpu(tmp_path, prefect_api):
         "SHARDLINE_GPU_OUT": str(out),
         "SHARDLINE_CACHE": str(tmp_path / "cache"),
     }
-    # not `rehearse` nor `kill`: they ran on the GPU (2026-11-25), and what they run is tested in test_cli,
+    # not `team`, `rehearse` nor `kill`: they ran on the GPU (2026-11-25, 27), and what they run is tested in test_cli,
     # test_remote_e2e and test_crash_e2e; here they added 1-3 minutes to CI (over its 25)
     first = run_kit("--no-install", "demo", env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -151,6 +152,8 @@ def test_gpu_kit_run_whole_loop_on_the_cpu(tmp_path, prefect_api):
     assert table["install"][0] == "PASS" and "prefect 3." in table["install"][1]
     assert table["cuda"][0] == "SKIP"
     assert table["demo"][0] == "PASS" and "steps/s" in table["demo"][1] and "data wait" in table["demo"][1]
+    # the demo's config for `team`, `rehearse` and `kill` (they ran on the GPU; team-loop ran here on 2026-11-27)
+    assert yaml.safe_load((work / "gpu.yaml").read_text())["training"]["device"] == "cpu"
 
     # the next call: the steps that need the demo's data, which the first call left in SHARDLINE_GPU_WORK, and the
     # `examples` step on an example that trains nothing (each real example ran on the GPU on 2026-11-25 and runs
