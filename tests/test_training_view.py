@@ -363,7 +363,8 @@ def test_the_training_flow_run_has_its_logs_a_live_table_and_says_its_best_epoch
     assert sorted(m.step for m in waited) == [1, 2, 3] and all(m.value > 0.1 for m in waited), [m.value for m in waited]
     warnings = [log for log in logs if "waiting for the next batch" in log.message]
     assert len(warnings) == 1 and warnings[0].level == logging.WARNING, [w.message for w in warnings]
-    assert "training.num_workers, now 0" in warnings[0].message and "training.batch_size" in warnings[0].message
+    assert "training.num_workers, now null: 2 on a GPU, 0 elsewhere" in warnings[0].message
+    assert "training.batch_size" in warnings[0].message
     assert "SHARDLINE_CACHE" in warnings[0].message
 
 
