@@ -15,6 +15,7 @@ eagerly: nothing of the failed capture ran, so nothing is lost.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -159,7 +160,8 @@ class GraphedStep:
         main = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(main)
-        with torch.cuda.stream(side), warnings.catch_warnings(record=True) as caught:
+        recording = warnings.catch_warnings(record=True) if probe else contextlib.nullcontext([])
+        with torch.cuda.stream(side), recording as caught:  # other steps' warnings reach the user as ever
             if probe:
                 warnings.simplefilter("always")
                 before = torch.cuda.get_sync_debug_mode()
