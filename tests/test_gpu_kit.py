@@ -76,8 +76,9 @@ def test_the_kit_leaves_out_what_the_gpu_machine_has_and_fetches_all_shardline_n
         [sys.executable, str(ROOT / "scripts" / "gpu-kit"), "--dry-run"], capture_output=True, text=True, check=True
     ).stdout
     names = {p.split("==")[0] for p in out.splitlines()[1].split()}
-    assert {"prefect", "mlflow", "polars", "pydantic", "tokenizers", "pyyaml", "sqlalchemy", "alembic"} <= names
+    assert {"prefect", "mlflow", "polars", "pydantic", "pyyaml", "sqlalchemy", "alembic"} <= names
     assert not names & {"torch", "numpy", "pandas", "pyarrow", "fsspec", "scipy", "matplotlib", "triton"}
+    assert not names & {"tokenizers", "torchmetrics", "lightning-utilities"}, "the GPU machine's image has them"
     assert not names & {"s3fs", "botocore"}, "the GPU machine reaches no S3: --with-s3 fetches them"
     assert not [n for n in names if n.startswith("nvidia-")]
 
