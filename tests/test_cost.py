@@ -201,6 +201,45 @@ def test_the_ledger_keeps_each_attempt_and_a_killed_one_is_said(tmp_path, monkey
     assert len(cost_ledger.read_ledger(run)["attempts"]) == 2
 
 
+def test_a_resume_records_what_its_preemption_or_kill_cost_at_its_first_new_step(tmp_path, monkeypatch):
+    at = "2026-11-01T10:0{}:00.000+00:00"
+    # killed 4 steps past its checkpoint at 30 on 2 GPUs: its 70 s after that checkpoint are redone on both
+    killed = attempt(0, 34, 400.0, [[30, 330.0]], gpus=2, outcome="killed", started=at.format(0))
+    resumed = attempt(30, 31, 12.5, [], started=at.format(8))  # its first step: 8 min after the other started
+    assert cost_ledger.interruption(killed, resumed) == {
+        "after": "killed",
+        "steps_redone": 4,
+        "gpu_seconds_redone": 140.0,
+        "recovery_seconds": 480 + 12.5 - 400.0,  # from the killed one's last record to that first step
+    }
+    # a notice (SIGTERM): checkpointed at the step it stopped at, nothing redone
+    preempted = attempt(0, 34, 380.0, [[34, 379.0]], outcome="preempted", started=at.format(0))
+    cut = cost_ledger.interruption(preempted, attempt(34, 35, 20.0, [], started=at.format(7)))
+    assert (cut["steps_redone"], cut["gpu_seconds_redone"], cut["recovery_seconds"]) == (0, 0.0, 60.0)
+    s = cost_ledger.summarize([killed, {**resumed, "interruption": cut}])
+    assert (s["preemptions"], s["steps_redone"], s["recovery_seconds"]) == (1, 0, 60.0)
+
+    # the ledger records it at the resumed attempt's first step past its checkpoint, written at once, once
+    monkeypatch.setenv(cost_ledger.LEDGER_ENV, "3600")
+    run, clock = str(tmp_path / "run"), Clock()
+    first = cost_ledger.CostLedger(run, pricing(gpus=2), 0, clock=clock)
+    clock.now += 10
+    first.checkpoint(5)
+    clock.now += 6
+    first.progress(8)
+    first._write()  # its last record: step 8 at 16 s (then SIGKILL)
+    second = cost_ledger.CostLedger(run, pricing(gpus=2), 5, clock=clock)
+    assert second.progress(5) is None  # where it resumed: no step yet
+    clock.now += 2
+    cut = second.progress(6)
+    assert (cut["after"], cut["steps_redone"], cut["gpu_seconds_redone"]) == ("killed", 3, 12.0)
+    assert cost_ledger.read_ledger(run)["attempts"][1]["interruption"] == cut
+    assert second.progress(7) is None
+    assert second.end("budget", 7)["preemptions"] == 1
+    third = cost_ledger.CostLedger(run, pricing(), 7, clock=clock)  # after a budget stop: no preemption
+    assert third.progress(8) is None and third.end("finished", 8)["preemptions"] == 1
+
+
 def test_the_budget_left_is_a_deadline_on_this_attempts_clock(tmp_path):
     run = str(tmp_path / "run")
     clock = Clock()

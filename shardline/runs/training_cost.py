@@ -48,13 +48,35 @@ def open_ledger(config: PipelineConfig, folder: str, log):
 
 
 def cost_metrics(summary: dict) -> dict[str, float | None]:
-    """A run's spend as the MLflow run has it (`cost/*`; USD None when the table had no price)."""
+    """A run's spend as the MLflow run has it (`cost/*`; USD None when the table had no price), with what its
+    preemptions cost, summed (`cost/preemptions`, `cost/steps_redone`, ...)."""
+    from shardline.core.cost.ledger import PREEMPTION_KEYS
+
     return {
         "cost/gpu_hours": summary["gpu_hours"],
         "cost/gpu_hours_wasted": summary["gpu_hours_wasted"],
         "cost/usd": summary["usd"],
         "cost/usd_wasted": summary["usd_wasted"],
+        **{f"cost/{k}": summary.get(k) for k in ("preemptions", *PREEMPTION_KEYS)},
     }
+
+
+def progress(tracker: Tracker, ledger, step: int, log) -> None:
+    """Where training is, to the ledger; at this attempt's first step after a preemption or a kill, what that
+    cost on the MLflow run (`preemption/*`, at the step it resumed from: one point per interruption) and in the log."""
+    cut = ledger.progress(step)
+    if cut is None:
+        return
+    tracker.log_metrics({f"preemption/{k}": v for k, v in cut.items() if k != "after"}, ledger.entry["first_step"])
+    log.info(
+        "train: resumed at step %d after a %s: %d step(s) redone, %.3g GPU-seconds redone, %.3g s from the "
+        "last record of the interrupted attempt to this first new step",
+        ledger.entry["first_step"],
+        "preemption (SIGTERM/SIGINT, with a checkpoint)" if cut["after"] == "preempted" else "kill",
+        cut["steps_redone"],
+        cut["gpu_seconds_redone"],
+        cut["recovery_seconds"],
+    )
 
 
 def close_cost(tracker: Tracker, ledger, outcome: str, step: int | None, log) -> dict | None:

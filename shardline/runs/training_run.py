@@ -295,7 +295,7 @@ def _run_training(
 
     def on_step(step: int, metrics: dict) -> None:
         lease.check()  # another process took the folder over (this one stalled past its lease): stop writing
-        ledger.progress(step)
+        training_cost.progress(tracker, ledger, step, log)
         if step <= logged_step:
             return
         tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step)
@@ -330,7 +330,8 @@ def _run_training(
         if now - shown["at"] >= every or epoch_end or progress["step"] >= progress["total_steps"]:
             view.show(progress)
             shown["at"] = now
-        ledger.progress(progress["step"])  # written every SHARDLINE_COST_LEDGER_SECONDS: time after a checkpoint
+        # written every SHARDLINE_COST_LEDGER_SECONDS (time after a checkpoint); the first step's, after an interruption
+        training_cost.progress(tracker, ledger, progress["step"], log)
 
     c = config.compute
     if c.processes_per_node * c.nodes > 1 or c.train_on == "launcher":  # DDP: the same body under torchrun

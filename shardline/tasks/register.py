@@ -18,6 +18,7 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import ModelConfig, PipelineConfig, metric_key
+from shardline.core.cost.ledger import PREEMPTION_KEYS
 from shardline.core.lease import Lease
 from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.metrics import report as R
@@ -175,13 +176,16 @@ def registration_identity(config: PipelineConfig, manifest: Manifest, train_resu
 
 
 def cost_tags(cost: dict | None) -> dict[str, str]:
-    """A version's cost tags, for reading: GPU-hours and USD of every attempt of its training run (the
-    run's `cost/*` metrics hold the full floats; the figures are an estimate)."""
+    """A version's cost tags, for reading: GPU-hours and USD of every attempt of its training run, and what its
+    preemptions cost (the run's `cost/*` metrics hold the full floats; the figures are an estimate)."""
     if not cost:
         return {}
     tags = {"shardline.cost.gpu_hours": R.format_number(cost["gpu_hours"]), "shardline.cost.gpu": cost["gpu"]}
     if cost.get("usd") is not None:
         tags["shardline.cost.usd"] = R.format_number(cost["usd"])
+    if cost.get("preemptions"):  # what its preemptions cost, summed: steps, GPU-seconds redone, seconds to recover
+        for k in ("preemptions", *PREEMPTION_KEYS):
+            tags[f"shardline.cost.{k}"] = R.format_number(cost[k])
     return tags
 
 

@@ -7,6 +7,8 @@ table: an estimate), when it started, the seconds it ran, the first step (the ch
 and the last step it reached, its outcome, and `marks`: (step, seconds) at each checkpoint it saved.
 Time an attempt spent on steps that a later attempt trained again (after the checkpoint that attempt
 resumed from: a kill, a failure, a preemption without a checkpoint) is wasted; the rest is useful.
+An attempt that resumed after a preemption or a kill records at its first optimizer step what that
+interruption cost (`interruption`: steps and GPU-seconds redone, seconds to recover).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from shardline.core.cost.prices import CPU, PriceTable, load_prices
 LEDGER_FILE = "cost.json"
 LEDGER_ENV = "SHARDLINE_COST_LEDGER_SECONDS"  # how often progress between checkpoints is written (default 60)
 MAX_MARKS = 64  # checkpoints remembered per attempt: a resume starts from one of the newest
+INTERRUPTIONS = ("preempted", "killed")  # what a resume recovers from (a budget stop or a failure is no preemption)
+PREEMPTION_KEYS = ("steps_redone", "gpu_seconds_redone", "recovery_seconds")
 ESTIMATE = (
     "an estimate: GPU-hours x list prices from a table (shardline/configs/prices.yaml or SHARDLINE_PRICES), not a bill"
 )
@@ -112,6 +116,28 @@ def _seconds_before(attempt: dict, step: int) -> float:
     return float(max(marks)[1]) if marks else 0.0
 
 
+def _wall(attempt: dict) -> float:
+    """The wall-clock time of an attempt's last record (its start, to the millisecond, plus its seconds)."""
+    return dt.datetime.fromisoformat(attempt["started"]).timestamp() + attempt["seconds"]
+
+
+def interruption(before: dict, after: dict) -> dict:
+    """What the preemption or kill of attempt `before` cost, as `after` sees it at its first optimizer step (it
+    resumed from the checkpoint at its `first_step`): the steps `before` had reached past that checkpoint, the
+    time it spent on them on every GPU it was billed for (what `gpu_hours_wasted` counts of it: the steps times
+    their measured seconds each), and the seconds from `before`'s last record to this first new step. That last
+    record is, after a notice, its end once its checkpoint was saved (the notice came at most one step and that
+    save earlier: a lower bound); after a kill, its last ledger write, at most SHARDLINE_COST_LEDGER_SECONDS
+    before the kill (which no record survives: an upper bound, and the steps redone a lower bound)."""
+    resumed = after["first_step"]
+    return {
+        "after": before["outcome"],
+        "steps_redone": max(0, before["last_step"] - resumed),
+        "gpu_seconds_redone": (before["seconds"] - _seconds_before(before, resumed)) * before["gpus"],
+        "recovery_seconds": _wall(after) - _wall(before),
+    }
+
+
 def useful_seconds(attempts: list[dict]) -> list[float]:
     """Per attempt, the seconds whose steps no later attempt trained again: each attempt that resumed from
     step S makes every earlier attempt's time after S (after its checkpoint at S) wasted."""
@@ -142,6 +168,7 @@ def summarize(attempts: list[dict]) -> dict | None:
             usd, usd_wasted = usd + hours * rate, usd_wasted + lost * rate
     last = attempts[-1]
     all_unpriced = unpriced == len(attempts)
+    cuts = [a["interruption"] for a in attempts if a.get("interruption")]
     return {
         "attempts": len(attempts),
         "seconds": sum(a["seconds"] for a in attempts),
@@ -152,6 +179,8 @@ def summarize(attempts: list[dict]) -> dict | None:
         "usd_useful": None if all_unpriced else usd - usd_wasted,
         "usd_wasted": None if all_unpriced else usd_wasted,
         "unpriced_attempts": unpriced,
+        "preemptions": len(cuts),  # those resumed to a first new step; their costs summed:
+        **{k: sum(c[k] for c in cuts) for k in PREEMPTION_KEYS},
         "gpu": last["gpu"],
         "gpus": last["gpus"],
         "provider": last.get("provider"),
@@ -209,7 +238,7 @@ class CostLedger:
             "spot": pricing.spot,
             "usd_per_gpu_hour": pricing.usd_per_gpu_hour,
             "prices_as_of": pricing.as_of,
-            "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "started": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
             "seconds": 0.0,
             "first_step": first_step,
             "last_step": first_step,
@@ -233,11 +262,18 @@ class CostLedger:
         storage.write_text(self.uri, f'{head}{", " if len(head) > 1 else ""}"attempts": [\n  {attempts}\n]}}\n')
         self._written = self.clock()
 
-    def progress(self, step: int) -> None:
-        """Where training is (a progress report): written when the last write is `every` seconds old."""
+    def progress(self, step: int) -> dict | None:
+        """Where training is (a progress report): written when the last write is `every` seconds old. The first
+        report past this attempt's first step (fit reports its first optimizer step) after a preemption or a kill
+        records what that cost (`interruption`), written at once and returned."""
         self._now(step)
-        if self.clock() - self._written >= self.every:
+        cut = None
+        if "interruption" not in self.entry and self.entry["last_step"] > self.entry["first_step"]:
+            if self.earlier and self.earlier[-1]["outcome"] in INTERRUPTIONS:
+                cut = self.entry["interruption"] = interruption(self.earlier[-1], self.entry)
+        if cut or self.clock() - self._written >= self.every:
             self._write()
+        return cut
 
     def checkpoint(self, step: int) -> None:
         """A checkpoint at `step` is complete: a later attempt may resume from it."""
@@ -341,7 +377,14 @@ def describe(summary: dict) -> str:
         else "no price for it in the table"
     )
     gpu = summary["gpu"] if summary["gpu"] != CPU else "CPU (no GPU)"
+    cuts = summary.get("preemptions")
+    redone = (
+        f"; {cuts} preemption(s): {summary['steps_redone']} step(s), {summary['gpu_seconds_redone']:.3g} GPU-seconds "
+        f"redone, {summary['recovery_seconds']:.3g} s to the first new step"
+        if cuts
+        else ""
+    )
     return (
         f"{summary['gpu_hours']:.3g} GPU-hours on {gpu} x{summary['gpus']}{wasted} in {summary['attempts']} "
-        f"attempt(s), {price} (an estimate, prices as of {summary['prices_as_of']})"
+        f"attempt(s), {price} (an estimate, prices as of {summary['prices_as_of']}){redone}"
     )
