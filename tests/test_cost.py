@@ -228,12 +228,13 @@ def test_a_resume_records_what_its_preemption_or_kill_cost_at_its_first_new_step
     clock.now += 6
     first.progress(8)
     first._write()  # its last record: step 8 at 16 s (then SIGKILL)
+    cost_ledger.CostLedger(run, pricing(), 5, clock=clock).end("budget", 5)  # stopped before a step: skipped
     second = cost_ledger.CostLedger(run, pricing(gpus=2), 5, clock=clock)
     assert second.progress(5) is None  # where it resumed: no step yet
     clock.now += 2
     cut = second.progress(6)
     assert (cut["after"], cut["steps_redone"], cut["gpu_seconds_redone"]) == ("killed", 3, 12.0)
-    assert cost_ledger.read_ledger(run)["attempts"][1]["interruption"] == cut
+    assert cost_ledger.read_ledger(run)["attempts"][2]["interruption"] == cut
     assert second.progress(7) is None
     assert second.end("budget", 7)["preemptions"] == 1
     third = cost_ledger.CostLedger(run, pricing(), 7, clock=clock)  # after a budget stop: no preemption

@@ -1,6 +1,7 @@
 """What training costs, end to end: a real run killed (SIGKILL) mid-way, resumed into a budget that stops it,
-resumed again with a higher one to a registered model; the ledger, the MLflow run and the model version say
-what it cost and how much was wasted; `shardline cost` estimates a config before it runs.
+resumed again with a higher one, preempted (SIGTERM), resumed to a registered model; the ledger, the MLflow run
+and the model version say what it cost, how much was wasted and what each preemption redid; `shardline cost`
+estimates a config before it runs.
 
 The price is made known and big: the machine declares an H100 (SHARDLINE_GPU_TYPE, as a pool's job variables
 do) and a prices file (SHARDLINE_PRICES) puts it at 1,800 USD an hour at `testcloud` (half a dollar a second),
@@ -46,12 +47,13 @@ def ledger_of(root: Path) -> tuple[Path, dict]:
     return found.parent, json.loads(found.read_text())
 
 
-def kill_past_a_checkpoint(cfg_path: Path, root: Path) -> None:
-    """`shardline run` in a process of its own (on the tests' Prefect API), killed (SIGKILL) a few steps after
-    its first checkpoint, once its ledger has recorded them."""
+def stop_run(cfg_path: Path, root: Path, sig: int, ready) -> int:
+    """`shardline run` in a process of its own (on the tests' Prefect API), sent `sig` (SIGKILL: the machine is
+    gone; SIGTERM: a spot notice) once its attempt's entry in the run's ledger satisfies `ready`; its exit status."""
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    before = len(ledger_of(root)[1]["attempts"]) if list(root.glob("runs/*/cost.json")) else 0
     output = cfg_path.with_suffix(".log")
     with open(output, "w") as sink:
         proc = subprocess.Popen(
@@ -64,22 +66,30 @@ def kill_past_a_checkpoint(cfg_path: Path, root: Path) -> None:
     deadline = time.monotonic() + 240
     try:
         while True:
-            assert proc.poll() is None, f"the run ended before it could be killed:\n{output.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "the run never reached the point to kill it at"
+            assert proc.poll() is None, f"the run ended before it could be stopped:\n{output.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the run never reached the point to stop it at"
             found = list(root.glob("runs/*/cost.json"))
             if found:
-                entry = json.loads(found[0].read_text())["attempts"][-1]
-                if len(entry["marks"]) > 1 and entry["last_step"] >= entry["marks"][-1][0] + 3:
+                attempts = json.loads(found[0].read_text())["attempts"]
+                if len(attempts) > before and ready(attempts[-1]):
                     break
             time.sleep(0.02)
+        os.killpg(proc.pid, sig)
+        return proc.wait(timeout=120)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def past_a_checkpoint(entry: dict) -> bool:
+    """A few steps after the attempt's first checkpoint, once its ledger has recorded them."""
+    return len(entry["marks"]) > 1 and entry["last_step"] >= entry["marks"][-1][0] + 3
 
 
 @pytest.fixture(scope="module")
 def story(tmp_path_factory, prefect_api):
-    """The three attempts of one run: killed, stopped at its budget, finished; what each left."""
+    """The four attempts of one run: killed, stopped at its budget, preempted (SIGTERM), finished; what each left."""
     from shardline.flows.pipeline import pipeline
 
     tmp = tmp_path_factory.mktemp("cost")
@@ -101,7 +111,7 @@ def story(tmp_path_factory, prefect_api):
         env.setenv("SHARDLINE_PROGRESS_SECONDS", "0")  # progress at every step...
         env.setenv(cost_ledger.LEDGER_ENV, "0")  # ...and the ledger written with it: the time after a checkpoint
 
-        kill_past_a_checkpoint(tmp / "cfg.yaml", root)
+        assert stop_run(tmp / "cfg.yaml", root, signal.SIGKILL, past_a_checkpoint) == -signal.SIGKILL
         # the killed process's lease is taken at once (it ran on this machine), not waited out for 90 s
         run, out["after_kill"] = ledger_of(root)
 
@@ -117,6 +127,12 @@ def story(tmp_path_factory, prefect_api):
 
         raised = copy.deepcopy(limited)
         raised["training"]["max_cost"] = 1000.0
+        # a spot notice (SIGTERM) a few steps into the next attempt: it checkpoints where it is and exits 75
+        (tmp / "raised.yaml").write_text(yaml.safe_dump(raised))
+        out["sigterm_status"] = stop_run(
+            tmp / "raised.yaml", root, signal.SIGTERM, lambda a: a["last_step"] >= a["first_step"] + 3
+        )
+        out["after_sigterm"] = ledger_of(root)[1]
         out["result"] = pipeline(validate_config(raised))
         out["run"], out["ledger"] = ledger_of(root)
     return out
@@ -138,15 +154,18 @@ def test_a_budget_stop_says_which_limit_the_spend_and_the_checkpoint_then_a_high
     said = float(re.search(r"GPU-hours on H100 x1 at testcloud, ([0-9.e+-]+) USD", message).group(1))
     assert said == pytest.approx(cost_ledger.summarize([killed, budget])["usd"], rel=0.05)  # said as it stopped
     # the same config with a higher max_cost: the same run folder, resumed from that checkpoint, not from scratch
+    # (then preempted, and resumed from the checkpoint its SIGTERM saved)
+    preempted = story["after_sigterm"]["attempts"][-1]
+    assert preempted["first_step"] == at and preempted["outcome"] == "preempted"
     train = story["result"]["train"]
-    assert train["resumed_from"] == stopped.checkpoint and train["steps"] == STEPS
+    assert checkpoint_step(train["resumed_from"]) == preempted["last_step"] and train["steps"] == STEPS
     assert str(story["run"]) == train["run_dir"]
     assert story["result"]["registered"]["version"] == 1
 
 
 def test_the_ledger_counts_the_time_a_kill_made_redo_as_wasted(story):
     attempts = story["ledger"]["attempts"]
-    assert [a["outcome"] for a in attempts] == ["killed", "budget", "finished"]
+    assert [a["outcome"] for a in attempts] == ["killed", "budget", "preempted", "finished"]
     assert all(
         (a["gpu"], a["gpus"], a["provider"], a["usd_per_gpu_hour"]) == ("H100", 1, "testcloud", 1800.0)
         for a in attempts
@@ -182,7 +201,7 @@ def test_the_cost_is_in_the_result_on_the_mlflow_run_and_on_the_model_version(st
     assert m["cost/gpu_hours_wasted"] == pytest.approx(cost["gpu_hours_wasted"])
     assert m["cost/usd"] == pytest.approx(cost["usd"]) and m["cost/usd_wasted"] == pytest.approx(cost["usd_wasted"])
     # every attempt said what the run had cost so far, the killed one through the next
-    assert len(client.get_metric_history(reg["run_id"], "cost/usd")) == 2
+    assert len(client.get_metric_history(reg["run_id"], "cost/usd")) == 3
     tags = run.data.tags
     assert tags["shardline.cost.gpu"] == "H100 x1" and tags["shardline.cost.provider"] == "testcloud (on-demand)"
     assert "2026-11 test contract" in tags["shardline.cost.prices_as_of"]
@@ -193,6 +212,46 @@ def test_the_cost_is_in_the_result_on_the_mlflow_run_and_on_the_model_version(st
     assert version.tags["shardline.cost.gpu_hours"] == format_number(cost["gpu_hours"])
     assert version.tags["shardline.cost.usd"] == format_number(cost["usd"])
     assert version.tags["shardline.cost.gpu"] == "H100"
+
+
+def test_each_preemption_says_the_steps_and_gpu_seconds_it_redid_and_the_time_to_the_first_new_step(story):
+    """Issue #47: the kill redid the steps past its checkpoint; the SIGTERM, which checkpoints where it stops, at
+    most one. Each is recorded by the attempt that resumed (at its first step) in the ledger, on the MLflow run,
+    and summed on the model version; the budget stop is no preemption."""
+    assert story["sigterm_status"] == 75  # PREEMPTED_EXIT_CODE
+    killed, budget, preempted, finished = story["ledger"]["attempts"]
+    # recorded by the attempt that resumed from each and trained a step (the budget's, unless it stopped before one)
+    kill_by, notice_by = [a for a in story["ledger"]["attempts"] if "interruption" in a]
+    assert kill_by is (budget if budget["last_step"] > budget["first_step"] else preempted) and notice_by is finished
+    kill, notice = kill_by["interruption"], notice_by["interruption"]
+    assert kill["after"] == "killed" and kill["steps_redone"] == killed["last_step"] - kill_by["first_step"] >= 3
+    redone_s = killed["seconds"] - dict(map(tuple, killed["marks"]))[kill_by["first_step"]]
+    assert kill["gpu_seconds_redone"] == pytest.approx(redone_s * 1) and redone_s >= 3 * 0.2  # 1 GPU, 0.2 s a step
+    assert notice["after"] == "preempted" and notice["steps_redone"] <= 1
+    assert notice["steps_redone"] == preempted["last_step"] - finished["first_step"]
+    assert notice["gpu_seconds_redone"] <= 0.2 + 0.5  # one step and a checkpoint, at most
+    assert all(0 < c["recovery_seconds"] < 120 for c in (kill, notice))
+
+    cost = story["result"]["train"]["cost"]
+    assert cost["preemptions"] == 2
+    for k in ("steps_redone", "gpu_seconds_redone", "recovery_seconds"):
+        assert cost[k] == pytest.approx(kill[k] + notice[k])
+    client = MlflowClient(story["cfg"]["mlflow"]["tracking_uri"])
+    reg = story["result"]["registered"]
+    metrics = client.get_run(reg["run_id"]).data.metrics
+    for k in ("steps_redone", "gpu_seconds_redone", "recovery_seconds"):
+        # one point per preemption, at the step resumed from; the sum among the run's cost/*
+        history = sorted((m.step, m.value) for m in client.get_metric_history(reg["run_id"], f"preemption/{k}"))
+        assert history == [
+            (kill_by["first_step"], pytest.approx(kill[k])),
+            (finished["first_step"], pytest.approx(notice[k])),
+        ]
+        assert metrics[f"cost/{k}"] == pytest.approx(cost[k])
+    assert metrics["cost/preemptions"] == 2
+    tags = client.get_model_version("tiny-model", str(reg["version"])).tags
+    assert tags["shardline.cost.preemptions"] == "2"
+    for k in ("steps_redone", "gpu_seconds_redone", "recovery_seconds"):
+        assert tags[f"shardline.cost.{k}"] == format_number(cost[k])
 
 
 def cost_cli(story, *args: str):
@@ -209,9 +268,9 @@ def test_shardline_cost_prices_a_config_on_a_gpu_only_with_a_rate_measured_on_it
     assert done.exit_code == 0, done.output
     out = done.output
     assert "2 epoch(s) x 29 optimizer steps = 58 steps" in out
-    assert f"measured by this config's run on H100 (epoch(s) 2 of its 3 attempt(s), {story['run']})" in out
+    assert f"measured by this config's run on H100 (epoch(s) 2 of its 4 attempt(s), {story['run']})" in out
     assert "an ESTIMATE from list prices, not a quote; as of " in out and "2026-11 test contract" in out
-    assert "spent   so far by this config's run (its cost.json): " in out and "in 3 attempt(s)" in out
+    assert "spent   so far by this config's run (its cost.json): " in out and "in 4 attempt(s)" in out
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "USD/GPU-hour" not in line}
     assert "<- compute.provider" in rows["testcloud"] and "1800" in rows["testcloud"]
     assert {"aws", "gcp", "lambda", "runpod"} <= set(rows)  # the shipped providers of an H100 beside it

@@ -269,8 +269,10 @@ class CostLedger:
         self._now(step)
         cut = None
         if "interruption" not in self.entry and self.entry["last_step"] > self.entry["first_step"]:
-            if self.earlier and self.earlier[-1]["outcome"] in INTERRUPTIONS:
-                cut = self.entry["interruption"] = interruption(self.earlier[-1], self.entry)
+            # the last attempt that trained a step (one stopped before its first, at its budget say, is skipped)
+            trained = [a for a in self.earlier if a["last_step"] > a["first_step"]]
+            if trained and trained[-1]["outcome"] in INTERRUPTIONS:
+                cut = self.entry["interruption"] = interruption(trained[-1], self.entry)
         if cut or self.clock() - self._written >= self.every:
             self._write()
         return cut
