@@ -250,7 +250,8 @@ def test_each_preemption_says_the_steps_and_gpu_seconds_it_redid_and_the_time_to
     assert metrics["cost/preemptions"] == 2
     tags = client.get_model_version("tiny-model", str(reg["version"])).tags
     assert tags["shardline.cost.preemptions"] == "2"
-    for k in ("steps_redone", "gpu_seconds_redone", "recovery_seconds"):
+    assert tags["shardline.cost.steps_redone"] == str(kill["steps_redone"] + notice["steps_redone"])
+    for k in ("gpu_seconds_redone", "recovery_seconds"):
         assert tags[f"shardline.cost.{k}"] == format_number(cost[k])
 
 

@@ -184,8 +184,8 @@ def cost_tags(cost: dict | None) -> dict[str, str]:
     if cost.get("usd") is not None:
         tags["shardline.cost.usd"] = R.format_number(cost["usd"])
     if cost.get("preemptions"):  # what its preemptions cost, summed: steps, GPU-seconds redone, seconds to recover
-        for k in ("preemptions", *PREEMPTION_KEYS):
-            tags[f"shardline.cost.{k}"] = R.format_number(cost[k])
+        for k in ("preemptions", *PREEMPTION_KEYS):  # counts as they are, seconds for reading
+            tags[f"shardline.cost.{k}"] = str(cost[k]) if isinstance(cost[k], int) else R.format_number(cost[k])
     return tags
 
 
