@@ -599,9 +599,7 @@ class _Progress:
         self.last = time.perf_counter()
 
     def maybe(self, epoch: int, now: float, step_loss: torch.Tensor) -> None:
-        # also at this attempt's first step: a resumed run's cost ledger times its recovery to it
-        first = self.state.step == self.steps_before + 1
-        if self.on_progress is not None and (now - self.last >= self.seconds or first):
+        if self.on_progress is not None and now - self.last >= self.seconds:
             self.last_loss = step_loss.item()
             self.report(epoch)
             self.last = now

@@ -264,8 +264,9 @@ class CostLedger:
 
     def progress(self, step: int) -> dict | None:
         """Where training is (a progress report): written when the last write is `every` seconds old. The first
-        report past this attempt's first step (fit reports its first optimizer step) after a preemption or a kill
-        records what that cost (`interruption`), written at once and returned."""
+        report past this attempt's first step after a preemption or a kill records what that cost (`interruption`),
+        written at once and returned (fit reports every SHARDLINE_PROGRESS_SECONDS: its recovery is timed late by
+        up to that; not fit's first step itself, which would change the trainer's code, and so every run's folder)."""
         self._now(step)
         cut = None
         if "interruption" not in self.entry and self.entry["last_step"] > self.entry["first_step"]:
