@@ -225,6 +225,51 @@ def source_listing(data: DataConfig) -> list[tuple[str, int, str]]:
     return stat_files(list_source(data.source))
 
 
+FOOTER_READ = 16 << 10  # bytes read from a file's end at first: its footer (and the length that says so), mostly
+FOOTERS_AT_ONCE = 512  # files whose ends are read in one concurrent batch: bounds the bytes held at once
+
+
+def _footer(tail: bytes, size: int) -> pq.FileMetaData | int:
+    """The parquet footer in the last bytes of a file of `size` bytes, or how many last bytes it needs."""
+    if len(tail) < 12 or tail[-4:] != b"PAR1":
+        raise ValueError("no parquet magic bytes at the end of the file")
+    need = int.from_bytes(tail[-8:-4], "little") + 8
+    if need > len(tail):
+        if need + 4 > size:
+            raise ValueError(f"its footer claims {need} bytes of a {size}-byte file")
+        return need
+    return pq.ParquetFile(pa.BufferReader(b"PAR1" + tail[-need:])).metadata  # the footer alone, as a file
+
+
+def _read_ends(fs, paths: list[str], sizes: list[int], lengths: list[int]) -> list:
+    tails = fs.cat_ranges(paths, [s - n for s, n in zip(sizes, lengths, strict=True)], sizes, on_error="return")
+    out: list = []
+    for tail, size in zip(tails, sizes, strict=True):
+        try:
+            out.append(tail if isinstance(tail, BaseException) else _footer(tail, size))
+        except Exception as e:  # noqa: BLE001 - said as the file's reason
+            out.append(e)
+    return out
+
+
+def footers(files: list[tuple[str, int]]) -> list[pq.FileMetaData | BaseException]:
+    """Each file's parquet footer (or the error that stopped reading it) from ranged reads of the files'
+    ends: no other byte is read, and an object store's reads of a batch go out concurrently."""
+    out: list[pq.FileMetaData | BaseException] = []
+    for i in range(0, len(files), FOOTERS_AT_ONCE):
+        batch = files[i : i + FOOTERS_AT_ONCE]
+        fs = filesystem(batch[0][0])[0]
+        paths, sizes = [filesystem(uri)[1] for uri, _ in batch], [size for _, size in batch]
+        got = _read_ends(fs, paths, sizes, [min(size, FOOTER_READ) for size in sizes])
+        longer = [j for j, g in enumerate(got) if isinstance(g, int)]
+        if longer:  # a footer longer than the first read: its whole length, once more
+            again = _read_ends(fs, [paths[j] for j in longer], [sizes[j] for j in longer], [got[j] for j in longer])
+            for j, g in zip(longer, again, strict=True):
+                got[j] = ValueError("its footer is longer than it says") if isinstance(g, int) else g
+        out += got
+    return out
+
+
 def snapshot_source(data: DataConfig) -> Snapshot:
     """List and check the raw files (footers only); raise on a bad file unless data.on_bad_file is 'skip'."""
     uris = list_source(data.source)
@@ -235,12 +280,12 @@ def snapshot_source(data: DataConfig) -> Snapshot:
     files: list[RawFile] = []
     rejected: list[RejectedFile] = []
     null_targets: list[tuple[str, dict[str, int]]] = []
-    for uri, size, version in stat_files(uris):
-        fs, path = filesystem(uri)
+    listing = stat_files(uris)
+    for (uri, size, version), meta in zip(listing, footers([(uri, size) for uri, size, _ in listing]), strict=True):
         try:
-            with fs.open(path, "rb") as f:
-                meta = pq.ParquetFile(f).metadata
-                schema = meta.schema.to_arrow_schema()
+            if isinstance(meta, BaseException):
+                raise meta
+            schema = meta.schema.to_arrow_schema()
         except Exception as e:  # noqa: BLE001 - unreadable footer: a truncated or non-parquet file
             rejected.append(RejectedFile(uri=uri, reason=f"not a readable parquet file ({type(e).__name__}: {e})"))
             continue
