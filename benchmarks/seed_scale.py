@@ -397,6 +397,7 @@ def measure(a, saved: Path) -> dict:
         t = time.perf_counter()
         s3.put(files, "games")
         m["put_s"] = time.perf_counter() - t
+        m["sizes"] = s3.sizes
         log(f"{len(files)} games ({raw_mb:,.0f} MB) in s3://{BUCKET}/games/ in {m['put_s']:.0f} s")
         bench = Bench(work, s3, a.set)
         home = bench.home("full", "games")
@@ -414,7 +415,6 @@ def measure(a, saved: Path) -> dict:
             columns = load_config(home / "run.yaml", a.set).data.raw_columns()
             uris = [f"s3://{BUCKET}/games/{f.name}" for f in files]
             done("floor", bench.child("floor", {"uris": uris, "columns": columns}, home))
-        cap_share = 0.25
         if "demo" in a.parts:
             demo_files, _ = raw_games(a.demo_games, a.demo_frames)
             m["demo_games"], m["demo_mb"] = len(demo_files), sum(f.stat().st_size for f in demo_files) / 1e6
@@ -422,10 +422,13 @@ def measure(a, saved: Path) -> dict:
             demo_home = bench.home("demo", f"demo-{a.demo_frames}")
             log(f"the demo's size ({len(demo_files)} games, {m['demo_mb']:.0f} MB) ...")
             done("demo", bench.run(demo_home, a.steps, None))
-            # the train split's unpacked bytes per raw byte, at the demo's size: the cap below is set from it
-            cap_share = sum(train_shards(manifest_of(demo_home))) / (m["demo_mb"] * 1e6) / 4
+            # the train split's unpacked bytes per frame at the demo's size (a frame unpacks to the same bytes)
+            per_frame = sum(train_shards(manifest_of(demo_home))) / (len(demo_files) * a.demo_frames)
+        else:
+            per_frame = 130.0  # the demo's train split: ~130 unpacked bytes per frame of the data set
         # the cache cap: a quarter of the train split, its size estimated before the run (from the demo's)
-        m["cap_gb"] = cap_gb = (a.cap_gb or cap_share * raw_mb * 1e6 / 1e9) if "in cache" in a.parts else None
+        estimate = per_frame * a.games * a.frames / 4 / 1e9
+        m["cap_gb"] = cap_gb = (a.cap_gb or estimate) if "in cache" in a.parts else None
         log(f"the first run{f', the shard cache capped at {cap_gb:.3f} GB' if cap_gb else ''} ...")
         done("first", bench.run(home, a.steps, cap_gb))
         shards = train_shards(manifest_of(home))
