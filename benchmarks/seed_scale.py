@@ -362,7 +362,8 @@ class Bench:
         return self.measured(r)
 
     def child(self, mode: str, spec: dict, home: Path) -> dict:
-        cmd = [sys.executable, __file__, f"--{mode}", json.dumps(spec)]
+        (home / f"{mode}.json").write_text(json.dumps(spec))  # 22,000 URIs do not fit a command line
+        cmd = [sys.executable, __file__, f"--{mode}", str(home / f"{mode}.json")]
         env = self.env(home, "cache", None)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         env["POLARS_MAX_THREADS"] = "2"
@@ -642,7 +643,11 @@ def main(argv: list[str] | None = None) -> None:
     if a.moto:
         return serve_moto(a.moto)
     if a.floor or a.encode:
-        return child_floor(json.loads(a.floor)) if a.floor else child_encode(json.loads(a.encode))
+        return (
+            child_floor(json.loads(Path(a.floor).read_text()))
+            if a.floor
+            else child_encode(json.loads(Path(a.encode).read_text()))
+        )
     a.append = round(a.games * a.append_pct / 100)
     a.parts = {p.strip() for p in a.parts.split(",")}
     m = json.loads(Path(a.table).read_text()) if a.table else measure(a, Path(a.json))
