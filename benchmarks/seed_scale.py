@@ -283,7 +283,7 @@ def training_figures(home: Path, since: float, batch: int) -> dict:
     if len(steps) < 12:
         return {"wps": None, "first_step": steps[0][1] if steps else None}
     (s0, t0), (s1, t1) = steps[10], steps[-1]
-    return {"wps": (s1 - s0) * batch / max(t1 - t0, 1e-9), "first_step": steps[0][1], "steps": s1}
+    return {"wps": (s1 - s0) * batch / max(t1 - t0, 1e-9), "first_step": steps[0][1], "last_step": s1}
 
 
 # ---------------------------------------------------------------- the children
