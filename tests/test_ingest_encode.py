@@ -87,7 +87,7 @@ def test_footers_are_read_from_the_files_ends(tmp_path):
     paths = [tmp_path / f"{n}.parquet" for n in ("wide", "narrow", "cut")]
     files = [(str(p), p.stat().st_size) for p in paths]
     assert pq.read_metadata(tmp_path / "wide.parquet").serialized_size > FOOTER_READ  # two reads
-    got = footers(files)
+    got = list(footers(files))
     assert got[0].num_columns == 600 and got[0].num_rows == 3
     assert got[0].schema.to_arrow_schema() == pq.read_schema(tmp_path / "wide.parquet")
     assert got[1].num_columns == 1
