@@ -107,10 +107,10 @@ def child(spec: dict) -> None:
 # ---------------------------------------------------------------- the parent
 
 
-def tree_rss_mb(pid: int) -> tuple[float, float]:
-    """The RSS of `pid` and every process below it, in MB (from /proc): all of it, and its anonymous part
-    (without the pages of mapped files: the shards a split maps, which the kernel can drop and read
-    again, count in RSS as they are touched)."""
+def tree_rss(pid: int) -> dict[int, tuple[bytes, float, float]]:
+    """Each process of `pid`'s tree (from /proc): its command line, RSS and anonymous RSS in MB (without the
+    pages of mapped files: the shards a split maps, which the kernel can drop and read again, count in RSS
+    as they are touched)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -126,22 +126,30 @@ def tree_rss_mb(pid: int) -> tuple[float, float]:
         except OSError:
             return b""
 
-    total = anon = 0.0
+    out: dict[int, tuple[bytes, float, float]] = {}
     todo = [pid]
     while todo:
         p = todo.pop()
         # a child forked and not yet exec'd (MLflow runs `git`) shows its parent's pages as its own: not
         # counted, or a moment's fork reads as twice the memory
         todo += [c for c in children.get(p, []) if cmdline(c) != cmdline(p)]
+        rss = anon = 0.0
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) / 1024
+                    rss = int(line.split()[1]) / 1024
                 elif line.startswith("RssAnon:"):
-                    anon += int(line.split()[1]) / 1024
+                    anon = int(line.split()[1]) / 1024
         except OSError:
-            pass
-    return total, anon
+            continue
+        out[p] = (cmdline(p), rss, anon)
+    return out
+
+
+def tree_rss_mb(pid: int) -> tuple[float, float]:
+    """The RSS of `pid` and every process below it, in MB: all of it, and its anonymous part."""
+    procs = tree_rss(pid).values()
+    return sum(p[1] for p in procs), sum(p[2] for p in procs)
 
 
 def run_child(config: Path, home: Path, force: str | None = None, env: dict | None = None) -> dict:

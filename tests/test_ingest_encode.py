@@ -71,6 +71,29 @@ def test_corrupt_file_is_reported(raw_dir, tmp_path):
         snapshot_source(cfg_for(raw_dir, tmp_path).data)
 
 
+def test_footers_are_read_from_the_files_ends(tmp_path):
+    """A footer longer than the first read of a file's end is read whole the second time; a file cut short
+    is an error of its own; the metadata is the file's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardline.tasks.ingest import FOOTER_READ, footers
+
+    wide = pa.table({f"column_{i:04d}": np.arange(3, dtype=np.float32) for i in range(600)})
+    pq.write_table(wide, tmp_path / "wide.parquet")
+    pq.write_table(wide.select(["column_0000"]), tmp_path / "narrow.parquet")
+    whole = (tmp_path / "narrow.parquet").read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(whole[: len(whole) // 2])
+    paths = [tmp_path / f"{n}.parquet" for n in ("wide", "narrow", "cut")]
+    files = [(str(p), p.stat().st_size) for p in paths]
+    assert pq.read_metadata(tmp_path / "wide.parquet").serialized_size > FOOTER_READ  # two reads
+    got = list(footers(files))
+    assert got[0].num_columns == 600 and got[0].num_rows == 3
+    assert got[0].schema.to_arrow_schema() == pq.read_schema(tmp_path / "wide.parquet")
+    assert got[1].num_columns == 1
+    assert isinstance(got[2], Exception)
+
+
 def test_empty_source(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=r"data.source '.*empty/\*.parquet' matched no parquet file"):

@@ -11,8 +11,11 @@ compared is recorded on the candidate's version (`shardline.gate`).
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from shardline.core import storage
 from shardline.core.config import metric_key
@@ -22,6 +25,8 @@ from shardline.trainer.serving import key_columns
 
 # what a served prediction (the predicted value, no class distribution) can be scored on
 SERVED_METRICS = {"classification": ("accuracy", "macro_f1"), "regression": ("mae", "rmse", "r2")}
+# test rows the champion predicts at most (a raw file's more): its memory and time do not grow with the data
+GATE_ROWS = 200_000
 
 
 def champion_gate(client, name: str, metric: str, direction: str, new_value: float) -> tuple[bool, dict | None]:
@@ -120,32 +125,44 @@ def reevaluate_champion(
     keys = key_columns(spec)
     if "row" in keys:
         return {"reason": "the data has no sequence key or order column to match the champion's rows with"}
-    candidate = pl.read_parquet(storage.read_bytes(predictions_uri))
     from shardline.runs.model_files import load_checked
 
     model = load_checked(model_uri)  # only with the files it was registered with
     schema = model.metadata.get_input_schema()
     wanted = schema.input_names() if schema is not None else []
     seq = keys[0]
-    test_keys = candidate[seq].unique()
-    frames = []
-    for f in snapshot.files:
-        raw = pl.read_parquet(storage.read_bytes(f.uri))
-        missing = [c for c in [*wanted, target.column] if c not in raw.columns]
+    predicted = pq.ParquetFile(io.BytesIO(storage.read_bytes(predictions_uri)))
+    if any(c not in predicted.schema_arrow.names for c in [*keys, "prediction"]):
+        return {"reason": f"the candidate's test predictions lack the columns {[*keys, 'prediction']}"}
+    groups = range(predicted.num_row_groups)  # a row group at a time: the test split may be millions of rows
+    test_keys = pl.concat([pl.from_arrow(predicted.read_row_group(i, columns=[seq])[seq]).unique() for i in groups])
+    test_keys = test_keys.unique()
+    need = list(dict.fromkeys([*wanted, *keys, target.column]))
+    frames, n = [], 0
+    for f in snapshot.files:  # the test rows of the first raw files, up to GATE_ROWS: the memory is bounded
+        raw = io.BytesIO(storage.read_bytes(f.uri))
+        missing = [c for c in [*wanted, target.column] if c not in pq.read_schema(raw).names]
         if missing:
             return {"reason": f"the champion needs column(s) {missing}, which {f.uri} does not have"}
-        frames.append(
-            raw.filter(pl.col(seq).is_in(test_keys.implode())).select(
-                list(dict.fromkeys([*wanted, *keys, target.column]))
-            )
-        )
+        raw.seek(0)
+        frames.append(pl.read_parquet(raw, columns=need).filter(pl.col(seq).is_in(test_keys.implode())))
+        n += frames[-1].height
+        if n >= GATE_ROWS:
+            break
     rows = pl.concat(frames, how="vertical_relaxed")
     served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
     served = _align(served, rows, keys)
-    joined = (
-        candidate.select([*keys, "prediction"])
-        .join(served.select([*keys, pl.col("prediction").alias("__champion")]), on=keys)
-        .join(rows.select([*keys, pl.col(target.column).alias("__truth")]), on=keys)
+    sampled = pl.concat(  # the candidate's predictions of those rows only, a row group at a time
+        [
+            pl.from_arrow(predicted.read_row_group(i, columns=[*keys, "prediction"])).join(
+                rows.select(keys), on=keys, how="semi"
+            )
+            for i in groups
+        ],
+        how="vertical_relaxed",
+    )
+    joined = sampled.join(served.select([*keys, pl.col("prediction").alias("__champion")]), on=keys).join(
+        rows.select([*keys, pl.col(target.column).alias("__truth")]), on=keys
     )
     if joined.height == 0:
         return {"reason": "the champion predicted none of the candidate's test rows"}
@@ -153,5 +170,7 @@ def reevaluate_champion(
         "champion_value": _score(target.task, joined["__truth"], joined["__champion"])[metric],
         "candidate_value": _score(target.task, joined["__truth"], joined["prediction"])[metric],
         "rows": joined.height,
-        "on": "the candidate's test split (its rows that both models predict)",
+        "on": "the candidate's test split (its rows that both models predict)"
+        if n < GATE_ROWS
+        else f"the candidate's test rows in its first {len(frames)} raw files (at least {GATE_ROWS:,} rows)",
     }

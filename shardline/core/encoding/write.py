@@ -97,11 +97,14 @@ def sequence_name(uri: str, data: DataConfig) -> str:
     return path.rsplit("/", 1)[-1]  # the source names this one file
 
 
-def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame:
-    """One raw file's needed columns (`columns`, default all the config names), with `__seq` and `__order` added."""
+def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None, raw: bytes | None = None) -> pl.DataFrame:
+    """One raw file's needed columns (`columns`, default all the config names), with `__seq` and `__order` added
+    (`raw`: the file's bytes, already fetched)."""
     columns = columns or data.raw_columns()
     try:
-        if storage.is_remote(uri):
+        if raw is not None:
+            df = pl.read_parquet(io.BytesIO(raw), columns=columns)
+        elif storage.is_remote(uri):
             fs, path = storage.filesystem(uri)
             with fs.open(path, "rb") as f:
                 df = pl.read_parquet(f, columns=columns)
@@ -176,8 +179,21 @@ def read_group(
     df = _scan_local(uris, data, columns) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
         each = each or (lambda frame, _: frame)
-        df = pl.concat([each(read_raw(u, data, columns), u) for u in uris], how="vertical_relaxed")
+        fetched = _fetch_remote(uris)
+        df = pl.concat(
+            [each(read_raw(u, data, columns, fetched.pop(u, None)), u) for u in uris], how="vertical_relaxed"
+        )
     return df
+
+
+def _fetch_remote(uris: list[str]) -> dict[str, bytes]:
+    """The bytes of a group's files on an object store, fetched in one concurrent batch (a file at a time, each
+    read waited for a round trip); {} for local files. A group is at most `data.group_mb` of raw bytes."""
+    if len(uris) < 2 or not all(storage.is_remote(u) for u in uris):
+        return {}
+    fs = storage.filesystem(uris[0])[0]
+    paths = {storage.filesystem(u)[1]: u for u in uris}
+    return {paths[p]: raw for p, raw in fs.cat(list(paths)).items()}
 
 
 def stored_group(store: str, key: str) -> EncodedGroup | None:
