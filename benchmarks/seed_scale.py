@@ -454,6 +454,8 @@ def measure(a, saved: Path) -> dict:
             done("append", bench.run(home, a.steps, cap_gb, stop=encoded))
     finally:
         s3.stop()
+    m.update(load=os.getloadavg()[0], when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    saved.write_text(json.dumps(m))
     return m
 
 
@@ -494,8 +496,8 @@ def tables(m: dict) -> str:
         f"({raw / m['games'] / 1e3:,.0f} KB a game); the demo's size: {demo}. Training: 1 epoch of at most "
         f"{m['steps_cap']} steps at batch 1,024, `training.shuffle_shards: 2`; the shard cache {cap} a train "
         f"split of {m['split_mb'] / 1e3:,.2f} GB ({m['shards']} shards of at most {m['max_shard_mb']:,.0f} MB). "
-        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; games generated in {m['generate_s']:,.0f} s "
+        f"{os.cpu_count()} cores, load average {m['load']:.1f} at the end; "
+        f"{m['when']}; games generated in {m['generate_s']:,.0f} s "
         f"(0: made before), put into the bucket in {m['put_s']:,.0f} s.",
         "",
         "| run | step | wall s | peak RSS MB (process tree) | MB read from S3 | of it read twice MB | x raw |",
