@@ -49,6 +49,19 @@ def test_snapshot_lists_files_with_versions(raw_dir, tmp_path):
     assert snapshot_source(cfg_for(raw_dir, tmp_path).data).fingerprint != snap.fingerprint
 
 
+def test_symbolic_links_to_raw_files_are_listed_as_their_files(raw_dir, tmp_path):
+    """A folder of links to the raw files (a data set assembled from another's files) lists them all, each with
+    its target's size."""
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for f in sorted(raw_dir.glob("*.parquet")):
+        (linked / f.name).symlink_to(f)
+    snap = snapshot_source(cfg_for(linked, tmp_path).data)
+    direct = snapshot_source(cfg_for(raw_dir, tmp_path).data)
+    assert [f.uri.rsplit("/", 1)[1] for f in snap.files] == [f"s-{i:03d}.parquet" for i in range(4)]
+    assert [f.size for f in snap.files] == [f.size for f in direct.files]
+
+
 def test_missing_column_and_wrong_dtype_are_named(raw_dir, tmp_path):
     pl.read_parquet(raw_dir / "s-000.parquet").drop("kind").write_parquet(raw_dir / "s-000.parquet")
     df = pl.read_parquet(raw_dir / "s-001.parquet")

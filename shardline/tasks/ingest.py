@@ -33,7 +33,13 @@ def _listed(source: str) -> dict[str, dict]:
         found = {path: fs.info(path)}
     else:
         found = {}
-    return {p: i for p, i in found.items() if not os.path.basename(p).startswith((".", "_")) and i["type"] == "file"}
+    # a local symbolic link to a file lists as "other" (its size and times are its target's)
+    return {
+        p: i
+        for p, i in found.items()
+        if not os.path.basename(p).startswith((".", "_"))
+        and (i["type"] == "file" or (i.get("islink") and os.path.isfile(p)))
+    }
 
 
 def _uri(fs, source: str, path: str) -> str:
