@@ -211,39 +211,25 @@ def first_file_problems(data: DataConfig) -> tuple[str | None, list[str]]:
     return uris[0], check_schema(schema, data)
 
 
-def _version(info: dict, local: bool) -> str:
-    if not local:
-        for key in ("ETag", "etag", "md5", "generation", "version_id"):
-            if info.get(key):
-                return str(info[key]).strip('"')
+def _version(info: dict) -> str:
+    """An object's version in a listing: its etag (or the store's like), else its modification time."""
+    for key in ("ETag", "etag", "md5", "generation", "version_id"):
+        if info.get(key):
+            return str(info[key]).strip('"')
     mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or info.get("created")
     if hasattr(mtime, "timestamp"):
         mtime = mtime.timestamp()
     return str(mtime)
 
 
-def stat_files(uris: list[str]) -> list[tuple[str, int, str]]:
-    """(uri, size, version) per file: mtime_ns on local disks, the etag on object stores."""
-    out = []
-    for uri in uris:
-        if not is_remote(uri):
-            st = os.stat(uri)
-            out.append((uri, st.st_size, str(st.st_mtime_ns)))
-        else:
-            fs, path = filesystem(uri)
-            info = fs.info(path)
-            out.append((uri, int(info["size"]), _version(info, False)))
-    return out
-
-
 def source_listing(data: DataConfig) -> list[tuple[str, int, str]]:
-    """What the source holds now, cheaply (a listing, no file read): (uri, size, version) per file, sorted; the
-    ingest step's cache key."""
+    """What the source holds now, cheaply (a listing, no file read): (uri, size, version) per file, sorted (the
+    version: mtime_ns on a local disk, the etag on an object store); the ingest step's cache key."""
     if not is_remote(data.source):
-        return stat_files(list_source(data.source))
+        return [(uri, (st := os.stat(uri)).st_size, str(st.st_mtime_ns)) for uri in list_source(data.source)]
     fs = filesystem(data.source)[0]
     listed = _listed(data.source)
-    return sorted((_uri(fs, data.source, p), int(i["size"]), _version(i, False)) for p, i in listed.items())
+    return sorted((_uri(fs, data.source, p), int(i["size"]), _version(i)) for p, i in listed.items())
 
 
 FOOTER_READ = 16 << 10  # bytes read from a file's end at first: its footer (and the length that says so), mostly
