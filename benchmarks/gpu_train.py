@@ -45,6 +45,11 @@ class TimedLoader(WindowLoader):
     """The loader, timing how long the training loop waits in `next()` for each training batch."""
 
     waited = 0.0
+    pin = True  # False: the training batches are not pinned (--pin off), to measure what pinning costs
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pin_memory = self.pin_memory and TimedLoader.pin
 
     def __iter__(self):
         it = super().__iter__()
@@ -68,13 +73,45 @@ MODES = {
 }
 
 
-def run_fit(train, val, spec, cfg, task, ckpt, resume=True, log=lambda m: None):
+class GpuBusy:
+    """The GPU's utilisation (NVML, through torch.cuda.utilization) sampled every 0.2 s while a fit runs: the
+    share of time a kernel ran, as MLflow's system metrics read it, but dense enough for a fit of seconds."""
+
+    def __init__(self):
+        import threading
+
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            try:
+                self.samples.append(float(torch.cuda.utilization()))
+            except Exception:  # no NVML: no figure  # noqa: BLE001
+                return
+
+    def __enter__(self):
+        if torch.cuda.is_available():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def run_fit(train, val, spec, cfg, task, ckpt, resume=True, log=lambda m: None, busy=None):
     TimedLoader.waited = 0.0
     t = time.perf_counter()
     from shardline.trainer.stops import setting_hooks  # SHARDLINE_PREEMPT_AT_STEP: the preemption resume_check asks
 
     callbacks = loop.Callbacks(log=log, **setting_hooks(log))
-    result = loop.fit(train, val, spec, cfg, task, ckpt, callbacks, loop.FitOptions(resume=resume))
+    with busy or GpuBusy():
+        result = loop.fit(train, val, spec, cfg, task, ckpt, callbacks, loop.FitOptions(resume=resume))
     return result, time.perf_counter() - t, TimedLoader.waited
 
 
@@ -136,10 +173,27 @@ def main() -> None:
     )
     ap.add_argument(
         "--deterministic",
-        nargs="+",
+        nargs="*",
         default=["null", "true"],
         choices=["null", "true", "false"],
-        help="training.deterministic settings the resume check runs under (null: the default, on the CPU only)",
+        help="training.deterministic settings the resume check runs under (null: the default); none given: no "
+        "resume check",
+    )
+    ap.add_argument(
+        "--switch-interval",
+        nargs="+",
+        type=float,
+        default=[None],
+        metavar="SECONDS",
+        help="Python's GIL switch interval (sys.setswitchinterval) each row runs under, as a comparison (default: "
+        "the interpreter's)",
+    )
+    ap.add_argument(
+        "--pin",
+        nargs="+",
+        default=["on"],
+        choices=["on", "off"],
+        help="whether the loader pins the batches it gathers (on: as training does on a GPU), as a comparison",
     )
     args = ap.parse_args()
     if "true" in args.deterministic:  # before the process's first CUDA matmul: cuBLAS reads it then
@@ -175,15 +229,28 @@ def main() -> None:
                 + [*args.set, *more],
             )
 
+        if device.type == "cuda":  # one fit first, unmeasured: CUDA's and the allocator's start-up in none of the rows
+            first = config(args.families[0]).training
+            spec0 = model_spec(
+                config(args.families[0]).model,
+                len(enc.continuous),
+                enc.cat_cardinalities,
+                enc.window,
+                enc.target.n_outputs,
+            )
+            run_fit(train, val, spec0, first.model_copy(update={"epochs": 1}), enc.target.task, str(work / "warm"))
+        default_interval = sys.getswitchinterval()
         for family in args.families:
             cfg = config(family)
             spec = model_spec(cfg.model, len(enc.continuous), enc.cat_cardinalities, enc.window, enc.target.n_outputs)
             params = sum(p.numel() for p in loop.model_from_spec(spec).parameters())
-            for w in args.workers:
+            for w, interval, pin in [(w, i, p) for w in args.workers for i in args.switch_interval for p in args.pin]:
                 eager_rate = None
+                sys.setswitchinterval(interval or default_interval)
+                TimedLoader.pin = pin == "on"
                 for mode in args.modes:
                     tc = config(family, *MODES[mode]).training.model_copy(update={"num_workers": w})
-                    said = []
+                    said, busy = [], GpuBusy()
                     res, wall, waited = run_fit(
                         train,
                         val,
@@ -193,6 +260,7 @@ def main() -> None:
                         str(work / f"{family}-{w}-{mode}"),
                         resume=False,
                         log=said.append,
+                        busy=busy,
                     )
                     last = res.history[-1]
                     train_s = sum(h["seconds"] for h in res.history)
@@ -201,21 +269,28 @@ def main() -> None:
                     rows.append(
                         {
                             "model": f"{family} ({params / 1e6:.2f}M)",
-                            "workers": w,
+                            "workers": f"{w}"
+                            + ("" if interval is None else f" (switch {interval * 1e3:g} ms)")
+                            + ("" if pin == "on" else " (not pinned)"),
                             "mode": mode,
                             "precision": res.precision,
                             "windows/s": last["windows_per_s"],
                             "steps/s": last["windows_per_s"] / args.batch,
                             "x eager": last["windows_per_s"] / eager_rate if eager_rate else float("nan"),
                             "input-bound": waited / max(train_s, 1e-9),
+                            "data wait": last.get("data_wait_fraction"),
                             "val_loss": last["val_loss"],
                             "score": last.get("val_accuracy", last.get("val_mae")),
                             "wall": wall,
+                            "gpu busy": busy.mean,
                         }
                     )
                     print(
-                        f"  {family} workers={w} {mode}: {last['windows_per_s']:,.0f} windows/s, waited {waited:.2f}s "
-                        f"of {train_s:.1f}s{'; ' + ' | '.join(notes) if notes else ''}",
+                        f"  {family} workers={w} switch={sys.getswitchinterval() * 1e3:g}ms pin={pin} {mode}: "
+                        f"{last['windows_per_s']:,.0f} windows/s, waited {waited:.2f}s "
+                        f"of {train_s:.1f}s"
+                        + (f", GPU busy {busy.mean:.0f} %" if busy.mean is not None else "")
+                        + (f"; {' | '.join(notes)}" if notes else ""),
                         flush=True,
                     )
 
@@ -237,6 +312,8 @@ def main() -> None:
                     *MODES[args.modes[-1]],
                 ],
             )
+            sys.setswitchinterval(default_interval)
+            TimedLoader.pin = True
             resumes.append({"deterministic": setting, **resume_check(train, val, cfg, enc, work / setting, args)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -247,31 +324,35 @@ def main() -> None:
     )
     print(
         "| model | loader workers | step | precision | windows/s | optimizer steps/s | x eager | input-bound (waiting "
-        "for a batch) | val_loss | val score | wall s |"
+        "for a batch, of the epoch with validation) | the fit's data wait (of step time) | GPU busy (the fit) "
+        "| val_loss | val score | wall s |"
     )
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['model']} | {r['workers']} | {r['mode']} | {r['precision']} | {r['windows/s']:,.0f} | "
             f"{r['steps/s']:,.1f} | {r['x eager']:.2f} | "
             f"{100 * r['input-bound']:.1f} % | "
+            f"{'-' if r['data wait'] is None else format(100 * r['data wait'], '.1f') + ' %'} | "
+            f"{'-' if r['gpu busy'] is None else format(r['gpu busy'], '.0f') + ' %'} | "
             f"{r['val_loss']:.4f} | {r['score']:.4f} | {r['wall']:.1f} |"
         )
-    print(
-        f"\n## Resume ({family}, {args.modes[-1]} steps, 1 epoch, checkpoint every 50 steps): largest weight "
-        "difference to an uninterrupted run, of a second uninterrupted run and of one preempted and resumed\n"
-    )
-    print(
-        "| training.deterministic | preempted | resumed from | steps (uninterrupted / resumed) | run to run "
-        "| resumed | val_loss (uninterrupted / resumed) | preempted + resume wall s |"
-    )
-    print("|---|---|---|---|---:|---:|---|---:|")
-    for r in resumes:
+    if resumes:
         print(
-            f"| {r['deterministic']} | {r['preempted']} | {r['resumed_from']} | {r['steps'][0]} / {r['steps'][1]} "
-            f"| {r['run_to_run_diff']:.3g} | {r['max_weight_diff']:.3g} "
-            f"| {r['val_loss'][0]:.6f} / {r['val_loss'][1]:.6f} | {r['seconds']:.1f} |"
+            f"\n## Resume ({family}, {args.modes[-1]} steps, 1 epoch, checkpoint every 50 steps): largest weight "
+            "difference to an uninterrupted run, of a second uninterrupted run and of one preempted and resumed\n"
         )
+        print(
+            "| training.deterministic | preempted | resumed from | steps (uninterrupted / resumed) | run to run "
+            "| resumed | val_loss (uninterrupted / resumed) | preempted + resume wall s |"
+        )
+        print("|---|---|---|---|---:|---:|---|---:|")
+        for r in resumes:
+            print(
+                f"| {r['deterministic']} | {r['preempted']} | {r['resumed_from']} | {r['steps'][0]} / {r['steps'][1]} "
+                f"| {r['run_to_run_diff']:.3g} | {r['max_weight_diff']:.3g} "
+                f"| {r['val_loss'][0]:.6f} / {r['val_loss'][1]:.6f} | {r['seconds']:.1f} |"
+            )
     if args.json:
         Path(args.json).write_text(
             __import__("json").dumps(
