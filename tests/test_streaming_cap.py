@@ -449,3 +449,45 @@ def test_a_read_ahead_released_before_it_lands_gives_its_room_back_instead_of_fi
     # a cache too small for what is in use still says so at once
     with pytest.raises(CacheFull, match="cannot hold"):
         cache.build("more", 600, lambda tmp: tmp.write_bytes(b"z" * 600), "one more")
+
+
+class _Boundaries:
+    """A streamed split's shard boundaries only: what an epoch's order and its first/last-use pass read."""
+
+    streaming = True
+
+    def __init__(self, shards: int, per: int):
+        self.n_shards = shards
+        self._first = np.arange(0, (shards + 1) * per, per, dtype=np.int64)
+        self.n_windows = int(self._first[-1])
+
+    def shard_of(self, idx):
+        return np.searchsorted(self._first, idx, side="right") - 1
+
+
+def test_an_epochs_order_over_a_streamed_split_takes_about_four_bytes_a_window(monkeypatch):
+    """At the first user's size (69.4M train windows) the epoch's order and the pass that finds each shard's first
+    and last use held 1.7 GB at once: per-window int64 numbers, a concatenated copy, shard numbers, positions.
+    Now the order is int32, filled a shuffle block at a time, and the pass takes it a part at a time."""
+    import tracemalloc
+
+    from shardline.trainer.data import loader as loader_module
+
+    monkeypatch.setattr(loader_module, "ORDER_PART", 1 << 16)  # the pass's part, scaled as the split is to 69.4M
+    d = _Boundaries(400, 5_000)  # 2M windows
+    loader = WindowLoader.__new__(WindowLoader)  # the order and the pass need no shards opened
+    loader.data, loader.seed, loader.shuffle, loader.shuffle_shards, loader.read_ahead = d, 7, True, 16, 2
+    tracemalloc.start()
+    try:
+        order = loader.order(3)
+        loader._stream_gather(order, [(0, d.n_windows)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert order.dtype == np.int32 and peak < 6 * d.n_windows, peak / d.n_windows  # was ~24 bytes a window
+    # the same order as before the change: each block of 16 shards, its windows permuted together
+    seq = np.random.default_rng([7, 3, 1]).permutation(400)
+    for b in (0, 7, 24):
+        ids = np.concatenate([np.arange(s * 5_000, (s + 1) * 5_000) for s in seq[16 * b : 16 * b + 16]])
+        block = ids[np.random.default_rng([7, 3, 2, b]).permutation(len(ids))]
+        assert (order[b * 80_000 : (b + 1) * 80_000] == block).all()

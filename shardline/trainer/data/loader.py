@@ -10,6 +10,8 @@ from shardline.core.storage import CACHE_CAP_ENV, gb_at_least
 from shardline.trainer.data.batch import CHUNK_BYTES, LOADER_STATE_VERSION, MAX_BATCHES_PER_GATHER, Batch
 from shardline.trainer.data.split import SplitData
 
+ORDER_PART = 1 << 20  # positions of an epoch's order a streamed split's first/last-use pass takes at a time
+
 
 class WindowLoader:
     """Batches of one epoch, in an order that is a pure function of (seed, epoch, shuffle_shards) and the
@@ -92,17 +94,22 @@ class WindowLoader:
         return np.random.default_rng([self.seed, epoch, 1]).permutation(self.data.n_shards)
 
     def order(self, epoch: int) -> np.ndarray:
-        """Window numbers in the order epoch `epoch` yields them."""
+        """Window numbers in the order epoch `epoch` yields them: int32 while they fit (a 70M-window split's order
+        is 280 MB, not 560), filled one shuffle block at a time (no second, concatenated copy)."""
         n, d, m = self.n_windows, self.data, self.shuffle_shards
+        dtype = np.int32 if n < 2**31 else np.int64
         if not self.shuffle:
-            return np.arange(n, dtype=np.int64)
+            return np.arange(n, dtype=dtype)
         if m is None or m >= d.n_shards:  # one block of every shard: the global permutation
-            return np.random.default_rng([self.seed, epoch]).permutation(n)
-        first, seq, parts = d._first, self.shard_order(epoch), []
+            # shuffled in place: the order permutation(n) gives, in the narrower type
+            return np.random.default_rng([self.seed, epoch]).permutation(np.arange(n, dtype=dtype))
+        first, seq, out, at = d._first, self.shard_order(epoch), np.empty(n, dtype), 0
         for b in range(0, len(seq), m):
-            ids = np.concatenate([np.arange(first[s], first[s + 1], dtype=np.int64) for s in seq[b : b + m]])
-            parts.append(ids[np.random.default_rng([self.seed, epoch, 2, b // m]).permutation(len(ids))])
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+            ids = np.concatenate([np.arange(first[s], first[s + 1], dtype=dtype) for s in seq[b : b + m]])
+            np.random.default_rng([self.seed, epoch, 2, b // m]).shuffle(ids)  # = ids[permutation(len(ids))]
+            out[at : at + len(ids)] = ids
+            at += len(ids)
+        return out
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -215,18 +222,20 @@ class WindowLoader:
         prefix: the shard needed next never waits behind a later one)."""
         d = self.data
         start, end = (spans[0][0], spans[-1][1]) if spans else (0, 0)
-        shard = d.shard_of(order)
-        # each shard's first and last position in what is left to yield (a resumed epoch: from `start`)
-        pos = np.arange(start, end, dtype=np.int64)
+        # each shard's first and last position in what is left to yield (a resumed epoch: from `start`), a part
+        # of the order at a time (per-window shard numbers for a whole epoch would be 8 bytes a window)
         first = np.full(d.n_shards, end, dtype=np.int64)
         last = np.full(d.n_shards, -1, dtype=np.int64)
-        np.minimum.at(first, shard[start:end], pos)
-        np.maximum.at(last, shard[start:end], pos)
+        for lo in range(start, end, ORDER_PART):
+            hi = min(lo + ORDER_PART, end)
+            pos, shard = np.arange(lo, hi, dtype=np.int64), d.shard_of(order[lo:hi])
+            np.minimum.at(first, shard, pos)
+            np.maximum.at(last, shard, pos)
         by_first = np.argsort(first, kind="stable")
         firsts = first[by_first]
 
         def gather(lo: int, hi: int, pos: np.ndarray | None = None) -> Batch:
-            here = np.unique(shard[lo:hi])
+            here = np.unique(d.shard_of(order[lo:hi]))
             idx = order[lo:hi] if pos is None else order[pos]  # pos: a rank's share of the span (DDP)
             passed = here[last[here] < hi]
             if pos is not None:  # passed shards this rank's share does not touch: released before it opens others
