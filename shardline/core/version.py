@@ -34,7 +34,14 @@ def _module_path(name: str, root: Path = ROOT, packages: tuple[str, ...] | None 
 
 
 def imports_of(path: Path, module: str) -> set[str]:
-    """Every module an import statement in `path` (module `module`) names, wherever the statement is."""
+    """Every module an import statement in `path` (module `module`) names, wherever the statement is. Parsed
+    once per version of the file in a process (the step keys' closures share most of their files)."""
+    st = path.stat()
+    return set(_imports_of(path, module, st.st_mtime_ns, st.st_size))
+
+
+@cache
+def _imports_of(path: Path, module: str, mtime_ns: int, size: int) -> frozenset[str]:
     found: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     with _PARSE:
@@ -49,7 +56,7 @@ def imports_of(path: Path, module: str) -> set[str]:
                 base = ".".join([*anchor, base] if base else anchor)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
+    return frozenset(found)
 
 
 def _closure(module: str, root: Path, packages: tuple[str, ...] | None) -> dict[str, Path]:
