@@ -34,6 +34,11 @@ from shardline.core.storage import (
 from shardline.trainer.data.batch import ARRAYS, POSITIONS, Batch, Windows, target_names
 
 
+def _narrow(starts: np.ndarray) -> np.ndarray:
+    """Window start rows as int32 when they fit (they are increasing: the last is the largest)."""
+    return starts.astype(np.int32) if not len(starts) or starts[-1] < 2**31 else starts
+
+
 class ShardView:
     """One shard's arrays (or a split pack's joined arrays), with its window start rows; window w
     is `cont.gather(starts[w:w+1])`, its target `target[starts[w] + shift]` (`last`), or the K targets
@@ -56,7 +61,8 @@ class ShardView:
         self.arrays = arrays
         self.name = name
         self.positions = positions
-        self.starts = window_starts(arrays["offsets"], window, horizon) if starts is None else starts
+        # each window's start row: int32 while the rows fit (kept for every window of a split, twice when joined)
+        self.starts = _narrow(window_starts(arrays["offsets"], window, horizon)) if starts is None else starts
         self.shift = window - 1 + horizon  # (last) target row = start + shift
         self.horizon = horizon
         self.cont = Windows(np.asarray(arrays["cont"]), window)
@@ -257,14 +263,13 @@ class SplitData:
     def _join(self, joined: dict[str, np.ndarray], rows: list[int]) -> None:
         """Every shard's cont/cat/target as one array each (the shards' rows end to end): window w
         starts at its shard's first row plus its start inside the shard, and any batch is one gather."""
-        base = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
-        starts = (
-            np.concatenate([r.view.starts + b for r, b in zip(self._refs, base)])
-            if self._refs
-            else np.zeros(0, np.int64)
-        )
+        starts = np.empty(self.n_windows, np.int32 if sum(rows) < 2**31 else np.int64)
+        at = base = 0
+        for r, n in zip(self._refs, rows, strict=True):  # filled in place: no per-shard parts, no second copy
+            starts[at : at + len(r.view.starts)] = r.view.starts + base
+            at, base = at + len(r.view.starts), base + n
         self._joined = ShardView(
-            joined, self.window, self.horizon, name="split", starts=starts.astype(np.int64), positions=self.positions
+            joined, self.window, self.horizon, name="split", starts=starts, positions=self.positions
         )
 
     def _meta(self, i: int) -> tuple:
