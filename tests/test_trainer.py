@@ -957,3 +957,26 @@ def test_a_joined_splits_window_index_takes_eight_bytes_a_window_and_gathers_the
     b = d.batch(idx)
     for j in (0, 150, 299):  # window idx[j] is rows start..start+7 of its shard
         assert torch.equal(b.cont[j], torch.from_numpy(shards[s[j]]["cont"][start[j] : start[j] + 8]))
+
+
+def test_the_pages_a_gather_reads_are_at_byte_offsets_past_2_gib_from_int32_start_rows():
+    """Start rows are int32; a gather's byte offsets in a memory-mapped pack (start x row bytes) go past 2**31 in a
+    split of 22,000 games, and must not overflow (the full-size run stopped there with an OverflowError)."""
+    from shardline.trainer.data.split import ShardView
+
+    n = 1_000
+    view = ShardView(
+        {"cont": np.zeros((n, 25), np.float32), "cat": np.zeros((n, 2), np.int8), "offsets": np.array([0, n])}, 8, 0
+    )
+    read = []
+
+    class Pages:  # where the arrays lie in a mapping, and what a gather reads of it
+        def offset_of(self, a):
+            return 0
+
+        def read(self, spans):
+            read.extend(spans)
+
+    view.bound(Pages())
+    view._note(np.array([30_000_000], dtype=np.int32))  # a start row of a large pack, 100 bytes a row
+    assert read[0][0].tolist() == [3_000_000_000]

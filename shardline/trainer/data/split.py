@@ -95,7 +95,8 @@ class ShardView:
         self._spans, self.pages = spans, pages
 
     def _note(self, start: np.ndarray) -> None:
-        if self.pages is not None:
+        if self.pages is not None:  # byte offsets: int64 (start rows are int32 while they fit; their bytes may not)
+            start = np.asarray(start, dtype=np.int64)
             self.pages.read([(base + start * row, length) for base, row, length in self._spans])
 
     def gather_targets(self, start: np.ndarray) -> tuple[np.ndarray, ...]:
