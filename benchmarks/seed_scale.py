@@ -229,7 +229,7 @@ def sampled(cmd: list[str], env: dict, cwd: Path, stop=None) -> dict:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-3000:]}\n{err[-5000:]}")
     main = peaks.get(proc.pid, ("", 0.0))[1]
     others = sorted((v for pid, v in peaks.items() if pid != proc.pid), key=lambda v: -v[1])
-    record = {"t0": t0, "t1": t0 + wall, "wall": wall, "out": out, "samples": samples, "main": main}
+    record = {"t0": t0, "t1": t0 + wall, "wall": wall, "out": out, "err": err, "samples": samples, "main": main}
     return {**record, "others": others, "stopped": stopped[0] if stopped else None}
 
 
@@ -237,27 +237,64 @@ def peak(samples, lo: float = 0.0, hi: float = float("inf")) -> float:
     return max((rss for t, rss in samples if lo <= t <= hi), default=0.0)
 
 
-def spans(home: Path, since: float, running: bool = False) -> dict[str, tuple[float, float]]:
-    """Each step's (start, end) from the task runs in the Prefect API's database under `home` since `since`
-    (`running`: with the steps still running, until now)."""
+FLOW_RUN_LINK = re.compile(r"/runs/flow-run/([0-9a-f-]{36})")
+
+
+def task_runs(api: str, log: str, since: float) -> list[tuple[str, float, float | None]]:
+    """(name, start, end) of the task runs of the flow runs a command's log links to ("View at .../flow-run/ID":
+    its pipeline and the subflows), read through the Prefect API at `api` (one others' runs share)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId, TaskRunFilterStartTime
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    ids = sorted(set(FLOW_RUN_LINK.findall(log)))
+    # no log yet (a command still running): every task run since `since`, others' too on a shared API
+    chosen = (
+        TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=ids))
+        if ids
+        else TaskRunFilter(start_time=TaskRunFilterStartTime(after_=datetime.fromtimestamp(since, UTC)))
+    )
+    runs: list = []
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        while True:  # a page at a time (the API's limit): a full-size encode is hundreds of task runs
+            page = client.read_task_runs(task_run_filter=chosen, limit=200, offset=len(runs))
+            runs += page
+            if len(page) < 200:
+                break
+    return [
+        (r.name, r.start_time.timestamp(), r.end_time.timestamp() if r.end_time else None)
+        for r in runs
+        if r.start_time is not None
+    ]
+
+
+def spans(
+    home: Path, since: float, running: bool = False, api: str | None = None, log: str = ""
+) -> dict[str, tuple[float, float]]:
+    """Each step's (start, end) from the task runs since `since` (`running`: with the steps still running, until
+    now): in the Prefect API's database under `home`, or with `api`, those of the flow runs `log` links to."""
 
     def ts(text: str) -> float:
         return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
     out: dict[str, tuple[float, float]] = {}
-    try:
-        db = sqlite3.connect(f"file:{home / 'prefect' / 'prefect.db'}?mode=ro", uri=True)
-        rows = db.execute("select name, start_time, end_time from task_run where start_time is not null").fetchall()
-        db.close()
-    except sqlite3.OperationalError:  # no API database yet
-        return out
+    if api:
+        rows = task_runs(api, log, since)
+    else:
+        try:
+            db = sqlite3.connect(f"file:{home / 'prefect' / 'prefect.db'}?mode=ro", uri=True)
+            found = db.execute("select name, start_time, end_time from task_run where start_time is not null")
+            rows = [(n, ts(lo), ts(hi) if hi else None) for n, lo, hi in found.fetchall()]
+            db.close()
+        except sqlite3.OperationalError:  # no API database yet
+            return out
     for name, lo, hi in rows:
-        if ts(lo) < since or (hi is None and not running):
+        if lo < since or (hi is None and not running):
             continue
-        hi = ts(hi) if hi is not None else time.time()
+        hi = hi if hi is not None else time.time()
         step = "encode" if name.startswith(("encode-group", "write-manifest")) else name.split("-", 1)[0]
         old = out.get(step)
-        out[step] = (min(ts(lo), old[0]), max(hi, old[1])) if old else (ts(lo), hi)
+        out[step] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
     return out
 
 
@@ -326,8 +363,8 @@ def child_encode(spec: dict) -> None:
 
 
 class Bench:
-    def __init__(self, work: Path, s3: S3, overrides: list[str]):
-        self.work, self.s3, self.overrides = work, s3, overrides
+    def __init__(self, work: Path, s3: S3, overrides: list[str], api: str | None = None):
+        self.work, self.s3, self.overrides, self.api = work, s3, overrides, api
 
     def home(self, name: str, prefix: str) -> Path:
         """A home (store, MLflow, Prefect) for the data under s3://raw/<prefix>/, its config written."""
@@ -347,6 +384,8 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "SHARDLINE_"))}
         env.update(self.s3.env, PREFECT_HOME=str(home / "prefect"), SHARDLINE_CACHE=str(home / cache))
         env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
+        if self.api:  # a running Prefect API rather than a temporary server per command
+            env["PREFECT_API_URL"] = self.api
         if cap_gb is not None:
             env["SHARDLINE_CACHE_MAX_GB"] = f"{cap_gb:.6f}"
         return env
@@ -357,7 +396,7 @@ class Bench:
         cmd += [x for o in self.overrides for x in ("--set", o)] + (["--force", force] if force else [])
         r = sampled(cmd, self.env(home, cache, cap_gb), home, stop)
         r["steps"] = next((line for line in r["out"].splitlines() if line.startswith("steps:")), "")
-        r["spans"] = spans(home, r["t0"])
+        r["spans"] = spans(home, r["t0"], api=self.api, log=r["out"] + r["err"])
         r.update(training_figures(home, r["t0"], BATCH))
         return self.measured(r)
 
@@ -368,14 +407,14 @@ class Bench:
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         env["POLARS_MAX_THREADS"] = "2"
         r = sampled(cmd, env, home)
-        r["spans"] = spans(home, r["t0"]) if mode == "encode" else {}
+        r["spans"] = spans(home, r["t0"], api=self.api, log=r["out"] + r["err"]) if mode == "encode" else {}
         return self.measured(r)
 
     def measured(self, r: dict) -> dict:
         time.sleep(0.2)  # the server's last log lines
         r["bytes"] = served(self.s3.reads(r["t0"], r["t1"]))
         r["step_bytes"] = {s: served(self.s3.reads(lo, hi)) for s, (lo, hi) in r["spans"].items()}
-        r.pop("out", None)
+        r.pop("out", None), r.pop("err", None)
         return r
 
 
@@ -400,7 +439,7 @@ def measure(a, saved: Path) -> dict:
         m["put_s"] = time.perf_counter() - t
         m["sizes"] = s3.sizes
         log(f"{len(files)} games ({raw_mb:,.0f} MB) in s3://{BUCKET}/games/ in {m['put_s']:.0f} s")
-        bench = Bench(work, s3, a.set)
+        bench = Bench(work, s3, a.set, a.prefect_api)
         home = bench.home("full", "games")
         runs = m["runs"]
 
@@ -637,6 +676,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_false",
         help="run the in-cache training and the append to their end (by default the first stops after its "
         "training steps, the second after its encode: their figures are taken by then)",
+    )
+    ap.add_argument(
+        "--prefect-api",
+        metavar="URL",
+        help="a running Prefect API for every command (default: each starts a temporary one, as on a laptop)",
     )
     ap.add_argument("--table", metavar="JSON", help="print (and write) the tables of measures saved before")
     for hidden in ("moto", "floor", "encode"):

@@ -14,11 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.e2e
-def test_seed_scale_small_reads_each_raw_byte_once_and_reruns_from_the_cache(tmp_path):
+def test_seed_scale_small_reads_each_raw_byte_once_and_reruns_from_the_cache(tmp_path, prefect_api):
+    from prefect.settings import PREFECT_API_URL
+
     saved = tmp_path / "measures.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "seed_scale.py"), "--games", "200", "--frames", "200"]
     cmd += ["--parts", "floor,again", "--steps", "3", "--set", "data.files_per_group=25"]
-    cmd += ["--doc", "none", "--json", str(saved)]
+    # the session's Prefect API: the steps' spans are read from it, by the flow runs each command links to
+    cmd += ["--doc", "none", "--json", str(saved), "--prefect-api", PREFECT_API_URL.value()]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads(saved.read_text())
