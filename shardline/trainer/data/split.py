@@ -267,7 +267,9 @@ class SplitData:
         starts = np.empty(self.n_windows, np.int32 if sum(rows) < 2**31 else np.int64)
         at = base = 0
         for r, n in zip(self._refs, rows, strict=True):  # filled in place: no per-shard parts, no second copy
-            starts[at : at + len(r.view.starts)] = r.view.starts + base
+            part = starts[at : at + len(r.view.starts)]
+            part[:] = r.view.starts
+            part += base  # in the joined type: an int32 shard's starts plus a base past 2**31 would overflow
             at, base = at + len(r.view.starts), base + n
         self._joined = ShardView(
             joined, self.window, self.horizon, name="split", starts=starts, positions=self.positions
