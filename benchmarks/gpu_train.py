@@ -13,8 +13,8 @@ a second uninterrupted run against the first (the run-to-run baseline), under ea
 (default: `null` and `true`). With `training.deterministic: true` both differences must be 0.0 on a GPU too;
 without it, CUDA's atomic adds (an embedding's backward) make even two uninterrupted runs differ a little.
 
-Only `trainer/` and the contract types are imported (no Prefect, no MLflow), so it runs on a bare GPU
-host with torch, numpy, fsspec, pyyaml and pydantic. The model and training settings are the demo
+Only `trainer/`, the contract types and the system-metrics sampler are imported (no Prefect, no MLflow), so it
+runs on a bare GPU host with torch, numpy, fsspec, pyyaml and pydantic (psutil too for the GPU busy column). The model and training settings are the demo
 config's (shardline/configs/demo.yaml) with --set overrides.
 """
 
@@ -37,6 +37,7 @@ import torch  # noqa: E402
 import shardline.trainer.loop as loop  # noqa: E402
 from shardline.core.config import load_config  # noqa: E402
 from shardline.core.manifest import Manifest  # noqa: E402
+from shardline.core.tracking.system import SystemSampler  # noqa: E402
 from shardline.trainer.data import WindowLoader, open_split  # noqa: E402
 from shardline.trainer.models import model_spec  # noqa: E402
 
@@ -74,30 +75,26 @@ MODES = {
 
 
 class GpuBusy:
-    """The GPU's utilisation (NVML, through torch.cuda.utilization) sampled every 0.2 s while a fit runs: the
-    share of time a kernel ran, as MLflow's system metrics read it, but dense enough for a fit of seconds."""
+    """The GPU's utilisation while a fit runs: the run's own system-metrics sampler (what MLflow's System metrics
+    tab shows, NVML's kernel-busy share) every 0.2 s instead of every few seconds, dense enough for a fit of
+    seconds. On a machine without a GPU it has no figure."""
+
+    KEY = "system/gpu_0_utilization_percentage"
 
     def __init__(self):
-        import threading
-
         self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._sampler = SystemSampler(self, every=0.2)
 
-    def _run(self):
-        while not self._stop.wait(0.2):
-            try:
-                self.samples.append(float(torch.cuda.utilization()))
-            except Exception:  # no NVML: no figure  # noqa: BLE001
-                return
+    def log_metrics(self, values: dict, step: int) -> None:  # the sampler's tracker
+        if self.KEY in values:
+            self.samples.append(values[self.KEY])
 
     def __enter__(self):
-        if torch.cuda.is_available():
-            self._thread.start()
+        self._sampler.start()
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
+        self._sampler.stop()
 
     @property
     def mean(self) -> float | None:

@@ -414,7 +414,8 @@ class Bench:
         time.sleep(0.2)  # the server's last log lines
         r["bytes"] = served(self.s3.reads(r["t0"], r["t1"]))
         r["step_bytes"] = {s: served(self.s3.reads(lo, hi)) for s, (lo, hi) in r["spans"].items()}
-        r.pop("out", None), r.pop("err", None)
+        for log_of in ("out", "err"):  # the commands' output: not kept in the measures
+            r.pop(log_of, None)
         return r
 
 
