@@ -14,8 +14,8 @@ a second uninterrupted run against the first (the run-to-run baseline), under ea
 without it, CUDA's atomic adds (an embedding's backward) make even two uninterrupted runs differ a little.
 
 Only `trainer/`, the contract types and the system-metrics sampler are imported (no Prefect, no MLflow), so it
-runs on a bare GPU host with torch, numpy, fsspec, pyyaml and pydantic (psutil too for the GPU busy column). The model and training settings are the demo
-config's (shardline/configs/demo.yaml) with --set overrides.
+runs on a bare GPU host with torch, numpy, fsspec, pyyaml and pydantic (psutil too for the GPU busy column). The
+model and training settings are the demo config's (shardline/configs/demo.yaml) with --set overrides.
 """
 
 from __future__ import annotations
