@@ -17,7 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
 from shardline.core import storage
-from shardline.core.config import ModelConfig, PipelineConfig, metric_key
+from shardline.core.config import ModelConfig, PipelineConfig, metric_key, stable_hash
 from shardline.core.cost.ledger import PREEMPTION_KEYS
 from shardline.core.lease import Lease
 from shardline.core.manifest import Manifest, Snapshot
@@ -49,10 +49,11 @@ from shardline.trainer.serving import (
     text_prediction_frame,
 )
 
+logger = logging.getLogger("shardline.register")
 PYFUNC_CODE = Path(importlib.util.find_spec("shardline.runs.pyfunc_model").origin)  # found, not imported
 
 
-def _requirements(model: ModelConfig, log=None) -> list[str]:
+def _requirements(model: ModelConfig) -> list[str]:
     """The packages the registered model imports, pinned to the versions it was trained with: Shardline's, every
     third-party package the user's model code imports (found in its source, mapped to the distribution installed
     here), and `model.requirements`. Shardline itself is not among them (a bare `shardline` could resolve to
@@ -68,8 +69,8 @@ def _requirements(model: ModelConfig, log=None) -> list[str]:
             dists = provided.get(name)
             if dists:
                 packages.extend(dists)
-            elif log is not None:  # importable when it trained, but no installed distribution provides it
-                log.warning(
+            else:  # importable when it trained, but no installed distribution provides it
+                logger.warning(
                     "register: the model's code imports %s, which no installed package provides: the registered "
                     "model does not install it (name it in model.requirements, pinned)",
                     name,
@@ -161,9 +162,6 @@ def registration_identity(config: PipelineConfig, manifest: Manifest, train_resu
     """What a registered version is: its weights (their checksum), the data they were trained and tested on,
     and the settings that decide training. Where or how fast it trained (`compute.*`, `num_workers`,
     checkpoint cadence, device) is not part of it: changing only those registers no new version."""
-    from shardline.core.config import stable_hash
-    from shardline.runs.training_run import model_identity, training_identity
-
     return stable_hash(
         {
             "weights": train_result.best_sha256,
@@ -212,11 +210,8 @@ def register_model(
     from shardline.core import layout
 
     name = config.mlflow.model_name
-    lock = Lease(
-        layout.registry_lock(config.storage.root, name),
-        f"registering {name}",
-    )
-    lock.acquire(on_wait=lambda who: logging.getLogger("shardline.register").warning("register: waiting for %s", who))
+    lock = Lease(layout.registry_lock(config.storage.root, name), f"registering {name}")
+    lock.acquire(on_wait=lambda who: logger.warning("register: waiting for %s", who))
     try:
         return _register_model(config, snapshot, manifest_uri, train_result, eval_result, lock)
     finally:
@@ -245,13 +240,7 @@ def _register_model(
     eval_result: EvalResult,
     lock: Lease,
 ) -> Registered:
-    import mlflow
-    import torch
-
-    from shardline.trainer.checkpoint import load_checkpoint
-
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
-    spec = manifest.encoding
     tracker = Tracker(config.mlflow, config.storage.root)
     client = tracker.client
     # what training left in its journal (MLflow was away when it ended) is sent first: its run, metrics, status
@@ -265,41 +254,59 @@ def _register_model(
             f"mlflow.promotion_metric='{metric_name}' is not among the evaluation's metrics "
             f"{sorted(eval_result.metrics)}; name one of them"
         )
-    new_value = float(eval_result.metrics[metric_name])
     identity = registration_identity(config, manifest, train_result)
     same = existing_version(client, config.mlflow.model_name, identity)
-    same_ids = (str(same.version), same.run_id) if same is not None else None
-    if same is not None and "shardline.gate" not in (same.tags or {}):
-        # registered by a run killed before its gate decided (after register_model, before the alias): gated now
-        logging.getLogger("shardline.register").warning(
+    if same is None:
+        version = _log_and_register(
+            config, manifest, manifest_uri, snapshot, train_result, eval_result, tracker, run_id, identity
+        )
+    elif "shardline.gate" in (same.tags or {}):  # the same model, registered before (only where or how fast it trained)
+        aliases = list(client.get_model_version(config.mlflow.model_name, same.version).aliases or [])
+        logger.warning(
+            "register: %s version %s is this model already (same weights, data and training settings): no new version",
+            config.mlflow.model_name,
+            same.version,
+        )
+        return _registered(
+            tracker,
+            config,
+            same.version,
+            same.run_id,
+            alias=aliases[0] if aliases else "none",
+            previous_champion=None,
+            value=float(eval_result.metrics[metric_name]),
+            already_registered=True,
+        )
+    else:  # registered by a run killed before its gate decided (after register_model, before the alias): gated now
+        logger.warning(
             "register: %s version %s is this model, registered by a run that stopped before the champion gate "
             "decided: gating it now",
             config.mlflow.model_name,
             same.version,
         )
-        return _gate(
-            config, manifest, snapshot, train_result, eval_result, tracker, metric_name, new_value, *same_ids, lock
-        )
-    if same is not None:  # the same model, registered before (only where or how fast it trained changed)
-        aliases = list(client.get_model_version(config.mlflow.model_name, same.version).aliases or [])
-        logging.getLogger("shardline.register").warning(
-            "register: %s version %s is this model already (same weights, data and training settings): no new version",
-            config.mlflow.model_name,
-            same.version,
-        )
-        return Registered(
-            **ui_pages(client, tracker.uri, same.run_id, config.mlflow.model_name, same.version),
-            model_name=config.mlflow.model_name,
-            version=int(same.version),
-            alias=aliases[0] if aliases else "none",
-            previous_champion=None,
-            model_uri=f"models:/{config.mlflow.model_name}/{same.version}",
-            run_id=same.run_id,
-            tracking_uri=redact_text(tracker.uri),
-            promotion_metric=metric_name,
-            value=new_value,
-            already_registered=True,
-        )
+        version, run_id = str(same.version), same.run_id
+    return _gate(config, manifest, snapshot, train_result, eval_result, tracker, version, run_id, lock)
+
+
+def _log_and_register(
+    config: PipelineConfig,
+    manifest: Manifest,
+    manifest_uri: str,
+    snapshot: Snapshot,
+    train_result: TrainResult,
+    eval_result: EvalResult,
+    tracker: Tracker,
+    run_id: str,
+    identity: str,
+) -> str:
+    """Log the raw-rows model on the training's MLflow run, with its metrics, evaluation files and lineage, and
+    register it: the new version."""
+    import mlflow
+    import torch
+
+    from shardline.trainer.checkpoint import load_checkpoint
+
+    spec = manifest.encoding
     tags = {
         IDENTITY_TAG: identity,
         "shardline.data_fingerprint": manifest.data_fingerprint,
@@ -316,7 +323,7 @@ def _register_model(
     if config.model.entrypoint:
         tags["shardline.model_entrypoint"] = config.model.entrypoint
         tags["shardline.model_code_version"] = user_code_version(config.model.entrypoint, config.model.code_dir)
-    _drop_unregistered(client, run_id, identity)
+    _drop_unregistered(tracker.client, run_id, identity)
     ckpt = load_checkpoint(train_result.best_checkpoint)
     with fluent_tracking_uri(tracker.uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
         tmp = Path(tmp)
@@ -348,7 +355,7 @@ def _register_model(
                 | text_artifacts(manifest, manifest_uri, tmp),
                 signature=signature,
                 input_example=sample,
-                pip_requirements=_requirements(config.model, logging.getLogger("shardline.register")),
+                pip_requirements=_requirements(config.model),
                 code_paths=_code_paths(config, tmp / "code"),
                 tags=tags,
             )
@@ -359,19 +366,7 @@ def _register_model(
         version = mlflow.register_model(
             info.model_uri, config.mlflow.model_name, tags={**tags, model_files.FILES_TAG: files_sha256}
         )
-    return _gate(
-        config,
-        manifest,
-        snapshot,
-        train_result,
-        eval_result,
-        tracker,
-        metric_name,
-        new_value,
-        version.version,
-        run_id,
-        lock,
-    )
+    return version.version
 
 
 def _drop_unregistered(client, run_id: str, identity: str) -> None:
@@ -381,7 +376,7 @@ def _drop_unregistered(client, run_id: str, identity: str) -> None:
     found = client.search_logged_models([run.info.experiment_id], filter_string=f"tags.`{IDENTITY_TAG}` = '{identity}'")
     for model in found:
         if model.source_run_id == run_id:
-            logging.getLogger("shardline.register").warning(
+            logger.warning(
                 "register: run %s holds model %s, logged by a registration that stopped before it registered a "
                 "version: deleted, logged again",
                 run_id,
@@ -397,8 +392,6 @@ def _gate(
     train_result: TrainResult,
     eval_result: EvalResult,
     tracker: Tracker,
-    metric_name: str,
-    new_value: float,
     version: str,
     run_id: str,
     lock: Lease,
@@ -407,15 +400,14 @@ def _gate(
     it was tested on other data), record the decision on the version, move the alias. The registry lease `lock` is
     renewed right before the alias moves: a registration that lost it (it stalled past the lease and another took
     it) stops there, with `LeaseLost`, and moves nothing."""
-    client, spec = tracker.client, manifest.encoding
+    client, spec, name = tracker.client, manifest.encoding, config.mlflow.model_name
+    metric_name = config.mlflow.promotion_metric
+    new_value = float(eval_result.metrics[metric_name])
     for k, v in eval_result.metrics.items():  # for reading: the gate reads the run's full-precision metric
-        client.set_model_version_tag(config.mlflow.model_name, version, f"metric.{metric_key(k)}", R.format_number(v))
+        client.set_model_version_tag(name, version, f"metric.{metric_key(k)}", R.format_number(v))
     for k, v in cost_tags(train_result.cost).items():  # what training it cost, for reading (an estimate)
-        client.set_model_version_tag(config.mlflow.model_name, version, k, v)
-    promote, previous = champion_gate(
-        client, config.mlflow.model_name, metric_name, config.mlflow.promotion_direction, new_value
-    )
-    name = config.mlflow.model_name
+        client.set_model_version_tag(name, version, k, v)
+    promote, previous = champion_gate(client, name, metric_name, config.mlflow.promotion_direction, new_value)
     compared: dict = {"on": "the recorded test metrics (the same data)"}
     if previous and previous.get("data_fingerprint") and previous["data_fingerprint"] != manifest.data_fingerprint:
         # the champion was tested on other data: its number is not compared; it is re-scored on this test split
@@ -432,7 +424,7 @@ def _gate(
         compared["champion_data_fingerprint"] = previous["data_fingerprint"]
         if "reason" in compared:
             promote = False
-            logging.getLogger("shardline.register").warning(
+            logger.warning(
                 "register: champion v%s was evaluated on other data and cannot be re-scored on this test split (%s): "
                 "it stays champion; the new version is a challenger",
                 previous["version"],
@@ -469,33 +461,34 @@ def _gate(
                 "shardline.alias.champion.to",
                 json.dumps({"at": record["at"], "by": record["by"], "version": str(version)}),
             )
-    return Registered(
-        **ui_pages(client, tracker.uri, run_id, name, version),
-        model_name=config.mlflow.model_name,
-        version=int(version),
-        alias=alias,
-        previous_champion=previous,
-        model_uri=f"models:/{config.mlflow.model_name}/{version}",
-        run_id=run_id,
-        tracking_uri=redact_text(tracker.uri),
-        promotion_metric=metric_name,
-        value=new_value,
-        compared=compared,
+    return _registered(
+        tracker, config, version, run_id, alias=alias, previous_champion=previous, value=new_value, compared=compared
     )
 
 
-def ui_pages(client, uri: str, run_id: str, name: str, version) -> dict:
-    """Where a user sees the version in the MLflow UI: the run's and the version's pages, and for a store no
-    server serves (SQLite) the command that serves it at the pages' address."""
+def _registered(tracker: Tracker, config: PipelineConfig, version, run_id: str, **fields) -> Registered:
+    """The task's result for `version`, with where a user sees it in the MLflow UI: the run's and the version's
+    pages, and for a store no server serves (SQLite) the command that serves it at the pages' address."""
+    name, uri = config.mlflow.model_name, tracker.uri
     try:
-        experiment = client.get_run(run_id).info.experiment_id
+        experiment = tracker.client.get_run(run_id).info.experiment_id
+        pages = {
+            "run_page": run_page(uri, experiment, run_id),
+            "version_page": model_version_page(uri, name, version),
+            "ui_command": ui_command(uri),
+        }
     except Exception:  # noqa: BLE001 - an address, not a result
-        return {}
-    return {
-        "run_page": run_page(uri, experiment, run_id),
-        "version_page": model_version_page(uri, name, version),
-        "ui_command": ui_command(uri),
-    }
+        pages = {}
+    return Registered(
+        **pages,
+        model_name=name,
+        version=int(version),
+        model_uri=f"models:/{name}/{version}",
+        run_id=run_id,
+        tracking_uri=redact_text(uri),
+        promotion_metric=config.mlflow.promotion_metric,
+        **fields,
+    )
 
 
 def _num(value) -> str:
@@ -538,7 +531,7 @@ def describe(client, name, version, run_id, config, train_result, eval_result, a
             f"{text}\n\nRegistered as [{name} v{version}]({model_version_page(uri, name, version)}).",
         )
     except Exception as e:  # noqa: BLE001 - words about a result, not the result
-        logging.getLogger("shardline.register").warning("register: could not write the descriptions: %s", e)
+        logger.warning("register: could not write the descriptions: %s", e)
 
 
 def _readable(*values: float | None) -> list[str]:
@@ -620,14 +613,13 @@ def register(
     config: PipelineConfig, snapshot: Snapshot, manifest_uri: str, train_result: TrainResult, eval_result: EvalResult
 ) -> Registered:
     """Log the raw-rows model with its metrics and plots; register a version; move the champion alias on merit."""
-    log = get_run_logger()
     reg = register_model(config, snapshot, manifest_uri, train_result, eval_result)
     create_markdown_artifact(
         key="model-report",
         markdown=model_report(reg, train_result, eval_result, snapshot),
         description="metrics against the baseline and the registered model version",
     )
-    log.info("register: %s v%s -> %s", reg.model_name, reg.version, reg.alias)
+    get_run_logger().info("register: %s v%s -> %s", reg.model_name, reg.version, reg.alias)
     return reg
 
 
