@@ -67,7 +67,7 @@ def whole_array_evaluation(manifest_uri: str, checkpoint: str) -> tuple[dict, di
     outputs = predict(load_model(checkpoint), test)
     metrics, baseline = {}, {}
     for i, (t, out) in enumerate(zip(spec.targets, outputs.values())):
-        stat = train_statistic(manifest, manifest_uri, i, t)
+        stat = train_statistic(manifest, i, t)
         y = test.targets(i)
         if t.task == "classification":
             y, probs = y.reshape(-1).astype(np.int64), out.reshape(-1, out.shape[-1])

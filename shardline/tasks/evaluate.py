@@ -108,25 +108,19 @@ class RankingEvaluation(SplitRanking):
         return model, baseline, facts
 
 
-def train_statistic(manifest: Manifest, manifest_uri: str, i: int, t) -> np.ndarray | float:
-    """What the i-th target's trivial baseline needs from the training split: its class counts by id (id 0:
-    the values the encoding does not know), or its mean in raw units. From the manifest's statistics; a
-    manifest written before it kept them: read from the training split's shards."""
-    if manifest.target_stats is not None:
-        stat = manifest.target_stats[i]
-        if t.task == "classification":
-            ids = {v: k + 1 for k, v in enumerate(t.classes or [])}
-            counts = np.zeros(t.n_outputs, np.float64)
-            for value, n in stat["counts"].items():
-                counts[ids.get(value, 0)] += n
-            return counts
+def train_statistic(manifest: Manifest, i: int, t) -> np.ndarray | float:
+    """What the i-th target's trivial baseline needs from the training split, from the manifest's statistics:
+    its class counts by id (id 0: the values the encoding does not know), or its mean in raw units."""
+    if manifest.target_stats is None:  # every manifest since encoder version 7 has them
+        raise ValueError("the manifest has no target_stats for the trivial baseline; encode again")
+    stat = manifest.target_stats[i]
+    if t.task != "classification":
         return float(stat["mean"])
-    from shardline.trainer.data import open_split
-
-    train_y = open_split(manifest, manifest_uri, "train").targets(i)
-    if t.task == "classification":
-        return np.bincount(train_y.reshape(-1).astype(np.int64), minlength=t.n_outputs).astype(np.float64)
-    return float(train_y.mean() * t.std + t.mean)
+    ids = {v: k + 1 for k, v in enumerate(t.classes or [])}
+    counts = np.zeros(t.n_outputs, np.float64)
+    for value, n in stat["counts"].items():
+        counts[ids.get(value, 0)] += n
+    return counts
 
 
 def _scores(t, train_stat) -> M.ClassificationScores | M.RegressionScores:
@@ -150,18 +144,6 @@ PER_CLASS_FILE = "per_class.csv"
 PER_CLASS_SHOWN = 50  # rows of a per-class table in its Prefect artifact: the classes with the most test samples
 
 
-def write_csv_atomic(frame: pl.DataFrame, path: Path) -> Path:
-    """`frame` as CSV, written aside and renamed into place (a reader never sees half a table)."""
-    tmp = path.with_name(f".tmp-{path.name}")
-    try:
-        frame.write_csv(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
 def _target_scores(t, scores, out_dir: Path, prefix: str):
     """One target's metrics, its baseline's, and its files: a plot, and for a class target its per-class table."""
     metrics, baseline = scores.metrics(), scores.baseline()
@@ -176,7 +158,8 @@ def _target_scores(t, scores, out_dir: Path, prefix: str):
             schema={"class": pl.String, "support": pl.Int64, "predicted": pl.Int64}
             | {k: pl.Float64 for k in ("precision", "recall", "f1")},
         )
-        table = write_csv_atomic(per_class, out_dir / f"{prefix}{PER_CLASS_FILE}")
+        table = out_dir / f"{prefix}{PER_CLASS_FILE}"
+        storage.write_text(str(table), per_class.write_csv())  # atomic: a reader never sees half a table
         return metrics, baseline, [plot, table], CLASSIFICATION_METRICS
     plot = R.plot_residuals(*scores.sample.kept, out_dir / f"{prefix}residuals.png")
     return metrics, baseline, [plot], REGRESSION_METRICS
@@ -374,7 +357,7 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
     ]
     if spec.text is not None:
         return evaluate_text(manifest, manifest_uri, model, test, plots, out_dir, config)
-    scores = [_scores(t, train_statistic(manifest, manifest_uri, i, t)) for i, t in enumerate(spec.targets)]
+    scores = [_scores(t, train_statistic(manifest, i, t)) for i, t in enumerate(spec.targets)]
     seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
     seq_keys = SequenceKeys(manifest, manifest_uri, "test", seq) if seq else None
     ranking = RankingEvaluation(manifest, manifest_uri, config.evaluation.k) if spec.group_key else None
