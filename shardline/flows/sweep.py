@@ -15,6 +15,7 @@ from functools import partial
 from prefect import flow
 from prefect.logging import get_run_logger
 
+from shardline.core import layout
 from shardline.core.config import PipelineConfig, validate_config
 from shardline.core.cost.ledger import add_up
 from shardline.core.memory import return_freed_memory
@@ -48,7 +49,6 @@ from shardline.tasks.sweep import (
     parent_pages,
     parent_run,
     report_sweep,
-    sweep_folder,
     tag_version,
     train_in_child,
     train_trials,
@@ -110,7 +110,7 @@ def sweep(
     for _ in with_data([(None, c) for c in plan.configs or [base]]):
         pass
 
-    folder = sweep_folder(root, plan.id)
+    folder = layout.sweep(root, plan.id)
     study = SweepStudy(plan, folder, prune, raw)
     remote = base.compute.train_on == "deployment"
     at_once = at_once or (n if remote else default_at_once(n))
@@ -131,7 +131,8 @@ def sweep(
         if cv and best is not None:  # the chosen setting retrained on every non-test fold (training.fold: null)
             final = Trial("final", {**best["setting"], FOLD_KEY: None})
             final_config = trial_config(raw, final)
-            final_row, final_trained = train_trials(plan, data, parent.run_id, 1, here, only=[(final, final_config)])[0]
+            final_pair = [(final, final_config)]
+            final_row, final_trained = train_trials(plan, data, parent.run_id, 1, here, pairs=final_pair)[0]
             rows.append(final_row)
         pages = parent_pages(parent, [r["mlflow_run_id"] for r in rows if r.get("mlflow_run_id")])
         heading = f"{base.name}: sweep of {len(rows)} trial(s) over {', '.join(plan.keys)}, by {metric}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 from prefect.logging import get_run_logger
 
-from shardline.core import layout, storage
+from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.cost.ledger import add_up
 from shardline.core.failures import InfrastructureFailure, failed_on_infrastructure, retry_on_infrastructure
@@ -35,30 +36,13 @@ from shardline.tasks.caching import cached
 from shardline.tasks.train import (
     TRAIN_CACHE,
     TrainingRunFailed,
+    run_tag,
+    tagged_flow_runs,
     train_step,
     watch_training_run,
 )
 
 SWEEP_TAG = "shardline.sweep"  # on the trials' MLflow runs and the registered version: the parent run's id
-
-
-def sweep_folder(root: str, sweep_id: str) -> str:
-    """Where a sweep keeps its parent run's journal and its comparison picture: `<root>/sweeps/<id>`."""
-    return layout.sweep(root, sweep_id)
-
-
-def _flow_runs(run_tag: str) -> list:
-    """The flow runs tagged `run_tag`, newest first."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    with get_client(sync_client=True) as client:
-        return client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[run_tag])),
-            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-            limit=20,
-        )
 
 
 def train_in_child(
@@ -82,7 +66,7 @@ def train_in_child(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     log = get_run_logger()
-    run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
+    tag = run_tag(folder)
     with get_client(sync_client=True) as client:
         api = str(client.api_url).rstrip("/")  # an ephemeral API's too: the child must not start its own
     parameters = {
@@ -95,14 +79,14 @@ def train_in_child(
         "pruning": pruning,
         "watched": True,  # an infrastructure failure is raised as InfrastructureFailure: the trial is retried
     }
-    earlier = {r.id for r in _flow_runs(run_tag)}  # an interrupted attempt's: not this child's
-    with temporary_settings(updates={PREFECT_API_URL: api}), tags("shardline", run_tag):
+    earlier = {r.id for r in tagged_flow_runs(tag)}  # an interrupted attempt's: not this child's
+    with temporary_settings(updates={PREFECT_API_URL: api}), tags("shardline", tag):
         process = run_flow_in_subprocess(
             flow, parameters=parameters, context=serialize_context(), env={PARENT_ENV: str(os.getpid())}
         )
     log.info("train: %s in child process %d (%s torch threads)", folder, process.pid, cpu_threads or "default")
     process.join()
-    flow_run = next((r for r in _flow_runs(run_tag) if r.id not in earlier), None)
+    flow_run = next((r for r in tagged_flow_runs(tag) if r.id not in earlier), None)
     if flow_run is not None and (flow_run.state is None or not flow_run.state.is_final()):
         flow_run = watch_training_run(flow_run.id, folder, 30, 1)  # its last state may still be on its way
     state = flow_run.state if flow_run is not None else None
@@ -133,9 +117,27 @@ def trial_tags(parent_run_id: str | None, sweep_id: str, trial: Trial) -> dict[s
 
 @contextmanager
 def parent_run(plan: Plan, folder: str) -> Iterator[Tracker]:
-    """The sweep's parent MLflow run for a block: ended KILLED (Ctrl-C) or FAILED when the block raises, and
-    continued by the next run of the same sweep (`finish_parent_run` ends it when the sweep is done)."""
-    tracker = start_parent_run(plan, folder)
+    """The sweep's parent MLflow run for a block, created once and continued by every rerun of the same sweep (its
+    journal is in the sweep's folder, as a training run's is in its run folder): ended KILLED (Ctrl-C) or FAILED
+    when the block raises (`finish_parent_run` ends it when the sweep is done)."""
+    base = plan.base
+    tracker = Tracker(base.mlflow, base.storage.root, run_dir=folder)
+    tracker.start(
+        run_name=f"{base.name} · sweep {plan.id[:8]}",
+        tags={"shardline.sweep_id": plan.id, "shardline.sweep.keys": ", ".join(plan.keys)},
+    )
+    if not tracker.resumed:
+        tracker.log_params(
+            {
+                "sweep.mode": plan.mode,
+                "sweep.trials": plan.size or len(plan.trials),
+                "sweep.seed": plan.seed,
+                **{f"sweep.space.{k}": json.dumps(v) for k, v in plan.describe_space().items()},
+            }
+        )
+    tracker.set_tags(links.mlflow_tags())
+    if tracker.run_id is None:
+        get_run_logger().warning("sweep: MLflow did not answer; the trials' runs are not nested under a parent run")
     try:
         yield tracker
     except BaseException as e:
@@ -167,7 +169,7 @@ class SweepStudy:
     by its id when the sweep runs again; its outcome is told when it ends (complete with its score, pruned, failed);
     with a pruner, each trial's training reports its epochs and may be stopped (`Pruning`)."""
 
-    def __init__(self, plan: Plan, folder: str, pruner: str | None, raw: dict | None = None):
+    def __init__(self, plan: Plan, folder: str, pruner: str | None, raw: dict):
         from shardline.core.study import make_pruner, make_sampler, open_study
 
         self.plan, self.pruner, self.raw = plan, pruner, raw
@@ -255,9 +257,7 @@ class SweepStudy:
         """A trial's outcome, told once: its score (complete), pruned, or failed."""
         from optuna.trial import TrialState
 
-        number = self.numbers.get(trial.id)
-        if number is None:
-            return
+        number = self.numbers[trial.id]  # given when the trial was submitted (`pruning`)
         if row.get("state") == "pruned":
             self.study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
         elif row.get("score") is not None:
@@ -272,17 +272,17 @@ def train_trials(
     parent_run_id: str | None,
     at_once: int,
     train_here,
-    only: list[tuple] | None = None,
     study: SweepStudy | None = None,
     pairs=None,
 ) -> list[tuple]:
     """Wire the trials' training (inside a flow run): each trial through the pipeline's cached train step
     (`TRAIN_CACHE`: a finished trial is a cache hit, an unfinished one resumes), `at_once` in flight, the next
     taken only once one finishes (and its outcome is told to the `study`); `data` maps `data_key(config)` to
-    (snapshot, manifest URI, checksum). `pairs`: (trial, config) pairs as they come (tpe: Optuna's proposals);
-    default: the plan's. Returns each trial's (row, training result) in the trials' order (`trial_outcome`)."""
+    (snapshot, manifest URI, checksum). `pairs`: (trial, config) pairs as they come (tpe: Optuna's proposals;
+    cross-validation's final retrain); default: the plan's. Returns each trial's (row, training result) in the
+    trials' order (`trial_outcome`)."""
     futures, running, order = {}, [], []
-    pairs = iter(only if only is not None else pairs if pairs is not None else list(zip(plan.trials, plan.configs)))
+    pairs = iter(pairs if pairs is not None else list(zip(plan.trials, plan.configs)))
 
     def ended(future) -> None:
         running.remove(future)
@@ -314,30 +314,6 @@ def train_trials(
     while running:
         ended(next(as_completed(running)))
     return [trial_outcome(trial, futures[trial.id]) for trial, _ in order]
-
-
-def start_parent_run(plan: Plan, folder: str) -> Tracker:
-    """The sweep's parent MLflow run, created once and continued by every rerun of the same sweep (its
-    journal is in the sweep's folder, as a training run's is in its run folder)."""
-    base = plan.base
-    tracker = Tracker(base.mlflow, base.storage.root, run_dir=folder)
-    tracker.start(
-        run_name=f"{base.name} · sweep {plan.id[:8]}",
-        tags={"shardline.sweep_id": plan.id, "shardline.sweep.keys": ", ".join(plan.keys)},
-    )
-    if not tracker.resumed:
-        tracker.log_params(
-            {
-                "sweep.mode": plan.mode,
-                "sweep.trials": plan.size or len(plan.trials),
-                "sweep.seed": plan.seed,
-                **{f"sweep.space.{k}": json.dumps(v) for k, v in plan.describe_space().items()},
-            }
-        )
-    tracker.set_tags(links.mlflow_tags())
-    if tracker.run_id is None:
-        get_run_logger().warning("sweep: MLflow did not answer; the trials' runs are not nested under a parent run")
-    return tracker
 
 
 def _cell(value) -> str:
@@ -397,8 +373,6 @@ def report_sweep(
     if local:
         plot = str(plot_sweep(rows, keys, metric, direction, Path(storage.local_path(folder)) / "comparison.png"))
     else:
-        import tempfile
-
         with tempfile.TemporaryDirectory(prefix="shardline-sweep-") as tmp:
             drawn = plot_sweep(rows, keys, metric, direction, Path(tmp) / "comparison.png")
             plot = storage.join(folder, "comparison.png")
@@ -453,13 +427,10 @@ def finish_parent_run(
     )
     if tracker.run_id is not None:
         try:
-            local = plot if not storage.is_remote(plot) else None
-            if local is None:
-                import tempfile
-
-                tmp = Path(tempfile.mkdtemp(prefix="shardline-sweep-")) / "comparison.png"
-                tmp.write_bytes(storage.read_bytes(plot))
-                local = str(tmp)
+            local = plot
+            if storage.is_remote(plot):  # a local copy to log
+                local = str(Path(tempfile.mkdtemp(prefix="shardline-sweep-")) / "comparison.png")
+                Path(local).write_bytes(storage.read_bytes(plot))
             tracker.client.log_artifact(tracker.run_id, local, "sweep")
         except Exception as e:  # noqa: BLE001 - a picture is never worth a failed sweep
             log.warning("sweep: could not log the comparison picture on the parent run: %s", e)

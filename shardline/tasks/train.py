@@ -63,8 +63,13 @@ def train_step(
     return train_here(manifest_uri, config, folder, mlflow_tags=mlflow_tags, parent=parent, pruning=pruning)
 
 
-def live_training_run(run_tag: str):
-    """A scheduled, pending or running flow run already training the run that `run_tag` names, if any."""
+def run_tag(folder: str) -> str:
+    """The tag of the flow runs that train the run in `folder` (a dispatched one, a sweep's child process)."""
+    return f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
+
+
+def tagged_flow_runs(tag: str, live: bool = False) -> list:
+    """The flow runs tagged `tag`, newest first (20 at most); `live`: only the scheduled, pending or running."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -73,18 +78,17 @@ def live_training_run(run_tag: str):
         FlowRunFilterTags,
     )
     from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
 
+    states = FlowRunFilterState(
+        type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
+    )
     with get_client(sync_client=True) as client:
-        live = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                tags=FlowRunFilterTags(all_=[run_tag]),
-                state=FlowRunFilterState(
-                    type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
-                ),
-            ),
-            limit=1,
+        return client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[tag]), state=states if live else None),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=20,
         )
-    return live[0] if live else None
 
 
 def watch_training_run(flow_run_id, folder: str, timeout: float | None, poll: float, log=None):
@@ -124,10 +128,10 @@ def watch_training_run(flow_run_id, folder: str, timeout: float | None, poll: fl
 def dispatch_training(
     manifest_uri: str,
     config: PipelineConfig,
-    folder: str | None = None,
-    mlflow_tags: dict[str, str] | None = None,
-    parent: Parent | None = None,
-    pruning: Pruning | None = None,
+    folder: str,
+    mlflow_tags: dict[str, str] | None,
+    parent: Parent | None,
+    pruning: Pruning | None,
 ) -> TrainResult:
     """Run the training deployment, re-dispatch it while it is preempted, and return its result."""
     from prefect.deployments import run_deployment
@@ -140,8 +144,6 @@ def dispatch_training(
             "disk. Use an object store (s3://...) for workers on other machines.",
             config.storage.root,
         )
-    folder = folder or run_dir(config, load_manifest(manifest_uri, config), parent)
-    run_tag = f"shardline-run:{folder.rstrip('/').rsplit('/', 1)[-1]}"
     parameters = {
         "manifest_uri": manifest_uri,
         "config": config.model_dump(mode="json"),
@@ -156,12 +158,12 @@ def dispatch_training(
         parameters["pruning"] = pruning.model_dump(mode="json")
     runs: list[dict] = []
     for attempt in range(c.max_preemptions + 1):
-        live = live_training_run(run_tag) if attempt == 0 else None
-        if live is not None:
+        live = tagged_flow_runs(run_tag(folder), live=True) if attempt == 0 else []
+        if live:
             # a pipeline killed while its training went on: wait for that run, never start a second
             # writer of the same checkpoints
-            log.info("train: run %s (%s) is already training this; waiting for it", live.name, live.id)
-            flow_run = watch_training_run(live.id, folder, c.dispatch_timeout_seconds, c.poll_seconds, log)
+            log.info("train: run %s (%s) is already training this; waiting for it", live[0].name, live[0].id)
+            flow_run = watch_training_run(live[0].id, folder, c.dispatch_timeout_seconds, c.poll_seconds, log)
         else:
             started = run_deployment(
                 name=c.train_deployment,
@@ -169,7 +171,7 @@ def dispatch_training(
                 job_variables=job_variables_here(c.job_variables) or None,
                 timeout=0,  # created; watched below
                 as_subflow=True,
-                tags=["shardline", run_tag],
+                tags=["shardline", run_tag(folder)],
             )
             flow_run = watch_training_run(started.id, folder, c.dispatch_timeout_seconds, c.poll_seconds, log)
         state = flow_run.state
