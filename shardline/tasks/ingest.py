@@ -94,30 +94,23 @@ _ALLOWED = {
 
 
 def expected_columns(data: DataConfig) -> dict[str, str]:
-    """column -> the role it plays (used for the checks and their messages)."""
-    roles: dict[str, str] = {}
-    for c in data.features.continuous:
-        roles[c] = "continuous"
-    for c in data.features.boolean:
-        roles[c] = "boolean"
-    for c in data.features.categorical:
-        roles[c] = "categorical"
-    for c in data.features.text:
-        roles[c] = "text"
-    for t in data.target_list:
-        roles.setdefault(t.column, f"{t.task} target")
-    if data.sequence_key and data.sequence_key != FILE_SEQUENCE:
-        roles.setdefault(data.sequence_key, "sequence key")
-    if data.order_by:
-        roles.setdefault(data.order_by, "order")
-    if data.split.method == "range" and data.split.column:
-        roles.setdefault(data.split.column, "split column")
-    if data.group_key:
-        roles.setdefault(data.group_key, "group key")
-    if data.item_key:
-        roles.setdefault(data.item_key, "item key")
-    for c in data.id_columns:
-        roles.setdefault(c, "id column")
+    """column -> the role it plays (used for the checks and their messages): a feature's kind, else the first
+    other role that names it."""
+    f = data.features
+    features = {"continuous": f.continuous, "boolean": f.boolean, "categorical": f.categorical, "text": f.text}
+    roles = {c: kind for kind, columns in features.items() for c in columns}
+    others = [
+        *((t.column, f"{t.task} target") for t in data.target_list),
+        (data.sequence_key if data.sequence_key != FILE_SEQUENCE else None, "sequence key"),
+        (data.order_by, "order"),
+        (data.split.column if data.split.method == "range" else None, "split column"),
+        (data.group_key, "group key"),
+        (data.item_key, "item key"),
+        *((c, "id column") for c in data.id_columns),
+    ]
+    for column, role in others:
+        if column:
+            roles.setdefault(column, role)
     return roles
 
 
