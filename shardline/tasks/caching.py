@@ -104,32 +104,29 @@ def checked_record(content: bytes, path: str) -> bytes:
     return content
 
 
-class CheckedLocalResults(LocalFileSystem):
+class _Checked:
+    """The read of `CheckedLocalResults` and `CheckedRemoteResults`."""
+
+    async def aread_path(self, path: str) -> bytes:
+        return checked_record(await super().aread_path(path), path)
+
+    @async_dispatch(aread_path)
+    def read_path(self, path: str) -> bytes:
+        return checked_record(super().read_path(path, _sync=True), path)
+
+
+class CheckedLocalResults(_Checked, LocalFileSystem):
     """The results store on a local root: a record is handed to Prefect only as `checked_record` passed it."""
 
     _block_type_name = "Shardline results (local)"
     _block_type_slug = "shardline-local-results"
 
-    async def aread_path(self, path: str) -> bytes:
-        return checked_record(await LocalFileSystem.aread_path(self, path), path)
 
-    @async_dispatch(aread_path)
-    def read_path(self, path: str) -> bytes:
-        return checked_record(LocalFileSystem.read_path(self, path, _sync=True), path)
-
-
-class CheckedRemoteResults(RemoteFileSystem):
+class CheckedRemoteResults(_Checked, RemoteFileSystem):
     """The results store on a remote root (S3, ...): as `CheckedLocalResults`."""
 
     _block_type_name = "Shardline results (remote)"
     _block_type_slug = "shardline-remote-results"
-
-    async def aread_path(self, path: str) -> bytes:
-        return checked_record(await RemoteFileSystem.aread_path(self, path), path)
-
-    @async_dispatch(aread_path)
-    def read_path(self, path: str) -> bytes:
-        return checked_record(RemoteFileSystem.read_path(self, path, _sync=True), path)
 
 
 @dataclass
@@ -156,7 +153,7 @@ class StepCache(CachePolicy):
             value = store.read(key).result
         except Exception as e:  # noqa: BLE001 - an unreadable record is as good as none
             log.warning("cache: record %s unreadable (%s); recomputing %s", key, e, self.rule.step)
-            self._delete(key)
+            storage.delete(storage.join(self.results_root, key))
             return
         try:
             ok = self.rule.still_valid is None or self.rule.still_valid(value, inputs)
@@ -165,16 +162,8 @@ class StepCache(CachePolicy):
             log.warning("cache: checking %s failed (%s)", key, e)
         if not ok:
             log.warning("cache: what the cached %s result points to is gone or changed; recomputing", self.rule.step)
-            self._delete(key)
+            storage.delete(storage.join(self.results_root, key))
             store.cache.clear()
-
-    def _delete(self, key: str) -> None:
-        uri = storage.join(self.results_root, key)
-        if storage.is_remote(uri):
-            fs, path = storage.filesystem(uri)
-            fs.rm(path)
-        else:
-            Path(storage.local_path(uri)).unlink(missing_ok=True)
 
 
 def results_storage(root: str) -> tuple[str, str]:
