@@ -63,8 +63,7 @@ def encoded_data(config: PipelineConfig, refresh: frozenset[str] = frozenset(), 
     snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data)
 
     # fine-tuning: the data is encoded the way the model it starts from was trained (its scalings, vocabularies)
-    if parent is None and config.training.init_from:
-        parent = resolve_parent(config)
+    parent = parent or resolve_parent(config)  # None without training.init_from
     base = (parent_encoding(config, parent), parent.uri) if parent else None
     data = config.data
     if base is not None:  # a column the parent was not trained on: said before any work

@@ -17,26 +17,19 @@ from shardline.core.config import PipelineConfig
 from shardline.tasks.encode import encode_workers
 
 
-def dask_missing() -> str | None:
-    """Why `compute.task_runner: dask` cannot run here (the packages it needs are missing), or None."""
-    import importlib.util
-
-    missing = [m for m in ("prefect_dask", "distributed") if importlib.util.find_spec(m) is None]
-    if not missing:
-        return None
-    return (
-        f"compute.task_runner: dask needs {' and '.join(missing)}, not installed here: "
-        "pip install 'shardline[dask]' (prefect-dask and distributed), or set compute.task_runner: threads"
-    )
-
-
 def encode_runner(config: PipelineConfig) -> Callable[[], AbstractContextManager[tuple[Any, int]]] | None:
     """What the encode's groups run on (`encode`'s `runner`): None for the flow's thread pool, else a
     function opening the Dask runner the config asks for. Says up front when prefect-dask is missing."""
+    import importlib.util
+
     if config.compute.task_runner != "dask":
         return None
-    if (why := dask_missing()) is not None:
-        raise RuntimeError(why)
+    missing = [m for m in ("prefect_dask", "distributed") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(
+            f"compute.task_runner: dask needs {' and '.join(missing)}, not installed here: "
+            "pip install 'shardline[dask]' (prefect-dask and distributed), or set compute.task_runner: threads"
+        )
     return lambda: _dask_runner(config)
 
 

@@ -21,6 +21,7 @@ class NodeRuns:
     def __init__(self, compute: ComputeConfig, log: Callable[[str], None]):
         from prefect.client.orchestration import get_client
         from prefect.exceptions import ObjectNotFound
+        from prefect.settings import PREFECT_API_URL
 
         self.compute, self.log, self.runs = compute, log, []
         with get_client(sync_client=True) as client:
@@ -29,7 +30,8 @@ class NodeRuns:
             except ObjectNotFound:
                 raise ValueError(
                     f"compute.nodes={compute.nodes}: {others(compute.nodes)} run(s) as flow runs of "
-                    f"compute.node_deployment '{compute.node_deployment}', which the Prefect API ({_api()}) does not "
+                    f"compute.node_deployment '{compute.node_deployment}', which the Prefect API "
+                    f"({PREFECT_API_URL.value() or 'ephemeral, in this process'}) does not "
                     "have. Deploy it (`prefect --no-prompt deploy --all` in the project folder: prefect.yaml's "
                     "train-node) and start a worker of its pool on each training machine, or start the machines "
                     "with a launcher (compute.train_on: launcher), or set compute.nodes: 1"
@@ -98,9 +100,3 @@ class NodeRuns:
                 running = run.state is not None and run.state.is_running()
                 client.set_flow_run_state(run.id, Cancelling() if running else Cancelled(), force=True)
                 self.log(f"node run {run.name} ({run.id}) was still {run.state.name if run.state else '?'}: cancelled")
-
-
-def _api() -> str:
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value() or "ephemeral, in this process"

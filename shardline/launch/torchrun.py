@@ -427,7 +427,7 @@ def outcome(
         if infrastructure_by_names(e["bases"]):  # its storage or network: retried, as in one process
             raise RankFailed(f"{said_it}; the newest checkpoint in {ckpt} is where a retry resumes")
         raise (ValueError if "ValueError" in e["bases"] else RuntimeError)(said_it)
-    if agents and not killed and not raised and _never_started(job):
+    if agents and not killed and not raised and not storage.names(job["events"]):  # no rank ever started
         came = sorted({a["host"] for a in agents if a["error"].startswith("Rendezvous")})
         raise NodesMissing(
             f"compute.nodes={nodes_wanted}, but the training's rendezvous did not complete within "
@@ -455,11 +455,6 @@ def outcome(
         f"the training processes failed (torchrun exit status {code}): {why}; the newest checkpoint in {ckpt} is "
         f"where a retry resumes{nodes}" + (f". torchrun said:\n{tail}" if tail else "")
     )
-
-
-def _never_started(job: dict) -> bool:
-    """Whether no rank of this attempt ever started training (rank 0 wrote no event)."""
-    return not storage.names(job["events"])
 
 
 def present(uri: str) -> bool:

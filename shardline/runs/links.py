@@ -68,25 +68,23 @@ def mlflow_tags(prefix: str = "shardline.prefect") -> dict[str, str]:
     return tags
 
 
-def tag_flow_run(tags: list[str], flow_run_id: str | None = None, name: str | None = None) -> bool:
-    """Add `tags` to a flow run (this one by default), and rename it when `name` is given. False when the
-    Prefect API did not take it (said in a warning): a link is never worth a failed run."""
+def tag_flow_run(tags: list[str], flow_run_id: str | None = None, name: str | None = None) -> None:
+    """Add `tags` to a flow run (this one by default), and rename it when `name` is given. A Prefect API that
+    does not take it is said in a warning: a link is never worth a failed run."""
     from prefect.client.orchestration import get_client
 
     if flow_run_id is None:
         run = current_flow_run()
         if run is None:
-            return False
+            return
         flow_run_id = run["id"]
     try:
         with get_client(sync_client=True) as client:
             have = list(client.read_flow_run(flow_run_id).tags or [])
             wanted = have + [t for t in tags if t not in have]
             client.update_flow_run(flow_run_id, tags=wanted, **({"name": name} if name else {}))
-        return True
     except Exception as e:  # noqa: BLE001 - a link, not a result
         log.warning("could not tag flow run %s with %s: %s: %s", flow_run_id, tags, type(e).__name__, e)
-        return False
 
 
 def run_name_of(config: Any) -> str:

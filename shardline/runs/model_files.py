@@ -13,6 +13,8 @@ import logging
 import tempfile
 from pathlib import Path
 
+from shardline.core.storage import sha256_file
+
 FILES_TAG = "shardline.model_files_sha256"
 FILES_ARTIFACT = "model-files.json"
 DOWNLOAD_NOTES = {"registered_model_meta"}  # what MLflow writes beside a model it downloads: not the model's
@@ -24,14 +26,8 @@ class ModelFilesChanged(RuntimeError):
 
 def file_list(folder: Path) -> dict[str, str]:
     """Every file under `folder` (a model's), by its path there, with its sha256."""
-    listing = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in DOWNLOAD_NOTES):
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        listing[path.relative_to(folder).as_posix()] = h.hexdigest()
-    return listing
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in DOWNLOAD_NOTES)
+    return {path.relative_to(folder).as_posix(): sha256_file(path) for path in files}
 
 
 def list_bytes(listing: dict[str, str]) -> bytes:

@@ -80,21 +80,26 @@ def _registered_files(config: PipelineConfig, parent: Parent, dst: str, path: st
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst))
 
 
+def _checkpoint_manifest(parent: Parent) -> tuple[str, Manifest]:
+    """The manifest a checkpoint parent's run trained on (named in the checkpoint's sidecar): its URI, and it."""
+    from shardline.trainer.checkpoint import sidecar_uri
+
+    meta = json.loads(storage.read_text(sidecar_uri(parent.checkpoint)))
+    uri = meta.get("run_meta", {}).get("manifest")
+    if not uri or not storage.exists(uri):
+        raise ValueError(
+            f"training.init_from={parent.uri}: the checkpoint does not say which data it was trained on "
+            f"(its manifest {uri!r} is gone), so its encoding cannot be reused; start from a registered "
+            "model (models:/name@alias) instead"
+        )
+    return uri, Manifest.model_validate_json(storage.read_text(uri))
+
+
 def parent_encoding(config: PipelineConfig, parent: Parent) -> EncodingSpec:
     """The encoding the model `training.init_from` names was trained with: a registered model's (its
     bundle), or a checkpoint's (the manifest its run trained on)."""
     if parent.checkpoint:
-        from shardline.trainer.checkpoint import sidecar_uri
-
-        meta = json.loads(storage.read_text(sidecar_uri(parent.checkpoint)))
-        manifest = meta.get("run_meta", {}).get("manifest")
-        if not manifest or not storage.exists(manifest):
-            raise ValueError(
-                f"training.init_from={parent.uri}: the checkpoint does not say which data it was trained on "
-                f"(its manifest {manifest!r} is gone), so its encoding cannot be reused; start from a registered "
-                "model (models:/name@alias) instead"
-            )
-        return Manifest.model_validate_json(storage.read_text(manifest)).encoding
+        return _checkpoint_manifest(parent)[1].encoding
     with tempfile.TemporaryDirectory() as tmp:
         bundle = json.loads(_registered_files(config, parent, tmp, "artifacts/bundle.json").read_text())
     return EncodingSpec.model_validate(bundle["encoding"])
@@ -104,10 +109,7 @@ def parent_tokenizer(config: PipelineConfig, parent: Parent, encoding: EncodingS
     """A text parent's tokenizer.json (the text): a registered model's bundled one, or the one beside the
     manifest a checkpoint's run trained on; checked against the sha256 its encoding records."""
     if parent.checkpoint:
-        from shardline.trainer.checkpoint import sidecar_uri
-
-        manifest_uri = json.loads(storage.read_text(sidecar_uri(parent.checkpoint)))["run_meta"]["manifest"]
-        manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+        manifest_uri, manifest = _checkpoint_manifest(parent)
         where = storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json")
         text = storage.read_text(where) if storage.exists(where) else None
     else:

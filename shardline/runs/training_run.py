@@ -187,8 +187,7 @@ def run_training(
 
     log = run_logger()  # the training flow run's, also when the pipeline's train task calls it as a subflow
     manifest = load_manifest(manifest_uri, config)
-    if parent is None and config.training.init_from:
-        parent = resolve_parent(config)
+    parent = parent or resolve_parent(config)  # None without training.init_from
     if parent is not None and manifest.encoding.text is not None:
         from shardline.core.encoding.reuse import check_parent_tokenizer
 

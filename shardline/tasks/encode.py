@@ -81,10 +81,8 @@ def tokenizers_version() -> str:
 
 def dataset_id(snapshot: Snapshot, data: DataConfig) -> str:
     """Content address of an encoded data set: the raw files' fingerprint, the data config, the encoder."""
-    dumped = data.model_dump(mode="json")
-    dumped.pop("source")  # where the files are listed from does not change what they hold
-    dumped.pop("on_bad_file")
-    dumped.pop("encode_workers")  # how many groups run at once does not change a byte
+    # not where the files are listed from, nor how many groups run at once: neither changes what they hold
+    dumped = data.model_dump(mode="json", exclude={"source", "on_bad_file", "encode_workers"})
     if data.features.text:  # the user's tokenizer file by its content: an edited file is another data set
         dumped["tokenizer"] = contract(data)["tokenizer"]
         dumped["tokenizers"] = tokenizers_version()  # the library that trains and applies it

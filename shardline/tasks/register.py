@@ -113,33 +113,30 @@ def _code_paths(config: PipelineConfig, folder: Path) -> list[str]:
 def _signature(spec, sample_uri: str):
     """Input schema: the raw columns the model needs (the target is not one); output: keys + prediction."""
     import numpy as np
-    import pandas as pd
     from mlflow.models import infer_signature
 
     # enough rows for a window (MLflow predicts with the input example when it logs the model: five rows
     # gave it "0 predictions" and an error message in the middle of every registration's output)
-    # (text: one prediction per row, each a generation: a few rows)
-    rows = 3 if spec.text is not None else max(5, 4 * (spec.window + spec.horizon))
     if spec.text is not None:  # per row: its keys, prompt length, next token, probability and generated text
-        # rows with text in every text column: the model refuses empty ones (as training left them out), and
-        # MLflow predicts with the example when it logs the model (an error in the middle of the output)
+        # one prediction per row, each a generation: a few rows, with text in every text column: the model
+        # refuses empty ones (as training left them out), and MLflow predicts with the example when it logs the
+        # model (an error in the middle of the output)
         sample = raw_sample(sample_uri, input_columns(spec), rows=200)
         has_text = np.logical_and.reduce(
             [sample[c].map(lambda v: isinstance(v, str) and v != "").to_numpy(bool) for c in spec.text.columns]
         )
-        sample = (sample[has_text] if has_text.any() else sample).head(rows).reset_index(drop=True)
+        sample = (sample[has_text] if has_text.any() else sample).head(3).reset_index(drop=True)
         keys = {c: sample[c].iloc[:1].to_numpy() for c in spec.id_columns} or {"row": np.zeros(1, np.int64)}
         columns = {"prompt_tokens": [1], "next_token": ["a"], "probability": [1.0], "generated": ["a"]}
-        out = text_prediction_frame(keys, columns)
-        with warnings.catch_warnings():  # the integer-columns hint: the id columns' nulls are the user's
-            warnings.simplefilter("ignore", UserWarning)
-            return infer_signature(sample, out.to_pandas(), params=GENERATION_PARAMS), sample
-    sample = raw_sample(sample_uri, input_columns(spec), rows=rows)
-    keys = {k: (np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy()) for k in key_columns(spec)}
-    out = prediction_frame(spec, keys, example_outputs(spec)).to_pandas()
-    with warnings.catch_warnings():  # the integer-columns hint: nulls in them are handled by the encoding
+        out, params = text_prediction_frame(keys, columns), GENERATION_PARAMS
+    else:
+        sample = raw_sample(sample_uri, input_columns(spec), rows=max(5, 4 * (spec.window + spec.horizon)))
+        keys = {k: np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy() for k in key_columns(spec)}
+        out, params = prediction_frame(spec, keys, example_outputs(spec)), None
+    # the integer-columns hint: nulls in the id columns are the user's, in the others handled by the encoding
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return infer_signature(sample, pd.DataFrame(out)), sample
+        return infer_signature(sample, out.to_pandas(), params=params), sample
 
 
 def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str, str]:
