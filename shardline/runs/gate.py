@@ -40,14 +40,10 @@ def champion_gate(client, name: str, metric: str, direction: str, new_value: flo
         return True, None
     info = {
         "version": str(current.version),
-        "value": None,
+        "value": recorded_value(client, current, metric),
         "data_fingerprint": current.tags.get("shardline.data_fingerprint"),
     }
-    old = recorded_value(client, current, metric)
-    if old is None:
-        return True, info
-    info["value"] = old
-    return better(new_value, old, direction), info
+    return info["value"] is None or better(new_value, info["value"], direction), info
 
 
 def recorded_value(client, version, metric: str) -> float | None:
