@@ -34,7 +34,7 @@ from shardline.core.encoding.write import (
     verify_manifest,
 )
 from shardline.core.failures import retry_on_infrastructure
-from shardline.core.manifest import EncodedGroup, EncodingSpec, RawFile, Snapshot
+from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, Snapshot
 from shardline.core.secrets import redacted_errors
 from shardline.core.version import code_version_of
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
@@ -163,6 +163,26 @@ def manifest_name(base: tuple[EncodingSpec, str] | None) -> str:
     return "manifest.json" if base is None else f"manifest-{base[0].hash()[:16]}.json"
 
 
+def publish_manifest(
+    snapshot: Snapshot,
+    groups: list[EncodedGroup],
+    data: DataConfig,
+    out_dir: str,
+    store: str,
+    base: tuple[EncodingSpec, str] | None = None,
+) -> tuple[str, Manifest]:
+    """Fit the encoding (or take the parent's: `base`), check the splits and publish the manifest (last: until it
+    exists, the shards are not a data set) in `out_dir`, listing the shards of the group store `store`."""
+    check_groups(groups, data, store)
+    tokenizer = storage.read_text(storage.join(out_dir, TOKENIZER)) if data.features.text else None
+    manifest = build_manifest(
+        snapshot, groups, data, base, store=storage.relative_to(store, out_dir), tokenizer=tokenizer
+    )
+    uri = storage.join(out_dir, manifest_name(base))
+    storage.write_text(uri, manifest.model_dump_json(indent=1))
+    return uri, manifest
+
+
 @task(name="write-manifest")
 @redacted_errors
 def write_manifest(
@@ -173,17 +193,9 @@ def write_manifest(
     base: tuple[EncodingSpec, str] | None = None,
     store: str | None = None,
 ) -> str:
-    """Fit the encoding (or take the parent's: `base`), check the splits and publish the manifest (last:
-    until it exists, the shards are not a data set) in `out_dir`, listing the shards of the group store
-    `store` (default: `groups` beside `out_dir`)."""
+    """`publish_manifest`, its group store `store` by default `groups` beside `out_dir`."""
     store = store or storage.join(out_dir.rstrip("/").rsplit("/", 1)[0], layout.GROUPS)
-    check_groups(groups, data, store)
-    tokenizer = storage.read_text(storage.join(out_dir, TOKENIZER)) if data.features.text else None
-    manifest = build_manifest(
-        snapshot, groups, data, base, store=storage.relative_to(store, out_dir), tokenizer=tokenizer
-    )
-    uri = storage.join(out_dir, manifest_name(base))
-    storage.write_text(uri, manifest.model_dump_json(indent=1))
+    uri, manifest = publish_manifest(snapshot, groups, data, out_dir, store, base)
     log_skipped_rows(groups, get_run_logger())
     get_run_logger().info(
         "encode: manifest %s: rows %s, windows %s, %.1f MB of shards",
@@ -365,14 +377,4 @@ def encode_dataset(
                 lambda g: encode_group_to_shards(g, data, store, group_key(g, data, sha), tokenizer=tokenizer), groups
             )
         )
-    check_groups(results, data, store)
-    manifest = build_manifest(
-        snapshot,
-        results,
-        data,
-        store=storage.relative_to(store, out_dir),
-        tokenizer=storage.read_text(tokenizer[0]) if tokenizer else None,
-    )
-    uri = storage.join(out_dir, "manifest.json")
-    storage.write_text(uri, manifest.model_dump_json(indent=1))
-    return uri
+    return publish_manifest(snapshot, results, data, out_dir, store)[0]
