@@ -16,13 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from shardline.core.metrics.scores import (
-    _by_support,
-    _class_name,
-    _labels,
-    _same_length,
-    _values,
-)
+from shardline.core.metrics.scores import _by_support, _class_name, _same_length, _values
 
 PLOT_DPI = 100
 
@@ -150,24 +144,6 @@ CONFUSION_TOP_N = 20  # classes a confusion matrix draws: the most frequent in t
 CONFUSION_NAME_CHARS = 24  # a longer class name is cut on the axes (the per-class table has it whole)
 CONFUSION_MAX_INCHES = 16.0  # the figure's side: it grows with the classes drawn up to this
 CONFUSION_NUMBER_PX = 30  # a cell narrower than this shows its colour only (its number would not be readable)
-
-
-def plot_confusion_matrix(
-    y_true: np.ndarray,
-    y_pred: np.ndarray,
-    class_names: list[str],
-    path: str | Path,
-    top_k: int = CONFUSION_TOP_N,
-) -> Path:
-    """Row-normalised confusion matrix over the ``top_k`` most frequent true classes, from class ids
-    (``plot_confusion_counts`` draws it from the counts)."""
-    t = _labels(y_true, "y_true")
-    p = _labels(y_pred, "y_pred")
-    _same_length(t, p, "y_true", "y_pred")
-    c = int(max(t.max(), p.max())) + 1
-    counts = np.zeros((c, c), dtype=np.int64)
-    np.add.at(counts, (t, p), 1)
-    return plot_confusion_counts(counts, class_names, path, top_k)
 
 
 def _short(name: str) -> str:
