@@ -281,7 +281,6 @@ def encode_text_group(
     out_dir = storage.join(store, key)
     frame, skipped = read_text_group(files, data)
     frame, splits = split_rows(frame, data)
-    codec = None if data.shard_compression == "none" else data.shard_compression
     encoded = encode_text_splits(frame, splits, data, storage.read_text(tokenizer[0]))
     del frame
     infos = []
@@ -294,22 +293,33 @@ def encode_text_group(
             counts = train["token_counts"] or [0] * len(stats["token_counts"])
             train["token_counts"] = [a + b for a, b in zip(counts, stats["token_counts"])]
             train["rows"] += stats["rows"]
-        info = dict(
-            path=f"{split}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
-            compression=codec,
-            raw_bytes=len(raw),
-            split=split,
-            rows=len(arrays["target"]),
-            segments=len(keys),
-            windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
-            arrays=specs,
-            keys_path=f"{split}.keys.parquet",
-        )
-        stored = _store(raw, codec, storage.join(out_dir, info["path"]), keys, storage.join(out_dir, info["keys_path"]))
-        infos.append(ShardInfo(**info, **stored))
+        info = _shard_info(split, raw, specs, arrays, keys, len(arrays["target"]), data)
+        infos.append(ShardInfo(**info, **_store(raw, info, out_dir, keys)))
+    return _write_group(out_dir, key, infos, train, splits, data)
+
+
+def _shard_info(split: str, raw, specs: dict, arrays: dict, keys: list[str], rows: int, data: DataConfig) -> dict:
+    """A shard's record, less what storing it tells (its sizes and checksums): named by its split (the
+    group's folder is its address)."""
+    codec = None if data.shard_compression == "none" else data.shard_compression
+    return dict(
+        path=f"{split}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
+        compression=codec,
+        raw_bytes=len(raw),
+        split=split,
+        rows=rows,
+        segments=len(keys),
+        windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
+        arrays=specs,
+        keys_path=f"{split}.keys.parquet",
+    )
+
+
+def _write_group(out_dir: str, key: str, infos: list[ShardInfo], train: dict, splits: dict, data: DataConfig):
+    """The group's record, written last in its folder: once it is there, the group is whole."""
     rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
     group = EncodedGroup(key=key, shards=infos, train=train, rows=rows)
-    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())  # last: the group is whole
+    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())
     return group
 
 
@@ -356,7 +366,6 @@ def encode_group_to_shards(
         return encode_text_group(files, data, store, tokenizer, key)
     out_dir = storage.join(store, key)
     frame, splits = split_rows(read_group(files, data), data)
-    codec = None if data.shard_compression == "none" else data.shard_compression
     ranked = ranking_rows(frame, splits, data)
     with one_torch_thread():
         encoded = encode_splits(frame, splits, data)
@@ -373,58 +382,30 @@ def encode_group_to_shards(
                 continue
             # the file's bytes were built in memory; compressed there, written once (atomically)
             raw, specs, arrays, keys, codes, _ = encoded.pop(split)  # an EncodedSplit
-            name = split  # the group's folder is its address: a shard is named by its split
-            a0, a1 = splits[split].first, splits[split].end
-            info = dict(
-                path=f"{name}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
-                compression=codec,
-                raw_bytes=len(raw),
-                split=split,
-                rows=a1 - a0,
-                segments=len(keys),
-                windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
-                arrays=specs,
-                keys_path=f"{name}.keys.parquet",
-                local=codes,
-            )
+            info = _shard_info(split, raw, specs, arrays, keys, splits[split].end - splits[split].first, data)
+            info["local"] = codes
             rows_file = None
             if data.group_key:
-                info["rows_path"] = f"{name}.rows.parquet"
-                rows_file = (rows_parquet(ranked.pop(split)), storage.join(out_dir, info["rows_path"]))
-            pending.append(
-                (
-                    info,
-                    writer.submit(
-                        _store,
-                        raw,
-                        codec,
-                        storage.join(out_dir, info["path"]),
-                        keys,
-                        storage.join(out_dir, info["keys_path"]),
-                        rows_file,
-                    ),
-                )
-            )
+                info["rows_path"] = f"{split}.rows.parquet"
+                rows_file = rows_parquet(ranked.pop(split))
+            pending.append((info, writer.submit(_store, raw, info, out_dir, keys, rows_file)))
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
-    group = EncodedGroup(key=key, shards=infos, train=train or empty_stats(data), rows=rows)
-    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())  # last: the group is whole
-    return group
+    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data)
 
 
-def _store(raw, codec: str | None, shard_uri: str, keys: list[str], keys_uri: str, rows: tuple | None = None) -> dict:
-    """Compress, hash and write one shard, its keys file and (ranking data) its rows file, `rows` being
-    (its bytes, its URI); their sizes and checksums."""
-    stored = compress_bytes(raw, codec) if codec else raw
+def _store(raw, info: dict, out_dir: str, keys: list[str], rows: memoryview | None = None) -> dict:
+    """Compress, hash and write one shard, its keys file and (ranking data) its rows file's bytes `rows`, in
+    `out_dir` where `info` (`_shard_info`) names them; their sizes and checksums."""
+    stored = compress_bytes(raw, info["compression"]) if info["compression"] else raw
     out = {"bytes": len(stored), "sha256": hashlib.sha256(stored).hexdigest()}
-    storage.write_bytes(shard_uri, stored)
+    storage.write_bytes(storage.join(out_dir, info["path"]), stored)
     keys_file = keys_parquet(keys)
     out["keys_sha256"] = hashlib.sha256(keys_file).hexdigest()
-    storage.write_bytes(keys_uri, keys_file)
+    storage.write_bytes(storage.join(out_dir, info["keys_path"]), keys_file)
     if rows is not None:
-        out["rows_sha256"] = hashlib.sha256(rows[0]).hexdigest()
-        storage.write_bytes(rows[1], rows[0])
+        out["rows_sha256"] = hashlib.sha256(rows).hexdigest()
+        storage.write_bytes(storage.join(out_dir, info["rows_path"]), rows)
     return out
 
 
@@ -484,8 +465,6 @@ def check_folds(groups: list[EncodedGroup], data: DataConfig) -> None:
 def listed(group: EncodedGroup, store: str) -> list[ShardInfo]:
     """A group's shards as a manifest lists them: their paths seen from the manifest's folder, where
     `store` is the group store (`../groups` in the pipeline's layout)."""
-    if group.key is None:  # encoder version 4 and before: beside the manifest
-        return list(group.shards)
     at = f"{store.rstrip('/')}/{group.key}" if store else group.key
     return [
         s.model_copy(
