@@ -1,13 +1,12 @@
 """Evaluation's plots (learning curves, confusion matrices, residuals) and its metrics tables, as PNG files and
 text. Plots are drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas (no pyplot, no global backend
 state, safe from worker threads) and written atomically: to a temporary file beside the target, then
-``os.replace``-d into place."""
+renamed into place."""
 
 from __future__ import annotations
 
+import io
 import math
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from shardline.core import storage
 from shardline.core.metrics.scores import _by_support, _class_name, _same_length, _values
 
 PLOT_DPI = 100
@@ -28,23 +28,11 @@ def _new_figure(width: float, height: float) -> Figure:
 
 
 def _save_atomic(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` as PNG to a temporary file beside ``path``, then rename it into place."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return target
+    """Write ``fig`` as PNG to ``path``, atomically (``storage.write_bytes``)."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    storage.write_bytes(str(path), png.getvalue())
+    return Path(path)
 
 
 def _as_float(value: object) -> float:
