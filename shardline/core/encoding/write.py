@@ -237,13 +237,7 @@ def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
         except Exception:  # noqa: BLE001 - an unreadable record is no record: the group is encoded again
             continue
         key = path[len(root) + 1 :].split("/", 1)[0]
-        intact = group.key == key and all(
-            sizes.get(f"{key}/{s.path}") == s.bytes
-            and f"{key}/{s.keys_path}" in sizes
-            and (s.rows_path is None or f"{key}/{s.rows_path}" in sizes)
-            for s in group.shards
-        )
-        if intact:
+        if group.key == key and _intact(group.shards, lambda rel: sizes.get(f"{key}/{rel}")):  # noqa: B023 - used here
             found[key] = group
     return found
 
@@ -592,11 +586,13 @@ def shards_intact(infos: list[ShardInfo], folder: str) -> bool:
     """Every shard listed (paths relative to `folder`) is there with its size, and its keys file is there: a
     listing, no download (on S3, hashing every shard would fetch the data set on each rerun). The bytes
     are checked against their sha256 where they are read anyway: every fetch (`read_verified`)."""
-    for info in infos:
-        if storage.size_of(storage.resolve(folder, info.path)) != info.bytes:
-            return False
-        if not storage.exists(storage.resolve(folder, info.keys_path)):
-            return False
-        if info.rows_path and not storage.exists(storage.resolve(folder, info.rows_path)):
-            return False
-    return True
+    return _intact(infos, lambda rel: storage.size_of(storage.resolve(folder, rel)))
+
+
+def _intact(infos: list[ShardInfo], size: Callable[[str], int | None]) -> bool:
+    """Every shard has its size and its keys and rows files are there, `size` giving a file's size by its path
+    in the group's folder (None: not there)."""
+    return all(
+        size(s.path) == s.bytes and size(s.keys_path) is not None and (not s.rows_path or size(s.rows_path) is not None)
+        for s in infos
+    )
