@@ -167,7 +167,7 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
 
 
 def read_group(
-    files: list[RawFile] | list[str],
+    files: list[RawFile],
     data: DataConfig,
     columns: list[str] | None = None,
     each: Callable[[pl.DataFrame, str], pl.DataFrame] | None = None,
@@ -175,7 +175,7 @@ def read_group(
     """A file group's rows, the files in one scan when they scan as one table (same columns and types),
     else read one by one, `each` (a file's rows and its URI -> its rows) applied to each before they are
     put together."""
-    uris = [f.uri if isinstance(f, RawFile) else f for f in files]
+    uris = [f.uri for f in files]
     df = _scan_local(uris, data, columns) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
         each = each or (lambda frame, _: frame)
@@ -247,7 +247,7 @@ def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFram
     counted per file and column) or refused naming the file, the column and the count (`error`). When rows
     are left out, the others carry their place in their file as read (`__row`): a row's split is drawn from
     it, so leaving out a bad row moves no other row to another split."""
-    uris = [f.uri if isinstance(f, RawFile) else f for f in files]
+    uris = [f.uri for f in files]
     # a categorical text column is text (cast to String); another type is refused naming its file: each file
     # checked before the group's files are put together (one scan: they share their types, said together)
     df = as_text(read_group(files, data, each=lambda frame, uri: as_text(frame, data, uri)), data, ", ".join(uris))
@@ -577,7 +577,7 @@ def _typed(targets: list, sample_uri: str) -> list:
     for t in targets:
         if t.task == "classification" and t.column in schema.names:
             dtype = pl.from_arrow(pa.array([], type=schema.field(t.column).type)).dtype
-            t = t.model_copy(update={"dtype": str(dtype.base_type() if hasattr(dtype, "base_type") else dtype)})
+            t = t.model_copy(update={"dtype": str(dtype.base_type())})
         out.append(t)
     return out
 

@@ -250,13 +250,6 @@ def per_class_scores(confusion: np.ndarray, class_names: list[str]) -> list[dict
     return rows
 
 
-def _confusion_matrix(c: int):
-    """torchmetrics' streaming confusion matrix over `c` classes (int64 counts, true class by predicted class)."""
-    from torchmetrics.classification import MulticlassConfusionMatrix
-
-    return MulticlassConfusionMatrix(c)
-
-
 def _regression_metrics():
     """torchmetrics' streaming MAE, RMSE and R², their sums kept in float64."""
     import torch
@@ -294,12 +287,14 @@ class ClassificationScores:
             raise ValueError(f"train_class_counts must hold one count per class ({c}), got shape {counts.shape}")
         if not np.all(np.isfinite(counts)) or np.any(counts < 0):
             raise ValueError("train_class_counts must be finite and non-negative")
+        from torchmetrics.classification import MulticlassConfusionMatrix
+
         self.n_classes = c
         self.train_class_counts = counts
         self.n = 0
         self.top_k_hits = 0
         self.log_loss_sum = 0.0
-        self._confusion = _confusion_matrix(c)
+        self._confusion = MulticlassConfusionMatrix(c)  # int64 counts, true class by predicted class
 
     def update(self, y_true: np.ndarray, probs: np.ndarray) -> None:
         """Count one batch: ``y_true`` ``[B]`` class ids, ``probs`` ``[B, C]`` (float32 is widened first, as
@@ -334,11 +329,6 @@ class ClassificationScores:
         """``[C, C]`` counts so far (int64), true class by predicted class: torchmetrics' confusion matrix."""
         return self._confusion.compute().numpy().astype(np.int64)
 
-    @property
-    def true_counts(self) -> np.ndarray:
-        """``[C]`` samples seen per true class."""
-        return self.confusion.sum(axis=1)
-
     @staticmethod
     def _macro_f1(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> float:
         """Mean F1 over the classes with a true or a predicted sample (as ``classification_metrics``)."""
@@ -363,7 +353,7 @@ class ClassificationScores:
             raise _empty()
         smoothed = self.train_class_counts + BASELINE_SMOOTHING
         dist = smoothed / smoothed.sum()
-        true = self.true_counts
+        true = self.confusion.sum(axis=1)  # samples per true class
         n, c = self.n, self.n_classes
         majority = int(np.argmax(dist))  # every sample's prediction (the lowest id on ties)
         k = min(TOP_K, c)
@@ -419,10 +409,10 @@ class RegressionScores:
     (``regression_metrics`` can see a non-zero sum of squares from the rounding of a mean such as that of
     [0.1, 0.1, 0.1]).
 
-    ``sample`` keeps at most ``sample_size`` (true, predicted) pairs, a ``StrideSample``, for a plot.
+    ``sample`` keeps at most ``RESIDUAL_SAMPLE`` (true, predicted) pairs, a ``StrideSample``, for a plot.
     """
 
-    def __init__(self, train_mean: float, sample_size: int = RESIDUAL_SAMPLE):
+    def __init__(self, train_mean: float):
         value = float(train_mean)
         if not math.isfinite(value):
             raise ValueError(f"train_mean must be finite, got {train_mean!r}")
@@ -430,7 +420,7 @@ class RegressionScores:
         self.n = 0
         self.lo, self.hi = math.inf, -math.inf
         self._metrics = {"model": _regression_metrics(), "baseline": _regression_metrics()}
-        self.sample = StrideSample(sample_size)
+        self.sample = StrideSample(RESIDUAL_SAMPLE)
 
     def update(self, y_true: np.ndarray, y_pred: np.ndarray) -> None:
         t = _values(y_true, "y_true", allow_empty=True)
