@@ -73,40 +73,29 @@ def learning_curves_figure(
     def series(key: str) -> np.ndarray:
         return np.array([_as_float(row.get(key)) for row in history], dtype=float)
 
-    extra: list[str] = []
-    for row in history:
-        for key in row:
-            if key.startswith("val_") and key != "val_loss" and key not in extra:
-                if np.any(np.isfinite(series(key))):
-                    extra.append(key)
+    def drawn(keys) -> list[str]:
+        return [key for key in keys if np.any(np.isfinite(series(key)))]
+
+    losses = drawn(["train_loss", "val_loss"])
+    extra = drawn(dict.fromkeys(k for row in history for k in row if k.startswith("val_") and k != "val_loss"))
 
     fig = _new_figure(11.0, 4.2)
     ax_loss, ax_val = fig.subplots(1, 2)
-
-    plotted = False
-    for key, style in (("train_loss", "-o"), ("val_loss", "--s")):
-        ys = series(key)
-        if np.any(np.isfinite(ys)):
-            ax_loss.plot(epochs, ys, style, label=key, markersize=5)
-            plotted = True
-    ax_loss.set_title("Loss")
-    ax_loss.set_xlabel("epoch")
-    ax_loss.set_ylabel("loss")
-    ax_loss.grid(True, alpha=0.3)
-    if plotted:
-        ax_loss.legend()
-    else:
-        ax_loss.text(0.5, 0.5, "no loss values", ha="center", va="center", transform=ax_loss.transAxes)
-
-    for key in extra:
-        ax_val.plot(epochs, series(key), "-o", label=key, markersize=5)
-    ax_val.set_title("Validation metrics")
-    ax_val.set_xlabel("epoch")
-    ax_val.grid(True, alpha=0.3)
-    if extra:
-        ax_val.legend()
-    else:
-        ax_val.text(0.5, 0.5, "no other validation metrics", ha="center", va="center", transform=ax_val.transAxes)
+    panels = (
+        (ax_loss, "Loss", "loss", losses, "no loss values"),
+        (ax_val, "Validation metrics", "", extra, "no other validation metrics"),
+    )
+    for ax, title, ylabel, keys, empty in panels:
+        for key in keys:
+            ax.plot(epochs, series(key), "--s" if key == "val_loss" else "-o", label=key, markersize=5)
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if keys:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
 
     if selected_epoch is not None:
         label = f"selected: epoch {selected_epoch}" + (f" ({select_by})" if select_by else "")
