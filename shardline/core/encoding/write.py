@@ -11,13 +11,14 @@ import hashlib
 import io
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import polars as pl
 
 from shardline.core import layout, storage
-from shardline.core.config import DataConfig
-from shardline.core.encoding.columns import DataError, order_expr, parse_order, prepare
+from shardline.core.config import FILE_SEQUENCE, DataConfig
+from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare
 from shardline.core.encoding.contract import contract, contract_hash
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
@@ -132,9 +133,6 @@ def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None, raw: 
 def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame | None:
     """Several local files in one multi-threaded polars scan (the fast path); None when they do not
     scan as one table (different column types...): then each file is read alone, naming the bad one."""
-    from shardline.core.config import FILE_SEQUENCE
-    from shardline.core.encoding.columns import ORDER, SEQ
-
     paths = [storage.local_path(u) for u in uris]
     by_file = data.sequence_key in (None, FILE_SEQUENCE) or data.order_by is None  # rows need their file's name
     name = pl.col("__file")
@@ -148,7 +146,7 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
         if data.order_by is None:
             order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
         else:  # text is parsed after the scan (a time zone in it is read only eagerly)
-            order = pl.lit(0, dtype=pl.Int64) if text else order_expr(data.order_by, pl.Int64)
+            order = pl.lit(0, dtype=pl.Int64) if text else order_expr(data.order_by)
         df = scan.select([*(columns or data.raw_columns()), seq.alias(SEQ), order.alias(ORDER)]).collect()
         if text:
             df = df.with_columns(parse_order(df, data.order_by, data.order_format, ", ".join(uris)).alias(ORDER))
@@ -352,8 +350,6 @@ def encode_group_to_shards(
     One writer thread per shard compresses, hashes and stores it: the stores overlap, so the
     group waits for its largest shard's store, not for the sum of them (fsync waits included;
     measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode speed")."""
-    from concurrent.futures import ThreadPoolExecutor
-
     if reuse and (stored := stored_group(store, key)) is not None:
         return stored
     if data.features.text:
