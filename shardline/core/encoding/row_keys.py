@@ -95,17 +95,6 @@ def rows_table(frame: pl.DataFrame, graded: pl.Series, data: DataConfig) -> pl.D
     return pl.DataFrame(columns)
 
 
-def rows_parquet(table: pl.DataFrame) -> memoryview:
-    """A rows file's bytes (parquet, zstd)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    sink = pa.BufferOutputStream()
-    pq.write_table(table.to_arrow(), sink, compression="zstd")
-    out = sink.getvalue()
-    return memoryview(out)[: out.size]
-
-
 def training_statistics(table: pl.DataFrame | None, data: DataConfig) -> dict[str, Any]:
     """What a file group's training rows (its training split's rows table) say for ranking: `rows`, `largest`
     (the rows of its largest group) and, with an item key, `items` (relevant rows per item, as text)."""

@@ -23,7 +23,7 @@ from shardline.core.encoding.contract import contract, contract_hash
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
-from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_parquet, rows_table, training_statistics
+from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_table, training_statistics
 from shardline.core.encoding.splits import ROW, split_rows
 from shardline.core.encoding.text import (
     as_text,
@@ -377,7 +377,7 @@ def encode_group_to_shards(
             rows_file = None
             if data.group_key:
                 info["rows_path"] = f"{split}.rows.parquet"
-                rows_file = rows_parquet(ranked.pop(split))
+                rows_file = parquet_bytes(ranked.pop(split).to_arrow(), compression="zstd")
             pending.append((info, writer.submit(_store, raw, info, out_dir, keys, rows_file)))
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
@@ -415,13 +415,19 @@ def keys_parquet(keys: list[str]) -> memoryview:
     """A shard's keys file: a parquet table (segment int64, sequence string), one row per segment.
     Written by pyarrow: ten times cheaper than polars for a table this small (0.1 ms against 1 ms)."""
     import pyarrow as pa
+
+    return parquet_bytes(
+        pa.table({"segment": pa.array(np.arange(len(keys), dtype=np.int64)), "sequence": pa.array(keys, pa.string())})
+    )
+
+
+def parquet_bytes(table, compression: str = "snappy") -> memoryview:
+    """An arrow table as a parquet file's bytes, written by pyarrow."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     sink = pa.BufferOutputStream()
-    pq.write_table(
-        pa.table({"segment": pa.array(np.arange(len(keys), dtype=np.int64)), "sequence": pa.array(keys, pa.string())}),
-        sink,
-    )
+    pq.write_table(table, sink, compression=compression)
     out = sink.getvalue()
     return memoryview(out)[: out.size]  # the file's bytes only (see `compress_bytes`)
 
