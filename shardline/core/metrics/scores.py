@@ -181,17 +181,6 @@ def majority_baseline_probs(train_class_counts: np.ndarray, n: int) -> np.ndarra
     return np.tile(dist, (n, 1))
 
 
-def mean_baseline(train_mean: float, n: int) -> np.ndarray:
-    """``[n]`` predictions that all equal the training-set mean target."""
-    value = float(train_mean)
-    if not math.isfinite(value):
-        raise ValueError(f"train_mean must be finite, got {train_mean!r}")
-    n = int(n)
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    return np.full(n, value, dtype=np.float64)
-
-
 # --------------------------------------------------------------------------- streaming: batch by batch
 
 RESIDUAL_SAMPLE = 50_000
