@@ -47,12 +47,10 @@ SHARE = 16  # and about 1 / SHARE of the raw bytes before it, up to group_mb
 
 
 def group_budget(before: float, data: DataConfig) -> float:
-    """The raw bytes a group is filled to, given the raw bytes of the groups before it: a sixteenth of
-    those, at least an eighth of `group_mb` and at most `group_mb`. A small data set is cut into
-    groups of an eighth of `group_mb` (which encode at once); a large one's grow to `group_mb`.
-    It depends on the files before the group only, never on the data set's size, so appending files
-    moves no boundary before the last group; and that last group, which the first appended files
-    fill up (and encode again), holds at most a sixteenth of the data before it (or group_mb / 8)."""
+    """The raw bytes a group is filled to, given the raw bytes of the groups before it. A small data set is
+    cut into groups of an eighth of `group_mb` (which encode at once); a large one's grow to `group_mb`.
+    Never the data set's size (see `file_groups`): the last group, which appended files fill up (and encode
+    again), holds at most a sixteenth of the data before it (or group_mb / 8)."""
     mb = data.group_mb * 1e6
     return min(mb, max(mb / SMALLEST, before / SHARE))
 
