@@ -305,7 +305,9 @@ def _shard_info(split: str, raw, specs: dict, arrays: dict, keys: list[str], row
     )
 
 
-def _write_group(out_dir: str, key: str, infos: list[ShardInfo], train: dict, splits: dict, data: DataConfig):
+def _write_group(
+    out_dir: str, key: str, infos: list[ShardInfo], train: dict, splits: dict, data: DataConfig
+) -> EncodedGroup:
     """The group's record, written last in its folder: once it is there, the group is whole."""
     rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
     group = EncodedGroup(key=key, shards=infos, train=train, rows=rows)
