@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -64,8 +63,6 @@ def learning_curves_figure(
     """
     if not history:
         raise ValueError("history is empty: no epochs to plot")
-    if not all(isinstance(row, Mapping) for row in history):
-        raise ValueError("history must be a list of dicts, one per epoch")
 
     epochs = np.array([_as_float(row.get("epoch", i + 1)) for i, row in enumerate(history)], dtype=float)
     epochs = np.where(np.isfinite(epochs), epochs, np.arange(1, len(history) + 1))
@@ -140,13 +137,8 @@ def fold_confusion(
     counts = np.asarray(counts)
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
         raise ValueError(f"counts must be a square [C, C] matrix (true by predicted class), got shape {counts.shape}")
-    if counts.dtype.kind not in "iu" or (counts.size and counts.min() < 0):
-        raise ValueError(f"counts must be non-negative integers, got dtype {counts.dtype}")
     if counts.sum() == 0:
         raise ValueError("counts holds no sample (N=0): nothing to plot")
-    top_k = int(top_k)
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
     names = list(class_names)
 
     seen = (counts.sum(axis=0) + counts.sum(axis=1)) > 0
