@@ -269,13 +269,9 @@ class ClassificationScores:
 
     def __init__(self, n_classes: int, train_class_counts: np.ndarray):
         c = int(n_classes)
-        if c < 1:
-            raise ValueError(f"n_classes must be >= 1, got {n_classes}")
         counts = np.asarray(train_class_counts, dtype=np.float64)
         if counts.shape != (c,):
             raise ValueError(f"train_class_counts must hold one count per class ({c}), got shape {counts.shape}")
-        if not np.all(np.isfinite(counts)) or np.any(counts < 0):
-            raise ValueError("train_class_counts must be finite and non-negative")
         from torchmetrics.classification import MulticlassConfusionMatrix
 
         self.n_classes = c
@@ -369,9 +365,7 @@ class StrideSample:
     whole and in order, and a longer one keeps between ``size / 2`` and ``size`` of its points."""
 
     def __init__(self, size: int, columns: int = 2):
-        if int(size) < 1:
-            raise ValueError(f"size must be >= 1, got {size}")
-        self.size = int(size)
+        self.size = size
         self.stride = 1
         self.seen = 0
         self.kept = [np.zeros(0, np.float64) for _ in range(columns)]
@@ -402,10 +396,7 @@ class RegressionScores:
     """
 
     def __init__(self, train_mean: float):
-        value = float(train_mean)
-        if not math.isfinite(value):
-            raise ValueError(f"train_mean must be finite, got {train_mean!r}")
-        self.train_mean = value
+        self.train_mean = float(train_mean)
         self.n = 0
         self.lo, self.hi = math.inf, -math.inf
         self._metrics = {"model": _regression_metrics(), "baseline": _regression_metrics()}
