@@ -78,7 +78,7 @@ def whole_array_evaluation(manifest_uri: str, checkpoint: str) -> tuple[dict, di
         else:
             y_raw = y.reshape(-1).astype(np.float64) * t.std + t.mean
             m = M.regression_metrics(y_raw, out.reshape(-1).astype(np.float64) * t.std + t.mean)
-            b = M.regression_metrics(y_raw, M.mean_baseline(stat, len(y_raw)))
+            b = M.regression_metrics(y_raw, np.full(len(y_raw), float(stat)))
         name = f"{t.column}/" if len(spec.targets) > 1 else ""
         metrics.update({name + k: v for k, v in m.items()})
         baseline.update({name + k: v for k, v in b.items()})

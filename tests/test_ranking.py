@@ -12,8 +12,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from shardline.core.metrics import ranking
-from shardline.core.metrics.ranking import PopularityCounts, RankingScores, popularity_scores, ranking_metrics
+from shardline.core.metrics.ranking import PopularityCounts, RankingScores, ranking_metrics
 
 LOG2_3 = math.log2(3)  # 1.5849625; the discount at rank 2 is 1/log2(3) = 0.6309298
 LOG2_5 = math.log2(5)  # 2.3219281; the discount at rank 4 is 1/log2(5) = 0.4306766
@@ -131,7 +130,7 @@ def test_graded_ndcg():
     dcg4 = 3 + 7 / LOG2_3 + 1 / LOG2_5
     idcg4 = 7 + 3 / LOG2_3 + 0.5
     assert dcg4 / idcg4 == pytest.approx(0.8354478, abs=1e-7)
-    got = ranking_metrics([5, 5, 5, 5], [4.0, 3.0, 2.0, 1.0], [2, 3, 0, 1], [2, 4], max_relevance=3)
+    got = ranking_metrics([5, 5, 5, 5], [4.0, 3.0, 2.0, 1.0], [2, 3, 0, 1], [2, 4])
     assert got == approx(
         {
             "ndcg@2": (3 + 7 / LOG2_3) / (7 + 3 / LOG2_3),
@@ -287,41 +286,20 @@ def test_tie_average_equals_stable_without_ties():
 
 
 def test_popularity_baseline_on_a_toy_click_log():
-    # training clicks (item, clicked), over two batches: a 3 clicks, b 2, c 1, d seen but never clicked
-    counts = PopularityCounts()
-    counts.update(["a", "a", "b", "c", "a"], [1, 1, 1, 0, 0])
-    counts.update(["d", "b", "a", "c"], [0, 1, 1, 1])
-    assert counts.counts == {"a": 3, "b": 2, "c": 1, "d": 0}
-    assert counts.rows == 9
+    # training clicks per item (the manifest's item_counts): a 3, b 2, c 1, d seen but never clicked
+    counts = PopularityCounts.from_counts({"a": 3, "b": 2, "c": 1, "d": 0})
     # test split: u1 sees c (clicked), a, e (never in training); u2 sees e, b (clicked), d
     users = ["u1", "u1", "u1", "u2", "u2", "u2"]
     items = ["c", "a", "e", "e", "b", "d"]
     clicked = [1, 0, 0, 0, 1, 0]
-    scores = popularity_scores(counts.counts, items)
+    scores = counts.scores(items)
     np.testing.assert_array_equal(scores, [1, 3, 0, 0, 2, 0])
-    np.testing.assert_array_equal(counts.scores(items), scores)
     # u1 ranks a (3), c (1), e (0): its click at rank 2 -> nDCG@2 = 1/log2 3, RR = 1/2
     # u2 ranks b (2) first: its click at rank 1 -> nDCG@2 = 1, RR = 1
     got = ranking_metrics(users, scores, clicked, [2])
     assert got["ndcg@2"] == pytest.approx((1 / LOG2_3 + 1) / 2)  # 0.8154649
     assert got["mrr"] == 0.75
     assert got["recall@2"] == 1.0
-
-
-def test_popularity_scores_from_an_array_and_merged_counts(monkeypatch):
-    # dense integer item ids: counts indexed by id; ids past the end were never counted
-    np.testing.assert_array_equal(popularity_scores(np.array([5, 0, 2]), [2, 0, 7, 1]), [2, 5, 0, 0])
-    # many small batches merged on the way (a merge every few entries) give the same table
-    monkeypatch.setattr(ranking, "MERGE_ROWS", 4)
-    rng = np.random.default_rng(4)
-    items = rng.integers(0, 30, size=500)
-    clicks = rng.integers(0, 2, size=500)
-    counts = PopularityCounts()
-    for span in np.array_split(np.arange(500), 40):
-        counts.update(items[span], clicks[span])
-    want = {int(i): int(clicks[items == i].sum()) for i in np.unique(items)}
-    assert counts.counts == want
-    np.testing.assert_array_equal(counts.scores(np.arange(32)), [want.get(i, 0) for i in range(32)])
 
 
 # --------------------------------------------------------------------------- bad input
@@ -334,7 +312,7 @@ def test_popularity_scores_from_an_array_and_merged_counts(monkeypatch):
         (([1, 1], [0.5, float("nan")], [1, 0], [1]), {}, "scores contains 1 NaN"),
         (([1, 1], [0.5, 0.4], [1, -1], [1]), {}, "relevance contains negative grades"),
         (([1, 1], [0.5, 0.4], [1, 0.5], [1]), {}, "relevance must hold whole grades"),
-        (([1, 1], [0.5, 0.4], [1, 2], [1]), {"max_relevance": 1}, "above max_relevance"),
+        (([1, 1], [0.5, 0.4], [1, 2000], [1]), {}, "above the largest usable grade, 1023"),
         (([1, 1], [0.5, 0.4], [1, 0], [0]), {}, "ks must hold whole numbers >= 1"),
         (([1, 1], [0.5, 0.4], [1, 0], []), {}, "ks is empty"),
         (([], [], [], [1]), {}, "empty"),
@@ -348,7 +326,7 @@ def test_bad_input_names_the_argument(args, kwargs, message):
         ranking_metrics(*args, **kwargs)
 
 
-def test_bad_input_streaming_and_popularity():
+def test_bad_input_streaming():
     with pytest.raises(ValueError, match="ks must hold whole numbers >= 1"):
         RankingScores([5, 0])
     scores = RankingScores([5])
@@ -357,21 +335,11 @@ def test_bad_input_streaming_and_popularity():
     scores.update([1, 2], [0.1, 0.2], [1, 1])
     with pytest.raises(ValueError, match="group_ids holds string ids in this batch but integer ids"):
         scores.update(["x"], [0.3], [1])
-    with pytest.raises(ValueError, match="item_ids must be integer item indices"):
-        popularity_scores(np.array([1, 2]), ["a"])
-    with pytest.raises(ValueError, match="item_ids contains negative"):
-        popularity_scores(np.array([1, 2]), [-1])
-    with pytest.raises(ValueError, match="item_ids are integer ids but the training counts are keyed by string"):
-        popularity_scores({"a": 1}, [1])
-    with pytest.raises(ValueError, match="item_ids, relevance must have one entry per row"):
-        PopularityCounts().update([1, 2], [1])
 
 
-def test_popularity_counts_from_a_manifests_counts_score_as_the_dict_does():
+def test_popularity_counts_unseen_items_and_no_counts_score_0():
     counts = {"a": 3, "b": 0, "c": 7}
     table = PopularityCounts.from_counts(counts)
     items = np.array(["c", "z", "a", "b", "a"])
-    np.testing.assert_array_equal(table.scores(items), popularity_scores(counts, items))
     np.testing.assert_array_equal(table.scores(items), [7.0, 0.0, 3.0, 0.0, 3.0])
-    assert table.counts == counts
     assert PopularityCounts.from_counts({}).scores(items).tolist() == [0.0] * 5

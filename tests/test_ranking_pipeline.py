@@ -17,7 +17,7 @@ from shardline.core.config import ConfigError, validate_config
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.splits import sequence_splits
 from shardline.core.manifest import Manifest
-from shardline.core.metrics.ranking import popularity_scores, ranking_metrics
+from shardline.core.metrics.ranking import PopularityCounts, ranking_metrics
 from shardline.tasks.encode import encode_dataset
 from shardline.tasks.evaluate import evaluate_model
 from shardline.tasks.ingest import snapshot_source
@@ -154,8 +154,8 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
         assert result["metrics"][name] == pytest.approx(want, rel=1e-12), name
     # the baseline is popularity: each item's clicks in the training split's groups
     train = raw.filter(pl.col("query").is_in([g for g, s in splits.items() if s == "train"]))
-    counts = dict(train.group_by("item").agg(pl.col("click").sum()).iter_rows())
-    np.testing.assert_array_equal(predictions["popularity"], popularity_scores(counts, predictions["item"]))
+    counts = PopularityCounts.from_counts(dict(train.group_by("item").agg(pl.col("click").sum()).iter_rows()))
+    np.testing.assert_array_equal(predictions["popularity"], counts.scores(predictions["item"]))
     for name, want in direct_scores(predictions, "query", "popularity").items():
         assert result["baseline"][name] == pytest.approx(want, rel=1e-12), name
     assert set(KS) == {int(k.split("@")[1]) for k in result["metrics"] if k.startswith("ndcg@")}

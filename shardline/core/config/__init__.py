@@ -11,34 +11,24 @@ from shardline.core.config.base import (  # noqa: F401
     FILE_SEQUENCE,
     SPLITS,
     ConfigError,
-    Strict,
     stable_hash,
 )
 from shardline.core.config.data import (  # noqa: F401
-    TEXT_TARGET,
     DataConfig,
-    Features,
     SplitConfig,
     Target,
     TokenizerConfig,
-    fold_split,
     training_splits,
 )
 from shardline.core.config.load import (  # noqa: F401
     apply_overrides,
     load_config,
-    parse_override,
     read_yaml,
     validate_config,
 )
 from shardline.core.config.metric_names import (  # noqa: F401
     CLASSIFICATION_METRICS,
-    GENERATION_METRICS,
-    RANKING_METRICS,
     REGRESSION_METRICS,
-    SELF_SUPERVISED_METRICS,
-    TEXT_METRICS,
-    VALIDATION_SCORES,
     is_ranking_validation,
     metric_directions,
     metric_key,
@@ -49,12 +39,9 @@ from shardline.core.config.metric_names import (  # noqa: F401
     validation_ranking_names,
 )
 from shardline.core.config.schema import (  # noqa: F401
-    GPT_PARAMS,
     ComputeConfig,
-    EvaluationConfig,
     MlflowConfig,
     ModelConfig,
     PipelineConfig,
-    StorageConfig,
     TrainingConfig,
 )

@@ -395,6 +395,3 @@ class DataConfig(Strict):
             if c and c != FILE_SEQUENCE and c not in cols:
                 cols.append(c)
         return cols
-
-
-# the gpt family's settings under model.params (nanoGPT's names) -> the model.* key it overrides

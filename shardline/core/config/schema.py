@@ -24,6 +24,7 @@ from shardline.core.config.metric_names import (
     validation_metrics,
 )
 
+# the gpt family's settings under model.params (nanoGPT's names) -> the model.* key it overrides
 GPT_PARAMS = {"d_model": "hidden", "n_layer": "layers", "n_head": "heads", "dropout": "dropout", "bias": None}
 
 
@@ -556,6 +557,3 @@ class PipelineConfig(Strict):
     def hash(self) -> str:
         """What the config says, its secrets left out (a rotated password trains nothing again)."""
         return stable_hash(self.model_dump(mode="json"))
-
-
-# metric -> the direction that is better

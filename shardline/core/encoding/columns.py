@@ -29,7 +29,7 @@ def as_number(column: str, dtype: pl.DataType) -> pl.Expr:
     return col.cast(pl.Float64)
 
 
-def order_expr(column: str, dtype: pl.DataType) -> pl.Expr:
+def order_expr(column: str) -> pl.Expr:
     """The order column as int64: integers as they are, dates and date-times as their instant (a time
     zone's as UTC). Text is parsed by `parse_order` (eagerly: polars infers a time zone only there)."""
     return pl.col(column).to_physical().cast(pl.Int64)
@@ -92,5 +92,5 @@ def prepare(
         if df.schema[order_by] == pl.Utf8:
             order = pl.lit(parse_order(df, order_by, order_format, file_uri))
         else:
-            order = order_expr(order_by, df.schema[order_by])
+            order = order_expr(order_by)
     return df.with_columns(seq.alias(SEQ), order.alias(ORDER))

@@ -5,6 +5,7 @@ vocabularies (most frequent first, ties by value)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from shardline.core.config import DataConfig
@@ -35,6 +36,14 @@ def empty_stats(data: DataConfig) -> dict[str, Any]:
     }
 
 
+def merged_counts(parts: Iterable[dict[str, int]]) -> Counter:
+    """Value counts added up over parts (a value counted 0 is kept, as `Counter.update` keeps it)."""
+    counts: Counter = Counter()
+    for p in parts:
+        counts.update(p)
+    return counts
+
+
 def _vocab(counts: Counter) -> list[str]:
     return [v for v, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
@@ -55,17 +64,12 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
         cont.append(ContinuousStat(name=c, mean=mean, std=std))
     cats = []
     for c in data.features.categorical:
-        counts: Counter = Counter()
-        for p in partials:
-            counts.update(p["categorical"][c])
-        cats.append(Vocabulary(name=c, values=_vocab(counts)))
+        cats.append(Vocabulary(name=c, values=_vocab(merged_counts(p["categorical"][c] for p in partials))))
     targets = []
     for i, t in enumerate(data.target_list):
         if t.task == "classification":
-            counts = Counter()
-            for p in partials:
-                counts.update(p["targets"][i]["counts"])
-            targets.append(TargetSpec(column=t.column, task=t.task, classes=_vocab(counts)))
+            classes = _vocab(merged_counts(p["targets"][i]["counts"] for p in partials))
+            targets.append(TargetSpec(column=t.column, task=t.task, classes=classes))
         else:
             mean, std = _mean_std([p["targets"][i] for p in partials])
             targets.append(TargetSpec(column=t.column, task=t.task, mean=mean, std=std))
@@ -96,10 +100,7 @@ def target_statistics(partials: list[dict[str, Any]], data: DataConfig) -> list[
     out: list[dict[str, Any]] = []
     for i, t in enumerate(data.target_list):
         if t.task == "classification":
-            counts: Counter = Counter()
-            for p in partials:
-                counts.update(p["targets"][i]["counts"])
-            out.append({"counts": dict(sorted(counts.items()))})
+            out.append({"counts": dict(sorted(merged_counts(p["targets"][i]["counts"] for p in partials).items()))})
         else:
             out.append(moments(*_merge_moments([p["targets"][i] for p in partials])))
     return out

@@ -20,7 +20,6 @@ and the relevant rows (grade > 0) per item, the popularity baseline's scores.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ import polars as pl
 
 from shardline.core.config import DataConfig
 from shardline.core.encoding.columns import DataError
+from shardline.core.encoding.fit import merged_counts
 from shardline.core.manifest import TargetSpec
 from shardline.core.metrics.ranking import MAX_GRADE
 
@@ -95,17 +95,6 @@ def rows_table(frame: pl.DataFrame, graded: pl.Series, data: DataConfig) -> pl.D
     return pl.DataFrame(columns)
 
 
-def rows_parquet(table: pl.DataFrame) -> memoryview:
-    """A rows file's bytes (parquet, zstd)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    sink = pa.BufferOutputStream()
-    pq.write_table(table.to_arrow(), sink, compression="zstd")
-    out = sink.getvalue()
-    return memoryview(out)[: out.size]
-
-
 def training_statistics(table: pl.DataFrame | None, data: DataConfig) -> dict[str, Any]:
     """What a file group's training rows (its training split's rows table) say for ranking: `rows`, `largest`
     (the rows of its largest group) and, with an item key, `items` (relevant rows per item, as text)."""
@@ -126,8 +115,4 @@ def training_statistics(table: pl.DataFrame | None, data: DataConfig) -> dict[st
 
 def item_counts(parts: list[dict[str, Any] | None]) -> dict[str, int]:
     """The training split's relevant rows per item, merged over file groups' statistics."""
-    counts: Counter = Counter()
-    for p in parts:
-        if p:
-            counts.update(p["items"])
-    return dict(sorted(counts.items()))
+    return dict(sorted(merged_counts(p["items"] for p in parts if p).items()))

@@ -11,18 +11,19 @@ import hashlib
 import io
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import polars as pl
 
 from shardline.core import layout, storage
-from shardline.core.config import DataConfig
-from shardline.core.encoding.columns import DataError, order_expr, parse_order, prepare
+from shardline.core.config import FILE_SEQUENCE, DataConfig
+from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare
 from shardline.core.encoding.contract import contract, contract_hash
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
-from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_parquet, rows_table, training_statistics
+from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_table, training_statistics
 from shardline.core.encoding.splits import ROW, split_rows
 from shardline.core.encoding.text import (
     as_text,
@@ -46,12 +47,10 @@ SHARE = 16  # and about 1 / SHARE of the raw bytes before it, up to group_mb
 
 
 def group_budget(before: float, data: DataConfig) -> float:
-    """The raw bytes a group is filled to, given the raw bytes of the groups before it: a sixteenth of
-    those, at least an eighth of `group_mb` and at most `group_mb`. A small data set is cut into
-    groups of an eighth of `group_mb` (which encode at once); a large one's grow to `group_mb`.
-    It depends on the files before the group only, never on the data set's size, so appending files
-    moves no boundary before the last group; and that last group, which the first appended files
-    fill up (and encode again), holds at most a sixteenth of the data before it (or group_mb / 8)."""
+    """The raw bytes a group is filled to, given the raw bytes of the groups before it. A small data set is
+    cut into groups of an eighth of `group_mb` (which encode at once); a large one's grow to `group_mb`.
+    Never the data set's size (see `file_groups`): the last group, which appended files fill up (and encode
+    again), holds at most a sixteenth of the data before it (or group_mb / 8)."""
     mb = data.group_mb * 1e6
     return min(mb, max(mb / SMALLEST, before / SHARE))
 
@@ -132,9 +131,6 @@ def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None, raw: 
 def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame | None:
     """Several local files in one multi-threaded polars scan (the fast path); None when they do not
     scan as one table (different column types...): then each file is read alone, naming the bad one."""
-    from shardline.core.config import FILE_SEQUENCE
-    from shardline.core.encoding.columns import ORDER, SEQ
-
     paths = [storage.local_path(u) for u in uris]
     by_file = data.sequence_key in (None, FILE_SEQUENCE) or data.order_by is None  # rows need their file's name
     name = pl.col("__file")
@@ -148,7 +144,7 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
         if data.order_by is None:
             order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
         else:  # text is parsed after the scan (a time zone in it is read only eagerly)
-            order = pl.lit(0, dtype=pl.Int64) if text else order_expr(data.order_by, pl.Int64)
+            order = pl.lit(0, dtype=pl.Int64) if text else order_expr(data.order_by)
         df = scan.select([*(columns or data.raw_columns()), seq.alias(SEQ), order.alias(ORDER)]).collect()
         if text:
             df = df.with_columns(parse_order(df, data.order_by, data.order_format, ", ".join(uris)).alias(ORDER))
@@ -167,7 +163,7 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
 
 
 def read_group(
-    files: list[RawFile] | list[str],
+    files: list[RawFile],
     data: DataConfig,
     columns: list[str] | None = None,
     each: Callable[[pl.DataFrame, str], pl.DataFrame] | None = None,
@@ -175,7 +171,7 @@ def read_group(
     """A file group's rows, the files in one scan when they scan as one table (same columns and types),
     else read one by one, `each` (a file's rows and its URI -> its rows) applied to each before they are
     put together."""
-    uris = [f.uri if isinstance(f, RawFile) else f for f in files]
+    uris = [f.uri for f in files]
     df = _scan_local(uris, data, columns) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
         each = each or (lambda frame, _: frame)
@@ -237,13 +233,7 @@ def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
         except Exception:  # noqa: BLE001 - an unreadable record is no record: the group is encoded again
             continue
         key = path[len(root) + 1 :].split("/", 1)[0]
-        intact = group.key == key and all(
-            sizes.get(f"{key}/{s.path}") == s.bytes
-            and f"{key}/{s.keys_path}" in sizes
-            and (s.rows_path is None or f"{key}/{s.rows_path}" in sizes)
-            for s in group.shards
-        )
-        if intact:
+        if group.key == key and _intact(group.shards, lambda rel: sizes.get(f"{key}/{rel}")):  # noqa: B023 - used here
             found[key] = group
     return found
 
@@ -253,7 +243,7 @@ def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFram
     counted per file and column) or refused naming the file, the column and the count (`error`). When rows
     are left out, the others carry their place in their file as read (`__row`): a row's split is drawn from
     it, so leaving out a bad row moves no other row to another split."""
-    uris = [f.uri if isinstance(f, RawFile) else f for f in files]
+    uris = [f.uri for f in files]
     # a categorical text column is text (cast to String); another type is refused naming its file: each file
     # checked before the group's files are put together (one scan: they share their types, said together)
     df = as_text(read_group(files, data, each=lambda frame, uri: as_text(frame, data, uri)), data, ", ".join(uris))
@@ -281,7 +271,6 @@ def encode_text_group(
     out_dir = storage.join(store, key)
     frame, skipped = read_text_group(files, data)
     frame, splits = split_rows(frame, data)
-    codec = None if data.shard_compression == "none" else data.shard_compression
     encoded = encode_text_splits(frame, splits, data, storage.read_text(tokenizer[0]))
     del frame
     infos = []
@@ -294,22 +283,35 @@ def encode_text_group(
             counts = train["token_counts"] or [0] * len(stats["token_counts"])
             train["token_counts"] = [a + b for a, b in zip(counts, stats["token_counts"])]
             train["rows"] += stats["rows"]
-        info = dict(
-            path=f"{split}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
-            compression=codec,
-            raw_bytes=len(raw),
-            split=split,
-            rows=len(arrays["target"]),
-            segments=len(keys),
-            windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
-            arrays=specs,
-            keys_path=f"{split}.keys.parquet",
-        )
-        stored = _store(raw, codec, storage.join(out_dir, info["path"]), keys, storage.join(out_dir, info["keys_path"]))
-        infos.append(ShardInfo(**info, **stored))
+        info = _shard_info(split, raw, specs, arrays, keys, len(arrays["target"]), data)
+        infos.append(ShardInfo(**info, **_store(raw, info, out_dir, keys)))
+    return _write_group(out_dir, key, infos, train, splits, data)
+
+
+def _shard_info(split: str, raw, specs: dict, arrays: dict, keys: list[str], rows: int, data: DataConfig) -> dict:
+    """A shard's record, less what storing it tells (its sizes and checksums): named by its split (the
+    group's folder is its address)."""
+    codec = None if data.shard_compression == "none" else data.shard_compression
+    return dict(
+        path=f"{split}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
+        compression=codec,
+        raw_bytes=len(raw),
+        split=split,
+        rows=rows,
+        segments=len(keys),
+        windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
+        arrays=specs,
+        keys_path=f"{split}.keys.parquet",
+    )
+
+
+def _write_group(
+    out_dir: str, key: str, infos: list[ShardInfo], train: dict, splits: dict, data: DataConfig
+) -> EncodedGroup:
+    """The group's record, written last in its folder: once it is there, the group is whole."""
     rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
     group = EncodedGroup(key=key, shards=infos, train=train, rows=rows)
-    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())  # last: the group is whole
+    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())
     return group
 
 
@@ -348,15 +350,12 @@ def encode_group_to_shards(
     One writer thread per shard compresses, hashes and stores it: the stores overlap, so the
     group waits for its largest shard's store, not for the sum of them (fsync waits included;
     measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode speed")."""
-    from concurrent.futures import ThreadPoolExecutor
-
     if reuse and (stored := stored_group(store, key)) is not None:
         return stored
     if data.features.text:
         return encode_text_group(files, data, store, tokenizer, key)
     out_dir = storage.join(store, key)
     frame, splits = split_rows(read_group(files, data), data)
-    codec = None if data.shard_compression == "none" else data.shard_compression
     ranked = ranking_rows(frame, splits, data)
     with one_torch_thread():
         encoded = encode_splits(frame, splits, data)
@@ -373,58 +372,30 @@ def encode_group_to_shards(
                 continue
             # the file's bytes were built in memory; compressed there, written once (atomically)
             raw, specs, arrays, keys, codes, _ = encoded.pop(split)  # an EncodedSplit
-            name = split  # the group's folder is its address: a shard is named by its split
-            a0, a1 = splits[split].first, splits[split].end
-            info = dict(
-                path=f"{name}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
-                compression=codec,
-                raw_bytes=len(raw),
-                split=split,
-                rows=a1 - a0,
-                segments=len(keys),
-                windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
-                arrays=specs,
-                keys_path=f"{name}.keys.parquet",
-                local=codes,
-            )
+            info = _shard_info(split, raw, specs, arrays, keys, splits[split].end - splits[split].first, data)
+            info["local"] = codes
             rows_file = None
             if data.group_key:
-                info["rows_path"] = f"{name}.rows.parquet"
-                rows_file = (rows_parquet(ranked.pop(split)), storage.join(out_dir, info["rows_path"]))
-            pending.append(
-                (
-                    info,
-                    writer.submit(
-                        _store,
-                        raw,
-                        codec,
-                        storage.join(out_dir, info["path"]),
-                        keys,
-                        storage.join(out_dir, info["keys_path"]),
-                        rows_file,
-                    ),
-                )
-            )
+                info["rows_path"] = f"{split}.rows.parquet"
+                rows_file = parquet_bytes(ranked.pop(split).to_arrow(), compression="zstd")
+            pending.append((info, writer.submit(_store, raw, info, out_dir, keys, rows_file)))
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
-    group = EncodedGroup(key=key, shards=infos, train=train or empty_stats(data), rows=rows)
-    storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())  # last: the group is whole
-    return group
+    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data)
 
 
-def _store(raw, codec: str | None, shard_uri: str, keys: list[str], keys_uri: str, rows: tuple | None = None) -> dict:
-    """Compress, hash and write one shard, its keys file and (ranking data) its rows file, `rows` being
-    (its bytes, its URI); their sizes and checksums."""
-    stored = compress_bytes(raw, codec) if codec else raw
+def _store(raw, info: dict, out_dir: str, keys: list[str], rows: memoryview | None = None) -> dict:
+    """Compress, hash and write one shard, its keys file and (ranking data) its rows file's bytes `rows`, in
+    `out_dir` where `info` (`_shard_info`) names them; their sizes and checksums."""
+    stored = compress_bytes(raw, info["compression"]) if info["compression"] else raw
     out = {"bytes": len(stored), "sha256": hashlib.sha256(stored).hexdigest()}
-    storage.write_bytes(shard_uri, stored)
+    storage.write_bytes(storage.join(out_dir, info["path"]), stored)
     keys_file = keys_parquet(keys)
     out["keys_sha256"] = hashlib.sha256(keys_file).hexdigest()
-    storage.write_bytes(keys_uri, keys_file)
+    storage.write_bytes(storage.join(out_dir, info["keys_path"]), keys_file)
     if rows is not None:
-        out["rows_sha256"] = hashlib.sha256(rows[0]).hexdigest()
-        storage.write_bytes(rows[1], rows[0])
+        out["rows_sha256"] = hashlib.sha256(rows).hexdigest()
+        storage.write_bytes(storage.join(out_dir, info["rows_path"]), rows)
     return out
 
 
@@ -444,13 +415,19 @@ def keys_parquet(keys: list[str]) -> memoryview:
     """A shard's keys file: a parquet table (segment int64, sequence string), one row per segment.
     Written by pyarrow: ten times cheaper than polars for a table this small (0.1 ms against 1 ms)."""
     import pyarrow as pa
+
+    return parquet_bytes(
+        pa.table({"segment": pa.array(np.arange(len(keys), dtype=np.int64)), "sequence": pa.array(keys, pa.string())})
+    )
+
+
+def parquet_bytes(table, compression: str = "snappy") -> memoryview:
+    """An arrow table as a parquet file's bytes, written by pyarrow."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     sink = pa.BufferOutputStream()
-    pq.write_table(
-        pa.table({"segment": pa.array(np.arange(len(keys), dtype=np.int64)), "sequence": pa.array(keys, pa.string())}),
-        sink,
-    )
+    pq.write_table(table, sink, compression=compression)
     out = sink.getvalue()
     return memoryview(out)[: out.size]  # the file's bytes only (see `compress_bytes`)
 
@@ -484,8 +461,6 @@ def check_folds(groups: list[EncodedGroup], data: DataConfig) -> None:
 def listed(group: EncodedGroup, store: str) -> list[ShardInfo]:
     """A group's shards as a manifest lists them: their paths seen from the manifest's folder, where
     `store` is the group store (`../groups` in the pipeline's layout)."""
-    if group.key is None:  # encoder version 4 and before: beside the manifest
-        return list(group.shards)
     at = f"{store.rstrip('/')}/{group.key}" if store else group.key
     return [
         s.model_copy(
@@ -604,7 +579,7 @@ def _typed(targets: list, sample_uri: str) -> list:
     for t in targets:
         if t.task == "classification" and t.column in schema.names:
             dtype = pl.from_arrow(pa.array([], type=schema.field(t.column).type)).dtype
-            t = t.model_copy(update={"dtype": str(dtype.base_type() if hasattr(dtype, "base_type") else dtype)})
+            t = t.model_copy(update={"dtype": str(dtype.base_type())})
         out.append(t)
     return out
 
@@ -613,11 +588,13 @@ def shards_intact(infos: list[ShardInfo], folder: str) -> bool:
     """Every shard listed (paths relative to `folder`) is there with its size, and its keys file is there: a
     listing, no download (on S3, hashing every shard would fetch the data set on each rerun). The bytes
     are checked against their sha256 where they are read anyway: every fetch (`read_verified`)."""
-    for info in infos:
-        if storage.size_of(storage.resolve(folder, info.path)) != info.bytes:
-            return False
-        if not storage.exists(storage.resolve(folder, info.keys_path)):
-            return False
-        if info.rows_path and not storage.exists(storage.resolve(folder, info.rows_path)):
-            return False
-    return True
+    return _intact(infos, lambda rel: storage.size_of(storage.resolve(folder, rel)))
+
+
+def _intact(infos: list[ShardInfo], size: Callable[[str], int | None]) -> bool:
+    """Every shard has its size and its keys and rows files are there, `size` giving a file's size by its path
+    in the group's folder (None: not there)."""
+    return all(
+        size(s.path) == s.bytes and size(s.keys_path) is not None and (not s.rows_path or size(s.rows_path) is not None)
+        for s in infos
+    )

@@ -54,7 +54,6 @@ __all__ = [
     "Ties",
     "ranking_metrics",
     "RankingScores",
-    "popularity_scores",
     "PopularityCounts",
 ]
 
@@ -62,9 +61,6 @@ Ties = Literal["stable", "average"]
 TIES = ("stable", "average")
 # 2**rel - 1 overflows float64 above this grade (and a grade this high is a wrong column)
 MAX_GRADE = 1023
-# PopularityCounts merges its per-batch counts once they hold this many entries (or more than the
-# merged table does), so memory follows the number of distinct items, not the number of batches
-MERGE_ROWS = 1 << 16
 
 
 # --------------------------------------------------------------------------- validation
@@ -90,19 +86,6 @@ def _ties(ties: str) -> str:
     if ties not in TIES:
         raise ValueError(f"ties must be one of {TIES} (how tied scores are ranked), got {ties!r}")
     return ties
-
-
-def _max_relevance(max_relevance: int | None) -> int | None:
-    if max_relevance is None:
-        return None
-    if isinstance(max_relevance, bool) or not isinstance(max_relevance, int | np.integer) or max_relevance < 1:
-        raise ValueError(
-            f"max_relevance must be a whole number >= 1 (1 for binary clicks, G for grades 0..G) or None, "
-            f"got {max_relevance!r}"
-        )
-    if max_relevance > MAX_GRADE:
-        raise ValueError(f"max_relevance must be <= {MAX_GRADE} (2**rel - 1 overflows above it), got {max_relevance}")
-    return int(max_relevance)
 
 
 def _same_family(ids: np.ndarray, before: str | None, name: str, column: str) -> str:
@@ -156,8 +139,8 @@ def _scores(values: object, name: str = "scores") -> np.ndarray:
     return arr
 
 
-def _relevance(values: object, max_relevance: int | None, name: str = "relevance") -> np.ndarray:
-    """1-D float64 relevance grades: whole numbers 0..max_relevance (0 = not relevant)."""
+def _relevance(values: object, name: str = "relevance") -> np.ndarray:
+    """1-D float64 relevance grades: whole numbers 0..MAX_GRADE (0 = not relevant)."""
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D (one grade per row), got shape {arr.shape}")
@@ -173,12 +156,9 @@ def _relevance(values: object, max_relevance: int | None, name: str = "relevance
     fractional = arr[arr != np.round(arr)]
     if fractional.size:
         raise ValueError(f"{name} must hold whole grades 0..G, got fractional values such as {fractional[0]:g}")
-    top = max_relevance if max_relevance is not None else MAX_GRADE
-    if arr.max() > top:
-        setting = "max_relevance" if max_relevance is not None else f"the largest usable grade, {MAX_GRADE}"
+    if arr.max() > MAX_GRADE:
         raise ValueError(
-            f"{name} has grade {arr.max():g}, above {setting} ({top}): check the relevance column"
-            + (" or raise max_relevance" if max_relevance is not None else "")
+            f"{name} has grade {arr.max():g}, above the largest usable grade, {MAX_GRADE}: check the relevance column"
         )
     return arr
 
@@ -199,26 +179,23 @@ def ranking_metrics(
     relevance: object,
     ks: Iterable[int],
     *,
-    max_relevance: int | None = None,
     ties: Ties = "stable",
 ) -> dict[str, float]:
     """nDCG@k, MAP@k, recall@k, MRR and MRR@k of scored rows, averaged over their groups.
 
     ``group_ids``: a group key per row (integers or strings); ``scores``: the model's score per row
     (higher ranks first); ``relevance``: a grade per row, 0..G (0/1 for clicks); ``ks``: cutoffs such
-    as ``[5, 10]``; ``max_relevance``: the largest grade allowed, a check that the right column was
-    passed; ``ties``: ``"stable"`` (tied rows in the order given) or ``"average"`` (the expected value
-    over orders of tied rows). The conventions are the module docstring's.
+    as ``[5, 10]``; ``ties``: ``"stable"`` (tied rows in the order given) or ``"average"`` (the expected
+    value over orders of tied rows). The conventions are the module docstring's.
 
     Returns ``ndcg@k``, ``map@k``, ``recall@k`` for each k, ``mrr``, ``mrr@k`` for each k, and the
     counts ``groups`` and ``groups_with_relevant`` (the groups the metrics average over).
     """
     cutoffs = _ks(ks)
     ties = _ties(ties)
-    top = _max_relevance(max_relevance)
     groups = _keys(group_ids, "group_ids")
     s = _scores(scores)
-    rel = _relevance(relevance, top)
+    rel = _relevance(relevance)
     _same_length(group_ids=groups, scores=s, relevance=rel)
     if groups.size == 0:
         raise ValueError("group_ids, scores and relevance are empty: ranking metrics need at least one row")
@@ -347,9 +324,8 @@ class RankingScores:
     ``ties="average"`` does not depend on it. Each batch is checked as it arrives.
     """
 
-    def __init__(self, ks: Iterable[int], max_relevance: int | None = None, ties: Ties = "stable") -> None:
+    def __init__(self, ks: Iterable[int], ties: Ties = "stable") -> None:
         self.ks = _ks(ks)
-        self.max_relevance = _max_relevance(max_relevance)
         self.ties = _ties(ties)
         self._groups: list[np.ndarray] = []
         self._scores: list[np.ndarray] = []
@@ -361,7 +337,7 @@ class RankingScores:
         """Keep one batch's rows (an empty batch is fine)."""
         groups = _keys(group_ids, "group_ids")
         s = _scores(scores)
-        rel = _relevance(relevance, self.max_relevance)
+        rel = _relevance(relevance)
         _same_length(group_ids=groups, scores=s, relevance=rel)
         if groups.size == 0:
             return
@@ -387,147 +363,29 @@ class RankingScores:
 # --------------------------------------------------------------------------- popularity baseline
 
 
-def _count_table(counts: Mapping) -> tuple[np.ndarray, np.ndarray]:
-    """A dict of item -> count as (sorted item ids, their counts), checked."""
-    if not counts:
-        return np.empty(0, dtype=np.int64), np.empty(0)
-    items = _keys(np.asarray(list(counts.keys())), "train_item_counts' keys")
-    values = np.asarray(list(counts.values()))
-    if values.ndim != 1 or values.dtype.kind not in "biuf":
-        raise ValueError("train_item_counts must map each item id to a number (its count in the training split)")
-    values = values.astype(np.float64)
-    if not np.isfinite(values).all() or (values < 0).any():
-        raise ValueError("train_item_counts must hold finite counts >= 0")
-    try:
-        order = np.argsort(items, kind="stable")
-    except TypeError as err:
-        raise ValueError(f"train_item_counts' keys could not be sorted (ids of mixed types?): {err}") from None
-    return items[order], values[order]
-
-
-def _lookup(items: np.ndarray, counts: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
-    """Each id's count in the sorted table (items, counts); 0 for an id the table lacks."""
-    out = np.zeros(item_ids.size)
-    if items.size == 0 or item_ids.size == 0:
-        return out
-    if {_family(items), _family(item_ids)} == {"integer", "string"}:
-        raise ValueError(
-            f"item_ids are {_family(item_ids)} ids but the training counts are keyed by {_family(items)} ids: "
-            "count and score with the same item column"
-        )
-    try:
-        at = np.searchsorted(items, item_ids)
-    except TypeError as err:
-        raise ValueError(f"item_ids could not be compared with the training counts' ids: {err}") from None
-    at = np.minimum(at, items.size - 1)
-    found = items[at] == item_ids
-    out[found] = counts[at[found]]
-    return out
-
-
-def popularity_scores(train_item_counts: Mapping | object, item_ids: object) -> np.ndarray:
-    """The popularity baseline's score for each row: its item's count in the training split.
-
-    ``train_item_counts``: a dict of item id -> count (as ``PopularityCounts.counts`` gives), or an
-    array indexed by integer item id; ``item_ids``: each row's item. An item the training split never
-    counted scores 0, and ties among equal counts are ranked as ``ranking_metrics``' ``ties`` says
-    (many rows tie at 0, so ``ties="average"`` is the fairer reading of this baseline). The baseline's
-    metrics are ``ranking_metrics(group_ids, popularity_scores(counts, item_ids), relevance, ks)``.
-    """
-    items = _keys(item_ids, "item_ids")
-    if isinstance(train_item_counts, Mapping):
-        return _lookup(*_count_table(train_item_counts), items)
-    counts = np.asarray(train_item_counts)
-    if counts.ndim != 1 or counts.dtype.kind not in "biuf":
-        raise ValueError(
-            f"train_item_counts must be a dict of item id -> count or a 1-D array of counts indexed by item id, "
-            f"got {type(train_item_counts).__name__} of shape {counts.shape}"
-        )
-    counts = counts.astype(np.float64)
-    if not np.isfinite(counts).all() or (counts < 0).any():
-        raise ValueError("train_item_counts must hold finite counts >= 0")
-    if _family(items) != "integer":
-        raise ValueError(
-            "item_ids must be integer item indices when train_item_counts is an array; "
-            "pass a dict of item id -> count for other ids"
-        )
-    if items.size and items.min() < 0:
-        raise ValueError(f"item_ids contains negative item indices (min {items.min()})")
-    out = np.zeros(items.size)
-    seen = items < counts.size  # ids past the array's end were never counted in training
-    out[seen] = counts[items[seen]]
-    return out
-
-
 class PopularityCounts:
-    """Relevant interactions per item, counted from batches of a training split.
+    """The popularity baseline: each row scored by its item's relevant rows in the training split (a data
+    set's manifest keeps them: `item_counts`). An item the training split never counted scores 0, and ties
+    among equal counts are ranked as ``ranking_metrics``' ``ties`` says (many rows tie at 0, so
+    ``ties="average"`` is the fairer reading of this baseline)."""
 
-    ``update(item_ids, relevance)`` counts the rows with ``relevance > 0`` per item (a click, a
-    purchase, any grade above 0 counts once); an item seen only with relevance 0 is kept with count
-    0. ``counts`` is the dict ``popularity_scores`` takes; ``scores(item_ids)`` is that lookup
-    without building the dict. Memory follows the number of distinct items: each batch is reduced
-    to its distinct items at once and the per-batch tables are merged as they grow.
-    """
-
-    def __init__(self) -> None:
-        self._items = np.empty(0, dtype=np.int64)
-        self._counts = np.empty(0, dtype=np.int64)
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
-        self._pending_rows = 0
-        self._family: str | None = None
-        self._scores: np.ndarray | None = None  # the merged counts as float64, built when first scored
-        self.rows = 0
+    def __init__(self, items: np.ndarray, counts: np.ndarray) -> None:
+        self._items, self._counts = items, counts  # the items sorted, their counts as float64
 
     @classmethod
     def from_counts(cls, counts: Mapping) -> PopularityCounts:
-        """Counts taken elsewhere (a dict of item id -> count, as `counts` gives: a data set's manifest keeps
-        one), to score many batches with `scores` without building the lookup table each time."""
-        out = cls()
-        items, values = _count_table(counts)
-        out._items, out._counts = items, values.astype(np.int64)
-        out._family = _family(items) if items.size else None
-        return out
-
-    def update(self, item_ids: object, relevance: object) -> None:
-        """Count one batch's relevant interactions (an empty batch is fine)."""
-        items = _keys(item_ids, "item_ids")
-        rel = _relevance(relevance, None)
-        _same_length(item_ids=items, relevance=rel)
-        if items.size == 0:
-            return
-        self._family = _same_family(items, self._family, "item_ids", "item column")
-        try:
-            distinct, inverse = np.unique(items, return_inverse=True)
-        except TypeError as err:
-            raise ValueError(f"item_ids could not be sorted (ids of mixed types?): {err}") from None
-        counts = np.bincount(inverse.reshape(-1), weights=rel > 0, minlength=distinct.size).astype(np.int64)
-        self._pending.append((distinct, counts))
-        self._pending_rows += distinct.size
-        self.rows += items.size
-        if self._pending_rows > max(self._items.size, MERGE_ROWS):
-            self._merge()
-
-    def _merge(self) -> None:
-        if not self._pending:
-            return
-        # the merged table goes first only once it holds ids: an empty int64 table would recast string ids
-        tables = ([(self._items, self._counts)] if self._items.size else []) + self._pending
-        items = np.concatenate([i for i, _ in tables])
-        counts = np.concatenate([c for _, c in tables])
-        self._items, inverse = np.unique(items, return_inverse=True)
-        self._counts = np.bincount(inverse.reshape(-1), weights=counts, minlength=self._items.size).astype(np.int64)
-        self._pending, self._pending_rows = [], 0
-        self._scores = None
-
-    @property
-    def counts(self) -> dict:
-        """Item id -> number of relevant interactions, for every item seen."""
-        self._merge()
-        return dict(zip(self._items.tolist(), self._counts.tolist()))
+        """From a dict of item id -> count: sorted once, to score many batches."""
+        items = _keys(np.asarray(list(counts)), "item_counts")
+        order = np.argsort(items, kind="stable")
+        return cls(items[order], np.asarray(list(counts.values()), dtype=np.float64)[order])
 
     def scores(self, item_ids: object) -> np.ndarray:
-        """Each row's item count, as ``popularity_scores(self.counts, item_ids)`` gives it."""
-        self._merge()
-        if self._scores is None:
-            self._scores = self._counts.astype(np.float64)
-        return _lookup(self._items, self._scores, _keys(item_ids, "item_ids"))
+        """Each row's item count."""
+        ids = _keys(item_ids, "item_ids")
+        out = np.zeros(ids.size)
+        if self._items.size == 0 or ids.size == 0:
+            return out
+        at = np.minimum(np.searchsorted(self._items, ids), self._items.size - 1)
+        found = self._items[at] == ids
+        out[found] = self._counts[at[found]]
+        return out

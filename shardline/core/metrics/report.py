@@ -1,14 +1,12 @@
 """Evaluation's plots (learning curves, confusion matrices, residuals) and its metrics tables, as PNG files and
 text. Plots are drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas (no pyplot, no global backend
 state, safe from worker threads) and written atomically: to a temporary file beside the target, then
-``os.replace``-d into place."""
+renamed into place."""
 
 from __future__ import annotations
 
+import io
 import math
-import os
-import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +14,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from shardline.core.metrics.scores import (
-    _by_support,
-    _class_name,
-    _labels,
-    _same_length,
-    _values,
-)
+from shardline.core import storage
+from shardline.core.metrics.scores import _by_support, _class_name, _same_length, _values
 
 PLOT_DPI = 100
 
@@ -34,23 +27,11 @@ def _new_figure(width: float, height: float) -> Figure:
 
 
 def _save_atomic(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` as PNG to a temporary file beside ``path``, then rename it into place."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return target
+    """Write ``fig`` as PNG to ``path``, atomically (``storage.write_bytes``)."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    storage.write_bytes(str(path), png.getvalue())
+    return Path(path)
 
 
 def _as_float(value: object) -> float:
@@ -82,8 +63,6 @@ def learning_curves_figure(
     """
     if not history:
         raise ValueError("history is empty: no epochs to plot")
-    if not all(isinstance(row, Mapping) for row in history):
-        raise ValueError("history must be a list of dicts, one per epoch")
 
     epochs = np.array([_as_float(row.get("epoch", i + 1)) for i, row in enumerate(history)], dtype=float)
     epochs = np.where(np.isfinite(epochs), epochs, np.arange(1, len(history) + 1))
@@ -91,40 +70,29 @@ def learning_curves_figure(
     def series(key: str) -> np.ndarray:
         return np.array([_as_float(row.get(key)) for row in history], dtype=float)
 
-    extra: list[str] = []
-    for row in history:
-        for key in row:
-            if key.startswith("val_") and key != "val_loss" and key not in extra:
-                if np.any(np.isfinite(series(key))):
-                    extra.append(key)
+    def drawn(keys) -> list[str]:
+        return [key for key in keys if np.any(np.isfinite(series(key)))]
+
+    losses = drawn(["train_loss", "val_loss"])
+    extra = drawn(dict.fromkeys(k for row in history for k in row if k.startswith("val_") and k != "val_loss"))
 
     fig = _new_figure(11.0, 4.2)
     ax_loss, ax_val = fig.subplots(1, 2)
-
-    plotted = False
-    for key, style in (("train_loss", "-o"), ("val_loss", "--s")):
-        ys = series(key)
-        if np.any(np.isfinite(ys)):
-            ax_loss.plot(epochs, ys, style, label=key, markersize=5)
-            plotted = True
-    ax_loss.set_title("Loss")
-    ax_loss.set_xlabel("epoch")
-    ax_loss.set_ylabel("loss")
-    ax_loss.grid(True, alpha=0.3)
-    if plotted:
-        ax_loss.legend()
-    else:
-        ax_loss.text(0.5, 0.5, "no loss values", ha="center", va="center", transform=ax_loss.transAxes)
-
-    for key in extra:
-        ax_val.plot(epochs, series(key), "-o", label=key, markersize=5)
-    ax_val.set_title("Validation metrics")
-    ax_val.set_xlabel("epoch")
-    ax_val.grid(True, alpha=0.3)
-    if extra:
-        ax_val.legend()
-    else:
-        ax_val.text(0.5, 0.5, "no other validation metrics", ha="center", va="center", transform=ax_val.transAxes)
+    panels = (
+        (ax_loss, "Loss", "loss", losses, "no loss values"),
+        (ax_val, "Validation metrics", "", extra, "no other validation metrics"),
+    )
+    for ax, title, ylabel, keys, empty in panels:
+        for key in keys:
+            ax.plot(epochs, series(key), "--s" if key == "val_loss" else "-o", label=key, markersize=5)
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if keys:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
 
     if selected_epoch is not None:
         label = f"selected: epoch {selected_epoch}" + (f" ({select_by})" if select_by else "")
@@ -152,24 +120,6 @@ CONFUSION_MAX_INCHES = 16.0  # the figure's side: it grows with the classes draw
 CONFUSION_NUMBER_PX = 30  # a cell narrower than this shows its colour only (its number would not be readable)
 
 
-def plot_confusion_matrix(
-    y_true: np.ndarray,
-    y_pred: np.ndarray,
-    class_names: list[str],
-    path: str | Path,
-    top_k: int = CONFUSION_TOP_N,
-) -> Path:
-    """Row-normalised confusion matrix over the ``top_k`` most frequent true classes, from class ids
-    (``plot_confusion_counts`` draws it from the counts)."""
-    t = _labels(y_true, "y_true")
-    p = _labels(y_pred, "y_pred")
-    _same_length(t, p, "y_true", "y_pred")
-    c = int(max(t.max(), p.max())) + 1
-    counts = np.zeros((c, c), dtype=np.int64)
-    np.add.at(counts, (t, p), 1)
-    return plot_confusion_counts(counts, class_names, path, top_k)
-
-
 def _short(name: str) -> str:
     return name if len(name) <= CONFUSION_NAME_CHARS else name[: CONFUSION_NAME_CHARS - 1] + "\u2026"
 
@@ -187,13 +137,8 @@ def fold_confusion(
     counts = np.asarray(counts)
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
         raise ValueError(f"counts must be a square [C, C] matrix (true by predicted class), got shape {counts.shape}")
-    if counts.dtype.kind not in "iu" or (counts.size and counts.min() < 0):
-        raise ValueError(f"counts must be non-negative integers, got dtype {counts.dtype}")
     if counts.sum() == 0:
         raise ValueError("counts holds no sample (N=0): nothing to plot")
-    top_k = int(top_k)
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
     names = list(class_names)
 
     seen = (counts.sum(axis=0) + counts.sum(axis=1)) > 0

@@ -181,17 +181,6 @@ def majority_baseline_probs(train_class_counts: np.ndarray, n: int) -> np.ndarra
     return np.tile(dist, (n, 1))
 
 
-def mean_baseline(train_mean: float, n: int) -> np.ndarray:
-    """``[n]`` predictions that all equal the training-set mean target."""
-    value = float(train_mean)
-    if not math.isfinite(value):
-        raise ValueError(f"train_mean must be finite, got {train_mean!r}")
-    n = int(n)
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    return np.full(n, value, dtype=np.float64)
-
-
 # --------------------------------------------------------------------------- streaming: batch by batch
 
 RESIDUAL_SAMPLE = 50_000
@@ -250,13 +239,6 @@ def per_class_scores(confusion: np.ndarray, class_names: list[str]) -> list[dict
     return rows
 
 
-def _confusion_matrix(c: int):
-    """torchmetrics' streaming confusion matrix over `c` classes (int64 counts, true class by predicted class)."""
-    from torchmetrics.classification import MulticlassConfusionMatrix
-
-    return MulticlassConfusionMatrix(c)
-
-
 def _regression_metrics():
     """torchmetrics' streaming MAE, RMSE and R², their sums kept in float64."""
     import torch
@@ -287,19 +269,17 @@ class ClassificationScores:
 
     def __init__(self, n_classes: int, train_class_counts: np.ndarray):
         c = int(n_classes)
-        if c < 1:
-            raise ValueError(f"n_classes must be >= 1, got {n_classes}")
         counts = np.asarray(train_class_counts, dtype=np.float64)
         if counts.shape != (c,):
             raise ValueError(f"train_class_counts must hold one count per class ({c}), got shape {counts.shape}")
-        if not np.all(np.isfinite(counts)) or np.any(counts < 0):
-            raise ValueError("train_class_counts must be finite and non-negative")
+        from torchmetrics.classification import MulticlassConfusionMatrix
+
         self.n_classes = c
         self.train_class_counts = counts
         self.n = 0
         self.top_k_hits = 0
         self.log_loss_sum = 0.0
-        self._confusion = _confusion_matrix(c)
+        self._confusion = MulticlassConfusionMatrix(c)  # int64 counts, true class by predicted class
 
     def update(self, y_true: np.ndarray, probs: np.ndarray) -> None:
         """Count one batch: ``y_true`` ``[B]`` class ids, ``probs`` ``[B, C]`` (float32 is widened first, as
@@ -334,11 +314,6 @@ class ClassificationScores:
         """``[C, C]`` counts so far (int64), true class by predicted class: torchmetrics' confusion matrix."""
         return self._confusion.compute().numpy().astype(np.int64)
 
-    @property
-    def true_counts(self) -> np.ndarray:
-        """``[C]`` samples seen per true class."""
-        return self.confusion.sum(axis=1)
-
     @staticmethod
     def _macro_f1(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> float:
         """Mean F1 over the classes with a true or a predicted sample (as ``classification_metrics``)."""
@@ -363,7 +338,7 @@ class ClassificationScores:
             raise _empty()
         smoothed = self.train_class_counts + BASELINE_SMOOTHING
         dist = smoothed / smoothed.sum()
-        true = self.true_counts
+        true = self.confusion.sum(axis=1)  # samples per true class
         n, c = self.n, self.n_classes
         majority = int(np.argmax(dist))  # every sample's prediction (the lowest id on ties)
         k = min(TOP_K, c)
@@ -390,9 +365,7 @@ class StrideSample:
     whole and in order, and a longer one keeps between ``size / 2`` and ``size`` of its points."""
 
     def __init__(self, size: int, columns: int = 2):
-        if int(size) < 1:
-            raise ValueError(f"size must be >= 1, got {size}")
-        self.size = int(size)
+        self.size = size
         self.stride = 1
         self.seen = 0
         self.kept = [np.zeros(0, np.float64) for _ in range(columns)]
@@ -419,18 +392,15 @@ class RegressionScores:
     (``regression_metrics`` can see a non-zero sum of squares from the rounding of a mean such as that of
     [0.1, 0.1, 0.1]).
 
-    ``sample`` keeps at most ``sample_size`` (true, predicted) pairs, a ``StrideSample``, for a plot.
+    ``sample`` keeps at most ``RESIDUAL_SAMPLE`` (true, predicted) pairs, a ``StrideSample``, for a plot.
     """
 
-    def __init__(self, train_mean: float, sample_size: int = RESIDUAL_SAMPLE):
-        value = float(train_mean)
-        if not math.isfinite(value):
-            raise ValueError(f"train_mean must be finite, got {train_mean!r}")
-        self.train_mean = value
+    def __init__(self, train_mean: float):
+        self.train_mean = float(train_mean)
         self.n = 0
         self.lo, self.hi = math.inf, -math.inf
         self._metrics = {"model": _regression_metrics(), "baseline": _regression_metrics()}
-        self.sample = StrideSample(sample_size)
+        self.sample = StrideSample(RESIDUAL_SAMPLE)
 
     def update(self, y_true: np.ndarray, y_pred: np.ndarray) -> None:
         t = _values(y_true, "y_true", allow_empty=True)

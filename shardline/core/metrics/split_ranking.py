@@ -67,8 +67,6 @@ class SplitRanking:
 
     def __init__(self, manifest: Manifest, manifest_uri: str, split: str | list[str], ks: Iterable[int]):
         spec = manifest.encoding
-        if not spec.group_key or not spec.targets:
-            raise ValueError("SplitRanking ranks ranking data: the manifest's encoding has no data.group_key")
         self.spec, self.target = spec, spec.targets[0]
         self.ks = list(ks)
         self.grades = class_grades(self.target) if self.target.task == "classification" else None
