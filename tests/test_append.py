@@ -214,3 +214,45 @@ def test_shard_paths_resolve_on_every_store():
     assert relative_to("s3://b/out/groups", "s3://b/out") == "groups"
     with pytest.raises(ValueError, match="not on one store"):
         relative_to("s3://b/groups", "/local/out")
+
+
+def test_an_ingest_after_an_append_reads_only_the_new_files_footers(tmp_path, prefect_api):
+    """The ingest step keeps its snapshot in the storage root (`snapshots/`); the next ingest of the same source
+    under the same data config takes a file it accepted, listed with the same size and version, without reading
+    its footer: an append of 5 % of 22,000 files reads 1,100 footers, not 23,100. A new file is still read."""
+    import os
+
+    from prefect import flow
+
+    from shardline.core.encoding.columns import DataError
+    from shardline.tasks.ingest import checked_record, ingest
+
+    raw, root = tmp_path / "raw", tmp_path / "store"
+    make_raw(raw, n_seq=12, rows=40)  # s-000 .. s-003
+    cfg = config(raw, root)
+
+    @flow(name="ingest-append")
+    def ingest_only(data):
+        return ingest(data, str(root))
+
+    first = ingest_only(cfg.data)
+    assert len(first.files) == 4 and Path(checked_record(str(root), cfg.data)).is_file()
+    # a checked file's bytes replaced by zeros, its size and modification time kept: a footer read would refuse
+    # it, so the next ingest accepting it shows that it was not read
+    kept = Path(first.files[-1].uri)  # not the first: the ingest reads a sample of the first file's rows
+    st = kept.stat()
+    kept.write_bytes(b"\0" * st.st_size)
+    os.utime(kept, ns=(st.st_atime_ns, st.st_mtime_ns))
+    make_raw(raw, n_seq=6, rows=40, prefix="t", seed=9)  # t-000, t-001: appended
+    second = ingest_only(cfg.data)
+    assert [f.uri for f in second.files] == [f.uri for f in first.files] + sorted(str(p) for p in raw.glob("t-*"))
+    assert second.files[:4] == first.files
+
+    # without the record (here: another data config), every footer is read: the zeroed file is refused
+    other = config(raw, root, **{"data.files_per_group": 3})
+    with pytest.raises(DataError, match=kept.name):
+        ingest_only(other.data)
+    # a new file that does not fit the config is read, and refused naming it
+    pl.DataFrame({"other": [1, 2]}).write_parquet(raw / "u-000.parquet")
+    with pytest.raises(DataError, match="u-000.parquet"):
+        ingest_only(cfg.data)

@@ -4,6 +4,7 @@
 <root>/datasets/groups/<group key>/            a file group's shards, keys files and record (group.json, last)
 <root>/runs/<run key>/                         a training run: checkpoints, evaluation, result.json, cost.json
 <root>/prefect-results/                        the steps' cached results (JSON)
+<root>/snapshots/<key>.json                    a source's last snapshot under a data config: files checked
 <root>/mlflow-artifacts/                       MLflow's artifacts, when its store is the root's
 <root>/sweeps/<sweep id>/                      a sweep's record
 <root>/tokenizers/<sha256>.json                text: a tokenizer, by its content
@@ -22,6 +23,7 @@ DATASETS = "datasets"
 GROUPS = "groups"  # the group store, beside the data sets' folders
 RUNS = "runs"
 RESULTS = "prefect-results"
+SNAPSHOTS = "snapshots"
 MLFLOW_ARTIFACTS = "mlflow-artifacts"
 SWEEPS = "sweeps"
 TOKENIZERS = "tokenizers"
@@ -52,6 +54,10 @@ def run(root: str, key: str) -> str:
 
 def results(root: str) -> str:
     return storage.join(root, RESULTS)
+
+
+def snapshot(root: str, key: str) -> str:
+    return storage.join(root, SNAPSHOTS, f"{key}.json")
 
 
 def mlflow_artifacts(root: str) -> str:

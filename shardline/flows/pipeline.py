@@ -60,7 +60,7 @@ def encoded_data(config: PipelineConfig, refresh: frozenset[str] = frozenset(), 
     fine-tune parent the flow resolved (else resolved here from training.init_from)."""
     root = config.storage.root
     ran: dict[str, bool] = {}
-    snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data)
+    snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data, root)
 
     # fine-tuning: the data is encoded the way the model it starts from was trained (its scalings, vocabularies)
     parent = parent or resolve_parent(config)  # None without training.init_from

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 from prefect import task
 from prefect.logging import get_run_logger
 
-from shardline.core.config import FILE_SEQUENCE, DataConfig
+from shardline.core import layout, storage
+from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.core.encoding.columns import DataError
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
 from shardline.core.secrets import redacted_errors
@@ -269,15 +270,23 @@ def footers(files: list[tuple[str, int]]) -> Iterator[pq.FileMetaData | BaseExce
         yield from got
 
 
-def snapshot_source(data: DataConfig) -> Snapshot:
-    """List and check the raw files (footers only); raise on a bad file unless data.on_bad_file is 'skip'."""
+def _ids(files: list[RawFile]) -> set[tuple[str, int, str]]:
+    return {(f.uri, f.size, f.version) for f in files}
+
+
+def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapshot:
+    """List and check the raw files (footers only); raise on a bad file unless data.on_bad_file is 'skip'.
+    `checked`: an earlier snapshot of the source under this data config: a file it accepted, listed now with
+    the same size and version (etag, mtime), is taken without reading its footer again."""
     listing = source_listing(data)
-    uris = [uri for uri, _, _ in listing]
+    known = _ids(checked.files) if checked else set()
+    files: list[RawFile] = [RawFile(uri=u, size=n, version=v) for u, n, v in listing if (u, n, v) in known]
+    listing = [entry for entry in listing if entry not in known]
+    uris = [f.uri for f in files] + [uri for uri, _, _ in listing]
     if not uris:
         raise DataError(
             f"data.source '{data.source}' matched no parquet file; check the path or glob (e.g. 'data/raw/*.parquet' or 's3://bucket/raw/*.parquet')"
         )
-    files: list[RawFile] = []
     rejected: list[RejectedFile] = []
     null_targets: list[tuple[str, dict[str, int]]] = []
     for (uri, size, version), meta in zip(listing, footers([(uri, size) for uri, size, _ in listing]), strict=True):
@@ -317,7 +326,21 @@ def snapshot_source(data: DataConfig) -> Snapshot:
             f"{len(null_targets)} raw file(s) have rows without a target:\n{listing}\n"
             "Fill or drop those rows before training (a row without a target cannot be learned or scored)."
         )
+    files.sort(key=lambda f: f.uri)
     return Snapshot(source=data.source, files=files, rejected=rejected, fingerprint=Snapshot.fingerprint_of(files))
+
+
+def checked_record(root: str, data: DataConfig) -> str:
+    """Where the last snapshot of `data.source` under this data config is kept, for the next ingest."""
+    return layout.snapshot(root, stable_hash([data.source, data.model_dump(mode="json")]))
+
+
+def last_checked(root: str, data: DataConfig) -> Snapshot | None:
+    """The last snapshot of the source under this data config, if one was kept and still reads as one."""
+    try:
+        return Snapshot.model_validate_json(storage.read_text(checked_record(root, data)))
+    except Exception:  # noqa: BLE001 - none yet, or unreadable: every footer is read, as the first time
+        return None
 
 
 def raw_sample(sample_uri: str, columns: list[str], rows: int = 5):
@@ -351,16 +374,23 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
 
 @task(name="ingest", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=lambda t, r, s: _is_transient(s))
 @redacted_errors
-def ingest(data: DataConfig) -> Snapshot:
-    """List the raw files and check their schemas; return the snapshot."""
+def ingest(data: DataConfig, root: str | None = None) -> Snapshot:
+    """List the raw files and check their schemas; return the snapshot. With the storage `root`, the files
+    the last ingest of this source and data config checked, unchanged since, are not read again."""
     log = get_run_logger()
-    snap = snapshot_source(data)
+    checked = last_checked(root, data) if root else None
+    snap = snapshot_source(data, checked)
     check_registrable(data, snap)  # what registration would refuse, refused before any work
+    if root:
+        storage.write_text(checked_record(root, data), snap.model_dump_json())
+    reused = len(_ids(snap.files) & _ids(checked.files)) if checked else 0
     log.info(
-        "ingest: %d file(s), %.1f MB, fingerprint %s",
+        "ingest: %d file(s), %.1f MB, fingerprint %s; %d of them unchanged since an earlier ingest checked them "
+        "(their footers not read again)",
         len(snap.files),
         sum(f.size for f in snap.files) / 1e6,
         snap.fingerprint[:12],
+        reused,
     )
     for r in snap.rejected:
         log.warning("ingest: skipped %s: %s", r.uri, r.reason)
