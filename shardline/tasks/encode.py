@@ -14,6 +14,7 @@ import os
 import time
 
 from prefect import task
+from prefect.futures import as_completed
 from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
@@ -313,17 +314,18 @@ def encode(
             store,
         )
         # at most `workers` groups in flight: the encode's memory is bounded by the group size times
-        # that, not by the data set (a mapped task would start every group at once on a thread pool)
-        submitted = []  # the same futures, in the order they were submitted
+        # that, not by the data set (a mapped task would start every group at once on a thread pool);
+        # the next starts when any one ends (waiting for the oldest left a worker idle behind a slow group)
+        in_flight: set = set()
         for i in todo:
-            if len(submitted) >= workers:
-                submitted[-workers].wait()
+            if len(in_flight) >= workers:
+                in_flight.remove(next(as_completed(list(in_flight))))
             params = dict(group=i, n_groups=len(groups), store=store, reuse=not refresh, tokenizer=tokenizer)
             if other is None:  # quoted: no futures inside, and Prefect's search for them visits every field
                 enc_futures[i] = enc_t.submit(quote(groups[i]), data=quote(data), **params)
             else:  # a runner given its parameters directly does not unwrap quotes
                 enc_futures[i] = other.submit(enc_t, {"files": groups[i], "data": data, **params})
-            submitted.append(enc_futures[i])
+            in_flight.add(enc_futures[i])
         results = [found[k] if k in found else enc_futures[i].result() for i, k in enumerate(keys)]
         cached_groups = len(found) + sum(f.state.name == "Cached" for f in enc_futures.values())
     log.info(
