@@ -1040,33 +1040,22 @@ def _to_table(p1: _Player, p2: _Player, index: int, stage_i: int, season: int, f
         "stage": pa.array([_STAGE_NAMES[stage_i]] * frames, pa.string()),
         "season": pa.array(np.full(frames, season, dtype=np.int16)),
     }
-    n_cont, n_bool, n_cat = len(_CONT_FIELDS), len(_BOOL_FIELDS), len(_CAT_FIELDS)
     for name, p in zip(PLAYERS, (p1, p2)):
         m = np.array(p.rows, dtype=np.float64)
-        j = 0
+        fields = iter(m.T)  # the columns of _record's rows, in order
         for f in _CONT_FIELDS:
-            cols[f"{name}_{f}"] = pa.array(m[:, j].astype(np.float32))
-            j += 1
+            cols[f"{name}_{f}"] = pa.array(next(fields).astype(np.float32))
         for f in _BOOL_FIELDS:
-            cols[f"{name}_{f}"] = pa.array(m[:, j] != 0)
-            j += 1
-        cat = {}
-        for f in _CAT_FIELDS:
-            if f == "ground":
-                continue
-            cat[f] = m[:, j]
-            j += 1
-        # ground: 0 in the air, else which stretch of the stage the player stands on
-        on_ground = m[:, n_cont + 2] != 0
+            cols[f"{name}_{f}"] = pa.array(next(fields) != 0)
+        # ground (not recorded): 0 in the air, else which stretch of the stage the player stands on
+        on_ground = m[:, len(_CONT_FIELDS) + 2] != 0
         stretch = np.clip(((m[:, 0] + edge) / (2 * edge) * 5).astype(np.int64), 0, 4)
-        cat["ground"] = np.where(on_ground, 1 + (stage_i * 5 + stretch) % 31, 0)
+        ground = np.where(on_ground, 1 + (stage_i * 5 + stretch) % 31, 0)
         for f, (_, typ) in _CAT_FIELDS.items():
-            cols[f"{name}_{f}"] = pa.array(cat[f].astype(typ.to_pandas_dtype()))
-        j = n_cont + n_bool + n_cat - 1
+            cols[f"{name}_{f}"] = pa.array((ground if f == "ground" else next(fields)).astype(typ.to_pandas_dtype()))
         for f in _ANALOG:
-            cols[f"{name}_{f}"] = pa.array(np.round(m[:, j], 4).astype(np.float32))
-            j += 1
-        held = m[:, j].astype(np.int64)
+            cols[f"{name}_{f}"] = pa.array(np.round(next(fields), 4).astype(np.float32))
+        held = next(fields).astype(np.int64)
         for b, f in enumerate(_BUTTONS):
             cols[f"{name}_btn_{f}"] = pa.array((held >> b) & 1 != 0)
     return pa.table(cols)
