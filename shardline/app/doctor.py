@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shardline.app.doctor_checks import Check, _data_check, _local_torch, _mlflow_checks, _short, _storage_check, redact
+from shardline.app.doctor_checks import Check, _data_check, _local_torch, _mlflow_checks, _short, _storage_check
 from shardline.core.config import PipelineConfig
+from shardline.core.secrets import redact_text
 
 # ---------------------------------------------------------------- all of it
 
@@ -35,7 +36,7 @@ def doctor(
 
     def add(*checks: Check) -> None:
         for chk in checks:
-            chk.detail = redact(chk.detail)
+            chk.detail = redact_text(chk.detail)  # by names and URL userinfo: a bucket or path stays readable
             done.append(chk)
             if on_check is not None:
                 on_check(chk)

@@ -14,7 +14,6 @@ from typing import Any
 
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig
-from shardline.core.secrets import redact_text
 
 PROBE_DEPLOYMENT = "probe/probe"
 PIPELINE_DEPLOYMENT = "pipeline/pipeline"
@@ -30,15 +29,6 @@ class Check:
     @property
     def mark(self) -> str:
         return {True: "PASS", False: "FAIL", None: "SKIP"}[self.ok]
-
-
-# ---------------------------------------------------------------- no secret in any message
-
-
-def redact(text: str) -> str:
-    """`text` without secrets: by their names and URL userinfo (`shardline/core/secrets.py`), never by
-    whatever other text happens to equal a credential's value (a bucket or a path stays readable)."""
-    return redact_text(text)
 
 
 def _short(e: BaseException, limit: int = 300) -> str:

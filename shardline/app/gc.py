@@ -90,18 +90,25 @@ def _mtime(info: dict) -> float | None:
     return float(t) if t is not None else None
 
 
-def _folders(area_uri: str, kind: str, now: float) -> list[Item]:
-    """Every folder directly under `area_uri` with its files (one recursive listing)."""
+def _listing(area_uri: str) -> list[dict]:
+    """What lies directly under `area_uri` (none when it does not exist)."""
     fs, base = storage.filesystem(area_uri)
     try:
-        entries = fs.ls(base, detail=True)
+        return fs.ls(base, detail=True)
     except FileNotFoundError:
         return []
+
+
+def _folders(area_uri: str, kind: str, now: float) -> list[Item]:
+    """Every folder directly under `area_uri` with its files (one recursive listing)."""
     items: dict[str, Item] = {}
-    for e in entries:
+    for e in _listing(area_uri):
         if e.get("type") == "directory":
             name = e["name"].rstrip("/").rsplit("/", 1)[-1]
             items[name] = Item(kind, storage.join(area_uri, name), [], _mtime(e) or now)
+    if not items:
+        return []
+    fs, base = storage.filesystem(area_uri)
     for path, info in fs.find(base, detail=True, withdirs=False).items():
         rel = path[len(base.rstrip("/")) :].strip("/")
         top, _, rest = rel.partition("/")
@@ -117,13 +124,8 @@ def _folders(area_uri: str, kind: str, now: float) -> list[Item]:
 
 
 def _records(area_uri: str, now: float) -> list[Item]:
-    fs, base = storage.filesystem(area_uri)
-    try:
-        entries = fs.ls(base, detail=True)
-    except FileNotFoundError:
-        return []
     out = []
-    for e in entries:
+    for e in _listing(area_uri):
         name = e["name"].rstrip("/").rsplit("/", 1)[-1]
         if e.get("type") != "file" or name.startswith(storage.TMP_MARK):  # a write in progress
             continue
@@ -245,26 +247,18 @@ def plan_gc(
                 todo.append(where[1])
 
     keep_items, delete_items = list(foreign), []
-    for name, run in runs.items():
-        if name in kept_runs:
-            run.item.why = kept_runs[name]
-            keep_items.append(run.item)
-        else:
-            run.item.why = (
-                f"no registered version's run; not one of the {keep} newest runs (--keep); last modified "
-                f"{_age(now - run.item.newest)} ago; no live flow run uses it"
-            )
-            delete_items.append(run.item)
-    for name, ds in datasets.items():
-        if name in kept_data:
-            ds.item.why = kept_data[name]
-            keep_items.append(ds.item)
-        else:
-            ds.item.why = (
-                "no kept run trained on it and no registered version's data is it; last modified "
-                f"{_age(now - ds.item.newest)} ago; no live flow run uses it"
-            )
-            delete_items.append(ds.item)
+    for folders, kept, unkept in (
+        (runs, kept_runs, f"no registered version's run; not one of the {keep} newest runs (--keep)"),
+        (datasets, kept_data, "no kept run trained on it and no registered version's data is it"),
+    ):
+        for name, folder in folders.items():
+            if name in kept:
+                folder.item.why = kept[name]
+                keep_items.append(folder.item)
+            else:
+                age = _age(now - folder.item.newest)
+                folder.item.why = f"{unkept}; last modified {age} ago; no live flow run uses it"
+                delete_items.append(folder.item)
 
     # the group store: a file group's shards stay while any kept data set's manifest lists them
     kept_groups: dict[str, str] = {}
