@@ -140,9 +140,8 @@ def demo(
     marker = raw / f".generated-{games}x{frames}-seed{seed}"
     if not marker.exists():
         typer.echo(f"generating {games} demo games x {frames} frames into {raw} ...")
-        if raw.exists():
-            for old in raw.glob("*.parquet"):
-                old.unlink()
+        for old in raw.glob("*.parquet"):
+            old.unlink()
         generate_demo(raw, n_games=games, frames=frames, seed=seed)
         for old in raw.glob(".generated-*"):
             old.unlink()
@@ -188,12 +187,8 @@ def node(
 
     install_log_redaction()
     try:
-        where = endpoint or launcher_endpoint()
-    except ValueError as e:
-        _fail(str(e), 2)
-    try:
-        said = run_node(job, where, shutdown_seconds(), log=typer.echo)
-    except ValueError as e:
+        said = run_node(job, endpoint or launcher_endpoint(), shutdown_seconds(), log=typer.echo)
+    except ValueError as e:  # no rendezvous address, or a job of one machine
         _fail(str(e), 2)
     except Exception as e:  # noqa: BLE001 - torch's account of it, and a failed exit for the launcher
         _fail(f"{type(e).__name__}: {e}", 1)

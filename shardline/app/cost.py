@@ -58,7 +58,6 @@ class Plan:
     scaled: int  # >1: a probe of one process, its time divided among this many (compute.nodes x processes_per_node)
     spot: bool
     provider: str | None  # compute.provider: the one the run is costed at (None: the cheapest)
-    as_of: str
     sources: list[str]
     rows: list[dict] = field(default_factory=list)
     spent: dict | None = None  # what this config's run has cost so far (its ledger), when it has trained
@@ -223,7 +222,6 @@ def plan_cost(
         scaled=scaled,
         spot=spot,
         provider=config.compute.provider,
-        as_of=table.as_of,
         sources=table.sources,
         rows=estimate(hours, gpu, table, spot=spot, gpus=gpus),
         spent=summarize(read_ledger(folder)["attempts"]),

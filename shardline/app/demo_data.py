@@ -199,18 +199,12 @@ for _a, _d in {
     CAPTURE_PULLED_HI: 8,
     CAPTURE_DAMAGE_HI: 10,
     CAPTURE_CUT: 30,
-    THROWN_F: 40,
-    THROWN_B: 40,
-    THROWN_HI: 40,
-    THROWN_LW: 40,
+    **dict.fromkeys((THROWN_F, THROWN_B, THROWN_HI, THROWN_LW), 40),
     ESCAPE_F: 31,
     ESCAPE_B: 31,
     ESCAPE: 27,
     ESCAPE_AIR: 30,
-    DEAD_DOWN: 60,
-    DEAD_LEFT: 60,
-    DEAD_RIGHT: 60,
-    DEAD_UP: 60,
+    **dict.fromkeys((DEAD_DOWN, DEAD_LEFT, DEAD_RIGHT, DEAD_UP), 60),
     REBIRTH: 40,
 }.items():
     DUR[_a] = _d
@@ -219,12 +213,8 @@ for _a, _span in {
     ESCAPE_B: (4, 19),
     ESCAPE: (2, 17),
     ESCAPE_AIR: (4, 29),
-    PASSIVE: (0, 19),
-    PASSIVE_STAND_F: (0, 19),
-    PASSIVE_STAND_B: (0, 19),
+    **dict.fromkeys((PASSIVE, PASSIVE_STAND_F, PASSIVE_STAND_B, DOWN_FOWARD_U, DOWN_BACK_U), (0, 19)),
     DOWN_STAND_U: (0, 22),
-    DOWN_FOWARD_U: (0, 19),
-    DOWN_BACK_U: (0, 19),
     DOWN_ATTACK_U: (0, 20),
 }.items():
     INTANGIBLE[_a] = _span
@@ -318,18 +308,13 @@ FOLLOW = {
     SHIELD_BREAK_DOWN_U: SHIELD_BREAK_STAND_U,
     SHIELD_BREAK_STAND_U: FURA_FURA,
     FURA_FURA: WAIT,
-    CATCH_PULL: CATCH_WAIT,
-    CATCH_DASH_PULL: CATCH_WAIT,
-    CATCH_ATTACK: CATCH_WAIT,
+    **dict.fromkeys((CATCH_PULL, CATCH_DASH_PULL, CATCH_ATTACK), CATCH_WAIT),
     CATCH_CUT: WAIT,
     CAPTURE_PULLED_HI: CAPTURE_WAIT_HI,
     CAPTURE_DAMAGE_HI: CAPTURE_WAIT_HI,
     CAPTURE_CUT: WAIT,
     ESCAPE_AIR: FALL_SPECIAL,
-    DEAD_DOWN: REBIRTH,
-    DEAD_LEFT: REBIRTH,
-    DEAD_RIGHT: REBIRTH,
-    DEAD_UP: REBIRTH,
+    **dict.fromkeys((DEAD_DOWN, DEAD_LEFT, DEAD_RIGHT, DEAD_UP), REBIRTH),
     REBIRTH: REBIRTH_WAIT,
 }
 
@@ -676,9 +661,8 @@ def _decide(p: _Player, o: _Player, hit: bool) -> int:
         if age >= p.dur - 1:
             return DAMAGE_FALL
         return -1
-    if a in _HOLDING and o.act not in _CAPTIVE and o.act not in _THROWN and age >= 1:
-        if a == CATCH_WAIT or a in (CATCH_PULL, CATCH_DASH_PULL, CATCH_ATTACK):
-            return CATCH_CUT
+    if a in _HOLDING and a not in _THROWS and o.act not in _CAPTIVE and o.act not in _THROWN and age >= 1:
+        return CATCH_CUT  # the opponent is no longer held
     # landing (lands at the next frame: y + speed_y + speed_attack_y <= 0)
     if not p.ground and p.hitlag == 0 and p.y + p.vy + p.kby <= 0.0 and a not in _DEAD:
         if a in _AERIALS:
@@ -709,7 +693,7 @@ def _decide(p: _Player, o: _Player, hit: bool) -> int:
                 return GUARD if p.held & _SHIELD else GUARD_OFF
         if a in _DAMAGE:
             return WAIT if p.ground else DAMAGE_FALL
-        if a in (THROW_F, THROW_B, THROW_HI, THROW_LW):
+        if a in _THROWS:
             return WAIT
         if a >= SPECIAL_BASE and p.special_kind in (2, 6) and not p.ground:
             return FALL_SPECIAL

@@ -123,12 +123,12 @@ def _local_torch(config: PipelineConfig) -> Check:
 
 
 def _endpoint() -> str:
-    ep = (
+    return (
         os.environ.get("AWS_ENDPOINT_URL_S3")
         or os.environ.get("AWS_ENDPOINT_URL")
         or os.environ.get("FSSPEC_S3_ENDPOINT_URL")
+        or "AWS's default S3 endpoint"
     )
-    return ep or "AWS's default S3 endpoint"
 
 
 def _storage_hint(e: BaseException, uri: str) -> str:

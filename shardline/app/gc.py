@@ -359,9 +359,8 @@ def deletion_order(item: Item) -> list[str]:
             return 0
         if rel == "checkpoints/best.json":
             return 1
-        if _SIDECAR.search(rel) or ("/" not in rel and rel.startswith("manifest") and rel.endswith(".json")):
-            return 2
-        if rel == "group.json":  # a file group's record, written last by the encode: gone first
+        manifest = "/" not in rel and rel.startswith("manifest") and rel.endswith(".json")
+        if _SIDECAR.search(rel) or manifest or rel == "group.json":  # group.json: written last by the encode
             return 2
         return 3
 

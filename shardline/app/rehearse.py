@@ -119,9 +119,7 @@ def rehearse(
     from shardline.flows.pipeline import pipeline
     from shardline.tasks.ingest import list_source
 
-    preempt_at = preempt_at or max(2, steps // 2)
-    if preempt_at >= steps:
-        raise ValueError(f"--preempt-at {preempt_at} must be below --steps {steps}, so that training resumes after it")
+    preempt_at = preempt_at or max(2, steps // 2)  # `shardline rehearse` checked a given one is below steps
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     root = layout.rehearsal(config.storage.root, stamp)
     remote = config.compute.train_on == "deployment"
