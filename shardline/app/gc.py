@@ -161,8 +161,6 @@ def plan_gc(
     log: Callable[[str], None] = lambda m: None,
 ) -> Plan:
     """What gc would delete and keep, with the reason for each; deletes nothing."""
-    if keep < 0:
-        raise ValueError(f"--keep {keep}: must be 0 or more (the newest runs kept whatever refers to them)")
     root = config.storage.root.rstrip("/")
     now = time.time() if now is None else now
     notes: list[str] = []
