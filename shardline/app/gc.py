@@ -210,24 +210,20 @@ def plan_gc(
         if parent and parent[0] == RUNS:
             kept_runs.setdefault(parent[1], f"{what} was fine-tuned from it")
     cutoff = now - recent_minutes * 60
+
+    def recent(item: Item) -> str | None:
+        return f"in use: modified {_age(now - item.newest)} ago" if item.newest >= cutoff else None
+
     newest_first = sorted(runs, key=lambda n: runs[n].item.newest, reverse=True)
     for i, name in enumerate(newest_first):
-        item = runs[name].item
-        if (RUNS, name) in in_use:
-            kept_runs.setdefault(name, in_use[(RUNS, name)])
-        elif item.newest >= cutoff:
-            kept_runs.setdefault(name, f"in use: modified {_age(now - item.newest)} ago")
-        elif i < keep:
-            kept_runs.setdefault(name, f"one of the {keep} newest runs")
-        elif keep_all:
-            kept_runs.setdefault(name, keep_all)
+        newest = f"one of the {keep} newest runs" if i < keep else keep_all
+        why = in_use.get((RUNS, name)) or recent(runs[name].item) or newest
+        if why:
+            kept_runs.setdefault(name, why)
     for name, ds in datasets.items():
-        if (DATASETS, name) in in_use:
-            kept_data.setdefault(name, in_use[(DATASETS, name)])
-        elif ds.item.newest >= cutoff:
-            kept_data.setdefault(name, f"in use: modified {_age(now - ds.item.newest)} ago")
-        elif keep_all:
-            kept_data.setdefault(name, keep_all)
+        why = in_use.get((DATASETS, name)) or recent(ds.item) or keep_all
+        if why:
+            kept_data.setdefault(name, why)
     todo = list(kept_runs)
     while todo:  # what kept runs read: their data sets and the runs they were fine-tuned from
         name = todo.pop()
@@ -264,17 +260,12 @@ def plan_gc(
         for key in datasets[name].groups:
             kept_groups.setdefault(key, f"kept data set {name} lists its shards")
     for key, item in groups.items():
-        if key in kept_groups:
-            item.why = kept_groups[key]
-        elif item.newest >= cutoff:
-            item.why = f"in use: modified {_age(now - item.newest)} ago"
-        elif keep_all:
-            item.why = keep_all
+        item.why = kept_groups.get(key) or recent(item) or keep_all or ""
+        if item.why:
+            keep_items.append(item)
         else:
             item.why = f"no kept data set lists its shards; last modified {_age(now - item.newest)} ago"
             delete_items.append(item)
-            continue
-        keep_items.append(item)
 
     doomed = {i.uri: i for i in delete_items}
     unreadable, stale = [], []
