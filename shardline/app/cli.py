@@ -469,6 +469,15 @@ def _placeholder(dtype) -> object:
     return np.zeros(1, dtype=dtype.to_numpy())[0] if hasattr(dtype, "to_numpy") else 0
 
 
+MARK_COLORS = {"PASS": typer.colors.GREEN, "FAIL": typer.colors.RED, "SKIP": typer.colors.YELLOW}
+
+
+def _show_check(check, width: int) -> None:
+    """One row of `rehearse`'s or `doctor`'s table: PASS, FAIL (bold) or SKIP, the name, the detail."""
+    mark = typer.style(check.mark, fg=MARK_COLORS[check.mark], bold=check.ok is False)
+    typer.echo(f"{mark}  {check.name.ljust(width)}  {check.detail}")
+
+
 @app.command()
 def rehearse(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
@@ -495,16 +504,13 @@ def rehearse(
         f"{config.compute.train_deployment if config.compute.train_on == 'deployment' else 'this machine'} ..."
     )
     rows = run_rehearsal(config, files=files, steps=steps, preempt_at=preempt_at, log=lambda m: typer.echo(m, err=True))
-    width = max(len(r.stage) for r in rows)
+    width = max(len(r.name) for r in rows)
     typer.echo("")
     for r in rows:
-        mark = (
-            typer.style("PASS", fg=typer.colors.GREEN) if r.ok else typer.style("FAIL", fg=typer.colors.RED, bold=True)
-        )
-        typer.echo(f"{mark}  {r.stage.ljust(width)}  {r.detail}")
+        _show_check(r, width)
     failed = [r for r in rows if not r.ok]
     if failed:
-        typer.secho(f"\nrehearsal failed at: {failed[0].stage}", fg=typer.colors.RED, bold=True)
+        typer.secho(f"\nrehearsal failed at: {failed[0].name}", fg=typer.colors.RED, bold=True)
         raise typer.Exit(1)
     typer.secho("\nrehearsal passed: the full run can go", fg=typer.colors.GREEN, bold=True)
 
@@ -597,14 +603,7 @@ def doctor_command(
     from shardline.app.doctor import doctor as run_doctor
 
     config = _load(config_path, list(set_))
-    colors = {"PASS": typer.colors.GREEN, "FAIL": typer.colors.RED, "SKIP": typer.colors.YELLOW}
-
-    def show(check) -> None:
-        typer.echo(
-            f"{typer.style(check.mark, fg=colors[check.mark], bold=check.ok is False)}  {check.name.ljust(19)}  "
-            f"{check.detail}"
-        )
-
+    show = lambda check: _show_check(check, 19)
     rows = run_doctor(config, timeout=timeout, probe_timeout=probe_timeout, source=str(config_path), on_check=show)
     failed = [r.name for r in rows if r.ok is False]
     if failed:
