@@ -257,15 +257,12 @@ def _mlflow_checks(config: PipelineConfig, timeout: float) -> list[Check]:
             Check("mlflow tracking", False, str(e)),
             Check("mlflow registry", None, "needs a tracking URI (see above)"),
         ]
-    source = (
-        "mlflow.tracking_uri"
-        if cfg.tracking_uri
-        else (
-            "$MLFLOW_TRACKING_URI"
-            if os.environ.get("MLFLOW_TRACKING_URI")
-            else "the default: SQLite under storage.root"
-        )
-    )
+    if cfg.tracking_uri:
+        source = "mlflow.tracking_uri"
+    elif os.environ.get("MLFLOW_TRACKING_URI"):
+        source = "$MLFLOW_TRACKING_URI"
+    else:
+        source = "the default: SQLite under storage.root"
     _configure_http_failfast()  # as the pipeline does: a dead server fails in seconds, not minutes
     from mlflow import MlflowClient
 
