@@ -338,9 +338,7 @@ def _is_ours(item: Item) -> bool:
 
 
 def deletion_order(item: Item) -> list[str]:
-    """The files of a data set or run, pointers first: a run's result.json, best.json and checkpoint
-    sidecars (without them no checkpoint exists), a data set's manifests (without one the shards are no
-    data set); then the rest."""
+    """The files of a data set, run or file group, pointers first (why: the module's docstring)."""
 
     def rank(uri: str) -> int:
         rel = uri[len(item.uri) + 1 :]

@@ -27,7 +27,7 @@ class GcError(RuntimeError):
 class Item:
     """A data set or run folder, or one cached result file, with every file in it."""
 
-    kind: str  # "data set", "run" or "cached result"
+    kind: str  # "data set", "file group", "run" or "cached result"
     uri: str
     files: list[tuple[str, int, float | None]]  # (uri, bytes, modification time) of each file
     newest: float  # the newest file's modification time (epoch seconds)
