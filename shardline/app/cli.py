@@ -140,9 +140,8 @@ def demo(
     marker = raw / f".generated-{games}x{frames}-seed{seed}"
     if not marker.exists():
         typer.echo(f"generating {games} demo games x {frames} frames into {raw} ...")
-        if raw.exists():
-            for old in raw.glob("*.parquet"):
-                old.unlink()
+        for old in raw.glob("*.parquet"):
+            old.unlink()
         generate_demo(raw, n_games=games, frames=frames, seed=seed)
         for old in raw.glob(".generated-*"):
             old.unlink()
@@ -188,12 +187,8 @@ def node(
 
     install_log_redaction()
     try:
-        where = endpoint or launcher_endpoint()
-    except ValueError as e:
-        _fail(str(e), 2)
-    try:
-        said = run_node(job, where, shutdown_seconds(), log=typer.echo)
-    except ValueError as e:
+        said = run_node(job, endpoint or launcher_endpoint(), shutdown_seconds(), log=typer.echo)
+    except ValueError as e:  # no rendezvous address, or a job of one machine
         _fail(str(e), 2)
     except Exception as e:  # noqa: BLE001 - torch's account of it, and a failed exit for the launcher
         _fail(f"{type(e).__name__}: {e}", 1)
@@ -474,6 +469,15 @@ def _placeholder(dtype) -> object:
     return np.zeros(1, dtype=dtype.to_numpy())[0] if hasattr(dtype, "to_numpy") else 0
 
 
+MARK_COLORS = {"PASS": typer.colors.GREEN, "FAIL": typer.colors.RED, "SKIP": typer.colors.YELLOW}
+
+
+def _show_check(check, width: int) -> None:
+    """One row of `rehearse`'s or `doctor`'s table: PASS, FAIL (bold) or SKIP, the name, the detail."""
+    mark = typer.style(check.mark, fg=MARK_COLORS[check.mark], bold=check.ok is False)
+    typer.echo(f"{mark}  {check.name.ljust(width)}  {check.detail}")
+
+
 @app.command()
 def rehearse(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
@@ -500,16 +504,13 @@ def rehearse(
         f"{config.compute.train_deployment if config.compute.train_on == 'deployment' else 'this machine'} ..."
     )
     rows = run_rehearsal(config, files=files, steps=steps, preempt_at=preempt_at, log=lambda m: typer.echo(m, err=True))
-    width = max(len(r.stage) for r in rows)
+    width = max(len(r.name) for r in rows)
     typer.echo("")
     for r in rows:
-        mark = (
-            typer.style("PASS", fg=typer.colors.GREEN) if r.ok else typer.style("FAIL", fg=typer.colors.RED, bold=True)
-        )
-        typer.echo(f"{mark}  {r.stage.ljust(width)}  {r.detail}")
+        _show_check(r, width)
     failed = [r for r in rows if not r.ok]
     if failed:
-        typer.secho(f"\nrehearsal failed at: {failed[0].stage}", fg=typer.colors.RED, bold=True)
+        typer.secho(f"\nrehearsal failed at: {failed[0].name}", fg=typer.colors.RED, bold=True)
         raise typer.Exit(1)
     typer.secho("\nrehearsal passed: the full run can go", fg=typer.colors.GREEN, bold=True)
 
@@ -602,14 +603,7 @@ def doctor_command(
     from shardline.app.doctor import doctor as run_doctor
 
     config = _load(config_path, list(set_))
-    colors = {"PASS": typer.colors.GREEN, "FAIL": typer.colors.RED, "SKIP": typer.colors.YELLOW}
-
-    def show(check) -> None:
-        typer.echo(
-            f"{typer.style(check.mark, fg=colors[check.mark], bold=check.ok is False)}  {check.name.ljust(19)}  "
-            f"{check.detail}"
-        )
-
+    show = lambda check: _show_check(check, 19)
     rows = run_doctor(config, timeout=timeout, probe_timeout=probe_timeout, source=str(config_path), on_check=show)
     failed = [r.name for r in rows if r.ok is False]
     if failed:

@@ -35,7 +35,6 @@ class CostError(RuntimeError):
 class Rate:
     windows_per_s: float  # training windows a second
     val_seconds: float  # one validation pass over the validation split
-    gpu: str
     source: str  # how it was measured, in words
     warmup_s: float = 0.0  # once a run: loading the splits, the first batches (what a probe's first epoch adds)
     gpus: int = 1  # the GPUs that trained at this rate (a run's, from its ledger: every machine's; a probe's: one)
@@ -58,7 +57,6 @@ class Plan:
     scaled: int  # >1: a probe of one process, its time divided among this many (compute.nodes x processes_per_node)
     spot: bool
     provider: str | None  # compute.provider: the one the run is costed at (None: the cheapest)
-    as_of: str
     sources: list[str]
     rows: list[dict] = field(default_factory=list)
     spent: dict | None = None  # what this config's run has cost so far (its ledger), when it has trained
@@ -102,7 +100,6 @@ def run_rate(folder: str, gpu: str, epoch_windows: int) -> tuple[Rate | None, st
     return Rate(
         wps,
         max(0.0, sum(val) / len(val)),
-        gpu,
         f"measured by this config's run on {on} (epoch(s) {', '.join(str(h['epoch'] + 1) for h in warm)} "
         f"of its {len(attempts)} attempt(s), {folder})",
         gpus=gpus,
@@ -121,7 +118,7 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
     from shardline.trainer.step import planned_steps
     from shardline.trainer.stops import setting_hooks
 
-    gpu, how = detect_gpu()
+    _, how = detect_gpu()
     trains_on, validates_on = training_splits(config.data.split, config.training.fold)
     train = open_split(manifest, manifest_uri, trains_on)
     val = open_split(manifest, manifest_uri, validates_on)
@@ -159,7 +156,6 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
     return Rate(
         second["windows_per_s"],
         second["val_seconds"],
-        gpu,
         f"a probe of the training step on this machine ({how}; {result.device}/{result.precision}): its second "
         f"epoch of {cfg.max_steps_per_epoch} step(s) and validation",
         warmup_s=max(0.0, first["seconds"] - second["seconds"]),
@@ -223,7 +219,6 @@ def plan_cost(
         scaled=scaled,
         spot=spot,
         provider=config.compute.provider,
-        as_of=table.as_of,
         sources=table.sources,
         rows=estimate(hours, gpu, table, spot=spot, gpus=gpus),
         spent=summarize(read_ledger(folder)["attempts"]),

@@ -199,18 +199,12 @@ for _a, _d in {
     CAPTURE_PULLED_HI: 8,
     CAPTURE_DAMAGE_HI: 10,
     CAPTURE_CUT: 30,
-    THROWN_F: 40,
-    THROWN_B: 40,
-    THROWN_HI: 40,
-    THROWN_LW: 40,
+    **dict.fromkeys((THROWN_F, THROWN_B, THROWN_HI, THROWN_LW), 40),
     ESCAPE_F: 31,
     ESCAPE_B: 31,
     ESCAPE: 27,
     ESCAPE_AIR: 30,
-    DEAD_DOWN: 60,
-    DEAD_LEFT: 60,
-    DEAD_RIGHT: 60,
-    DEAD_UP: 60,
+    **dict.fromkeys((DEAD_DOWN, DEAD_LEFT, DEAD_RIGHT, DEAD_UP), 60),
     REBIRTH: 40,
 }.items():
     DUR[_a] = _d
@@ -219,12 +213,8 @@ for _a, _span in {
     ESCAPE_B: (4, 19),
     ESCAPE: (2, 17),
     ESCAPE_AIR: (4, 29),
-    PASSIVE: (0, 19),
-    PASSIVE_STAND_F: (0, 19),
-    PASSIVE_STAND_B: (0, 19),
+    **dict.fromkeys((PASSIVE, PASSIVE_STAND_F, PASSIVE_STAND_B, DOWN_FOWARD_U, DOWN_BACK_U), (0, 19)),
     DOWN_STAND_U: (0, 22),
-    DOWN_FOWARD_U: (0, 19),
-    DOWN_BACK_U: (0, 19),
     DOWN_ATTACK_U: (0, 20),
 }.items():
     INTANGIBLE[_a] = _span
@@ -318,18 +308,13 @@ FOLLOW = {
     SHIELD_BREAK_DOWN_U: SHIELD_BREAK_STAND_U,
     SHIELD_BREAK_STAND_U: FURA_FURA,
     FURA_FURA: WAIT,
-    CATCH_PULL: CATCH_WAIT,
-    CATCH_DASH_PULL: CATCH_WAIT,
-    CATCH_ATTACK: CATCH_WAIT,
+    **dict.fromkeys((CATCH_PULL, CATCH_DASH_PULL, CATCH_ATTACK), CATCH_WAIT),
     CATCH_CUT: WAIT,
     CAPTURE_PULLED_HI: CAPTURE_WAIT_HI,
     CAPTURE_DAMAGE_HI: CAPTURE_WAIT_HI,
     CAPTURE_CUT: WAIT,
     ESCAPE_AIR: FALL_SPECIAL,
-    DEAD_DOWN: REBIRTH,
-    DEAD_LEFT: REBIRTH,
-    DEAD_RIGHT: REBIRTH,
-    DEAD_UP: REBIRTH,
+    **dict.fromkeys((DEAD_DOWN, DEAD_LEFT, DEAD_RIGHT, DEAD_UP), REBIRTH),
     REBIRTH: REBIRTH_WAIT,
 }
 
@@ -412,72 +397,7 @@ KILL_KB = 140.0  # knockback from which a hit takes a stock
 
 
 class _Player:
-    __slots__ = (
-        "act",
-        "age",
-        "dur",
-        "x",
-        "y",
-        "vax",
-        "vy",
-        "vgx",
-        "kbx",
-        "kby",
-        "percent",
-        "stocks",
-        "shield",
-        "hitlag",
-        "combo",
-        "facing",
-        "ground",
-        "jumps",
-        "jumps_max",
-        "inv",
-        "l_cancel",
-        "last_atk",
-        "hit_done",
-        "lc",
-        "special_kind",
-        "char",
-        "walk",
-        "run",
-        "air",
-        "grav",
-        "fall",
-        "jump",
-        "squat",
-        "weight",
-        "land",
-        "specials",
-        "sx",
-        "sy",
-        "tsx",
-        "tsy",
-        "cx",
-        "cy",
-        "ctime",
-        "trig",
-        "held",
-        "prev",
-        "edge",
-        "until",
-        "r_stick",
-        "r_cat",
-        "r_mag",
-        "r_jit",
-        "r_c",
-        "r_cdir",
-        "r_press",
-        "r_btn",
-        "r_btn_near",
-        "r_hold",
-        "r_trig",
-        "r_noise",
-        "r_noise_act",
-        "next",
-        "hit_by",
-        "rows",
-    )
+    """One player's state, controller inputs and pre-drawn random numbers (set up by `_new_player`)."""
 
 
 def _new_player(rng: np.random.Generator, char: int, x: float, facing: int, frames: int) -> _Player:
@@ -741,9 +661,8 @@ def _decide(p: _Player, o: _Player, hit: bool) -> int:
         if age >= p.dur - 1:
             return DAMAGE_FALL
         return -1
-    if a in _HOLDING and o.act not in _CAPTIVE and o.act not in _THROWN and age >= 1:
-        if a == CATCH_WAIT or a in (CATCH_PULL, CATCH_DASH_PULL, CATCH_ATTACK):
-            return CATCH_CUT
+    if a in _HOLDING and a not in _THROWS and o.act not in _CAPTIVE and o.act not in _THROWN and age >= 1:
+        return CATCH_CUT  # the opponent is no longer held
     # landing (lands at the next frame: y + speed_y + speed_attack_y <= 0)
     if not p.ground and p.hitlag == 0 and p.y + p.vy + p.kby <= 0.0 and a not in _DEAD:
         if a in _AERIALS:
@@ -774,7 +693,7 @@ def _decide(p: _Player, o: _Player, hit: bool) -> int:
                 return GUARD if p.held & _SHIELD else GUARD_OFF
         if a in _DAMAGE:
             return WAIT if p.ground else DAMAGE_FALL
-        if a in (THROW_F, THROW_B, THROW_HI, THROW_LW):
+        if a in _THROWS:
             return WAIT
         if a >= SPECIAL_BASE and p.special_kind in (2, 6) and not p.ground:
             return FALL_SPECIAL
@@ -803,13 +722,7 @@ def _enter(p: _Player, o: _Player, new: int) -> None:
     prev = p.act
     p.act, p.age, p.hit_done = new, 0, False
     p.dur = DUR[new]
-    if prev in _AERIALS or prev in (
-        LANDING_AIR_N,
-        LANDING_AIR_N + 1,
-        LANDING_AIR_N + 2,
-        LANDING_AIR_N + 3,
-        LANDING_AIR_N + 4,
-    ):
+    if prev in _AERIALS or LANDING_AIR_N <= prev <= LANDING_AIR_N + 4:
         if not (LANDING_AIR_N <= new <= LANDING_AIR_N + 4):
             p.l_cancel = 0
     if new == DASH or new == TURN or new == TURN_RUN:
@@ -1111,33 +1024,22 @@ def _to_table(p1: _Player, p2: _Player, index: int, stage_i: int, season: int, f
         "stage": pa.array([_STAGE_NAMES[stage_i]] * frames, pa.string()),
         "season": pa.array(np.full(frames, season, dtype=np.int16)),
     }
-    n_cont, n_bool, n_cat = len(_CONT_FIELDS), len(_BOOL_FIELDS), len(_CAT_FIELDS)
     for name, p in zip(PLAYERS, (p1, p2)):
         m = np.array(p.rows, dtype=np.float64)
-        j = 0
+        fields = iter(m.T)  # the columns of _record's rows, in order
         for f in _CONT_FIELDS:
-            cols[f"{name}_{f}"] = pa.array(m[:, j].astype(np.float32))
-            j += 1
+            cols[f"{name}_{f}"] = pa.array(next(fields).astype(np.float32))
         for f in _BOOL_FIELDS:
-            cols[f"{name}_{f}"] = pa.array(m[:, j] != 0)
-            j += 1
-        cat = {}
-        for f in _CAT_FIELDS:
-            if f == "ground":
-                continue
-            cat[f] = m[:, j]
-            j += 1
-        # ground: 0 in the air, else which stretch of the stage the player stands on
-        on_ground = m[:, n_cont + 2] != 0
+            cols[f"{name}_{f}"] = pa.array(next(fields) != 0)
+        # ground (not recorded): 0 in the air, else which stretch of the stage the player stands on
+        on_ground = m[:, len(_CONT_FIELDS) + 2] != 0
         stretch = np.clip(((m[:, 0] + edge) / (2 * edge) * 5).astype(np.int64), 0, 4)
-        cat["ground"] = np.where(on_ground, 1 + (stage_i * 5 + stretch) % 31, 0)
+        ground = np.where(on_ground, 1 + (stage_i * 5 + stretch) % 31, 0)
         for f, (_, typ) in _CAT_FIELDS.items():
-            cols[f"{name}_{f}"] = pa.array(cat[f].astype(typ.to_pandas_dtype()))
-        j = n_cont + n_bool + n_cat - 1
+            cols[f"{name}_{f}"] = pa.array((ground if f == "ground" else next(fields)).astype(typ.to_pandas_dtype()))
         for f in _ANALOG:
-            cols[f"{name}_{f}"] = pa.array(np.round(m[:, j], 4).astype(np.float32))
-            j += 1
-        held = m[:, j].astype(np.int64)
+            cols[f"{name}_{f}"] = pa.array(np.round(next(fields), 4).astype(np.float32))
+        held = next(fields).astype(np.int64)
         for b, f in enumerate(_BUTTONS):
             cols[f"{name}_btn_{f}"] = pa.array((held >> b) & 1 != 0)
     return pa.table(cols)

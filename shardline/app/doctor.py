@@ -1,13 +1,9 @@
 """`shardline doctor CONFIG`: check every dependency of a run before it starts, and say what is wrong.
 
-One `Check` per dependency, in the order a run meets them: the config, the Prefect API, the training
-and pipeline deployments and their work pools (a live worker on each), the raw data, the storage root
-(a real write, read back and delete), MLflow (tracking and the model registry), torch on this machine,
-and, when training is dispatched to a deployment, a tiny flow run on the training pool that reports
-the GPU its worker sees (`flows/probe.py`). A check is `ok=True` (PASS), `False` (FAIL: the detail
-says what to do) or `None` (SKIP: the detail says why). Every network check is bounded by `timeout`,
-and no detail ever holds a secret: values of credential-like environment variables and passwords in
-URLs are masked.
+One `Check` per dependency, in the order a run meets them (`doctor_checks.py`, `doctor_prefect.py`). A check
+is `ok=True` (PASS), `False` (FAIL: the detail says what to do) or `None` (SKIP: the detail says why). Every
+network check is bounded by `timeout`, and no detail ever holds a secret: values of credential-like
+environment variables and passwords in URLs are masked.
 """
 
 from __future__ import annotations
@@ -15,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shardline.app.doctor_checks import Check, _data_check, _local_torch, _mlflow_checks, _short, _storage_check, redact
+from shardline.app.doctor_checks import Check, _data_check, _local_torch, _mlflow_checks, _short, _storage_check
 from shardline.core.config import PipelineConfig
+from shardline.core.secrets import redact_text
 
 # ---------------------------------------------------------------- all of it
 
@@ -35,7 +32,7 @@ def doctor(
 
     def add(*checks: Check) -> None:
         for chk in checks:
-            chk.detail = redact(chk.detail)
+            chk.detail = redact_text(chk.detail)  # by names and URL userinfo: a bucket or path stays readable
             done.append(chk)
             if on_check is not None:
                 on_check(chk)

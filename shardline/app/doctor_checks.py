@@ -14,7 +14,6 @@ from typing import Any
 
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig
-from shardline.core.secrets import redact_text
 
 PROBE_DEPLOYMENT = "probe/probe"
 PIPELINE_DEPLOYMENT = "pipeline/pipeline"
@@ -30,15 +29,6 @@ class Check:
     @property
     def mark(self) -> str:
         return {True: "PASS", False: "FAIL", None: "SKIP"}[self.ok]
-
-
-# ---------------------------------------------------------------- no secret in any message
-
-
-def redact(text: str) -> str:
-    """`text` without secrets: by their names and URL userinfo (`shardline/core/secrets.py`), never by
-    whatever other text happens to equal a credential's value (a bucket or a path stays readable)."""
-    return redact_text(text)
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
@@ -133,12 +123,12 @@ def _local_torch(config: PipelineConfig) -> Check:
 
 
 def _endpoint() -> str:
-    ep = (
+    return (
         os.environ.get("AWS_ENDPOINT_URL_S3")
         or os.environ.get("AWS_ENDPOINT_URL")
         or os.environ.get("FSSPEC_S3_ENDPOINT_URL")
+        or "AWS's default S3 endpoint"
     )
-    return ep or "AWS's default S3 endpoint"
 
 
 def _storage_hint(e: BaseException, uri: str) -> str:
@@ -267,15 +257,12 @@ def _mlflow_checks(config: PipelineConfig, timeout: float) -> list[Check]:
             Check("mlflow tracking", False, str(e)),
             Check("mlflow registry", None, "needs a tracking URI (see above)"),
         ]
-    source = (
-        "mlflow.tracking_uri"
-        if cfg.tracking_uri
-        else (
-            "$MLFLOW_TRACKING_URI"
-            if os.environ.get("MLFLOW_TRACKING_URI")
-            else "the default: SQLite under storage.root"
-        )
-    )
+    if cfg.tracking_uri:
+        source = "mlflow.tracking_uri"
+    elif os.environ.get("MLFLOW_TRACKING_URI"):
+        source = "$MLFLOW_TRACKING_URI"
+    else:
+        source = "the default: SQLite under storage.root"
     _configure_http_failfast()  # as the pipeline does: a dead server fails in seconds, not minutes
     from mlflow import MlflowClient
 

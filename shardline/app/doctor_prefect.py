@@ -22,13 +22,6 @@ from shardline.core.config import PipelineConfig
 # ---------------------------------------------------------------- Prefect: API, deployments, pools, workers
 
 
-def _prefect_label() -> tuple[str | None, str]:
-    from prefect.settings import PREFECT_API_URL
-
-    api = PREFECT_API_URL.value()
-    return api, (api if api else "ephemeral (no server: a temporary local API for each run)")
-
-
 def _worker_window(worker) -> float:
     return 3 * float(worker.heartbeat_interval_seconds or 30)
 
@@ -157,9 +150,10 @@ def _merged_job_variables(base: dict | None, override: dict | None) -> dict:
 def prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., None]):
     """Add the API, deployment and pool rows; return the training deployment to probe, or the probe's SKIP row."""
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    api, label = _prefect_label()
+    api = PREFECT_API_URL.value()
+    label = api or "ephemeral (no server: a temporary local API for each run)"
     remote = config.compute.train_on == "deployment"
     train_name = config.compute.train_deployment
     skip_local = "compute.train_on=local: training runs in the pipeline's own process"

@@ -90,18 +90,25 @@ def _mtime(info: dict) -> float | None:
     return float(t) if t is not None else None
 
 
-def _folders(area_uri: str, kind: str, now: float) -> list[Item]:
-    """Every folder directly under `area_uri` with its files (one recursive listing)."""
+def _listing(area_uri: str) -> list[dict]:
+    """What lies directly under `area_uri` (none when it does not exist)."""
     fs, base = storage.filesystem(area_uri)
     try:
-        entries = fs.ls(base, detail=True)
+        return fs.ls(base, detail=True)
     except FileNotFoundError:
         return []
+
+
+def _folders(area_uri: str, kind: str, now: float) -> list[Item]:
+    """Every folder directly under `area_uri` with its files (one recursive listing)."""
     items: dict[str, Item] = {}
-    for e in entries:
+    for e in _listing(area_uri):
         if e.get("type") == "directory":
             name = e["name"].rstrip("/").rsplit("/", 1)[-1]
             items[name] = Item(kind, storage.join(area_uri, name), [], _mtime(e) or now)
+    if not items:
+        return []
+    fs, base = storage.filesystem(area_uri)
     for path, info in fs.find(base, detail=True, withdirs=False).items():
         rel = path[len(base.rstrip("/")) :].strip("/")
         top, _, rest = rel.partition("/")
@@ -117,13 +124,8 @@ def _folders(area_uri: str, kind: str, now: float) -> list[Item]:
 
 
 def _records(area_uri: str, now: float) -> list[Item]:
-    fs, base = storage.filesystem(area_uri)
-    try:
-        entries = fs.ls(base, detail=True)
-    except FileNotFoundError:
-        return []
     out = []
-    for e in entries:
+    for e in _listing(area_uri):
         name = e["name"].rstrip("/").rsplit("/", 1)[-1]
         if e.get("type") != "file" or name.startswith(storage.TMP_MARK):  # a write in progress
             continue
@@ -159,8 +161,6 @@ def plan_gc(
     log: Callable[[str], None] = lambda m: None,
 ) -> Plan:
     """What gc would delete and keep, with the reason for each; deletes nothing."""
-    if keep < 0:
-        raise ValueError(f"--keep {keep}: must be 0 or more (the newest runs kept whatever refers to them)")
     root = config.storage.root.rstrip("/")
     now = time.time() if now is None else now
     notes: list[str] = []
@@ -210,24 +210,20 @@ def plan_gc(
         if parent and parent[0] == RUNS:
             kept_runs.setdefault(parent[1], f"{what} was fine-tuned from it")
     cutoff = now - recent_minutes * 60
+
+    def recent(item: Item) -> str | None:
+        return f"in use: modified {_age(now - item.newest)} ago" if item.newest >= cutoff else None
+
     newest_first = sorted(runs, key=lambda n: runs[n].item.newest, reverse=True)
     for i, name in enumerate(newest_first):
-        item = runs[name].item
-        if (RUNS, name) in in_use:
-            kept_runs.setdefault(name, in_use[(RUNS, name)])
-        elif item.newest >= cutoff:
-            kept_runs.setdefault(name, f"in use: modified {_age(now - item.newest)} ago")
-        elif i < keep:
-            kept_runs.setdefault(name, f"one of the {keep} newest runs")
-        elif keep_all:
-            kept_runs.setdefault(name, keep_all)
+        newest = f"one of the {keep} newest runs" if i < keep else keep_all
+        why = in_use.get((RUNS, name)) or recent(runs[name].item) or newest
+        if why:
+            kept_runs.setdefault(name, why)
     for name, ds in datasets.items():
-        if (DATASETS, name) in in_use:
-            kept_data.setdefault(name, in_use[(DATASETS, name)])
-        elif ds.item.newest >= cutoff:
-            kept_data.setdefault(name, f"in use: modified {_age(now - ds.item.newest)} ago")
-        elif keep_all:
-            kept_data.setdefault(name, keep_all)
+        why = in_use.get((DATASETS, name)) or recent(ds.item) or keep_all
+        if why:
+            kept_data.setdefault(name, why)
     todo = list(kept_runs)
     while todo:  # what kept runs read: their data sets and the runs they were fine-tuned from
         name = todo.pop()
@@ -245,26 +241,18 @@ def plan_gc(
                 todo.append(where[1])
 
     keep_items, delete_items = list(foreign), []
-    for name, run in runs.items():
-        if name in kept_runs:
-            run.item.why = kept_runs[name]
-            keep_items.append(run.item)
-        else:
-            run.item.why = (
-                f"no registered version's run; not one of the {keep} newest runs (--keep); last modified "
-                f"{_age(now - run.item.newest)} ago; no live flow run uses it"
-            )
-            delete_items.append(run.item)
-    for name, ds in datasets.items():
-        if name in kept_data:
-            ds.item.why = kept_data[name]
-            keep_items.append(ds.item)
-        else:
-            ds.item.why = (
-                "no kept run trained on it and no registered version's data is it; last modified "
-                f"{_age(now - ds.item.newest)} ago; no live flow run uses it"
-            )
-            delete_items.append(ds.item)
+    for folders, kept, unkept in (
+        (runs, kept_runs, f"no registered version's run; not one of the {keep} newest runs (--keep)"),
+        (datasets, kept_data, "no kept run trained on it and no registered version's data is it"),
+    ):
+        for name, folder in folders.items():
+            if name in kept:
+                folder.item.why = kept[name]
+                keep_items.append(folder.item)
+            else:
+                age = _age(now - folder.item.newest)
+                folder.item.why = f"{unkept}; last modified {age} ago; no live flow run uses it"
+                delete_items.append(folder.item)
 
     # the group store: a file group's shards stay while any kept data set's manifest lists them
     kept_groups: dict[str, str] = {}
@@ -272,17 +260,12 @@ def plan_gc(
         for key in datasets[name].groups:
             kept_groups.setdefault(key, f"kept data set {name} lists its shards")
     for key, item in groups.items():
-        if key in kept_groups:
-            item.why = kept_groups[key]
-        elif item.newest >= cutoff:
-            item.why = f"in use: modified {_age(now - item.newest)} ago"
-        elif keep_all:
-            item.why = keep_all
+        item.why = kept_groups.get(key) or recent(item) or keep_all or ""
+        if item.why:
+            keep_items.append(item)
         else:
             item.why = f"no kept data set lists its shards; last modified {_age(now - item.newest)} ago"
             delete_items.append(item)
-            continue
-        keep_items.append(item)
 
     doomed = {i.uri: i for i in delete_items}
     unreadable, stale = [], []
@@ -355,9 +338,7 @@ def _is_ours(item: Item) -> bool:
 
 
 def deletion_order(item: Item) -> list[str]:
-    """The files of a data set or run, pointers first: a run's result.json, best.json and checkpoint
-    sidecars (without them no checkpoint exists), a data set's manifests (without one the shards are no
-    data set); then the rest."""
+    """The files of a data set, run or file group, pointers first (why: the module's docstring)."""
 
     def rank(uri: str) -> int:
         rel = uri[len(item.uri) + 1 :]
@@ -365,9 +346,8 @@ def deletion_order(item: Item) -> list[str]:
             return 0
         if rel == "checkpoints/best.json":
             return 1
-        if _SIDECAR.search(rel) or ("/" not in rel and rel.startswith("manifest") and rel.endswith(".json")):
-            return 2
-        if rel == "group.json":  # a file group's record, written last by the encode: gone first
+        manifest = "/" not in rel and rel.startswith("manifest") and rel.endswith(".json")
+        if _SIDECAR.search(rel) or manifest or rel == "group.json":  # group.json: written last by the encode
             return 2
         return 3
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ class GcError(RuntimeError):
 class Item:
     """A data set or run folder, or one cached result file, with every file in it."""
 
-    kind: str  # "data set", "run" or "cached result"
+    kind: str  # "data set", "file group", "run" or "cached result"
     uri: str
     files: list[tuple[str, int, float | None]]  # (uri, bytes, modification time) of each file
     newest: float  # the newest file's modification time (epoch seconds)
@@ -198,6 +198,17 @@ def _holds(ds: DataSet, shards: list[dict]) -> bool:
 # ---------------------------------------------------------------- the registry and the live flow runs
 
 
+def _every_page(search: Callable[..., Any], page_size: int) -> Iterator[Any]:
+    """Every result of an MLflow `search_*` call, page after page."""
+    token = None
+    while True:
+        page = search(max_results=page_size, page_token=token)
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
 def registered_versions(config: PipelineConfig) -> list[dict]:
     """Every version of every registered model in the config's MLflow store: its run id, tags and aliases."""
     from mlflow import MlflowClient
@@ -208,31 +219,19 @@ def registered_versions(config: PipelineConfig) -> list[dict]:
     try:
         client = MlflowClient(uri)
         aliases: dict[tuple[str, str], list[str]] = {}
-        token = None
-        while True:
-            page = client.search_registered_models(max_results=1000, page_token=token)
-            for m in page:
-                for alias, version in (m.aliases or {}).items():
-                    aliases.setdefault((m.name, str(version)), []).append(alias)
-            token = page.token
-            if not token:
-                break
-        versions, token = [], None
-        while True:
-            page = client.search_model_versions(max_results=10000, page_token=token)
-            for v in page:
-                versions.append(
-                    {
-                        "name": v.name,
-                        "version": str(v.version),
-                        "run_id": v.run_id,
-                        "tags": dict(v.tags or {}),
-                        "aliases": aliases.get((v.name, str(v.version)), []),
-                    }
-                )
-            token = page.token
-            if not token:
-                break
+        for m in _every_page(client.search_registered_models, 1000):
+            for alias, version in (m.aliases or {}).items():
+                aliases.setdefault((m.name, str(version)), []).append(alias)
+        versions = [
+            {
+                "name": v.name,
+                "version": str(v.version),
+                "run_id": v.run_id,
+                "tags": dict(v.tags or {}),
+                "aliases": aliases.get((v.name, str(v.version)), []),
+            }
+            for v in _every_page(client.search_model_versions, 10000)
+        ]
     except Exception as e:  # noqa: BLE001 - any registry error: what is registered is unknown
         raise GcError(
             f"cannot read the model registry at {uri} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
@@ -260,14 +259,12 @@ def live_flow_runs() -> list[dict]:
             problem = client.api_healthcheck()
             if problem is not None:
                 raise ConnectionError(f"{type(problem).__name__}: {problem}")
-            flows = {
-                f.id: f.name
-                for f in client.read_flows(flow_filter=FlowFilter(name=FlowFilterName(any_=list(PIPELINE_FLOWS))))
-            }
+            ours = FlowFilter(name=FlowFilterName(any_=list(PIPELINE_FLOWS)))
+            flows = {f.id: f.name for f in client.read_flows(flow_filter=ours)}
             live, offset = [], 0
             while True:
                 page = client.read_flow_runs(
-                    flow_filter=FlowFilter(name=FlowFilterName(any_=list(PIPELINE_FLOWS))),
+                    flow_filter=ours,
                     flow_run_filter=FlowRunFilter(
                         state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType[s] for s in LIVE_STATES]))
                     ),

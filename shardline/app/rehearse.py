@@ -15,21 +15,14 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import dataclass
 
 from prefect import flow
 
+from shardline.app.doctor_checks import Check
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig, validate_config
 
 PREEMPT_ENV = "SHARDLINE_PREEMPT_AT_STEP"  # read by shardline.trainer.stops.setting_hooks
-
-
-@dataclass
-class Row:
-    stage: str
-    ok: bool
-    detail: str
 
 
 def rehearsal_config(
@@ -114,18 +107,16 @@ def encode_sample(cfg: PipelineConfig) -> dict[str, int]:
 
 def rehearse(
     config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at: int | None = None, log=print
-) -> list[Row]:
+) -> list[Check]:
     """Run the rehearsal; return its rows (every stage after a failed one is reported as not reached)."""
     from shardline.flows.pipeline import pipeline
     from shardline.tasks.ingest import list_source
 
-    preempt_at = preempt_at or max(2, steps // 2)
-    if preempt_at >= steps:
-        raise ValueError(f"--preempt-at {preempt_at} must be below --steps {steps}, so that training resumes after it")
+    preempt_at = preempt_at or max(2, steps // 2)  # `shardline rehearse` checked a given one is below steps
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     root = layout.rehearsal(config.storage.root, stamp)
     remote = config.compute.train_on == "deployment"
-    rows: list[Row] = []
+    rows: list[Check] = []
 
     def stage(name: str, fn):
         try:
@@ -133,7 +124,7 @@ def rehearse(
         except Exception as e:  # noqa: BLE001 - reported as a failed row with its message
             ok, detail = False, f"{type(e).__name__}: {e}"
             log(traceback.format_exc())
-        rows.append(Row(name, ok, detail))
+        rows.append(Check(name, ok, detail))
         return ok
 
     copied: list[str] = []
@@ -148,7 +139,6 @@ def rehearse(
     job_env = deployment_env(config.compute.train_deployment) if remote else {}
     cfg = rehearsal_config(config, root, steps, preempt_at, job_env)
     available = len(list_source(config.data.source))
-    plan: dict = {}
 
     def _size():
         # the forced preemption must happen: the sample must give more steps than `preempt_at`. Encode it (the
@@ -172,7 +162,6 @@ def rehearse(
                 )
             steps, preempt_at, batch = most, max(1, most // 2) if preempt_at >= most else preempt_at, world
         cfg = rehearsal_config(config, root, steps, preempt_at, job_env, batch_size=batch)
-        plan.update(windows=windows, batch=batch)
         resized = "" if batch == t.batch_size else f" (training.batch_size {t.batch_size} -> {batch} for the rehearsal)"
         return True, (
             f"{len(copied)} file(s), {windows:,} training windows: {steps} steps of {batch}{resized}, "

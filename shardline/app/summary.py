@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 
-def summary(result: dict, home_hint: str | None = None) -> None:
+def summary(result: dict) -> None:
     reg = result["registered"]
     tr = result["train"]
     typer.echo("")
