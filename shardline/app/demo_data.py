@@ -397,7 +397,72 @@ KILL_KB = 140.0  # knockback from which a hit takes a stock
 
 
 class _Player:
-    """One player's state, controller inputs and pre-drawn random numbers (set up by `_new_player`)."""
+    __slots__ = (
+        "act",
+        "age",
+        "dur",
+        "x",
+        "y",
+        "vax",
+        "vy",
+        "vgx",
+        "kbx",
+        "kby",
+        "percent",
+        "stocks",
+        "shield",
+        "hitlag",
+        "combo",
+        "facing",
+        "ground",
+        "jumps",
+        "jumps_max",
+        "inv",
+        "l_cancel",
+        "last_atk",
+        "hit_done",
+        "lc",
+        "special_kind",
+        "char",
+        "walk",
+        "run",
+        "air",
+        "grav",
+        "fall",
+        "jump",
+        "squat",
+        "weight",
+        "land",
+        "specials",
+        "sx",
+        "sy",
+        "tsx",
+        "tsy",
+        "cx",
+        "cy",
+        "ctime",
+        "trig",
+        "held",
+        "prev",
+        "edge",
+        "until",
+        "r_stick",
+        "r_cat",
+        "r_mag",
+        "r_jit",
+        "r_c",
+        "r_cdir",
+        "r_press",
+        "r_btn",
+        "r_btn_near",
+        "r_hold",
+        "r_trig",
+        "r_noise",
+        "r_noise_act",
+        "next",
+        "hit_by",
+        "rows",
+    )
 
 
 def _new_player(rng: np.random.Generator, char: int, x: float, facing: int, frames: int) -> _Player:
@@ -722,7 +787,13 @@ def _enter(p: _Player, o: _Player, new: int) -> None:
     prev = p.act
     p.act, p.age, p.hit_done = new, 0, False
     p.dur = DUR[new]
-    if prev in _AERIALS or LANDING_AIR_N <= prev <= LANDING_AIR_N + 4:
+    if prev in _AERIALS or prev in (
+        LANDING_AIR_N,
+        LANDING_AIR_N + 1,
+        LANDING_AIR_N + 2,
+        LANDING_AIR_N + 3,
+        LANDING_AIR_N + 4,
+    ):
         if not (LANDING_AIR_N <= new <= LANDING_AIR_N + 4):
             p.l_cancel = 0
     if new == DASH or new == TURN or new == TURN_RUN:
