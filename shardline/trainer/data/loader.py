@@ -3,12 +3,16 @@ batches gathered a chunk of windows at a time, optionally in background threads.
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
 from shardline.core.storage import CACHE_CAP_ENV, gb_at_least
 from shardline.trainer.data.batch import CHUNK_BYTES, LOADER_STATE_VERSION, MAX_BATCHES_PER_GATHER, Batch
 from shardline.trainer.data.split import SplitData
+from shardline.trainer.distributed import rank_positions
 
 ORDER_PART = 1 << 20  # positions of an epoch's order a streamed split's first/last-use pass takes at a time
 
@@ -127,92 +131,54 @@ class WindowLoader:
 
     def __iter__(self):
         order = self.order(self.epoch)
-        bs, pin = self.batch_size, self.pin_memory
-        data = self.data
+        data, bs = self.data, self.batch_size
         step = bs * self._per_gather()
         spans = [(lo, min(lo + step, self.end)) for lo in range(self.offset, self.end, step)]
+        # one thread gathers a streamed split's spans, in order, so that the shards it holds stay those of one
+        # block; `num_workers` sets how far ahead it may go
+        stream = self._stream_gather(order, spans) if data.streaming else None
 
-        def batches(big: Batch):
-            for lo in range(0, len(big), bs):
-                b = big.slice(lo, lo + bs)
-                self.offset += len(b)  # counted when handed out: a checkpoint after this batch resumes past it
-                yield b  # a view of the gathered (and, for CUDA, pinned) chunk
+        def gather(lo: int, hi: int) -> tuple[Batch, list[tuple[int, int, int]]]:
+            """The span's chunk (this rank's share of each of its global batches), and its batches' parts."""
+            parts = rank_positions(lo, hi, bs, self.end, self.rank, self.world_size)
+            pos = None
+            if self.world_size > 1:
+                pos = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n, _ in parts])
+            if stream is not None:
+                return stream(lo, hi, pos), parts
+            return data.batch(order[lo:hi] if pos is None else order[pos], pin_memory=self.pin_memory), parts
 
-        if self.world_size > 1:  # this rank's share of each global batch; the offset counts whole batches
-            from shardline.trainer.distributed import rank_positions
-
-            def share(lo: int, hi: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-                parts = rank_positions(lo, hi, bs, self.end, self.rank, self.world_size)
-                return np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n, _ in parts]), parts
-
-            def batches(big: Batch, parts):  # the DDP form of the one above
-                at = 0
-                for _, n, k in parts:
-                    b = big.slice(at, at + n)
-                    at += n
-                    self.offset += k
-                    yield b
-
-            stream = self._stream_gather(order, spans) if data.streaming else None
-
-            def gather(lo: int, hi: int):
-                pos, parts = share(lo, hi)
-                return (stream(lo, hi, pos) if stream else data.batch(order[pos], pin_memory=pin)), parts
-
-            threads = 1 if data.streaming else self.num_workers
-            try:
-                if self.num_workers == 0:
-                    for lo, hi in spans:
-                        yield from batches(*gather(lo, hi))
-                    return
-                from concurrent.futures import ThreadPoolExecutor
-
-                with ThreadPoolExecutor(threads, thread_name_prefix="shardline-loader") as pool:
-                    pending = []
-                    todo = iter(spans)
-                    while True:
-                        while len(pending) < 2 * self.num_workers and (span := next(todo, None)) is not None:
-                            pending.append(pool.submit(gather, *span))
-                        if not pending:
-                            break
-                        yield from batches(*pending.pop(0).result())
-            finally:
-                data.release()
-            return
-
-        if data.streaming:
-            # one thread gathers a streamed split's spans, in order, so that the shards it holds stay those of
-            # one block; `num_workers` sets how far ahead it may go
-            gather, threads = self._stream_gather(order, spans), 1
-        else:
-            gather, threads = (lambda lo, hi: data.batch(order[lo:hi], pin_memory=pin)), self.num_workers
         try:
             if self.num_workers == 0:
                 for lo, hi in spans:
-                    yield from batches(gather(lo, hi))
+                    yield from self._hand_out(*gather(lo, hi))
                 return
-            from collections import deque
-            from concurrent.futures import ThreadPoolExecutor
-
-            pool = ThreadPoolExecutor(threads, thread_name_prefix="shardline-loader")
+            pool = ThreadPoolExecutor(1 if stream else self.num_workers, thread_name_prefix="shardline-loader")
             pending: deque = deque()
             todo = iter(spans)
             try:
                 while True:
-                    while len(pending) < 2 * self.num_workers:
-                        span = next(todo, None)
-                        if span is None:
-                            break
+                    while len(pending) < 2 * self.num_workers and (span := next(todo, None)) is not None:
                         pending.append(pool.submit(gather, *span))  # gathered and pinned in the worker
                     if not pending:
                         break
-                    yield from batches(pending.popleft().result())
+                    yield from self._hand_out(*pending.popleft().result())
             finally:
                 for fut in pending:
                     fut.cancel()
                 pool.shutdown(wait=True)
         finally:
             data.release()  # streamed shards still held when the epoch ends or the loop leaves it (closed)
+
+    def _hand_out(self, big: Batch, parts: list[tuple[int, int, int]]):
+        """A gathered chunk's batches, each a view of it (pinned, for CUDA). Several processes (DDP): each this
+        rank's share of a global batch, the offset counting whole global batches."""
+        at = 0
+        for _, n, k in parts:
+            b = big.slice(at, at + n)
+            at += n
+            self.offset += k  # counted when handed out: a checkpoint after this batch resumes past it
+            yield b
 
     def _stream_gather(self, order: np.ndarray, spans: list[tuple[int, int]]):
         """gather(lo, hi): the windows order[lo:hi] of a streamed split, for spans taken in order. A shard
