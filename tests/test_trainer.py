@@ -124,7 +124,7 @@ def slow_windows(shards: list[dict[str, np.ndarray]]) -> list[tuple[int, int]]:
 
 def test_batch_gathers_the_right_rows(data):
     split = data["classification"]
-    ref = slow_windows(split.shards)
+    ref = slow_windows([split.view(i).arrays for i in range(split.n_shards)])
     assert split.n_windows == len(ref)
     idx = np.random.default_rng(0).permutation(split.n_windows)[:50]
     b = split.batch(idx)
@@ -136,7 +136,7 @@ def test_batch_gathers_the_right_rows(data):
     assert tuple(b.cont.shape) == (50, K, 2) and tuple(b.cat.shape) == (50, K, 2) and tuple(b.target.shape) == (50,)
     for j, i in enumerate(idx):
         s, start = ref[i]
-        a = split.shards[s]
+        a = split.view(s).arrays
         np.testing.assert_array_equal(b.cont[j].numpy(), a["cont"][start : start + K])
         np.testing.assert_array_equal(b.cat[j].numpy(), a["cat"][start : start + K])
         assert b.target[j].item() == a["target"][start + K - 1 + H]
@@ -147,11 +147,11 @@ def test_batch_gathers_the_right_rows(data):
 def test_window_keys_name_each_target_row(data):
     split = data["classification"]
     keys = split.window_keys()
-    ref = slow_windows(split.shards)
+    ref = slow_windows([split.view(i).arrays for i in range(split.n_shards)])
     for i in (0, 1, 195, 196, len(ref) - 1):
         s, start = ref[i]
         row = start + K - 1 + H
-        a = split.shards[s]
+        a = split.view(s).arrays
         assert (keys["shard"][i], keys["row"][i]) == (s, row)
         assert keys["order"][i] == a["order"][row]
         assert a["offsets"][keys["segment"][i]] <= row < a["offsets"][keys["segment"][i] + 1]
@@ -287,7 +287,7 @@ def test_a_batch_draws_from_every_shard_in_one_global_permutation(data):
     order = loader.order(0)
     # a plain global permutation of seed and epoch: every window once, batches mix the shards
     np.testing.assert_array_equal(order, np.random.default_rng([5, 0]).permutation(split.n_windows))
-    ref = slow_windows(split.shards)
+    ref = slow_windows([split.view(i).arrays for i in range(split.n_shards)])
     batches = list(loader)
     assert len(batches) == -(-split.n_windows // 64)
     for j in (0, len(batches) - 1):
@@ -295,8 +295,8 @@ def test_a_batch_draws_from_every_shard_in_one_global_permutation(data):
         assert len(set(split.shard_of(ids).tolist())) == 2  # both shards in one batch, gathered in the stated order
         for row, i in enumerate(ids):
             s, start = ref[i]
-            np.testing.assert_array_equal(batches[j].cont[row].numpy(), split.shards[s]["cont"][start : start + K])
-            assert batches[j].target[row].item() == split.shards[s]["target"][start + K - 1 + H]
+            np.testing.assert_array_equal(batches[j].cont[row].numpy(), split.view(s).arrays["cont"][start : start + K])
+            assert batches[j].target[row].item() == split.view(s).arrays["target"][start + K - 1 + H]
 
 
 @pytest.mark.parametrize("workers", [1, 2])
