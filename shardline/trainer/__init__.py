@@ -1,7 +1,7 @@
 """Shardline's trainer: windows over shards, the built-in model families, a resumable training loop, generation.
 
 Pure PyTorch + numpy (no Prefect, no MLflow). Names are imported lazily so `import shardline.trainer` stays cheap:
-    from shardline.trainer import fit, predict, load_model, open_split, build_model
+    from shardline.trainer import fit, predict, load_model, open_split, model_from_spec
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ _EXPORTS = {
     "SplitData": "data",
     "WindowLoader": "data",
     "open_split": "data",
-    "build_model": "models",
     "model_from_spec": "models",
     "model_spec": "models",
     "save_checkpoint": "checkpoint",

@@ -27,8 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KINDS = ("classification", "regression")
-
 
 class ModelContractError(ValueError):
     """A model that does not keep the contract: the message names the entrypoint, the target and the fix."""

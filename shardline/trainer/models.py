@@ -262,8 +262,3 @@ def model_from_spec(spec: dict, code_dir: str | None | object = _FROM_SPEC) -> n
         model = FAMILIES[cfg.family](data, **builtin_params(cfg), **frames)
     model.shardline_spec = dict(spec)
     return model
-
-
-def build_model(cfg: ModelConfig, n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int) -> nn.Module:
-    """forward(cont [B,K,n_cont], cat [B,K,n_cat]) -> {"target": float32 [B, n_outputs] or [B] (regression)}."""
-    return model_from_spec(model_spec(cfg, n_cont, cat_cardinalities, window, n_outputs))

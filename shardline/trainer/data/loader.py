@@ -44,7 +44,6 @@ class WindowLoader:
         batch_size: int,
         seed: int,
         shuffle: bool = True,
-        drop_last: bool = False,
         pin_memory: bool = False,
         num_workers: int = 0,
         read_ahead: int = 2,
@@ -64,7 +63,6 @@ class WindowLoader:
         self.batch_size = batch_size
         self.seed = int(seed)
         self.shuffle = shuffle
-        self.drop_last = drop_last
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.num_workers = int(num_workers)
         self.read_ahead = max(0, int(read_ahead))
@@ -81,15 +79,9 @@ class WindowLoader:
     def n_windows(self) -> int:
         return self.data.n_windows
 
-    @property
-    def end(self) -> int:
-        """Windows yielded in a full epoch."""
-        n = self.n_windows
-        return n - n % self.batch_size if self.drop_last else n
-
     def __len__(self) -> int:
         """Batches in a full epoch."""
-        return self.end // self.batch_size if self.drop_last else -(-self.n_windows // self.batch_size)
+        return -(-self.n_windows // self.batch_size)
 
     def shard_order(self, epoch: int) -> np.ndarray:
         """The order shards are taken in, `shuffle_shards` at a time (in-order when not shuffling)."""
@@ -133,14 +125,14 @@ class WindowLoader:
         order = self.order(self.epoch)
         data, bs = self.data, self.batch_size
         step = bs * self._per_gather()
-        spans = [(lo, min(lo + step, self.end)) for lo in range(self.offset, self.end, step)]
+        spans = [(lo, min(lo + step, self.n_windows)) for lo in range(self.offset, self.n_windows, step)]
         # one thread gathers a streamed split's spans, in order, so that the shards it holds stay those of one
         # block; `num_workers` sets how far ahead it may go
         stream = self._stream_gather(order, spans) if data.streaming else None
 
         def gather(lo: int, hi: int) -> tuple[Batch, list[tuple[int, int, int]]]:
             """The span's chunk (this rank's share of each of its global batches), and its batches' parts."""
-            parts = rank_positions(lo, hi, bs, self.end, self.rank, self.world_size)
+            parts = rank_positions(lo, hi, bs, self.n_windows, self.rank, self.world_size)
             pos = None
             if self.world_size > 1:
                 pos = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n, _ in parts])
