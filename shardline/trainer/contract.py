@@ -96,10 +96,6 @@ class DataSpec:
 # ---------------------------------------------------------------- the user's code
 
 
-def _module_file(module) -> str:
-    return getattr(module, "__file__", None) or "(built in)"
-
-
 def _forget_other_copy(top: str, code_dir: str | None) -> None:
     """A package of the same name imported before from another folder (two projects' `models` in one
     process: a sweep, a worker, a notebook) is forgotten, so that `code_dir`'s own is imported, not the
@@ -157,9 +153,9 @@ def import_entrypoint(entrypoint: str, code_dir: str | None = None):
     for part in attr.split("."):
         if not hasattr(target, part):
             defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            file = getattr(module, "__file__", None) or "(built in)"
             raise ModelContractError(
-                f"model.entrypoint='{entrypoint}': {module_name} ({_module_file(module)}) has no '{attr}'; "
-                f"it defines {defined}"
+                f"model.entrypoint='{entrypoint}': {module_name} ({file}) has no '{attr}'; it defines {defined}"
             )
         target = getattr(target, part)
     if not callable(target):

@@ -253,7 +253,6 @@ class SplitData:
         self.n_targets = len(self.target_dtypes)
         # the kind of each target, as stored: class ids (integers) or standardised values (floats)
         self.tasks = ["regression" if d.is_floating_point else "classification" for d in self.target_dtypes]
-        self.task = self.tasks[0] if self.tasks else None
 
     def _join(self, joined: dict[str, np.ndarray], rows: list[int]) -> None:
         """Every shard's cont/cat/target as one array each (the shards' rows end to end): window w
