@@ -51,12 +51,6 @@ class WindowLoader:
         rank: int = 0,
         world_size: int = 1,
     ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if shuffle_shards is not None and shuffle_shards < 1:
-            raise ValueError(f"shuffle_shards must be >= 1 or None (a global shuffle), got {shuffle_shards}")
         if shuffle and data.streaming and (shuffle_shards is None or shuffle_shards >= data.n_shards):
             raise ValueError(_global_shuffle_refused(data, "streamed"))
         self.data = data
@@ -72,8 +66,6 @@ class WindowLoader:
         # several processes (DDP): each yields its share of each global batch (trainer/distributed.py); the
         # position (`offset`, `state_dict`) stays the global one, the same on every rank and for one process
         self.rank, self.world_size = int(rank), int(world_size)
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
 
     @property
     def n_windows(self) -> int:
