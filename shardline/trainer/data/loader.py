@@ -46,7 +46,6 @@ class WindowLoader:
         shuffle: bool = True,
         pin_memory: bool = False,
         num_workers: int = 0,
-        read_ahead: int = 2,
         shuffle_shards: int | None = None,
         rank: int = 0,
         world_size: int = 1,
@@ -59,7 +58,7 @@ class WindowLoader:
         self.shuffle = shuffle
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.num_workers = int(num_workers)
-        self.read_ahead = max(0, int(read_ahead))
+        self.read_ahead = 2  # streamed shards fetched in the background ahead of the order, room permitting
         self.shuffle_shards = shuffle_shards
         self.epoch = 0
         self.offset = 0

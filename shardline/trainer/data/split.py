@@ -527,7 +527,6 @@ def open_split(
     manifest: Manifest,
     manifest_uri: str,
     split: str | list[str] | tuple[str, ...],
-    mmap: bool = True,
     cache: ShardCache | None = None,
 ) -> SplitData:
     """The windows of `split`, or of several splits as one (k-fold: the folds a run trains on).
@@ -552,7 +551,7 @@ def open_split(
     in_place = len(shards) == 1 and not is_remote(uris[0]) and not shards[0].compression and shards[0].local is None
     if in_place:
         info = shards[0]
-        arrays = read_arrays(Path(local_path(uris[0])), info.arrays, mmap=mmap)
+        arrays = read_arrays(Path(local_path(uris[0])), info.arrays)
         view = _checked_view(arrays, info, enc.window, enc.horizon, enc.target_positions)
         return SplitData._from_refs(
             [_Ref(info.windows, view)], enc.window, enc.horizon, streaming=False, positions=enc.target_positions
@@ -601,7 +600,7 @@ def open_split(
     except BaseException:
         cache.unpin(key)
         raise
-    buffer = map_file(pack, mmap)
+    buffer = map_file(pack)
     refs = []
     for info, specs in zip(shards, own_specs):
         view = _checked_view(arrays_in(buffer, specs), info, enc.window, enc.horizon, enc.target_positions)
