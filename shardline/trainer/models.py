@@ -1,11 +1,7 @@
 """The built-in model families: over a window of frames, an MLP on the flattened window and a
 Transformer; over a window of tokens, a GPT (shardline/trainer/gpt.py). Each implements the model
 contract (shardline/trainer/contract.py), as a user's own model does; and how a model is described
-(`model_spec_for`) and rebuilt (`model_from_spec`).
-
-The frame families embed every categorical column and concatenate the embeddings with the continuous features, so a
-frame is one vector of F numbers. A model is fully described by its `spec` (a plain JSON dict), which
-is what checkpoints store and what `model_from_spec` rebuilds from.
+(`model_spec_for`: a plain JSON dict, which checkpoints store) and rebuilt (`model_from_spec`).
 """
 
 from __future__ import annotations
