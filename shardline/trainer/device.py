@@ -14,7 +14,7 @@ def available_devices() -> list[str]:
     found = []
     if torch.cuda.is_available():
         found.append("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+    if torch.backends.mps.is_available():
         found.append("mps")
     return [*found, "cpu"]
 
@@ -99,7 +99,6 @@ def torch_report(device: str = "auto", precision: str = "auto") -> dict:
             cuda_op = "ok"
         except Exception as e:  # noqa: BLE001 - reported, that is the point
             cuda_op = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-    mps = getattr(torch.backends, "mps", None)
     report = {
         "host": socket.gethostname(),
         "python": platform.python_version(),
@@ -110,7 +109,7 @@ def torch_report(device: str = "auto", precision: str = "auto") -> dict:
         "devices": devices,
         "cuda_op": cuda_op,
         "bf16": bool(cuda_available and torch.cuda.is_bf16_supported()),
-        "mps_available": bool(mps is not None and mps.is_available()),
+        "mps_available": torch.backends.mps.is_available(),
         "training_device": device,
         "would_train_on": None,
         "precision": None,
