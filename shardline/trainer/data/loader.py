@@ -74,12 +74,6 @@ class WindowLoader:
         """Batches in a full epoch."""
         return -(-self.n_windows // self.batch_size)
 
-    def shard_order(self, epoch: int) -> np.ndarray:
-        """The order shards are taken in, `shuffle_shards` at a time (in-order when not shuffling)."""
-        if not self.shuffle:
-            return np.arange(self.data.n_shards, dtype=np.int64)
-        return np.random.default_rng([self.seed, epoch, 1]).permutation(self.data.n_shards)
-
     def order(self, epoch: int) -> np.ndarray:
         """Window numbers in the order epoch `epoch` yields them: int32 while they fit (a 70M-window split's order
         is 280 MB, not 560), filled one shuffle block at a time (no second, concatenated copy)."""
@@ -90,7 +84,8 @@ class WindowLoader:
         if m is None or m >= d.n_shards:  # one block of every shard: the global permutation
             # shuffled in place: the order permutation(n) gives, in the narrower type
             return np.random.default_rng([self.seed, epoch]).permutation(np.arange(n, dtype=dtype))
-        first, seq, out, at = d._first, self.shard_order(epoch), np.empty(n, dtype), 0
+        seq = np.random.default_rng([self.seed, epoch, 1]).permutation(d.n_shards)  # the shards, m at a time
+        first, out, at = d._first, np.empty(n, dtype), 0
         for b in range(0, len(seq), m):
             ids = np.concatenate([np.arange(first[s], first[s + 1], dtype=dtype) for s in seq[b : b + m]])
             np.random.default_rng([self.seed, epoch, 2, b // m]).shuffle(ids)  # = ids[permutation(len(ids))]
