@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 
 class ModelContractError(ValueError):
@@ -188,33 +189,26 @@ def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: st
 
 def is_lazy_model(model: nn.Module) -> bool:
     """Whether the model has lazy layers still without their shapes (`nn.LazyLinear`, `nn.LazyConv1d`, ...)."""
-    from torch.nn.parameter import is_lazy
-
     return any(is_lazy(t) for t in (*model.parameters(), *model.buffers()))
 
 
-def materialize(model: nn.Module, cont: torch.Tensor, cat: torch.Tensor, device: torch.device) -> bool:
+def materialize(model: nn.Module, cont: torch.Tensor, cat: torch.Tensor, device: torch.device) -> None:
     """Give lazy layers their shapes: one forward of (`cont`, `cat`), a few windows of the first batch, on the
     run's device, in eval mode and without gradients (PyTorch's "call forward with a dummy batch"). The layers
     draw their initial weights from the seeded RNG as they materialize, so a run and its resume build the same
-    model and use the RNG the same way before the checkpoint's state replaces both. True when it ran."""
-    if not is_lazy_model(model):
-        return False
+    model and use the RNG the same way before the checkpoint's state replaces both."""
     was_training = model.training
     model.to(device).eval()
     with torch.no_grad():
         model(cont.to(device), cat.to(device))
     model.train(was_training)
     if is_lazy_model(model):
-        from torch.nn.parameter import is_lazy
-
         left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if is_lazy(t)]
         raise ModelContractError(
             f"{type(model).__name__}: lazy layer(s) {', '.join(left[:8])} still have no shape after a forward "
             "of the first batch: forward must use every lazy layer on every batch (or build the layer with "
             "its input size)"
         )
-    return True
 
 
 def own_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer, Any, str]:
