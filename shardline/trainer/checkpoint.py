@@ -125,14 +125,13 @@ def remove_temp_files(dir_uri: str) -> list[str]:
     return stale
 
 
-def prune_checkpoints(dir_uri: str, keep: int) -> list[str]:
+def prune_checkpoints(dir_uri: str, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints and the best (sidecar first, so none looks complete
-    while half-deleted), plus stray .pt files older than the newest kept. Returns the names deleted."""
+    while half-deleted), plus stray .pt files older than the newest kept."""
     best = (_read_json(storage.join(dir_uri, BEST)) or {}).get("file")
     sidecar_steps = _steps(dir_uri)
     kept = {checkpoint_name(s) for s in sidecar_steps[:keep]} | ({best} if best else set())
     newest = sidecar_steps[0] if sidecar_steps else -1
-    deleted = []
     for step in sidecar_steps[keep:]:
         name = checkpoint_name(step)
         if name in kept:
@@ -140,13 +139,10 @@ def prune_checkpoints(dir_uri: str, keep: int) -> list[str]:
         pt_uri = storage.join(dir_uri, name)
         storage.delete(sidecar_uri(pt_uri))
         storage.delete(pt_uri)
-        deleted.append(name)
     for n in storage.names(dir_uri):  # .pt without a sidecar: a save that died between the two writes
         m = _TENSORS.match(n)
         if m and n not in kept and int(m.group(1)) < newest and int(m.group(1)) not in sidecar_steps:
             storage.delete(storage.join(dir_uri, n))
-            deleted.append(n)
-    return deleted
 
 
 def latest_checkpoint(dir_uri: str) -> tuple[str, dict] | None:
