@@ -533,7 +533,7 @@ def open_split(
 
     When the split fits in half the size-capped local cache, its shards are fetched (checked against
     their sha256), unpacked, mapped from their own codes to the data set's encoding
-    (`shardline/codes.py`) and laid end to end into one *split pack* in the cache (built once,
+    (`shardline/core/codes.py`) and laid end to end into one *split pack* in the cache (built once,
     reused by later runs), so the split is one set of memory-mapped arrays and a batch is one
     gather. A split larger than that streams: a shard is fetched, mapped and cached when first
     needed and released when passed. Which of the two a split is never changes the batches a loader
