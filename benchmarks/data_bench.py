@@ -291,7 +291,7 @@ class Materialised:
 
         folder.mkdir(parents=True, exist_ok=True)
         k, h = data.window, data.horizon
-        shards = data.shards
+        shards = [data.view(i).arrays for i in range(data.n_shards)]
         starts = [window_starts(np.asarray(a["offsets"]), k, h) for a in shards]
         n = int(sum(len(s) for s in starts))
         assert n == data.n_windows, f"window_starts gives {n} windows, the split {data.n_windows}"

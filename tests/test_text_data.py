@@ -73,7 +73,7 @@ def streams(manifest: Manifest, uri: str, split: str) -> dict[str, tuple[np.ndar
     folder = uri.rsplit("/", 1)[0]
     for info in manifest.shards_of(split):
         view = open_split(manifest, uri, split)  # one shard per split here
-        arrays = view.shards[0]
+        arrays = view.view(0).arrays
         keys = pl.read_parquet(io.BytesIO(storage.read_bytes(storage.resolve(folder, info.keys_path))))["sequence"]
         offsets = np.asarray(arrays["offsets"])
         for i, key in enumerate(keys.to_list()):
@@ -152,8 +152,8 @@ def test_generation_targets_are_the_summary_tokens_and_the_loss_ignores_the_rest
     train = open_split(manifest, uri, "train")
     batch = train.batch(np.arange(train.n_windows))
     cat, y = batch.cat[..., 0].long(), batch.targets[0].long()
-    arrays = train.shards[0]
-    start = train.starts[0]
+    arrays = train.view(0).arrays
+    start = train.view(0).starts
     nxt = torch.from_numpy(np.asarray(arrays["cat"][:, 0]).astype(np.int64))[start[:, None] + np.arange(1, 13)]
     tgt = torch.from_numpy(np.asarray(arrays["target"]).astype(np.int64))[start[:, None] + np.arange(1, 13)]
     assert torch.equal(y, tgt) and torch.equal(y[y != 0], nxt[y != 0]) and (y == 0).any() and (y != 0).any()

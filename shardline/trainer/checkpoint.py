@@ -46,14 +46,6 @@ def sidecar_uri(pt_uri: str) -> str:
     return pt_uri[: -len(".pt")] + ".json"
 
 
-def _names(dir_uri: str) -> list[str]:
-    """File names in a checkpoint folder, temp files left out; [] when the folder does not exist."""
-    return storage.names(dir_uri)
-
-
-_delete = storage.delete
-
-
 def _read_json(uri: str) -> dict | None:
     try:
         return json.loads(storage.read_text(uri))
@@ -63,16 +55,16 @@ def _read_json(uri: str) -> dict | None:
 
 def _steps(dir_uri: str) -> list[int]:
     """Steps that have a sidecar, newest first (complete or not: see `_verified`)."""
-    return sorted((int(m.group(1)) for n in _names(dir_uri) if (m := _SIDECAR.match(n))), reverse=True)
+    return sorted((int(m.group(1)) for n in storage.names(dir_uri) if (m := _SIDECAR.match(n))), reverse=True)
 
 
-def _verified(dir_uri: str, name: str, check_sha: bool = True) -> tuple[str, dict] | None:
+def _verified(dir_uri: str, name: str) -> tuple[str, dict] | None:
     """(pt uri, sidecar) when `name`'s sidecar exists and its .pt is present with the recorded size and checksum."""
     pt_uri = storage.join(dir_uri, name)
     side = _read_json(sidecar_uri(pt_uri))
     if not side or side.get("file") != name or not storage.exists(pt_uri):
         return None
-    if check_sha and storage.sha256_uri(pt_uri) != side.get("sha256"):
+    if storage.sha256_uri(pt_uri) != side.get("sha256"):
         return None
     return pt_uri, side
 
@@ -133,28 +125,24 @@ def remove_temp_files(dir_uri: str) -> list[str]:
     return stale
 
 
-def prune_checkpoints(dir_uri: str, keep: int) -> list[str]:
+def prune_checkpoints(dir_uri: str, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints and the best (sidecar first, so none looks complete
-    while half-deleted), plus stray .pt files older than the newest kept. Returns the names deleted."""
+    while half-deleted), plus stray .pt files older than the newest kept."""
     best = (_read_json(storage.join(dir_uri, BEST)) or {}).get("file")
     sidecar_steps = _steps(dir_uri)
     kept = {checkpoint_name(s) for s in sidecar_steps[:keep]} | ({best} if best else set())
     newest = sidecar_steps[0] if sidecar_steps else -1
-    deleted = []
     for step in sidecar_steps[keep:]:
         name = checkpoint_name(step)
         if name in kept:
             continue
         pt_uri = storage.join(dir_uri, name)
-        _delete(sidecar_uri(pt_uri))
-        _delete(pt_uri)
-        deleted.append(name)
-    for n in _names(dir_uri):  # .pt without a sidecar: a save that died between the two writes
+        storage.delete(sidecar_uri(pt_uri))
+        storage.delete(pt_uri)
+    for n in storage.names(dir_uri):  # .pt without a sidecar: a save that died between the two writes
         m = _TENSORS.match(n)
         if m and n not in kept and int(m.group(1)) < newest and int(m.group(1)) not in sidecar_steps:
-            _delete(storage.join(dir_uri, n))
-            deleted.append(n)
-    return deleted
+            storage.delete(storage.join(dir_uri, n))
 
 
 def latest_checkpoint(dir_uri: str) -> tuple[str, dict] | None:
@@ -185,7 +173,7 @@ def load_checkpoint(uri: str) -> dict:
     side = _read_json(sidecar_uri(uri)) if uri.endswith(".pt") else None
     if side and side.get("sha256") and hashlib.sha256(data).hexdigest() != side["sha256"]:
         # its sidecar goes: no cache check or resume takes the damaged file for a checkpoint again
-        _delete(sidecar_uri(uri))
+        storage.delete(sidecar_uri(uri))
         raise OSError(
             f"{uri}: checksum does not match its sidecar ({side['sha256'][:12]}): the file is damaged or "
             "half-written; its sidecar is removed, so running the pipeline again recomputes what it held "
@@ -197,9 +185,9 @@ def load_checkpoint(uri: str) -> dict:
 def clear_checkpoints(dir_uri: str) -> list[str]:
     """Delete every checkpoint file and best.json in `dir_uri` (a fresh run in a used folder)."""
     deleted = []
-    names = _names(dir_uri)
+    names = storage.names(dir_uri)
     for n in [BEST, *[n for n in names if _SIDECAR.match(n)], *[n for n in names if _TENSORS.match(n)]]:
         if n in names:
-            _delete(storage.join(dir_uri, n))
+            storage.delete(storage.join(dir_uri, n))
             deleted.append(n)
     return deleted

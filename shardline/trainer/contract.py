@@ -26,8 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-KINDS = ("classification", "regression")
+from torch.nn.parameter import is_lazy
 
 
 class ModelContractError(ValueError):
@@ -98,10 +97,6 @@ class DataSpec:
 # ---------------------------------------------------------------- the user's code
 
 
-def _module_file(module) -> str:
-    return getattr(module, "__file__", None) or "(built in)"
-
-
 def _forget_other_copy(top: str, code_dir: str | None) -> None:
     """A package of the same name imported before from another folder (two projects' `models` in one
     process: a sweep, a worker, a notebook) is forgotten, so that `code_dir`'s own is imported, not the
@@ -159,9 +154,9 @@ def import_entrypoint(entrypoint: str, code_dir: str | None = None):
     for part in attr.split("."):
         if not hasattr(target, part):
             defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            file = getattr(module, "__file__", None) or "(built in)"
             raise ModelContractError(
-                f"model.entrypoint='{entrypoint}': {module_name} ({_module_file(module)}) has no '{attr}'; "
-                f"it defines {defined}"
+                f"model.entrypoint='{entrypoint}': {module_name} ({file}) has no '{attr}'; it defines {defined}"
             )
         target = getattr(target, part)
     if not callable(target):
@@ -194,33 +189,26 @@ def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: st
 
 def is_lazy_model(model: nn.Module) -> bool:
     """Whether the model has lazy layers still without their shapes (`nn.LazyLinear`, `nn.LazyConv1d`, ...)."""
-    from torch.nn.parameter import is_lazy
-
     return any(is_lazy(t) for t in (*model.parameters(), *model.buffers()))
 
 
-def materialize(model: nn.Module, cont: torch.Tensor, cat: torch.Tensor, device: torch.device) -> bool:
+def materialize(model: nn.Module, cont: torch.Tensor, cat: torch.Tensor, device: torch.device) -> None:
     """Give lazy layers their shapes: one forward of (`cont`, `cat`), a few windows of the first batch, on the
     run's device, in eval mode and without gradients (PyTorch's "call forward with a dummy batch"). The layers
     draw their initial weights from the seeded RNG as they materialize, so a run and its resume build the same
-    model and use the RNG the same way before the checkpoint's state replaces both. True when it ran."""
-    if not is_lazy_model(model):
-        return False
+    model and use the RNG the same way before the checkpoint's state replaces both."""
     was_training = model.training
     model.to(device).eval()
     with torch.no_grad():
         model(cont.to(device), cat.to(device))
     model.train(was_training)
     if is_lazy_model(model):
-        from torch.nn.parameter import is_lazy
-
         left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if is_lazy(t)]
         raise ModelContractError(
             f"{type(model).__name__}: lazy layer(s) {', '.join(left[:8])} still have no shape after a forward "
             "of the first batch: forward must use every lazy layer on every batch (or build the layer with "
             "its input size)"
         )
-    return True
 
 
 def own_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer, Any, str]:

@@ -73,10 +73,6 @@ class Events:
             name = f"{time.time_ns():020d}-{self._name}-{self._seq:06d}.jsonl"
         storage.write_text(storage.join(self.folder, name), "\n".join(lines) + "\n")
 
-    def close(self) -> None:
-        if self.folder is not None:
-            self.flush()
-
 
 def write_json(uri: str, obj) -> None:
     """Atomically (a local path or an object store URI): a reader sees the whole result or none."""
@@ -175,7 +171,7 @@ def run_job(job: dict, train, val, ranking=None) -> int:
             write_json(result_path, {"status": "budget", "message": str(stopped), "checkpoint": stopped.checkpoint})
         return BUDGET_EXIT_CODE
     finally:
-        events.close()
+        events.flush()
     if ranks.is_main:
         write_json(result_path, {"status": "finished", "fit": dataclasses.asdict(result)})
     return 0

@@ -110,27 +110,14 @@ def predict(
 ) -> dict[str, np.ndarray]:
     """Each target's outputs in window order, float32: class probabilities with class 0 (unseen) at 0,
     [N, n_classes] (or [N, K, n_classes] at every position), or standardised values [N, 1] (or [N, K])."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
     spec = data_spec_of(model.shardline_spec)
-    k = spec.window
     out = {}
     for t in spec.targets:
-        lead = (data.n_windows, k) if t.positions == "all" else (data.n_windows,)
+        lead = (data.n_windows, spec.window) if t.positions == "all" else (data.n_windows,)
         out[t.name] = np.empty((*lead, t.n_classes) if t.kind == "classification" else (*lead, 1), np.float32)
         if t.positions == "all" and t.kind == "regression":
             out[t.name] = out[t.name][..., 0]
-    was_training = model.training
-    model.eval()
-    pos = 0
-    with torch.inference_mode():
-        for batch in WindowLoader(data, batch_size, seed=0, shuffle=False):
-            b = batch.to(device)
-            outputs = as_outputs(model(b.cont, b.cat), spec)
-            for t in spec.targets:
-                y = outputs[t.name].float()
-                if t.kind == "classification":
-                    y = torch.softmax(masked_logits(y), dim=-1)
-                out[t.name][pos : pos + len(b)] = y.reshape(out[t.name][pos : pos + len(b)].shape).cpu().numpy()
-            pos += len(b)
-    model.train(was_training)
+    for first, batch, outputs in predict_batches(model, data, batch_size, device):
+        for name, y in outputs.items():
+            out[name][first : first + len(batch)] = y
     return out

@@ -201,7 +201,7 @@ def fit(
                 fetched = time.perf_counter()
                 if not micro:
                     break
-                n_step = sum(len(m) for m in micro) if step.ddp is None else loader.offset - at  # the global batches'
+                n_step = loader.offset - at  # the windows of the step's global batches
                 lr = step.lr(state.step)
                 step_loss, part = step(micro, n_step, state.step + 1)
                 state.step, state.epoch_step = state.step + 1, state.epoch_step + 1

@@ -1,11 +1,7 @@
 """The built-in model families: over a window of frames, an MLP on the flattened window and a
 Transformer; over a window of tokens, a GPT (shardline/trainer/gpt.py). Each implements the model
 contract (shardline/trainer/contract.py), as a user's own model does; and how a model is described
-(`model_spec_for`) and rebuilt (`model_from_spec`).
-
-The frame families embed every categorical column and concatenate the embeddings with the continuous features, so a
-frame is one vector of F numbers. A model is fully described by its `spec` (a plain JSON dict), which
-is what checkpoints store and what `model_from_spec` rebuilds from.
+(`model_spec_for`: a plain JSON dict, which checkpoints store) and rebuilt (`model_from_spec`).
 """
 
 from __future__ import annotations
@@ -262,8 +258,3 @@ def model_from_spec(spec: dict, code_dir: str | None | object = _FROM_SPEC) -> n
         model = FAMILIES[cfg.family](data, **builtin_params(cfg), **frames)
     model.shardline_spec = dict(spec)
     return model
-
-
-def build_model(cfg: ModelConfig, n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int) -> nn.Module:
-    """forward(cont [B,K,n_cont], cat [B,K,n_cat]) -> {"target": float32 [B, n_outputs] or [B] (regression)}."""
-    return model_from_spec(model_spec(cfg, n_cont, cat_cardinalities, window, n_outputs))

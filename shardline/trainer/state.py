@@ -88,7 +88,7 @@ def rng_state() -> dict:
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+    if torch.backends.mps.is_available():
         state["mps"] = torch.mps.get_rng_state()
     return state
 
@@ -101,7 +101,7 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
-    if "mps" in state and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+    if "mps" in state and torch.backends.mps.is_available():
         torch.mps.set_rng_state(state["mps"])
 
 

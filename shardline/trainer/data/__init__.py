@@ -11,13 +11,8 @@ Its rooms: `batch` (a batch of windows, as tensors), `split` (a split's shards, 
 """
 
 from shardline.trainer.data.batch import (  # noqa: F401
-    ARRAYS,
-    CHUNK_BYTES,
     LOADER_STATE_VERSION,
-    MAX_BATCHES_PER_GATHER,
-    POSITIONS,
     Batch,
-    Windows,
     portable,
     target_names,
 )
@@ -27,11 +22,9 @@ from shardline.trainer.data.loader import (  # noqa: F401
 )
 from shardline.trainer.data.scored import (  # noqa: F401
     ScoredLoader,
-    scored_windows,
 )
 from shardline.trainer.data.split import (  # noqa: F401
     ShardView,
     SplitData,
-    manifest_folder,
     open_split,
 )

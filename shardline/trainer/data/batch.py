@@ -61,10 +61,6 @@ class Batch:
     def __len__(self) -> int:
         return self.cont.shape[0]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.cont, self.cat, *self.targets))
-
     def slice(self, lo: int, hi: int) -> Batch:
         return Batch(self.cont[lo:hi], self.cat[lo:hi], tuple(t[lo:hi] for t in self.targets))
 

@@ -3,12 +3,16 @@ batches gathered a chunk of windows at a time, optionally in background threads.
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
 from shardline.core.storage import CACHE_CAP_ENV, gb_at_least
 from shardline.trainer.data.batch import CHUNK_BYTES, LOADER_STATE_VERSION, MAX_BATCHES_PER_GATHER, Batch
 from shardline.trainer.data.split import SplitData
+from shardline.trainer.distributed import rank_positions
 
 ORDER_PART = 1 << 20  # positions of an epoch's order a streamed split's first/last-use pass takes at a time
 
@@ -40,58 +44,35 @@ class WindowLoader:
         batch_size: int,
         seed: int,
         shuffle: bool = True,
-        drop_last: bool = False,
         pin_memory: bool = False,
         num_workers: int = 0,
-        read_ahead: int = 2,
         shuffle_shards: int | None = None,
         rank: int = 0,
         world_size: int = 1,
     ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if shuffle_shards is not None and shuffle_shards < 1:
-            raise ValueError(f"shuffle_shards must be >= 1 or None (a global shuffle), got {shuffle_shards}")
         if shuffle and data.streaming and (shuffle_shards is None or shuffle_shards >= data.n_shards):
             raise ValueError(_global_shuffle_refused(data, "streamed"))
         self.data = data
         self.batch_size = batch_size
         self.seed = int(seed)
         self.shuffle = shuffle
-        self.drop_last = drop_last
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.num_workers = int(num_workers)
-        self.read_ahead = max(0, int(read_ahead))
+        self.read_ahead = 2  # streamed shards fetched in the background ahead of the order, room permitting
         self.shuffle_shards = shuffle_shards
         self.epoch = 0
         self.offset = 0
         # several processes (DDP): each yields its share of each global batch (trainer/distributed.py); the
         # position (`offset`, `state_dict`) stays the global one, the same on every rank and for one process
         self.rank, self.world_size = int(rank), int(world_size)
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
 
     @property
     def n_windows(self) -> int:
         return self.data.n_windows
 
-    @property
-    def end(self) -> int:
-        """Windows yielded in a full epoch."""
-        n = self.n_windows
-        return n - n % self.batch_size if self.drop_last else n
-
     def __len__(self) -> int:
         """Batches in a full epoch."""
-        return self.end // self.batch_size if self.drop_last else -(-self.n_windows // self.batch_size)
-
-    def shard_order(self, epoch: int) -> np.ndarray:
-        """The order shards are taken in, `shuffle_shards` at a time (in-order when not shuffling)."""
-        if not self.shuffle:
-            return np.arange(self.data.n_shards, dtype=np.int64)
-        return np.random.default_rng([self.seed, epoch, 1]).permutation(self.data.n_shards)
+        return -(-self.n_windows // self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
         """Window numbers in the order epoch `epoch` yields them: int32 while they fit (a 70M-window split's order
@@ -103,7 +84,8 @@ class WindowLoader:
         if m is None or m >= d.n_shards:  # one block of every shard: the global permutation
             # shuffled in place: the order permutation(n) gives, in the narrower type
             return np.random.default_rng([self.seed, epoch]).permutation(np.arange(n, dtype=dtype))
-        first, seq, out, at = d._first, self.shard_order(epoch), np.empty(n, dtype), 0
+        seq = np.random.default_rng([self.seed, epoch, 1]).permutation(d.n_shards)  # the shards, m at a time
+        first, out, at = d._first, np.empty(n, dtype), 0
         for b in range(0, len(seq), m):
             ids = np.concatenate([np.arange(first[s], first[s + 1], dtype=dtype) for s in seq[b : b + m]])
             np.random.default_rng([self.seed, epoch, 2, b // m]).shuffle(ids)  # = ids[permutation(len(ids))]
@@ -127,92 +109,54 @@ class WindowLoader:
 
     def __iter__(self):
         order = self.order(self.epoch)
-        bs, pin = self.batch_size, self.pin_memory
-        data = self.data
+        data, bs = self.data, self.batch_size
         step = bs * self._per_gather()
-        spans = [(lo, min(lo + step, self.end)) for lo in range(self.offset, self.end, step)]
+        spans = [(lo, min(lo + step, self.n_windows)) for lo in range(self.offset, self.n_windows, step)]
+        # one thread gathers a streamed split's spans, in order, so that the shards it holds stay those of one
+        # block; `num_workers` sets how far ahead it may go
+        stream = self._stream_gather(order, spans) if data.streaming else None
 
-        def batches(big: Batch):
-            for lo in range(0, len(big), bs):
-                b = big.slice(lo, lo + bs)
-                self.offset += len(b)  # counted when handed out: a checkpoint after this batch resumes past it
-                yield b  # a view of the gathered (and, for CUDA, pinned) chunk
+        def gather(lo: int, hi: int) -> tuple[Batch, list[tuple[int, int, int]]]:
+            """The span's chunk (this rank's share of each of its global batches), and its batches' parts."""
+            parts = rank_positions(lo, hi, bs, self.n_windows, self.rank, self.world_size)
+            pos = None
+            if self.world_size > 1:
+                pos = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n, _ in parts])
+            if stream is not None:
+                return stream(lo, hi, pos), parts
+            return data.batch(order[lo:hi] if pos is None else order[pos], pin_memory=self.pin_memory), parts
 
-        if self.world_size > 1:  # this rank's share of each global batch; the offset counts whole batches
-            from shardline.trainer.distributed import rank_positions
-
-            def share(lo: int, hi: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-                parts = rank_positions(lo, hi, bs, self.end, self.rank, self.world_size)
-                return np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n, _ in parts]), parts
-
-            def batches(big: Batch, parts):  # the DDP form of the one above
-                at = 0
-                for _, n, k in parts:
-                    b = big.slice(at, at + n)
-                    at += n
-                    self.offset += k
-                    yield b
-
-            stream = self._stream_gather(order, spans) if data.streaming else None
-
-            def gather(lo: int, hi: int):
-                pos, parts = share(lo, hi)
-                return (stream(lo, hi, pos) if stream else data.batch(order[pos], pin_memory=pin)), parts
-
-            threads = 1 if data.streaming else self.num_workers
-            try:
-                if self.num_workers == 0:
-                    for lo, hi in spans:
-                        yield from batches(*gather(lo, hi))
-                    return
-                from concurrent.futures import ThreadPoolExecutor
-
-                with ThreadPoolExecutor(threads, thread_name_prefix="shardline-loader") as pool:
-                    pending = []
-                    todo = iter(spans)
-                    while True:
-                        while len(pending) < 2 * self.num_workers and (span := next(todo, None)) is not None:
-                            pending.append(pool.submit(gather, *span))
-                        if not pending:
-                            break
-                        yield from batches(*pending.pop(0).result())
-            finally:
-                data.release()
-            return
-
-        if data.streaming:
-            # one thread gathers a streamed split's spans, in order, so that the shards it holds stay those of
-            # one block; `num_workers` sets how far ahead it may go
-            gather, threads = self._stream_gather(order, spans), 1
-        else:
-            gather, threads = (lambda lo, hi: data.batch(order[lo:hi], pin_memory=pin)), self.num_workers
         try:
             if self.num_workers == 0:
                 for lo, hi in spans:
-                    yield from batches(gather(lo, hi))
+                    yield from self._hand_out(*gather(lo, hi))
                 return
-            from collections import deque
-            from concurrent.futures import ThreadPoolExecutor
-
-            pool = ThreadPoolExecutor(threads, thread_name_prefix="shardline-loader")
+            pool = ThreadPoolExecutor(1 if stream else self.num_workers, thread_name_prefix="shardline-loader")
             pending: deque = deque()
             todo = iter(spans)
             try:
                 while True:
-                    while len(pending) < 2 * self.num_workers:
-                        span = next(todo, None)
-                        if span is None:
-                            break
+                    while len(pending) < 2 * self.num_workers and (span := next(todo, None)) is not None:
                         pending.append(pool.submit(gather, *span))  # gathered and pinned in the worker
                     if not pending:
                         break
-                    yield from batches(pending.popleft().result())
+                    yield from self._hand_out(*pending.popleft().result())
             finally:
                 for fut in pending:
                     fut.cancel()
                 pool.shutdown(wait=True)
         finally:
             data.release()  # streamed shards still held when the epoch ends or the loop leaves it (closed)
+
+    def _hand_out(self, big: Batch, parts: list[tuple[int, int, int]]):
+        """A gathered chunk's batches, each a view of it (pinned, for CUDA). Several processes (DDP): each this
+        rank's share of a global batch, the offset counting whole global batches."""
+        at = 0
+        for _, n, k in parts:
+            b = big.slice(at, at + n)
+            at += n
+            self.offset += k  # counted when handed out: a checkpoint after this batch resumes past it
+            yield b
 
     def _stream_gather(self, order: np.ndarray, spans: list[tuple[int, int]]):
         """gather(lo, hi): the windows order[lo:hi] of a streamed split, for spans taken in order. A shard

@@ -41,8 +41,6 @@ class ScoredLoader:
     target, so each token counts once in a loss, perplexity or accuracy that skips that id."""
 
     def __init__(self, data: SplitData, batch_size: int, stride: bool = False, ignore: int = 0):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.data, self.batch_size, self.ignore = data, batch_size, ignore
         self.stride = bool(stride) and data.positions == "all"
         self.idx, self.skip = scored_windows(data) if self.stride else (None, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import weakref
 from pathlib import Path
 
@@ -58,6 +59,8 @@ class ShardView:
             raise ValueError(f"{name} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
         if positions not in POSITIONS:
             raise ValueError(f"positions='{positions}' is not one of {list(POSITIONS)}")
+        if window < 1 or horizon < 0:
+            raise ValueError(f"window must be >= 1 and horizon >= 0, got window={window}, horizon={horizon}")
         self.arrays = arrays
         self.name = name
         self.positions = positions
@@ -133,11 +136,9 @@ class _Ref:
         self.uri = uri
         self.cache = cache
         self.pinned = False
-        self.specs = (
-            glob.specs(info) if glob is not None and info is not None else (info.arrays if info is not None else None)
-        )
+        self.specs = glob.specs(info) if glob is not None else None  # the layout of a streamed shard's arrays
         self.derived = None  # a shard in its own codes is cached already mapped to the data set's encoding
-        if glob is not None and info is not None and info.local is not None:
+        if glob is not None and info.local is not None:
             from shardline.core.storage import Derived
 
             key = hashlib.sha256(
@@ -181,8 +182,6 @@ class SplitData:
     """
 
     def __init__(self, shards: list[dict[str, np.ndarray]], window: int, horizon: int, positions: str = "last"):
-        if window < 1 or horizon < 0:
-            raise ValueError(f"window must be >= 1 and horizon >= 0, got window={window}, horizon={horizon}")
         refs = []
         for i, arrays in enumerate(shards):
             view = ShardView(arrays, window, horizon, name=f"shard {i}", positions=positions)
@@ -211,10 +210,6 @@ class SplitData:
         return self
 
     def _setup(self, refs: list[_Ref], window: int, horizon: int, streaming: bool, positions: str = "last") -> None:
-        import threading
-
-        if window < 1 or horizon < 0:
-            raise ValueError(f"window must be >= 1 and horizon >= 0, got window={window}, horizon={horizon}")
         self.window = window
         self.horizon = horizon
         self.positions = positions
@@ -230,9 +225,8 @@ class SplitData:
             refs[0].view if len(refs) == 1 and refs[0].view is not None and not streaming else None
         )
         counts = np.array([r.windows for r in refs], dtype=np.int64)
-        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(
-            np.int64
-        )  # window number of each shard's first window
+        # window number of each shard's first window
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.n_windows = int(self._first[-1])
         self.n_shards = len(refs)
         as_torch = lambda d: torch.from_numpy(np.zeros(0, np.dtype(d))).dtype
@@ -259,7 +253,6 @@ class SplitData:
         self.n_targets = len(self.target_dtypes)
         # the kind of each target, as stored: class ids (integers) or standardised values (floats)
         self.tasks = ["regression" if d.is_floating_point else "classification" for d in self.target_dtypes]
-        self.task = self.tasks[0] if self.tasks else None
 
     def _join(self, joined: dict[str, np.ndarray], rows: list[int]) -> None:
         """Every shard's cont/cat/target as one array each (the shards' rows end to end): window w
@@ -318,19 +311,7 @@ class SplitData:
                     r.pinned = True
                     self._open.add(s)
                 local = r.cache.get(r.uri, r.info.sha256, r.info.bytes, r.info.compression, r.info.raw_bytes, r.derived)
-                v = ShardView(
-                    read_arrays(local, r.specs),
-                    self.window,
-                    self.horizon,
-                    name=f"shard {r.info.path}",
-                    positions=self.positions,
-                )
-                if len(v.starts) != r.windows:
-                    raise ValueError(
-                        f"shard {r.info.path}: the manifest lists {r.windows} windows but its offsets give "
-                        f"{len(v.starts)} (window={self.window}, horizon={self.horizon}); the manifest and shard "
-                        "disagree: re-run the encode step (shardline run CONFIG --force encode)"
-                    )
+                v = _checked_view(read_arrays(local, r.specs), r.info, self.window, self.horizon, self.positions)
                 for check in self._on_open:
                     check(v, s)
                 r.view = v
@@ -395,17 +376,6 @@ class SplitData:
             return 0
         sizes = sorted((r.footprint for r in self._refs), reverse=True)
         return sum(sizes[: (shuffle_shards or len(sizes)) if shuffle else 1])
-
-    @property
-    def shards(self) -> list[dict[str, np.ndarray]]:
-        """Every shard's arrays (opens and keeps every streamed shard: for small splits and tests; code
-        that must work on any split uses `each_shard`)."""
-        return [self.view(i).arrays for i in range(self.n_shards)]
-
-    @property
-    def starts(self) -> list[np.ndarray]:
-        """Every shard's window start rows (opens streamed shards)."""
-        return [self.view(i).starts for i in range(self.n_shards)]
 
     def shard_of(self, idx: np.ndarray) -> np.ndarray:
         return np.searchsorted(self._first, idx, side="right") - 1
@@ -557,14 +527,13 @@ def open_split(
     manifest: Manifest,
     manifest_uri: str,
     split: str | list[str] | tuple[str, ...],
-    mmap: bool = True,
     cache: ShardCache | None = None,
 ) -> SplitData:
     """The windows of `split`, or of several splits as one (k-fold: the folds a run trains on).
 
     When the split fits in half the size-capped local cache, its shards are fetched (checked against
     their sha256), unpacked, mapped from their own codes to the data set's encoding
-    (`shardline/codes.py`) and laid end to end into one *split pack* in the cache (built once,
+    (`shardline/core/codes.py`) and laid end to end into one *split pack* in the cache (built once,
     reused by later runs), so the split is one set of memory-mapped arrays and a batch is one
     gather. A split larger than that streams: a shard is fetched, mapped and cached when first
     needed and released when passed. Which of the two a split is never changes the batches a loader
@@ -582,8 +551,8 @@ def open_split(
     in_place = len(shards) == 1 and not is_remote(uris[0]) and not shards[0].compression and shards[0].local is None
     if in_place:
         info = shards[0]
-        arrays = read_arrays(Path(local_path(uris[0])), info.arrays, mmap=mmap)
-        view = _checked_view(arrays, info, enc)
+        arrays = read_arrays(Path(local_path(uris[0])), info.arrays)
+        view = _checked_view(arrays, info, enc.window, enc.horizon, enc.target_positions)
         return SplitData._from_refs(
             [_Ref(info.windows, view)], enc.window, enc.horizon, streaming=False, positions=enc.target_positions
         )
@@ -631,10 +600,11 @@ def open_split(
     except BaseException:
         cache.unpin(key)
         raise
-    buffer = map_file(pack, mmap)
+    buffer = map_file(pack)
     refs = []
     for info, specs in zip(shards, own_specs):
-        refs.append(_Ref(info.windows, _checked_view(arrays_in(buffer, specs), info, enc)))
+        view = _checked_view(arrays_in(buffer, specs), info, enc.window, enc.horizon, enc.target_positions)
+        refs.append(_Ref(info.windows, view))
     joined = arrays_in(buffer, joined_specs) if len(shards) > 1 else None
     data = SplitData._from_refs(
         refs,
@@ -655,12 +625,13 @@ def open_split(
     return data
 
 
-def _checked_view(arrays: dict[str, np.ndarray], info, enc) -> ShardView:
-    view = ShardView(arrays, enc.window, enc.horizon, name=f"shard {info.path}", positions=enc.target_positions)
+def _checked_view(arrays: dict[str, np.ndarray], info, window: int, horizon: int, positions: str) -> ShardView:
+    """A manifest's shard viewed as windows: as many as the manifest lists, or an error saying what to re-run."""
+    view = ShardView(arrays, window, horizon, name=f"shard {info.path}", positions=positions)
     if len(view.starts) != info.windows:
         raise ValueError(
             f"shard {info.path}: the manifest lists {info.windows} windows but its offsets give {len(view.starts)} "
-            f"(window={enc.window}, horizon={enc.horizon}); the manifest and shard disagree: re-run the encode step "
+            f"(window={window}, horizon={horizon}); the manifest and shard disagree: re-run the encode step "
             "(shardline run CONFIG --force encode)"
         )
     return view
