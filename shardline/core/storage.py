@@ -413,9 +413,9 @@ class ShardCache:
                 src = fetched if remote else Path(path)
                 _check_sha256(uri, sha256, sha256_file(src))
                 if compression is not None:
-                    from shardline.core.shards import decompress_file
+                    from shardline.core.shards import unpack_bytes
 
-                    decompress_file(src, tmp, int(raw_bytes), compression)
+                    tmp.write_bytes(unpack_bytes(src.read_bytes(), int(raw_bytes), str(src), compression))
                 elif remote:
                     os.replace(src, tmp)
                 else:
