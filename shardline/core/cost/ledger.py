@@ -70,20 +70,14 @@ def choose_price(table: PriceTable, gpu: str, gpus: int, provider: str | None, s
         rate = found[0].per_hour(spot)
         if rate is None:
             return unpriced(f"{provider} lists no spot price for {gpu} (compute.spot: true)")
-        return Pricing(gpu, gpus, provider, spot, rate, table.as_of, f"{gpu} at {provider}'s {kind} price")
-    priced = [(p.per_hour(spot), p.provider) for p in prices if p.per_hour(spot) is not None]
-    if not priced:
-        return unpriced(f"no provider in the table lists a {kind} price for {gpu}")
-    rate, cheapest = min(priced)
-    return Pricing(
-        gpu,
-        gpus,
-        cheapest,
-        spot,
-        rate,
-        table.as_of,
-        f"compute.provider unset: {gpu} at the cheapest {kind} price listed, {cheapest}'s",
-    )
+        note = f"{gpu} at {provider}'s {kind} price"
+    else:
+        priced = [(p.per_hour(spot), p.provider) for p in prices if p.per_hour(spot) is not None]
+        if not priced:
+            return unpriced(f"no provider in the table lists a {kind} price for {gpu}")
+        rate, provider = min(priced)
+        note = f"compute.provider unset: {gpu} at the cheapest {kind} price listed, {provider}'s"
+    return Pricing(gpu, gpus, provider, spot, rate, table.as_of, note)
 
 
 def machine_pricing(provider: str | None, spot: bool, machines: int = 1) -> Pricing:
