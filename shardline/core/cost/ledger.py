@@ -188,24 +188,15 @@ def summarize(attempts: list[dict]) -> dict | None:
 # ---------------------------------------------------------------- the ledger
 
 
-def ledger_uri(run_dir: str) -> str:
-    return storage.join(run_dir, LEDGER_FILE)
-
-
 def read_ledger(run_dir: str) -> dict:
     """A run folder's `cost.json` ({"attempts": []} when it has none)."""
-    uri = ledger_uri(run_dir)
+    uri = storage.join(run_dir, LEDGER_FILE)
     if not storage.exists(uri):
         return {"format": 1, "attempts": []}
     doc = json.loads(storage.read_text(uri))
     if not isinstance(doc, dict) or not isinstance(doc.get("attempts"), list):
         raise ValueError(f"{uri} is not a cost ledger (a JSON object with an `attempts` list)")
     return doc
-
-
-def ledger_seconds() -> float:
-    """How often progress between checkpoints is written to the ledger: `SHARDLINE_COST_LEDGER_SECONDS`, 60."""
-    return settings.number(LEDGER_ENV)
 
 
 class CostLedger:
@@ -215,9 +206,9 @@ class CostLedger:
     without a word (SIGKILL, a lost machine): it is marked `killed`. One writer: the run folder's lease."""
 
     def __init__(self, run_dir: str, pricing: Pricing, first_step: int, clock: Callable[[], float] = time.monotonic):
-        self.uri = ledger_uri(run_dir)
+        self.uri = storage.join(run_dir, LEDGER_FILE)
         self.clock = clock
-        self.every = ledger_seconds()
+        self.every = settings.number(LEDGER_ENV)
         self.doc = read_ledger(run_dir)
         for earlier in self.doc["attempts"]:
             if earlier.get("outcome") == "running":

@@ -21,11 +21,6 @@ EVERY_ENV = "SHARDLINE_SYSTEM_METRICS_SECONDS"
 CPU_KEY = "system/cpu_utilization_percentage"
 
 
-def sample_every() -> float:
-    """Seconds between samples: `SHARDLINE_SYSTEM_METRICS_SECONDS`, default 10; 0 turns sampling off."""
-    return settings.number(EVERY_ENV)
-
-
 def sample() -> dict[str, float]:
     """One reading of the machine, by MLflow's system metric names."""
     import psutil
@@ -58,7 +53,7 @@ class SystemSampler:
 
     def __init__(self, tracker, every: float | None = None, first_step: int = 0):
         self.tracker = tracker
-        self.every = sample_every() if every is None else every
+        self.every = settings.number(EVERY_ENV) if every is None else every
         self.step = first_step
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
