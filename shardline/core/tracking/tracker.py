@@ -119,15 +119,10 @@ def write_run_file(run_dir: str, run_id: str, uri: str) -> None:
 
 
 class Tracker:
-    """Logs one training run to one MLflow run without ever holding training up.
-
-    Each call is appended to the run's local journal (`tracking_journal.Journal`: in the run folder, or
-    in the local cache when the folder is remote, copied beside the checkpoints by `save_journal` and at
-    `end`) and sent in batches by a background thread that backs off while MLflow is away and replays
-    the journal when it answers. `end` waits a bounded time for the last entries; what is left stays in
-    the journal for the next attempt or `shardline sync RUN_DIR`. Without `run_dir` the journal is kept
-    in memory only.
-    """
+    """Logs one training run to one MLflow run without ever holding training up: each call goes to the run's
+    `Journal` (copied beside the checkpoints by `save_journal` when the run folder is remote), which a `Sender`
+    thread delivers. What `end` could not deliver stays for the next attempt or `shardline sync RUN_DIR`;
+    without `run_dir` the journal is kept in memory only."""
 
     def __init__(self, cfg: MlflowConfig, storage_root: str, run_dir: str | None = None):
         from mlflow import MlflowClient
