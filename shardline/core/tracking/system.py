@@ -61,13 +61,9 @@ class SystemSampler:
     def start(self) -> SystemSampler:
         if self.every <= 0:
             return self
-        try:
-            import psutil
+        import psutil
 
-            psutil.cpu_percent(interval=None)  # the baseline the first reading is measured from
-        except ImportError:
-            log.warning("system metrics are off: psutil is not installed (pip install psutil)")
-            return self
+        psutil.cpu_percent(interval=None)  # the baseline the first reading is measured from
         self._thread = threading.Thread(target=self._loop, name="shardline-system-metrics", daemon=True)
         self._thread.start()
         return self
