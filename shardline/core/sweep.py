@@ -89,10 +89,6 @@ class Trial:
     def label(self) -> str:
         return " ".join(f"{k}={_short(v)}" for k, v in self.overrides.items())
 
-    def as_set(self) -> list[str]:
-        """The overrides as `--set key=value` items (values as JSON, which YAML reads back as given)."""
-        return [f"{k}={json.dumps(v)}" for k, v in self.overrides.items()]
-
 
 def _short(value: Any) -> str:
     return json.dumps(value) if isinstance(value, dict | list) else str(value)
@@ -309,8 +305,9 @@ def raw_config(config: PipelineConfig | dict | str) -> dict:
 
 def trial_config(raw: dict, trial: Trial) -> PipelineConfig:
     """The base config's raw mapping with the trial's overrides, validated; an error names the trial."""
+    items = [f"{k}={json.dumps(v)}" for k, v in trial.overrides.items()]  # as `--set` items: YAML reads JSON as given
     try:
-        return validate_config(apply_overrides(raw, trial.as_set()), f"of trial {trial.id} ({trial.label})")
+        return validate_config(apply_overrides(raw, items), f"of trial {trial.id} ({trial.label})")
     except ConfigError as e:
         raise SweepError(str(e)) from None
 
