@@ -12,7 +12,7 @@ from shardline.core.encoding.frame import encode_frame
 from shardline.core.encoding.write import build_manifest, encode_group_to_shards, file_groups, verify_manifest
 from shardline.core.manifest import Manifest
 from shardline.core.shards import read_arrays, window_starts
-from shardline.core.storage import fetch_verified, resolve
+from shardline.core.storage import resolve, shared_cache
 from shardline.tasks.encode import dataset_id, group_key
 from shardline.tasks.ingest import snapshot_source
 from tests.conftest import make_raw, tiny_config
@@ -35,7 +35,8 @@ def encode_all(cfg):
 def shard_arrays(manifest, out_dir, info):
     """A shard's arrays as readers see them: unpacked and mapped to the data set's encoding."""
     uri = resolve(out_dir, info.path)  # in the group store: ../groups/<key>/<split>.bin.lz4
-    stored = read_arrays(fetch_verified(uri, info.sha256, info.bytes, info.compression, info.raw_bytes), info.arrays)
+    local = shared_cache().get(uri, info.sha256, info.bytes, info.compression, info.raw_bytes)
+    stored = read_arrays(local, info.arrays)
     return Globaliser(manifest.encoding).arrays(stored, info.local)
 
 

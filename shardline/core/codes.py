@@ -126,15 +126,12 @@ class Globaliser:
 
     def shard_bytes(self, raw, info: ShardInfo) -> bytes | memoryview:
         """An unpacked shard's bytes in the data set's encoding, laid out as `specs(info)` says."""
-        from shardline.core.shards import arrays_in
+        from shardline.core.shards import allocate, arrays_in
 
         if info.local is None:
             return raw
         g = self.arrays(arrays_in(raw, info.arrays), info.local)
-        size, specs = layout({n: (s.dtype, s.shape) for n, s in self.specs(info).items()})
-        buf = np.zeros(size, np.uint8)
-        for name, s in specs.items():
-            a = np.ascontiguousarray(g[name])
-            if a.nbytes:
-                buf[s.offset : s.offset + a.nbytes] = a.reshape(-1).view(np.uint8)
-        return memoryview(buf)
+        buf, _, views = allocate({n: (s.dtype, s.shape) for n, s in self.specs(info).items()})
+        for name, view in views.items():
+            view[...] = g[name]
+        return buf

@@ -85,7 +85,6 @@ def failed_on_infrastructure(state) -> bool:
 
 
 def _torch_infrastructure() -> tuple[type, ...]:
-    """torch's own types for a GPU or interconnect failure (not its out-of-memory: deterministic)."""
     import torch
 
     found = [getattr(torch, n, None) for n in TORCH_INFRASTRUCTURE]

@@ -36,11 +36,6 @@ _GEN = re.compile(r"^gen-(\d{9})\.json$")
 DEFAULT_TTL = settings.SETTINGS["SHARDLINE_LEASE_TTL"].default  # seconds, for a record that does not say
 
 
-def default_ttl() -> float:
-    """The leases this process takes last `SHARDLINE_LEASE_TTL` seconds unrenewed (3 or more)."""
-    return settings.number("SHARDLINE_LEASE_TTL")
-
-
 class LeaseLost(RuntimeError):
     """Another process took this lease after it expired: this one must stop writing."""
 
@@ -147,7 +142,7 @@ class Lease:
         """`holder`: more of who holds it, written into the record (the training run's Prefect flow run)."""
         self.folder = folder
         self.purpose = purpose
-        self.ttl = ttl if ttl is not None else default_ttl()
+        self.ttl = ttl if ttl is not None else settings.number("SHARDLINE_LEASE_TTL")  # seconds unrenewed
         self.holder = holder or {}
         self.gen = 0
         self.owner = (

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from shardline.core.config import stable_hash
 
 MANIFEST_VERSION = 1
-UNSEEN = "<unseen>"  # id 0 of every vocabulary: unseen values and nulls
 
 
 class _Model(BaseModel):

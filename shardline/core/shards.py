@@ -49,19 +49,12 @@ def allocate(
     return memoryview(buf), specs, views
 
 
-def pack_bytes(arrays: dict[str, np.ndarray]) -> tuple[memoryview, dict[str, ArraySpec]]:
-    """The shard file's bytes, built in memory (one copy of each array), and its layout."""
+def write_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, ArraySpec]:
+    """Write arrays into one file at `path` (a staging file: the caller publishes it); its layout."""
     buf, specs, views = allocate({name: (arr.dtype, arr.shape) for name, arr in arrays.items()})
     for name, arr in arrays.items():
         views[name][...] = arr
-    return buf, specs
-
-
-def write_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, ArraySpec]:
-    """Write arrays into one file at `path` (a staging file: the caller publishes it)."""
-    buf, specs = pack_bytes(arrays)
-    with open(path, "wb") as f:
-        f.write(buf)
+    Path(path).write_bytes(buf)
     return specs
 
 
@@ -76,12 +69,6 @@ def compress_bytes(data, codec: str) -> memoryview:
 
     out = (pa.Codec("zstd", ZSTD_LEVEL) if codec == "zstd" else pa.Codec(codec)).compress(data)
     return memoryview(out)[: out.size]
-
-
-def decompress_file(src: str | Path, dest: str | Path, raw_bytes: int, codec: str) -> None:
-    out = unpack_bytes(Path(src).read_bytes(), raw_bytes, str(src), codec)
-    with open(dest, "wb") as f:
-        f.write(out)
 
 
 def unpack_bytes(data: bytes, raw_bytes: int, what: str, codec: str) -> bytes:
@@ -178,11 +165,6 @@ class MappedPages:
             raise ValueError("the array is not a view of this mapping")
         return off
 
-    @property
-    def resident(self) -> int:
-        """Bytes of this mapping counted as read since the last drop (whole blocks)."""
-        return int(np.count_nonzero(self._read)) * self.block
-
     def read(self, spans) -> None:
         """Note that bytes [start, start + length) of the mapping were read, for each (starts, length) in
         `spans` (`starts`: an array of byte offsets); drop every mapping once the budget is passed."""
@@ -272,27 +254,26 @@ def pack_layout(shards: list[dict[str, ArraySpec]]) -> tuple[int, dict[str, Arra
             raise ValueError(
                 f"the shards store '{name}' in different types or widths; the shards of a split must share one encoding"
             )
+    row_bytes = {r: int(np.prod(r[2], dtype=np.int64)) * np.dtype(r[1]).itemsize for r in order}
     offset = 0
     base: dict[tuple, int] = {}
     rows: dict[tuple, int] = {}
     for r in order:
         offset += (-offset) % ALIGN
         base[r] = offset
-        n = sum(
+        rows[r] = sum(
             int(specs[r[0]].shape[0])
             for specs in shards
             if r[0] in specs and (specs[r[0]].dtype, tuple(specs[r[0]].shape[1:])) == r[1:]
         )
-        rows[r] = n
-        offset += n * int(np.prod(r[2], dtype=np.int64)) * np.dtype(r[1]).itemsize
+        offset += rows[r] * row_bytes[r]
     at = dict.fromkeys(order, 0)
     per_shard = []
     for specs in shards:
         mine = {}
         for name, s in specs.items():
             r = (name, s.dtype, tuple(s.shape[1:]))
-            row_bytes = int(np.prod(r[2], dtype=np.int64)) * np.dtype(r[1]).itemsize
-            mine[name] = ArraySpec(dtype=s.dtype, shape=list(s.shape), offset=base[r] + at[r] * row_bytes)
+            mine[name] = ArraySpec(dtype=s.dtype, shape=list(s.shape), offset=base[r] + at[r] * row_bytes[r])
             at[r] += int(s.shape[0])
         per_shard.append(mine)
     joined = {r[0]: ArraySpec(dtype=r[1], shape=[rows[r], *r[2]], offset=base[r]) for r in order if rank[r] is not None}
@@ -301,20 +282,7 @@ def pack_layout(shards: list[dict[str, ArraySpec]]) -> tuple[int, dict[str, Arra
 
 def read_arrays(path: str | Path, specs: dict[str, ArraySpec], mmap: bool = True) -> dict[str, np.ndarray]:
     """Open a shard's arrays: memory-mapped (zero copy) by default."""
-    out: dict[str, np.ndarray] = {}
-    if mmap:
-        for name, s in specs.items():
-            if int(np.prod(s.shape)) == 0:
-                out[name] = np.zeros(s.shape, dtype=np.dtype(s.dtype))
-            else:
-                out[name] = np.memmap(path, dtype=np.dtype(s.dtype), mode="r", offset=s.offset, shape=tuple(s.shape))
-        return out
-    data = Path(path).read_bytes()
-    for name, s in specs.items():
-        dt = np.dtype(s.dtype)
-        n = int(np.prod(s.shape))
-        out[name] = np.frombuffer(data, dtype=dt, count=n, offset=s.offset).reshape(s.shape)
-    return out
+    return arrays_in(map_file(path, mmap), specs)
 
 
 def _window_counts(offsets: np.ndarray, window: int, horizon: int) -> np.ndarray:

@@ -155,23 +155,24 @@ def write_text(uri: str, text: str) -> None:
     write_bytes(uri, text.encode())
 
 
-def sha256_file(path: str | Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sha256_uri(uri: str) -> str:
     if not is_remote(uri):
         return sha256_file(local_path(uri))
     fs, path = filesystem(uri)
-    h = hashlib.sha256()
     with fs.open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _check_sha256(uri: str, sha256: str, got: str) -> None:
+    if got != sha256:
+        raise OSError(
+            f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step"
+        )
 
 
 def cache_dir() -> Path:
@@ -189,6 +190,20 @@ def gb_at_least(nbytes: int) -> str:
     gb = max(nbytes, 1) / 1e9
     step = 10.0 ** (math.floor(math.log10(gb)) - 2)
     return f"{math.ceil(gb / step - 1e-9) * step:g}"
+
+
+def _cached(objects: Path) -> list[tuple[float, str, int, Path]]:
+    """(mtime, name, size, path) of each complete object in a cache's `objects` folder."""
+    entries = []
+    for p in objects.glob("??/*"):
+        if p.name.startswith(TMP_MARK):
+            continue
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # evicted by another thread or process meanwhile
+            continue
+        entries.append((st.st_mtime, p.name, st.st_size, p))
+    return entries
 
 
 def _touch(path: Path) -> bool:
@@ -248,26 +263,13 @@ class ShardCache:
         probe = root
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
-        return int(shutil.disk_usage(probe).free * 0.5) + ShardCache._held_bytes(root / "objects")
-
-    @staticmethod
-    def _held_bytes(objects: Path) -> int:
-        total = 0
-        if objects.exists():
-            for p in objects.glob("??/*"):
-                if p.name.startswith(TMP_MARK):
-                    continue
-                try:
-                    total += p.stat().st_size
-                except FileNotFoundError:  # evicted by another thread or process meanwhile
-                    pass
-        return total
+        return int(shutil.disk_usage(probe).free * 0.5) + sum(e[2] for e in _cached(root / "objects"))
 
     def path(self, sha256: str) -> Path:
         return self.objects / sha256[:2] / sha256
 
     def held_bytes(self) -> int:
-        return self._held_bytes(self.objects)
+        return sum(e[2] for e in _cached(self.objects))
 
     def describe_cap(self) -> str:
         """The cap and where it comes from, for messages: '300 MB (SHARDLINE_CACHE_MAX_GB=0.3)'."""
@@ -338,16 +340,7 @@ class ShardCache:
                 "smaller shards (a smaller data.group_mb or data.files_per_group: a shard is one file group's "
                 "rows of one split)"
             )
-        entries = []
-        if self.objects.exists():
-            for p in self.objects.glob("??/*"):
-                if p.name.startswith(TMP_MARK):
-                    continue
-                try:
-                    st = p.stat()
-                except FileNotFoundError:
-                    continue
-                entries.append((st.st_mtime, p.name, st.st_size, p))
+        entries = _cached(self.objects)
         used = sum(e[2] for e in entries) + sum(v for k, v in self._reserved.items() if k != sha256)
         for _, name, nbytes, p in sorted(entries):
             if used + size <= self.cap:
@@ -402,51 +395,35 @@ class ShardCache:
             return self.build(
                 derived.key,
                 derived.nbytes,
-                lambda tmp: _write_all(tmp, derived.transform(read_verified(uri, sha256, compression, raw_bytes))),
+                lambda tmp: tmp.write_bytes(derived.transform(read_verified(uri, sha256, compression, raw_bytes))),
                 uri,
             )
-        dest = self.path(sha256)
-        if _touch(dest):  # there: recently used
-            return dest
+        if _touch(self.path(sha256)):  # there: recently used (and no remote size asked for)
+            return self.path(sha256)
         remote = is_remote(uri)
         fs, path = filesystem(uri) if remote else (None, local_path(uri))
         if size is None:
             size = int(fs.size(path)) if remote else os.path.getsize(path)
-        footprint = raw_bytes if compression else size
-        self._reserve(sha256, int(footprint), uri)
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}")
-            fetched = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}.in")
+
+        def fetch(tmp: Path) -> None:
+            fetched = tmp.with_name(f"{tmp.name}.in")
             try:
                 if remote:
                     fs.get_file(path, str(fetched))
-                    src = fetched
-                else:
-                    src = Path(path)
-                got = sha256_file(src)
-                if got != sha256:
-                    raise OSError(
-                        f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the "
-                        "encode step"
-                    )
+                src = fetched if remote else Path(path)
+                _check_sha256(uri, sha256, sha256_file(src))
                 if compression is not None:
-                    from shardline.core.shards import decompress_file
+                    from shardline.core.shards import unpack_bytes
 
-                    decompress_file(src, tmp, int(raw_bytes), compression)
+                    tmp.write_bytes(unpack_bytes(src.read_bytes(), int(raw_bytes), str(src), compression))
                 elif remote:
                     os.replace(src, tmp)
                 else:
                     shutil.copyfile(src, tmp)
-                os.replace(tmp, dest)
-                self.downloads += 1
             finally:
-                tmp.unlink(missing_ok=True)
                 fetched.unlink(missing_ok=True)
-        finally:
-            with self._lock:
-                self._reserved.pop(sha256, None)
-        return dest
+
+        return self.build(sha256, raw_bytes if compression else size, fetch, uri)
 
     def build(self, key: str, size: int, builder, what: str) -> Path:
         """A derived object (a split pack): `builder(tmp_path)` writes it once, aside, then it is renamed
@@ -507,11 +484,6 @@ class Derived:
     transform: Callable[[bytes], bytes | memoryview]
 
 
-def _write_all(path: Path, data) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-
-
 _CACHES: dict[tuple[str, int | None], ShardCache] = {}
 
 
@@ -526,24 +498,9 @@ def shared_cache(cap_bytes: int | None = None) -> ShardCache:
 def read_verified(uri: str, sha256: str, compression: str | None = None, raw_bytes: int | None = None) -> bytes:
     """The bytes of a stored object, checked against `sha256`, unpacked when compressed."""
     data = read_bytes(uri)
-    got = hashlib.sha256(data).hexdigest()
-    if got != sha256:
-        raise OSError(
-            f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step"
-        )
+    _check_sha256(uri, sha256, hashlib.sha256(data).hexdigest())
     if compression is not None:
         from shardline.core.shards import unpack_bytes
 
         return unpack_bytes(data, int(raw_bytes), uri, compression)
     return data
-
-
-def fetch_verified(
-    uri: str, sha256: str, size: int | None = None, compression: str | None = None, raw_bytes: int | None = None
-) -> Path:
-    """A local path holding the exact bytes of `uri` (checked against `sha256`).
-
-    Local files are used in place; remote ones are copied into the size-capped local cache (by
-    checksum, so a verified copy is reused by every later run on this machine).
-    """
-    return shared_cache().get(uri, sha256, size, compression, raw_bytes)

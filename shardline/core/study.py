@@ -38,10 +38,7 @@ class StorageJournal:
         self._read: dict[str, list[dict]] = {}
 
     def _entries(self) -> list[str]:
-        try:
-            return sorted(n for n in storage.names(self.folder) if n.endswith(".json") and n[:-5].isdigit())
-        except FileNotFoundError:
-            return []
+        return sorted(n for n in storage.names(self.folder) if n.endswith(".json") and n[:-5].isdigit())
 
     def read_logs(self, log_number_from: int) -> list[dict[str, Any]]:
         logs: list[dict] = []
@@ -66,10 +63,6 @@ def _backend_class() -> type:
     from optuna.storages.journal import BaseJournalBackend
 
     return type("StorageJournalBackend", (StorageJournal, BaseJournalBackend), {})
-
-
-def _backend(folder: str):
-    return _backend_class()(folder)
 
 
 class Pruning(BaseModel):
@@ -141,7 +134,7 @@ def open_study(journal: str, name: str, direction: str | None, pruner=None, samp
     from optuna.storages import JournalStorage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    journal_storage = JournalStorage(_backend(journal))
+    journal_storage = JournalStorage(_backend_class()(journal))
     if direction is None:
         return optuna.load_study(study_name=name, storage=journal_storage, pruner=pruner, sampler=sampler)
     return optuna.create_study(

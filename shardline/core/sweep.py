@@ -89,10 +89,6 @@ class Trial:
     def label(self) -> str:
         return " ".join(f"{k}={_short(v)}" for k, v in self.overrides.items())
 
-    def as_set(self) -> list[str]:
-        """The overrides as `--set key=value` items (values as JSON, which YAML reads back as given)."""
-        return [f"{k}={json.dumps(v)}" for k, v in self.overrides.items()]
-
 
 def _short(value: Any) -> str:
     return json.dumps(value) if isinstance(value, dict | list) else str(value)
@@ -229,11 +225,6 @@ def check_keys(keys: list[str], origin: str) -> None:
 # ---------------------------------------------------------------- trials
 
 
-def _ids(n: int) -> list[str]:
-    width = len(str(n))
-    return [f"t{i + 1:0{width}d}" for i in range(n)]
-
-
 def grid_trials(space: Space) -> list[Trial]:
     """Every combination of the space's lists, the first key varying slowest (a range cannot be a grid)."""
     ranges = [k for k, v in space.items() if isinstance(v, Range)]
@@ -241,8 +232,7 @@ def grid_trials(space: Space) -> list[Trial]:
         raise SweepError(
             f"{', '.join(ranges)}: a range has no grid; sample it with --random N, or list its values instead"
         )
-    combos = _unique([dict(zip(space, values)) for values in itertools.product(*space.values())])
-    return [Trial(i, c) for i, c in zip(_ids(len(combos)), combos)]
+    return _trials([dict(zip(space, values)) for values in itertools.product(*space.values())])
 
 
 def random_trials(space: Space, n: int, seed: int = 0) -> list[Trial]:
@@ -252,18 +242,16 @@ def random_trials(space: Space, n: int, seed: int = 0) -> list[Trial]:
         raise SweepError(f"--random {n}: draw at least one trial")
     rng = random.Random(seed)
     drawn = [{k: (rng.choice(v) if isinstance(v, list) else v.sample(rng)) for k, v in space.items()} for _ in range(n)]
-    unique = _unique(drawn)
-    return [Trial(i, c) for i, c in zip(_ids(len(unique)), unique)]
+    return _trials(drawn)
 
 
-def _unique(points: list[dict]) -> list[dict]:
-    seen, out = set(), []
+def _trials(points: list[dict]) -> list[Trial]:
+    """A trial per distinct point, in order: t1, t2, ... (zero-padded to the count: t01 of 10)."""
+    unique: dict[str, dict] = {}
     for p in points:
-        key = json.dumps(p, sort_keys=True, default=str)
-        if key not in seen:
-            seen.add(key)
-            out.append(p)
-    return out
+        unique.setdefault(json.dumps(p, sort_keys=True, default=str), p)
+    width = len(str(len(unique)))
+    return [Trial(f"t{i + 1:0{width}d}", p) for i, p in enumerate(unique.values())]
 
 
 @dataclass
@@ -317,8 +305,9 @@ def raw_config(config: PipelineConfig | dict | str) -> dict:
 
 def trial_config(raw: dict, trial: Trial) -> PipelineConfig:
     """The base config's raw mapping with the trial's overrides, validated; an error names the trial."""
+    items = [f"{k}={json.dumps(v)}" for k, v in trial.overrides.items()]  # as `--set` items: YAML reads JSON as given
     try:
-        return validate_config(apply_overrides(raw, trial.as_set()), f"of trial {trial.id} ({trial.label})")
+        return validate_config(apply_overrides(raw, items), f"of trial {trial.id} ({trial.label})")
     except ConfigError as e:
         raise SweepError(str(e)) from None
 

@@ -107,14 +107,17 @@ def user_code_version(entrypoint: str, code_dir: str | None) -> str:
     return h.hexdigest()[:16]
 
 
-@cache
-def code_version_of(*modules: str) -> str:
+def _digest(files: list[Path]) -> str:
     h = hashlib.sha256()
-    files = sorted({p for m in modules for p in module_closure(m)})
     for path in files:
         h.update(str(path.relative_to(ROOT)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+@cache
+def code_version_of(*modules: str) -> str:
+    return _digest(sorted({p for m in modules for p in module_closure(m)}))
 
 
 # the code that decides a trained model's weights and scores: the trainer (its loop, step, models, loader,
@@ -132,9 +135,4 @@ def trainer_version() -> str:
 @cache
 def code_version() -> str:
     """The whole project's code version (every source file)."""
-    h = hashlib.sha256()
-    for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            h.update(str(path.relative_to(ROOT)).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+    return _digest([path for pkg in PACKAGES for path in sorted((ROOT / pkg).rglob("*.py"))])

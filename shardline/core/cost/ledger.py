@@ -70,20 +70,14 @@ def choose_price(table: PriceTable, gpu: str, gpus: int, provider: str | None, s
         rate = found[0].per_hour(spot)
         if rate is None:
             return unpriced(f"{provider} lists no spot price for {gpu} (compute.spot: true)")
-        return Pricing(gpu, gpus, provider, spot, rate, table.as_of, f"{gpu} at {provider}'s {kind} price")
-    priced = [(p.per_hour(spot), p.provider) for p in prices if p.per_hour(spot) is not None]
-    if not priced:
-        return unpriced(f"no provider in the table lists a {kind} price for {gpu}")
-    rate, cheapest = min(priced)
-    return Pricing(
-        gpu,
-        gpus,
-        cheapest,
-        spot,
-        rate,
-        table.as_of,
-        f"compute.provider unset: {gpu} at the cheapest {kind} price listed, {cheapest}'s",
-    )
+        note = f"{gpu} at {provider}'s {kind} price"
+    else:
+        priced = [(p.per_hour(spot), p.provider) for p in prices if p.per_hour(spot) is not None]
+        if not priced:
+            return unpriced(f"no provider in the table lists a {kind} price for {gpu}")
+        rate, provider = min(priced)
+        note = f"compute.provider unset: {gpu} at the cheapest {kind} price listed, {provider}'s"
+    return Pricing(gpu, gpus, provider, spot, rate, table.as_of, note)
 
 
 def machine_pricing(provider: str | None, spot: bool, machines: int = 1) -> Pricing:
@@ -194,24 +188,15 @@ def summarize(attempts: list[dict]) -> dict | None:
 # ---------------------------------------------------------------- the ledger
 
 
-def ledger_uri(run_dir: str) -> str:
-    return storage.join(run_dir, LEDGER_FILE)
-
-
 def read_ledger(run_dir: str) -> dict:
     """A run folder's `cost.json` ({"attempts": []} when it has none)."""
-    uri = ledger_uri(run_dir)
+    uri = storage.join(run_dir, LEDGER_FILE)
     if not storage.exists(uri):
         return {"format": 1, "attempts": []}
     doc = json.loads(storage.read_text(uri))
     if not isinstance(doc, dict) or not isinstance(doc.get("attempts"), list):
         raise ValueError(f"{uri} is not a cost ledger (a JSON object with an `attempts` list)")
     return doc
-
-
-def ledger_seconds() -> float:
-    """How often progress between checkpoints is written to the ledger: `SHARDLINE_COST_LEDGER_SECONDS`, 60."""
-    return settings.number(LEDGER_ENV)
 
 
 class CostLedger:
@@ -221,9 +206,9 @@ class CostLedger:
     without a word (SIGKILL, a lost machine): it is marked `killed`. One writer: the run folder's lease."""
 
     def __init__(self, run_dir: str, pricing: Pricing, first_step: int, clock: Callable[[], float] = time.monotonic):
-        self.uri = ledger_uri(run_dir)
+        self.uri = storage.join(run_dir, LEDGER_FILE)
         self.clock = clock
-        self.every = ledger_seconds()
+        self.every = settings.number(LEDGER_ENV)
         self.doc = read_ledger(run_dir)
         for earlier in self.doc["attempts"]:
             if earlier.get("outcome") == "running":

@@ -244,13 +244,9 @@ class Journal:
             self.changed.notify_all()
 
 
-def _http(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
-
-
 def _reachable(uri: str) -> bool:
     """Whether anything answers at an HTTP tracking URI (any status counts: only the connection is probed)."""
-    if not _http(uri):
+    if not uri.startswith(("http://", "https://")):
         return True
     import requests
 

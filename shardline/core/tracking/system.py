@@ -21,11 +21,6 @@ EVERY_ENV = "SHARDLINE_SYSTEM_METRICS_SECONDS"
 CPU_KEY = "system/cpu_utilization_percentage"
 
 
-def sample_every() -> float:
-    """Seconds between samples: `SHARDLINE_SYSTEM_METRICS_SECONDS`, default 10; 0 turns sampling off."""
-    return settings.number(EVERY_ENV)
-
-
 def sample() -> dict[str, float]:
     """One reading of the machine, by MLflow's system metric names."""
     import psutil
@@ -58,7 +53,7 @@ class SystemSampler:
 
     def __init__(self, tracker, every: float | None = None, first_step: int = 0):
         self.tracker = tracker
-        self.every = sample_every() if every is None else every
+        self.every = settings.number(EVERY_ENV) if every is None else every
         self.step = first_step
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -66,13 +61,9 @@ class SystemSampler:
     def start(self) -> SystemSampler:
         if self.every <= 0:
             return self
-        try:
-            import psutil
+        import psutil
 
-            psutil.cpu_percent(interval=None)  # the baseline the first reading is measured from
-        except ImportError:
-            log.warning("system metrics are off: psutil is not installed (pip install psutil)")
-            return self
+        psutil.cpu_percent(interval=None)  # the baseline the first reading is measured from
         self._thread = threading.Thread(target=self._loop, name="shardline-system-metrics", daemon=True)
         self._thread.start()
         return self

@@ -44,10 +44,8 @@ def unmasked(uri: str) -> str:
 
 
 def tracking_uri(cfg: MlflowConfig, storage_root: str) -> str:
-    if cfg.tracking_uri and has_masked_userinfo(cfg.tracking_uri):
-        return unmasked(cfg.tracking_uri)
     if cfg.tracking_uri:
-        return cfg.tracking_uri
+        return unmasked(cfg.tracking_uri)
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     if storage.is_remote(storage_root):
@@ -115,16 +113,16 @@ def read_run_file(run_dir: str) -> dict:
     return json.loads(storage.read_text(uri)) if storage.exists(uri) else {}
 
 
-class Tracker:
-    """Logs one training run to one MLflow run without ever holding training up.
+def write_run_file(run_dir: str, run_id: str, uri: str) -> None:
+    """`mlflow-run.json`: the run's id, and its tracking URI without credentials (a file in the storage root)."""
+    storage.write_text(storage.join(run_dir, RUN_FILE), json.dumps({"run_id": run_id, "tracking_uri": redact_uri(uri)}))
 
-    Each call is appended to the run's local journal (`tracking_journal.Journal`: in the run folder, or
-    in the local cache when the folder is remote, copied beside the checkpoints by `save_journal` and at
-    `end`) and sent in batches by a background thread that backs off while MLflow is away and replays
-    the journal when it answers. `end` waits a bounded time for the last entries; what is left stays in
-    the journal for the next attempt or `shardline sync RUN_DIR`. Without `run_dir` the journal is kept
-    in memory only.
-    """
+
+class Tracker:
+    """Logs one training run to one MLflow run without ever holding training up: each call goes to the run's
+    `Journal` (copied beside the checkpoints by `save_journal` when the run folder is remote), which a `Sender`
+    thread delivers. What `end` could not deliver stays for the next attempt or `shardline sync RUN_DIR`;
+    without `run_dir` the journal is kept in memory only."""
 
     def __init__(self, cfg: MlflowConfig, storage_root: str, run_dir: str | None = None):
         from mlflow import MlflowClient
@@ -179,10 +177,7 @@ class Tracker:
         if not self.run_dir:
             return
         try:
-            storage.write_text(
-                storage.join(self.run_dir, RUN_FILE),
-                json.dumps({"run_id": run_id, "tracking_uri": redact_uri(self.uri)}),  # a file in the storage root
-            )
+            write_run_file(self.run_dir, run_id, self.uri)
         except OSError as e:
             log.warning("could not write %s (%s)", storage.join(self.run_dir, RUN_FILE), redact_uri(str(e)))
 
@@ -287,17 +282,12 @@ def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> 
     against the server first. The tracking URI: `uri`, else `mlflow-run.json`'s, else the run's config."""
     recorded = read_run_file(run_dir)
     try:
-        uri = uri or recorded.get("tracking_uri") or _configured_uri(run_dir)
+        uri = unmasked(uri or recorded.get("tracking_uri") or _configured_uri(run_dir))  # this machine's credentials
     except ValueError:
-        if not Journal.exists_for(run_dir):  # no journal and no store named: say the first
-            if missing_ok:
-                return None
-            raise FileNotFoundError(
-                f"{run_dir}: no MLflow journal ({JOURNAL_FILE}) there; is it a training run folder?"
-            ) from None
-        raise
-    uri = unmasked(uri)  # recorded without its credentials: this machine's own
-    if not Journal.exists_for(run_dir, uri):
+        if Journal.exists_for(run_dir):  # a journal but no store named: say that; neither: say there is no journal
+            raise
+        uri = None
+    if uri is None or not Journal.exists_for(run_dir, uri):
         if missing_ok:
             return None
         raise FileNotFoundError(f"{run_dir}: no MLflow journal ({JOURNAL_FILE}) there; is it a training run folder?")
@@ -305,13 +295,7 @@ def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> 
     journal = Journal.for_run_dir(run_dir, uri)
     if journal.run_id is None and recorded.get("run_id"):
         journal.set_run(recorded["run_id"])
-
-    def record(run_id: str) -> None:
-        storage.write_text(
-            storage.join(run_dir, RUN_FILE), json.dumps({"run_id": run_id, "tracking_uri": redact_uri(uri)})
-        )
-
-    sender = Sender(journal, uri, on_run=record, check=True)
+    sender = Sender(journal, uri, on_run=lambda run_id: write_run_file(run_dir, run_id, uri), check=True)
     before = (journal.sent, journal.run_id)
     try:
         sender.deliver()
