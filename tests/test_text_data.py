@@ -223,6 +223,26 @@ def test_shards_tokenized_otherwise_are_refused_naming_both_tokenizers(tmp_path)
         load_manifest(uri, validate_config(text_config(tmp_path)))  # a trained BPE is not that file either
 
 
+def test_a_tokenizer_file_on_an_object_store_is_read_where_the_config_file_says(tmp_path):
+    """A config file's relative paths are taken from its folder; a URL (`s3://...`) is not a relative path: it
+    was rewritten into a path below the config's folder, so a team's tokenizer on the store was 'not there'."""
+    import fsspec
+    import yaml
+
+    from shardline.core.config import load_config
+    from shardline.core.encoding.text import read_tokenizer_file
+
+    url = "memory://shardline-test/tok.json"
+    text = train_bpe(sentences(200, 8), 270)
+    with fsspec.open(url, "w") as f:
+        f.write(text)
+    write(tmp_path, pl.DataFrame({"body": sentences(40, 7)}))
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(text_config(tmp_path, tokenizer={"file": url})))
+    config = load_config(tmp_path / "run.yaml", [])
+    assert config.data.tokenizer.file == url
+    assert read_tokenizer_file(config.data.tokenizer.file) == text  # every machine reads it from the store
+
+
 def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
     bodies = sentences(30, 9)
     bodies[3], bodies[7], bodies[11] = None, "", None

@@ -57,7 +57,8 @@ def _rebase_paths(raw: dict, folder: Path) -> dict:
         raw["model"] = {**model, "code_dir": str(folder.resolve())}  # the user's code sits beside the config
     data = raw.get("data")
     tok = data.get("tokenizer") if isinstance(data, dict) else None
-    if isinstance(tok, dict) and isinstance(tok.get("file"), str) and not Path(tok["file"]).is_absolute():
+    file = tok.get("file") if isinstance(tok, dict) else None
+    if isinstance(file, str) and "://" not in file and not Path(file).is_absolute():  # a URL is where it says
         raw["data"] = {**data, "tokenizer": {**tok, "file": str((folder / tok["file"]).resolve())}}
     for section, key in (("data", "source"), ("storage", "root"), ("model", "code_dir")):
         val = (raw.get(section) or {}).get(key) if isinstance(raw.get(section), dict) else None
