@@ -17,7 +17,7 @@ from shardline.core.encoding.columns import DataError
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
 from shardline.core.secrets import redacted_errors
 from shardline.core.storage import filesystem, is_remote
-from shardline.tasks.caching import CacheRule
+from shardline.tasks.caching import CacheRule, raw_files_key
 from shardline.trainer.serving import naive_utc
 
 
@@ -270,16 +270,12 @@ def footers(files: list[tuple[str, int]]) -> Iterator[pq.FileMetaData | BaseExce
         yield from got
 
 
-def _ids(files: list[RawFile]) -> set[tuple[str, int, str]]:
-    return {(f.uri, f.size, f.version) for f in files}
-
-
 def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapshot:
     """List and check the raw files (footers only); raise on a bad file unless data.on_bad_file is 'skip'.
     `checked`: an earlier snapshot of the source under this data config: a file it accepted, listed now with
     the same size and version (etag, mtime), is taken without reading its footer again."""
     listing = source_listing(data)
-    known = _ids(checked.files) if checked else set()
+    known = set(raw_files_key(checked.files)) if checked else set()
     files: list[RawFile] = [RawFile(uri=u, size=n, version=v) for u, n, v in listing if (u, n, v) in known]
     listing = [entry for entry in listing if entry not in known]
     uris = [f.uri for f in files] + [uri for uri, _, _ in listing]
@@ -383,7 +379,7 @@ def ingest(data: DataConfig, root: str | None = None) -> Snapshot:
     check_registrable(data, snap)  # what registration would refuse, refused before any work
     if root:
         storage.write_text(checked_record(root, data), snap.model_dump_json())
-    reused = len(_ids(snap.files) & _ids(checked.files)) if checked else 0
+    reused = len(set(raw_files_key(snap.files)) & set(raw_files_key(checked.files))) if checked else 0
     log.info(
         "ingest: %d file(s), %.1f MB, fingerprint %s; %d of them unchanged since an earlier ingest checked them "
         "(their footers not read again)",
