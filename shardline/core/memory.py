@@ -12,6 +12,11 @@ Setting the mmap threshold also stops glibc from moving its trim threshold (2x t
 both), which then stays at 128 KB: every free at the heap's top gave its pages back and the next gather faulted
 them in again, and the loader ran at half its speed (0.5x with 0 threads, 0.6x with 2; benchmarks/data_bench.py).
 The trim threshold is set too, at glibc's own ratio: 8 MB.
+
+A heap shrinks only at its top, so many small blocks freed below a live one stay in the process: the ingest's
+parsed footers (~140 KB each, a batch of 256 at a time) and an encoded group's frames. `trim` hands every whole
+free page of every arena back (glibc's `malloc_trim`), called after each batch and each group: without it the
+ingest of 10,000 files left ~430 MB of free heap behind.
 """
 
 from __future__ import annotations
@@ -24,6 +29,18 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 THRESHOLD = 4 << 20
 
 _done = False
+_libc = None
+
+
+def _glibc():
+    """The C library, when it is glibc's (Linux); else None."""
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        except OSError:
+            _libc = False
+    return _libc or None
 
 
 def return_freed_memory() -> bool:
@@ -33,8 +50,15 @@ def return_freed_memory() -> bool:
     if _done or not sys.platform.startswith("linux"):
         return _done
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = _glibc()
         _done = bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 * THRESHOLD))
     except (OSError, AttributeError):  # not glibc (musl has no mallopt): its own allocator's ways
         _done = False
     return _done
+
+
+def trim() -> None:
+    """Give the free pages inside malloc's heaps back to the system (glibc; elsewhere nothing)."""
+    libc = _glibc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)

@@ -36,6 +36,7 @@ from shardline.core.encoding.write import (
 )
 from shardline.core.failures import retry_on_infrastructure
 from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, Snapshot
+from shardline.core.memory import trim
 from shardline.core.secrets import redacted_errors
 from shardline.core.version import code_version_of
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
@@ -120,6 +121,7 @@ def encode_group(
     key = group_key(files, data, tokenizer[1] if tokenizer else None)
     stored = stored_group(store, key) if reuse else None
     result = stored or encode_group_to_shards(files, data, store, key, reuse=False, tokenizer=tokenizer)
+    trim()  # the group's frames and buffers, freed: the holes they left in the heaps go back to the system
     get_run_logger().info(
         "encode: group %d/%d %s: %d file(s), %d rows in %.1fs",
         group + 1,
@@ -369,14 +371,16 @@ def encode_dataset(
     from shardline.core.memory import return_freed_memory
 
     return_freed_memory()
+
+    def one(files: list[RawFile]) -> EncodedGroup:
+        group = encode_group_to_shards(files, data, store, group_key(files, data, sha), tokenizer=tokenizer)
+        trim()
+        return group
+
     store = store or storage.join(out_dir, layout.GROUPS)
     groups = file_groups(snapshot, data)
     tokenizer = fit_tokenizer(snapshot, data, out_dir) if data.features.text else None
+    sha = tokenizer[1] if tokenizer else None
     with ThreadPoolExecutor(max(1, threads or encode_workers(data))) as pool:
-        sha = tokenizer[1] if tokenizer else None
-        results = list(
-            pool.map(
-                lambda g: encode_group_to_shards(g, data, store, group_key(g, data, sha), tokenizer=tokenizer), groups
-            )
-        )
+        results = list(pool.map(one, groups))
     return publish_manifest(snapshot, results, data, out_dir, store)[0]

@@ -15,6 +15,7 @@ from shardline.core import layout, storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.core.encoding.columns import DataError
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
+from shardline.core.memory import trim
 from shardline.core.secrets import redacted_errors
 from shardline.core.storage import filesystem, is_remote
 from shardline.tasks.caching import CacheRule, raw_files_key
@@ -268,6 +269,8 @@ def footers(files: list[tuple[str, int]]) -> Iterator[pq.FileMetaData | BaseExce
             for j, g in zip(longer, again, strict=True):
                 got[j] = ValueError("its footer is longer than it says") if isinstance(g, int) else g
         yield from got
+        del got
+        trim()  # the batch's parsed footers, freed among the files' records, left holes a heap keeps
 
 
 def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapshot:

@@ -221,10 +221,11 @@ class DataConfig(Strict):
     split: SplitConfig = Field(default_factory=SplitConfig)
     continuous_dtype: Literal["float32", "float16"] = "float32"
     group_mb: float = Field(
-        64,
+        16,
         gt=0,
         description="raw MB read by one mapped encode task; each task writes one shard per split, so this sets the "
-        "shard size (about 1-3x it times the split's fraction) and bounds the task's memory (about 10x it)",
+        "shard size (about 1-3x it times the split's fraction) and bounds the task's memory (about 17x it for "
+        "zlib parquet of numbers: the decoded rows, then the shards' buffers)",
     )
     shard_compression: Literal["lz4", "zstd", "none"] = Field(
         "lz4",
@@ -239,7 +240,7 @@ class DataConfig(Strict):
     encode_workers: int | None = Field(
         None,
         ge=1,
-        description="file groups encoded at once (each holds about 10x group_mb of memory while it runs); default: the "
+        description="file groups encoded at once (each holds about 17x group_mb of memory while it runs); default: the "
         "machine's CPU count. With a Dask or Ray task runner, set it to the cluster's worker count",
     )
 
