@@ -395,6 +395,8 @@ class Bench:
         cmd = [str(BIN), "run", str(home / "run.yaml"), "--set", f"training.max_steps_per_epoch={steps_cap}"]
         cmd += [x for o in self.overrides for x in ("--set", o)] + (["--force", force] if force else [])
         r = sampled(cmd, self.env(home, cache, cap_gb), home, stop)
+        # the command's output, kept beside its home for a look afterwards (the measures drop it)
+        (home / f"command-{int(r['t0'])}.log").write_text(r["out"] + "\n--- stderr ---\n" + r["err"])
         r["steps"] = next((line for line in r["out"].splitlines() if line.startswith("steps:")), "")
         r["spans"] = spans(home, r["t0"], api=self.api, log=r["out"] + r["err"])
         r.update(training_figures(home, r["t0"], BATCH))

@@ -22,7 +22,6 @@ from shardline.core.shards import (
     pack_layout,
     read_arrays,
     resident_budget,
-    window_starts,
 )
 from shardline.core.storage import (
     ShardCache,
@@ -35,9 +34,44 @@ from shardline.core.storage import (
 from shardline.trainer.data.batch import ARRAYS, POSITIONS, Batch, Windows, target_names
 
 
-def _narrow(starts: np.ndarray) -> np.ndarray:
-    """Window start rows as int32 when they fit (they are increasing: the last is the largest)."""
-    return starts.astype(np.int32) if not len(starts) or starts[-1] < 2**31 else starts
+class Starts:
+    """Each window's start row, worked out from the segments (sequences) it lies in: window w of a segment whose
+    first window is number f starts w - f rows after the segment's first usable row. Memory per segment, not per
+    window (a split of 70M windows is some 20,000 games: 0.3 MB, where a start row per window took 280 MB, twice
+    when the shards were joined); a batch's starts cost one binary search over the segments."""
+
+    def __init__(self, rows: np.ndarray, first: np.ndarray):
+        self._rows = rows  # each segment's first start row (segments with a window only)
+        self._first = first  # each segment's first window number, and the total last
+
+    @classmethod
+    def of(cls, offsets: np.ndarray, window: int, horizon: int) -> Starts:
+        """The windows of segments at `offsets` (as `shardline.core.shards.window_starts` lists them)."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        counts = np.maximum(np.diff(offsets) - max(window + horizon, window) + 1, 0)
+        keep = counts > 0
+        return cls(offsets[:-1][keep], np.concatenate([[0], np.cumsum(counts[keep])]).astype(np.int64))
+
+    @classmethod
+    def joined(cls, parts: list[tuple[Starts, int]]) -> Starts:
+        """Shards' windows end to end, each shard's rows `base` rows on: [(its starts, base), ...]."""
+        rows = np.concatenate([s._rows + base for s, base in parts]) if parts else np.zeros(0, np.int64)
+        counts = np.concatenate([np.diff(s._first) for s, _ in parts]) if parts else np.zeros(0, np.int64)
+        return cls(rows, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+    def __len__(self) -> int:
+        return int(self._first[-1])
+
+    def __getitem__(self, idx) -> np.ndarray:
+        if isinstance(idx, tuple):  # a multi-axis index (`starts[:, None]`): of the listed starts
+            return np.asarray(self)[idx]
+        w = np.arange(*idx.indices(len(self))) if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64)
+        seg = np.searchsorted(self._first, w, side="right") - 1
+        return self._rows[seg] + (w - self._first[seg])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        every = self[np.arange(len(self), dtype=np.int64)]
+        return every if dtype is None else every.astype(dtype, copy=False)
 
 
 class ShardView:
@@ -51,7 +85,7 @@ class ShardView:
         window: int,
         horizon: int,
         name: str = "shard",
-        starts: np.ndarray | None = None,
+        starts: Starts | None = None,
         positions: str = "last",
     ):
         missing = [a for a in ("cont", "cat") + (("offsets",) if starts is None else ()) if a not in arrays]
@@ -64,8 +98,7 @@ class ShardView:
         self.arrays = arrays
         self.name = name
         self.positions = positions
-        # each window's start row: int32 while the rows fit (kept for every window of a split, twice when joined)
-        self.starts = _narrow(window_starts(arrays["offsets"], window, horizon)) if starts is None else starts
+        self.starts = Starts.of(arrays["offsets"], window, horizon) if starts is None else starts
         self.shift = window - 1 + horizon  # (last) target row = start + shift
         self.horizon = horizon
         self.cont = Windows(np.asarray(arrays["cont"]), window)
@@ -257,13 +290,8 @@ class SplitData:
     def _join(self, joined: dict[str, np.ndarray], rows: list[int]) -> None:
         """Every shard's cont/cat/target as one array each (the shards' rows end to end): window w
         starts at its shard's first row plus its start inside the shard, and any batch is one gather."""
-        starts = np.empty(self.n_windows, np.int32 if sum(rows) < 2**31 else np.int64)
-        at = base = 0
-        for r, n in zip(self._refs, rows, strict=True):  # filled in place: no per-shard parts, no second copy
-            part = starts[at : at + len(r.view.starts)]
-            part[:] = r.view.starts
-            part += base  # in the joined type: an int32 shard's starts plus a base past 2**31 would overflow
-            at, base = at + len(r.view.starts), base + n
+        bases = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
+        starts = Starts.joined([(r.view.starts, int(b)) for r, b in zip(self._refs, bases, strict=True)])
         self._joined = ShardView(
             joined, self.window, self.horizon, name="split", starts=starts, positions=self.positions
         )
@@ -496,7 +524,7 @@ class SplitData:
         the target row, and that row's `order` value (-1 when the shard has no order)."""
 
         def keys(v: ShardView, s: int):
-            row = v.starts + v.shift
+            row = np.asarray(v.starts) + v.shift
             segment = np.searchsorted(np.asarray(v.arrays["offsets"]), row, side="right") - 1
             return row, segment, v.order_of_rows(row)
 
@@ -511,7 +539,7 @@ class SplitData:
         if i >= self.n_targets:
             raise IndexError(f"target {i}: this split has {self.n_targets} target(s)")
         dtype = np.float32 if self.tasks[i] == "regression" else np.int64
-        parts = self.each_shard(lambda v, s: v.gather_targets(v.starts)[i].astype(dtype))
+        parts = self.each_shard(lambda v, s: v.gather_targets(np.asarray(v.starts))[i].astype(dtype))
         shape = (0, self.window) if self.positions == "all" else (0,)
         return np.concatenate(parts) if parts else np.zeros(shape, dtype)
 
