@@ -465,29 +465,42 @@ class _Boundaries:
         return np.searchsorted(self._first, idx, side="right") - 1
 
 
-def test_an_epochs_order_over_a_streamed_split_takes_about_four_bytes_a_window(monkeypatch):
+def test_an_epochs_order_over_a_streamed_split_is_held_a_shuffle_block_at_a_time(monkeypatch):
     """At the first user's size (69.4M train windows) the epoch's order and the pass that finds each shard's first
-    and last use held 1.7 GB at once: per-window int64 numbers, a concatenated copy, shard numbers, positions.
-    Now the order is int32, filled a shuffle block at a time, and the pass takes it a part at a time."""
+    and last use held 1.7 GB at once: per-window int64 numbers, a concatenated copy, shard numbers, positions; then
+    4 bytes a window (the whole order, int32: 280 MB). Now the loader works the order out a shuffle block at a time,
+    and the pass takes it a part at a time: bytes per block, not per window of the epoch."""
     import tracemalloc
 
     from shardline.trainer.data import loader as loader_module
 
     monkeypatch.setattr(loader_module, "ORDER_PART", 1 << 16)  # the pass's part, scaled as the split is to 69.4M
-    d = _Boundaries(400, 5_000)  # 2M windows
-    loader = WindowLoader.__new__(WindowLoader)  # the order and the pass need no shards opened
-    loader.data, loader.seed, loader.shuffle, loader.shuffle_shards, loader.read_ahead = d, 7, True, 16, 2
-    tracemalloc.start()
-    try:
-        order = loader.order(3)
-        loader._stream_gather(order, [(0, d.n_windows)])
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert order.dtype == np.int32 and peak < 6 * d.n_windows, peak / d.n_windows  # was ~24 bytes a window
+
+    def pass_over(shards: int) -> tuple[WindowLoader, int]:
+        loader = WindowLoader.__new__(WindowLoader)  # the order and the pass need no shards opened
+        d = _Boundaries(shards, 5_000)
+        loader.data, loader.seed, loader.shuffle, loader.shuffle_shards, loader.read_ahead = d, 7, True, 16, 2
+        tracemalloc.start()
+        try:
+            loader._stream_gather(loader._order(3), [(0, d.n_windows)])
+            return loader, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    loader, peak = pass_over(400)  # 2M windows
+    _, peak_4x = pass_over(1_600)  # 8M windows, the same blocks and parts
+    d, order = loader.data, loader._order(3)
+    # set by the block and the part, not by the split: 4 bytes a window before, ~24 before that
+    assert peak < 3 * d.n_windows and peak_4x < 1.3 * peak, (peak / d.n_windows, peak_4x / peak)
+    assert order.dtype == np.int32
     # the same order as before the change: each block of 16 shards, its windows permuted together
     seq = np.random.default_rng([7, 3, 1]).permutation(400)
     for b in (0, 7, 24):
         ids = np.concatenate([np.arange(s * 5_000, (s + 1) * 5_000) for s in seq[16 * b : 16 * b + 16]])
         block = ids[np.random.default_rng([7, 3, 2, b]).permutation(len(ids))]
         assert (order[b * 80_000 : (b + 1) * 80_000] == block).all()
+    # a span across two blocks, and positions picked anywhere (a rank's share of a span), as the whole order has them
+    whole = loader.order(3)
+    assert np.array_equal(order[79_000:161_000], whole[79_000:161_000])
+    picked = np.random.default_rng(0).choice(d.n_windows, 1_000, replace=False)
+    assert np.array_equal(order[picked], whole[picked])

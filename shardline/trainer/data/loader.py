@@ -3,6 +3,7 @@ batches gathered a chunk of windows at a time, optionally in background threads.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +16,65 @@ from shardline.trainer.data.split import SplitData
 from shardline.trainer.distributed import rank_positions
 
 ORDER_PART = 1 << 20  # positions of an epoch's order a streamed split's first/last-use pass takes at a time
+
+
+class EpochOrder:
+    """An epoch's order over shuffle blocks (shards taken together, their windows permuted together), worked out a
+    block at a time as the loader reaches it: the order of a 70M-window split is 280 MB whole, a block of two of its
+    shards ~3 MB. `order[lo:hi]` and `order[positions]` are the window numbers there; `np.asarray(order)`, all."""
+
+    def __init__(self, seed: int, epoch: int, blocks: list, first: np.ndarray, dtype, shuffled: bool = True):
+        self.seed, self.epoch, self.blocks, self.first, self.dtype = seed, epoch, blocks, first, np.dtype(dtype)
+        self.shuffled = shuffled
+        sizes = [int(sum(first[s + 1] - first[s] for s in b)) for b in blocks]
+        self.at = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # each block's first position
+        self._held: dict[int, np.ndarray] = {}  # the blocks worked out last (two: a span may straddle them)
+        self._lock = threading.Lock()  # the loader's gather threads share it
+
+    def __len__(self) -> int:
+        return int(self.at[-1])
+
+    def block(self, b: int) -> np.ndarray:
+        with self._lock:
+            return self._block(b)
+
+    def _block(self, b: int) -> np.ndarray:
+        got = self._held.get(b)
+        if got is None:
+            ids = np.concatenate(
+                [np.arange(self.first[s], self.first[s + 1], dtype=self.dtype) for s in self.blocks[b]]
+            )
+            if self.shuffled:
+                np.random.default_rng([self.seed, self.epoch, 2, b]).shuffle(ids)  # = ids[permutation(len(ids))]
+            got = self._held[b] = ids
+            while len(self._held) > 2:
+                del self._held[next(iter(self._held))]
+        return got
+
+    def __getitem__(self, key) -> np.ndarray:
+        if isinstance(key, slice):
+            lo, hi, _ = key.indices(len(self))
+            if hi <= lo:
+                return np.zeros(0, self.dtype)
+            b0, b1 = (int(np.searchsorted(self.at, x, side="right")) - 1 for x in (lo, hi - 1))
+            parts = [
+                self.block(b)[max(lo, self.at[b]) - self.at[b] : min(hi, self.at[b + 1]) - self.at[b]]
+                for b in range(b0, b1 + 1)
+            ]
+            return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+        pos = np.asarray(key, dtype=np.int64)
+        which = np.searchsorted(self.at, pos, side="right") - 1
+        out = np.empty(pos.shape, self.dtype)
+        for b in np.unique(which).tolist():
+            sel = which == b
+            out[sel] = self.block(b)[pos[sel] - self.at[b]]
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        every = (
+            np.concatenate([self.block(b) for b in range(len(self.blocks))]) if self.blocks else np.zeros(0, self.dtype)
+        )
+        return every if dtype is None else every.astype(dtype, copy=False)
 
 
 class WindowLoader:
@@ -75,23 +135,21 @@ class WindowLoader:
         return -(-self.n_windows // self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
-        """Window numbers in the order epoch `epoch` yields them: int32 while they fit (a 70M-window split's order
-        is 280 MB, not 560), filled one shuffle block at a time (no second, concatenated copy)."""
+        """Window numbers in the order epoch `epoch` yields them, all of them (int32 while they fit)."""
+        return np.asarray(self._order(epoch))
+
+    def _order(self, epoch: int) -> np.ndarray | EpochOrder:
+        """The epoch's order as the loader reads it: a shuffle block at a time (`EpochOrder`) with
+        `shuffle_shards`, else the whole permutation (a global shuffle: every window's place at once)."""
         n, d, m = self.n_windows, self.data, self.shuffle_shards
         dtype = np.int32 if n < 2**31 else np.int64
         if not self.shuffle:
-            return np.arange(n, dtype=dtype)
+            return EpochOrder(self.seed, epoch, [[s] for s in range(d.n_shards)], d._first, dtype, shuffled=False)
         if m is None or m >= d.n_shards:  # one block of every shard: the global permutation
             # shuffled in place: the order permutation(n) gives, in the narrower type
             return np.random.default_rng([self.seed, epoch]).permutation(np.arange(n, dtype=dtype))
         seq = np.random.default_rng([self.seed, epoch, 1]).permutation(d.n_shards)  # the shards, m at a time
-        first, out, at = d._first, np.empty(n, dtype), 0
-        for b in range(0, len(seq), m):
-            ids = np.concatenate([np.arange(first[s], first[s + 1], dtype=dtype) for s in seq[b : b + m]])
-            np.random.default_rng([self.seed, epoch, 2, b // m]).shuffle(ids)  # = ids[permutation(len(ids))]
-            out[at : at + len(ids)] = ids
-            at += len(ids)
-        return out
+        return EpochOrder(self.seed, epoch, [seq[b : b + m] for b in range(0, len(seq), m)], d._first, dtype)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -108,7 +166,7 @@ class WindowLoader:
         return int(min(MAX_BATCHES_PER_GATHER, max(1, -(-CHUNK_BYTES // max(1, per_window * self.batch_size)))))
 
     def __iter__(self):
-        order = self.order(self.epoch)
+        order = self._order(self.epoch)
         data, bs = self.data, self.batch_size
         step = bs * self._per_gather()
         spans = [(lo, min(lo + step, self.n_windows)) for lo in range(self.offset, self.n_windows, step)]
@@ -158,7 +216,7 @@ class WindowLoader:
             self.offset += k  # counted when handed out: a checkpoint after this batch resumes past it
             yield b
 
-    def _stream_gather(self, order: np.ndarray, spans: list[tuple[int, int]]):
+    def _stream_gather(self, order: np.ndarray | EpochOrder, spans: list[tuple[int, int]]):
         """gather(lo, hi): the windows order[lo:hi] of a streamed split, for spans taken in order. A shard
         is opened when the order reaches its first window and released with the gather of its last
         (`SplitData.batch`), so the cache holds the current shuffle block; after each gather the next
