@@ -232,7 +232,7 @@ class ShardCache:
     object another process has memory-mapped stays readable after it is unlinked here.
     """
 
-    def __init__(self, root: str | Path | None = None, cap_bytes: int | None = None, threads: int = 2):
+    def __init__(self, root: str | Path | None = None, cap_bytes: int | None = None, threads: int = 1):
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
@@ -250,6 +250,9 @@ class ShardCache:
         self._pin_bytes: dict[str, int] = {}  # the size each pinned object takes (or will take) in the cache
         self._reserved: dict[str, int] = {}
         self._inflight: dict[str, object] = {}
+        # read-ahead fetches, one at a time by default: each holds a shard's unpacked and code-mapped bytes while
+        # it runs (~200 MB at 83 MB shards), and a read-ahead is a shuffle block ahead of need; two at once took
+        # 157 MB more of a streamed training at 22,000 games, and were no faster on 2 cores (docs/performance.md)
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="shardline-fetch")
         self.downloads = 0
         self.evictions = 0
