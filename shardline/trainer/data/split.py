@@ -17,6 +17,7 @@ from shardline.core.codes import Globaliser
 from shardline.core.manifest import Manifest
 from shardline.core.shards import (
     MappedPages,
+    _window_counts,
     arrays_in,
     map_file,
     pack_layout,
@@ -48,7 +49,7 @@ class Starts:
     def of(cls, offsets: np.ndarray, window: int, horizon: int) -> Starts:
         """The windows of segments at `offsets` (as `shardline.core.shards.window_starts` lists them)."""
         offsets = np.asarray(offsets, dtype=np.int64)
-        counts = np.maximum(np.diff(offsets) - max(window + horizon, window) + 1, 0)
+        counts = _window_counts(offsets, window, horizon)
         keep = counts > 0
         return cls(offsets[:-1][keep], np.concatenate([[0], np.cumsum(counts[keep])]).astype(np.int64))
 
