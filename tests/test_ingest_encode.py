@@ -5,6 +5,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from shardline.core import codes
 from shardline.core.codes import Globaliser
 from shardline.core.config import validate_config
 from shardline.core.encoding.columns import DataError, prepare
@@ -33,11 +34,21 @@ def encode_all(cfg):
 
 
 def shard_arrays(manifest, out_dir, info):
-    """A shard's arrays as readers see them: unpacked and mapped to the data set's encoding."""
+    """A shard's arrays as readers see them: unpacked and written in the data set's encoding a chunk of rows
+    at a time (as a streamed shard or a split pack is); the same as mapping the whole shard at once."""
     uri = resolve(out_dir, info.path)  # in the group store: ../groups/<key>/<split>.bin.lz4
     local = shared_cache().get(uri, info.sha256, info.bytes, info.compression, info.raw_bytes)
-    stored = read_arrays(local, info.arrays)
-    return Globaliser(manifest.encoding).arrays(stored, info.local)
+    glob = Globaliser(manifest.encoding)
+    written = local.with_name(f"{local.name}.mapped")
+    with open(written, "wb") as f:
+        f.truncate(glob.nbytes(info))
+        glob.write(local.read_bytes(), info, f.fileno())
+    got = read_arrays(written, glob.specs(info))
+    whole = glob.arrays(read_arrays(local, info.arrays), info.local)
+    assert sorted(got) == sorted(whole)
+    for name, a in whole.items():
+        assert got[name].dtype == a.dtype and np.array_equal(got[name], a, equal_nan=True), (info.path, name)
+    return got
 
 
 def test_snapshot_lists_files_with_versions(raw_dir, tmp_path):
@@ -380,11 +391,12 @@ def _awkward_raw(folder, n_files=4, seqs=3, rows=40, seed=7):
 
 
 @pytest.mark.parametrize("dtype,task", [("float16", "classification"), ("float32", "regression")])
-def test_one_pass_shards_equal_the_direct_encoding(tmp_path, dtype, task):
+def test_one_pass_shards_equal_the_direct_encoding(tmp_path, dtype, task, monkeypatch):
     """The encode reads each group once and stores it in the group's own codes; mapped to the data
-    set's encoding (as readers do), every shard equals encoding its rows directly with the fitted
-    spec: categorical ids, booleans and the target exactly, continuous values to within one
-    rounding of the stored type."""
+    set's encoding (as readers do, here 6 rows at a time), every shard equals encoding its rows
+    directly with the fitted spec: categorical ids, booleans and the target exactly, continuous values
+    to within one rounding of the stored type."""
+    monkeypatch.setattr(codes, "CHUNK_BYTES", 256)
     _awkward_raw(tmp_path / "raw")
     target = (
         {"column": "act", "task": "classification"}

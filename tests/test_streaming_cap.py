@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -432,10 +433,10 @@ def test_a_read_ahead_released_before_it_lands_gives_its_room_back_instead_of_fi
     cache = ShardCache(tmp_path / "cache", cap_bytes=1000)
     started, land = threading.Event(), threading.Event()
 
-    def slow(data: bytes) -> bytes:
+    def slow(data: bytes, fd: int) -> None:
         started.set()
         assert land.wait(30)
-        return data
+        os.pwrite(fd, data, 0)
 
     assert cache.pin_if_room("ahead", 600)
     cache.prefetch(str(src), sha, derived=storage.Derived("ahead", 600, slow))

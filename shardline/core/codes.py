@@ -16,12 +16,16 @@ to read shards.
 
 from __future__ import annotations
 
+import mmap
+import os
 import warnings
 
 import numpy as np
 
 from shardline.core.manifest import ArraySpec, EncodingSpec, LocalCodes, LocalVocab, ShardInfo, target_array
 from shardline.core.shards import layout
+
+CHUNK_BYTES = 16 << 20  # rows mapped at a time when a shard is written in the data set's encoding (`write`)
 
 
 def int_dtype(max_value: int) -> np.dtype:
@@ -124,14 +128,33 @@ class Globaliser:
                 out[name] = self._affine(arrays[name], [tuple(code)], [(t.mean, t.std)], np.dtype(np.float32))
         return out
 
-    def shard_bytes(self, raw, info: ShardInfo) -> bytes | memoryview:
-        """An unpacked shard's bytes in the data set's encoding, laid out as `specs(info)` says."""
-        from shardline.core.shards import allocate, arrays_in
+    def write(self, raw, info: ShardInfo, fd: int, specs: dict[str, ArraySpec] | None = None) -> None:
+        """Write an unpacked shard's arrays (`raw`, laid out as `info.arrays`) in the data set's encoding into
+        the open file `fd`, each at its offset in `specs` (default: `specs(info)`, a file of its own) and
+        `CHUNK_BYTES` of rows at a time: the mapped arrays are never whole in memory, and the pages of a
+        memory-mapped `raw` leave the process after each chunk (a streamed shard is fetched while the loader
+        reads the shards before it: what the fetch holds adds to what they hold)."""
+        from shardline.core.shards import arrays_in
 
+        specs = specs or self.specs(info)
+        arrays = arrays_in(raw, info.arrays)
+
+        def put(name: str, a: np.ndarray, row: int) -> None:
+            if a.nbytes:
+                per_row = int(np.prod(specs[name].shape[1:], dtype=np.int64)) * a.itemsize
+                os.pwrite(fd, np.ascontiguousarray(a).reshape(-1).view(np.uint8), specs[name].offset + row * per_row)
+
+        mapped = () if info.local is None else ("cont_cols", "cat_cols", *self.target_dtypes)
+        for name, a in arrays.items():  # offsets, order: as stored
+            if name not in mapped:
+                put(name, a, 0)
         if info.local is None:
-            return raw
-        g = self.arrays(arrays_in(raw, info.arrays), info.local)
-        buf, _, views = allocate({n: (s.dtype, s.shape) for n, s in self.specs(info).items()})
-        for name, view in views.items():
-            view[...] = g[name]
-        return buf
+            return
+        cols = max([int(arrays[n].shape[0]) for n in ("cont_cols", "cat_cols") if n in arrays] + [1])
+        step = max(1, CHUNK_BYTES // (8 * cols))
+        for lo in range(0, int(info.rows), step):
+            part = {n: a[..., lo : lo + step] for n, a in arrays.items() if n in mapped}
+            for name, a in self.arrays(part, info.local).items():
+                put(name, a, lo)
+            if isinstance(raw, mmap.mmap):  # a mapped file: the pages read so far leave this process
+                raw.madvise(mmap.MADV_DONTNEED)

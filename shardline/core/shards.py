@@ -84,6 +84,22 @@ def unpack_bytes(data: bytes, raw_bytes: int, what: str, codec: str) -> bytes:
     return out
 
 
+def unpack_file(src: str | Path, dest: str | Path, raw_bytes: int, what: str, codec: str) -> None:
+    """Unpack the compressed file `src` into `dest` a block at a time: neither is ever whole in memory."""
+    import pyarrow as pa
+
+    if codec not in CODECS:
+        raise ValueError(
+            f"{what}: unknown shard compression {codec!r}; this Shardline reads {' or '.join(CODECS)} or none"
+        )
+    n = 0
+    with pa.CompressedInputStream(str(src), codec) as stream, open(dest, "wb") as out:
+        while block := stream.read(8 << 20):
+            n += out.write(block)
+    if n != raw_bytes:
+        raise OSError(f"{what}: unpacked to {n} bytes, the manifest says {raw_bytes}; re-run the encode step")
+
+
 def arrays_in(buffer, specs: dict[str, ArraySpec]) -> dict[str, np.ndarray]:
     """Views of the arrays laid out by `specs` in `buffer` (bytes, an mmap.mmap: zero copy)."""
     out: dict[str, np.ndarray] = {}

@@ -11,6 +11,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -373,7 +374,7 @@ class ShardCache:
     ) -> Path:
         """A local path with the exact bytes of `uri` (checked against `sha256`), downloaded if needed;
         a compressed object is unpacked (to `raw_bytes`) into the cache, ready to memory-map. With
-        `derived`, the cached object is `derived.transform(unpacked bytes)`, kept under `derived.key`."""
+        `derived`, the cached object is what `derived.write` makes of the unpacked bytes, kept under `derived.key`."""
         if not is_remote(uri) and compression is None and derived is None:
             return Path(local_path(uri))
         with self._lock:
@@ -395,12 +396,13 @@ class ShardCache:
         derived: Derived | None = None,
     ) -> Path:
         if derived is not None:
-            return self.build(
-                derived.key,
-                derived.nbytes,
-                lambda tmp: tmp.write_bytes(derived.transform(read_verified(uri, sha256, compression, raw_bytes))),
-                uri,
-            )
+
+            def make(tmp: Path) -> None:
+                with unpacked(uri, sha256, compression, raw_bytes, tmp) as raw, open(tmp, "wb") as f:
+                    f.truncate(derived.nbytes)
+                    derived.write(raw, f.fileno())
+
+            return self.build(derived.key, derived.nbytes, make, uri)
         if _touch(self.path(sha256)):  # there: recently used (and no remote size asked for)
             return self.path(sha256)
         remote = is_remote(uri)
@@ -416,9 +418,9 @@ class ShardCache:
                 src = fetched if remote else Path(path)
                 _check_sha256(uri, sha256, sha256_file(src))
                 if compression is not None:
-                    from shardline.core.shards import unpack_bytes
+                    from shardline.core.shards import unpack_file
 
-                    tmp.write_bytes(unpack_bytes(src.read_bytes(), int(raw_bytes), str(src), compression))
+                    unpack_file(src, tmp, int(raw_bytes), str(src), compression)
                 elif remote:
                     os.replace(src, tmp)
                 else:
@@ -480,11 +482,12 @@ class ShardCache:
 
 @dataclass(frozen=True)
 class Derived:
-    """A cached object made from a fetched one: `transform(unpacked bytes)`, `nbytes` long, named `key`."""
+    """A cached object made from a fetched one, `nbytes` long, named `key`: `write(unpacked bytes, fd)` writes
+    it into a file of that size (zeros where it writes nothing)."""
 
     key: str
     nbytes: int
-    transform: Callable[[bytes], bytes | memoryview]
+    write: Callable[[bytes, int], None]
 
 
 _CACHES: dict[tuple[str, int | None], ShardCache] = {}
@@ -496,6 +499,30 @@ def shared_cache(cap_bytes: int | None = None) -> ShardCache:
     if key not in _CACHES:
         _CACHES[key] = ShardCache(cache_dir(), cap_bytes)
     return _CACHES[key]
+
+
+@contextmanager
+def unpacked(uri: str, sha256: str, compression: str | None, raw_bytes: int | None, scratch: Path):
+    """The bytes of a stored object, checked against `sha256` and unpacked, memory-mapped from files beside
+    `scratch` (the fetched and the unpacked one, removed on leaving): never whole in memory. A local object
+    that is not compressed is mapped where it lies."""
+    from shardline.core.shards import map_file, unpack_file
+
+    fetched, raw = scratch.with_name(f"{scratch.name}.in"), scratch.with_name(f"{scratch.name}.raw")
+    try:
+        src = Path(local_path(uri))
+        if is_remote(uri):
+            fs, path = filesystem(uri)
+            fs.get_file(path, str(fetched))
+            src = fetched
+        _check_sha256(uri, sha256, sha256_file(src))
+        if compression is not None:
+            unpack_file(src, raw, int(raw_bytes), uri, compression)
+            src = raw
+        yield map_file(src)
+    finally:
+        fetched.unlink(missing_ok=True)
+        raw.unlink(missing_ok=True)
 
 
 def read_verified(uri: str, sha256: str, compression: str | None = None, raw_bytes: int | None = None) -> bytes:

@@ -28,9 +28,9 @@ from shardline.core.storage import (
     ShardCache,
     is_remote,
     local_path,
-    read_verified,
     resolve,
     shared_cache,
+    unpacked,
 )
 from shardline.trainer.data.batch import ARRAYS, POSITIONS, Batch, Windows, target_names
 
@@ -178,7 +178,7 @@ class _Ref:
             key = hashlib.sha256(
                 json.dumps({"mapped": 1, "shard": info.sha256, "encoding": glob.spec.hash()}).encode()
             ).hexdigest()
-            self.derived = Derived(key, glob.nbytes(info), lambda raw, info=info: glob.shard_bytes(raw, info))
+            self.derived = Derived(key, glob.nbytes(info), lambda raw, fd, info=info: glob.write(raw, info, fd))
 
     @property
     def name(self) -> str:
@@ -609,12 +609,8 @@ def open_split(
 
             def put(n: int) -> None:
                 info = shards[n]
-                data = read_verified(uris[n], info.sha256, info.compression, info.raw_bytes)
-                arrays = glob.arrays(arrays_in(data, info.arrays), info.local)  # the data set's encoding, as rows
-                for name, spec in own_specs[n].items():
-                    a = np.ascontiguousarray(arrays[name])
-                    if a.nbytes:
-                        os.pwrite(fd, memoryview(a.reshape(-1).view(np.uint8)), spec.offset)
+                with unpacked(uris[n], info.sha256, info.compression, info.raw_bytes, Path(f"{tmp}.{n}")) as raw:
+                    glob.write(raw, info, fd, own_specs[n])  # the data set's encoding, as rows, a chunk at a time
 
             from concurrent.futures import ThreadPoolExecutor
 
