@@ -426,6 +426,21 @@ def test_one_pass_shards_equal_the_direct_encoding(tmp_path, dtype, task, monkey
         by_group.setdefault(s.path.rsplit("/", 1)[0], set()).add(json.dumps(s.local.model_dump(), sort_keys=True))
     assert all(len(v) == 1 for v in by_group.values())  # a group's shards share the group's codes
     assert len(set.union(*by_group.values())) == len(by_group) == 4  # and each group has its own
+    # written once per group (a shard names its group's by number), read back as one object per group
+    written = json.loads(manifest.model_dump_json())
+    assert len(written["codes"]) == 4 and not any("local" in s for s in written["shards"])
+    again = Manifest.model_validate(written)
+    assert again.model_dump() == manifest.model_dump() and again.hash() == manifest.hash()
+    assert len({id(s.local) for s in again.shards}) == 4
+    inline = {k: v for k, v in written.items() if k != "codes"}  # an earlier manifest: codes in every shard
+    inline["shards"] = [
+        {**{k: v for k, v in s.items() if k != "codes"}, "local": written["codes"][s["codes"]]}
+        for s in written["shards"]
+    ]
+    assert Manifest.model_validate(inline).model_dump() == manifest.model_dump()
+    written["shards"][0]["codes"] = 9
+    with pytest.raises(ValueError, match=r"names codes 9, but 4 are listed"):
+        Manifest.model_validate(written)
     raw = pl.concat([prepare(pl.read_parquet(f.uri), "seq", "t", f.uri) for f in snap.files])
     tol = 2e-3 if dtype == "float16" else 1e-5
     checked = 0

@@ -5,9 +5,10 @@ All are small pydantic models that serialise to JSON; bulk data stays in files u
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from shardline.core.config import stable_hash
 
@@ -228,9 +229,51 @@ class ShardInfo(_Model):
     rows_path: str | None = Field(None, description="ranking data: the rows file (group, item, relevance per row)")
     rows_sha256: str | None = None
     local: LocalCodes | None = Field(None, description="set when the stored codes are the shard's own (see LocalCodes)")
+    codes: int | None = Field(
+        None,
+        description="in a manifest or a group's record: which of its `codes` is this shard's `local` (a group's "
+        "shards share one set, written once); set in `local` when read",
+    )
 
 
-class EncodedGroup(_Model):
+class _Shards(_Model):
+    """A list of shards whose own codes are written once each: `codes` in the JSON, each shard naming its own
+    by number (a file group's shards share one set, and at 22,000 games the copies were 90 % of a manifest).
+    In memory each shard holds them in `local` (one object for the shards that share them), `codes` empty."""
+
+    shards: list[ShardInfo]
+    codes: list[LocalCodes] = Field(default_factory=list, description="the shards' own codes, each set once")
+
+    @model_validator(mode="after")
+    def _link_codes(self):
+        for s in self.shards:
+            if s.codes is not None:
+                if not 0 <= s.codes < len(self.codes):
+                    raise ValueError(f"shard {s.path} names codes {s.codes}, but {len(self.codes)} are listed")
+                s.local, s.codes = self.codes[s.codes], None
+        self.codes = []
+        return self
+
+    @model_serializer(mode="wrap")
+    def _codes_once(self, handler):
+        out = handler(self)
+        out.pop("codes", None)
+        shards, codes, seen = out.pop("shards", []), [], {}
+        for shard in shards:
+            local = shard.pop("local", None)
+            shard.pop("codes", None)
+            if local is not None:  # a shard without its own codes is written as before (and hashes the same)
+                key = json.dumps(local, sort_keys=True, default=str)
+                shard["codes"] = seen.setdefault(key, len(codes))
+                if shard["codes"] == len(codes):
+                    codes.append(local)
+        out["shards"] = shards
+        if codes:
+            out["codes"] = codes
+        return out
+
+
+class EncodedGroup(_Shards):
     """What encoding one file group produced: its shards (in the group's own codes) and the
     sufficient statistics of its training rows, from which the data set's encoding is fitted.
 
@@ -240,14 +283,13 @@ class EncodedGroup(_Model):
     lie beside the manifest."""
 
     key: str | None = None
-    shards: list[ShardInfo]
     train: dict = Field(
         description="count/mean/M2 per continuous column, value counts per categorical column and of the target"
     )
     rows: dict[str, int]
 
 
-class Manifest(_Model):
+class Manifest(_Shards):
     version: int = MANIFEST_VERSION
     encoding: EncodingSpec
     encoding_hash: str
@@ -255,7 +297,6 @@ class Manifest(_Model):
         description="hash of what the config decides about the encoding (columns, window, target)"
     )
     data_fingerprint: str
-    shards: list[ShardInfo]
     rows: dict[str, int]
     windows: dict[str, int]
     source_files: int
