@@ -16,7 +16,8 @@ The trim threshold is set too, at glibc's own ratio: 8 MB.
 A heap shrinks only at its top, so many small blocks freed below a live one stay in the process: the ingest's
 parsed footers (~140 KB each, a batch of 256 at a time) and an encoded group's frames. `trim` hands every whole
 free page of every arena back (glibc's `malloc_trim`), called after each batch and each group: without it the
-ingest of 10,000 files left ~430 MB of free heap behind.
+ingest of 10,000 files left ~430 MB of free heap behind. pyarrow's allocator keeps what it frees the same way, and
+`trim` releases that too.
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ def return_freed_memory() -> bool:
 
 
 def trim() -> None:
-    """Give the free pages inside malloc's heaps back to the system (glibc; elsewhere nothing)."""
+    """Give the free pages inside malloc's heaps back to the system (glibc; elsewhere nothing), and those pyarrow's
+    own allocator (mimalloc or jemalloc) keeps for reuse, when pyarrow is loaded: the encode of 22,000 files
+    left 84 MB there, for the rest of the run."""
     libc = _glibc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None and hasattr(arrow, "default_memory_pool"):
+        arrow.default_memory_pool().release_unused()
