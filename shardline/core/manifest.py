@@ -74,6 +74,10 @@ class TargetSpec(_Model):
     def n_outputs(self) -> int:
         return len(self.classes) + 1 if self.classes is not None else 1
 
+    def class_names(self) -> list[str]:
+        """A class target's names by id: id 0, a class never seen in training, is `<unseen>`."""
+        return ["<unseen>", *(self.classes or [])]
+
 
 def target_array(i: int) -> str:
     """The shard array of the i-th target: `target`, then `target_1`, `target_2`, ..."""

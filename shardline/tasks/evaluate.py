@@ -151,7 +151,7 @@ def _target_scores(t, scores, out_dir: Path, prefix: str):
         if t.n_outputs - 1 <= M.TOP_K:  # 5 classes or fewer (id 0 is 'unseen'): top-5 says nothing
             metrics.pop("top5_accuracy")
             baseline.pop("top5_accuracy")
-        names = ["<unseen>", *(t.classes or [])]
+        names = t.class_names()
         plot = R.plot_confusion_counts(scores.confusion, names, out_dir / f"{prefix}confusion_matrix.png")
         per_class = pl.DataFrame(
             M.per_class_scores(scores.confusion, names),

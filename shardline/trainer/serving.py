@@ -86,7 +86,7 @@ _INTEGERS = {"Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UI
 def class_labels(t) -> pl.Series:
     """A class target's labels by id, in the raw column's type (id 0, a class never seen in training: null
     for a typed column, `<unseen>` for text)."""
-    texts = pl.Series(t.column, ["<unseen>", *(t.classes or [])], dtype=pl.Utf8)
+    texts = pl.Series(t.column, t.class_names(), dtype=pl.Utf8)
     if t.dtype in _INTEGERS:
         return texts.cast(getattr(pl, t.dtype), strict=False)
     if t.dtype == "Boolean":
