@@ -71,33 +71,37 @@ def compress_bytes(data, codec: str) -> memoryview:
     return memoryview(out)[: out.size]
 
 
-def unpack_bytes(data: bytes, raw_bytes: int, what: str, codec: str) -> bytes:
+def _unpacking(what: str, codec: str, raw_bytes: int):
+    """pyarrow, once `codec` is known to be one this Shardline reads; and the check of the unpacked size."""
     import pyarrow as pa
 
     if codec not in CODECS:
         raise ValueError(
             f"{what}: unknown shard compression {codec!r}; this Shardline reads {' or '.join(CODECS)} or none"
         )
+
+    def check(n: int) -> None:
+        if n != raw_bytes:
+            raise OSError(f"{what}: unpacked to {n} bytes, the manifest says {raw_bytes}; re-run the encode step")
+
+    return pa, check
+
+
+def unpack_bytes(data: bytes, raw_bytes: int, what: str, codec: str) -> bytes:
+    pa, check = _unpacking(what, codec, raw_bytes)
     out = pa.Codec(codec).decompress(data, decompressed_size=raw_bytes, asbytes=True)
-    if len(out) != raw_bytes:
-        raise OSError(f"{what}: unpacked to {len(out)} bytes, the manifest says {raw_bytes}; re-run the encode step")
+    check(len(out))
     return out
 
 
 def unpack_file(src: str | Path, dest: str | Path, raw_bytes: int, what: str, codec: str) -> None:
     """Unpack the compressed file `src` into `dest` a block at a time: neither is ever whole in memory."""
-    import pyarrow as pa
-
-    if codec not in CODECS:
-        raise ValueError(
-            f"{what}: unknown shard compression {codec!r}; this Shardline reads {' or '.join(CODECS)} or none"
-        )
+    pa, check = _unpacking(what, codec, raw_bytes)
     n = 0
     with pa.CompressedInputStream(str(src), codec) as stream, open(dest, "wb") as out:
         while block := stream.read(8 << 20):
             n += out.write(block)
-    if n != raw_bytes:
-        raise OSError(f"{what}: unpacked to {n} bytes, the manifest says {raw_bytes}; re-run the encode step")
+    check(n)
 
 
 def arrays_in(buffer, specs: dict[str, ArraySpec]) -> dict[str, np.ndarray]:

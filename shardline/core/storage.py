@@ -411,12 +411,7 @@ class ShardCache:
             size = int(fs.size(path)) if remote else os.path.getsize(path)
 
         def fetch(tmp: Path) -> None:
-            fetched = tmp.with_name(f"{tmp.name}.in")
-            try:
-                if remote:
-                    fs.get_file(path, str(fetched))
-                src = fetched if remote else Path(path)
-                _check_sha256(uri, sha256, sha256_file(src))
+            with _checked_local(uri, sha256, tmp) as src:
                 if compression is not None:
                     from shardline.core.shards import unpack_file
 
@@ -425,8 +420,6 @@ class ShardCache:
                     os.replace(src, tmp)
                 else:
                     shutil.copyfile(src, tmp)
-            finally:
-                fetched.unlink(missing_ok=True)
 
         return self.build(sha256, raw_bytes if compression else size, fetch, uri)
 
@@ -502,13 +495,10 @@ def shared_cache(cap_bytes: int | None = None) -> ShardCache:
 
 
 @contextmanager
-def unpacked(uri: str, sha256: str, compression: str | None, raw_bytes: int | None, scratch: Path):
-    """The bytes of a stored object, checked against `sha256` and unpacked, memory-mapped from files beside
-    `scratch` (the fetched and the unpacked one, removed on leaving): never whole in memory. A local object
-    that is not compressed is mapped where it lies."""
-    from shardline.core.shards import map_file, unpack_file
-
-    fetched, raw = scratch.with_name(f"{scratch.name}.in"), scratch.with_name(f"{scratch.name}.raw")
+def _checked_local(uri: str, sha256: str, scratch: Path):
+    """A local path with the bytes of `uri`, checked against `sha256`: a remote object fetched into a file beside
+    `scratch` (removed on leaving), a local one where it lies."""
+    fetched = scratch.with_name(f"{scratch.name}.in")
     try:
         src = Path(local_path(uri))
         if is_remote(uri):
@@ -516,12 +506,26 @@ def unpacked(uri: str, sha256: str, compression: str | None, raw_bytes: int | No
             fs.get_file(path, str(fetched))
             src = fetched
         _check_sha256(uri, sha256, sha256_file(src))
-        if compression is not None:
-            unpack_file(src, raw, int(raw_bytes), uri, compression)
-            src = raw
-        yield map_file(src)
+        yield src
     finally:
         fetched.unlink(missing_ok=True)
+
+
+@contextmanager
+def unpacked(uri: str, sha256: str, compression: str | None, raw_bytes: int | None, scratch: Path):
+    """The bytes of a stored object, checked against `sha256` and unpacked, memory-mapped from files beside
+    `scratch` (the fetched and the unpacked one, removed on leaving): never whole in memory. A local object
+    that is not compressed is mapped where it lies."""
+    from shardline.core.shards import map_file, unpack_file
+
+    raw = scratch.with_name(f"{scratch.name}.raw")
+    try:
+        with _checked_local(uri, sha256, scratch) as src:
+            if compression is not None:
+                unpack_file(src, raw, int(raw_bytes), uri, compression)
+                src = raw
+            yield map_file(src)
+    finally:
         raw.unlink(missing_ok=True)
 
 
