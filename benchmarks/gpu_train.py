@@ -39,18 +39,38 @@ from shardline.core.config import load_config  # noqa: E402
 from shardline.core.manifest import Manifest  # noqa: E402
 from shardline.core.tracking.system import SystemSampler  # noqa: E402
 from shardline.trainer.data import WindowLoader, open_split  # noqa: E402
+from shardline.trainer.data.batch import Batch, portable  # noqa: E402
 from shardline.trainer.models import model_spec  # noqa: E402
+
+
+class CopiedToPinned:
+    """A split whose chunks are gathered into ordinary memory, then copied into page-locked memory (`--pin copy`):
+    the loader's path before 2026-11-28, which pinned each gathered chunk with a second copy."""
+
+    def __init__(self, data):
+        self._data = data
+
+    def __getattr__(self, name):
+        return getattr(self._data, name)
+
+    def batch(self, idx, pin_memory=False, release=()):
+        b = self._data.batch(idx, pin_memory=False, release=release)
+        pinned = [portable(t).pin_memory() for t in (b.cont, b.cat, *b.targets)]
+        return Batch(pinned[0], pinned[1], tuple(pinned[2:]))
 
 
 class TimedLoader(WindowLoader):
     """The loader, timing how long the training loop waits in `next()` for each training batch."""
 
     waited = 0.0
-    pin = True  # False: the training batches are not pinned (--pin off), to measure what pinning costs
+    waits: list[float] = []  # each training batch's wait, for where it goes (--waits)
+    pin = "on"  # off: the training batches are not pinned; copy: pinned by a second copy (--pin)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.pin_memory = self.pin_memory and TimedLoader.pin
+    def __init__(self, data, *args, **kwargs):
+        super().__init__(data, *args, **kwargs)
+        self.pin_memory = self.pin_memory and TimedLoader.pin != "off"
+        if self.pin_memory and TimedLoader.pin == "copy":
+            self.data = CopiedToPinned(data)
 
     def __iter__(self):
         it = super().__iter__()
@@ -62,6 +82,7 @@ class TimedLoader(WindowLoader):
                 return
             if self.shuffle:  # training batches only (validation reads in order)
                 TimedLoader.waited += time.perf_counter() - t
+                TimedLoader.waits.append(time.perf_counter() - t)
             yield b
 
 
@@ -102,7 +123,7 @@ class GpuBusy:
 
 
 def run_fit(train, val, spec, cfg, task, ckpt, resume=True, log=lambda m: None, busy=None):
-    TimedLoader.waited = 0.0
+    TimedLoader.waited, TimedLoader.waits = 0.0, []
     t = time.perf_counter()
     from shardline.trainer.stops import setting_hooks  # SHARDLINE_PREEMPT_AT_STEP: the preemption resume_check asks
 
@@ -189,8 +210,10 @@ def main() -> None:
         "--pin",
         nargs="+",
         default=["on"],
-        choices=["on", "off"],
-        help="whether the loader pins the batches it gathers (on: as training does on a GPU), as a comparison",
+        choices=["on", "off", "copy"],
+        help="whether the loader pins the batches it gathers, as a comparison: on (as training does on a GPU: "
+        "gathered straight into page-locked memory), off, or copy (gathered, then copied to page-locked memory: "
+        "the loader before 2026-11-28)",
     )
     args = ap.parse_args()
     if "true" in args.deterministic:  # before the process's first CUDA matmul: cuBLAS reads it then
@@ -244,7 +267,7 @@ def main() -> None:
             for w, interval, pin in [(w, i, p) for w in args.workers for i in args.switch_interval for p in args.pin]:
                 eager_rate = None
                 sys.setswitchinterval(interval or default_interval)
-                TimedLoader.pin = pin == "on"
+                TimedLoader.pin = pin
                 for mode in args.modes:
                     tc = config(family, *MODES[mode]).training.model_copy(update={"num_workers": w})
                     said, busy = [], GpuBusy()
@@ -268,7 +291,7 @@ def main() -> None:
                             "model": f"{family} ({params / 1e6:.2f}M)",
                             "workers": f"{w}"
                             + ("" if interval is None else f" (switch {interval * 1e3:g} ms)")
-                            + ("" if pin == "on" else " (not pinned)"),
+                            + {"on": "", "off": " (not pinned)", "copy": " (pinned by a copy)"}[pin],
                             "mode": mode,
                             "precision": res.precision,
                             "windows/s": last["windows_per_s"],
@@ -282,6 +305,16 @@ def main() -> None:
                             "gpu busy": busy.mean,
                         }
                     )
+                    waits = np.asarray(TimedLoader.waits) * 1e6  # µs per training batch, every epoch
+                    if len(waits):
+                        long = waits > 300
+                        print(
+                            f"  waits: {len(waits)} batches, median {np.median(waits):.0f} µs, p90 "
+                            f"{np.percentile(waits, 90):.0f} µs, p99 {np.percentile(waits, 99):.0f} µs; {long.sum()} "
+                            f"over 300 µs hold {waits[long].sum() / max(waits.sum(), 1e-9):.0%} of the "
+                            f"{waits.sum() / 1e6:.3f} s waited",
+                            flush=True,
+                        )
                     print(
                         f"  {family} workers={w} switch={sys.getswitchinterval() * 1e3:g}ms pin={pin} {mode}: "
                         f"{last['windows_per_s']:,.0f} windows/s, waited {waited:.2f}s "
@@ -310,7 +343,7 @@ def main() -> None:
                 ],
             )
             sys.setswitchinterval(default_interval)
-            TimedLoader.pin = True
+            TimedLoader.pin = "on"
             resumes.append({"deterministic": setting, **resume_check(train, val, cfg, enc, work / setting, args)})
     finally:
         shutil.rmtree(work, ignore_errors=True)

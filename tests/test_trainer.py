@@ -144,6 +144,41 @@ def test_batch_gathers_the_right_rows(data):
     assert reg.target.dtype == torch.float32 and reg.to("cpu").target.dtype == torch.float32
 
 
+@pytest.mark.parametrize("positions", ["last", "all"])
+def test_a_gather_writes_into_the_batch_it_is_given_and_widens_ids_for_the_device(positions):
+    """On a GPU the loader gathers straight into page-locked tensors (one copy, not a gather and a second copy to
+    pin them), in the types that travel: text's unsigned ids widened. The gather into given arrays is the plain
+    gather, in place; into wider ones, the same values widened."""
+    from shardline.trainer.data.batch import Batch
+    from shardline.trainer.data.split import ShardView
+
+    rng = np.random.default_rng(2)
+    n = 400
+    arrays = {
+        "cont": rng.standard_normal((n, 3)).astype(np.float16),
+        "cat": rng.integers(0, 60_000, (n, 2)).astype(np.uint16),
+        "offsets": np.array([0, 150, 151, n], dtype=np.int64),
+        "target": rng.integers(0, 60_000, n).astype(np.uint16),
+    }
+    view = ShardView(arrays, 6, 1, positions=positions)
+    start = view.starts[rng.permutation(len(view.starts))[:40]]
+    cont, cat, (target,) = view.gather(start)
+    tshape = (40, 6) if positions == "all" else (40,)
+    shapes = [(40, 6, 3), (40, 6, 2), tshape]
+    same = Batch.empty(shapes, [torch.float16, torch.uint16, torch.uint16]).numpy()
+    assert view.gather(start, same) is same  # into the arrays given
+    np.testing.assert_array_equal(same[0], cont)
+    np.testing.assert_array_equal(same[1], cat)
+    np.testing.assert_array_equal(same[2][0], target)
+    wide = Batch.empty(shapes, [torch.float16, torch.int32, torch.int32]).numpy()  # what travels to a GPU
+    view.gather(start, wide)
+    assert wide[1].dtype == np.int32 and wide[1].max() > 32_767
+    np.testing.assert_array_equal(wide[1], cat.astype(np.int32))
+    np.testing.assert_array_equal(wide[2][0], target.astype(np.int32))
+    if positions == "last":
+        np.testing.assert_array_equal(target, arrays["target"][start + 6])
+
+
 def test_window_keys_name_each_target_row(data):
     split = data["classification"]
     keys = split.window_keys()

@@ -73,13 +73,22 @@ class Batch:
         )
         return Batch(_cast(cont, True), _cast(cat, False), tuple(_cast(t, t.is_floating_point()) for t in targets))
 
-    def pin_memory(self) -> Batch:
-        # pinned for a GPU: unsigned ids widened first, so that what is pinned is what travels
-        return Batch(
-            self.cont.pin_memory(),
-            portable(self.cat).pin_memory(),
-            tuple(portable(t).pin_memory() for t in self.targets),
-        )
+    @classmethod
+    def empty(cls, shapes, dtypes, pin_memory: bool = False) -> Batch:
+        """A batch to gather into: tensors of these shapes and stored types (cont, cat, *targets). Page-locked,
+        for a GPU, in the types that travel (unsigned ids widened): the gather writes straight into the memory
+        the copy to the device reads, one copy instead of a gather and a second copy to pin. Torch's caching
+        host allocator hands the same page-locked blocks out again once their copies are done."""
+
+        def one(shape, dtype):
+            return torch.empty(shape, dtype=_UNSIGNED.get(dtype, dtype) if pin_memory else dtype, pin_memory=pin_memory)
+
+        cont, cat, *targets = (one(s, d) for s, d in zip(shapes, dtypes))
+        return cls(cont, cat, tuple(targets))
+
+    def numpy(self) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+        """Views of the host tensors' memory (for a gather to write into)."""
+        return self.cont.numpy(), self.cat.numpy(), tuple(t.numpy() for t in self.targets)
 
 
 class Windows:
@@ -98,8 +107,23 @@ class Windows:
         if row and n:
             self.records = np.ndarray((n,), dtype=np.dtype((np.void, k * row)), buffer=a, strides=(row,))
 
-    def gather(self, start: np.ndarray) -> np.ndarray:
-        """[len(start), K, F] windows starting at rows `start` (a new, contiguous array)."""
+    def gather(self, start: np.ndarray, out: np.ndarray | None = None, rows: np.ndarray | None = None) -> np.ndarray:
+        """[len(start), K, F] windows starting at rows `start`: a new, contiguous array, or written into `out`
+        (contiguous, of this shape and type) from `rows`, each window's K row numbers end to end (`rows_of`).
+        The starts are in range (the caller checked them)."""
+        if out is None:
+            if self.records is None:
+                return np.zeros((len(start), self.k, self.width), dtype=self.dtype)
+            return self.records[start].view(self.dtype).reshape(len(start), self.k, self.width)
         if self.records is None:
-            return np.zeros((len(start), self.k, self.width), dtype=self.dtype)
-        return self.records[start].view(self.dtype).reshape(len(start), self.k, self.width)
+            out[...] = 0
+        else:  # rows of the contiguous array (a take from the overlapping records would copy them all first);
+            # mode="clip": numpy writes straight into `out` ("raise" gathers into a buffer, then copies)
+            rows = rows_of(start, self.k) if rows is None else rows
+            np.take(self.array, rows, axis=0, out=out.reshape(-1, self.width), mode="clip")
+        return out
+
+
+def rows_of(start: np.ndarray, k: int) -> np.ndarray:
+    """The rows of the K-row windows starting at `start`, window after window."""
+    return (np.asarray(start, dtype=np.int64)[:, None] + np.arange(k, dtype=np.int64)).ravel()

@@ -32,7 +32,7 @@ from shardline.core.storage import (
     shared_cache,
     unpacked,
 )
-from shardline.trainer.data.batch import ARRAYS, POSITIONS, Batch, Windows, target_names
+from shardline.trainer.data.batch import ARRAYS, POSITIONS, Batch, Windows, rows_of, target_names
 
 
 class Starts:
@@ -136,15 +136,42 @@ class ShardView:
             start = np.asarray(start, dtype=np.int64)
             self.pages.read([(base + start * row, length) for base, row, length in self._spans])
 
-    def gather_targets(self, start: np.ndarray) -> tuple[np.ndarray, ...]:
+    def gather_targets(self, start: np.ndarray, out=None) -> tuple[np.ndarray, ...]:
+        if out is None:
+            if self._target_windows is not None:
+                return tuple(w.gather(start)[..., 0] for w in self._target_windows)
+            return tuple(t[start + self.shift] for t in self.targets)
         if self._target_windows is not None:
-            return tuple(w.gather(start)[..., 0] for w in self._target_windows)
-        return tuple(t[start + self.shift] for t in self.targets)
-
-    def gather(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
-        out = self.cont.gather(start), self.cat.gather(start), self.gather_targets(start)
-        self._note(start)
+            rows = rows_of(start, self.cont.k)
+            for w, o in zip(self._target_windows, out):
+                w.gather(start, o.reshape(*o.shape, 1), rows)
+        else:
+            for t, o in zip(self.targets, out):
+                np.take(t, start + self.shift, out=o, mode="clip")
         return out
+
+    def gather(self, start: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+        """The windows starting at rows `start`: (cont, cat, targets), new arrays, or written into `out`'s
+        arrays where their types are those stored (otherwise gathered, then converted into them)."""
+        if out is None:
+            got = self.cont.gather(start), self.cat.gather(start), self.gather_targets(start)
+        elif (out[0].dtype, out[1].dtype, *(o.dtype for o in out[2])) == (
+            self.cont.dtype,
+            self.cat.dtype,
+            *(t.dtype for t in self.targets),
+        ):
+            rows = rows_of(start, self.cont.k)  # the windows' rows, one index for both arrays
+            self.cont.gather(start, out[0], rows), self.cat.gather(start, out[1], rows)
+            self.gather_targets(start, out[2])
+            got = out
+        else:  # widened for the device (text's unsigned ids)
+            cont, cat, targets = self.gather(start)
+            out[0][...], out[1][...] = cont, cat
+            for o, t in zip(out[2], targets):
+                o[...] = t
+            return out
+        self._note(start)
+        return got
 
     def order_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """The `order` value of shard rows (-1 when the shard has none)."""
@@ -443,48 +470,41 @@ class SplitData:
         """
         idx = self._check(idx)
         b, k = len(idx), self.window
+        tshape = (b, k) if self.positions == "all" else (b,)
+        out = Batch.empty(
+            [(b, k, self.n_cont), (b, k, self.n_cat), *[tshape] * self.n_targets],
+            [self.cont_dtype, self.cat_dtype, *self.target_dtypes],
+            pin_memory=pin_memory and b > 0,
+        )
         if b == 0:
-            shape = (0, k) if self.positions == "all" else (0,)
-            return Batch(
-                torch.empty((0, k, self.n_cont), dtype=self.cont_dtype),
-                torch.empty((0, k, self.n_cat), dtype=self.cat_dtype),
-                tuple(torch.empty(shape, dtype=d) for d in self.target_dtypes),
-            )
+            return out
         # numpy fancy indexing: single-threaded and outside the GIL; torch's index_select spreads a
         # small gather over OpenMP threads, which stalls ~10x when the cores are busy training
+        dst = out.numpy()
         j = self._joined
         if j is not None:
-            arrays = j.gather(j.starts[idx])
-        else:
-            shard = self.shard_of(idx)
-            first = int(shard[0])
-            done = {int(s) for s in release}
-            if (shard == first).all():
-                v = self.view(first)
-                arrays = v.gather(v.starts[idx - self._first[first]])
-                if first in done:
-                    self.release_shard(first)
-            else:
-                meta = self._meta(0)
-                tshape = (b, k) if self.positions == "all" else (b,)
-                arrays = (
-                    np.empty((b, k, self.n_cont), dtype=np.dtype(meta[0][0])),
-                    np.empty((b, k, self.n_cat), dtype=np.dtype(meta[1][0])),
-                    tuple(np.empty(tshape, dtype=np.dtype(t[0])) for t in meta[2]),
-                )
-                for s in sorted(np.unique(shard).tolist(), key=lambda s: s not in done):  # passed ones first
-                    sel = np.flatnonzero(shard == s)
-                    v = self.view(s)
-                    cont, cat, targets = v.gather(v.starts[idx[sel] - self._first[s]])
-                    arrays[0][sel], arrays[1][sel] = cont, cat
-                    for out, part in zip(arrays[2], targets):
-                        out[sel] = part
-                    del v
-                    if s in done:
-                        self.release_shard(s)
-        cont, cat, targets = arrays
-        out = Batch(torch.from_numpy(cont), torch.from_numpy(cat), tuple(torch.from_numpy(t) for t in targets))
-        return out.pin_memory() if pin_memory else out
+            j.gather(j.starts[idx], dst)
+            return out
+        shard = self.shard_of(idx)
+        first = int(shard[0])
+        done = {int(s) for s in release}
+        if (shard == first).all():
+            v = self.view(first)
+            v.gather(v.starts[idx - self._first[first]], dst)
+            if first in done:
+                self.release_shard(first)
+            return out
+        for s in sorted(np.unique(shard).tolist(), key=lambda s: s not in done):  # passed ones first
+            sel = np.flatnonzero(shard == s)
+            v = self.view(s)
+            cont, cat, targets = v.gather(v.starts[idx[sel] - self._first[s]])
+            dst[0][sel], dst[1][sel] = cont, cat
+            for o, part in zip(dst[2], targets):
+                o[sel] = part
+            del v
+            if s in done:
+                self.release_shard(s)
+        return out
 
     def check_each(self, check) -> None:
         """Run `check(view, shard index)` on every shard: now on a split in hand; as each shard is opened
