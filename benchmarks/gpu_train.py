@@ -312,7 +312,8 @@ def main() -> None:
                             f"  waits: {len(waits)} batches, median {np.median(waits):.0f} µs, p90 "
                             f"{np.percentile(waits, 90):.0f} µs, p99 {np.percentile(waits, 99):.0f} µs; {long.sum()} "
                             f"over 300 µs hold {waits[long].sum() / max(waits.sum(), 1e-9):.0%} of the "
-                            f"{waits.sum() / 1e6:.3f} s waited",
+                            f"{waits.sum() / 1e6:.3f} s waited; the fit's data wait by epoch: "
+                            + ", ".join(format(h.get("data_wait_fraction") or 0, ".1%") for h in res.history),
                             flush=True,
                         )
                     print(

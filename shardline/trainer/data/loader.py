@@ -174,20 +174,28 @@ class WindowLoader:
         # block; `num_workers` sets how far ahead it may go
         stream = self._stream_gather(order, spans) if data.streaming else None
 
-        def gather(lo: int, hi: int) -> tuple[Batch, list[tuple[int, int, int]]]:
-            """The span's chunk (this rank's share of each of its global batches), and its batches' parts."""
+        def gather(lo: int, hi: int) -> list[tuple[Batch, int]]:
+            """The span's batches (this rank's share of each of its global batches), each a view of one gathered
+            chunk, with the windows of the global batch it is a share of. Sliced here, in the loader's thread:
+            handing a batch out is then all the training's thread does (on a GPU, its time is the step's)."""
             parts = rank_positions(lo, hi, bs, self.n_windows, self.rank, self.world_size)
             pos = None
             if self.world_size > 1:
                 pos = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n, _ in parts])
             if stream is not None:
-                return stream(lo, hi, pos), parts
-            return data.batch(order[lo:hi] if pos is None else order[pos], pin_memory=self.pin_memory), parts
+                big = stream(lo, hi, pos)
+            else:
+                big = data.batch(order[lo:hi] if pos is None else order[pos], pin_memory=self.pin_memory)
+            out, at = [], 0
+            for _, n, k in parts:
+                out.append((big.slice(at, at + n), k))
+                at += n
+            return out
 
         try:
             if self.num_workers == 0:
                 for lo, hi in spans:
-                    yield from self._hand_out(*gather(lo, hi))
+                    yield from self._hand_out(gather(lo, hi))
                 return
             pool = ThreadPoolExecutor(1 if stream else self.num_workers, thread_name_prefix="shardline-loader")
             pending: deque = deque()
@@ -198,7 +206,7 @@ class WindowLoader:
                         pending.append(pool.submit(gather, *span))  # gathered and pinned in the worker
                     if not pending:
                         break
-                    yield from self._hand_out(*pending.popleft().result())
+                    yield from self._hand_out(pending.popleft().result())
             finally:
                 for fut in pending:
                     fut.cancel()
@@ -206,13 +214,10 @@ class WindowLoader:
         finally:
             data.release()  # streamed shards still held when the epoch ends or the loop leaves it (closed)
 
-    def _hand_out(self, big: Batch, parts: list[tuple[int, int, int]]):
-        """A gathered chunk's batches, each a view of it (pinned, for CUDA). Several processes (DDP): each this
-        rank's share of a global batch, the offset counting whole global batches."""
-        at = 0
-        for _, n, k in parts:
-            b = big.slice(at, at + n)
-            at += n
+    def _hand_out(self, batches: list[tuple[Batch, int]]):
+        """A gathered chunk's batches. Several processes (DDP): each this rank's share of a global batch, the offset
+        counting whole global batches."""
+        for b, k in batches:
             self.offset += k  # counted when handed out: a checkpoint after this batch resumes past it
             yield b
 
