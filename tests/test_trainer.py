@@ -179,6 +179,24 @@ def test_a_gather_writes_into_the_batch_it_is_given_and_widens_ids_for_the_devic
         np.testing.assert_array_equal(target, arrays["target"][start + 6])
 
 
+@pytest.mark.parametrize("joined", [True, False])
+def test_a_batch_gathered_into_new_tensors_as_for_a_gpu_is_the_same_batch(data, joined):
+    """On a GPU a batch is gathered straight into page-locked tensors (`into`, which `pin_memory` sets; this CPU
+    cannot page-lock, so the test gathers into plain ones): the same windows as the gather on the CPU, from one
+    set of arrays (a split in hand) and shard by shard (a streamed split), within a shard and across them."""
+    import copy
+
+    split = data["classification"]
+    if not joined:  # gathered per shard, as a streamed split is
+        split = copy.copy(split)
+        split._joined = None
+    rng = np.random.default_rng(4)
+    for idx in (rng.permutation(split.n_windows)[:70], np.arange(3, 40)):  # across shards, within the first
+        plain, into = split.batch(idx), split.batch(idx, into=True)
+        for a, b in zip((plain.cont, plain.cat, *plain.targets), (into.cont, into.cat, *into.targets)):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
 def test_window_keys_name_each_target_row(data):
     split = data["classification"]
     keys = split.window_keys()

@@ -460,51 +460,60 @@ class SplitData:
             raise IndexError(f"window index out of range [0, {self.n_windows})")
         return idx
 
-    def batch(self, idx: np.ndarray, pin_memory: bool = False, release=()) -> Batch:
+    def batch(self, idx: np.ndarray, pin_memory: bool = False, release=(), into: bool | None = None) -> Batch:
         """Gather windows `idx` (in that order): one fancy index per array, a K-row block copy per window.
 
         A split in hand is one set of arrays (one shard, or its shards joined in a split pack), so a
         batch is one gather whichever shards it draws from; a streamed split gathers per shard. The
         streamed shards in `release` (none of their windows comes after these) are gathered first and
         each released at once, so a gather across two shuffle blocks holds one block at a time.
+
+        For a GPU (`pin_memory`) the windows are gathered straight into page-locked tensors, in the types that
+        travel: one copy, where pinning a gathered batch is a second (2026-11-28, docs/performance.md). On the CPU
+        numpy's fancy index into a new array is the faster gather (2x for the demo's rows); `into` chooses.
         """
         idx = self._check(idx)
         b, k = len(idx), self.window
         tshape = (b, k) if self.positions == "all" else (b,)
-        out = Batch.empty(
-            [(b, k, self.n_cont), (b, k, self.n_cat), *[tshape] * self.n_targets],
-            [self.cont_dtype, self.cat_dtype, *self.target_dtypes],
-            pin_memory=pin_memory and b > 0,
-        )
+        shapes = [(b, k, self.n_cont), (b, k, self.n_cat), *[tshape] * self.n_targets]
+        dtypes = [self.cont_dtype, self.cat_dtype, *self.target_dtypes]
         if b == 0:
-            return out
+            return Batch.empty(shapes, dtypes)
+        out = Batch.empty(shapes, dtypes, pin_memory=pin_memory) if (pin_memory if into is None else into) else None
+        dst = None if out is None else out.numpy()
         # numpy fancy indexing: single-threaded and outside the GIL; torch's index_select spreads a
         # small gather over OpenMP threads, which stalls ~10x when the cores are busy training
-        dst = out.numpy()
         j = self._joined
         if j is not None:
-            j.gather(j.starts[idx], dst)
+            got = j.gather(j.starts[idx], dst)
+        else:
+            shard = self.shard_of(idx)
+            first = int(shard[0])
+            done = {int(s) for s in release}
+            if (shard == first).all():
+                v = self.view(first)
+                got = v.gather(v.starts[idx - self._first[first]], dst)
+                if first in done:
+                    self.release_shard(first)
+            else:
+                if out is None:
+                    out = Batch.empty(shapes, dtypes)
+                    dst = out.numpy()
+                for s in sorted(np.unique(shard).tolist(), key=lambda s: s not in done):  # passed ones first
+                    sel = np.flatnonzero(shard == s)
+                    v = self.view(s)
+                    cont, cat, targets = v.gather(v.starts[idx[sel] - self._first[s]])
+                    dst[0][sel], dst[1][sel] = cont, cat
+                    for o, part in zip(dst[2], targets):
+                        o[sel] = part
+                    del v
+                    if s in done:
+                        self.release_shard(s)
+                got = dst
+        if out is not None:
             return out
-        shard = self.shard_of(idx)
-        first = int(shard[0])
-        done = {int(s) for s in release}
-        if (shard == first).all():
-            v = self.view(first)
-            v.gather(v.starts[idx - self._first[first]], dst)
-            if first in done:
-                self.release_shard(first)
-            return out
-        for s in sorted(np.unique(shard).tolist(), key=lambda s: s not in done):  # passed ones first
-            sel = np.flatnonzero(shard == s)
-            v = self.view(s)
-            cont, cat, targets = v.gather(v.starts[idx[sel] - self._first[s]])
-            dst[0][sel], dst[1][sel] = cont, cat
-            for o, part in zip(dst[2], targets):
-                o[sel] = part
-            del v
-            if s in done:
-                self.release_shard(s)
-        return out
+        cont, cat, targets = got
+        return Batch(torch.from_numpy(cont), torch.from_numpy(cat), tuple(torch.from_numpy(t) for t in targets))
 
     def check_each(self, check) -> None:
         """Run `check(view, shard index)` on every shard: now on a split in hand; as each shard is opened
