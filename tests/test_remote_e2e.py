@@ -436,16 +436,17 @@ def test_two_nodes_train_together_the_second_a_flow_run_of_the_node_deployment(c
 def test_node_1_lost_whole_fails_the_training_within_the_join_timeout_and_it_is_dispatched_again(cluster, monkeypatch):
     """Node 1's machine lost mid-training (its flow process, agent and rank SIGKILLed) and no replacement on the
     pool: node 0's rank fails on its lost peer, its agent starts the next round, which no node joins, and fails
-    after compute.join_timeout_seconds (15 s here). The training run fails on its infrastructure, is dispatched
-    again with a new node 1, resumes from the checkpoint in S3 and ends on the uninterrupted two-node run's
-    (test above) weights to the bit."""
+    after compute.join_timeout_seconds (45 s here: the first rendezvous waits that long too, for node 1's flow run to
+    be picked up and its agent to start, which took over 15 s on a slow, loaded 2-core machine). The training run
+    fails on its infrastructure, is dispatched again with a new node 1, resumes from the checkpoint in S3 and ends
+    on the uninterrupted two-node run's (test above) weights to the bit."""
     import time
 
     import torch
 
     s3_env(monkeypatch, cluster)
     root = f"s3://{BUCKET}/store-rk"
-    config = slow_two_nodes(cluster, "store-rk", join_timeout_seconds=15)
+    config = slow_two_nodes(cluster, "store-rk", join_timeout_seconds=45)
     before = {r["id"] for r in cluster.flow_runs()}
     watcher = start_pipeline(cluster, config)
 
