@@ -136,13 +136,13 @@ class ShardView:
             start = np.asarray(start, dtype=np.int64)
             self.pages.read([(base + start * row, length) for base, row, length in self._spans])
 
-    def gather_targets(self, start: np.ndarray, out=None) -> tuple[np.ndarray, ...]:
+    def gather_targets(self, start: np.ndarray, out=None, rows: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         if out is None:
             if self._target_windows is not None:
                 return tuple(w.gather(start)[..., 0] for w in self._target_windows)
             return tuple(t[start + self.shift] for t in self.targets)
         if self._target_windows is not None:
-            rows = rows_of(start, self.cont.k)
+            rows = rows_of(start, self.cont.k) if rows is None else rows
             for w, o in zip(self._target_windows, out):
                 w.gather(start, o.reshape(*o.shape, 1), rows)
         else:
@@ -162,7 +162,7 @@ class ShardView:
         ):
             rows = rows_of(start, self.cont.k)  # the windows' rows, one index for both arrays
             self.cont.gather(start, out[0], rows), self.cat.gather(start, out[1], rows)
-            self.gather_targets(start, out[2])
+            self.gather_targets(start, out[2], rows)
             got = out
         else:  # widened for the device (text's unsigned ids)
             cont, cat, targets = self.gather(start)
