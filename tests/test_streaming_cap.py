@@ -28,7 +28,7 @@ from shardline.core import storage
 from shardline.core.codes import Globaliser
 from shardline.core.config import ModelConfig, TrainingConfig, validate_config
 from shardline.core.failures import is_infrastructure_failure
-from shardline.core.shards import RESIDENT_ENV, MappedPages
+from shardline.core.shards import FAULT_BLOCK, RESIDENT_ENV, SEQUENTIAL_KEEP, MappedPages
 from shardline.core.storage import CacheFull, ShardCache
 from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from shardline.trainer.data import WindowLoader, check_cache_room, open_split
@@ -239,7 +239,7 @@ def test_a_resident_bound_keeps_a_packs_mapped_pages_under_it_and_reads_the_same
     manifest, uri = dataset["manifest"], dataset["uri"]
     cache = ShardCache(tmp_path / "cache", cap_bytes=20 * dataset["split"])
     passes = {}
-    for mb in ("0", "12"):  # no bound; a pack 3 times the bound
+    for mb in ("0", "12", "128"):  # no bound; a pack 3 times the bound; the default, more than the pack
         monkeypatch.setenv(RESIDENT_ENV, mb)
         train = open_split(manifest, uri, "train", cache=cache)
         digest = hashlib.sha256()
@@ -254,6 +254,13 @@ def test_a_resident_bound_keeps_a_packs_mapped_pages_under_it_and_reads_the_same
     pages = passes["12"][2]._pages
     assert passes["12"][0] == passes["0"][0] and not pages.scattered
     assert passes["12"][1] <= 12 + pages.footprint / 1e6 < 0.6 * pack_mb, (passes["12"][1], pages.footprint)
+    # a pass in order never reads back: it keeps SEQUENTIAL_KEEP of what it passed mapped, not the whole budget
+    pages = passes["128"][2]._pages
+    assert passes["128"][0] == passes["0"][0] and pages.budget > pages.size
+    assert passes["128"][1] <= (SEQUENTIAL_KEEP + pages.footprint + FAULT_BLOCK) / 1e6 < 0.7 * pack_mb, (
+        passes["128"][1],
+        pages.footprint,
+    )
 
 
 class Child:

@@ -186,6 +186,8 @@ class WindowLoader:
                 big = stream(lo, hi, pos)
             else:
                 big = data.batch(order[lo:hi] if pos is None else order[pos], pin_memory=self.pin_memory)
+                if not self.shuffle and data._pages is not None:
+                    data._pages.passed()  # in order: what this pass has read of the pack is behind it
             out, at = [], 0
             for _, n, k in parts:
                 out.append((big.slice(at, at + n), k))
