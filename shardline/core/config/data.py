@@ -221,7 +221,7 @@ class DataConfig(Strict):
     split: SplitConfig = Field(default_factory=SplitConfig)
     continuous_dtype: Literal["float32", "float16"] = "float32"
     group_mb: float = Field(
-        16,
+        12,
         gt=0,
         description="raw MB read by one mapped encode task; each task writes one shard per split, so this sets the "
         "shard size (about 1-3x it times the split's fraction) and bounds the task's memory (about 17x it for "
