@@ -42,15 +42,15 @@ from shardline.core.shards import compress_bytes, window_count
 GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
 TOKENIZER = "tokenizer.json"  # text data: the tokenizer, beside the manifest
 
-SMALLEST = 2  # a group holds at least group_mb / SMALLEST of raw bytes,
+SMALLEST = 1.5  # a group holds at least group_mb / SMALLEST of raw bytes (8 MB at the default 12),
 SHARE = 16  # and about 1 / SHARE of the raw bytes before it, up to group_mb
 
 
 def group_budget(before: float, data: DataConfig) -> float:
     """The raw bytes a group is filled to, given the raw bytes of the groups before it. A small data set is
-    cut into groups of half `group_mb` (which encode at once); a large one's grow to `group_mb`.
+    cut into groups of two thirds of `group_mb` (which encode at once); a large one's grow to `group_mb`.
     Never the data set's size (see `file_groups`): the last group, which appended files fill up (and encode
-    again), holds at most a sixteenth of the data before it (or group_mb / 2)."""
+    again), holds at most a sixteenth of the data before it (or group_mb / SMALLEST)."""
     mb = data.group_mb * 1e6
     return min(mb, max(mb / SMALLEST, before / SHARE))
 
