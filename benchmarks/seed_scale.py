@@ -198,13 +198,34 @@ def served(reads: list[tuple[str, int, int]]) -> tuple[int, int]:
 # ---------------------------------------------------------------- a measured process
 
 
-def sampled(cmd: list[str], env: dict, cwd: Path, stop=None) -> dict:
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process `pid` has used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def machine_busy() -> float:
+    """CPU seconds the machine's cores have been busy so far, every process's (/proc/stat: all but idle, iowait)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(f) - f[3] - f[4]) / TICK
+
+
+def sampled(cmd: list[str], env: dict, cwd: Path, stop=None, watch: dict[str, int] | None = None) -> dict:
     """Run `cmd`, its process tree's RSS sampled every 50 ms: wall time, stdout, samples (time, tree RSS) and
-    each process's peak RSS (by its command line). `stop()`, asked every second, true: SIGTERM to the command
-    (as a spot reclaim would: it stops at a checkpoint), and `stopped` in the record."""
+    each process's peak RSS (by its command line). Every second, `cpu`: (time, the CPU seconds so far of each
+    process of the tree and of `watch` (name -> pid: the S3 server), the machine's busy CPU seconds). `stop()`,
+    asked every second, true: SIGTERM to the command (as a spot reclaim would: it stops at a checkpoint), and
+    `stopped` in the record."""
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
     samples: list[tuple[float, float]] = []
+    cpu: list[tuple[float, dict[str, float], float]] = []
     peaks: dict[int, tuple[str, float]] = {}
     stopped: list[float] = []
 
@@ -215,6 +236,10 @@ def sampled(cmd: list[str], env: dict, cwd: Path, stop=None) -> dict:
             for pid, (line, rss, _) in procs.items():
                 name = line.replace(b"\0", b" ").decode(errors="replace")[:120]
                 peaks[pid] = (name, max(rss, peaks.get(pid, ("", 0.0))[1]))
+            if len(samples) % 20 == 1:
+                used = {f"{pid} {peaks[pid][0][:70].strip()}": cpu_seconds(pid) for pid in procs}
+                used.update({name: cpu_seconds(pid) for name, pid in (watch or {}).items()})
+                cpu.append((time.time(), used, machine_busy()))
             if stop is not None and not stopped and len(samples) % 20 == 0 and stop(t0):
                 stopped.append(time.time())
                 proc.terminate()
@@ -230,7 +255,18 @@ def sampled(cmd: list[str], env: dict, cwd: Path, stop=None) -> dict:
     main = peaks.get(proc.pid, ("", 0.0))[1]
     others = sorted((v for pid, v in peaks.items() if pid != proc.pid), key=lambda v: -v[1])
     record = {"t0": t0, "t1": t0 + wall, "wall": wall, "out": out, "err": err, "samples": samples, "main": main}
-    return {**record, "others": others, "stopped": stopped[0] if stopped else None}
+    return {**record, "cpu": cpu, "others": others, "stopped": stopped[0] if stopped else None}
+
+
+def cores_busy(cpu: list, lo: float, hi: float) -> tuple[float, dict[str, float]] | None:
+    """From `sampled`'s `cpu` samples: the machine's cores busy on average from `lo` to `hi`, and each process's
+    (None with fewer than two samples in between)."""
+    inside = [c for c in cpu if lo <= c[0] <= hi]
+    if len(inside) < 2:
+        return None
+    (t0, a, m0), (t1, b, m1) = inside[0], inside[-1]
+    dt = max(t1 - t0, 1e-9)
+    return (m1 - m0) / dt, {k: (b[k] - a.get(k, b[k])) / dt for k in b}
 
 
 def peak(samples, lo: float = 0.0, hi: float = float("inf")) -> float:
@@ -314,13 +350,14 @@ def logged_steps(home: Path, since: float) -> list[tuple[int, float]]:
 
 def training_figures(home: Path, since: float, batch: int) -> dict:
     """The training's windows/s between its 10th logged step and its last (so start-up and the first steps'
-    warm-up are left out, and a run stopped after its steps counts as one that went on), and when its first
-    optimizer step was logged."""
+    warm-up are left out, and a run stopped after its steps counts as one that went on), when its first
+    optimizer step was logged, and `timed`: when the steps the windows/s counts began and ended."""
     steps = logged_steps(home, since)
     if len(steps) < 12:
         return {"wps": None, "first_step": steps[0][1] if steps else None}
     (s0, t0), (s1, t1) = steps[10], steps[-1]
-    return {"wps": (s1 - s0) * batch / max(t1 - t0, 1e-9), "first_step": steps[0][1], "last_step": s1}
+    wps = (s1 - s0) * batch / max(t1 - t0, 1e-9)
+    return {"wps": wps, "first_step": steps[0][1], "last_step": s1, "timed": (t0, t1)}
 
 
 # ---------------------------------------------------------------- the children
@@ -394,7 +431,7 @@ class Bench:
         """`shardline run` in its own process: wall, per-step spans, RSS, S3 bytes, training figures."""
         cmd = [str(BIN), "run", str(home / "run.yaml"), "--set", f"training.max_steps_per_epoch={steps_cap}"]
         cmd += [x for o in self.overrides for x in ("--set", o)] + (["--force", force] if force else [])
-        r = sampled(cmd, self.env(home, cache, cap_gb), home, stop)
+        r = sampled(cmd, self.env(home, cache, cap_gb), home, stop, watch={"the moto S3 server": self.s3.proc.pid})
         # the command's output, kept beside its home for a look afterwards (the measures drop it)
         (home / f"command-{int(r['t0'])}.log").write_text(r["out"] + "\n--- stderr ---\n" + r["err"])
         r["steps"] = next((line for line in r["out"].splitlines() if line.startswith("steps:")), "")
@@ -587,11 +624,33 @@ def tables(m: dict) -> str:
         f"| append ({m['appended']:,} games): its encode / the full encode | "
         f"{get('append', lambda r: span_s(r, 'encode'))} / {span_s(first, 'encode'):,.1f} s |",
         "",
+        *cpu_lines(runs),
+        "",
         verdicts(m),
         "",
         projection(m),
     ]
     return "\n".join(lines)
+
+
+def cpu_lines(runs: dict) -> list[str]:
+    """Where the machine's CPU went while each run's timed training steps ran: its cores busy, the processes of
+    the command and the S3 server that used most, and the rest (other processes on the machine)."""
+
+    def short(key: str) -> str:  # "PID /a/b/python /a/b/shardline run ..." -> "python shardline run"
+        return " ".join(Path(w).name if "/" in w else w for w in key.split()[1:4])
+
+    out = ["| run: while its timed training steps ran | cores busy | by process (cores) | other processes |"]
+    out.append("|---|---:|---|---:|")
+    for name, r in runs.items():
+        got = cores_busy(r.get("cpu", []), *r["timed"]) if r.get("timed") else None
+        if got is None:
+            continue
+        machine, per = got
+        top = sorted(((v, k) for k, v in per.items() if v >= 0.01), reverse=True)[:4]
+        named = "; ".join(f"{v:.2f} `{short(k)}`" for v, k in top)
+        out.append(f"| {name} | {machine:.2f} | {named} | {machine - sum(per.values()):.2f} |")
+    return out
 
 
 BIG_GAMES, BIG_MB = 230_000, 34_000  # the user's whole data: 230K games, 34 GB
