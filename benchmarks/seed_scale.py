@@ -266,7 +266,7 @@ def cores_busy(cpu: list, lo: float, hi: float) -> tuple[float, dict[str, float]
         return None
     (t0, a, m0), (t1, b, m1) = inside[0], inside[-1]
     dt = max(t1 - t0, 1e-9)
-    return (m1 - m0) / dt, {k: (b[k] - a.get(k, b[k])) / dt for k in b}
+    return (m1 - m0) / dt, {k: (b[k] - a.get(k, 0.0)) / dt for k in b}  # one born in between: all its CPU
 
 
 def peak(samples, lo: float = 0.0, hi: float = float("inf")) -> float:
