@@ -15,6 +15,10 @@ own process, its process tree's RSS sampled every 50 ms:
 - first: `shardline run` of the demo config on `s3://` (1 epoch of at most --steps optimizer steps at batch
   1,024, the train split streamed through a shard cache capped at a quarter of it, the whole test split
   evaluated, registration);
+- stream: `fit` alone on the first run's store, --stream-steps steps (past the first shuffle blocks), the train
+  split in an uncapped cache and streamed through one capped as the first run's, alternated --stream-rounds
+  times: the streaming target is the best streamed / the best in cache (one run against another minutes later
+  moved by up to 1.5x on a shared machine);
 - dask: the encode step again (`encoded_data`, refreshed) on a local Dask cluster of 2 workers;
 - in cache: the same training again (`--force train`) with the split in an uncapped cache;
 - again: the first command again (every step cached);
@@ -396,6 +400,61 @@ def child_encode(spec: dict) -> None:
     print(json.dumps({"manifest": run()}), flush=True)
 
 
+def child_train(spec: dict) -> None:
+    """`fit` alone on the home's store, `spec["steps"]` steps of the first epoch: the train split streamed through
+    a fresh cache capped at `spec["cap_gb"]`, or (cap None) in the home's uncapped `cache-whole` (its pack built
+    first, if it is not there). Prints windows/s and windows per CPU-second of this process from step 10 on."""
+    import shutil
+
+    from shardline.core.config import load_config
+    from shardline.core.manifest import Manifest
+    from shardline.core.storage import ShardCache
+    from shardline.trainer.data import open_split
+    from shardline.trainer.loop import Callbacks, FitOptions, fit
+    from shardline.trainer.models import model_spec_for
+    from shardline.trainer.serving import data_spec
+
+    home, steps = Path(spec["home"]), spec["steps"]
+    cfg = load_config(home / "run.yaml", [*spec["set"], f"training.max_steps_per_epoch={steps}"])
+    uri = manifest_of(home)
+    manifest = Manifest.model_validate_json(Path(uri).read_text())
+    whole = ShardCache(home / "cache-whole")
+    if spec["cap_gb"] is None:
+        cache = whole
+    else:
+        shutil.rmtree(home / "cache-stream", ignore_errors=True)
+        cache = ShardCache(home / "cache-stream", cap_bytes=int(spec["cap_gb"] * 1e9))
+    train = open_split(manifest, uri, "train", cache=cache)
+    assert train.streaming == (spec["cap_gb"] is not None), "the split streams only with a cap"
+    stamps: dict[int, tuple[float, float]] = {}
+
+    class Enough(Exception):
+        pass
+
+    def on_step(step: int, _metrics: dict) -> None:
+        stamps[step] = (time.perf_counter(), time.process_time())
+        if step >= steps - 1:
+            raise Enough  # before the epoch's end: no validation
+
+    training = cfg.training.model_copy(update={"checkpoint_every_steps": 0})
+    try:
+        fit(
+            train,
+            open_split(manifest, uri, "validation", cache=whole),
+            model_spec_for(cfg.model, data_spec(manifest.encoding)),
+            training,
+            manifest.encoding.target.task if manifest.encoding.target else None,
+            str(home / f"ck-stream-{os.getpid()}"),
+            callbacks=Callbacks(on_step=on_step),
+            options=FitOptions(resume=False, step_every=1),
+        )
+    except Enough:
+        pass
+    (lo, (t0, c0)), (hi, (t1, c1)) = sorted(stamps.items())[10], max(stamps.items())
+    windows = (hi - lo) * training.batch_size
+    print(json.dumps({"wps": windows / (t1 - t0), "per_cpu_s": windows / max(c1 - c0, 1e-9), "steps": hi - lo}))
+
+
 # ---------------------------------------------------------------- the parent
 
 
@@ -447,7 +506,8 @@ class Bench:
         env["POLARS_MAX_THREADS"] = "2"
         r = sampled(cmd, env, home)
         r["spans"] = spans(home, r["t0"], api=self.api, log=r["out"] + r["err"]) if mode == "encode" else {}
-        return self.measured(r)
+        out = r["out"]
+        return {**self.measured(r), "out": out}
 
     def measured(self, r: dict) -> dict:
         time.sleep(0.2)  # the server's last log lines
@@ -462,7 +522,7 @@ def manifest_of(home: Path) -> str:
     return str(max((home / "store" / "datasets").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime))
 
 
-PARTS = ("floor", "demo", "first", "dask", "in cache", "again", "append")
+PARTS = ("floor", "demo", "first", "stream", "dask", "in cache", "again", "append")
 
 
 def measure(a, saved: Path) -> dict:
@@ -514,6 +574,17 @@ def measure(a, saved: Path) -> dict:
         shards = train_shards(manifest_of(home))
         m.update(split_mb=sum(shards) / 1e6, shards=len(shards), max_shard_mb=max(shards) / 1e6)
         m["stored_mb"] = stored_mb(home / "store" / "datasets")
+        if "stream" in a.parts:
+            # the stream target: fit alone, streamed and in cache alternated, each the best of its rounds (one
+            # pipeline run against another minutes later moved by up to 1.5x on a shared machine, 2026-11-28)
+            m["stream"] = {"streamed": [], "in cache": [], "steps": a.stream_steps}
+            for r in range(a.stream_rounds):
+                for mode, cap in (("in cache", None), ("streamed", cap_gb or estimate)):
+                    log(f"fit alone, {mode}, round {r + 1}/{a.stream_rounds} ...")
+                    spec = {"home": str(home), "steps": a.stream_steps, "cap_gb": cap, "set": a.set}
+                    got = bench.child("train", spec, home)
+                    m["stream"][mode].append(json.loads(got["out"].strip().splitlines()[-1]))
+                    saved.write_text(json.dumps(m))
         if "dask" in a.parts:
             log("the encode on Dask (2 workers) ...")
             done("dask", bench.child("encode", {"config": str(home / "run.yaml"), "set": a.set}, home))
@@ -559,10 +630,20 @@ def figures(m: dict) -> dict[str, float | None]:
         "encode_vs_floor": ratio("floor", lambda: runs["floor"]["wall"] / enc),
         "encode_bytes": first["step_bytes"].get("encode", (0, 0))[0] / (m["raw_mb"] * 1e6),
         "rss": ratio("demo", lambda: peak(first["samples"]) / peak(runs["demo"]["samples"])),
-        "stream": ratio("in cache", lambda: (first["wps"] or 0) / (runs["in cache"]["wps"] or 1e-9)),
+        "stream": stream_ratio(m),
         "rerun": ratio("again", lambda: runs["again"]["wall"] / first["wall"]),
         "append": ratio("append", lambda: span_s(runs["append"], "encode") / enc),
     }
+
+
+def stream_ratio(m: dict) -> float | None:
+    """Training windows/s streamed / in cache: the best of each of the `stream` part's alternated rounds of `fit`
+    alone, or without that part the first run against the `in cache` run."""
+    if m.get("stream"):
+        best = {mode: max(r["wps"] for r in m["stream"][mode]) for mode in ("streamed", "in cache")}
+        return best["streamed"] / best["in cache"]
+    runs = m["runs"]
+    return (runs["first"]["wps"] or 0) / (runs["in cache"]["wps"] or 1e-9) if "in cache" in runs else None
 
 
 def tables(m: dict) -> str:
@@ -626,11 +707,26 @@ def tables(m: dict) -> str:
         "",
         *cpu_lines(runs),
         "",
+        *stream_lines(m),
         verdicts(m),
         "",
         projection(m),
     ]
     return "\n".join(lines)
+
+
+def stream_lines(m: dict) -> list[str]:
+    """The `stream` part's rounds: windows/s and windows per CPU-second of each, streamed and in cache."""
+    if not m.get("stream"):
+        return []
+    st = m["stream"]
+    out = [f"| `fit` alone, {st['steps']:,} steps, rounds alternated | windows/s | windows per CPU-second |"]
+    out.append("|---|---:|---:|")
+    for mode in ("in cache", "streamed"):
+        wps = " / ".join(f"{r['wps']:,.0f}" for r in st[mode])
+        per_cpu = " / ".join(f"{r['per_cpu_s']:,.0f}" for r in st[mode])
+        out.append(f"| {mode} | {wps} | {per_cpu} |")
+    return [*out, ""]
 
 
 def cpu_lines(runs: dict) -> list[str]:
@@ -692,7 +788,11 @@ def verdicts(m: dict) -> str:
         "encode_vs_floor": ("encode throughput / polars reading the same files from the bucket", ">="),
         "encode_bytes": ("bytes the encode reads from S3 / raw bytes", "<="),
         "rss": (f"peak RSS of the command, {m['games']:,} games / the demo's size", "<="),
-        "stream": ("training windows/s streamed / the split in the cache", ">="),
+        "stream": (
+            "training windows/s streamed / the split in the cache"
+            + (" (`fit` alone, best of each)" if m.get("stream") else " (one run each)"),
+            ">=",
+        ),
         "rerun": ("cached rerun / first run (wall)", "<="),
         "append": (f"{m['appended']:,} games appended: encode / the full encode", "<="),
     }
@@ -745,11 +845,15 @@ def main(argv: list[str] | None = None) -> None:
         help="a running Prefect API for every command (default: each starts a temporary one, as on a laptop)",
     )
     ap.add_argument("--table", metavar="JSON", help="print (and write) the tables of measures saved before")
-    for hidden in ("moto", "floor", "encode"):
+    ap.add_argument("--stream-rounds", type=int, default=3, help="rounds of the stream part, alternated (default 3)")
+    ap.add_argument("--stream-steps", type=int, default=1000, help="steps of each of its trainings (default 1,000)")
+    for hidden in ("moto", "floor", "encode", "train"):
         ap.add_argument(f"--{hidden}", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.moto:
         return serve_moto(a.moto)
+    if a.train:
+        return child_train(json.loads(Path(a.train).read_text()))
     if a.floor or a.encode:
         return (
             child_floor(json.loads(Path(a.floor).read_text()))
