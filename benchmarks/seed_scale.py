@@ -202,22 +202,23 @@ def served(reads: list[tuple[str, int, int]]) -> tuple[int, int]:
 # ---------------------------------------------------------------- a measured process
 
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
 def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds process `pid` has used so far (0 once it is gone)."""
+    import psutil
+
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return t.user + t.system
 
 
 def machine_busy() -> float:
-    """CPU seconds the machine's cores have been busy so far, every process's (/proc/stat: all but idle, iowait)."""
-    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return (sum(f) - f[3] - f[4]) / TICK
+    """CPU seconds the machine's cores have been busy so far, every process's (all but idle and iowait)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
 
 
 def sampled(cmd: list[str], env: dict, cwd: Path, stop=None, watch: dict[str, int] | None = None) -> dict:
