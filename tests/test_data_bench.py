@@ -53,6 +53,9 @@ def test_data_bench_quick_prints_the_tables():
     ]
     assert len(verdicts) >= 7, out.stdout
     assert re.search(r"memcpy bandwidth .*: [\d.]+ GB/s", out.stdout)
+    # the encode's CPU against the floor's: the least the encode's time can be, said with the figures
+    work = re.search(r"The encode does ([\d.]+)x the floor's work", out.stdout)
+    assert work and float(work.group(1)) > 0, out.stdout
 
 
 def test_encode_ab_quick_compares_this_tree_with_a_commit():
