@@ -156,7 +156,8 @@ def encode_vs_floor(cfg, snap, files: list[str], columns: list[str], work: Path)
     """Polars alone reading the files' needed columns on THREADS cores (one scan, or a read per
     file on THREADS threads: the faster counts), against the encode: one untimed round of each
     first (imports, thread pools, the page cache), then ENCODE_REPEAT interleaved rounds, so that
-    the machine's noise falls on both sides alike. Best and median seconds of each, the manifest."""
+    the machine's noise falls on both sides alike. Best and median seconds of each, the median
+    CPU-seconds of each (the whole process: every thread's), the manifest."""
     import statistics
 
     def timed(fn) -> tuple[float, float, object]:  # wall seconds, CPU seconds of the whole process (all threads)
