@@ -253,14 +253,18 @@ def test_a_resident_bound_keeps_a_packs_mapped_pages_under_it_and_reads_the_same
     assert passes["0"][2]._pages is None and passes["0"][1] > 0.8 * pack_mb  # unbounded: the whole pack stays
     pages = passes["12"][2]._pages
     assert passes["12"][0] == passes["0"][0] and not pages.scattered
-    assert passes["12"][1] <= 12 + pages.footprint / 1e6 < 0.6 * pack_mb, (passes["12"][1], pages.footprint)
+    # the peak within the bound and what one read maps (`footprint`: the blocks one batch's gather touches, 3 or 4
+    # of 2 MB as the mapping's address falls: not a fixed figure), and well under the whole pack
+    assert passes["12"][1] <= 12 + pages.footprint / 1e6, (passes["12"][1], pages.footprint)
+    assert passes["12"][1] < 0.6 * pack_mb, (passes["12"][1], pack_mb)
     # a pass in order never reads back: it keeps SEQUENTIAL_KEEP of what it passed mapped, not the whole budget
     pages = passes["128"][2]._pages
     assert passes["128"][0] == passes["0"][0] and pages.budget > pages.size
-    assert passes["128"][1] <= (SEQUENTIAL_KEEP + pages.footprint + FAULT_BLOCK) / 1e6 < 0.7 * pack_mb, (
+    assert passes["128"][1] <= (SEQUENTIAL_KEEP + pages.footprint + FAULT_BLOCK) / 1e6, (
         passes["128"][1],
         pages.footprint,
     )
+    assert passes["128"][1] < 0.7 * pack_mb, (passes["128"][1], pack_mb)
 
 
 class Child:
