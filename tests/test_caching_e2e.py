@@ -235,6 +235,47 @@ def test_a_record_flipped_to_pickle_while_a_rerun_reads_it_is_never_decoded(setu
     assert not marker.exists()
 
 
+def test_a_record_replaced_between_prefects_two_reads_is_used_as_checked_or_not_at_all(tmp_path):
+    """Prefect reads a record twice: whether it exists, then what it holds. A record replaced by a pickle between the
+    two reads hands the step the bytes the first read checked (not an error that fails the step); one refused at its
+    first read is no record; one dropped as stale is no record again, whatever its copy kept."""
+    import base64
+    import pickle
+
+    from prefect.results import ResultStore
+    from prefect.serializers import JSONSerializer
+
+    from shardline.tasks.caching import CheckedLocalResults, forget
+
+    folder = tmp_path / "prefect-results"
+    store = ResultStore(
+        result_storage=CheckedLocalResults(basepath=str(folder)),
+        serializer=JSONSerializer(),
+        cache_result_in_memory=False,
+    )
+    marker = tmp_path / "pickle-was-decoded"
+    store.write(key="train-a", obj={"best_score": 0.75})
+    good = (folder / "train-a").read_bytes()
+    bad = json.loads(good)
+    bad["metadata"]["serializer"] = {"type": "pickle", "picklelib": "pickle", "picklelib_version": None}
+    bad["result"] = base64.b64encode(pickle.dumps(_Planted(str(marker)))).decode()
+    bad = json.dumps(bad).encode()
+
+    assert store.exists("train-a")  # the first read: checked
+    (folder / "train-a").write_bytes(bad)  # replaced before the second
+    assert store.read("train-a").result == {"best_score": 0.75}
+    assert not marker.exists()
+
+    (folder / "train-b").write_bytes(bad)  # refused at its first read: no record, never decoded
+    assert not store.exists("train-b")
+    with pytest.raises(ValueError, match=r"cache record train-b refused: names serializer 'pickle'"):
+        store.read("train-b")
+
+    forget(str(folder), "train-a")  # dropped as stale: its kept copy goes with it
+    assert not store.exists("train-a")
+    assert not marker.exists()
+
+
 def test_a_cached_rerun_lists_shards_and_reading_them_checks_their_bytes(setup, prefect_api, monkeypatch):
     """A cached rerun checks each shard's presence and size (a listing: no download of the data set on
     S3); a shard of another size is rebuilt. Bytes that changed at the same size are caught where they

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +86,10 @@ def _only_ours(obj: dict) -> dict:
     return obj
 
 
+class RefusedRecord(ValueError):
+    """A record `checked_record` would not hand to Prefect."""
+
+
 def checked_record(content: bytes, path: str) -> bytes:
     """`content`, a record read from the results store, returned only when it decodes as plain JSON naming the JSON
     serializer and nothing but Shardline's own result types: these very bytes are what Prefect then decodes (no
@@ -100,19 +106,55 @@ def checked_record(content: bytes, path: str) -> bytes:
             json.loads(content, object_hook=_only_ours)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         log.warning("cache: record %s refused unread (%s); the step recomputes", path, e)
-        raise ValueError(f"cache record {path} refused: {e}") from None
+        raise RefusedRecord(f"cache record {path} refused: {e}") from None
     return content
 
 
+# the last bytes of each record that passed `checked_record` in this process, by (results folder, key), newest last
+_PASSED: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+_PASSED_LOCK = threading.Lock()
+_PASSED_KEPT = 512
+
+
+def _passed(folder: str, path: str, content: bytes) -> bytes:
+    """`content` when it passes `checked_record`; when it is refused, the bytes of this record that last passed here.
+
+    Prefect reads a record twice: once to see whether it exists, once to use it. A record another writer replaces
+    between those reads (on shared storage) could pass the first and be refused at the second, failing the step
+    instead of recomputing it. The second read is then answered with the bytes the first one checked: what Prefect
+    decodes is always bytes that passed, and a refused record with none kept reads as no record."""
+    where = (str(folder), str(path))
+    try:
+        checked_record(content, path)
+    except RefusedRecord:
+        with _PASSED_LOCK:
+            kept = _PASSED.get(where)
+        if kept is None:
+            raise
+        return kept
+    with _PASSED_LOCK:
+        _PASSED[where] = content
+        _PASSED.move_to_end(where)
+        while len(_PASSED) > _PASSED_KEPT:
+            _PASSED.popitem(last=False)
+    return content
+
+
+def forget(folder: str, key: str) -> None:
+    """Drops the kept copy of a record (it was dropped as stale): a refused read of it is no record again."""
+    with _PASSED_LOCK:
+        _PASSED.pop((str(folder), str(key)), None)
+
+
 class _Checked:
-    """The read of `CheckedLocalResults` and `CheckedRemoteResults`."""
+    """The read of `CheckedLocalResults` and `CheckedRemoteResults`: only bytes that passed `checked_record`."""
 
     async def aread_path(self, path: str) -> bytes:
-        return checked_record(await super().aread_path(path), path)
+        return _passed(self.basepath, path, await super().aread_path(path))
 
     @async_dispatch(aread_path)
     def read_path(self, path: str) -> bytes:
-        return checked_record(super().read_path(path, _sync=True), path)
+        return _passed(self.basepath, path, super().read_path(path, _sync=True))
 
 
 class CheckedLocalResults(_Checked, LocalFileSystem):
@@ -153,7 +195,7 @@ class StepCache(CachePolicy):
             value = store.read(key).result
         except Exception as e:  # noqa: BLE001 - an unreadable record is as good as none
             log.warning("cache: record %s unreadable (%s); recomputing %s", key, e, self.rule.step)
-            storage.delete(storage.join(self.results_root, key))
+            self._drop(key)
             return
         try:
             ok = self.rule.still_valid is None or self.rule.still_valid(value, inputs)
@@ -162,8 +204,12 @@ class StepCache(CachePolicy):
             log.warning("cache: checking %s failed (%s)", key, e)
         if not ok:
             log.warning("cache: what the cached %s result points to is gone or changed; recomputing", self.rule.step)
-            storage.delete(storage.join(self.results_root, key))
+            self._drop(key)
             store.cache.clear()
+
+    def _drop(self, key: str) -> None:
+        forget(self.results_root, key)
+        storage.delete(storage.join(self.results_root, key))
 
 
 def results_storage(root: str) -> tuple[str, str]:
