@@ -212,9 +212,17 @@ class StepCache(CachePolicy):
         storage.delete(storage.join(self.results_root, key))
 
 
-def results_storage(root: str) -> tuple[str, str]:
+# the results block each (Prefect API, results folder) was saved as in this process: saved once, then handed to
+# every step as the block itself (a slug would be looked up again, and a save rewritten, for every task run)
+_SAVED: dict[tuple[str, str], CheckedLocalResults | CheckedRemoteResults] = {}
+_SAVED_LOCK = threading.Lock()
+
+
+def results_storage(root: str) -> tuple[CheckedLocalResults | CheckedRemoteResults, str]:
     """Where the task results live: a folder under the storage root, as a saved block of ours that checks every
-    record it hands Prefect (`checked_record`). Its slug, and the folder's URI."""
+    record it hands Prefect (`checked_record`). The block, and the folder's URI."""
+    from prefect.settings import PREFECT_API_URL
+
     uri = layout.results(root)
     if storage.is_remote(uri):
         block = CheckedRemoteResults(basepath=uri)
@@ -222,18 +230,21 @@ def results_storage(root: str) -> tuple[str, str]:
         path = Path(storage.local_path(uri)).resolve()
         path.mkdir(parents=True, exist_ok=True)
         uri, block = str(path), CheckedLocalResults(basepath=str(path))
-    name = "shardline-results-" + hash_objects(uri)[:12]
-    block.save(name, overwrite=True)
-    return f"{block._block_type_slug}/{name}", uri
+    with _SAVED_LOCK:
+        where = (str(PREFECT_API_URL.value()), uri)
+        if where not in _SAVED:
+            block.save("shardline-results-" + hash_objects(uri)[:12], overwrite=True)
+            _SAVED[where] = block
+        return _SAVED[where], uri
 
 
 def cached(task, rule: CacheRule, root: str, refresh: bool = False):
     """`task` with the content-addressed, JSON-persisted cache its `rule` declares, under `root`."""
-    storage_ref, results_root = results_storage(root)
+    block, results_root = results_storage(root)
     return task.with_options(
         cache_policy=StepCache(rule=rule, results_root=results_root),
         persist_result=True,
-        result_storage=storage_ref,
+        result_storage=block,
         result_serializer="json",
         refresh_cache=refresh,
     )
