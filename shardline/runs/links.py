@@ -18,6 +18,10 @@ from typing import Any
 
 log = logging.getLogger("shardline.runs.links")
 
+# the root flow run of each flow run asked about in this process (it never changes; finding it costs an API read
+# a level, each on a client of its own)
+_ROOTS: dict[str, str] = {}
+
 
 def ui_url_of(flow_run_id: str) -> str | None:
     """The Prefect UI's page of a flow run, when a Prefect server is used (PREFECT_API_URL set); None with
@@ -42,7 +46,9 @@ def current_flow_run() -> dict[str, Any] | None:
     try:
         from prefect.runtime import flow_run
 
-        root = flow_run.root_flow_run_id
+        root = _ROOTS.get(out["id"]) or flow_run.root_flow_run_id
+        if root:
+            _ROOTS[out["id"]] = str(root)
         if root and str(root) != out["id"]:
             out["root_id"] = str(root)
             out["root_url"] = ui_url_of(root)
