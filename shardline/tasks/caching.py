@@ -105,7 +105,6 @@ def checked_record(content: bytes, path: str) -> bytes:
         else:  # a result alone (its metadata, naming JSON, is kept by Prefect's API)
             json.loads(content, object_hook=_only_ours)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        log.warning("cache: record %s refused unread (%s); the step recomputes", path, e)
         raise RefusedRecord(f"cache record {path} refused: {e}") from None
     return content
 
@@ -126,11 +125,13 @@ def _passed(folder: str, path: str, content: bytes) -> bytes:
     where = (str(folder), str(path))
     try:
         checked_record(content, path)
-    except RefusedRecord:
+    except RefusedRecord as e:
         with _PASSED_LOCK:
             kept = _PASSED.get(where)
         if kept is None:
+            log.warning("cache: %s, unread; the step recomputes", e)
             raise
+        log.warning("cache: %s; the copy checked at its previous read is used", e)
         return kept
     with _PASSED_LOCK:
         _PASSED[where] = content
