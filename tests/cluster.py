@@ -60,8 +60,18 @@ class Cluster:
     def flow_runs(self, **flow_run_filter) -> list[dict]:
         return self.post("/flow_runs/filter", {"flow_runs": flow_run_filter, "sort": "EXPECTED_START_TIME_ASC"})
 
-    def task_runs(self, flow_run_id: str) -> list[dict]:
-        return self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    def task_runs(self, flow_run_id: str, final: int = 1, timeout: float = 90.0) -> list[dict]:
+        """A finished flow run's task runs, once at least `final` of them are recorded in a final state: the
+        server's task-run recorder writes them from events a moment after the flow returns."""
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+            done = [
+                r for r in runs if (r.get("state") or {}).get("type") in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+            ]
+            if len(done) >= final or time.monotonic() > deadline:
+                return runs
+            time.sleep(0.25)
 
     def tail_logs(self, n: int = 40) -> str:
         out = []

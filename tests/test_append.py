@@ -83,11 +83,10 @@ def test_appending_encodes_only_the_new_groups_in_a_flow(tmp_path, prefect_api):
     """Through a real Prefect flow: after encoding 4 files (2 groups), 2 appended files make one new group;
     the 2 old groups come back from the cache, their shards untouched (bytes and mtimes), and the new
     manifest covers every row, exactly as a from-scratch encode of the 6 files."""
-    from prefect import flow, get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.utilities.asyncutils import run_coro_as_sync
+    from prefect import flow
 
     from shardline.tasks.encode import encode
+    from tests.conftest import recorded_task_runs
 
     raw, root = tmp_path / "raw", tmp_path / "store"
     make_raw(raw, n_seq=12, rows=40)  # s-000 .. s-003
@@ -99,20 +98,16 @@ def test_appending_encodes_only_the_new_groups_in_a_flow(tmp_path, prefect_api):
 
         return (*encode(snap, cfg.data, root), flow_run.id)
 
-    def group_states(run_id) -> dict[int, str]:
+    def group_states(run_id, count: int) -> dict[int, str]:
         """The state of each encode-group task of a flow run, by the group's place in the snapshot (a group
         found in the group store is no task: it was taken from one listing)."""
-
-        async def runs():
-            async with get_client() as client:
-                return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-
-        found = {r.name: r.state.name for r in run_coro_as_sync(runs()) if r.name.startswith("encode-group")}
+        runs = recorded_task_runs(run_id, "encode-group", count=count)
+        found = {r.name: r.state.name for r in runs if r.name.startswith("encode-group")}
         return {int(name.rsplit("-", 1)[1]): state for name, state in found.items()}
 
     first = snapshot_source(cfg.data)
     uri1, ran1, run1 = encode_only(first, str(root))
-    assert ran1 and group_states(run1) == {0: "Completed", 1: "Completed"}
+    assert ran1 and group_states(run1, 2) == {0: "Completed", 1: "Completed"}
     before = stored_files(root)
     assert len({name.split("/", 1)[0] for name in before}) == 2  # a folder per group
 
@@ -121,7 +116,7 @@ def test_appending_encodes_only_the_new_groups_in_a_flow(tmp_path, prefect_api):
     assert [f.uri for f in second.files[:4]] == [f.uri for f in first.files] and len(second.files) == 6
     uri2, ran2, run2 = encode_only(second, str(root))
     assert ran2 and uri2 != uri1
-    assert group_states(run2) == {2: "Completed"}  # only the new group (the third) was encoded
+    assert group_states(run2, 1) == {2: "Completed"}  # only the new group (the third) was encoded
     after = stored_files(root)
     assert {k: after[k] for k in before} == before  # the old groups' files: same bytes, never rewritten
     assert len(after) > len(before)
@@ -138,13 +133,13 @@ def test_appending_encodes_only_the_new_groups_in_a_flow(tmp_path, prefect_api):
 
     scratch = tmp_path / "scratch"
     uri3, ran3, run3 = encode_only(second, str(scratch))
-    assert group_states(run3) == {0: "Completed", 1: "Completed", 2: "Completed"}
+    assert group_states(run3, 3) == {0: "Completed", 1: "Completed", 2: "Completed"}
     assert [(s.path, s.sha256) for s in read_manifest(uri3).shards] == [(s.path, s.sha256) for s in m2.shards]
     assert_same_training_data(uri2, uri3)
 
     # the same snapshot again: nothing runs
     again = encode_only(second, str(root))
-    assert again[:2] == (uri2, False) and group_states(again[2]) == {}
+    assert again[:2] == (uri2, False) and group_states(again[2], 0) == {}
 
 
 @pytest.mark.parametrize(

@@ -535,11 +535,10 @@ def test_an_encode_stays_single_threaded_when_another_ends_beside_it():
 def test_encode_flow_holds_at_most_encode_workers_groups_at_once(raw_dir, tmp_path, prefect_api, workers):
     """Memory is bounded by the group size: the flow never runs more than data.encode_workers
     encode tasks at once, however many groups the data set has (read back from the Prefect API)."""
-    from prefect import flow, get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.utilities.asyncutils import run_coro_as_sync
+    from prefect import flow
 
     from shardline.tasks.encode import encode
+    from tests.conftest import recorded_task_runs
 
     make_raw(raw_dir, n_seq=12, prefix="more", seed=3)
     cfg = cfg_for(raw_dir, tmp_path, **{"data.files_per_group": 1, "data.encode_workers": workers})
@@ -554,11 +553,8 @@ def test_encode_flow_holds_at_most_encode_workers_groups_at_once(raw_dir, tmp_pa
     uri, run_id = encode_only()
     assert verify_manifest(uri) is not None
 
-    async def task_runs():
-        async with get_client() as client:
-            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-
-    runs = [r for r in run_coro_as_sync(task_runs()) if r.name.startswith("encode-group")]
+    recorded = recorded_task_runs(run_id, "encode-group", count=len(snap.files))
+    runs = [r for r in recorded if r.name.startswith("encode-group")]
     assert len(runs) == len(snap.files) == 8 and all(r.state.is_completed() for r in runs)
     spans = sorted((r.start_time, r.end_time) for r in runs)
     most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
