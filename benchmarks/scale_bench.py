@@ -85,8 +85,18 @@ def child(spec: dict) -> None:
         async with get_client() as client:
             return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
 
+    # the server's task-run recorder writes task runs from events a moment after the flow returns: read until
+    # two reads half a second apart agree and every run has ended (30 s at most)
+    runs, deadline = run_coro_as_sync(task_runs()), time.time() + 30
+    while time.time() < deadline:
+        time.sleep(0.5)
+        again = run_coro_as_sync(task_runs())
+        ended = all(r.end_time is not None for r in again)
+        if ended and {(r.id, r.end_time) for r in again} == {(r.id, r.end_time) for r in runs}:
+            break
+        runs = again
     spans: dict[str, list[float]] = {}
-    for r in run_coro_as_sync(task_runs()):
+    for r in runs:
         if r.start_time is None or r.end_time is None:
             continue
         step = "encode" if r.name.startswith(("encode-group", "write-manifest")) else r.name.split("-", 1)[0]
