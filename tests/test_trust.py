@@ -109,10 +109,14 @@ def test_a_local_run_works_beside_a_prefect_database_another_version_migrated(tm
 
 
 @pytest.mark.e2e
-def test_a_registered_model_edited_in_the_storage_root_is_refused_naming_the_file(tmp_path, prefect_api):
+def test_a_registered_model_edited_in_the_storage_root_is_refused_naming_the_file(tmp_path, prefect_api, monkeypatch):
     """A registered model's code sits under the storage root's mlflow-artifacts/, where it runs when it loads:
     `shardline predict` (and the champion gate, rehearse) load a version only with the files it was registered
-    with. An edited pyfunc module is refused, naming it, before anything of it runs."""
+    with. An edited pyfunc module is refused, naming it, before anything of it runs. Neither leaves its download
+    of the model behind in the temporary folder."""
+    import gc
+    import tempfile
+
     from typer.testing import CliRunner
 
     from shardline.app.cli import app
@@ -128,8 +132,13 @@ def test_a_registered_model_edited_in_the_storage_root_is_refused_naming_the_fil
     tracking = f"sqlite:///{root}/mlflow.db"
     out = str(tmp_path / "p.parquet")
     args = ["predict", "models:/tiny-model/1", str(raw), "--tracking-uri", tracking, "--out", out]
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     ok = CliRunner().invoke(app, args)
     assert ok.exit_code == 0, ok.output
+    gc.collect()
+    assert list(scratch.iterdir()) == []  # the model's download went with the model
     (code,) = [p for p in (root / "mlflow-artifacts").rglob("pyfunc_model.py") if "code" not in p.parts]
     marker = tmp_path / "it-ran"
     code.write_text(code.read_text() + f"\nopen({str(marker)!r}, 'w').write('ran')\n")  # planted
@@ -137,3 +146,4 @@ def test_a_registered_model_edited_in_the_storage_root_is_refused_naming_the_fil
     assert bad.exit_code != 0
     assert "refused, its files are not the ones it was registered with" in bad.output, bad.output
     assert f"{code.name} (changed)" in bad.output and not marker.exists()
+    assert list(scratch.iterdir()) == []

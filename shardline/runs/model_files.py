@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 from shardline.core.storage import sha256_file
@@ -45,7 +47,21 @@ def record(model_uri: str) -> tuple[dict[str, str], str]:
 
 def load_checked(model_uri: str):
     """The MLflow model `models:/name/N` (or `@alias`), loaded only when its files are the ones it was registered
-    with; a version registered before files were recorded loads with a warning saying it was not checked."""
+    with; a version registered before files were recorded loads with a warning saying it was not checked. Its
+    files are downloaded into a temporary folder that lives as long as the loaded model (it may read them as it
+    runs) and is removed with it, or when the process exits: a predict, a champion gate or a rehearsal used to
+    leave a copy of the model in the temporary folder for good."""
+    folder = tempfile.mkdtemp(prefix="shardline-model-")
+    try:
+        model = _load_checked(model_uri, Path(folder))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    weakref.finalize(model, shutil.rmtree, folder, True)
+    return model
+
+
+def _load_checked(model_uri: str, folder: Path):
     import mlflow
     from mlflow import MlflowClient
 
@@ -58,15 +74,15 @@ def load_checked(model_uri: str):
         version = client.get_model_version(name, number)
     expected = (version.tags or {}).get(FILES_TAG)
     where = f"models:/{name}/{version.version}"
-    folder = tempfile.mkdtemp(prefix="shardline-model-")  # kept: the model reads its files as it runs
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=where, dst_path=folder))
+    (folder / "model").mkdir(), (folder / "list").mkdir()  # MLflow downloads into a folder that exists
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=where, dst_path=str(folder / "model")))
     if expected is None:
         logging.getLogger("shardline").warning(
             "%s was registered before Shardline recorded its files: loaded without checking them", where
         )
         return mlflow.pyfunc.load_model(str(local))
     listed = mlflow.artifacts.download_artifacts(
-        artifact_uri=f"runs:/{version.run_id}/{FILES_ARTIFACT}", dst_path=tempfile.mkdtemp(prefix="shardline-")
+        artifact_uri=f"runs:/{version.run_id}/{FILES_ARTIFACT}", dst_path=str(folder / "list")
     )
     raw = Path(listed).read_bytes()
     if hashlib.sha256(raw).hexdigest() != expected:

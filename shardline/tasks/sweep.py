@@ -427,11 +427,12 @@ def finish_parent_run(
     )
     if tracker.run_id is not None:
         try:
-            local = plot
-            if storage.is_remote(plot):  # a local copy to log
-                local = str(Path(tempfile.mkdtemp(prefix="shardline-sweep-")) / "comparison.png")
-                Path(local).write_bytes(storage.read_bytes(plot))
-            tracker.client.log_artifact(tracker.run_id, local, "sweep")
+            with tempfile.TemporaryDirectory(prefix="shardline-sweep-") as scratch:
+                local = plot
+                if storage.is_remote(plot):  # a local copy to log
+                    local = str(Path(scratch) / "comparison.png")
+                    Path(local).write_bytes(storage.read_bytes(plot))
+                tracker.client.log_artifact(tracker.run_id, local, "sweep")
         except Exception as e:  # noqa: BLE001 - a picture is never worth a failed sweep
             log.warning("sweep: could not log the comparison picture on the parent run: %s", e)
     tracker.end("FAILED" if rows and len(failed) == len(rows) else "FINISHED")
