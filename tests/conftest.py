@@ -125,7 +125,7 @@ def recorded_task_runs(flow_run_id, name_prefix: str = "", count: int = 1, timeo
     """The task runs of a finished flow run, once the API has recorded at least `count` of them named
     `name_prefix...` in a final state. A task run's states reach the Prefect server as events that its
     task-run recorder writes a moment later, so a read right after the flow returns can miss the last one
-    (CI stop 59: 7 of 8 encode groups). Returns what is there at the deadline; the test's assert says what is not."""
+    (CI on stop 58: 7 of 8 encode groups). Returns what is there at the deadline; the test's assert says what is not."""
     import time
 
     from prefect import get_client
