@@ -1,20 +1,22 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
 if "SHARDLINE_CACHE" not in os.environ:  # unpacked shards of this test session, not the user's ~/.cache
-    import tempfile
-
     os.environ["SHARDLINE_CACHE"] = tempfile.mkdtemp(prefix="shardline-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["SHARDLINE_CACHE"], True)  # a run left ~50 MB a worker behind
 if "PYTEST_XDIST_WORKER" in os.environ and "PREFECT_HOME" not in os.environ:
-    # each pytest-xdist worker (scripts/test runs two) gets a Prefect home of its own: the `shardline`
+    # each pytest-xdist worker (scripts/test runs three) gets a Prefect home of its own: the `shardline`
     # processes the tests start use the ephemeral API, whose SQLite file two workers must not share
-    import tempfile
-
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="shardline-test-prefect-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
 
 from pathlib import Path
 

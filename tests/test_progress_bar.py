@@ -18,7 +18,8 @@ from shardline.trainer.data import SplitData
 from shardline.trainer.loop import Callbacks, FitOptions, fit
 from shardline.trainer.progress import TerminalProgress
 
-folder = Path(tempfile.mkdtemp())
+scratch = tempfile.TemporaryDirectory()  # removed when the child exits
+folder = Path(scratch.name)
 train = SplitData([write_shard(folder, "t.bin", make_arrays(0, [300, 250]))], K, H)
 val = SplitData([write_shard(folder, "v.bin", make_arrays(7, [120]))], K, H)
 bar = TerminalProgress()
