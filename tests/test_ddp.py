@@ -74,7 +74,13 @@ def job(tmp: Path, folder: Path, label: str, ckpt: Path, dropout: float = 0.0, *
 def start(job_path: Path, processes: int, step_delay: float = 0.0, **env_vars: str) -> subprocess.Popen:
     env = {**os.environ, "SHARDLINE_TEST_STEP_DELAY": str(step_delay), **env_vars}
     record = str(job_path.with_suffix(".record.json"))
-    launcher = [*torchrun_command(30, record), "--standalone", f"--nproc-per-node={processes}", "--max-restarts=0"]
+    agent = str(job_path.with_suffix(".agent"))
+    launcher = [
+        *torchrun_command(30, record, agent),
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        "--max-restarts=0",
+    ]
     return subprocess.Popen(
         [*(launcher if processes > 1 else [sys.executable]), str(CHILD), str(job_path)],
         env=env,
@@ -92,8 +98,9 @@ def node(job_path: Path, endpoint: str, name: str, step_delay: float = 0.0) -> s
     record = str(Path(spec["errors"]) / f"{name}.json")
     Path(spec["errors"]).mkdir(exist_ok=True)
     conf = f"join_timeout={r['join_timeout']},is_host=false"
+    agent = str(job_path.with_suffix(f".{name}.agent"))
     command = [
-        *torchrun_command(30, record), "--nnodes=2", "--nproc-per-node=1", f"--max-restarts={r['max_restarts']}",
+        *torchrun_command(30, record, agent), "--nnodes=2", "--nproc-per-node=1", f"--max-restarts={r['max_restarts']}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={r['id']}", f"--rdzv-conf={conf}",
         "--monitor-interval=0.2", str(CHILD), str(job_path),
     ]  # fmt: skip
@@ -299,7 +306,8 @@ def test_a_gpt_on_text_follows_the_one_process_curve_in_two_processes(tmp_path):
             "threads": 1,
         }
         (tmp_path / f"{label}.json").write_text(json.dumps(spec))
-        launcher = [*torchrun_command(30), "--standalone", f"--nproc-per-node={processes}"]
+        agent = str(tmp_path / f"{label}.agent")
+        launcher = [*torchrun_command(30, None, agent), "--standalone", f"--nproc-per-node={processes}"]
         command = [*(launcher if processes > 1 else [sys.executable]), "-m", "shardline.trainer.ddp_run"]
         done = subprocess.run([*command, str(tmp_path / f"{label}.json")], capture_output=True, text=True, timeout=WAIT)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -512,7 +520,13 @@ def test_torchrun_gives_the_ranks_shardline_s_grace_after_a_sigterm_on_every_tor
     script.write_text(SLOW_TO_STOP)
     with (tmp_path / "torchrun.log").open("w") as log:
         proc = subprocess.Popen(
-            [*torchrun_command(2), "--standalone", "--nproc-per-node=1", str(script), str(tmp_path)],
+            [
+                *torchrun_command(2, None, str(tmp_path / "agent")),
+                "--standalone",
+                "--nproc-per-node=1",
+                str(script),
+                str(tmp_path),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -73,12 +73,14 @@ def world_size(compute: ComputeConfig) -> int:
     return compute.nodes * compute.processes_per_node
 
 
-def torchrun_command(grace: int, record: str | None = None) -> list[str]:
+def torchrun_command(grace: int, record: str | None = None, log_dir: str | None = None) -> list[str]:
     """torch's agent through `shardline.trainer.torchrun`: `grace` seconds for the ranks after a SIGTERM on every
-    torch, and torch's error record written to `record` (a path or a URI) when it fails."""
+    torch, torch's error record written to `record` (a path or a URI) when it fails, and the agent's own folder
+    (its ranks' error files) in `log_dir`, a temporary folder of the launch's (else torch makes one in /tmp per
+    launch and leaves it there)."""
     return [
         sys.executable, "-m", "shardline.trainer.torchrun", *([f"--error-record={record}"] if record else []),
-        f"--shutdown-timeout={grace}",
+        *([f"--log-dir={log_dir}"] if log_dir else []), f"--shutdown-timeout={grace}",
     ]  # fmt: skip
 
 
@@ -261,7 +263,7 @@ def on_this_machine(
         if nodes is not None:
             nodes.start(job_uri, store.endpoint, grace)
         command = [
-            *torchrun_command(grace, record),
+            *torchrun_command(grace, record, str(Path(tmp) / "agent")),
             *agent_args(job, store and store.endpoint, False if store else None),
         ]
         code, forwarded = start_agent(command, job_uri, output, follower, grace)
@@ -487,12 +489,15 @@ def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[
     if r["nodes"] < 2:
         raise ValueError(f"{job_uri}: a training on one machine (compute.nodes=1) runs no node of its own")
     record = storage.join(job["errors"], f"{socket.gethostname()}-{os.getpid()}.json")
-    command = [*torchrun_command(shutdown_seconds, record), *agent_args(job, endpoint, None)]
     log(
         f"node of a training on {r['nodes']} machines ({r['processes_per_node']} process(es) each): rendezvous "
         f"{r['id']} at {endpoint}"
     )
     with tempfile.TemporaryDirectory(prefix="shardline-node-") as tmp:
+        command = [
+            *torchrun_command(shutdown_seconds, record, str(Path(tmp) / "agent")),
+            *agent_args(job, endpoint, None),
+        ]
         output = Path(tmp) / "torchrun.log"
         code, forwarded = start_agent(command, job_uri, output, Follower(None, Callbacks(log=log)), shutdown_seconds)
         said = output.read_text(errors="replace")
