@@ -74,7 +74,8 @@ def _load_checked(model_uri: str, folder: Path):
         version = client.get_model_version(name, number)
     expected = (version.tags or {}).get(FILES_TAG)
     where = f"models:/{name}/{version.version}"
-    (folder / "model").mkdir(), (folder / "list").mkdir()  # MLflow downloads into a folder that exists
+    for sub in ("model", "list"):  # MLflow downloads into a folder that exists
+        (folder / sub).mkdir()
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=where, dst_path=str(folder / "model")))
     if expected is None:
         logging.getLogger("shardline").warning(
