@@ -201,6 +201,18 @@ def test_the_ledger_keeps_each_attempt_and_a_killed_one_is_said(tmp_path, monkey
     assert len(cost_ledger.read_ledger(run)["attempts"]) == 2
 
 
+def test_a_checkpoint_written_while_training_went_on_marks_the_time_its_state_was_taken(tmp_path):
+    clock = Clock()
+    ledger = cost_ledger.CostLedger(str(tmp_path / "run"), pricing(), 0, clock=clock)
+    clock.now += 30
+    ledger.checkpoint(10, age=4.0)  # complete at 30 s, its state (step 10) taken at 26 s: later steps are redone
+    clock.now += 30
+    ledger.checkpoint(20)
+    clock.now += 1
+    ledger.checkpoint(30, age=60.0)  # never before the mark before it
+    assert ledger.entry["marks"] == [[0, 0.0], [10, 26.0], [20, 60.0], [30, 60.0]]
+
+
 def test_a_resume_records_what_its_preemption_or_kill_cost_at_its_first_new_step(tmp_path, monkeypatch):
     at = "2026-11-01T10:0{}:00.000+00:00"
     # killed 4 steps past its checkpoint at 30 on 2 GPUs: its 70 s after that checkpoint are redone on both

@@ -671,6 +671,83 @@ def test_sigterm_checkpoints_then_resume_is_bit_identical(data, tmp_path, straig
     assert no_timing(result.history) == no_timing(reference.history)
 
 
+def test_a_checkpoint_is_written_while_training_goes_on_and_holds_the_state_of_its_own_step(
+    data, tmp_path, straight, monkeypatch
+):
+    """Each write of the checkpoint at step 3 waits until training has taken two more steps: with the write in the
+    training's own thread that would never happen. What it writes is still step 3's state: a run resumed from it
+    ends on the uninterrupted run's weights."""
+    import threading
+
+    import shardline.trainer.loop as loop
+
+    reference, ref_weights = straight["mlp"]
+    folder, reached, late = str(tmp_path / "ckpt"), {"step": 0}, []
+    moved_on = threading.Condition()
+
+    def on_step(step, metrics):
+        with moved_on:
+            reached["step"] = step
+            moved_on.notify_all()
+        if step == 5:
+            raise Crash
+
+    def save_after_two_more_steps(dir_uri, step, *args):
+        with moved_on:
+            if not moved_on.wait_for(lambda: reached["step"] >= step + 2, timeout=60):
+                late.append(step)
+        return save_checkpoint(dir_uri, step, *args)
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_after_two_more_steps)
+    with pytest.raises(Crash):
+        fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for("mlp"),
+            train_cfg(),
+            "classification",
+            folder,
+            callbacks=Callbacks(on_step=on_step, log=quiet),
+            options=FitOptions(step_every=1),
+        )
+    assert late == [], f"training waited for the checkpoint(s) of step(s) {late}"
+    assert latest_checkpoint(folder)[1]["step"] == 3  # written, complete, by the time fit raised
+    monkeypatch.undo()
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for("mlp"),
+        train_cfg(),
+        "classification",
+        folder,
+        callbacks=Callbacks(log=quiet),
+    )
+    assert result.resumed_from.endswith("ckpt-000000003.pt")
+    assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
+
+
+def test_a_checkpoint_that_cannot_be_written_fails_the_run_naming_it(data, tmp_path):
+    folder = tmp_path / "ckpt"
+
+    def block_the_folder(step, metrics):
+        if step == 4:  # a folder where the checkpoint of step 6 goes: it cannot be written
+            (folder / "ckpt-000000006.pt").mkdir()
+
+    with pytest.raises(OSError) as failed:
+        fit(
+            data["classification"],
+            data["classification-val"],
+            spec_for("mlp"),
+            train_cfg(),
+            "classification",
+            str(folder),
+            callbacks=Callbacks(on_step=block_the_folder, log=quiet),
+            options=FitOptions(step_every=1),
+        )
+    assert "ckpt-000000006.pt" in str(failed.value)
+    assert latest_checkpoint(str(folder))[1]["step"] == 3  # the one before it stays, complete
+
+
 def test_cuda_graphs_on_the_cpu_say_so_and_train_exactly_as_eager_steps(data, tmp_path, straight):
     reference, ref_weights = straight["mlp"]
     said = []

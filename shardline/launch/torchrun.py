@@ -323,7 +323,7 @@ class Follower:
             "epoch": lambda e: (
                 cb.on_epoch and self._once("epoch", e["epoch"], lambda: cb.on_epoch(e["epoch"], e["metrics"]))
             ),
-            "checkpoint": lambda e: cb.on_checkpoint and cb.on_checkpoint(e["uri"]),
+            "checkpoint": lambda e: cb.on_checkpoint and cb.on_checkpoint(e["uri"], e.get("age", 0.0)),
             "progress": lambda e: cb.on_progress and cb.on_progress(e["progress"]),
         }
 

@@ -317,9 +317,10 @@ def _run_training(
     bar = TerminalProgress()  # a bar on the terminal, when this process has one (a local run)
     shown = {"at": -math.inf}
 
-    def on_checkpoint(uri: str) -> None:
+    def on_checkpoint(uri: str, age: float) -> None:
         tracker.save_journal()  # the journal's copy beside each checkpoint holds every step up to it
-        ledger.checkpoint(checkpoint_step(uri))  # a later attempt may resume from here: time up to it is useful
+        # a later attempt may resume from here: time up to when its state was taken is useful
+        ledger.checkpoint(checkpoint_step(uri), age)
 
     def on_progress(progress: dict) -> None:
         bar.show(progress)

@@ -12,6 +12,7 @@ Works on local paths and fsspec URLs. Loading is `torch.load(..., weights_only=T
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import hashlib
 import io
@@ -67,6 +68,50 @@ def _verified(dir_uri: str, name: str) -> tuple[str, dict] | None:
     if storage.sha256_uri(pt_uri) != side.get("sha256"):
         return None
     return pt_uri, side
+
+
+def snapshot(tree):
+    """A copy of `tree` on the CPU that training can no longer change, for a checkpoint written while training goes
+    on: every tensor's storage copied once (tensors that share one, tied weights or views, still share it, so
+    `torch.save` writes the same bytes as from the live state), containers rebuilt (a state dict's `_metadata`
+    kept), other values deep-copied."""
+    copies: dict = {}
+
+    def copy_of(x):
+        if isinstance(x, torch.Tensor):
+            if type(x) is not torch.Tensor or x.layout != torch.strided:
+                return x.detach().to("cpu", copy=True)
+            src = x.untyped_storage()
+            key = (src.device, src.data_ptr())
+            if key not in copies:
+                copies[key] = src.clone() if src.device.type == "cpu" else src.cpu()
+            out = torch.empty(0, dtype=x.dtype).set_(copies[key], x.storage_offset(), x.size(), x.stride())
+            return out.requires_grad_(x.requires_grad)
+        if isinstance(x, dict):
+            out = type(x)((k, copy_of(v)) for k, v in x.items())
+            if hasattr(x, "_metadata"):
+                out._metadata = copy.deepcopy(x._metadata)
+            return out
+        if isinstance(x, list | tuple):
+            return type(x)(copy_of(v) for v in x)
+        return copy.deepcopy(x)
+
+    return copy_of(tree)
+
+
+def state_bytes(tree) -> int:
+    """The bytes of the tensors in `tree`, each storage counted once."""
+    held = {}
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            held[(x.untyped_storage().device, x.untyped_storage().data_ptr())] = x.untyped_storage().nbytes()
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list | tuple):
+            stack.extend(x)
+    return sum(held.values())
 
 
 def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: bool, keep: int) -> str:

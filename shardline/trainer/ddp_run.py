@@ -145,7 +145,7 @@ def run_job(job: dict, train, val, ranking=None) -> int:
             log=lambda message: events.put("log", message=message),
             on_step=lambda step, m: events.put("step", step=step, metrics=m),
             on_epoch=lambda epoch, m: events.put("epoch", epoch=epoch, metrics=m),
-            on_checkpoint=lambda uri: events.put("checkpoint", uri=uri),
+            on_checkpoint=lambda uri, age: events.put("checkpoint", uri=uri, age=age),
             on_progress=lambda p: events.put("progress", progress=p),
         )
         options = FitOptions(

@@ -8,7 +8,8 @@ run that never stopped (on the same device, precision and thread count).
 
 Checkpoints are taken at each epoch end, every `checkpoint_every_steps` optimizer steps, and at the first
 step boundary `checkpoint_every_seconds` after the last one; the cadence changes when state is saved,
-never what is computed, so it may change across a resume. A process killed anywhere (SIGKILL included)
+never what is computed, so it may change across a resume. A checkpoint is written by a thread of its own while
+training goes on, from a copy of the state (`_Checkpoints`). A process killed anywhere (SIGKILL included)
 resumes from its newest complete checkpoint; SIGTERM/SIGINT save one first and raise `Preempted`, which
 a script turns into exit status PREEMPTED_EXIT_CODE (tests/test_resume_kill.py kills real processes).
 """
@@ -19,7 +20,9 @@ import itertools
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,6 +40,8 @@ from shardline.trainer.checkpoint import (
     point_best,
     remove_temp_files,
     save_checkpoint,
+    snapshot,
+    state_bytes,
 )
 from shardline.trainer.checks import check_inputs, check_same_run, plain
 from shardline.trainer.contract import (
@@ -79,7 +84,8 @@ class Callbacks:
 
     on_step(step, {"train_loss", "lr"}) every `FitOptions.step_every` optimizer steps; on_epoch(epoch, history
     entry) after each epoch's validation, before its checkpoint (so a crash re-runs, never skips, a report);
-    on_checkpoint(uri) after each checkpoint is complete; on_progress({step, total_steps, epoch (from 1), epochs,
+    on_checkpoint(uri, age) once each checkpoint is complete (written meanwhile: `age`
+    seconds after its state was taken); on_progress({step, total_steps, epoch (from 1), epochs,
     train_loss (a recent step's), windows_per_s and data_wait_fraction (since the last call), seconds_left,
     validated_epoch, val_loss, select_by, selected (its value), best_epoch, best_score}) when training starts, at
     the first step boundary `FitOptions.progress_seconds` after the last call, and at each epoch's end.
@@ -92,7 +98,7 @@ class Callbacks:
     log: Callable[[str], None] = print
     on_step: Callable[[int, dict], None] | None = None
     on_epoch: Callable[[int, dict], None] | None = None
-    on_checkpoint: Callable[[str], None] | None = None
+    on_checkpoint: Callable[[str, float], None] | None = None
     on_progress: Callable[[dict], None] | None = None
     after_fetch: Callable[[], None] | None = None
     after_step: Callable[[int, bool], None] | None = None
@@ -174,7 +180,7 @@ def fit(
         run_meta = _resume(found, step, loader, state, run_meta, cfg, plan, log)
         state.pruned_epoch = state.pruned_epoch if cb.prune is not None else None  # without a pruner: train on
     step.start(fresh=found is None)
-    saver = _Checkpoints(ckpt_dir, cfg, plan, step, loader, run_meta, task, cb.on_checkpoint)
+    saver = _Checkpoints(ckpt_dir, cfg, plan, step, loader, run_meta, task, cb.on_checkpoint, log)
     log(_start_line(plan, cfg, model, train))
     resumed_mid_epoch = found is not None and not state.epoch_complete
     first_epoch = state.epoch if resumed_mid_epoch else (state.epoch + 1 if found else 0)
@@ -184,7 +190,7 @@ def fit(
     if opt.deadline is not None and _any_rank(plan, None, time.monotonic() >= stop_at)[1]:
         raise opt.deadline.exceeded(found[0] if found else None)
     step_loss = None
-    with deterministic(device, cfg.deterministic), stop_on_signals(log) as stop:
+    with deterministic(device, cfg.deterministic), stop_on_signals(log) as stop, saver:
         for epoch in range(first_epoch, cfg.epochs):
             if not (resumed_mid_epoch and epoch == first_epoch):
                 loader.set_epoch(epoch)
@@ -208,6 +214,7 @@ def fit(
                 state.train_windows, windows_done = state.train_windows + n_step, windows_done + n_step
                 if cb.after_step is not None:
                     cb.after_step(state.step, found is not None)
+                saver.poll()
                 now = time.perf_counter()
                 pace.add(n_step, now - fetch, fetched - fetch)
                 progress.span.add(n_step, now - fetch, fetched - fetch)
@@ -525,13 +532,24 @@ def _resume(found, step: Step, loader: WindowLoader, state: TrainState, run_meta
 
 
 class _Checkpoints:
-    """Saves the run (rank 0 writes; every rank hands it its RNGs) and says when the next save is due by time."""
+    """Saves the run (rank 0 writes; every rank hands it its RNGs) and says when the next save is due by time.
 
-    def __init__(self, ckpt_dir, cfg, plan: _Plan, step: Step, loader, run_meta: dict, task, on_checkpoint):
+    A checkpoint is written while training goes on: `save` takes a copy of the state on the CPU (`snapshot`: a
+    memory copy, or the GPU's copy to the host) and a thread of its own writes it, in the order of
+    `save_checkpoint`, so a kill leaves the same files as a write in the training's own thread. Training waits
+    only when the next save comes before the last write is done, and at the end: a `with` block over the loop
+    waits for the write in flight on the way out, so `Preempted`, a budget stop or the result name a complete
+    checkpoint, and a write's error is the run's. A state too big to copy in the memory the machine has free
+    is written in the training's thread (a note says so)."""
+
+    def __init__(self, ckpt_dir, cfg, plan: _Plan, step: Step, loader, run_meta: dict, task, on_checkpoint, log):
         self.ckpt_dir, self.cfg, self.plan, self.step, self.loader = ckpt_dir, cfg, plan, step, loader
         self.header = {"run_meta": run_meta, "model_spec": plan.spec, "training": plan.training, "task": task}
-        self.on_checkpoint = on_checkpoint
-        self.last = time.monotonic()  # checkpoint_every_seconds counts from here and from the end of each save
+        self.on_checkpoint, self.log = on_checkpoint, log
+        self.last = time.monotonic()  # checkpoint_every_seconds counts from here and from each save's copy
+        self.writer: ThreadPoolExecutor | None = None
+        self.writing: tuple[Future, float] | None = None  # the write in flight, and when its state was taken
+        self.in_background: bool | None = None  # decided at the first save, from its size
 
     def due(self) -> bool:
         seconds = self.cfg.checkpoint_every_seconds
@@ -581,11 +599,72 @@ class _Checkpoints:
             "steps_per_epoch": self.plan.steps_per_epoch,
             "world_size": ranks.size,
         }
-        uri = save_checkpoint(self.ckpt_dir, state.step, tensors, meta, is_best=is_best, keep=self.cfg.keep_checkpoints)
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(uri)
+        self.finish()  # the previous write first: checkpoints land in order, one copy in memory at a time
+        write = (self.ckpt_dir, state.step, tensors, meta, is_best, self.cfg.keep_checkpoints)
+        if self._background(tensors):
+            self.writer = self.writer or ThreadPoolExecutor(1, thread_name_prefix="shardline-checkpoint")
+            self.writing = (self.writer.submit(save_checkpoint, *snapshot(write)), time.monotonic())
+        else:
+            self._written(save_checkpoint(*write), time.monotonic())
         self.last = time.monotonic()
-        return uri
+        return join(self.ckpt_dir, state.last_checkpoint)
+
+    def _background(self, tensors: dict) -> bool:
+        if self.in_background is None:
+            size, free = state_bytes(tensors), _free_memory()
+            # the copy and its serialised bytes beside the training's own memory, with room to spare
+            self.in_background = 3 * size < free
+            if not self.in_background:
+                self.log(
+                    f"note: checkpoints are written while training waits: a copy of this run's state "
+                    f"({size / 1e9:.1f} GB) to write meanwhile needs more than the {free / 1e9:.1f} GB of memory free"
+                )
+        return self.in_background
+
+    def poll(self) -> None:
+        """A write that has finished meanwhile: reported (cheap enough for every step)."""
+        if self.writing is not None and self.writing[0].done():
+            self.finish()
+
+    def finish(self) -> None:
+        """Wait for the write in flight; its error is raised here, its checkpoint reported."""
+        if self.writing is not None:
+            (future, taken), self.writing = self.writing, None
+            self._written(future.result(), taken)
+
+    def _written(self, uri: str, taken: float) -> None:
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(uri, time.monotonic() - taken)
+
+    def __enter__(self) -> _Checkpoints:
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        try:
+            if kind is None:
+                self.finish()
+            elif self.writing is not None:  # the run is failing or stopping: the write in flight still lands
+                try:
+                    self.finish()
+                except Exception as e:  # noqa: BLE001 - the run's own error is the one raised; this one is said
+                    self.log(f"the last checkpoint could not be written: {type(e).__name__}: {e}")
+        finally:
+            if self.writer is not None:
+                self.writer.shutdown()
+
+
+def _free_memory() -> int:
+    """The bytes this process may still take: the machine's available memory, or less under a container's limit."""
+    import psutil
+
+    free = psutil.virtual_memory().available
+    try:  # cgroup v2, as a container sees its own
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return free
 
 
 class _Progress:

@@ -263,11 +263,12 @@ class CostLedger:
             self._write()
         return cut
 
-    def checkpoint(self, step: int) -> None:
-        """A checkpoint at `step` is complete: a later attempt may resume from it."""
+    def checkpoint(self, step: int, age: float = 0.0) -> None:
+        """A checkpoint at `step` is complete, its state taken `age` seconds ago (written meanwhile): a later
+        attempt may resume from it."""
         self._now(step)
         marks = self.entry["marks"]
-        marks.append([int(step), self.entry["seconds"]])
+        marks.append([int(step), max(marks[-1][1], self.entry["seconds"] - age)])
         if len(marks) > MAX_MARKS:  # the start and the newest: a resume starts from a recent checkpoint
             del marks[1 : len(marks) - MAX_MARKS + 1]
         self._write()
