@@ -1,9 +1,11 @@
 """What checkpointing costs and what a preemption loses, measured in one run on synthetic shards.
 
     .venv/bin/python benchmarks/resume_bench.py [--quick] [--rows N] [--seed N]
+    .venv/bin/python benchmarks/resume_bench.py --hidden 2048 --throughput-only   # a bigger checkpoint
 
 Shards: `--rows` rows (default 200,000) in sequences of 2,000, 40 continuous + 15 categorical columns,
-window 8, 400 classes; an MLP with hidden 256 (the demo's model), batch 256, fp32 on the CPU.
+window 8, 400 classes; an MLP with hidden 256 (the demo's model; `--hidden` for a bigger state to write), batch
+256, fp32 on the CPU.
 
 1. Throughput (train windows/s from step 10 to the epoch's last step, so start-up, validation and the
    epoch-end checkpoint are left out) with mid-epoch checkpoints off, every 200 steps (the demo's cadence)
@@ -38,6 +40,7 @@ SEQ_ROWS = 2_000
 N_CONT, WINDOW, N_CLASSES = 40, 8, 400
 CARDS = [400, 4, 30, 5, 3, 10, 60, 400, 4, 30, 5, 3, 10, 60, 30]  # 15 categoricals, id 0 = unseen
 BATCH = 256
+HIDDEN = [256]  # the MLP's width (--hidden; the training child gets it in its job)
 
 
 # ---------------------------------------------------------------- data and training
@@ -78,7 +81,9 @@ def spec() -> dict:
     from shardline.core.config import ModelConfig
     from shardline.trainer.models import model_spec
 
-    return model_spec(ModelConfig(family="mlp", hidden=256, layers=2, dropout=0.1), N_CONT, CARDS, WINDOW, N_CLASSES)
+    return model_spec(
+        ModelConfig(family="mlp", hidden=HIDDEN[0], layers=2, dropout=0.1), N_CONT, CARDS, WINDOW, N_CLASSES
+    )
 
 
 def training(**over):
@@ -223,6 +228,7 @@ def preemption(shards: Path, work: Path, cadences: list[tuple[str, dict, int]], 
                     "shards": str(shards),
                     "ckpt": str(folder),
                     "training": training(epochs=50, **cadence).model_dump(mode="json"),
+                    "hidden": HIDDEN[0],
                 }
             )
         )
@@ -261,6 +267,7 @@ def child(job_path: str) -> int:
     from shardline.trainer.loop import Callbacks, FitOptions, fit
 
     job = json.loads(Path(job_path).read_text())
+    HIDDEN[0] = job["hidden"]
     train, val = open_splits(Path(job["shards"]))
 
     def on_step(step: int, _metrics: dict) -> None:
@@ -290,10 +297,13 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=200_000, help="train rows (default 200,000)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the kill steps")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (shards, checkpoints)")
+    parser.add_argument("--hidden", type=int, default=256, help="the MLP's width (default 256, the demo's)")
+    parser.add_argument("--throughput-only", action="store_true", help="part 1 alone (no preemptions)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child)
+    HIDDEN[0] = args.hidden
 
     import torch
 
@@ -337,6 +347,8 @@ def main() -> int:
                 f"{cost} | {implied:.3f} | {', '.join(f'{x:,}' for x in r['all'])} |"
             )
         sys.stdout.flush()
+        if args.throughput_only:
+            return 0
 
         step_s = rows[0]["step_ms"] / 1000
         ten_s = max(2, round(10 / step_s))  # steps in 10 s, to place the kills over a whole interval
