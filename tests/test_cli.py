@@ -102,6 +102,7 @@ def test_demo_then_predict(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Registered shardline-demo version 1 as @champion" in out.stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}" in out.stdout
+    assert "Downloading artifacts" not in out.stdout + out.stderr  # MLflow's bars, one per download: not in the logs
     # the same command again: every step comes from the cache
     again = shardline("demo", "--home", home, "--games", 10, "--frames", 400, "--set", "training.epochs=2")
     assert again.returncode == 0, again.stderr[-3000:]
@@ -119,6 +120,7 @@ def test_demo_then_predict(tmp_path):
         f"sqlite:///{home / 'mlflow.db'}",
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "Downloading artifacts" not in out.stdout + out.stderr
     preds = pl.read_parquet(preds_path)
     raw = pl.read_parquet(game)
     # one prediction per row with 8 frames of history, keyed so it joins back to the input

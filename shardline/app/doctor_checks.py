@@ -247,7 +247,7 @@ def _data_check(config: PipelineConfig, timeout: float) -> Check:
 
 
 def _mlflow_checks(config: PipelineConfig, timeout: float) -> list[Check]:
-    from shardline.core.tracking.tracker import _configure_http_failfast, tracking_uri
+    from shardline.core.tracking.tracker import mlflow_client_defaults, tracking_uri
 
     cfg = config.mlflow
     try:
@@ -263,7 +263,7 @@ def _mlflow_checks(config: PipelineConfig, timeout: float) -> list[Check]:
         source = "$MLFLOW_TRACKING_URI"
     else:
         source = "the default: SQLite under storage.root"
-    _configure_http_failfast()  # as the pipeline does: a dead server fails in seconds, not minutes
+    mlflow_client_defaults()  # as the pipeline does: a dead server fails in seconds, not minutes
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)

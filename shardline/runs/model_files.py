@@ -65,6 +65,10 @@ def _load_checked(model_uri: str, folder: Path):
     import mlflow
     from mlflow import MlflowClient
 
+    from shardline.core.tracking.tracker import mlflow_client_defaults
+
+    mlflow_client_defaults()
+
     name, _, ref = model_uri[len("models:/") :].partition("@")
     client = MlflowClient()
     if ref:

@@ -88,10 +88,14 @@ def artifact_location(storage_root: str) -> str:
     return (Path(storage.local_path(storage_root)).resolve() / layout.MLFLOW_ARTIFACTS).as_uri()
 
 
-def _configure_http_failfast(uri: str | None = None) -> None:
+def mlflow_client_defaults(uri: str | None = None) -> None:
+    """How this process talks to MLflow, unless its environment says otherwise."""
     # The MLflow default blocks ~4 minutes on an unreachable server (7 retries, backoff 2).
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    # the logs are lines: no terminal bar for each download of a model's files (a registration's gate reads the
+    # champion's, over a hundred files, three bars that filled the demo's output)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if uri and redact_uri(uri) != uri:
         # MLflow prints "View run <name> at <the URI, credentials included>" when a run ends
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -128,7 +132,7 @@ class Tracker:
         from mlflow import MlflowClient
 
         self.uri = tracking_uri(cfg, storage_root)
-        _configure_http_failfast(self.uri)
+        mlflow_client_defaults(self.uri)
         self.cfg = cfg
         self.client = MlflowClient(self.uri)
         self.storage_root = storage_root
@@ -291,7 +295,7 @@ def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> 
         if missing_ok:
             return None
         raise FileNotFoundError(f"{run_dir}: no MLflow journal ({JOURNAL_FILE}) there; is it a training run folder?")
-    _configure_http_failfast(uri)
+    mlflow_client_defaults(uri)
     journal = Journal.for_run_dir(run_dir, uri)
     if journal.run_id is None and recorded.get("run_id"):
         journal.set_run(recorded["run_id"])
