@@ -6,11 +6,14 @@ its train and validation splits are opened through the local shard cache, `SHARD
 `SHARDLINE_CACHE_MAX_GB` from the environment), `window`, `horizon`, `model_spec`,
 `training` (TrainingConfig fields), `ckpt` (the checkpoint folder), `result` (where the FitResult goes, as
 JSON), and optional controls that only decide WHERE the test's kill lands, never what is computed:
-  hold_at_step: N       after optimizer step N, print "held N" and wait to be killed
-  hold_after_save: NAME after checkpoint NAME is complete, print "held NAME" and wait to be killed
-  slow_write_at: N      from step N on, checkpoint writes pause `slow_write_seconds` (default 600) after the
-                        .pt and after the sidecar, or only after `slow_write_stage` ("tensors" or "sidecar")
-                        (the child wraps the storage writes trainer/checkpoint.py makes)
+  hold_at_step: N       after optimizer step N, once the checkpoints taken before it are written (their writer
+                        thread may lag behind the steps), print "held N" and wait to be killed
+  hold_after_save: NAME after checkpoint NAME is complete, print "held NAME" and wait to be killed (the
+                        checkpoint's writer thread waits: training goes on until its next save waits for it)
+  slow_write_at: N      the writes of the checkpoints of step N on pause `slow_write_seconds` (default 600)
+                        after the .pt and after the sidecar, or only after `slow_write_stage` ("tensors" or
+                        "sidecar") (the child wraps the storage writes trainer/checkpoint.py makes, in the
+                        writer's thread)
   step_sleep: S         sleep S seconds after each step, so a kill sent while it runs lands mid-run
 stdout: "step N" after each optimizer step, "saved NAME" after each complete checkpoint, "done" at the end;
 the checkpoint pauses are announced on stderr (merged by the test). Exit status 0 when training finished,
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 import types
@@ -41,8 +45,10 @@ from shardline.trainer.data import SplitData  # noqa: E402
 HOLD_SECONDS = 600  # the test kills a held process long before this
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
+def say(line: str, fd: int = 1) -> None:
+    """One line in one write: the checkpoint's writer thread and training say theirs at once (a print can write its
+    text and its newline apart, and the other thread's line lands between them)."""
+    os.write(fd, (line + "\n").encode())
 
 
 def hold(what: str) -> None:
@@ -70,10 +76,16 @@ def main(job_path: str) -> int:
         train = split(shards, "train.bin", job["window"], job["horizon"])
         val = split(shards, "val.bin", job["window"], job["horizon"])
 
-    save = loop.save_checkpoint
+    save, snapshot = loop.save_checkpoint, loop.snapshot
+    handed, written = [0], [0]  # checkpoints handed to the writer thread, and written by it
+
+    def counted_snapshot(state):
+        handed[0] += 1
+        return snapshot(state)
 
     def announced_save(dir_uri, step, *args, **kwargs):
         uri = save(dir_uri, step, *args, **kwargs)
+        written[0] += 1
         name = uri.rsplit("/", 1)[-1]
         say(f"saved {name}")
         if name == job.get("hold_after_save"):
@@ -81,18 +93,18 @@ def main(job_path: str) -> int:
         return uri
 
     loop.save_checkpoint = announced_save  # the real save, announced once it has returned
+    loop.snapshot = counted_snapshot
 
     # a save that pauses after its .pt ("tensors") and/or its sidecar ("sidecar"), announced on stderr, so the
     # test's kill lands inside it: the checkpoint module's own writes, wrapped here in this process
-    slow_writes: dict = {}
-
     def paused(write, stage: str):
         def write_then_pause(uri: str, data) -> None:
             write(uri, data)
             name = uri.rsplit("/", 1)[-1]
-            if slow_writes and slow_writes["stage"] in (None, stage) and name.startswith("ckpt-"):
-                print(f"checkpoint-write-paused {name.rsplit('.', 1)[0]}.pt {stage}", file=sys.stderr, flush=True)
-                time.sleep(slow_writes["seconds"])
+            slow = job.get("slow_write_at") is not None and job.get("slow_write_stage") in (None, stage)
+            if slow and name.startswith("ckpt-") and int(name[5:14]) >= job["slow_write_at"]:
+                say(f"checkpoint-write-paused {name.rsplit('.', 1)[0]}.pt {stage}", fd=2)
+                time.sleep(job.get("slow_write_seconds", HOLD_SECONDS))
 
         return write_then_pause
 
@@ -106,16 +118,15 @@ def main(job_path: str) -> int:
 
     def on_step(step: int, metrics: dict) -> None:
         say(f"step {step}")
-        if job.get("slow_write_at") is not None and step >= job["slow_write_at"]:
-            stage = job.get("slow_write_stage")
-            slow_writes.update(seconds=job.get("slow_write_seconds", HOLD_SECONDS), stage=stage)
         if step == job.get("hold_at_step"):
+            while written[0] < handed[0]:
+                time.sleep(0.01)
             hold(str(step))
         if job.get("step_sleep"):
             time.sleep(job["step_sleep"])
 
     def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+        say(message, fd=2)
 
     try:
         result = loop.fit(
