@@ -671,6 +671,20 @@ def test_sigterm_checkpoints_then_resume_is_bit_identical(data, tmp_path, straig
     assert no_timing(result.history) == no_timing(reference.history)
 
 
+def fit_mlp(data, folder: str, on_step=None):
+    """The mlp's run of `train_cfg()` in `folder` (resumed from what it holds), `on_step` told of every step."""
+    return fit(
+        data["classification"],
+        data["classification-val"],
+        spec_for("mlp"),
+        train_cfg(),
+        "classification",
+        folder,
+        callbacks=Callbacks(on_step=on_step, log=quiet),
+        options=FitOptions(step_every=1),
+    )
+
+
 def test_a_checkpoint_is_written_while_training_goes_on_and_holds_the_state_of_its_own_step(
     data, tmp_path, straight, monkeypatch
 ):
@@ -700,28 +714,11 @@ def test_a_checkpoint_is_written_while_training_goes_on_and_holds_the_state_of_i
 
     monkeypatch.setattr(loop, "save_checkpoint", save_after_two_more_steps)
     with pytest.raises(Crash):
-        fit(
-            data["classification"],
-            data["classification-val"],
-            spec_for("mlp"),
-            train_cfg(),
-            "classification",
-            folder,
-            callbacks=Callbacks(on_step=on_step, log=quiet),
-            options=FitOptions(step_every=1),
-        )
+        fit_mlp(data, folder, on_step)
     assert late == [], f"training waited for the checkpoint(s) of step(s) {late}"
     assert latest_checkpoint(folder)[1]["step"] == 3  # written, complete, by the time fit raised
     monkeypatch.undo()
-    result = fit(
-        data["classification"],
-        data["classification-val"],
-        spec_for("mlp"),
-        train_cfg(),
-        "classification",
-        folder,
-        callbacks=Callbacks(log=quiet),
-    )
+    result = fit_mlp(data, folder)
     assert result.resumed_from.endswith("ckpt-000000003.pt")
     assert_same_weights(load_model(result.last_checkpoint).state_dict(), ref_weights)
 
@@ -734,16 +731,7 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_run_naming_it(data, tmp_p
             (folder / "ckpt-000000006.pt").mkdir()
 
     with pytest.raises(OSError) as failed:
-        fit(
-            data["classification"],
-            data["classification-val"],
-            spec_for("mlp"),
-            train_cfg(),
-            "classification",
-            str(folder),
-            callbacks=Callbacks(on_step=block_the_folder, log=quiet),
-            options=FitOptions(step_every=1),
-        )
+        fit_mlp(data, str(folder), block_the_folder)
     assert "ckpt-000000006.pt" in str(failed.value)
     assert latest_checkpoint(str(folder))[1]["step"] == 3  # the one before it stays, complete
 
