@@ -254,6 +254,7 @@ def main() -> None:
         args.sequences, args.length, args.d_model, args.layers, args.steps = 40, 300, 64, 2, STEADY_FROM + 4
 
     import shardline.trainer.loop as loop
+    import shardline.trainer.saver as saver
     from shardline.core.manifest import Manifest
     from shardline.tasks.encode import encode_dataset
     from shardline.tasks.ingest import snapshot_source
@@ -263,7 +264,7 @@ def main() -> None:
     from shardline.trainer.serving import data_spec
 
     loop.evaluate = timed(loop.evaluate, VALIDATION)  # fit validates through this name: its passes are timed apart
-    loop.save_checkpoint = timed(loop.save_checkpoint, SAVING)  # and saves through this one
+    saver.save_checkpoint = timed(saver.save_checkpoint, SAVING)  # and its checkpoints through this one
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="shardline-gpt-bench-"))
     try:

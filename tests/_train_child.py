@@ -36,6 +36,7 @@ torch.set_num_threads(1)  # the reference and every resumed process compute with
 
 import shardline.trainer.checkpoint as checkpoint  # noqa: E402
 import shardline.trainer.loop as loop  # noqa: E402
+import shardline.trainer.saver as saver  # noqa: E402
 from shardline.core import storage  # noqa: E402
 from shardline.core.config import TrainingConfig  # noqa: E402
 from shardline.core.manifest import ArraySpec  # noqa: E402
@@ -76,7 +77,7 @@ def main(job_path: str) -> int:
         train = split(shards, "train.bin", job["window"], job["horizon"])
         val = split(shards, "val.bin", job["window"], job["horizon"])
 
-    save, snapshot = loop.save_checkpoint, loop.snapshot
+    save, snapshot = saver.save_checkpoint, saver.snapshot
     handed, written = [0], [0]  # checkpoints handed to the writer thread, and written by it
 
     def counted_snapshot(state):
@@ -92,8 +93,8 @@ def main(job_path: str) -> int:
             hold(name)
         return uri
 
-    loop.save_checkpoint = announced_save  # the real save, announced once it has returned
-    loop.snapshot = counted_snapshot
+    saver.save_checkpoint = announced_save  # the real save, announced once it has returned
+    saver.snapshot = counted_snapshot
 
     # a save that pauses after its .pt ("tensors") and/or its sidecar ("sidecar"), announced on stderr, so the
     # test's kill lands inside it: the checkpoint module's own writes, wrapped here in this process

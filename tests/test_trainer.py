@@ -693,7 +693,7 @@ def test_a_checkpoint_is_written_while_training_goes_on_and_holds_the_state_of_i
     ends on the uninterrupted run's weights."""
     import threading
 
-    import shardline.trainer.loop as loop
+    import shardline.trainer.saver as saver
 
     reference, ref_weights = straight["mlp"]
     folder, reached, late = str(tmp_path / "ckpt"), {"step": 0}, []
@@ -712,7 +712,7 @@ def test_a_checkpoint_is_written_while_training_goes_on_and_holds_the_state_of_i
                 late.append(step)
         return save_checkpoint(dir_uri, step, *args)
 
-    monkeypatch.setattr(loop, "save_checkpoint", save_after_two_more_steps)
+    monkeypatch.setattr(saver, "save_checkpoint", save_after_two_more_steps)
     with pytest.raises(Crash):
         fit_mlp(data, folder, on_step)
     assert late == [], f"training waited for the checkpoint(s) of step(s) {late}"
