@@ -1,6 +1,6 @@
 """A Prefect server, a process worker for `cpu-pool` and two for `gpu-pool` (one run at a time each), deployments from
-prefect.yaml and a local S3 server (moto), all on 127.0.0.1, shared by the tests of one session
-(fixture `cluster` in conftest.py; started only when a test asks for it).
+prefect.yaml and a local S3 server (moto), all on 127.0.0.1, shared by the tests of one module (fixture `cluster` in
+conftest.py; started only when a test asks for it, stopped when the module's tests are done).
 """
 
 from __future__ import annotations
@@ -100,7 +100,9 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait(10)
 
 
-@pytest.fixture(scope="session")
+# module-scoped: the three workers' polls (one a second) cost the server ~4.5 CPU-s a minute even when no test uses
+# it, and a session-scoped cluster lived on to the end of the session in each pytest-xdist worker whose files used it
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     from moto.server import ThreadedMotoServer
 

@@ -207,4 +207,4 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 3
 
 
-from tests.cluster import cluster  # noqa: E402,F401  (session fixture: Prefect server, pool workers, S3)
+from tests.cluster import cluster  # noqa: E402,F401  (module fixture: Prefect server, pool workers, S3)
