@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent / "shardline"
 
 
 def _exercise(folder: str) -> None:
-    a = Lease(folder, "A", ttl=2)
+    a = Lease(folder, "A", ttl=30)  # long enough that a loaded machine's slow S3 calls cannot expire it here
     a.acquire()
     b = Lease(folder, "B", ttl=2)
     ok, holder = b.try_acquire()
