@@ -2,9 +2,10 @@
 
 A local sweep trains each trial in a child process. When the sweep is killed (SIGKILL, a lost terminal)
 its children would train on unwatched, holding their run folders' leases, and a rerun would wait for
-them. A child started with `SHARDLINE_PARENT_PID` in its environment watches that process instead: when
-it is gone, the child sends itself SIGTERM, the spot notice training already answers (a checkpoint, the
-MLflow run marked KILLED, exit status 75), and the rerun resumes it from that checkpoint.
+them. A child started with `SHARDLINE_PARENT_PID` in its environment watches its parent instead (that
+process, or the fork server it started the child from): when it is gone, the child sends itself SIGTERM, the
+spot notice training already answers (a checkpoint, the MLflow run marked KILLED, exit status 75), and the
+rerun resumes it from that checkpoint.
 """
 
 from __future__ import annotations
@@ -23,23 +24,46 @@ log = logging.getLogger("shardline.parent_watch")
 
 
 def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
-    """Watch the process `SHARDLINE_PARENT_PID` names, when it is this process's parent; SIGTERM this process
-    once it has exited. False (nothing watched) without the variable or when another process started this."""
+    """Watch the process `SHARDLINE_PARENT_PID` names, when it started this one, directly or through
+    multiprocessing's fork server (which lives on while the children it forked do); SIGTERM this process once
+    that one has exited. False (nothing watched) without the variable or when another process started this (a
+    process the child started in turn: a trial's torchrun ranks)."""
+    import psutil
+
     value = settings.number(PARENT_ENV)
-    if value is None or int(value) != os.getppid():
+    if value is None or int(value) not in (os.getppid(), _parent_of(os.getppid())):
         return False
-    parent = int(value)
+    try:
+        parent = psutil.Process(int(value))  # once gone, or its pid taken by a new process: `is_running` is False
+    except psutil.Error:
+        return False
+    watched_pid = parent.pid
+
+    def gone() -> bool:
+        try:
+            return not parent.is_running() or parent.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
 
     def watch() -> None:
         stop = threading.Event()
         while not stop.wait(poll):
-            if os.getppid() != parent:  # re-parented: the process that started this one is gone
-                log.warning("the process that started this one (pid %d) is gone: stopping at a checkpoint", parent)
+            if gone():
+                log.warning("the process that started this one (pid %d) is gone: stopping at a checkpoint", watched_pid)
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
 
     threading.Thread(target=watch, name="shardline-parent-watch", daemon=True).start()
     return True
+
+
+def _parent_of(pid: int) -> int | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
 
 
 def signal_on_parent_death(signum: int) -> None:

@@ -10,8 +10,10 @@ share the machine each get their share of its cores, and a trial that crashes ta
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +45,48 @@ from shardline.tasks.train import (
 )
 
 SWEEP_TAG = "shardline.sweep"  # on the trials' MLflow runs and the registered version: the parent run's id
+
+
+# what a trial's process needs, imported once by multiprocessing's fork server (~7 s of CPU: torch and its compiler
+# front end, which every optimizer loads, MLflow, Prefect, the training): each trial is then a fork of it, not an
+# interpreter that imports them again
+TRIAL_PRELOAD = ["shardline.flows.train", "shardline.runs.training_run", "torch._dynamo", "mlflow"]
+_starting = threading.Lock()
+
+
+class _ForkServerStarts:
+    """`multiprocessing` as `prefect.flow_engine.run_flow_in_subprocess` sees it while a trial starts: the spawn
+    context it asks for is the fork server's (Prefect passes the flow, its context and its environment to the
+    process as arguments, which a fork server's child takes as a spawned one does)."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def __getattr__(self, name: str):
+        return getattr(multiprocessing, name)
+
+    def get_context(self, method: str | None = None):
+        return self.context
+
+
+@contextmanager
+def forked_from_preloaded():
+    """Prefect's flow-in-a-subprocess, started from the fork server within the block (where there is one: not on
+    Windows). Trials start from several threads at once: one at a time here, for the moment each takes to start."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        yield
+        return
+    import prefect.flow_engine as engine
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(TRIAL_PRELOAD)
+    with _starting:
+        spawning = engine.multiprocessing
+        engine.multiprocessing = _ForkServerStarts(context)
+        try:
+            yield
+        finally:
+            engine.multiprocessing = spawning
 
 
 def train_in_child(
@@ -80,7 +124,7 @@ def train_in_child(
         "watched": True,  # an infrastructure failure is raised as InfrastructureFailure: the trial is retried
     }
     earlier = {r.id for r in tagged_flow_runs(tag)}  # an interrupted attempt's: not this child's
-    with temporary_settings(updates={PREFECT_API_URL: api}), tags("shardline", tag):
+    with temporary_settings(updates={PREFECT_API_URL: api}), tags("shardline", tag), forked_from_preloaded():
         process = run_flow_in_subprocess(
             flow, parameters=parameters, context=serialize_context(), env={PARENT_ENV: str(os.getpid())}
         )
