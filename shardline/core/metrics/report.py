@@ -8,19 +8,25 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from shardline.core import storage
 from shardline.core.metrics.scores import _by_support, _class_name, _same_length, _values
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOT_DPI = 100
 
 
 def _new_figure(width: float, height: float) -> Figure:
+    # matplotlib is imported when a plot is drawn, not with this module: ~0.4 s of CPU in every process that loads
+    # the pipeline (each `shardline` command, each flow run on a worker), most of which draw nothing
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height), dpi=PLOT_DPI)
     FigureCanvasAgg(fig)
     return fig
@@ -103,6 +109,8 @@ def learning_curves_figure(
         if select_by and at.size and np.isfinite(series(select_by)[at[0]]):
             where.plot([selected_epoch], [series(select_by)[at[0]]], "*", color="0.15", markersize=13, zorder=5)
         where.legend()
+
+    from matplotlib.ticker import MaxNLocator
 
     for ax in (ax_loss, ax_val):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
