@@ -81,10 +81,21 @@ def s3_env(monkeypatch, c: Cluster) -> None:
         monkeypatch.setenv(k, c.env[k])
 
 
+# planted in the uninterrupted run's training job (test_planted_secrets_never_leave_the_process_on_the_cluster)
+SECRET, LABEL, MARKER = "PLANTED-CLUSTER-SECRET-5151", "PLANTED-RUN-LABEL-6262", "public-cluster-marker-77"
+
+
 @pytest.fixture(scope="module")
 def reference(cluster):
-    """The uninterrupted run: its pipeline flow run and the run's final checkpoint in S3."""
-    return run_pipeline(cluster, write_config(cluster, "store-a"))
+    """The uninterrupted run: its pipeline flow run and the run's final checkpoint in S3. Its config's name is a
+    public marker, and its training job's environment (the config's job variables) holds two values that are
+    secrets, whatever their names say."""
+    config = write_config(
+        cluster, "store-a", compute={"job_variables": {"env": {"PLANTED_API_TOKEN": SECRET, "RUN_LABEL": LABEL}}}
+    )
+    cfg = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**cfg, "name": MARKER}))
+    return run_pipeline(cluster, config)
 
 
 def final_weights(root: str):
@@ -322,34 +333,26 @@ def test_rehearse_on_two_nodes_preempts_and_resumes_both(cluster):
     assert [r["state_type"] for r in nodes] == ["COMPLETED", "COMPLETED"], [(r["name"], r["state"]) for r in nodes]
 
 
-def test_planted_secrets_never_leave_the_process_on_the_cluster(cluster):
-    """A credential in the training job's environment (the config's job variables): the pipeline runs on
-    the loopback cluster (Prefect server, process workers, S3), then the Prefect API's objects (flow and
-    task runs with their parameters and states, logs, artifacts), every object under the storage root,
-    the MLflow store and the workers' output are searched for it. Job variables themselves go to the
-    worker (that is how its process gets them), so that one field is left out of the search."""
-    secret, label, marker = "PLANTED-CLUSTER-SECRET-5151", "PLANTED-RUN-LABEL-6262", "public-cluster-marker-77"
-    config = write_config(cluster, "store-s", **{"training.epochs": 1})
-    cfg = yaml.safe_load(config.read_text())
-    cfg["name"] = marker  # a public value of the config's
-    # every value of the job's environment is a secret, whatever its name says
-    cfg["compute"]["job_variables"] = {"env": {"PLANTED_API_TOKEN": secret, "RUN_LABEL": label}}
-    config.write_text(yaml.safe_dump(cfg))
-    result = run_pipeline(cluster, config)
-    ids = [r["id"] for r in result["new"]]
-    api = [{k: v for k, v in r.items() if k != "job_variables"} for r in result["new"]]
+def test_planted_secrets_never_leave_the_process_on_the_cluster(cluster, reference):
+    """A credential in the training job's environment (the uninterrupted run's job variables): once the pipeline
+    has run on the loopback cluster (Prefect server, process workers, S3), the Prefect API's objects (flow and
+    task runs with their parameters and states, logs, artifacts), every object under the storage root, the
+    MLflow store and the workers' output are searched for it. Job variables themselves go to the worker
+    (that is how its process gets them), so that one field is left out of the search."""
+    ids = [r["id"] for r in reference["new"]]
+    api = [{k: v for k, v in r.items() if k != "job_variables"} for r in reference["new"]]
     api += [cluster.task_runs(i, final=0) for i in ids]  # a training flow run has no task runs
     api += cluster.post("/logs/filter", {"logs": {"flow_run_id": {"any_": ids}}})
     api += cluster.post("/artifacts/filter", {})
     places = {"Prefect API": json.dumps(api, default=str)}
-    for path in cluster.fs.find(f"{BUCKET}/store-s"):
+    for path in cluster.fs.find(f"{BUCKET}/store-a"):
         places[f"s3://{path}"] = cluster.fs.cat(path).decode("latin-1")
-    places["MLflow store"] = (cluster.base / "store-s-mlflow.db").read_bytes().decode("latin-1")
+    places["MLflow store"] = (cluster.base / "store-a-mlflow.db").read_bytes().decode("latin-1")
     for log in cluster.logs.glob("*.log"):
         places[log.name] = log.read_text(errors="replace")
-    assert [where for where, text in places.items() if secret in text or label in text] == []
+    assert [where for where, text in places.items() if SECRET in text or LABEL in text] == []
     # the search reaches what the run wrote: the config's public name is in the training run's parameters
-    assert marker in places["Prefect API"]
+    assert MARKER in places["Prefect API"]
     assert any(where.startswith("s3://") and "/runs/" in where for where in places)
 
 
