@@ -1,11 +1,18 @@
 """Test-only: a slower optimizer step or a starved loader, for the tests that kill or watch a real training mid-way
-(`SHARDLINE_TEST_STEP_DELAY` / `SHARDLINE_TEST_LOADER_DELAY`, seconds, read when a training starts).
+(`SHARDLINE_TEST_STEP_DELAY` / `SHARDLINE_TEST_LOADER_DELAY`, seconds, read when a training starts); and each new
+SQLite MLflow store filled from a copy of the first one MLflow migrated in the session.
 
 Shardline's own code holds no test hook: this file wraps `shardline.trainer.stops.setting_hooks` (the `Callbacks`
 a training started by a command, a worker or torchrun takes from its environment) with the delays. tests/conftest.py
 applies it to the test process and puts this folder on PYTHONPATH, so Python loads it as `sitecustomize` in every
 process the tests start (a `shardline` command, a Prefect worker's flow run, torchrun's ranks) and wraps the module
-there as soon as it is imported."""
+there as soon as it is imported.
+
+The MLflow store: a session makes about 80 stores (each test's own root), and MLflow builds each new one by running
+its ~50 schema migrations (~0.75 s of CPU). `mlflow.store.db.utils._initialize_tables` is wrapped to copy, into a
+new store that has no table yet, the tables of the first store it migrated in this session (the same MLflow, the
+same migrations: a file in `SHARDLINE_CACHE`), with SQLite's own backup. A store that has tables is migrated by
+MLflow as before, and a `pip install .` in a fresh environment (test_packaging) migrates its own."""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import sys
 import time
 
 MODULE = "shardline.trainer.stops"
+MLFLOW_DB = "mlflow.store.db.utils"
 
 
 def _seconds(name: str) -> float:
@@ -52,14 +60,50 @@ def slowed(setting_hooks):
     return hooks
 
 
+def from_template(initialize_tables):
+    """`initialize_tables(engine)` that fills a new, empty SQLite store from the session's migrated one."""
+
+    def initialize(engine) -> None:
+        import sqlalchemy
+
+        cache = os.environ.get("SHARDLINE_CACHE")
+        if engine.dialect.name != "sqlite" or not cache or sqlalchemy.inspect(engine).get_table_names():
+            return initialize_tables(engine)
+        import sqlite3
+        import tempfile
+
+        import mlflow
+
+        template = os.path.join(cache, f"mlflow-{mlflow.__version__}-migrated.db")
+        with engine.connect() as conn:
+            store = conn.connection.driver_connection
+            if os.path.exists(template):
+                with sqlite3.connect(template) as src:
+                    src.backup(store)
+                return None
+            initialize_tables(engine)
+            fd, aside = tempfile.mkstemp(dir=cache, suffix=".db")
+            os.close(fd)
+            with sqlite3.connect(aside) as dst:
+                store.backup(dst)
+            os.replace(aside, template)  # whole, or not there: two processes may write it at once
+        return None
+
+    initialize.templated = True
+    return initialize
+
+
 def wrap(module) -> None:
-    if not getattr(module.setting_hooks, "slowed", False):
+    if module.__name__ == MLFLOW_DB:
+        if not getattr(module._initialize_tables, "templated", False):
+            module._initialize_tables = from_template(module._initialize_tables)
+    elif not getattr(module.setting_hooks, "slowed", False):
         module.setting_hooks = slowed(module.setting_hooks)
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != MODULE:
+        if name not in (MODULE, MLFLOW_DB):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -74,7 +118,7 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if MODULE in sys.modules:
-    wrap(sys.modules[MODULE])
-else:
-    sys.meta_path.insert(0, _WrapOnImport())
+for _name in (MODULE, MLFLOW_DB):
+    if _name in sys.modules:
+        wrap(sys.modules[_name])
+sys.meta_path.insert(0, _WrapOnImport())
