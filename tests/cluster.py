@@ -154,6 +154,8 @@ def cluster(tmp_path_factory):
         import s3fs
 
         fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, key="test", secret="test")
+        if fs.exists(BUCKET):  # moto's buckets are its process's: an earlier module's cluster in this one left it
+            fs.rm(BUCKET, recursive=True)
         fs.mkdir(BUCKET)
         for p in make_raw(base / "raw", n_seq=15, rows=80):
             fs.put(str(p), f"{BUCKET}/raw/{p.name}")

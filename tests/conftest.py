@@ -12,6 +12,9 @@ os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 if "SHARDLINE_CACHE" not in os.environ:  # unpacked shards of this test session, not the user's ~/.cache
     os.environ["SHARDLINE_CACHE"] = tempfile.mkdtemp(prefix="shardline-test-cache-")
     atexit.register(shutil.rmtree, os.environ["SHARDLINE_CACHE"], True)  # a run left ~50 MB a worker behind
+if "SHARDLINE_TEST_MLFLOW_TEMPLATES" not in os.environ:  # the migrated MLflow store (tests/hooks/sitecustomize.py)
+    os.environ["SHARDLINE_TEST_MLFLOW_TEMPLATES"] = tempfile.mkdtemp(prefix="shardline-test-mlflow-")
+    atexit.register(shutil.rmtree, os.environ["SHARDLINE_TEST_MLFLOW_TEMPLATES"], True)
 if "PYTEST_XDIST_WORKER" in os.environ and "PREFECT_HOME" not in os.environ:
     # each pytest-xdist worker (scripts/test runs three) gets a Prefect home of its own: the `shardline`
     # processes the tests start use the ephemeral API, whose SQLite file two workers must not share

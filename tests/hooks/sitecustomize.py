@@ -11,8 +11,8 @@ there as soon as it is imported.
 The MLflow store: a session makes about 80 stores (each test's own root), and MLflow builds each new one by running
 its ~50 schema migrations (~0.75 s of CPU). `mlflow.store.db.utils._initialize_tables` is wrapped to copy, into a
 new store that has no table yet, the tables of the first store it migrated in this session (the same MLflow, the
-same migrations: a file in `SHARDLINE_CACHE`), with SQLite's own backup. A store that has tables is migrated by
-MLflow as before, and a `pip install .` in a fresh environment (test_packaging) migrates its own."""
+same migrations: a file in `SHARDLINE_TEST_MLFLOW_TEMPLATES`), with SQLite's own backup. A store that has tables is
+migrated by MLflow as before, and a `pip install .` in a fresh environment (test_packaging) migrates its own."""
 
 from __future__ import annotations
 
@@ -60,21 +60,26 @@ def slowed(setting_hooks):
     return hooks
 
 
+TEMPLATES = "SHARDLINE_TEST_MLFLOW_TEMPLATES"  # a folder of the session's, made by tests/conftest.py
+
+
 def from_template(initialize_tables):
     """`initialize_tables(engine)` that fills a new, empty SQLite store from the session's migrated one."""
 
     def initialize(engine) -> None:
         import sqlalchemy
 
-        cache = os.environ.get("SHARDLINE_CACHE")
-        if engine.dialect.name != "sqlite" or not cache or sqlalchemy.inspect(engine).get_table_names():
+        folder = os.environ.get(TEMPLATES)
+        if engine.dialect.name != "sqlite" or not folder or not os.path.isdir(folder):
             return initialize_tables(engine)
+        if sqlalchemy.inspect(engine).get_table_names():
+            return initialize_tables(engine)  # a store with tables: MLflow migrates what is there
         import sqlite3
         import tempfile
 
         import mlflow
 
-        template = os.path.join(cache, f"mlflow-{mlflow.__version__}-migrated.db")
+        template = os.path.join(folder, f"mlflow-{mlflow.__version__}-migrated.db")
         with engine.connect() as conn:
             store = conn.connection.driver_connection
             if os.path.exists(template):
@@ -82,7 +87,7 @@ def from_template(initialize_tables):
                     src.backup(store)
                 return None
             initialize_tables(engine)
-            fd, aside = tempfile.mkstemp(dir=cache, suffix=".db")
+            fd, aside = tempfile.mkstemp(dir=folder, suffix=".db")
             os.close(fd)
             with sqlite3.connect(aside) as dst:
                 store.backup(dst)
