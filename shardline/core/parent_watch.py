@@ -2,9 +2,9 @@
 
 A local sweep trains each trial in a child process. When the sweep is killed (SIGKILL, a lost terminal)
 its children would train on unwatched, holding their run folders' leases, and a rerun would wait for
-them. A child started with `SHARDLINE_PARENT_PID` in its environment watches its parent instead (that
-process, or the fork server it started the child from): when it is gone, the child sends itself SIGTERM, the
-spot notice training already answers (a checkpoint, the MLflow run marked KILLED, exit status 75), and the
+them. A child started with `SHARDLINE_PARENT_PID` in its environment watches that process instead (its parent,
+or the process that started the fork server it was forked from): when it is gone, the child sends itself SIGTERM,
+the spot notice training already answers (a checkpoint, the MLflow run marked KILLED, exit status 75), and the
 rerun resumes it from that checkpoint.
 """
 

@@ -50,7 +50,7 @@ SWEEP_TAG = "shardline.sweep"  # on the trials' MLflow runs and the registered v
 # what a trial's process needs, imported once by multiprocessing's fork server (~7 s of CPU: torch and its compiler
 # front end, which every optimizer loads, MLflow, Prefect, the training): each trial is then a fork of it, not an
 # interpreter that imports them again
-TRIAL_PRELOAD = ["shardline.flows.train", "shardline.runs.training_run", "torch._dynamo", "mlflow"]
+TRIAL_PRELOAD = ["shardline.flows.train", "torch._dynamo", "mlflow"]
 _starting = threading.Lock()
 
 
