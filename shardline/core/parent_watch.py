@@ -28,11 +28,11 @@ def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
     multiprocessing's fork server (which lives on while the children it forked do); SIGTERM this process once
     that one has exited. False (nothing watched) without the variable or when another process started this (a
     process the child started in turn: a trial's torchrun ranks)."""
-    import psutil
-
     value = settings.number(PARENT_ENV)
     if value is None or int(value) not in (os.getppid(), _parent_of(os.getppid())):
         return False
+    import psutil
+
     try:
         parent = psutil.Process(int(value))  # once gone, or its pid taken by a new process: `is_running` is False
     except psutil.Error:
