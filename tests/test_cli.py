@@ -1,4 +1,5 @@
-"""What the README promises, run as a user would: the `shardline` command in a subprocess."""
+"""What the README promises, run as a user would: the `shardline` command in a subprocess (the demo, its cached
+rerun and `shardline predict` run from a fresh `pip install .` in test_packaging.py)."""
 
 import os
 import subprocess
@@ -82,7 +83,7 @@ def test_run_with_a_bad_file_names_it_and_exits_nonzero(tmp_path, prefect_api):
     make_raw(tmp_path / "raw")
     pl.read_parquet(tmp_path / "raw" / "s-002.parquet").drop("y").write_parquet(tmp_path / "raw" / "s-002.parquet")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config("raw/*.parquet", "store")))
-    # the session's Prefect API: the error is the same as on a laptop's temporary one (test_demo_then_predict
+    # the session's Prefect API: the error is the same as on a laptop's temporary one (test_packaging
     # starts those), ~6 s of CPU less a command
     out = shardline("run", tmp_path / "c.yaml", env=api_env())
     assert out.returncode == 1
@@ -93,42 +94,6 @@ def test_run_with_a_bad_file_names_it_and_exits_nonzero(tmp_path, prefect_api):
     assert said.count("missing column 'y'") == 1 and "Traceback" not in said
     loud = shardline("run", tmp_path / "c.yaml", "--verbose", env=api_env())
     assert loud.returncode == 1 and "Traceback" in loud.stdout + loud.stderr
-
-
-@pytest.mark.e2e
-def test_demo_then_predict(tmp_path):
-    home = tmp_path / "home"
-    out = shardline("demo", "--home", home, "--games", 10, "--frames", 400, "--set", "training.epochs=2")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "Registered shardline-demo version 1 as @champion" in out.stdout
-    assert f"mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}" in out.stdout
-    assert "Downloading artifacts" not in out.stdout + out.stderr  # MLflow's bars, one per download: not in the logs
-    # the same command again: every step comes from the cache
-    again = shardline("demo", "--home", home, "--games", 10, "--frames", 400, "--set", "training.epochs=2")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "steps: ingest cached, encode cached, train cached, evaluate cached, register cached" in again.stdout
-    assert "Registered shardline-demo version 1 as @champion" in again.stdout
-    game = sorted((home / "data" / "raw").glob("*.parquet"))[0]
-    preds_path = tmp_path / "preds.parquet"
-    out = shardline(
-        "predict",
-        "models:/shardline-demo@champion",
-        game,
-        "--out",
-        preds_path,
-        "--tracking-uri",
-        f"sqlite:///{home / 'mlflow.db'}",
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "Downloading artifacts" not in out.stdout + out.stderr
-    preds = pl.read_parquet(preds_path)
-    raw = pl.read_parquet(game)
-    # one prediction per row with 8 frames of history, keyed so it joins back to the input
-    assert preds.height == raw.height - 8
-    assert preds.columns == ["game_id", "frame", "prediction", "probability"]
-    joined = preds.join(raw, on=["game_id", "frame"], how="inner")
-    assert joined.height == preds.height
-    assert joined["frame"].min() == 8
 
 
 @pytest.mark.e2e

@@ -1,8 +1,8 @@
 """`shardline doctor CONFIG`, run as a user would (the command in a subprocess), against real parts:
 a laptop setup (ephemeral Prefect API, local storage, MLflow on SQLite), a broken one (a Prefect API, an
-S3 endpoint and an MLflow server that all refuse connections), and the team cluster of tests/cluster.py
-(Prefect server, pool workers, deployments from prefect.yaml, S3 on moto) where the GPU probe runs as a
-flow run on the GPU pool.
+S3 endpoint and an MLflow server that all refuse connections). On the team cluster of tests/cluster.py
+(Prefect server, pool workers, deployments from prefect.yaml, S3 on moto), where the GPU probe runs as a
+flow run on the GPU pool, it is tested in test_remote_e2e.py, on that module's cluster.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
-from tests.cluster import BUCKET, REPO, Cluster, free_port
+from tests.cluster import BUCKET, REPO, free_port
 from tests.conftest import make_raw, tiny_config
 
 BIN = Path(sys.executable).parent / "shardline"
@@ -183,91 +182,3 @@ def test_bad_config_exits_2(tmp_path):
     out, rows = doctor(write(tmp_path / "c.yaml", cfg), clean_env(), timeout=120)
     assert out.returncode == 2 and not rows
     assert "compute.train_on" in out.stderr
-
-
-# ---------------------------------------------------------------- the team cluster
-
-
-def cluster_config(c: Cluster, name: str, **compute) -> Path:
-    cfg = tiny_config(f"s3://{BUCKET}/raw/*.parquet", f"s3://{BUCKET}/{name}")
-    cfg["mlflow"] = {
-        "tracking_uri": f"sqlite:///{c.base / name}-mlflow.db",
-        "experiment": name,
-        "model_name": f"{name}-model",
-    }
-    cfg["compute"] = {"train_on": "deployment", "train_deployment": "train/train", **compute}
-    return write(c.base / f"{name}.yaml", cfg)
-
-
-@pytest.mark.e2e
-@pytest.mark.remote
-def test_doctor_on_the_cluster_runs_the_gpu_probe_on_the_gpu_pool(cluster):
-    before = {r["id"] for r in cluster.flow_runs()}
-    # a training on two machines: the node deployment its other node runs as is checked too
-    out, rows = doctor(cluster_config(cluster, "store-doctor", nodes=2), cluster.env, timeout=600)
-    assert list(rows) == [
-        "config",
-        "prefect api",
-        "train deployment",
-        "train pool",
-        "node deployment",
-        "pipeline deployment",
-        "pipeline pool",
-        "data source",
-        "storage",
-        "mlflow tracking",
-        "mlflow registry",
-        "torch (here)",
-        "gpu probe",
-    ], out.stdout
-    failed = {k: v for k, v in rows.items() if not v.startswith("PASS")}
-    # this machine has no GPU: the probe ran on the GPU pool's worker and says so; everything else passes
-    assert list(failed) == ["gpu probe"] and out.returncode == 1, out.stdout + out.stderr[-3000:] + cluster.tail_logs()
-    assert rows["prefect api"].startswith(f"PASS {cluster.api}: reachable, server version 3.")
-    assert rows["train deployment"].startswith("PASS train/train on pool gpu-pool")
-    assert "2 live worker(s): gpu-pool-w" in rows["train pool"]
-    assert rows["node deployment"].startswith("PASS train-node/train-node on pool gpu-pool: gpu-pool (process): 2 live")
-    assert "1 live worker(s): cpu-pool-w1 (last heartbeat" in rows["pipeline pool"]
-    assert rows["storage"].startswith(
-        f"PASS s3://{BUCKET}/store-doctor via {cluster.env['AWS_ENDPOINT_URL']}: wrote, read back"
-    )
-    assert not cluster.fs.exists(f"{BUCKET}/store-doctor/.doctor") or not cluster.fs.ls(
-        f"{BUCKET}/store-doctor/.doctor"
-    )
-    assert "model store-doctor-model has no version yet" in rows["mlflow registry"]
-    probe = rows["gpu probe"]
-    assert probe.startswith("FAIL no GPU visible on gpu-pool's worker "), probe
-    # this machine's torch: the CPU build (CI), or a CUDA build on a machine with no GPU (as on a misconfigured pool)
-    import torch
-
-    build = f"built for CUDA {torch.version.cuda} but sees no device" if torch.version.cuda else "a CPU-only build"
-    assert f"training will run on CPU there; torch there is {build}" in probe and "no CUDA device visible" in probe
-    (run,) = [r for r in cluster.flow_runs() if r["id"] not in before]
-    assert run["work_pool_name"] == "gpu-pool" and run["state_type"] == "COMPLETED" and "doctor" in run["tags"]
-
-    # training on the CPU is what the config asks for: then a GPU-less pool is no failure
-    out, rows = doctor(
-        cluster_config(cluster, "store-doctor"), cluster.env, "--set", "training.device=cpu", timeout=600
-    )
-    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    assert (
-        rows["gpu probe"].startswith("PASS probe/probe on gpu-pool")
-        and "training.device=cpu -> cpu in fp32" in rows["gpu probe"]
-    )
-
-
-@pytest.mark.e2e
-@pytest.mark.remote
-def test_doctor_names_a_pool_without_a_live_worker_and_does_not_wait_for_the_probe(cluster):
-    cluster.prefect("work-pool", "create", "--type", "process", "idle-pool")
-    cluster.prefect("--no-prompt", "deploy", "shardline/flows/train.py:train", "--name", "idle", "--pool", "idle-pool")
-    out, rows = doctor(
-        cluster_config(cluster, "store-doctor-idle", train_deployment="train/idle"), cluster.env, timeout=300
-    )
-    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
-    assert rows["train deployment"].startswith("PASS train/idle on pool idle-pool")
-    assert rows["train pool"].startswith(
-        "FAIL no worker has polled idle-pool in the last 90 s: start one with "
-        "`prefect worker start --pool idle-pool` on each GPU machine"
-    ), rows["train pool"]
-    assert rows["gpu probe"] == "SKIP needs a live worker on idle-pool (see above)"

@@ -137,7 +137,7 @@ def test_gpu_kit_run_whole_loop_on_the_cpu(tmp_path, prefect_api):
     work, out = tmp_path / "work", tmp_path / "out"
     env = {
         # the session's Prefect API: on the GPU machine each command starts a temporary one (the demo's, as
-        # test_cli and test_packaging run it), here that would be ~5 s of CPU a command
+        # test_packaging runs it), here that would be ~5 s of CPU a command
         "PREFECT_API_URL": api_env()["PREFECT_API_URL"],
         "DEVICE": "cpu",
         "QUICK": "1",
