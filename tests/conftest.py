@@ -105,9 +105,43 @@ def _no_tracking_server_from_the_shell(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
+# the Prefect test server the pytest-xdist controller started for its workers (pytest_configure below)
+SHARED_API = "SHARDLINE_TEST_PREFECT_API"
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (scripts/test runs three workers), the controller starts one throwaway Prefect API for
+    all its workers, rather than each worker its own: an idle server costs ~1.5 CPU-s a minute, and each start ~5."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) or os.environ.get(SHARED_API):
+        return
+    import contextlib
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    stack = contextlib.ExitStack()
+    home = tempfile.mkdtemp(prefix="shardline-test-prefect-")  # not the user's ~/.prefect; each worker has its own
+    stack.callback(shutil.rmtree, home, True)
+    stack.enter_context(temporary_settings(updates={PREFECT_HOME: home}))
+    stack.enter_context(prefect_test_harness(server_startup_timeout=180))
+    os.environ[SHARED_API] = PREFECT_API_URL.value()  # the workers, started after this, inherit it
+    config.add_cleanup(stack.close)
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
-    """A real, throwaway Prefect API (SQLite) for every flow run in the session."""
+    """A real, throwaway Prefect API (SQLite) for every flow run in the session: the one the pytest-xdist controller
+    started for its workers, else one of this process's own."""
+    shared = os.environ.get(SHARED_API)
+    if shared:
+        import prefect.context
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        # as prefect_test_harness sets its server's address: in the settings, and as the process-global settings
+        with temporary_settings(updates={PREFECT_API_URL: shared}):
+            with prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+                yield
+        return
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=180):
