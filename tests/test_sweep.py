@@ -257,3 +257,37 @@ def test_random_trials_are_seeded_and_stay_in_their_ranges():
     divisible = r"(?s)trial t2 \(model.family=transformer\).*must be divisible by model.heads"
     with pytest.raises(SweepError, match=divisible):
         plan_sweep(raw, parse_space({"model.family": ["mlp", "transformer"]}))
+
+
+def test_trials_of_a_models_own_metric_are_compared_the_way_its_config_says(tmp_path, prefect_api):
+    """A model's own validation metric (`val_<name>` of its metrics()) has a direction only its config gives
+    (training.select_direction); the sweep compares its trials that way (it took the lower of a metric whose name
+    it did not know, and registered the worst trial)."""
+    from prefect import flow, task
+
+    from shardline.core.config import validate_config
+    from shardline.core.sweep import Trial, best_of
+    from shardline.runs.result import TrainResult
+    from shardline.tasks.sweep import trial_outcome
+
+    config = validate_config(tiny_config("raw/*.parquet", str(tmp_path / "store")))
+    own = {"select_by": "val_hits", "select_direction": "maximize"}
+    config = config.model_copy(update={"training": config.training.model_copy(update=own)})
+
+    @task
+    def trained(score: float) -> TrainResult:
+        fields = dict(select_by="val_hits", best_score=score, best_epoch=1, pruned_epoch=None, cost=None)
+        return TrainResult.model_construct(**fields, mlflow_run_id=None, run_dir=f"runs/{score}")
+
+    @flow
+    def two_trials() -> list[dict]:
+        trials = [Trial("t1", {"model.hidden": 8}), Trial("t2", {"model.hidden": 32})]
+        futures = [trained.submit(0.9), trained.submit(0.2)]
+        return [trial_outcome(t, config, f)[0] for t, f in zip(trials, futures, strict=True)]
+
+    rows = two_trials()
+    assert [(r["metric"], r["score"], r["direction"]) for r in rows] == [
+        ("val_hits", 0.9, "maximize"),
+        ("val_hits", 0.2, "maximize"),
+    ]
+    assert best_of(rows)["trial"] == "t1"

@@ -26,12 +26,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shardline.core.config import (
-    CLASSIFICATION_METRICS,
-    REGRESSION_METRICS,
     ConfigError,
     PipelineConfig,
     apply_overrides,
-    is_ranking_validation,
     metric_directions,
     read_yaml,
     stable_hash,
@@ -369,34 +366,6 @@ def data_key(config: PipelineConfig) -> str:
 
 
 # ---------------------------------------------------------------- comparing trials
-
-
-def score_direction(name: str) -> str:
-    """Which way a validation score is better: `val_loss`, `val_mae` minimise; `val_accuracy`,
-    `val_<target>/macro_f1` and the ranking metrics (`val_ndcg_at_10`, `val_mrr`) maximise."""
-    base = name.removeprefix("val_").rsplit("/", 1)[-1]
-    if base == "loss":
-        return "minimize"
-    if is_ranking_validation(name):
-        return "maximize"
-    return {**CLASSIFICATION_METRICS, **REGRESSION_METRICS}.get(base, "minimize")
-
-
-def trial_score(train_result: dict) -> tuple[str, float | None]:
-    """(the validation metric that picked the trial's best checkpoint, its best value): the training
-    result's `select_by` and `best_score`; a result without them (from before `training.select_by`):
-    the lowest `val_loss` of its history."""
-    if train_result.get("best_score") is not None:
-        return train_result.get("select_by") or "val_loss", float(train_result["best_score"])
-    losses = [h["val_loss"] for h in train_result.get("history") or [] if _finite(h.get("val_loss"))]
-    if losses:
-        return "val_loss", float(min(losses))
-    best = train_result.get("best_val_loss")
-    return "val_loss", float(best) if _finite(best) else None
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def best_of(rows: list[dict]) -> dict | None:

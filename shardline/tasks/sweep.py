@@ -30,7 +30,7 @@ from shardline.core.failures import InfrastructureFailure, failed_on_infrastruct
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text, redacted_errors
 from shardline.core.study import Pruning
-from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep, score_direction, trial_score
+from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep
 from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
 from shardline.runs import links
 from shardline.runs.result import Parent, Registered, TrainResult
@@ -219,8 +219,7 @@ class SweepStudy:
         self.plan, self.pruner, self.raw = plan, pruner, raw
         self.journal = storage.join(folder, "optuna")
         base = plan.base.training
-        self.select_by = base.select_by or "val_loss"
-        self.direction = base.select_direction or score_direction(self.select_by)
+        self.select_by, self.direction = base.select_by, base.select_direction
         self.epochs = max([base.epochs, *(c.training.epochs for c in plan.configs)])
         self.study = open_study(
             self.journal,
@@ -331,8 +330,8 @@ def train_trials(
     def ended(future) -> None:
         running.remove(future)
         if study is not None:
-            trial = next(t for t, _ in order if futures[t.id] is future)
-            study.tell(trial, trial_outcome(trial, future)[0])
+            trial, config = next(pair for pair in order if futures[pair[0].id] is future)
+            study.tell(trial, trial_outcome(trial, config, future)[0])
 
     while True:
         while len(running) >= at_once:
@@ -357,7 +356,7 @@ def train_trials(
         running.append(futures[trial.id])
     while running:
         ended(next(as_completed(running)))
-    return [trial_outcome(trial, futures[trial.id]) for trial, _ in order]
+    return [trial_outcome(trial, config, futures[trial.id]) for trial, config in order]
 
 
 def _cell(value) -> str:
@@ -506,9 +505,10 @@ def parent_pages(tracker: Tracker, run_ids: list[str]) -> dict[str, str]:
     return {r: run_page(tracker.uri, experiment, r) for r in [tracker.run_id, *run_ids] if r}
 
 
-def trial_outcome(trial: Trial, future) -> tuple[dict, TrainResult | None]:
-    """A trial's row (its overrides, the validation metric that picked its checkpoint and its best value,
-    whether it trained, came from the cache or failed and why, its MLflow run) and its training result."""
+def trial_outcome(trial: Trial, config: PipelineConfig, future) -> tuple[dict, TrainResult | None]:
+    """A trial's row (its overrides, the validation metric that picked its checkpoint, its best value and which
+    way is better, as the trial's config says: `training.select_direction`; whether it trained, came from the
+    cache or failed and why; its MLflow run) and its training result."""
     future.wait()
     state = future.state
     row = {"trial": trial.id, "overrides": trial.overrides, "score": None, "error": None}
@@ -518,13 +518,12 @@ def trial_outcome(trial: Trial, future) -> tuple[dict, TrainResult | None]:
         row.update(state="failed", error=redact_text(" ".join(str(text).split())))
         return row, None
     result = future.result()
-    metric, score = trial_score(result.model_dump())
     row.update(
         state="pruned" if result.pruned_epoch is not None else "cached" if state.name == "Cached" else "ran",
         pruned_epoch=result.pruned_epoch,
-        metric=metric,
-        score=score,
-        direction=score_direction(metric),
+        metric=result.select_by,
+        score=result.best_score,
+        direction=config.training.select_direction,
         best_epoch=result.best_epoch,
         mlflow_run_id=result.mlflow_run_id,
         run_dir=result.run_dir,
