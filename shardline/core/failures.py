@@ -30,18 +30,18 @@ NOT_INFRASTRUCTURE = (
 )
 
 
-# torch's own types for a GPU or interconnect failure (not its out-of-memory: deterministic), by name: torch is
-# imported only where an error is classified. AcceleratorError is torch 2.8's: before it, a CUDA fault is a plain
+# torch's own types for a GPU or interconnect failure (not its out-of-memory: deterministic), by name: classifying
+# an error never imports torch. AcceleratorError is torch 2.8's: before it, a CUDA fault is a plain
 # RuntimeError, which is not told from a code error (not retried there)
 TORCH_INFRASTRUCTURE = ("AcceleratorError", "DistBackendError", "DistNetworkError", "DistStoreError")
 
 
 def infrastructure_by_names(bases: list[str]) -> bool:
-    """The same rule for an error known by its class's and its bases' names (another process's, written down:
-    a training rank's): an I/O, network, GPU or interconnect error that is none of NOT_INFRASTRUCTURE nor an
-    out-of-memory."""
+    """The rule, on an error's class's and bases' names (this process's, or another's, written down: a training
+    rank's): an I/O, network, GPU or interconnect error (or an InfrastructureFailure) that is none of
+    NOT_INFRASTRUCTURE nor an out-of-memory."""
     names = set(bases)
-    infra = {t.__name__ for t in INFRASTRUCTURE_ERRORS} | set(TORCH_INFRASTRUCTURE)
+    infra = {t.__name__ for t in INFRASTRUCTURE_ERRORS} | {*TORCH_INFRASTRUCTURE, "InfrastructureFailure"}
     never = {t.__name__ for t in NOT_INFRASTRUCTURE} | {"OutOfMemoryError"}
     return bool(names & infra) and not names & never
 
@@ -84,31 +84,13 @@ def failed_on_infrastructure(state) -> bool:
     return state.is_failed() and "InfrastructureFailure" in (state.message or "")
 
 
-def _torch_infrastructure() -> tuple[type, ...]:
-    import torch
-
-    found = [getattr(torch, n, None) for n in TORCH_INFRASTRUCTURE]
-    try:
-        import torch.distributed as dist
-
-        found += [getattr(dist, n, None) for n in TORCH_INFRASTRUCTURE]
-    except ImportError:
-        pass
-    return tuple(t for t in found if isinstance(t, type))
-
-
 def is_infrastructure_failure(exc: BaseException) -> bool:
     """True for failures of the infrastructure (retry and resume), False for a real error in the code,
-    the config or the data (fail at once with its message). By exception type only."""
+    the config or the data (fail at once with its message). By exception type only: its class's and bases'
+    names, as a training rank's error is classified (`infrastructure_by_names`)."""
     if isinstance(exc, Preempted | BudgetExceeded):  # asked to stop, or out of budget: stopping is the answer
         return False
-    if isinstance(exc, InfrastructureFailure):  # classified where it was raised
-        return True
-    import torch
-
-    if isinstance(exc, NOT_INFRASTRUCTURE) or isinstance(exc, torch.OutOfMemoryError):
-        return False
-    return isinstance(exc, INFRASTRUCTURE_ERRORS + _torch_infrastructure())
+    return infrastructure_by_names([c.__name__ for c in type(exc).__mro__])
 
 
 def retry_on_infrastructure(task, task_run, state) -> bool:
