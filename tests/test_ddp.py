@@ -117,7 +117,9 @@ def finish(proc: subprocess.Popen, expect_ok: bool = True) -> str:
 
 def events(job_path: Path, kind: str) -> list[dict]:
     folder = Path(json.loads(job_path.read_text())["events"])
-    lines = [x for f in sorted(folder.glob("*.jsonl")) for x in f.read_text().splitlines()] if folder.exists() else []
+    # published files only: a writer's temporary file (".tmp-...") may be renamed between the listing and the read
+    files = sorted(folder.glob("[!.]*.jsonl")) if folder.exists() else []
+    lines = [x for f in files for x in f.read_text().splitlines()]
     return [e for e in (json.loads(x) for x in lines if x.endswith("}")) if e["kind"] == kind]
 
 
