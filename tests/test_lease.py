@@ -14,7 +14,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from shardline.core.lease import Lease, LeaseHeld, LeaseLost, read_current
+from shardline.core.lease import Lease, LeaseLost, read_current
 from tests.conftest import api_env, make_raw, tiny_config
 from tests.test_s3_source import s3_endpoint  # noqa: F401 - the moto fixture
 
@@ -27,8 +27,6 @@ def _exercise(folder: str) -> None:
     b = Lease(folder, "B", ttl=2)
     ok, holder = b.try_acquire()
     assert not ok and holder["owner"] == a.owner
-    with pytest.raises(LeaseHeld, match=r"held by A by .* pid"):
-        b.acquire(wait=0.5, poll=0.1)
     a.release()  # released: the next taker need not wait for the expiry
     assert b.try_acquire()[0] and read_current(folder)[1]["owner"] == b.owner
     # B stalls past its expiry without renewing (a "Crashed" run that was not dead): C takes over, B is fenced

@@ -40,10 +40,6 @@ class LeaseLost(RuntimeError):
     """Another process took this lease after it expired: this one must stop writing."""
 
 
-class LeaseHeld(RuntimeError):
-    """The lease is held by someone else (the message names who, where, and until when)."""
-
-
 def create_exclusive(uri: str, data: bytes) -> bool:
     """Write `uri` only if it does not exist (atomically, with its whole content); False when it does."""
     if storage.is_remote(uri):
@@ -136,7 +132,7 @@ def holder_gone(record: dict | None) -> bool:
 
 
 class Lease:
-    """`with Lease(folder, "training run"):` holds the lease while the block runs (renewed in the background)."""
+    """A lease on `folder`: `acquire()` takes it (renewed in the background until `release()`)."""
 
     def __init__(self, folder: str, purpose: str, ttl: float | None = None, holder: dict | None = None):
         """`holder`: more of who holds it, written into the record (the training run's Prefect flow run)."""
@@ -185,17 +181,14 @@ class Lease:
             return True, None
         return False, read_current(self.folder)[1]  # another taker won this number
 
-    def acquire(self, wait: float | None = None, on_wait=None, poll: float = 2.0) -> None:
-        """Take the lease, waiting while another holder renews it (at most `wait` seconds: then `LeaseHeld`)."""
-        start = time.monotonic()
+    def acquire(self, on_wait=None, poll: float = 2.0) -> None:
+        """Take the lease, waiting while another holder renews it (`on_wait(who)` each time the holder changes)."""
         said = None
         while True:
             ok, holder = self.try_acquire()
             if ok:
                 self._start_renewing()
                 return
-            if wait is not None and time.monotonic() - start >= wait:
-                raise LeaseHeld(f"{self.folder} is held by {describe(holder)}: {self.purpose} cannot start")
             if on_wait is not None and (holder or {}).get("owner") != said:
                 said = (holder or {}).get("owner")
                 on_wait(describe(holder))
@@ -245,13 +238,6 @@ class Lease:
                 storage.delete(storage.join(self.folder, _name(g)))
             except OSError:
                 return
-
-    def __enter__(self) -> Lease:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 class Silence:
