@@ -16,28 +16,10 @@ at exit as it would its own.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _die_with(parent: int):
-    """A `preexec_fn`: the child gets SIGTERM when `parent` (the thread that started it) exits."""
-
-    def preexec() -> None:
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent:  # the parent died before the prctl took effect
-            os._exit(1)
-
-    return preexec
-
 
 DATABASE_SETTINGS = ("PREFECT_HOME", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
 
@@ -72,12 +54,15 @@ def start_ephemeral_api() -> str | None:
     own_database()
     from prefect.server.api.server import SubprocessASGIServer
 
+    from shardline.core.parent_watch import signal_on_parent_death
+
     class DetachedServer(SubprocessASGIServer):
         def _run_uvicorn_command(self) -> subprocess.Popen:
             popen = subprocess.Popen
             extra = {"start_new_session": True}
-            if sys.platform.startswith("linux"):
-                extra["preexec_fn"] = _die_with(os.getpid())
+            if sys.platform.startswith("linux"):  # SIGTERM when the thread that starts it exits
+                parent = os.getpid()
+                extra["preexec_fn"] = lambda: signal_on_parent_death(signal.SIGTERM, parent)
 
             def detached(*args, **kwargs):
                 return popen(*args, **{**kwargs, **extra})

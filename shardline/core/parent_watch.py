@@ -10,9 +10,11 @@ rerun resumes it from that checkpoint.
 
 from __future__ import annotations
 
+import ctypes  # here, not in the function: a `preexec_fn` runs it between a fork and an exec, where no import should
 import logging
 import os
 import signal
+import sys
 import threading
 
 from shardline.core.config import settings
@@ -66,16 +68,16 @@ def _parent_of(pid: int) -> int | None:
         return None
 
 
-def signal_on_parent_death(signum: int) -> None:
+def signal_on_parent_death(signum: int, parent: int | None = None) -> None:
     """On Linux: the kernel sends this process `signum` when its parent dies (PR_SET_PDEATHSIG); torchrun's agent
-    gets SIGTERM when the training task dies, a rank SIGKILL when its agent does. Elsewhere nothing is done."""
-    import sys
-
+    gets SIGTERM when the training task dies, a rank SIGKILL when its agent does, Prefect's ephemeral API server
+    SIGTERM when the command does. `parent`: the pid of the parent that started this one (a `preexec_fn`'s), which
+    may have died before the call took effect: then this process exits at once. Elsewhere nothing is done."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
