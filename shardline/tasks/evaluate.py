@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -29,38 +30,12 @@ from shardline.core.manifest import Manifest
 from shardline.core.metrics import report as R
 from shardline.core.metrics import scores as M
 from shardline.core.metrics.ranking import PopularityCounts, RankingScores
-from shardline.core.metrics.split_ranking import SplitRanking
+from shardline.core.metrics.split_ranking import RowKeys, SplitRanking
 from shardline.core.metrics.text import text_generation_scores, unigram_perplexity
 from shardline.core.secrets import redact_text, redacted_errors
 from shardline.runs.result import EvalResult, Trained, TrainResult
 from shardline.tasks.caching import CacheRule
 from shardline.trainer.serving import example_outputs, prediction_frame
-
-
-class SequenceKeys:
-    """The sequence key of windows' target rows, from the shards' key files (each read when first needed:
-    one value per sequence segment of a shard, not per window)."""
-
-    def __init__(self, manifest: Manifest, manifest_uri: str, split: str, name: str):
-        self.folder = manifest_uri.rsplit("/", 1)[0]
-        self.shards = manifest.shards_of(split)
-        self.name = name
-        self._keys: dict[int, pl.Series] = {}
-
-    def _of_shard(self, s: int) -> pl.Series:
-        if s not in self._keys:
-            info = self.shards[s]
-            data = storage.read_verified(storage.resolve(self.folder, info.keys_path), info.keys_sha256)
-            self._keys[s] = pl.read_parquet(io.BytesIO(data))["sequence"]
-        return self._keys[s]
-
-    def __call__(self, shard: np.ndarray, segment: np.ndarray) -> pl.Series:
-        """The key of each (shard, segment) pair, in the order given."""
-        by_shard = np.argsort(shard, kind="stable")
-        parts = [pl.Series(self.name, [], pl.String)]
-        for s in np.unique(shard):
-            parts.append(self._of_shard(int(s)).gather(segment[by_shard][shard[by_shard] == s]).rename(self.name))
-        return pl.concat(parts).gather(np.argsort(by_shard, kind="stable"))
 
 
 class RankingEvaluation(SplitRanking):
@@ -165,48 +140,39 @@ def _target_scores(t, scores, out_dir: Path, prefix: str):
     return metrics, baseline, [plot], REGRESSION_METRICS
 
 
-class PredictionsFile:
+ROWS_PER_WRITE = 1 << 16
+
+
+@contextmanager
+def predictions_file(path: Path) -> Iterator[Callable[[pl.DataFrame], None]]:
     """A parquet file written a few batches' rows at a time (pyarrow's ParquetWriter: a row group per
-    write), aside and renamed into place when complete, so its size never has to fit in memory."""
+    write), aside and renamed into place when complete, so its size never has to fit in memory: yields
+    the function that writes a frame."""
+    tmp, pending, writer = path.with_name(f".tmp-{path.name}"), [], None
 
-    ROWS_PER_WRITE = 1 << 16
+    def flush() -> None:
+        nonlocal writer
+        table = pl.concat(pending).to_arrow()
+        if writer is None:
+            writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+        writer.write_table(table)
+        pending.clear()
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.tmp = path.with_name(f".tmp-{path.name}")
-        self.writer: pq.ParquetWriter | None = None
-        self.pending: list[pl.DataFrame] = []
-        self.rows = 0
+    def write(frame: pl.DataFrame) -> None:
+        pending.append(frame)
+        if sum(f.height for f in pending) >= ROWS_PER_WRITE:
+            flush()
 
-    def __enter__(self) -> PredictionsFile:
-        return self
-
-    def write(self, frame: pl.DataFrame) -> None:
-        self.pending.append(frame)
-        self.rows += frame.height
-        if self.rows >= self.ROWS_PER_WRITE:
-            self._flush()
-
-    def _flush(self) -> None:
-        table = pl.concat(self.pending).to_arrow()
-        if self.writer is None:
-            self.writer = pq.ParquetWriter(self.tmp, table.schema, compression="zstd")
-        self.writer.write_table(table)
-        self.pending, self.rows = [], 0
-
-    def __exit__(self, kind, error, tb) -> None:
-        done = False
-        try:
-            if error is None and (self.pending or self.writer is None):
-                self._flush()
-            done = error is None
-        finally:
-            if self.writer is not None:
-                self.writer.close()
-            if done:
-                os.replace(self.tmp, self.path)
-            else:
-                self.tmp.unlink(missing_ok=True)
+    try:
+        yield write
+        if pending or writer is None:
+            flush()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        if writer is not None:
+            writer.close()
+        tmp.unlink(missing_ok=True)
 
 
 def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
@@ -359,15 +325,18 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
         return evaluate_text(manifest, manifest_uri, model, test, plots, out_dir, config)
     scores = [_scores(t, train_statistic(manifest, i, t)) for i, t in enumerate(spec.targets)]
     seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
-    seq_keys = SequenceKeys(manifest, manifest_uri, "test", seq) if seq else None
+    seq_keys = RowKeys(manifest, manifest_uri, "test", side="keys") if seq else None
     ranking = RankingEvaluation(manifest, manifest_uri, config.evaluation.k) if spec.group_key else None
 
     def key_columns(where: dict) -> dict:
         """The windows' key columns: the sequence key (when the data has one), then the order."""
         columns = {spec.order_by or "row": where["order"]}
-        return {seq: seq_keys(where["shard"], where["segment"]), **columns} if seq_keys else columns
+        if seq_keys is None:
+            return columns
+        keys = seq_keys(where["shard"], where["segment"])["sequence"] if len(where["shard"]) else []
+        return {seq: pl.Series(seq, keys, pl.String), **columns}
 
-    with PredictionsFile(out_dir / "test_predictions.parquet") as predictions:
+    with predictions_file(out_dir / "test_predictions.parquet") as write:
         for first, batch, outputs in predict_batches(model, test):
             for t, s, y, out in zip(spec.targets, scores, batch.targets, outputs.values()):
                 _count(t, s, y.numpy(), out)
@@ -376,10 +345,10 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
             if ranking is not None:  # the group and item (unless a key already), the relevance and both scores
                 extra = ranking.update(where, next(iter(outputs.values())))
                 frame = frame.with_columns(v.alias(k) for k, v in extra.items() if k not in frame.columns)
-            predictions.write(frame)
+            write(frame)
         if not test.n_windows:  # the columns, without rows
             empty = {name: y[:0] for name, y in example_outputs(spec).items()}
-            predictions.write(prediction_frame(spec, key_columns(window_keys_of(test, np.zeros(0, np.int64))), empty))
+            write(prediction_frame(spec, key_columns(window_keys_of(test, np.zeros(0, np.int64))), empty))
     metrics: dict[str, float] = {}
     baseline: dict[str, float] = {}
     directions: dict[str, str] = {}
@@ -445,19 +414,15 @@ def evaluate(manifest_uri: str, train_result: TrainResult, config: PipelineConfi
     """Score the best checkpoint on the test split against the trivial baseline; write plots, tables and predictions."""
     log = get_run_logger()
     folder = storage.join(train_result.run_dir, "eval")
-    if not storage.is_remote(train_result.run_dir):
-        result = evaluate_model(manifest_uri, train_result, config, Path(storage.local_path(folder)))
+    remote = storage.is_remote(train_result.run_dir)
+    # a remote run folder: written aside, then kept beside the checkpoints in the storage root (the result points there)
+    with tempfile.TemporaryDirectory(prefix="shardline-eval-") as tmp:
+        out_dir = Path(tmp if remote else storage.local_path(folder))
+        result = evaluate_model(manifest_uri, train_result, config, out_dir)
         per_class_artifacts(result["files"], folder)
-    else:  # written aside, then kept beside the checkpoints in the storage root, which is where the result points
-        with tempfile.TemporaryDirectory(prefix="shardline-eval-") as tmp:
-            result = evaluate_model(manifest_uri, train_result, config, Path(tmp))
-            per_class_artifacts(result["files"], folder)
-            stored = []
-            for f in result["files"]:
-                uri = storage.join(folder, Path(f).name)
-                storage.write_bytes(uri, Path(f).read_bytes())
-                stored.append(uri)
-        result["files"] = stored
+        for i, f in enumerate(result["files"] if remote else []):
+            result["files"][i] = storage.join(folder, Path(f).name)
+            storage.write_bytes(result["files"][i], Path(f).read_bytes())
     if "ranking" in result:
         r = result["ranking"]
         log.info(

@@ -2,7 +2,8 @@
 training loop the validation split each epoch (`val_ndcg_at_10`), so both report the same numbers the same way.
 
 `RowKeys` reads back the rows files the encode writes beside each shard (each row's group, item and relevance
-grade: `shardline/core/encoding/row_keys.py`) for windows' target rows; `SplitRanking` scores those rows from
+grade: `shardline/core/encoding/row_keys.py`) for windows' target rows (and evaluation its keys files, for their
+sequence keys); `SplitRanking` scores those rows from
 the model's outputs and ranks each group (`shardline/core/metrics/ranking.py`: `RankingScores`, ties averaged).
 
 Kept apart from `row_keys.py` on purpose: that module is part of the encoder's code version (a group's
@@ -24,29 +25,32 @@ from shardline.core.metrics.ranking import RankingScores
 
 
 class RowKeys:
-    """The group, item and relevance grade of windows' target rows in `split` (a split, or several: k-fold),
-    from the shards' rows files, each read when first needed and only the last one kept: evaluation and
-    validation ask for windows in order, so shard by shard."""
+    """Rows of the files the encode writes beside each shard of `split` (a split, or several: k-fold), by
+    (shard, row): `side` "rows", each row's group, item and relevance grade (ranking data), or "keys", each
+    sequence segment's key. Each file is checked against the manifest's sha256 when first needed, and only
+    the last one kept: evaluation and validation ask for windows in order, so shard by shard."""
 
-    def __init__(self, manifest: Manifest, manifest_uri: str, split: str | list[str]):
+    def __init__(self, manifest: Manifest, manifest_uri: str, split: str | list[str], side: str = "rows"):
         self.folder = manifest_uri.rsplit("/", 1)[0]
         self.shards = manifest.shards_of(split)
+        self.side = side
         self._held: tuple[int, pl.DataFrame] | None = None
 
     def _of_shard(self, s: int) -> pl.DataFrame:
         if self._held is None or self._held[0] != s:
             info = self.shards[s]
-            if info.rows_path is None or info.rows_sha256 is None:
+            path, digest = getattr(info, f"{self.side}_path"), getattr(info, f"{self.side}_sha256")
+            if path is None or digest is None:  # a rows file: only ranking data has one
                 raise ValueError(
                     f"shard {info.path} has no rows file (each row's group, item and relevance): it was encoded "
                     "without data.group_key; encode again (`shardline run CONFIG --force encode`)"
                 )
-            data = storage.read_verified(storage.resolve(self.folder, info.rows_path), info.rows_sha256)
+            data = storage.read_verified(storage.resolve(self.folder, path), digest)
             self._held = (s, pl.read_parquet(io.BytesIO(data)))
         return self._held[1]
 
     def __call__(self, shard: np.ndarray, row: np.ndarray) -> pl.DataFrame:
-        """The rows files' rows of each (shard, row) pair, in the order given."""
+        """The files' rows of each (shard, row) pair, in the order given (at least one)."""
         by_shard = np.argsort(shard, kind="stable")
         shard, row = shard[by_shard], row[by_shard]
         parts = [self._of_shard(int(s))[row[shard == s]] for s in np.unique(shard)]
