@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shutil
 import uuid
 from collections.abc import Callable
@@ -73,31 +74,20 @@ def resolve(folder: str, relative: str) -> str:
     for a shard in the group store) under `folder`, with `..` resolved in the text: an object store
     takes `a/../b` as a key of its own, not as `b`."""
     scheme, path = _split_scheme(join(folder, relative))
-    absolute = path.startswith("/")
-    parts: list[str] = []
-    for part in path.split("/"):
-        if part == "..":
-            if not parts or parts[-1] == "..":
-                if absolute:
-                    raise ValueError(f"{relative!r} goes above the root of {folder!r}")
-                parts.append(part)
-            else:
-                parts.pop()
-        elif part not in ("", "."):
-            parts.append(part)
-    return scheme + ("/" if absolute else "") + "/".join(parts)
+    root = "/" if path.startswith("/") else ""
+    path = posixpath.normpath(path.lstrip("/") or ".")
+    if root and path.partition("/")[0] == "..":
+        raise ValueError(f"{relative!r} goes above the root of {folder!r}")
+    return scheme + root + ("" if path == "." else path)
 
 
 def relative_to(uri: str, folder: str) -> str:
     """The path of `uri` seen from `folder` (both on one store): what `resolve(folder, ...)` turns back into `uri`."""
-    (s1, a), (s2, b) = _split_scheme(uri.rstrip("/")), _split_scheme(folder.rstrip("/"))
+    (s1, a), (s2, b) = _split_scheme(uri), _split_scheme(folder)
     if s1 != s2:
         raise ValueError(f"{uri!r} and {folder!r} are not on one store")
-    a_parts, b_parts = [p for p in a.split("/") if p], [p for p in b.split("/") if p]
-    common = 0
-    while common < min(len(a_parts), len(b_parts)) and a_parts[common] == b_parts[common]:
-        common += 1
-    return "/".join([".."] * (len(b_parts) - common) + a_parts[common:])
+    rel = posixpath.relpath("/" + a, "/" + b)  # both from one root: no working folder comes in
+    return "" if rel == "." else rel
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
