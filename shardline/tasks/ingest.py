@@ -55,43 +55,28 @@ def list_source(source: str) -> list[str]:
     return sorted(_uri(fs, source, p) for p in _listed(source))
 
 
-def _kind_ok(kind: str, t: pa.DataType) -> bool:
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    numeric = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-    if kind == "continuous":  # a date/time: its instant, as a number (shardline/core/encoding/columns.py)
-        return numeric or pa.types.is_boolean(t) or pa.types.is_temporal(t)
-    if kind == "boolean":
-        return pa.types.is_boolean(t)
-    if kind in ("categorical", "classification target", "sequence key", "group key", "item key"):
-        return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_boolean(t)
-    if kind == "regression target":
-        return numeric
-    if kind in ("text", "generation target"):  # tokenized (shardline/core/encoding/text.py)
-        return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
-    if kind == "order":  # text: ISO-8601 date-times (or data.order_format), parsed when read
-        return pa.types.is_integer(t) or pa.types.is_temporal(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-    if kind == "id column":  # passed through to predictions as it is
-        return True
-    if kind == "split column":
-        return numeric or pa.types.is_temporal(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-    raise AssertionError(kind)
-
-
-_ALLOWED = {
-    "continuous": "a number (int or float), a boolean or a date/time",
-    "boolean": "a boolean",
-    "categorical": "a string, an integer or a boolean",
-    "classification target": "a string, an integer or a boolean",
-    "sequence key": "a string or an integer",
-    "group key": "a string, an integer or a boolean",
-    "item key": "a string, an integer or a boolean",
-    "regression target": "a number",
-    "text": "a string (text tokenized by data.tokenizer)",
-    "generation target": "a string (text the model learns to write)",
-    "order": "an integer, a date/time or ISO-8601 text",
-    "split column": "a number, a date/time or a string",
-    "id column": "any type",
+_t = pa.types
+_NUMBER = (_t.is_integer, _t.is_floating, _t.is_decimal)
+_STRING = (_t.is_string, _t.is_large_string)
+_KEY = ((_t.is_integer, *_STRING, _t.is_boolean), "a string, an integer or a boolean")
+_TEXT = (*_STRING, _t.is_string_view)  # tokenized (shardline/core/encoding/text.py)
+# role -> (the arrow types a column that plays it may have, a dictionary by its values' type; what it must be)
+_ROLES = {
+    # a date/time: its instant, as a number (shardline/core/encoding/columns.py)
+    "continuous": ((*_NUMBER, _t.is_boolean, _t.is_temporal), "a number (int or float), a boolean or a date/time"),
+    "boolean": ((_t.is_boolean,), "a boolean"),
+    "categorical": _KEY,
+    "classification target": _KEY,
+    "sequence key": (_KEY[0], "a string or an integer"),
+    "group key": _KEY,
+    "item key": _KEY,
+    "regression target": (_NUMBER, "a number"),
+    "text": (_TEXT, "a string (text tokenized by data.tokenizer)"),
+    "generation target": (_TEXT, "a string (text the model learns to write)"),
+    # text: ISO-8601 date-times (or data.order_format), parsed when read
+    "order": ((_t.is_integer, _t.is_temporal, *_STRING), "an integer, a date/time or ISO-8601 text"),
+    "split column": ((*_NUMBER, _t.is_temporal, *_STRING), "a number, a date/time or a string"),
+    "id column": ((lambda t: True,), "any type"),  # passed through to predictions as it is
 }
 
 
@@ -133,8 +118,9 @@ def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
             problems.append(f"missing column '{col}' (the {kind} in {where}){hint} The file has: {shown}")
             continue
         t = schema.field(idx).type
-        if not _kind_ok(kind, t):
-            problems.append(f"column '{col}' has type {t}, but as the {kind} it must be {_ALLOWED[kind]}")
+        types, allowed = _ROLES[kind]
+        if not any(is_type(t.value_type if pa.types.is_dictionary(t) else t) for is_type in types):
+            problems.append(f"column '{col}' has type {t}, but as the {kind} it must be {allowed}")
         elif kind == "split column" and pa.types.is_temporal(t):
             problems += _bound_problems(data, t)
     return problems
