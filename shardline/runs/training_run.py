@@ -17,7 +17,7 @@ import yaml
 
 from shardline.core import layout, storage
 from shardline.core.config import ModelConfig, PipelineConfig, stable_hash, training_splits
-from shardline.core.encoding.contract import contract, contract_differences, contract_hash, contract_of
+from shardline.core.encoding.contract import contract, contract_differences, contract_of
 from shardline.core.manifest import Manifest
 from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.secrets import redact_text
@@ -159,7 +159,7 @@ def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
         # a text fine-tune is tokenized with its parent's tokenizer, whatever data.tokenizer's BPE says: the
         # encode took it from the parent (with_parent_tokenizer) and checked the data set's against it
         expected["tokenizer"] = contract_of(manifest.encoding).get("tokenizer", expected["tokenizer"])
-    if manifest.contract_hash != contract_hash(expected):
+    if manifest.contract_hash != stable_hash(expected):
         diffs = contract_differences(expected, contract_of(manifest.encoding))
         raise ValueError(
             f"the shards in {manifest_uri} were encoded for another config:\n  "

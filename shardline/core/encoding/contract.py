@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardline.core.config import DataConfig, stable_hash
+from shardline.core.config import DataConfig
+from shardline.core.encoding.fit import SCALARS, scalars
 from shardline.core.encoding.text import tokenizer_contract
 from shardline.core.manifest import EncodingSpec
 
@@ -21,17 +22,11 @@ def contract(data: DataConfig) -> dict[str, Any]:
         else {}
     )
     return text | {
-        "sequence_key": data.sequence_key,
-        "order_by": data.order_by,
-        "order_format": data.order_format,
-        "window": data.window,
-        "horizon": data.effective_horizon,
+        **scalars(data),
         "continuous": list(data.features.continuous),
         "boolean": list(data.features.boolean),
         "categorical": list(data.features.categorical),
         "targets": [{"column": t.column, "task": t.task} for t in data.target_list],
-        "target_positions": data.target_positions,
-        "continuous_dtype": data.continuous_dtype,
     }
 
 
@@ -42,24 +37,14 @@ def contract_of(spec: EncodingSpec) -> dict[str, Any]:
         else {}
     )
     return text | {
-        "sequence_key": spec.sequence_key,
-        "order_by": spec.order_by,
-        "order_format": spec.order_format,
-        "window": spec.window,
-        "horizon": spec.horizon,
+        **{k: getattr(spec, k) for k in SCALARS},
         "continuous": [c.name for c in spec.continuous],
         "boolean": list(spec.boolean),
         "categorical": [v.name for v in spec.categorical],
         "targets": [{"column": t.column, "task": t.task} for t in spec.targets]
         if spec.text is None
         else ([{"column": spec.text.target_column, "task": "generation"}] if spec.text.target_column else []),
-        "target_positions": spec.target_positions,
-        "continuous_dtype": spec.continuous_dtype,
     }
-
-
-def contract_hash(contract_dict: dict) -> str:
-    return stable_hash(contract_dict)
 
 
 def contract_differences(expected: dict, found: dict) -> list[str]:

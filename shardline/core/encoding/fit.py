@@ -78,20 +78,18 @@ def fit_spec(partials: list[dict[str, Any]], data: DataConfig) -> EncodingSpec:
     )
 
 
+# the encoding's scalar fields that the config decides alone: one name in the config (horizon: its
+# effective_horizon), in the manifest's EncodingSpec and in the encoding contract (contract.py)
+SCALARS = ("sequence_key", "order_by", "order_format", "window", "horizon", "target_positions", "continuous_dtype")
+
+
+def scalars(data: DataConfig) -> dict[str, Any]:
+    return {k: getattr(data, "effective_horizon" if k == "horizon" else k) for k in SCALARS}
+
+
 def configured(data: DataConfig) -> dict[str, Any]:
     """The encoding's fields that the config decides alone (the rest is fitted from the data)."""
-    return {
-        "sequence_key": data.sequence_key,
-        "order_by": data.order_by,
-        "order_format": data.order_format,
-        "id_columns": list(data.id_columns),
-        "group_key": data.group_key,
-        "item_key": data.item_key,
-        "window": data.window,
-        "horizon": data.effective_horizon,
-        "target_positions": data.target_positions,
-        "continuous_dtype": data.continuous_dtype,
-    }
+    return scalars(data) | {"id_columns": list(data.id_columns), "group_key": data.group_key, "item_key": data.item_key}
 
 
 def target_statistics(partials: list[dict[str, Any]], data: DataConfig) -> list[dict[str, Any]]:

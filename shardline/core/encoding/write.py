@@ -17,9 +17,9 @@ import numpy as np
 import polars as pl
 
 from shardline.core import layout, storage
-from shardline.core.config import FILE_SEQUENCE, DataConfig
+from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare
-from shardline.core.encoding.contract import contract, contract_hash
+from shardline.core.encoding.contract import contract
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
@@ -511,7 +511,7 @@ def build_manifest(
     return Manifest(
         encoding=spec,
         encoding_hash=spec.hash(),
-        contract_hash=contract_hash(contract(data)),
+        contract_hash=stable_hash(contract(data)),
         data_fingerprint=snapshot.fingerprint,
         shards=shards,
         rows=rows,
