@@ -242,14 +242,10 @@ TOKENIZE_TEXTS = 10_000
 TOKENIZE_BYTES = 1 << 20
 
 
-def _batches(texts: pl.Series | list[str]) -> list[tuple[int, int]]:
+def _batches(texts: pl.Series) -> list[tuple[int, int]]:
     """(first, end) of each batch of `texts` tokenized together: `TOKENIZE_TEXTS` texts or `TOKENIZE_BYTES`."""
     n = len(texts)
-    if isinstance(texts, pl.Series):
-        sizes = texts.str.len_bytes().fill_null(0).to_numpy()
-    else:
-        sizes = np.fromiter(map(len, texts), dtype=np.int64, count=n)
-    ends = np.cumsum(sizes, dtype=np.int64)
+    ends = np.cumsum(texts.str.len_bytes().fill_null(0).to_numpy(), dtype=np.int64)
     out, a = [], 0
     while a < n:
         before = int(ends[a - 1]) if a else 0
@@ -260,14 +256,12 @@ def _batches(texts: pl.Series | list[str]) -> list[tuple[int, int]]:
     return out
 
 
-def _ids(tok, texts: pl.Series | list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(every text's token ids laid end to end, each text's count) of `texts` (a text column or a list),
-    tokenized a batch at a time (`_batches`), each batch's ids stored as `dtype` before the next."""
+def _ids(tok, texts: pl.Series, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(every text's token ids laid end to end, each text's count) of a text column, tokenized a batch at a
+    time (`_batches`), each batch's ids stored as `dtype` before the next."""
     flats, counts = [], []
     for a, b in _batches(texts):
-        batch = texts[a:b]
-        if isinstance(batch, pl.Series):
-            batch = batch.to_list()
+        batch = texts[a:b].to_list()
         ids = [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flats.append(np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum())))
