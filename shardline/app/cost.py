@@ -22,7 +22,7 @@ from shardline.core.config import PipelineConfig, training_splits
 from shardline.core.cost.ledger import describe, read_ledger, summarize
 from shardline.core.cost.prices import CPU, PriceTable, detect_gpu, estimate
 from shardline.core.manifest import Manifest
-from shardline.core.metrics.report import format_number
+from shardline.core.metrics.report import format_duration, format_number
 
 PROBE_STEPS = 20  # optimizer steps the probe trains (one short epoch, then one full validation pass)
 
@@ -225,15 +225,6 @@ def plan_cost(
     )
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h {minutes:02d} min" if days else f"{hours} h {minutes:02d} min {secs:02d} s"
-
-
 def report(plan: Plan) -> str:
     """What `shardline cost` prints: each figure with how it was got, then the cost per provider."""
     t = plan.rate
@@ -261,7 +252,8 @@ def report(plan: Plan) -> str:
             else []
         ),
         f"  time    {warmup}{plan.epochs} x ({format_number(train_s)} s training + {format_number(t.val_seconds)} s "
-        f"validation) = {_duration(plan.hours * 3600)} ({format_number(plan.hours)} hours); {left_out} not included",
+        f"validation) = {format_duration(plan.hours * 3600)} ({format_number(plan.hours)} hours); {left_out} not "
+        "included",
         f"  prices  {kind} USD per GPU-hour for {plan.gpu}: an ESTIMATE from list prices, not a quote; as of "
         f"{'; '.join(plan.sources)}",
         *([f"  spent   so far by this config's run (its cost.json): {describe(plan.spent)}"] if plan.spent else []),

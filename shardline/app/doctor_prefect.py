@@ -18,6 +18,7 @@ from shardline.app.doctor_checks import (
     describe_torch,
 )
 from shardline.core.config import PipelineConfig
+from shardline.core.metrics.report import format_duration
 
 # ---------------------------------------------------------------- Prefect: API, deployments, pools, workers
 
@@ -35,13 +36,7 @@ def _age(ts) -> float | None:
 
 
 def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    if seconds < 120:
-        return f"{seconds:.0f} s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
+    return "never" if seconds is None else f"{format_duration(seconds)} ago"
 
 
 def _pool_check(client, name: str, label: str, where: str) -> Check:

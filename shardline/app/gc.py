@@ -55,6 +55,7 @@ from shardline.app.gc_usage import (
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig
 from shardline.core.layout import DATASETS, GROUPS, RESULTS, RUNS
+from shardline.core.metrics.report import format_duration
 
 AREAS = (DATASETS, RUNS, RESULTS)
 DEFAULT_KEEP = 3
@@ -138,14 +139,6 @@ def _records(area_uri: str, now: float) -> list[Item]:
 # ---------------------------------------------------------------- the plan
 
 
-def _age(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
-
-
 def _source_base(source: str) -> str:
     """The folder part of `data.source` before any glob character."""
     cut = min([source.index(c) for c in "*?[" if c in source] or [len(source)])
@@ -191,7 +184,7 @@ def plan_gc(
         recent_minutes = max(recent_minutes, UNREACHABLE_RECENT_MINUTES)
         notes.append(
             f"the Prefect API could not be asked which flow runs are live ({e}): kept everything modified in "
-            f"the last {_age(recent_minutes * 60)}"
+            f"the last {format_duration(recent_minutes * 60)}"
         )
 
     kept_runs: dict[str, str] = {}
@@ -212,7 +205,7 @@ def plan_gc(
     cutoff = now - recent_minutes * 60
 
     def recent(item: Item) -> str | None:
-        return f"in use: modified {_age(now - item.newest)} ago" if item.newest >= cutoff else None
+        return f"in use: modified {format_duration(now - item.newest)} ago" if item.newest >= cutoff else None
 
     newest_first = sorted(runs, key=lambda n: runs[n].item.newest, reverse=True)
     for i, name in enumerate(newest_first):
@@ -250,7 +243,7 @@ def plan_gc(
                 folder.item.why = kept[name]
                 keep_items.append(folder.item)
             else:
-                age = _age(now - folder.item.newest)
+                age = format_duration(now - folder.item.newest)
                 folder.item.why = f"{unkept}; last modified {age} ago; no live flow run uses it"
                 delete_items.append(folder.item)
 
@@ -264,7 +257,7 @@ def plan_gc(
         if item.why:
             keep_items.append(item)
         else:
-            item.why = f"no kept data set lists its shards; last modified {_age(now - item.newest)} ago"
+            item.why = f"no kept data set lists its shards; last modified {format_duration(now - item.newest)} ago"
             delete_items.append(item)
 
     doomed = {i.uri: i for i in delete_items}

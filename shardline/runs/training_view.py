@@ -17,6 +17,7 @@ from uuid import UUID
 from prefect import get_run_logger
 
 from shardline.core.config import settings
+from shardline.core.metrics.report import format_duration
 
 PROGRESS_ENV = "SHARDLINE_PROGRESS_SECONDS"
 PROGRESS_KEY = "train-progress"
@@ -65,15 +66,8 @@ def _number(value, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"about {hours} h {minutes:02d} min"
-    return f"about {minutes} min {secs:02d} s" if minutes else f"about {secs} s"
+def _about(seconds: float | None) -> str:
+    return "–" if seconds is None else f"about {format_duration(seconds)}"
 
 
 def live_table(state: dict) -> str:
@@ -96,7 +90,7 @@ def live_table(state: dict) -> str:
             f"epoch {best}: {_number(state.get('best_score'), '.4f')}" if best else "–",
         ),
         ("windows/s", _number(state.get("windows_per_s"), ",.0f")),
-        ("time left", "done" if state["step"] >= state["total_steps"] else _duration(state.get("seconds_left"))),
+        ("time left", "done" if state["step"] >= state["total_steps"] else _about(state.get("seconds_left"))),
         ("waiting for data", f"{waited:.0%} of step time" if waited is not None else "–"),
     ]
     return "\n".join(["| training | now |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)])

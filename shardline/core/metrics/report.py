@@ -285,6 +285,15 @@ def format_number(value: object, digits: int = READING_DIGITS) -> str:
     return f"{rounded:.{max(0, digits - 1 - exponent)}f}"
 
 
+def format_duration(seconds: float) -> str:
+    """A duration for reading: ``1.2 s``, ``45 s``, ``12 min``, ``3.5 h``, ``2.1 days``."""
+    if seconds < 120:
+        return f"{seconds:.{1 if seconds < 10 else 0}f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.1f} days"
+
+
 def format_metrics_table(
     model: dict[str, float],
     baseline: dict[str, float],
