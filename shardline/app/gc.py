@@ -31,8 +31,6 @@ written to since it was planned is kept.
 from __future__ import annotations
 
 import datetime as dt
-import os
-import posixpath
 import re
 import time
 from collections.abc import Callable
@@ -46,6 +44,7 @@ from shardline.app.gc_usage import (
     _dataset,
     _group_shards,
     _holds,
+    _real,
     _record_value,
     _run,
     _strings,
@@ -288,15 +287,6 @@ def plan_gc(
     return Plan(root, delete_items, keep_items, unreadable, notes)
 
 
-def _real(uri: str) -> str:
-    """`uri` as one spelling: a local path resolved (file://, `..`, `//` and links), an object store's key
-    normalised; so a root and a data source spelled two ways are compared as the places they are."""
-    if storage.is_remote(uri):
-        scheme, _, path = uri.partition("://")
-        return f"{scheme}://{posixpath.normpath('/' + path).lstrip('/')}"
-    return os.path.realpath(storage.local_path(uri))
-
-
 def _check_inside(root: str, source: str, items: list[Item]) -> None:
     """Our own invariant, checked before anything goes, on the real places (whatever spelling of the root or the
     data source): only files under datasets/, runs/ and prefect-results/ of the root, none of the raw data."""
@@ -345,14 +335,6 @@ def deletion_order(item: Item) -> list[str]:
         return 3
 
     return sorted((f[0] for f in item.files), key=lambda u: (rank(u), u))
-
-
-def _delete_file(uri: str) -> None:
-    fs, path = storage.filesystem(uri)
-    try:
-        fs.rm_file(path)
-    except FileNotFoundError:
-        pass
 
 
 def _remove_empty_folders(item: Item) -> None:
@@ -410,12 +392,12 @@ def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] 
         if rec.kind == "cached result" and rec not in records:
             rec.why = "points at a folder kept after all: kept"
     for rec in records:
-        _delete_file(rec.uri)
+        storage.delete(rec.uri)
     for kind in ("run", "data set", "file group"):  # a group's shards after the manifests that list them
         for item in (i for i in folders if i.kind == kind):
             log(f"deleting {item.uri} ...")
             for uri in deletion_order(item):
-                _delete_file(uri)
+                storage.delete(uri)
             _remove_empty_folders(item)
     done = records + folders
     skipped = [i for i in plan.delete if i not in done]

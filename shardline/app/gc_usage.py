@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,25 +122,29 @@ def _run(item: Item) -> Run:
     return Run(item, run_id, manifest, parents)
 
 
+def _real(uri: str) -> str:
+    """`uri` as one spelling: a local path resolved (file://, `..`, `//` and links), an object store's key
+    normalised; so a root, a data source or a recorded path spelled two ways are compared as the places they are."""
+    if storage.is_remote(uri):
+        scheme, _, path = uri.partition("://")
+        return f"{scheme}://{posixpath.normpath('/' + path).lstrip('/')}"
+    return os.path.realpath(storage.local_path(uri))
+
+
 class Locator:
     """Which data set or run folder of this root a URI or path points into, if any."""
 
     def __init__(self, root: str):
         self.remote = storage.is_remote(root)
-        self.areas = {area: self._norm(storage.join(root, area)) for area in (DATASETS, RUNS)}
-
-    def _norm(self, s: str) -> str:
-        if self.remote:
-            return s.rstrip("/")
-        return os.path.abspath(storage.local_path(s))
+        self.areas = {area: _real(storage.join(root, area)) for area in (DATASETS, RUNS)}
 
     def find(self, s: str) -> tuple[str, str] | None:
         """(area, folder name) that `s` lies in, or None."""
-        if not isinstance(s, str) or (DATASETS not in s and RUNS not in s) or "\n" in s:
+        if not isinstance(s, str) or (DATASETS not in s and RUNS not in s) or "\n" in s or "\0" in s:
             return None
         if not self.remote and storage.is_remote(s):
             return None
-        path = self._norm(s)
+        path = _real(s)
         for area, prefix in self.areas.items():
             if path.startswith(prefix + "/"):
                 return area, path[len(prefix) + 1 :].split("/", 1)[0]
@@ -198,20 +203,10 @@ def _holds(ds: DataSet, shards: list[dict]) -> bool:
 # ---------------------------------------------------------------- the registry and the live flow runs
 
 
-def _every_page(search: Callable[..., Any], page_size: int) -> Iterator[Any]:
-    """Every result of an MLflow `search_*` call, page after page."""
-    token = None
-    while True:
-        page = search(max_results=page_size, page_token=token)
-        yield from page
-        token = page.token
-        if not token:
-            return
-
-
 def registered_versions(config: PipelineConfig) -> list[dict]:
     """Every version of every registered model in the config's MLflow store: its run id, tags and aliases."""
     from mlflow import MlflowClient
+    from mlflow.utils import get_results_from_paginated_fn as every_page
 
     from shardline.core.tracking.tracker import tracking_uri
 
@@ -219,7 +214,7 @@ def registered_versions(config: PipelineConfig) -> list[dict]:
     try:
         client = MlflowClient(uri)
         aliases: dict[tuple[str, str], list[str]] = {}
-        for m in _every_page(client.search_registered_models, 1000):
+        for m in every_page(lambda n, token: client.search_registered_models(max_results=n, page_token=token), 1000):
             for alias, version in (m.aliases or {}).items():
                 aliases.setdefault((m.name, str(version)), []).append(alias)
         versions = [
@@ -230,7 +225,7 @@ def registered_versions(config: PipelineConfig) -> list[dict]:
                 "tags": dict(v.tags or {}),
                 "aliases": aliases.get((v.name, str(v.version)), []),
             }
-            for v in _every_page(client.search_model_versions, 10000)
+            for v in every_page(lambda n, token: client.search_model_versions(max_results=n, page_token=token), 10000)
         ]
     except Exception as e:  # noqa: BLE001 - any registry error: what is registered is unknown
         raise GcError(
@@ -256,9 +251,6 @@ def live_flow_runs() -> list[dict]:
 
     try:
         with get_client(sync_client=True) as client:
-            problem = client.api_healthcheck()
-            if problem is not None:
-                raise ConnectionError(f"{type(problem).__name__}: {problem}")
             ours = FlowFilter(name=FlowFilterName(any_=list(PIPELINE_FLOWS)))
             flows = {f.id: f.name for f in client.read_flows(flow_filter=ours)}
             live, offset = [], 0
@@ -285,16 +277,8 @@ def live_flow_runs() -> list[dict]:
                 if len(page) < 200:
                     return live
                 offset += 200
-    except ConnectionError:
-        raise
     except Exception as e:  # noqa: BLE001 - any client or server error: the API cannot be asked
         raise ConnectionError(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
-
-
-def _same_root(a: str, b: str) -> bool:
-    if storage.is_remote(a) or storage.is_remote(b):
-        return a.rstrip("/") == b.rstrip("/")
-    return os.path.abspath(storage.local_path(a)) == os.path.abspath(storage.local_path(b))
 
 
 def flow_run_uses(params: dict, root: str, locate: Locator) -> tuple[set[str], set[str], set[str]] | None:
@@ -306,7 +290,7 @@ def flow_run_uses(params: dict, root: str, locate: Locator) -> tuple[set[str], s
     runs: set[str] = set()
     prefixes: set[str] = set()
     config = resolve_config(params["config"]) if params.get("config") is not None else None
-    if config is not None and not _same_root(config.storage.root, root):
+    if config is not None and _real(config.storage.root) != _real(root):
         return None
     for key in ("manifest_uri", "run_folder"):  # the training flow names both
         where = locate.find(params.get(key) or "")
