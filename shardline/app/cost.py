@@ -62,10 +62,10 @@ class Plan:
     spent: dict | None = None  # what this config's run has cost so far (its ledger), when it has trained
 
 
-@flow(name="cost-data", log_prints=True)
+@flow(name="encoded-data", log_prints=True)
 def encoded_data(config: PipelineConfig) -> str:
-    """The config's encoded data set (its manifest URI): the pipeline's own cached ingest and encode, so the
-    real run finds them cached."""
+    """The config's encoded data set (its manifest URI), for `shardline cost` and `rehearse`: the pipeline's own
+    cached ingest and encode (a fine-tune: its parent's encoding), so the real run finds them cached."""
     from shardline.flows import pipeline
 
     return pipeline.encoded_data(config)[1]

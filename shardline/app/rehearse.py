@@ -16,8 +16,6 @@ import os
 import time
 import traceback
 
-from prefect import flow
-
 from shardline.app.doctor_checks import Check
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig, validate_config
@@ -94,17 +92,6 @@ def size_batch(train_windows: int, batch_size: int, grad_accum: int, steps: int,
     return None
 
 
-@flow(name="rehearsal-data", log_prints=True)
-def encode_sample(cfg: PipelineConfig) -> dict[str, int]:
-    """Ingest and encode the sample with the pipeline's own cached tasks (the pipeline then finds them
-    cached); return the manifest's window counts, from which the training is sized."""
-    from shardline.core.manifest import Manifest
-    from shardline.flows.pipeline import encoded_data
-
-    _, manifest_uri, _, _ = encoded_data(cfg)  # as the pipeline encodes (a fine-tune: its parent's encoding)
-    return dict(Manifest.model_validate_json(storage.read_text(manifest_uri)).windows)
-
-
 def rehearse(
     config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at: int | None = None, log=print
 ) -> list[Check]:
@@ -144,10 +131,13 @@ def rehearse(
         # the forced preemption must happen: the sample must give more steps than `preempt_at`. Encode it (the
         # pipeline then finds it cached), then shrink the batch, copy more files, or, with all of them, shorten
         nonlocal cfg, steps, preempt_at
+        from shardline.app.cost import encoded_data
+        from shardline.core.manifest import Manifest
+
         t = config.training
         world = config.compute.nodes * config.compute.processes_per_node  # each takes an equal share of a batch
         while True:
-            windows = encode_sample(cfg).get("train", 0)
+            windows = Manifest.model_validate_json(storage.read_text(encoded_data(cfg))).windows.get("train", 0)
             batch = size_batch(windows, t.batch_size, t.grad_accum, steps, world)
             if batch is not None or len(copied) >= available:
                 break
@@ -186,11 +176,9 @@ def rehearse(
                     if remote or attempt == 2 or "Preempted" not in f"{type(e).__name__}: {e}":
                         raise
                     attempts.append(f"attempt {attempt}: {type(e).__name__}")
-        finally:
-            if previous is None:
-                os.environ.pop(PREEMPT_ENV, None)
-            else:
-                os.environ[PREEMPT_ENV] = previous
+        finally:  # as it was
+            os.environ.pop(PREEMPT_ENV, None)
+            os.environ.update({} if previous is None else {PREEMPT_ENV: previous})
         return True, f"steps: {', '.join(f'{k} {v}' for k, v in result['steps'].items())}"
 
     if not stage("pipeline: ingest, encode, train, evaluate, register", _pipeline):
