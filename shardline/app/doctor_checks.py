@@ -4,6 +4,7 @@ model registry)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -197,15 +198,10 @@ def _storage_check(config: PipelineConfig, timeout: float) -> Check:
         back = storage.read_bytes(probe)
         if back != payload:
             raise OSError(f"read back {len(back)} bytes that differ from the {len(payload)} written")
-        if storage.is_remote(probe):
-            fs, path = storage.filesystem(probe)
-            fs.rm(path)
-        else:
-            os.remove(storage.local_path(probe))
-            try:
+        storage.delete(probe)
+        if not storage.is_remote(probe):
+            with contextlib.suppress(OSError):  # its folder, if now empty
                 os.rmdir(os.path.dirname(storage.local_path(probe)))
-            except OSError:
-                pass
         if storage.exists(probe):
             raise OSError("the probe object is still there after deleting it")
         return time.monotonic() - t0
