@@ -4,6 +4,8 @@ deadline for the training loop; and the run's spend on its MLflow run when an at
 
 from __future__ import annotations
 
+import logging
+
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.tracking.tracker import Tracker
@@ -16,25 +18,16 @@ def open_ledger(config: PipelineConfig, folder: str, log):
     from shardline.trainer.checkpoint import latest_checkpoint
     from shardline.trainer.stops import Deadline
 
-    pricing = machine_pricing(config.compute.provider, config.compute.spot, config.compute.nodes)
-    if pricing.usd_per_gpu_hour is None:
-        log.warning(
-            "train: cost: no price for %s x%d (%s): its hours are counted, not its USD",
-            pricing.gpu,
-            pricing.gpus,
-            pricing.note,
-        )
-    else:
-        log.info(
-            "train: cost: %s x%d at %g USD/GPU-hour (%s; an estimate, prices as of %s)",
-            pricing.gpu,
-            pricing.gpus,
-            pricing.usd_per_gpu_hour,
-            pricing.note,
-            pricing.as_of,
-        )
+    p = machine_pricing(config.compute.provider, config.compute.spot, config.compute.nodes)
+    log.log(
+        logging.WARNING if p.usd_per_gpu_hour is None else logging.INFO,
+        f"train: cost: no price for {p.gpu} x{p.gpus} ({p.note}): its hours are counted, not its USD"
+        if p.usd_per_gpu_hour is None
+        else f"train: cost: {p.gpu} x{p.gpus} at {p.usd_per_gpu_hour:g} USD/GPU-hour ({p.note}; an estimate, "
+        f"prices as of {p.as_of})",
+    )
     previous = latest_checkpoint(storage.join(folder, "checkpoints"))
-    ledger = CostLedger(folder, pricing, previous[1]["step"] if previous else 0)
+    ledger = CostLedger(folder, p, previous[1]["step"] if previous else 0)
     t = config.training
     try:
         found = ledger.deadline(t.max_hours, t.max_cost)
@@ -45,20 +38,6 @@ def open_ledger(config: PipelineConfig, folder: str, log):
         return ledger, None
     at, limit = found
     return ledger, Deadline(at, lambda: ledger.spent_text(t.max_hours, t.max_cost, limit), limit)
-
-
-def cost_metrics(summary: dict) -> dict[str, float | None]:
-    """A run's spend as the MLflow run has it (`cost/*`; USD None when the table had no price), with what its
-    preemptions cost, summed (`cost/preemptions`, `cost/steps_redone`, ...)."""
-    from shardline.core.cost.ledger import PREEMPTION_KEYS
-
-    return {
-        "cost/gpu_hours": summary["gpu_hours"],
-        "cost/gpu_hours_wasted": summary["gpu_hours_wasted"],
-        "cost/usd": summary["usd"],
-        "cost/usd_wasted": summary["usd_wasted"],
-        **{f"cost/{k}": summary.get(k) for k in ("preemptions", *PREEMPTION_KEYS)},
-    }
 
 
 def progress(tracker: Tracker, ledger, step: int, log) -> None:
@@ -81,12 +60,14 @@ def progress(tracker: Tracker, ledger, step: int, log) -> None:
 
 def close_cost(tracker: Tracker, ledger, outcome: str, step: int | None, log) -> dict | None:
     """End this attempt's ledger entry and put the run's spend so far on its MLflow run (before its end)."""
-    from shardline.core.cost.ledger import describe
+    from shardline.core.cost.ledger import PREEMPTION_KEYS, describe
 
     summary = ledger.end(outcome, step)
     if summary is None:
         return None
-    tracker.log_metrics(cost_metrics(summary), ledger.entry["last_step"])
+    # its spend as `cost/*` (USD None when the table had no price), with what its preemptions cost, summed
+    keys = ("gpu_hours", "gpu_hours_wasted", "usd", "usd_wasted", "preemptions", *PREEMPTION_KEYS)
+    tracker.log_metrics({f"cost/{k}": summary.get(k) for k in keys}, ledger.entry["last_step"])
     tags = {
         "shardline.cost.gpu": f"{summary['gpu']} x{summary['gpus']}",
         "shardline.cost.provider": f"{summary['provider'] or 'unpriced'} "
