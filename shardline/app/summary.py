@@ -9,9 +9,7 @@ import typer
 def summary(result: dict) -> None:
     reg = result["registered"]
     tr = result["train"]
-    typer.echo("")
-    steps = result["steps"]
-    typer.echo("steps: " + ", ".join(f"{k} {v}" for k, v in steps.items()))
+    typer.echo("\nsteps: " + ", ".join(f"{k} {v}" for k, v in result["steps"].items()))
     typer.secho(
         f"Registered {reg['model_name']} version {reg['version']} as @{reg['alias']}", fg=typer.colors.GREEN, bold=True
     )
@@ -34,7 +32,6 @@ def summary(result: dict) -> None:
         typer.secho(f"\nskipped {len(result['snapshot']['skipped'])} raw file(s):", fg=typer.colors.YELLOW)
         for r in result["snapshot"]["skipped"]:
             typer.echo(f"  - {r['uri']}: {r['reason']}")
-    uri = reg["tracking_uri"]
     typer.echo("\nInspect it:")
     if reg.get("ui_command"):
         typer.echo(f"  {reg['ui_command']}        # serves the MLflow UI at http://127.0.0.1:5000")
@@ -44,15 +41,14 @@ def summary(result: dict) -> None:
         typer.echo('    (MLflow 3 opens on its GenAI view: pick "Model training" at the top left to list runs)')
     typer.echo(
         f"  shardline predict models:/{reg['model_name']}@{reg['alias']} INPUT.parquet --out predictions.parquet "
-        f"--tracking-uri {uri}"
+        f"--tracking-uri {reg['tracking_uri']}"
     )
     typer.echo("  prefect server start                      # the Prefect UI; runs from now on show up there")
 
 
 def sweep_summary(result: dict) -> None:
     rows, best, metric = result["trials"], result["best"], result["metric"]
-    typer.echo("")
-    typer.echo("steps: " + ", ".join(f"{k} {v}" for k, v in result["steps"].items()))
+    typer.echo("\nsteps: " + ", ".join(f"{k} {v}" for k, v in result["steps"].items()))
     where = (
         f"{result['at_once']} at once here, {result['cpu_threads']} torch thread(s) each"
         if result["cpu_threads"]
