@@ -74,8 +74,12 @@ class _QuietUserErrors(logging.Filter):
 
 
 @contextlib.contextmanager
-def _console_quiet(verbose: bool):
+def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ...] = ()):
+    """Around a flow run: a temporary Prefect API without a server (one that Ctrl-C does not stop under the run),
+    the user's mistakes kept off the console (`_QuietUserErrors`), errors as exit statuses (Ctrl-C: `interrupted`)."""
     import prefect.logging.handlers  # noqa: F401 - the console handler's class
+
+    from shardline.core.encoding.columns import DataError
 
     handlers = [
         h
@@ -84,26 +88,13 @@ def _console_quiet(verbose: bool):
         if type(h).__name__ == "PrefectConsoleHandler"
     ]
     quiet = _QuietUserErrors()
-    for h in [] if verbose else handlers:
-        h.addFilter(quiet)
     try:
+        start_ephemeral_api()
+        for h in [] if verbose else handlers:
+            h.addFilter(quiet)
         yield
-    finally:
-        for h in handlers:
-            h.removeFilter(quiet)
-
-
-def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> dict:
-    from shardline.core.encoding.columns import DataError
-    from shardline.flows.pipeline import pipeline
-    from shardline.tasks.caching import STEPS
-
-    if force is not None and force not in STEPS:
-        _fail(f"--force {force}: not a step; choose one of {', '.join(STEPS)}", 2)
-    try:
-        start_ephemeral_api()  # without a server: one that the terminal's Ctrl-C does not stop under the run
-        with _console_quiet(verbose):
-            return pipeline(config, force=force)
+    except KeyboardInterrupt:
+        _fail(interrupted, 130)
     except Exception as e:
         from shardline.core.failures import BudgetExceeded, Preempted
         from shardline.trainer.stops import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
@@ -112,11 +103,22 @@ def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> di
             _fail(f"{e}", PREEMPTED_EXIT_CODE)
         if isinstance(e, BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
             _fail(f"{e}", BUDGET_EXIT_CODE)
-        if isinstance(e, (DataError, ValueError, FileNotFoundError)):
+        if isinstance(e, (DataError, ValueError, FileNotFoundError, *errors)):
             _fail(str(e))
         raise
-    except KeyboardInterrupt:
-        _fail("interrupted; run the same command again to resume", 130)
+    finally:
+        for h in handlers:
+            h.removeFilter(quiet)
+
+
+def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> dict:
+    from shardline.flows.pipeline import pipeline
+    from shardline.tasks.caching import STEPS
+
+    if force is not None and force not in STEPS:
+        _fail(f"--force {force}: not a step; choose one of {', '.join(STEPS)}", 2)
+    with _flow_run(verbose, "interrupted; run the same command again to resume"):
+        return pipeline(config, force=force)
 
 
 @app.command()
@@ -281,30 +283,24 @@ def sweep(
             check_pruning(plan, prune)
         except SweepError as e:
             _fail(str(e), 2)
-    from shardline.core.encoding.columns import DataError
     from shardline.flows.sweep import sweep as sweep_flow
 
     pruned = f", pruned by {prune}" if prune else ""
     typer.echo(
         f"sweep: {plan.size or len(plan.trials)} {plan.mode} trial(s) over {', '.join(plan.keys)}{pruned}", err=True
     )
-    try:
-        start_ephemeral_api()  # without a server: one that the terminal's Ctrl-C does not stop under the trials
-        with _console_quiet(verbose):
-            result = sweep_flow(
-                plan.base,
-                space,
-                trials=tpe_n if tpe_n is not None else random_n,
-                seed=seed,
-                at_once=at_once,
-                folds=folds,
-                sampler="tpe" if tpe_n is not None else None,
-                prune=prune,
-            )
-    except KeyboardInterrupt:
-        _fail("interrupted; run the same command again: finished trials are cached, the others resume", 130)
-    except (DataError, ValueError, FileNotFoundError, RuntimeError) as e:
-        _fail(str(e))
+    again = "interrupted; run the same command again: finished trials are cached, the others resume"
+    with _flow_run(verbose, again, (RuntimeError,)):
+        result = sweep_flow(
+            plan.base,
+            space,
+            trials=tpe_n if tpe_n is not None else random_n,
+            seed=seed,
+            at_once=at_once,
+            folds=folds,
+            sampler="tpe" if tpe_n is not None else None,
+            prune=prune,
+        )
     sweep_summary(result)
 
 
