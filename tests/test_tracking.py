@@ -54,12 +54,12 @@ def test_sqlite_tracking_logs_and_resumes_the_same_run(tmp_path):
     from mlflow import MlflowClient
 
     cfg = MlflowConfig(experiment="e")
-    tracker = Tracker(cfg, str(tmp_path / "store"))
+    tracker = Tracker(cfg, str(tmp_path / "store"), run_dir=str(tmp_path / "run"))
     assert tracker.uri == f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}" == tracking_uri(cfg, str(tmp_path / "store"))
     run_id = tracker.start(None, "r", {"k": "v"})
     tracker.log_metrics({"a": 1.0}, step=0)
     tracker.end("FAILED")
-    again = Tracker(cfg, str(tmp_path / "store"))
+    again = Tracker(cfg, str(tmp_path / "store"), run_dir=str(tmp_path / "run"))
     assert again.start(run_id, "r", {}) == run_id
     again.log_metrics({"a": 2.0}, step=1)
     again.end("FINISHED")

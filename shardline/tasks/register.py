@@ -24,8 +24,8 @@ from shardline.core.manifest import Manifest, Snapshot
 from shardline.core.metrics import report as R
 from shardline.core.secrets import redact_text, redacted_errors
 from shardline.core.tracking.tracker import (
-    Tracker,
     fluent_tracking_uri,
+    mlflow_client_defaults,
     model_version_page,
     run_page,
     sync_run,
@@ -237,11 +237,14 @@ def _register_model(
     eval_result: EvalResult,
     lock: Lease,
 ) -> Registered:
+    from mlflow import MlflowClient
+
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
-    tracker = Tracker(config.mlflow, config.storage.root)
-    client = tracker.client
+    uri = tracking_uri(config.mlflow, config.storage.root)
+    mlflow_client_defaults(uri)
+    client = MlflowClient(uri)
     # what training left in its journal (MLflow was away when it ended) is sent first: its run, metrics, status
-    synced = sync_run(train_result.run_dir, tracker.uri, missing_ok=True) if train_result.run_dir else None
+    synced = sync_run(train_result.run_dir, uri, missing_ok=True) if train_result.run_dir else None
     run_id = train_result.mlflow_run_id or (synced.run_id if synced else None)
     if run_id is None:
         raise RuntimeError(f"the training run {train_result.run_dir} has no MLflow run to register from")
@@ -255,7 +258,7 @@ def _register_model(
     same = existing_version(client, config.mlflow.model_name, identity)
     if same is None:
         version = _log_and_register(
-            config, manifest, manifest_uri, snapshot, train_result, eval_result, tracker, run_id, identity
+            config, manifest, manifest_uri, snapshot, train_result, eval_result, client, uri, run_id, identity
         )
     elif "shardline.gate" in (same.tags or {}):  # the same model, registered before (only where or how fast it trained)
         aliases = list(client.get_model_version(config.mlflow.model_name, same.version).aliases or [])
@@ -265,7 +268,8 @@ def _register_model(
             same.version,
         )
         return _registered(
-            tracker,
+            client,
+            uri,
             config,
             same.version,
             same.run_id,
@@ -282,7 +286,7 @@ def _register_model(
             same.version,
         )
         version, run_id = str(same.version), same.run_id
-    return _gate(config, manifest, snapshot, train_result, eval_result, tracker, version, run_id, lock)
+    return _gate(config, manifest, snapshot, train_result, eval_result, client, uri, version, run_id, lock)
 
 
 def _log_and_register(
@@ -292,7 +296,8 @@ def _log_and_register(
     snapshot: Snapshot,
     train_result: TrainResult,
     eval_result: EvalResult,
-    tracker: Tracker,
+    client,
+    uri: str,
     run_id: str,
     identity: str,
 ) -> str:
@@ -320,9 +325,9 @@ def _log_and_register(
     if config.model.entrypoint:
         tags["shardline.model_entrypoint"] = config.model.entrypoint
         tags["shardline.model_code_version"] = user_code_version(config.model.entrypoint, config.model.code_dir)
-    _drop_unregistered(tracker.client, run_id, identity)
+    _drop_unregistered(client, run_id, identity)
     ckpt = load_checkpoint(train_result.best_checkpoint)
-    with fluent_tracking_uri(tracker.uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
+    with fluent_tracking_uri(uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
         tmp = Path(tmp)
         torch.save(ckpt["model"], tmp / "weights.pt")
         (tmp / "bundle.json").write_text(json.dumps(bundle_dict(spec, ckpt["model_spec"], {"tags": tags}), indent=1))
@@ -388,7 +393,8 @@ def _gate(
     snapshot: Snapshot,
     train_result: TrainResult,
     eval_result: EvalResult,
-    tracker: Tracker,
+    client,
+    uri: str,
     version: str,
     run_id: str,
     lock: Lease,
@@ -397,7 +403,7 @@ def _gate(
     it was tested on other data), record the decision on the version, move the alias. The registry lease `lock` is
     renewed right before the alias moves: a registration that lost it (it stalled past the lease and another took
     it) stops there, with `LeaseLost`, and moves nothing."""
-    client, spec, name = tracker.client, manifest.encoding, config.mlflow.model_name
+    spec, name = manifest.encoding, config.mlflow.model_name
     metric_name = config.mlflow.promotion_metric
     new_value = float(eval_result.metrics[metric_name])
     for k, v in eval_result.metrics.items():  # for reading: the gate reads the run's full-precision metric
@@ -410,7 +416,7 @@ def _gate(
         # the champion was tested on other data: its number is not compared; it is re-scored on this test split
         preds = next((f for f in eval_result.files if str(f).endswith("test_predictions.parquet")), None)
         try:
-            with fluent_tracking_uri(tracker.uri):
+            with fluent_tracking_uri(uri):
                 compared = (
                     reevaluate_champion(f"models:/{name}/{previous['version']}", spec, snapshot, preds, metric_name)
                     if preds
@@ -430,7 +436,7 @@ def _gate(
         else:
             promote = better(compared["candidate_value"], compared["champion_value"], config.mlflow.promotion_direction)
     alias = "champion" if promote else "challenger"
-    describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, tracker.uri)
+    describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, uri)
     import datetime as dt
 
     record = {
@@ -458,17 +464,16 @@ def _gate(
                 "shardline.alias.champion.to",
                 json.dumps({"at": record["at"], "by": record["by"], "version": str(version)}),
             )
-    return _registered(
-        tracker, config, version, run_id, alias=alias, previous_champion=previous, value=new_value, compared=compared
-    )
+    fields = {"previous_champion": previous, "value": new_value, "compared": compared}
+    return _registered(client, uri, config, version, run_id, alias=alias, **fields)
 
 
-def _registered(tracker: Tracker, config: PipelineConfig, version, run_id: str, **fields) -> Registered:
+def _registered(client, uri: str, config: PipelineConfig, version, run_id: str, **fields) -> Registered:
     """The task's result for `version`, with where a user sees it in the MLflow UI: the run's and the version's
     pages, and for a store no server serves (SQLite) the command that serves it at the pages' address."""
-    name, uri = config.mlflow.model_name, tracker.uri
+    name = config.mlflow.model_name
     try:
-        experiment = tracker.client.get_run(run_id).info.experiment_id
+        experiment = client.get_run(run_id).info.experiment_id
         pages = {
             "run_page": run_page(uri, experiment, run_id),
             "version_page": model_version_page(uri, name, version),
@@ -620,12 +625,12 @@ def register(
     return reg
 
 
-def version_exists(reg: Registered, inputs: dict | None = None) -> bool:
+def version_exists(reg: Registered, inputs: dict) -> bool:
     """A cached registration still stands: its model version is in the registry, from the same run."""
     from mlflow import MlflowClient
 
     try:
-        uri = tracking_uri(inputs["config"].mlflow, inputs["config"].storage.root) if inputs else reg.tracking_uri
+        uri = tracking_uri(inputs["config"].mlflow, inputs["config"].storage.root)
         version = MlflowClient(uri).get_model_version(reg.model_name, str(reg.version))
     except Exception:  # noqa: BLE001 - any registry error: the cached version cannot be trusted
         return False

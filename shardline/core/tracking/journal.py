@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from shardline.core import storage
+from shardline.core.secrets import redact_text
 
 log = logging.getLogger("shardline.core.tracking.tracker")
 
@@ -53,22 +54,15 @@ PROBE_TIMEOUT_S = 2.0
 SAY_REFUSALS = 5  # entries MLflow refuses for good are said this many times, then only marked
 
 
-def redact_uri(text: str) -> str:
-    """`text` without secrets: the one redaction function (`shardline/core/secrets.py`)."""
-    from shardline.core.secrets import redact_text
-
-    return redact_text(str(text))
-
-
 def _short(e: BaseException) -> str:
     msg = " ".join(str(e).split())[:300] or type(e).__name__
-    return redact_uri(f"{type(e).__name__}: {msg}")
+    return redact_text(f"{type(e).__name__}: {msg}")
 
 
 class Journal:
-    """The journal file (or, with no path, memory only) and the entries MLflow has not taken yet."""
+    """The journal file and the entries MLflow has not taken yet."""
 
-    def __init__(self, path: Path | None, mirror: str | None = None):
+    def __init__(self, path: Path, mirror: str | None = None):
         self.path = path
         self.mirror_uri = mirror  # the copy beside the checkpoints, when the run folder is remote
         self.lock = threading.Lock()
@@ -79,11 +73,9 @@ class Journal:
         self.run_id: str | None = None
         self.steps: dict[str, int] = {}  # the highest step journaled per metric key
         self.rejected = 0
-        self._file = None
         self._closed = False
         self._write_failed = False
-        if path is not None:
-            self._load()
+        self._load()
 
     @classmethod
     def for_run_dir(cls, run_dir: str, store: str = "") -> Journal:
@@ -125,7 +117,6 @@ class Journal:
     # ---------------------------------------------------------------- the file
 
     def _load(self) -> None:
-        assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = self.path.read_bytes() if self.path.exists() else b""
         if data and not data.endswith(b"\n"):  # a line cut by a kill: it was never complete
@@ -157,7 +148,7 @@ class Journal:
 
     def _write(self, line: dict) -> None:
         """Append one line (caller holds the lock). A full disk is said once and the entry kept in memory."""
-        if self._file is None or self._closed:
+        if self._closed:
             return
         try:
             self._file.write(json.dumps(line, default=str) + "\n")
@@ -221,15 +212,15 @@ class Journal:
         }
 
     def where(self) -> str:
-        return self.mirror_uri or (str(self.path) if self.path else "memory (no run folder)")
+        return self.mirror_uri or str(self.path)
 
     def mirror(self) -> None:
         """Copy the journal beside the checkpoints (a remote run folder): what a resumed run, or
         `shardline sync` on another machine, starts from."""
-        if self.mirror_uri is None or self.path is None:
+        if self.mirror_uri is None:
             return
         with self.lock:
-            if self._file is not None and not self._closed:
+            if not self._closed:
                 self._file.flush()
             size = self.path.stat().st_size  # lines are appended whole under the lock: a line boundary
         with open(self.path, "rb") as f:
@@ -239,8 +230,7 @@ class Journal:
     def close(self) -> None:
         with self.lock:
             self._closed = True
-            if self._file is not None:
-                self._file.close()
+            self._file.close()
             self.changed.notify_all()
 
 
@@ -331,7 +321,7 @@ class Sender:
             if self.outage_since is not None:
                 log.warning(
                     "MLflow at %s answers again after %.0f s: the entries kept meanwhile are sent",
-                    redact_uri(self.uri),
+                    redact_text(self.uri),
                     time.monotonic() - self.outage_since,
                 )
             self.outage_since = None
@@ -346,7 +336,7 @@ class Sender:
             log.warning(
                 "MLflow at %s cannot be reached (%s); training goes on: every metric is kept in %s and sent "
                 "when it answers",
-                redact_uri(self.uri),
+                redact_text(self.uri),
                 _short(e),
                 self.journal.where(),
             )

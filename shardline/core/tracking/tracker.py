@@ -20,18 +20,11 @@ from typing import Any
 
 from shardline.core import layout, storage
 from shardline.core.config import MlflowConfig, settings
-from shardline.core.secrets import has_masked_userinfo, without_userinfo
-from shardline.core.tracking.journal import (
-    JOURNAL_FILE,
-    RUN_FILE,
-    Journal,
-    Sender,
-    _reachable,
-    _short,
-    redact_uri,
-)
+from shardline.core.secrets import has_masked_userinfo, redact_text, without_userinfo
+from shardline.core.tracking.journal import JOURNAL_FILE, RUN_FILE, Journal, Sender, _reachable, _short
 
 log = logging.getLogger("shardline.core.tracking.tracker")
+redact_uri = redact_text  # the name `shardline sync` (app/cli.py) imports it by
 
 
 def unmasked(uri: str) -> str:
@@ -96,7 +89,7 @@ def mlflow_client_defaults(uri: str | None = None) -> None:
     # the logs are lines: no terminal bar for each download of a model's files (a registration's gate reads the
     # champion's, over a hundred files, three bars that filled the demo's output)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    if uri and redact_uri(uri) != uri:
+    if uri and redact_text(uri) != uri:
         # MLflow prints "View run <name> at <the URI, credentials included>" when a run ends
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
@@ -119,16 +112,16 @@ def read_run_file(run_dir: str) -> dict:
 
 def write_run_file(run_dir: str, run_id: str, uri: str) -> None:
     """`mlflow-run.json`: the run's id, and its tracking URI without credentials (a file in the storage root)."""
-    storage.write_text(storage.join(run_dir, RUN_FILE), json.dumps({"run_id": run_id, "tracking_uri": redact_uri(uri)}))
+    record = {"run_id": run_id, "tracking_uri": redact_text(uri)}
+    storage.write_text(storage.join(run_dir, RUN_FILE), json.dumps(record))
 
 
 class Tracker:
     """Logs one training run to one MLflow run without ever holding training up: each call goes to the run's
     `Journal` (copied beside the checkpoints by `save_journal` when the run folder is remote), which a `Sender`
-    thread delivers. What `end` could not deliver stays for the next attempt or `shardline sync RUN_DIR`;
-    without `run_dir` the journal is kept in memory only."""
+    thread delivers. What `end` could not deliver stays for the next attempt or `shardline sync RUN_DIR`."""
 
-    def __init__(self, cfg: MlflowConfig, storage_root: str, run_dir: str | None = None):
+    def __init__(self, cfg: MlflowConfig, storage_root: str, run_dir: str):
         from mlflow import MlflowClient
 
         self.uri = tracking_uri(cfg, storage_root)
@@ -151,8 +144,8 @@ class Tracker:
         """Continue `run_id`, or the run the run folder's journal or `mlflow-run.json` names (a resumed
         training), else create one. Returns the run id, or None while MLflow is away (the run is created
         when it answers; `run_id` says it then)."""
-        self.journal = Journal.for_run_dir(self.run_dir, self.uri) if self.run_dir else Journal(None)
-        recorded = read_run_file(self.run_dir) if self.run_dir else {}
+        self.journal = Journal.for_run_dir(self.run_dir, self.uri)
+        recorded = read_run_file(self.run_dir)
         run_id = run_id or self.journal.run_id or recorded.get("run_id")
         if run_id:
             self.journal.set_run(run_id)
@@ -178,12 +171,10 @@ class Tracker:
         return self.run_id
 
     def _record_run(self, run_id: str) -> None:
-        if not self.run_dir:
-            return
         try:
             write_run_file(self.run_dir, run_id, self.uri)
         except OSError as e:
-            log.warning("could not write %s (%s)", storage.join(self.run_dir, RUN_FILE), redact_uri(str(e)))
+            log.warning("could not write %s (%s)", storage.join(self.run_dir, RUN_FILE), redact_text(str(e)))
 
     def _append(self, entry: dict) -> None:
         if self.journal is None:
@@ -253,18 +244,13 @@ class Tracker:
             what = f"{left['metrics']} metric value(s), {left['params']} param(s)"
             if left["status"]:
                 what += f" and the run's end status {left['status']}"
-            then = (
-                f"send them with `shardline sync {self.run_dir}`"
-                if self.run_dir
-                else "they are lost when this process ends (no run folder)"
-            )
             log.warning(
-                "MLflow at %s did not take everything in %g s: %s are kept in %s; %s",
-                redact_uri(self.uri),
+                "MLflow at %s did not take everything in %g s: %s are kept in %s; send them with `shardline sync %s`",
+                redact_text(self.uri),
                 wait,
                 what,
                 self.journal.where(),
-                then,
+                self.run_dir,
             )
         return done
 
@@ -312,7 +298,7 @@ def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> 
         status = sender.client.get_run(journal.run_id).info.status
     return SyncReport(
         run_id=journal.run_id,
-        tracking_uri=redact_uri(uri),
+        tracking_uri=redact_text(uri),
         metrics=sender.counts["metrics"],
         skipped=sender.counts["skipped"],
         params=sender.counts["params"],
@@ -348,7 +334,7 @@ def ui_command(uri: str) -> str | None:
     """The command that opens the MLflow UI on a store no server serves (a SQLite file, a folder)."""
     if uri.startswith(("http://", "https://")):
         return None
-    return f"mlflow ui --backend-store-uri {redact_uri(uri)}"
+    return f"mlflow ui --backend-store-uri {redact_text(uri)}"
 
 
 def run_page(uri: str, experiment_id: str, run_id: str, base: str = "http://127.0.0.1:5000") -> str:
