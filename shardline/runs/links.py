@@ -26,11 +26,10 @@ _ROOTS: dict[str, str] = {}
 def ui_url_of(flow_run_id: str) -> str | None:
     """The Prefect UI's page of a flow run, when a Prefect server is used (PREFECT_API_URL set); None with
     the ephemeral API, which serves no UI and is gone when the process ends."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+    from prefect.settings import PREFECT_API_URL
+    from prefect.utilities.urls import url_for
 
-    if not PREFECT_API_URL.value() or not PREFECT_UI_URL.value():
-        return None
-    return f"{str(PREFECT_UI_URL.value()).rstrip('/')}/runs/flow-run/{flow_run_id}"
+    return url_for("flow-run", obj_id=flow_run_id) if PREFECT_API_URL.value() else None
 
 
 def current_flow_run() -> dict[str, Any] | None:
