@@ -93,6 +93,21 @@ def tiny_config(source: str, root: str, **over) -> dict:
     return cfg
 
 
+def split_targets(split, i: int = 0) -> np.ndarray:
+    """Target `i` of every window of a SplitData, in window order (class ids or standardised values): [N], or
+    [N, K] when every position is predicted."""
+    dtype = np.float32 if split.tasks[i] == "regression" else np.int64
+    parts = split.each_shard(lambda v, s: v.gather_targets(np.asarray(v.starts))[i].astype(dtype))
+    return np.concatenate(parts) if parts else np.zeros((0, split.window) if split.positions == "all" else (0,), dtype)
+
+
+def list_checkpoints(dir_uri: str) -> list[str]:
+    """Names of the checkpoints in `dir_uri` that have a sidecar, oldest first (not checksum-verified)."""
+    from shardline.trainer.checkpoint import _steps, checkpoint_name
+
+    return [checkpoint_name(s) for s in reversed(_steps(dir_uri))]
+
+
 @pytest.fixture
 def raw_dir(tmp_path) -> Path:
     make_raw(tmp_path / "raw")

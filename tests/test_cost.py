@@ -8,9 +8,10 @@ import pytest
 from shardline.core.cost import ledger as cost_ledger
 from shardline.core.cost import prices as cost
 from shardline.trainer import loop
-from shardline.trainer.checkpoint import latest_checkpoint, list_checkpoints
+from shardline.trainer.checkpoint import latest_checkpoint
 from shardline.trainer.inference import load_model
 from shardline.trainer.loop import Callbacks, FitOptions, fit
+from tests.conftest import list_checkpoints
 from tests.test_trainer import assert_same_weights, data, no_timing, quiet, spec_for, train_cfg  # noqa: F401
 
 

@@ -31,7 +31,7 @@ from shardline.trainer.inference import load_model, predict
 from shardline.trainer.loop import Callbacks, FitOptions, fit
 from shardline.trainer.models import model_spec_for
 from shardline.trainer.serving import data_spec, prediction_frame
-from tests.conftest import make_raw, tiny_config
+from tests.conftest import make_raw, split_targets, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 EXACT = ("accuracy", "top5_accuracy", "macro_f1")
@@ -68,7 +68,7 @@ def whole_array_evaluation(manifest_uri: str, checkpoint: str) -> tuple[dict, di
     metrics, baseline = {}, {}
     for i, (t, out) in enumerate(zip(spec.targets, outputs.values())):
         stat = train_statistic(manifest, i, t)
-        y = test.targets(i)
+        y = split_targets(test, i)
         if t.task == "classification":
             y, probs = y.reshape(-1).astype(np.int64), out.reshape(-1, out.shape[-1])
             m = M.classification_metrics(y, probs)

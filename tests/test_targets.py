@@ -17,7 +17,7 @@ from shardline.trainer.contract import DataSpec, ModelContractError, TargetInfo
 from shardline.trainer.data import SplitData, WindowLoader
 from shardline.trainer.loop import Callbacks, fit
 from shardline.trainer.models import model_from_spec, model_spec_for
-from tests.conftest import make_raw, tiny_config
+from tests.conftest import make_raw, split_targets, tiny_config
 from tests.test_trainer import CARDS, K, make_arrays
 
 quiet = lambda *a, **k: None
@@ -49,8 +49,8 @@ def test_every_position_reads_a_slice_of_each_stored_target():
         assert b_last.targets[0][j] == b_all.targets[0][j, -1]  # `last` is the last position
     # the loader hands out the same (batches are views of a gather), and targets() agrees
     loaded = torch.cat([b.targets[1] for b in WindowLoader(every, 16, seed=0, shuffle=False)])
-    np.testing.assert_array_equal(loaded.numpy(), every.targets(1))
-    assert every.targets(1).shape == (every.n_windows, K)
+    np.testing.assert_array_equal(loaded.numpy(), split_targets(every, 1))
+    assert split_targets(every, 1).shape == (every.n_windows, K)
 
 
 def _spec(positions: str) -> DataSpec:

@@ -21,7 +21,7 @@ from shardline.trainer.checkpoint import best_checkpoint
 from shardline.trainer.inference import load_model, predict
 from shardline.trainer.loop import Callbacks, fit
 from shardline.trainer.models import legacy_data_spec, model_spec_for
-from tests.conftest import make_raw, tiny_config
+from tests.conftest import make_raw, split_targets, tiny_config
 from tests.test_trainer import CARDS, N_CLASSES, K, data, quiet, spec_for, train_cfg  # noqa: F401 (`data`: fixture)
 from tests.user_project import WORLD, write_project
 
@@ -33,7 +33,7 @@ SHORT = dict(epochs=5, grad_accum=1, lr=0.003, checkpoint_every_steps=0, max_ste
 
 def accuracy_of(checkpoint: str, val) -> float:
     probs = predict(load_model(checkpoint), val)["target"]
-    return float((probs.argmax(1) == val.targets()).mean())
+    return float((probs.argmax(1) == split_targets(val)).mean())
 
 
 def test_select_by_picks_the_best_epoch_by_that_metric_and_says_which(data, tmp_path):  # noqa: F811

@@ -207,11 +207,6 @@ def best_checkpoint(dir_uri: str) -> tuple[str, dict] | None:
     return _verified(dir_uri, pointer["file"])
 
 
-def list_checkpoints(dir_uri: str) -> list[str]:
-    """Names of the checkpoints that have a sidecar, oldest first (not checksum-verified)."""
-    return [checkpoint_name(s) for s in reversed(_steps(dir_uri))]
-
-
 def load_checkpoint(uri: str) -> dict:
     """The tensors and plain data of a checkpoint, on the CPU; checked against its sidecar when it has one."""
     data = storage.read_bytes(uri)

@@ -130,10 +130,6 @@ class WindowLoader:
     def n_windows(self) -> int:
         return self.data.n_windows
 
-    def __len__(self) -> int:
-        """Batches in a full epoch."""
-        return -(-self.n_windows // self.batch_size)
-
     def order(self, epoch: int) -> np.ndarray:
         """Window numbers in the order epoch `epoch` yields them, all of them (int32 while they fit)."""
         return np.asarray(self._order(epoch))

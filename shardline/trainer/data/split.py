@@ -563,16 +563,6 @@ class SplitData:
         cat = lambda i: np.concatenate([p[i] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
         return {"shard": shard, "segment": cat(1), "row": cat(0), "order": cat(2)}
 
-    def targets(self, i: int = 0) -> np.ndarray:
-        """Target `i` of every window, in window order (class ids or standardised values): [N], or [N, K]
-        when every position is predicted."""
-        if i >= self.n_targets:
-            raise IndexError(f"target {i}: this split has {self.n_targets} target(s)")
-        dtype = np.float32 if self.tasks[i] == "regression" else np.int64
-        parts = self.each_shard(lambda v, s: v.gather_targets(np.asarray(v.starts))[i].astype(dtype))
-        shape = (0, self.window) if self.positions == "all" else (0,)
-        return np.concatenate(parts) if parts else np.zeros(shape, dtype)
-
 
 def manifest_folder(manifest_uri: str) -> str:
     """The folder a manifest's relative shard paths are resolved against (`storage.resolve`: a shard in
