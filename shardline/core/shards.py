@@ -118,12 +118,10 @@ def arrays_in(buffer, specs: dict[str, ArraySpec]) -> dict[str, np.ndarray]:
     return out
 
 
-def map_file(path: str | Path, mmap_it: bool = True):
-    """The whole file as a read-only buffer: memory-mapped, or read into memory."""
+def map_file(path: str | Path):
+    """The whole file as a read-only, memory-mapped buffer."""
     import mmap
 
-    if not mmap_it:
-        return Path(path).read_bytes()
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return b""
@@ -309,9 +307,9 @@ def pack_layout(shards: list[dict[str, ArraySpec]]) -> tuple[int, dict[str, Arra
     return offset, joined, per_shard
 
 
-def read_arrays(path: str | Path, specs: dict[str, ArraySpec], mmap: bool = True) -> dict[str, np.ndarray]:
-    """Open a shard's arrays: memory-mapped (zero copy) by default."""
-    return arrays_in(map_file(path, mmap), specs)
+def read_arrays(path: str | Path, specs: dict[str, ArraySpec]) -> dict[str, np.ndarray]:
+    """Open a shard's arrays, memory-mapped (zero copy)."""
+    return arrays_in(map_file(path), specs)
 
 
 def _window_counts(offsets: np.ndarray, window: int, horizon: int) -> np.ndarray:
