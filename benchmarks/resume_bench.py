@@ -47,7 +47,7 @@ HIDDEN = [256]  # the MLP's width (--hidden; the training child gets it in its j
 
 
 def write_split(folder: Path, name: str, rows: int, seed: int) -> None:
-    from shardline.core.shards import write_arrays
+    from shardline.core.shards import allocate
 
     rng = np.random.default_rng(seed)
     rows = max(SEQ_ROWS, rows - rows % SEQ_ROWS)
@@ -61,7 +61,10 @@ def write_split(folder: Path, name: str, rows: int, seed: int) -> None:
         "order": np.arange(rows, dtype=np.int64),
         "offsets": np.arange(0, rows + 1, SEQ_ROWS, dtype=np.int64),
     }
-    specs = write_arrays(folder / f"{name}.bin", arrays)
+    buf, specs, views = allocate({k: (a.dtype, a.shape) for k, a in arrays.items()})
+    for k, a in arrays.items():
+        views[k][...] = a
+    (folder / f"{name}.bin").write_bytes(buf)
     (folder / f"{name}.json").write_text(json.dumps({k: v.model_dump() for k, v in specs.items()}))
 
 

@@ -66,6 +66,17 @@ def make_raw(folder: Path, n_seq: int = 12, rows: int = 60, seed: int = 0, prefi
     return paths
 
 
+def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> dict:
+    """Write arrays into one shard file at `path` as the encoder lays them out; the layout (name -> ArraySpec)."""
+    from shardline.core.shards import allocate
+
+    buf, specs, views = allocate({name: (arr.dtype, arr.shape) for name, arr in arrays.items()})
+    for name, arr in arrays.items():
+        views[name][...] = arr
+    Path(path).write_bytes(buf)
+    return specs
+
+
 def tiny_config(source: str, root: str, **over) -> dict:
     cfg = {
         "name": "tiny",

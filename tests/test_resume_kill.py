@@ -23,11 +23,10 @@ import pytest
 import torch
 
 from shardline.core.config import ModelConfig
-from shardline.core.shards import write_arrays
 from shardline.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from shardline.trainer.loop import PREEMPTED_EXIT_CODE, TIMING_KEYS
 from shardline.trainer.models import model_spec
-from tests.conftest import list_checkpoints
+from tests.conftest import list_checkpoints, write_arrays
 
 CHILD = Path(__file__).with_name("_train_child.py")
 WINDOW, HORIZON = 4, 1

@@ -14,7 +14,7 @@ import torch
 
 from shardline.core.config import ModelConfig, TrainingConfig
 from shardline.core.manifest import ContinuousStat, EncodingSpec, Manifest, ShardInfo, TargetSpec, Vocabulary
-from shardline.core.shards import read_arrays, write_arrays
+from shardline.core.shards import read_arrays
 from shardline.trainer.checkpoint import (
     best_checkpoint,
     latest_checkpoint,
@@ -26,7 +26,7 @@ from shardline.trainer.device import autocast, needs_grad_scaler, pick_device, p
 from shardline.trainer.inference import load_model, predict
 from shardline.trainer.loop import TIMING_KEYS, Callbacks, FitOptions, Preempted, fit
 from shardline.trainer.models import model_from_spec, model_spec
-from tests.conftest import list_checkpoints, split_targets
+from tests.conftest import list_checkpoints, split_targets, write_arrays
 
 K, H = 4, 1
 CARDS = [6, 4]  # ids 1..5 and 1..3; 0 = unseen

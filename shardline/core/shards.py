@@ -49,15 +49,6 @@ def allocate(
     return memoryview(buf), specs, views
 
 
-def write_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, ArraySpec]:
-    """Write arrays into one file at `path` (a staging file: the caller publishes it); its layout."""
-    buf, specs, views = allocate({name: (arr.dtype, arr.shape) for name, arr in arrays.items()})
-    for name, arr in arrays.items():
-        views[name][...] = arr
-    Path(path).write_bytes(buf)
-    return specs
-
-
 CODECS = ("lz4", "zstd")  # how a stored shard may be compressed (pyarrow's codecs: LZ4 frames, zstd level 1)
 ZSTD_LEVEL = 1  # higher levels barely shrink encoded frames further
 
