@@ -272,7 +272,12 @@ def fit(
 
     if step.ddp is not None:  # every rank hands back rank 0's account of the run
         state.load_state_dict(*from_main((state.state_dict(), state.history)))
-    return _result(state, ckpt_dir, cfg, plan, found, run_meta, log)
+    if state.best_epoch is not None:
+        log(
+            f"best checkpoint: epoch {state.best_epoch}/{cfg.epochs} by {plan.select_by} ({state.best_score:.4f}), "
+            f"{state.best_checkpoint}"
+        )
+    return _result(state, ckpt_dir, plan.device.type, plan.precision, plan.select_by, found and found[0], run_meta)
 
 
 # ---------------------------------------------------------------- the named places fit() goes through
@@ -377,24 +382,22 @@ def _entry(
     }
 
 
-def _result(state: TrainState, ckpt_dir: str, cfg, plan: _Plan, found, run_meta: dict, log) -> FitResult:
-    if state.best_epoch is not None:
-        log(
-            f"best checkpoint: epoch {state.best_epoch}/{cfg.epochs} by {plan.select_by} ({state.best_score:.4f}), "
-            f"{state.best_checkpoint}"
-        )
+def _result(
+    state: TrainState, ckpt_dir: str, device: str, precision: str, select_by: str, resumed_from, run_meta, best=None
+) -> FitResult:
+    """The run's result, from the loop's state (`best`: the best checkpoint's URI, when not the state's)."""
     return FitResult(
-        best_checkpoint=join(ckpt_dir, state.best_checkpoint),
+        best_checkpoint=best or join(ckpt_dir, state.best_checkpoint),
         last_checkpoint=join(ckpt_dir, state.last_checkpoint),
         best_score=state.best_score,
         history=state.history,
         steps=state.step,
-        device=plan.device.type,
-        precision=plan.precision,
-        resumed_from=found[0] if found else None,
+        device=device,
+        precision=precision,
+        resumed_from=resumed_from,
         run_meta=run_meta,
         best_epoch=state.best_epoch,
-        select_by=plan.select_by,
+        select_by=select_by,
         pruned_epoch=state.pruned_epoch,
     )
 
@@ -441,21 +444,10 @@ def _finished(
     if not (side["epoch_complete"] and (side["epoch"] == cfg.epochs - 1 or pruned)):
         return None
     log(f"training already {'pruned' if pruned else 'finished'} in {ckpt_dir} ({side['step']} steps): its result")
-    best = best_checkpoint(ckpt_dir)
-    return FitResult(
-        best_checkpoint=best[0] if best else join(ckpt_dir, side["best_checkpoint"]),
-        last_checkpoint=found[0],
-        best_score=side["best_score"],
-        history=side["history"],
-        steps=side["step"],
-        device=side["device"],
-        precision=side["precision"],
-        resumed_from=found[0],
-        run_meta={**side.get("run_meta", {}), **run_meta},
-        best_epoch=side.get("best_epoch"),
-        select_by=select_by,
-        pruned_epoch=pruned,
-    )
+    state, best = TrainState(), best_checkpoint(ckpt_dir)
+    state.load_state_dict({**side, "last_checkpoint": side["file"], "pruned_epoch": pruned}, side["history"])
+    run_meta = {**side.get("run_meta", {}), **run_meta}
+    return _result(state, ckpt_dir, side["device"], side["precision"], select_by, found[0], run_meta, best and best[0])
 
 
 def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool, run_meta: dict, log, train):
@@ -576,22 +568,20 @@ class _Progress:
 def _agree_step(plan: _Plan, stop, step_loss, part, due: bool, spent: bool, log):
     """Several processes, one all-reduce a step: the global batch's loss and loss sum, and any rank's stop, save
     or budget for all."""
-    stopping = stop.signal_name
-    loss, summed, n_stop, n_due, n_spent = all_sum(
-        [step_loss.item(), part.item(), float(bool(stopping)), float(due), float(spent)], plan.device
-    )
-    if n_stop and not stopping:
+    stopping, spent, loss, summed, n_due = _any_rank(plan, stop.signal_name, spent, step_loss.item(), part.item(), due)
+    if stopping == ANOTHER_PROCESS:
         log("another process was stopped: saving a checkpoint at this step, then stopping")
     as_tensor = lambda v: torch.tensor(v, dtype=torch.float64, device=plan.device)
-    return as_tensor(loss), as_tensor(summed), stopping or (ANOTHER_PROCESS if n_stop else None), n_due > 0, n_spent > 0
+    return as_tensor(loss), as_tensor(summed), stopping, n_due > 0, spent
 
 
-def _any_rank(plan: _Plan, stopping: str | None, spent: bool) -> tuple[str | None, bool]:
-    """A stop or a spent budget of any rank, for all: every rank stops, or none."""
+def _any_rank(plan: _Plan, stopping: str | None, spent: bool, *values: float) -> tuple:
+    """A stop or a spent budget of any rank, for all (every rank stops, or none), then each of `values` summed over
+    the ranks: one all-reduce."""
     if not plan.ranks.distributed:
-        return stopping, spent
-    n_stop, n_spent = all_sum([float(bool(stopping)), float(spent)], plan.device)
-    return stopping or (ANOTHER_PROCESS if n_stop else None), n_spent > 0
+        return stopping, spent, *values
+    *sums, n_stop, n_spent = all_sum([*values, float(bool(stopping)), float(spent)], plan.device)
+    return stopping or (ANOTHER_PROCESS if n_stop else None), n_spent > 0, *sums
 
 
 def _epoch_line(entry: dict, metrics: dict, cfg: TrainingConfig, select_by: str, is_best: bool, pace: Pace) -> str:
