@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -22,13 +23,14 @@ from _train_child import split  # noqa: E402 (this script's folder is on sys.pat
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
 from shardline.core.config import TrainingConfig  # noqa: E402
-from shardline.trainer.ddp_run import RankErrors, die_with_agent, run_job  # noqa: E402
+from shardline.core.parent_watch import signal_on_parent_death  # noqa: E402
+from shardline.trainer.ddp_run import RankErrors, run_job  # noqa: E402
 from shardline.trainer.distributed import exit_now, init_from_env, leave  # noqa: E402
 from shardline.trainer.stops import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE  # noqa: E402
 
 
 def main(job_path: str) -> int:
-    die_with_agent()
+    signal_on_parent_death(signal.SIGKILL)
     job = json.loads(Path(job_path).read_text())
     ranks = init_from_env(TrainingConfig(**job["training"]).device, job.get("collective_timeout"))
     Path(f"{job['result']}.pid-{ranks.rank}").write_text(str(os.getpid()))

@@ -433,7 +433,7 @@ def test_a_node_lost_whole_and_started_again_is_mended_by_torch_s_next_round(tmp
     try:
         a, b = node(spec, store.endpoint, "a", 0.05), node(spec, store.endpoint, "b", 0.05)
         wait_until(lambda: [e for e in events(spec, "checkpoint") if "ckpt-000000014" in e["uri"]], "no step 14")
-        os.killpg(b.pid, signal.SIGKILL)  # its agent; its rank dies with it (ddp_run: die_with_agent)
+        os.killpg(b.pid, signal.SIGKILL)  # its agent; its rank dies with it (ddp_run: signal_on_parent_death)
         b.wait()
         time.sleep(3)
         b2 = node(spec, store.endpoint, "b2", 0.05)

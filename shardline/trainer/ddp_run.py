@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, recor
 
 from shardline.core import storage
 from shardline.core.config import TrainingConfig
+from shardline.core.parent_watch import signal_on_parent_death
 from shardline.trainer.distributed import exit_now, init_from_env, leave, world
 from shardline.trainer.stops import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
 
@@ -72,11 +74,6 @@ class Events:
             self._seq += 1
             name = f"{time.time_ns():020d}-{self._name}-{self._seq:06d}.jsonl"
         storage.write_text(storage.join(self.folder, name), "\n".join(lines) + "\n")
-
-
-def write_json(uri: str, obj) -> None:
-    """Atomically (a local path or an object store URI): a reader sees the whole result or none."""
-    storage.write_text(uri, json.dumps(obj, default=float))
 
 
 def raised_in_collective(error: BaseException) -> bool:
@@ -140,6 +137,8 @@ def run_job(job: dict, train, val, ranking=None) -> int:
     result_path = job["result"]
     if ranks.is_main:  # an earlier round's (a restart round resumes from its checkpoint and speaks anew)
         storage.delete(result_path)
+    # written whole (storage.write_text is atomic on a local path and an object store): a reader sees all or none
+    write_result = lambda **result: storage.write_text(result_path, json.dumps(result, default=float))
     try:
         say = Callbacks(
             log=lambda message: events.put("log", message=message),
@@ -162,29 +161,17 @@ def run_job(job: dict, train, val, ranking=None) -> int:
         result = fit(train, val, job["model_spec"], cfg, job.get("task"), job["ckpt_dir"], callbacks, options)
     except Preempted as stopped:
         if ranks.is_main:
-            write_json(
-                result_path, {"status": "preempted", "checkpoint": stopped.checkpoint, "signal": stopped.signal_name}
-            )
+            write_result(status="preempted", checkpoint=stopped.checkpoint, signal=stopped.signal_name)
         return PREEMPTED_EXIT_CODE
     except BudgetExceeded as stopped:
         if ranks.is_main:
-            write_json(result_path, {"status": "budget", "message": str(stopped), "checkpoint": stopped.checkpoint})
+            write_result(status="budget", message=str(stopped), checkpoint=stopped.checkpoint)
         return BUDGET_EXIT_CODE
     finally:
         events.flush()
     if ranks.is_main:
-        write_json(result_path, {"status": "finished", "fit": dataclasses.asdict(result)})
+        write_result(status="finished", fit=dataclasses.asdict(result))
     return 0
-
-
-def die_with_agent() -> None:
-    """This rank is killed when its agent dies (its agent SIGKILLed alone, a rank would train on unwatched and keep
-    its peers' round from ending)."""
-    import signal
-
-    from shardline.core.parent_watch import signal_on_parent_death
-
-    signal_on_parent_death(signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:
@@ -194,7 +181,9 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    die_with_agent()
+    # killed when its agent dies (its agent SIGKILLed alone, a rank would train on unwatched and keep its peers' round
+    # from ending)
+    signal_on_parent_death(signal.SIGKILL)
     job = json.loads(storage.read_text(argv[0]))
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
