@@ -268,11 +268,10 @@ def on_this_machine(
         ]
         code, forwarded = start_agent(command, job_uri, output, follower, grace)
     finally:
-        if code != 0 and store is not None:
-            store.close()  # agents still waiting in a round fail at once
-        if nodes is not None:  # they end with node 0's agent (on a failure at once: the store is gone)
+        if nodes is not None:  # they end with node 0's agent (on a failure at once: the store is gone first)
+            if code != 0:
+                store.close()  # agents still waiting in a round fail at once
             nodes.finish(wait=FINISH_SECONDS if code == 0 else FAILED_FINISH_SECONDS)
-        if store is not None:
             store.close()
     said = output.read_text(errors="replace")
     records = [json.loads(Path(record).read_text())] if Path(record).exists() else []
@@ -415,20 +414,12 @@ def outcome(
     records = records + error_records(job)
     ckpt = job["ckpt_dir"]
     nodes_wanted = job["rendezvous"]["nodes"]
-    raised, killed, agents = [], [], []
-    for record in records:
-        for f in record.get("failures", []):
-            f = {**f, "host": record.get("host")}
-            (raised if f.get("error") else killed).append(f)
-        if "agent" in record:
-            agents.append({**record["agent"], "host": record.get("host"), "at": record.get("at")})
-    raised.sort(key=lambda f: f["error"].get("at", 0))
+    why, raised, killed, agents = root_cause(records, forwarded, grace)
     if raised and not killed and not raised[0]["error"].get("collective"):  # a rank raised: its error here
-        first, e = raised[0], raised[0]["error"]
-        said_it = f"{e['error']} in training process {first['rank']} (on {first['host']}): {e['message']}"
+        e = raised[0]["error"]
         if infrastructure_by_names(e["bases"]):  # its storage or network: retried, as in one process
-            raise RankFailed(f"{said_it}; the newest checkpoint in {ckpt} is where a retry resumes")
-        raise (ValueError if "ValueError" in e["bases"] else RuntimeError)(said_it)
+            raise RankFailed(f"{why}; the newest checkpoint in {ckpt} is where a retry resumes")
+        raise (ValueError if "ValueError" in e["bases"] else RuntimeError)(why)
     if agents and not killed and not raised and not storage.names(job["events"]):  # no rank ever started
         came = sorted({a["host"] for a in agents if a["error"].startswith("Rendezvous")})
         raise NodesMissing(
@@ -437,6 +428,24 @@ def outcome(
             f"{len(came)} node(s) joined ({', '.join(came) or 'none'}){nodes}. No training started; is a machine "
             "of each node free (a worker of the node deployment's pool, the launcher's pods)?"
         )
+    tail = "\n".join(said.splitlines()[-TAIL_LINES:]) if said and not records else ""
+    raise RankFailed(
+        f"the training processes failed (torchrun exit status {code}): {why}; the newest checkpoint in {ckpt} is "
+        f"where a retry resumes{nodes}" + (f". torchrun said:\n{tail}" if tail else "")
+    )
+
+
+def root_cause(records: list[dict], forwarded: str | None, grace: int) -> tuple[str, list, list, list]:
+    """What torch's error records say failed first, in words; the ranks that raised (earliest first), killed, and
+    the agents that failed, each with its host."""
+    raised, killed, agents = [], [], []
+    for record in records:
+        for f in record.get("failures", []):
+            f = {**f, "host": record.get("host")}
+            (raised if f.get("error") else killed).append(f)
+        if "agent" in record:
+            agents.append({**record["agent"], "host": record.get("host"), "at": record.get("at")})
+    raised.sort(key=lambda f: f["error"].get("at", 0))
     why = "a rank or a machine was lost and torch's agent could not mend it"
     if killed:
         k = killed[0]
@@ -447,16 +456,13 @@ def outcome(
                 f" ({grace} s, TORCH_ELASTIC_SHUTDOWN_TIMEOUT; a long validation pass or checkpoint write outlasts it)"
             )
     elif raised:
-        e = raised[0]["error"]
-        why = f"training process {raised[0]['rank']} lost its peers in a collective ({e['error']}: {e['message']})"
+        f, e = raised[0], raised[0]["error"]
+        why = f"{e['error']} in training process {f['rank']} (on {f['host']}): {e['message']}"
+        if e.get("collective"):
+            why = f"training process {f['rank']} lost its peers in a collective ({e['error']}: {e['message']})"
     elif agents:
-        a = agents[0]
-        why = f"the agent on {a['host']} failed: {a['error']}: {a['message']}"
-    tail = "\n".join(said.splitlines()[-TAIL_LINES:]) if said and not records else ""
-    raise RankFailed(
-        f"the training processes failed (torchrun exit status {code}): {why}; the newest checkpoint in {ckpt} is "
-        f"where a retry resumes{nodes}" + (f". torchrun said:\n{tail}" if tail else "")
-    )
+        why = f"the agent on {agents[0]['host']} failed: {agents[0]['error']}: {agents[0]['message']}"
+    return why, raised, killed, agents
 
 
 def present(uri: str) -> bool:
@@ -509,19 +515,14 @@ def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[
         log(f"this node's processes stopped with the training ({result['status']}; rank 0 checkpointed)")
         return "stopped"
     try:
-        found = json.loads(storage.read_text(record))
+        found = [json.loads(storage.read_text(record))]
     except (OSError, ValueError):
-        found = {}
-    tail = "\n".join(said.splitlines()[-TAIL_LINES:])
-    failures = found.get("failures") or []
-    if failures:
-        f = failures[0]
-        what = (f.get("error") or {}).get("message") or f.get("message")
-        raise RankFailed(f"this node's training process {f['rank']} failed (exit {f['exitcode']}): {what}")
-    if found.get("agent", {}).get("error") == "SignalException":  # this machine was told to stop (a notice)
+        found = []
+    why, _, _, agents = root_cause(found, forwarded, shutdown_seconds)
+    if agents and agents[0]["error"] == "SignalException":  # this machine was told to stop (a notice)
         log("this node's agent was stopped by a signal: its processes stopped with a checkpoint")
         return "stopped"
-    if "agent" in found:
-        a = found["agent"]
-        raise RankFailed(f"this node's agent failed: {a['error']}: {a['message']}")
+    if found:
+        raise RankFailed(f"on this node: {why}")
+    tail = "\n".join(said.splitlines()[-TAIL_LINES:])
     raise RankFailed(f"torchrun exit status {code}" + (f" after {forwarded}" if forwarded else "") + f":\n{tail}")
