@@ -46,6 +46,7 @@ from shardline.core.parent_watch import signal_on_parent_death
 from shardline.trainer.device import pick_device
 from shardline.trainer.distributed import check_batch_size, check_gpus_per_node
 from shardline.trainer.loop import Callbacks, FitOptions, FitResult
+from shardline.trainer.stops import on_stop_signals
 
 POLL_SECONDS = 0.5  # how often the events are read while the training runs
 TAIL_LINES = 40  # of torchrun's output, in the error of a failed run
@@ -352,36 +353,30 @@ class Follower:
         """Read the events until `proc` (an agent) exits, or `done()`; a SIGTERM/SIGINT to this process goes to
         `proc`, which passes it to its ranks. Returns the agent's exit status and the signal passed on, if one
         was."""
-        import threading
+        forwarded = None
 
-        previous, forwarded = {}, None
-        if proc is not None and threading.current_thread() is threading.main_thread():
+        def forward(signum, frame):
+            nonlocal forwarded
+            forwarded = signal.Signals(signum).name
+            proc.send_signal(signal.SIGTERM)
 
-            def forward(signum, frame):
-                nonlocal forwarded
-                forwarded = signal.Signals(signum).name
-                proc.send_signal(signal.SIGTERM)
-
-            previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            while True:
-                finished = proc.poll() is not None if proc is not None else done()
-                self.read()
-                if finished:
-                    self.read()  # what was written while it ended
-                    return (proc.returncode if proc is not None else None), forwarded
-                time.sleep(POLL_SECONDS)
-        except BaseException:
-            if proc is not None:
-                proc.terminate()  # a callback failed (the lease lost, ...): the ranks stop with a checkpoint
-                try:
-                    proc.wait(grace + 30)  # torchrun kills its ranks after `grace` seconds, then exits
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            raise
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h if h is not None else signal.SIG_DFL)
+        with on_stop_signals(forward if proc is not None else None):
+            try:
+                while True:
+                    finished = proc.poll() is not None if proc is not None else done()
+                    self.read()
+                    if finished:
+                        self.read()  # what was written while it ended
+                        return (proc.returncode if proc is not None else None), forwarded
+                    time.sleep(POLL_SECONDS)
+            except BaseException:
+                if proc is not None:
+                    proc.terminate()  # a callback failed (the lease lost, ...): the ranks stop with a checkpoint
+                    try:
+                        proc.wait(grace + 30)  # torchrun kills its ranks after `grace` seconds, then exits
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                raise
 
 
 def error_records(job: dict) -> list[dict]:

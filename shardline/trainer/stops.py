@@ -47,12 +47,23 @@ class StopFlag:
 
 
 @contextlib.contextmanager
+def on_stop_signals(handler: Callable | None):
+    """`handler` for SIGTERM and SIGINT while the block runs (from the main thread only, where they can be set)."""
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
 def stop_on_signals(log: Callable[[str], None]):
     """SIGTERM/SIGINT set a flag the loop checks at each optimizer step; a second SIGINT interrupts at once."""
     flag = StopFlag()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag  # signal handlers can only be installed from the main thread
-        return
 
     def handler(signum, frame):
         if flag.signal_name is not None and signum == signal.SIGINT:
@@ -60,12 +71,8 @@ def stop_on_signals(log: Callable[[str], None]):
         flag.signal_name = signal.Signals(signum).name
         log(f"{flag.signal_name} received: saving a checkpoint at the next optimizer step, then stopping")
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_stop_signals(handler):
         yield flag
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
