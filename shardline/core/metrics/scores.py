@@ -75,7 +75,37 @@ def _same_length(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None
         raise ValueError(f"{name_a} and {name_b} have different lengths ({a.shape[0]} vs {b.shape[0]})")
 
 
+def _check_probs(y: np.ndarray, p: np.ndarray) -> None:
+    """Finite probabilities, and a column for every class id in ``y`` (non-empty)."""
+    if not np.all(np.isfinite(p)):
+        raise ValueError("probs contains NaN or infinite values")
+    if y.max() >= p.shape[1]:
+        raise ValueError(f"y_true has class id {int(y.max())} but probs has only {p.shape[1]} columns")
+
+
 # --------------------------------------------------------------------------- metrics
+
+
+def _top_k_hits(y: np.ndarray, p: np.ndarray) -> int:
+    """How many samples have their class among the ``TOP_K`` highest probabilities of their row (every
+    sample when there are at most ``TOP_K`` classes)."""
+    k = min(TOP_K, p.shape[1])
+    if k == p.shape[1]:
+        return len(y)
+    topk = np.argpartition(-p, k - 1, axis=1)[:, :k]
+    return int(np.count_nonzero(np.any(topk == y[:, None], axis=1)))
+
+
+def _log_losses(y: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Each sample's ``-log(clip(p[y], 1e-12))``."""
+    return -np.log(np.clip(p[np.arange(len(y)), y], LOG_LOSS_EPS, None))
+
+
+def _macro_f1(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> float:
+    """Mean F1 over the classes with a true or a predicted sample, from per-class counts."""
+    seen = (tp + fp + fn) > 0
+    tp, fp, fn = tp[seen], fp[seen], fn[seen]
+    return float(np.mean(2.0 * tp / (2.0 * tp + fp + fn)))
 
 
 def classification_metrics(y_true: np.ndarray, probs: np.ndarray) -> dict[str, float]:
@@ -98,41 +128,18 @@ def classification_metrics(y_true: np.ndarray, probs: np.ndarray) -> dict[str, f
     if p.shape[1] == 0:
         raise ValueError("probs has zero columns (C=0): there are no classes")
     _same_length(y, p, "y_true", "probs")
-    if not np.all(np.isfinite(p)):
-        raise ValueError("probs contains NaN or infinite values")
+    _check_probs(y, p)
     n, c = p.shape
-    if y.max() >= c:
-        raise ValueError(f"y_true has class id {int(y.max())} but probs has only {c} columns")
 
     pred = np.argmax(p, axis=1)
-    accuracy = float(np.mean(pred == y))
-
-    k = min(TOP_K, c)
-    if k == c:
-        top5 = 1.0
-    else:
-        topk = np.argpartition(-p, k - 1, axis=1)[:, :k]
-        top5 = float(np.mean(np.any(topk == y[:, None], axis=1)))
-
-    p_true = np.clip(p[np.arange(n), y], LOG_LOSS_EPS, None)
-    log_loss = float(np.mean(-np.log(p_true)))
-
-    classes = np.union1d(y, pred)
-    f1s = []
-    for cls in classes:
-        t = y == cls
-        q = pred == cls
-        tp = np.count_nonzero(t & q)
-        fp = np.count_nonzero(~t & q)
-        fn = np.count_nonzero(t & ~q)
-        f1s.append(2.0 * tp / (2.0 * tp + fp + fn))  # > 0 denominator: cls is in t or q
-    macro_f1 = float(np.mean(f1s))
-
+    hit = pred == y
+    tp = np.bincount(y[hit], minlength=c)  # per class
+    fp, fn = np.bincount(pred, minlength=c) - tp, np.bincount(y, minlength=c) - tp
     return {
-        "accuracy": accuracy,
-        "top5_accuracy": top5,
-        "log_loss": log_loss,
-        "macro_f1": macro_f1,
+        "accuracy": float(np.mean(hit)),
+        "top5_accuracy": _top_k_hits(y, p) / n,
+        "log_loss": float(np.mean(_log_losses(y, p))),
+        "macro_f1": _macro_f1(tp, fp, fn),
     }
 
 
@@ -199,7 +206,7 @@ def label_scores(confusion: np.ndarray) -> dict[str, float]:
     tp = np.diag(confusion)
     return {
         "accuracy": float(tp.sum() / n),
-        "macro_f1": ClassificationScores._macro_f1(tp, confusion.sum(axis=0) - tp, confusion.sum(axis=1) - tp),
+        "macro_f1": _macro_f1(tp, confusion.sum(axis=0) - tp, confusion.sum(axis=1) - tp),
     }
 
 
@@ -292,34 +299,18 @@ class ClassificationScores:
         _same_length(y, p, "y_true", "probs")
         if y.size == 0:
             return
-        if not np.all(np.isfinite(p)):
-            raise ValueError("probs contains NaN or infinite values")
-        if y.max() >= c:
-            raise ValueError(f"y_true has class id {int(y.max())} but probs has only {c} columns")
+        _check_probs(y, p)
         import torch
 
         self._confusion.update(torch.from_numpy(p), torch.from_numpy(y))
-        k = min(TOP_K, c)
-        if k == c:
-            self.top_k_hits += len(y)
-        else:
-            topk = np.argpartition(-p, k - 1, axis=1)[:, :k]
-            self.top_k_hits += int(np.count_nonzero(np.any(topk == y[:, None], axis=1)))
-        p_true = np.clip(p[np.arange(len(y)), y], LOG_LOSS_EPS, None)
-        self.log_loss_sum += float(np.sum(-np.log(p_true)))
+        self.top_k_hits += _top_k_hits(y, p)
+        self.log_loss_sum += float(np.sum(_log_losses(y, p)))
         self.n += len(y)
 
     @property
     def confusion(self) -> np.ndarray:
         """``[C, C]`` counts so far (int64), true class by predicted class: torchmetrics' confusion matrix."""
         return self._confusion.compute().numpy().astype(np.int64)
-
-    @staticmethod
-    def _macro_f1(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> float:
-        """Mean F1 over the classes with a true or a predicted sample (as ``classification_metrics``)."""
-        seen = (tp + fp + fn) > 0
-        tp, fp, fn = tp[seen], fp[seen], fn[seen]
-        return float(np.mean(2.0 * tp / (2.0 * tp + fp + fn)))
 
     def metrics(self) -> dict[str, float]:
         """What ``classification_metrics`` reports for every sample counted so far."""
@@ -336,8 +327,7 @@ class ClassificationScores:
         from the training class distribution and the test samples' class counts."""
         if self.n == 0:
             raise _empty()
-        smoothed = self.train_class_counts + BASELINE_SMOOTHING
-        dist = smoothed / smoothed.sum()
+        dist = majority_baseline_probs(self.train_class_counts, 1)[0]  # the row every sample is given
         true = self.confusion.sum(axis=1)  # samples per true class
         n, c = self.n, self.n_classes
         majority = int(np.argmax(dist))  # every sample's prediction (the lowest id on ties)
@@ -354,7 +344,7 @@ class ClassificationScores:
             "accuracy": float(true[majority] / n),
             "top5_accuracy": 1.0 if k == c else float(true[top].sum() / n),
             "log_loss": float(log_loss),
-            "macro_f1": self._macro_f1(tp, fp, true - tp),
+            "macro_f1": _macro_f1(tp, fp, true - tp),
         }
 
 
