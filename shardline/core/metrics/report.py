@@ -244,12 +244,8 @@ def plot_residuals(y_true: np.ndarray, y_pred: np.ndarray, path: str | Path) -> 
     ax_sc.legend(loc="upper left")
     ax_sc.grid(True, alpha=0.3)
 
-    bins = int(np.clip(np.sqrt(resid.size), 5, 60))
-    if np.ptp(resid) == 0:
-        r0 = float(resid[0])
-        ax_hist.hist(resid, bins=bins, range=(r0 - 0.5, r0 + 0.5))
-    else:
-        ax_hist.hist(resid, bins=bins)
+    # equal residuals: numpy spans the bins over the value +- 0.5
+    ax_hist.hist(resid, bins=int(np.clip(np.sqrt(resid.size), 5, 60)))
     ax_hist.axvline(0.0, color="r", linestyle="--", linewidth=1)
     ax_hist.set_xlabel("residual (predicted - true)")
     ax_hist.set_ylabel("count")
