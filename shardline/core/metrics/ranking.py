@@ -89,19 +89,14 @@ def _ties(ties: str) -> str:
 
 
 def _same_family(ids: np.ndarray, before: str | None, name: str, column: str) -> str:
-    """The id family (integer or string) of a batch, which must be the earlier batches' (`before`)."""
-    family = _family(ids)
+    """The id family (integer, string or object) of a batch, which must be the earlier batches' (`before`)."""
+    family = "integer" if ids.dtype.kind in "biu" else "string" if ids.dtype.kind in "US" else "object"
     if before is not None and family != before:
         raise ValueError(
             f"{name} holds {family} ids in this batch but {before} ids in earlier ones: "
             f"give the same {column} to every batch"
         )
     return family
-
-
-def _family(arr: np.ndarray) -> str:
-    """What kind of key an id array holds, for keeping batches and tables consistent."""
-    return "integer" if arr.dtype.kind in "biu" else "string" if arr.dtype.kind in "US" else "object"
 
 
 def _keys(values: object, name: str) -> np.ndarray:
