@@ -54,8 +54,7 @@ class RowKeys:
         by_shard = np.argsort(shard, kind="stable")
         shard, row = shard[by_shard], row[by_shard]
         parts = [self._of_shard(int(s))[row[shard == s]] for s in np.unique(shard)]
-        rows = pl.concat(parts) if len(parts) != 1 else parts[0]
-        return rows[np.argsort(by_shard, kind="stable")]
+        return pl.concat(parts)[np.argsort(by_shard, kind="stable")]
 
 
 class SplitRanking:
