@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from shardline.core import storage
 from shardline.core.config import settings
-from shardline.core.cost.prices import CPU, PriceTable, load_prices
+from shardline.core.cost.prices import CPU, PriceTable, detect_gpu, load_prices
 
 LEDGER_FILE = "cost.json"
 LEDGER_ENV = "SHARDLINE_COST_LEDGER_SECONDS"  # how often progress between checkpoints is written (default 60)
@@ -86,8 +86,6 @@ def machine_pricing(provider: str | None, spot: bool, machines: int = 1) -> Pric
     counts as one), times `machines` (a training on several: the others taken to be like this one), priced
     from the table (`SHARDLINE_PRICES` laid over the shipped one)."""
     import torch
-
-    from shardline.core.cost.prices import detect_gpu
 
     gpu, _how = detect_gpu()
     gpus = max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
