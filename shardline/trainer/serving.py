@@ -39,13 +39,7 @@ def data_spec(spec: EncodingSpec) -> DataSpec:
             cardinalities=[t.vocab_size],
             window=spec.window,
             targets=[TargetInfo(t.target_name, "classification", t.vocab_size, "all")],
-            text={
-                "vocab_size": t.vocab_size,
-                "pad_id": t.pad_id,
-                "sep_id": t.sep_id,
-                "eos_id": t.eos_id,
-                "target_column": t.target_column,
-            },
+            text=t.model_dump(include={"vocab_size", "pad_id", "sep_id", "eos_id", "target_column"}),
         )
     return DataSpec(
         continuous=[c.name for c in spec.continuous],
