@@ -16,10 +16,17 @@ import torch
 from torch import nn
 
 from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint, load_checkpoint
-from shardline.trainer.contract import as_outputs
+from shardline.trainer.contract import TargetInfo, as_outputs
 from shardline.trainer.data import Batch, SplitData, WindowLoader
 from shardline.trainer.models import data_spec_of, model_from_spec
 from shardline.trainer.validate import masked_logits
+
+
+def _output_shape(t: TargetInfo, n: int, window: int) -> tuple[int, ...]:
+    """A target's outputs for `n` windows as `predict` gives them: the contract's shape, a value per window
+    as [n, 1]."""
+    shape = t.expected_shape(n, window)
+    return (*shape, 1) if t.kind == "regression" and t.positions != "all" else shape
 
 
 def predict_batches(
@@ -44,12 +51,9 @@ def predict_batches(
                     outputs = as_outputs(model(b.cont, b.cat), spec)
                     for t in spec.targets:
                         y = outputs[t.name].float()
-                        lead = (len(b), spec.window) if t.positions == "all" else (len(b),)
                         if t.kind == "classification":
-                            y = torch.softmax(masked_logits(y), dim=-1).reshape(*lead, t.n_classes)
-                        else:
-                            y = y.reshape(*lead, 1) if t.positions != "all" else y.reshape(lead)
-                        out[t.name] = y.cpu().numpy()
+                            y = torch.softmax(masked_logits(y), dim=-1)
+                        out[t.name] = y.reshape(_output_shape(t, len(b), spec.window)).cpu().numpy()
             yield first, batch, out
             first += len(batch)
     finally:
@@ -111,12 +115,7 @@ def predict(
     """Each target's outputs in window order, float32: class probabilities with class 0 (unseen) at 0,
     [N, n_classes] (or [N, K, n_classes] at every position), or standardised values [N, 1] (or [N, K])."""
     spec = data_spec_of(model.shardline_spec)
-    out = {}
-    for t in spec.targets:
-        lead = (data.n_windows, spec.window) if t.positions == "all" else (data.n_windows,)
-        out[t.name] = np.empty((*lead, t.n_classes) if t.kind == "classification" else (*lead, 1), np.float32)
-        if t.positions == "all" and t.kind == "regression":
-            out[t.name] = out[t.name][..., 0]
+    out = {t.name: np.empty(_output_shape(t, data.n_windows, spec.window), np.float32) for t in spec.targets}
     for first, batch, outputs in predict_batches(model, data, batch_size, device):
         for name, y in outputs.items():
             out[name][first : first + len(batch)] = y
