@@ -176,9 +176,11 @@ def rehearse(
                     if remote or attempt == 2 or "Preempted" not in f"{type(e).__name__}: {e}":
                         raise
                     attempts.append(f"attempt {attempt}: {type(e).__name__}")
-        finally:  # as it was
-            os.environ.pop(PREEMPT_ENV, None)
-            os.environ.update({} if previous is None else {PREEMPT_ENV: previous})
+        finally:
+            if previous is None:
+                os.environ.pop(PREEMPT_ENV, None)
+            else:
+                os.environ[PREEMPT_ENV] = previous
         return True, f"steps: {', '.join(f'{k} {v}' for k, v in result['steps'].items())}"
 
     if not stage("pipeline: ingest, encode, train, evaluate, register", _pipeline):

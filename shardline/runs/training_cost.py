@@ -4,8 +4,6 @@ deadline for the training loop; and the run's spend on its MLflow run when an at
 
 from __future__ import annotations
 
-import logging
-
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.tracking.tracker import Tracker
@@ -18,16 +16,25 @@ def open_ledger(config: PipelineConfig, folder: str, log):
     from shardline.trainer.checkpoint import latest_checkpoint
     from shardline.trainer.stops import Deadline
 
-    p = machine_pricing(config.compute.provider, config.compute.spot, config.compute.nodes)
-    log.log(
-        logging.WARNING if p.usd_per_gpu_hour is None else logging.INFO,
-        f"train: cost: no price for {p.gpu} x{p.gpus} ({p.note}): its hours are counted, not its USD"
-        if p.usd_per_gpu_hour is None
-        else f"train: cost: {p.gpu} x{p.gpus} at {p.usd_per_gpu_hour:g} USD/GPU-hour ({p.note}; an estimate, "
-        f"prices as of {p.as_of})",
-    )
+    pricing = machine_pricing(config.compute.provider, config.compute.spot, config.compute.nodes)
+    if pricing.usd_per_gpu_hour is None:
+        log.warning(
+            "train: cost: no price for %s x%d (%s): its hours are counted, not its USD",
+            pricing.gpu,
+            pricing.gpus,
+            pricing.note,
+        )
+    else:
+        log.info(
+            "train: cost: %s x%d at %g USD/GPU-hour (%s; an estimate, prices as of %s)",
+            pricing.gpu,
+            pricing.gpus,
+            pricing.usd_per_gpu_hour,
+            pricing.note,
+            pricing.as_of,
+        )
     previous = latest_checkpoint(storage.join(folder, "checkpoints"))
-    ledger = CostLedger(folder, p, previous[1]["step"] if previous else 0)
+    ledger = CostLedger(folder, pricing, previous[1]["step"] if previous else 0)
     t = config.training
     try:
         found = ledger.deadline(t.max_hours, t.max_cost)
