@@ -1,5 +1,10 @@
 """Which training failures are retried (infrastructure) and which fail at once (code, config, data)."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed
@@ -64,3 +69,32 @@ def test_a_rank_of_a_training_in_several_processes_is_retried_as_one_process_wou
     assert isinstance(raised.value, RankFailed) is retried, raised.value
     assert f"{type(exc).__name__} in training process 1 (on node-1)" in str(raised.value)
     assert is_infrastructure_failure(raised.value) is retried
+
+
+def test_a_rank_stopped_while_it_records_its_error_still_writes_the_whole_record(tmp_path):
+    """torch's agent SIGTERMs the ranks still running once one has failed, and reads each failed rank's error
+    record as JSON: a rank signalled while writing its own record (here: the signal arrives as the record is made)
+    must leave it whole, or the agent itself fails on the half-written file and the cause is lost."""
+    child = """
+import os, signal, sys
+from torch.distributed.elastic.multiprocessing.errors import record
+from shardline.trainer.ddp_run import RankErrors
+
+class Lost(OSError):
+    def __str__(self):  # the agent's SIGTERM arrives while the record is being written
+        os.kill(os.getpid(), signal.SIGTERM)
+        return "connection to rank 0 lost"
+
+def main():
+    raise Lost()
+
+record(main, error_handler=RankErrors())()
+"""
+    error_file = tmp_path / "attempt_0" / "1" / "error.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr  # it ended on its error, not on the signal (-15)
+    written = json.loads(error_file.read_text())["message"]["extraInfo"]["shardline"]
+    assert written["error"] == "Lost" and "OSError" in written["bases"]
+    assert written["message"] == "connection to rank 0 lost"
+    assert [p.name for p in error_file.parent.iterdir()] == ["error.json"]  # nothing half-written beside it

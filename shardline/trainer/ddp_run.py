@@ -93,9 +93,12 @@ class RankErrors(ErrorHandler):
     whether it was raised in a collective."""
 
     def record_exception(self, e: BaseException) -> None:
+        """Write the record whole or not at all: torch's agent stops this rank with a SIGTERM once a peer has
+        failed, and it reads every failed rank's record as JSON (a half-written one fails the agent itself)."""
         file = self._get_error_file_path()
         if not file:
             return
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rank is ending: its record is the last thing it does
         data = {
             "message": {
                 "message": f"{type(e).__name__}: {e}",
@@ -112,8 +115,7 @@ class RankErrors(ErrorHandler):
                 },
             }
         }
-        with open(file, "w") as fp:
-            json.dump(data, fp)
+        storage.write_text(file, json.dumps(data))
 
 
 def run_job(job: dict, train, val, ranking=None) -> int:
