@@ -98,3 +98,19 @@ record(main, error_handler=RankErrors())()
     assert written["error"] == "Lost" and "OSError" in written["bases"]
     assert written["message"] == "connection to rank 0 lost"
     assert [p.name for p in error_file.parent.iterdir()] == ["error.json"]  # nothing half-written beside it
+
+
+def test_the_rank_killed_first_is_named_not_the_peer_the_agent_stopped_after_it(tmp_path):
+    """torch's agent stops the ranks still running once one is gone, and its record lists them all (by rank): a
+    rank 0 that checkpointed and exited on the agent's SIGTERM two seconds after rank 1 was SIGKILLed is not the
+    cause."""
+    from shardline.launch.torchrun import RankFailed, outcome
+    from shardline.trainer.stops import PREEMPTED_EXIT_CODE
+
+    record = {"host": "node-0", "at": 13.0, "failures": [
+        {"rank": 0, "exitcode": PREEMPTED_EXIT_CODE, "signal": None, "timestamp": 12, "error": None},
+        {"rank": 1, "exitcode": -9, "signal": "SIGKILL", "timestamp": 10, "error": None}]}  # fmt: skip
+    job = {"result": str(tmp_path / "result.json"), "errors": str(tmp_path / "errors"), "ckpt_dir": "s3://b/ckpt",
+           "events": str(tmp_path / "events"), "rendezvous": {"nodes": 1, "join_timeout": 60}}  # fmt: skip
+    with pytest.raises(RankFailed, match=r"training process 1 \(on node-0\) was killed by SIGKILL"):
+        outcome(job, [record], 1, None, 30, "", "")

@@ -441,10 +441,12 @@ def root_cause(records: list[dict], forwarded: str | None, grace: int) -> tuple[
         if "agent" in record:
             agents.append({**record["agent"], "host": record.get("host"), "at": record.get("at")})
     raised.sort(key=lambda f: f["error"].get("at", 0))
+    killed.sort(key=lambda f: f.get("timestamp") or 0)  # the first to go: the others were stopped by the agent after it
     why = "a rank or a machine was lost and torch's agent could not mend it"
     if killed:
         k = killed[0]
-        why = f"training process {k['rank']} (on {k['host']}) was killed by {k.get('signal') or k['exitcode']}"
+        how = f"was killed by {k['signal']}" if k.get("signal") else f"exited with status {k['exitcode']}"
+        why = f"training process {k['rank']} (on {k['host']}) {how}"
         if forwarded and k.get("signal") == "SIGKILL":
             why += (
                 f" after {forwarded} was passed on: it did not checkpoint and stop within torchrun's shutdown timeout"
