@@ -98,7 +98,8 @@ class RankErrors(ErrorHandler):
         file = self._get_error_file_path()
         if not file:
             return
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rank is ending: its record is the last thing it does
+        if threading.current_thread() is threading.main_thread():  # the only thread that may set a handler
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rank is ending: its record is the last thing it does
         data = {
             "message": {
                 "message": f"{type(e).__name__}: {e}",
