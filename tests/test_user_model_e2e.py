@@ -81,6 +81,11 @@ print(json.dumps({{
     assert got["accuracy"] > 0.9
     artifacts = str(root / "mlflow-artifacts")
     assert got["user_code"].startswith(artifacts) and got["shardline"].startswith(artifacts)
+    # of Shardline, the model carries what predicting imports, not the pipeline, the CLI or the demo's generator
+    package = Path(got["shardline"]).parent
+    shipped = {p.relative_to(package).as_posix() for p in package.rglob("*.py")}
+    assert {"runs/pyfunc_model.py", "trainer/serving.py", "trainer/data/loader.py"} <= shipped
+    assert not {"app/cli.py", "app/demo_data.py", "flows/pipeline.py", "tasks/train.py"} & shipped
 
 
 def test_a_bad_entrypoint_is_refused_before_any_work_with_exit_code_2(tmp_path, prefect_api):

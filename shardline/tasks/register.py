@@ -32,7 +32,7 @@ from shardline.core.tracking.tracker import (
     tracking_uri,
     ui_command,
 )
-from shardline.core.version import code_version, user_code, user_code_version, user_packages
+from shardline.core.version import code_version, module_closure, user_code, user_code_version, user_packages
 from shardline.runs import links, model_files
 from shardline.runs.gate import better, champion_gate, reevaluate_champion
 from shardline.runs.result import EvalResult, Registered, TrainResult
@@ -50,7 +50,8 @@ from shardline.trainer.serving import (
 )
 
 logger = logging.getLogger("shardline.register")
-PYFUNC_CODE = Path(importlib.util.find_spec("shardline.runs.pyfunc_model").origin)  # found, not imported
+PYFUNC_MODULE = "shardline.runs.pyfunc_model"
+PYFUNC_CODE = Path(importlib.util.find_spec(PYFUNC_MODULE).origin)  # found, not imported
 
 
 def _requirements(model: ModelConfig) -> list[str]:
@@ -96,11 +97,30 @@ def _copy_sources(src: Path, dest: Path) -> Path:
     return dest
 
 
+def _shardline_sources() -> list[Path]:
+    """Shardline's source files a registered model runs: `PYFUNC_MODULE`, every module it imports (directly or
+    not, function-level imports included) and the packages they lie in. The rest of Shardline (the pipeline's
+    steps, the CLI, the demo's generator: two thirds of its files) never runs where the model predicts; shipped,
+    it was uploaded with every version and read back to be checked, a request a file on an object store."""
+    files: set[Path] = set()
+    todo = [PYFUNC_MODULE]
+    while todo:
+        for path in module_closure(todo.pop()):
+            if path not in files:
+                files.add(path)
+                parts = path.relative_to(SHARDLINE_PACKAGE.parent).with_suffix("").parts
+                todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # its packages' __init__
+    return sorted(files)
+
+
 def _code_paths(config: PipelineConfig, folder: Path) -> list[str]:
-    """The code the registered model runs, copied into it: Shardline's package, and for the user's own
-    model the top-level modules and packages of its code (its entrypoint and what that imports), so the
-    model predicts on a machine that has neither Shardline's repository nor the user's."""
-    paths = [_copy_sources(SHARDLINE_PACKAGE, folder / "shardline")]
+    """The code the registered model runs, copied into it: Shardline's modules that predicting imports
+    (`_shardline_sources`), and for the user's own model the top-level modules and packages of its code (its
+    entrypoint and what that imports), so the model predicts on a machine that has neither Shardline nor the
+    user's repository."""
+    for src in _shardline_sources():
+        _copy_sources(src, folder / src.relative_to(SHARDLINE_PACKAGE.parent))
+    paths = [folder / "shardline"]
     model = config.model
     if model.entrypoint:
         root = Path(model.code_dir or Path.cwd()).resolve()
