@@ -48,9 +48,10 @@ def names(dir_uri: str) -> list[str]:
     if is_remote(dir_uri):
         fs, path = filesystem(dir_uri)
         fs.invalidate_cache(path)
-        if not fs.exists(path):
+        try:  # one listing: asking first whether the folder exists cost two more requests (a HEAD, a LIST)
+            found = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
+        except FileNotFoundError:
             return []
-        found = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
     else:
         folder = Path(local_path(dir_uri))
         found = os.listdir(folder) if folder.is_dir() else []

@@ -54,9 +54,11 @@ def _read_json(uri: str) -> dict | None:
         return None
 
 
-def _steps(dir_uri: str) -> list[int]:
-    """Steps that have a sidecar, newest first (complete or not: see `_verified`)."""
-    return sorted((int(m.group(1)) for n in storage.names(dir_uri) if (m := _SIDECAR.match(n))), reverse=True)
+def _steps(dir_uri: str, names: list[str] | None = None) -> list[int]:
+    """Steps that have a sidecar, newest first (complete or not: see `_verified`), from the folder's listing
+    `names` when the caller has it."""
+    names = storage.names(dir_uri) if names is None else names
+    return sorted((int(m.group(1)) for n in names if (m := _SIDECAR.match(n))), reverse=True)
 
 
 def _verified(dir_uri: str, name: str) -> tuple[str, dict] | None:
@@ -174,7 +176,8 @@ def prune_checkpoints(dir_uri: str, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints and the best (sidecar first, so none looks complete
     while half-deleted), plus stray .pt files older than the newest kept."""
     best = (_read_json(storage.join(dir_uri, BEST)) or {}).get("file")
-    sidecar_steps = _steps(dir_uri)
+    names = storage.names(dir_uri)  # one listing (a request on an object store) for both passes
+    sidecar_steps = _steps(dir_uri, names)
     kept = {checkpoint_name(s) for s in sidecar_steps[:keep]} | ({best} if best else set())
     newest = sidecar_steps[0] if sidecar_steps else -1
     for step in sidecar_steps[keep:]:
@@ -184,7 +187,7 @@ def prune_checkpoints(dir_uri: str, keep: int) -> None:
         pt_uri = storage.join(dir_uri, name)
         storage.delete(sidecar_uri(pt_uri))
         storage.delete(pt_uri)
-    for n in storage.names(dir_uri):  # .pt without a sidecar: a save that died between the two writes
+    for n in names:  # .pt without a sidecar: a save that died between the two writes
         m = _TENSORS.match(n)
         if m and n not in kept and int(m.group(1)) < newest and int(m.group(1)) not in sidecar_steps:
             storage.delete(storage.join(dir_uri, n))
