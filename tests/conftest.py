@@ -126,6 +126,16 @@ def raw_dir(tmp_path) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _sys_path_as_it_was():
+    """A test that loads a model with MLflow's own `mlflow.pyfunc.load_model` leaves the model's code folder first on
+    sys.path; the tests after it in this worker would start processes (a Dask cluster of their own) that import
+    Shardline from that model's partial copy."""
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved
+
+
+@pytest.fixture(autouse=True)
 def _no_tracking_server_from_the_shell(monkeypatch):
     """Tests use their own stores, never an MLflow server exported in the developer's shell."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -127,6 +127,7 @@ def test_a_registered_model_edited_in_the_storage_root_is_refused_naming_the_fil
     make_raw(tmp_path / "raw", n_seq=9, rows=40)
     root = tmp_path / "store"
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root), **{"training.epochs": 1})
+    paths_before = list(sys.path)
     pipeline(validate_config(cfg))
     raw = sorted((tmp_path / "raw").glob("*.parquet"))[0]
     tracking = f"sqlite:///{root}/mlflow.db"
@@ -139,6 +140,11 @@ def test_a_registered_model_edited_in_the_storage_root_is_refused_naming_the_fil
     assert ok.exit_code == 0, ok.output
     gc.collect()
     assert list(scratch.iterdir()) == []  # the model's download went with the model
+    # logged and loaded in this process, the model's code folders (its copy of Shardline holds only what predicting
+    # imports) come after this process's own on sys.path, which the processes it spawns get (Dask's workers, the
+    # training's forkserver): MLflow put them first, for good
+    added = [p for p in sys.path if p not in paths_before]
+    assert added and sys.path == [p for p in sys.path if p in paths_before] + added
     (code,) = [p for p in (root / "mlflow-artifacts").rglob("pyfunc_model.py") if "code" not in p.parts]
     marker = tmp_path / "it-ran"
     code.write_text(code.read_text() + f"\nopen({str(marker)!r}, 'w').write('ran')\n")  # planted
@@ -147,3 +153,36 @@ def test_a_registered_model_edited_in_the_storage_root_is_refused_naming_the_fil
     assert "refused, its files are not the ones it was registered with" in bad.output, bad.output
     assert f"{code.name} (changed)" in bad.output and not marker.exists()
     assert list(scratch.iterdir()) == []
+
+
+def test_processes_started_after_a_model_load_import_this_shardline_not_the_models_copy(tmp_path, monkeypatch):
+    """MLflow leaves a loaded model's code folder first on sys.path, and a registered model carries a copy of only
+    the Shardline modules predicting imports. Processes that take this process's sys.path (multiprocessing's spawn
+    and fork server: Dask's local workers, a sweep's trials) are started within `spawning_this_shardline`, and
+    import this Shardline, not the copy (a Dask encode after a model load failed on `shardline.core.layout`)."""
+    import multiprocessing
+    import runpy
+
+    import shardline.core.layout
+    from shardline.core.version import spawning_this_shardline
+
+    copy = tmp_path / "model" / "code"  # what a model's code folder holds of Shardline, here: no `layout`
+    (copy / "shardline" / "core").mkdir(parents=True)
+    (copy / "shardline" / "__init__.py").write_text("")
+    (copy / "shardline" / "core" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(copy))
+    child = tmp_path / "child.py"
+    child.write_text("import pathlib, shardline.core.layout as m\npathlib.Path(OUT).write_text(m.__file__)\n")
+    spawn = multiprocessing.get_context("spawn")
+
+    def start(out) -> int:
+        p = spawn.Process(target=runpy.run_path, args=(str(child),), kwargs={"init_globals": {"OUT": str(out)}})
+        p.start()
+        p.join(120)
+        return p.exitcode
+
+    assert start(tmp_path / "unguarded") != 0 and not (tmp_path / "unguarded").exists()  # the copy: no layout
+    with spawning_this_shardline():
+        assert start(tmp_path / "guarded") == 0
+    assert (tmp_path / "guarded").read_text() == shardline.core.layout.__file__
+    assert sys.path[0] == str(copy)  # as it was, after the block

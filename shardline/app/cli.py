@@ -348,11 +348,11 @@ def _load_model(model_uri: str, tracking_uri: str | None):
         mlflow.set_tracking_uri(uri)
     elif model_uri.startswith(("models:/", "runs:/")):
         _fail("no MLflow tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI", 2)
-    from shardline.runs.model_files import load_checked
+    from shardline.runs.model_files import load_checked, load_pyfunc
 
     try:
         # a registered version only with the files it was registered with; a path or run is the user's own choice
-        return load_checked(model_uri) if model_uri.startswith("models:/") else mlflow.pyfunc.load_model(model_uri)
+        return load_checked(model_uri) if model_uri.startswith("models:/") else load_pyfunc(model_uri)
     except Exception as e:  # noqa: BLE001 - any load failure: reported with the model URI
         _fail(f"cannot load model {model_uri} from {uri}: {e}")
 

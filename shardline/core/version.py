@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -19,6 +22,27 @@ ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the `shardli
 # ast.parse from several threads at once can fail in CPython 3.11 ("SystemError: AST constructor
 # recursion depth mismatch"): mapped tasks compute their cache keys concurrently, so parse one at a time
 _PARSE = threading.Lock()
+
+
+@contextmanager
+def spawning_this_shardline() -> Iterator[None]:
+    """Within the block, `sys.path` holds no folder with another `shardline` package than this one: processes started
+    meanwhile by multiprocessing's spawn or fork server (Dask's local workers, a sweep's trials) take this `sys.path`
+    and import Shardline through it. A model MLflow loaded in this process left its code folder, which carries a copy
+    of Shardline's predicting modules (tasks/register.py), first on it for good: those processes imported Shardline
+    from that copy, another version's or one missing the modules they run."""
+    mine = (ROOT / "shardline").resolve()
+
+    def other(entry: str) -> bool:
+        package = Path(entry or ".") / "shardline"
+        return (package / "__init__.py").is_file() and package.resolve() != mine
+
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if not other(p)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
 
 
 def _module_path(name: str, root: Path = ROOT, packages: tuple[str, ...] | None = PACKAGES) -> Path | None:

@@ -14,6 +14,7 @@ from typing import Any
 from prefect.logging import get_run_logger
 
 from shardline.core.config import PipelineConfig
+from shardline.core.version import spawning_this_shardline
 from shardline.tasks.encode import encode_workers
 
 
@@ -54,7 +55,7 @@ def _dask_runner(config: PipelineConfig) -> Iterator[tuple[Any, int]]:
     with get_client(sync_client=True) as client:
         api = str(client.api_url).rstrip("/")  # the ephemeral API's too: a worker must not start its own
     # the workers' task runs report to this API (the settings travel with each task's context)
-    with temporary_settings(updates={PREFECT_API_URL: api}), runner:
+    with temporary_settings(updates={PREFECT_API_URL: api}), spawning_this_shardline(), runner:
         if compute.dask_address:  # a cluster whose workers are still starting: wait a little for one
             try:
                 runner.client.wait_for_workers(1, timeout=60)

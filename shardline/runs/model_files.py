@@ -11,8 +11,10 @@ import hashlib
 import json
 import logging
 import shutil
+import sys
 import tempfile
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
 
 from shardline.core.storage import sha256_file
@@ -43,6 +45,29 @@ def record(model_uri: str) -> tuple[dict[str, str], str]:
     with tempfile.TemporaryDirectory(prefix="shardline-model-files-") as tmp:
         listing = file_list(Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)))
     return listing, hashlib.sha256(list_bytes(listing)).hexdigest()
+
+
+@contextmanager
+def code_paths_last():
+    """What MLflow puts on `sys.path` meanwhile goes to its end. Loading a model (or validating one as it is logged),
+    MLflow puts the model's code folders first on `sys.path`, for good: the processes this one spawns afterwards
+    (Dask's workers, the training's forkserver: multiprocessing hands them its `sys.path`) then imported Shardline
+    from that model's copy, which holds only what predicting imports. Last, the folders still serve the model's own
+    modules (the user's code), and Shardline imports from where it is installed."""
+    before = list(sys.path)
+    try:
+        yield
+    finally:
+        added = [p for p in sys.path if p not in before]
+        sys.path[:] = [p for p in sys.path if p not in added] + added
+
+
+def load_pyfunc(uri: str):
+    """`mlflow.pyfunc.load_model(uri)`, its code folders last on `sys.path` (`code_paths_last`)."""
+    import mlflow
+
+    with code_paths_last():
+        return mlflow.pyfunc.load_model(uri)
 
 
 def load_checked(model_uri: str):
@@ -85,7 +110,7 @@ def _load_checked(model_uri: str, folder: Path):
         logging.getLogger("shardline").warning(
             "%s was registered before Shardline recorded its files: loaded without checking them", where
         )
-        return mlflow.pyfunc.load_model(str(local))
+        return load_pyfunc(str(local))
     listed = mlflow.artifacts.download_artifacts(
         artifact_uri=f"runs:/{version.run_id}/{FILES_ARTIFACT}", dst_path=str(folder / "list")
     )
@@ -101,4 +126,4 @@ def _load_checked(model_uri: str, folder: Path):
             f"{where}: refused, its files are not the ones it was registered with: {said}. Nothing of it was run; "
             "register the model again from its run (shardline run CONFIG --force register)"
         )
-    return mlflow.pyfunc.load_model(str(local))
+    return load_pyfunc(str(local))

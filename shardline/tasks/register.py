@@ -354,7 +354,8 @@ def _log_and_register(
         (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=1))
         signature, sample = _signature(spec, snapshot.files[0].uri)
-        with mlflow.start_run(run_id=run_id):
+        # MLflow loads the model to check its input example as it logs it: its code folders go last on sys.path
+        with mlflow.start_run(run_id=run_id), model_files.code_paths_last():
             # each baseline beside the metric it is the baseline of (one chart section, adjacent names)
             mlflow.log_metrics({f"test/{metric_key(k)}": v for k, v in eval_result.metrics.items()})
             mlflow.log_metrics({f"test/{metric_key(k)}_baseline": v for k, v in eval_result.baseline.items()})

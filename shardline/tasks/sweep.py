@@ -32,6 +32,7 @@ from shardline.core.secrets import redact_text, redacted_errors
 from shardline.core.study import Pruning
 from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep
 from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
+from shardline.core.version import spawning_this_shardline
 from shardline.runs import links
 from shardline.runs.result import Parent, Registered, TrainResult
 from shardline.tasks.caching import cached
@@ -80,7 +81,7 @@ def forked_from_preloaded():
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(TRIAL_PRELOAD)
-    with _starting:
+    with _starting, spawning_this_shardline():
         spawning = engine.multiprocessing
         engine.multiprocessing = _ForkServerStarts(context)
         try:
