@@ -58,8 +58,12 @@ def code_paths_last():
     try:
         yield
     finally:
-        added = [p for p in sys.path if p not in before]
-        sys.path[:] = [p for p in sys.path if p not in added] + added
+        now, n = list(sys.path), len(sys.path) - len(before)
+        if n > 0 and now[n:] == before:  # prepended (a folder loaded twice is there twice)
+            sys.path[:] = before + now[:n]
+        else:
+            added = [p for p in now if p not in before]
+            sys.path[:] = [p for p in now if p not in added] + added
 
 
 def load_pyfunc(uri: str):
