@@ -51,9 +51,10 @@ def record(model_uri: str) -> tuple[dict[str, str], str]:
 def code_paths_last():
     """What MLflow puts on `sys.path` meanwhile goes to its end. Loading a model (or validating one as it is logged),
     MLflow puts the model's code folders first on `sys.path`, for good: the processes this one spawns afterwards
-    (Dask's workers, the training's forkserver: multiprocessing hands them its `sys.path`) then imported Shardline
-    from that model's copy, which holds only what predicting imports. Last, the folders still serve the model's own
-    modules (the user's code), and Shardline imports from where it is installed."""
+    (Dask's local workers, a sweep's trials: multiprocessing hands them its `sys.path`) then imported Shardline
+    from that model's copy, which holds only what predicting imports (see also `version.spawning_this_shardline`).
+    Last, the folders still serve the model's own modules (the user's code), and Shardline imports from where it is
+    installed."""
     before = list(sys.path)
     try:
         yield
