@@ -739,9 +739,10 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
+def _table(items: list[Item], why: str, root: str) -> list[str]:
+    rows = [("kind", "path", "size", why)] + [(i.kind, i.uri[len(root) + 1 :], human(i.bytes), i.why) for i in items]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return ["  " + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
 
 
 def report(plan: Plan, dry_run: bool) -> str:
@@ -751,10 +752,7 @@ def report(plan: Plan, dry_run: bool) -> str:
     lines = [f"storage root {plan.root}", ""]
     verb = "would delete (dry run: nothing is deleted)" if dry_run else "deleted"
     if plan.delete:
-        lines.append(f"{verb}:")
-        rows = [("kind", "path", "size", "why unreferenced")]
-        rows += [(i.kind, rel(i.uri), human(i.bytes), i.why) for i in plan.delete]
-        lines += ["  " + line for line in _table(rows)]
+        lines += [f"{verb}:", *_table(plan.delete, "why unreferenced", plan.root)]
     else:
         lines.append("nothing to delete: everything is referenced, recent or in use")
     lines.append(
@@ -762,9 +760,7 @@ def report(plan: Plan, dry_run: bool) -> str:
         + ("would be freed" if dry_run else "freed")
     )
     if plan.keep:
-        lines += ["", "kept:"]
-        rows = [("kind", "path", "size", "why")] + [(i.kind, rel(i.uri), human(i.bytes), i.why) for i in plan.keep]
-        lines += ["  " + line for line in _table(rows)]
+        lines += ["", "kept:", *_table(plan.keep, "why", plan.root)]
     if plan.unreadable:
         lines += ["", "left alone (cached results that could not be parsed):"]
         lines += [f"  {rel(i.uri)}  {human(i.bytes)}  {i.why}" for i in plan.unreadable]
