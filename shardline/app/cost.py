@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prefect import flow
 
@@ -23,8 +23,6 @@ from shardline.core.cost.ledger import describe, read_ledger, summarize
 from shardline.core.cost.prices import CPU, PriceTable, detect_gpu, estimate
 from shardline.core.manifest import Manifest
 from shardline.core.metrics.report import format_duration, format_number
-
-PROBE_STEPS = 20  # optimizer steps the probe trains (one short epoch, then one full validation pass)
 
 
 class CostError(RuntimeError):
@@ -58,8 +56,8 @@ class Plan:
     spot: bool
     provider: str | None  # compute.provider: the one the run is costed at (None: the cheapest)
     sources: list[str]
-    rows: list[dict] = field(default_factory=list)
-    spent: dict | None = None  # what this config's run has cost so far (its ledger), when it has trained
+    rows: list[dict]
+    spent: dict | None  # what this config's run has cost so far (its ledger), when it has trained
 
 
 @flow(name="encoded-data", log_prints=True)
@@ -163,12 +161,7 @@ def probe_rate(config: PipelineConfig, manifest_uri: str, manifest: Manifest, st
 
 
 def plan_cost(
-    config: PipelineConfig,
-    table: PriceTable,
-    gpu: str | None = None,
-    spot: bool | None = None,
-    probe_steps: int = PROBE_STEPS,
-    log=print,
+    config: PipelineConfig, table: PriceTable, gpu: str | None, spot: bool | None, probe_steps: int, log
 ) -> Plan:
     """The planned steps, a measured rate, the time, and its cost per provider of `gpu` (default: this
     machine's type). `table.of(gpu)` must have been checked by the caller (an unknown type is a user error)."""

@@ -24,33 +24,30 @@ import sys
 DATABASE_SETTINGS = ("PREFECT_HOME", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
 
 
-def own_database() -> str | None:
+def own_database() -> None:
     """Where no Prefect home or database is chosen, the ephemeral API keeps its runs in a database of Shardline's
     for this Prefect version (`<SHARDLINE_CACHE>/prefect/<version>/prefect.db`), not in ~/.prefect/prefect.db: a
     newer Prefect of another environment on this machine migrates that one, after which every local run of an
-    older one failed after two minutes on the ephemeral server's timeout. Returns the database's URL (None: the
-    user's choice stands)."""
+    older one failed after two minutes on the ephemeral server's timeout."""
     if any(os.environ.get(name) for name in DATABASE_SETTINGS):
-        return None
+        return
     import prefect
 
     from shardline.core.storage import cache_dir
 
     database = cache_dir() / "prefect" / prefect.__version__ / "prefect.db"
     database.parent.mkdir(parents=True, exist_ok=True)
-    url = f"sqlite+aiosqlite:///{database}"
-    os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = url  # the server's process reads it when it starts
-    return url
+    # the server's process reads it when it starts
+    os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{database}"
 
 
-def start_ephemeral_api() -> str | None:
-    """Start Prefect's ephemeral API server now, in its own session, when no `PREFECT_API_URL` is set; return
-    its address (None with a server configured: nothing to do). Call it from the main thread: the server's
-    life is tied to the thread that starts it."""
+def start_ephemeral_api() -> None:
+    """Start Prefect's ephemeral API server now, in its own session, when no `PREFECT_API_URL` is set. Call it
+    from the main thread: the server's life is tied to the thread that starts it."""
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
-        return None
+        return
     own_database()
     from prefect.server.api.server import SubprocessASGIServer
 
@@ -77,4 +74,3 @@ def start_ephemeral_api() -> str | None:
     if server is None:
         server = DetachedServer()  # registered as the instance Prefect's client asks for
     server.start()
-    return server.api_url
