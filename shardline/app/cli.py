@@ -229,7 +229,7 @@ def _sweep_plan(
     except ConfigError as e:
         _fail(str(e), 2)
     _load(config_path, list(set_))  # the user's model imports (the same check as `run`)
-    given = {k: v for k, v in space.items()} if grid or not space_path else yaml.safe_load(space_path.read_text())
+    given = dict(space) if grid or not space_path else yaml.safe_load(space_path.read_text())
     return plan, given
 
 
@@ -643,8 +643,6 @@ def gc_command(
 def main() -> None:
     try:
         app()
-    except SystemExit:
-        raise
     except Exception as e:  # noqa: BLE001 - unexpected: show the message, keep a non-zero exit
         typer.secho(f"error: {type(e).__name__}: {e}", fg=typer.colors.RED, err=True)
         sys.exit(1)

@@ -92,9 +92,7 @@ def size_batch(train_windows: int, batch_size: int, grad_accum: int, steps: int,
     return None
 
 
-def rehearse(
-    config: PipelineConfig, files: int = 8, steps: int = 20, preempt_at: int | None = None, log=print
-) -> list[Check]:
+def rehearse(config: PipelineConfig, files: int, steps: int, preempt_at: int | None, log) -> list[Check]:
     """Run the rehearsal; return its rows (every stage after a failed one is reported as not reached)."""
     from shardline.flows.pipeline import pipeline
     from shardline.tasks.ingest import list_source
