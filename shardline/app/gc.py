@@ -296,13 +296,11 @@ def _folders(area_uri: str, kind: str, now: float) -> list[Item]:
     return sorted(items.values(), key=lambda i: i.name)
 
 
-def _scan(root: str, now: float) -> list[Item]:
-    """Every data set, file group and run folder of the root."""
-    return [
-        *(i for i in _folders(layout.datasets(root), "data set", now) if i.name != GROUPS),
-        *_folders(layout.group_store(root), "file group", now),
-        *_folders(layout.runs(root), "run", now),
-    ]
+def _scan(root: str, now: float, kinds=("data set", "file group", "run")) -> list[Item]:
+    """Every folder of these kinds in the root (the group store is no data set)."""
+    areas = {"data set": layout.datasets(root), "file group": layout.group_store(root), "run": layout.runs(root)}
+    found = [i for k in kinds for i in _folders(areas[k], k, now)]
+    return [i for i in found if not (i.kind == "data set" and i.name == GROUPS)]
 
 
 def _records(area_uri: str, now: float) -> list[Item]:
@@ -694,7 +692,7 @@ def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] 
     into use since it was planned is kept, with the cached results that point at it."""
     now = time.time() if now is None else now
     folders = [i for i in plan.delete if i.kind != "cached result"]
-    listed = {(i.kind, i.name): i for i in _scan(plan.root, now)} if folders else {}
+    listed = {(i.kind, i.name): i for i in _scan(plan.root, now, {f.kind for f in folders})}
     try:
         in_use, keep_all, _ = in_use_by_flow_runs(plan.root, Locator(plan.root), [i.name for i in folders])
     except ConnectionError:
