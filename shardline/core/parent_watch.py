@@ -25,7 +25,7 @@ POLL_SECONDS = 1.0
 log = logging.getLogger("shardline.parent_watch")
 
 
-def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
+def stop_when_parent_exits() -> bool:
     """Watch the process `SHARDLINE_PARENT_PID` names, when it started this one, directly or through
     multiprocessing's fork server (which lives on while the children it forked do); SIGTERM this process once
     that one has exited. False (nothing watched) without the variable or when another process started this (a
@@ -49,7 +49,7 @@ def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
 
     def watch() -> None:
         stop = threading.Event()
-        while not stop.wait(poll):
+        while not stop.wait(POLL_SECONDS):
             if gone():
                 log.warning("the process that started this one (pid %d) is gone: stopping at a checkpoint", watched_pid)
                 os.kill(os.getpid(), signal.SIGTERM)
