@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from shardline.core.config import settings
 
@@ -39,7 +40,6 @@ def stop_when_parent_exits() -> bool:
         parent = psutil.Process(int(value))  # once gone, or its pid taken by a new process: `is_running` is False
     except psutil.Error:
         return False
-    watched_pid = parent.pid
 
     def gone() -> bool:
         try:
@@ -48,12 +48,10 @@ def stop_when_parent_exits() -> bool:
             return True
 
     def watch() -> None:
-        stop = threading.Event()
-        while not stop.wait(POLL_SECONDS):
-            if gone():
-                log.warning("the process that started this one (pid %d) is gone: stopping at a checkpoint", watched_pid)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
+        while not gone():
+            time.sleep(POLL_SECONDS)
+        log.warning("the process that started this one (pid %d) is gone: stopping at a checkpoint", parent.pid)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="shardline-parent-watch", daemon=True).start()
     return True
