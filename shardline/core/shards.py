@@ -304,7 +304,7 @@ def read_arrays(path: str | Path, specs: dict[str, ArraySpec]) -> dict[str, np.n
 
 def _window_counts(offsets: np.ndarray, window: int, horizon: int) -> np.ndarray:
     lengths = np.diff(np.asarray(offsets, dtype=np.int64))
-    span = max(window + horizon, window)  # rows a window needs, target row included (horizon 0: target is the last row)
+    span = window + horizon  # rows a window needs, target row included (horizon 0: target is the last row)
     return np.maximum(lengths - span + 1, 0)
 
 
