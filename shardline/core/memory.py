@@ -48,13 +48,9 @@ def return_freed_memory() -> bool:
     """Make malloc give blocks of 4 MB and more back to the system when freed (glibc on Linux; elsewhere
     nothing). Process-wide and idempotent: called where a step starts. True when it is in effect."""
     global _done
-    if _done or not sys.platform.startswith("linux"):
-        return _done
-    try:
-        libc = _glibc()
+    libc = _glibc()
+    if not _done and hasattr(libc, "mallopt"):  # not glibc (musl has no mallopt): its own allocator's ways
         _done = bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 * THRESHOLD))
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt): its own allocator's ways
-        _done = False
     return _done
 
 
