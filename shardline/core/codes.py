@@ -117,8 +117,7 @@ class Globaliser:
         n_cat = len(spec.categorical)
         for j, (voc, ids) in enumerate(zip(codes.cat, self._ids)):
             np.take(self._remap(voc, ids, self.cat_dtype), cat[j], out=g[:, j])
-        for j in range(n_cat, cat.shape[0]):
-            g[:, j] = cat[j]  # booleans: 0 null, 1 false, 2 true everywhere
+        g[:, n_cat:] = cat[n_cat:].T  # booleans: 0 null, 1 false, 2 true everywhere
         out["cat"] = g
         for i, (t, code) in enumerate(zip(spec.targets, codes.targets)):
             name = target_array(i)
