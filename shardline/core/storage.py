@@ -230,7 +230,7 @@ class ShardCache:
 
         self.root = Path(root)
         self.objects = self.root / "objects"
-        self.cap = int(cap_bytes) if cap_bytes is not None else self.default_cap(self.root)
+        self.cap = int(cap_bytes) if cap_bytes is not None else self.default_cap()
         env = os.environ.get(CACHE_CAP_ENV)
         self.cap_source = (
             "set by the caller"
@@ -249,16 +249,15 @@ class ShardCache:
         self.downloads = 0
         self.evictions = 0
 
-    @staticmethod
-    def default_cap(root: Path) -> int:
+    def default_cap(self) -> int:
         """`SHARDLINE_CACHE_MAX_GB` if set, else half of the free disk where the cache lives plus what it holds."""
         gb = settings.number(CACHE_CAP_ENV)
         if gb is not None:
             return int(gb * 1e9)
-        probe = root
+        probe = self.root
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
-        return int(shutil.disk_usage(probe).free * 0.5) + sum(e[2] for e in _cached(root / "objects"))
+        return int(shutil.disk_usage(probe).free * 0.5) + self.held_bytes()
 
     def path(self, sha256: str) -> Path:
         return self.objects / sha256[:2] / sha256
