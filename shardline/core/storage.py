@@ -438,21 +438,19 @@ class ShardCache:
         compression: str | None = None,
         raw_bytes: int | None = None,
         derived: Derived | None = None,
-    ):
+    ) -> None:
         """Start fetching `uri` in the background (read-ahead); `get` waits for it."""
         name = derived.key if derived else sha256
         with self._lock:
-            fut = self._inflight.get(name)
             if (
-                fut is not None
+                name in self._inflight
                 or (not is_remote(uri) and compression is None and derived is None)
                 or self.path(name).exists()
             ):
-                return fut
+                return
             fut = self._pool.submit(self._download, uri, sha256, size, compression, raw_bytes, derived)
             self._inflight[name] = fut
         fut.add_done_callback(lambda _f: self._done(name))
-        return fut
 
     def _done(self, sha256: str) -> None:
         with self._lock:
