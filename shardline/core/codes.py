@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 
 from shardline.core.manifest import ArraySpec, EncodingSpec, LocalCodes, LocalVocab, ShardInfo, target_array
-from shardline.core.shards import layout
+from shardline.core.shards import arrays_in, layout
 
 CHUNK_BYTES = 16 << 20  # rows mapped at a time when a shard is written in the data set's encoding (`write`)
 
@@ -133,8 +133,6 @@ class Globaliser:
         `CHUNK_BYTES` of rows at a time: the mapped arrays are never whole in memory, and the pages of a
         memory-mapped `raw` leave the process after each chunk (a streamed shard is fetched while the loader
         reads the shards before it: what the fetch holds adds to what they hold)."""
-        from shardline.core.shards import arrays_in
-
         specs = specs or self.specs(info)
         arrays = arrays_in(raw, info.arrays)
 
