@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from shardline.core import storage
+from shardline.core.lease import create_exclusive
 
 PRUNERS = ("median", "hyperband")
 TRIAL_ATTR = "shardline.trial"  # the sweep's own name of an Optuna trial (t01, ...), in its user attributes
@@ -49,8 +50,6 @@ class StorageJournal:
         return logs[log_number_from:]
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        from shardline.core.lease import create_exclusive
-
         data = json.dumps(logs).encode()
         n = len(self._entries())
         while not create_exclusive(storage.join(self.folder, f"{n:09d}.json"), data):

@@ -34,6 +34,7 @@ from shardline.core.config import (
     stable_hash,
     validate_config,
 )
+from shardline.core.secrets import KEEP_SECRETS
 
 
 class SweepError(ConfigError):
@@ -286,8 +287,6 @@ def raw_config(config: PipelineConfig | dict | str) -> dict:
         return read_yaml(Path(config))
     if isinstance(config, dict):
         return json.loads(json.dumps(config))
-    from shardline.core.secrets import KEEP_SECRETS
-
     raw = config.model_dump(mode="json", context=KEEP_SECRETS)
     metrics = metric_directions(config.data.target_list)
     first = next(iter(metrics))
