@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 
 from shardline.core.manifest import ArraySpec, EncodingSpec, LocalCodes, LocalVocab, ShardInfo, target_array
-from shardline.core.shards import layout
+from shardline.core.shards import arrays_in, layout
 
 CHUNK_BYTES = 16 << 20  # rows mapped at a time when a shard is written in the data set's encoding (`write`)
 
@@ -117,8 +117,7 @@ class Globaliser:
         n_cat = len(spec.categorical)
         for j, (voc, ids) in enumerate(zip(codes.cat, self._ids)):
             np.take(self._remap(voc, ids, self.cat_dtype), cat[j], out=g[:, j])
-        for j in range(n_cat, cat.shape[0]):
-            g[:, j] = cat[j]  # booleans: 0 null, 1 false, 2 true everywhere
+        g[:, n_cat:] = cat[n_cat:].T  # booleans: 0 null, 1 false, 2 true everywhere
         out["cat"] = g
         for i, (t, code) in enumerate(zip(spec.targets, codes.targets)):
             name = target_array(i)
@@ -134,8 +133,6 @@ class Globaliser:
         `CHUNK_BYTES` of rows at a time: the mapped arrays are never whole in memory, and the pages of a
         memory-mapped `raw` leave the process after each chunk (a streamed shard is fetched while the loader
         reads the shards before it: what the fetch holds adds to what they hold)."""
-        from shardline.core.shards import arrays_in
-
         specs = specs or self.specs(info)
         arrays = arrays_in(raw, info.arrays)
 

@@ -74,9 +74,7 @@ class InfrastructureFailure(RuntimeError):
 def was_preempted(state) -> bool:
     """Crashed (infrastructure gone), or stopped by SIGTERM/SIGINT after its checkpoint
     (shardline.trainer.loop.Preempted)."""
-    if state.is_crashed():
-        return True
-    return state.is_failed() and "Preempted" in (state.message or "")
+    return state.is_crashed() or (state.is_failed() and "Preempted" in (state.message or ""))
 
 
 def failed_on_infrastructure(state) -> bool:

@@ -181,7 +181,7 @@ class Lease:
             return True, None
         return False, read_current(self.folder)[1]  # another taker won this number
 
-    def acquire(self, on_wait=None, poll: float = 2.0) -> None:
+    def acquire(self, on_wait=None) -> None:
         """Take the lease, waiting while another holder renews it (`on_wait(who)` each time the holder changes)."""
         said = None
         while True:
@@ -192,7 +192,7 @@ class Lease:
             if on_wait is not None and (holder or {}).get("owner") != said:
                 said = (holder or {}).get("owner")
                 on_wait(describe(holder))
-            time.sleep(poll)
+            time.sleep(2.0)
 
     def _start_renewing(self) -> None:
         self._stop.clear()

@@ -24,37 +24,33 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 THRESHOLD = 4 << 20
 
 _done = False
-_libc = None
 
 
+@functools.cache
 def _glibc():
     """The C library, when it is glibc's (Linux); else None."""
-    global _libc
-    if _libc is None and sys.platform.startswith("linux"):
-        try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        except OSError:
-            _libc = False
-    return _libc or None
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
 
 
 def return_freed_memory() -> bool:
     """Make malloc give blocks of 4 MB and more back to the system when freed (glibc on Linux; elsewhere
     nothing). Process-wide and idempotent: called where a step starts. True when it is in effect."""
     global _done
-    if _done or not sys.platform.startswith("linux"):
-        return _done
-    try:
-        libc = _glibc()
+    libc = _glibc()
+    if not _done and hasattr(libc, "mallopt"):  # not glibc (musl has no mallopt): its own allocator's ways
         _done = bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 * THRESHOLD))
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt): its own allocator's ways
-        _done = False
     return _done
 
 

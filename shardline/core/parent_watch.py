@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from shardline.core.config import settings
 
@@ -25,7 +26,7 @@ POLL_SECONDS = 1.0
 log = logging.getLogger("shardline.parent_watch")
 
 
-def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
+def stop_when_parent_exits() -> bool:
     """Watch the process `SHARDLINE_PARENT_PID` names, when it started this one, directly or through
     multiprocessing's fork server (which lives on while the children it forked do); SIGTERM this process once
     that one has exited. False (nothing watched) without the variable or when another process started this (a
@@ -39,7 +40,6 @@ def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
         parent = psutil.Process(int(value))  # once gone, or its pid taken by a new process: `is_running` is False
     except psutil.Error:
         return False
-    watched_pid = parent.pid
 
     def gone() -> bool:
         try:
@@ -48,12 +48,10 @@ def stop_when_parent_exits(poll: float = POLL_SECONDS) -> bool:
             return True
 
     def watch() -> None:
-        stop = threading.Event()
-        while not stop.wait(poll):
-            if gone():
-                log.warning("the process that started this one (pid %d) is gone: stopping at a checkpoint", watched_pid)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
+        while not gone():
+            time.sleep(POLL_SECONDS)
+        log.warning("the process that started this one (pid %d) is gone: stopping at a checkpoint", parent.pid)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="shardline-parent-watch", daemon=True).start()
     return True

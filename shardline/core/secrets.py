@@ -220,7 +220,7 @@ def redacted_errors(fn):
     # the parameters' types resolved where `fn` is defined (Prefect validates a flow's parameters from them, and a
     # postponed annotation would otherwise be looked up in this module)
     wrapper.__signature__ = inspect.signature(fn, eval_str=True)
-    wrapper.__annotations__ = {k: v for k, v in inspect.get_annotations(fn, eval_str=True).items()}
+    wrapper.__annotations__ = inspect.get_annotations(fn, eval_str=True)
     return wrapper
 
 

@@ -154,14 +154,13 @@ class MappedPages:
     _counted = 0  # blocks read since the last drop, in all of them
     drops = 0  # how many times the budget was passed
 
-    def __init__(self, buffer, budget: int, block: int = FAULT_BLOCK):
+    def __init__(self, buffer, budget: int):
         self._buffer = buffer
         self.budget = int(budget)
-        self.block = int(block)
         self._base = int(np.frombuffer(buffer, np.uint8, count=1).__array_interface__["data"][0]) if len(buffer) else 0
-        self._first = self._base // self.block  # blocks are aligned in the address space, as faults map them
+        self._first = self._base // FAULT_BLOCK  # blocks are aligned in the address space, as faults map them
         self.size = len(buffer)
-        self._read = np.zeros((self._base + max(self.size, 1) - 1) // self.block - self._first + 1, dtype=bool)
+        self._read = np.zeros((self._base + max(self.size, 1) - 1) // FAULT_BLOCK - self._first + 1, dtype=bool)
         self.footprint = 0  # bytes one read mapped into the empty mapping (the last measure; 0: none yet)
         self.scattered = False
         self._measure = True  # the next read measures the footprint
@@ -182,10 +181,10 @@ class MappedPages:
         for starts, length in spans:
             if length <= 0 or not len(starts):
                 continue
-            lo = (np.asarray(starts, dtype=np.int64) + self._base) // self.block - self._first
-            hi = (np.asarray(starts, dtype=np.int64) + (self._base + length - 1)) // self.block - self._first
+            lo = (np.asarray(starts, dtype=np.int64) + self._base) // FAULT_BLOCK - self._first
+            hi = (np.asarray(starts, dtype=np.int64) + (self._base + length - 1)) // FAULT_BLOCK - self._first
             ids.append(lo)
-            extra = (length - 1) // self.block + 1  # blocks after the first that a range may reach
+            extra = (length - 1) // FAULT_BLOCK + 1  # blocks after the first that a range may reach
             for k in range(1, extra + 1):
                 ids.append(np.minimum(lo + k, hi))
         if not ids:
@@ -203,21 +202,21 @@ class MappedPages:
             MappedPages._counted += new
             if self._measure:
                 self._measure = False
-                last, self.footprint = self.footprint, new * self.block
+                last, self.footprint = self.footprint, new * FAULT_BLOCK
                 if min(last, self.footprint) > self.budget:  # reads map more than the budget: no drop keeps it
                     self.scattered = True
                     MappedPages._counted = max(0, MappedPages._counted - before - new)
                     self._read[:] = False
                     return
-            if MappedPages._counted * self.block > self.budget:
+            if MappedPages._counted * FAULT_BLOCK > self.budget:
                 MappedPages._drop_all()
 
-    def passed(self, keep: int = SEQUENTIAL_KEEP) -> None:
+    def passed(self) -> None:
         """A pass in order (evaluation, validation) is past what it has read of this mapping: once that is more
-        than `keep` bytes, drop it. Nothing behind the pass is read again, so the pass holds `keep` of the pack
-        mapped instead of the whole budget (a 2,000-game test split's evaluation peaked ~95 MB lower)."""
+        than `SEQUENTIAL_KEEP` bytes, drop it. Nothing behind the pass is read again, so the pass holds that much of
+        the pack mapped instead of the whole budget (a 2,000-game test split's evaluation peaked ~95 MB lower)."""
         with MappedPages._lock:
-            if not self.scattered and int(np.count_nonzero(self._read)) * self.block > keep:
+            if not self.scattered and int(np.count_nonzero(self._read)) * FAULT_BLOCK > SEQUENTIAL_KEEP:
                 self._drop()
 
     def drop(self) -> None:
@@ -305,7 +304,7 @@ def read_arrays(path: str | Path, specs: dict[str, ArraySpec]) -> dict[str, np.n
 
 def _window_counts(offsets: np.ndarray, window: int, horizon: int) -> np.ndarray:
     lengths = np.diff(np.asarray(offsets, dtype=np.int64))
-    span = max(window + horizon, window)  # rows a window needs, target row included (horizon 0: target is the last row)
+    span = window + horizon  # rows a window needs, target row included (horizon 0: target is the last row)
     return np.maximum(lengths - span + 1, 0)
 
 

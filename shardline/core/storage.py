@@ -224,13 +224,13 @@ class ShardCache:
     object another process has memory-mapped stays readable after it is unlinked here.
     """
 
-    def __init__(self, root: str | Path | None = None, cap_bytes: int | None = None, threads: int = 1):
+    def __init__(self, root: str | Path, cap_bytes: int | None = None):
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
-        self.root = Path(root) if root is not None else cache_dir()
+        self.root = Path(root)
         self.objects = self.root / "objects"
-        self.cap = int(cap_bytes) if cap_bytes is not None else self.default_cap(self.root)
+        self.cap = int(cap_bytes) if cap_bytes is not None else self.default_cap()
         env = os.environ.get(CACHE_CAP_ENV)
         self.cap_source = (
             "set by the caller"
@@ -242,23 +242,22 @@ class ShardCache:
         self._pin_bytes: dict[str, int] = {}  # the size each pinned object takes (or will take) in the cache
         self._reserved: dict[str, int] = {}
         self._inflight: dict[str, object] = {}
-        # read-ahead fetches, one at a time by default: each holds a shard's unpacked and code-mapped bytes while
+        # read-ahead fetches, one at a time: each holds a shard's unpacked and code-mapped bytes while
         # it runs (~200 MB at 83 MB shards), and a read-ahead is a shuffle block ahead of need; two at once took
         # 157 MB more of a streamed training at 22,000 games, and were no faster on 2 cores (docs/performance.md)
-        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="shardline-fetch")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardline-fetch")
         self.downloads = 0
         self.evictions = 0
 
-    @staticmethod
-    def default_cap(root: Path) -> int:
+    def default_cap(self) -> int:
         """`SHARDLINE_CACHE_MAX_GB` if set, else half of the free disk where the cache lives plus what it holds."""
         gb = settings.number(CACHE_CAP_ENV)
         if gb is not None:
             return int(gb * 1e9)
-        probe = root
+        probe = self.root
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
-        return int(shutil.disk_usage(probe).free * 0.5) + sum(e[2] for e in _cached(root / "objects"))
+        return int(shutil.disk_usage(probe).free * 0.5) + self.held_bytes()
 
     def path(self, sha256: str) -> Path:
         return self.objects / sha256[:2] / sha256
@@ -270,7 +269,7 @@ class ShardCache:
         """The cap and where it comes from, for messages: '300 MB (SHARDLINE_CACHE_MAX_GB=0.3)'."""
         return f"{self.cap / 1e6:,.0f} MB ({self.cap_source})"
 
-    def pin(self, sha256: str, nbytes: int = 0) -> None:
+    def pin(self, sha256: str, nbytes: int) -> None:
         """Keep `sha256` from eviction until `unpin`; `nbytes` is what it takes in the cache (counted by
         `pinned_bytes`, so a read-ahead knows the room left)."""
         with self._lock:
@@ -358,7 +357,7 @@ class ShardCache:
         self,
         uri: str,
         sha256: str,
-        size: int | None = None,
+        size: int,
         compression: str | None = None,
         raw_bytes: int | None = None,
         derived: Derived | None = None,
@@ -381,7 +380,7 @@ class ShardCache:
         self,
         uri: str,
         sha256: str,
-        size: int | None,
+        size: int | None,  # None only with `derived`
         compression: str | None = None,
         raw_bytes: int | None = None,
         derived: Derived | None = None,
@@ -394,12 +393,8 @@ class ShardCache:
                     derived.write(raw, f.fileno())
 
             return self.build(derived.key, derived.nbytes, make, uri)
-        if _touch(self.path(sha256)):  # there: recently used (and no remote size asked for)
+        if _touch(self.path(sha256)):  # there: recently used
             return self.path(sha256)
-        remote = is_remote(uri)
-        fs, path = filesystem(uri) if remote else (None, local_path(uri))
-        if size is None:
-            size = int(fs.size(path)) if remote else os.path.getsize(path)
 
         def fetch(tmp: Path) -> None:
             with _checked_local(uri, sha256, tmp) as src:
@@ -407,7 +402,7 @@ class ShardCache:
                     from shardline.core.shards import unpack_file
 
                     unpack_file(src, tmp, int(raw_bytes), str(src), compression)
-                elif remote:
+                elif is_remote(uri):
                     os.replace(src, tmp)
                 else:
                     shutil.copyfile(src, tmp)
@@ -443,21 +438,19 @@ class ShardCache:
         compression: str | None = None,
         raw_bytes: int | None = None,
         derived: Derived | None = None,
-    ):
+    ) -> None:
         """Start fetching `uri` in the background (read-ahead); `get` waits for it."""
         name = derived.key if derived else sha256
         with self._lock:
-            fut = self._inflight.get(name)
             if (
-                fut is not None
+                name in self._inflight
                 or (not is_remote(uri) and compression is None and derived is None)
                 or self.path(name).exists()
             ):
-                return fut
+                return
             fut = self._pool.submit(self._download, uri, sha256, size, compression, raw_bytes, derived)
             self._inflight[name] = fut
         fut.add_done_callback(lambda _f: self._done(name))
-        return fut
 
     def _done(self, sha256: str) -> None:
         with self._lock:
@@ -474,14 +467,14 @@ class Derived:
     write: Callable[[bytes, int], None]
 
 
-_CACHES: dict[tuple[str, int | None], ShardCache] = {}
+_CACHES: dict[str, ShardCache] = {}
 
 
-def shared_cache(cap_bytes: int | None = None) -> ShardCache:
-    """The process-wide cache for this machine's cache folder (one per cap)."""
-    key = (str(cache_dir()), cap_bytes)
+def shared_cache() -> ShardCache:
+    """The process-wide cache for this machine's cache folder."""
+    key = str(cache_dir())
     if key not in _CACHES:
-        _CACHES[key] = ShardCache(cache_dir(), cap_bytes)
+        _CACHES[key] = ShardCache(cache_dir())
     return _CACHES[key]
 
 

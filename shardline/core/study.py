@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from shardline.core import storage
+from shardline.core.lease import create_exclusive
 
 PRUNERS = ("median", "hyperband")
 TRIAL_ATTR = "shardline.trial"  # the sweep's own name of an Optuna trial (t01, ...), in its user attributes
@@ -49,8 +50,6 @@ class StorageJournal:
         return logs[log_number_from:]
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        from shardline.core.lease import create_exclusive
-
         data = json.dumps(logs).encode()
         n = len(self._entries())
         while not create_exclusive(storage.join(self.folder, f"{n:09d}.json"), data):
@@ -104,16 +103,14 @@ def make_pruner(name: str | None, epochs: int):
     """Optuna's pruner by name, over a trial's epochs: `median` (stop a trial whose value at an epoch is worse than
     the median of the other trials' at that epoch, once one epoch is in), `hyperband` (successive halving in
     brackets, from one epoch to the last one a decision can save: `epochs` - 1, the last a trial reports; keeping a
-    third at each rung); None: no pruning."""
+    third at each rung); None: no pruning. The name was checked against PRUNERS (`tasks.sweep.check_pruning`)."""
     import optuna
 
     if name is None:
         return optuna.pruners.NopPruner()
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-    if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, epochs - 1), reduction_factor=3)
-    raise ValueError(f"--prune {name!r}: choose one of {', '.join(PRUNERS)}")
+    return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, epochs - 1), reduction_factor=3)
 
 
 def make_sampler(name: str, seed: int):

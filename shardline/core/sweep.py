@@ -34,6 +34,7 @@ from shardline.core.config import (
     stable_hash,
     validate_config,
 )
+from shardline.core.secrets import KEEP_SECRETS
 
 
 class SweepError(ConfigError):
@@ -67,9 +68,6 @@ class Range(BaseModel):
         if self.int_:
             return int(min(max(round(value), math.ceil(self.low)), math.floor(self.high)))
         return float(f"{value:.6g}")  # a readable value: the same in the config, MLflow and the plot
-
-    def describe(self) -> dict:
-        return {"low": self.low, "high": self.high, "log": self.log, "int": self.int_}
 
 
 Space = dict[str, list | Range]  # dotted config key -> the values to try (a choice) or a range
@@ -278,7 +276,7 @@ class Plan:
         return list(self.space)
 
     def describe_space(self) -> dict:
-        return {k: (v.describe() if isinstance(v, Range) else v) for k, v in self.space.items()}
+        return {k: (v.model_dump(by_alias=True) if isinstance(v, Range) else v) for k, v in self.space.items()}
 
 
 def raw_config(config: PipelineConfig | dict | str) -> dict:
@@ -289,8 +287,6 @@ def raw_config(config: PipelineConfig | dict | str) -> dict:
         return read_yaml(Path(config))
     if isinstance(config, dict):
         return json.loads(json.dumps(config))
-    from shardline.core.secrets import KEEP_SECRETS
-
     raw = config.model_dump(mode="json", context=KEEP_SECRETS)
     metrics = metric_directions(config.data.target_list)
     first = next(iter(metrics))
@@ -379,10 +375,9 @@ def best_of(rows: list[dict]) -> dict | None:
     return min(done, key=lambda r: (sign * r["score"], rows.index(r)))
 
 
-def cpu_share(at_once: int, cores: int | None = None) -> int:
+def cpu_share(at_once: int) -> int:
     """Torch threads of each of `at_once` trials sharing this machine: its cores split between them."""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // max(1, at_once))
 
 

@@ -45,7 +45,7 @@ def spawning_this_shardline() -> Iterator[None]:
         sys.path[:] = saved
 
 
-def _module_path(name: str, root: Path = ROOT, packages: tuple[str, ...] | None = PACKAGES) -> Path | None:
+def _module_path(name: str, root: Path, packages: tuple[str, ...] | None) -> Path | None:
     """The source file of module `name` under `root` (only those of `packages`, when given)."""
     parts = name.split(".")
     if not name or (packages is not None and parts[0] not in packages):
@@ -113,8 +113,6 @@ def user_code(entrypoint: str, code_dir: str | None) -> dict[str, Path]:
 def user_packages(entrypoint: str, code_dir: str | None) -> set[str]:
     """The top-level modules the user's model code imports that are neither the user's own (under `code_dir`),
     the standard library's, nor Shardline: the third-party packages a registered model must install."""
-    import sys
-
     code = user_code(entrypoint, code_dir)
     own = {name.partition(".")[0] for name in code}
     found = {name.partition(".")[0] for module, path in code.items() for name in imports_of(path, module)}

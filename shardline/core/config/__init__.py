@@ -16,7 +16,6 @@ from shardline.core.config.base import (  # noqa: F401
 from shardline.core.config.data import (  # noqa: F401
     DataConfig,
     SplitConfig,
-    Target,
     TokenizerConfig,
     training_splits,
 )

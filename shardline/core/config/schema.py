@@ -23,6 +23,7 @@ from shardline.core.config.metric_names import (
     resolve_selection,
     validation_metrics,
 )
+from shardline.core.secrets import redact
 
 # the gpt family's settings under model.params (nanoGPT's names) -> the model.* key it overrides
 GPT_PARAMS = {"d_model": "hidden", "n_layer": "layers", "n_head": "heads", "dropout": "dropout", "bias": None}
@@ -549,8 +550,6 @@ class PipelineConfig(Strict):
         `model_dump(mode="json", context=KEEP_SECRETS)` (to build another config in this process)."""
         data = handler(self)
         if info.mode_is_json() and not (isinstance(info.context, dict) and info.context.get("secrets") == "keep"):
-            from shardline.core.secrets import redact
-
             return redact(data)
         return data
 

@@ -26,8 +26,6 @@ class Setting:
     positive: bool = False  # a number that must be more than 0
 
 
-NUMBERS = ("seconds", "MB", "GB", "step", "pid")
-
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
@@ -112,8 +110,6 @@ def number(name: str) -> float | None:
     """Setting `name`, a number of its unit (its default when unset or empty); a value that is not a number it
     takes is an error naming the variable."""
     s, value = SETTINGS[name], _raw(name)
-    if s.kind not in NUMBERS:
-        raise TypeError(f"{name} is a {s.kind}, not a number")
     if value is None:
         return None if s.default is None else float(s.default)
     whole = s.kind in ("step", "pid")
