@@ -16,17 +16,10 @@ from uuid import UUID
 
 from prefect import get_run_logger
 
-from shardline.core.config import settings
 from shardline.core.metrics.report import format_duration
 
-PROGRESS_ENV = "SHARDLINE_PROGRESS_SECONDS"
 PROGRESS_KEY = "train-progress"
 LIVE_KEY = "train-live"
-
-
-def progress_seconds() -> float:
-    """How often the live view may change: `SHARDLINE_PROGRESS_SECONDS`, default 5 (and at each epoch end)."""
-    return settings.number(PROGRESS_ENV)
 
 
 def _contexts():
