@@ -24,7 +24,6 @@ from shardline.core.secrets import has_masked_userinfo, redact_text, without_use
 from shardline.core.tracking.journal import JOURNAL_FILE, RUN_FILE, Journal, Sender, _reachable, _short
 
 log = logging.getLogger("shardline.core.tracking.tracker")
-redact_uri = redact_text  # the name `shardline sync` (app/cli.py) imports it by
 
 
 def unmasked(uri: str) -> str:
@@ -94,14 +93,7 @@ def mlflow_client_defaults(uri: str | None = None) -> None:
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
-FLUSH_ENV = "SHARDLINE_MLFLOW_FLUSH_SECONDS"
 START_WAIT_S = 30.0  # start() waits this long at most for the run to be created (it returns on an outage)
-
-
-def flush_seconds() -> float:
-    """How long `Tracker.end` waits for MLflow to take what is left: `SHARDLINE_MLFLOW_FLUSH_SECONDS`, default 30.
-    What it does not take stays in the journal: the next attempt of the run, or `shardline sync`, sends it."""
-    return settings.number(FLUSH_ENV)
 
 
 def read_run_file(run_dir: str) -> dict:
@@ -130,7 +122,8 @@ class Tracker:
         self.client = MlflowClient(self.uri)
         self.storage_root = storage_root
         self.run_dir = run_dir
-        self.flush_s = flush_seconds()  # a bad value fails here, before training, not at its end
+        # how long `end` waits for MLflow by default: a bad value fails here, before training, not at its end
+        self.flush_s = settings.number("SHARDLINE_MLFLOW_FLUSH_SECONDS")
         self.resumed = False
         self.journal: Journal | None = None
         self._sender: Sender | None = None
