@@ -119,14 +119,14 @@ class LiveView:
             self._pending = True
             self._changed.notify()
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Send the last state (waiting `timeout` seconds at most) and stop the thread."""
+    def close(self) -> None:
+        """Send the last state (waiting 10 seconds at most) and stop the thread."""
         if self._thread is None:
             return
         with self._changed:
             self._closing = True
             self._changed.notify()
-        self._thread.join(timeout)
+        self._thread.join(10.0)
 
     def _warn(self, error: Exception) -> None:
         if not self._warned:

@@ -80,7 +80,7 @@ def choose_price(table: PriceTable, gpu: str, gpus: int, provider: str | None, s
     return Pricing(gpu, gpus, provider, spot, rate, table.as_of, note)
 
 
-def machine_pricing(provider: str | None, spot: bool, machines: int = 1) -> Pricing:
+def machine_pricing(provider: str | None, spot: bool, machines: int) -> Pricing:
     """This machine's pricing: its GPU type (`detect_gpu`: SHARDLINE_GPU_TYPE, torch, nvidia-smi, else CPU), the
     GPUs visible to this process (a machine is billed for all of them, whichever the run uses; a CPU machine
     counts as one), times `machines` (a training on several: the others taken to be like this one), priced
@@ -276,7 +276,7 @@ class CostLedger:
         attempt that found its run finished and trained nothing is not recorded. Said once: a later call
         changes nothing."""
         if self.entry["outcome"] != "running":
-            return summarize(self.doc["attempts"])
+            return self.summary()
         self._now(step)
         self.entry["outcome"] = outcome
         if outcome == "finished" and self.entry["last_step"] == self.entry["first_step"]:
