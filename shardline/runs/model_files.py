@@ -88,8 +88,7 @@ def load_checked(model_uri: str):
     """The MLflow model `models:/name/N` (or `@alias`), loaded only when its files are the ones it was registered
     with; a version registered before files were recorded loads with a warning saying it was not checked. Its
     files are downloaded into a temporary folder that lives as long as the loaded model (it may read them as it
-    runs) and is removed with it, or when the process exits: a predict, a champion gate or a rehearsal used to
-    leave a copy of the model in the temporary folder for good."""
+    runs) and is removed with it, or when the process exits."""
     folder = tempfile.mkdtemp(prefix="shardline-model-")
     try:
         model = _load_checked(model_uri, Path(folder))

@@ -2,13 +2,9 @@
 it, until it finished, was preempted, failed, stopped at its budget or was killed), and the arithmetic of
 useful and wasted GPU-hours and USD from it.
 
-An entry holds the host, the GPU type and count, the price it is costed at (shardline/core/cost/prices.py's
-table: an estimate), when it started, the seconds it ran, the first step (the checkpoint it resumed from)
-and the last step it reached, its outcome, and `marks`: (step, seconds) at each checkpoint it saved.
-Time an attempt spent on steps that a later attempt trained again (after the checkpoint that attempt
-resumed from: a kill, a failure, a preemption without a checkpoint) is wasted; the rest is useful.
-An attempt that resumed after a preemption or a kill records at its first optimizer step what that
-interruption cost (`interruption`: steps and GPU-seconds redone, seconds to recover).
+An entry's `marks` are (step, seconds) at each checkpoint it saved. Time an attempt spent on steps that a
+later attempt trained again (after the checkpoint that attempt resumed from: a kill, a failure, a preemption
+without a checkpoint) is wasted; the rest is useful.
 """
 
 from __future__ import annotations

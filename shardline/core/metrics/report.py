@@ -33,7 +33,6 @@ def _new_figure(width: float, height: float) -> Figure:
 
 
 def _save_atomic(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` as PNG to ``path``, atomically (``storage.write_bytes``)."""
     png = io.BytesIO()
     fig.savefig(png, format="png")
     storage.write_bytes(str(path), png.getvalue())
@@ -218,9 +217,8 @@ def plot_confusion_counts(
 def plot_residuals(y_true: np.ndarray, y_pred: np.ndarray, path: str | Path) -> Path:
     """Predicted vs true scatter (with the identity line) beside a histogram of residuals.
 
-    Draws the points it is given: evaluation passes ``RegressionScores.sample``, every point of a test
-    split of at most 50,000 (``RESIDUAL_SAMPLE``) and an evenly strided, deterministic sample of
-    25,000 to 50,000 of a larger one, so the plot's cost does not grow with the split."""
+    Draws the points it is given (evaluation passes ``RegressionScores.sample``, at most ``RESIDUAL_SAMPLE``),
+    so the plot's cost does not grow with the split."""
     t = _values(y_true, "y_true")
     p = _values(y_pred, "y_pred")
     _same_length(t, p, "y_true", "y_pred")

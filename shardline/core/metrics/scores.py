@@ -1,9 +1,7 @@
 """Evaluation metrics and naive baselines.
 
-No sklearn, Prefect or MLflow here: every function takes numpy arrays (or things ``np.asarray``
-accepts) and returns plain floats, arrays, strings or paths. The streaming scorers count on
-torchmetrics (the confusion matrix, MAE, RMSE, R², imported when a scorer is made); the log loss,
-the top-5 hits, the baselines and the all-at-once reference functions are numpy.
+The streaming scorers count on torchmetrics (the confusion matrix, MAE, RMSE, R², imported when a
+scorer is made); the rest is numpy.
 
 Every metric is finite: empty inputs, non-finite values and labels out of range raise
 ``ValueError`` with a message naming the problem instead of returning NaN.
