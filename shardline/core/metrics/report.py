@@ -306,10 +306,8 @@ def format_metrics_table(
         m = _as_float(model.get(key))
         b = _as_float(baseline.get(key))
         direction = directions.get(key)
-        if direction is not None:
-            direction = str(direction).strip().lower()
-            if direction not in ("maximize", "minimize"):
-                raise ValueError(f"direction for {key!r} must be 'maximize' or 'minimize', got {direction!r}")
+        if direction not in (None, "maximize", "minimize"):
+            raise ValueError(f"direction for {key!r} must be 'maximize' or 'minimize', got {direction!r}")
         if direction is None or math.isnan(m) or math.isnan(b):
             better = "n/a"
         elif m == b:
