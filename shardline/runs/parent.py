@@ -65,12 +65,11 @@ def pinned(config: PipelineConfig, parent: Parent | None) -> PipelineConfig:
     return config.model_copy(update={"training": config.training.model_copy(update={"init_from": parent.uri})})
 
 
-def _registered_files(config: PipelineConfig, parent: Parent, dst: str, path: str = "") -> Path:
-    """A registered parent's model folder, or only the file `path` in it (not the weights), downloaded into
-    `dst`; returns where it lies."""
+def _registered_files(config: PipelineConfig, parent: Parent, dst: str, path: str) -> Path:
+    """Only the file `path` of a registered parent's model folder, downloaded into `dst`; returns where it lies."""
     import mlflow
 
-    uri = f"models:/{parent.name}/{parent.version}" + (f"/{path}" if path else "")
+    uri = f"models:/{parent.name}/{parent.version}/{path}"
     with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)):
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst))
 
