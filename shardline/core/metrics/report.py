@@ -69,7 +69,7 @@ def learning_curves_figure(
     if not history:
         raise ValueError("history is empty: no epochs to plot")
 
-    epochs = np.array([_as_float(row.get("epoch", i + 1)) for i, row in enumerate(history)], dtype=float)
+    epochs = np.array([_as_float(row.get("epoch")) for row in history], dtype=float)
     epochs = np.where(np.isfinite(epochs), epochs, np.arange(1, len(history) + 1))
 
     def series(key: str) -> np.ndarray:

@@ -330,8 +330,8 @@ class ClassificationScores:
         n, c = self.n, self.n_classes
         majority = int(np.argmax(dist))  # every sample's prediction (the lowest id on ties)
         k = min(TOP_K, c)
-        # the same selection classification_metrics makes for each (identical) row
-        top = np.arange(c) if k == c else np.argpartition(-dist[None, :], k - 1, axis=1)[0, :k]
+        # the same selection classification_metrics makes for each (identical) row: every class when k == c
+        top = np.argpartition(-dist[None, :], k - 1, axis=1)[0, :k]
         present = true > 0
         log_loss = np.sum(true[present] * -np.log(np.clip(dist[present], LOG_LOSS_EPS, None))) / n
         tp = np.zeros(c, np.int64)
@@ -340,7 +340,7 @@ class ClassificationScores:
         fp[majority] = n - true[majority]
         return {
             "accuracy": float(true[majority] / n),
-            "top5_accuracy": 1.0 if k == c else float(true[top].sum() / n),
+            "top5_accuracy": float(true[top].sum() / n),
             "log_loss": float(log_loss),
             "macro_f1": _macro_f1(tp, fp, true - tp),
         }
