@@ -88,13 +88,13 @@ def _ties(ties: str) -> str:
     return ties
 
 
-def _same_family(ids: np.ndarray, before: str | None, name: str, column: str) -> str:
-    """The id family (integer, string or object) of a batch, which must be the earlier batches' (`before`)."""
+def _same_family(ids: np.ndarray, before: str | None) -> str:
+    """The id family (integer, string or object) of a batch's group ids, which must be the earlier batches'."""
     family = "integer" if ids.dtype.kind in "biu" else "string" if ids.dtype.kind in "US" else "object"
     if before is not None and family != before:
         raise ValueError(
-            f"{name} holds {family} ids in this batch but {before} ids in earlier ones: "
-            f"give the same {column} to every batch"
+            f"group_ids holds {family} ids in this batch but {before} ids in earlier ones: "
+            "give the same group key column to every batch"
         )
     return family
 
@@ -335,7 +335,7 @@ class RankingScores:
         groups, s, rel = _rows(group_ids, scores, relevance)
         if groups.size == 0:
             return
-        self._family = _same_family(groups, self._family, "group_ids", "group key column")
+        self._family = _same_family(groups, self._family)
         self._groups.append(groups)
         self._scores.append(s)
         self._relevance.append(rel)
