@@ -33,20 +33,21 @@ def test_unreachable_mlflow_never_raises_and_keeps_metrics(tmp_path, monkeypatch
     assert [x["status"] for x in lines if x.get("op") == "end"] == ["FINISHED"]
 
 
-def test_the_flush_wait_is_checked(monkeypatch):
-    from shardline.core.tracking.tracker import flush_seconds
+def test_the_flush_wait_is_checked(monkeypatch, tmp_path):
+    def tracker():
+        return Tracker(MlflowConfig(experiment="e"), str(tmp_path / "store"), run_dir=str(tmp_path / "run"))
 
     monkeypatch.setenv("SHARDLINE_MLFLOW_FLUSH_SECONDS", "soon")
     with pytest.raises(ValueError, match="SHARDLINE_MLFLOW_FLUSH_SECONDS='soon' is not a number"):
-        flush_seconds()
+        tracker()
     monkeypatch.setenv("SHARDLINE_MLFLOW_FLUSH_SECONDS", "5")
-    assert flush_seconds() == 5.0
+    assert tracker().flush_s == 5.0
 
 
 def test_credentials_in_a_uri_are_never_said():
-    from shardline.core.tracking.tracker import redact_uri
+    from shardline.core.secrets import redact_text
 
-    said = redact_uri("MLflow at https://alice:pw@mlflow.example.com/x failed (url: http://bob:t0k@h:5000/api)")
+    said = redact_text("MLflow at https://alice:pw@mlflow.example.com/x failed (url: http://bob:t0k@h:5000/api)")
     assert said == "MLflow at https://***@mlflow.example.com/x failed (url: http://***@h:5000/api)"
 
 

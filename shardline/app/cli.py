@@ -561,7 +561,8 @@ def sync(
 
     Idempotent: what MLflow already has is not sent again, so a second run sends nothing.
     """
-    from shardline.core.tracking.tracker import redact_uri, sync_run
+    from shardline.core.secrets import redact_text
+    from shardline.core.tracking.tracker import sync_run
 
     try:
         report = sync_run(run_dir, tracking_uri)
@@ -569,7 +570,7 @@ def sync(
         _fail(str(e), 2)
     except Exception as e:  # noqa: BLE001 - MLflow away or refusing: said, and the journal keeps everything
         _fail(
-            f"MLflow did not take the journal of {run_dir} ({redact_uri(' '.join(str(e).split())[:400])}); "
+            f"MLflow did not take the journal of {run_dir} ({redact_text(' '.join(str(e).split())[:400])}); "
             "nothing is lost: run this again when it answers"
         )
     skipped = f" ({report.skipped} it already had were skipped)" if report.skipped else ""

@@ -107,16 +107,14 @@ def reevaluate_champion(
     if len(spec.targets) != 1 or spec.target_positions == "all":
         return {"reason": "re-scoring a champion on another test split covers one target, last position only"}
     target = spec.targets[0]
-    if "@" in metric or metric == "mrr":  # a ranking metric (data.group_key)
-        return {
-            "reason": f"{metric} ranks the candidate's test groups by each row's score, which a served prediction "
-            f"does not give; the champion can be re-scored on {', '.join(SERVED_METRICS[target.task])} "
-            "(mlflow.promotion_metric)"
-        }
     if metric not in SERVED_METRICS[target.task]:
+        if "@" in metric or metric == "mrr":  # a ranking metric (data.group_key)
+            needs = "ranks the candidate's test groups by each row's score"
+        else:
+            needs = "needs every class's probability"
         return {
-            "reason": f"{metric} needs every class's probability, which a served prediction does not give; the "
-            f"champion can be re-scored on {', '.join(SERVED_METRICS[target.task])} (mlflow.promotion_metric)"
+            "reason": f"{metric} {needs}, which a served prediction does not give; the champion can be re-scored on "
+            f"{', '.join(SERVED_METRICS[target.task])} (mlflow.promotion_metric)"
         }
     keys = key_columns(spec)
     if "row" in keys:

@@ -75,12 +75,20 @@ def load_pyfunc(uri: str):
         return mlflow.pyfunc.load_model(uri)
 
 
+def registered_version(client, model_uri: str):
+    """The model's name, and the version that `models:/name/N` or `models:/name@alias` names."""
+    name, at, ref = model_uri[len("models:/") :].partition("@")
+    if at:
+        return name, client.get_model_version_by_alias(name, ref)
+    name, _, number = name.partition("/")
+    return name, client.get_model_version(name, number)
+
+
 def load_checked(model_uri: str):
     """The MLflow model `models:/name/N` (or `@alias`), loaded only when its files are the ones it was registered
     with; a version registered before files were recorded loads with a warning saying it was not checked. Its
     files are downloaded into a temporary folder that lives as long as the loaded model (it may read them as it
-    runs) and is removed with it, or when the process exits: a predict, a champion gate or a rehearsal used to
-    leave a copy of the model in the temporary folder for good."""
+    runs) and is removed with it, or when the process exits."""
     folder = tempfile.mkdtemp(prefix="shardline-model-")
     try:
         model = _load_checked(model_uri, Path(folder))
@@ -99,13 +107,7 @@ def _load_checked(model_uri: str, folder: Path):
 
     mlflow_client_defaults()
 
-    name, _, ref = model_uri[len("models:/") :].partition("@")
-    client = MlflowClient()
-    if ref:
-        version = client.get_model_version_by_alias(name, ref)
-    else:
-        name, _, number = name.partition("/")
-        version = client.get_model_version(name, number)
+    name, version = registered_version(MlflowClient(), model_uri)
     expected = (version.tags or {}).get(FILES_TAG)
     where = f"models:/{name}/{version.version}"
     for sub in ("model", "list"):  # MLflow downloads into a folder that exists

@@ -14,6 +14,7 @@ from shardline.core import layout, storage
 from shardline.core.config import DataConfig, PipelineConfig
 from shardline.core.manifest import EncodingSpec, Manifest
 from shardline.core.tracking.tracker import fluent_tracking_uri, tracking_uri
+from shardline.runs.model_files import registered_version
 from shardline.runs.result import Parent
 
 
@@ -30,14 +31,8 @@ def resolve_parent(config: PipelineConfig) -> Parent | None:
         from mlflow.exceptions import MlflowException
 
         where = tracking_uri(config.mlflow, config.storage.root)
-        name, _, ref = uri[len("models:/") :].partition("@")
-        if not ref:
-            name, _, ref = name.partition("/")
         try:
-            client = MlflowClient(where)
-            version = (
-                client.get_model_version_by_alias(name, ref) if "@" in uri else client.get_model_version(name, ref)
-            )
+            name, version = registered_version(MlflowClient(where), uri)
         except MlflowException as e:
             raise ValueError(
                 f"training.init_from={uri}: no such registered model version in {where} "
@@ -70,12 +65,11 @@ def pinned(config: PipelineConfig, parent: Parent | None) -> PipelineConfig:
     return config.model_copy(update={"training": config.training.model_copy(update={"init_from": parent.uri})})
 
 
-def _registered_files(config: PipelineConfig, parent: Parent, dst: str, path: str = "") -> Path:
-    """A registered parent's model folder, or only the file `path` in it (not the weights), downloaded into
-    `dst`; returns where it lies."""
+def _registered_files(config: PipelineConfig, parent: Parent, dst: str, path: str) -> Path:
+    """Only the file `path` of a registered parent's model folder, downloaded into `dst`; returns where it lies."""
     import mlflow
 
-    uri = f"models:/{parent.name}/{parent.version}" + (f"/{path}" if path else "")
+    uri = f"models:/{parent.name}/{parent.version}/{path}"
     with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)):
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst))
 

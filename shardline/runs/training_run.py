@@ -16,7 +16,7 @@ from functools import partial
 import yaml
 
 from shardline.core import layout, storage
-from shardline.core.config import ModelConfig, PipelineConfig, stable_hash, training_splits
+from shardline.core.config import ModelConfig, PipelineConfig, settings, stable_hash, training_splits
 from shardline.core.encoding.contract import contract, contract_differences, contract_of
 from shardline.core.manifest import Manifest
 from shardline.core.metrics.split_ranking import SplitRanking
@@ -28,7 +28,7 @@ from shardline.core.version import code_version, user_code_version
 from shardline.runs import links, training_cost
 from shardline.runs.parent import init_weights, parent_encoding, resolve_parent
 from shardline.runs.result import RESULT_FILE, Parent, TrainResult
-from shardline.runs.training_view import LiveView, progress_seconds, run_logger
+from shardline.runs.training_view import LiveView, run_logger
 from shardline.trainer.progress import BAR_SECONDS, DataWaitWatch, TerminalProgress
 
 
@@ -252,7 +252,7 @@ def _run_training(
     from shardline.trainer.stops import setting_hooks
 
     log = run_logger()
-    every = progress_seconds()  # a bad SHARDLINE_PROGRESS_SECONDS fails here, before any work
+    every = settings.number("SHARDLINE_PROGRESS_SECONDS")  # the live view's pace: a bad value fails here, not later
     spec = manifest.encoding
     trains_on, validates_on = training_splits(config.data.split, config.training.fold)
     train_data = open_split(manifest, manifest_uri, trains_on)

@@ -16,17 +16,10 @@ from uuid import UUID
 
 from prefect import get_run_logger
 
-from shardline.core.config import settings
 from shardline.core.metrics.report import format_duration
 
-PROGRESS_ENV = "SHARDLINE_PROGRESS_SECONDS"
 PROGRESS_KEY = "train-progress"
 LIVE_KEY = "train-live"
-
-
-def progress_seconds() -> float:
-    """How often the live view may change: `SHARDLINE_PROGRESS_SECONDS`, default 5 (and at each epoch end)."""
-    return settings.number(PROGRESS_ENV)
 
 
 def _contexts():
@@ -126,14 +119,14 @@ class LiveView:
             self._pending = True
             self._changed.notify()
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Send the last state (waiting `timeout` seconds at most) and stop the thread."""
+    def close(self) -> None:
+        """Send the last state (waiting 10 seconds at most) and stop the thread."""
         if self._thread is None:
             return
         with self._changed:
             self._closing = True
             self._changed.notify()
-        self._thread.join(timeout)
+        self._thread.join(10.0)
 
     def _warn(self, error: Exception) -> None:
         if not self._warned:

@@ -2,13 +2,9 @@
 it, until it finished, was preempted, failed, stopped at its budget or was killed), and the arithmetic of
 useful and wasted GPU-hours and USD from it.
 
-An entry holds the host, the GPU type and count, the price it is costed at (shardline/core/cost/prices.py's
-table: an estimate), when it started, the seconds it ran, the first step (the checkpoint it resumed from)
-and the last step it reached, its outcome, and `marks`: (step, seconds) at each checkpoint it saved.
-Time an attempt spent on steps that a later attempt trained again (after the checkpoint that attempt
-resumed from: a kill, a failure, a preemption without a checkpoint) is wasted; the rest is useful.
-An attempt that resumed after a preemption or a kill records at its first optimizer step what that
-interruption cost (`interruption`: steps and GPU-seconds redone, seconds to recover).
+An entry's `marks` are (step, seconds) at each checkpoint it saved. Time an attempt spent on steps that a
+later attempt trained again (after the checkpoint that attempt resumed from: a kill, a failure, a preemption
+without a checkpoint) is wasted; the rest is useful.
 """
 
 from __future__ import annotations
@@ -80,7 +76,7 @@ def choose_price(table: PriceTable, gpu: str, gpus: int, provider: str | None, s
     return Pricing(gpu, gpus, provider, spot, rate, table.as_of, note)
 
 
-def machine_pricing(provider: str | None, spot: bool, machines: int = 1) -> Pricing:
+def machine_pricing(provider: str | None, spot: bool, machines: int) -> Pricing:
     """This machine's pricing: its GPU type (`detect_gpu`: SHARDLINE_GPU_TYPE, torch, nvidia-smi, else CPU), the
     GPUs visible to this process (a machine is billed for all of them, whichever the run uses; a CPU machine
     counts as one), times `machines` (a training on several: the others taken to be like this one), priced
@@ -276,7 +272,7 @@ class CostLedger:
         attempt that found its run finished and trained nothing is not recorded. Said once: a later call
         changes nothing."""
         if self.entry["outcome"] != "running":
-            return summarize(self.doc["attempts"])
+            return self.summary()
         self._now(step)
         self.entry["outcome"] = outcome
         if outcome == "finished" and self.entry["last_step"] == self.entry["first_step"]:

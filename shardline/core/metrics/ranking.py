@@ -88,22 +88,27 @@ def _ties(ties: str) -> str:
     return ties
 
 
-def _same_family(ids: np.ndarray, before: str | None, name: str, column: str) -> str:
-    """The id family (integer, string or object) of a batch, which must be the earlier batches' (`before`)."""
+def _same_family(ids: np.ndarray, before: str | None) -> str:
+    """The id family (integer, string or object) of a batch's group ids, which must be the earlier batches'."""
     family = "integer" if ids.dtype.kind in "biu" else "string" if ids.dtype.kind in "US" else "object"
     if before is not None and family != before:
         raise ValueError(
-            f"{name} holds {family} ids in this batch but {before} ids in earlier ones: "
-            f"give the same {column} to every batch"
+            f"group_ids holds {family} ids in this batch but {before} ids in earlier ones: "
+            "give the same group key column to every batch"
         )
     return family
 
 
-def _keys(values: object, name: str) -> np.ndarray:
-    """A 1-D array of integer, string or object ids (group ids, item ids); integers as int64."""
+def _one_per_row(values: object, name: str, what: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one id per row), got shape {arr.shape}")
+        raise ValueError(f"{name} must be 1-D (one {what} per row), got shape {arr.shape}")
+    return arr
+
+
+def _keys(values: object, name: str) -> np.ndarray:
+    """A 1-D array of integer, string or object ids (group ids, item ids); integers as int64."""
+    arr = _one_per_row(values, name, "id")
     kind = arr.dtype.kind
     if arr.size == 0:  # np.asarray([]) is float64: an empty batch has no ids to check
         return arr.astype(np.int64)
@@ -121,48 +126,48 @@ def _keys(values: object, name: str) -> np.ndarray:
     )
 
 
-def _scores(values: object, name: str = "scores") -> np.ndarray:
+def _scores(values: object) -> np.ndarray:
     """1-D float64 scores; NaN has no place in an order, so it raises (infinities are allowed)."""
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one score per row), got shape {arr.shape}")
+    arr = _one_per_row(values, "scores", "score")
     if arr.dtype.kind not in "biuf":
-        raise ValueError(f"{name} must be numbers, got dtype {arr.dtype}")
+        raise ValueError(f"scores must be numbers, got dtype {arr.dtype}")
     arr = arr.astype(np.float64, copy=False)
     if np.isnan(arr).any():
-        raise ValueError(f"{name} contains {int(np.isnan(arr).sum())} NaN value(s): every row needs a score to rank")
+        raise ValueError(f"scores contains {int(np.isnan(arr).sum())} NaN value(s): every row needs a score to rank")
     return arr
 
 
-def _relevance(values: object, name: str = "relevance") -> np.ndarray:
+def _relevance(values: object) -> np.ndarray:
     """1-D float64 relevance grades: whole numbers 0..MAX_GRADE (0 = not relevant)."""
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one grade per row), got shape {arr.shape}")
+    arr = _one_per_row(values, "relevance", "grade")
     if arr.dtype.kind not in "biuf":
-        raise ValueError(f"{name} must be numbers (grades 0..G, 0 = not relevant), got dtype {arr.dtype}")
+        raise ValueError(f"relevance must be numbers (grades 0..G, 0 = not relevant), got dtype {arr.dtype}")
     arr = arr.astype(np.float64, copy=False)
     if arr.size == 0:
         return arr
     if not np.isfinite(arr).all():
-        raise ValueError(f"{name} contains {int((~np.isfinite(arr)).sum())} NaN or infinite value(s)")
+        raise ValueError(f"relevance contains {int((~np.isfinite(arr)).sum())} NaN or infinite value(s)")
     if arr.min() < 0:
-        raise ValueError(f"{name} contains negative grades (min {arr.min():g}): grades are 0..G, 0 = not relevant")
+        raise ValueError(f"relevance contains negative grades (min {arr.min():g}): grades are 0..G, 0 = not relevant")
     fractional = arr[arr != np.round(arr)]
     if fractional.size:
-        raise ValueError(f"{name} must hold whole grades 0..G, got fractional values such as {fractional[0]:g}")
+        raise ValueError(f"relevance must hold whole grades 0..G, got fractional values such as {fractional[0]:g}")
     if arr.max() > MAX_GRADE:
         raise ValueError(
-            f"{name} has grade {arr.max():g}, above the largest usable grade, {MAX_GRADE}: check the relevance column"
+            f"relevance has grade {arr.max():g}, above the largest usable grade, {MAX_GRADE}: "
+            "check the relevance column"
         )
     return arr
 
 
-def _same_length(**arrays: np.ndarray) -> None:
+def _rows(group_ids: object, scores: object, relevance: object) -> tuple[np.ndarray, ...]:
+    """Rows checked: their group ids, scores and relevance grades (as `_keys`, `_scores` and `_relevance` say)."""
+    arrays = {"group_ids": _keys(group_ids, "group_ids"), "scores": _scores(scores), "relevance": _relevance(relevance)}
     lengths = {name: arr.shape[0] for name, arr in arrays.items()}
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{name} {n}" for name, n in lengths.items())
         raise ValueError(f"{', '.join(lengths)} must have one entry per row, got lengths {listed}")
+    return tuple(arrays.values())
 
 
 # --------------------------------------------------------------------------- metrics
@@ -188,10 +193,7 @@ def ranking_metrics(
     """
     cutoffs = _ks(ks)
     ties = _ties(ties)
-    groups = _keys(group_ids, "group_ids")
-    s = _scores(scores)
-    rel = _relevance(relevance)
-    _same_length(group_ids=groups, scores=s, relevance=rel)
+    groups, s, rel = _rows(group_ids, scores, relevance)
     if groups.size == 0:
         raise ValueError("group_ids, scores and relevance are empty: ranking metrics need at least one row")
     return _compute(groups, s, rel, cutoffs, ties)
@@ -330,13 +332,10 @@ class RankingScores:
 
     def update(self, group_ids: object, scores: object, relevance: object) -> None:
         """Keep one batch's rows (an empty batch is fine)."""
-        groups = _keys(group_ids, "group_ids")
-        s = _scores(scores)
-        rel = _relevance(relevance)
-        _same_length(group_ids=groups, scores=s, relevance=rel)
+        groups, s, rel = _rows(group_ids, scores, relevance)
         if groups.size == 0:
             return
-        self._family = _same_family(groups, self._family, "group_ids", "group key column")
+        self._family = _same_family(groups, self._family)
         self._groups.append(groups)
         self._scores.append(s)
         self._relevance.append(rel)

@@ -33,7 +33,6 @@ def _new_figure(width: float, height: float) -> Figure:
 
 
 def _save_atomic(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` as PNG to ``path``, atomically (``storage.write_bytes``)."""
     png = io.BytesIO()
     fig.savefig(png, format="png")
     storage.write_bytes(str(path), png.getvalue())
@@ -70,7 +69,7 @@ def learning_curves_figure(
     if not history:
         raise ValueError("history is empty: no epochs to plot")
 
-    epochs = np.array([_as_float(row.get("epoch", i + 1)) for i, row in enumerate(history)], dtype=float)
+    epochs = np.array([_as_float(row.get("epoch")) for row in history], dtype=float)
     epochs = np.where(np.isfinite(epochs), epochs, np.arange(1, len(history) + 1))
 
     def series(key: str) -> np.ndarray:
@@ -218,9 +217,8 @@ def plot_confusion_counts(
 def plot_residuals(y_true: np.ndarray, y_pred: np.ndarray, path: str | Path) -> Path:
     """Predicted vs true scatter (with the identity line) beside a histogram of residuals.
 
-    Draws the points it is given: evaluation passes ``RegressionScores.sample``, every point of a test
-    split of at most 50,000 (``RESIDUAL_SAMPLE``) and an evenly strided, deterministic sample of
-    25,000 to 50,000 of a larger one, so the plot's cost does not grow with the split."""
+    Draws the points it is given (evaluation passes ``RegressionScores.sample``, at most ``RESIDUAL_SAMPLE``),
+    so the plot's cost does not grow with the split."""
     t = _values(y_true, "y_true")
     p = _values(y_pred, "y_pred")
     _same_length(t, p, "y_true", "y_pred")
@@ -308,10 +306,8 @@ def format_metrics_table(
         m = _as_float(model.get(key))
         b = _as_float(baseline.get(key))
         direction = directions.get(key)
-        if direction is not None:
-            direction = str(direction).strip().lower()
-            if direction not in ("maximize", "minimize"):
-                raise ValueError(f"direction for {key!r} must be 'maximize' or 'minimize', got {direction!r}")
+        if direction not in (None, "maximize", "minimize"):
+            raise ValueError(f"direction for {key!r} must be 'maximize' or 'minimize', got {direction!r}")
         if direction is None or math.isnan(m) or math.isnan(b):
             better = "n/a"
         elif m == b:

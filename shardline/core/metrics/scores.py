@@ -1,9 +1,7 @@
 """Evaluation metrics and naive baselines.
 
-No sklearn, Prefect or MLflow here: every function takes numpy arrays (or things ``np.asarray``
-accepts) and returns plain floats, arrays, strings or paths. The streaming scorers count on
-torchmetrics (the confusion matrix, MAE, RMSE, R², imported when a scorer is made); the log loss,
-the top-5 hits, the baselines and the all-at-once reference functions are numpy.
+The streaming scorers count on torchmetrics (the confusion matrix, MAE, RMSE, R², imported when a
+scorer is made); the rest is numpy.
 
 Every metric is finite: empty inputs, non-finite values and labels out of range raise
 ``ValueError`` with a message naming the problem instead of returning NaN.
@@ -332,8 +330,8 @@ class ClassificationScores:
         n, c = self.n, self.n_classes
         majority = int(np.argmax(dist))  # every sample's prediction (the lowest id on ties)
         k = min(TOP_K, c)
-        # the same selection classification_metrics makes for each (identical) row
-        top = np.arange(c) if k == c else np.argpartition(-dist[None, :], k - 1, axis=1)[0, :k]
+        # the same selection classification_metrics makes for each (identical) row: every class when k == c
+        top = np.argpartition(-dist[None, :], k - 1, axis=1)[0, :k]
         present = true > 0
         log_loss = np.sum(true[present] * -np.log(np.clip(dist[present], LOG_LOSS_EPS, None))) / n
         tp = np.zeros(c, np.int64)
@@ -342,7 +340,7 @@ class ClassificationScores:
         fp[majority] = n - true[majority]
         return {
             "accuracy": float(true[majority] / n),
-            "top5_accuracy": 1.0 if k == c else float(true[top].sum() / n),
+            "top5_accuracy": float(true[top].sum() / n),
             "log_loss": float(log_loss),
             "macro_f1": _macro_f1(tp, fp, true - tp),
         }

@@ -1,11 +1,6 @@
 """Ranking data's splits ranked by a model, a batch at a time: evaluation ranks the test split with it, and the
 training loop the validation split each epoch (`val_ndcg_at_10`), so both report the same numbers the same way.
 
-`RowKeys` reads back the rows files the encode writes beside each shard (each row's group, item and relevance
-grade: `shardline/core/encoding/row_keys.py`) for windows' target rows (and evaluation its keys files, for their
-sequence keys); `SplitRanking` scores those rows from
-the model's outputs and ranks each group (`shardline/core/metrics/ranking.py`: `RankingScores`, ties averaged).
-
 Kept apart from `row_keys.py` on purpose: that module is part of the encoder's code version (a group's
 address, `shardline/tasks/encode.py: encoder_code`), so an edit here must not encode any data again.
 """

@@ -366,12 +366,12 @@ class Sender:
             finally:
                 self._urgent = False
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
         with self.journal.changed:
             self._stop = True
             self.journal.changed.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(5.0)
 
     @property
     def alive(self) -> bool:

@@ -24,7 +24,6 @@ from shardline.core.secrets import has_masked_userinfo, redact_text, without_use
 from shardline.core.tracking.journal import JOURNAL_FILE, RUN_FILE, Journal, Sender, _reachable, _short
 
 log = logging.getLogger("shardline.core.tracking.tracker")
-redact_uri = redact_text  # the name `shardline sync` (app/cli.py) imports it by
 
 
 def unmasked(uri: str) -> str:
@@ -94,14 +93,7 @@ def mlflow_client_defaults(uri: str | None = None) -> None:
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
-FLUSH_ENV = "SHARDLINE_MLFLOW_FLUSH_SECONDS"
 START_WAIT_S = 30.0  # start() waits this long at most for the run to be created (it returns on an outage)
-
-
-def flush_seconds() -> float:
-    """How long `Tracker.end` waits for MLflow to take what is left: `SHARDLINE_MLFLOW_FLUSH_SECONDS`, default 30.
-    What it does not take stays in the journal: the next attempt of the run, or `shardline sync`, sends it."""
-    return settings.number(FLUSH_ENV)
 
 
 def read_run_file(run_dir: str) -> dict:
@@ -130,7 +122,8 @@ class Tracker:
         self.client = MlflowClient(self.uri)
         self.storage_root = storage_root
         self.run_dir = run_dir
-        self.flush_s = flush_seconds()  # a bad value fails here, before training, not at its end
+        # how long `end` waits for MLflow by default: a bad value fails here, before training, not at its end
+        self.flush_s = settings.number("SHARDLINE_MLFLOW_FLUSH_SECONDS")
         self.resumed = False
         self.journal: Journal | None = None
         self._sender: Sender | None = None
@@ -138,7 +131,7 @@ class Tracker:
 
     @property
     def run_id(self) -> str | None:
-        return self.journal.run_id if self.journal else None
+        return self.journal.run_id
 
     def start(self, run_id: str | None = None, run_name: str = "", tags: dict[str, str] | None = None) -> str | None:
         """Continue `run_id`, or the run the run folder's journal or `mlflow-run.json` names (a resumed
@@ -176,38 +169,31 @@ class Tracker:
         except OSError as e:
             log.warning("could not write %s (%s)", storage.join(self.run_dir, RUN_FILE), redact_text(str(e)))
 
-    def _append(self, entry: dict) -> None:
-        if self.journal is None:
-            raise RuntimeError("Tracker.start() must come before any logging")
-        self.journal.append(entry)
-
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         values = {k: float(v) for k, v in metrics.items() if v is not None}
         if values:
-            self._append({"op": "metrics", "step": int(step), "ts": int(time.time() * 1000), "metrics": values})
+            self.journal.append({"op": "metrics", "step": int(step), "ts": int(time.time() * 1000), "metrics": values})
 
     def log_params(self, params: dict[str, Any]) -> None:
         # MLflow keeps a param's first value: a resumed run's are sent only where the run has none
-        self._append({"op": "params", "params": {k: str(v)[:6000] for k, v in params.items()}})
+        self.journal.append({"op": "params", "params": {k: str(v)[:6000] for k, v in params.items()}})
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self._append({"op": "tags", "tags": {k: str(v) for k, v in tags.items()}})
+        self.journal.append({"op": "tags", "tags": {k: str(v) for k, v in tags.items()}})
 
     def log_dict(self, data: dict, artifact_file: str) -> None:
-        self._append({"op": "dict", "data": data, "file": artifact_file})
+        self.journal.append({"op": "dict", "data": data, "file": artifact_file})
 
     def log_inputs(self, datasets: list[dict]) -> None:
         """Data sets the run read (MLflow's Dataset: name, digest, source_type, source, schema, profile as
         JSON text), each with its `context` (train, validation, test): the run page's Datasets panel."""
-        self._append({"op": "inputs", "datasets": datasets})
+        self.journal.append({"op": "inputs", "datasets": datasets})
 
     def last_step(self, key: str) -> int:
         """The highest step logged for `key` in this run: in the journal, or on the server when it answers
         (-1 when none)."""
-        if self.journal is None:
-            return -1
         best = self.journal.steps.get(key, -1)
-        if self.run_id and self._sender is not None and self._sender.outage_since is None and _reachable(self.uri):
+        if self.run_id and self._sender.outage_since is None and _reachable(self.uri):
             try:
                 history = self.client.get_metric_history(self.run_id, key)
                 best = max([best, *(m.step for m in history)])
@@ -217,8 +203,6 @@ class Tracker:
 
     def save_journal(self) -> None:
         """Copy the journal beside the checkpoints (a remote run folder; a local one holds it already)."""
-        if self.journal is None:
-            return
         try:
             self.journal.mirror()
         except OSError as e:
@@ -228,8 +212,6 @@ class Tracker:
         """Journal the run's end status, wait up to `wait` seconds (default `SHARDLINE_MLFLOW_FLUSH_SECONDS`)
         for MLflow to take everything, stop the sender and keep the rest in the journal, said in one warning.
         True when everything was delivered."""
-        if self.journal is None or self._sender is None:
-            return True
         if self._ended:
             return not self.journal.pending
         self._ended = True
