@@ -193,11 +193,10 @@ def write_manifest(
     groups: list[EncodedGroup],
     data: DataConfig,
     out_dir: str,
-    base: tuple[EncodingSpec, str] | None = None,
-    store: str | None = None,
+    base: tuple[EncodingSpec, str] | None,
+    store: str,
 ) -> str:
-    """`publish_manifest`, its group store `store` by default `groups` beside `out_dir`."""
-    store = store or storage.join(out_dir.rstrip("/").rsplit("/", 1)[0], layout.GROUPS)
+    """`publish_manifest`, said in the encode's log."""
     uri, manifest = publish_manifest(snapshot, groups, data, out_dir, store, base)
     log_skipped_rows(groups, get_run_logger())
     get_run_logger().info(
