@@ -29,8 +29,8 @@ from shardline.core.cost.ledger import add_up
 from shardline.core.failures import InfrastructureFailure, failed_on_infrastructure, retry_on_infrastructure
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text, redacted_errors
-from shardline.core.study import Pruning
-from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep
+from shardline.core.study import PRUNERS, Pruning
+from shardline.core.sweep import Plan, SweepError, Trial, best_of, data_key, is_cross_validation, plot_sweep
 from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
 from shardline.core.version import spawning_this_shardline
 from shardline.runs import links
@@ -150,13 +150,18 @@ def train_in_child(
 def trial_tags(parent_run_id: str | None, sweep_id: str, trial: Trial) -> dict[str, str]:
     """The tags of a trial's MLflow run: its parent (MLflow nests it under the sweep's run), the trial and
     its overrides."""
-    tags = {
-        "shardline.sweep_id": sweep_id,
-        "shardline.sweep.trial": trial.id,
-        "shardline.sweep.overrides": json.dumps(trial.overrides),
-    }
+    tags = {"shardline.sweep_id": sweep_id, **sweep_tags(parent_run_id, trial)}
     if parent_run_id:
-        tags.update({"mlflow.parentRunId": parent_run_id, SWEEP_TAG: parent_run_id})
+        tags["mlflow.parentRunId"] = parent_run_id
+    return tags
+
+
+def sweep_tags(parent_run_id: str | None, trial: Trial) -> dict[str, str]:
+    """What a trial's run and the version registered from it say of the sweep: the trial, its overrides, the
+    sweep's parent run."""
+    tags = {"shardline.sweep.trial": trial.id, "shardline.sweep.overrides": json.dumps(trial.overrides)}
+    if parent_run_id:
+        tags[SWEEP_TAG] = parent_run_id
     return tags
 
 
@@ -192,9 +197,6 @@ def parent_run(plan: Plan, folder: str) -> Iterator[Tracker]:
 
 def check_pruning(plan: Plan, prune: str | None) -> None:
     """A pruner needs what it compares: trials of whole epochs in one process each, and no cross-validation."""
-    from shardline.core.study import PRUNERS
-    from shardline.core.sweep import SweepError, is_cross_validation
-
     if prune is None:
         return
     if prune not in PRUNERS:
@@ -488,10 +490,7 @@ def tag_version(config: PipelineConfig, registered: Registered, parent_run_id: s
 
     client = MlflowClient(tracking_uri(config.mlflow, config.storage.root))
     name, version = registered.model_name, str(registered.version)
-    tags = {"shardline.sweep.trial": trial.id, "shardline.sweep.overrides": json.dumps(trial.overrides)}
-    if parent_run_id:
-        tags[SWEEP_TAG] = parent_run_id
-    for k, v in tags.items():
+    for k, v in sweep_tags(parent_run_id, trial).items():
         client.set_model_version_tag(name, version, k, v)
 
 
