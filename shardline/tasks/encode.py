@@ -160,12 +160,6 @@ def fit_tokenizer_task(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tu
     return uri, sha
 
 
-def manifest_name(base: tuple[EncodingSpec, str] | None) -> str:
-    """The data set's own encoding is `manifest.json`; a parent's, beside it, `manifest-<its hash>.json`
-    (the same shards: they hold their own codes)."""
-    return "manifest.json" if base is None else f"manifest-{base[0].hash()[:16]}.json"
-
-
 def publish_manifest(
     snapshot: Snapshot,
     groups: list[EncodedGroup],
@@ -181,7 +175,9 @@ def publish_manifest(
     manifest = build_manifest(
         snapshot, groups, data, base, store=storage.relative_to(store, out_dir), tokenizer=tokenizer
     )
-    uri = storage.join(out_dir, manifest_name(base))
+    # the data set's own encoding is `manifest.json`; a parent's, beside it, `manifest-<its hash>.json` (the same
+    # shards: they hold their own codes)
+    uri = storage.join(out_dir, "manifest.json" if base is None else f"manifest-{base[0].hash()[:16]}.json")
     storage.write_text(uri, manifest.model_dump_json(indent=1))
     return uri, manifest
 
