@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
-from shardline.core.failures import infrastructure_by_names
+from shardline.core.failures import BudgetExceeded, Preempted, infrastructure_by_names
 from shardline.core.parent_watch import signal_on_parent_death
 from shardline.trainer.device import pick_device
 from shardline.trainer.distributed import check_gpus_per_node
@@ -391,8 +391,6 @@ def outcome(
 ) -> FitResult:
     """What the training came to: rank 0's result, else the error that torch's error records (this agent's and
     the other machines') name as the root cause."""
-    from shardline.core.failures import BudgetExceeded, Preempted
-
     result = json.loads(storage.read_text(job["result"])) if present(job["result"]) else None
     status = (result or {}).get("status")
     if status == "finished":

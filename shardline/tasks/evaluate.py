@@ -35,7 +35,7 @@ from shardline.core.metrics.text import text_generation_scores, unigram_perplexi
 from shardline.core.secrets import redact_text, redacted_errors
 from shardline.runs.result import EvalResult, Trained, TrainResult
 from shardline.tasks.caching import CacheRule
-from shardline.trainer.serving import example_outputs, prediction_frame
+from shardline.trainer.serving import data_spec, example_outputs, prediction_frame
 
 
 class RankingEvaluation(SplitRanking):
@@ -304,7 +304,6 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
     from shardline.trainer.data import open_split
     from shardline.trainer.inference import load_model, predict_batches, window_keys_of
     from shardline.trainer.models import model_spec_for
-    from shardline.trainer.serving import data_spec
 
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     spec = manifest.encoding

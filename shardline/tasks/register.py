@@ -16,7 +16,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.config import ModelConfig, PipelineConfig, metric_key, stable_hash
 from shardline.core.cost.ledger import PREEMPTION_KEYS
 from shardline.core.lease import Lease
@@ -221,9 +221,6 @@ def register_model(
 ) -> Registered:
     """Register under the registry lease of this model name (in the storage root): two pipelines
     registering at once decide one after the other, each on a fresh read of the champion."""
-
-    from shardline.core import layout
-
     name = config.mlflow.model_name
     lock = Lease(layout.registry_lock(config.storage.root, name), f"registering {name}")
     lock.acquire(on_wait=lambda who: logger.warning("register: waiting for %s", who))
