@@ -36,7 +36,7 @@ from shardline.core.encoding.write import (
 )
 from shardline.core.failures import retry_on_infrastructure
 from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, Snapshot
-from shardline.core.memory import trim
+from shardline.core.memory import return_freed_memory, trim
 from shardline.core.secrets import redacted_errors
 from shardline.core.version import code_version_of
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
@@ -345,8 +345,7 @@ def encode(
         base,
         store,
     )
-    ran = cached_groups < len(groups) or manifest_ran
-    return uri, ran
+    return uri, cached_groups < len(groups) or manifest_ran
 
 
 def encode_workers(data: DataConfig) -> int:
@@ -362,8 +361,6 @@ def encode_dataset(
     store `store` (default: `groups` inside `out_dir`; groups already stored there are reused) and the
     manifest in `out_dir`. Returns the manifest URI."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from shardline.core.memory import return_freed_memory
 
     return_freed_memory()
 
