@@ -1,9 +1,7 @@
 """The whole pipeline: ingest -> encode -> train -> evaluate -> register. Thin: it only wires steps.
 
-Every step is cached by the content of its inputs: what decides each step's output is declared in
-the step's own module (`INGEST_CACHE` in shardline/tasks/ingest.py, and so on; the mechanism is
-shardline/tasks/caching.py). A rerun redoes only what changed, and `force` refreshes one step and
-everything after it.
+Every step is cached by the content of its inputs (shardline/tasks/caching.py): a rerun redoes only what
+changed, and `force` refreshes one step and everything after it.
 """
 
 from __future__ import annotations

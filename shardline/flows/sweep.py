@@ -57,11 +57,6 @@ from shardline.tasks.sweep import (
 LOCAL_AT_ONCE = 2  # measured (docs/experiments.md): two demo-sized trials at once beat one at a time on 2 cores
 
 
-def default_at_once(trials: int) -> int:
-    """Local trials at once by default: two (each with half the cores), or fewer when there are fewer trials."""
-    return max(1, min(trials, LOCAL_AT_ONCE))
-
-
 @flow(name="sweep", log_prints=True, flow_run_name=links.flow_run_name("sweep"))
 @redacted_errors
 def sweep(
@@ -113,7 +108,7 @@ def sweep(
     folder = layout.sweep(root, plan.id)
     study = SweepStudy(plan, folder, prune, raw)
     remote = base.compute.train_on == "deployment"
-    at_once = at_once or (n if remote else default_at_once(n))
+    at_once = at_once or (n if remote else max(1, min(n, LOCAL_AT_ONCE)))  # locally: each with its share of the cores
     threads = None if remote else cpu_share(at_once)
     here = train if remote else partial(train_in_child, train, cpu_threads=threads)
     if not remote:

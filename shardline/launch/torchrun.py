@@ -41,10 +41,10 @@ import torch.distributed as dist
 
 from shardline.core import storage
 from shardline.core.config import ComputeConfig, TrainingConfig
-from shardline.core.failures import infrastructure_by_names
+from shardline.core.failures import BudgetExceeded, Preempted, infrastructure_by_names
 from shardline.core.parent_watch import signal_on_parent_death
 from shardline.trainer.device import pick_device
-from shardline.trainer.distributed import check_batch_size, check_gpus_per_node
+from shardline.trainer.distributed import check_gpus_per_node
 from shardline.trainer.loop import Callbacks, FitOptions, FitResult
 from shardline.trainer.stops import on_stop_signals
 
@@ -68,10 +68,6 @@ class RankFailed(dist.DistBackendError):
 class NodesMissing(RuntimeError):
     """Not every node of the training joined its first rendezvous in time: no training started. Not retried: the
     next attempt would wait for the same machines."""
-
-
-def world_size(compute: ComputeConfig) -> int:
-    return compute.nodes * compute.processes_per_node
 
 
 def torchrun_command(grace: int, record: str | None = None, log_dir: str | None = None) -> list[str]:
@@ -179,8 +175,7 @@ def fit_in_processes(
     in the run's storage for a training on several machines (the job, rank 0's events and result, the agents' error
     records); one machine uses a temporary folder. `run_id`: the rendezvous id's stem (the run folder's name)."""
     log, deadline, init_weights = callbacks.log, options.deadline, options.init_weights
-    size = world_size(compute)
-    check_batch_size(cfg.batch_size, size)  # before starting anything
+    size = compute.nodes * compute.processes_per_node  # the config checked that the batch divides among them
     launcher = compute.train_on == "launcher"
     if not launcher:
         check_gpus_per_node(compute.processes_per_node, pick_device(cfg.device).type, torch.cuda.device_count())
@@ -304,7 +299,7 @@ def on_launcher(compute: ComputeConfig, job: dict, job_uri: str, follower: Follo
         # every agent that came failed, and none has said anything for the join timeout since
         return bool(failed) and time.time() - max(r.get("at", 0) for r in failed) > wait and follower.quiet(wait)
 
-    code, _ = follower.follow(None, 0, done=over)
+    follower.follow(None, 0, done=over)
     return outcome(job, [], None, None, 0, "", "")
 
 
@@ -396,8 +391,6 @@ def outcome(
 ) -> FitResult:
     """What the training came to: rank 0's result, else the error that torch's error records (this agent's and
     the other machines') name as the root cause."""
-    from shardline.core.failures import BudgetExceeded, Preempted
-
     result = json.loads(storage.read_text(job["result"])) if present(job["result"]) else None
     status = (result or {}).get("status")
     if status == "finished":

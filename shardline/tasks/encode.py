@@ -36,7 +36,7 @@ from shardline.core.encoding.write import (
 )
 from shardline.core.failures import retry_on_infrastructure
 from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, Snapshot
-from shardline.core.memory import trim
+from shardline.core.memory import return_freed_memory, trim
 from shardline.core.secrets import redacted_errors
 from shardline.core.version import code_version_of
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
@@ -160,12 +160,6 @@ def fit_tokenizer_task(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tu
     return uri, sha
 
 
-def manifest_name(base: tuple[EncodingSpec, str] | None) -> str:
-    """The data set's own encoding is `manifest.json`; a parent's, beside it, `manifest-<its hash>.json`
-    (the same shards: they hold their own codes)."""
-    return "manifest.json" if base is None else f"manifest-{base[0].hash()[:16]}.json"
-
-
 def publish_manifest(
     snapshot: Snapshot,
     groups: list[EncodedGroup],
@@ -181,7 +175,9 @@ def publish_manifest(
     manifest = build_manifest(
         snapshot, groups, data, base, store=storage.relative_to(store, out_dir), tokenizer=tokenizer
     )
-    uri = storage.join(out_dir, manifest_name(base))
+    # the data set's own encoding is `manifest.json`; a parent's, beside it, `manifest-<its hash>.json` (the same
+    # shards: they hold their own codes)
+    uri = storage.join(out_dir, "manifest.json" if base is None else f"manifest-{base[0].hash()[:16]}.json")
     storage.write_text(uri, manifest.model_dump_json(indent=1))
     return uri, manifest
 
@@ -193,11 +189,10 @@ def write_manifest(
     groups: list[EncodedGroup],
     data: DataConfig,
     out_dir: str,
-    base: tuple[EncodingSpec, str] | None = None,
-    store: str | None = None,
+    base: tuple[EncodingSpec, str] | None,
+    store: str,
 ) -> str:
-    """`publish_manifest`, its group store `store` by default `groups` beside `out_dir`."""
-    store = store or storage.join(out_dir.rstrip("/").rsplit("/", 1)[0], layout.GROUPS)
+    """`publish_manifest`, said in the encode's log."""
     uri, manifest = publish_manifest(snapshot, groups, data, out_dir, store, base)
     log_skipped_rows(groups, get_run_logger())
     get_run_logger().info(
@@ -350,8 +345,7 @@ def encode(
         base,
         store,
     )
-    ran = cached_groups < len(groups) or manifest_ran
-    return uri, ran
+    return uri, cached_groups < len(groups) or manifest_ran
 
 
 def encode_workers(data: DataConfig) -> int:
@@ -367,8 +361,6 @@ def encode_dataset(
     store `store` (default: `groups` inside `out_dir`; groups already stored there are reused) and the
     manifest in `out_dir`. Returns the manifest URI."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from shardline.core.memory import return_freed_memory
 
     return_freed_memory()
 

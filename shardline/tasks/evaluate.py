@@ -35,7 +35,7 @@ from shardline.core.metrics.text import text_generation_scores, unigram_perplexi
 from shardline.core.secrets import redact_text, redacted_errors
 from shardline.runs.result import EvalResult, Trained, TrainResult
 from shardline.tasks.caching import CacheRule
-from shardline.trainer.serving import example_outputs, prediction_frame
+from shardline.trainer.serving import data_spec, example_outputs, prediction_frame
 
 
 class RankingEvaluation(SplitRanking):
@@ -239,9 +239,7 @@ def generation_scores(model, manifest: Manifest, manifest_uri: str, test, config
     pairs = test_pairs(test, limit, SEP_ID, EOS_ID)
     if not pairs:
         return {}, ""
-    tokenizer = storage.read_text(
-        storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json")
-    )
+    tokenizer = storage.read_text(manifest.tokenizer_uri(manifest_uri))
     longest = max(len(r) for _, r in pairs)
     max_new = config.evaluation.max_new_tokens or min(longest + GENERATION_MARGIN, GENERATION_CAP)
     outputs = continuations(model, tokenizer, [p for p, _ in pairs], max_new, temperature=0.0, stop_at_sep=True)
@@ -306,7 +304,6 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
     from shardline.trainer.data import open_split
     from shardline.trainer.inference import load_model, predict_batches, window_keys_of
     from shardline.trainer.models import model_spec_for
-    from shardline.trainer.serving import data_spec
 
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     spec = manifest.encoding

@@ -359,15 +359,14 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
 
 @task(name="ingest", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=lambda t, r, s: _is_transient(s))
 @redacted_errors
-def ingest(data: DataConfig, root: str | None = None) -> Snapshot:
-    """List the raw files and check their schemas; return the snapshot. With the storage `root`, the files
-    the last ingest of this source and data config checked, unchanged since, are not read again."""
+def ingest(data: DataConfig, root: str) -> Snapshot:
+    """List the raw files and check their schemas; return the snapshot. The files the last ingest of this source
+    and data config checked (kept in the storage `root`), unchanged since, are not read again."""
     log = get_run_logger()
-    checked = last_checked(root, data) if root else None
+    checked = last_checked(root, data)
     snap = snapshot_source(data, checked)
     check_registrable(data, snap)  # what registration would refuse, refused before any work
-    if root:
-        storage.write_text(checked_record(root, data), snap.model_dump_json())
+    storage.write_text(checked_record(root, data), snap.model_dump_json())
     reused = len(set(raw_files_key(snap.files)) & set(raw_files_key(checked.files))) if checked else 0
     log.info(
         "ingest: %d file(s), %.1f MB, fingerprint %s; %d of them unchanged since an earlier ingest checked them "

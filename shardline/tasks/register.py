@@ -16,7 +16,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
-from shardline.core import storage
+from shardline.core import layout, storage
 from shardline.core.config import ModelConfig, PipelineConfig, metric_key, stable_hash
 from shardline.core.cost.ledger import PREEMPTION_KEYS
 from shardline.core.lease import Lease
@@ -61,6 +61,7 @@ def _requirements(model: ModelConfig) -> list[str]:
     someone else's package): its code and the user's travel inside the model (`_code_paths`)."""
     from importlib.metadata import packages_distributions, version
 
+    from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
     packages = ["torch", "polars", "pyarrow", "numpy", "pandas", "pydantic", "pyyaml", "fsspec", "mlflow"]
@@ -78,8 +79,6 @@ def _requirements(model: ModelConfig) -> list[str]:
                 )
     pinned = {canonicalize_name(p): f"{p}=={version(p).split('+')[0]}" for p in packages}
     for line in model.requirements:  # the user's own, as written (checked: each names a version)
-        from packaging.requirements import Requirement
-
         pinned[canonicalize_name(Requirement(line).name)] = line
     return list(pinned.values())
 
@@ -135,12 +134,11 @@ def _signature(spec, sample_uri: str):
     import numpy as np
     from mlflow.models import infer_signature
 
-    # enough rows for a window (MLflow predicts with the input example when it logs the model: five rows
-    # gave it "0 predictions" and an error message in the middle of every registration's output)
+    # MLflow predicts with the input example as it logs the model: an example the model refuses put an error
+    # message in the middle of every registration's output
     if spec.text is not None:  # per row: its keys, prompt length, next token, probability and generated text
-        # one prediction per row, each a generation: a few rows, with text in every text column: the model
-        # refuses empty ones (as training left them out), and MLflow predicts with the example when it logs the
-        # model (an error in the middle of the output)
+        # a few rows (each a generation), with text in every text column: the model refuses empty ones (as
+        # training left them out)
         sample = raw_sample(sample_uri, input_columns(spec), rows=200)
         has_text = np.logical_and.reduce(
             [sample[c].map(lambda v: isinstance(v, str) and v != "").to_numpy(bool) for c in spec.text.columns]
@@ -149,7 +147,7 @@ def _signature(spec, sample_uri: str):
         keys = {c: sample[c].iloc[:1].to_numpy() for c in spec.id_columns} or {"row": np.zeros(1, np.int64)}
         columns = {"prompt_tokens": [1], "next_token": ["a"], "probability": [1.0], "generated": ["a"]}
         out, params = text_prediction_frame(keys, columns), GENERATION_PARAMS
-    else:
+    else:  # enough rows for a window (five gave "0 predictions")
         sample = raw_sample(sample_uri, input_columns(spec), rows=max(5, 4 * (spec.window + spec.horizon)))
         keys = {k: np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy() for k in key_columns(spec)}
         out, params = prediction_frame(spec, keys, example_outputs(spec)), None
@@ -166,7 +164,7 @@ def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str
         return {}
     import hashlib
 
-    text = storage.read_text(storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json"))
+    text = storage.read_text(manifest.tokenizer_uri(manifest_uri))
     if hashlib.sha256(text.encode()).hexdigest() != manifest.encoding.text.tokenizer_sha256:
         raise ValueError(
             f"the tokenizer beside {manifest_uri} is not the one its shards were encoded with; encode again"
@@ -223,9 +221,6 @@ def register_model(
 ) -> Registered:
     """Register under the registry lease of this model name (in the storage root): two pipelines
     registering at once decide one after the other, each on a fresh read of the champion."""
-
-    from shardline.core import layout
-
     name = config.mlflow.model_name
     lock = Lease(layout.registry_lock(config.storage.root, name), f"registering {name}")
     lock.acquire(on_wait=lambda who: logger.warning("register: waiting for %s", who))

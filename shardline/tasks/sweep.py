@@ -29,8 +29,8 @@ from shardline.core.cost.ledger import add_up
 from shardline.core.failures import InfrastructureFailure, failed_on_infrastructure, retry_on_infrastructure
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text, redacted_errors
-from shardline.core.study import Pruning
-from shardline.core.sweep import Plan, Trial, best_of, data_key, plot_sweep
+from shardline.core.study import PRUNERS, TRIAL_ATTR, Pruning, distributions, from_choice
+from shardline.core.sweep import Plan, SweepError, Trial, best_of, data_key, is_cross_validation, plot_sweep
 from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
 from shardline.core.version import spawning_this_shardline
 from shardline.runs import links
@@ -150,13 +150,18 @@ def train_in_child(
 def trial_tags(parent_run_id: str | None, sweep_id: str, trial: Trial) -> dict[str, str]:
     """The tags of a trial's MLflow run: its parent (MLflow nests it under the sweep's run), the trial and
     its overrides."""
-    tags = {
-        "shardline.sweep_id": sweep_id,
-        "shardline.sweep.trial": trial.id,
-        "shardline.sweep.overrides": json.dumps(trial.overrides),
-    }
+    tags = {"shardline.sweep_id": sweep_id, **sweep_tags(parent_run_id, trial)}
     if parent_run_id:
-        tags.update({"mlflow.parentRunId": parent_run_id, SWEEP_TAG: parent_run_id})
+        tags["mlflow.parentRunId"] = parent_run_id
+    return tags
+
+
+def sweep_tags(parent_run_id: str | None, trial: Trial) -> dict[str, str]:
+    """What a trial's run and the version registered from it say of the sweep: the trial, its overrides, the
+    sweep's parent run."""
+    tags = {"shardline.sweep.trial": trial.id, "shardline.sweep.overrides": json.dumps(trial.overrides)}
+    if parent_run_id:
+        tags[SWEEP_TAG] = parent_run_id
     return tags
 
 
@@ -192,9 +197,6 @@ def parent_run(plan: Plan, folder: str) -> Iterator[Tracker]:
 
 def check_pruning(plan: Plan, prune: str | None) -> None:
     """A pruner needs what it compares: trials of whole epochs in one process each, and no cross-validation."""
-    from shardline.core.study import PRUNERS
-    from shardline.core.sweep import SweepError, is_cross_validation
-
     if prune is None:
         return
     if prune not in PRUNERS:
@@ -232,25 +234,19 @@ class SweepStudy:
         self.numbers: dict[str, int] = {}  # trial id -> Optuna trial number
 
     def _known(self) -> dict[str, object]:
-        from shardline.core.study import TRIAL_ATTR
-
         return {
             t.user_attrs[TRIAL_ATTR]: t for t in self.study.get_trials(deepcopy=False) if TRIAL_ATTR in t.user_attrs
         }
 
     def pruning(self, trial: Trial) -> Pruning | None:
         """The trial's place in the study (found again, or asked now), and what its training needs to be pruned."""
-        from shardline.core.study import TRIAL_ATTR
-
         if trial.id not in self.numbers:
             known = self._known().get(trial.id)
             if known is None:
-                asked = self.study.ask()
-                asked.set_user_attr(TRIAL_ATTR, trial.id)
-                asked.set_user_attr("overrides", json.dumps(trial.overrides))
-                self.numbers[trial.id] = asked.number
-            else:
-                self.numbers[trial.id] = known.number
+                known = self.study.ask()
+                known.set_user_attr(TRIAL_ATTR, trial.id)
+                known.set_user_attr("overrides", json.dumps(trial.overrides))
+            self.numbers[trial.id] = known.number
         if self.pruner is None:
             return None
         return Pruning(
@@ -266,8 +262,6 @@ class SweepStudy:
         """tpe: the study's trials so far (a finished one comes from the train cache, an unfinished one resumes),
         then Optuna's next proposals, asked one at a time as trials finish, up to the sweep's size. Each is
         (trial, its config), its config checked as it comes (a value the config refuses fails that trial)."""
-        from shardline.core.study import TRIAL_ATTR, distributions
-
         dists = distributions(self.plan.space)
         known = sorted(self._known().values(), key=lambda t: t.number)
         for t in known:
@@ -279,7 +273,6 @@ class SweepStudy:
             yield self._trial(trial_id, asked.number, asked.params)
 
     def _trial(self, trial_id: str, number: int, params: dict) -> tuple[Trial, PipelineConfig]:
-        from shardline.core.study import from_choice
         from shardline.core.sweep import trial_config
 
         space = self.plan.space
@@ -319,8 +312,7 @@ def train_trials(
     study: SweepStudy | None = None,
     pairs=None,
 ) -> list[tuple]:
-    """Wire the trials' training (inside a flow run): each trial through the pipeline's cached train step
-    (`TRAIN_CACHE`: a finished trial is a cache hit, an unfinished one resumes), `at_once` in flight, the next
+    """Wire the trials' training (inside a flow run), through the cached train step: `at_once` in flight, the next
     taken only once one finishes (and its outcome is told to the `study`); `data` maps `data_key(config)` to
     (snapshot, manifest URI, checksum). `pairs`: (trial, config) pairs as they come (tpe: Optuna's proposals;
     cross-validation's final retrain); default: the plan's. Returns each trial's (row, training result) in the
@@ -364,9 +356,8 @@ def _cell(value) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def table(rows: list[dict], best: dict | None, metric: str, pages: dict[str, str] | None = None) -> str:
+def table(rows: list[dict], best: dict | None, metric: str, pages: dict[str, str]) -> str:
     """The trials as a markdown table: overrides, score, state, MLflow run; the best marked."""
-    pages = pages or {}
     lines = [f"| trial | overrides | {metric} | state | MLflow run |", "|---|---|---|---|---|"]
     for r in rows:
         score = "" if r.get("score") is None else f"{r['score']:.4g}"
@@ -488,10 +479,7 @@ def tag_version(config: PipelineConfig, registered: Registered, parent_run_id: s
 
     client = MlflowClient(tracking_uri(config.mlflow, config.storage.root))
     name, version = registered.model_name, str(registered.version)
-    tags = {"shardline.sweep.trial": trial.id, "shardline.sweep.overrides": json.dumps(trial.overrides)}
-    if parent_run_id:
-        tags[SWEEP_TAG] = parent_run_id
-    for k, v in tags.items():
+    for k, v in sweep_tags(parent_run_id, trial).items():
         client.set_model_version_tag(name, version, k, v)
 
 

@@ -163,7 +163,7 @@ def dispatch_training(
             # a pipeline killed while its training went on: wait for that run, never start a second
             # writer of the same checkpoints
             log.info("train: run %s (%s) is already training this; waiting for it", live[0].name, live[0].id)
-            flow_run = watch_training_run(live[0].id, folder, c.dispatch_timeout_seconds, c.poll_seconds, log)
+            started = live[0]
         else:
             started = run_deployment(
                 name=c.train_deployment,
@@ -173,7 +173,7 @@ def dispatch_training(
                 as_subflow=True,
                 tags=["shardline", run_tag(folder)],
             )
-            flow_run = watch_training_run(started.id, folder, c.dispatch_timeout_seconds, c.poll_seconds, log)
+        flow_run = watch_training_run(started.id, folder, c.dispatch_timeout_seconds, c.poll_seconds, log)
         state = flow_run.state
         runs.append(
             {
