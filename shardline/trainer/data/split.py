@@ -32,7 +32,7 @@ from shardline.core.storage import (
     shared_cache,
     unpacked,
 )
-from shardline.trainer.data.batch import ARRAYS, POSITIONS, Batch, Windows, rows_of, target_names
+from shardline.trainer.data.batch import ARRAYS, Batch, Windows, rows_of, target_names
 
 
 class Starts:
@@ -92,10 +92,6 @@ class ShardView:
         missing = [a for a in ("cont", "cat") + (("offsets",) if starts is None else ()) if a not in arrays]
         if missing:
             raise ValueError(f"{name} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
-        if positions not in POSITIONS:
-            raise ValueError(f"positions='{positions}' is not one of {list(POSITIONS)}")
-        if window < 1 or horizon < 0:
-            raise ValueError(f"window must be >= 1 and horizon >= 0, got window={window}, horizon={horizon}")
         self.arrays = arrays
         self.name = name
         self.positions = positions
