@@ -277,9 +277,7 @@ def encode_text_group(
     del frame
     infos = []
     train = {"rows": 0, "token_counts": [], "skipped": skipped}
-    for split in data.split.names():
-        if split not in encoded:
-            continue
+    for split in list(encoded):  # in the splits' order, as `split_rows` laid them out
         raw, specs, arrays, keys, stats = encoded.pop(split)
         if stats is not None:  # the fitted splits' counts summed (k-fold: every fold's)
             counts = train["token_counts"] or [0] * len(stats["token_counts"])
@@ -369,9 +367,7 @@ def encode_group_to_shards(
         train = {**(train or empty_stats(data)), "ranking": training_statistics(rows, data)}
     pending = []
     with ThreadPoolExecutor(max(1, len(encoded)), thread_name_prefix="shardline-write") as writer:
-        for split in data.split.names():
-            if split not in encoded:
-                continue
+        for split in list(encoded):  # in the splits' order, as `split_rows` laid them out
             # the file's bytes were built in memory; compressed there, written once (atomically)
             raw, specs, arrays, keys, codes, _ = encoded.pop(split)  # an EncodedSplit
             info = _shard_info(split, raw, specs, arrays, keys, splits[split].end - splits[split].first, data)
