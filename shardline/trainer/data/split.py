@@ -55,9 +55,9 @@ class Starts:
 
     @classmethod
     def joined(cls, parts: list[tuple[Starts, int]]) -> Starts:
-        """Shards' windows end to end, each shard's rows `base` rows on: [(its starts, base), ...]."""
-        rows = np.concatenate([s._rows + base for s, base in parts]) if parts else np.zeros(0, np.int64)
-        counts = np.concatenate([np.diff(s._first) for s, _ in parts]) if parts else np.zeros(0, np.int64)
+        """Shards' windows end to end (two or more), each shard's rows `base` rows on: [(its starts, base), ...]."""
+        rows = np.concatenate([s._rows + base for s, base in parts])
+        counts = np.concatenate([np.diff(s._first) for s, _ in parts])
         return cls(rows, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
 
     def __len__(self) -> int:
