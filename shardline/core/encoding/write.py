@@ -340,18 +340,15 @@ def encode_group_to_shards(
     data: DataConfig,
     store: str,
     key: str,
-    reuse: bool = True,
     tokenizer: tuple[str, str] | None = None,
 ) -> EncodedGroup:
     """Encode one group of raw files, read once, into one shard per split in its folder of the group
     store, `<store>/<group key>/` (each file written atomically, the group's record `group.json`
-    last), in the group's own codes, and gather its training rows' statistics. With `reuse`, a group
-    whose record and shards are already there is taken as it is, without reading a raw file.
-    One writer thread per shard compresses, hashes and stores it: the stores overlap, so the
-    group waits for its largest shard's store, not for the sum of them (fsync waits included;
-    measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode speed")."""
-    if reuse and (stored := stored_group(store, key)) is not None:
-        return stored
+    last), in the group's own codes, and gather its training rows' statistics (a group already stored
+    is the caller's to take: `stored_group`). One writer thread per shard compresses, hashes and stores
+    it: the stores overlap, so the group waits for its largest shard's store, not for the sum of them
+    (fsync waits included; measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode
+    speed")."""
     if data.features.text:
         return encode_text_group(files, data, store, tokenizer, key)
     out_dir = storage.join(store, key)
