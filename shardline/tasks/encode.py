@@ -120,7 +120,7 @@ def encode_group(
     tokenizer = tuple(tokenizer) if tokenizer else None
     key = group_key(files, data, tokenizer[1] if tokenizer else None)
     stored = stored_group(store, key) if reuse else None
-    result = stored or encode_group_to_shards(files, data, store, key, reuse=False, tokenizer=tokenizer)
+    result = stored or encode_group_to_shards(files, data, store, key, tokenizer=tokenizer)
     trim()  # the group's frames and buffers, freed: the holes they left in the heaps go back to the system
     get_run_logger().info(
         "encode: group %d/%d %s: %d file(s), %d rows in %.1fs",
@@ -365,7 +365,8 @@ def encode_dataset(
     return_freed_memory()
 
     def one(files: list[RawFile]) -> EncodedGroup:
-        group = encode_group_to_shards(files, data, store, group_key(files, data, sha), tokenizer=tokenizer)
+        key = group_key(files, data, sha)
+        group = stored_group(store, key) or encode_group_to_shards(files, data, store, key, tokenizer=tokenizer)
         trim()
         return group
 

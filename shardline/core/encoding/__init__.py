@@ -11,12 +11,6 @@ One module a concept:
 
 How a shard's own codes map to the data set's encoding at read time: `shardline/core/codes.py`.
 
-Rules (docs/data-and-shards.md):
-- continuous: (x - mean) / std with mean/std of the training split; null and NaN become the
-  training mean (0 after standardisation); a constant column (std 0) gets std 1.
-- boolean: 0 = null, 1 = false, 2 = true (an id in the `cat` array, embedded like a categorical).
-- categorical: values compared as strings; id 0 is reserved for values unseen in training and
-  for null; ids 1.. follow the training frequency (most frequent first, ties by value).
-- target: classification as a vocabulary (id 0 = a class never seen in training); regression
-  standardised like a continuous column. A null target is an error, never silently dropped.
+The rules of each column kind (standardised continuous values, vocabularies with id 0 for unseen values and
+null, boolean ids, a null target refused): docs/data-and-shards.md, "The encoding".
 """

@@ -49,10 +49,8 @@ def contract_of(spec: EncodingSpec) -> dict[str, Any]:
 
 def contract_differences(expected: dict, found: dict) -> list[str]:
     """Human-readable list of what differs between the config's contract and a manifest's."""
-    out = []
-    for key in sorted(set(expected) | set(found)):
-        if expected.get(key) != found.get(key):
-            out.append(
-                f"data.{key}: the shards were encoded with {found.get(key)!r}, the config says {expected.get(key)!r}"
-            )
-    return out
+    return [
+        f"data.{key}: the shards were encoded with {found.get(key)!r}, the config says {expected.get(key)!r}"
+        for key in sorted(set(expected) | set(found))
+        if expected.get(key) != found.get(key)
+    ]

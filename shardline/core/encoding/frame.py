@@ -12,10 +12,6 @@ from shardline.core.encoding.columns import ORDER, SEQ, as_number
 from shardline.core.manifest import EncodingSpec, target_array
 
 
-def _ids(series: pl.Series, values: list[str]) -> pl.Series:
-    return pl.select(_ids_expr(pl.lit(series), series.dtype, values)).to_series()
-
-
 def _ids_expr(col: pl.Expr, dtype: pl.DataType, values: list[str]) -> pl.Expr:
     """Vocabulary ids of a column: values[i] -> i+1, anything else (unseen, null) -> 0.
 
@@ -85,7 +81,8 @@ def encode_frame(
     for i, t in enumerate(spec.targets):
         if with_target and t.column in df.columns:
             if t.task == "classification":
-                y = _ids(df[t.column], t.classes or []).to_numpy().astype(np.int32)
+                y = df.select(_ids_expr(pl.col(t.column), df.schema[t.column], t.classes or [])).to_series()
+                y = y.to_numpy().astype(np.int32)
             else:
                 y = ((df[t.column].cast(pl.Float64) - t.mean) / t.std).to_numpy().astype(np.float32)
         else:

@@ -49,10 +49,9 @@ def _key64(text: str, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{text}".encode()).digest()[:8], "little")
 
 
-def _draws(keys: list[str], seed: int) -> np.ndarray:
-    """One number in [0, 1) per key: the seeded hash the split cuts."""
-    h = _splitmix64(np.array([_key64(k, seed) for k in keys], dtype=np.uint64))
-    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+def _unit(x: np.ndarray) -> np.ndarray:
+    """One number in [0, 1) per 64-bit value: the top 53 bits of its hash, the draw the split cuts."""
+    return (_splitmix64(x) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 def _split_index(u: np.ndarray, split: SplitConfig) -> np.ndarray:
@@ -74,7 +73,7 @@ def sequence_splits(keys: list[str], split: SplitConfig) -> np.ndarray:
     its fold, K for test)."""
     if not keys:
         return np.zeros(0, np.int8)
-    u = _draws(keys, split.seed)
+    u = _unit(np.array([_key64(k, split.seed) for k in keys], dtype=np.uint64))
     return _fold_index(u, split) if split.method == "kfold" else _split_index(u, split)
 
 
@@ -117,7 +116,7 @@ def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
         if rows is not None
         else df.select(pl.int_range(0, pl.len(), dtype=pl.UInt64).over(SEQ)).to_series().to_numpy()
     )
-    u = (_splitmix64(base ^ row) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    u = _unit(base ^ row)
     names = np.array(SPLITS, dtype=object)[_split_index(u, split)]
     return df.with_columns(pl.Series(SPLIT, names.tolist(), dtype=pl.Utf8))
 

@@ -96,10 +96,10 @@ def sequence_name(uri: str, data: DataConfig) -> str:
     return path.rsplit("/", 1)[-1]  # the source names this one file
 
 
-def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None, raw: bytes | None = None) -> pl.DataFrame:
-    """One raw file's needed columns (`columns`, default all the config names), with `__seq` and `__order` added
-    (`raw`: the file's bytes, already fetched)."""
-    columns = columns or data.raw_columns()
+def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFrame:
+    """One raw file's columns the config names, with `__seq` and `__order` added (`raw`: the file's bytes,
+    already fetched)."""
+    columns = data.raw_columns()
     try:
         if raw is not None:
             df = pl.read_parquet(io.BytesIO(raw), columns=columns)
@@ -128,7 +128,7 @@ def read_raw(uri: str, data: DataConfig, columns: list[str] | None = None, raw: 
     return prepare(df, data.sequence_key, data.order_by, uri, data.order_format, file_name=sequence_name(uri, data))
 
 
-def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = None) -> pl.DataFrame | None:
+def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
     """Several local files in one multi-threaded polars scan (the fast path); None when they do not
     scan as one table (different column types...): then each file is read alone, naming the bad one.
     (An object store's group is read file by file from its fetched bytes, each file's dropped once read: one
@@ -147,7 +147,7 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
             order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
         else:  # text is parsed after the scan (a time zone in it is read only eagerly)
             order = pl.lit(0, dtype=pl.Int64) if text else order_expr(data.order_by)
-        df = scan.select([*(columns or data.raw_columns()), seq.alias(SEQ), order.alias(ORDER)]).collect()
+        df = scan.select([*data.raw_columns(), seq.alias(SEQ), order.alias(ORDER)]).collect()
         if text:
             df = df.with_columns(parse_order(df, data.order_by, data.order_format, ", ".join(uris)).alias(ORDER))
     except Exception:  # noqa: BLE001 - files that do not scan as one table: read one by one, naming the bad one
@@ -167,20 +167,17 @@ def _scan_local(uris: list[str], data: DataConfig, columns: list[str] | None = N
 def read_group(
     files: list[RawFile],
     data: DataConfig,
-    columns: list[str] | None = None,
     each: Callable[[pl.DataFrame, str], pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """A file group's rows, the files in one scan when they scan as one table (same columns and types),
     else read one by one, `each` (a file's rows and its URI -> its rows) applied to each before they are
     put together."""
     uris = [f.uri for f in files]
-    df = _scan_local(uris, data, columns) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
+    df = _scan_local(uris, data) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
         each = each or (lambda frame, _: frame)
         fetched = _fetch_remote(uris)
-        df = pl.concat(
-            [each(read_raw(u, data, columns, fetched.pop(u, None)), u) for u in uris], how="vertical_relaxed"
-        )
+        df = pl.concat([each(read_raw(u, data, fetched.pop(u, None)), u) for u in uris], how="vertical_relaxed")
     return df
 
 
@@ -280,9 +277,7 @@ def encode_text_group(
     del frame
     infos = []
     train = {"rows": 0, "token_counts": [], "skipped": skipped}
-    for split in data.split.names():
-        if split not in encoded:
-            continue
+    for split in list(encoded):  # in the splits' order, as `split_rows` laid them out
         raw, specs, arrays, keys, stats = encoded.pop(split)
         if stats is not None:  # the fitted splits' counts summed (k-fold: every fold's)
             counts = train["token_counts"] or [0] * len(stats["token_counts"])
@@ -345,18 +340,15 @@ def encode_group_to_shards(
     data: DataConfig,
     store: str,
     key: str,
-    reuse: bool = True,
     tokenizer: tuple[str, str] | None = None,
 ) -> EncodedGroup:
     """Encode one group of raw files, read once, into one shard per split in its folder of the group
     store, `<store>/<group key>/` (each file written atomically, the group's record `group.json`
-    last), in the group's own codes, and gather its training rows' statistics. With `reuse`, a group
-    whose record and shards are already there is taken as it is, without reading a raw file.
-    One writer thread per shard compresses, hashes and stores it: the stores overlap, so the
-    group waits for its largest shard's store, not for the sum of them (fsync waits included;
-    measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode speed")."""
-    if reuse and (stored := stored_group(store, key)) is not None:
-        return stored
+    last), in the group's own codes, and gather its training rows' statistics (a group already stored
+    is the caller's to take: `stored_group`). One writer thread per shard compresses, hashes and stores
+    it: the stores overlap, so the group waits for its largest shard's store, not for the sum of them
+    (fsync waits included; measured 3-6 % faster than one writer in paired A/B runs: DESIGN.md, "Encode
+    speed")."""
     if data.features.text:
         return encode_text_group(files, data, store, tokenizer, key)
     out_dir = storage.join(store, key)
@@ -372,9 +364,7 @@ def encode_group_to_shards(
         train = {**(train or empty_stats(data)), "ranking": training_statistics(rows, data)}
     pending = []
     with ThreadPoolExecutor(max(1, len(encoded)), thread_name_prefix="shardline-write") as writer:
-        for split in data.split.names():
-            if split not in encoded:
-                continue
+        for split in list(encoded):  # in the splits' order, as `split_rows` laid them out
             # the file's bytes were built in memory; compressed there, written once (atomically)
             raw, specs, arrays, keys, codes, _ = encoded.pop(split)  # an EncodedSplit
             info = _shard_info(split, raw, specs, arrays, keys, splits[split].end - splits[split].first, data)

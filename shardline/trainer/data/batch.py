@@ -12,7 +12,6 @@ from shardline.core.manifest import target_array
 # 3: a global permutation, or shuffle blocks of `shuffle_shards` shards (in the state since; absent: a global one)
 LOADER_STATE_VERSION = 3
 ARRAYS = ("cont", "cat", "target", "order", "offsets")
-POSITIONS = ("last", "all")
 
 
 def target_names(arrays) -> list[str]:

@@ -36,20 +36,17 @@ class EpochOrder:
 
     def block(self, b: int) -> np.ndarray:
         with self._lock:
-            return self._block(b)
-
-    def _block(self, b: int) -> np.ndarray:
-        got = self._held.get(b)
-        if got is None:
-            ids = np.concatenate(
-                [np.arange(self.first[s], self.first[s + 1], dtype=self.dtype) for s in self.blocks[b]]
-            )
-            if self.shuffled:
-                np.random.default_rng([self.seed, self.epoch, 2, b]).shuffle(ids)  # = ids[permutation(len(ids))]
-            got = self._held[b] = ids
-            while len(self._held) > 2:
-                del self._held[next(iter(self._held))]
-        return got
+            got = self._held.get(b)
+            if got is None:
+                ids = np.concatenate(
+                    [np.arange(self.first[s], self.first[s + 1], dtype=self.dtype) for s in self.blocks[b]]
+                )
+                if self.shuffled:
+                    np.random.default_rng([self.seed, self.epoch, 2, b]).shuffle(ids)  # = ids[permutation(len(ids))]
+                got = self._held[b] = ids
+                while len(self._held) > 2:
+                    del self._held[next(iter(self._held))]
+            return got
 
     def __getitem__(self, key) -> np.ndarray:
         if isinstance(key, slice):

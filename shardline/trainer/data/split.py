@@ -32,7 +32,7 @@ from shardline.core.storage import (
     shared_cache,
     unpacked,
 )
-from shardline.trainer.data.batch import ARRAYS, POSITIONS, Batch, Windows, rows_of, target_names
+from shardline.trainer.data.batch import ARRAYS, Batch, Windows, rows_of, target_names
 
 
 class Starts:
@@ -55,9 +55,9 @@ class Starts:
 
     @classmethod
     def joined(cls, parts: list[tuple[Starts, int]]) -> Starts:
-        """Shards' windows end to end, each shard's rows `base` rows on: [(its starts, base), ...]."""
-        rows = np.concatenate([s._rows + base for s, base in parts]) if parts else np.zeros(0, np.int64)
-        counts = np.concatenate([np.diff(s._first) for s, _ in parts]) if parts else np.zeros(0, np.int64)
+        """Shards' windows end to end (two or more), each shard's rows `base` rows on: [(its starts, base), ...]."""
+        rows = np.concatenate([s._rows + base for s, base in parts])
+        counts = np.concatenate([np.diff(s._first) for s, _ in parts])
         return cls(rows, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
 
     def __len__(self) -> int:
@@ -92,10 +92,6 @@ class ShardView:
         missing = [a for a in ("cont", "cat") + (("offsets",) if starts is None else ()) if a not in arrays]
         if missing:
             raise ValueError(f"{name} lacks the array(s) {missing}; a shard holds {list(ARRAYS)}")
-        if positions not in POSITIONS:
-            raise ValueError(f"positions='{positions}' is not one of {list(POSITIONS)}")
-        if window < 1 or horizon < 0:
-            raise ValueError(f"window must be >= 1 and horizon >= 0, got window={window}, horizon={horizon}")
         self.arrays = arrays
         self.name = name
         self.positions = positions
