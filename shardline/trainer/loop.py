@@ -524,23 +524,21 @@ class _Progress:
     def __init__(self, on_progress, seconds: float, plan: _Plan, cfg, state: TrainState, first_epoch: int):
         self.on_progress, self.seconds, self.plan, self.cfg, self.state = on_progress, seconds, plan, cfg, state
         self.started, self.steps_before, self.span, self.last_loss = time.perf_counter(), state.step, Pace(), None
+        self.last = self.started
         if on_progress is not None:
-            self.report(first_epoch)
-        self.last = time.perf_counter()
+            self.report(first_epoch, None)
 
     def maybe(self, epoch: int, now: float, step_loss: torch.Tensor) -> None:
         if self.on_progress is not None and now - self.last >= self.seconds:
-            self.last_loss = step_loss.item()
-            self.report(epoch)
-            self.last = now
+            self.report(epoch, step_loss)
 
     def epoch_end(self, epoch: int, step_loss: torch.Tensor | None) -> None:
         if self.on_progress is not None:
-            self.last_loss = step_loss.item() if step_loss is not None else self.last_loss
-            self.report(epoch)
-            self.last = time.perf_counter()
+            self.report(epoch, step_loss)
 
-    def report(self, epoch: int) -> None:
+    def report(self, epoch: int, step_loss: torch.Tensor | None) -> None:
+        if step_loss is not None:
+            self.last_loss = step_loss.item()
         state, total = self.state, self.plan.total_steps
         validated = state.history[-1] if state.history else {}
         done = state.step - self.steps_before
@@ -563,6 +561,7 @@ class _Progress:
             }
         )
         self.span = Pace()
+        self.last = time.perf_counter()
 
 
 def _agree_step(plan: _Plan, stop, step_loss, part, due: bool, spent: bool, log):
