@@ -247,7 +247,7 @@ def fit(
             entry, metrics, is_best = {}, {}, False
             if ranks.is_main:  # several processes: rank 0 validates (the others wait at the checkpoint's collective)
                 metrics = evaluate(
-                    model, val, task, cfg.batch_size, device, step.ctx, plan.data, cfg.loss_weights, opt.ranking
+                    model, val, cfg.batch_size, device, step.ctx, plan.data, cfg.loss_weights, opt.ranking
                 )
                 check_selected(metrics, plan.select_by, opt.ranking, val)
                 entry = _entry(epoch, state, metrics, lr, t0, train_seconds, windows_done, pace)
