@@ -68,7 +68,7 @@ def check_inputs(train: SplitData, val: SplitData, spec: DataSpec, task: str | N
         data.check_each(check_ids)
 
 
-def check_same_run(sidecar: dict, spec: dict, training: dict, task: str, windows: dict, ckpt_dir: str) -> None:
+def check_same_run(sidecar: dict, spec: dict, training: dict, windows: dict, ckpt_dir: str) -> None:
     hint = (
         f"delete {ckpt_dir} to train this run from scratch (calling fit() directly: pass another ckpt_dir, "
         "or resume=False to clear it)"
@@ -78,8 +78,6 @@ def check_same_run(sidecar: dict, spec: dict, training: dict, task: str, windows
             f"the checkpoints in {ckpt_dir} belong to another model config "
             f"(saved {sidecar.get('model_spec')}, requested {spec}); {hint}"
         )
-    if sidecar.get("task") != task:
-        raise ValueError(f"the checkpoints in {ckpt_dir} are for task '{sidecar.get('task')}', not '{task}'; {hint}")
     saved = sidecar.get("training", {})
     changed = sorted(
         k

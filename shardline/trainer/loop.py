@@ -162,7 +162,7 @@ def fit(
     log, run_meta = cb.log, plain(opt.run_meta, "run_meta")
     found = _find_checkpoint(ckpt_dir, opt.resume, ranks, log)
     if found:
-        check_same_run(found[1], plan.spec, plan.training, task, plan.windows, ckpt_dir)
+        check_same_run(found[1], plan.spec, plan.training, plan.windows, ckpt_dir)
         finished = _finished(found, ckpt_dir, cfg, plan.select_by, run_meta, log, cb.prune is not None)
         if finished is not None:
             return finished
