@@ -33,10 +33,8 @@ def predict_batches(
     model: nn.Module, data: SplitData, batch_size: int = 4096
 ) -> Iterator[tuple[int, Batch, dict[str, np.ndarray]]]:
     """The split's windows in window order, a batch at a time: (its first window's number, the batch as
-    stored, each target's outputs for its windows as `predict` gives them for the whole split:
-    float32 probabilities with class 0 at 0, [B, n_classes] (or [B, K, n_classes]), or standardised
-    values [B, 1] (or [B, K])). Only one batch's outputs are held at a time. A model without a target is
-    not run: it has no outputs to give."""
+    stored, each target's outputs for its windows as `predict` gives them). Only one batch's outputs are held
+    at a time. A model without a target is not run: it has no outputs to give."""
     device = next(model.parameters()).device
     spec = data_spec_of(model.shardline_spec)
     was_training = model.training
