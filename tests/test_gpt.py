@@ -299,7 +299,7 @@ def test_text_evaluation_scores_each_token_once():
             ce = torch.nn.functional.cross_entropy(model.table(x), y, reduction="none")
             losses.append(ce[y != 0])
     by_hand = torch.cat(losses).double().mean().item()
-    got = evaluate(model, data, None, 7, torch.device("cpu"), spec=spec)
+    got = evaluate(model, data, 7, torch.device("cpu"), spec=spec)
     assert got["val_perplexity"] == pytest.approx(math.exp(by_hand), rel=1e-6)
     # each real target once: as many as the streams hold, in about 1/K of the windows
     scored = ScoredLoader(data, 7, stride=True)

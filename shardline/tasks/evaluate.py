@@ -182,7 +182,7 @@ def _own_loss_scores(model, test, batch_size: int = 4096) -> dict[str, float]:
 
     from shardline.trainer.validate import evaluate as validate
 
-    scores = validate(model, test, None, batch_size, torch.device("cpu"))
+    scores = validate(model, test, batch_size, torch.device("cpu"))
     return {("loss" if k == "val_loss" else k.removeprefix("val_")): v for k, v in scores.items()}
 
 
@@ -267,7 +267,7 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
     from shardline.trainer.data import ScoredLoader
     from shardline.trainer.validate import evaluate as validate
 
-    scores = validate(model, test, None, 256, torch.device("cpu"))
+    scores = validate(model, test, 256, torch.device("cpu"))
     text = manifest.encoding.text
     held = np.zeros(text.vocab_size, np.int64)  # the test positions' target tokens, as the model was scored
     for batch in ScoredLoader(test, 4096, stride=True, ignore=text.pad_id):  # the windows `validate` scores

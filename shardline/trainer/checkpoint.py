@@ -119,8 +119,6 @@ def state_bytes(tree) -> int:
 def save_checkpoint(dir_uri: str, step: int, state: dict, meta: dict, is_best: bool, keep: int) -> str:
     """Write checkpoint `step` (tensors `state`, sidecar from `meta`), point best.json at it when `is_best`,
     prune to the newest `keep` plus the best. Returns the .pt URI."""
-    if keep < 1:
-        raise ValueError(f"keep must be >= 1 (training.keep_checkpoints), got {keep}")
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getbuffer()  # no second copy of the bytes (a 100M-parameter model's checkpoint is ~1 GB)

@@ -78,9 +78,6 @@ class DataSpec:
         """The columns of the `cat` tensor, in order."""
         return [*self.categorical, *self.boolean]
 
-    def target(self, name: str) -> TargetInfo:
-        return next(t for t in self.targets if t.name == name)
-
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -30,14 +30,12 @@ def _output_shape(t: TargetInfo, n: int, window: int) -> tuple[int, ...]:
 
 
 def predict_batches(
-    model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None
+    model: nn.Module, data: SplitData, batch_size: int = 4096
 ) -> Iterator[tuple[int, Batch, dict[str, np.ndarray]]]:
     """The split's windows in window order, a batch at a time: (its first window's number, the batch as
-    stored, each target's outputs for its windows as `predict` gives them for the whole split:
-    float32 probabilities with class 0 at 0, [B, n_classes] (or [B, K, n_classes]), or standardised
-    values [B, 1] (or [B, K])). Only one batch's outputs are held at a time. A model without a target is
-    not run: it has no outputs to give."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    stored, each target's outputs for its windows as `predict` gives them). Only one batch's outputs are held
+    at a time. A model without a target is not run: it has no outputs to give."""
+    device = next(model.parameters()).device
     spec = data_spec_of(model.shardline_spec)
     was_training = model.training
     model.eval()
@@ -109,14 +107,12 @@ def load_model(checkpoint_uri: str, spec: dict | None = None) -> nn.Module:
     return model.eval()
 
 
-def predict(
-    model: nn.Module, data: SplitData, batch_size: int = 4096, device: torch.device | str | None = None
-) -> dict[str, np.ndarray]:
+def predict(model: nn.Module, data: SplitData, batch_size: int = 4096) -> dict[str, np.ndarray]:
     """Each target's outputs in window order, float32: class probabilities with class 0 (unseen) at 0,
     [N, n_classes] (or [N, K, n_classes] at every position), or standardised values [N, 1] (or [N, K])."""
     spec = data_spec_of(model.shardline_spec)
     out = {t.name: np.empty(_output_shape(t, data.n_windows, spec.window), np.float32) for t in spec.targets}
-    for first, batch, outputs in predict_batches(model, data, batch_size, device):
+    for first, batch, outputs in predict_batches(model, data, batch_size):
         for name, y in outputs.items():
             out[name][first : first + len(batch)] = y
     return out

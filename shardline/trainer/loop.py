@@ -162,7 +162,7 @@ def fit(
     log, run_meta = cb.log, plain(opt.run_meta, "run_meta")
     found = _find_checkpoint(ckpt_dir, opt.resume, ranks, log)
     if found:
-        check_same_run(found[1], plan.spec, plan.training, task, plan.windows, ckpt_dir)
+        check_same_run(found[1], plan.spec, plan.training, plan.windows, ckpt_dir)
         finished = _finished(found, ckpt_dir, cfg, plan.select_by, run_meta, log, cb.prune is not None)
         if finished is not None:
             return finished
@@ -247,7 +247,7 @@ def fit(
             entry, metrics, is_best = {}, {}, False
             if ranks.is_main:  # several processes: rank 0 validates (the others wait at the checkpoint's collective)
                 metrics = evaluate(
-                    model, val, task, cfg.batch_size, device, step.ctx, plan.data, cfg.loss_weights, opt.ranking
+                    model, val, cfg.batch_size, device, step.ctx, plan.data, cfg.loss_weights, opt.ranking
                 )
                 check_selected(metrics, plan.select_by, opt.ranking, val)
                 entry = _entry(epoch, state, metrics, lr, t0, train_seconds, windows_done, pace)
@@ -524,23 +524,21 @@ class _Progress:
     def __init__(self, on_progress, seconds: float, plan: _Plan, cfg, state: TrainState, first_epoch: int):
         self.on_progress, self.seconds, self.plan, self.cfg, self.state = on_progress, seconds, plan, cfg, state
         self.started, self.steps_before, self.span, self.last_loss = time.perf_counter(), state.step, Pace(), None
+        self.last = self.started
         if on_progress is not None:
-            self.report(first_epoch)
-        self.last = time.perf_counter()
+            self.report(first_epoch, None)
 
     def maybe(self, epoch: int, now: float, step_loss: torch.Tensor) -> None:
         if self.on_progress is not None and now - self.last >= self.seconds:
-            self.last_loss = step_loss.item()
-            self.report(epoch)
-            self.last = now
+            self.report(epoch, step_loss)
 
     def epoch_end(self, epoch: int, step_loss: torch.Tensor | None) -> None:
         if self.on_progress is not None:
-            self.last_loss = step_loss.item() if step_loss is not None else self.last_loss
-            self.report(epoch)
-            self.last = time.perf_counter()
+            self.report(epoch, step_loss)
 
-    def report(self, epoch: int) -> None:
+    def report(self, epoch: int, step_loss: torch.Tensor | None) -> None:
+        if step_loss is not None:
+            self.last_loss = step_loss.item()
         state, total = self.state, self.plan.total_steps
         validated = state.history[-1] if state.history else {}
         done = state.step - self.steps_before
@@ -563,6 +561,7 @@ class _Progress:
             }
         )
         self.span = Pace()
+        self.last = time.perf_counter()
 
 
 def _agree_step(plan: _Plan, stop, step_loss, part, due: bool, spent: bool, log):

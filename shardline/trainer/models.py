@@ -68,10 +68,6 @@ def model_spec_for(cfg: ModelConfig | dict, data: DataSpec) -> dict:
 
 def model_spec(cfg: ModelConfig | dict, n_cont: int, cat_cardinalities: list[int], window: int, n_outputs: int) -> dict:
     """A model spec from shapes alone (one target named `target`): for tests and benchmarks."""
-    if n_cont < 0 or window < 1 or n_outputs < 1:
-        raise ValueError(
-            f"bad model shape: n_cont={n_cont} (>= 0), window={window} (>= 1), n_outputs={n_outputs} (>= 1)"
-        )
     return model_spec_for(cfg, legacy_data_spec(n_cont, cat_cardinalities, window, n_outputs))
 
 

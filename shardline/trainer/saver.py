@@ -12,6 +12,9 @@ from shardline.trainer.checkpoint import checkpoint_name, save_checkpoint, snaps
 from shardline.trainer.distributed import gather_to_main
 from shardline.trainer.state import TrainState, rng_state
 
+# the loop counters a sidecar carries besides its step: what a finished run's result is read from, unloaded
+SIDECAR_LOOP = ("epoch", "epoch_step", "epoch_complete", "best_score", "best_epoch", "best_checkpoint", "pruned_epoch")
+
 
 class Checkpoints:
     """Saves the run (rank 0 writes; every rank hands it its RNGs) and says when the next save is due by time.
@@ -59,18 +62,7 @@ class Checkpoints:
             **self.header,
         }
         meta = {
-            **{
-                k: loop[k]
-                for k in (
-                    "epoch",
-                    "epoch_step",
-                    "epoch_complete",
-                    "best_score",
-                    "best_epoch",
-                    "best_checkpoint",
-                    "pruned_epoch",
-                )
-            },
+            **{k: loop[k] for k in SIDECAR_LOOP},
             "loader": self.loader.state_dict(),
             "metrics": history[-1] if history and state.epoch_complete else {},
             "history": history,

@@ -53,7 +53,6 @@ def is_better(score: float, best: float | None, direction: str) -> bool:
 def evaluate(
     model: nn.Module,
     data: SplitData,
-    task: str,
     batch_size: int,
     device: torch.device,
     ctx=None,
