@@ -366,6 +366,44 @@ def test_gc_on_an_object_store(tmp_path, s3, prefect_api):
     assert left == ["prefect-results/ingest-1", "raw-not-ours/x.parquet"]
 
 
+def test_a_file_group_a_new_data_set_takes_while_gc_runs_is_kept(tmp_path, prefect_api):
+    """Between the plan and the deletes, an encode writes a data set that takes a stored file group the plan
+    deletes (the data set that listed it is going): the group stays, its shards whole; the rest goes."""
+    from shardline.app.gc import apply_plan
+
+    root = tmp_path / "store"
+
+    def data_set(name: str, groups: list[str]) -> None:
+        shards = [{"path": f"../groups/{g}/s-train.bin", "sha256": "x"} for g in groups]
+        (root / "datasets" / name).mkdir(parents=True)
+        manifest = {"data_fingerprint": name, "encoding_hash": "e", "shards": shards}
+        (root / "datasets" / name / "manifest.json").write_text(json.dumps(manifest))
+
+    for g in ("g1", "g2"):
+        (root / "datasets" / "groups" / g).mkdir(parents=True)
+        (root / "datasets" / "groups" / g / "s-train.bin").write_bytes(b"0123456789")
+    data_set("d1", ["g1", "g2"])
+    cfg = validate_config(tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root)))
+    cfg = cfg.model_copy(
+        update={"mlflow": cfg.mlflow.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/m.db"})}
+    )
+    later = time.time() + 2 * DAY
+    plan = plan_gc(cfg, keep=0, now=later)
+    assert sorted((i.kind, i.name) for i in plan.delete) == [
+        ("data set", "d1"),
+        ("file group", "g1"),
+        ("file group", "g2"),
+    ]
+
+    data_set("d2", ["g1"])  # an encode since gc looked: the same raw files' group, another data set
+    done = apply_plan(plan, now=later)
+    assert sorted((i.kind, i.name) for i in done.delete) == [("data set", "d1"), ("file group", "g2")]
+    kept = {i.name: i.why for i in done.keep}
+    assert kept["g1"] == "data set d2 lists its shards (since gc looked): kept"
+    assert (root / "datasets" / "groups" / "g1" / "s-train.bin").read_bytes() == b"0123456789"
+    assert not (root / "datasets" / "d1").exists() and not (root / "datasets" / "groups" / "g2").exists()
+
+
 def test_a_live_text_fine_tune_pipeline_keeps_the_data_set_it_encodes(tmp_path, prefect_api):
     # a text fine-tune's data is tokenized with its parent's tokenizer, not data.tokenizer: the data set a live
     # (or about to start) pipeline of it uses is the one its encode wrote, and gc must find that one

@@ -686,28 +686,51 @@ def _remove_empty_folders(item: Item) -> None:
             pass
 
 
+def _kept_after_all(item: Item, listed: dict, in_use: dict, keep_all: str | None, lists: dict[str, str]) -> bool:
+    """Whether a folder the plan deletes stays after all (item.why then says why)."""
+    again = listed.get((item.kind, item.name))
+    area = {"data set": DATASETS, "run": RUNS}.get(item.kind)
+    if again is not None and (again.newest > item.newest or len(again.files) != len(item.files)):
+        item.why = "written to while gc ran: kept"
+    elif (area, item.name) in in_use or keep_all:
+        item.why = f"{in_use.get((area, item.name)) or keep_all} (since gc looked): kept"
+    elif item.name in lists:
+        item.why = f"data set {lists[item.name]} lists its shards (since gc looked): kept"
+    else:
+        return False
+    return True
+
+
+def _groups_listed(listed: dict, folders: list[Item], changed: list[Item]) -> dict[str, str]:
+    """{file group: a data set that lists it} over the data sets that stay: not planned to go, kept after all,
+    or written since gc looked (an encode that took a stored group)."""
+    going = {i.name for i in folders if i.kind == "data set" and i not in changed}
+    lists: dict[str, str] = {}
+    for (kind, name), item in sorted(listed.items()):
+        if kind == "data set" and name not in going:
+            for key in _dataset(item).groups:
+                lists.setdefault(key, name)
+    return lists
+
+
 def apply_plan(plan: Plan, now: float | None = None, log: Callable[[str], None] = lambda m: None) -> Plan:
     """Delete what the plan says, pointers first; returns the plan of what was really deleted. Just
     before, each folder is listed again and the live flow runs asked again: a folder written to or taken
-    into use since it was planned is kept, with the cached results that point at it."""
+    into use since it was planned is kept, with the cached results that point at it, and so is a file group
+    a data set that stays lists."""
     now = time.time() if now is None else now
     folders = [i for i in plan.delete if i.kind != "cached result"]
-    listed = {(i.kind, i.name): i for i in _scan(plan.root, now, {f.kind for f in folders})}
+    kinds = {f.kind for f in folders} | ({"data set"} if any(f.kind == "file group" for f in folders) else set())
+    listed = {(i.kind, i.name): i for i in _scan(plan.root, now, kinds)}
     try:
-        in_use, keep_all, _ = in_use_by_flow_runs(plan.root, Locator(plan.root), [i.name for i in folders])
+        runs = [i.name for i in folders if i.kind == "run"]
+        in_use, keep_all, _ = in_use_by_flow_runs(plan.root, Locator(plan.root), runs)
     except ConnectionError:
         in_use, keep_all = {}, None  # as when planned: the recent-modification window stood in for it
-    changed = []
-    for item in folders:
-        again = listed.get((item.kind, item.name))
-        area = DATASETS if item.kind == "data set" else RUNS
-        if again is not None and (again.newest > item.newest or len(again.files) != len(item.files)):
-            item.why = "written to while gc ran: kept"
-        elif (area, item.name) in in_use or keep_all:
-            item.why = f"{in_use.get((area, item.name)) or keep_all} (since gc looked): kept"
-        else:
-            continue
-        changed.append(item)
+    changed = [i for i in folders if i.kind != "file group" and _kept_after_all(i, listed, in_use, keep_all, {})]
+    groups = [i for i in folders if i.kind == "file group"]
+    lists = _groups_listed(listed, folders, changed) if groups else {}  # once the data sets are known
+    changed += [i for i in groups if _kept_after_all(i, listed, in_use, keep_all, lists)]
     kept_uris = {i.uri for i in changed}
     records = [r for r in plan.delete if r.kind == "cached result" and not (r.refs & kept_uris)]
     folders = [i for i in folders if i.uri not in kept_uris]
