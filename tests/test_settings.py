@@ -57,13 +57,19 @@ def test_a_bad_value_fails_naming_the_variable_and_what_it_takes(monkeypatch, na
         settings.number(name)
 
 
-def test_unset_or_empty_is_the_default_and_values_come_typed(monkeypatch):
+def test_unset_or_empty_is_the_default_and_values_come_typed(monkeypatch, tmp_path):
+    from shardline.core.storage import ShardCache
+
     monkeypatch.delenv("SHARDLINE_PROGRESS_SECONDS", raising=False)
     monkeypatch.setenv("SHARDLINE_CACHE_MAX_GB", " ")
     monkeypatch.setenv("SHARDLINE_CACHE", "~/somewhere")
     monkeypatch.setenv("SHARDLINE_RESIDENT_MB", "0")
     assert settings.number("SHARDLINE_PROGRESS_SECONDS") == 5.0
     assert settings.number("SHARDLINE_CACHE_MAX_GB") is None
+    assert ShardCache(tmp_path).cap_source == "half the free disk: SHARDLINE_CACHE_MAX_GB is unset"
+    monkeypatch.setenv("SHARDLINE_CACHE_MAX_GB", " 0.3 ")
+    assert ShardCache(tmp_path).describe_cap() == "300 MB (SHARDLINE_CACHE_MAX_GB=0.3)"
+    monkeypatch.setenv("SHARDLINE_CACHE_MAX_GB", " ")
     assert settings.number("SHARDLINE_RESIDENT_MB") == 0.0
     assert settings.path("SHARDLINE_CACHE") == Path.home() / "somewhere"
     with pytest.raises(KeyError):

@@ -231,11 +231,11 @@ class ShardCache:
         self.root = Path(root)
         self.objects = self.root / "objects"
         self.cap = int(cap_bytes) if cap_bytes is not None else self.default_cap()
-        env = os.environ.get(CACHE_CAP_ENV)
+        env = settings.text(CACHE_CAP_ENV)
         self.cap_source = (
             "set by the caller"
             if cap_bytes is not None
-            else (f"{CACHE_CAP_ENV}={env}" if env else f"half the free disk: {CACHE_CAP_ENV} is unset")
+            else (f"{CACHE_CAP_ENV}={env.strip()}" if env else f"half the free disk: {CACHE_CAP_ENV} is unset")
         )
         self._lock = threading.Lock()
         self._pins: dict[str, int] = {}
