@@ -128,7 +128,7 @@ def test_several_machines_without_a_prefect_server_fail_the_node_check(tmp_path)
     assert "1 check(s) failed: node deployment" in out.stdout
 
 
-def test_several_machines_on_a_pool_of_fewer_live_workers_fail_the_node_check(tmp_path, prefect_api):
+def test_several_machines_on_a_pool_of_fewer_live_workers_fail_the_node_check(tmp_path, prefect_api, monkeypatch):
     """compute.nodes: 2, the training run and its node 1 on one process pool (one worker a machine) where one
     worker is live: the training could never have both machines at once (node 1 would wait for the worker the
     training run holds, until torchrun's rendezvous times out, attempt after attempt), so the node row fails,
@@ -164,6 +164,16 @@ def test_several_machines_on_a_pool_of_fewer_live_workers_fail_the_node_check(tm
     assert row.startswith("FAIL") and "2 of its machines at once" in row and "1 live worker" in row, row
     assert "compute.nodes" in row, row
     assert node_row("local").startswith("PASS")
+
+    # the server fails a later request (listing the node pool's workers): the row that was being read says so
+    from prefect.client.orchestration import SyncPrefectClient
+
+    def failing(self, *args, **kwargs):
+        raise RuntimeError("Server error '500 Internal Server Error' for url 'http://api/work_pools/workers/filter'")
+
+    monkeypatch.setattr(SyncPrefectClient, "read_workers_for_work_pool", failing)
+    row = node_row("local")
+    assert row.startswith("FAIL reading it from") and "500 Internal Server Error" in row, row
 
 
 def test_a_typo_in_a_column_fails_the_data_check(tmp_path):

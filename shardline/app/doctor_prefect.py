@@ -153,6 +153,7 @@ def prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., No
     train_name = config.compute.train_deployment
     skip_local = "compute.train_on=local: training runs in the pipeline's own process"
     checks: list[Check] = []
+    doing = "prefect api"  # the row a failed request belongs to
     try:
         with (
             temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}),
@@ -201,6 +202,7 @@ def prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., No
                 return Check("gpu probe", None, "needs a Prefect server" if remote else skip_local)
 
             train_dep, no_probe = None, None
+            doing = "train deployment"
             if remote:
                 train_dep = _deployment(client, train_name)
                 if train_dep is None:
@@ -236,6 +238,7 @@ def prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., No
                             f"(entrypoint {train_dep.entrypoint}){paused}",
                         )
                     )
+                    doing = "train pool"
                     pool_row = _pool_check(
                         client, train_dep.work_pool_name, "train pool", "on each GPU machine (from the project's .venv)"
                     )
@@ -245,8 +248,10 @@ def prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., No
             else:
                 checks.append(Check("train deployment", None, skip_local))
             if _starts_nodes(config):
+                doing = "node deployment"
                 checks.append(_node_check(client, config, api))
 
+            doing = "pipeline deployment"
             pipe = _deployment(client, PIPELINE_DEPLOYMENT)
             if pipe is None:
                 checks.append(
@@ -264,17 +269,14 @@ def prefect_checks(config: PipelineConfig, timeout: float, add: Callable[..., No
                 if pipe.work_pool_name and not (
                     train_dep is not None and pipe.work_pool_name == train_dep.work_pool_name
                 ):
+                    doing = "pipeline pool"
                     checks.append(_pool_check(client, pipe.work_pool_name, "pipeline pool", "on any machine"))
     except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out, bad URL, refused credentials
         if checks:  # the API answered, a later request failed: say which, keep what was found
             add(*checks)
-            done = {c.name for c in checks}
-            step = next(
-                n for n in ("train deployment", "train pool", "pipeline deployment", "pipeline pool") if n not in done
-            )
             add(
                 Check(
-                    step,
+                    doing,
                     False,
                     f"reading it from {label} failed: {_short(e)}; check PREFECT_API_KEY / the server's logs",
                 )
