@@ -10,7 +10,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from shardline.core import storage
 from shardline.core.config import stable_hash
 
 MANIFEST_VERSION = 1
@@ -321,10 +320,6 @@ class Manifest(_Shards):
         description="text data: how often each token id is a target (not 0) in the training split: the unigram "
         "baseline's distribution",
     )
-
-    def tokenizer_uri(self, manifest_uri: str) -> str:
-        """Text data: where the tokenizer.json beside the manifest at `manifest_uri` is."""
-        return storage.resolve(manifest_uri.rsplit("/", 1)[0], self.tokenizer or "tokenizer.json")
 
     def shards_of(self, split: str | list[str] | tuple[str, ...]) -> list[ShardInfo]:
         """The shards of a split, or of several (k-fold training on several folds), in manifest order."""

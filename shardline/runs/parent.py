@@ -104,7 +104,7 @@ def parent_tokenizer(config: PipelineConfig, parent: Parent, encoding: EncodingS
     manifest a checkpoint's run trained on; checked against the sha256 its encoding records."""
     if parent.checkpoint:
         manifest_uri, manifest = _checkpoint_manifest(parent)
-        where = manifest.tokenizer_uri(manifest_uri)
+        where = storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json")
         text = storage.read_text(where) if storage.exists(where) else None
     else:
         from mlflow.exceptions import MlflowException

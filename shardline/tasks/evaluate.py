@@ -239,7 +239,9 @@ def generation_scores(model, manifest: Manifest, manifest_uri: str, test, config
     pairs = test_pairs(test, limit, SEP_ID, EOS_ID)
     if not pairs:
         return {}, ""
-    tokenizer = storage.read_text(manifest.tokenizer_uri(manifest_uri))
+    tokenizer = storage.read_text(
+        storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json")
+    )
     longest = max(len(r) for _, r in pairs)
     max_new = config.evaluation.max_new_tokens or min(longest + GENERATION_MARGIN, GENERATION_CAP)
     outputs = continuations(model, tokenizer, [p for p, _ in pairs], max_new, temperature=0.0, stop_at_sep=True)

@@ -164,7 +164,7 @@ def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str
         return {}
     import hashlib
 
-    text = storage.read_text(manifest.tokenizer_uri(manifest_uri))
+    text = storage.read_text(storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json"))
     if hashlib.sha256(text.encode()).hexdigest() != manifest.encoding.text.tokenizer_sha256:
         raise ValueError(
             f"the tokenizer beside {manifest_uri} is not the one its shards were encoded with; encode again"
