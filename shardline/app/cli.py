@@ -601,7 +601,7 @@ def doctor_command(
 
     config = _load(config_path, list(set_))
     show = lambda check: _show_check(check, 19)
-    rows = run_doctor(config, timeout, probe_timeout, str(config_path), show)
+    rows = run_doctor(config, timeout=timeout, probe_timeout=probe_timeout, source=str(config_path), on_check=show)
     failed = [r.name for r in rows if r.ok is False]
     if failed:
         typer.secho(f"\n{len(failed)} check(s) failed: {', '.join(failed)}", fg=typer.colors.RED, bold=True)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from shardline.app.doctor import (
+from shardline.app.doctor_checks import (
     DEPLOY_HINT,
     PIPELINE_DEPLOYMENT,
     PROBE_DEPLOYMENT,

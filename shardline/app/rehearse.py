@@ -16,7 +16,7 @@ import os
 import time
 import traceback
 
-from shardline.app.doctor import Check
+from shardline.app.doctor_checks import Check
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig, validate_config
 
