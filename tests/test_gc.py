@@ -409,7 +409,7 @@ def test_a_live_text_fine_tune_pipeline_keeps_the_data_set_it_encodes(tmp_path, 
     # (or about to start) pipeline of it uses is the one its encode wrote, and gc must find that one
     from prefect import flow
 
-    from shardline.app.gc import Locator, flow_run_uses
+    from shardline.app.gc_usage import Locator, flow_run_uses
     from shardline.flows.pipeline import encoded_data
     from shardline.flows.train import train
     from tests.test_text_data import sentences
