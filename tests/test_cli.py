@@ -43,7 +43,10 @@ def test_unknown_config_key_fails_before_any_work(tmp_path):
 
 def test_check_config_prints_the_resolved_config(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config("raw/*.parquet", "store")))
-    out = shardline("check-config", tmp_path / "c.yaml", "--set", "training.epochs=9")
+    # run from the config's folder as a shell does (its PWD set): the folder's paths are shown, not masked as a
+    # secret (`pwd` reads as a credential's name; tmp_path is long enough to be masked as one)
+    env = {**os.environ, "PWD": str(tmp_path)}
+    out = shardline("check-config", "c.yaml", "--set", "training.epochs=9", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     resolved = yaml.safe_load(out.stdout)
     assert resolved["training"]["epochs"] == 9

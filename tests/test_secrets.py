@@ -35,6 +35,9 @@ def test_secrets_are_found_by_name_and_place_not_by_equal_text(monkeypatch):
     # a real-length credential of this process is masked wherever it appears
     monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz")
     assert redact_text("401 for token hf_abcdefghijklmnopqrstuvwxyz") == "401 for token ***"
+    # the shell's working folder is no password, though `pwd` names one: the paths under it stay readable
+    monkeypatch.setenv("PWD", "/home/alice/projects/replays")
+    assert redact_text("no file /home/alice/projects/replays/raw") == "no file /home/alice/projects/replays/raw"
     assert redact_text("postgresql://user:pa55@db:5432/mlflow") == "postgresql://***@db:5432/mlflow"
     assert redact_text("https://tok3n@mlflow.example.com") == "https://***@mlflow.example.com"
     assert redact_text("MLFLOW_TRACKING_PASSWORD=hunter2 AWS_REGION=eu-west-1") == (

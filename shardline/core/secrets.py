@@ -48,6 +48,9 @@ _SIGNED_QUERY = re.compile(
 URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
 _ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>['\"]?\s*[:=]\s*['\"]?)(?P<value>[^\s'\",;}\]&]+)")
 MIN_ENV_SECRET = 16
+# the shell's own variables whose names read as credentials: the working directories (`pwd`) and ssh-agent's socket
+# (`auth`). Masked, every path under the folder a user runs from read `***/...` (configs, errors, the run's files)
+_SHELL_PATHS = {"PWD", "OLDPWD", "SSH_AUTH_SOCK"}
 
 
 def is_secret_name(name: str) -> bool:
@@ -72,7 +75,7 @@ def _environ() -> list[tuple[str, str]]:
 
 def _env_secrets() -> list[str]:
     return sorted(
-        (v for k, v in _environ() if v and len(v) >= MIN_ENV_SECRET and is_secret_name(k)),
+        (v for k, v in _environ() if v and len(v) >= MIN_ENV_SECRET and k not in _SHELL_PATHS and is_secret_name(k)),
         key=len,
         reverse=True,
     )
