@@ -294,3 +294,37 @@ def test_a_cached_rerun_lists_shards_and_reading_them_checks_their_bytes(setup, 
     monkeypatch.setenv("SHARDLINE_CACHE", str(tmp_path / "fresh-cache"))  # a machine that has not read them yet
     with pytest.raises(OSError, match=r"\.bin\.lz4: checksum mismatch"):  # training reads them: refused, named
         run(cfg, force="train")
+
+
+def test_two_commands_starting_on_a_new_prefect_database_both_save_their_results_block(tmp_path, prefect_api):
+    """Saving the results block registers its block type: Prefect reads it by slug, and creates it when the read
+    finds nothing. Two commands starting at once on a new database both read nothing, and the second create is a
+    409 (a user's first demo beside another command: `error: ObjectAlreadyExists`). Here the other command's
+    create lands between this one's read and its create (the read answers 'not found' once, as it did for the
+    second command): the step's results block is still saved, on the real API."""
+    from prefect import get_client
+    from prefect.blocks.core import Block
+    from prefect.exceptions import ObjectNotFound
+
+    from shardline.tasks import caching
+
+    caching.results_storage(str(tmp_path / "a"))  # the other command: the block type is on the API now
+    with get_client(sync_client=True) as client:
+        client_type = type(client)
+    real_read = client_type.read_block_type_by_slug
+    reads = []
+
+    def read_before_the_other_create(self, slug):
+        reads.append(slug)
+        if len(reads) == 1:
+            raise ObjectNotFound(http_exc=Exception(f"no block type {slug} yet"))
+        return real_read(self, slug)
+
+    client_type.read_block_type_by_slug = read_before_the_other_create
+    try:
+        block, uri = caching.results_storage(str(tmp_path / "b"))
+    finally:
+        client_type.read_block_type_by_slug = real_read
+    assert len(reads) >= 2, reads  # the stale read, then the one after the 409
+    assert uri.endswith("results") and Path(uri).is_dir()
+    assert Block.load(f"{block.get_block_type_slug()}/{block._block_document_name}").basepath == uri

@@ -29,6 +29,7 @@ from typing import Any
 
 from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.cache_policies import CachePolicy
+from prefect.exceptions import ObjectAlreadyExists
 from prefect.filesystems import LocalFileSystem, RemoteFileSystem
 from prefect.utilities.hashing import hash_objects
 from pydantic import BaseModel
@@ -234,7 +235,13 @@ def results_storage(root: str) -> tuple[CheckedLocalResults | CheckedRemoteResul
     with _SAVED_LOCK:
         where = (str(PREFECT_API_URL.value()), uri)
         if where not in _SAVED:
-            block.save("shardline-results-" + hash_objects(uri)[:12], overwrite=True)
+            name = "shardline-results-" + hash_objects(uri)[:12]
+            try:
+                block.save(name, overwrite=True)
+            except ObjectAlreadyExists:
+                # Prefect registers the block type by a read, then a create: another command starting on the same
+                # new database created it in between (a 409). It is there now, and the second save finds it
+                block.save(name, overwrite=True)
             _SAVED[where] = block
         return _SAVED[where], uri
 
