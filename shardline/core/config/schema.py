@@ -315,8 +315,8 @@ class ComputeConfig(Strict):
         default_factory=list,
         description=(
             "train_on: launcher: the command that starts the training's machines (argv; `{job}` is replaced by the "
-            "job's URI in storage and `{run}` by the run's id), e.g. [sbatch, --export=ALL,SHARDLINE_JOB={job}, "
-            "deploy/slurm.sh]; it returns once they are submitted"
+            "job's URI in storage and `{run}` by the run's id), e.g. [sh, -c, \"sed 's|@JOB@|{job}|' "
+            'deploy/trainjob.yaml | kubectl create -f -"] (deploy/README.md); it returns once they are submitted'
         ),
     )
     train_deployment: str = Field(
