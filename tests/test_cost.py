@@ -30,7 +30,10 @@ def test_device_names_map_to_the_tables_types():
 
 def test_the_shipped_table_is_an_estimate_with_its_date_and_every_type_has_a_price():
     table = cost.load_prices()
-    assert "estimate" in table.as_of and "2025" in table.as_of
+    # its date and how it was made; every place that shows it says "an estimate" itself (the log's cost line, the
+    # ledger's summary, `shardline cost`'s "shipped estimate", the run's `shardline.cost.estimate` tag): said once
+    assert "2025" in table.as_of and "list prices" in table.as_of and "estimate" not in table.as_of
+    assert table.sources == [f"shipped estimate, {table.as_of}"]
     assert {"H100", "A100-80GB", "L4", "T4", "CPU"} <= set(table.gpus)
     for gpu in table.gpus:
         assert all(p.on_demand > 0 and (p.spot is None or p.spot < p.on_demand) for p in table.of(gpu)), gpu
