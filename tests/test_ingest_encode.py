@@ -164,20 +164,20 @@ def test_unseen_and_null_categories_get_id_zero(raw_dir, tmp_path):
     _, spec, _, _ = encode_all(cfg)
     df = pl.DataFrame(
         {
-            "seq": ["q"] * 3,
-            "t": [0, 1, 2],
-            "x": [0.0, None, float("nan")],
-            "y": [1.0, 2.0, 3.0],
-            "flag": [True, None, False],
-            "kind": ["a", "zzz", None],
-            "label": ["a", "b", "c"],
+            "seq": ["q"] * 5,
+            "t": [0, 1, 2, 3, 4],
+            "x": [0.0, None, float("nan"), float("inf"), float("-inf")],
+            "y": [1.0, 2.0, 3.0, 4.0, 5.0],
+            "flag": [True, None, False, True, True],
+            "kind": ["a", "zzz", None, "a", "a"],
+            "label": ["a", "b", "c", "a", "a"],
         }
     )
     arrays, _ = encode_frame(prepare(df, "seq", "t", "mem"), spec)
-    assert arrays["cat"][:, 0].tolist()[1:] == [0, 0]
-    assert arrays["cat"][:, 1].tolist() == [2, 0, 1]
-    # null and NaN continuous values become the training mean: 0 after standardisation
-    assert arrays["cont"][1:, 0].tolist() == [0.0, 0.0]
+    assert arrays["cat"][:, 0].tolist()[1:3] == [0, 0]
+    assert arrays["cat"][:, 1].tolist() == [2, 0, 1, 2, 2]
+    # null, NaN and infinite continuous values become the training mean: 0 after standardisation
+    assert arrays["cont"][1:, 0].tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
 def test_target_with_nulls_names_file_and_column(raw_dir, tmp_path):
@@ -359,7 +359,7 @@ def test_stored_order_keeps_every_value(tmp_path):
 
 def _awkward_raw(folder, n_files=4, seqs=3, rows=40, seed=7):
     """Files whose values differ per file (so each group's own codes differ from the data set's):
-    nulls and NaN in continuous columns, null booleans, null and unseen string categories, a narrow
+    nulls, NaN and infinite values in continuous columns, null booleans, null and unseen string categories, a narrow
     and a wide integer categorical, an integer target that is also a feature, a large-offset column."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -369,6 +369,7 @@ def _awkward_raw(folder, n_files=4, seqs=3, rows=40, seed=7):
             n = rows
             x = rng.normal(loc=j, size=n).astype(np.float32)
             x[rng.random(n) < 0.1] = np.nan
+            x[i] = (np.inf, -np.inf, np.nan)[i % 3]  # an infinite value is missing too (a sensor's 1/0)
             frames.append(
                 pl.DataFrame(
                     {

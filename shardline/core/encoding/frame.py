@@ -12,6 +12,11 @@ from shardline.core.encoding.columns import ORDER, SEQ, as_number
 from shardline.core.manifest import EncodingSpec, target_array
 
 
+def _finite(x: pl.Expr) -> pl.Expr:
+    """A continuous value, null where it is NaN or infinite: missing, as the encode reads it (the training mean)."""
+    return pl.when(x.is_finite()).then(x)
+
+
 def _ids_expr(col: pl.Expr, dtype: pl.DataType, values: list[str]) -> pl.Expr:
     """Vocabulary ids of a column: values[i] -> i+1, anything else (unseen, null) -> 0.
 
@@ -49,7 +54,7 @@ def encode_frame(
         )  # float32 first, then float16: numpy's rounding
         cont = (
             df.select(
-                ((as_number(c.name, df.schema[c.name]).fill_nan(None) - c.mean) / c.std)
+                ((_finite(as_number(c.name, df.schema[c.name])) - c.mean) / c.std)
                 .fill_null(0.0)
                 .cast(pl.Float32)
                 .cast(pl_cont)

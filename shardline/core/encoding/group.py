@@ -129,7 +129,7 @@ def _standardise_splits(
 ) -> tuple[list[tuple[int, float, float]], list[tuple[float, float]]]:
     """Standardise the continuous columns `names` of a group's rows with the group's own mean and
     std, one column at a time, into each split's array: `outs` holds (first row, end row, the
-    split's array [columns, rows], float16 or float32); NaN is kept (it stands for null). Returns
+    split's array [columns, rows], float16 or float32); NaN is kept (it stands for null; so does +-inf). Returns
     each column's (count, mean, variance) over the non-NaN values of the `train` rows, and the
     (mean, std) the stored values decode with: v * std + mean (the exact steps taken).
 
@@ -150,7 +150,11 @@ def _standardise_splits(
             a = np.array(a)
         x = torch.from_numpy(a)
         total = float(x.sum())
-        nan = total != total and bool(torch.isnan(x).any())
+        nan = False
+        if total != total or total in (float("inf"), float("-inf")):
+            # a NaN (a null), or an infinite value: missing too, as it has no mean (it made the column's NaN)
+            x.masked_fill_(torch.isinf(x), float("nan"))
+            nan = bool(torch.isnan(x).any())
         count = int((~torch.isnan(x)).sum()) if nan else n
         if nan:
             total = float(torch.nansum(x))
