@@ -98,6 +98,13 @@ def test_run_with_a_bad_file_names_it_and_exits_nonzero(tmp_path, prefect_api):
     loud = shardline("run", tmp_path / "c.yaml", "--verbose", env=api_env())
     assert loud.returncode == 1 and "Traceback" in loud.stdout + loud.stderr
 
+    # a storage root this machine cannot write (a file where a folder must be): the setting named, no traceback
+    (tmp_path / "a-file").write_text("")
+    out = shardline("run", tmp_path / "c.yaml", "--set", f"storage.root={tmp_path / 'a-file' / 'store'}", env=api_env())
+    said = out.stdout + out.stderr
+    assert out.returncode == 1 and f"storage.root {tmp_path / 'a-file' / 'store'}: cannot make the folder" in said
+    assert "Traceback" not in said
+
 
 @pytest.mark.e2e
 def test_rehearse_in_process_preempts_resumes_and_leaves_the_real_run_alone(tmp_path):

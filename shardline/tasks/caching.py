@@ -230,7 +230,13 @@ def results_storage(root: str) -> tuple[CheckedLocalResults | CheckedRemoteResul
         block = CheckedRemoteResults(basepath=uri)
     else:
         path = Path(storage.local_path(uri)).resolve()
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # the first write under the root: said as the setting, not as a traceback
+            raise ValueError(
+                f"storage.root {root}: cannot make the folder {path} ({e.strerror or e}); set storage.root to a "
+                "folder this machine can write (`shardline doctor CONFIG` checks it)"
+            ) from e
         uri, block = str(path), CheckedLocalResults(basepath=str(path))
     with _SAVED_LOCK:
         where = (str(PREFECT_API_URL.value()), uri)
