@@ -39,7 +39,7 @@ def setup(tmp_path):
     return tmp_path, cfg, first
 
 
-def test_same_command_twice_runs_nothing(setup, prefect_api):
+def test_same_command_twice_runs_nothing(setup, prefect_api, capsys):
     tmp_path, cfg, first = setup
     second = run(cfg)
     assert second["steps"] == ALL_CACHED
@@ -51,6 +51,25 @@ def test_same_command_twice_runs_nothing(setup, prefect_api):
     for r in records:
         json.loads(r.read_text())
         assert "pickle" not in r.read_text()
+
+    # the alias moved away in the registry since (a later version, a teammate): the cached rerun says so, and the
+    # predict command it prints names the version itself, not an alias that now loads another model
+    from mlflow import MlflowClient
+
+    from shardline.app.summary import summary
+    from shardline.core.tracking.tracker import tracking_uri
+
+    config = validate_config(cfg)
+    client = MlflowClient(tracking_uri(config.mlflow, config.storage.root))
+    client.delete_registered_model_alias(config.mlflow.model_name, "champion")
+    third = run(cfg)
+    assert third["steps"] == ALL_CACHED and third["registered"]["alias"] == "none"
+    summary(third)
+    said = capsys.readouterr().out
+    assert f"Registered {config.mlflow.model_name} version 1 (it holds no alias now)" in said
+    assert f"shardline predict models:/{config.mlflow.model_name}/1 INPUT.parquet" in said
+    client.set_registered_model_alias(config.mlflow.model_name, "champion", "1")
+    assert run(cfg)["registered"]["alias"] == "champion"
 
 
 def test_changed_hyperparameter_reuses_ingest_and_encode(setup, prefect_api):

@@ -6,12 +6,21 @@ from __future__ import annotations
 import typer
 
 
+def _held(reg: dict) -> str:
+    """The alias the version holds: `as @champion`, or that it holds none (a later version took it)."""
+    return "(it holds no alias now)" if reg["alias"] == "none" else f"as @{reg['alias']}"
+
+
+def _model_uri(reg: dict) -> str:
+    return f"models:/{reg['model_name']}" + (f"/{reg['version']}" if reg["alias"] == "none" else f"@{reg['alias']}")
+
+
 def summary(result: dict) -> None:
     reg = result["registered"]
     tr = result["train"]
     typer.echo("\nsteps: " + ", ".join(f"{k} {v}" for k, v in result["steps"].items()))
     typer.secho(
-        f"Registered {reg['model_name']} version {reg['version']} as @{reg['alias']}", fg=typer.colors.GREEN, bold=True
+        f"Registered {reg['model_name']} version {reg['version']} {_held(reg)}", fg=typer.colors.GREEN, bold=True
     )
     chosen = (
         f", the checkpoint of epoch {tr['best_epoch']} (best {tr['select_by']})"
@@ -40,7 +49,7 @@ def summary(result: dict) -> None:
         typer.echo(f"    the version: {reg['version_page']}")
         typer.echo('    (MLflow 3 opens on its GenAI view: pick "Model training" at the top left to list runs)')
     typer.echo(
-        f"  shardline predict models:/{reg['model_name']}@{reg['alias']} INPUT.parquet --out predictions.parquet "
+        f"  shardline predict {_model_uri(reg)} INPUT.parquet --out predictions.parquet "
         f"--tracking-uri {reg['tracking_uri']}"
     )
     typer.echo("  prefect server start                      # the Prefect UI; runs from now on show up there")
@@ -90,7 +99,8 @@ def sweep_summary(result: dict) -> None:
     reg = result["registered"]
     typer.echo("")
     typer.secho(
-        f"Best {best['trial']} registered as {reg['model_name']} version {reg['version']} (@{reg['alias']}); "
+        f"Best {best['trial']} registered as {reg['model_name']} version {reg['version']} "
+        f"({'no alias now' if reg['alias'] == 'none' else '@' + reg['alias']}); "
         f"its test metrics against {result.get('baseline_name', 'the trivial baseline')}:\n",
         fg=typer.colors.GREEN,
         bold=True,

@@ -23,7 +23,7 @@ from shardline.tasks.caching import STEPS, cached, run_cached
 from shardline.tasks.encode import encode
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
 from shardline.tasks.ingest import INGEST_CACHE, ingest
-from shardline.tasks.register import REGISTER_CACHE, register
+from shardline.tasks.register import REGISTER_CACHE, register, with_alias_now
 from shardline.tasks.train import TRAIN_CACHE, train_step
 
 
@@ -105,6 +105,8 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     registered, ran["register"] = run_cached(
         register, REGISTER_CACHE, root, "register" in refresh, config, snapshot, manifest_uri, trained, scores
     )
+    if not ran["register"]:
+        registered = with_alias_now(registered, config)
 
     # the Prefect runs name what they produced: the runs list filters by model, version and MLflow run
     version = f"{registered.model_name}/{registered.version}"

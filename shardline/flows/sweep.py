@@ -41,7 +41,7 @@ from shardline.runs import links
 from shardline.runs.parent import pinned, resolve_parent
 from shardline.tasks.caching import run_cached
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
-from shardline.tasks.register import REGISTER_CACHE, register
+from shardline.tasks.register import REGISTER_CACHE, register, with_alias_now
 from shardline.tasks.sweep import (
     SweepStudy,
     check_pruning,
@@ -166,6 +166,8 @@ def sweep(
         registered, ran["register"] = run_cached(
             register, REGISTER_CACHE, root, False, config_, snapshot, manifest_uri, trained, scores
         )
+        if not ran["register"]:
+            registered = with_alias_now(registered, config_)
         tag_version(config_, registered, parent.run_id, trial)
         version = f"{registered.model_name} v{registered.version} @{registered.alias}"
         summary = f"best {trial.id} ({trial.label}), {metric} {best['score']:.4g}; registered as {version}."

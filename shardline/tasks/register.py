@@ -653,6 +653,19 @@ def version_exists(reg: Registered, inputs: dict) -> bool:
     return version.run_id == reg.run_id
 
 
+def with_alias_now(reg: Registered, config: PipelineConfig) -> Registered:
+    """A cached registration with the alias its version holds now: a later version (or a teammate) may have moved
+    `champion` or `challenger` away since, and the summary and its `predict` command name the alias."""
+    from mlflow import MlflowClient
+
+    try:
+        uri = tracking_uri(config.mlflow, config.storage.root)
+        aliases = list(MlflowClient(uri).get_model_version(reg.model_name, str(reg.version)).aliases or [])
+    except Exception:  # noqa: BLE001 - the registry answered `version_exists` a moment ago; else say what was cached
+        return reg
+    return reg.model_copy(update={"alias": "champion" if "champion" in aliases else (aliases or ["none"])[0]})
+
+
 # What decides the registered version: the weights, their test metrics, the raw data's fingerprint,
 # the registry settings and the whole config (logged with the model); the logged model's own code
 # (pyfunc_model.py) counts as code. A cached registration stands while its version is in the registry.
