@@ -971,18 +971,20 @@ def test_settings_sized_for_another_data_set_are_said_at_the_start(data, tmp_pat
     )
     steps = -(-data["classification"].n_windows // 64)  # batches of 32, grad_accum 2
     assert f"note: training.warmup_steps=500 is not below this run's {steps} optimizer steps" in "\n".join(lines)
-    assert f"checkpoint_every_steps=1000 is not below an epoch's {steps} steps" in "\n".join(lines)
+    assert f"checkpoint_every_steps=1000 is not below this run's {steps} optimizer steps" in "\n".join(lines)
+    # above an epoch's 2 steps but below the run's 4: no note, and a checkpoint at step 3, in the second epoch
     quiet_lines: list[str] = []
     fit(
         data["classification"],
         data["classification-val"],
         spec_for(),
-        train_cfg(epochs=1),
+        train_cfg(epochs=2, max_steps_per_epoch=2, checkpoint_every_steps=3, keep_checkpoints=10),
         "classification",
         str(tmp_path / "ckpt2"),
         callbacks=Callbacks(log=quiet_lines.append),
     )
     assert not any(line.startswith("note:") for line in quiet_lines)
+    assert (tmp_path / "ckpt2" / "ckpt-000000003.pt").exists()
 
 
 @pytest.mark.parametrize("stop", ["sigterm mid-epoch", "crash after the report"])

@@ -410,10 +410,12 @@ def _notes(plan: _Plan, cfg: TrainingConfig, log) -> None:
             f"steps ({cfg.epochs} epochs x {plan.steps_per_epoch}): the learning rate never reaches "
             f"training.lr={cfg.lr:g}; lower warmup_steps"
         )
-    if cfg.checkpoint_every_steps >= plan.steps_per_epoch and plan.steps_per_epoch > 0:
+    # counted over the whole run (step % every), not within an epoch: a setting above an epoch's steps still
+    # checkpoints mid-epoch later on
+    if cfg.checkpoint_every_steps >= plan.total_steps and plan.total_steps > 0:
         log(
-            f"note: training.checkpoint_every_steps={cfg.checkpoint_every_steps} is not below an epoch's "
-            f"{plan.steps_per_epoch} steps: checkpoints are taken at epoch ends only"
+            f"note: training.checkpoint_every_steps={cfg.checkpoint_every_steps} is not below this run's "
+            f"{plan.total_steps} optimizer steps: checkpoints are taken at epoch ends only"
         )
 
 
