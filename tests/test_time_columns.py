@@ -102,6 +102,27 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert short.returncode != 0 and "0 predictions: every sequence in the input has fewer than 4 rows" in short.stderr
 
+    # a column the model takes is missing: the file and the column named (not MLflow's dump of the whole frame)
+    rows.drop("label", "x").write_parquet(tmp_path / "no-x.parquet")
+    bad = subprocess.run([*cmd, str(tmp_path / "no-x.parquet"), "--out", str(tmp_path / "b.parquet"), *uri],
+                         capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and f"{tmp_path / 'no-x.parquet'} lacks column(s) ['x']" in bad.stderr, bad.stderr
+    # --out a folder: said before any work, nothing left beside it; a folder's unreadable file named
+    (tmp_path / "outdir").mkdir()
+    (tmp_path / "inputs").mkdir()
+    rows.drop("label").write_parquet(tmp_path / "inputs" / "a.parquet")
+    (tmp_path / "inputs" / "b.parquet").write_bytes(b"not parquet")
+    for args, said in (
+        ([str(tmp_path / "in.parquet"), "--out", str(tmp_path / "outdir")], f"--out {tmp_path / 'outdir'} is a folder"),
+        (
+            [str(tmp_path / "inputs"), "--out", str(tmp_path / "c.parquet")],
+            f"cannot read {tmp_path / 'inputs' / 'b.parquet'}",
+        ),
+    ):
+        done = subprocess.run([*cmd, *args, *uri], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert not list(tmp_path.glob(".tmp-*"))
+
 
 def test_a_date_time_feature_is_its_instant_whatever_its_unit_or_zone(tmp_path):
     """A date-time used as a continuous feature is its instant (microseconds since 1970 UTC, then

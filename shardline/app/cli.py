@@ -357,6 +357,22 @@ def _load_model(model_uri: str, tracking_uri: str | None):
         _fail(f"cannot load model {model_uri} from {uri}: {e}")
 
 
+def _unreadable(input_path: str) -> str:
+    """The file of a folder or a glob that does not read as parquet (polars names none), else the input itself."""
+    import glob
+
+    import polars as pl
+
+    path = Path(input_path)
+    files = sorted(path.rglob("*.parquet")) if path.is_dir() else sorted(map(Path, glob.glob(input_path)))
+    for f in files if len(files) > 1 else []:
+        try:
+            pl.read_parquet_schema(f)
+        except Exception:  # noqa: BLE001 - the first file that does not read is the one to name
+            return str(f)
+    return input_path
+
+
 @app.command()
 def predict(
     model_uri: str = typer.Argument(..., help="models:/NAME@champion, models:/NAME/3, runs:/..., or a model folder"),
@@ -371,15 +387,24 @@ def predict(
     """Write one prediction per window in INPUT, keyed by sequence key and order column so it joins back."""
     import polars as pl
 
+    if out.is_dir():
+        _fail(f"--out {out} is a folder: name the parquet file to write", 2)
     try:
         df = pl.read_parquet(input_path)
     except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
-        _fail(f"cannot read {input_path}: {e}", 2)
+        _fail(f"cannot read {_unreadable(input_path)}: {e}", 2)
     model = _load_model(model_uri, tracking_uri)
     from shardline.trainer.serving import naive_utc
 
     schema = model.metadata.get_input_schema()
     if schema is not None:  # only the columns the model takes (no "extra inputs ignored" warning for the rest)
+        missing = [c for c in schema.required_input_names() if c not in df.columns]
+        if missing:
+            _fail(
+                f"{input_path} lacks column(s) {missing} that {model_uri} takes: its rows need every column it was "
+                f"trained on ({len(schema.input_names())}: {', '.join(schema.input_names())})",
+                2,
+            )
         df = df.select([c for c in schema.input_names() if c in df.columns] or df.columns)
     # MLflow takes naive date-times only: time zones go in as UTC and come back in the input's zone
     preds = model.predict(naive_utc(df.to_pandas()))
@@ -391,8 +416,11 @@ def predict(
             result = result.with_columns(pl.col(c).cast(dtype))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".tmp-{out.name}")
-    result.write_parquet(tmp)
-    os.replace(tmp, out)
+    try:
+        result.write_parquet(tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     typer.echo(f"wrote {result.height} prediction(s) for {df.height} input row(s) to {out}")
 
 
