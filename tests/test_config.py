@@ -133,6 +133,9 @@ def test_extends_loop_and_missing_file(tmp_path):
 def test_bad_set_syntax(tmp_path):
     with pytest.raises(ConfigError, match="expected key.path=value"):
         load_config(write(tmp_path / "c.yaml", tiny_config("raw", "store")), ["training.epochs"])
+    # a value that is not YAML: the --set named, as a config error (it was a bare ParserError)
+    with pytest.raises(ConfigError, match=r"--set 'data.window=\[1': the value does not read as YAML"):
+        load_config(tmp_path / "c.yaml", ["data.window=[1"])
 
 
 def test_demo_config_declares_exactly_the_demo_columns():

@@ -75,7 +75,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"--set '{item}': the key is empty")
-    return parts, yaml.safe_load(value) if value.strip() else None
+    try:
+        return parts, yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as e:  # the value is read as YAML: `[1` or `{a: 1` does not close
+        mark = f" ({e.problem})" if getattr(e, "problem", None) else ""
+        raise ConfigError(
+            f"--set '{item}': the value does not read as YAML{mark}; quote it for text, close its brackets for a list"
+        ) from e
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
