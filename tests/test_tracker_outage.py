@@ -111,6 +111,10 @@ def test_a_server_killed_mid_run_loses_nothing_and_sync_sends_the_rest_once(tmp_
     assert "sent 0 metric value(s) and 0 param(s)" in again.output, again.output
     assert steps_of(client, run_id, "loss") == list(range(150))
     assert client.get_run(run_id).info.status == "FINISHED"
+    # another store, which answers but has no such run: said so, not "run this again when it answers"
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    wrong = CliRunner().invoke(app, ["sync", str(run_dir), "--tracking-uri", other])
+    assert wrong.exit_code == 2 and f"the MLflow store {other} has no run of the journal" in wrong.output, wrong.output
 
 
 def test_replay_of_entries_in_doubt_checks_the_server_first(tmp_path):

@@ -597,6 +597,13 @@ def sync(
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e), 2)
     except Exception as e:  # noqa: BLE001 - MLflow away or refusing: said, and the journal keeps everything
+        if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":  # it answered: the run is not in that store
+            store = redact_text(tracking_uri or "in RUN_DIR/mlflow-run.json")
+            _fail(
+                f"the MLflow store {store} has no run of the journal of {run_dir}: give --tracking-uri the store the "
+                "run was started in (nothing was sent; the journal keeps everything)",
+                2,
+            )
         _fail(
             f"MLflow did not take the journal of {run_dir} ({redact_text(' '.join(str(e).split())[:400])}); "
             "nothing is lost: run this again when it answers"
