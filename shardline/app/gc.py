@@ -274,7 +274,7 @@ def plan_gc(
                     rec.refs.add(storage.join(root, *where))
         gone = sorted(u for u in rec.refs if u in doomed)
         if gone:
-            rec.why = "points at " + ", ".join(u[len(root) + 1 :] for u in gone) + ", deleted"
+            rec.why = "points at " + ", ".join(u[len(root) + 1 :] for u in gone) + ", which goes too"
             stale.append(rec)
     delete_items = stale + delete_items  # in the order they go: the pointers first
     _check_inside(root, config.data.source, delete_items)
