@@ -75,6 +75,7 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     cfg = tiny_config(str(raw_dir / "*.parquet"), str(tmp_path / "store"))
     cfg["data"]["order_by"] = "when"
     cfg["data"]["id_columns"] = ["user"]
+    cfg["data"]["features"]["categorical"] = ["kind", "season"]  # an int16 category
     result = pipeline(validate_config(cfg))
     assert result["registered"]["version"] == 1
 
@@ -96,6 +97,33 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     assert joined.height == preds.height and (joined["user"] == joined["user_right"]).all()
     # each prediction is for the row its key names: label there is the previous row's kind
     assert (joined["prediction"] == joined["label"]).mean() > 0.6
+
+    # the numbers in other types than training read, as pandas and other tools write them: float64 for float32,
+    # int64 for int16, and an integer column with a null (float64 in pandas): the same predictions, from the
+    # command and from MLflow's own pyfunc API (whose signature takes the wider types)
+    wide = rows.drop("label").with_columns(pl.col("x").cast(pl.Float64), pl.col("season").cast(pl.Int64))
+    with_null = wide.with_columns(pl.when(pl.col("t") == 5).then(None).otherwise(pl.col("season")).alias("season"))
+    with_null.with_columns(pl.col("season").cast(pl.Float64)).write_parquet(tmp_path / "wide.parquet")
+    done = subprocess.run([*cmd, str(tmp_path / "wide.parquet"), "--out", str(tmp_path / "w.parquet"), *uri],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert pl.read_parquet(tmp_path / "w.parquet")["prediction"].to_list() == preds["prediction"].to_list()
+    import mlflow
+
+    from shardline.trainer.serving import naive_utc
+
+    mlflow.set_tracking_uri(result["registered"]["tracking_uri"])
+    served = mlflow.pyfunc.load_model("models:/tiny-model@champion").predict(naive_utc(wide.to_pandas()))
+    assert served["prediction"].tolist() == preds["prediction"].to_list()
+    # a number column holding text, or a fraction where training read whole numbers: named, exit 2
+    for bad_rows, said in (
+        (rows.drop("label").with_columns(pl.col("x").cast(pl.Utf8)), "input column 'x' is String, trained as Float32"),
+        (wide.with_columns(pl.col("season") + 0.5), "input column 'season' holds 2021.5, trained as whole numbers"),
+    ):
+        bad_rows.write_parquet(tmp_path / "bad.parquet")
+        done = subprocess.run([*cmd, str(tmp_path / "bad.parquet"), "--out", str(tmp_path / "b.parquet"), *uri],
+                              capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+        assert done.returncode == 2 and said in done.stderr, done.stderr[-3000:]
 
     rows.head(3).drop("label").write_parquet(tmp_path / "short.parquet")
     short = subprocess.run([*cmd, str(tmp_path / "short.parquet"), "--out", str(tmp_path / "s.parquet"), *uri],

@@ -406,12 +406,24 @@ def predict(
                 2,
             )
         df = df.select([c for c in schema.input_names() if c in df.columns] or df.columns)
-    # MLflow takes naive date-times only: time zones go in as UTC and come back in the input's zone
-    preds = model.predict(naive_utc(df.to_pandas()))
-    result = pl.from_pandas(preds)
-    for c, dtype in df.schema.items():
-        if c in result.columns and isinstance(dtype, pl.Datetime) and dtype.time_zone:
-            result = result.with_columns(pl.col(c).dt.replace_time_zone("UTC").dt.convert_time_zone(dtype.time_zone))
+    predictor = getattr(model.unwrap_python_model(), "predictor", None)
+    if getattr(predictor, "input_types", None):  # Shardline's model: the rows as read (no pandas round trip, in
+        # which an integer column with a null turns float64 and MLflow refuses it), in the trained types
+        from shardline.core.encoding.columns import DataError
+
+        try:
+            result = predictor.predict_frame(df)
+        except DataError as e:
+            _fail(f"{input_path}: {e}", 2)
+    else:  # a model registered before its bundle kept the input's types: MLflow's schema enforcement, through
+        # pandas, which takes naive date-times only: time zones go in as UTC and come back in the input's zone
+        result = pl.from_pandas(model.predict(naive_utc(df.to_pandas())))
+        for c, dtype in df.schema.items():
+            if c in result.columns and isinstance(dtype, pl.Datetime) and dtype.time_zone:
+                result = result.with_columns(
+                    pl.col(c).dt.replace_time_zone("UTC").dt.convert_time_zone(dtype.time_zone)
+                )
+    for c, dtype in df.schema.items():  # the keys in the input's own types (a join needs no cast)
         if c in result.columns and result.schema[c] != dtype:
             result = result.with_columns(pl.col(c).cast(dtype))
     out.parent.mkdir(parents=True, exist_ok=True)

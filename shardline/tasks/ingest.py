@@ -335,6 +335,16 @@ def raw_sample(sample_uri: str, columns: list[str], rows: int = 5):
         return naive_utc(pq.ParquetFile(f).read_row_group(0, columns=columns).slice(0, rows).to_pandas())
 
 
+def raw_types(sample_uri: str, columns: list[str]) -> dict[str, str]:
+    """The polars type of each of a raw file's `columns` (from its footer), as text: `Float32`, `Int16`, ..."""
+    import polars as pl
+
+    fs, path = filesystem(sample_uri)
+    with fs.open(path, "rb") as f:
+        schema = pl.from_arrow(pq.ParquetFile(f).schema_arrow.empty_table().select(columns)).schema
+    return {c: str(dtype) for c, dtype in schema.items()}
+
+
 def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
     """Refuse, before any work, input that registration would refuse after the training: the signature
     MLflow infers from a sample of the raw columns the model takes, checked against that sample."""

@@ -38,7 +38,7 @@ from shardline.runs.gate import better, champion_gate, reevaluate_champion
 from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
-from shardline.tasks.ingest import raw_sample
+from shardline.tasks.ingest import raw_sample, raw_types
 from shardline.trainer.serving import (
     GENERATION_PARAMS,
     bundle_dict,
@@ -154,7 +154,22 @@ def _signature(spec, sample_uri: str):
     # the integer-columns hint: nulls in the id columns are the user's, in the others handled by the encoding
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return infer_signature(sample, out.to_pandas(), params=params), sample
+        return _widened(infer_signature(sample, out.to_pandas(), params=params)), sample
+
+
+def _widened(signature):
+    """Integer inputs as long and floating ones as double: MLflow upcasts narrower numbers to them, so a model
+    trained on float32 and int16 columns takes pandas' own float64 and int64 too (the model casts them back to
+    the training's types: `input_types` in its bundle)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, DataType, Schema
+
+    wide = {DataType.integer: DataType.long, DataType.float: DataType.double}
+    inputs = [
+        ColSpec(wide.get(c.type, c.type), c.name, required=c.required) if isinstance(c, ColSpec) else c
+        for c in signature.inputs.inputs
+    ]
+    return ModelSignature(Schema(inputs), signature.outputs, signature.params)
 
 
 def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str, str]:
@@ -345,7 +360,10 @@ def _log_and_register(
     with fluent_tracking_uri(uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
         tmp = Path(tmp)
         torch.save(ckpt["model"], tmp / "weights.pt")
-        (tmp / "bundle.json").write_text(json.dumps(bundle_dict(spec, ckpt["model_spec"], {"tags": tags}), indent=1))
+        # each input column's type in training: the model casts wider numbers back to it (a float32 category's
+        # values match as they were trained; an integer column with a null, float in pandas, reads as integers)
+        extra = {"tags": tags, "input_types": raw_types(snapshot.files[0].uri, input_columns(spec))}
+        (tmp / "bundle.json").write_text(json.dumps(bundle_dict(spec, ckpt["model_spec"], extra), indent=1))
         (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=1))
         signature, sample = _signature(spec, snapshot.files[0].uri)

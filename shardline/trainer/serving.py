@@ -75,6 +75,7 @@ def key_columns(spec: EncodingSpec) -> list[str]:
 
 
 _INTEGERS = {"Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64"}
+_FLOATS = {"Float32", "Float64"}
 
 
 def class_labels(t) -> pl.Series:
@@ -182,11 +183,47 @@ def generation_params(params: dict | None) -> dict:
     return p
 
 
+def _conformed(df: pl.DataFrame, types: dict[str, str]) -> pl.DataFrame:
+    """The input's number columns in the types the model was trained on (`types`: polars' names, from the
+    bundle): a wider float as float32 where training read float32 (a category's values then match as trained),
+    floats holding whole numbers as integers where training read integers (pandas writes an integer column with
+    a null as float64), integers as floats where it read floats. Anything else that is not a number where the
+    model read numbers is said, naming the column."""
+    casts, wrong = [], []
+    for c, trained in types.items():
+        if c not in df.columns:
+            continue
+        dtype = df.schema[c]
+        floats, integers = trained in _FLOATS, trained in _INTEGERS
+        if not (floats or integers) or dtype == getattr(pl, trained):
+            continue
+        if dtype == pl.Null:  # a column of nulls only: missing values of the trained type
+            casts.append(pl.col(c).cast(getattr(pl, trained)))
+        elif not dtype.is_numeric():
+            wrong.append(f"'{c}' is {dtype}, trained as {trained}")
+        elif floats:
+            casts.append(pl.col(c).cast(getattr(pl, trained)))
+        elif dtype.is_float():
+            values = df[c].drop_nulls().drop_nans()
+            fraction = values.filter(~values.is_finite() | (values != values.round()))
+            if fraction.len():
+                wrong.append(f"'{c}' holds {fraction[0]}, trained as whole numbers ({trained})")
+            else:
+                casts.append(pl.col(c).fill_nan(None).cast(pl.Int64))
+    if wrong:
+        raise DataError(f"input column {'; '.join(wrong)}: give numbers there, as in the rows the model was trained on")
+    return df.with_columns(casts) if casts else df
+
+
 class Predictor:
-    def __init__(self, spec: EncodingSpec, model, tokenizer: str | None = None):
+    def __init__(
+        self, spec: EncodingSpec, model, tokenizer: str | None = None, input_types: dict[str, str] | None = None
+    ):
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer  # text data: the tokenizer.json text the model was trained with
+        # each input column's polars type in training (models registered before this was kept: None)
+        self.input_types = input_types
 
     @classmethod
     def from_files(
@@ -212,7 +249,7 @@ class Predictor:
                     f"the bundled tokenizer {tokenizer_path} has sha256 {got[:12]}, the model was trained with "
                     f"{spec.text.tokenizer_sha256[:12]}; register the model again"
                 )
-        return cls(spec, model, tokenizer)
+        return cls(spec, model, tokenizer, bundle.get("input_types"))
 
     def prompts(self, df: pl.DataFrame) -> list[list[int]]:
         """Text data: each row's prompt as token ids (its text columns joined with <sep>, then a <sep> when the
@@ -298,6 +335,8 @@ class Predictor:
                 f"the input lacks column(s) {missing} that the model was trained on; add them (the model's "
                 "signature lists every input column)"
             )
+        if self.input_types:
+            df = _conformed(df, self.input_types)
         if spec.text is not None:
             return self.predict_text(df, params=params)
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
