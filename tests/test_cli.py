@@ -37,7 +37,7 @@ def test_unknown_config_key_fails_before_any_work(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = shardline("run", tmp_path / "c.yaml")
     assert out.returncode == 2
-    assert "unknown key 'model.hiden'" in out.stderr
+    assert "unknown key 'model.hiden': remove it or check its spelling; did you mean 'model.hidden'?" in out.stderr
     assert not (tmp_path / "store").exists()
 
 

@@ -10,14 +10,11 @@ trials with a seeded generator (the same seed, the same trials). Plain Python: n
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import json
 import math
 import os
 import random
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from shardline.core.config import (
     ConfigError,
     PipelineConfig,
     apply_overrides,
+    key_problem,
     metric_directions,
     read_yaml,
     stable_hash,
@@ -157,44 +155,6 @@ def parse_grid(items: list[str]) -> Space:
         space[key] = parsed
     check_keys(list(space), "--grid")
     return space
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return next((m for a in typing.get_args(annotation) if (m := _model_in(a)) is not None), None)
-    return None
-
-
-def _is_mapping(annotation: Any) -> bool:
-    if annotation is Any or annotation is dict or typing.get_origin(annotation) is dict:
-        return True
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return any(_is_mapping(a) for a in typing.get_args(annotation))
-    return False
-
-
-def key_problem(key: str) -> str | None:
-    """Why `key` is no config key (naming the closest ones), or None: a key of a section, a whole section,
-    or any key below a mapping setting (`model.params.width`, `training.loss_weights.label`)."""
-    parts = [p for p in key.split(".") if p]
-    model: type[BaseModel] = PipelineConfig
-    for i, part in enumerate(parts):
-        fields = model.model_fields
-        if part not in fields:
-            where = ".".join(parts[:i]) or "the config's top level"
-            close = difflib.get_close_matches(part, list(fields), n=3)
-            hint = f"; did you mean {' or '.join(repr('.'.join([*parts[:i], c])) for c in close)}?" if close else ""
-            return f"'{key}' is not a config key: {where} has no '{part}'{hint}"
-        annotation = fields[part].annotation
-        sub = _model_in(annotation)
-        if sub is None:
-            if i < len(parts) - 1 and not _is_mapping(annotation):
-                return f"'{key}' is not a config key: {'.'.join(parts[: i + 1])} is a value, not a section"
-            return None
-        model = sub
-    return None if parts else "an empty key"
 
 
 # where the trials run and are recorded is the sweep's: one storage root, one MLflow experiment, one pool

@@ -3,14 +3,15 @@ that names the key, the bad value and what is allowed."""
 
 from __future__ import annotations
 
+import difflib
 import json
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import (
-    ValidationError,
-)
+from pydantic import BaseModel, ValidationError
 
 from shardline.core.config.base import ConfigError
 from shardline.core.config.schema import PipelineConfig
@@ -100,13 +101,59 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return next((m for a in typing.get_args(annotation) if (m := _model_in(a)) is not None), None)
+    return None
+
+
+def _is_mapping(annotation: Any) -> bool:
+    if annotation is Any or annotation is dict or typing.get_origin(annotation) is dict:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_is_mapping(a) for a in typing.get_args(annotation))
+    return False
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` is no config key (naming the closest ones), or None: a key of a section, a whole section,
+    or any key below a mapping setting (`model.params.width`, `training.loss_weights.label`)."""
+    parts = [p for p in key.split(".") if p]
+    model: type[BaseModel] = PipelineConfig
+    for i, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            where = ".".join(parts[:i]) or "the config's top level"
+            close = difflib.get_close_matches(part, list(fields), n=3)
+            hint = f"; did you mean {' or '.join(repr('.'.join([*parts[:i], c])) for c in close)}?" if close else ""
+            return f"'{key}' is not a config key: {where} has no '{part}'{hint}"
+        annotation = fields[part].annotation
+        sub = _model_in(annotation)
+        if sub is None:
+            if i < len(parts) - 1 and not _is_mapping(annotation):
+                return f"'{key}' is not a config key: {'.'.join(parts[: i + 1])} is a value, not a section"
+            return None
+        model = sub
+    return None if parts else "an empty key"
+
+
+def _spelling_hint(key: str) -> str:
+    """'; did you mean ...?' with the closest keys where `key`'s last part is no key of its section, else ''."""
+    problem = key_problem(key) or ""
+    if f"has no '{key.rsplit('.', 1)[-1]}'; did you mean " not in problem:
+        return ""
+    return "; did you mean " + problem.split("; did you mean ", 1)[1]
+
+
 def _format_validation_error(err: ValidationError, origin: str) -> str:
     lines = [f"invalid config {origin}:"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            lines.append(f"  - unknown key '{loc}': remove it or check its spelling")
+            lines.append(f"  - unknown key '{loc}': remove it or check its spelling{_spelling_hint(loc)}")
             continue
         value = e.get("input")
         shown = "" if isinstance(value, dict) or e["type"] == "missing" else f" (got {value!r})"
