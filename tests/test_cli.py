@@ -41,6 +41,16 @@ def test_unknown_config_key_fails_before_any_work(tmp_path):
     assert not (tmp_path / "store").exists()
 
 
+def test_predict_from_a_store_that_is_not_there_says_so_and_makes_none(tmp_path):
+    """A mistyped --tracking-uri: MLflow would create an empty store at the path, then find no model in it."""
+    make_raw(tmp_path / "raw")
+    wrong = tmp_path / "shardline-hom" / "mlflow.db"
+    rows, preds = tmp_path / "raw" / "s-000.parquet", tmp_path / "p.parquet"
+    out = shardline("predict", "models:/m@champion", rows, "--out", preds, "--tracking-uri", f"sqlite:///{wrong}")
+    assert out.returncode == 2 and f"no MLflow store at {wrong}" in out.stderr, out.stderr
+    assert not wrong.exists() and not preds.exists()
+
+
 def test_check_config_prints_the_resolved_config(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config("raw/*.parquet", "store")))
     # run from the config's folder as a shell does (its PWD set): the folder's paths are shown, not masked as a

@@ -344,6 +344,9 @@ def _load_model(model_uri: str, tracking_uri: str | None):
         uri = f"sqlite:///{Path('shardline-home/mlflow.db').resolve()}"
     import mlflow
 
+    store = uri.removeprefix("sqlite:///") if uri and uri.startswith("sqlite:///") else None
+    if store and not Path(store).is_file():  # MLflow would make an empty store there, then find no model in it
+        _fail(f"no MLflow store at {store} (the tracking URI {uri}): check the path", 2)
     if uri:
         mlflow.set_tracking_uri(uri)
     elif model_uri.startswith(("models:/", "runs:/")):
