@@ -107,6 +107,7 @@ def test_killed_during_training_resumes_to_the_same_weights(tmp_path, prefect_ap
     assert code == 75 and time.monotonic() - interrupted < 30, (code, time.monotonic() - interrupted, out[-3000:])
     (said,) = [line for line in out.splitlines() if line.startswith("error: ")]
     assert "training stopped by SIGINT; checkpoint saved at " in said and said.endswith("run again to resume")
+    assert "Traceback" not in out, out[-3000:]  # a stop the user asked for is said once, by that line
     assert Path(said.split("checkpoint saved at ")[1].split(": run again")[0]).is_file()
     client = MlflowClient(f"sqlite:///{tmp_path / 'killed' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
