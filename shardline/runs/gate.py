@@ -18,10 +18,10 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from shardline.core import storage
-from shardline.core.config import metric_key
+from shardline.core.config import FILE_SEQUENCE, metric_key
+from shardline.core.encoding.columns import ORDER, SEQ, prepare
 from shardline.core.manifest import EncodingSpec, Snapshot
 from shardline.core.metrics import scores as M
-from shardline.trainer.serving import key_columns
 
 # what a served prediction (the predicted value, no class distribution) can be scored on
 SERVED_METRICS = {"classification": ("accuracy", "macro_f1"), "regression": ("mae", "rmse", "r2")}
@@ -116,22 +116,34 @@ def reevaluate_champion(
             "reason": f"{metric} {needs}, which a served prediction does not give; the champion can be re-scored on "
             f"{', '.join(SERVED_METRICS[target.task])} (mlflow.promotion_metric)"
         }
-    keys = key_columns(spec)
-    if "row" in keys:
+    if spec.order_by is None:
         return {"reason": "the data has no sequence key or order column to match the champion's rows with"}
     from shardline.runs.model_files import load_checked
 
     model = load_checked(model_uri)  # only with the files it was registered with
     schema = model.metadata.get_input_schema()
     wanted = schema.input_names() if schema is not None else []
-    seq = keys[0]
+    # rows are matched on their sequence and order as the encoding holds them (the candidate's test predictions
+    # do: the sequence as text, the order as int64, a date-time as its instant), not on the id columns
+    seq_key = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
+    raw_keys = [*([seq_key] if seq_key else []), spec.order_by]
+    keys = [*([SEQ] if seq_key else []), ORDER]
+
+    def encoded(frame: pl.DataFrame, where: str) -> pl.DataFrame:
+        return prepare(frame, seq_key, spec.order_by, where, spec.order_format)
+
     predicted = pq.ParquetFile(io.BytesIO(storage.read_bytes(predictions_uri)))
-    if any(c not in predicted.schema_arrow.names for c in [*keys, "prediction"]):
-        return {"reason": f"the candidate's test predictions lack the columns {[*keys, 'prediction']}"}
+    if any(c not in predicted.schema_arrow.names for c in [*raw_keys, "prediction"]):
+        missing = [c for c in [*raw_keys, "prediction"] if c not in predicted.schema_arrow.names]
+        return {"reason": f"the candidate's test predictions lack the column(s) {missing}"}
     groups = range(predicted.num_row_groups)  # a row group at a time: the test split may be millions of rows
-    test_keys = pl.concat([pl.from_arrow(predicted.read_row_group(i, columns=[seq])[seq]).unique() for i in groups])
-    test_keys = test_keys.unique()
-    need = list(dict.fromkeys([*wanted, *keys, target.column]))
+
+    def candidate(i: int, columns: list[str]) -> pl.DataFrame:
+        frame = pl.from_arrow(predicted.read_row_group(i, columns=columns))
+        return frame.rename(dict(zip(raw_keys, keys))).with_columns(pl.col(ORDER).cast(pl.Int64))
+
+    test_keys = pl.concat([candidate(i, raw_keys)[keys[0]].unique() for i in groups]).unique()
+    need = list(dict.fromkeys([*wanted, *raw_keys, target.column]))
     frames, n = [], 0
     for f in snapshot.files:  # the test rows of the first raw files, up to GATE_ROWS: the memory is bounded
         raw = io.BytesIO(storage.read_bytes(f.uri))
@@ -139,20 +151,17 @@ def reevaluate_champion(
         if missing:
             return {"reason": f"the champion needs column(s) {missing}, which {f.uri} does not have"}
         raw.seek(0)
-        frames.append(pl.read_parquet(raw, columns=need).filter(pl.col(seq).is_in(test_keys.implode())))
+        frames.append(
+            encoded(pl.read_parquet(raw, columns=need), f.uri).filter(pl.col(keys[0]).is_in(test_keys.implode()))
+        )
         n += frames[-1].height
         if n >= GATE_ROWS:
             break
     rows = pl.concat(frames, how="vertical_relaxed")
     served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
-    served = _align(served, rows, keys)
+    served = encoded(_align(served, rows, raw_keys), "the champion's predictions")
     sampled = pl.concat(  # the candidate's predictions of those rows only, a row group at a time
-        [
-            pl.from_arrow(predicted.read_row_group(i, columns=[*keys, "prediction"])).join(
-                rows.select(keys), on=keys, how="semi"
-            )
-            for i in groups
-        ],
+        [candidate(i, [*raw_keys, "prediction"]).join(rows.select(keys), on=keys, how="semi") for i in groups],
         how="vertical_relaxed",
     )
     joined = sampled.join(served.select([*keys, pl.col("prediction").alias("__champion")]), on=keys).join(
