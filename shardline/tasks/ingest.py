@@ -332,7 +332,12 @@ def raw_sample(sample_uri: str, columns: list[str], rows: int = 5):
     """The first `rows` rows of a raw file's `columns`, as pandas, zoned date-times as naive UTC."""
     fs, path = filesystem(sample_uri)
     with fs.open(path, "rb") as f:
-        return naive_utc(pq.ParquetFile(f).read_row_group(0, columns=columns).slice(0, rows).to_pandas())
+        table = pq.ParquetFile(f).read_row_group(0, columns=columns).slice(0, rows)
+    # the values' own types, not pandas' types that a file written by pandas records, nor a dictionary's
+    # categorical: MLflow's signature takes neither a nullable Int64 or boolean with a null (as float64 or object
+    # it does, as from any other tool) nor a category (as text it does)
+    plain = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns]
+    return naive_utc(pa.table(plain, names=table.column_names).to_pandas(ignore_metadata=True))
 
 
 def raw_types(sample_uri: str, columns: list[str]) -> dict[str, str]:
@@ -352,18 +357,24 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
 
     columns = list(dict.fromkeys([*data.features.all(), *data.id_columns]))
     columns += [c for c in (data.sequence_key, data.order_by) if c and c != FILE_SEQUENCE and c not in columns]
-    sample = raw_sample(snapshot.files[0].uri, columns)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            signature = infer_signature(sample)
-            from mlflow.models.utils import _enforce_schema
+    # as many rows as registration's sample reads at most (its input example): what passes here passes there
+    sample = raw_sample(snapshot.files[0].uri, columns, rows=200)
 
-            _enforce_schema(sample, signature.inputs)
-    except Exception as e:  # noqa: BLE001 - anything MLflow refuses: said with the columns, before training
+    def refused(frame) -> Exception | None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                from mlflow.models.utils import _enforce_schema
+
+                _enforce_schema(frame, infer_signature(frame).inputs)
+        except Exception as e:  # noqa: BLE001 - anything MLflow refuses: said naming the columns, before training
+            return e
+        return None
+
+    if (e := refused(sample)) is not None:
+        bad = [c for c in columns if refused(sample[[c]]) is not None] or columns
         raise DataError(
-            f"{snapshot.files[0].uri}: the registered model could not take these columns as input ({e}); "
-            f"columns {columns}"
+            f"{snapshot.files[0].uri}: the registered model could not take column(s) {bad} as input ({e})"
         ) from None
 
 
