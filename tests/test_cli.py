@@ -141,3 +141,24 @@ def test_rehearse_in_process_preempts_resumes_and_leaves_the_real_run_alone(tmp_
 
     bad = shardline("rehearse", cfg, "--steps", "5", "--preempt-at", "5")
     assert bad.returncode == 2 and "--preempt-at 5 must be below --steps 5" in bad.stderr
+
+
+def test_an_error_from_the_users_own_code_says_where_it_was_raised(tmp_path):
+    """A ValueError a user's model raises (its constructor, its loss) is said by its message alone, which named
+    no file: the user's file and line are added; Shardline's own messages, which say what to do, are kept."""
+    import importlib.util
+
+    from shardline.app.cli import _raised_in_your_code
+    from shardline.core.config import ConfigError, validate_config
+
+    (tmp_path / "mine.py").write_text("def build(hidden):\n    if hidden % 2:\n        raise ValueError('odd')\n")
+    spec = importlib.util.spec_from_file_location("mine", tmp_path / "mine.py")
+    mine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mine)
+    with pytest.raises(ValueError) as raised:
+        mine.build(17)
+    said = _raised_in_your_code(raised.value)
+    assert said == f" (ValueError raised at {tmp_path / 'mine.py'}:3; --verbose shows the traceback)"
+    with pytest.raises(ConfigError) as ours:
+        validate_config({"name": "x"})
+    assert _raised_in_your_code(ours.value) == ""
