@@ -3,6 +3,7 @@ takes the same raw parquet columns the pipeline was trained on."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -215,6 +216,29 @@ def _conformed(df: pl.DataFrame, types: dict[str, str]) -> pl.DataFrame:
     return df.with_columns(casts) if casts else df
 
 
+@contextlib.contextmanager
+def _own_code(model_spec: dict, code: Path):
+    """While a registered model is built: its entrypoint's package imported from its own `code` folder (first on
+    `sys.path`, another copy of that package forgotten), not from one an earlier model loaded: two versions of
+    a model in one process (a champion and a challenger compared in a notebook) each run their own code."""
+    import sys
+
+    from shardline.trainer.contract import _forget_other_copy
+
+    entrypoint = (model_spec.get("model") or {}).get("entrypoint")
+    if not entrypoint or not code.is_dir():
+        yield
+        return
+    _forget_other_copy(entrypoint.split(":")[0].split(".")[0], str(code))
+    sys.path.insert(0, str(code))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(code))
+        if str(code) not in sys.path:
+            sys.path.append(str(code))  # where MLflow put it (last: `model_files.code_paths_last`)
+
+
 class Predictor:
     def __init__(
         self, spec: EncodingSpec, model, tokenizer: str | None = None, input_types: dict[str, str] | None = None
@@ -235,7 +259,10 @@ class Predictor:
 
         bundle = json.loads(Path(bundle_path).read_text())
         spec = EncodingSpec.model_validate(bundle["encoding"])
-        model = model_from_spec(bundle["model_spec"], code_dir=None)  # the user's code travels with the model
+        # the user's code travels with the model (MLflow's code folder beside its artifacts): its own, also where
+        # another model of a module of the same name (another version) was loaded in this process before
+        with _own_code(bundle["model_spec"], Path(bundle_path).resolve().parent.parent / "code"):
+            model = model_from_spec(bundle["model_spec"], code_dir=None)
         model.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
         model.eval()
         tokenizer = None
