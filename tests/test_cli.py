@@ -72,8 +72,19 @@ def test_a_typo_in_a_column_is_caught_before_any_work_and_said_once(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = shardline("check-config", tmp_path / "c.yaml")
     assert out.returncode == 2
-    assert "missing column 'knid' (the categorical in data.features/target/split); did you mean 'kind'?" in out.stderr
+    assert "missing column 'knid' (the categorical in data.features); did you mean 'kind'?" in out.stderr
     assert "s-000.parquet does not fit the config" in out.stderr and "The file has: seq, t, x, y" in out.stderr
+    # a column of another role is said with the setting that names it
+    cfg["data"]["features"]["categorical"] = ["kind"]
+    cfg["data"].update(sequence_key="sequence", id_columns=["user"])
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = shardline("check-config", tmp_path / "c.yaml")
+    assert out.returncode == 2, out.stderr
+    assert "missing column 'sequence' (the sequence key in data.sequence_key)" in out.stderr
+    assert "missing column 'user' (the id column in data.id_columns)" in out.stderr
+    cfg["data"].update(sequence_key="seq", id_columns=[])
+    cfg["data"]["features"]["categorical"] = ["knid"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
 
     from shardline.core.config import load_config
     from shardline.core.encoding.columns import DataError

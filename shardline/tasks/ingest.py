@@ -80,6 +80,17 @@ _ROLES = {
 }
 
 
+# the setting that names a column of each role (a feature's: data.features; a target's: data.target)
+_SETTING = {
+    "sequence key": "data.sequence_key",
+    "order": "data.order_by",
+    "split column": "data.split.column",
+    "group key": "data.group_key",
+    "item key": "data.item_key",
+    "id column": "data.id_columns",
+}
+
+
 def expected_columns(data: DataConfig) -> dict[str, str]:
     """column -> the role it plays (used for the checks and their messages): a feature's kind, else the first
     other role that names it."""
@@ -114,7 +125,7 @@ def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
             shown = ", ".join(schema.names[:30]) + (
                 f", ... ({len(schema.names)} in all)" if len(schema.names) > 30 else ""
             )
-            where = {"group key": "data.group_key", "item key": "data.item_key"}.get(kind, "data.features/target/split")
+            where = _SETTING.get(kind, "data.features") if "target" not in kind else "data.target"
             problems.append(f"missing column '{col}' (the {kind} in {where}){hint} The file has: {shown}")
             continue
         t = schema.field(idx).type
