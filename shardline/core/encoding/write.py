@@ -177,8 +177,30 @@ def read_group(
     if df is None:
         each = each or (lambda frame, _: frame)
         fetched = _fetch_remote(uris)
-        df = pl.concat([each(read_raw(u, data, fetched.pop(u, None)), u) for u in uris], how="vertical_relaxed")
+        frames = [each(read_raw(u, data, fetched.pop(u, None)), u) for u in uris]
+        df = pl.concat(_one_zone(frames, uris), how="vertical_relaxed")
     return df
+
+
+def _one_zone(frames: list[pl.DataFrame], uris: list[str]) -> list[pl.DataFrame]:
+    """The files' date-time columns in one zone where their zones differ (UTC: the same instants, which is all
+    the encoding reads of them); a column with a zone in one file and none in another is said, naming both."""
+    zones: dict[str, dict[str | None, str]] = {}
+    for frame, uri in zip(frames, uris):
+        for c, dtype in frame.schema.items():
+            if isinstance(dtype, pl.Datetime):
+                zones.setdefault(c, {}).setdefault(dtype.time_zone, uri)
+    mixed = {c: z for c, z in zones.items() if len(z) > 1}
+    for c, z in mixed.items():
+        if None in z:
+            zoned = next(u for zone, u in z.items() if zone is not None)
+            raise DataError(
+                f"column '{c}' holds date-times without a time zone in {z[None]} and with one in {zoned}: the "
+                "same instant cannot be told from them; write every file's with a zone (or every file's without)"
+            )
+    if not mixed:
+        return frames
+    return [f.with_columns(pl.col(c).dt.convert_time_zone("UTC") for c in mixed if c in f.columns) for f in frames]
 
 
 def _fetch_remote(uris: list[str]) -> dict[str, bytes]:
