@@ -147,6 +147,38 @@ def test_outputs_that_break_the_contract_fail_on_the_first_batch(data, project, 
     assert not ckpt.exists() or not list(ckpt.glob("ckpt-*"))  # no step was taken, nothing written
 
 
+def test_a_batchnorm_model_with_a_last_batch_of_one_window_names_the_batch_size(data, project, tmp_path):  # noqa: F811
+    """torch's "Expected more than 1 value per channel" named no step and no setting."""
+    write_module(
+        project,
+        "normed",
+        """
+        import torch
+        from torch import nn
+
+        class Normed(nn.Module):
+            def __init__(self, spec):
+                super().__init__()
+                self.body = nn.Sequential(nn.Linear(spec.window * spec.n_cont, 8), nn.BatchNorm1d(8))
+                self.head = nn.Linear(8, spec.targets[0].n_classes)
+
+            def forward(self, cont, cat):
+                return {"target": self.head(self.body(cont.flatten(1)))}
+        """,
+    )
+    n = data["classification"].n_windows
+    with pytest.raises(ModelContractError, match=rf"leave 1 after the batches of training.batch_size={n - 1},"):
+        fit(
+            data["classification"],
+            data["classification-val"],
+            user_spec(project, "models.normed:Normed"),
+            train_cfg(batch_size=n - 1),
+            "classification",
+            str(tmp_path / "ckpt"),
+            callbacks=Callbacks(log=quiet),
+        )
+
+
 @pytest.mark.parametrize(
     "loss, expect",
     [

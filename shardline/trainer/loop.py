@@ -204,7 +204,17 @@ def fit(
                     break
                 n_step = loader.offset - at  # the windows of the step's global batches
                 lr = step.lr(state.step)
-                step_loss, part = step(micro, n_step, state.step + 1)
+                try:
+                    step_loss, part = step(micro, n_step, state.step + 1)
+                except ValueError as e:  # torch's words name no step or setting: said with them
+                    if n_step == 1 and "more than 1 value per channel" in str(e):
+                        raise ModelContractError(
+                            f"step {state.step + 1} (epoch {epoch + 1}) has one window: the training split's "
+                            f"{loader.n_windows:,} windows leave 1 after the batches of training.batch_size="
+                            f"{cfg.batch_size}, and the model's BatchNorm cannot train on one ({e}); change "
+                            "training.batch_size by one"
+                        ) from e
+                    raise
                 state.step, state.epoch_step = state.step + 1, state.epoch_step + 1
                 state.train_windows, windows_done = state.train_windows + n_step, windows_done + n_step
                 if cb.after_step is not None:
