@@ -50,6 +50,16 @@ def test_an_iso_text_order_column_is_parsed_and_a_bad_value_named(tmp_path):
     _, _, _, declared = encode_all(validate_config(base))
     assert declared.windows == by_t.windows
 
+    # text in another format polars would guess (01/12/2024: day first, unsaid) is not ISO-8601: refused, the
+    # first value named; so is text no format reads (it said "(the first value)")
+    base["data"]["order_format"] = None
+    for written, said in (("%m/%d/%Y %H:%M:%S", r"'\d\d/\d\d/2024 [\d:]+' and"), ("site_%S", r"'site_\d\d' and")):
+        with_time(raw_dir, (START + pl.duration(seconds=pl.col("t") * 30)).dt.strftime(written))
+        with pytest.raises(DataError, match=f"does not read as an ISO-8601 date-time .*: {said}"):
+            encode_all(validate_config(base))
+    with_time(raw_dir, (START + pl.duration(seconds=pl.col("t") * 30)).dt.strftime("%d.%m.%Y %Hh%Mm%S"))
+    base["data"]["order_format"] = "%d.%m.%Y %Hh%Mm%S"
+
     # one bad value is named, with its file
     path = raw_dir / "s-002.parquet"
     df = pl.read_parquet(path)

@@ -38,6 +38,9 @@ def order_expr(column: str) -> pl.Expr:
 def parse_order(df: pl.DataFrame, column: str, order_format: str | None, file_uri: str) -> pl.Series:
     """A text order column as int64 instants: ISO-8601 date-times (a time zone's as UTC), or strictly in
     `data.order_format`; the first value that does not parse is named, with its file."""
+    if order_format is None and not df[column].drop_nulls().str.contains(ISO_DATE).all():
+        # polars would guess another format (01/12/2024 read day first, unsaid): ISO-8601 only, as documented
+        raise _unparsed(df, column, order_format, file_uri)
     try:
         parsed = df[column].str.to_datetime(format=order_format, strict=True, time_unit="us")
     except (pl.exceptions.InvalidOperationError, pl.exceptions.ComputeError):
@@ -45,14 +48,23 @@ def parse_order(df: pl.DataFrame, column: str, order_format: str | None, file_ur
     return parsed.to_physical().cast(pl.Int64)
 
 
+ISO_DATE = r"^\d{4}-\d{2}-\d{2}(?:$|[T ]\d)"  # an ISO-8601 date, alone or before its time
+
+
 def _unparsed(df: pl.DataFrame, column: str, order_format: str | None, file_uri: str) -> DataError:
     """The error for order text that does not parse: the first value that does not, and the fix."""
+    values = df[column]
     try:
-        parsed = df[column].str.to_datetime(format=order_format, strict=False, time_unit="us")
-        bad = df[column].filter(parsed.is_null() & df[column].is_not_null())
-        first = repr(bad[0]) if len(bad) else "(a value)"
-    except Exception:  # noqa: BLE001 - the format itself is bad (or mixes time zones): said as it is
-        first, bad = "(the first value)", []
+        if order_format is None:  # ISO-8601 only: what does not start as an ISO date does not parse
+            fails = values.is_not_null() & ~values.str.contains(ISO_DATE)
+            parsed = values.str.to_datetime(strict=False, time_unit="us") if not fails.any() else None
+            bad = values.filter(fails) if parsed is None else values.filter(parsed.is_null() & values.is_not_null())
+        else:
+            parsed = values.str.to_datetime(format=order_format, strict=False, time_unit="us")
+            bad = values.filter(parsed.is_null() & values.is_not_null())
+    except Exception:  # noqa: BLE001 - no format read any value (or they mix time zones): the first one said
+        bad = values.drop_nulls()[:1]
+    first = repr(bad[0]) if len(bad) else "(a value)"
     how = f"data.order_format={order_format!r}" if order_format else "an ISO-8601 date-time (2024-03-01T12:00:00)"
     return DataError(
         f"{file_uri}: column '{column}' (data.order_by) holds text that does not read as {how}: {first}"
