@@ -147,6 +147,40 @@ def test_outputs_that_break_the_contract_fail_on_the_first_batch(data, project, 
     assert not ckpt.exists() or not list(ckpt.glob("ckpt-*"))  # no step was taken, nothing written
 
 
+def test_attributes_named_loss_or_metrics_are_the_models_own_not_hooks(data, project, tmp_path):  # noqa: F811
+    """`self.loss = nn.CrossEntropyLoss()` and `self.metrics = nn.ModuleDict()`, as models are written: the
+    default loss and metrics are used (they were called as the model's hooks: a TypeError, then, after a whole
+    epoch, ModuleDict's missing forward)."""
+    write_module(
+        project,
+        "attrs",
+        """
+        import torch
+        from torch import nn
+
+        class Attrs(nn.Module):
+            def __init__(self, spec):
+                super().__init__()
+                self.head = nn.Linear(spec.window * spec.n_cont, spec.targets[0].n_classes)
+                self.loss = nn.CrossEntropyLoss()
+                self.metrics = nn.ModuleDict()
+
+            def forward(self, cont, cat):
+                return {"target": self.head(cont.flatten(1))}
+        """,
+    )
+    result = fit(
+        data["classification"],
+        data["classification-val"],
+        user_spec(project, "models.attrs:Attrs"),
+        train_cfg(),
+        "classification",
+        str(tmp_path / "ckpt"),
+        callbacks=Callbacks(log=quiet),
+    )
+    assert "val_accuracy" in result.history[-1]
+
+
 def test_a_batchnorm_model_with_a_last_batch_of_one_window_names_the_batch_size(data, project, tmp_path):  # noqa: F811
     """torch's "Expected more than 1 value per channel" named no step and no setting."""
     write_module(

@@ -339,15 +339,22 @@ def model_loss(
     weights: dict[str, float] | None = None,
 ) -> torch.Tensor:
     """The model's own `loss(outputs, cont, cat, targets)` when it defines one, else the default loss."""
-    own = getattr(model, "loss", None)
+    own = own_hook(model, "loss")
     if own is None:
         return default_loss(outputs, targets, spec, weights)
     return own(outputs, cont, cat, targets)
 
 
+def own_hook(model: nn.Module, name: str):
+    """The model's own `loss` or `metrics` method, or None: a method its class defines, not an attribute of that
+    name (`self.loss = nn.CrossEntropyLoss()`, `self.metrics = nn.ModuleDict(...)`: what it uses, not a hook)."""
+    defined = getattr(type(getattr(model, "_orig_mod", model)), name, None)  # torch.compile's wrapper: its module's
+    return getattr(model, name) if inspect.isfunction(defined) else None
+
+
 def check_loss(loss: Any, step: int, model: nn.Module) -> None:
     """A loss must be a finite scalar tensor; the error names the step and whose loss it is."""
-    whose = f"{type(model).__name__}.loss" if getattr(model, "loss", None) is not None else "the default loss"
+    whose = f"{type(model).__name__}.loss" if own_hook(model, "loss") is not None else "the default loss"
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ModelContractError(f"{whose} returned {shape} at step {step}; it must return a scalar tensor")

@@ -46,6 +46,7 @@ from shardline.trainer.contract import (
     is_lazy_model,
     load_matching,
     materialize,
+    own_hook,
 )
 from shardline.trainer.data import SplitData, WindowLoader, check_cache_room
 from shardline.trainer.device import pick_device, pick_precision
@@ -472,7 +473,7 @@ def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool,
         materialize(model, first.cont, first.cat, plan.device)
         train.release()  # a streamed split's shard, opened for those windows
         log(f"{type(model).__name__}: lazy layers shaped by a forward of the first batch")
-    if not plan.data.targets and getattr(model, "loss", None) is None:
+    if not plan.data.targets and own_hook(model, "loss") is None:
         raise ModelContractError(
             f"{type(model).__name__} has no loss(outputs, cont, cat, targets) and the data has no target "
             "(data.targets is empty): define the model's own loss, or declare a target"

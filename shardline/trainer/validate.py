@@ -21,7 +21,7 @@ from shardline.core.config import (
 )
 from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.metrics.text import perplexity
-from shardline.trainer.contract import DataSpec, as_outputs, batch_targets, default_loss, model_loss
+from shardline.trainer.contract import DataSpec, as_outputs, batch_targets, default_loss, model_loss, own_hook
 from shardline.trainer.data import ScoredLoader, SplitData
 from shardline.trainer.models import data_spec_of
 
@@ -68,8 +68,7 @@ def evaluate(
     split, named by `validation_ranking_names` (`val_ndcg_at_10`)."""
     spec = spec or data_spec_of(model.shardline_spec)
     names = score_names(spec)
-    own_metrics = getattr(model, "metrics", None)
-    own_metrics = own_metrics if callable(own_metrics) else None
+    own_metrics = own_hook(model, "metrics")
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -88,7 +87,7 @@ def evaluate(
         targets = batch_targets(spec, b)
         with ctx or contextlib.nullcontext():
             outputs = as_outputs(model(b.cont, b.cat), spec)
-        if getattr(model, "loss", None) is not None:  # the model's own objective, a batch mean
+        if own_hook(model, "loss") is not None:  # the model's own objective, a batch mean
             loss_sum += model_loss(model, outputs, b.cont, b.cat, targets, spec, weights).double() * len(b)
         else:
             loss_sum += default_loss(outputs, targets, spec, weights, reduction="sum").double()
@@ -157,7 +156,7 @@ def selection(cfg: TrainingConfig, spec: DataSpec, ranking: SplitRanking | None)
 def check_selection(model: nn.Module, select_by: str, direction: str | None, known: dict) -> None:
     """A name the validation never gives fails here, before any step (a model's own metrics: at the first epoch
     end, `check_selected`)."""
-    resolve_selection(select_by, direction, known, callable(getattr(model, "metrics", None)))
+    resolve_selection(select_by, direction, known, own_hook(model, "metrics") is not None)
 
 
 def check_selected(metrics: dict, select_by: str, ranking: SplitRanking | None, val: SplitData) -> None:
