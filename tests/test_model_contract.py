@@ -383,6 +383,21 @@ def test_fine_tuning_refuses_unmatched_prefixes_and_weights_that_fit_nothing(dat
             callbacks=Callbacks(log=quiet),
             options=FitOptions(init_weights={"x.weight": torch.zeros(2)}, init_source="other"),
         )
+    # a frozen tensor the parent did not give (here: of another shape) would stay at its random start
+    parent = model_from_spec(user_spec(project)).state_dict()
+    parent["gru.weight_hh_l0"] = torch.zeros(48, 15)
+    with pytest.raises(ModelContractError, match=r"freezes 1 tensor\(s\) that init_from parent did not load .*: "
+                       r"gru.weight_hh_l0; they would stay at their random start"):  # fmt: skip
+        fit(
+            data["classification"],
+            data["classification-val"],
+            user_spec(project),
+            train_cfg(freeze=["embed.", "gru."]),
+            "classification",
+            str(tmp_path / "c"),
+            callbacks=Callbacks(log=quiet),
+            options=FitOptions(init_weights=parent, init_source="parent"),
+        )
 
 
 def test_two_projects_with_a_models_package_each_train_their_own_in_one_process(tmp_path):

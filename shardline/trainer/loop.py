@@ -479,15 +479,27 @@ def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool,
             "(data.targets is empty): define the model's own loss, or declare a target"
         )
     check_selection(model, plan.select_by, plan.direction, plan.known)
+    matched = None
     if opt.init_weights is not None and fresh:  # a resumed run has its own weights in its checkpoint
         matched = load_matching(model, opt.init_weights, opt.init_source)
         run_meta = {**run_meta, "init_from": {"source": opt.init_source, **matched}}
+
+        def listed(names: list[str]) -> str:
+            return ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "") or "none"
+
         log(
             f"init_from {opt.init_source}: loaded {len(matched['loaded'])} tensor(s), {len(matched['new'])} new "
-            f"({', '.join(matched['new'][:8]) or 'none'}), {len(matched['skipped'])} skipped "
-            f"({', '.join(matched['skipped'][:8]) or 'none'})"
+            f"({listed(matched['new'])}), {len(matched['skipped'])} skipped ({listed(matched['skipped'])})"
         )
     frozen = freeze(model, list(cfg.freeze)) if cfg.freeze else []
+    unloaded = sorted(set(frozen) - set(matched["loaded"])) if matched is not None and fresh else []
+    if unloaded:  # frozen at their random start: never trained, never loaded
+        raise ModelContractError(
+            f"training.freeze {list(cfg.freeze)} freezes {len(unloaded)} tensor(s) that init_from "
+            f"{opt.init_source} did not load (new, or of another shape): {', '.join(unloaded[:8])}"
+            f"{', ...' if len(unloaded) > 8 else ''}; they would stay at their random start. Freeze only what "
+            "the parent gives (narrow training.freeze), or give them the parent's shapes"
+        )
     if frozen:
         log(f"training.freeze {list(cfg.freeze)}: {len(frozen)} parameter tensor(s) frozen")
     return model.to(plan.device), run_meta
