@@ -257,6 +257,11 @@ def test_entrypoints_that_do_not_build_a_module_say_why(project):
         def no_spec():
             return None
 
+        def checks(spec, dropout=0.1):
+            if not 0 <= dropout < 1:
+                raise ValueError("dropout")
+            return None
+
         VALUE = 3
         """,
     )
@@ -275,6 +280,11 @@ def test_entrypoints_that_do_not_build_a_module_say_why(project):
     with pytest.raises(ModelContractError, match=r"must accept the data spec first, then model.params"):
         model_from_spec(model_spec_for(ModelConfig(entrypoint="models.odd:no_spec", code_dir=str(project)),
                                        data_spec))  # fmt: skip
+    # a call that fits, and a TypeError inside it (YAML reads 1e-1 as text): where, and the text, not the call
+    with pytest.raises(ModelContractError, match=r"raised TypeError at .*odd.py:8: .*; model.params.dropout is the "
+                       r"text '1e-1' \(YAML reads"):  # fmt: skip
+        model_from_spec(model_spec_for(ModelConfig(entrypoint="models.odd:checks", code_dir=str(project),
+                                                   params={"dropout": "1e-1"}), data_spec))  # fmt: skip
 
 
 def test_an_import_error_inside_the_users_module_names_its_file_and_line(tmp_path):

@@ -164,16 +164,41 @@ def import_entrypoint(entrypoint: str, code_dir: str | None = None):
     return target
 
 
+def _reads_as_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: str | None = None) -> nn.Module:
     """`Name(spec, **params)`, checked to be a torch module."""
     factory = import_entrypoint(entrypoint, code_dir)
     try:
         model = factory(spec, **params)
     except TypeError as e:
-        raise ModelContractError(
-            f"model.entrypoint='{entrypoint}' called as {entrypoint.rpartition(':')[2]}(spec, "
-            f"**model.params={params}) failed: {e}; it must accept the data spec first, then model.params"
-        ) from e
+        called = (
+            f"model.entrypoint='{entrypoint}' called as {entrypoint.rpartition(':')[2]}(spec, **model.params={params})"
+        )
+        try:
+            inspect.signature(factory).bind(spec, **params)
+        except TypeError:  # the call itself does not fit what it takes
+            raise ModelContractError(
+                f"{called} failed: {e}; it must accept the data spec first, then model.params"
+            ) from e
+        except ValueError:  # no signature to read (a builtin): said as the call's failure
+            pass
+        # it took the call and failed inside: where, and a number YAML read as text (1e-1 is text to YAML)
+        frame = next((f for f in reversed(inspect.trace()) if "site-packages" not in f.filename), None)
+        at = f" at {frame.filename}:{frame.lineno}" if frame else ""
+        numeric = [k for k, v in params.items() if isinstance(v, str) and _reads_as_number(v)]
+        hint = "".join(
+            f"; model.params.{k} is the text {params[k]!r} (YAML reads a number such as 1e-1 as text: write 0.1 "
+            "or 1.0e-1)"
+            for k in numeric
+        )
+        raise ModelContractError(f"{called} raised TypeError{at}: {e}{hint}") from e
     if not isinstance(model, nn.Module):
         raise ModelContractError(
             f"model.entrypoint='{entrypoint}' returned a {type(model).__name__}, not a torch.nn.Module"
