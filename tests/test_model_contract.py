@@ -113,8 +113,16 @@ def test_a_model_with_its_own_loss_trains_on_it(data, project, tmp_path):  # noq
             r"output for target 'target' \(classification\) has shape \[\d+, 7\], expected \[\d+, 4\]",
         ),
         ("return [torch.zeros(1)]", r"forward returned a list; it must return a dict"),
+        (
+            "return {'target': torch.zeros(cont.shape[0], 4, dtype=torch.long)}",
+            r"output for target 'target' \(classification\) is int64: it must be floating point",
+        ),
+        (  # right in training, wrong in eval mode: said at the first validation batch, not by evaluation's reshape
+            "return {'target': self.w * torch.zeros(cont.shape[0], 4 if self.training else 3)}",
+            r"in eval mode \(validation\): forward's output for target 'target' .* has shape \[\d+, 3\]",
+        ),
     ],
-    ids=["missing-target", "wrong-shape", "not-a-dict"],
+    ids=["missing-target", "wrong-shape", "not-a-dict", "integer", "eval-mode-shape"],
 )
 def test_outputs_that_break_the_contract_fail_on_the_first_batch(data, project, tmp_path, source, expect):  # noqa: F811
     write_module(

@@ -299,6 +299,12 @@ def check_outputs(outputs: dict[str, torch.Tensor], spec: DataSpec, batch: int) 
         out = outputs[t.name]
         if not isinstance(out, torch.Tensor):
             raise ModelContractError(f"forward's output for target '{t.name}' is a {type(out).__name__}, not a tensor")
+        if not out.is_floating_point():  # an integer output carries no gradient: its head never trains
+            raise ModelContractError(
+                f"forward's output for target '{t.name}' ({t.kind}) is {str(out.dtype).removeprefix('torch.')}: it "
+                "must be floating point (scores or values; an integer or rounded output has no gradient, and its "
+                "layers would never train)"
+            )
         want = t.expected_shape(batch, spec.window)
         got = tuple(out.shape)
         if t.kind == "regression" and got == (*want, 1):

@@ -21,7 +21,16 @@ from shardline.core.config import (
 )
 from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.metrics.text import perplexity
-from shardline.trainer.contract import DataSpec, as_outputs, batch_targets, default_loss, model_loss, own_hook
+from shardline.trainer.contract import (
+    DataSpec,
+    ModelContractError,
+    as_outputs,
+    batch_targets,
+    check_outputs,
+    default_loss,
+    model_loss,
+    own_hook,
+)
 from shardline.trainer.data import ScoredLoader, SplitData
 from shardline.trainer.models import data_spec_of
 
@@ -82,11 +91,18 @@ def evaluate(
         ranking.begin()
     # text: non-overlapping windows, each target token scored once (`ScoredLoader`)
     loader = ScoredLoader(data, batch_size, stride=ignore is not None, ignore=ignore or 0)
+    checked = False
     for batch in loader:
         b = batch.to(device)
         targets = batch_targets(spec, b)
         with ctx or contextlib.nullcontext():
             outputs = as_outputs(model(b.cont, b.cat), spec)
+        if not checked:  # in eval mode, as predicting runs it: the first training batch was checked in train mode
+            try:
+                check_outputs(outputs, spec, len(b))
+            except ModelContractError as e:
+                raise ModelContractError(f"in eval mode (validation): {e}") from None
+            checked = True
         if own_hook(model, "loss") is not None:  # the model's own objective, a batch mean
             loss_sum += model_loss(model, outputs, b.cont, b.cat, targets, spec, weights).double() * len(b)
         else:
