@@ -125,6 +125,19 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     mlflow.set_tracking_uri(result["registered"]["tracking_uri"])
     served = mlflow.pyfunc.load_model("models:/tiny-model@champion").predict(naive_utc(wide.to_pandas()))
     assert served["prediction"].tolist() == preds["prediction"].to_list()
+    # a folder of files that differ as `shardline run` allows: a wider number type, a column one file lacks, another
+    # zone (read as one table, they failed on polars' schema check); a file that is not parquet beside them
+    (tmp_path / "mixed").mkdir()
+    half = rows.height // 2
+    wide.head(half).with_columns(pl.lit("x").alias("note")).write_parquet(tmp_path / "mixed" / "a.parquet")
+    rows.drop("label").tail(rows.height - half).with_columns(pl.col("when").dt.convert_time_zone("UTC")).write_parquet(
+        tmp_path / "mixed" / "b.parquet"
+    )
+    (tmp_path / "mixed" / "README.md").write_text("exported 2024-01-01")
+    done = subprocess.run([*cmd, str(tmp_path / "mixed"), "--out", str(tmp_path / "m.parquet"), *uri],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert pl.read_parquet(tmp_path / "m.parquet")["prediction"].to_list() == preds["prediction"].to_list()
     # a number column holding text, or a fraction where training read whole numbers: named, exit 2
     for bad_rows, said in (
         (rows.drop("label").with_columns(pl.col("x").cast(pl.Utf8)), "input column 'x' is String, trained as Float32"),

@@ -390,20 +390,37 @@ def _load_model(model_uri: str, tracking_uri: str | None):
         _fail(f"cannot load model {model_uri} from {uri}: {e}")
 
 
-def _unreadable(input_path: str) -> str:
-    """The file of a folder or a glob that does not read as parquet (polars names none), else the input itself."""
+def _read_input(input_path: str):
+    """`predict`'s rows: a parquet file, or every `*.parquet` of a folder (its subfolders too) or of a glob, read
+    one by one and put together as `shardline run` takes them: a column one file lacks is null there, numbers
+    of different types take the wider one, date-times in different zones the same instants. A file that does
+    not read is named."""
     import glob
 
     import polars as pl
 
+    from shardline.core.encoding.columns import DataError
+    from shardline.core.encoding.write import in_one_zone
+
     path = Path(input_path)
-    files = sorted(path.rglob("*.parquet")) if path.is_dir() else sorted(map(Path, glob.glob(input_path)))
-    for f in files if len(files) > 1 else []:
+    if path.is_dir():
+        files = sorted(path.rglob("*.parquet"))
+    else:
+        files = sorted(map(Path, glob.glob(input_path))) if glob.has_magic(input_path) else [path]
+    if not files:
+        _fail(f"no parquet file in {input_path}", 2)
+    frames = []
+    for f in files:
         try:
-            pl.read_parquet_schema(f)
-        except Exception:  # noqa: BLE001 - the first file that does not read is the one to name
-            return str(f)
-    return input_path
+            frames.append(pl.read_parquet(f))
+        except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
+            _fail(f"cannot read {f}: {e}", 2)
+    if len(frames) == 1:
+        return frames[0]
+    try:
+        return pl.concat(in_one_zone(frames, [str(f) for f in files]), how="diagonal_relaxed")
+    except (DataError, pl.exceptions.PolarsError) as e:
+        _fail(f"cannot put the files of {input_path} together: {e}", 2)
 
 
 @app.command()
@@ -422,10 +439,7 @@ def predict(
 
     if out.is_dir():
         _fail(f"--out {out} is a folder: name the parquet file to write", 2)
-    try:
-        df = pl.read_parquet(input_path)
-    except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
-        _fail(f"cannot read {_unreadable(input_path)}: {e}", 2)
+    df = _read_input(input_path)
     model = _load_model(model_uri, tracking_uri)
     from shardline.trainer.serving import naive_utc
 

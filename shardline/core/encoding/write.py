@@ -178,11 +178,11 @@ def read_group(
         each = each or (lambda frame, _: frame)
         fetched = _fetch_remote(uris)
         frames = [each(read_raw(u, data, fetched.pop(u, None)), u) for u in uris]
-        df = pl.concat(_one_zone(frames, uris), how="vertical_relaxed")
+        df = pl.concat(in_one_zone(frames, uris), how="vertical_relaxed")
     return df
 
 
-def _one_zone(frames: list[pl.DataFrame], uris: list[str]) -> list[pl.DataFrame]:
+def in_one_zone(frames: list[pl.DataFrame], uris: list[str]) -> list[pl.DataFrame]:
     """The files' date-time columns in one zone where their zones differ (UTC: the same instants, which is all
     the encoding reads of them); a column with a zone in one file and none in another is said, naming both."""
     zones: dict[str, dict[str | None, str]] = {}
