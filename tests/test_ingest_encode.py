@@ -225,6 +225,16 @@ def test_split_without_test_windows_is_refused_before_the_manifest(raw_dir, tmp_
     # nothing that a later run would take as a complete data set
     assert not list((tmp_path / "store").rglob("manifest.json"))
 
+    # every row its own sequence, window 1: the horizon is what no sequence has room for, and the message says so
+    # with the rows and sequences (it told the user to shorten a window of 1)
+    for path in raw_dir.glob("*.parquet"):
+        df = pl.read_parquet(path)
+        df.with_columns((pl.col("seq") + "-" + pl.col("t").cast(pl.String)).alias("row_id")).write_parquet(path)
+    cfg = cfg_for(raw_dir, tmp_path, **{"data.sequence_key": "row_id", "data.window": 1})
+    said = r"train: \d[\d,]* row\(s\) in \d[\d,]* sequence\(s\).*a window takes data.window=1 \+ data.horizon=1 = 2 "
+    with pytest.raises(DataError, match=said + r"row\(s\) of one sequence.*shorten data.window or data.horizon"):
+        encode_all(cfg)
+
 
 def test_range_split_follows_values(raw_dir, tmp_path):
     cfg = cfg_for(

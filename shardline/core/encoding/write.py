@@ -449,7 +449,7 @@ def parquet_bytes(table, compression: str = "snappy") -> memoryview:
     return memoryview(out)[: out.size]  # the file's bytes only (see `compress_bytes`)
 
 
-def check_splits(windows: dict[str, int], data: DataConfig) -> None:
+def check_splits(windows: dict[str, int], data: DataConfig, rows: dict | None = None, sequences: dict | None = None):
     empty = [s for s in data.split.names() if windows.get(s, 0) == 0]
     if empty:
         how = {
@@ -457,9 +457,15 @@ def check_splits(windows: dict[str, int], data: DataConfig) -> None:
             "range": f"data.split.ranges={data.split.ranges}",
             "kfold": f"data.split.folds={data.split.folds}, data.split.test={data.split.test}",
         }[data.split.method]
+        held = "".join(
+            f"; {s}: {rows[s]:,} row(s) in {sequences[s]:,} sequence(s)" for s in empty if rows and sequences
+        )
+        horizon = data.effective_horizon
         raise DataError(
-            f"the split leaves {', '.join(empty)} with no window (windows per split: {windows}; {how}, "
-            f"data.window={data.window}); widen that split, add data, or shorten the window"
+            f"the split leaves {', '.join(empty)} with no window (windows per split: {windows}{held}; a window "
+            f"takes data.window={data.window} + data.horizon={horizon} = {data.window + horizon} row(s) of one "
+            "sequence; "
+            f"{how}); widen that split, add data, or shorten data.window or data.horizon"
         )
 
 
@@ -504,7 +510,8 @@ def build_manifest(
     rows = {s: sum(g.rows.get(s, 0) for g in groups) for s in data.split.names()}
     windows = {s: sum(x.windows for x in shards if x.split == s) for s in data.split.names()}
     check_folds(groups, data)
-    check_splits(windows, data)
+    sequences = {s: sum(x.segments for x in shards if x.split == s) for s in data.split.names()}
+    check_splits(windows, data, rows, sequences)
     stats = [g.train for g in groups]
     if data.features.text:  # the tokenizer's vocabulary is the encoding: nothing fitted, nothing reused
         spec = text_spec(data, tokenizer)
