@@ -48,6 +48,13 @@ def test_split_fractions_must_sum_to_one(tmp_path):
     raw["data"]["split"]["fractions"] = {"train": 0.9, "validation": 0.2, "test": 0.1}
     with pytest.raises(ConfigError, match="must sum to 1"):
         load_config(write(tmp_path / "c.yaml", raw))
+    # every split the run needs, before any work (no validation split failed after the ingest and the encode)
+    raw["data"]["split"]["fractions"] = {"train": 0.9, "test": 0.1}
+    with pytest.raises(ConfigError, match="data.split.fractions.validation must be > 0: checkpoints are chosen"):
+        load_config(write(tmp_path / "c.yaml", raw))
+    raw["data"]["split"] = {"method": "range", "column": "season", "ranges": {"train": [0, 1], "test": [2, None]}}
+    with pytest.raises(ConfigError, match="data.split.ranges.validation is required"):
+        load_config(write(tmp_path / "c.yaml", raw))
 
 
 def test_promotion_metric_must_fit_the_task(tmp_path):

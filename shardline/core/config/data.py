@@ -341,10 +341,13 @@ class DataConfig(Strict):
                 "data.split.method: kfold deals whole sequences (or, in ranking data, whole groups) into folds: it "
                 f"needs data.sequence_key (a column, or '{FILE_SEQUENCE}') or data.group_key"
             )
-        if self.split.method == "hash" and self.split.fractions.get("test", 0) <= 0:
-            raise ValueError("data.split.fractions.test must be > 0: evaluation needs a test split")
-        if self.split.method == "range" and "test" not in self.split.ranges:
-            raise ValueError("data.split.ranges.test is required: evaluation needs a test split")
+        need = {"train": "training needs a train split", "validation": "checkpoints are chosen on a validation split",
+                "test": "evaluation needs a test split"}  # fmt: skip
+        for split, why in need.items():
+            if self.split.method == "hash" and self.split.fractions.get(split, 0) <= 0:
+                raise ValueError(f"data.split.fractions.{split} must be > 0: {why}")
+            if self.split.method == "range" and split not in self.split.ranges:
+                raise ValueError(f"data.split.ranges.{split} is required: {why}")
         return self
 
     def _check_ranking(self) -> None:
