@@ -339,26 +339,21 @@ def last_checked(root: str, data: DataConfig) -> Snapshot | None:
         return None
 
 
-def raw_sample(sample_uri: str, columns: list[str], rows: int = 5):
-    """The first `rows` rows of a raw file's `columns`, as pandas, zoned date-times as naive UTC."""
+def raw_sample(sample_uri: str, columns: list[str], rows: int = 5, types: dict | None = None):
+    """The first `rows` rows of a raw file's `columns`, as pandas, zoned date-times as naive UTC; `types`, when
+    given, gets each column's polars type as text (`Float32`, `Int16`, ...), from the same read."""
+    import polars as pl
+
     fs, path = filesystem(sample_uri)
     with fs.open(path, "rb") as f:
         table = pq.ParquetFile(f).read_row_group(0, columns=columns).slice(0, rows)
+    if types is not None:
+        types.update({c: str(dtype) for c, dtype in pl.from_arrow(table.schema.empty_table()).schema.items()})
     # the values' own types, not pandas' types that a file written by pandas records, nor a dictionary's
     # categorical: MLflow's signature takes neither a nullable Int64 or boolean with a null (as float64 or object
     # it does, as from any other tool) nor a category (as text it does)
     plain = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns]
     return naive_utc(pa.table(plain, names=table.column_names).to_pandas(ignore_metadata=True))
-
-
-def raw_types(sample_uri: str, columns: list[str]) -> dict[str, str]:
-    """The polars type of each of a raw file's `columns` (from its footer), as text: `Float32`, `Int16`, ..."""
-    import polars as pl
-
-    fs, path = filesystem(sample_uri)
-    with fs.open(path, "rb") as f:
-        schema = pl.from_arrow(pq.ParquetFile(f).schema_arrow.empty_table().select(columns)).schema
-    return {c: str(dtype) for c, dtype in schema.items()}
 
 
 def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:

@@ -38,7 +38,7 @@ from shardline.runs.gate import better, champion_gate, reevaluate_champion
 from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
-from shardline.tasks.ingest import raw_sample, raw_types
+from shardline.tasks.ingest import raw_sample
 from shardline.trainer.serving import (
     GENERATION_PARAMS,
     bundle_dict,
@@ -129,8 +129,9 @@ def _code_paths(config: PipelineConfig, folder: Path) -> list[str]:
     return [str(p) for p in paths]
 
 
-def _signature(spec, sample_uri: str):
-    """Input schema: the raw columns the model needs (the target is not one); output: keys + prediction."""
+def _signature(spec, sample_uri: str, types: dict | None = None):
+    """Input schema: the raw columns the model needs (the target is not one); output: keys + prediction. `types`
+    gets each input column's polars type (from the same read of the sample)."""
     import numpy as np
     from mlflow.models import infer_signature
 
@@ -139,7 +140,7 @@ def _signature(spec, sample_uri: str):
     if spec.text is not None:  # per row: its keys, prompt length, next token, probability and generated text
         # a few rows (each a generation), with text in every text column: the model refuses empty ones (as
         # training left them out)
-        sample = raw_sample(sample_uri, input_columns(spec), rows=200)
+        sample = raw_sample(sample_uri, input_columns(spec), rows=200, types=types)
         has_text = np.logical_and.reduce(
             [sample[c].map(lambda v: isinstance(v, str) and v != "").to_numpy(bool) for c in spec.text.columns]
         )
@@ -148,7 +149,8 @@ def _signature(spec, sample_uri: str):
         columns = {"prompt_tokens": [1], "next_token": ["a"], "probability": [1.0], "generated": ["a"]}
         out, params = text_prediction_frame(keys, columns), GENERATION_PARAMS
     else:  # enough rows for a window (five gave "0 predictions")
-        sample = raw_sample(sample_uri, input_columns(spec), rows=max(5, 4 * (spec.window + spec.horizon)))
+        rows = max(5, 4 * (spec.window + spec.horizon))
+        sample = raw_sample(sample_uri, input_columns(spec), rows=rows, types=types)
         keys = {k: np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy() for k in key_columns(spec)}
         out, params = prediction_frame(spec, keys, example_outputs(spec)), None
     # the integer-columns hint: nulls in the id columns are the user's, in the others handled by the encoding
@@ -362,11 +364,12 @@ def _log_and_register(
         torch.save(ckpt["model"], tmp / "weights.pt")
         # each input column's type in training: the model casts wider numbers back to it (a float32 category's
         # values match as they were trained; an integer column with a null, float in pandas, reads as integers)
-        extra = {"tags": tags, "input_types": raw_types(snapshot.files[0].uri, input_columns(spec))}
+        types: dict[str, str] = {}
+        signature, sample = _signature(spec, snapshot.files[0].uri, types)
+        extra = {"tags": tags, "input_types": types}
         (tmp / "bundle.json").write_text(json.dumps(bundle_dict(spec, ckpt["model_spec"], extra), indent=1))
         (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=1))
-        signature, sample = _signature(spec, snapshot.files[0].uri)
         # MLflow loads the model to check its input example as it logs it: its code folders go last on sys.path
         with mlflow.start_run(run_id=run_id), model_files.code_paths_last():
             # each baseline beside the metric it is the baseline of (one chart section, adjacent names)
