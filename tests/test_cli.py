@@ -159,8 +159,8 @@ def test_an_error_from_the_users_own_code_says_where_it_was_raised(tmp_path):
     no file: the user's file and line are added; Shardline's own messages, which say what to do, are kept."""
     import importlib.util
 
-    from shardline.app.cli import _raised_in_your_code
     from shardline.core.config import ConfigError, validate_config
+    from shardline.core.failures import raised_in_your_code
 
     (tmp_path / "mine.py").write_text("def build(hidden):\n    if hidden % 2:\n        raise ValueError('odd')\n")
     spec = importlib.util.spec_from_file_location("mine", tmp_path / "mine.py")
@@ -168,8 +168,8 @@ def test_an_error_from_the_users_own_code_says_where_it_was_raised(tmp_path):
     spec.loader.exec_module(mine)
     with pytest.raises(ValueError) as raised:
         mine.build(17)
-    said = _raised_in_your_code(raised.value)
+    said = raised_in_your_code(raised.value)
     assert said == f" (ValueError raised at {tmp_path / 'mine.py'}:3; --verbose shows the traceback)"
     with pytest.raises(ConfigError) as ours:
         validate_config({"name": "x"})
-    assert _raised_in_your_code(ours.value) == ""
+    assert raised_in_your_code(ours.value) == ""

@@ -103,6 +103,7 @@ def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ..
     """Around a flow run: a temporary Prefect API without a server (one that Ctrl-C does not stop under the run),
     the user's mistakes kept off the console (`_quiet_console`), errors as exit statuses (Ctrl-C: `interrupted`)."""
     from shardline.core.encoding.columns import DataError
+    from shardline.core.failures import raised_in_your_code
 
     try:
         start_ephemeral_api()
@@ -119,26 +120,8 @@ def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ..
         if isinstance(e, BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
             _fail(f"{e}", BUDGET_EXIT_CODE)
         if isinstance(e, (DataError, ValueError, FileNotFoundError, *errors)):
-            _fail(f"{e}{_raised_in_your_code(e)}")
+            _fail(f"{e}{raised_in_your_code(e)}")
         raise
-
-
-def _raised_in_your_code(e: BaseException) -> str:
-    """' (ValueError raised at FILE:LINE, ...)' where the innermost frame of the error's traceback outside the
-    installed packages (torch's, say) is the user's own code (a model's constructor or loss), not Shardline's;
-    else ''. Shardline's messages say what to do; one from the user's code says nothing of where it came from."""
-    import sysconfig
-
-    ours = str(Path(__file__).resolve().parents[1])
-    installed = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")})
-    frames, tb = [], e.__traceback__
-    while tb is not None:
-        frames.append((str(Path(tb.tb_frame.f_code.co_filename).resolve()), tb.tb_lineno))
-        tb = tb.tb_next
-    name, line = next(((n, i) for n, i in reversed(frames) if not n.startswith(installed)), (ours, 0))
-    if name.startswith(ours) or name.startswith("<"):
-        return ""
-    return f" ({type(e).__name__} raised at {name}:{line}; --verbose shows the traceback)"
 
 
 def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> dict:
@@ -390,39 +373,6 @@ def _load_model(model_uri: str, tracking_uri: str | None):
         _fail(f"cannot load model {model_uri} from {uri}: {e}")
 
 
-def _read_input(input_path: str):
-    """`predict`'s rows: a parquet file, or every `*.parquet` of a folder (its subfolders too) or of a glob, read
-    one by one and put together as `shardline run` takes them: a column one file lacks is null there, numbers
-    of different types take the wider one, date-times in different zones the same instants. A file that does
-    not read is named."""
-    import glob
-
-    import polars as pl
-
-    from shardline.core.encoding.columns import DataError
-    from shardline.core.encoding.write import in_one_zone
-
-    path = Path(input_path)
-    if path.is_dir():
-        files = sorted(path.rglob("*.parquet"))
-    else:
-        files = sorted(map(Path, glob.glob(input_path))) if glob.has_magic(input_path) else [path]
-    if not files:
-        _fail(f"no parquet file in {input_path}", 2)
-    frames = []
-    for f in files:
-        try:
-            frames.append(pl.read_parquet(f))
-        except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
-            _fail(f"cannot read {f}: {e}", 2)
-    if len(frames) == 1:
-        return frames[0]
-    try:
-        return pl.concat(in_one_zone(frames, [str(f) for f in files]), how="diagonal_relaxed")
-    except (DataError, pl.exceptions.PolarsError) as e:
-        _fail(f"cannot put the files of {input_path} together: {e}", 2)
-
-
 @app.command()
 def predict(
     model_uri: str = typer.Argument(..., help="models:/NAME@champion, models:/NAME/3, runs:/..., or a model folder"),
@@ -439,7 +389,12 @@ def predict(
 
     if out.is_dir():
         _fail(f"--out {out} is a folder: name the parquet file to write", 2)
-    df = _read_input(input_path)
+    from shardline.app.predict_input import read_input
+
+    try:
+        df = read_input(input_path)
+    except ValueError as e:
+        _fail(str(e), 2)
     model = _load_model(model_uri, tracking_uri)
     from shardline.trainer.serving import naive_utc
 

@@ -97,3 +97,22 @@ def retry_on_infrastructure(task, task_run, state) -> bool:
     except BaseException as e:  # noqa: BLE001 - classifying, not swallowing
         return is_infrastructure_failure(e)
     return False
+
+
+def raised_in_your_code(e: BaseException) -> str:
+    """' (ValueError raised at FILE:LINE, ...)' where the innermost frame of the error's traceback outside the
+    installed packages (torch's, say) is the user's own code (a model's constructor or loss), not Shardline's;
+    else ''. Shardline's messages say what to do; one from the user's code says nothing of where it came from."""
+    import sysconfig
+    from pathlib import Path
+
+    ours = str(Path(__file__).resolve().parents[1])
+    installed = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")})
+    frames, tb = [], e.__traceback__
+    while tb is not None:
+        frames.append((str(Path(tb.tb_frame.f_code.co_filename).resolve()), tb.tb_lineno))
+        tb = tb.tb_next
+    name, line = next(((n, i) for n, i in reversed(frames) if not n.startswith(installed)), (ours, 0))
+    if name.startswith(ours) or name.startswith("<"):
+        return ""
+    return f" ({type(e).__name__} raised at {name}:{line}; --verbose shows the traceback)"

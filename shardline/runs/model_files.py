@@ -134,3 +134,18 @@ def _load_checked(model_uri: str, folder: Path):
             "register the model again from its run (shardline run CONFIG --force register)"
         )
     return load_pyfunc(str(local))
+
+
+def widened_signature(signature):
+    """Integer inputs as long and floating ones as double: MLflow upcasts narrower numbers to them, so a model
+    trained on float32 and int16 columns takes pandas' own float64 and int64 too (the model casts them back to
+    the training's types: `input_types` in its bundle)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, DataType, Schema
+
+    wide = {DataType.integer: DataType.long, DataType.float: DataType.double}
+    inputs = [
+        ColSpec(wide.get(c.type, c.type), c.name, required=c.required) if isinstance(c, ColSpec) else c
+        for c in signature.inputs.inputs
+    ]
+    return ModelSignature(Schema(inputs), signature.outputs, signature.params)

@@ -156,22 +156,7 @@ def _signature(spec, sample_uri: str, types: dict | None = None):
     # the integer-columns hint: nulls in the id columns are the user's, in the others handled by the encoding
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return _widened(infer_signature(sample, out.to_pandas(), params=params)), sample
-
-
-def _widened(signature):
-    """Integer inputs as long and floating ones as double: MLflow upcasts narrower numbers to them, so a model
-    trained on float32 and int16 columns takes pandas' own float64 and int64 too (the model casts them back to
-    the training's types: `input_types` in its bundle)."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import ColSpec, DataType, Schema
-
-    wide = {DataType.integer: DataType.long, DataType.float: DataType.double}
-    inputs = [
-        ColSpec(wide.get(c.type, c.type), c.name, required=c.required) if isinstance(c, ColSpec) else c
-        for c in signature.inputs.inputs
-    ]
-    return ModelSignature(Schema(inputs), signature.outputs, signature.params)
+        return model_files.widened_signature(infer_signature(sample, out.to_pandas(), params=params)), sample
 
 
 def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str, str]:

@@ -1,0 +1,37 @@
+"""`shardline predict`'s input: a parquet file, a folder or a glob of them, read as `shardline run` takes them."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import polars as pl
+
+from shardline.core.encoding.columns import DataError
+from shardline.core.encoding.write import in_one_zone
+
+
+def read_input(input_path: str) -> pl.DataFrame:
+    """`predict`'s rows: a parquet file, or every `*.parquet` of a folder (its subfolders too) or of a glob, read
+    one by one and put together as `shardline run` takes them: a column one file lacks is null there, numbers
+    of different types take the wider one, date-times in different zones the same instants. A file that does
+    not read is named (ValueError)."""
+    path = Path(input_path)
+    if path.is_dir():
+        files = sorted(path.rglob("*.parquet"))
+    else:
+        files = sorted(map(Path, glob.glob(input_path))) if glob.has_magic(input_path) else [path]
+    if not files:
+        raise ValueError(f"no parquet file in {input_path}")
+    frames = []
+    for f in files:
+        try:
+            frames.append(pl.read_parquet(f))
+        except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
+            raise ValueError(f"cannot read {f}: {e}") from None
+    if len(frames) == 1:
+        return frames[0]
+    try:
+        return pl.concat(in_one_zone(frames, [str(f) for f in files]), how="diagonal_relaxed")
+    except (DataError, pl.exceptions.PolarsError) as e:
+        raise ValueError(f"cannot put the files of {input_path} together: {e}") from None
