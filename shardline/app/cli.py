@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 from pathlib import Path
@@ -54,60 +53,17 @@ def _load(path: Path | None, overrides: list[str], base: dict | None = None):
 FORCE_HELP = "recompute this step and every step after it: ingest, encode, train, evaluate or register"
 
 
-# a mistake in the config or the data, and a stop that is no fault (a preemption, the budget spent)
-QUIET_ERRORS = ("DataError", "ConfigError", "ModelContractError", "EncodingMismatch", "ValueError", "Preempted")
-QUIET_ERRORS += ("BudgetExceeded",)
-
-
-class _QuietUserErrors(logging.Filter):
-    """On the terminal, a mistake in the config or the data, or a preemption's or a budget's stop, is said once,
-    by the command's `error:` line, without a traceback: Prefect's own records of it (the task's failed state,
-    the flow's exception) are dropped from the console. The Prefect API still gets them, and `--verbose` keeps
-    them here."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.INFO:
-            return True
-        if record.exc_info and record.exc_info[1] is not None:
-            return type(record.exc_info[1]).__name__ not in QUIET_ERRORS
-        text = record.getMessage()
-        return not any(
-            f"exception {name}" in text or f"exception: {name}" in text or f"{name}(" in text for name in QUIET_ERRORS
-        )
-
-
-@contextlib.contextmanager
-def _quiet_console(verbose: bool):
-    """Prefect's console records of the errors a command says itself (`_QuietUserErrors`) dropped, unless
-    `verbose`."""
-    import prefect.main  # noqa: F401 - Prefect's logging set up (its console handler), as importing a flow does
-
-    handlers = [
-        h
-        for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs")
-        for h in logging.getLogger(name).handlers
-        if type(h).__name__ == "PrefectConsoleHandler"
-    ]
-    quiet = _QuietUserErrors()
-    try:
-        for h in [] if verbose else handlers:
-            h.addFilter(quiet)
-        yield
-    finally:
-        for h in handlers:
-            h.removeFilter(quiet)
-
-
 @contextlib.contextmanager
 def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ...] = ()):
     """Around a flow run: a temporary Prefect API without a server (one that Ctrl-C does not stop under the run),
-    the user's mistakes kept off the console (`_quiet_console`), errors as exit statuses (Ctrl-C: `interrupted`)."""
+    the user's mistakes kept off the console (`quiet_console`), errors as exit statuses (Ctrl-C: `interrupted`)."""
+    from shardline.app.console import quiet_console
     from shardline.core.encoding.columns import DataError
     from shardline.core.failures import raised_in_your_code
 
     try:
         start_ephemeral_api()
-        with _quiet_console(verbose):
+        with quiet_console(verbose):
             yield
     except KeyboardInterrupt:
         _fail(interrupted, 130)
@@ -541,7 +497,9 @@ def rehearse(
         f"rehearsing {config.name}: {files} raw file(s), {steps} steps, training on "
         f"{config.compute.train_deployment if config.compute.train_on == 'deployment' else 'this machine'} ..."
     )
-    with _quiet_console(verbose=False):  # its own preemption is no error to show: the table says how it went
+    from shardline.app.console import quiet_console
+
+    with quiet_console(verbose=False):  # its own preemption is no error to show: the table says how it went
         rows = run_rehearsal(
             config, files=files, steps=steps, preempt_at=preempt_at, log=lambda m: typer.echo(m, err=True)
         )
