@@ -379,6 +379,55 @@ def test_fine_tuning_starts_from_matching_tensors_and_leaves_frozen_ones_bit_for
     assert any("init_from models:/base@champion: loaded" in line for line in lines)
 
 
+def test_a_frozen_backbones_batchnorm_keeps_its_running_statistics(data, project, tmp_path):  # noqa: F811
+    write_module(
+        project,
+        "normed",
+        """
+        from torch import nn
+        from models.world import WindowGRU
+
+        class Normed(WindowGRU):
+            def __init__(self, spec, hidden=16):
+                super().__init__(spec, hidden=hidden)
+                self.norm = nn.BatchNorm1d(spec.n_cont)
+
+            def forward(self, cont, cat):
+                return super().forward(self.norm(cont.float().transpose(1, 2)).transpose(1, 2), cat)
+        """,
+    )
+    spec = user_spec(project, "models.normed:Normed")
+    base = fit(
+        data["classification"],
+        data["classification-val"],
+        spec,
+        train_cfg(max_steps_per_epoch=4),
+        "classification",
+        str(tmp_path / "base"),
+        callbacks=Callbacks(log=quiet),
+    )
+    from shardline.trainer.checkpoint import load_checkpoint
+
+    parent = load_checkpoint(base.best_checkpoint)["model"]
+    assert parent["norm.num_batches_tracked"].item() == 4  # the base run's norm learned its statistics
+    lines: list[str] = []
+    tuned = fit(
+        data["classification"],
+        data["classification-val"],
+        spec,
+        train_cfg(max_steps_per_epoch=4, freeze=["norm.", "embed.", "gru."]),
+        "classification",
+        str(tmp_path / "tuned"),
+        callbacks=Callbacks(log=lines.append),
+        options=FitOptions(init_weights=parent, init_source="parent"),
+    )
+    child = load_checkpoint(tuned.best_checkpoint)["model"]
+    for key in ("norm.running_mean", "norm.running_var", "norm.num_batches_tracked", "norm.weight", "gru.weight_hh_l0"):
+        assert torch.equal(child[key], parent[key]), key  # frozen: its statistics are the parent's, too
+    assert not torch.equal(child["heads.target.weight"], parent["heads.target.weight"])  # the head trained
+    assert any("1 norm layer(s) kept in eval mode" in line for line in lines)
+
+
 def test_fine_tuning_refuses_unmatched_prefixes_and_weights_that_fit_nothing(data, project, tmp_path):  # noqa: F811
     with pytest.raises(ModelContractError, match=r"training.freeze: \['backbone.'\] match\(es\) no parameter"):
         fit(

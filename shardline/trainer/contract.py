@@ -19,6 +19,7 @@ import importlib
 import inspect
 import math
 import sys
+import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -439,9 +440,10 @@ def load_matching(model: nn.Module, weights: dict[str, torch.Tensor], source: st
     return {"loaded": sorted(loaded), "new": new, "skipped": sorted(skipped)}
 
 
-def freeze(model: nn.Module, prefixes: list[str]) -> list[str]:
-    """Stop the gradients of the parameters whose names start with one of `prefixes`; returns their names.
-    A prefix that matches no parameter is an error that lists the model's top-level modules."""
+def freeze(model: nn.Module, prefixes: list[str]) -> tuple[list[str], list[str]]:
+    """Stop the gradients of the parameters whose names start with one of `prefixes`, and keep the norm layers
+    among them (BatchNorm, any with running statistics) in eval mode; returns both lists of names. A prefix
+    that matches no parameter is an error that lists the model's top-level modules."""
     names = [n for n, _ in model.named_parameters()]
     unmatched = [p for p in prefixes if not any(n.startswith(p) for n in names)]
     if unmatched:
@@ -455,7 +457,21 @@ def freeze(model: nn.Module, prefixes: list[str]) -> list[str]:
         if any(name.startswith(p) for p in prefixes):
             param.requires_grad_(False)
             frozen.append(name)
-    return frozen
+    norms = []
+    for name, module in model.named_modules():  # a frozen norm's running statistics stay as loaded, too
+        at = f"{name}." if name else ""
+        own = [at + n for n, _ in module.named_parameters(recurse=False)]
+        inside = all(n in frozen for n in own) if own else any(at.startswith(p) for p in prefixes)
+        if getattr(module, "track_running_stats", False) and inside:
+            module.train = types.MethodType(_stay_in_eval, module)
+            module.eval()
+            norms.append(name)
+    return frozen, norms
+
+
+def _stay_in_eval(self: nn.Module, mode: bool = True) -> nn.Module:
+    """`train` of a frozen norm layer: it stays in eval mode, whatever `model.train()` its model is given."""
+    return nn.Module.train(self, False)
 
 
 def batch_targets(data: DataSpec, batch) -> dict[str, torch.Tensor]:

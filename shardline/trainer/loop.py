@@ -491,7 +491,7 @@ def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool,
             f"init_from {opt.init_source}: loaded {len(matched['loaded'])} tensor(s), {len(matched['new'])} new "
             f"({listed(matched['new'])}), {len(matched['skipped'])} skipped ({listed(matched['skipped'])})"
         )
-    frozen = freeze(model, list(cfg.freeze)) if cfg.freeze else []
+    frozen, norms = freeze(model, list(cfg.freeze)) if cfg.freeze else ([], [])
     unloaded = sorted(set(frozen) - set(matched["loaded"])) if matched is not None and fresh else []
     if unloaded:  # frozen at their random start: never trained, never loaded
         raise ModelContractError(
@@ -501,7 +501,8 @@ def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool,
             "the parent gives (narrow training.freeze), or give them the parent's shapes"
         )
     if frozen:
-        log(f"training.freeze {list(cfg.freeze)}: {len(frozen)} parameter tensor(s) frozen")
+        kept = f"; {len(norms)} norm layer(s) kept in eval mode (running statistics as loaded)" if norms else ""
+        log(f"training.freeze {list(cfg.freeze)}: {len(frozen)} parameter tensor(s) frozen{kept}")
     return model.to(plan.device), run_meta
 
 
