@@ -80,3 +80,33 @@ def test_the_run_folder_is_keyed_on_the_trainer_version(monkeypatch):
     files = {p.relative_to(PACKAGE).as_posix() for m in version.TRAINER for p in version.module_closure(m)}
     assert "trainer/contract.py" in files and "runs/training_view.py" not in files
     assert not {f for f in files if f.startswith(("app/", "flows/", "tasks/", "runs/", "launch/"))}
+
+
+def test_a_users_model_version_covers_its_packages_init_and_data_files_and_nothing_else(tmp_path):
+    """What trains again after an edit to the user's own folder: their model's modules and what they import,
+    the `__init__.py` of the packages they lie in (run by every import of them), and the data files in those
+    packages (a vocabulary the model reads: it travels with the registered model); not an unrelated module."""
+    models = tmp_path / "models"
+    (models / "__pycache__").mkdir(parents=True)
+    (models / "__init__.py").write_text("SCALE = 1.0\n")
+    (models / "world.py").write_text("import json\nfrom models.helpers import width\n")
+    (models / "helpers.py").write_text("def width(c):\n    return 4\n")
+    (models / "other.py").write_text("X = 1\n")
+    (models / "vocab.json").write_text('{"a": 0}')
+
+    def now() -> str:
+        return version.user_code_version("models.world:WorldModel", str(tmp_path))
+
+    first = now()
+    for path, text, retrains in [
+        ("models/__init__.py", "SCALE = 2.0\n", True),
+        ("models/vocab.json", '{"a": 1}', True),
+        ("models/helpers.py", "def width(c):\n    return 8\n", True),
+        ("models/other.py", "X = 2\n", False),
+        ("models/__pycache__/world.cpython-311.pyc", "bytes", False),
+        (".hidden", "x", False),
+    ]:
+        (tmp_path / path).write_text(text)
+        second = now()
+        assert (second != first) is retrains, path
+        first = second

@@ -107,7 +107,9 @@ def user_code(entrypoint: str, code_dir: str | None) -> dict[str, Path]:
     module under `code_dir` (default the working directory) it imports, directly or not, by module name.
     Not cached: the user edits these files between runs of one process."""
     root = Path(code_dir or Path.cwd()).resolve()
-    return _closure(entrypoint.partition(":")[0], root, None)
+    module = entrypoint.partition(":")[0]
+    parts = module.split(".")  # importing a.b.c runs a/__init__.py and a/b/__init__.py first
+    return {k: v for i in range(1, len(parts) + 1) for k, v in _closure(".".join(parts[:i]), root, None).items()}
 
 
 def user_packages(entrypoint: str, code_dir: str | None) -> set[str]:
@@ -120,10 +122,22 @@ def user_packages(entrypoint: str, code_dir: str | None) -> set[str]:
 
 
 def user_code_version(entrypoint: str, code_dir: str | None) -> str:
-    """A hash of the user's model code (`user_code`): an edit to any of those files changes it."""
+    """A hash of the user's model code (`user_code`) and of the data files in its packages (a vocabulary, a
+    table the model reads: they travel with the registered model): an edit to any of those files changes it."""
     root = Path(code_dir or Path.cwd()).resolve()
+    code = user_code(entrypoint, code_dir)
+    tops = {root / name.partition(".")[0] for name in code}
+    data = {
+        f"{path.relative_to(root)}": path
+        for top in tops
+        if top.is_dir()
+        for path in top.rglob("*")
+        if path.is_file()
+        and path.suffix not in (".py", ".pyc")
+        and not any(part.startswith(".") or part == "__pycache__" for part in path.relative_to(root).parts)
+    }
     h = hashlib.sha256(entrypoint.encode())
-    for name, path in sorted(user_code(entrypoint, code_dir).items()):
+    for name, path in [*sorted(code.items()), *sorted(data.items())]:
         h.update(f"\0{name}\0{path.relative_to(root)}\0".encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
