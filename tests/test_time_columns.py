@@ -14,6 +14,7 @@ import pytest
 
 from shardline.core.config import validate_config
 from shardline.core.encoding.columns import DataError
+from shardline.tasks.ingest import snapshot_source
 from tests.conftest import make_raw, tiny_config
 from tests.test_ingest_encode import encode_all
 
@@ -217,3 +218,17 @@ def test_files_whose_order_is_in_different_zones_encode_as_one(tmp_path):
     cfg["storage"]["root"] = str(tmp_path / "store3")
     with pytest.raises(DataError, match=r"column 'when' holds date-times without a time zone in .*s-001.parquet"):
         encode_all(validate_config(cfg))
+    # the same file in a group of its own (it passed: each group read alone, its instants off by the zone's
+    # offset), and a file without a zone appended to a source ingested before (only its footer is read then)
+    cfg["data"].update(files_per_group=1)
+    with pytest.raises(DataError, match=r"column 'when' holds date-times without a time zone in .*s-001.parquet"):
+        encode_all(validate_config(cfg))
+    one.unlink()
+    data = validate_config(cfg).data
+    checked = snapshot_source(data)
+    pl.read_parquet(raw_dir / "s-002.parquet").with_columns(pl.col("when").dt.replace_time_zone(None)).write_parquet(
+        one
+    )
+    with pytest.raises(DataError, match=r"column 'when' holds date-times without a time zone in .*s-001.parquet and "
+                       r"with one in .*s-000.parquet"):  # fmt: skip
+        snapshot_source(data, checked)

@@ -285,6 +285,11 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         )
     rejected: list[RejectedFile] = []
     null_targets: list[tuple[str, dict[str, int]]] = []
+    zones: dict[str, dict[bool, str]] = {}  # a date-time column -> {zoned or not: the first file}
+    if known and listing and files:  # new files beside accepted ones: the zones of one of those, as reference
+        meta = next(footers([(files[0].uri, files[0].size)]))
+        if not isinstance(meta, BaseException):
+            _note_zones(zones, meta.schema.to_arrow_schema(), data, files[0].uri)
     for (uri, size, version), meta in zip(listing, footers([(uri, size) for uri, size, _ in listing]), strict=True):
         try:
             if isinstance(meta, BaseException):
@@ -298,6 +303,7 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
             rejected.append(RejectedFile(uri=uri, reason="; ".join(problems)))
         else:
             files.append(RawFile(uri=uri, size=size, version=version))
+            _note_zones(zones, schema, data, uri)
             nulls = target_nulls(meta, data)
             if nulls:
                 null_targets.append((uri, nulls))
@@ -314,6 +320,12 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         raise DataError(
             f"data.source '{data.source}': none of the {len(uris)} file(s) can be used; see the reasons above"
         )
+    for c, found in zones.items():
+        if len(found) > 1:
+            raise DataError(
+                f"column '{c}' holds date-times without a time zone in {found[False]} and with one in {found[True]}: "
+                "the same instant cannot be told from them; write every file's with a zone (or every file's without)"
+            )
     if null_targets:
         listing = "\n".join(
             f"  - {uri}: " + ", ".join(f"{n} null(s) in '{c}'" for c, n in nulls.items()) for uri, nulls in null_targets
@@ -324,6 +336,13 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         )
     files.sort(key=lambda f: f.uri)
     return Snapshot(source=data.source, files=files, rejected=rejected, fingerprint=Snapshot.fingerprint_of(files))
+
+
+def _note_zones(zones: dict[str, dict[bool, str]], schema: pa.Schema, data: DataConfig, uri: str) -> None:
+    for c in expected_columns(data):
+        t = schema.field(c).type if schema.get_field_index(c) >= 0 else None
+        if t is not None and pa.types.is_timestamp(t):
+            zones.setdefault(c, {}).setdefault(t.tz is not None, uri)
 
 
 def checked_record(root: str, data: DataConfig) -> str:
