@@ -42,6 +42,24 @@ def test_window_without_sequence_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="data.window=3 needs data.sequence_key"):
         load_config(write(tmp_path / "c.yaml", raw))
 
+    # rows without sequences: a horizon ahead of them crossed from one split's rows into another's
+    raw["data"].update(window=1, horizon=1, order_by=None)
+    with pytest.raises(ConfigError, match="data.horizon=1 predicts the target 1 row.*set data.sequence_key"):
+        load_config(write(tmp_path / "c.yaml", raw))
+    raw["data"]["horizon"] = None
+    assert load_config(write(tmp_path / "c.yaml", raw)).data.effective_horizon == 0
+
+
+def test_a_target_the_model_reads_in_its_own_row_is_refused(tmp_path):
+    """A target that is also a feature, at horizon 0: the model trains on the answer in its input, scores
+    perfectly, and predicts nothing a user wants. Rows ahead (the default with sequences) it is what they mean."""
+    raw = tiny_config("raw", "store")
+    raw["data"]["target"] = {"column": "x", "task": "regression"}
+    assert load_config(write(tmp_path / "c.yaml", raw)).data.effective_horizon == 1  # the next row's x: fine
+    raw["data"]["horizon"] = 0
+    with pytest.raises(ConfigError, match=r"data.target \['x'\] is also in data.features, and data.horizon is 0"):
+        load_config(write(tmp_path / "c.yaml", raw))
+
 
 def test_split_fractions_must_sum_to_one(tmp_path):
     raw = tiny_config("raw", "store")

@@ -335,6 +335,20 @@ class DataConfig(Strict):
             raise ValueError(
                 "data.order_by is required with data.sequence_key: name the column that orders rows in a sequence"
             )
+        if self.sequence_key is None and not self.features.text and (self.horizon or 0) > 0:
+            raise ValueError(
+                f"data.horizon={self.horizon} predicts the target {self.horizon} row(s) on in a sequence, and without "
+                "data.sequence_key rows have no sequence (the next row may lie in another split): set "
+                f"data.sequence_key (a column, or '{FILE_SEQUENCE}') and data.order_by, or leave data.horizon unset"
+            )
+        inputs = set(self.features.all())
+        seen_now = [t.column for t in self.target_list if t.column in inputs and t.task != "generation"]
+        if seen_now and self.effective_horizon == 0:
+            raise ValueError(
+                f"data.target {seen_now} is also in data.features, and data.horizon is 0: the model would read each "
+                "answer in the row it is asked about; predict it rows ahead (data.horizon: 1, with data.sequence_key) "
+                "or remove it from data.features"
+            )
         self._check_ranking()
         if self.split.method == "kfold" and self.sequence_key is None and self.group_key is None:
             raise ValueError(
