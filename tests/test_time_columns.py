@@ -173,6 +173,10 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     ):
         done = subprocess.run([*cmd, *args, *uri], capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 2 and said in done.stderr, done.stderr
+    # a misspelt model: a bad command line (2, not a failed run), the store's closest name said
+    typo = [*cmd[:2], "models:/tiny-modle@champion", str(tmp_path / "in.parquet"), "--out", str(tmp_path / "t.parquet")]
+    done = subprocess.run([*typo, *uri], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and "; the store has tiny-model" in done.stderr, done.stderr
     assert not list(tmp_path.glob(".tmp-*"))
 
 

@@ -326,7 +326,28 @@ def _load_model(model_uri: str, tracking_uri: str | None):
         # a registered version only with the files it was registered with; a path or run is the user's own choice
         return load_checked(model_uri) if model_uri.startswith("models:/") else load_pyfunc(model_uri)
     except Exception as e:  # noqa: BLE001 - any load failure: reported with the model URI
-        _fail(f"cannot load model {model_uri} from {uri}: {e}")
+        missing = getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"  # a URI naming nothing: the command
+        _fail(
+            f"cannot load model {model_uri} from {uri}: {e}{_registered_like(model_uri) if missing else ''}",
+            2 if missing else 1,
+        )
+
+
+def _registered_like(model_uri: str) -> str:
+    """'; the store has models ...' naming the registered models closest to a models:/ URI's name."""
+    import difflib
+
+    import mlflow
+
+    if not model_uri.startswith("models:/"):
+        return ""
+    name = model_uri.removeprefix("models:/").split("/")[0].split("@")[0]
+    try:
+        names = [m.name for m in mlflow.search_registered_models(max_results=1000)]
+    except Exception:  # noqa: BLE001 - only a hint
+        return ""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5) or sorted(names)[:5]
+    return f"; the store has {', '.join(close)}" if close and name not in names else ""
 
 
 @app.command()
