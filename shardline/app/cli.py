@@ -99,9 +99,9 @@ def demo(
     frames: int = typer.Option(2000, help="frames per game"),
     seed: int = typer.Option(0, help="seed of the data generator"),
     set_: list[str] = typer.Option(
-        [], "--set", help="override a config key, e.g. --set training.epochs=1 (repeatable)"
+        [], "--set", metavar="KEY=VALUE", help="override a config key, e.g. --set training.epochs=1 (repeatable)"
     ),
-    force: str | None = typer.Option(None, "--force", help=FORCE_HELP),
+    force: str | None = typer.Option(None, "--force", metavar="STEP", help=FORCE_HELP),
 ) -> None:
     """Make the demo data set, then run the whole pipeline on it with embedded defaults (no server, CPU/GPU auto)."""
     from shardline.app.demo_data import generate_demo
@@ -134,8 +134,10 @@ def demo(
 @app.command()
 def run(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml", help="the pipeline config (may `extends:` another)"),
-    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set training.lr=3e-4 (repeatable)"),
-    force: str | None = typer.Option(None, "--force", help=FORCE_HELP),
+    set_: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="override a config key, e.g. --set training.lr=3e-4 (repeatable)"
+    ),
+    force: str | None = typer.Option(None, "--force", metavar="STEP", help=FORCE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks of errors in the config or the data"),
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
@@ -233,7 +235,9 @@ def sweep(
         help="k-fold data: train every setting on every fold, compare settings by their mean over the folds, and "
         "retrain the best on all non-test data (training.fold: null)",
     ),
-    set_: list[str] = typer.Option([], "--set", help="override a key of the base config (repeatable)"),
+    set_: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="override a key of the base config (repeatable)"
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks of errors in the config or the data"),
 ) -> None:
     """Train one model per trial (the config with a few keys overridden), concurrently; register the best.
@@ -276,7 +280,7 @@ def sweep(
 @app.command("check-config")
 def check_config(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
-    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="override a config key (repeatable)"),
 ) -> None:
     """Validate a config and print it resolved (after `extends:` and `--set`), without running anything."""
     import yaml
@@ -496,7 +500,7 @@ def _show_check(check, width: int) -> None:
 @app.command()
 def rehearse(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
-    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="override a config key (repeatable)"),
     files: int = typer.Option(8, min=1, help="raw files copied for the rehearsal (its tiny data set)"),
     steps: int = typer.Option(20, min=3, help="optimizer steps of the one short epoch"),
     preempt_at: int | None = typer.Option(
@@ -547,7 +551,7 @@ def cost_command(
     prices: Path | None = typer.Option(
         None, "--prices", help="your own prices file, laid over the shipped estimate (default: $SHARDLINE_PRICES)"
     ),
-    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="override a config key (repeatable)"),
     probe_steps: int = typer.Option(20, "--probe-steps", min=1, help="optimizer steps of the probe on this machine"),
 ) -> None:
     """Before a run: its optimizer steps, a measured rate, and its time and cost per provider of a GPU type.
@@ -615,7 +619,7 @@ def sync(
 @app.command("doctor")
 def doctor_command(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
-    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="override a config key (repeatable)"),
     timeout: float = typer.Option(30.0, min=1, help="seconds each network check may take"),
     probe_timeout: float = typer.Option(
         300.0, min=5, help="seconds the GPU probe's flow run may take, worker pickup and start-up included"
@@ -643,7 +647,7 @@ def doctor_command(
 @app.command("gc")
 def gc_command(
     config_path: Path = typer.Argument(..., metavar="CONFIG.yaml"),
-    set_: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="override a config key (repeatable)"),
     keep: int = typer.Option(
         3, "--keep", min=0, help="the newest runs kept (with their data sets) even when nothing refers to them"
     ),
