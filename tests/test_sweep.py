@@ -254,9 +254,47 @@ def test_random_trials_are_seeded_and_stay_in_their_ranges():
     assert lrs[len(lrs) // 2] < 1e-2  # log-uniform: the median is near the geometric middle (3e-3), not 0.05
     # each trial's config is validated by the config's own rules, naming the trial
     raw = tiny_config("raw/*.parquet", "store", **{"model": {"family": "mlp", "hidden": 30, "layers": 1}})
+    with pytest.raises(SweepError, match=r"model.hidden: int: true, and no whole number lies between low=1.5 and high"):
+        parse_space({"model.hidden": {"low": 1.5, "high": 1.7, "int": True}})  # it drew 1, outside the range
     divisible = r"(?s)trial t2 \(model.family=transformer\).*must be divisible by model.heads"
     with pytest.raises(SweepError, match=divisible):
         plan_sweep(raw, parse_space({"model.family": ["mlp", "transformer"]}))
+
+
+def test_tpe_proposes_new_trials_after_an_interrupted_sweep_and_never_one_the_config_refuses_or_has(
+    tmp_path, prefect_api
+):
+    """`--tpe`: a sweep interrupted after two proposals, run again, resumes those two and asks Optuna for two new
+    ones (a sampler seeded as the first run's drew the same two again: four trials paid for, two models). A
+    proposal the config refuses, or one that trains an earlier trial's model, is told to Optuna as failed and
+    another asked; when the space has nothing new, the sweep ends with the trials it has."""
+    import itertools
+
+    import optuna
+    from prefect import flow
+
+    from shardline.tasks.sweep import SweepStudy
+
+    raw = tiny_config("raw/*.parquet", str(tmp_path / "store"))
+    space = {"training.lr": {"low": 1e-4, "high": 1e-1, "log": True}, "model.hidden": [8, 16]}
+
+    def proposals(folder: str, space: dict, size: int, take: int) -> tuple[list, object]:
+        study = SweepStudy(plan_sweep(raw, parse_space(space), size, 0, "tpe"), folder, None, raw)
+        taken = flow(lambda: [t for t, _ in itertools.islice(study.proposed(), take)], name="proposals")()
+        return taken, study.study
+
+    before, _ = proposals(str(tmp_path / "a"), space, 4, 2)  # interrupted: two trials asked, none told
+    after, _ = proposals(str(tmp_path / "a"), space, 4, 4)
+    assert [t.id for t in after] == ["t1", "t2", "t3", "t4"] and after[:2] == before
+    labels = [t.label for t in after]
+    assert len(set(labels)) == 4, labels
+    assert all((lr := t.overrides["training.lr"]) == float(f"{lr:.6g}") for t in after)  # as a random sweep's
+
+    # hidden 0 is refused by the config; 16, 16.0 and "16" train one model: one trial, not three
+    one, study = proposals(str(tmp_path / "b"), {"model.hidden": [0, 16, 16.0, "16"]}, 3, 3)
+    assert [t.id for t in one] == ["t1"] and one[0].overrides["model.hidden"] in (16, "16")
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert len(states) == 30 and states.count(optuna.trial.TrialState.FAIL) == 29
 
 
 def test_trials_of_a_models_own_metric_are_compared_the_way_its_config_says(tmp_path, prefect_api):

@@ -56,6 +56,8 @@ class Range(BaseModel):
             raise ValueError(f"low={self.low:g} must be below high={self.high:g}")
         if self.log and self.low <= 0:
             raise ValueError(f"a log range needs low > 0 (got low={self.low:g})")
+        if self.int_ and math.ceil(self.low) > math.floor(self.high):
+            raise ValueError(f"int: true, and no whole number lies between low={self.low:g} and high={self.high:g}")
         return self
 
     def sample(self, rng: random.Random) -> float | int:

@@ -261,33 +261,71 @@ class SweepStudy:
     def proposed(self):
         """tpe: the study's trials so far (a finished one comes from the train cache, an unfinished one resumes),
         then Optuna's next proposals, asked one at a time as trials finish, up to the sweep's size. Each is
-        (trial, its config), its config checked as it comes (a value the config refuses fails that trial)."""
+        (trial, its config). A proposal the config refuses, or one that trains the model of an earlier trial, is
+        told to Optuna as failed, named in the log, and another is asked (at most 10x the sweep's size in all)."""
+        from optuna.trial import TrialState
+
+        from shardline.core.study import make_sampler
+        from shardline.core.sweep import what_is_trained
+
+        log = get_run_logger()
         dists = distributions(self.plan.space)
         known = sorted(self._known().values(), key=lambda t: t.number)
         for t in known:
             yield self._trial(t.user_attrs[TRIAL_ATTR], t.number, t.params)
-        for _ in range(self.plan.size - len(known)):
+        asked_before = len(self.study.get_trials(deepcopy=False))
+        if asked_before:  # a sampler seeded as the first run's would draw its first proposals again
+            self.study.sampler = make_sampler(self.plan.mode, (self.plan.seed or 0) + asked_before)
+        trained = {what_is_trained(c): t for t, c in zip(self.plan.trials, self.plan.configs)}
+        wanted, asks = self.plan.size - len(known), 10 * self.plan.size - asked_before
+        while wanted > 0 and asks > 0:
+            asks -= 1
             asked = self.study.ask(dists)
-            trial_id = f"t{asked.number + 1:0{len(str(self.plan.size))}d}"
+            trial_id = f"t{len(self.plan.trials) + 1:0{len(str(self.plan.size))}d}"
+            try:
+                trial, config = self._trial(trial_id, asked.number, asked.params, keep=False)
+            except SweepError as e:
+                self.study.tell(asked, state=TrialState.FAIL)
+                log.warning("sweep: Optuna's proposal is refused, told to Optuna as failed: %s", e)
+                continue
+            same = trained.get(what_is_trained(config))
+            if same is not None:
+                asked.set_user_attr("shardline.same_as", same.id)
+                self.study.tell(asked, state=TrialState.FAIL)
+                log.warning("sweep: Optuna proposed %s again (%s trains that model); asking for another", trial.label,
+                            same.id)  # fmt: skip
+                continue
             asked.set_user_attr(TRIAL_ATTR, trial_id)
-            yield self._trial(trial_id, asked.number, asked.params)
+            self.plan.trials.append(trial)
+            self.plan.configs.append(config)
+            trained[what_is_trained(config)] = trial
+            wanted -= 1
+            yield trial, config
+        if wanted > 0:
+            log.warning(
+                "sweep: Optuna proposed no new trial the config takes (%d proposals in all); the sweep ends with %d "
+                "trial(s) of --tpe %d (a space this small: sweep it as a grid)",
+                len(self.study.get_trials(deepcopy=False)),
+                len(self.plan.trials),
+                self.plan.size,
+            )
 
-    def _trial(self, trial_id: str, number: int, params: dict) -> tuple[Trial, PipelineConfig]:
+    def _trial(self, trial_id: str, number: int, params: dict, keep: bool = True) -> tuple[Trial, PipelineConfig]:
+        """The trial Optuna's `params` stand for (a range's drawn value kept to 6 significant digits, as a random
+        sweep's), with its config; kept in the plan unless `keep` is False."""
         from shardline.core.sweep import trial_config
 
-        space = self.plan.space
-        trial = Trial(
-            trial_id,
-            {
-                k: from_choice(v, params[k]) if isinstance(v, list) else params[k]
-                for k, v in space.items()
-                if k in params
-            },
-        )
+        def value(key: str, spec) -> object:
+            if isinstance(spec, list):
+                return from_choice(spec, params[key])
+            return params[key] if spec.int_ else float(f"{params[key]:.6g}")
+
+        trial = Trial(trial_id, {k: value(k, v) for k, v in self.plan.space.items() if k in params})
         self.numbers[trial.id] = number
         config = trial_config(self.raw, trial)
-        self.plan.trials.append(trial)
-        self.plan.configs.append(config)
+        if keep:
+            self.plan.trials.append(trial)
+            self.plan.configs.append(config)
         return trial, config
 
     def tell(self, trial: Trial, row: dict) -> None:
