@@ -148,6 +148,14 @@ def test_a_trial_that_fails_is_reported_and_the_best_of_the_rest_is_registered(d
     failed_run = next(r for r in runs_of(client) if r.data.tags.get("shardline.sweep.trial") == bad["trial"])
     assert failed_run.info.status == "FAILED" and failed_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert "failed: " in sweep_artifact() and "bogus" in sweep_artifact()
+    assert result["cost"]["runs"] == 2  # the failed trial held its machine until it failed: that is paid for too
+
+    # a trial that fails after training a while (it diverges) paid for those steps: they count in the sweep's cost
+    diverged = run_sweep(cfg, {"training.lr": [0.01, 1e6]}, at_once=1)
+    ok, bad = diverged["trials"]
+    assert (ok["state"], bad["state"]) == ("cached", "failed") and bad["cost"]["gpu_hours"] > 0, bad
+    assert diverged["cost"]["runs"] == 2
+    assert diverged["cost"]["gpu_hours"] == pytest.approx(ok["cost"]["gpu_hours"] + bad["cost"]["gpu_hours"])
 
 
 def test_a_killed_sweep_finishes_on_rerun_without_retraining_finished_trials(data, prefect_api):

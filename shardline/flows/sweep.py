@@ -198,7 +198,7 @@ def sweep(
         "settings": settings,
         "final": rows[-1] if final else None,
         # what the trials' training cost in all (a cached trial: when it ran): an estimate, by the price table
-        "cost": add_up([r.get("cost") for r in rows if not r.get("error")]),
+        "cost": add_up([r.get("cost") for r in rows]),
         "steps": {
             "ingest": "ran" if ran["ingest"] else "cached",
             "encode": "ran" if ran["encode"] else "cached",

@@ -387,7 +387,22 @@ def train_trials(
         running.append(futures[trial.id])
     while running:
         ended(next(as_completed(running)))
-    return [trial_outcome(trial, config, futures[trial.id]) for trial, config in order]
+    outcomes = [trial_outcome(trial, config, futures[trial.id]) for trial, config in order]
+    for (row, _), (_, config) in zip(outcomes, order, strict=True):
+        if row.get("error"):  # a failed or budget-stopped trial paid for what it trained: its run folder's ledger
+            row["cost"] = _spent(config, data[data_key(config)][1])
+    return outcomes
+
+
+def _spent(config: PipelineConfig, manifest_uri: str) -> dict | None:
+    """What the training run of `config` cost so far (its run folder's `cost.json`), or None."""
+    from shardline.core.cost.ledger import read_ledger, summarize
+    from shardline.runs.training_run import load_manifest, run_dir
+
+    try:
+        return summarize(read_ledger(run_dir(config, load_manifest(manifest_uri, config)))["attempts"])
+    except Exception:  # noqa: BLE001 - a trial that failed before its run folder was chosen spent nothing
+        return None
 
 
 def _cell(value) -> str:
@@ -483,7 +498,7 @@ def finish_parent_run(
         for i, st in enumerate(settings, start=1):
             if st["score"] is not None and i > tracker.last_step(f"setting/{metric}/mean"):
                 tracker.log_metrics({f"setting/{metric}/mean": st["score"], f"setting/{metric}/std": st["std"]}, i)
-    total = add_up([r.get("cost") for r in rows if not r.get("error")])
+    total = add_up([r.get("cost") for r in rows])  # a failed trial's too: what it trained was paid for
     if total is not None and tracker.last_step("cost/gpu_hours") < 0:  # the trials' training, all of it
         spend = {"cost/gpu_hours": total["gpu_hours"], "cost/gpu_hours_wasted": total["gpu_hours_wasted"]}
         if total["usd"] is not None:
