@@ -74,6 +74,15 @@ def test_trials_that_fall_behind_are_pruned_a_rerun_continues_the_study_and_tpe_
     again = run_sweep(cfg, space, at_once=1, prune="median")
     assert [r["state"] for r in again["trials"]] == ["cached", "cached", "pruned"]
     assert len(study_of(again).trials) == 3 and again["sweep_id"] == first["sweep_id"]
+    assert client.get_run(first["parent_run_id"]).data.params["sweep.pruner"] == "median"
+
+    # the same trials unpruned: another sweep (its own study and parent run); the pruned trial trains on to its
+    # end in its run, which is pruned no more
+    unpruned = run_sweep(cfg, space, at_once=1)
+    assert unpruned["sweep_id"] != first["sweep_id"] and unpruned["parent_run_id"] != first["parent_run_id"]
+    assert [r["mlflow_run_id"] for r in unpruned["trials"]] == [rows[t]["mlflow_run_id"] for t in ("t1", "t2", "t3")]
+    assert [r["score"] for r in unpruned["trials"][:2]] == [rows[t]["score"] for t in ("t1", "t2")]  # found finished
+    assert PRUNED_TAG not in client.get_run(rows["t3"]["mlflow_run_id"]).data.tags
 
     cfg["training"]["epochs"] = 1
     tpe_space = {"training.lr": {"low": 0.001, "high": 0.1, "log": True}, "model.hidden": [8, 16]}

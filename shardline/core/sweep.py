@@ -224,14 +224,16 @@ class Plan:
     configs: list[PipelineConfig]
 
     size: int = 0  # tpe: how many trials Optuna proposes (they are asked one by one, not planned)
+    pruner: str | None = None  # --prune: another sweep than the same trials unpruned (its own study and parent)
 
     @property
     def id(self) -> str:
+        pruned = {"pruner": self.pruner} if self.pruner else {}
         if self.mode == "tpe":  # its trials are Optuna's answers: the sweep is its space, seed and size
-            return stable_hash({"base": self.base.hash(), "tpe": [self.describe_space(), self.seed, self.size]})[:16]
-        return stable_hash(
-            {"base": self.base.hash(), "trials": [[t.id, t.overrides] for t in self.trials]},
-        )[:16]
+            tpe = [self.describe_space(), self.seed, self.size]
+            return stable_hash({"base": self.base.hash(), "tpe": tpe, **pruned})[:16]
+        trials = [[t.id, t.overrides] for t in self.trials]
+        return stable_hash({"base": self.base.hash(), "trials": trials, **pruned})[:16]
 
     @property
     def keys(self) -> list[str]:

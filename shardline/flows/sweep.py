@@ -88,6 +88,7 @@ def sweep(
         raw = {**raw, "training": {**raw["training"], "init_from": init_from}}
     plan = plan_sweep(raw, space, trials, seed, sampler)
     check_pruning(plan, prune)
+    plan.pruner = prune
     base = plan.base
     root = base.storage.root
     n = plan.size or len(plan.trials)

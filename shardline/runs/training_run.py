@@ -396,6 +396,8 @@ def _run_training(
     if result.pruned_epoch is not None:  # ended early by the sweep's pruner: said on both runs
         tracker.set_tags({PRUNED_TAG: str(result.pruned_epoch)})
         links.tag_flow_run(["pruned"])
+    elif tracker.resumed:  # a pruned run trained on to its end (without the pruner): pruned no more
+        tracker.set_tags({PRUNED_TAG: None})
     cost = training_cost.close_cost(tracker, ledger, "finished", result.steps, log)
     tracker.end("FINISHED")
     best = best_checkpoint(ckpt_dir)

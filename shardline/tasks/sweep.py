@@ -182,6 +182,7 @@ def parent_run(plan: Plan, folder: str) -> Iterator[Tracker]:
                 "sweep.mode": plan.mode,
                 "sweep.trials": plan.size or len(plan.trials),
                 "sweep.seed": plan.seed,
+                **({"sweep.pruner": plan.pruner} if plan.pruner else {}),
                 **{f"sweep.space.{k}": json.dumps(v) for k, v in plan.describe_space().items()},
             }
         )

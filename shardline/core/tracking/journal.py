@@ -12,7 +12,7 @@ Lines (JSON, one each):
   {"seq": 1, "op": "create", "experiment", "artifact_location", "run_name", "tags", "key"}
   {"seq": 2, "op": "resume"}                                     the run goes on (RUNNING)
   {"seq": 3, "op": "params", "params": {...}}
-  {"seq": 4, "op": "tags", "tags": {...}}
+  {"seq": 4, "op": "tags", "tags": {...}}              (a tag set to null is taken off the run)
   {"seq": 5, "op": "metrics", "step": 10, "ts": ms, "metrics": {...}}
   {"seq": 6, "op": "dict", "data": {...}, "file": "name.json"}
   {"seq": 7, "op": "inputs", "datasets": [{name, digest, source_type, source, schema, profile, context}]}
@@ -447,9 +447,12 @@ class Sender:
         elif op == "tags":
             from mlflow.entities import RunTag
 
-            tags = [RunTag(k, str(v)) for k, v in entry["tags"].items()]
+            tags = [RunTag(k, str(v)) for k, v in entry["tags"].items() if v is not None]
             for i in range(0, len(tags), MAX_PARAMS):
                 self.client.log_batch(run_id, tags=tags[i : i + MAX_PARAMS], synchronous=True)
+            for k in [k for k, v in entry["tags"].items() if v is None]:  # None: the tag is taken off the run
+                if k in self.client.get_run(run_id).data.tags:
+                    self.client.delete_tag(run_id, k)
         elif op == "dict":
             self.client.log_dict(run_id, entry["data"], entry["file"])
         elif op == "inputs":  # a data set logged again (a replay) is the same input: MLflow keeps one

@@ -178,8 +178,9 @@ class Tracker:
         # MLflow keeps a param's first value: a resumed run's are sent only where the run has none
         self.journal.append({"op": "params", "params": {k: str(v)[:6000] for k, v in params.items()}})
 
-    def set_tags(self, tags: dict[str, str]) -> None:
-        self.journal.append({"op": "tags", "tags": {k: str(v) for k, v in tags.items()}})
+    def set_tags(self, tags: dict[str, str | None]) -> None:
+        """Set the tags; one given as None is taken off the run."""
+        self.journal.append({"op": "tags", "tags": {k: None if v is None else str(v) for k, v in tags.items()}})
 
     def log_dict(self, data: dict, artifact_file: str) -> None:
         self.journal.append({"op": "dict", "data": data, "file": artifact_file})
