@@ -158,6 +158,21 @@ def test_a_trial_that_fails_is_reported_and_the_best_of_the_rest_is_registered(d
     assert diverged["cost"]["gpu_hours"] == pytest.approx(ok["cost"]["gpu_hours"] + bad["cost"]["gpu_hours"])
 
 
+def test_a_sweep_whose_trials_all_stop_at_their_budget_exits_as_a_budget_stop(data):
+    """Every trial stopped at `training.max_hours`: not a failure (exit 1 with three tracebacks) but `run`'s budget
+    stop, exit 76, saying to raise the limit; each trial is `budget` in the summary, with what it cost."""
+    tmp_path, cfg = data
+    cfg["training"].update(epochs=400, max_hours=0.0004)  # 1.4 s of training each: far short of 400 epochs
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run(
+        [str(BIN), "sweep", str(tmp_path / "c.yaml"), "--grid", "model.hidden=8,16"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 76, out.stderr[-3000:]
+    assert "every trial stopped at its budget" in out.stderr and "raise training.max_hours" in out.stderr
+    assert "RuntimeError" not in out.stderr, out.stderr[-3000:]
+
+
 def test_a_killed_sweep_finishes_on_rerun_without_retraining_finished_trials(data, prefect_api):
     """`shardline sweep` is SIGKILLed once its first trial has finished and the second has checkpointed: the
     second trial's process stops by itself (at a checkpoint), and the same command again takes the first

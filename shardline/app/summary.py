@@ -96,6 +96,13 @@ def sweep_summary(result: dict) -> None:
         typer.secho(f"\n{len(failed)} trial(s) failed (the others were compared):", fg=typer.colors.YELLOW)
         for r in failed:
             typer.echo(f"  - {r['trial']}: {r['error']}")
+    stopped = [r["trial"] for r in rows if r["state"] == "budget"]
+    if stopped:
+        typer.secho(
+            f"\n{len(stopped)} trial(s) stopped at their budget ({', '.join(stopped)}), after a checkpoint: raise "
+            "training.max_hours or max_cost and run the same command again to finish them",
+            fg=typer.colors.YELLOW,
+        )
     reg = result["registered"]
     typer.echo("")
     typer.secho(

@@ -372,7 +372,7 @@ def plot_sweep(rows: list[dict], keys: list[str], metric: str, direction: str, p
         if r.get("score") is None:  # failed: a red cross on the axis
             ax.scatter([i], [0.0], marker="x", color="#d62728", zorder=3, transform=ax.get_xaxis_transform())
             ax.annotate(
-                "failed",
+                r.get("state") if r.get("state") == "budget" else "failed",
                 (i, 0.0),
                 xycoords=("data", "axes fraction"),
                 xytext=(0, 8),

@@ -18,6 +18,7 @@ from prefect.logging import get_run_logger
 from shardline.core import layout
 from shardline.core.config import PipelineConfig, validate_config
 from shardline.core.cost.ledger import add_up
+from shardline.core.failures import BudgetExceeded
 from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction, redacted_errors
 from shardline.core.sweep import (
@@ -154,6 +155,11 @@ def sweep(
         if best is None or (final and final_trained is None):
             why = "every trial failed" if best is None else f"the final retrain failed: {rows[-1]['error']}"
             finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {why}.", settings)
+            if best is None and rows and all(r["state"] == "budget" for r in rows):  # exit 76, as `run`'s stop
+                raise BudgetExceeded(
+                    f"every trial stopped at its budget ({rows[0]['error']}); raise training.max_hours or max_cost "
+                    "and run the same command again: each trial resumes from its checkpoint"
+                )
             raise RuntimeError(f"{why}: " + "; ".join(f"{r['trial']}: {r['error']}" for r in rows if r.get("error")))
 
         # the best trial (cross-validation: its retrain): evaluated on the test split, registered as the pipeline does
@@ -180,7 +186,7 @@ def sweep(
         [f"mlflow-run:{parent.run_id}", f"model:{registered.model_name}"] if parent.run_id else [],
         name=f"{base.name} · sweep · best {trial.id} · {version}",
     )
-    counts = {s: sum(r["state"] == s for r in rows) for s in ("ran", "cached", "pruned", "failed")}
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("ran", "cached", "pruned", "failed", "budget")}
     return {
         "sweep_id": plan.id,
         "mode": plan.mode,

@@ -25,7 +25,7 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
-from shardline.core.cost.ledger import add_up
+from shardline.core.cost.ledger import add_up, summarize
 from shardline.core.failures import InfrastructureFailure, failed_on_infrastructure, retry_on_infrastructure
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text, redacted_errors
@@ -391,19 +391,22 @@ def train_trials(
     outcomes = [trial_outcome(trial, config, futures[trial.id]) for trial, config in order]
     for (row, _), (_, config) in zip(outcomes, order, strict=True):
         if row.get("error"):  # a failed or budget-stopped trial paid for what it trained: its run folder's ledger
-            row["cost"] = _spent(config, data[data_key(config)][1])
+            attempts = _attempts(config, data[data_key(config)][1])
+            row["cost"] = summarize(attempts) if attempts else None
+            if attempts and attempts[-1].get("outcome") == "budget":  # stopped at its budget, resumable: no fault
+                row["state"] = "budget"
     return outcomes
 
 
-def _spent(config: PipelineConfig, manifest_uri: str) -> dict | None:
-    """What the training run of `config` cost so far (its run folder's `cost.json`), or None."""
-    from shardline.core.cost.ledger import read_ledger, summarize
+def _attempts(config: PipelineConfig, manifest_uri: str) -> list[dict]:
+    """The attempts of the training run of `config` so far (its run folder's `cost.json`)."""
+    from shardline.core.cost.ledger import read_ledger
     from shardline.runs.training_run import load_manifest, run_dir
 
     try:
-        return summarize(read_ledger(run_dir(config, load_manifest(manifest_uri, config)))["attempts"])
+        return read_ledger(run_dir(config, load_manifest(manifest_uri, config)))["attempts"]
     except Exception:  # noqa: BLE001 - a trial that failed before its run folder was chosen spent nothing
-        return None
+        return []
 
 
 def _cell(value) -> str:
@@ -419,7 +422,7 @@ def table(rows: list[dict], best: dict | None, metric: str, pages: dict[str, str
         run = r.get("mlflow_run_id") or ""
         if run and pages.get(run):
             run = f"[{run[:12]}]({pages[run]})"
-        state = r["state"] if not r.get("error") else f"failed: {_cell(r['error'])[:300]}"
+        state = r["state"] if not r.get("error") else f"{r['state']}: {_cell(r['error'])[:300]}"
         overrides = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in r["overrides"].items())
         lines.append(f"| {name} | {overrides} | {score} | {state} | {run} |")
     return "\n".join(lines)
