@@ -184,3 +184,71 @@ def test_the_training_flow_refuses_a_text_fine_tune_on_shards_of_another_tokeniz
     with pytest.raises(EncodingMismatch, match=rf"the data's tokenizer \({mine[:12]}\) is not the one"):
         train(manifest, tuned)
     assert {p.parent.parent for p in (root / "runs").glob("*/checkpoints/*.pt")} == {Path(parent.run_dir)}
+
+
+@pytest.mark.e2e
+def test_the_champion_gate_rescores_a_text_champion_on_new_data_and_never_compares_other_tokenizers(
+    tmp_path, prefect_api
+):
+    """A text model retrained on appended data (its tokenizer fixed by a file, as the docs advise) is compared
+    with the champion on the new test split, both scored on the same tokens (it was kept a challenger forever:
+    a text evaluation has no per-row predictions to re-score on). A model of another tokenizer is never compared
+    by perplexity, on any data: its perplexity counts other tokens."""
+    import mlflow
+
+    from shardline.flows.pipeline import pipeline
+
+    (tmp_path / "raw").mkdir()
+    bodies = [" ".join(s.split()[:1] + sorted(s.split()[1:])) for s in sentences(300, 11, 4, 12)]
+    pl.DataFrame({"doc": [f"a-{i}" for i in range(200)], "line": [0] * 200, "body": bodies[:200]}).write_parquet(
+        tmp_path / "raw" / "a.parquet"
+    )
+    root = tmp_path / "store"
+
+    def config(tokenizer: dict) -> dict:
+        return validate_config(
+            {
+                "name": "text",
+                "data": {
+                    "source": str(tmp_path / "raw" / "*.parquet"),
+                    "sequence_key": "doc",
+                    "order_by": "line",
+                    "features": {"text": ["body"]},
+                    "tokenizer": tokenizer,
+                    "window": 8,
+                },
+                "model": {"family": "transformer", "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.0},
+                "training": {"epochs": 1, "batch_size": 64, "lr": 0.01, "warmup_steps": 2},
+                "storage": {"root": str(root)},
+                "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "text", "model_name": "lm"},
+            }
+        )
+
+    first = pipeline(config({"kind": "bpe", "vocab_size": 300}))
+    assert first["registered"]["alias"] == "champion"
+    manifest = Manifest.model_validate_json(storage.read_text(first["manifest"]))
+    folder = first["manifest"].rsplit("/", 1)[0]
+    fixed = tmp_path / "tokenizer.json"
+    fixed.write_text(storage.read_text(storage.resolve(folder, manifest.tokenizer or "tokenizer.json")))
+
+    # new data, the same tokenizer: the champion is scored on the new test split beside the candidate
+    pl.DataFrame({"doc": [f"b-{i}" for i in range(100)], "line": [0] * 100, "body": bodies[200:]}).write_parquet(
+        tmp_path / "raw" / "b.parquet"
+    )
+    second = pipeline(config({"file": str(fixed)}))
+    compared = second["registered"]["compared"]
+    assert "reason" not in compared, compared
+    assert compared["on"] == "the candidate's test split" and compared["candidate_value"] == pytest.approx(
+        second["metrics"]["perplexity"]
+    )
+    assert compared["champion_value"] != pytest.approx(first["metrics"]["perplexity"])  # scored on the new split
+    wins = compared["candidate_value"] < compared["champion_value"]
+    assert second["registered"]["alias"] == ("champion" if wins else "challenger")
+
+    # another tokenizer, the same data: not compared by perplexity; the champion stays
+    champion = mlflow.MlflowClient(second["registered"]["tracking_uri"]).get_model_version_by_alias("lm", "champion")
+    third = pipeline(config({"kind": "bpe", "vocab_size": 280}))
+    assert "reads another tokenizer" in third["registered"]["compared"]["reason"]
+    assert third["registered"]["alias"] == "challenger"
+    after = mlflow.MlflowClient(second["registered"]["tracking_uri"]).get_model_version_by_alias("lm", "champion")
+    assert after.version == champion.version

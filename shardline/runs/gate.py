@@ -20,13 +20,45 @@ import pyarrow.parquet as pq
 from shardline.core import storage
 from shardline.core.config import FILE_SEQUENCE, metric_key
 from shardline.core.encoding.columns import ORDER, SEQ, prepare
-from shardline.core.manifest import EncodingSpec, Snapshot
+from shardline.core.manifest import EncodingSpec, Manifest, Snapshot
 from shardline.core.metrics import scores as M
 
 # what a served prediction (the predicted value, no class distribution) can be scored on
 SERVED_METRICS = {"classification": ("accuracy", "macro_f1"), "regression": ("mae", "rmse", "r2")}
 # test rows the champion predicts at most (a raw file's more): its memory and time do not grow with the data
 GATE_ROWS = 200_000
+
+
+TOKENIZER_TAG = "shardline.tokenizer_sha256"  # a text model's: its perplexity counts the tokens of this tokenizer
+TEXT_SCORES = ("perplexity", "loss", "accuracy")  # what a text champion is re-scored on (no generations)
+
+
+def rescore_text_champion(model_uri: str, manifest: Manifest, manifest_uri: str, metric: str) -> dict:
+    """Score a text champion (`model_uri`) on the candidate's test split (`manifest`'s, the same tokenizer: its
+    token ids are the champion's) as evaluation scored the candidate: `{"champion_value", "rows", "on"}`, or
+    `{"reason"}` when it cannot be done."""
+    import math
+
+    import torch
+
+    from shardline.runs.model_files import load_checked
+    from shardline.trainer.data import open_split
+    from shardline.trainer.validate import evaluate
+
+    if metric not in TEXT_SCORES:
+        return {"reason": f"{metric} scores generations; a text champion is re-scored on {', '.join(TEXT_SCORES)}"}
+    spec = manifest.encoding
+    predictor = getattr(load_checked(model_uri).unwrap_python_model(), "predictor", None)
+    if predictor is None or predictor.spec.text is None or predictor.spec.window != spec.window:
+        return {"reason": "the champion is no text model of this data.window"}
+    test = open_split(manifest, manifest_uri, "test")
+    try:
+        scores = evaluate(predictor.model, test, 256, torch.device("cpu"))
+    finally:
+        test.release()
+    values = {"perplexity": scores["val_perplexity"], "accuracy": scores["val_accuracy"]}
+    values["loss"] = math.log(values["perplexity"])
+    return {"champion_value": values[metric], "rows": int(test.n_windows), "on": "the candidate's test split"}
 
 
 def champion_gate(client, name: str, metric: str, direction: str, new_value: float) -> tuple[bool, dict | None]:
@@ -42,6 +74,7 @@ def champion_gate(client, name: str, metric: str, direction: str, new_value: flo
         "version": str(current.version),
         "value": recorded_value(client, current, metric),
         "data_fingerprint": current.tags.get("shardline.data_fingerprint"),
+        "tokenizer": current.tags.get(TOKENIZER_TAG),
     }
     return info["value"] is None or better(new_value, info["value"], direction), info
 

@@ -34,7 +34,7 @@ from shardline.core.tracking.tracker import (
 )
 from shardline.core.version import code_version, module_closure, user_code, user_code_version, user_packages
 from shardline.runs import links, model_files
-from shardline.runs.gate import better, champion_gate, reevaluate_champion
+from shardline.runs.gate import TOKENIZER_TAG, better, champion_gate, reevaluate_champion, rescore_text_champion
 from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
@@ -303,7 +303,9 @@ def _register_model(
             same.version,
         )
         version, run_id = str(same.version), same.run_id
-    return _gate(config, manifest, snapshot, train_result, eval_result, client, uri, version, run_id, lock)
+    return _gate(
+        config, manifest, manifest_uri, snapshot, train_result, eval_result, client, uri, version, run_id, lock
+    )
 
 
 def _log_and_register(
@@ -332,6 +334,7 @@ def _log_and_register(
         "shardline.config_hash": config.hash(),
         "shardline.code_version": code_version(),
         "shardline.encoding_hash": manifest.encoding_hash,
+        **({TOKENIZER_TAG: spec.text.tokenizer_sha256} if spec.text is not None else {}),
     }
     parent = train_result.parent
     if parent:  # fine-tuned from another model: its lineage
@@ -412,6 +415,7 @@ def _drop_unregistered(client, run_id: str, identity: str) -> None:
 def _gate(
     config: PipelineConfig,
     manifest: Manifest,
+    manifest_uri: str,
     snapshot: Snapshot,
     train_result: TrainResult,
     eval_result: EvalResult,
@@ -434,29 +438,41 @@ def _gate(
         client.set_model_version_tag(name, version, k, v)
     promote, previous = champion_gate(client, name, metric_name, config.mlflow.promotion_direction, new_value)
     compared: dict = {"on": "the recorded test metrics (the same data)"}
-    if previous and previous.get("data_fingerprint") and previous["data_fingerprint"] != manifest.data_fingerprint:
+    champion = f"models:/{name}/{previous['version']}" if previous else None
+    tokens = spec.text.tokenizer_sha256 if spec.text is not None else None
+    if previous and tokens and previous.get("tokenizer") and previous["tokenizer"] != tokens:
+        # a text champion of another tokenizer: its perplexity counts other tokens, on any data
+        compared = {
+            "reason": f"the champion reads another tokenizer ({previous['tokenizer'][:12]}, this version "
+            f"{tokens[:12]}): their {metric_name} count other tokens and do not compare"
+        }
+    elif previous and previous.get("data_fingerprint") and previous["data_fingerprint"] != manifest.data_fingerprint:
         # the champion was tested on other data: its number is not compared; it is re-scored on this test split
         preds = next((f for f in eval_result.files if str(f).endswith("test_predictions.parquet")), None)
         try:
             with fluent_tracking_uri(uri):
-                compared = (
-                    reevaluate_champion(f"models:/{name}/{previous['version']}", spec, snapshot, preds, metric_name)
-                    if preds
-                    else {"reason": "the candidate's test predictions are not in its evaluation"}
-                )
+                if tokens:  # text: the champion scored on the test split's tokens, as evaluation scored this one
+                    compared = rescore_text_champion(champion, manifest, manifest_uri, metric_name)
+                    compared.setdefault("candidate_value", new_value)
+                elif preds:
+                    compared = reevaluate_champion(champion, spec, snapshot, preds, metric_name)
+                else:
+                    compared = {"reason": "the candidate's test predictions are not in its evaluation"}
         except Exception as e:  # noqa: BLE001 - said, and the champion kept
             compared = {"reason": f"re-scoring the champion failed: {type(e).__name__}: {redact_text(str(e))}"}
         compared["champion_data_fingerprint"] = previous["data_fingerprint"]
-        if "reason" in compared:
-            promote = False
-            logger.warning(
-                "register: champion v%s was evaluated on other data and cannot be re-scored on this test split (%s): "
-                "it stays champion; the new version is a challenger",
-                previous["version"],
-                compared["reason"],
-            )
-        else:
-            promote = better(compared["candidate_value"], compared["champion_value"], config.mlflow.promotion_direction)
+    if "reason" in compared:
+        promote = False
+        logger.warning(
+            "register: champion v%s and this version cannot be compared (%s): it stays champion; the new version "
+            "is a challenger (to promote it anyway: MlflowClient().set_registered_model_alias(%r, 'champion', %s))",
+            previous["version"],
+            compared["reason"],
+            name,
+            version,
+        )
+    elif "champion_value" in compared:
+        promote = better(compared["candidate_value"], compared["champion_value"], config.mlflow.promotion_direction)
     alias = "champion" if promote else "challenger"
     describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, uri)
     import datetime as dt
@@ -578,7 +594,7 @@ def _verdict(reg: Registered) -> str:
     champion = f"champion v{prev['version']}"
     compared = reg.compared or {}
     if "reason" in compared:
-        return f"kept as **challenger**: {champion} was tested on other data and could not be re-scored on this one"
+        return f"kept as **challenger**: {champion} and it cannot be compared ({compared['reason']})"
     rescored = "champion_value" in compared  # the champion was tested on other data: both scored on this test split
     new, old = (compared["candidate_value"], compared["champion_value"]) if rescored else (reg.value, prev["value"])
     new_text, old_text = _readable(new, old)
