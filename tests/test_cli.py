@@ -173,3 +173,19 @@ def test_an_error_from_the_users_own_code_says_where_it_was_raised(tmp_path):
     with pytest.raises(ConfigError) as ours:
         validate_config({"name": "x"})
     assert raised_in_your_code(ours.value) == ""
+
+
+def test_a_tokenizer_file_that_is_not_there_is_refused_before_any_work(tmp_path):
+    """`data.tokenizer.file` naming no file: check-config and run exit 2 naming it (run ingested first, then
+    failed with exit 1)."""
+    config = {
+        "name": "lm",
+        "data": {"source": "raw/*.parquet", "features": {"text": ["body"]}, "tokenizer": {"file": "nope.json"}},
+        "model": {"family": "gpt", "hidden": 16, "layers": 1, "heads": 2},
+        "storage": {"root": "store"},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    for command in ("check-config", "run"):
+        out = shardline(command, tmp_path / "c.yaml")
+        assert out.returncode == 2 and f"data.tokenizer.file '{tmp_path / 'nope.json'}' does not exist" in out.stderr
+    assert not (tmp_path / "store").exists()

@@ -40,6 +40,15 @@ def _load(path: Path | None, overrides: list[str], base: dict | None = None):
         config = load_config(path, overrides, base=base)
     except ConfigError as e:
         _fail(str(e), 2)
+    tokenizer = config.data.tokenizer
+    if tokenizer is not None and tokenizer.file and "://" not in tokenizer.file:  # a file here: read before any work
+        from shardline.core.encoding.columns import DataError
+        from shardline.core.encoding.text import read_tokenizer_file
+
+        try:
+            read_tokenizer_file(tokenizer.file)
+        except DataError as e:
+            _fail(str(e), 2)
     if config.model.entrypoint:
         from shardline.trainer.contract import ModelContractError, import_entrypoint
 
