@@ -92,6 +92,10 @@ def test_what_it_refuses_names_what_it_needs():
     raw["data"]["features"] = {"categorical": ["kind"]}
     with pytest.raises(ConfigError, match="gpt predicts the next token at every position"):
         validate_config(raw)
+    # two text columns are one token stream (joined with <sep>): the gpt reads it (it refused them)
+    text = {**raw["data"], "features": {"text": ["title", "body"]}, "tokenizer": {"kind": "bpe", "vocab_size": 300}}
+    text.update(sequence_key=None, order_by=None, target=None, split={"method": "hash"}, window=8)
+    assert validate_config({**raw, "data": text}).data.features.text == ["title", "body"]
 
     # generation settings of a registered text model (its predict params, `shardline generate`'s options)
     from shardline.core.encoding.columns import DataError

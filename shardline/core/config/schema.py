@@ -529,10 +529,11 @@ class PipelineConfig(Strict):
         return self
 
     def _check_gpt_data(self) -> None:
-        """The gpt family reads one token column and predicts the next token at every position."""
+        """The gpt family reads one token column (text columns are joined into one) and predicts the next token at
+        every position."""
         features = self.data.features
         columns = features.all()
-        if features.continuous or features.boolean or len(columns) != 1:
+        if features.continuous or features.boolean or (len(columns) != 1 and not features.text):
             raise ValueError(
                 f"model.family: gpt reads exactly one token column (a categorical column of token ids, or a text "
                 f"column) and no other feature; data.features lists {columns}"
