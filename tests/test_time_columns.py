@@ -164,11 +164,18 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     (tmp_path / "inputs").mkdir()
     rows.drop("label").write_parquet(tmp_path / "inputs" / "a.parquet")
     (tmp_path / "inputs" / "b.parquet").write_bytes(b"not parquet")
+    (tmp_path / "partial").mkdir()  # one file of two lacks a column: named (it read as nulls in the others' rows)
+    rows.drop("label").write_parquet(tmp_path / "partial" / "a.parquet")
+    rows.drop("label", "x").write_parquet(tmp_path / "partial" / "c.parquet")
     for args, said in (
         ([str(tmp_path / "in.parquet"), "--out", str(tmp_path / "outdir")], f"--out {tmp_path / 'outdir'} is a folder"),
         (
             [str(tmp_path / "inputs"), "--out", str(tmp_path / "c.parquet")],
             f"cannot read {tmp_path / 'inputs' / 'b.parquet'}",
+        ),
+        (
+            [str(tmp_path / "partial"), "--out", str(tmp_path / "c.parquet")],
+            f"{tmp_path / 'partial' / 'c.parquet'} (of {tmp_path / 'partial'}) lacks column(s) ['x']",
         ),
     ):
         done = subprocess.run([*cmd, *args, *uri], capture_output=True, text=True, env=env, timeout=300)

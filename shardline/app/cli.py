@@ -381,14 +381,14 @@ def predict(
         _fail(f"--out {out} is a folder: name the parquet file to write", 2)
     from shardline.app.predict_input import read_input
 
+    model = _load_model(model_uri, tracking_uri)
+    schema = model.metadata.get_input_schema()
     try:
-        df = read_input(input_path)
+        df = read_input(input_path, schema.required_input_names() if schema is not None else None)
     except ValueError as e:
         _fail(str(e), 2)
-    model = _load_model(model_uri, tracking_uri)
     from shardline.trainer.serving import naive_utc
 
-    schema = model.metadata.get_input_schema()
     if schema is not None:  # only the columns the model takes (no "extra inputs ignored" warning for the rest)
         missing = [c for c in schema.required_input_names() if c not in df.columns]
         if missing:

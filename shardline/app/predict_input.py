@@ -11,11 +11,11 @@ from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.write import in_one_zone
 
 
-def read_input(input_path: str) -> pl.DataFrame:
+def read_input(input_path: str, required: list[str] | None = None) -> pl.DataFrame:
     """`predict`'s rows: a parquet file, or every `*.parquet` of a folder (its subfolders too) or of a glob, read
     one by one and put together as `shardline run` takes them: a column one file lacks is null there, numbers
     of different types take the wider one, date-times in different zones the same instants. A file that does
-    not read is named (ValueError)."""
+    not read, or one of several that lacks a `required` column (the model takes it), is named (ValueError)."""
     path = Path(input_path)
     if path.is_dir():
         files = sorted(path.rglob("*.parquet"))
@@ -29,6 +29,9 @@ def read_input(input_path: str) -> pl.DataFrame:
             frames.append(pl.read_parquet(f))
         except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
             raise ValueError(f"cannot read {f}: {e}") from None
+        missing = [c for c in required or [] if c not in frames[-1].columns]
+        if missing and len(files) > 1:
+            raise ValueError(f"{f} (of {input_path}) lacks column(s) {missing} that the model takes")
     if len(frames) == 1:
         return frames[0]
     try:
