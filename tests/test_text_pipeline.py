@@ -247,8 +247,21 @@ def test_the_champion_gate_rescores_a_text_champion_on_new_data_and_never_compar
 
     # another tokenizer, the same data: not compared by perplexity; the champion stays
     champion = mlflow.MlflowClient(second["registered"]["tracking_uri"]).get_model_version_by_alias("lm", "champion")
-    third = pipeline(config({"kind": "bpe", "vocab_size": 280}))
+    # (a vocab_size the text cannot fill: the tokenizer has fewer ids, and the log says how many)
+    state = pipeline(config({"kind": "bpe", "vocab_size": 1000}), return_state=True)
+    third = state.result()
     assert "reads another tokenizer" in third["registered"]["compared"]["reason"]
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()
+    with get_client(sync_client=True) as client:
+        flow_run = LogFilterFlowRunId(any_=[state.state_details.flow_run_id])
+        logs = [log.message for log in client.read_logs(log_filter=LogFilter(flow_run_id=flow_run))]
+    size = Manifest.model_validate_json(storage.read_text(third["manifest"])).encoding.text.vocab_size
+    said = f"data.tokenizer.vocab_size=1000, but the training split's text holds only {size} distinct tokens"
+    assert size < 1000 and any(said in m for m in logs), logs
     assert third["registered"]["alias"] == "challenger"
     after = mlflow.MlflowClient(second["registered"]["tracking_uri"]).get_model_version_by_alias("lm", "champion")
     assert after.version == champion.version

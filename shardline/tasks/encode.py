@@ -155,8 +155,20 @@ def fit_tokenizer_task(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tu
     """Text data: train (or check the user's) tokenizer, stored beside the manifest; (its URI, its sha256)."""
     t0 = time.perf_counter()
     uri, sha = fit_tokenizer(snapshot, data, out_dir)
-    how = f"file {data.tokenizer.file}" if data.tokenizer.file else f"BPE of {data.tokenizer.vocab_size} ids"
-    get_run_logger().info("encode: tokenizer (%s) %s sha256 %s in %.1fs", how, uri, sha[:12], time.perf_counter() - t0)
+    from shardline.core.encoding.text import vocab_size
+
+    log, size = get_run_logger(), vocab_size(storage.read_text(uri))
+    how = f"file {data.tokenizer.file}" if data.tokenizer.file else f"BPE of {size} ids"
+    log.info("encode: tokenizer (%s) %s sha256 %s in %.1fs", how, uri, sha[:12], time.perf_counter() - t0)
+    asked = data.tokenizer.vocab_size if not data.tokenizer.file else None
+    if asked and size < asked:
+        log.warning(
+            "encode: data.tokenizer.vocab_size=%d, but the training split's text holds only %d distinct tokens "
+            "(BPE merges run out): the tokenizer has %d ids, and a larger vocab_size gives this same tokenizer",
+            asked,
+            size,
+            size,
+        )
     return uri, sha
 
 
