@@ -84,6 +84,7 @@ def streams(manifest: Manifest, uri: str, split: str) -> dict[str, tuple[np.ndar
 
 def test_documents_and_sequences_become_uint16_streams_that_decode_to_their_texts(tmp_path):
     titles, bodies = sentences(60, 1), sentences(60, 2)
+    titles[0] = "markup <pad> and <eos> or <sep> as text"  # literal special tokens are text, not the special ids
     write(tmp_path, pl.DataFrame({"title": titles, "body": bodies}))
     manifest, uri = encode(tmp_path, text_config(tmp_path, features={"text": ["title", "body"]}))
     tok = tokenizer_of(uri)

@@ -139,10 +139,12 @@ def read_tokenizer_file(path: str, sha256: str | None = None) -> str:
 def tokenizer(text: str):
     """The `tokenizers.Tokenizer` of a tokenizer.json text (one per distinct text in this process), with its
     truncation and padding off whatever the file says: every text is tokenized whole, for encoding and
-    serving alike (a file saved with them on would otherwise cut or pad every text, silently)."""
+    serving alike (a file saved with them on would otherwise cut or pad every text, silently). The literal
+    strings `<pad>`, `<sep>`, `<eos>` in a text are text: only the layout puts the special ids in a stream."""
     tok = _parse(text, "the tokenizer")
     tok.no_truncation()
     tok.no_padding()
+    tok.encode_special_tokens = True
     return tok
 
 
