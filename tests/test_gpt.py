@@ -96,6 +96,8 @@ def test_what_it_refuses_names_what_it_needs():
     text = {**raw["data"], "features": {"text": ["title", "body"]}, "tokenizer": {"kind": "bpe", "vocab_size": 300}}
     text.update(sequence_key=None, order_by=None, target=None, split={"method": "hash"}, window=8)
     assert validate_config({**raw, "data": text}).data.features.text == ["title", "body"]
+    with pytest.raises(ConfigError, match=r"text data \(data.features.text\) predicts the next token at every"):
+        validate_config({**raw, "data": text, "model": {"family": "mlp"}})  # it named target_positions, unwritten
 
     # generation settings of a registered text model (its predict params, `shardline generate`'s options)
     from shardline.core.encoding.columns import DataError

@@ -126,7 +126,7 @@ def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
                 f", ... ({len(schema.names)} in all)" if len(schema.names) > 30 else ""
             )
             where = _SETTING.get(kind, "data.features") if "target" not in kind else "data.target"
-            problems.append(f"missing column '{col}' (the {kind} in {where}){hint} The file has: {shown}")
+            problems.append(f"missing column '{col}' (the {kind} in {where}){hint or '.'} The file has: {shown}")
             continue
         t = schema.field(idx).type
         types, allowed = _ROLES[kind]

@@ -471,9 +471,15 @@ class PipelineConfig(Strict):
                 "own that defines loss(outputs, cont, cat, targets) trains without a target"
             )
         if self.data.target_positions == "all" and not self.model.entrypoint and self.model.family == "mlp":
+            why = (
+                "text data (data.features.text) predicts" if self.data.features.text else "data.target_positions='all'"
+            )
             raise ValueError(
-                "data.target_positions='all' needs a model that predicts every position: model.family: transformer "
-                "(causal over the window), or your own model; the mlp predicts the last position only"
+                f"{why} the next token at every position, so it needs a model that predicts every position "
+                "(model.family: gpt or transformer, or your own model); the mlp predicts the last position only"
+                if self.data.features.text
+                else "data.target_positions='all' needs a model that predicts every position: model.family: "
+                "transformer (causal over the window), or your own model; the mlp predicts the last position only"
             )
         if not self.model.entrypoint and self.model.family == "gpt":
             self._check_gpt_data()
