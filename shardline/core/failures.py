@@ -5,6 +5,8 @@ Prefect state says of them (a retry condition, a dispatched run's end)."""
 
 from __future__ import annotations
 
+import logging
+
 from shardline.core.storage import CacheFull
 
 # errors of the machine or the network, worth a retry that resumes from the newest checkpoint, by type
@@ -116,3 +118,51 @@ def raised_in_your_code(e: BaseException) -> str:
     if name.startswith(ours) or name.startswith("<"):
         return ""
     return f" ({type(e).__name__} raised at {name}:{line}; --verbose shows the traceback)"
+
+
+# a mistake in the config or the data, and a stop that is no fault (a preemption, the budget spent)
+QUIET_ERRORS = ("DataError", "ConfigError", "ModelContractError", "EncodingMismatch", "ValueError", "Preempted")
+QUIET_ERRORS += ("BudgetExceeded",)
+
+
+class QuietUserErrors(logging.Filter):
+    """On the terminal, a mistake in the config or the data, or a preemption's or a budget's stop, is said once,
+    by the command's `error:` line, without a traceback: Prefect's own records of it (the task's failed state,
+    the flow's exception) are dropped from the console. The Prefect API still gets them, and `--verbose` keeps
+    them here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.INFO:
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            return type(record.exc_info[1]).__name__ not in QUIET_ERRORS
+        text = record.getMessage()
+        return not any(
+            f"exception {name}" in text or f"exception: {name}" in text or f"{name}(" in text for name in QUIET_ERRORS
+        )
+
+
+def console_handlers() -> list[logging.Handler]:
+    """Prefect's console handlers in this process (none before Prefect's logging is set up)."""
+    return [
+        h
+        for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs")
+        for h in logging.getLogger(name).handlers
+        if type(h).__name__ == "PrefectConsoleHandler"
+    ]
+
+
+QUIET_ENV = "SHARDLINE_QUIET_ERRORS"  # "1": this process's console is quiet as its parent's (a sweep's trial)
+
+
+def console_is_quiet() -> bool:
+    return any(isinstance(f, QuietUserErrors) for h in console_handlers() for f in h.filters)
+
+
+def quiet_as_parent() -> None:
+    """A sweep's trial, started by a sweep whose console is quiet (`QUIET_ENV`): this process's console too."""
+    from shardline.core.config import settings
+
+    if settings.text(QUIET_ENV) == "1" and not console_is_quiet():
+        for h in console_handlers():
+            h.addFilter(QuietUserErrors())

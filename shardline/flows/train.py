@@ -10,7 +10,7 @@ pipeline's subflow; a local sweep runs it in a child process per trial. The run 
 from prefect import flow
 
 from shardline.core.config import PipelineConfig
-from shardline.core.failures import InfrastructureFailure, is_infrastructure_failure
+from shardline.core.failures import InfrastructureFailure, is_infrastructure_failure, quiet_as_parent
 from shardline.core.memory import return_freed_memory
 from shardline.core.parent_watch import stop_when_parent_exits
 from shardline.core.secrets import install_log_redaction, redacted_errors
@@ -43,6 +43,7 @@ def train(
     install_log_redaction()  # a worker's process too: no secret in its console or the Prefect API's logs
     return_freed_memory()  # buffers of shards decompressed for a moment go back to the system when freed
     stop_when_parent_exits()  # a sweep's child process: stops like a preempted run when the sweep dies
+    quiet_as_parent()  # ...and its console says a preemption or a budget stop as the sweep's does, quietly
     if cpu_threads:
         import torch
 

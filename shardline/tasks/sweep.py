@@ -26,7 +26,13 @@ from prefect.logging import get_run_logger
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
 from shardline.core.cost.ledger import add_up, summarize
-from shardline.core.failures import InfrastructureFailure, failed_on_infrastructure, retry_on_infrastructure
+from shardline.core.failures import (
+    QUIET_ENV,
+    InfrastructureFailure,
+    console_is_quiet,
+    failed_on_infrastructure,
+    retry_on_infrastructure,
+)
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text, redacted_errors
 from shardline.core.study import PRUNERS, TRIAL_ATTR, Pruning, distributions, from_choice
@@ -127,7 +133,12 @@ def train_in_child(
     earlier = {r.id for r in tagged_flow_runs(tag)}  # an interrupted attempt's: not this child's
     with temporary_settings(updates={PREFECT_API_URL: api}), tags("shardline", tag), forked_from_preloaded():
         process = run_flow_in_subprocess(
-            flow, parameters=parameters, context=serialize_context(), env={PARENT_ENV: str(os.getpid())}
+            flow,
+            parameters=parameters,
+            context=serialize_context(),
+            # the trial's console says what this one's says, as this one says it (without --verbose: no traceback
+            # of a preemption, a budget stop or the user's error)
+            env={PARENT_ENV: str(os.getpid()), QUIET_ENV: "1" if console_is_quiet() else "0"},
         )
     log.info("train: %s in child process %d (%s torch threads)", folder, process.pid, cpu_threads or "default")
     process.join()

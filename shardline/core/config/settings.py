@@ -97,6 +97,13 @@ SETTINGS: dict[str, Setting] = {
             None,
             "set by a local sweep for a trial's process: the trial stops at a checkpoint once that process is gone",
         ),
+        Setting(
+            "SHARDLINE_QUIET_ERRORS",
+            "text",
+            None,
+            "set to 1 by a local sweep for a trial's process (unless `--verbose`): the trial's console says a "
+            "preemption, a budget stop or an error in the config or data without a traceback, as the sweep does",
+        ),
     )
 }
 
