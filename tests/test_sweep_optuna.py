@@ -81,6 +81,8 @@ def test_trials_that_fall_behind_are_pruned_a_rerun_continues_the_study_and_tpe_
     unpruned = run_sweep(cfg, space, at_once=1)
     assert unpruned["sweep_id"] != first["sweep_id"] and unpruned["parent_run_id"] != first["parent_run_id"]
     assert [r["mlflow_run_id"] for r in unpruned["trials"]] == [rows[t]["mlflow_run_id"] for t in ("t1", "t2", "t3")]
+    # t1 and t2 were found finished in their run folders (another study's: not in the train cache), not trained
+    assert [r["state"] for r in unpruned["trials"]] == ["cached", "cached", "ran"]
     assert [r["score"] for r in unpruned["trials"][:2]] == [rows[t]["score"] for t in ("t1", "t2")]  # found finished
     assert PRUNED_TAG not in client.get_run(rows["t3"]["mlflow_run_id"]).data.tags
 

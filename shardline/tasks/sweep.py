@@ -25,7 +25,7 @@ from prefect.logging import get_run_logger
 
 from shardline.core import storage
 from shardline.core.config import PipelineConfig
-from shardline.core.cost.ledger import add_up, summarize
+from shardline.core.cost.ledger import add_up, read_ledger, summarize
 from shardline.core.failures import (
     QUIET_ENV,
     InfrastructureFailure,
@@ -367,7 +367,7 @@ def train_trials(
     (snapshot, manifest URI, checksum). `pairs`: (trial, config) pairs as they come (tpe: Optuna's proposals;
     cross-validation's final retrain); default: the plan's. Returns each trial's (row, training result) in the
     trials' order (`trial_outcome`)."""
-    futures, running, order = {}, [], []
+    futures, running, order, before = {}, [], [], {}
     pairs = iter(pairs if pairs is not None else list(zip(plan.trials, plan.configs)))
 
     def ended(future) -> None:
@@ -392,6 +392,7 @@ def train_trials(
             task_run_name=f"train {trial.id}",
         )
         tags = trial_tags(parent_run_id, plan.id, trial)
+        before[trial.id] = _outcome_of(_run_folder(config, manifest_uri))  # a finished run found: not "ran"
         pruning = study.pruning(trial) if study is not None else None
         futures[trial.id] = step.submit(
             manifest_uri, manifest_hash, config, train_here, mlflow_tags=tags, pruning=pruning
@@ -400,24 +401,37 @@ def train_trials(
     while running:
         ended(next(as_completed(running)))
     outcomes = [trial_outcome(trial, config, futures[trial.id]) for trial, config in order]
-    for (row, _), (_, config) in zip(outcomes, order, strict=True):
+    for (row, result), (trial, config) in zip(outcomes, order, strict=True):
         if row.get("error"):  # a failed or budget-stopped trial paid for what it trained: its run folder's ledger
-            attempts = _attempts(config, data[data_key(config)][1])
+            folder = _run_folder(config, data[data_key(config)][1])
+            attempts = read_ledger(folder)["attempts"] if folder else []
             row["cost"] = summarize(attempts) if attempts else None
             if attempts and attempts[-1].get("outcome") == "budget":  # stopped at its budget, resumable: no fault
                 row["state"] = "budget"
+        elif row["state"] == "ran" and result is not None and before.get(trial.id) == _outcome_of(result.run_dir):
+            row["state"] = "cached"  # its run folder held this result already (another sweep's): nothing trained
     return outcomes
 
 
-def _attempts(config: PipelineConfig, manifest_uri: str) -> list[dict]:
-    """The attempts of the training run of `config` so far (its run folder's `cost.json`)."""
-    from shardline.core.cost.ledger import read_ledger
+def _run_folder(config: PipelineConfig, manifest_uri: str) -> str | None:
+    """The run folder of the training run of `config`, or None where it cannot be told."""
     from shardline.runs.training_run import load_manifest, run_dir
 
     try:
-        return read_ledger(run_dir(config, load_manifest(manifest_uri, config)))["attempts"]
-    except Exception:  # noqa: BLE001 - a trial that failed before its run folder was chosen spent nothing
-        return []
+        return run_dir(config, load_manifest(manifest_uri, config))
+    except Exception:  # noqa: BLE001 - a trial that fails before its run folder is chosen: said by its training
+        return None
+
+
+def _outcome_of(folder: str | None) -> tuple | None:
+    """What a run folder's `result.json` says was trained (its steps and best checkpoint), or None."""
+    from shardline.runs.result import RESULT_FILE
+
+    try:
+        done = json.loads(storage.read_text(storage.join(folder, RESULT_FILE))) if folder else None
+    except Exception:  # noqa: BLE001 - none yet (or unreadable): nothing found
+        return None
+    return (done.get("steps"), done.get("best_sha256")) if done else None
 
 
 def _cell(value) -> str:
