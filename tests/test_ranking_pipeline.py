@@ -290,6 +290,7 @@ def test_ranking_settings_and_promotion_metrics_are_checked_with_the_config(tmp_
     several = check(
         target=None,
         targets=[{"column": "click", "task": "classification"}, {"column": "style", "task": "regression"}],
+        features={"continuous": ["taste"], "categorical": ["item"]},  # a target is no feature at horizon 0
         mlflow={"promotion_metric": "click/mrr@5"},
     )
     assert several.mlflow.promotion_direction == "maximize"
@@ -301,7 +302,7 @@ def test_ranking_settings_and_promotion_metrics_are_checked_with_the_config(tmp_
     with pytest.raises(ConfigError, match=r"training.select_by='val_ndcg_at_20' is not a metric .*'val_ndcg_at_10'"):
         validate_config({**ranking_config(tmp_path), "training": {"select_by": "val_ndcg_at_20"}})
     with pytest.raises(ConfigError, match=r"promotion_metric='ndcg@10' is not a metric .* 'click/ndcg@10'"):
-        check(target=None, targets=several.data.model_dump()["targets"])
+        check(target=None, targets=several.data.model_dump()["targets"], features={"continuous": ["taste"]})
     with pytest.raises(ConfigError, match=r"add 20 to evaluation.k, now \[5, 10\], for ndcg@20"):
         check(mlflow={"promotion_metric": "ndcg@20"})
     with pytest.raises(ConfigError, match="ndcg@10 is a ranking metric: set data.group_key"):
@@ -312,5 +313,11 @@ def test_ranking_settings_and_promotion_metrics_are_checked_with_the_config(tmp_
         check(group_key=None, mlflow={"promotion_metric": "accuracy"})
     with pytest.raises(ConfigError, match="target_positions must be 'last'"):
         check(target_positions="all")
+    # a window of history (a sequence key) scores its last row, by that row's relevance: horizon 0 (it defaulted
+    # to 1, so each window was scored by the next row's relevance, for an item the model never saw)
+    history = check(sequence_key="user", order_by="at", window=3)
+    assert history.data.effective_horizon == 0
+    with pytest.raises(ConfigError, match="data.horizon=1 with data.group_key: a ranked row is scored by its own"):
+        check(sequence_key="user", order_by="at", window=3, horizon=1)
     with pytest.raises(ConfigError, match="evaluation.k holds \\[0\\]"):
         validate_config({**ranking_config(tmp_path), "evaluation": {"k": [0, 5]}})

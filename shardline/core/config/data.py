@@ -383,6 +383,12 @@ class DataConfig(Strict):
             raise ValueError(
                 "data.group_key ranks one prediction per row: data.target_positions must be 'last', not 'all'"
             )
+        if self.horizon not in (None, 0):
+            raise ValueError(
+                f"data.horizon={self.horizon} with data.group_key: a ranked row is scored by its own relevance, as the "
+                "last row of its window (a window of history with data.sequence_key); leave data.horizon unset (0 "
+                "for ranking data)"
+            )
         if self.group_key == self.item_key:
             raise ValueError(
                 f"data.group_key and data.item_key are both '{self.group_key}': a group (a query, a user) ranks "
@@ -397,6 +403,8 @@ class DataConfig(Strict):
     def effective_horizon(self) -> int:
         if self.horizon is not None:
             return self.horizon
+        if self.group_key is not None:  # ranking: each row's own relevance, with or without a window of history
+            return 0
         return 1 if self.sequence_key is not None or self.features.text else 0
 
     def raw_columns(self) -> list[str]:
