@@ -239,6 +239,24 @@ def test_a_group_key_missing_from_the_raw_files_is_named_before_any_work(tmp_pat
         snapshot_source(cfg.data)
 
 
+def test_item_ids_written_as_text_in_one_file_and_numbers_in_another_are_refused_naming_both(tmp_path):
+    """One export wrote `item` as "5", another as 5: read as two categories (two items, each with half the
+    clicks: the popularity baseline and the model's embeddings split), silently. Refused at ingest; an appended
+    file is checked against one already ingested."""
+    make_clicks(tmp_path / "raw", groups=20)
+    one = tmp_path / "raw" / "clicks-1.parquet"
+    cfg = validate_config(ranking_config(tmp_path))
+    checked = snapshot_source(cfg.data)
+    pl.read_parquet(one).with_columns(pl.col("item").cast(pl.String)).write_parquet(
+        tmp_path / "raw" / "clicks-2.parquet"
+    )
+    said = r"column 'item' holds numbers in .*clicks-0.parquet and text in .*clicks-2.parquet: the same value"
+    with pytest.raises(DataError, match=said):
+        snapshot_source(cfg.data, checked)
+    with pytest.raises(DataError, match=said.replace("clicks-0", "clicks-[01]")):
+        snapshot_source(cfg.data)
+
+
 def test_a_group_key_with_one_row_per_group_is_refused_before_training(tmp_path):
     """A row id as the group key ranks nothing: the error names the column and the groups. A group whose rows
     lie in different raw files (one in each) is still one group of several rows."""
