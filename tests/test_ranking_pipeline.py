@@ -172,6 +172,20 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
     version = client.get_model_version_by_alias("rank-model", "champion")
     assert str(version.version) == str(registered["version"]) and "metric.ndcg_at_10" in version.tags
 
+    # served: each row with its group and item and the score evaluation ranked it by (it gave the top class's
+    # probability only, and no group: the rows could not be ranked as evaluation ranked them)
+    import mlflow
+
+    mlflow.set_tracking_uri(registered["tracking_uri"])
+    model = mlflow.pyfunc.load_model(registered["model_uri"])
+    served = pl.from_pandas(model.predict(raw.drop("click", "grade").to_pandas()))
+    assert {"query", "item", "ranking_score"} <= set(served.columns)
+    both = predictions.join(
+        served.select("query", "item", pl.col("ranking_score").alias("served")), on=["query", "item"]
+    )
+    assert both.height == predictions.height
+    np.testing.assert_allclose(both["served"], both["ranking_score"], rtol=1e-5)
+
     # validation ranks the validation split's groups every epoch, and nDCG@10 (the promotion metric's
     # counterpart) picked the checkpoint: its value is what shardline.core.metrics.ranking computes for that checkpoint
     trained = result["train"]

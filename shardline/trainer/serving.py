@@ -59,18 +59,25 @@ def input_columns(spec: EncodingSpec) -> list[str]:
     """Raw columns a prediction needs (the target is not one of them), and the id columns it passes through."""
     cols = [c.name for c in spec.continuous] + list(spec.boolean) + [v.name for v in spec.categorical]
     cols += list(spec.text.columns) if spec.text is not None else []
-    for c in (spec.sequence_key, spec.order_by, *spec.id_columns):
+    for c in (spec.sequence_key, spec.order_by, *spec.id_columns, *_ranked_by(spec)):
         if c and c != FILE_SEQUENCE and c not in cols:
             cols.append(c)
     return cols
 
 
+def _ranked_by(spec: EncodingSpec) -> list[str]:
+    """Ranking data: the group and item columns, passed through to each prediction (rows are ranked within
+    their group by `ranking_score`)."""
+    return [c for c in (spec.group_key, spec.item_key) if c]
+
+
 def key_columns(spec: EncodingSpec) -> list[str]:
-    """Columns that identify a prediction's row in the input: sequence key and order (or `row`)."""
+    """Columns that identify a prediction's row in the input: sequence key and order (or `row`); ranking data's
+    group and item too."""
     keys = []
     if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE:
         keys.append(spec.sequence_key)
-    keys += [c for c in spec.id_columns if c not in keys]
+    keys += [c for c in [*spec.id_columns, *_ranked_by(spec)] if c not in keys]
     keys.append(spec.order_by or "row")
     return keys
 
@@ -108,6 +115,14 @@ def decode_outputs(spec: EncodingSpec, outputs: dict[str, np.ndarray]) -> dict[s
             cols[prob] = y[np.arange(len(ids)), ids].astype(np.float32)
         else:
             cols[name] = y.reshape(-1).astype(np.float64) * t.std + t.mean
+    if spec.group_key and spec.targets:  # ranking: the score rows are ranked by in their group, as evaluation's
+        from shardline.core.encoding.row_keys import class_grades
+
+        t, y = spec.targets[0], next(iter(outputs.values()))
+        first = "prediction" if len(spec.targets) == 1 else t.column
+        grades = class_grades(t) if t.task == "classification" else None
+        y = y.reshape(-1, y.shape[-1]).astype(np.float64) @ grades if grades is not None else cols[first]
+        cols["ranking_score"] = np.asarray(y, dtype=np.float64)  # the expected grade (0/1: the click probability)
     return cols
 
 
@@ -382,7 +397,7 @@ class Predictor:
         # each prediction keyed by the row it is for, in the input's own types (a join needs no cast)
         rows = pl.Series(where["row"])
         out: dict[str, object] = {}
-        for c in (seq_col, *spec.id_columns):
+        for c in (seq_col, *spec.id_columns, *_ranked_by(spec)):
             if c and c not in out:
                 out[c] = prepared[c].gather(rows)
         if spec.order_by:
