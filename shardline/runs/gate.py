@@ -210,3 +210,49 @@ def reevaluate_champion(
         if n < GATE_ROWS
         else f"the candidate's test rows in its first {len(frames)} raw files (at least {GATE_ROWS:,} rows)",
     }
+
+
+def compare_with_champion(
+    previous: dict | None,
+    manifest: Manifest,
+    manifest_uri: str,
+    snapshot: Snapshot,
+    files: list,
+    name: str,
+    metric_name: str,
+    new_value: float,
+    uri: str,
+) -> dict:
+    """How the candidate (`manifest`'s data, its evaluation's `files`, `new_value`) is compared with the champion
+    `previous` (`champion_gate`'s): by the recorded metrics (the same data, the same tokenizer); re-scored on the
+    candidate's test split (other data: `{"champion_value", "candidate_value", ...}`); or not at all
+    (`{"reason"}`: a text champion of another tokenizer, or one that cannot be re-scored)."""
+    from shardline.core.secrets import redact_text
+    from shardline.core.tracking.tracker import fluent_tracking_uri
+
+    compared: dict = {"on": "the recorded test metrics (the same data)"}
+    champion = f"models:/{name}/{previous['version']}" if previous else None
+    text = manifest.encoding.text
+    tokens = text.tokenizer_sha256 if text is not None else None
+    if previous and tokens and previous.get("tokenizer") and previous["tokenizer"] != tokens:
+        # a text champion of another tokenizer: its perplexity counts other tokens, on any data
+        compared = {
+            "reason": f"the champion reads another tokenizer ({previous['tokenizer'][:12]}, this version "
+            f"{tokens[:12]}): their {metric_name} count other tokens and do not compare"
+        }
+    elif previous and previous.get("data_fingerprint") and previous["data_fingerprint"] != manifest.data_fingerprint:
+        # the champion was tested on other data: its number is not compared; it is re-scored on this test split
+        preds = next((f for f in files if str(f).endswith("test_predictions.parquet")), None)
+        try:
+            with fluent_tracking_uri(uri):
+                if tokens:  # text: the champion scored on the test split's tokens, as evaluation scored this one
+                    compared = rescore_text_champion(champion, manifest, manifest_uri, metric_name)
+                    compared.setdefault("candidate_value", new_value)
+                elif preds:
+                    compared = reevaluate_champion(champion, manifest.encoding, snapshot, preds, metric_name)
+                else:
+                    compared = {"reason": "the candidate's test predictions are not in its evaluation"}
+        except Exception as e:  # noqa: BLE001 - said, and the champion kept
+            compared = {"reason": f"re-scoring the champion failed: {type(e).__name__}: {redact_text(str(e))}"}
+        compared["champion_data_fingerprint"] = previous["data_fingerprint"]
+    return compared

@@ -34,7 +34,7 @@ from shardline.core.tracking.tracker import (
 )
 from shardline.core.version import code_version, module_closure, user_code, user_code_version, user_packages
 from shardline.runs import links, model_files
-from shardline.runs.gate import TOKENIZER_TAG, better, champion_gate, reevaluate_champion, rescore_text_champion
+from shardline.runs.gate import TOKENIZER_TAG, better, champion_gate, compare_with_champion
 from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
@@ -429,7 +429,7 @@ def _gate(
     it was tested on other data), record the decision on the version, move the alias. The registry lease `lock` is
     renewed right before the alias moves: a registration that lost it (it stalled past the lease and another took
     it) stops there, with `LeaseLost`, and moves nothing."""
-    spec, name = manifest.encoding, config.mlflow.model_name
+    name = config.mlflow.model_name
     metric_name = config.mlflow.promotion_metric
     new_value = float(eval_result.metrics[metric_name])
     for k, v in eval_result.metrics.items():  # for reading: the gate reads the run's full-precision metric
@@ -437,30 +437,9 @@ def _gate(
     for k, v in cost_tags(train_result.cost).items():  # what training it cost, for reading (an estimate)
         client.set_model_version_tag(name, version, k, v)
     promote, previous = champion_gate(client, name, metric_name, config.mlflow.promotion_direction, new_value)
-    compared: dict = {"on": "the recorded test metrics (the same data)"}
-    champion = f"models:/{name}/{previous['version']}" if previous else None
-    tokens = spec.text.tokenizer_sha256 if spec.text is not None else None
-    if previous and tokens and previous.get("tokenizer") and previous["tokenizer"] != tokens:
-        # a text champion of another tokenizer: its perplexity counts other tokens, on any data
-        compared = {
-            "reason": f"the champion reads another tokenizer ({previous['tokenizer'][:12]}, this version "
-            f"{tokens[:12]}): their {metric_name} count other tokens and do not compare"
-        }
-    elif previous and previous.get("data_fingerprint") and previous["data_fingerprint"] != manifest.data_fingerprint:
-        # the champion was tested on other data: its number is not compared; it is re-scored on this test split
-        preds = next((f for f in eval_result.files if str(f).endswith("test_predictions.parquet")), None)
-        try:
-            with fluent_tracking_uri(uri):
-                if tokens:  # text: the champion scored on the test split's tokens, as evaluation scored this one
-                    compared = rescore_text_champion(champion, manifest, manifest_uri, metric_name)
-                    compared.setdefault("candidate_value", new_value)
-                elif preds:
-                    compared = reevaluate_champion(champion, spec, snapshot, preds, metric_name)
-                else:
-                    compared = {"reason": "the candidate's test predictions are not in its evaluation"}
-        except Exception as e:  # noqa: BLE001 - said, and the champion kept
-            compared = {"reason": f"re-scoring the champion failed: {type(e).__name__}: {redact_text(str(e))}"}
-        compared["champion_data_fingerprint"] = previous["data_fingerprint"]
+    compared = compare_with_champion(
+        previous, manifest, manifest_uri, snapshot, eval_result.files, name, metric_name, new_value, uri
+    )
     if "reason" in compared:
         promote = False
         logger.warning(
