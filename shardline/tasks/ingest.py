@@ -285,11 +285,11 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         )
     rejected: list[RejectedFile] = []
     null_targets: list[tuple[str, dict[str, int]]] = []
-    zones: dict[str, dict] = {}  # a date-time column -> {zoned or not: the first file}; a key column -> {text...}
-    if known and listing and files:  # new files beside accepted ones: the zones of one of those, as reference
+    kinds: dict[str, dict] = {}  # a date-time column -> {zoned or not: the first file}; a key column -> {text...}
+    if known and listing and files:  # new files beside accepted ones: the kinds of one of those, as reference
         meta = next(footers([(files[0].uri, files[0].size)]))
         if not isinstance(meta, BaseException):
-            _note_zones(zones, meta.schema.to_arrow_schema(), data, files[0].uri)
+            _note_kinds(kinds, meta.schema.to_arrow_schema(), data, files[0].uri)
     for (uri, size, version), meta in zip(listing, footers([(uri, size) for uri, size, _ in listing]), strict=True):
         try:
             if isinstance(meta, BaseException):
@@ -303,7 +303,7 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
             rejected.append(RejectedFile(uri=uri, reason="; ".join(problems)))
         else:
             files.append(RawFile(uri=uri, size=size, version=version))
-            _note_zones(zones, schema, data, uri)
+            _note_kinds(kinds, schema, data, uri)
             nulls = target_nulls(meta, data)
             if nulls:
                 null_targets.append((uri, nulls))
@@ -320,7 +320,7 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         raise DataError(
             f"data.source '{data.source}': none of the {len(uris)} file(s) can be used; see the reasons above"
         )
-    for c, found in zones.items():
+    for c, found in kinds.items():
         if len(found) > 1 and "text" in found:  # a key or category: 5 and "5" would be two items
             (one, a), (other, b) = sorted(found.items(), key=lambda kv: str(kv[0]))[:2]
             raise DataError(
@@ -347,18 +347,18 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
 _KEYS = ("categorical", "sequence key", "group key", "item key")  # roles whose values are compared as categories
 
 
-def _note_zones(zones: dict[str, dict], schema: pa.Schema, data: DataConfig, uri: str) -> None:
+def _note_kinds(kinds: dict[str, dict], schema: pa.Schema, data: DataConfig, uri: str) -> None:
     """Note the file's date-time columns' zones (zoned or not) and its key and category columns' kinds (text or
     numbers), each with the first file that has it so: files that disagree are said together."""
     for c, role in expected_columns(data).items():
         t = schema.field(c).type if schema.get_field_index(c) >= 0 else None
         t = t.value_type if t is not None and pa.types.is_dictionary(t) else t
         if t is not None and pa.types.is_timestamp(t):
-            zones.setdefault(c, {}).setdefault(t.tz is not None, uri)
+            kinds.setdefault(c, {}).setdefault(t.tz is not None, uri)
         elif t is not None and role in _KEYS and (pa.types.is_string(t) or pa.types.is_large_string(t)):
-            zones.setdefault(c, {}).setdefault("text", uri)
+            kinds.setdefault(c, {}).setdefault("text", uri)
         elif t is not None and role in _KEYS and (pa.types.is_integer(t) or pa.types.is_floating(t)):
-            zones.setdefault(c, {}).setdefault("numbers", uri)
+            kinds.setdefault(c, {}).setdefault("numbers", uri)
 
 
 def checked_record(root: str, data: DataConfig) -> str:
