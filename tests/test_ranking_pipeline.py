@@ -198,6 +198,38 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
         if name == "ndcg@10":  # the epoch chosen is the one with the highest
             assert trained["best_score"] == max(m.value for m in logged)
 
+    # a new day of clicks (the nightly retrain): the champion, tested on other data, is re-scored on this run's test
+    # groups by the score it serves, ranked against the relevance evaluation recorded; the gate promotes by that
+    # (it said "ndcg@10 ranks the candidate's test groups by each row's score, which a served prediction does not
+    # give", and every retrain stayed challenger)
+    more = make_clicks(tmp_path / "more", groups=80, seed=1, files=1).with_columns(pl.format("n{}", "query"))
+    more.write_parquet(tmp_path / "raw" / "clicks-2.parquet")
+    second = pipeline(validate_config(config))
+    compared = second["registered"]["compared"]
+    assert "reason" not in compared, compared
+    assert compared["on"].startswith("the candidate's test groups")
+    again = pl.read_parquet(
+        io.BytesIO(storage.read_bytes(second["train"]["run_dir"] + "/eval/test_predictions.parquet"))
+    )
+    assert compared["rows"] == again.height  # every test row, matched on (query, item)
+    assert compared["candidate_value"] == pytest.approx(second["metrics"]["ndcg@10"], rel=1e-9)
+    test_rows = pl.concat([raw, more]).join(again.select("query", "item", "relevance"), on=["query", "item"])
+    champion = pl.from_pandas(model.predict(test_rows.drop("click", "grade", "relevance").to_pandas()))
+    ranked = test_rows.join(champion.select("query", "item", "ranking_score"), on=["query", "item"])
+    assert compared["champion_value"] == pytest.approx(direct_scores(ranked, "query", "ranking_score")["ndcg@10"])
+    wins = compared["candidate_value"] > compared["champion_value"]
+    assert second["registered"]["alias"] == ("champion" if wins else "challenger")
+    # a promotion metric of the served prediction (accuracy) is compared on the same rows, against the raw target
+    from shardline.runs.gate import reevaluate_ranking_champion
+
+    manifest = Manifest.model_validate_json(storage.read_text(second["manifest"]))
+    preds_uri = second["train"]["run_dir"] + "/eval/test_predictions.parquet"
+    snapshot = snapshot_source(validate_config(config).data)
+    served = reevaluate_ranking_champion(registered["model_uri"], manifest.encoding, snapshot, preds_uri, "accuracy")
+    on_rows = ranked.join(champion.select("query", "item", pl.col("prediction").alias("served")), on=["query", "item"])
+    assert served["champion_value"] == pytest.approx((on_rows["served"] == on_rows["click"]).mean())
+    assert served["candidate_value"] == pytest.approx(second["metrics"]["accuracy"])
+
 
 @pytest.mark.parametrize(
     "target, item_key",

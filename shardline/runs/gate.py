@@ -141,8 +141,8 @@ def reevaluate_champion(
         return {"reason": "re-scoring a champion on another test split covers one target, last position only"}
     target = spec.targets[0]
     if metric not in SERVED_METRICS[target.task]:
-        if "@" in metric or metric == "mrr":  # a ranking metric (data.group_key)
-            needs = "ranks the candidate's test groups by each row's score"
+        if "@" in metric or metric == "mrr":  # a ranking metric (data.group_key) without data.item_key
+            needs = "ranks the candidate's test groups by each row's score, matched on data.item_key (not set),"
         else:
             needs = "needs every class's probability"
         return {
@@ -212,6 +212,89 @@ def reevaluate_champion(
     }
 
 
+def _ranked(metric: str, groups: pl.Series, score: pl.Series, relevance: pl.Series) -> float:
+    """`metric` (`ndcg@10`, `mrr`, ...) of rows ranked by `score` in their groups, ties averaged, as evaluation
+    ranks them."""
+    from shardline.core.metrics.ranking import ranking_metrics
+
+    ks = [int(metric.split("@")[1])] if "@" in metric else [1]
+    return ranking_metrics(groups.to_numpy(), score.to_numpy(), relevance.to_numpy(), ks, ties="average")[metric]
+
+
+def reevaluate_ranking_champion(
+    model_uri: str, spec: EncodingSpec, snapshot: Snapshot, predictions_uri: str, metric: str
+) -> dict:
+    """Ranking data with an item key: the champion (`model_uri`) serves the raw rows of the candidate's test
+    groups, and both are scored on the rows both predicted, matched on (group, item): a ranking metric ranks
+    each group by the two models' `ranking_score` against the relevance evaluation recorded; a served metric
+    (`SERVED_METRICS`) compares their predictions with the raw target. `{"champion_value", "candidate_value",
+    "rows", "on"}`, or `{"reason"}`."""
+    from shardline.core.encoding.row_keys import RELEVANCE
+    from shardline.runs.model_files import load_checked
+    from shardline.trainer.serving import naive_utc
+
+    target, ranking = spec.targets[0], "@" in metric or metric == "mrr"
+    if not ranking and (metric not in SERVED_METRICS[target.task] or len(spec.targets) != 1):
+        return {
+            "reason": f"{metric} is re-scored on another test split for a ranking metric or one target's "
+            f"{', '.join(SERVED_METRICS[target.task])} only"
+        }
+    keys = [spec.group_key, spec.item_key]
+    score = "ranking_score" if ranking else "prediction"
+    file = io.BytesIO(storage.read_bytes(predictions_uri))
+    if any(c not in pq.read_schema(file).names for c in [*keys, RELEVANCE, score]):
+        return {"reason": "the candidate's test predictions lack the group, item, relevance or score column(s)"}
+    file.seek(0)
+    predicted = pl.read_parquet(file, columns=[*keys, RELEVANCE, score])  # 4 columns of the test split's rows
+    model = load_checked(model_uri)  # only with the files it was registered with
+    schema = model.metadata.get_input_schema()
+    wanted = schema.input_names() if schema is not None else []
+    need = list(dict.fromkeys([*wanted, *keys, target.column]))
+    test_groups = predicted[spec.group_key].unique().implode()
+    frames, n = [], 0
+    for f in snapshot.files:  # the test groups' rows of the first raw files, up to GATE_ROWS: the memory is bounded
+        raw = io.BytesIO(storage.read_bytes(f.uri))
+        missing = [c for c in need if c not in pq.read_schema(raw).names]
+        if missing:
+            return {"reason": f"the champion needs column(s) {missing}, which {f.uri} does not have"}
+        raw.seek(0)
+        frames.append(pl.read_parquet(raw, columns=need).filter(pl.col(spec.group_key).is_in(test_groups)))
+        n += frames[-1].height
+        if n >= GATE_ROWS:
+            break
+    rows = pl.concat(frames, how="vertical_relaxed")
+    served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
+    if score not in served.columns or any(k not in served.columns for k in keys):
+        return {
+            "reason": f"the champion serves no {score} with its rows' group and item (registered by an older "
+            "Shardline): it cannot rank the candidate's test groups"
+        }
+    served = _align(served, rows, keys)
+
+    def once(frame: pl.DataFrame) -> pl.DataFrame:  # a (group, item) shown twice cannot be matched: left out
+        return frame.filter(pl.len().over(keys) == 1)
+
+    joined = (
+        once(predicted)
+        .join(once(served.select([*keys, pl.col(score).alias("__champion")])), on=keys)
+        .join(once(rows.select([*keys, pl.col(target.column).alias("__truth")])), on=keys)
+    )
+    if joined.height == 0:
+        return {"reason": "the champion predicted none of the candidate's test rows"}
+    if ranking:
+        values = [_ranked(metric, joined[spec.group_key], joined[s], joined[RELEVANCE]) for s in ("__champion", score)]
+    else:
+        values = [_score(target.task, joined["__truth"], joined[s])[metric] for s in ("__champion", score)]
+    return {
+        "champion_value": values[0],
+        "candidate_value": values[1],
+        "rows": joined.height,
+        "on": "the candidate's test groups (the rows both models ranked, matched on group and item)"
+        if n < GATE_ROWS
+        else f"the candidate's test groups in its first {len(frames)} raw files (at least {GATE_ROWS:,} rows)",
+    }
+
+
 def compare_with_champion(
     previous: dict | None,
     manifest: Manifest,
@@ -248,6 +331,8 @@ def compare_with_champion(
                 if tokens:  # text: the champion scored on the test split's tokens, as evaluation scored this one
                     compared = rescore_text_champion(champion, manifest, manifest_uri, metric_name)
                     compared.setdefault("candidate_value", new_value)
+                elif preds and manifest.encoding.group_key and manifest.encoding.item_key:  # ranking data
+                    compared = reevaluate_ranking_champion(champion, manifest.encoding, snapshot, preds, metric_name)
                 elif preds:
                     compared = reevaluate_champion(champion, manifest.encoding, snapshot, preds, metric_name)
                 else:
