@@ -102,6 +102,9 @@ def test_a_grid_sweep_trains_each_trial_once_registers_the_best_and_a_rerun_trai
     assert [(m.step, m.value) for m in client.get_metric_history(parent, key)] == [
         (i, r["score"]) for i, r in enumerate(rows, start=1)
     ]
+    # the runs table shows a metric's last value: the sweep's best is its own metric (trial/... ends at the last trial)
+    best_key = f"best/{result['metric']}"
+    assert [(m.step, m.value) for m in client.get_metric_history(parent, best_key)] == [(4, best["score"])]
     assert {a.path for a in client.list_artifacts(parent, "sweep")} == {"sweep/comparison.png"}
     assert Path(result["plot"]).read_bytes()[:4] == b"\x89PNG"
     # what the sweep cost: each trial's training, added up, on the result and on the parent run
@@ -126,6 +129,7 @@ def test_a_grid_sweep_trains_each_trial_once_registers_the_best_and_a_rerun_trai
     assert again["parent_run_id"] == parent and len(runs_of(client)) == before
     assert [r["score"] for r in again["trials"]] == [r["score"] for r in rows]
     assert len(client.get_metric_history(parent, key)) == 4  # each trial's score logged once
+    assert len(client.get_metric_history(parent, best_key)) == 1
     assert again["cost"]["gpu_hours"] == total["gpu_hours"]  # the cached trials at what they cost when they ran
     assert len(client.get_metric_history(parent, "cost/gpu_hours")) == 1
 

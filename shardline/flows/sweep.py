@@ -181,7 +181,7 @@ def sweep(
         if final:
             summary = f"{retrain} Registered as {version}."
             parent.set_tags({"shardline.sweep.final": "retrained on all non-test folds (training.fold: null)"})
-        finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {summary}", settings)
+        finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {summary}", settings, best)
     links.tag_flow_run(
         [f"mlflow-run:{parent.run_id}", f"model:{registered.model_name}"] if parent.run_id else [],
         name=f"{base.name} · sweep · best {trial.id} · {version}",

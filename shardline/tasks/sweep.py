@@ -512,16 +512,26 @@ def report_sweep(
 
 
 def finish_parent_run(
-    tracker: Tracker, rows: list[dict], metric: str, plot: str, text: str, settings: list[dict] | None = None
+    tracker: Tracker,
+    rows: list[dict],
+    metric: str,
+    plot: str,
+    text: str,
+    settings: list[dict] | None = None,
+    best: dict | None = None,
 ) -> None:
-    """Log the trials on the parent run (each trial's score at its trial number, once; the results as
-    sweep.json; the failures as a tag; the picture) and end it: FINISHED unless every trial failed."""
+    """Log the trials on the parent run (each trial's score at its trial number, once; the `best` score as
+    `best/<metric>`, the value the runs table shows; the results as sweep.json; the failures as a tag; the
+    picture) and end it: FINISHED unless every trial failed."""
     log = get_run_logger()
     key = f"trial/{metric}"
     logged = tracker.last_step(key)
     for i, r in enumerate(rows, start=1):
         if r.get("score") is not None and i > logged:
             tracker.log_metrics({key: r["score"]}, i)
+    # MLflow's runs table shows a metric's last step: trial/<metric> there is the last trial's, not the best's
+    if best is not None and best.get("score") is not None and tracker.last_step(f"best/{metric}") < len(rows):
+        tracker.log_metrics({f"best/{metric}": best["score"]}, len(rows))
     failed = {r["trial"]: r["error"] for r in rows if r.get("error")}
     if settings:  # cross-validation: each setting's mean and std over the folds, at its setting number
         for i, st in enumerate(settings, start=1):
