@@ -107,6 +107,14 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     done = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.rstrip("\n") == out["generated"][1]
+    # which it prints as it goes: a piece as each token is drawn (it printed the whole text once generation ended)
+    drawn = drawn[0][1]  # 12 tokens drawn at temperature 1.5, seed 1
+    pieces = list(
+        model.unwrap_python_model().predictor.stream_text(
+            pl.from_pandas(rows[1:]), {"temperature": 1.5, "seed": 1, "max_tokens": 12}
+        )
+    )
+    assert "".join(pieces) == drawn and len(pieces) > 3, pieces
     bad = subprocess.run([*command, "--temperature", "-1"], cwd=elsewhere, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "temperature=-1.0 must be 0 (greedy) or a finite" in bad.stderr + bad.stdout
 

@@ -473,11 +473,19 @@ def generate(
 
     from shardline.core.encoding.columns import DataError
 
+    predictor = getattr(python_model, "predictor", None)
     try:
-        out = model.predict(frame, params=params)
+        if predictor is None or not hasattr(predictor, "stream_text"):  # a model of another Shardline: at the end
+            typer.echo(model.predict(frame, params=params)["generated"].iloc[0])
+            return
+        import polars as pl
+
+        for piece in predictor.stream_text(pl.from_pandas(frame), params):  # printed as its tokens are drawn
+            typer.echo(piece, nl=False)
+            sys.stdout.flush()
+        typer.echo("")
     except (DataError, MlflowException) as e:
         _fail(str(e), 2)
-    typer.echo(out["generated"].iloc[0])
 
 
 def _placeholder(dtype) -> object:

@@ -14,6 +14,8 @@ A model without a cache (no `new_cache`) is run on the whole context every step,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -54,7 +56,6 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int | None, gene
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-@torch.inference_mode()
 def generate(
     model: nn.Module,
     prompt_ids,
@@ -70,6 +71,24 @@ def generate(
     before `eos_id` or any of `stop_ids`, which is not returned). `temperature` 0 is greedy; `seed` makes
     sampling repeatable; `top_k` samples among the k most likely tokens only. `use_cache=False` recomputes the
     whole context for every token (the reference the cache must agree with)."""
+    return list(
+        generate_stream(model, prompt_ids, max_new_tokens, temperature, top_k, seed, eos_id, use_cache, stop_ids)
+    )
+
+
+def generate_stream(
+    model: nn.Module,
+    prompt_ids,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+    stop_ids: tuple[int, ...] = (),
+) -> Iterator[int]:
+    """`generate`'s tokens, each as soon as it is drawn (what `shardline generate` prints as it goes). Each step
+    runs in inference mode; the caller's code between tokens does not."""
     if not hasattr(model, "shardline_spec"):
         raise ValueError(
             f"{type(model).__name__} has no shardline_spec: build it with model_from_spec, or load it with load_model"
@@ -85,32 +104,34 @@ def generate(
         generator.manual_seed(int(seed))
     was_training = model.training
     model.eval()
-    tokens, out = prompt[-window:], []
+    tokens, n = prompt[-window:], 0
     stops = {*stop_ids, *([] if eos_id is None else [eos_id])}
     cached = use_cache and callable(getattr(model, "new_cache", None))
-    cache, filled = (model.new_cache(1), 0) if cached else (None, 0)
     try:
-        while len(out) < max_new_tokens:
-            if cached and filled and filled < window:  # the one new token, at the next position
-                ids = torch.tensor([tokens[-1:]], device=device)
-                logits = model.logits(ids, cache, filled)
-                filled += 1
-            elif cached:  # the first step, or the context outgrew the cache: the last K tokens from position 0
-                ids = torch.tensor([tokens[-window:]], device=device)
-                logits = model.logits(ids, cache, 0)
-                filled = ids.shape[1]
-            else:
-                ids = torch.tensor([tokens[-window:]], device=device)
-                cont = torch.zeros((*ids.shape, 0), device=device)
-                logits = as_outputs(model(cont, ids[..., None]), spec)[target]
-            token = next_token(logits[0, -1], temperature, top_k, generator)
+        with torch.inference_mode():
+            cache, filled = (model.new_cache(1), 0) if cached else (None, 0)
+        while n < max_new_tokens:
+            with torch.inference_mode():
+                if cached and filled and filled < window:  # the one new token, at the next position
+                    ids = torch.tensor([tokens[-1:]], device=device)
+                    logits = model.logits(ids, cache, filled)
+                    filled += 1
+                elif cached:  # the first step, or the context outgrew the cache: the last K tokens from position 0
+                    ids = torch.tensor([tokens[-window:]], device=device)
+                    logits = model.logits(ids, cache, 0)
+                    filled = ids.shape[1]
+                else:
+                    ids = torch.tensor([tokens[-window:]], device=device)
+                    cont = torch.zeros((*ids.shape, 0), device=device)
+                    logits = as_outputs(model(cont, ids[..., None]), spec)[target]
+                token = next_token(logits[0, -1], temperature, top_k, generator)
             if token in stops:
                 break
-            out.append(token)
+            n += 1
             tokens.append(token)
+            yield token
     finally:
         model.train(was_training)
-    return out
 
 
 def continuations(

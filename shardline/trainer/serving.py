@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -363,6 +364,33 @@ class Predictor:
         )
         columns = {"prompt_tokens": [len(p) for p in ids], "next_token": [decode(self.tokenizer, [b]) for b in best]}
         return text_prediction_frame(keys, {**columns, "probability": prob, "generated": generated})
+
+    def stream_text(self, df: pl.DataFrame, params: dict | None = None) -> Iterator[str]:
+        """Text data: the text generated after the first row's prompt, in pieces as its tokens are drawn (the
+        same text as `predict_text`'s `generated`, for `shardline generate` to print as it goes). A piece is
+        given once the text so far reads whole (a character of several bytes may take several tokens); a
+        tokenizer whose decoder may rewrite earlier text (not byte-level) gives it in one piece at the end."""
+        from shardline.core.encoding.text import EOS_ID, SEP_ID, decode, tokenizer
+        from shardline.trainer.generate import generate_stream
+
+        gen = generation_params(params)
+        ids = self.prompts(df.head(1))[0]
+        stops = (SEP_ID,) if self.spec.text.target_column is not None else ()
+        stream = generate_stream(
+            self.model, ids or [SEP_ID], gen["max_tokens"], gen["temperature"], gen["top_k"] or None, gen["seed"],
+            eos_id=EOS_ID, stop_ids=stops,
+        )  # fmt: skip
+        as_it_goes = type(tokenizer(self.tokenizer).decoder).__name__ == "ByteLevel"
+        new, shown = [], ""
+        for token in stream:
+            new.append(token)
+            text = decode(self.tokenizer, new) if as_it_goes else ""
+            if text.startswith(shown) and not text.endswith("\ufffd") and len(text) > len(shown):
+                yield text[len(shown) :]
+                shown = text
+        text = decode(self.tokenizer, new)
+        if text != shown and text.startswith(shown):  # the rest: a last character's bytes, or the whole text
+            yield text[len(shown) :]
 
     def predict_frame(self, df: pl.DataFrame, batch_size: int = 4096, params: dict | None = None) -> pl.DataFrame:
         """One prediction per window the rows contain (each row with K rows of history in its sequence); text
