@@ -19,7 +19,7 @@ import yaml
 from mlflow import MlflowClient
 
 from shardline.core.sweep import SweepError, parse_space, plan_sweep, random_trials
-from tests.conftest import make_raw, tiny_config
+from tests.conftest import api_env, make_raw, tiny_config
 
 pytestmark = pytest.mark.e2e
 
@@ -162,7 +162,7 @@ def test_a_trial_that_fails_is_reported_and_the_best_of_the_rest_is_registered(d
     assert diverged["cost"]["gpu_hours"] == pytest.approx(ok["cost"]["gpu_hours"] + bad["cost"]["gpu_hours"])
 
 
-def test_a_sweep_whose_trials_all_stop_at_their_budget_exits_as_a_budget_stop(data):
+def test_a_sweep_whose_trials_all_stop_at_their_budget_exits_as_a_budget_stop(data, prefect_api):
     """Every trial stopped at `training.max_hours`: not a failure (exit 1 with three tracebacks) but `run`'s budget
     stop, exit 76, saying to raise the limit; each trial is `budget` in the summary, with what it cost."""
     tmp_path, cfg = data
@@ -170,7 +170,7 @@ def test_a_sweep_whose_trials_all_stop_at_their_budget_exits_as_a_budget_stop(da
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = subprocess.run(
         [str(BIN), "sweep", str(tmp_path / "c.yaml"), "--grid", "model.hidden=8,16"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=api_env(),
     )  # fmt: skip
     assert out.returncode == 76, out.stderr[-3000:]
     assert "every trial stopped at its budget" in out.stderr and "raise training.max_hours" in out.stderr
