@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -134,6 +135,19 @@ def test_regression_with_a_transformer(tmp_path, prefect_api):
     assert result["registered"]["tracking_uri"] == f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     client = MlflowClient(result["registered"]["tracking_uri"])
     assert [m.name for m in client.search_registered_models()] == ["tiny-reg"]
+
+    # the same storage root, another MLflow store (a team moving to a server): the run folder is the same (its
+    # address is the data, model and training), its MLflow run the first store's; the new store gets a run and a
+    # version of its own (it said "MlflowException: Run with id=... not found", exit 1)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    moved = run_pipeline({**cfg, "mlflow": {**cfg.get("mlflow", {}), "tracking_uri": other}})
+    assert moved["train"]["run_dir"] == result["train"]["run_dir"]
+    assert (moved["registered"]["tracking_uri"], moved["registered"]["version"]) == (other, 1)
+    run = MlflowClient(other).get_run(moved["registered"]["run_id"])
+    assert run.info.run_id != result["registered"]["run_id"]
+    assert run.data.metrics["test/rmse"] == pytest.approx(result["metrics"]["rmse"])
+    kept = list(Path(result["train"]["run_dir"]).glob("mlflow-journal.jsonl.*"))
+    assert len(kept) == 1 and '"op": "create"' in kept[0].read_text()  # the first store's journal, set aside
 
 
 def test_files_written_by_pandas_with_its_nullable_and_category_types_register(tmp_path, prefect_api):

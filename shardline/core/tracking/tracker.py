@@ -108,6 +108,20 @@ def write_run_file(run_dir: str, run_id: str, uri: str) -> None:
     storage.write_text(storage.join(run_dir, RUN_FILE), json.dumps(record))
 
 
+def _set_journal_aside(run_dir: str, store: str) -> str | None:
+    """Move a run folder's MLflow journal (the one in the folder) aside, named by the tracking store it was
+    written for (`store`, credentials already left out): what it holds is that store's; returns where it went."""
+    import hashlib
+
+    journal = storage.join(run_dir, JOURNAL_FILE)
+    if not storage.exists(journal):
+        return None
+    aside = f"{journal}.{hashlib.sha256(store.encode()).hexdigest()[:12]}"
+    storage.write_bytes(aside, storage.read_bytes(journal))  # written whole before the journal goes
+    storage.delete(journal)
+    return aside
+
+
 class Tracker:
     """Logs one training run to one MLflow run without ever holding training up: each call goes to the run's
     `Journal` (copied beside the checkpoints by `save_journal` when the run folder is remote), which a `Sender`
@@ -137,8 +151,18 @@ class Tracker:
         """Continue `run_id`, or the run the run folder's journal or `mlflow-run.json` names (a resumed
         training), else create one. Returns the run id, or None while MLflow is away (the run is created
         when it answers; `run_id` says it then)."""
-        self.journal = Journal.for_run_dir(self.run_dir, self.uri)
         recorded = read_run_file(self.run_dir)
+        if recorded.get("tracking_uri") not in (None, redact_text(self.uri)):
+            # the folder was trained against another MLflow store (its settings are not in the folder's address):
+            # that store's run cannot be continued here; its journal is set aside and a new run is created
+            set_aside = _set_journal_aside(self.run_dir, recorded["tracking_uri"])
+            log.warning(
+                "%s logged to MLflow run %s in another tracking store (%s); this one (%s) gets a new run%s",
+                self.run_dir, recorded.get("run_id"), recorded["tracking_uri"], redact_text(self.uri),
+                f" (that store's journal kept as {set_aside})" if set_aside else "",
+            )  # fmt: skip
+            recorded = {}
+        self.journal = Journal.for_run_dir(self.run_dir, self.uri)
         run_id = run_id or self.journal.run_id or recorded.get("run_id")
         if run_id:
             self.journal.set_run(run_id)
