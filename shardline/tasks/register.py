@@ -453,7 +453,7 @@ def _gate(
     elif "champion_value" in compared:
         promote = better(compared["candidate_value"], compared["champion_value"], config.mlflow.promotion_direction)
     alias = "champion" if promote else "challenger"
-    describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, uri)
+    describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, compared, uri)
     import datetime as dt
 
     record = {
@@ -514,7 +514,7 @@ def _num(value) -> str:
     return "n/a" if value is None else R.format_number(value)
 
 
-def describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, uri) -> None:
+def describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, compared, uri) -> None:
     """The version's description (the registry's first panel), the registered model's when it has none,
     and the run's (its Overview), in words: what was trained on what, its test results beside the
     baseline's, which checkpoint, and what the gate decided. A description is never worth a failed run."""
@@ -528,13 +528,11 @@ def describe(client, name, version, run_id, config, train_result, eval_result, a
     chosen = f"the checkpoint of epoch {best} of {epochs}" if best else "the best checkpoint"
     if train_result.select_by:
         chosen += f", selected by training.select_by={train_result.select_by}"
-    verdict = f"@{alias}"
-    if previous and previous.get("value") is not None:
-        verdict += f" (champion v{previous['version']} had {metric} {_num(previous['value'])})"
+    verdict = gate_verdict(alias, previous, compared, metric, metrics.get(metric))
     text = (
         f"{config.name}: `{config.model.entrypoint or config.model.family}` on {eval_result.test_windows:,} "
         f"test windows: {scores}. Evaluated {chosen}; {train_result.steps:,} steps on "
-        f"{train_result.device}. {verdict} by {metric}." + kfold_note(config)
+        f"{train_result.device}. @{alias}, by test {metric}: {verdict}." + kfold_note(config)
     )
     try:
         client.update_model_version(name, str(version), description=text)
@@ -565,20 +563,27 @@ def _readable(*values: float | None) -> list[str]:
 
 def _verdict(reg: Registered) -> str:
     """What became of the version, with the numbers the gate compared."""
-    prev, metric = reg.previous_champion, reg.promotion_metric
     if reg.already_registered:
         return f"already registered (the same weights, data and training settings), @{reg.alias}"
+    return gate_verdict(reg.alias, reg.previous_champion, reg.compared, reg.promotion_metric, reg.value)
+
+
+def gate_verdict(alias: str, prev: dict | None, compared: dict | None, metric: str, value: float | None) -> str:
+    """What the gate decided, with the numbers it compared (the champion re-scored on this test split where it
+    was tested on other data: its recorded number was not compared), in markdown."""
     if prev is None:
         return "the first **champion**"
     champion = f"champion v{prev['version']}"
-    compared = reg.compared or {}
+    compared = compared or {}
     if "reason" in compared:
         return f"kept as **challenger**: {champion} and it cannot be compared ({compared['reason']})"
     rescored = "champion_value" in compared  # the champion was tested on other data: both scored on this test split
-    new, old = (compared["candidate_value"], compared["champion_value"]) if rescored else (reg.value, prev["value"])
+    new, old = (compared["candidate_value"], compared["champion_value"]) if rescored else (value, prev["value"])
+    if old is None:
+        return f"@{alias} ({champion} has no {metric})"
     new_text, old_text = _readable(new, old)
     on = " (both scored on this test split)" if rescored else ""
-    if reg.alias == "champion":
+    if alias == "champion":
         return f"promoted to **champion**: {metric} {new_text} (previous {champion}: {old_text}){on}"
     if new == old:
         return f"tied with {champion} at {old_text}: kept as **challenger** (a tie keeps the champion){on}"
@@ -638,7 +643,10 @@ def register(
         markdown=model_report(reg, train_result, eval_result, snapshot),
         description="metrics against the baseline and the registered model version",
     )
-    get_run_logger().info("register: %s v%s -> %s", reg.model_name, reg.version, reg.alias)
+    # why, in the log too (it said only "v3 -> challenger"; the numbers were in the report and the description)
+    get_run_logger().info(
+        "register: %s v%s -> %s: %s", reg.model_name, reg.version, reg.alias, _verdict(reg).replace("**", "")
+    )
     return reg
 
 
