@@ -208,6 +208,25 @@ def test_target_with_nulls_names_file_and_column(raw_dir, tmp_path):
         encode_all(cfg)
 
 
+def test_rows_read_twice_are_refused_naming_the_files_and_ties_of_the_order_are_kept(raw_dir, tmp_path):
+    """A copy of a raw file beside it (a backup, a day uploaded twice): each row twice, interleaved with its copy in
+    every window, was trained on silently. Refused, naming the files and the first repeated row; rows that only
+    share their order value (two events at one instant, other values) are data, and encode. (Copies the encode reads
+    in two file groups are not seen: each group is encoded on its own.)"""
+    cfg = cfg_for(raw_dir, tmp_path, **{"data.files_per_group": 8})
+    copy = raw_dir / "s-001-backup.parquet"
+    copy.write_bytes((raw_dir / "s-001.parquet").read_bytes())
+    with pytest.raises(DataError) as e:
+        encode_all(cfg)
+    said = str(e.value)
+    assert "s-001-backup.parquet" in said and "s-001.parquet" in said, said
+    assert "180 row(s) repeat another row whole" in said and "the first seq='s003' at t=0" in said, said
+    assert "Remove the copies" in said
+    pl.read_parquet(copy).head(5).with_columns(pl.col("x") + 1).write_parquet(copy)  # ties, not copies
+    _, _, _, manifest = encode_all(cfg)
+    assert sum(s.rows for s in manifest.shards) == 12 * 60 + 5
+
+
 def test_split_without_test_windows_is_refused_before_the_manifest(raw_dir, tmp_path):
     cfg = cfg_for(
         raw_dir,

@@ -167,6 +167,9 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     (tmp_path / "partial").mkdir()  # one file of two lacks a column: named (it read as nulls in the others' rows)
     rows.drop("label").write_parquet(tmp_path / "partial" / "a.parquet")
     rows.drop("label", "x").write_parquet(tmp_path / "partial" / "c.parquet")
+    (tmp_path / "twice").mkdir()  # a file beside its copy: two predictions a row, the copies in every window
+    rows.drop("label").write_parquet(tmp_path / "twice" / "a.parquet")
+    rows.drop("label").write_parquet(tmp_path / "twice" / "a-copy.parquet")
     for args, said in (
         ([str(tmp_path / "in.parquet"), "--out", str(tmp_path / "outdir")], f"--out {tmp_path / 'outdir'} is a folder"),
         (
@@ -177,6 +180,7 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
             [str(tmp_path / "partial"), "--out", str(tmp_path / "c.parquet")],
             f"{tmp_path / 'partial' / 'c.parquet'} (of {tmp_path / 'partial'}) lacks column(s) ['x']",
         ),
+        ([str(tmp_path / "twice"), "--out", str(tmp_path / "c.parquet")], "row(s) repeat another row whole"),
     ):
         done = subprocess.run([*cmd, *args, *uri], capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 2 and said in done.stderr, done.stderr

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from shardline.core.config import FILE_SEQUENCE
-from shardline.core.encoding.columns import ORDER, SEQ, DataError, prepare
+from shardline.core.encoding.columns import ORDER, SEQ, DataError, prepare, refuse_copies
 from shardline.core.encoding.frame import encode_frame
 from shardline.core.manifest import EncodingSpec
 
@@ -412,6 +412,8 @@ class Predictor:
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
         prepared = prepare(df, spec.sequence_key, spec.order_by, "input", spec.order_format)
         prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # the rows as the encoding lays them out
+        if spec.order_by is not None:  # a file given twice: two predictions a row, the copies in every window
+            refuse_copies(prepared, spec.sequence_key, spec.order_by, "the input")
         arrays, _ = encode_frame(prepared, spec, with_target=False, presorted=True)
         data = SplitData([arrays], spec.window, spec.horizon, positions=spec.target_positions)
         where = data.window_keys()

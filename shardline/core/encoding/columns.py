@@ -4,6 +4,7 @@ error for raw data that does not fit the config."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from shardline.core.config import FILE_SEQUENCE
@@ -106,3 +107,28 @@ def prepare(
         else:
             order = order_expr(order_by)
     return df.with_columns(seq.alias(SEQ), order.alias(ORDER))
+
+
+def refuse_copies(frame: pl.DataFrame, sequence_key: str | None, order_by: str, where: str) -> None:
+    """A DataError when a row of `frame` (prepared rows, sorted: each sequence's rows together and in order)
+    repeats the row before it whole: the same sequence, the same order value, every column the same. A file
+    read twice (a copy or a backup beside the original) trains on each row twice and interleaves the copies
+    in every window (8 rows of history would cover 4 time steps); `predict` gives two predictions a row.
+    Rows that only share their order value (two events at one instant) are not copies and are kept."""
+    if frame.height < 2:
+        return
+    tied = np.flatnonzero(np.diff(frame[ORDER].to_numpy()) == 0)  # the candidates: ties of the order, whatever
+    if not len(tied):  # the sequence (compared next, with every other column, for those rows only)
+        return
+    copies = tied[(frame[tied].hash_rows() == frame[tied + 1].hash_rows()).to_numpy()] + 1
+    if not len(copies):
+        return
+    first = int(copies[0])
+    at = f"{order_by}={frame[order_by][first]}"
+    if sequence_key not in (None, FILE_SEQUENCE):
+        at = f"{sequence_key}={frame[sequence_key][first]!r} at {at}"
+    raise DataError(
+        f"{where}: {len(copies):,} row(s) repeat another row whole (the same sequence and {order_by}, every column "
+        f"the same), the first {at}: the same rows twice, as from a file read twice (a copy or a backup of one "
+        "beside it?), would be trained on twice and interleaved in every window. Remove the copies and run again"
+    )

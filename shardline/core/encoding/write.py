@@ -18,7 +18,7 @@ import polars as pl
 
 from shardline.core import layout, storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
-from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare
+from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare, refuse_copies
 from shardline.core.encoding.contract import contract
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.group import encode_splits, one_torch_thread
@@ -375,6 +375,10 @@ def encode_group_to_shards(
         return encode_text_group(files, data, store, tokenizer, key)
     out_dir = storage.join(store, key)
     frame, splits = split_rows(read_group(files, data), data)
+    if data.order_by is not None:  # each sequence's rows in order: a row that repeats the one before it whole
+        names = [f.uri.rsplit("/", 1)[-1] for f in files]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        refuse_copies(frame, data.sequence_key, data.order_by, f"raw file(s) {shown}")
     ranked = ranking_rows(frame, splits, data)
     with one_torch_thread():
         encoded = encode_splits(frame, splits, data)
