@@ -125,6 +125,21 @@ def test_empty_source(tmp_path):
         snapshot_source(cfg_for(tmp_path / "empty", tmp_path).data)
 
 
+def test_a_file_without_rows_is_left_out_and_changes_nothing(raw_dir, tmp_path):
+    """A day with no events (or a file still being written) holds no row: it was part of the data's fingerprint,
+    so adding it encoded, trained and registered a twin of the last version. Left out, said; the same data."""
+    cfg = cfg_for(raw_dir, tmp_path)
+    before = snapshot_source(cfg.data)
+    pl.read_parquet(raw_dir / "s-000.parquet").clear().write_parquet(raw_dir / "s-009.parquet")
+    after = snapshot_source(cfg.data, before)
+    assert after.fingerprint == before.fingerprint and after.files == before.files
+    assert after.empty == [str(raw_dir / "s-009.parquet")]
+    for f in raw_dir.glob("*.parquet"):
+        pl.read_parquet(f).clear().write_parquet(f)
+    with pytest.raises(DataError, match=r"none of the 5 file\(s\) has a row"):
+        snapshot_source(cfg.data)
+
+
 def test_encoding_is_fitted_on_train_only_and_shards_round_trip(raw_dir, tmp_path):
     cfg = cfg_for(raw_dir, tmp_path)
     snap, spec, out_dir, manifest = encode_all(cfg)

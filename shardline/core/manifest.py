@@ -37,6 +37,9 @@ class Snapshot(_Model):
     source: str
     files: list[RawFile]
     rejected: list[RejectedFile] = Field(default_factory=list)
+    # files without rows (a day with no events, a file still being written): not in `files`, so not in the
+    # fingerprint: an empty file added changes no step's input
+    empty: list[str] = Field(default_factory=list)
     fingerprint: str
 
     @staticmethod

@@ -284,6 +284,7 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
             f"data.source '{data.source}' matched no parquet file; check the path or glob (e.g. 'data/raw/*.parquet' or 's3://bucket/raw/*.parquet')"
         )
     rejected: list[RejectedFile] = []
+    empty: list[str] = []
     null_targets: list[tuple[str, dict[str, int]]] = []
     kinds: dict[str, dict] = {}  # a date-time column -> {zoned or not: the first file}; a key column -> {text...}
     if known and listing and files:  # new files beside accepted ones: the kinds of one of those, as reference
@@ -301,6 +302,8 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         problems = check_schema(schema, data)
         if problems:
             rejected.append(RejectedFile(uri=uri, reason="; ".join(problems)))
+        elif meta.num_rows == 0:  # nothing to train on: left out, so the data is the same data and nothing reruns
+            empty.append(uri)
         else:
             files.append(RawFile(uri=uri, size=size, version=version))
             _note_kinds(kinds, schema, data, uri)
@@ -316,6 +319,8 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
                 else "Fix or remove them, or set data.on_bad_file: skip to train without them."
             )
         )
+    if not files and empty and not rejected:
+        raise DataError(f"data.source '{data.source}': none of the {len(uris)} file(s) has a row")
     if not files:
         raise DataError(
             f"data.source '{data.source}': none of the {len(uris)} file(s) can be used; see the reasons above"
@@ -341,7 +346,8 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
             "Fill or drop those rows before training (a row without a target cannot be learned or scored)."
         )
     files.sort(key=lambda f: f.uri)
-    return Snapshot(source=data.source, files=files, rejected=rejected, fingerprint=Snapshot.fingerprint_of(files))
+    fingerprint = Snapshot.fingerprint_of(files)
+    return Snapshot(source=data.source, files=files, rejected=rejected, empty=sorted(empty), fingerprint=fingerprint)
 
 
 _KEYS = ("categorical", "sequence key", "group key", "item key")  # roles whose values are compared as categories
@@ -440,6 +446,9 @@ def ingest(data: DataConfig, root: str) -> Snapshot:
     )
     for r in snap.rejected:
         log.warning("ingest: skipped %s: %s", r.uri, r.reason)
+    if snap.empty:
+        shown = ", ".join(snap.empty[:5]) + (f" and {len(snap.empty) - 5} more" if len(snap.empty) > 5 else "")
+        log.info("ingest: left out %d file(s) without rows (they add no data): %s", len(snap.empty), shown)
     return snap
 
 
