@@ -144,6 +144,12 @@ def test_extends_and_set_overrides(tmp_path):
     assert cfg.training.lr == 0.01  # inherited from the base
     # the resolved config is what is hashed: an override changes the hash
     assert cfg.hash() != load_config(tmp_path / "gpu.yaml").hash()
+    # an empty mapping clears an inherited one (it merged into it: a child could not take the parent's away)
+    write(tmp_path / "weighted.yaml", {"extends": "base.yaml", "model": {"params": {"bias": False}}})
+    write(tmp_path / "plain.yaml", {"extends": "weighted.yaml", "model": {"params": {}}, "training": {}})
+    assert load_config(tmp_path / "weighted.yaml").model.params == {"bias": False}
+    plain = load_config(tmp_path / "plain.yaml")
+    assert plain.model.params == {} and plain.training.lr == 0.01  # a whole section written {} keeps the parent's
 
 
 def test_extends_loop_and_missing_file(tmp_path):

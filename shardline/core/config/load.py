@@ -19,11 +19,13 @@ from shardline.core.config.schema import PipelineConfig
 # ---------------------------------------------------------------- loading
 
 
-def _deep_merge(base: dict, over: dict) -> dict:
+def _deep_merge(base: dict, over: dict, top: bool = True) -> dict:
+    """`over` on `base` (an `extends:` parent), mapping by mapping. An empty mapping below the sections clears the
+    inherited one (`training.loss_weights: {}`, `model.params: {}`: merged, nothing could be taken away)."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and (v or top):
+            out[k] = _deep_merge(out[k], v, top=False)
         else:
             out[k] = v
     return out
