@@ -88,11 +88,18 @@ def whole_array_evaluation(manifest_uri: str, checkpoint: str) -> tuple[dict, di
         pl.read_parquet(io.BytesIO(storage.read_bytes(storage.resolve(folder, s.keys_path))))["sequence"].to_list()
         for s in manifest.shards_of("test")
     ]
+    # every position predicted: each position keyed by the row it predicts, K-1-p rows before the window's last
+    k = spec.window if spec.target_positions == "all" else 1
+    shard, segment = np.repeat(where["shard"], k), np.repeat(where["segment"], k)
+    row = (where["row"][:, None] - (k - 1) + np.arange(k)).reshape(-1)
+    order = np.empty_like(row)
+    for s in np.unique(shard):
+        order[shard == s] = test.view(int(s)).order_of_rows(row[shard == s])
     columns = {
-        spec.sequence_key: [keys[s][g] for s, g in zip(where["shard"].tolist(), where["segment"].tolist())],
-        spec.order_by: where["order"],
+        spec.sequence_key: [keys[s][g] for s, g in zip(shard.tolist(), segment.tolist())],
+        spec.order_by: order,
     }
-    return metrics, baseline, prediction_frame(spec, columns, outputs)
+    return metrics, baseline, prediction_frame(spec, columns, outputs, per_position=k > 1)
 
 
 def assert_same_scores(streamed: dict, reference: dict) -> None:

@@ -221,16 +221,20 @@ def test_several_targets_at_every_position_through_the_pipeline(tmp_path, prefec
     assert preds.height == windows * K_RAW
     assert preds.columns == ["seq", "t", "position", "label", "label_probability", "value"]
     assert preds["position"].to_list() == list(range(K_RAW)) * windows
-    # position k of the window ending before row t predicts row t - (K-1) + k: the previous row's kind
-    kinds = dict(zip(rows["t"].to_list(), rows["kind"].to_list()))
-    first = preds.filter(pl.col("t") == preds["t"].min())
-    t0 = first["t"][0]
-    want = [kinds[t0 - K_RAW + k] for k in range(K_RAW)]
-    assert (np.array(first["label"].to_list()) == np.array(want)).mean() >= 2 / 3
+    # each position keyed by the row it predicts (they all carried the window's last, so a join on the key paired
+    # positions 0..K-2 with other rows): window i, position k predicts the row at t = i + horizon + k
+    windows_t = [i + 1 + k for i in range(windows) for k in range(K_RAW)]
+    assert preds["t"].to_list() == windows_t
+    kinds = dict(zip(rows["t"].to_list(), rows["kind"].to_list()))  # label is the previous row's kind
+    truth = np.array([kinds[t - 1] for t in preds["t"].to_list()])  # the label of row t, joined on its key
+    assert (np.array(preds["label"].to_list()) == truth).mean() > 0.8
     written = pl.read_parquet(
         io.BytesIO(storage.read_bytes(result["train"]["run_dir"] + "/eval/test_predictions.parquet"))
     )
     assert written["position"].max() == K_RAW - 1
+    # the evaluation's predictions too: within a window, the positions' rows are consecutive, the last the window's
+    first = written.filter(pl.col("seq") == written["seq"][0]).head(K_RAW)
+    assert first["position"].to_list() == list(range(K_RAW)) and first["t"].diff().drop_nulls().to_list() == [1] * 2
 
 
 K_RAW = 3  # tiny_config's window

@@ -326,6 +326,7 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
     seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
     seq_keys = RowKeys(manifest, manifest_uri, "test", side="keys") if seq else None
     ranking = RankingEvaluation(manifest, manifest_uri, config.evaluation.k) if spec.group_key else None
+    every = spec.target_positions == "all" and bool(spec.targets)  # each position keyed by its own row
 
     def key_columns(where: dict) -> dict:
         """The windows' key columns: the sequence key (when the data has one), then the order."""
@@ -339,8 +340,8 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
         for first, batch, outputs in predict_batches(model, test):
             for t, s, y, out in zip(spec.targets, scores, batch.targets, outputs.values()):
                 _count(t, s, y.numpy(), out)
-            where = window_keys_of(test, np.arange(first, first + len(batch)))
-            frame = prediction_frame(spec, key_columns(where), outputs)
+            where = window_keys_of(test, np.arange(first, first + len(batch)), spec.window if every else 1)
+            frame = prediction_frame(spec, key_columns(where), outputs, per_position=every)
             if ranking is not None:  # the group and item (unless a key already), the relevance and both scores
                 extra = ranking.update(where, next(iter(outputs.values())))
                 frame = frame.with_columns(v.alias(k) for k, v in extra.items() if k not in frame.columns)

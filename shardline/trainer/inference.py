@@ -58,12 +58,21 @@ def predict_batches(
         model.train(was_training)
 
 
-def window_keys_of(data: SplitData, idx: np.ndarray) -> dict[str, np.ndarray]:
+def position_rows(row: np.ndarray, k: int) -> np.ndarray:
+    """Each window's K predicted rows, window-major, from its last one (`row`): position p of a window that
+    predicts every position predicts the row K-1-p rows before its last (the rows of one sequence)."""
+    return (np.repeat(row, k) - (k - 1) + np.tile(np.arange(k, dtype=row.dtype), len(row))).astype(row.dtype)
+
+
+def window_keys_of(data: SplitData, idx: np.ndarray, positions: int = 1) -> dict[str, np.ndarray]:
     """`data.window_keys()` of the windows numbered `idx` only, in that order: each one's shard, the
-    segment (sequence) of its target row in that shard, the target row and that row's `order` value."""
+    segment (sequence) of its target row in that shard, the target row and that row's `order` value.
+    `positions` K > 1 (every position predicted): each position's, window-major (`position_rows`)."""
     held = data.open_shards  # the loader's: left as they are
     try:
         shard, row = data.target_rows_of(idx)
+        if positions > 1:
+            shard, row = np.repeat(shard, positions), position_rows(row, positions)
         segment, order = np.empty_like(row), np.empty_like(row)
         for s in np.unique(shard):
             sel = shard == s

@@ -158,18 +158,21 @@ def example_outputs(spec: EncodingSpec) -> dict[str, np.ndarray]:
     return out
 
 
-def prediction_frame(spec: EncodingSpec, keys: dict[str, object], outputs: dict[str, np.ndarray]) -> pl.DataFrame:
-    """Key columns (one value per window) beside the decoded predictions; each window's key repeated for
-    its K positions, with `position`, when every position is predicted."""
+def prediction_frame(
+    spec: EncodingSpec, keys: dict[str, object], outputs: dict[str, np.ndarray], per_position: bool = False
+) -> pl.DataFrame:
+    """Key columns beside the decoded predictions. When every position is predicted, one row per window and
+    position, with `position`: the keys are each position's own row's (`per_position`: given so, window-major),
+    or else each window's, repeated for its K positions."""
     every = spec.target_positions == "all" and spec.targets
     k = spec.window if every else 1
     out: dict[str, object] = {}
     for name, values in keys.items():
         series = values if isinstance(values, pl.Series) else pl.Series(name, values)
-        out[name] = series.gather(np.repeat(np.arange(len(series)), k)) if k > 1 else series
+        out[name] = series.gather(np.repeat(np.arange(len(series)), k)) if k > 1 and not per_position else series
     if every:
         n = len(next(iter(keys.values()))) if keys else 0
-        out["position"] = np.tile(np.arange(k, dtype=np.int64), n)
+        out["position"] = np.tile(np.arange(k, dtype=np.int64), n // k if per_position else n)
     out.update(decode_outputs(spec, outputs))
     return pl.DataFrame(out)
 
@@ -396,7 +399,7 @@ class Predictor:
         """One prediction per window the rows contain (each row with K rows of history in its sequence); text
         data: one per row (`predict_text`)."""
         from shardline.trainer.data import SplitData
-        from shardline.trainer.inference import predict
+        from shardline.trainer.inference import position_rows, predict
 
         spec = self.spec
         missing = [c for c in input_columns(spec) if c not in df.columns]
@@ -424,8 +427,10 @@ class Predictor:
                 f"rows of history + data.horizon={spec.horizon}); pass the history too (several files, or a glob "
                 "or a folder of them, to `shardline predict`)"
             )
-        # each prediction keyed by the row it is for, in the input's own types (a join needs no cast)
-        rows = pl.Series(where["row"])
+        # each prediction keyed by the row it is for (every position predicted: each position's own row), in the
+        # input's own types (a join needs no cast)
+        every = spec.target_positions == "all" and bool(spec.targets)
+        rows = pl.Series(position_rows(where["row"], spec.window) if every else where["row"])
         out: dict[str, object] = {}
         for c in (seq_col, *spec.id_columns, *_ranked_by(spec)):
             if c and c not in out:
@@ -433,8 +438,8 @@ class Predictor:
         if spec.order_by:
             out[spec.order_by] = prepared[spec.order_by].gather(rows)
         else:
-            out["row"] = pl.Series("row", where["order"])
-        return prediction_frame(spec, out, predict(self.model, data, batch_size=batch_size))
+            out["row"] = prepared[ORDER].gather(rows).alias("row")
+        return prediction_frame(spec, out, predict(self.model, data, batch_size=batch_size), per_position=every)
 
 
 def naive_utc(frame):
