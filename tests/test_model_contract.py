@@ -225,9 +225,10 @@ def test_a_batchnorm_model_with_a_last_batch_of_one_window_names_the_batch_size(
     "loss, expect",
     [
         ("torch.ones(3, requires_grad=True)", r"Lossy.loss returned \[3\] at step 1; it must return a scalar tensor"),
-        ("torch.tensor(float('nan'), requires_grad=True)", r"Lossy.loss is nan at step 1"),
+        ("torch.tensor(float('nan'), requires_grad=True)", r"Lossy.loss is nan at step 1, .* before any update"),
+        (None, r"the default loss is (inf|nan) at step 1, .*before any update .*: the model's output\(s\) \['target'\]"),
     ],
-    ids=["not-a-scalar", "nan"],
+    ids=["not-a-scalar", "nan", "an-output-of-inf"],
 )
 def test_a_loss_that_is_not_a_finite_scalar_names_the_step(data, project, tmp_path, loss, expect):  # noqa: F811
     write_module(
@@ -240,13 +241,17 @@ def test_a_loss_that_is_not_a_finite_scalar_names_the_step(data, project, tmp_pa
         class Lossy(WindowGRU):
             def loss(self, outputs, cont, cat, targets):
                 return {loss}
+
+        class Overflows(WindowGRU):  # the default loss of an output that overflowed
+            def forward(self, cont, cat):
+                return {{"target": super().forward(cont, cat)["target"] * float("inf")}}
         """,
     )
     with pytest.raises(ModelContractError, match=expect):
         fit(
             data["classification"],
             data["classification-val"],
-            user_spec(project, "models.lossy:Lossy"),
+            user_spec(project, "models.lossy:Lossy" if loss else "models.lossy:Overflows"),
             train_cfg(),
             "classification",
             str(tmp_path / "ckpt"),

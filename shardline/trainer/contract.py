@@ -384,18 +384,31 @@ def own_hook(model: nn.Module, name: str):
     return getattr(model, name) if inspect.isfunction(defined) else None
 
 
-def check_loss(loss: Any, step: int, model: nn.Module) -> None:
-    """A loss must be a finite scalar tensor; the error names the step and whose loss it is."""
+def check_loss(loss: Any, step: int, model: nn.Module, outputs: dict[str, torch.Tensor] | None = None) -> None:
+    """A loss must be a finite scalar tensor; the error names the step and whose loss it is. `outputs`: the run's
+    first batch's, before any update (no learning rate can be the cause then): the outputs that are not finite
+    are named."""
     whose = f"{type(model).__name__}.loss" if own_hook(model, "loss") is not None else "the default loss"
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ModelContractError(f"{whose} returned {shape} at step {step}; it must return a scalar tensor")
     value = float(loss.detach())
-    if not math.isfinite(value):
+    if math.isfinite(value):
+        return
+    if outputs is None:
         raise ModelContractError(
             f"{whose} is {value} at step {step}: lower training.lr, check the inputs, or clip gradients "
             "(training.grad_clip)"
         )
+    bad = [name for name, out in outputs.items() if not bool(torch.isfinite(out.detach()).all())]
+    cause = (
+        f"the model's output(s) {bad} hold inf or NaN: check its forward (an overflow, a log or a division of 0)"
+        if bad
+        else "its outputs are finite: check the loss and the targets"
+    )
+    raise ModelContractError(
+        f"{whose} is {value} at step {step}, on the first batch, before any update (not the learning rate): {cause}"
+    )
 
 
 # ---------------------------------------------------------------- starting from another model's weights

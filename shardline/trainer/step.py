@@ -200,7 +200,7 @@ class Step:
                     check_outputs(outputs, self.spec, len(b))
                 loss = model_loss(self.model, outputs, b.cont, b.cat, targets, self.spec, self.cfg.loss_weights)
             if not self.checked:
-                check_loss(loss, self.number, self.model)
+                check_loss(loss, self.number, self.model, outputs)
                 self.checked = True
             # gradients add up over micro-batches: scale each so the step follows their mean
             # (len(micro) is grad_accum except for an epoch's last, shorter group)
