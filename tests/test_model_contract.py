@@ -226,7 +226,10 @@ def test_a_batchnorm_model_with_a_last_batch_of_one_window_names_the_batch_size(
     [
         ("torch.ones(3, requires_grad=True)", r"Lossy.loss returned \[3\] at step 1; it must return a scalar tensor"),
         ("torch.tensor(float('nan'), requires_grad=True)", r"Lossy.loss is nan at step 1, .* before any update"),
-        (None, r"the default loss is (inf|nan) at step 1, .*before any update .*: the model's output\(s\) \['target'\]"),
+        (
+            None,
+            r"the default loss is (inf|nan) at step 1, .*before any update .*: the model's output\(s\) \['target'\]",
+        ),
     ],
     ids=["not-a-scalar", "nan", "an-output-of-inf"],
 )

@@ -50,6 +50,14 @@ def test_ingest_and_encode_from_s3(tmp_path, s3_endpoint):
     # a changed object changes the snapshot's fingerprint
     fs.put_file(str(tmp_path / "raw" / "s-000.parquet"), "raw-bucket/games/s-999.parquet")
     assert encode_all(cfg)[0].fingerprint != snap.fingerprint
+    # a mistyped bucket read as an empty folder: the message says the bucket is not there
+    from shardline.core.encoding.columns import DataError
+
+    typo = validate_config(tiny_config("s3://raw-bukcet/games/*.parquet", str(tmp_path / "store")))
+    with pytest.raises(DataError, match=r"matched no parquet file: its bucket 'raw-bukcet' is not there"):
+        encode_all(typo)
+    with pytest.raises(DataError, match=r"'s3://raw-bucket/gmaes/\*.parquet' matched no parquet file; check"):
+        encode_all(validate_config(tiny_config("s3://raw-bucket/gmaes/*.parquet", str(tmp_path / "store"))))
 
 
 def test_shards_in_s3_are_verified_on_fetch(tmp_path, s3_endpoint, monkeypatch):

@@ -49,6 +49,19 @@ def _uri(fs, source: str, path: str) -> str:
     return f"{protocol}://{path}" if is_remote(source) else path
 
 
+def _no_bucket(source: str) -> str:
+    """What an object store's source that lists nothing may lack: its bucket (a typo reads as an empty folder)."""
+    if not is_remote(source):
+        return ""
+    fs, path = filesystem(source)
+    bucket = path.split("/", 1)[0]
+    try:
+        there = fs.exists(bucket)
+    except Exception:  # noqa: BLE001 - a question for the message, not the ingest
+        return ""
+    return "" if there else f": its bucket '{bucket}' is not there (or these credentials cannot see it)"
+
+
 def list_source(source: str) -> list[str]:
     """Every parquet file that `source` names, sorted."""
     fs = filesystem(source)[0]
@@ -281,7 +294,8 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
     uris = [f.uri for f in files] + [uri for uri, _, _ in listing]
     if not uris:
         raise DataError(
-            f"data.source '{data.source}' matched no parquet file; check the path or glob (e.g. 'data/raw/*.parquet' or 's3://bucket/raw/*.parquet')"
+            f"data.source '{data.source}' matched no parquet file{_no_bucket(data.source)}; check the path or glob "
+            "(e.g. 'data/raw/*.parquet' or 's3://bucket/raw/*.parquet')"
         )
     rejected: list[RejectedFile] = []
     empty: list[str] = []
