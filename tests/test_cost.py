@@ -257,6 +257,34 @@ def test_a_resume_records_what_its_preemption_or_kill_cost_at_its_first_new_step
     assert third.progress(8) is None and third.end("finished", 8)["preemptions"] == 1
 
 
+def test_the_log_of_a_resume_after_a_kill_says_the_steps_redone_are_a_lower_bound(tmp_path, monkeypatch):
+    """No record survives a kill: its last steps are unknown, so what was redone is at least what the log says (it
+    said "0 step(s) redone" where 9 were)."""
+    from shardline.runs.training_cost import progress
+
+    class Logged:  # the MLflow run's side (the tracker), kept here: the test is about the log line
+        def log_metrics(self, metrics, step):
+            self.logged = (metrics, step)
+
+    monkeypatch.setenv(cost_ledger.LEDGER_ENV, "3600")
+    run, clock, said = str(tmp_path / "run"), Clock(), []
+    first = cost_ledger.CostLedger(run, pricing(), 0, clock=clock)
+    clock.now += 10
+    first.checkpoint(5)
+    first.progress(6)
+    first._write()  # its last record: step 6 (then SIGKILL, some steps later)
+    second = cost_ledger.CostLedger(run, pricing(), 5, clock=clock)
+    second.progress(5)
+    clock.now += 2
+
+    class Said:  # what the run's logger is told
+        def info(self, message, *args):
+            said.append(message % args)
+
+    progress(Logged(), second, 6, Said())
+    assert "after a kill: at least 1 step(s) redone, at least " in said[0], said
+
+
 def test_the_budget_left_is_a_deadline_on_this_attempts_clock(tmp_path):
     run = str(tmp_path / "run")
     clock = Clock()
