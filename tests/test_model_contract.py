@@ -385,6 +385,10 @@ def test_fine_tuning_starts_from_matching_tensors_and_leaves_frozen_ones_bit_for
         f"heads.target.weight [{N_CLASSES}, 16] -> [{N_CLASSES + 1}, 16]",
     ]
     assert any("init_from models:/base@champion: loaded" in line for line in lines)
+    # the start line counts what trains, not only what the model holds
+    heads = sum(child[k].numel() for k in child if k.startswith("heads."))
+    total = sum(v.numel() for k, v in child.items() if not k.endswith(("running_mean", "running_var", "batches")))
+    assert any(f"({total:,} parameters, {heads:,} of them trained)" in line for line in lines), lines[:3]
 
 
 def test_a_frozen_backbones_batchnorm_keeps_its_running_statistics(data, project, tmp_path):  # noqa: F811

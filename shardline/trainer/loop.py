@@ -367,8 +367,11 @@ def _loader(train: SplitData, cfg: TrainingConfig, plan: _Plan) -> WindowLoader:
 
 def _start_line(plan: _Plan, cfg: TrainingConfig, model, train: SplitData) -> str:
     name = plan.spec["model"].get("entrypoint") or plan.spec["model"]["family"]
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)  # a frozen backbone's are not
+    count = f"{total:,} parameters" + (f", {trained:,} of them trained" if trained != total else "")
     return (
-        f"training {name} ({sum(p.numel() for p in model.parameters()):,} parameters) on {plan.device.type}/"
+        f"training {name} ({count}) on {plan.device.type}/"
         f"{plan.precision}: {cfg.epochs} epochs x {plan.steps_per_epoch} steps, {train.n_windows:,} train windows; "
         f"the best checkpoint is the epoch with the {'highest' if plan.direction == 'maximize' else 'lowest'} "
         f"{plan.select_by} (training.select_by)"
