@@ -37,6 +37,9 @@ def test_a_users_model_trains_retrains_on_a_code_edit_and_predicts_without_its_c
     first = shardline("run", str(config), cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "steps: ingest ran, encode ran, train ran, evaluate ran, register ran" in first.stdout
+    # a Prefect server was there (the session's): its UI is named, not how to start one
+    ui = api_env()["PREFECT_API_URL"].removesuffix("/api")
+    assert f"{ui}/runs" in first.stdout and "prefect server start" not in first.stdout, first.stdout[-1500:]
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
     v1 = client.get_model_version("tiny-model", "1")
     assert v1.tags["shardline.model_entrypoint"] == "models.world:WindowGRU"

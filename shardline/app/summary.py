@@ -52,7 +52,19 @@ def summary(result: dict) -> None:
         f"  shardline predict {_model_uri(reg)} INPUT.parquet --out predictions.parquet "
         f"--tracking-uri {reg['tracking_uri']}"
     )
-    typer.echo("  prefect server start                      # the Prefect UI; runs from now on show up there")
+    _prefect_ui()
+
+
+def _prefect_ui() -> None:
+    """Where this run's flow runs are: the Prefect server's UI the command talked to, or (a laptop's temporary API,
+    gone with the command) how to start one."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+
+    ui = PREFECT_UI_URL.value() if PREFECT_API_URL.value() else None
+    if ui:
+        typer.echo(f"  {ui.rstrip('/')}/runs        # the Prefect UI: this run's flow runs")
+    else:
+        typer.echo("  prefect server start                      # the Prefect UI; runs from now on show up there")
 
 
 def sweep_summary(result: dict) -> None:

@@ -111,7 +111,8 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     # the Prefect runs name what they produced: the runs list filters by model, version and MLflow run
     version = f"{registered.model_name}/{registered.version}"
     found = [f"model:{registered.model_name}", f"model-version:{version}", f"mlflow-run:{registered.run_id}"]
-    links.tag_flow_run(found, name=f"{config.name} · {registered.model_name} v{registered.version} {registered.alias}")
+    held = "(no alias now)" if registered.alias == "none" else registered.alias  # a version moved off by hand
+    links.tag_flow_run(found, name=f"{config.name} · {registered.model_name} v{registered.version} {held}")
     if trained.flow_run_id:  # the training flow run that trained these weights
         links.tag_flow_run(found[:2], flow_run_id=trained.flow_run_id)
 
