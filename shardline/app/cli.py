@@ -449,6 +449,8 @@ def generate(
     for PROMPT as its source), with the tokenizer bundled in the model and a key/value cache."""
     import pandas as pd
 
+    from shardline.app.predict_input import placeholder
+
     model = _load_model(model_uri, tracking_uri)
     python_model = model.unwrap_python_model() if hasattr(model, "unwrap_python_model") else None
     spec = getattr(getattr(python_model, "predictor", None), "spec", None)
@@ -466,7 +468,7 @@ def generate(
     schema = model.metadata.get_input_schema()
     for col in schema.inputs if schema is not None else []:
         if col.name is not None and col.name not in row:
-            row[col.name] = _placeholder(col.type)
+            row[col.name] = placeholder(col.type)
     frame = pd.DataFrame({name: [value] for name, value in row.items()})
     params = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "seed": seed}
     from mlflow.exceptions import MlflowException
@@ -486,23 +488,6 @@ def generate(
         typer.echo("")
     except (DataError, MlflowException) as e:
         _fail(str(e), 2)
-
-
-def _placeholder(dtype) -> object:
-    """A value of an MLflow column type, for an input that generation does not read."""
-    import numpy as np
-    import pandas as pd
-
-    name = getattr(dtype, "name", "")
-    if name == "string":
-        return "-"
-    if name == "datetime":
-        return pd.Timestamp(0)
-    if name == "binary":
-        return b""
-    if name == "boolean":
-        return False
-    return np.zeros(1, dtype=dtype.to_numpy())[0] if hasattr(dtype, "to_numpy") else 0
 
 
 MARK_COLORS = {"PASS": typer.colors.GREEN, "FAIL": typer.colors.RED, "SKIP": typer.colors.YELLOW}

@@ -38,3 +38,20 @@ def read_input(input_path: str, required: list[str] | None = None) -> pl.DataFra
         return pl.concat(in_one_zone(frames, [str(f) for f in files]), how="diagonal_relaxed")
     except (DataError, pl.exceptions.PolarsError) as e:
         raise ValueError(f"cannot put the files of {input_path} together: {e}") from None
+
+
+def placeholder(dtype) -> object:
+    """A value of an MLflow column type, for an input that generation does not read."""
+    import numpy as np
+    import pandas as pd
+
+    name = getattr(dtype, "name", "")
+    if name == "string":
+        return "-"
+    if name == "datetime":
+        return pd.Timestamp(0)
+    if name == "binary":
+        return b""
+    if name == "boolean":
+        return False
+    return np.zeros(1, dtype=dtype.to_numpy())[0] if hasattr(dtype, "to_numpy") else 0
