@@ -56,24 +56,9 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int | None, gene
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def generate(
-    model: nn.Module,
-    prompt_ids,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    seed: int | None = None,
-    eos_id: int | None = None,
-    use_cache: bool = True,
-    stop_ids: tuple[int, ...] = (),
-) -> list[int]:
-    """The token ids that follow `prompt_ids` (the new ones only, at most `max_new_tokens`; generation stops
-    before `eos_id` or any of `stop_ids`, which is not returned). `temperature` 0 is greedy; `seed` makes
-    sampling repeatable; `top_k` samples among the k most likely tokens only. `use_cache=False` recomputes the
-    whole context for every token (the reference the cache must agree with)."""
-    return list(
-        generate_stream(model, prompt_ids, max_new_tokens, temperature, top_k, seed, eos_id, use_cache, stop_ids)
-    )
+def generate(model: nn.Module, prompt_ids, max_new_tokens: int, *args, **kwargs) -> list[int]:
+    """The token ids that follow `prompt_ids`, all at once: `generate_stream`'s (its arguments)."""
+    return list(generate_stream(model, prompt_ids, max_new_tokens, *args, **kwargs))
 
 
 def generate_stream(
@@ -87,8 +72,12 @@ def generate_stream(
     use_cache: bool = True,
     stop_ids: tuple[int, ...] = (),
 ) -> Iterator[int]:
-    """`generate`'s tokens, each as soon as it is drawn (what `shardline generate` prints as it goes). Each step
-    runs in inference mode; the caller's code between tokens does not."""
+    """The token ids that follow `prompt_ids` (the new ones only, at most `max_new_tokens`), each as soon as it is
+    drawn (what `shardline generate` prints as it goes; `generate` gives them all at once); generation stops before
+    `eos_id` or any of `stop_ids`, which is not given. `temperature` 0 is greedy; `seed` makes sampling repeatable;
+    `top_k` samples among the k most likely tokens only. `use_cache=False` recomputes the whole context for every
+    token (the reference the cache must agree with). Each step runs in inference mode; the caller's code between
+    tokens does not."""
     if not hasattr(model, "shardline_spec"):
         raise ValueError(
             f"{type(model).__name__} has no shardline_spec: build it with model_from_spec, or load it with load_model"
