@@ -46,6 +46,10 @@ def test_a_users_model_trains_retrains_on_a_code_edit_and_predicts_without_its_c
     # the label is the previous row's kind: the user's GRU over the window learns it, the majority class does not
     metrics = client.get_run(v1.run_id).data.metrics
     assert metrics["test/accuracy"] > 0.9 > 0.5 > metrics["test/accuracy_baseline"]
+    # its params are its own: not the built-in family's (model.hidden=256 beside model.params.hidden=16)
+    params = client.get_run(v1.run_id).data.params
+    assert params["model.params.hidden"] == "16" and params["model.entrypoint"] == "models.world:WindowGRU"
+    assert not {"model.hidden", "model.family", "model.layers", "model.dropout"} & set(params), sorted(params)
 
     # an edit to a helper the model imports is an edit to the model: train again, keep the data steps
     (project / "models" / "helpers.py").write_text(HELPERS.replace("return 4", "return 3"))

@@ -231,6 +231,19 @@ def run_training(
         lease.release()
 
 
+# the built-in families' settings (`builtin_params`): a model of one's own (model.entrypoint) reads none of them
+FAMILY_SETTINGS = ("family", "hidden", "layers", "heads", "dropout", "embedding_dim")
+
+
+def logged_config(config: PipelineConfig) -> dict:
+    """The config as the MLflow run's params: without the built-in family's settings for a model of one's own
+    (`model.hidden=256` beside `model.params.hidden=16` read as the model's width in the runs table)."""
+    dumped = config.model_dump(mode="json")
+    if config.model.entrypoint:
+        dumped["model"] = {k: v for k, v in dumped["model"].items() if k not in FAMILY_SETTINGS}
+    return dumped
+
+
 def _run_training(
     manifest_uri: str,
     manifest: Manifest,
@@ -276,7 +289,7 @@ def _run_training(
             **(mlflow_tags or {}),
         },
     )
-    tracker.log_params(flatten(config.model_dump(mode="json")))
+    tracker.log_params(flatten(logged_config(config)))
     # both UIs name each other: the MLflow run the flow run training it (a resumed run: the latest one),
     # the flow run its MLflow run
     tracker.set_tags({**links.mlflow_tags(), "mlflow.note.content": run_description(config, manifest)})
