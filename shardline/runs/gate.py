@@ -128,6 +128,23 @@ def _score(task: str, truth: pl.Series, predicted: pl.Series) -> dict[str, float
     return M.label_scores(confusion)
 
 
+def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> tuple[list[pl.DataFrame], int] | str:
+    """The rows `keep(frame, uri)` picks of the first raw files (columns `need`), up to GATE_ROWS (the memory is
+    bounded), and how many; or why not: the first file that lacks a column of `check`."""
+    frames, n = [], 0
+    for f in snapshot.files:
+        raw = io.BytesIO(storage.read_bytes(f.uri))
+        missing = [c for c in check if c not in pq.read_schema(raw).names]
+        if missing:
+            return f"the champion needs column(s) {missing}, which {f.uri} does not have"
+        raw.seek(0)
+        frames.append(keep(pl.read_parquet(raw, columns=need), f.uri))
+        n += frames[-1].height
+        if n >= GATE_ROWS:
+            break
+    return frames, n
+
+
 def reevaluate_champion(
     model_uri: str, spec: EncodingSpec, snapshot: Snapshot, predictions_uri: str, metric: str
 ) -> dict:
@@ -177,19 +194,13 @@ def reevaluate_champion(
 
     test_keys = pl.concat([candidate(i, raw_keys)[keys[0]].unique() for i in groups]).unique()
     need = list(dict.fromkeys([*wanted, *raw_keys, target.column]))
-    frames, n = [], 0
-    for f in snapshot.files:  # the test rows of the first raw files, up to GATE_ROWS: the memory is bounded
-        raw = io.BytesIO(storage.read_bytes(f.uri))
-        missing = [c for c in [*wanted, target.column] if c not in pq.read_schema(raw).names]
-        if missing:
-            return {"reason": f"the champion needs column(s) {missing}, which {f.uri} does not have"}
-        raw.seek(0)
-        frames.append(
-            encoded(pl.read_parquet(raw, columns=need), f.uri).filter(pl.col(keys[0]).is_in(test_keys.implode()))
-        )
-        n += frames[-1].height
-        if n >= GATE_ROWS:
-            break
+    found = _first_rows(
+        snapshot, need, [*wanted, target.column],
+        lambda frame, uri: encoded(frame, uri).filter(pl.col(keys[0]).is_in(test_keys.implode())),
+    )  # fmt: skip
+    if isinstance(found, str):
+        return {"reason": found}
+    frames, n = found
     rows = pl.concat(frames, how="vertical_relaxed")
     served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
     served = encoded(_align(served, rows, raw_keys), "the champion's predictions")
@@ -251,17 +262,10 @@ def reevaluate_ranking_champion(
     wanted = schema.input_names() if schema is not None else []
     need = list(dict.fromkeys([*wanted, *keys, target.column]))
     test_groups = predicted[spec.group_key].unique().implode()
-    frames, n = [], 0
-    for f in snapshot.files:  # the test groups' rows of the first raw files, up to GATE_ROWS: the memory is bounded
-        raw = io.BytesIO(storage.read_bytes(f.uri))
-        missing = [c for c in need if c not in pq.read_schema(raw).names]
-        if missing:
-            return {"reason": f"the champion needs column(s) {missing}, which {f.uri} does not have"}
-        raw.seek(0)
-        frames.append(pl.read_parquet(raw, columns=need).filter(pl.col(spec.group_key).is_in(test_groups)))
-        n += frames[-1].height
-        if n >= GATE_ROWS:
-            break
+    found = _first_rows(snapshot, need, need, lambda frame, _: frame.filter(pl.col(spec.group_key).is_in(test_groups)))
+    if isinstance(found, str):
+        return {"reason": found}
+    frames, n = found
     rows = pl.concat(frames, how="vertical_relaxed")
     served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
     if score not in served.columns or any(k not in served.columns for k in keys):
