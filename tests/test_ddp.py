@@ -256,6 +256,26 @@ def test_sigterm_to_one_rank_stops_all_and_sigkill_resumes_exactly(tmp_path, sha
     same_weights(got, result(reference)["fit"])
 
 
+def test_the_rank_killed_first_is_named_though_torch_stamps_the_rank_it_stopped_after_it_in_the_same_second(tmp_path):
+    """Rank 1 SIGKILLed (the kernel's out-of-memory killer): torch's agent then stops rank 0 with a SIGTERM and
+    records both, each stamped to the second. In one second, the SIGTERM is the agent's, not the cause."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from shardline.trainer.torchrun import failure_record
+
+    stopped, lost = ProcessFailure(0, 4100, -signal.SIGTERM, ""), ProcessFailure(1, 4101, -signal.SIGKILL, "")
+    stopped.timestamp = lost.timestamp = 1_700_000_000
+    record = failure_record(ChildFailedError("train", {0: stopped, 1: lost}))
+    spec = {"result": str(tmp_path / "result.json"), "errors": str(tmp_path / "errors"), "ckpt_dir": "ckpt",
+            "rendezvous": {"nodes": 1}}  # fmt: skip
+    (tmp_path / "errors").mkdir()
+    with pytest.raises(RankFailed, match=r"training process 1 \(on [^)]+\) was killed by SIGKILL"):
+        outcome(spec, [record], 1, None, 30, "", "")
+    stopped.timestamp += 1  # a second apart, the order is the stamps'
+    with pytest.raises(RankFailed, match=r"training process 1 \(on [^)]+\) was killed by SIGKILL"):
+        outcome(spec, [failure_record(ChildFailedError("train", {0: stopped, 1: lost}))], 1, None, 30, "", "")
+
+
 def test_an_error_in_one_rank_is_reported_as_that_rank_s_not_as_its_peers_lost_connection(tmp_path, shards):  # noqa: F811
     """Rank 1 raises (a CUDA out-of-memory, as a GPU would) at step 5: rank 0 then fails on its closed
     connection, in a collective. torch's records name both; the training task reports rank 1's error, which is

@@ -434,7 +434,9 @@ def root_cause(records: list[dict], forwarded: str | None, grace: int) -> tuple[
         if "agent" in record:
             agents.append({**record["agent"], "host": record.get("host"), "at": record.get("at")})
     raised.sort(key=lambda f: f["error"].get("at", 0))
-    killed.sort(key=lambda f: f.get("timestamp") or 0)  # the first to go: the others were stopped by the agent after it
+    # the first to go: the agent stopped the others after it, with a SIGTERM (then a SIGKILL past its grace). torch
+    # stamps each failure to the second, so a rank it stopped often shares the first one's second: it comes after
+    killed.sort(key=lambda f: (f.get("timestamp") or 0, f.get("signal") == "SIGTERM"))
     why = "a rank or a machine was lost and torch's agent could not mend it"
     if killed:
         k = killed[0]
