@@ -239,3 +239,28 @@ def test_the_groups_an_s3_store_holds_whole_are_found_in_one_listing(tmp_path, s
     fs.pipe_file(storage.join(store, broken, shard.path)[len("s3://") :], b"other bytes")
     fs.rm(storage.join(store, gone, "group.json")[len("s3://") :])
     assert sorted(stored_groups(store, keys)) == sorted(keys[2:])
+
+
+@pytest.mark.e2e
+def test_an_object_store_that_never_answers_is_named_with_its_setting_retried_and_said_without_a_traceback(tmp_path):
+    """AWS_ENDPOINT_URL at a port where nothing listens (a server down, a typo): the ingest is retried (an
+    infrastructure failure), each retry said in one line, then the command's error names the endpoint and the
+    variable that sets it, with no traceback of botocore's."""
+    import yaml
+
+    from tests.net import free_port
+    from tests.test_cli import shardline
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    cfg = tiny_config("s3://raw-bucket/games/*.parquet", str(tmp_path / "store"))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    env |= {"AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1", "PREFECT_HOME": str(tmp_path / "ph")}
+    env["PREFECT_LOGGING_LEVEL"] = "INFO"  # a user's default (the tests' is WARNING)
+    out = shardline("run", tmp_path / "c.yaml", env=env, cwd=tmp_path)
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said[-3000:]
+    assert f"error: cannot connect to the object store at {endpoint} (AWS_ENDPOINT_URL): is the server up" in out.stderr
+    assert "shardline doctor CONFIG" in out.stderr
+    assert "Retry 2/2 will start" in said  # the ingest's retries, each in a line
+    assert "Traceback" not in said and "EndpointConnectionError" not in said, said[-3000:]

@@ -69,6 +69,7 @@ def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ..
     from shardline.app.console import quiet_console
     from shardline.core.encoding.columns import DataError
     from shardline.core.failures import raised_in_your_code
+    from shardline.core.storage import StorageUnreachable
 
     try:
         start_ephemeral_api()
@@ -84,7 +85,7 @@ def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ..
             _fail(f"{e}", PREEMPTED_EXIT_CODE)
         if isinstance(e, BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
             _fail(f"{e}", BUDGET_EXIT_CODE)
-        if isinstance(e, (DataError, ValueError, FileNotFoundError, *errors)):
+        if isinstance(e, (DataError, ValueError, FileNotFoundError, StorageUnreachable, *errors)):
             _fail(f"{e}{raised_in_your_code(e)}")
         raise
 

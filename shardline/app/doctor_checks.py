@@ -123,13 +123,7 @@ def _local_torch(config: PipelineConfig) -> Check:
 # ---------------------------------------------------------------- storage and data
 
 
-def _endpoint() -> str:
-    return (
-        os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or os.environ.get("FSSPEC_S3_ENDPOINT_URL")
-        or "AWS's default S3 endpoint"
-    )
+_endpoint = storage.s3_endpoint
 
 
 def _storage_hint(e: BaseException, uri: str) -> str:

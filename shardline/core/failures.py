@@ -122,7 +122,7 @@ def raised_in_your_code(e: BaseException) -> str:
 
 # a mistake in the config or the data, and a stop that is no fault (a preemption, the budget spent)
 QUIET_ERRORS = ("DataError", "ConfigError", "ModelContractError", "EncodingMismatch", "ValueError", "Preempted")
-QUIET_ERRORS += ("BudgetExceeded",)
+QUIET_ERRORS += ("BudgetExceeded", "StorageUnreachable")  # the last: an object store away, said naming it
 
 
 class QuietUserErrors(logging.Filter):
@@ -137,6 +137,8 @@ class QuietUserErrors(logging.Filter):
         if record.exc_info and record.exc_info[1] is not None:
             return type(record.exc_info[1]).__name__ not in QUIET_ERRORS
         text = record.getMessage()
+        if " - Retry " in text:  # an infrastructure error retried (a store away): the wait is said, one line
+            return True
         return not any(
             f"exception {name}" in text or f"exception: {name}" in text or f"{name}(" in text for name in QUIET_ERRORS
         )

@@ -208,7 +208,8 @@ def redact_exception(error: BaseException) -> BaseException:
 
 def redacted_errors(fn):
     """`fn` whose errors leave it with their secrets masked (`redact_exception`): the boundary of every Prefect
-    task and flow of Shardline's, so that a failed state's message, its stored record and its logs hold none."""
+    task and flow of Shardline's, so that a failed state's message, its stored record and its logs hold none. An
+    object store it could not connect to leaves it as a `StorageUnreachable` naming the endpoint."""
     import functools
     import inspect
 
@@ -217,7 +218,12 @@ def redacted_errors(fn):
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
+            from shardline.core.storage import unreachable
+
             redact_exception(e)
+            if (said := unreachable(e)) is not None:  # botocore's raw account, as what to check
+                redact_exception(said)
+                raise said from e
             raise
 
     # the parameters' types resolved where `fn` is defined (Prefect validates a flow's parameters from them, and a

@@ -182,7 +182,13 @@ class StepCache(CachePolicy):
         self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
     ) -> str | None:
         rule = self.rule
-        key = f"{rule.step}-" + hash_objects(rule.step, code_version_of(*rule.code), rule.key(inputs))
+        try:
+            decided_by = rule.key(inputs)
+        except Exception as e:
+            if (said := storage.unreachable(e)) is not None:  # Prefect logs it (a traceback): as the step will say it
+                raise said from e
+            raise
+        key = f"{rule.step}-" + hash_objects(rule.step, code_version_of(*rule.code), decided_by)
         if not getattr(task_ctx.task, "refresh_cache", False):
             self._drop_if_stale(task_ctx, key, inputs)
         return key
