@@ -269,6 +269,39 @@ def test_the_tracking_server_killed_mid_training(tmp_path, server, prefect_api, 
     assert not any("did not take everything" in m for m in said.messages), said.messages
 
 
+def test_a_server_down_through_the_run_stops_registration_naming_it_and_the_same_command_then_registers_from_the_cache(
+    tmp_path, server, prefect_api, monkeypatch
+):
+    """Nothing answers at mlflow.tracking_uri all along (the server not started yet): training and evaluation go on,
+    then registration fails naming the URI and its setting (not MLflow's raw connection error); the server
+    started, the same pipeline registers with every step before it from the cache, and the run that training
+    journaled is the registered version's."""
+    from shardline.core.config import validate_config
+    from shardline.core.tracking.tracker import TrackingUnreachable
+    from shardline.flows.pipeline import pipeline
+    from tests.conftest import make_raw, tiny_config
+
+    make_raw(tmp_path / "raw")
+    cfg = tiny_config(
+        str(tmp_path / "raw" / "*.parquet"),
+        str(tmp_path / "store"),
+        **{"mlflow.tracking_uri": server.uri, "mlflow.experiment": "down"},
+    )
+    monkeypatch.setenv("SHARDLINE_MLFLOW_FLUSH_SECONDS", "1")
+    with pytest.raises(TrackingUnreachable, match=rf"MLflow at {server.uri} cannot be reached \(mlflow.tracking_uri"):
+        pipeline(validate_config(cfg))
+    server.start()
+    result = pipeline(validate_config(cfg))
+    assert result["steps"] == {**dict.fromkeys(["ingest", "encode", "train", "evaluate"], "cached"), "register": "ran"}
+    reg = result["registered"]
+    client = MlflowClient(server.uri)
+    assert reg["version"] == 1 and reg["alias"] == "champion"
+    assert client.get_model_version("tiny-model", "1").run_id == reg["run_id"]
+    runs = client.search_runs([client.get_experiment_by_name("down").experiment_id])
+    assert [r.info.run_id for r in runs] == [reg["run_id"]]  # the one training journaled, not a second
+    assert steps_of(client, reg["run_id"], "epoch/val_loss") == [1, 2]  # what training journaled, sent
+
+
 @pytest.mark.usefixtures("s3_endpoint")
 def test_a_remote_run_folder_keeps_its_journal_locally_and_a_copy_beside_the_checkpoints(tmp_path, monkeypatch):
     """A run folder on S3: the journal is a local file, copied into the folder at each checkpoint and at the

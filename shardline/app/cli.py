@@ -70,6 +70,7 @@ def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ..
     from shardline.core.encoding.columns import DataError
     from shardline.core.failures import raised_in_your_code
     from shardline.core.storage import StorageUnreachable
+    from shardline.core.tracking.tracker import TrackingUnreachable
 
     try:
         start_ephemeral_api()
@@ -85,7 +86,7 @@ def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ..
             _fail(f"{e}", PREEMPTED_EXIT_CODE)
         if isinstance(e, BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
             _fail(f"{e}", BUDGET_EXIT_CODE)
-        if isinstance(e, (DataError, ValueError, FileNotFoundError, StorageUnreachable, *errors)):
+        if isinstance(e, (DataError, ValueError, FileNotFoundError, StorageUnreachable, TrackingUnreachable, *errors)):
             _fail(f"{e}{raised_in_your_code(e)}")
         raise
 

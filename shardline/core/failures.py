@@ -122,7 +122,8 @@ def raised_in_your_code(e: BaseException) -> str:
 
 # a mistake in the config or the data, and a stop that is no fault (a preemption, the budget spent)
 QUIET_ERRORS = ("DataError", "ConfigError", "ModelContractError", "EncodingMismatch", "ValueError", "Preempted")
-QUIET_ERRORS += ("BudgetExceeded", "StorageUnreachable")  # the last: an object store away, said naming it
+# ...and a store or a tracking server that answers no connection, said naming it and its setting
+QUIET_ERRORS += ("BudgetExceeded", "StorageUnreachable", "TrackingUnreachable")
 
 
 class QuietUserErrors(logging.Filter):

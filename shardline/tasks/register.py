@@ -31,6 +31,7 @@ from shardline.core.tracking.tracker import (
     sync_run,
     tracking_uri,
     ui_command,
+    unreachable_tracking,
 )
 from shardline.core.version import code_version, module_closure, user_code, user_code_version, user_packages
 from shardline.runs import links, model_files
@@ -228,6 +229,10 @@ def register_model(
     lock.acquire(on_wait=lambda who: logger.warning("register: waiting for %s", who))
     try:
         return _register_model(config, snapshot, manifest_uri, train_result, eval_result, lock)
+    except Exception as e:
+        if (said := unreachable_tracking(tracking_uri(config.mlflow, config.storage.root), "registration")) is not None:
+            raise said from e
+        raise
     finally:
         lock.release()
 

@@ -26,6 +26,23 @@ from shardline.core.tracking.journal import JOURNAL_FILE, RUN_FILE, Journal, Sen
 log = logging.getLogger("shardline.core.tracking.tracker")
 
 
+class TrackingUnreachable(ConnectionError):
+    """The MLflow server answered no connection where a step needs it (registration): said naming the URI and the
+    setting, with what is kept (the trained, evaluated model: the same command again takes it from the cache)."""
+
+
+def unreachable_tracking(uri: str, step: str) -> TrackingUnreachable | None:
+    """A TrackingUnreachable for `step` when nothing answers at the HTTP tracking `uri` now (MLflow's own client
+    has retried by then: MLFLOW_HTTP_REQUEST_MAX_RETRIES); None when something does, or it is no server."""
+    if _reachable(uri):
+        return None
+    return TrackingUnreachable(
+        f"MLflow at {redact_text(uri)} cannot be reached (mlflow.tracking_uri, else MLFLOW_TRACKING_URI), so the "
+        f"{step} did not happen: is the server up and its address right? What came before is kept: run the same "
+        "command again once it answers, and the steps before come from the cache"
+    )
+
+
 def unmasked(uri: str) -> str:
     """A URI whose credentials were masked (a config that came through Prefect, a run's recorded URI):
     this machine's own MLFLOW_TRACKING_URI, else the server's address with MLFLOW_TRACKING_USERNAME /
