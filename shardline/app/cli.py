@@ -69,8 +69,8 @@ def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ..
     from shardline.app.console import quiet_console
     from shardline.core.encoding.columns import DataError
     from shardline.core.failures import raised_in_your_code
-    from shardline.core.storage import StorageUnreachable
     from shardline.core.tracking.tracker import TrackingUnreachable
+    from shardline.core.unreachable import StorageUnreachable
 
     try:
         start_ephemeral_api()

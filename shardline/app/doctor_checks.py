@@ -15,6 +15,7 @@ from typing import Any
 
 from shardline.core import layout, storage
 from shardline.core.config import PipelineConfig
+from shardline.core.unreachable import s3_endpoint
 
 PROBE_DEPLOYMENT = "probe/probe"
 PIPELINE_DEPLOYMENT = "pipeline/pipeline"
@@ -123,7 +124,7 @@ def _local_torch(config: PipelineConfig) -> Check:
 # ---------------------------------------------------------------- storage and data
 
 
-_endpoint = storage.s3_endpoint
+_endpoint = s3_endpoint
 
 
 def _storage_hint(e: BaseException, uri: str) -> str:

@@ -218,7 +218,7 @@ def redacted_errors(fn):
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
-            from shardline.core.storage import unreachable
+            from shardline.core.unreachable import unreachable
 
             redact_exception(e)
             if (said := unreachable(e)) is not None:  # botocore's raw account, as what to check

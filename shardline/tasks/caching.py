@@ -35,6 +35,7 @@ from prefect.utilities.hashing import hash_objects
 from pydantic import BaseModel
 
 from shardline.core import layout, storage
+from shardline.core.unreachable import unreachable
 from shardline.core.version import code_version_of
 
 log = logging.getLogger("shardline.cache")
@@ -185,7 +186,7 @@ class StepCache(CachePolicy):
         try:
             decided_by = rule.key(inputs)
         except Exception as e:
-            if (said := storage.unreachable(e)) is not None:  # Prefect logs it (a traceback): as the step will say it
+            if (said := unreachable(e)) is not None:  # Prefect logs it (a traceback): as the step will say it
                 raise said from e
             raise
         key = f"{rule.step}-" + hash_objects(rule.step, code_version_of(*rule.code), decided_by)
