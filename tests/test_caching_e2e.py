@@ -72,6 +72,29 @@ def test_same_command_twice_runs_nothing(setup, prefect_api, capsys):
     assert run(cfg)["registered"]["alias"] == "champion"
 
 
+def test_the_same_training_registered_under_a_second_name_leaves_the_first_name_s_version_loading(setup, prefect_api):
+    """A second config on the same training (another mlflow.model_name: a team's name beside a personal one): the
+    training comes from the cache, the model is registered under the second name too, and both versions load
+    with their files checked (the second registration used to log the model again, replacing the run's file list
+    the first version is checked against, and deleting the model it held)."""
+    from shardline.runs.model_files import load_checked
+
+    tmp_path, cfg, first = setup
+    other = {**cfg, "mlflow": {**cfg["mlflow"], "model_name": f"team-{tmp_path.name}"}}
+    second = run(other)
+    assert second["steps"] == {**ALL_CACHED, "register": "ran"}
+    assert second["registered"]["version"] == 1 and second["registered"]["run_id"] == first["registered"]["run_id"]
+    raw = __import__("polars").read_parquet(sorted((tmp_path / "raw").glob("*.parquet"))[0]).to_pandas()
+    from shardline.core.tracking.tracker import fluent_tracking_uri, tracking_uri
+
+    config = validate_config(cfg)
+    with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)):
+        for name in (cfg["mlflow"]["model_name"], other["mlflow"]["model_name"]):
+            predictions = load_checked(f"models:/{name}/1").predict(raw)
+            assert len(predictions) == len(raw) - 3 * raw["seq"].nunique(), name  # each row with 3 rows before it
+    assert run(cfg)["steps"] == ALL_CACHED  # and the first config's rerun is as before
+
+
 def test_changed_hyperparameter_reuses_ingest_and_encode(setup, prefect_api):
     tmp_path, cfg, first = setup
     cfg["training"]["lr"] = 0.02

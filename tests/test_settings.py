@@ -29,7 +29,7 @@ def test_every_shardline_variable_the_package_names_is_in_the_table_or_a_script_
     for path in (ROOT / "shardline").rglob("*.py"):
         named |= set(re.findall(r"\bSHARDLINE_[A-Z_]+[A-Z]\b", path.read_text()))
     scripts = {"SHARDLINE_TORCH_INDEX", "SHARDLINE_JOB"}  # ./scripts/setup's; the TrainJob's (deploy/)
-    python_names = {"SHARDLINE_PACKAGE"}  # a constant in tasks/register.py, not a variable
+    python_names = {"SHARDLINE_PACKAGE"}  # a constant in runs/model_code.py, not a variable
     assert named - set(settings.SETTINGS) - scripts - python_names == set()
 
 

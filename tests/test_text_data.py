@@ -646,8 +646,8 @@ def test_a_fine_tune_of_a_registered_model_of_a_crlf_tokenizer_file_takes_its_to
     import mlflow
 
     from shardline.core.tracking.tracker import fluent_tracking_uri
+    from shardline.runs.model_code import PYFUNC_CODE
     from shardline.runs.parent import resolve_parent, with_parent_tokenizer
-    from shardline.tasks.register import PYFUNC_CODE
 
     manifest, uri, files = crlf_model_files(tmp_path)
     tracking = f"sqlite:///{tmp_path}/mlflow.db"

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
-import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -17,7 +15,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
 from shardline.core import layout, storage
-from shardline.core.config import ModelConfig, PipelineConfig, metric_key, stable_hash
+from shardline.core.config import PipelineConfig, metric_key, stable_hash
 from shardline.core.cost.ledger import PREEMPTION_KEYS
 from shardline.core.lease import Lease
 from shardline.core.manifest import Manifest, Snapshot
@@ -33,9 +31,10 @@ from shardline.core.tracking.tracker import (
     ui_command,
     unreachable_tracking,
 )
-from shardline.core.version import code_version, module_closure, user_code, user_code_version, user_packages
+from shardline.core.version import code_version, user_code_version
 from shardline.runs import links, model_files
 from shardline.runs.gate import TOKENIZER_TAG, better, champion_gate, compare_with_champion
+from shardline.runs.model_code import PYFUNC_CODE, code_paths, requirements
 from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
@@ -51,83 +50,6 @@ from shardline.trainer.serving import (
 )
 
 logger = logging.getLogger("shardline.register")
-PYFUNC_MODULE = "shardline.runs.pyfunc_model"
-PYFUNC_CODE = Path(importlib.util.find_spec(PYFUNC_MODULE).origin)  # found, not imported
-
-
-def _requirements(model: ModelConfig) -> list[str]:
-    """The packages the registered model imports, pinned to the versions it was trained with: Shardline's, every
-    third-party package the user's model code imports (found in its source, mapped to the distribution installed
-    here), and `model.requirements`. Shardline itself is not among them (a bare `shardline` could resolve to
-    someone else's package): its code and the user's travel inside the model (`_code_paths`)."""
-    from importlib.metadata import packages_distributions, version
-
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    packages = ["torch", "polars", "pyarrow", "numpy", "pandas", "pydantic", "pyyaml", "fsspec", "mlflow"]
-    if model.entrypoint:
-        provided = packages_distributions()
-        for name in sorted(user_packages(model.entrypoint, model.code_dir)):
-            dists = provided.get(name)
-            if dists:
-                packages.extend(dists)
-            else:  # importable when it trained, but no installed distribution provides it
-                logger.warning(
-                    "register: the model's code imports %s, which no installed package provides: the registered "
-                    "model does not install it (name it in model.requirements, pinned)",
-                    name,
-                )
-    pinned = {canonicalize_name(p): f"{p}=={version(p).split('+')[0]}" for p in packages}
-    for line in model.requirements:  # the user's own, as written (checked: each names a version)
-        pinned[canonicalize_name(Requirement(line).name)] = line
-    return list(pinned.values())
-
-
-SHARDLINE_PACKAGE = Path(__file__).resolve().parents[1]
-
-
-def _copy_sources(src: Path, dest: Path) -> Path:
-    """A copy of a module file or a package folder, its Python sources and data only (no caches)."""
-    if src.is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dest)
-        return dest
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
-    return dest
-
-
-def _shardline_sources() -> list[Path]:
-    """Shardline's source files a registered model runs: `PYFUNC_MODULE`, every module it imports (directly or
-    not, function-level imports included) and the packages they lie in. The rest of Shardline (the pipeline's
-    steps, the CLI, the demo's generator: two thirds of its files) never runs where the model predicts; shipped,
-    it was uploaded with every version and read back to be checked, a request a file on an object store."""
-    files: set[Path] = set()
-    todo = [PYFUNC_MODULE]
-    while todo:
-        for path in module_closure(todo.pop()):
-            if path not in files:
-                files.add(path)
-                parts = path.relative_to(SHARDLINE_PACKAGE.parent).with_suffix("").parts
-                todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # its packages' __init__
-    return sorted(files)
-
-
-def _code_paths(config: PipelineConfig, folder: Path) -> list[str]:
-    """The code the registered model runs, copied into it: Shardline's modules that predicting imports
-    (`_shardline_sources`), and for the user's own model the top-level modules and packages of its code (its
-    entrypoint and what that imports), so the model predicts on a machine that has neither Shardline nor the
-    user's repository."""
-    for src in _shardline_sources():
-        _copy_sources(src, folder / src.relative_to(SHARDLINE_PACKAGE.parent))
-    paths = [folder / "shardline"]
-    model = config.model
-    if model.entrypoint:
-        root = Path(model.code_dir or Path.cwd()).resolve()
-        for top in sorted({name.split(".")[0] for name in user_code(model.entrypoint, model.code_dir)}):
-            src = root / top if (root / top).is_dir() else root / f"{top}.py"
-            paths.append(_copy_sources(src, folder / src.name))
-    return [str(p) for p in paths]
 
 
 def _signature(spec, sample_uri: str, types: dict | None = None):
@@ -350,6 +272,16 @@ def _log_and_register(
     if config.model.entrypoint:
         tags["shardline.model_entrypoint"] = config.model.entrypoint
         tags["shardline.model_code_version"] = user_code_version(config.model.entrypoint, config.model.code_dir)
+    held = _held_model(client, run_id, identity)
+    if held is not None:  # this model, registered under another name (a second config on the same training)
+        logger.info("register: the model %s version %s holds is registered as it is", held.name, held.version)
+        with fluent_tracking_uri(uri):
+            version = mlflow.register_model(
+                held.source,
+                config.mlflow.model_name,
+                tags={**tags, model_files.FILES_TAG: held.tags[model_files.FILES_TAG]},
+            )
+        return version.version
     _drop_unregistered(client, run_id, identity)
     ckpt = load_checkpoint(train_result.best_checkpoint)
     with fluent_tracking_uri(uri), tempfile.TemporaryDirectory(prefix="shardline-register-") as tmp:
@@ -387,8 +319,8 @@ def _log_and_register(
                 | text_artifacts(manifest, manifest_uri, tmp),
                 signature=signature,
                 input_example=sample,
-                pip_requirements=_requirements(config.model),
-                code_paths=_code_paths(config, tmp / "code"),
+                pip_requirements=requirements(config.model),
+                code_paths=code_paths(config, tmp / "code"),
                 tags=tags,
             )
             # every file of the model, by sha256: the list in the run, its own sha256 on the version (MLflow's
@@ -399,6 +331,20 @@ def _log_and_register(
             info.model_uri, config.mlflow.model_name, tags={**tags, model_files.FILES_TAG: files_sha256}
         )
     return version.version
+
+
+def _held_model(client, run_id: str, identity: str):
+    """A version, of any name, that holds the model this run logged for this identity (with its file list's
+    checksum), or None. The run keeps one file list (`model-files.json`): a model logged again would replace the
+    list that version's loading checks."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client.search_model_versions(f"run_id = '{run_id}'")
+    except MlflowException:
+        return None
+    tagged = lambda v: (v.tags or {}).get(IDENTITY_TAG) == identity and (v.tags or {}).get(model_files.FILES_TAG)
+    return next((v for v in versions if tagged(v)), None)
 
 
 def _drop_unregistered(client, run_id: str, identity: str) -> None:
