@@ -223,6 +223,34 @@ def test_target_with_nulls_names_file_and_column(raw_dir, tmp_path):
         encode_all(cfg)
 
 
+@pytest.mark.parametrize("files_per_group", [1, 4])  # each file read alone; the files in one scan
+def test_a_nan_or_an_infinite_regression_target_is_refused_naming_the_file_before_a_manifest(
+    raw_dir, tmp_path, files_per_group
+):
+    """A NaN (not a null: the footers count none) or an infinite value in a regression target: refused at the
+    encode, naming the file, the column and the count. It used to write a manifest whose target mean was NaN, and
+    training then failed on it with a TypeError, or a pydantic error, from deep inside."""
+    cfg = cfg_for(
+        raw_dir,
+        tmp_path,
+        **{"data.target": {"column": "value", "task": "regression"}, "data.files_per_group": files_per_group},
+    )
+    nan_at = pl.col("t") == 7
+    df = pl.read_parquet(raw_dir / "s-002.parquet")
+    df.with_columns(pl.when(nan_at).then(float("nan")).otherwise(pl.col("value")).alias("value")).write_parquet(
+        raw_dir / "s-002.parquet"
+    )
+    seqs = df["seq"].n_unique()
+    with pytest.raises(DataError, match=rf"s-002.parquet: the target column 'value' has {seqs} NaN value\(s\); fill"):
+        encode_all(cfg)
+    df.with_columns(pl.when(nan_at).then(float("inf")).otherwise(pl.col("value")).alias("value")).write_parquet(
+        raw_dir / "s-002.parquet"
+    )
+    with pytest.raises(DataError, match=rf"s-002.parquet: the target column 'value' has {seqs} infinite value\(s\)"):
+        encode_all(cfg)
+    assert not list(tmp_path.rglob("manifest*.json"))
+
+
 def test_rows_read_twice_are_refused_naming_the_files_and_ties_of_the_order_are_kept(raw_dir, tmp_path):
     """A copy of a raw file beside it (a backup, a day uploaded twice): each row twice, interleaved with its copy in
     every window, was trained on silently. Refused, naming the files and the first repeated row; rows that only

@@ -96,6 +96,15 @@ def sequence_name(uri: str, data: DataConfig) -> str:
     return path.rsplit("/", 1)[-1]  # the source names this one file
 
 
+def target_gaps(s: pl.Series) -> str:
+    """What a target column holds that no row can be learned or scored on, in words ('' when nothing): nulls, and
+    in a float column NaN and infinite values (its mean and spread would be NaN)."""
+    found = {"null": s.null_count()}
+    if s.dtype.is_float():
+        found |= {"NaN": int(s.is_nan().sum()), "infinite": int(s.is_infinite().sum())}
+    return " and ".join(f"{n} {what} value(s)" for what, n in found.items() if n)
+
+
 def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFrame:
     """One raw file's columns the config names, with `__seq` and `__order` added (`raw`: the file's bytes,
     already fetched)."""
@@ -112,10 +121,10 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFra
     except Exception as e:
         raise DataError(f"{uri}: cannot read columns {columns}: {e}") from e
     for target in (t.column for t in data.target_list if t.task != "generation"):  # text: data.on_bad_rows
-        if df[target].null_count():
+        if gaps := target_gaps(df[target]):
             raise DataError(
-                f"{uri}: the target column '{target}' has {df[target].null_count()} null value(s); "
-                "fill or drop those rows before training (a row without a target cannot be learned or scored)"
+                f"{uri}: the target column '{target}' has {gaps}; fill or drop those rows before training (a row "
+                "without a target cannot be learned or scored)"
             )
     for key, column in (("group_key", data.group_key), ("item_key", data.item_key)):
         if column and df[column].null_count():
@@ -152,8 +161,10 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
             df = df.with_columns(parse_order(df, data.order_by, data.order_format, ", ".join(uris)).alias(ORDER))
     except Exception:  # noqa: BLE001 - files that do not scan as one table: read one by one, naming the bad one
         return None
-    targets = (t.column for t in data.target_list if t.task != "generation")  # text: data.on_bad_rows
-    for col in (*targets, data.sequence_key, data.order_by, data.group_key, data.item_key):
+    targets = [t.column for t in data.target_list if t.task != "generation"]  # text: data.on_bad_rows
+    if any(target_gaps(df[c]) for c in targets):
+        return None  # read file by file: the error names the file and the column
+    for col in (data.sequence_key, data.order_by, data.group_key, data.item_key):
         if col and col != FILE_SEQUENCE and df[col].null_count():
             return None  # read file by file: the error names the file and the column
     if data.group_key:
