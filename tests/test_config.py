@@ -152,6 +152,26 @@ def test_extends_and_set_overrides(tmp_path):
     assert plain.model.params == {} and plain.training.lr == 0.01  # a whole section written {} keeps the parent's
 
 
+def test_an_entrypoint_given_by_set_finds_its_code_beside_the_config_file(tmp_path):
+    """`--set model.entrypoint=...` (trying one's own model on a built-in config): model.code_dir defaults to the
+    config file's folder, as for an entrypoint written in the file, not only the working directory."""
+    project = tmp_path / "proj"
+    (project / "mymodels").mkdir(parents=True)
+    (project / "mymodels" / "__init__.py").write_text("")
+    (project / "mymodels" / "tiny.py").write_text("class Tiny:\n    pass\n")
+    write(project / "c.yaml", tiny_config("raw/*.parquet", "store"))
+    cfg = load_config(project / "c.yaml", ["model.entrypoint=mymodels.tiny:Tiny"])
+    assert cfg.model.code_dir == str(project)
+    from tests.test_cli import shardline
+
+    out = shardline("check-config", project / "c.yaml", "--set", "model.entrypoint=mymodels.tiny:Tiny", cwd=tmp_path)
+    assert "no module 'mymodels'" not in out.stderr, out.stderr
+    # where it is written, `--set model.code_dir` wins (relative to the working directory, as a shell path)
+    assert load_config(project / "c.yaml", ["model.entrypoint=m:M", "model.code_dir=/elsewhere"]).model.code_dir == (
+        "/elsewhere"
+    )
+
+
 def test_extends_loop_and_missing_file(tmp_path):
     write(tmp_path / "a.yaml", {"extends": "b.yaml"})
     write(tmp_path / "b.yaml", {"extends": "a.yaml"})

@@ -192,7 +192,7 @@ def _sweep_plan(
     """The checked sweep and the space as given, or exit 2 naming what to fix (nothing has started)."""
     import yaml
 
-    from shardline.core.config import ConfigError, apply_overrides, read_yaml, validate_config
+    from shardline.core.config import ConfigError, apply_overrides, code_beside, read_yaml, validate_config
     from shardline.core.sweep import parse_grid, plan_sweep, read_space, with_folds
 
     if grid and space_path is not None:
@@ -204,7 +204,7 @@ def _sweep_plan(
     if not grid and space_path is None and not folds:
         _fail("nothing to sweep: give --grid key=v1,v2 (repeatable) or --random N --space SPACE.yaml", 2)
     try:
-        raw = apply_overrides(read_yaml(config_path), list(set_))
+        raw = code_beside(apply_overrides(read_yaml(config_path), list(set_)), config_path)
         space = parse_grid(grid) if grid else read_space(space_path) if space_path else {}
         swept = with_folds(space, validate_config(raw, f"'{config_path}'")) if folds else space
         plan = plan_sweep(raw, swept, tpe if tpe is not None else n, seed, "tpe" if tpe is not None else None)

@@ -21,6 +21,7 @@ from shardline.core.config.data import (  # noqa: F401
 )
 from shardline.core.config.load import (  # noqa: F401
     apply_overrides,
+    code_beside,
     key_problem,
     load_config,
     read_yaml,

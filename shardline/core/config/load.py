@@ -178,4 +178,15 @@ def load_config(
     if path is not None:
         raw = _deep_merge(raw, read_yaml(Path(path)))
     raw = apply_overrides(raw, overrides or [])
+    if path is not None:
+        raw = code_beside(raw, Path(path))
     return validate_config(raw, f"'{path}'" if path else "")
+
+
+def code_beside(raw: dict, config_path: Path) -> dict:
+    """`model.code_dir` where a `--set` gave the entrypoint without one: the config file's folder, as for an
+    entrypoint written in the file (`_rebase_paths`)."""
+    model = raw.get("model")
+    if isinstance(model, dict) and model.get("entrypoint") and not model.get("code_dir"):
+        raw = {**raw, "model": {**model, "code_dir": str(config_path.resolve().parent)}}
+    return raw
