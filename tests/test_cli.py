@@ -82,6 +82,12 @@ def test_a_typo_in_a_column_is_caught_before_any_work_and_said_once(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "missing column 'sequence' (the sequence key in data.sequence_key)" in out.stderr
     assert "missing column 'user' (the id column in data.id_columns)" in out.stderr
+    # targets given as a list: said as data.targets, the setting the config has
+    targets = [{"column": "label", "task": "classification"}, {"column": "remaining", "task": "regression"}]
+    written = {**cfg, "data": {**{k: v for k, v in cfg["data"].items() if k != "target"}, "targets": targets}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(written))
+    out = shardline("check-config", tmp_path / "c.yaml")
+    assert "missing column 'remaining' (the regression target in data.targets)" in out.stderr, out.stderr
     cfg["data"].update(sequence_key="seq", id_columns=[])
     cfg["data"]["features"]["categorical"] = ["knid"]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))

@@ -93,7 +93,7 @@ _ROLES = {
 }
 
 
-# the setting that names a column of each role (a feature's: data.features; a target's: data.target)
+# the setting that names a column of each role (a feature's: data.features; a target's: data.target or targets)
 _SETTING = {
     "sequence key": "data.sequence_key",
     "order": "data.order_by",
@@ -138,7 +138,8 @@ def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
             shown = ", ".join(schema.names[:30]) + (
                 f", ... ({len(schema.names)} in all)" if len(schema.names) > 30 else ""
             )
-            where = _SETTING.get(kind, "data.features") if "target" not in kind else "data.target"
+            target = "data.targets" if data.targets else "data.target"  # as the config names it
+            where = _SETTING.get(kind, "data.features") if "target" not in kind else target
             problems.append(f"missing column '{col}' (the {kind} in {where}){hint or '.'} The file has: {shown}")
             continue
         t = schema.field(idx).type

@@ -293,10 +293,16 @@ class StorageConfig(Strict):
 
 
 class MlflowConfig(Strict):
-    tracking_uri: str | None = Field(None, description="default: sqlite under the storage root's parent (laptop)")
+    tracking_uri: str | None = Field(
+        None, description="default: MLFLOW_TRACKING_URI, else sqlite at <storage.root>/mlflow.db (a local root)"
+    )
     experiment: str = "shardline"
     model_name: str = "shardline-model"
-    promotion_metric: str | None = Field(None, description="default: accuracy (classification) / rmse (regression)")
+    promotion_metric: str | None = Field(
+        None,
+        description="default: the first target's accuracy (classification), rmse (regression), perplexity (text) or "
+        "loss (no target)",
+    )
     promotion_direction: Literal["maximize", "minimize"] | None = None
 
 
