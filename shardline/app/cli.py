@@ -233,7 +233,9 @@ def sweep(
     space_path: Path | None = typer.Option(
         None, "--space", help="search space YAML: dotted keys to a list of values or {low, high, log, int}"
     ),
-    seed: int = typer.Option(0, "--seed", help="seed of --random's draws: the same seed, the same trials"),
+    seed: int = typer.Option(
+        0, "--seed", help="seed of --random's draws and of --tpe's sampler: the same seed, the same trials"
+    ),
     at_once: int | None = typer.Option(
         None,
         "--at-once",
