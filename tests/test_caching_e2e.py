@@ -95,6 +95,13 @@ def test_the_same_training_registered_under_a_second_name_leaves_the_first_name_
     assert run(cfg)["steps"] == ALL_CACHED  # and the first config's rerun is as before
 
 
+def test_an_evaluation_setting_the_data_does_not_use_reruns_nothing(setup, prefect_api):
+    """evaluation.k (the ranking metrics' cutoffs) on data that is not ranking data: no score changes, no step
+    reruns (evaluate reran)."""
+    tmp_path, cfg, first = setup
+    assert run({**cfg, "evaluation": {"k": [3], "max_generations": 5}})["steps"] == ALL_CACHED
+
+
 def test_changed_hyperparameter_reuses_ingest_and_encode(setup, prefect_api):
     tmp_path, cfg, first = setup
     cfg["training"]["lr"] = 0.02

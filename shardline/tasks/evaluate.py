@@ -437,6 +437,16 @@ def evaluate(manifest_uri: str, train_result: TrainResult, config: PipelineConfi
     return EvalResult(**result)
 
 
+def evaluation_settings(config: PipelineConfig) -> dict:
+    """The `evaluation` settings that apply to this data: the ranking metrics' cutoffs (ranking data), how many
+    test sequences are generated and how long (a generation target). The others change no score."""
+    e, data = config.evaluation, config.data
+    settings = {"k": e.k} if data.group_key else {}
+    if any(t.task == "generation" for t in data.target_list):
+        settings |= {"max_generations": e.max_generations, "max_new_tokens": e.max_new_tokens}
+    return settings
+
+
 # What decides the scores: the evaluated weights (the best checkpoint's checksum), the data (the
 # manifest's checksum) and the targets; the plots and tables it wrote must still be there.
 EVALUATE_CACHE = CacheRule(
@@ -446,7 +456,7 @@ EVALUATE_CACHE = CacheRule(
         storage.sha256_uri(inputs["manifest_uri"]),
         [t.model_dump() for t in inputs["config"].data.target_list],
         inputs["config"].data.target_positions,
-        inputs["config"].evaluation.model_dump(),  # the ranking metrics' cutoffs
+        evaluation_settings(inputs["config"]),
     ),
     code=(__name__,),
     # what it wrote is still in the storage root (a listing: any machine that shares the root sees it)
