@@ -153,6 +153,21 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     short = subprocess.run([*cmd, str(tmp_path / "short.parquet"), "--out", str(tmp_path / "s.parquet"), *uri],
                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert short.returncode != 0 and "0 predictions: every sequence in the input has fewer than 4 rows" in short.stderr
+    # beside a full sequence, one too short gets no prediction, and a category training never saw reads as unknown:
+    # both said, the predictions made as before
+    other = pl.read_parquet(raw_dir / "s-000.parquet").filter(pl.col("seq") == "s002").head(2).drop("label")
+    unseen = rows.drop("label").with_columns(
+        pl.when(pl.col("t") == 10).then(pl.lit("zzz")).otherwise("kind").alias("kind")
+    )
+    pl.concat([unseen, other]).write_parquet(tmp_path / "mixed-lengths.parquet")
+    noted = subprocess.run([*cmd, str(tmp_path / "mixed-lengths.parquet"), "--out", str(tmp_path / "n.parquet"), *uri],
+                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert noted.returncode == 0, noted.stderr[-3000:]
+    assert "1 sequence(s) have fewer than 4 rows (data.window=3 + data.horizon=1) and get no prediction: 's002'" in (
+        noted.stderr
+    ), noted.stderr[-3000:]
+    assert "column 'kind' holds 1 value(s) training never saw (the first: 'zzz')" in noted.stderr
+    assert pl.read_parquet(tmp_path / "n.parquet").height == preds.height
 
     # a column the model takes is missing: the file and the column named (not MLflow's dump of the whole frame)
     rows.drop("label", "x").write_parquet(tmp_path / "no-x.parquet")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -420,6 +421,8 @@ class Predictor:
         arrays, _ = encode_frame(prepared, spec, with_target=False, presorted=True)
         data = SplitData([arrays], spec.window, spec.horizon, positions=spec.target_positions)
         where = data.window_keys()
+        for note in input_notes(prepared, arrays, spec, seq_col):
+            logging.getLogger("shardline.predict").warning("predict: %s", note)
         if not data.n_windows and df.height:
             k = spec.window + spec.horizon
             raise DataError(
@@ -440,6 +443,32 @@ class Predictor:
         else:
             out["row"] = prepared[ORDER].gather(rows).alias("row")
         return prediction_frame(spec, out, predict(self.model, data, batch_size=batch_size), per_position=every)
+
+
+def input_notes(prepared: pl.DataFrame, arrays: dict, spec: EncodingSpec, seq_col: str | None) -> list[str]:
+    """What of the input rows no prediction, or no prediction as trained, is made of: the sequences too short for
+    one window (no prediction), the categories training never saw (read as unknown, as a null is)."""
+    notes = []
+    k = spec.window + spec.horizon
+    lengths = np.diff(arrays["offsets"])
+    if seq_col and prepared.height and (lengths < k).any() and (lengths >= k).any():  # all short: an error, above
+        short = np.flatnonzero(lengths < k)
+        starts = pl.Series(arrays["offsets"][short])
+        names = prepared[seq_col].gather(starts).cast(pl.String).to_list()
+        shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        notes.append(
+            f"{len(names)} sequence(s) have fewer than {k} rows (data.window={spec.window} + data.horizon="
+            f"{spec.horizon}) and get no prediction: {shown}; pass their history too"
+        )
+    for j, v in enumerate(spec.categorical):
+        unseen = (arrays["cat"][:, j] == 0) & prepared[v.name].is_not_null().to_numpy()
+        if unseen.any():
+            first = prepared[v.name].filter(pl.Series(unseen))[0]
+            notes.append(
+                f"column '{v.name}' holds {int(unseen.sum())} value(s) training never saw (the first: {first!r}): "
+                "read as unknown, as a null is"
+            )
+    return notes
 
 
 def naive_utc(frame):
