@@ -251,6 +251,26 @@ def test_a_nan_or_an_infinite_regression_target_is_refused_naming_the_file_befor
     assert not list(tmp_path.rglob("manifest*.json"))
 
 
+def test_sequences_too_short_for_a_window_are_counted_per_split_and_said(raw_dir, tmp_path):
+    """A sequence with fewer rows than data.window + data.horizon is in no window: its rows train and score nothing.
+    The encode counts them per split, and says so (the train windows fell with nothing said)."""
+    from shardline.tasks.encode import log_short_sequences
+
+    df = pl.read_parquet(raw_dir / "s-001.parquet")
+    cut = df["seq"].unique().sort()[0]
+    df.filter((pl.col("seq") != cut) | (pl.col("t") < 2)).write_parquet(raw_dir / "s-001.parquet")
+    cfg = cfg_for(raw_dir, tmp_path)
+    manifest = encode_all(cfg)[3]
+    short = [(s.split, s.short_segments, s.short_rows) for s in manifest.shards if s.short_segments]
+    assert [(n, rows) for _, n, rows in short] == [(1, 2)], short
+    said = []
+    log_short_sequences(manifest, cfg.data, type("Log", (), {"warning": lambda self, *a: said.append(a[0] % a[1:])})())
+    assert said == [
+        "encode: sequences shorter than data.window + data.horizon = 4 rows are in no window, their rows in no "
+        f"prediction or score: {short[0][0]} 1 (2 rows)"
+    ]
+
+
 def test_rows_read_twice_are_refused_naming_the_files_and_ties_of_the_order_are_kept(raw_dir, tmp_path):
     """A copy of a raw file beside it (a backup, a day uploaded twice): each row twice, interleaved with its copy in
     every window, was trained on silently. Refused, naming the files and the first repeated row; rows that only

@@ -228,6 +228,8 @@ class ShardInfo(_Model):
     rows: int
     segments: int
     windows: int
+    short_segments: int = Field(0, description="segments shorter than window + horizon rows: in no window")
+    short_rows: int = Field(0, description="the rows of those segments")
     bytes: int = Field(description="size of the stored object")
     sha256: str = Field(description="checksum of the stored object")
     arrays: dict[str, ArraySpec]

@@ -149,6 +149,25 @@ def log_skipped_rows(groups: list[EncodedGroup], log) -> dict[str, dict[str, int
     return skipped
 
 
+def log_short_sequences(manifest: Manifest, data: DataConfig, log) -> None:
+    """The sequences (segments of a split) too short for one window, said per split: their rows train and score
+    nothing (a data set where every one is short fails earlier, naming the window)."""
+    short: dict[str, list[int]] = {}
+    for s in manifest.shards:
+        if s.short_segments:
+            counts = short.setdefault(s.split, [0, 0])
+            counts[0] += s.short_segments
+            counts[1] += s.short_rows
+    if short:
+        said = ", ".join(f"{split} {n} ({rows} rows)" for split, (n, rows) in short.items())
+        log.warning(
+            "encode: sequences shorter than data.window + data.horizon = %d rows are in no window, their rows in no "
+            "prediction or score: %s",
+            data.window + data.effective_horizon,
+            said,
+        )
+
+
 @task(name="fit-tokenizer")
 @redacted_errors
 def fit_tokenizer_task(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tuple[str, str]:
@@ -207,6 +226,7 @@ def write_manifest(
     """`publish_manifest`, said in the encode's log."""
     uri, manifest = publish_manifest(snapshot, groups, data, out_dir, store, base)
     log_skipped_rows(groups, get_run_logger())
+    log_short_sequences(manifest, data, get_run_logger())
     get_run_logger().info(
         "encode: manifest %s: rows %s, windows %s, %.1f MB of shards",
         uri,

@@ -405,7 +405,9 @@ def encode_group_to_shards(
             # the file's bytes were built in memory; compressed there, written once (atomically)
             raw, specs, arrays, keys, codes, _ = encoded.pop(split)  # an EncodedSplit
             info = _shard_info(split, raw, specs, arrays, keys, splits[split].end - splits[split].first, data)
-            info["local"] = codes
+            lengths = np.diff(arrays["offsets"])
+            short = lengths < data.window + data.effective_horizon  # in no window: said in the encode's log
+            info |= {"local": codes, "short_segments": int(short.sum()), "short_rows": int(lengths[short].sum())}
             rows_file = None
             if data.group_key:
                 info["rows_path"] = f"{split}.rows.parquet"
