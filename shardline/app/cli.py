@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from shardline.app.ephemeral_api import start_ephemeral_api
+from shardline.app.ephemeral_api import own_database, start_ephemeral_api
 from shardline.app.summary import summary, sweep_summary
 
 # Prefect's ephemeral API takes 15-25 s to start on a small machine; its default allows 20.
@@ -23,6 +23,13 @@ app = typer.Typer(
 )
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+@app.callback()
+def _every_command() -> None:
+    """Before any command: a temporary Prefect API it starts (doctor's, gc's, cost's and rehearse's too, not only a
+    run's) keeps its runs in Shardline's own database, not ~/.prefect/prefect.db."""
+    own_database()
 
 
 def _fail(msg: str, code: int = 1) -> None:

@@ -31,11 +31,11 @@ def own_database() -> None:
     older one failed after two minutes on the ephemeral server's timeout."""
     if any(os.environ.get(name) for name in DATABASE_SETTINGS):
         return
-    import prefect
+    from importlib.metadata import version  # not `import prefect`: a second of start-up for every command
 
     from shardline.core.storage import cache_dir
 
-    database = cache_dir() / "prefect" / prefect.__version__ / "prefect.db"
+    database = cache_dir() / "prefect" / version("prefect") / "prefect.db"
     database.parent.mkdir(parents=True, exist_ok=True)
     # the server's process reads it when it starts
     os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{database}"
