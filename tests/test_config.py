@@ -200,6 +200,21 @@ def test_demo_config_declares_exactly_the_demo_columns():
     assert cfg.data.target.column == DEMO_TARGET
 
 
+def test_the_shipped_demo_config_s_paths_are_the_extending_config_s_not_the_installed_package_s(tmp_path, monkeypatch):
+    """`extends:` the demo config inside the package (a complete example, its header says): its relative
+    data.source and storage.root are read beside the config that extends it (they wrote the store into the
+    installed package); the shipped config given itself, in the working directory."""
+    from shardline.app.cli import DEMO_CONFIG
+
+    (tmp_path / "proj").mkdir()
+    mine = write(tmp_path / "proj" / "mine.yaml", {"extends": str(DEMO_CONFIG), "training": {"epochs": 1}})
+    cfg = load_config(mine)
+    assert cfg.storage.root == str(tmp_path / "proj" / "store")
+    assert cfg.data.source == str(tmp_path / "proj" / "data" / "raw" / "*.parquet")
+    monkeypatch.chdir(tmp_path)
+    assert load_config(DEMO_CONFIG).storage.root == str(tmp_path / "store")
+
+
 @pytest.mark.parametrize(
     "compute, said",
     [

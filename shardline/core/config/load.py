@@ -18,6 +18,8 @@ from shardline.core.config.schema import PipelineConfig
 
 # ---------------------------------------------------------------- loading
 
+SHIPPED = Path(__file__).resolve().parents[2] / "configs"  # shardline/configs: the demo's config
+
 
 def _deep_merge(base: dict, over: dict, top: bool = True) -> dict:
     """`over` on `base` (an `extends:` parent), mapping by mapping. An empty mapping below the sections clears the
@@ -47,10 +49,14 @@ def read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
             f"{path}: the top level must be a mapping of sections (data, model, ...), got {type(raw).__name__}"
         )
     parent = raw.pop("extends", None)
+    # the configs shipped inside the package (the demo's) hold paths relative to the config that extends them, or
+    # to the working directory when given themselves: their own folder is the installed package, no place for a
+    # user's data or store
+    folder = path.parent if path.parent != SHIPPED else chain[-1].parent if chain else Path.cwd()
     if parent is None:
-        return _rebase_paths(raw, path.parent)
+        return _rebase_paths(raw, folder)
     base = read_yaml((path.parent / parent), (*chain, path))
-    return _deep_merge(base, _rebase_paths(raw, path.parent))
+    return _deep_merge(base, _rebase_paths(raw, folder))
 
 
 def _rebase_paths(raw: dict, folder: Path) -> dict:
