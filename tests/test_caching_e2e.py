@@ -44,6 +44,8 @@ def test_same_command_twice_runs_nothing(setup, prefect_api, capsys):
     second = run(cfg)
     assert second["steps"] == ALL_CACHED
     assert second["registered"]["version"] == first["registered"]["version"] == 1
+    # an evaluation setting this data does not use (the ranking metrics' cutoffs): no score changes, nothing reruns
+    assert run({**cfg, "evaluation": {"k": [3], "max_generations": 5}})["steps"] == ALL_CACHED
     assert second["metrics"] == first["metrics"]
     # results are persisted as JSON under the storage root, never pickled
     records = list((tmp_path / "store" / "prefect-results").iterdir())
@@ -70,36 +72,6 @@ def test_same_command_twice_runs_nothing(setup, prefect_api, capsys):
     assert f"shardline predict models:/{config.mlflow.model_name}/1 INPUT.parquet" in said
     client.set_registered_model_alias(config.mlflow.model_name, "champion", "1")
     assert run(cfg)["registered"]["alias"] == "champion"
-
-
-def test_the_same_training_registered_under_a_second_name_leaves_the_first_name_s_version_loading(setup, prefect_api):
-    """A second config on the same training (another mlflow.model_name: a team's name beside a personal one): the
-    training comes from the cache, the model is registered under the second name too, and both versions load
-    with their files checked (the second registration used to log the model again, replacing the run's file list
-    the first version is checked against, and deleting the model it held)."""
-    from shardline.runs.model_files import load_checked
-
-    tmp_path, cfg, first = setup
-    other = {**cfg, "mlflow": {**cfg["mlflow"], "model_name": f"team-{tmp_path.name}"}}
-    second = run(other)
-    assert second["steps"] == {**ALL_CACHED, "register": "ran"}
-    assert second["registered"]["version"] == 1 and second["registered"]["run_id"] == first["registered"]["run_id"]
-    raw = __import__("polars").read_parquet(sorted((tmp_path / "raw").glob("*.parquet"))[0]).to_pandas()
-    from shardline.core.tracking.tracker import fluent_tracking_uri, tracking_uri
-
-    config = validate_config(cfg)
-    with fluent_tracking_uri(tracking_uri(config.mlflow, config.storage.root)):
-        for name in (cfg["mlflow"]["model_name"], other["mlflow"]["model_name"]):
-            predictions = load_checked(f"models:/{name}/1").predict(raw)
-            assert len(predictions) == len(raw) - 3 * raw["seq"].nunique(), name  # each row with 3 rows before it
-    assert run(cfg)["steps"] == ALL_CACHED  # and the first config's rerun is as before
-
-
-def test_an_evaluation_setting_the_data_does_not_use_reruns_nothing(setup, prefect_api):
-    """evaluation.k (the ranking metrics' cutoffs) on data that is not ranking data: no score changes, no step
-    reruns (evaluate reran)."""
-    tmp_path, cfg, first = setup
-    assert run({**cfg, "evaluation": {"k": [3], "max_generations": 5}})["steps"] == ALL_CACHED
 
 
 def test_changed_hyperparameter_reuses_ingest_and_encode(setup, prefect_api):

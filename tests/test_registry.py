@@ -68,6 +68,21 @@ def test_where_or_how_fast_it_trained_registers_no_new_version(base, prefect_api
     assert json.loads(client.get_model_version(name, "1").tags["shardline.gate"])["decision"] == "champion"
     assert len(client.search_model_versions(f"name='{name}'")) == 1
 
+    # the same training under a second model name (a team's name beside a personal one): registered there too, and
+    # both versions load with their files checked (the second registration logged the model again, replacing the
+    # run's file list the first version is checked against, and deleted the model that version held)
+    from shardline.core.tracking.tracker import fluent_tracking_uri
+    from shardline.runs.model_files import load_checked
+
+    team = run({**cfg, "mlflow": {**cfg["mlflow"], "model_name": f"team-{tmp_path.name}"}})
+    assert team["steps"]["train"] == "cached" and team["steps"]["register"] == "ran"
+    assert team["registered"]["version"] == 1 and team["registered"]["run_id"] == fourth["registered"]["run_id"]
+    raw = pl.read_parquet(sorted((tmp_path / "raw").glob("*.parquet"))[0]).to_pandas()
+    with fluent_tracking_uri(f"sqlite:///{tmp_path}/store/mlflow.db"):
+        for model in (name, f"team-{tmp_path.name}"):
+            predictions = load_checked(f"models:/{model}/1").predict(raw)
+            assert len(predictions) == len(raw) - 3 * raw["seq"].nunique(), model  # each row with 3 rows before it
+
 
 def test_every_champion_move_is_recorded_on_the_versions(base, prefect_api):
     tmp_path, cfg = base
