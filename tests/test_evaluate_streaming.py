@@ -175,7 +175,21 @@ def test_streamed_evaluation_reports_what_the_whole_array_evaluation_did(tmp_pat
         result["test_windows"] == open_split(Manifest.model_validate_json(Path(uri).read_text()), uri, "test").n_windows
     )
     assert [Path(f).name for f in result["files"]] == ["learning_curves.png", *plots, "test_predictions.parquet"]
-    assert_frame_equal(pl.read_parquet(tmp_path / "eval" / "test_predictions.parquet"), predictions)
+    written = pl.read_parquet(tmp_path / "eval" / "test_predictions.parquet")
+    truth = [c for c in written.columns if c == "truth" or c.endswith("_truth")]
+    assert_frame_equal(written.drop(truth), predictions)
+    # beside each prediction, its row's own target as the raw file has it: a join on the keys finds the same value
+    targets = config.data.target_list
+    raw = pl.concat([pl.read_parquet(f) for f in sorted((tmp_path / "raw").glob("*.parquet"))])
+    raw = raw.select("seq", "t", *(pl.col(t.column).alias(f"raw {t.column}") for t in targets))
+    joined = written.join(raw, on=["seq", "t"], how="left")
+    assert truth == (["truth"] if len(targets) == 1 else [f"{t.column}_truth" for t in targets])
+    for t, name in zip(targets, truth):
+        want = joined[f"raw {t.column}"]
+        if t.task == "classification":
+            assert joined[name].dtype == want.dtype and (joined[name] == want).all(), name
+        else:
+            assert np.allclose(joined[name].to_numpy(), want.to_numpy(), rtol=1e-5, atol=1e-5), name
     assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == sorted(Path(f).name for f in result["files"])
     assert all(f"| {name} |" in result["table"] for name in metrics)
 

@@ -35,7 +35,7 @@ from shardline.core.metrics.text import text_generation_scores, unigram_perplexi
 from shardline.core.secrets import redact_text, redacted_errors
 from shardline.runs.result import EvalResult, Trained, TrainResult
 from shardline.tasks.caching import CacheRule
-from shardline.trainer.serving import data_spec, example_outputs, prediction_frame
+from shardline.trainer.serving import data_spec, decode_truth, example_outputs, prediction_frame
 
 
 class RankingEvaluation(SplitRanking):
@@ -342,13 +342,16 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
                 _count(t, s, y.numpy(), out)
             where = window_keys_of(test, np.arange(first, first + len(batch)), spec.window if every else 1)
             frame = prediction_frame(spec, key_columns(where), outputs, per_position=every)
+            frame = frame.with_columns(pl.Series(k, v) for k, v in decode_truth(spec, batch.targets).items())
             if ranking is not None:  # the group and item (unless a key already), the relevance and both scores
                 extra = ranking.update(where, next(iter(outputs.values())))
                 frame = frame.with_columns(v.alias(k) for k, v in extra.items() if k not in frame.columns)
             write(frame)
         if not test.n_windows:  # the columns, without rows
             empty = {name: y[:0] for name, y in example_outputs(spec).items()}
-            write(prediction_frame(spec, key_columns(window_keys_of(test, np.zeros(0, np.int64))), empty))
+            frame = prediction_frame(spec, key_columns(window_keys_of(test, np.zeros(0, np.int64))), empty)
+            truth = decode_truth(spec, [np.zeros(0, np.int64) for _ in spec.targets])
+            write(frame.with_columns(pl.Series(k, v) for k, v in truth.items()))
     metrics: dict[str, float] = {}
     baseline: dict[str, float] = {}
     directions: dict[str, str] = {}

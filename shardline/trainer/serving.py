@@ -128,6 +128,21 @@ def decode_outputs(spec: EncodingSpec, outputs: dict[str, np.ndarray]) -> dict[s
     return cols
 
 
+def decode_truth(spec: EncodingSpec, targets: list) -> dict[str, object]:
+    """The test rows' own targets beside their predictions, decoded as `decode_outputs` decodes a prediction (a
+    class in the target's own type, or the value): `truth` for one target, `<target>_truth` for several. `targets`:
+    a batch's (encoded) targets, one array per target, in the predictions' row order."""
+    cols: dict[str, object] = {}
+    for t, y in zip(spec.targets, targets):
+        name = "truth" if len(spec.targets) == 1 else f"{t.column}_truth"
+        y = np.asarray(y).reshape(-1)
+        if t.task == "classification":
+            cols[name] = class_labels(t).gather(y.astype(np.int64)).alias(name)
+        else:
+            cols[name] = y.astype(np.float64) * t.std + t.mean
+    return cols
+
+
 TEXT_OUTPUTS = {"prompt_tokens": pl.Int64, "next_token": pl.String, "probability": pl.Float32, "generated": pl.String}
 # a text model's `predict` params (MLflow's `predict(data, params=...)`, declared in the signature): what
 # `generated` is; temperature 0 is greedy, top_k 0 samples among every token
