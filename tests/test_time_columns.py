@@ -154,20 +154,35 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert short.returncode != 0 and "0 predictions: every sequence in the input has fewer than 4 rows" in short.stderr
     # beside a full sequence, one too short gets no prediction, and a category training never saw reads as unknown:
-    # both said, the predictions made as before
+    # both said, the predictions made as before. --forecast on the same rows: per sequence, the one prediction a live
+    # user needs, for the row after its last (not in the input yet), keyed by that last row; it is what the rows with
+    # a stand-in row appended predict for that row
     other = pl.read_parquet(raw_dir / "s-000.parquet").filter(pl.col("seq") == "s002").head(2).drop("label")
     unseen = rows.drop("label").with_columns(
         pl.when(pl.col("t") == 10).then(pl.lit("zzz")).otherwise("kind").alias("kind")
     )
+    last = unseen.sort("when").tail(1)
+    stand_in = last.with_columns(pl.col("when") + pl.duration(seconds=30), pl.col("t") + 1)
     pl.concat([unseen, other]).write_parquet(tmp_path / "mixed-lengths.parquet")
-    noted = subprocess.run([*cmd, str(tmp_path / "mixed-lengths.parquet"), "--out", str(tmp_path / "n.parquet"), *uri],
+    pl.concat([unseen, stand_in, other]).write_parquet(tmp_path / "appended.parquet")
+    noted = subprocess.run([*cmd, str(tmp_path / "appended.parquet"), "--out", str(tmp_path / "n.parquet"), *uri],
                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert noted.returncode == 0, noted.stderr[-3000:]
     assert "1 sequence(s) have fewer than 4 rows (data.window=3 + data.horizon=1) and get no prediction: 's002'" in (
         noted.stderr
     ), noted.stderr[-3000:]
     assert "column 'kind' holds 1 value(s) training never saw (the first: 'zzz')" in noted.stderr
-    assert pl.read_parquet(tmp_path / "n.parquet").height == preds.height
+    by_hand = pl.read_parquet(tmp_path / "n.parquet").sort("when")
+    assert by_hand.height == preds.height + 1  # and the stand-in row's
+    forecast = [str(tmp_path / "mixed-lengths.parquet"), "--forecast", "--out", str(tmp_path / "f.parquet"), *uri]
+    done = subprocess.run([*cmd, *forecast], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1 sequence(s) have fewer than 3 rows (data.window) and get no prediction: 's002'" in done.stderr
+    ahead = pl.read_parquet(tmp_path / "f.parquet")
+    assert ahead.columns[:4] == ["seq", "user", "when", "horizon"] and ahead["horizon"].to_list() == [1]
+    assert ahead.select("seq", "user", "when").rows() == last.select("seq", "user", "when").rows()
+    assert by_hand["prediction"].tail(1).to_list() == ahead["prediction"].to_list()
+    assert by_hand["probability"].tail(1).to_list() == pytest.approx(ahead["probability"].to_list(), rel=1e-5)
 
     # a column the model takes is missing: the file and the column named (not MLflow's dump of the whole frame)
     rows.drop("label", "x").write_parquet(tmp_path / "no-x.parquet")

@@ -344,6 +344,7 @@ def _load_model(model_uri: str, tracking_uri: str | None):
         mlflow.set_tracking_uri(uri)
     elif model_uri.startswith(("models:/", "runs:/")):
         _fail("no MLflow tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI", 2)
+    from shardline.app.predict_input import registered_like
     from shardline.runs.model_files import load_checked, load_pyfunc
 
     try:
@@ -352,26 +353,9 @@ def _load_model(model_uri: str, tracking_uri: str | None):
     except Exception as e:  # noqa: BLE001 - any load failure: reported with the model URI
         missing = getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"  # a URI naming nothing: the command
         _fail(
-            f"cannot load model {model_uri} from {uri}: {e}{_registered_like(model_uri) if missing else ''}",
+            f"cannot load model {model_uri} from {uri}: {e}{registered_like(model_uri) if missing else ''}",
             2 if missing else 1,
         )
-
-
-def _registered_like(model_uri: str) -> str:
-    """'; the store has models ...' naming the registered models closest to a models:/ URI's name."""
-    import difflib
-
-    import mlflow
-
-    if not model_uri.startswith("models:/"):
-        return ""
-    name = model_uri.removeprefix("models:/").split("/")[0].split("@")[0]
-    try:
-        names = [m.name for m in mlflow.search_registered_models(max_results=1000)]
-    except Exception:  # noqa: BLE001 - only a hint
-        return ""
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5) or sorted(names)[:5]
-    return f"; the store has {', '.join(close)}" if close and name not in names else ""
 
 
 @app.command()
@@ -384,6 +368,7 @@ def predict(
     tracking_uri: str | None = typer.Option(
         None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./shardline-home/mlflow.db)"
     ),
+    forecast: bool = typer.Option(False, "--forecast", help="one per sequence: the row data.horizon past its last"),
 ) -> None:
     """Write one prediction per window in INPUT, keyed by sequence key and order column so it joins back."""
     import polars as pl
@@ -415,9 +400,11 @@ def predict(
         from shardline.core.encoding.columns import DataError
 
         try:
-            result = predictor.predict_frame(df)
+            result = predictor.predict_frame(df, forecast=forecast)
         except DataError as e:
             _fail(f"{input_path}: {e}", 2)
+    elif forecast:
+        _fail(f"--forecast: {model_uri} was registered by an older Shardline; register it again to forecast", 2)
     else:  # a model registered before its bundle kept the input's types: MLflow's schema enforcement, through
         # pandas, which takes naive date-times only: time zones go in as UTC and come back in the input's zone
         result = pl.from_pandas(model.predict(naive_utc(df.to_pandas())))

@@ -1,4 +1,5 @@
-"""`shardline predict`'s input: a parquet file, a folder or a glob of them, read as `shardline run` takes them."""
+"""`shardline predict`'s input: a parquet file, a folder or a glob of them, read as `shardline run` takes them; and
+the registered models a URI naming none may have meant."""
 
 from __future__ import annotations
 
@@ -55,3 +56,20 @@ def placeholder(dtype) -> object:
     if name == "boolean":
         return False
     return np.zeros(1, dtype=dtype.to_numpy())[0] if hasattr(dtype, "to_numpy") else 0
+
+
+def registered_like(model_uri: str) -> str:
+    """'; the store has models ...' naming the registered models closest to a models:/ URI's name."""
+    import difflib
+
+    import mlflow
+
+    if not model_uri.startswith("models:/"):
+        return ""
+    name = model_uri.removeprefix("models:/").split("/")[0].split("@")[0]
+    try:
+        names = [m.name for m in mlflow.search_registered_models(max_results=1000)]
+    except Exception:  # noqa: BLE001 - only a hint
+        return ""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5) or sorted(names)[:5]
+    return f"; the store has {', '.join(close)}" if close and name not in names else ""

@@ -340,6 +340,24 @@ class Predictor:
             )
         return prompt_ids(self.tokenizer, texts, generation=t.target_column is not None)
 
+    def _forecast(self, prepared: pl.DataFrame, data, where: dict, seq_col: str | None, batch_size: int):
+        """`predict_frame(forecast=True)`'s: each window (one a sequence, `with_rows_to_come`) keyed by its last
+        input row, `horizon` rows before the one it predicts (every position predicted: the last position's)."""
+        from shardline.trainer.inference import predict
+
+        spec = self.spec
+        outputs = predict(self.model, data, batch_size=batch_size)
+        if spec.target_positions == "all" and spec.targets:
+            outputs = {k: v[:, -1] for k, v in outputs.items()}
+        last = pl.Series(where["row"] - spec.horizon)
+        keys: dict[str, object] = {}
+        for c in (seq_col, *spec.id_columns, *_ranked_by(spec)):
+            if c and c not in keys:
+                keys[c] = prepared[c].gather(last)
+        keys[spec.order_by or "row"] = prepared[spec.order_by or ORDER].gather(last).alias(spec.order_by or "row")
+        keys["horizon"] = pl.Series("horizon", np.full(len(last), spec.horizon, np.int64))
+        return prediction_frame(spec.model_copy(update={"target_positions": "last"}), keys, outputs)
+
     def predict_text(self, df: pl.DataFrame, batch_size: int = 256, params: dict | None = None) -> pl.DataFrame:
         """Text data: per row, its prompt's next token (greedy) and probability, from the prompt's last window
         (the model reads up to data.window tokens), and the text generated after the prompt (`generate`, with
@@ -411,9 +429,12 @@ class Predictor:
         if text != shown and text.startswith(shown):  # the rest: a last character's bytes, or the whole text
             yield text[len(shown) :]
 
-    def predict_frame(self, df: pl.DataFrame, batch_size: int = 4096, params: dict | None = None) -> pl.DataFrame:
+    def predict_frame(
+        self, df: pl.DataFrame, batch_size: int = 4096, params: dict | None = None, forecast: bool = False
+    ) -> pl.DataFrame:
         """One prediction per window the rows contain (each row with K rows of history in its sequence); text
-        data: one per row (`predict_text`)."""
+        data: one per row (`predict_text`). `forecast`: instead, one per sequence, for the row `data.horizon`
+        rows after its last one (which the input cannot hold yet): keyed by that last row, with `horizon`."""
         from shardline.trainer.data import SplitData
         from shardline.trainer.inference import position_rows, predict
 
@@ -433,21 +454,29 @@ class Predictor:
         prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # the rows as the encoding lays them out
         if spec.order_by is not None:  # a file given twice: two predictions a row, the copies in every window
             refuse_copies(prepared, spec.sequence_key, spec.order_by, "the input")
+        if forecast:
+            prepared = with_rows_to_come(prepared, spec)
         arrays, _ = encode_frame(prepared, spec, with_target=False, presorted=True)
         data = SplitData([arrays], spec.window, spec.horizon, positions=spec.target_positions)
         where = data.window_keys()
-        for note in input_notes(prepared, arrays, spec, seq_col):
+        for note in input_notes(prepared, arrays, spec, seq_col, forecast):
             logging.getLogger("shardline.predict").warning("predict: %s", note)
         if not data.n_windows and df.height:
             k = spec.window + spec.horizon
+            need = (
+                f"{spec.window} rows (data.window)"
+                if forecast
+                else (f"{k} rows (data.window={spec.window} rows of history + data.horizon={spec.horizon})")
+            )
             raise DataError(
-                f"0 predictions: every sequence in the input has fewer than {k} rows (data.window={spec.window} "
-                f"rows of history + data.horizon={spec.horizon}); pass the history too (several files, or a glob "
-                "or a folder of them, to `shardline predict`)"
+                f"0 predictions: every sequence in the input has fewer than {need}; pass the history too (several "
+                "files, or a glob or a folder of them, to `shardline predict`)"
             )
         # each prediction keyed by the row it is for (every position predicted: each position's own row), in the
         # input's own types (a join needs no cast)
         every = spec.target_positions == "all" and bool(spec.targets)
+        if forecast:
+            return self._forecast(prepared, data, where, seq_col, batch_size)
         rows = pl.Series(position_rows(where["row"], spec.window) if every else where["row"])
         out: dict[str, object] = {}
         for c in (seq_col, *spec.id_columns, *_ranked_by(spec)):
@@ -460,23 +489,43 @@ class Predictor:
         return prediction_frame(spec, out, predict(self.model, data, batch_size=batch_size), per_position=every)
 
 
-def input_notes(prepared: pl.DataFrame, arrays: dict, spec: EncodingSpec, seq_col: str | None) -> list[str]:
+TO_COME = "__to_come"  # a row `forecast` adds after a sequence's last one: only a target, never an input
+
+
+def with_rows_to_come(prepared: pl.DataFrame, spec: EncodingSpec) -> pl.DataFrame:
+    """Each sequence of `prepared` (sorted) as its last `data.window` rows and `data.horizon` rows after them,
+    copies of its last row marked `TO_COME`: its one window is the one that ends on its last row, whose target row
+    is the one it forecasts."""
+    real = prepared.with_columns(pl.lit(False).alias(TO_COME)).group_by(SEQ, maintain_order=True).tail(spec.window)
+    last = real.group_by(SEQ, maintain_order=True).last().with_columns(pl.lit(True).alias(TO_COME))
+    ahead = [last.with_columns(pl.col(ORDER) + step) for step in range(1, spec.horizon + 1)]
+    return pl.concat([real, *ahead], how="vertical_relaxed").sort([SEQ, ORDER], maintain_order=True)
+
+
+def input_notes(
+    prepared: pl.DataFrame, arrays: dict, spec: EncodingSpec, seq_col: str | None, forecast: bool = False
+) -> list[str]:
     """What of the input rows no prediction, or no prediction as trained, is made of: the sequences too short for
     one window (no prediction), the categories training never saw (read as unknown, as a null is)."""
     notes = []
     k = spec.window + spec.horizon
-    lengths = np.diff(arrays["offsets"])
+    lengths = np.diff(arrays["offsets"])  # a forecast's: its rows to come counted (k of them make one window)
     if seq_col and prepared.height and (lengths < k).any() and (lengths >= k).any():  # all short: an error, above
         short = np.flatnonzero(lengths < k)
         starts = pl.Series(arrays["offsets"][short])
         names = prepared[seq_col].gather(starts).cast(pl.String).to_list()
         shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        notes.append(
-            f"{len(names)} sequence(s) have fewer than {k} rows (data.window={spec.window} + data.horizon="
-            f"{spec.horizon}) and get no prediction: {shown}; pass their history too"
+        need = (
+            f"{spec.window} rows (data.window)"
+            if forecast
+            else (f"{k} rows (data.window={spec.window} + data.horizon={spec.horizon})")
         )
+        notes.append(
+            f"{len(names)} sequence(s) have fewer than {need} and get no prediction: {shown}; pass their history too"
+        )
+    real = ~prepared[TO_COME].to_numpy() if TO_COME in prepared.columns else True  # not a forecast's copies
     for j, v in enumerate(spec.categorical):
-        unseen = (arrays["cat"][:, j] == 0) & prepared[v.name].is_not_null().to_numpy()
+        unseen = (arrays["cat"][:, j] == 0) & prepared[v.name].is_not_null().to_numpy() & real
         if unseen.any():
             first = prepared[v.name].filter(pl.Series(unseen))[0]
             notes.append(
