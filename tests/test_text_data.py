@@ -604,6 +604,9 @@ def test_a_text_model_serves_categorical_text_and_refuses_other_types_naming_the
     for bad, dtype in (([[1, 2], [3]], "List"), ([1, 2], "Int64")):
         with pytest.raises(DataError, match=rf"input column 'body' is {dtype}.*, not text; the model reads strings"):
             predictor.predict_frame(pl.DataFrame({"body": bad}))
+    # a text model has no rows to come to forecast: said, not ignored (`shardline generate` writes on)
+    with pytest.raises(DataError, match=r"--forecast: a text model predicts each row's next token"):
+        predictor.predict_frame(rows, forecast=True)
 
 
 def crlf_model_files(tmp_path: Path) -> tuple[Manifest, str, dict[str, str]]:

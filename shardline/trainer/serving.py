@@ -448,6 +448,11 @@ class Predictor:
         if self.input_types:
             df = _conformed(df, self.input_types)
         if spec.text is not None:
+            if forecast:
+                raise DataError(
+                    "--forecast: a text model predicts each row's next token and has no rows to come; "
+                    "`shardline generate` writes on from a text"
+                )
             return self.predict_text(df, params=params)
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
         prepared = prepare(df, spec.sequence_key, spec.order_by, "input", spec.order_format)
