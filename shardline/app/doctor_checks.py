@@ -124,9 +124,6 @@ def _local_torch(config: PipelineConfig) -> Check:
 # ---------------------------------------------------------------- storage and data
 
 
-_endpoint = s3_endpoint
-
-
 def _storage_hint(e: BaseException, uri: str) -> str:
     text = f"{type(e).__name__} {e}"
     if not storage.is_remote(uri):
@@ -138,7 +135,7 @@ def _storage_hint(e: BaseException, uri: str) -> str:
     bucket = uri.split("://", 1)[1].split("/", 1)[0]
     if isinstance(e, TimeoutError):
         return (
-            f"{_endpoint()} did not answer: check AWS_ENDPOINT_URL (for MinIO and other S3-compatible stores; unset "
+            f"{s3_endpoint()} did not answer: check AWS_ENDPOINT_URL (for MinIO and other S3-compatible stores; unset "
             "it for AWS) "
             "and the network; botocore retries (AWS_MAX_ATTEMPTS, AWS_RETRY_MODE) can make a dead endpoint slow to fail"
         )
@@ -161,7 +158,7 @@ def _storage_hint(e: BaseException, uri: str) -> str:
         )
     ):
         return (
-            f"cannot connect to {_endpoint()}: is the server up? AWS_ENDPOINT_URL names an S3-compatible endpoint "
+            f"cannot connect to {s3_endpoint()}: is the server up? AWS_ENDPOINT_URL names an S3-compatible endpoint "
             "(MinIO, ...); unset it for AWS"
         )
     if any(
@@ -175,10 +172,10 @@ def _storage_hint(e: BaseException, uri: str) -> str:
         )
     if "NoSuchBucket" in text or isinstance(e, FileNotFoundError):
         return (
-            f"bucket {bucket} does not exist at {_endpoint()}: create it (`aws s3 mb s3://{bucket}`) or fix "
+            f"bucket {bucket} does not exist at {s3_endpoint()}: create it (`aws s3 mb s3://{bucket}`) or fix "
             "storage.root"
         )
-    return f"check the credentials (AWS_* variables, AWS_PROFILE or the role) and the endpoint ({_endpoint()})"
+    return f"check the credentials (AWS_* variables, AWS_PROFILE or the role) and the endpoint ({s3_endpoint()})"
 
 
 def _storage_check(config: PipelineConfig, timeout: float) -> Check:
@@ -209,7 +206,7 @@ def _storage_check(config: PipelineConfig, timeout: float) -> Check:
             False,
             f"storage.root {shown}: a write, read back and delete failed ({_short(e)}); {_storage_hint(e, root)}",
         )
-    where = f" via {_endpoint()}" if storage.is_remote(root) else ""
+    where = f" via {s3_endpoint()}" if storage.is_remote(root) else ""
     return Check("storage", True, f"{shown}{where}: wrote, read back and deleted a probe object ({took * 1000:.0f} ms)")
 
 

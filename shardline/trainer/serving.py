@@ -99,6 +99,14 @@ def class_labels(t) -> pl.Series:
     return texts
 
 
+def decoded(t, values: np.ndarray):
+    """A target's encoded values as the user's: class ids as the classes in the target's own type, standardised
+    values as the values."""
+    if t.task == "classification":
+        return class_labels(t)[values.reshape(-1).astype(np.int64)]
+    return values.reshape(-1).astype(np.float64) * t.std + t.mean
+
+
 def decode_outputs(spec: EncodingSpec, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Network outputs (`predict`: per target) -> user-facing columns, one row per window, or per window and
     position (window-major) when every position is predicted: `prediction` (the class, in the target's own
@@ -112,11 +120,11 @@ def decode_outputs(spec: EncodingSpec, outputs: dict[str, np.ndarray]) -> dict[s
         if t.task == "classification":
             y = y.reshape(-1, y.shape[-1])
             ids = y.argmax(axis=1)
-            cols[name] = class_labels(t)[ids]
+            cols[name] = decoded(t, ids)
             prob = "probability" if len(spec.targets) == 1 else f"{t.column}_probability"
             cols[prob] = y[np.arange(len(ids)), ids].astype(np.float32)
         else:
-            cols[name] = y.reshape(-1).astype(np.float64) * t.std + t.mean
+            cols[name] = decoded(t, y)
     if spec.group_key and spec.targets:  # ranking: the score rows are ranked by in their group, as evaluation's
         from shardline.core.encoding.row_keys import class_grades
 
@@ -135,11 +143,7 @@ def decode_truth(spec: EncodingSpec, targets: list) -> dict[str, object]:
     cols: dict[str, object] = {}
     for t, y in zip(spec.targets, targets):
         name = "truth" if len(spec.targets) == 1 else f"{t.column}_truth"
-        y = np.asarray(y).reshape(-1)
-        if t.task == "classification":
-            cols[name] = class_labels(t).gather(y.astype(np.int64)).alias(name)
-        else:
-            cols[name] = y.astype(np.float64) * t.std + t.mean
+        cols[name] = decoded(t, np.asarray(y))
     return cols
 
 
@@ -350,11 +354,7 @@ class Predictor:
         if spec.target_positions == "all" and spec.targets:
             outputs = {k: v[:, -1] for k, v in outputs.items()}
         last = pl.Series(where["row"] - spec.horizon)
-        keys: dict[str, object] = {}
-        for c in (seq_col, *spec.id_columns, *_ranked_by(spec)):
-            if c and c not in keys:
-                keys[c] = prepared[c].gather(last)
-        keys[spec.order_by or "row"] = prepared[spec.order_by or ORDER].gather(last).alias(spec.order_by or "row")
+        keys = row_keys(prepared, last, spec, seq_col)
         keys["horizon"] = pl.Series("horizon", np.full(len(last), spec.horizon, np.int64))
         return prediction_frame(spec.model_copy(update={"target_positions": "last"}), keys, outputs)
 
@@ -483,15 +483,19 @@ class Predictor:
         if forecast:
             return self._forecast(prepared, data, where, seq_col, batch_size)
         rows = pl.Series(position_rows(where["row"], spec.window) if every else where["row"])
-        out: dict[str, object] = {}
-        for c in (seq_col, *spec.id_columns, *_ranked_by(spec)):
-            if c and c not in out:
-                out[c] = prepared[c].gather(rows)
-        if spec.order_by:
-            out[spec.order_by] = prepared[spec.order_by].gather(rows)
-        else:
-            out["row"] = prepared[ORDER].gather(rows).alias("row")
+        out = row_keys(prepared, rows, spec, seq_col)
         return prediction_frame(spec, out, predict(self.model, data, batch_size=batch_size), per_position=every)
+
+
+def row_keys(prepared: pl.DataFrame, rows: pl.Series, spec: EncodingSpec, seq_col: str | None) -> dict[str, object]:
+    """The key columns of the input `rows` (of `prepared`), in the input's own types (a join needs no cast): the
+    sequence key, the id columns, ranking data's group and item, and the order (else the row number, `row`)."""
+    out: dict[str, object] = {}
+    for c in (seq_col, *spec.id_columns, *_ranked_by(spec)):
+        if c and c not in out:
+            out[c] = prepared[c].gather(rows)
+    out[spec.order_by or "row"] = prepared[spec.order_by or ORDER].gather(rows).alias(spec.order_by or "row")
+    return out
 
 
 TO_COME = "__to_come"  # a row `forecast` adds after a sequence's last one: only a target, never an input
