@@ -177,6 +177,27 @@ def test_a_sweep_whose_trials_all_stop_at_their_budget_exits_as_a_budget_stop(da
     assert "RuntimeError" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-5000:]  # trials' too
 
 
+def test_a_sweep_whose_every_trial_fails_lists_each_with_its_error_without_a_traceback(data, prefect_api):
+    """Every trial fails (here the user's model refuses its params): exit 1 and one `error:` saying so, then each
+    trial on a line of its own, with its overrides and its error. It was a Prefect traceback of a RuntimeError,
+    then an `error:` line joining every trial's error into one."""
+    tmp_path, cfg = data
+    (tmp_path / "nets.py").write_text(
+        "class Net:\n    def __init__(self, spec, width=8):\n        raise ValueError(f'no net is {width} wide')\n"
+    )
+    cfg["model"] = {"entrypoint": "nets:Net", "params": {"width": 8}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run(
+        [str(BIN), "sweep", str(tmp_path / "c.yaml"), "--grid", "model.params.width=8,16"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=api_env(),
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stdout + out.stderr and "RuntimeError" not in out.stderr, out.stderr[-5000:]
+    said = out.stderr[out.stderr.index("error: every trial failed:") :].splitlines()
+    assert said[1].startswith("  t1 (model.params.width=8): ") and "no net is 8 wide" in said[1], said
+    assert said[2].startswith("  t2 (model.params.width=16): ") and "no net is 16 wide" in said[2], said
+
+
 def test_a_killed_sweep_finishes_on_rerun_without_retraining_finished_trials(data, prefect_api):
     """`shardline sweep` is SIGKILLed once its first trial has finished and the second has checkpointed: the
     second trial's process stops by itself (at a checkpoint), and the same command again takes the first
@@ -231,6 +252,53 @@ def test_a_killed_sweep_finishes_on_rerun_without_retraining_finished_trials(dat
     resumed = [r for r in results if r["resumed_from"]]
     assert len(resumed) == 1 and resumed[0]["run_dir"] != str(finished.parent)
     assert "Best t" in again.stdout and "registered as tiny-model version 1" in again.stdout
+
+
+def trial_processes(pid: int) -> list[psutil.Process]:
+    """The trial processes of the sweep `pid`: the children of its fork server."""
+    try:
+        servers = [p for p in psutil.Process(pid).children() if "forkserver" in " ".join(p.cmdline())]
+        return [c for s in servers for c in s.children()]
+    except psutil.Error:
+        return []
+
+
+def test_ctrl_c_while_trials_start_stops_the_sweep_and_its_trials_in_seconds_without_a_traceback(data, prefect_api):
+    """Ctrl-C (the terminal's SIGINT to the sweep's process group) just as the first trial's process has started and
+    the second's is starting. Before: the trial processes, in the same group, died of it while they loaded (a
+    traceback each), the broken start was retried, and the trials started anew trained to their end before the
+    sweep exited. Now the sweep stops starting and retrying trials, passes the SIGINT on to the trials (their
+    fork server's own process group), each stops at its first step, and the sweep exits in seconds, saying so."""
+    from prefect.settings import PREFECT_API_URL
+
+    tmp_path, cfg = data
+    cfg["training"]["epochs"] = 200  # minutes, were it not stopped
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "SHARDLINE_TEST_STEP_DELAY": "0.05"}
+    command = [str(BIN), "sweep", str(tmp_path / "c.yaml"), "--grid", "model.hidden=8,16,32", "--at-once", "2"]
+    log = tmp_path / "sweep.log"
+    proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not trial_processes(proc.pid):  # a trial's process forked from the fork server
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no trial started"
+            time.sleep(0.05)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        interrupted = time.monotonic()
+        assert proc.wait(120) == 130, log.read_text()[-3000:]
+        took = time.monotonic() - interrupted
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
+    assert took < 60, f"the sweep took {took:.0f} s to stop after Ctrl-C:\n{out[-3000:]}"
+    assert "interrupted; run the same command again" in out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    assert "Retry" not in out, out[-3000:]
+    gone, alive = psutil.wait_procs(started, timeout=60)
+    assert not alive, f"left running after the sweep: {alive}"
 
 
 def test_bad_sweeps_are_refused_before_any_work(tmp_path):

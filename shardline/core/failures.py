@@ -123,11 +123,12 @@ def raised_in_your_code(e: BaseException) -> str:
 # a mistake in the config or the data, and a stop that is no fault (a preemption, the budget spent)
 QUIET_ERRORS = ("DataError", "ConfigError", "ModelContractError", "EncodingMismatch", "ValueError", "Preempted")
 # ...and a store or a tracking server that answers no connection, said naming it and its setting
-QUIET_ERRORS += ("BudgetExceeded", "StorageUnreachable", "TrackingUnreachable")
+QUIET_ERRORS += ("BudgetExceeded", "StorageUnreachable", "TrackingUnreachable", "SweepFailed")
 
 
 class QuietUserErrors(logging.Filter):
-    """On the terminal, a mistake in the config or the data, or a preemption's or a budget's stop, is said once,
+    """On the terminal, a mistake in the config or the data (or an error raised in the user's own model code,
+    `raised_in_your_code`), or a preemption's or a budget's stop, is said once,
     by the command's `error:` line, without a traceback: Prefect's own records of it (the task's failed state,
     the flow's exception) are dropped from the console. The Prefect API still gets them, and `--verbose` keeps
     them here."""
@@ -136,7 +137,8 @@ class QuietUserErrors(logging.Filter):
         if record.levelno < logging.INFO:
             return True
         if record.exc_info and record.exc_info[1] is not None:
-            return type(record.exc_info[1]).__name__ not in QUIET_ERRORS
+            error = record.exc_info[1]
+            return type(error).__name__ not in QUIET_ERRORS and not raised_in_your_code(error)
         text = record.getMessage()
         if " - Retry " in text:  # an infrastructure error retried (a store away): the wait is said, one line
             return True

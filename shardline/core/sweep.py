@@ -40,6 +40,11 @@ class SweepError(ConfigError):
     config is refused); the message names the trial or the key."""
 
 
+class SweepFailed(RuntimeError):
+    """Every trial of a sweep failed (or its cross-validation's final retrain did): the message lists each trial
+    with its overrides and its error, a line each, and the command says it without a traceback."""
+
+
 class Range(BaseModel):
     """A numeric range sampled uniformly, or log-uniformly (`log: true`), rounded for `int: true`."""
 

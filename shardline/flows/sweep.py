@@ -23,6 +23,7 @@ from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction, redacted_errors
 from shardline.core.sweep import (
     FOLD_KEY,
+    SweepFailed,
     Trial,
     best_of,
     cpu_share,
@@ -160,7 +161,15 @@ def sweep(
                     f"every trial stopped at its budget ({rows[0]['error']}); raise training.max_hours or max_cost "
                     "and run the same command again: each trial resumes from its checkpoint"
                 )
-            raise RuntimeError(f"{why}: " + "; ".join(f"{r['trial']}: {r['error']}" for r in rows if r.get("error")))
+            raise SweepFailed(
+                f"{why}:\n"
+                + "\n".join(
+                    f"  {r['trial']} ({' '.join(f'{k}={v}' for k, v in r['overrides'].items()) or 'the config'}): "
+                    f"{r['error']}"
+                    for r in rows
+                    if r.get("error")
+                )
+            )
 
         # the best trial (cross-validation: its retrain): evaluated on the test split, registered as the pipeline does
         if final:

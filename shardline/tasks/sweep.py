@@ -9,9 +9,11 @@ share the machine each get their share of its cores, and a trial that crashes ta
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import multiprocessing
 import os
+import signal
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -57,8 +59,11 @@ SWEEP_TAG = "shardline.sweep"  # on the trials' MLflow runs and the registered v
 # what a trial's process needs, imported once by multiprocessing's fork server (~7 s of CPU: torch and its compiler
 # front end, which every optimizer loads, MLflow, Prefect, the training): each trial is then a fork of it, not an
 # interpreter that imports them again
-TRIAL_PRELOAD = ["shardline.flows.train", "torch._dynamo", "mlflow"]
+TRIAL_PRELOAD = ["shardline.tasks.trial_group", "shardline.flows.train", "torch._dynamo", "mlflow"]
 _starting = threading.Lock()
+_interrupted = threading.Event()  # Ctrl-C in this process's sweep: no trial is started or retried after it
+_trials: set[int] = set()  # the pids of the trial processes running (`interrupt_trials` passes Ctrl-C on to them)
+_trials_lock = threading.Lock()
 
 
 class _ForkServerStarts:
@@ -132,6 +137,8 @@ def train_in_child(
     }
     earlier = {r.id for r in tagged_flow_runs(tag)}  # an interrupted attempt's: not this child's
     with temporary_settings(updates={PREFECT_API_URL: api}), tags("shardline", tag), forked_from_preloaded():
+        if _interrupted.is_set():
+            raise TrainingRunFailed(f"training run {folder} was not started: the sweep was interrupted (Ctrl-C)")
         process = run_flow_in_subprocess(
             flow,
             parameters=parameters,
@@ -141,7 +148,15 @@ def train_in_child(
             env={PARENT_ENV: str(os.getpid()), QUIET_ENV: "1" if console_is_quiet() else "0"},
         )
     log.info("train: %s in child process %d (%s torch threads)", folder, process.pid, cpu_threads or "default")
-    process.join()
+    with _trials_lock:
+        _trials.add(process.pid)
+        if _interrupted.is_set():  # Ctrl-C while it started
+            os.kill(process.pid, signal.SIGINT)
+    try:
+        process.join()
+    finally:
+        with _trials_lock:
+            _trials.discard(process.pid)
     flow_run = next((r for r in tagged_flow_runs(tag) if r.id not in earlier), None)
     if flow_run is not None and (flow_run.state is None or not flow_run.state.is_final()):
         flow_run = watch_training_run(flow_run.id, folder, 30, 1)  # its last state may still be on its way
@@ -376,9 +391,17 @@ def train_trials(
             trial, config = next(pair for pair in order if futures[pair[0].id] is future)
             study.tell(trial, trial_outcome(trial, config, future)[0])
 
+    def one_ends() -> None:
+        try:
+            ended(_next_done(running))
+        except KeyboardInterrupt:
+            interrupt_trials()
+            raise
+
+    _interrupted.clear()
     while True:
         while len(running) >= at_once:
-            ended(next(as_completed(running)))
+            one_ends()
         pair = next(pairs, None)
         if pair is None:
             break
@@ -388,7 +411,7 @@ def train_trials(
         step = cached(train_step, TRAIN_CACHE, config.storage.root).with_options(
             retries=config.training.max_restarts,
             retry_delay_seconds=5,
-            retry_condition_fn=retry_on_infrastructure,
+            retry_condition_fn=_retry_unless_interrupted,
             task_run_name=f"train {trial.id}",
         )
         tags = trial_tags(parent_run_id, plan.id, trial)
@@ -399,7 +422,7 @@ def train_trials(
         )
         running.append(futures[trial.id])
     while running:
-        ended(next(as_completed(running)))
+        one_ends()
     outcomes = [trial_outcome(trial, config, futures[trial.id]) for trial, config in order]
     for (row, result), (trial, config) in zip(outcomes, order, strict=True):
         if row.get("error"):  # a failed or budget-stopped trial paid for what it trained: its run folder's ledger
@@ -411,6 +434,38 @@ def train_trials(
         elif row["state"] == "ran" and result is not None and before.get(trial.id) == _outcome_of(result.run_dir):
             row["state"] = "cached"  # its run folder held this result already (another sweep's): nothing trained
     return outcomes
+
+
+def _next_done(running: list):
+    """The next of the `running` futures to finish, waited for a second at a time: the kernel may deliver Ctrl-C's
+    SIGINT to another of this process's threads, and the main thread raises KeyboardInterrupt only once it runs
+    again (with Prefect's `as_completed`, which waits without a limit, a sweep went on until a trial ended)."""
+    inner = [getattr(f, "wrapped_future", None) for f in running]
+    if not all(isinstance(w, cf.Future) for w in inner):
+        return next(as_completed(running))
+    while True:
+        done, _ = cf.wait(inner, timeout=1.0, return_when=cf.FIRST_COMPLETED)
+        if done:
+            future = running[inner.index(next(iter(done)))]
+            future.wait()
+            return future
+
+
+def interrupt_trials() -> None:
+    """Ctrl-C in the sweep: no trial starts or is retried after it, and the trials running, in their fork server's
+    process group (`shardline.tasks.trial_group`), get the SIGINT the terminal sent: each stops at a checkpoint
+    (one still starting, at its first step), and the same command again resumes them."""
+    with _trials_lock:
+        _interrupted.set()
+        for pid in _trials:
+            try:
+                os.kill(pid, signal.SIGINT)
+            except OSError:  # it has just ended
+                pass
+
+
+def _retry_unless_interrupted(task, task_run, state) -> bool:
+    return not _interrupted.is_set() and retry_on_infrastructure(task, task_run, state)
 
 
 def _run_folder(config: PipelineConfig, manifest_uri: str) -> str | None:

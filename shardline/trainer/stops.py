@@ -46,6 +46,17 @@ class StopFlag:
     signal_name: str | None = None
 
 
+class KeptSignal:
+    """A SIGINT/SIGTERM handler for a process that is still starting (a sweep's trial loading its flow): the signal
+    is kept, not raised (a KeyboardInterrupt there is a traceback of that loading), and given to the training's
+    handler once it is set (`on_stop_signals`), which then stops at its first optimizer step, at a checkpoint."""
+
+    signum: int | None = None
+
+    def __call__(self, signum, frame) -> None:
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def on_stop_signals(handler: Callable | None):
     """`handler` for SIGTERM and SIGINT while the block runs (from the main thread only, where they can be set)."""
@@ -53,6 +64,9 @@ def on_stop_signals(handler: Callable | None):
         yield
         return
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    kept = next((h.signum for h in previous.values() if isinstance(h, KeptSignal) and h.signum is not None), None)
+    if kept is not None:
+        handler(kept, None)
     try:
         yield
     finally:
