@@ -59,6 +59,18 @@ def test_a_users_model_trains_retrains_on_a_code_edit_and_predicts_without_its_c
     v2 = client.get_model_version("tiny-model", "2")
     assert v2.tags["shardline.model_code_version"] != v1.tags["shardline.model_code_version"]
 
+    # a bug in the model's forward (a name mistyped): said as the error, with the user's file and line, and no
+    # traceback (it was two of Prefect's, ~190 lines, then an `error:` naming no file); nothing registered
+    world = project / "models" / "world.py"
+    good = world.read_text()
+    world.write_text(good.replace("h, _ = self.gru(x)", "h, _ = self.gru(xx)"))
+    line = good.splitlines().index("        h, _ = self.gru(x)") + 1
+    buggy = shardline("run", str(config), cwd=tmp_path)
+    assert buggy.returncode == 1, buggy.stdout[-3000:] + buggy.stderr[-3000:]
+    assert "Traceback" not in buggy.stdout + buggy.stderr, buggy.stderr[-5000:]
+    assert f"error: name 'xx' is not defined (NameError raised at {world}:{line};" in buggy.stderr, buggy.stderr
+    world.write_text(good)
+
     # the registered model carries the user's code and Shardline's: it predicts raw rows in a fresh
     # process, in another folder, with the user's repository gone
     project.rename(tmp_path / "deleted")
@@ -105,16 +117,18 @@ def test_a_bad_entrypoint_is_refused_before_any_work_with_exit_code_2(tmp_path, 
     root = tmp_path / "store"
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root))
     config = write_project(tmp_path / "repo", cfg)
+    (tmp_path / "repo" / "models" / "typo.py").write_text("class Net:\n    def __init__(self spec):\n        pass\n")
     text = config.read_text()
     for entrypoint, expect in (
         ("models.world:Missing", "has no 'Missing'; it defines ['WindowGRU'"),
         ("nothere.world:Net", "no module 'nothere' in"),
         ("models.world", "is not 'package.module:Name'"),
+        ("models.typo:Net", f"importing models.typo failed ({tmp_path / 'repo' / 'models' / 'typo.py'}:2): Syntax"),
     ):
         config.write_text(text.replace("models.world:WindowGRU", entrypoint))
         out = shardline("run", str(config), cwd=tmp_path)
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
-        assert expect in out.stderr and "model.entrypoint" in out.stderr
+        assert expect in out.stderr and "model.entrypoint" in out.stderr, out.stderr
     assert not root.exists()  # nothing was started, nothing written
 
 

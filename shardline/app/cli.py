@@ -95,6 +95,8 @@ def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ..
             _fail(f"{e}", BUDGET_EXIT_CODE)
         if isinstance(e, (DataError, ValueError, FileNotFoundError, StorageUnreachable, TrackingUnreachable, *errors)):
             _fail(f"{e}{raised_in_your_code(e)}")
+        if raised_in_your_code(e):  # a bug in the user's model code: where it is, not Prefect's traceback of it
+            _fail(f"{e}{raised_in_your_code(e)}")
         raise
 
 

@@ -145,6 +145,8 @@ def import_entrypoint(entrypoint: str, code_dir: str | None = None):
     except Exception as e:
         frame = inspect.trace()[-1] if inspect.trace() else None
         at = f" ({frame.filename}:{frame.lineno})" if frame else ""
+        if isinstance(e, SyntaxError) and e.filename:  # the file that does not parse, not the importer's frame
+            at = f" ({e.filename}:{e.lineno})"
         raise ModelContractError(
             f"model.entrypoint='{entrypoint}': importing {module_name} failed{at}: {type(e).__name__}: {e}"
         ) from e
