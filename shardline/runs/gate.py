@@ -130,8 +130,11 @@ def _score(task: str, truth: pl.Series, predicted: pl.Series) -> dict[str, float
 
 def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> tuple[list[pl.DataFrame], int] | str:
     """The rows `keep(frame, uri)` picks of the first raw files (columns `need`), up to GATE_ROWS (the memory is
-    bounded), and how many; or why not: the first file that lacks a column of `check`."""
-    frames, n = [], 0
+    bounded), and how many, their date-times in one zone where the files' differ; or why not: the first file that
+    lacks a column of `check`."""
+    from shardline.core.encoding.write import in_one_zone
+
+    frames, uris, n = [], [], 0
     for f in snapshot.files:
         raw = io.BytesIO(storage.read_bytes(f.uri))
         missing = [c for c in check if c not in pq.read_schema(raw).names]
@@ -139,10 +142,11 @@ def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> 
             return f"the champion needs column(s) {missing}, which {f.uri} does not have"
         raw.seek(0)
         frames.append(keep(pl.read_parquet(raw, columns=need), f.uri))
+        uris.append(f.uri)
         n += frames[-1].height
         if n >= GATE_ROWS:
             break
-    return frames, n
+    return in_one_zone(frames, uris), n
 
 
 def reevaluate_champion(

@@ -40,7 +40,8 @@ class TrainResult(BaseModel):
 
     model_config = ConfigDict(extra="ignore", ser_json_inf_nan="constants")
 
-    best_sha256: str | None  # the best checkpoint's checksum: what evaluation and registration key on
+    best_sha256: str | None  # the best checkpoint's checksum: what evaluation keys on
+    weights_sha256: str | None = None  # its model weights' alone (`weights_checksum`): a registered version's identity
     parent: Parent | None  # the fine-tune parent, pinned (runs/parent.py)
     run_dir: str
     best_checkpoint: str

@@ -257,7 +257,7 @@ def _run_training(
     pruning: Pruning | None = None,
 ) -> TrainResult:
     from shardline.core.failures import BudgetExceeded, Preempted
-    from shardline.trainer.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint
+    from shardline.trainer.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint, weights_checksum
     from shardline.trainer.data import open_split
     from shardline.trainer.loop import Callbacks, FitOptions, fit
     from shardline.trainer.models import model_spec_for
@@ -417,6 +417,7 @@ def _run_training(
     best_entry = next((h for h in result.history if h["epoch"] + 1 == result.best_epoch), {})
     out = TrainResult(
         best_sha256=best[1]["sha256"] if best else None,
+        weights_sha256=weights_checksum(best[0]) if best else None,
         parent=parent,
         run_dir=folder,
         best_checkpoint=result.best_checkpoint,

@@ -99,12 +99,13 @@ def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str
 
 
 def registration_identity(config: PipelineConfig, manifest: Manifest, train_result: TrainResult) -> str:
-    """What a registered version is: its weights (their checksum), the data they were trained and tested on,
-    and the settings that decide training. Where or how fast it trained (`compute.*`, `num_workers`,
-    checkpoint cadence, device) is not part of it: changing only those registers no new version."""
+    """What a registered version is: its weights (their checksum, not the checkpoint file's), the data they were
+    trained and tested on, and the settings that decide training. Where or how fast it trained (`compute.*`,
+    `num_workers`, checkpoint cadence, device) is not part of it: changing only those registers no new version,
+    nor does a retraining that ends on the same weights (`--force train`, an edit of Shardline's code)."""
     return stable_hash(
         {
-            "weights": train_result.best_sha256,
+            "weights": train_result.weights_sha256 or train_result.best_sha256,  # the latter: an older run's result
             "data": manifest.data_fingerprint,
             "encoding": manifest.encoding_hash,
             "model": model_identity(config.model),
@@ -395,9 +396,10 @@ def _gate(
         promote = False
         logger.warning(
             "register: champion v%s and this version cannot be compared (%s): it stays champion; the new version "
-            "is a challenger (to promote it anyway: MlflowClient().set_registered_model_alias(%r, 'champion', %s))",
+            "is a challenger (to promote it anyway: MlflowClient(%r).set_registered_model_alias(%r, 'champion', %s))",
             previous["version"],
             compared["reason"],
+            redact_text(uri),
             name,
             version,
         )

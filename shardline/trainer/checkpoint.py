@@ -223,6 +223,19 @@ def load_checkpoint(uri: str) -> dict:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
+def weights_checksum(uri: str) -> str:
+    """The sha256 of a checkpoint's model weights alone (each tensor's name, type, shape and values): the same for
+    the same weights, whatever else the file holds (its MLflow run, timings, the optimizer's and RNGs' state)."""
+    digest = hashlib.sha256()
+    for name, value in sorted(load_checkpoint(uri)["model"].items()):
+        if isinstance(value, torch.Tensor):
+            digest.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
+            digest.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:  # a module's extra state
+            digest.update(f"{name}={value!r};".encode())
+    return digest.hexdigest()
+
+
 def clear_checkpoints(dir_uri: str) -> list[str]:
     """Delete every checkpoint file and best.json in `dir_uri` (a fresh run in a used folder)."""
     deleted = []
