@@ -41,6 +41,8 @@ def test_pip_install_dot_into_a_fresh_environment_runs_the_demo(tmp_path):
     assert "Registered shardline-demo version 1 as @champion" in demo.stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}" in demo.stdout
     assert "Downloading artifacts" not in demo.stdout + demo.stderr  # MLflow's bars, one per download: not in the logs
+    # MLflow's check of the input example (test rows) predicts them: what `predict` says of a user's input is not said
+    assert "predict: column" not in demo.stdout + demo.stderr
     assert "prefect server start" in demo.stdout  # a laptop's temporary API, gone with the command: how to get a UI
     # the same command again: every step comes from the cache
     again = shardline(*demo_command)

@@ -159,7 +159,7 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     # a stand-in row appended predict for that row
     other = pl.read_parquet(raw_dir / "s-000.parquet").filter(pl.col("seq") == "s002").head(2).drop("label")
     unseen = rows.drop("label").with_columns(
-        pl.when(pl.col("t") == 10).then(pl.lit("zzz")).otherwise("kind").alias("kind")
+        pl.when(pl.col("t").is_in([10, 11])).then(pl.lit("zzz")).otherwise("kind").alias("kind")
     )
     last = unseen.sort("when").tail(1)
     stand_in = last.with_columns(pl.col("when") + pl.duration(seconds=30), pl.col("t") + 1)
@@ -171,7 +171,7 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     assert "1 sequence(s) have fewer than 4 rows (data.window=3 + data.horizon=1) and get no prediction: 's002'" in (
         noted.stderr
     ), noted.stderr[-3000:]
-    assert "column 'kind' holds 1 value(s) training never saw (the first: 'zzz')" in noted.stderr
+    assert "column 'kind' holds 1 value(s) training never saw, in 2 row(s) (the first: 'zzz')" in noted.stderr
     by_hand = pl.read_parquet(tmp_path / "n.parquet").sort("when")
     assert by_hand.height == preds.height + 1  # and the stand-in row's
     forecast = [str(tmp_path / "mixed-lengths.parquet"), "--forecast", "--out", str(tmp_path / "f.parquet"), *uri]

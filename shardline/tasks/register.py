@@ -7,6 +7,7 @@ import logging
 import math
 import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -96,6 +97,19 @@ def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str
         )
     (tmp / "tokenizer.json").write_bytes(text.encode())  # its bytes as hashed: no newline translation
     return {"tokenizer": str(tmp / "tokenizer.json")}
+
+
+@contextmanager
+def _without_predict_notes():
+    """MLflow checks the input example (a few test rows) by predicting it while the model is logged: what `predict`
+    says of a user's input (a category training never saw, a sequence too short) is not said of those rows."""
+    log = logging.getLogger("shardline.predict")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def registration_identity(config: PipelineConfig, manifest: Manifest, train_result: TrainResult) -> str:
@@ -313,17 +327,18 @@ def _log_and_register(
             mlflow.log_artifact(str(tmp / "manifest.json"))
             if snapshot.rejected:
                 mlflow.log_dict({"skipped_files": [r.model_dump() for r in snapshot.rejected]}, "skipped_files.json")
-            info = mlflow.pyfunc.log_model(
-                name="model",
-                python_model=str(PYFUNC_CODE),
-                artifacts={"weights": str(tmp / "weights.pt"), "bundle": str(tmp / "bundle.json")}
-                | text_artifacts(manifest, manifest_uri, tmp),
-                signature=signature,
-                input_example=sample,
-                pip_requirements=requirements(config.model),
-                code_paths=code_paths(config, tmp / "code"),
-                tags=tags,
-            )
+            with _without_predict_notes():
+                info = mlflow.pyfunc.log_model(
+                    name="model",
+                    python_model=str(PYFUNC_CODE),
+                    artifacts={"weights": str(tmp / "weights.pt"), "bundle": str(tmp / "bundle.json")}
+                    | text_artifacts(manifest, manifest_uri, tmp),
+                    signature=signature,
+                    input_example=sample,
+                    pip_requirements=requirements(config.model),
+                    code_paths=code_paths(config, tmp / "code"),
+                    tags=tags,
+                )
             # every file of the model, by sha256: the list in the run, its own sha256 on the version (MLflow's
             # database), checked before the model is loaded again (runs/model_files.py)
             listing, files_sha256 = model_files.record(info.model_uri)

@@ -536,10 +536,10 @@ def input_notes(
     for j, v in enumerate(spec.categorical):
         unseen = (arrays["cat"][:, j] == 0) & prepared[v.name].is_not_null().to_numpy() & real
         if unseen.any():
-            first = prepared[v.name].filter(pl.Series(unseen))[0]
+            values = prepared[v.name].filter(pl.Series(unseen))
             notes.append(
-                f"column '{v.name}' holds {int(unseen.sum())} value(s) training never saw (the first: {first!r}): "
-                "read as unknown, as a null is"
+                f"column '{v.name}' holds {values.n_unique()} value(s) training never saw, in {len(values)} row(s) "
+                f"(the first: {values[0]!r}): read as unknown, as a null is"
             )
     return notes
 
