@@ -115,11 +115,13 @@ def _without_predict_notes():
 def registration_identity(config: PipelineConfig, manifest: Manifest, train_result: TrainResult) -> str:
     """What a registered version is: its weights (their checksum, not the checkpoint file's), the data they were
     trained and tested on, and the settings that decide training. Where or how fast it trained (`compute.*`,
-    `num_workers`, checkpoint cadence, device) is not part of it: changing only those registers no new version,
-    nor does a retraining that ends on the same weights (`--force train`, an edit of Shardline's code)."""
+    `num_workers`, checkpoint cadence, device) is not part of it: changing only those registers no new version, nor
+    does a retraining after an edit of Shardline's training code that ends on the same weights. `--force train` asks
+    for a training of its own (a fresh folder): its version is its own, keyed by its checkpoint file."""
+    fresh = "-" in train_result.run_dir.rstrip("/").rsplit("/", 1)[-1]  # `run_dir(fresh=True)`'s folder
     return stable_hash(
         {
-            "weights": train_result.weights_sha256 or train_result.best_sha256,  # the latter: an older run's result
+            "weights": train_result.best_sha256 if fresh else train_result.weights_sha256 or train_result.best_sha256,
             "data": manifest.data_fingerprint,
             "encoding": manifest.encoding_hash,
             "model": model_identity(config.model),
