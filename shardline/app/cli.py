@@ -93,9 +93,8 @@ def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ..
             _fail(f"{e}", PREEMPTED_EXIT_CODE)
         if isinstance(e, BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
             _fail(f"{e}", BUDGET_EXIT_CODE)
-        if isinstance(e, (DataError, ValueError, FileNotFoundError, StorageUnreachable, TrackingUnreachable, *errors)):
-            _fail(f"{e}{raised_in_your_code(e)}")
-        if raised_in_your_code(e):  # a bug in the user's model code: where it is, not Prefect's traceback of it
+        quiet = (DataError, ValueError, FileNotFoundError, StorageUnreachable, TrackingUnreachable, *errors)
+        if isinstance(e, quiet) or raised_in_your_code(e):  # or a bug in the user's model code: where it is
             _fail(f"{e}{raised_in_your_code(e)}")
         raise
 

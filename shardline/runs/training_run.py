@@ -70,6 +70,11 @@ def run_dir(config: PipelineConfig, manifest: Manifest, parent: Parent | None = 
     return f"{folder}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}" if fresh else folder
 
 
+def is_fresh_run(folder: str) -> bool:
+    """Whether `folder` is a `--force train` run's (`run_dir(fresh=True)`: its address, a dash, when it started)."""
+    return "-" in folder.rstrip("/").rsplit("/", 1)[-1]
+
+
 def dataset_inputs(manifest: Manifest, manifest_uri: str, name: str) -> list[dict]:
     """The encoded data set as MLflow data set inputs, one per split (context train, validation, test):
     its digest is the manifest's checksum with the split (the same shards, the same digest), its source

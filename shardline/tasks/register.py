@@ -37,7 +37,7 @@ from shardline.runs import links, model_files
 from shardline.runs.gate import TOKENIZER_TAG, better, champion_gate, compare_with_champion
 from shardline.runs.model_code import PYFUNC_CODE, code_paths, requirements
 from shardline.runs.result import EvalResult, Registered, TrainResult
-from shardline.runs.training_run import kfold_note, model_identity, training_identity
+from shardline.runs.training_run import is_fresh_run, kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.ingest import raw_sample
 from shardline.trainer.serving import (
@@ -118,7 +118,7 @@ def registration_identity(config: PipelineConfig, manifest: Manifest, train_resu
     `num_workers`, checkpoint cadence, device) is not part of it: changing only those registers no new version, nor
     does a retraining after an edit of Shardline's training code that ends on the same weights. `--force train` asks
     for a training of its own (a fresh folder): its version is its own, keyed by its checkpoint file."""
-    fresh = "-" in train_result.run_dir.rstrip("/").rsplit("/", 1)[-1]  # `run_dir(fresh=True)`'s folder
+    fresh = is_fresh_run(train_result.run_dir)
     return stable_hash(
         {
             "weights": train_result.best_sha256 if fresh else train_result.weights_sha256 or train_result.best_sha256,
