@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -481,6 +482,16 @@ def test_a_node_that_never_comes_fails_the_training_within_the_join_timeout_nami
     assert code != 0 and time.monotonic() - began < 60
     with pytest.raises(NodesMissing, match=r"compute.nodes=2, but .* within compute.join_timeout_seconds=8: 1 node"):
         what_it_came_to(spec)
+    # under a launcher, the pipeline that follows the training says so as soon as the agent's record is there (no
+    # rank ever started: no second join timeout, waiting for a restart, on top of the first)
+    from shardline.launch.torchrun import Follower, on_launcher
+    from shardline.trainer.loop import Callbacks
+
+    followed = time.monotonic()
+    with pytest.raises(NodesMissing, match=r"1 node\(s\) came and waited .*is a machine of each node free"):
+        compute = ComputeConfig(train_on="launcher", nodes=2, join_timeout_seconds=8)
+        on_launcher(compute, json.loads(spec.read_text()), str(spec), Follower(None, Callbacks()), print)
+    assert time.monotonic() - followed < 5
     from shardline.core.failures import is_infrastructure_failure
 
     with pytest.raises(NodesMissing) as missing:
@@ -527,6 +538,23 @@ signal.signal(signal.SIGTERM, stop)
 (folder / "started").write_text("")
 time.sleep(120)
 """
+
+
+def test_shardline_s_own_torchrun_options_are_found_in_any_order_and_the_grace_left_out_where_torch_lacks_it(
+    monkeypatch,
+):
+    """The error record, the log folder and the grace come in any order before torchrun's own arguments; where this
+    torch's torchrun has no --shutdown-timeout (torch 2.11, the lent GPU machines'), the grace is taken out of what
+    torchrun is given and set as its default instead."""
+    from shardline.launch.torchrun import torchrun_command
+    from shardline.trainer import torchrun as ours
+
+    ours_then_torchrun = torchrun_command(7, "s3://b/e.json", "/tmp/agent")[3:]  # after `python -m <module>`
+    given = [*ours_then_torchrun, "--standalone", "-m", "mod", "--shutdown-timeout=1"]
+    rest = ["--log-dir=/tmp/agent", "--standalone", "-m", "mod", "--shutdown-timeout=1"]  # the module's, untouched
+    assert ours.own_options(given) == ("s3://b/e.json", None, [*rest[:1], "--shutdown-timeout=7", *rest[1:]])
+    monkeypatch.setattr(ours, "knows", lambda option: not option.startswith("--shutdown-timeout"))  # torch 2.11
+    assert ours.own_options(given) == ("s3://b/e.json", 7, rest)
 
 
 def test_torchrun_gives_the_ranks_shardline_s_grace_after_a_sigterm_on_every_torch(tmp_path):
@@ -580,25 +608,29 @@ def test_shardline_node_without_a_rendezvous_address_is_refused_naming_what_to_s
 
 
 @pytest.mark.e2e
-def test_under_a_launcher_the_pipeline_starts_two_shardline_nodes_follows_them_and_registers_the_model(
-    tmp_path, prefect_api
+def test_under_a_launcher_the_pipeline_starts_two_shardline_nodes_launches_again_after_a_notice_and_registers(
+    tmp_path, prefect_api, monkeypatch
 ):
     """`compute.train_on: launcher`: the pipeline (ingest, encode, evaluate, register: here, in this process) runs
     `compute.launch_command`, which starts two `shardline node {job}` processes with a launcher's MASTER_ADDR and
     MASTER_PORT, as a JobSet or a Slurm script would on two machines. The nodes run the trainer only; the pipeline
-    follows rank 0's events in storage (each epoch in MLflow once), and registers the two-process model."""
+    follows rank 0's events in storage (each epoch in MLflow once). A notice to node b (SIGTERM, a spot machine
+    reclaimed) stops the training at a checkpoint and both nodes exit 0, as a launcher's pods would: the pipeline
+    runs the launch command again, the new nodes resume from that checkpoint, and the two-process model is
+    registered."""
     from mlflow import MlflowClient
 
     from shardline.core.config import validate_config
     from shardline.flows.pipeline import pipeline
     from tests.conftest import make_raw, tiny_config
 
+    monkeypatch.setenv("SHARDLINE_TEST_STEP_DELAY", "0.05")  # time for the notice to land mid-training
     make_raw(tmp_path / "raw", n_seq=15, rows=80)
     root = tmp_path / "store"
     logs = tmp_path / "nodes"
     logs.mkdir()
     start_two = (
-        'for n in a b; do MASTER_ADDR=127.0.0.1 MASTER_PORT="$3" "$1" node "$2" > "$4/$n.log" 2>&1 & '
+        'for n in a b; do MASTER_ADDR=127.0.0.1 MASTER_PORT="$3" "$1" node "$2" >> "$4/$n.log" 2>&1 & '
         'echo $! >> "$4/pids"; done'
     )
     shardline = str(Path(sys.executable).parent / "shardline")
@@ -609,21 +641,34 @@ def test_under_a_launcher_the_pipeline_starts_two_shardline_nodes_follows_them_a
         "join_timeout_seconds": 120,
     }
     cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(root), **{"training.epochs": 2, "compute": compute})
+
+    def pids() -> list[int]:
+        return [int(p) for p in (logs / "pids").read_text().split()] if (logs / "pids").exists() else []
+
+    def notice_to_node_b() -> None:  # once the first launch has checkpointed
+        wait_until(lambda: list(root.glob("runs/*/checkpoints/ckpt-*.pt")) and len(pids()) == 2, "no checkpoint")
+        os.kill(pids()[1], signal.SIGTERM)
+
+    notice = threading.Thread(target=notice_to_node_b, daemon=True)
+    notice.start()
     try:
         result = pipeline(validate_config(cfg))
-        pids = [int(p) for p in (logs / "pids").read_text().split()]
-        for pid in pids:  # each node ends by itself once the training is over
+        notice.join(timeout=10)
+        assert len(pids()) == 4, "the training was not launched again after the notice"
+        for pid in pids():  # each node ends by itself once the training is over
             deadline = time.monotonic() + 60
             while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert not Path(f"/proc/{pid}").exists(), (logs / "a.log").read_text()[-3000:]
     finally:
-        for pid in [int(p) for p in (logs / "pids").read_text().split()] if (logs / "pids").exists() else []:
+        for pid in pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     for n in "ab":
         said = (logs / f"{n}.log").read_text()
-        assert "this node's processes finished" in said, said[-3000:]
+        assert "stopped with the training (preempted" in said and "training stopped" in said, said[-3000:]
+        assert said.rstrip().endswith("training finished"), said[-3000:]
+    assert result["train"]["resumed_from"], "the second launch did not resume from the first one's checkpoint"
     reg = result["registered"]
     assert reg["version"] == 1
     client = MlflowClient(reg["tracking_uri"])

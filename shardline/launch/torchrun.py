@@ -185,10 +185,11 @@ def fit_in_processes(
     grace = shutdown_seconds()
     with tempfile.TemporaryDirectory(prefix="shardline-ddp-") as tmp:
         folder = shared if several else tmp
-        for name in ("events", "errors"):  # an earlier attempt's
-            for old in storage.names(storage.join(folder, name)):
-                storage.delete(storage.join(folder, name, old))
-        storage.delete(storage.join(folder, "result.json"))
+        for launch in range(compute.max_preemptions + 1 if launcher else 1):  # an earlier attempt's
+            for name in ("events", launched("errors", launch)):
+                for old in storage.names(storage.join(folder, name)):
+                    storage.delete(storage.join(folder, name, old))
+            storage.delete(storage.join(folder, launched("result", launch) + ".json"))
         job = {
             "manifest": manifest_uri,
             "trains_on": list(trains_on),
@@ -236,7 +237,7 @@ def fit_in_processes(
         log(f"training in {size} processes ({compute.nodes} node(s) x {compute.processes_per_node}): torchrun")
         try:
             if launcher:
-                return on_launcher(compute, job, job_uri, follower, log)
+                return on_launcher(compute, job, job_uri, follower, log, deadline)
             return on_this_machine(compute, job, job_uri, follower, tmp, grace, log)
         finally:
             if init_weights is not None:  # no copy of a parent's weights is left in the run's folder
@@ -274,33 +275,70 @@ def on_this_machine(
     return outcome(job, records, code, forwarded, grace, said, nodes.report() if nodes is not None else "")
 
 
-def on_launcher(compute: ComputeConfig, job: dict, job_uri: str, follower: Follower, log) -> FitResult:
+def launched(name: str, launch: int) -> str:
+    """The name of a launch's own result or errors under a launcher: the first launch's plain, the next numbered."""
+    return f"{name}-{launch}" if launch else name
+
+
+def on_launcher(compute: ComputeConfig, job: dict, job_uri: str, follower: Follower, log, deadline=None) -> FitResult:
     """`compute.launch_command` starts the machines, each running `shardline node JOB`; this task follows the
     training in storage until rank 0's result is there, or every agent has failed and none started again within
-    the join timeout (the launcher did not restart them)."""
-    run = job["rendezvous"]["id"]
-    command = [part.replace("{job}", job_uri).replace("{run}", run) for part in compute.launch_command]
-    if command:
-        log(f"starting the training's machines: {' '.join(command)}")
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"compute.launch_command exited with status {done.returncode}: "
-                + (done.stderr or done.stdout).strip()[-2000:]
-            )
-    else:
-        log(f"waiting for a launcher to run, on each of {compute.nodes} machine(s): shardline node {job_uri}")
+    the join timeout (the launcher did not restart them). A training stopped by a notice to one of its machines (a
+    spot machine reclaimed: every rank checkpoints, and every machine's `shardline node` exits) is launched again,
+    up to `compute.max_preemptions` times, and resumes from its newest checkpoint: a new rendezvous, its own result
+    and errors (a machine of the stopped launch may still be reading or writing the old ones)."""
     wait = compute.join_timeout_seconds
+    folder = job_uri.rsplit("/", 1)[0]
 
     def over() -> bool:
         if present(job["result"]):
             return True
         failed = error_records(job)
+        if failed and not storage.names(job["events"]) and all(waited_in_vain(r) for r in failed):
+            return True  # no rank ever started, and every agent that came gave up waiting for the others
         # every agent that came failed, and none has said anything for the join timeout since
         return bool(failed) and time.time() - max(r.get("at", 0) for r in failed) > wait and follower.quiet(wait)
 
-    follower.follow(None, 0, done=over)
-    return outcome(job, [], None, None, 0, "", "")
+    for launch in range(compute.max_preemptions + 1):
+        if launch:
+            r = job["rendezvous"]
+            job = {
+                **job,
+                "result": storage.join(folder, launched("result", launch) + ".json"),
+                "errors": storage.join(folder, launched("errors", launch)),
+                "rendezvous": {**r, "id": f"{r['id'].rsplit('-', 1)[0]}-{uuid.uuid4().hex[:8]}"},
+            }
+            if deadline is not None:
+                job["deadline_seconds"] = max(0.0, deadline.at - time.monotonic())
+            storage.write_text(job_uri, json.dumps(job))
+        run = job["rendezvous"]["id"]
+        command = [part.replace("{job}", job_uri).replace("{run}", run) for part in compute.launch_command]
+        if command:
+            log(f"starting the training's machines: {' '.join(command)}")
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"compute.launch_command exited with status {done.returncode}: "
+                    + (done.stderr or done.stdout).strip()[-2000:]
+                )
+        else:
+            log(f"waiting for a launcher to run, on each of {compute.nodes} machine(s): shardline node {job_uri}")
+        follower.follow(None, 0, done=over)
+        try:
+            return outcome(job, [], None, None, 0, "", "")
+        except Preempted as stopped:
+            if launch == compute.max_preemptions:
+                raise
+            log(
+                f"the training stopped on a notice to one of its machines ({stopped.signal_name}; checkpoint "
+                f"{stopped.checkpoint}): launching it again ({launch + 1} of compute.max_preemptions="
+                f"{compute.max_preemptions})"
+            )
+
+
+def waited_in_vain(record: dict) -> bool:
+    """Whether an agent's error record says it gave up waiting for the other machines (torch's rendezvous)."""
+    return record.get("agent", {}).get("error", "").startswith("Rendezvous")
 
 
 class Follower:
@@ -399,7 +437,7 @@ def outcome(
         raise Preempted(result["checkpoint"], result["signal"])
     if status == "budget":
         raise BudgetExceeded(result["message"], result["checkpoint"])
-    records = records + error_records(job)
+    records = list({json.dumps(r, sort_keys=True): r for r in records + error_records(job)}.values())  # each once
     ckpt = job["ckpt_dir"]
     nodes_wanted = job["rendezvous"]["nodes"]
     why, raised, killed, agents = root_cause(records, forwarded, grace)
@@ -409,12 +447,17 @@ def outcome(
             raise RankFailed(f"{why}; the newest checkpoint in {ckpt} is where a retry resumes")
         raise (ValueError if "ValueError" in e["bases"] else RuntimeError)(why)
     if agents and not killed and not raised and not storage.names(job["events"]):  # no rank ever started
-        came = sorted({a["host"] for a in agents if a["error"].startswith("Rendezvous")})
+        came = sorted(a["host"] for a in agents if a["error"].startswith("Rendezvous"))
+        hint = (
+            "as many as compute.nodes came: do they all meet at the same rendezvous endpoint (the launcher's "
+            "PET_RDZV_ENDPOINT or MASTER_ADDR and MASTER_PORT, or `shardline node --endpoint`)?"
+            if len(came) >= nodes_wanted
+            else "is a machine of each node free (a worker of the node deployment's pool, the launcher's pods)?"
+        )
         raise NodesMissing(
             f"compute.nodes={nodes_wanted}, but the training's rendezvous did not complete within "
             f"compute.join_timeout_seconds={job['rendezvous']['join_timeout']:g}: "
-            f"{len(came)} node(s) joined ({', '.join(came) or 'none'}){nodes}. No training started; is a machine "
-            "of each node free (a worker of the node deployment's pool, the launcher's pods)?"
+            f"{len(came)} node(s) came and waited ({', '.join(came) or 'none'}){nodes}. No training started; {hint}"
         )
     tail = "\n".join(said.splitlines()[-TAIL_LINES:]) if said and not records else ""
     raise RankFailed(
@@ -453,7 +496,10 @@ def root_cause(records: list[dict], forwarded: str | None, grace: int) -> tuple[
         if e.get("collective"):
             why = f"training process {f['rank']} lost its peers in a collective ({e['error']}: {e['message']})"
     elif agents:
-        why = f"the agent on {agents[0]['host']} failed: {agents[0]['error']}: {agents[0]['message']}"
+        a = agents[0]
+        why = f"the agent on {a['host']} failed: {a['error']}" + (f": {a['message']}" if a["message"] else "")
+        if a["error"].startswith("Rendezvous"):
+            why = f"the agent on {a['host']} gave up waiting for the other machines ({a['error']})"
     return why, raised, killed, agents
 
 
@@ -482,6 +528,9 @@ def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[
     the others at `endpoint` (HOST:PORT), until it ends: 'finished', or 'stopped' when the training stopped
     (preempted or out of budget: rank 0 says so in the job's result). A failure raises with torch's account of it,
     which is also written to the job's `errors` folder, where the training task reads it."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"shardline node: the rendezvous endpoint {endpoint!r} is not HOST:PORT: give its port too")
     job = json.loads(storage.read_text(job_uri))
     r = job["rendezvous"]
     if r["nodes"] < 2:
@@ -503,6 +552,9 @@ def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[
     if code == 0:
         log("this node's processes finished")
         return "finished"
+    if result.get("status") == "finished":  # a machine more than compute.nodes, or one that came too late
+        log(f"the training finished on {r['nodes']} machines without this one (compute.nodes={r['nodes']})")
+        return "finished"
     if result.get("status") in ("preempted", "budget"):
         log(f"this node's processes stopped with the training ({result['status']}; rank 0 checkpointed)")
         return "stopped"
@@ -514,6 +566,12 @@ def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[
     if agents and agents[0]["error"] == "SignalException":  # this machine was told to stop (a notice)
         log("this node's agent was stopped by a signal: its processes stopped with a checkpoint")
         return "stopped"
+    if agents and waited_in_vain(found[0]) and not storage.names(job["events"]):
+        raise NodesMissing(
+            f"{why}: the rendezvous {r['id']} at {endpoint} did not gather compute.nodes={r['nodes']} machines "
+            f"within compute.join_timeout_seconds={r['join_timeout']:g}; does every machine run `shardline node` "
+            "on this job, meeting at this endpoint?"
+        )
     if found:
         raise RankFailed(f"on this node: {why}")
     tail = "\n".join(said.splitlines()[-TAIL_LINES:])

@@ -80,11 +80,28 @@ def failure_record(error: BaseException) -> dict:
     return record
 
 
+def own_options(args: list[str]) -> tuple[str | None, int | None, list[str]]:
+    """This module's options among torchrun's, before the script: where the error record goes, and the shutdown
+    grace where this torch's torchrun has no `--shutdown-timeout` (None: torchrun takes the option itself); then
+    torchrun's arguments without them."""
+    record_to, grace, rest = None, None, []
+    for i, arg in enumerate(args):
+        if not arg.startswith("-"):  # the script (or `-m`'s module) and its own arguments: torchrun's from here
+            rest.extend(args[i:])
+            break
+        if arg.startswith(RECORD):
+            record_to = arg[len(RECORD) :]
+        elif arg.startswith(OPTION + "=") and not knows(arg):
+            grace = int(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return record_to, grace, rest
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    record_to = args.pop(0)[len(RECORD) :] if args and args[0].startswith(RECORD) else None
-    if args and args[0].startswith(OPTION + "=") and not knows(args[0]):
-        grace_by_default(int(args.pop(0).split("=", 1)[1]))
+    record_to, grace, args = own_options(list(sys.argv[1:] if argv is None else argv))
+    if grace is not None:
+        grace_by_default(grace)
     # a rendezvous round after a lost node publishes its own master address (torch's shared store keeps the first
     # round's, and a replaced node then waits for a key nobody writes)
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

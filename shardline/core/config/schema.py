@@ -369,7 +369,8 @@ class ComputeConfig(Strict):
         gt=0,
         description=(
             "how long torchrun's rendezvous waits for all `nodes` (at the start, and after a lost node for its "
-            "replacement); then the training fails naming the nodes that came, and is retried whole"
+            "replacement); then the training fails naming the nodes that came: at the start, not retried; after a "
+            "lost node, retried whole from the newest checkpoint"
         ),
     )
     collective_timeout_seconds: float = Field(
