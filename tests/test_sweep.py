@@ -301,6 +301,49 @@ def test_ctrl_c_while_trials_start_stops_the_sweep_and_its_trials_in_seconds_wit
     assert not alive, f"left running after the sweep: {alive}"
 
 
+def test_a_notice_to_a_sweep_stops_its_trials_at_a_checkpoint_and_exits_as_preempted(data, prefect_api):
+    """SIGTERM to the sweep's process group (a spot machine reclaimed) while two trials train. Before: the trials, in
+    their fork server's own group, never got it and trained to their end; then the sweep died of the signal (exit
+    -15, no word). Now the sweep passes it on, each trial checkpoints and stops, and the sweep exits 75 (preempted:
+    the same command again resumes), its parent run KILLED, not FAILED."""
+    from prefect.settings import PREFECT_API_URL
+
+    tmp_path, cfg = data
+    cfg["training"]["epochs"] = 200  # minutes, were it not stopped
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "SHARDLINE_TEST_STEP_DELAY": "0.05"}
+    command = [str(BIN), "sweep", str(tmp_path / "c.yaml"), "--grid", "model.hidden=8,16", "--at-once", "2"]
+    log = tmp_path / "sweep.log"
+    proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(list((tmp_path / "store").glob("runs/*/checkpoints/ckpt-*.pt"))) < 2:  # both trials training
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the trials did not checkpoint"
+            time.sleep(0.2)
+        trials = trial_processes(proc.pid)
+        os.killpg(proc.pid, signal.SIGTERM)
+        noticed = time.monotonic()
+        assert proc.wait(120) == 75, log.read_text()[-3000:]
+        took = time.monotonic() - noticed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
+    assert took < 60, f"the sweep took {took:.0f} s to stop after the notice:\n{out[-3000:]}"
+    assert "stopped by SIGTERM; run the same command again: finished trials are cached" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    gone, alive = psutil.wait_procs(trials, timeout=60)
+    assert not alive, f"left running after the sweep: {alive}"
+    from shardline.core.cost.ledger import read_ledger
+
+    ends = [read_ledger(str(f.parent))["attempts"][-1] for f in (tmp_path / "store").glob("runs/*/checkpoints")]
+    assert [a["outcome"] for a in ends] == ["preempted", "preempted"], ends  # each trial stopped at a checkpoint
+    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
+    (parent,) = [r for r in runs_of(client) if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "KILLED"
+
+
 def test_bad_sweeps_are_refused_before_any_work(tmp_path):
     make_raw(tmp_path / "raw", n_seq=3, rows=20)
     cfg = tiny_config("raw/*.parquet", "store")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -70,33 +71,41 @@ FORCE_HELP = "recompute this step and every step after it: ingest, encode, train
 
 
 @contextlib.contextmanager
-def _flow_run(verbose: bool, interrupted: str, errors: tuple[type[Exception], ...] = ()):
+def _flow_run(verbose: bool, again: str, errors: tuple[type[Exception], ...] = ()):
     """Around a flow run: a temporary Prefect API without a server (one that Ctrl-C does not stop under the run),
-    the user's mistakes kept off the console (`quiet_console`), errors as exit statuses (Ctrl-C: `interrupted`)."""
+    the user's mistakes kept off the console (`quiet_console`), errors as exit statuses (Ctrl-C, or a SIGTERM
+    before the training could take it: what to do `again`)."""
+    from prefect.exceptions import TerminationSignal
+
     from shardline.app.console import quiet_console
+    from shardline.core import failures
     from shardline.core.encoding.columns import DataError
-    from shardline.core.failures import raised_in_your_code
     from shardline.core.tracking.tracker import TrackingUnreachable
     from shardline.core.unreachable import StorageUnreachable
 
+    def stop(signum, frame):  # where Prefect's flow run hands a SIGTERM back, after its own handling of it
+        raise TerminationSignal(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         start_ephemeral_api()
         with quiet_console(verbose):
             yield
     except KeyboardInterrupt:
-        _fail(interrupted, 130)
+        _fail(f"interrupted; {again}", 130)
+    except TerminationSignal:
+        _fail(f"stopped by SIGTERM; {again}", failures.PREEMPTED_EXIT_CODE)
     except Exception as e:
-        from shardline.core.failures import BudgetExceeded, Preempted
-        from shardline.trainer.stops import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
-
-        if isinstance(e, Preempted):  # a distinct status: preempted, not broken; the same command resumes
-            _fail(f"{e}", PREEMPTED_EXIT_CODE)
-        if isinstance(e, BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
-            _fail(f"{e}", BUDGET_EXIT_CODE)
+        if isinstance(e, failures.Preempted):  # a distinct status: preempted, not broken; the same command resumes
+            _fail(f"{e}", failures.PREEMPTED_EXIT_CODE)
+        if isinstance(e, failures.BudgetExceeded):  # its own status: out of budget, not broken; raise it to resume
+            _fail(f"{e}", failures.BUDGET_EXIT_CODE)
         quiet = (DataError, ValueError, FileNotFoundError, StorageUnreachable, TrackingUnreachable, *errors)
-        if isinstance(e, quiet) or raised_in_your_code(e):  # or a bug in the user's model code: where it is
-            _fail(f"{e}{raised_in_your_code(e)}")
+        if isinstance(e, quiet) or failures.raised_in_your_code(e):  # or a bug in the user's own model code
+            _fail(f"{e}{failures.raised_in_your_code(e)}")
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> dict:
@@ -105,7 +114,7 @@ def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> di
 
     if force is not None and force not in STEPS:
         _fail(f"--force {force}: not a step; choose one of {', '.join(STEPS)}", 2)
-    with _flow_run(verbose, "interrupted; run the same command again to resume"):
+    with _flow_run(verbose, "run the same command again to resume"):
         return pipeline(config, force=force)
 
 
@@ -283,7 +292,7 @@ def sweep(
     typer.echo(
         f"sweep: {plan.size or len(plan.trials)} {plan.mode} trial(s) over {', '.join(plan.keys)}{pruned}", err=True
     )
-    again = "interrupted; run the same command again: finished trials are cached, the others resume"
+    again = "run the same command again: finished trials are cached, the others resume"
     with _flow_run(verbose, again, (RuntimeError,)):
         result = sweep_flow(
             plan.base,

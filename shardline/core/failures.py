@@ -48,6 +48,10 @@ def infrastructure_by_names(bases: list[str]) -> bool:
     return bool(names & infra) and not names & never
 
 
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: what a script exits with on `Preempted`; "run me again to resume"
+BUDGET_EXIT_CODE = 76  # what a script exits with on `BudgetExceeded`: "raise the limit and run me again to resume"
+
+
 class Preempted(Exception):
     """Training stopped on SIGTERM/SIGINT after saving `checkpoint`; call `fit` again to resume."""
 

@@ -48,8 +48,11 @@ def train(
         import torch
 
         torch.set_num_threads(cpu_threads)
+    from shardline.trainer.stops import kept_while_starting
+
     try:
-        return run_training(manifest_uri, config, run_folder, mlflow_tags, parent, pruning)
+        with kept_while_starting():  # a notice before the training's first step stops it there, at a checkpoint
+            return run_training(manifest_uri, config, run_folder, mlflow_tags, parent, pruning)
     except Exception as e:
         if watched and not isinstance(e, InfrastructureFailure) and is_infrastructure_failure(e):
             # by type, here where the error is: a dispatched run's watchdog sees only the flow run's state

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
+from prefect.exceptions import TerminationSignal
 from prefect.futures import as_completed
 from prefect.logging import get_run_logger
 
@@ -62,6 +63,7 @@ SWEEP_TAG = "shardline.sweep"  # on the trials' MLflow runs and the registered v
 TRIAL_PRELOAD = ["shardline.tasks.trial_group", "shardline.flows.train", "torch._dynamo", "mlflow"]
 _starting = threading.Lock()
 _interrupted = threading.Event()  # Ctrl-C in this process's sweep: no trial is started or retried after it
+_stopped_by = signal.SIGINT  # ...and the signal it was: passed on to a trial that starts after it
 _trials: set[int] = set()  # the pids of the trial processes running (`interrupt_trials` passes Ctrl-C on to them)
 _trials_lock = threading.Lock()
 
@@ -151,7 +153,7 @@ def train_in_child(
     with _trials_lock:
         _trials.add(process.pid)
         if _interrupted.is_set():  # Ctrl-C while it started
-            os.kill(process.pid, signal.SIGINT)
+            os.kill(process.pid, _stopped_by)
     try:
         process.join()
     finally:
@@ -218,7 +220,8 @@ def parent_run(plan: Plan, folder: str) -> Iterator[Tracker]:
     try:
         yield tracker
     except BaseException as e:
-        tracker.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", wait=min(5.0, tracker.flush_s))
+        stopped = isinstance(e, (KeyboardInterrupt, TerminationSignal))  # Ctrl-C, a notice: resumed by a rerun
+        tracker.end("KILLED" if stopped else "FAILED", wait=min(5.0, tracker.flush_s))
         raise
 
 
@@ -391,38 +394,35 @@ def train_trials(
             trial, config = next(pair for pair in order if futures[pair[0].id] is future)
             study.tell(trial, trial_outcome(trial, config, future)[0])
 
-    def one_ends() -> None:
-        try:
-            ended(_next_done(running))
-        except KeyboardInterrupt:
-            interrupt_trials()
-            raise
-
     _interrupted.clear()
-    while True:
-        while len(running) >= at_once:
-            one_ends()
-        pair = next(pairs, None)
-        if pair is None:
-            break
-        trial, config = pair
-        order.append(pair)
-        _, manifest_uri, manifest_hash = data[data_key(config)]
-        step = cached(train_step, TRAIN_CACHE, config.storage.root).with_options(
-            retries=config.training.max_restarts,
-            retry_delay_seconds=5,
-            retry_condition_fn=_retry_unless_interrupted,
-            task_run_name=f"train {trial.id}",
-        )
-        tags = trial_tags(parent_run_id, plan.id, trial)
-        before[trial.id] = _outcome_of(_run_folder(config, manifest_uri))  # a finished run found: not "ran"
-        pruning = study.pruning(trial) if study is not None else None
-        futures[trial.id] = step.submit(
-            manifest_uri, manifest_hash, config, train_here, mlflow_tags=tags, pruning=pruning
-        )
-        running.append(futures[trial.id])
-    while running:
-        one_ends()
+    try:
+        while True:
+            while len(running) >= at_once:
+                ended(_next_done(running))
+            pair = next(pairs, None)
+            if pair is None:
+                break
+            trial, config = pair
+            order.append(pair)
+            _, manifest_uri, manifest_hash = data[data_key(config)]
+            step = cached(train_step, TRAIN_CACHE, config.storage.root).with_options(
+                retries=config.training.max_restarts,
+                retry_delay_seconds=5,
+                retry_condition_fn=_retry_unless_interrupted,
+                task_run_name=f"train {trial.id}",
+            )
+            tags = trial_tags(parent_run_id, plan.id, trial)
+            before[trial.id] = _outcome_of(_run_folder(config, manifest_uri))  # a finished run found: not "ran"
+            pruning = study.pruning(trial) if study is not None else None
+            futures[trial.id] = step.submit(
+                manifest_uri, manifest_hash, config, train_here, mlflow_tags=tags, pruning=pruning
+            )
+            running.append(futures[trial.id])
+        while running:
+            ended(_next_done(running))
+    except (KeyboardInterrupt, TerminationSignal) as stop:  # Ctrl-C, or a notice (a spot machine reclaimed)
+        interrupt_trials(signal.SIGTERM if isinstance(stop, TerminationSignal) else signal.SIGINT)
+        raise
     outcomes = [trial_outcome(trial, config, futures[trial.id]) for trial, config in order]
     for (row, result), (trial, config) in zip(outcomes, order, strict=True):
         if row.get("error"):  # a failed or budget-stopped trial paid for what it trained: its run folder's ledger
@@ -451,15 +451,17 @@ def _next_done(running: list):
             return future
 
 
-def interrupt_trials() -> None:
-    """Ctrl-C in the sweep: no trial starts or is retried after it, and the trials running, in their fork server's
-    process group (`shardline.tasks.trial_group`), get the SIGINT the terminal sent: each stops at a checkpoint
-    (one still starting, at its first step), and the same command again resumes them."""
+def interrupt_trials(signum: int = signal.SIGINT) -> None:
+    """Ctrl-C (or a notice, SIGTERM) in the sweep: no trial starts or is retried after it, and the trials running, in
+    their fork server's process group (`shardline.tasks.trial_group`), get the signal the sweep got: each stops at a
+    checkpoint (one still starting, at its first step), and the same command again resumes them."""
+    global _stopped_by
     with _trials_lock:
         _interrupted.set()
+        _stopped_by = signum
         for pid in _trials:
             try:
-                os.kill(pid, signal.SIGINT)
+                os.kill(pid, signum)
             except OSError:  # it has just ended
                 pass
 

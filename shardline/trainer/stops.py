@@ -13,11 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shardline.core.failures import BudgetExceeded
-
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: what a script exits with on `Preempted`; "run me again to resume"
-BUDGET_EXIT_CODE = 76  # what a script exits with on `BudgetExceeded`: "raise the limit and run me again to resume"
-
+from shardline.core.failures import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, BudgetExceeded  # noqa: F401 (theirs too)
 
 # the signal a rank stops for when another process of a run in several was stopped (their step's all-reduce)
 ANOTHER_PROCESS = "SIGTERM to another process"
@@ -58,15 +54,36 @@ class KeptSignal:
 
 
 @contextlib.contextmanager
+def kept_while_starting(signum: int = signal.SIGTERM):
+    """`signum` (a spot machine's notice) kept while a training starts (its tracker, data and model) and given to
+    the training's own handler once it is set (`on_stop_signals`): the training then stops at its first optimizer
+    step, at a checkpoint. Unkept, it was Prefect's TerminationSignal raised wherever the process was: inside a
+    weakref's callback Python drops it, and the run trained to its end. One the training never took (it failed or
+    ended first) is raised again as it came when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = KeptSignal()
+    previous = signal.signal(signum, kept)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if kept.signum is not None:
+            signal.raise_signal(kept.signum)
+
+
+@contextlib.contextmanager
 def on_stop_signals(handler: Callable | None):
     """`handler` for SIGTERM and SIGINT while the block runs (from the main thread only, where they can be set)."""
     if handler is None or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    kept = next((h.signum for h in previous.values() if isinstance(h, KeptSignal) and h.signum is not None), None)
-    if kept is not None:
-        handler(kept, None)
+    keeper = next((h for h in previous.values() if isinstance(h, KeptSignal) and h.signum is not None), None)
+    if keeper is not None:  # taken: not raised again when the keeping ends (`kept_while_starting`)
+        signum, keeper.signum = keeper.signum, None
+        handler(signum, None)
     try:
         yield
     finally:

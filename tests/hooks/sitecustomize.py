@@ -1,5 +1,6 @@
 """Test-only: a slower optimizer step or a starved loader, for the tests that kill or watch a real training mid-way
-(`SHARDLINE_TEST_STEP_DELAY` / `SHARDLINE_TEST_LOADER_DELAY`, seconds, read when a training starts); and each new
+(`SHARDLINE_TEST_STEP_DELAY` / `SHARDLINE_TEST_LOADER_DELAY`, seconds, read when a training starts), or a training
+held just before its first step (`SHARDLINE_TEST_START_MARK`: a file written then, once); and each new
 SQLite MLflow store filled from a copy of the first one MLflow migrated in the session.
 
 Shardline's own code holds no test hook: this file wraps `shardline.trainer.stops.setting_hooks` (the `Callbacks`
@@ -35,6 +36,10 @@ def slowed(setting_hooks):
 
     def hooks(*args, **kwargs) -> dict:
         out = dict(setting_hooks(*args, **kwargs))
+        starting = os.environ.get("SHARDLINE_TEST_START_MARK")  # a training held at its start (set up, no step yet)
+        if starting and not os.path.exists(starting):
+            open(starting, "w").close()
+            time.sleep(_seconds("SHARDLINE_TEST_START_DELAY") or 5.0)
         step_delay, loader_delay = _seconds("SHARDLINE_TEST_STEP_DELAY"), _seconds("SHARDLINE_TEST_LOADER_DELAY")
         if loader_delay:
             fetch = out.get("after_fetch")
