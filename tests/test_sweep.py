@@ -399,6 +399,22 @@ def test_random_trials_are_seeded_and_stay_in_their_ranges():
         plan_sweep(raw, parse_space({"model.family": ["mlp", "transformer"]}))
 
 
+def test_a_raised_budget_is_the_same_sweep_and_mistakes_in_a_space_are_said_before_any_work():
+    """Raising `training.max_cost` (as the budget's message says) keeps the sweep's id: the same parent run and
+    study, its trials resumed. A tpe range the config takes no value of, and two grid values YAML reads as one (1e-2
+    is text to YAML), are refused naming the key, before any work."""
+    raw = tiny_config("raw/*.parquet", "store")
+    grid = parse_space({"model.hidden": [8, 16]})
+    first = plan_sweep({**raw, "training": {**raw["training"], "max_cost": 0.01}}, grid).id
+    assert plan_sweep({**raw, "training": {**raw["training"], "max_cost": 0.05}}, grid).id == first
+    assert plan_sweep({**raw, "training": {**raw["training"], "max_cost": 0.05, "lr": 0.1}}, grid).id != first
+    with pytest.raises(SweepError, match=r"model.hidden: the config takes no value of its range \(tried -5, -2, 0\)"):
+        plan_sweep(raw, parse_space({"model.hidden": {"low": -5, "high": 0, "int": True}}), 4, 0, "tpe")
+    plan_sweep(raw, parse_space({"model.hidden": {"low": -5, "high": 8, "int": True}}), 4, 0, "tpe")  # 2..8 are taken
+    with pytest.raises(SweepError, match=r"t1 and t2 are one trial: training.lr='1e-2' and 0.01 are the same value"):
+        plan_sweep(raw, parse_space({"training.lr": ["1e-2", 0.01]}))
+
+
 def test_tpe_proposes_new_trials_after_an_interrupted_sweep_and_never_one_the_config_refuses_or_has(
     tmp_path, prefect_api
 ):

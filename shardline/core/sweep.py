@@ -236,9 +236,17 @@ class Plan:
         pruned = {"pruner": self.pruner} if self.pruner else {}
         if self.mode == "tpe":  # its trials are Optuna's answers: the sweep is its space, seed and size
             tpe = [self.describe_space(), self.seed, self.size]
-            return stable_hash({"base": self.base.hash(), "tpe": tpe, **pruned})[:16]
+            return stable_hash({"base": self.base_identity(), "tpe": tpe, **pruned})[:16]
         trials = [[t.id, t.overrides] for t in self.trials]
-        return stable_hash({"base": self.base.hash(), "trials": trials, **pruned})[:16]
+        return stable_hash({"base": self.base_identity(), "trials": trials, **pruned})[:16]
+
+    def base_identity(self) -> str:
+        """The base config, less what a training resumes across (where or how fast it trains, its budget): the
+        same sweep after `training.max_cost` is raised, as the docs say, with the same parent run and study."""
+        base = self.base.model_dump(mode="json")
+        for key in self.base.training.RESUMABLE_CHANGES:
+            base["training"].pop(key, None)
+        return stable_hash(base)
 
     @property
     def keys(self) -> list[str]:
@@ -285,6 +293,7 @@ def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0
         if FOLD_KEY in space:
             raise SweepError(f"a tpe sweep cannot cross-validate ({FOLD_KEY} in the space, or --folds): sweep a grid")
         check_keys(list(space), "the search space")
+        _check_ranges_take_a_value(raw, space)
         return Plan(base, space, "tpe", seed, [], [], size=trials)
     if trials is not None and FOLD_KEY in space:
         # a random draw would pick one fold per setting, not every fold: no mean over the folds to compare
@@ -298,6 +307,31 @@ def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0
     return Plan(base, space, "grid" if trials is None else "random", None if trials is None else seed, chosen, configs)
 
 
+def _check_ranges_take_a_value(raw: dict, space: Space) -> None:
+    """A range the config refuses at its ends and its middle (`model.hidden: {low: -5, high: 0}`) would have Optuna
+    propose nothing the config takes: said before any work, with the config's own words."""
+    for key, spec in space.items():
+        if not isinstance(spec, Range):
+            continue
+        middle = math.sqrt(spec.low * spec.high) if spec.log else (spec.low + spec.high) / 2
+        probes = [spec.low, middle, spec.high]
+        probes = (
+            [int(min(max(round(v), math.ceil(spec.low)), math.floor(spec.high))) for v in probes]
+            if spec.int_
+            else probes
+        )
+        refused = []
+        for value in dict.fromkeys(probes):
+            try:
+                trial_config(raw, Trial("proposal", {key: value}))
+                break
+            except SweepError as e:
+                refused.append(e)
+        else:
+            tried = ", ".join(f"{v:g}" for v in dict.fromkeys(probes))
+            raise SweepError(f"{key}: the config takes no value of its range (tried {tried}): {refused[0]}")
+
+
 def what_is_trained(config: PipelineConfig) -> str:
     """What decides a trial's model, from its config: its data settings, its model and its training
     settings (the settings that only change where or how fast it trains are left out)."""
@@ -308,20 +342,32 @@ def what_is_trained(config: PipelineConfig) -> str:
 
 
 def _check_distinct(trials: list[Trial], configs: list[PipelineConfig]) -> None:
-    """Two trials that train the same model (they differ only in where or how fast it trains) would be one
-    training run: said before any work, with the keys that made them."""
-    seen: dict[str, Trial] = {}
+    """Two trials that train the same model (they differ only in where or how fast it trains, or in how a value is
+    written) would be one training run: said before any work, with the keys that made them."""
+    seen: dict[str, tuple[Trial, dict]] = {}
     for trial, config in zip(trials, configs):
-        key = what_is_trained(config)
+        key, values = what_is_trained(config), config.model_dump(mode="json")
         if key in seen:
-            first = seen[key]
+            first, first_values = seen[key]
             differ = [k for k in trial.overrides if first.overrides.get(k) != trial.overrides[k]]
+            if all(_at(first_values, k) == _at(values, k) for k in differ):  # the config reads both as one value
+                said = ", ".join(f"{k}={first.overrides[k]!r} and {trial.overrides[k]!r}" for k in differ)
+                raise SweepError(
+                    f"trials {first.id} and {trial.id} are one trial: {said} are the same value to the config "
+                    "(YAML reads 1e-2 as text: write 0.01 or 1.0e-2)"
+                )
             raise SweepError(
                 f"trials {first.id} ({first.label}) and {trial.id} ({trial.label}) train the same model: "
                 f"{', '.join(differ) or 'their settings'} do not change what is trained (only where or how fast). "
                 "Sweep over settings that change the model, the data or the training"
             )
-        seen[key] = trial
+        seen[key] = (trial, values)
+
+
+def _at(values: dict, key: str):
+    for part in key.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
 
 
 def data_key(config: PipelineConfig) -> str:
