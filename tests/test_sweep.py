@@ -415,6 +415,38 @@ def test_a_raised_budget_is_the_same_sweep_and_mistakes_in_a_space_are_said_befo
         plan_sweep(raw, parse_space({"training.lr": ["1e-2", 0.01]}))
 
 
+def test_a_trial_from_the_cache_gives_the_study_its_epochs_so_the_pruner_sees_the_whole_history(tmp_path):
+    """A trial whose training came from the cache (a smaller --tpe's, another sweep's) reported no epoch to this
+    study: told, it brings its epochs' values from its result first, so that the median pruner judges a new trial
+    against every earlier one (before: only against those trained under this study). One that reported its own
+    epochs keeps them."""
+    from types import SimpleNamespace
+
+    from optuna.trial import TrialState
+
+    from shardline.core.sweep import Trial
+    from shardline.tasks.sweep import SweepStudy
+
+    raw = tiny_config("raw/*.parquet", str(tmp_path / "store"))
+    plan = plan_sweep(raw, parse_space({"training.lr": {"low": 1e-3, "high": 1e-1, "log": True}}), 4, 0, "tpe")
+    study = SweepStudy(plan, str(tmp_path / "sweep"), "median", raw)
+    cached, ran = Trial("t1", {"training.lr": 0.01}), Trial("t2", {"training.lr": 0.02})
+    history = [{"epoch": 1, "val_loss": 0.9}, {"epoch": 2, "val_loss": 0.7}, {"epoch": 3, "val_loss": float("nan")}]
+    result = SimpleNamespace(history=history, select_by="val_loss")
+    study.pruning(cached)
+    study.tell(cached, {"state": "cached", "score": 0.7}, result)
+    ran_number = study.pruning(ran).trial
+    import optuna
+
+    # the trial that ran reported its own first epoch, as its training does
+    optuna.trial.Trial(study.study, study.study.get_trials()[ran_number]._trial_id).report(0.5, 1)
+    study.tell(ran, {"state": "ran", "score": 0.5}, result)
+    by_number = {t.number: t for t in study.study.get_trials()}
+    assert by_number[study.numbers["t1"]].intermediate_values == {1: 0.9, 2: 0.7}
+    assert by_number[ran_number].intermediate_values == {1: 0.5}
+    assert [t.state for t in by_number.values()] == [TrialState.COMPLETE, TrialState.COMPLETE]
+
+
 def test_tpe_proposes_new_trials_after_an_interrupted_sweep_and_never_one_the_config_refuses_or_has(
     tmp_path, prefect_api
 ):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -358,11 +359,21 @@ class SweepStudy:
             self.plan.configs.append(config)
         return trial, config
 
-    def tell(self, trial: Trial, row: dict) -> None:
-        """A trial's outcome, told once: its score (complete), pruned, or failed."""
+    def tell(self, trial: Trial, row: dict, result: TrainResult | None = None) -> None:
+        """A trial's outcome, told once: its score (complete), pruned, or failed. A trial that reported no epoch to
+        this study (its training came from the cache: another sweep's, or a smaller --tpe's) gets its epochs'
+        values from its `result` first, so that the pruner judges later trials against the whole history."""
+        import optuna
         from optuna.trial import TrialState
 
         number = self.numbers[trial.id]  # given when the trial was submitted (`pruning`)
+        frozen = next(t for t in self.study.get_trials(deepcopy=False) if t.number == number)
+        if result is not None and frozen.state == TrialState.RUNNING and not frozen.intermediate_values:
+            asked = optuna.trial.Trial(self.study, frozen._trial_id)
+            for epoch, entry in enumerate(result.history, start=1):
+                value = entry.get(result.select_by)
+                if isinstance(value, int | float) and math.isfinite(value):
+                    asked.report(float(value), epoch)
         if row.get("state") == "pruned":
             self.study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
         elif row.get("score") is not None:
@@ -392,7 +403,7 @@ def train_trials(
         running.remove(future)
         if study is not None:
             trial, config = next(pair for pair in order if futures[pair[0].id] is future)
-            study.tell(trial, trial_outcome(trial, config, future)[0])
+            study.tell(trial, *trial_outcome(trial, config, future))
 
     _interrupted.clear()
     try:
