@@ -263,21 +263,28 @@ def trial_processes(pid: int) -> list[psutil.Process]:
         return []
 
 
-def test_ctrl_c_while_trials_start_stops_the_sweep_and_its_trials_in_seconds_without_a_traceback(data, prefect_api):
-    """Ctrl-C (the terminal's SIGINT to the sweep's process group) just as the first trial's process has started and
-    the second's is starting. Before: the trial processes, in the same group, died of it while they loaded (a
-    traceback each), the broken start was retried, and the trials started anew trained to their end before the
-    sweep exited. Now the sweep stops starting and retrying trials, passes the SIGINT on to the trials (their
-    fork server's own process group), each stops at its first step, and the sweep exits in seconds, saying so."""
+def long_sweep(data, grid: str) -> tuple[subprocess.Popen, Path]:
+    """`shardline sweep` of trials that would train for minutes, two at once, in a session of its own (a terminal's
+    foreground group), reporting to the session's Prefect API; its output in the returned log."""
     from prefect.settings import PREFECT_API_URL
 
     tmp_path, cfg = data
     cfg["training"]["epochs"] = 200  # minutes, were it not stopped
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "SHARDLINE_TEST_STEP_DELAY": "0.05"}
-    command = [str(BIN), "sweep", str(tmp_path / "c.yaml"), "--grid", "model.hidden=8,16,32", "--at-once", "2"]
+    command = [str(BIN), "sweep", str(tmp_path / "c.yaml"), "--grid", grid, "--at-once", "2"]
     log = tmp_path / "sweep.log"
     proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def test_ctrl_c_while_trials_start_stops_the_sweep_and_its_trials_in_seconds_without_a_traceback(data, prefect_api):
+    """Ctrl-C (the terminal's SIGINT to the sweep's process group) just as the first trial's process has started and
+    the second's is starting. Before: the trial processes, in the same group, died of it while they loaded (a
+    traceback each), the broken start was retried, and the trials started anew trained to their end before the
+    sweep exited. Now the sweep stops starting and retrying trials, passes the SIGINT on to the trials (their
+    fork server's own process group), each stops at its first step, and the sweep exits in seconds, saying so."""
+    proc, log = long_sweep(data, "model.hidden=8,16,32")
     try:
         deadline = time.monotonic() + 300
         while not trial_processes(proc.pid):  # a trial's process forked from the fork server
@@ -306,15 +313,8 @@ def test_a_notice_to_a_sweep_stops_its_trials_at_a_checkpoint_and_exits_as_preem
     their fork server's own group, never got it and trained to their end; then the sweep died of the signal (exit
     -15, no word). Now the sweep passes it on, each trial checkpoints and stops, and the sweep exits 75 (preempted:
     the same command again resumes), its parent run KILLED, not FAILED."""
-    from prefect.settings import PREFECT_API_URL
-
     tmp_path, cfg = data
-    cfg["training"]["epochs"] = 200  # minutes, were it not stopped
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "SHARDLINE_TEST_STEP_DELAY": "0.05"}
-    command = [str(BIN), "sweep", str(tmp_path / "c.yaml"), "--grid", "model.hidden=8,16", "--at-once", "2"]
-    log = tmp_path / "sweep.log"
-    proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc, log = long_sweep(data, "model.hidden=8,16")
     try:
         deadline = time.monotonic() + 300
         while len(list((tmp_path / "store").glob("runs/*/checkpoints/ckpt-*.pt"))) < 2:  # both trials training
