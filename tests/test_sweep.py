@@ -173,7 +173,9 @@ def test_a_sweep_whose_trials_all_stop_at_their_budget_exits_as_a_budget_stop(da
         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=api_env(),
     )  # fmt: skip
     assert out.returncode == 76, out.stderr[-3000:]
-    assert "every trial stopped at its budget" in out.stderr and "raise training.max_hours" in out.stderr
+    assert "every trial stopped at its budget after " in out.stderr and "raise training.max_hours" in out.stderr
+    for trial in ("t1 (model.hidden=8): ", "t2 (model.hidden=16): "):  # each trial, with where it stopped
+        assert f"{trial}BudgetExceeded: training stopped at its budget" in out.stderr, out.stderr[-3000:]
     assert "RuntimeError" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-5000:]  # trials' too
 
 

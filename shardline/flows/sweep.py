@@ -156,20 +156,22 @@ def sweep(
         if best is None or (final and final_trained is None):
             why = "every trial failed" if best is None else f"the final retrain failed: {rows[-1]['error']}"
             finish_parent_run(parent, rows, metric, plot, f"**{heading}**: {why}.", settings)
-            if best is None and rows and all(r["state"] == "budget" for r in rows):  # exit 76, as `run`'s stop
-                raise BudgetExceeded(
-                    f"every trial stopped at its budget ({rows[0]['error']}); raise training.max_hours or max_cost "
-                    "and run the same command again: each trial resumes from its checkpoint"
-                )
-            raise SweepFailed(
-                f"{why}:\n"
-                + "\n".join(
-                    f"  {r['trial']} ({' '.join(f'{k}={v}' for k, v in r['overrides'].items()) or 'the config'}): "
-                    f"{r['error']}"
-                    for r in rows
-                    if r.get("error")
-                )
+            each = "\n".join(
+                f"  {r['trial']} ({' '.join(f'{k}={v}' for k, v in r['overrides'].items()) or 'the config'}): "
+                f"{r['error']}"
+                for r in rows
+                if r.get("error")
             )
+            if best is None and rows and all(r["state"] == "budget" for r in rows):  # exit 76, as `run`'s stop
+                spent = add_up([r.get("cost") for r in rows])
+                usd = "" if not spent or spent["usd"] is None else f", about {spent['usd']:.3g} USD"
+                spent = f" after {spent['gpu_hours']:.3g} GPU-hours in all{usd}" if spent else ""
+                raise BudgetExceeded(
+                    f"every trial stopped at its budget{spent}; raise "
+                    "training.max_hours or max_cost and run the same command again: the same sweep, each trial "
+                    f"resuming from its checkpoint:\n{each}"
+                )
+            raise SweepFailed(f"{why}:\n{each}")
 
         # the best trial (cross-validation: its retrain): evaluated on the test split, registered as the pipeline does
         if final:

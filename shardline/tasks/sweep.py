@@ -654,6 +654,9 @@ def parent_pages(tracker: Tracker, run_ids: list[str]) -> dict[str, str]:
     return {r: run_page(tracker.uri, experiment, r) for r in [tracker.run_id, *run_ids] if r}
 
 
+CHILD_ERROR = "Flow run encountered an exception: "  # Prefect's words before a flow run's error, in its state
+
+
 def trial_outcome(trial: Trial, config: PipelineConfig, future) -> tuple[dict, TrainResult | None]:
     """A trial's row (its overrides, the validation metric that picked its checkpoint, its best value and which
     way is better, as the trial's config says: `training.select_direction`; whether it trained, came from the
@@ -664,6 +667,7 @@ def trial_outcome(trial: Trial, config: PipelineConfig, future) -> tuple[dict, T
     if not state.is_completed():
         error = future.result(raise_on_failure=False)
         text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else state.message
+        text = str(text).rsplit(CHILD_ERROR, 1)[-1]  # a trial's own error, not the wrappers around it
         row.update(state="failed", error=redact_text(" ".join(str(text).split())))
         return row, None
     result = future.result()
