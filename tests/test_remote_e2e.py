@@ -506,7 +506,7 @@ def test_a_node_run_that_never_starts_fails_the_training_within_the_join_timeout
     assert out.returncode != 0, said[-3000:]
     assert time.monotonic() - began < 240, said[-3000:]
     assert "compute.nodes=2, but the training's rendezvous did not complete" in said, said[-3000:]
-    assert "1 node(s) joined" in said and "Crashed" in said, said[-3000:]
+    assert "1 node(s) came and waited" in said and "Crashed" in said, said[-3000:]
 
 
 # ---------------------------------------------------------------- `shardline doctor` on the cluster
