@@ -26,7 +26,6 @@ from shardline.core.config import TrainingConfig  # noqa: E402
 from shardline.core.parent_watch import signal_on_parent_death  # noqa: E402
 from shardline.trainer.ddp_run import RankErrors, run_job  # noqa: E402
 from shardline.trainer.distributed import exit_now, init_from_env, leave  # noqa: E402
-from shardline.trainer.stops import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE  # noqa: E402
 
 
 def main(job_path: str) -> int:
@@ -54,7 +53,7 @@ def main(job_path: str) -> int:
         code = run_job(job, train, val)
         return code
     finally:
-        leave(code in (0, PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE))  # every rank stopped at the same step
+        leave(code == 0)  # every rank finished or stopped at the same step
 
 
 if __name__ == "__main__":

@@ -58,6 +58,10 @@ SHUTDOWN_SECONDS = 300
 # error records; a node whose machine was lost stays RUNNING in Prefect, and is not waited for longer)
 FINISH_SECONDS = 60.0
 FAILED_FINISH_SECONDS = 15.0
+# how long an agent whose ranks are done waits for the other machines' agents (torch's exit barrier, 300 s in torch):
+# the ranks of one training end within moments of each other, and after a stop on several machines the agents of
+# the machines the notice stopped never come
+EXIT_BARRIER_SECONDS = 30
 
 
 class RankFailed(dist.DistBackendError):
@@ -74,10 +78,11 @@ def torchrun_command(grace: int, record: str | None = None, log_dir: str | None 
     """torch's agent through `shardline.trainer.torchrun`: `grace` seconds for the ranks after a SIGTERM on every
     torch, torch's error record written to `record` (a path or a URI) when it fails, and the agent's own folder
     (its ranks' error files) in `log_dir`, a temporary folder of the launch's (else torch makes one in /tmp per
-    launch and leaves it there)."""
+    launch and leaves it there). An agent whose ranks are done waits EXIT_BARRIER_SECONDS for the other machines'."""
     return [
         sys.executable, "-m", "shardline.trainer.torchrun", *([f"--error-record={record}"] if record else []),
         *([f"--log-dir={log_dir}"] if log_dir else []), f"--shutdown-timeout={grace}",
+        f"--exit-barrier-timeout={EXIT_BARRIER_SECONDS}",
     ]  # fmt: skip
 
 
@@ -549,15 +554,15 @@ def run_node(job_uri: str, endpoint: str, shutdown_seconds: int, log: Callable[[
         code, forwarded = start_agent(command, job_uri, output, Follower(None, Callbacks(log=log)), shutdown_seconds)
         said = output.read_text(errors="replace")
     result = json.loads(storage.read_text(job["result"])) if present(job["result"]) else {}
+    if result.get("status") in ("preempted", "budget"):  # its ranks exited 0 (ddp_run) or were told to stop
+        log(f"this node's processes stopped with the training ({result['status']}; rank 0 checkpointed)")
+        return "stopped"
     if code == 0:
         log("this node's processes finished")
         return "finished"
     if result.get("status") == "finished":  # a machine more than compute.nodes, or one that came too late
         log(f"the training finished on {r['nodes']} machines without this one (compute.nodes={r['nodes']})")
         return "finished"
-    if result.get("status") in ("preempted", "budget"):
-        log(f"this node's processes stopped with the training ({result['status']}; rank 0 checkpointed)")
-        return "stopped"
     try:
         found = [json.loads(storage.read_text(record))]
     except (OSError, ValueError):

@@ -9,8 +9,9 @@ writes checkpoints and speaks for the run, in JOB's folder in storage, which the
 - `events` (a folder of JSON-lines chunks, one object each, written every EVENTS_SECONDS and at every checkpoint
   and epoch): {"kind": "log"|"step"|"epoch"|"checkpoint"|"progress", ...}, what `fit`'s callbacks say;
 - `result` (JSON, written atomically at the end): {"status": "finished", "fit": FitResult as a dict},
-  {"status": "preempted", "checkpoint", "signal"} (exit status PREEMPTED_EXIT_CODE) or {"status": "budget",
-  "message", "checkpoint"} (BUDGET_EXIT_CODE).
+  {"status": "preempted", "checkpoint", "signal"} or {"status": "budget", "message", "checkpoint"}. A stopped
+  rank exits 0 like a finished one: a stop is not a failure to torch's agent, which would otherwise start a restart
+  round and wait, up to the join timeout, for the machines the notice stopped.
 
 A rank's error is torch's own error record (`@record`, with the error's class and bases and whether it was raised
 in a collective added to its `extraInfo`), which the agent reports (shardline/trainer/torchrun.py).
@@ -40,7 +41,6 @@ from shardline.core import storage
 from shardline.core.config import TrainingConfig
 from shardline.core.parent_watch import signal_on_parent_death
 from shardline.trainer.distributed import exit_now, init_from_env, leave, world
-from shardline.trainer.stops import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 EVENTS_SECONDS = 1.0  # how often rank 0's events reach storage while it trains
 
@@ -119,6 +119,10 @@ class RankErrors(ErrorHandler):
         storage.write_text(file, json.dumps(data))
 
 
+# a rank's exit status after a stop (a notice, the budget): rank 0's result says which; see the module's docstring
+STOPPED = 0
+
+
 def run_job(job: dict, train, val, ranking=None) -> int:
     """Train `job` on the splits `train` and `val` in this process (one rank of the group torchrun made, or
     alone); rank 0 writes the events and the result. Returns the exit status."""
@@ -165,11 +169,11 @@ def run_job(job: dict, train, val, ranking=None) -> int:
     except Preempted as stopped:
         if ranks.is_main:
             write_result(status="preempted", checkpoint=stopped.checkpoint, signal=stopped.signal_name)
-        return PREEMPTED_EXIT_CODE
+        return STOPPED
     except BudgetExceeded as stopped:
         if ranks.is_main:
             write_result(status="budget", message=str(stopped), checkpoint=stopped.checkpoint)
-        return BUDGET_EXIT_CODE
+        return STOPPED
     finally:
         events.flush()
     if ranks.is_main:
@@ -209,7 +213,7 @@ def main(argv: list[str]) -> int:
     finally:
         train.release()
         val.release()
-        leave(code in (0, PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE))  # every rank stopped at the same step
+        leave(code == 0)  # every rank finished or stopped at the same step
 
 
 if __name__ == "__main__":

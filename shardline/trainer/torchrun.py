@@ -1,7 +1,8 @@
 """torchrun (torch's elastic agent) in this process, with the same shutdown grace on every torch Shardline supports
 and torch's account of a failure kept as a record:
 
-    python -m shardline.trainer.torchrun [--error-record=URI] --shutdown-timeout=SECONDS [torchrun's arguments]
+    python -m shardline.trainer.torchrun [--error-record=URI] [--exit-barrier-timeout=SECONDS]
+        --shutdown-timeout=SECONDS [torchrun's arguments]
 
 `--error-record`: when the agent stops on a failure, torch's own account of it is written there (a local path or
 a URI in storage), as JSON: `{"host", "at", "failures": [...]}` with one entry per failed rank of the last round
@@ -13,6 +14,11 @@ After a SIGTERM, torchrun passes it on to the ranks and kills those still runnin
 torch sets that grace with `--shutdown-timeout`; older torch (2.11, the lent GPU machines' build, among them) has
 no such option and gives the ranks a fixed 30 s: on such a torch this leaves the option out and makes the grace
 the default of the one call that uses it (the process context's `close`).
+
+`--exit-barrier-timeout`: how long an agent whose ranks are done waits for the other machines' agents before it
+exits (torch's exit barrier, which keeps the rendezvous' store up for agents still finishing: 300 s in torch, and
+not one of torchrun's options). An agent stopped by a notice never comes to it, so after a stop on several machines
+the others' agents wait this long, then exit 0.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import time
 
 OPTION = "--shutdown-timeout"
 RECORD = "--error-record="
+BARRIER = "--exit-barrier-timeout="
 
 
 def knows(option: str) -> bool:
@@ -44,6 +51,19 @@ def grace_by_default(seconds: int) -> None:
         return close(self, death_sig, timeout)
 
     api.PContext.close = close_with_grace
+
+
+def exit_barrier(seconds: float) -> None:
+    """Make `seconds` the time torch's agent waits at its exit barrier for the other machines' agents."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    init = LocalElasticAgent.__init__
+
+    def with_barrier(self, *args, **kwargs):
+        kwargs.setdefault("exit_barrier_timeout", seconds)  # torch's launch_agent gives every argument by name
+        init(self, *args, **kwargs)
+
+    LocalElasticAgent.__init__ = with_barrier
 
 
 def failure_record(error: BaseException) -> dict:
@@ -80,28 +100,32 @@ def failure_record(error: BaseException) -> dict:
     return record
 
 
-def own_options(args: list[str]) -> tuple[str | None, int | None, list[str]]:
-    """This module's options among torchrun's, before the script: where the error record goes, and the shutdown
-    grace where this torch's torchrun has no `--shutdown-timeout` (None: torchrun takes the option itself); then
-    torchrun's arguments without them."""
-    record_to, grace, rest = None, None, []
+def own_options(args: list[str]) -> tuple[str | None, int | None, float | None, list[str]]:
+    """This module's options among torchrun's, before the script: where the error record goes, the shutdown
+    grace where this torch's torchrun has no `--shutdown-timeout` (None: torchrun takes the option itself) and the
+    exit barrier's timeout (None: torch's); then torchrun's arguments without them."""
+    record_to, grace, barrier, rest = None, None, None, []
     for i, arg in enumerate(args):
         if not arg.startswith("-"):  # the script (or `-m`'s module) and its own arguments: torchrun's from here
             rest.extend(args[i:])
             break
         if arg.startswith(RECORD):
             record_to = arg[len(RECORD) :]
+        elif arg.startswith(BARRIER):
+            barrier = float(arg[len(BARRIER) :])
         elif arg.startswith(OPTION + "=") and not knows(arg):
             grace = int(arg.split("=", 1)[1])
         else:
             rest.append(arg)
-    return record_to, grace, rest
+    return record_to, grace, barrier, rest
 
 
 def main(argv: list[str] | None = None) -> None:
-    record_to, grace, args = own_options(list(sys.argv[1:] if argv is None else argv))
+    record_to, grace, barrier, args = own_options(list(sys.argv[1:] if argv is None else argv))
     if grace is not None:
         grace_by_default(grace)
+    if barrier is not None:
+        exit_barrier(barrier)
     # a rendezvous round after a lost node publishes its own master address (torch's shared store keeps the first
     # round's, and a replaced node then waits for a key nobody writes)
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
