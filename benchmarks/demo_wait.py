@@ -1,0 +1,125 @@
+"""Where the demo's input wait goes (issue #47): one `shardline demo`, run in this process, with its fetches timed.
+
+    python benchmarks/demo_wait.py [shardline demo's arguments: --home DIR --games N --set training.device=cuda ...]
+
+The training loop counts a step's fetch as waiting for data: from before it asks the loader for the step's batches
+to after it holds them (`data_wait_fraction`, of step time). On the CPU the loader's `next()` is nearly all of it.
+On an H200 (2026-12-04) the loader's `next()` held 0.09 s of the demo's 2,547 steps, while the loop counted about
+0.34 s. This prints, per epoch, the loop's count and its parts:
+  - next():   the loader's own work and the hand-over from its threads (waiting for data);
+  - list:     the step's list built around it (`list(islice(...))`: the generators resumed);
+  - the rest: the last step's batches let go (on a GPU, their page-locked chunk goes back to torch's host
+              allocator when its last batch does), and the loader's offset read;
+and the cycle collector's collections during the fit (a full one holds the GIL that the loader's threads need).
+Nothing in shardline changes: its loader class, the loop's `list` and `Pace` are wrapped in this process only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import itertools
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shardline.trainer import loop  # noqa: E402
+from shardline.trainer.state import Pace  # noqa: E402
+
+paces: list[Pace] = []  # every Pace the loop made, in order
+epochs: dict[int, dict] = defaultdict(lambda: defaultdict(float))  # epoch -> seconds by part, batches
+collections: list[tuple[float, int, float]] = []  # (seconds into the fit, generation, seconds)
+now = {"epoch": None, "fit_at": None, "gc_at": 0.0}
+
+
+class CountedPace(Pace):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        paces.append(self)
+
+
+class TimedLoader(loop.WindowLoader):
+    def __iter__(self):
+        if self.shuffle:  # the training split's epoch: the Pace made just before is the epoch's own
+            now["epoch"] = self.epoch
+            epochs[self.epoch]["pace"] = paces[-1] if paces else None
+        return self._timed(super().__iter__())
+
+    def _timed(self, it):
+        while True:
+            t = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                return
+            if self.shuffle:
+                e = epochs[self.epoch]
+                e["next"] += time.perf_counter() - t
+                e["batches"] += 1
+            yield b
+
+
+def timed_list(x=(), /):
+    if not isinstance(x, itertools.islice) or now["epoch"] is None:
+        return list(x)
+    t = time.perf_counter()
+    out = list(x)
+    epochs[now["epoch"]]["list"] += time.perf_counter() - t
+    return out
+
+
+def on_gc(phase: str, info: dict) -> None:
+    if now["fit_at"] is None:
+        return
+    if phase == "start":
+        now["gc_at"] = time.perf_counter()
+    elif info["generation"] == 2 or time.perf_counter() - now["gc_at"] > 0.005:
+        collections.append((now["gc_at"] - now["fit_at"], info["generation"], time.perf_counter() - now["gc_at"]))
+
+
+fit = loop.fit
+
+
+def timed_fit(*a, **k):
+    now["fit_at"] = time.perf_counter()
+    try:
+        return fit(*a, **k)
+    finally:
+        now["fit_at"], now["epoch"] = None, None
+
+
+def report() -> None:
+    print("\n| epoch | batches | step s | the loop's data wait | next() | list | the rest |\n|---:|---:|---:|---:|---:|---:|---:|")
+    for epoch, e in sorted(epochs.items()):
+        pace = e.get("pace")
+        if pace is None or not pace.step_s:
+            continue
+        listed = e["list"] - e["next"]  # list() holds next(): its own part is what is left
+        rest = pace.wait_s - e["list"]
+        cells = [pace.wait_s, e["next"], listed, rest]
+        print(
+            f"| {epoch + 1} | {int(e['batches']):,} | {pace.step_s:.3f} | "
+            + " | ".join(f"{s * 1e3:.1f} ms ({s / pace.step_s:.1%})" for s in cells)
+            + " |"
+        )
+    full = [c for c in collections if c[1] == 2]
+    print(
+        f"\ncycle collections in the fit: {len(full)} full "
+        + "".join(f", {s * 1e3:.0f} ms at {at:.2f} s" for at, _, s in full)
+        + f"; {len(collections) - len(full)} younger ones over 5 ms"
+        + f"; {len(gc.get_objects()):,} objects tracked at exit"
+    )
+
+
+if __name__ == "__main__":
+    # the pipeline's one-process training imports `fit` from the loop when it trains: the wrapped one
+    loop.Pace, loop.WindowLoader, loop.fit, loop.list = CountedPace, TimedLoader, timed_fit, timed_list
+    gc.callbacks.append(on_gc)
+    atexit.register(report)
+    sys.argv = ["shardline", "demo", *sys.argv[1:]]
+    from shardline.app.cli import main
+
+    main()
