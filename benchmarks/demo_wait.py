@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shardline.trainer import loop  # noqa: E402
-from shardline.trainer.state import Pace  # noqa: E402
+from shardline.trainer import loop
+from shardline.trainer.state import Pace
 
 paces: list[Pace] = []  # every Pace the loop made, in order
 epochs: dict[int, dict] = defaultdict(lambda: defaultdict(float))  # epoch -> seconds by part, batches
@@ -92,7 +92,8 @@ def timed_fit(*a, **k):
 
 
 def report() -> None:
-    print("\n| epoch | batches | step s | the loop's data wait | next() | list | the rest |\n|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| epoch | batches | step s | the loop's data wait | next() | list | the rest |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for epoch, e in sorted(epochs.items()):
         pace = e.get("pace")
         if pace is None or not pace.step_s:
