@@ -3,9 +3,11 @@
     python benchmarks/demo_wait.py [shardline demo's arguments: --home DIR --games N --set training.device=cuda ...]
 
 The training loop counts a step's fetch as waiting for data: from before it asks the loader for the step's batches
-to after it holds them (`data_wait_fraction`, of step time). On the CPU the loader's `next()` is nearly all of it.
-On an H200 (2026-12-04) the loader's `next()` held 0.09 s of the demo's 2,547 steps, while the loop counted about
-0.34 s. This prints, per epoch, the loop's count and its parts:
+to after it holds them (`data_wait_fraction`, of step time: the fetch, the step and its saver's poll, not the
+callbacks and checks between steps). On the CPU the loader's `next()` is nearly all of the fetch. On an H200
+(2026-12-04) the loader's `next()` held 0.09 s of the demo's 2,547 steps, a quarter of the wait the loop's fractions
+give if its step time is the epoch's training time. This prints, per epoch, the epoch's training time (its wall
+time less validation), the loop's step time, its count of the wait and the count's parts:
   - next():   the loader's own work and the hand-over from its threads (waiting for data);
   - list:     the step's list built around it (`list(islice(...))`: the generators resumed);
   - the rest: the last step's batches let go (on a GPU, their page-locked chunk goes back to torch's host
@@ -86,14 +88,17 @@ fit = loop.fit
 def timed_fit(*a, **k):
     now["fit_at"] = time.perf_counter()
     try:
-        return fit(*a, **k)
+        result = fit(*a, **k)
+        now["history"] = result.history
+        return result
     finally:
         now["fit_at"], now["epoch"] = None, None
 
 
 def report() -> None:
-    print("\n| epoch | batches | step s | the loop's data wait | next() | list | the rest |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| epoch | batches | training s | step s | the loop's data wait | next() | list | the rest |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    trained = {h["epoch"]: h["seconds"] - h["val_seconds"] for h in now.get("history") or []}
     for epoch, e in sorted(epochs.items()):
         pace = e.get("pace")
         if pace is None or not pace.step_s:
@@ -102,7 +107,7 @@ def report() -> None:
         rest = pace.wait_s - e["list"]
         cells = [pace.wait_s, e["next"], listed, rest]
         print(
-            f"| {epoch + 1} | {int(e['batches']):,} | {pace.step_s:.3f} | "
+            f"| {epoch + 1} | {int(e['batches']):,} | {trained.get(epoch, float('nan')):.3f} | {pace.step_s:.3f} | "
             + " | ".join(f"{s * 1e3:.1f} ms ({s / pace.step_s:.1%})" for s in cells)
             + " |"
         )
