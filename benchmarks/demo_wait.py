@@ -10,10 +10,13 @@ give if its step time is the epoch's training time. This prints, per epoch, the 
 time less validation), the loop's step time, its count of the wait and the count's parts:
   - next():   the loader's own work and the hand-over from its threads (waiting for data);
   - list:     the step's list built around it (`list(islice(...))`: the generators resumed);
-  - the rest: the last step's batches let go (on a GPU, their page-locked chunk goes back to torch's host
-              allocator when its last batch does), and the loader's offset read;
+  - the rest: the loader's offset read, and what else the fetch holds;
+and, apart, the step's batches let go right after its step (in the loop they go at the next fetch, inside its
+count: on a GPU a page-locked chunk goes back to torch's host allocator with its last batch): with them out of the
+fetch, the loop's count here is what it would be if they went after the step;
 and the cycle collector's collections during the fit (a full one holds the GIL that the loader's threads need).
-Nothing in shardline changes: its loader class, the loop's `list` and `Pace` are wrapped in this process only.
+Nothing in shardline changes: its loader class, the loop's `list` and `Pace`, and `Step.__call__` are wrapped in this
+process only.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardline.trainer import loop
 from shardline.trainer.state import Pace
+from shardline.trainer.step import Step
 
 paces: list[Pace] = []  # every Pace the loop made, in order
 epochs: dict[int, dict] = defaultdict(lambda: defaultdict(float))  # epoch -> seconds by part, batches
@@ -62,6 +66,17 @@ class TimedLoader(loop.WindowLoader):
                 e["next"] += time.perf_counter() - t
                 e["batches"] += 1
             yield b
+            del b  # the step's list holds the batch alone: it goes where `timed_step` lets it go
+
+
+def timed_step(self, micro: list, n_step: int, number: int):
+    """The step, then its batches let go here, timed (in the loop they go at the next fetch, inside its count)."""
+    out = step_call(self, micro, n_step, number)
+    if now["epoch"] is not None:
+        t = time.perf_counter()
+        micro.clear()
+        epochs[now["epoch"]]["release"] += time.perf_counter() - t
+    return out
 
 
 def timed_list(x=(), /):
@@ -83,6 +98,7 @@ def on_gc(phase: str, info: dict) -> None:
 
 
 fit = loop.fit
+step_call = Step.__call__
 
 
 def timed_fit(*a, **k):
@@ -96,8 +112,11 @@ def timed_fit(*a, **k):
 
 
 def report() -> None:
-    print("\n| epoch | batches | training s | step s | the loop's data wait | next() | list | the rest |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "\n| epoch | batches | training s | step s | the loop's data wait | next() | list | the rest "
+        "| the step's batches let go (after the step, outside the wait) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     trained = {h["epoch"]: h["seconds"] - h["val_seconds"] for h in now.get("history") or []}
     for epoch, e in sorted(epochs.items()):
         pace = e.get("pace")
@@ -105,7 +124,7 @@ def report() -> None:
             continue
         listed = e["list"] - e["next"]  # list() holds next(): its own part is what is left
         rest = pace.wait_s - e["list"]
-        cells = [pace.wait_s, e["next"], listed, rest]
+        cells = [pace.wait_s, e["next"], listed, rest, e["release"]]
         print(
             f"| {epoch + 1} | {int(e['batches']):,} | {trained.get(epoch, float('nan')):.3f} | {pace.step_s:.3f} | "
             + " | ".join(f"{s * 1e3:.1f} ms ({s / pace.step_s:.1%})" for s in cells)
@@ -123,6 +142,7 @@ def report() -> None:
 if __name__ == "__main__":
     # the pipeline's one-process training imports `fit` from the loop when it trains: the wrapped one
     loop.Pace, loop.WindowLoader, loop.fit, loop.list = CountedPace, TimedLoader, timed_fit, timed_list
+    Step.__call__ = timed_step
     gc.callbacks.append(on_gc)
     atexit.register(report)
     sys.argv = ["shardline", "demo", *sys.argv[1:]]
