@@ -73,9 +73,10 @@ def timed_step(self, micro: list, n_step: int, number: int):
     """The step, then its batches let go here, timed (in the loop they go at the next fetch, inside its count)."""
     out = step_call(self, micro, n_step, number)
     if now["epoch"] is not None:
-        t = time.perf_counter()
+        e, held, t = epochs[now["epoch"]], len(micro), time.perf_counter()
         micro.clear()
-        epochs[now["epoch"]]["release"] += time.perf_counter() - t
+        e["release"] += time.perf_counter() - t
+        e["let_go"] += held - len(micro)
     return out
 
 
@@ -111,12 +112,13 @@ def timed_fit(*a, **k):
         now["fit_at"], now["epoch"] = None, None
 
 
-def report() -> None:
-    print(
-        "\n| epoch | batches | training s | step s | the loop's data wait | next() | list | the rest "
-        "| the step's batches let go (after the step, outside the wait) |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+def report() -> str:
+    """The table of the fits timed so far, and the cycle collector's collections in them."""
+    lines = [
+        "| epoch | batches | training s | step s | the loop's data wait | next() | list | the rest "
+        "| the step's batches let go (after the step, outside the wait) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     trained = {h["epoch"]: h["seconds"] - h["val_seconds"] for h in now.get("history") or []}
     for epoch, e in sorted(epochs.items()):
         pace = e.get("pace")
@@ -125,26 +127,38 @@ def report() -> None:
         listed = e["list"] - e["next"]  # list() holds next(): its own part is what is left
         rest = pace.wait_s - e["list"]
         cells = [pace.wait_s, e["next"], listed, rest, e["release"]]
-        print(
+        lines.append(
             f"| {epoch + 1} | {int(e['batches']):,} | {trained.get(epoch, float('nan')):.3f} | {pace.step_s:.3f} | "
             + " | ".join(f"{s * 1e3:.1f} ms ({s / pace.step_s:.1%})" for s in cells)
             + " |"
         )
     full = [c for c in collections if c[1] == 2]
-    print(
-        f"\ncycle collections in the fit: {len(full)} full "
+    lines.append(
+        f"\ncycle collections in the fit: {len(full)} full"
         + "".join(f", {s * 1e3:.0f} ms at {at:.2f} s" for at, _, s in full)
         + f"; {len(collections) - len(full)} younger ones over 5 ms"
         + f"; {len(gc.get_objects()):,} objects tracked at exit"
     )
+    return "\n".join(lines)
+
+
+def wrapped() -> list[tuple[object, str, object]]:
+    """(owner, name, replacement): each of shardline's names this wraps. The pipeline's one-process training
+    imports `fit` from the loop when it trains, so it gets the wrapped one."""
+    return [
+        (loop, "Pace", CountedPace),
+        (loop, "WindowLoader", TimedLoader),
+        (loop, "fit", timed_fit),
+        (loop, "list", timed_list),  # a module global: found before the builtin
+        (Step, "__call__", timed_step),
+    ]
 
 
 if __name__ == "__main__":
-    # the pipeline's one-process training imports `fit` from the loop when it trains: the wrapped one
-    loop.Pace, loop.WindowLoader, loop.fit, loop.list = CountedPace, TimedLoader, timed_fit, timed_list
-    Step.__call__ = timed_step
+    for owner, name, replacement in wrapped():
+        setattr(owner, name, replacement)
     gc.callbacks.append(on_gc)
-    atexit.register(report)
+    atexit.register(lambda: print("\n" + report()))
     sys.argv = ["shardline", "demo", *sys.argv[1:]]
     from shardline.app.cli import main
 
