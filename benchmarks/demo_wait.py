@@ -29,14 +29,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from shardline.trainer import loop
-from shardline.trainer.state import Pace
-from shardline.trainer.step import Step
+from gpu_train import TimedLoader  # noqa: E402  (its loader, timing each batch's next())
+
+from shardline.trainer import loop  # noqa: E402
+from shardline.trainer.state import Pace  # noqa: E402
+from shardline.trainer.step import Step  # noqa: E402
 
 paces: list[Pace] = []  # every Pace the loop made, in order
-epochs: dict[int, dict] = defaultdict(lambda: defaultdict(float))  # epoch -> seconds by part, batches
+epochs: dict[int, dict] = defaultdict(lambda: defaultdict(float))  # epoch -> its Pace, seconds by part, batches let go
 collections: list[tuple[float, int, float]] = []  # (seconds into the fit, generation, seconds)
 now = {"epoch": None, "fit_at": None, "gc_at": 0.0}
 
@@ -47,26 +49,14 @@ class CountedPace(Pace):
         paces.append(self)
 
 
-class TimedLoader(loop.WindowLoader):
+class EpochLoader(TimedLoader):
+    """gpu_train.py's loader, each batch's `next()` timed per epoch, with the epoch's own Pace noted."""
+
     def __iter__(self):
         if self.shuffle:  # the training split's epoch: the Pace made just before is the epoch's own
             now["epoch"] = self.epoch
             epochs[self.epoch]["pace"] = paces[-1] if paces else None
-        return self._timed(super().__iter__())
-
-    def _timed(self, it):
-        while True:
-            t = time.perf_counter()
-            try:
-                b = next(it)
-            except StopIteration:
-                return
-            if self.shuffle:
-                e = epochs[self.epoch]
-                e["next"] += time.perf_counter() - t
-                e["batches"] += 1
-            yield b
-            del b  # the step's list holds the batch alone: it goes where `timed_step` lets it go
+        return super().__iter__()
 
 
 def timed_step(self, micro: list, n_step: int, number: int):
@@ -124,11 +114,12 @@ def report() -> str:
         pace = e.get("pace")
         if pace is None or not pace.step_s:
             continue
-        listed = e["list"] - e["next"]  # list() holds next(): its own part is what is left
+        in_next, batches = TimedLoader.by_epoch.get(epoch, (0.0, 0))
+        listed = e["list"] - in_next  # list() holds next(): its own part is what is left
         rest = pace.wait_s - e["list"]
-        cells = [pace.wait_s, e["next"], listed, rest, e["release"]]
+        cells = [pace.wait_s, in_next, listed, rest, e["release"]]
         lines.append(
-            f"| {epoch + 1} | {int(e['batches']):,} | {trained.get(epoch, float('nan')):.3f} | {pace.step_s:.3f} | "
+            f"| {epoch + 1} | {batches:,} | {trained.get(epoch, float('nan')):.3f} | {pace.step_s:.3f} | "
             + " | ".join(f"{s * 1e3:.1f} ms ({s / pace.step_s:.1%})" for s in cells)
             + " |"
         )
@@ -147,7 +138,7 @@ def wrapped() -> list[tuple[object, str, object]]:
     imports `fit` from the loop when it trains, so it gets the wrapped one."""
     return [
         (loop, "Pace", CountedPace),
-        (loop, "WindowLoader", TimedLoader),
+        (loop, "WindowLoader", EpochLoader),
         (loop, "fit", timed_fit),
         (loop, "list", timed_list),  # a module global: found before the builtin
         (Step, "__call__", timed_step),

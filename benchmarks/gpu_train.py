@@ -64,6 +64,7 @@ class TimedLoader(WindowLoader):
 
     waited = 0.0
     waits: list[float] = []  # each training batch's wait, for where it goes (--waits)
+    by_epoch: dict[int, list] = {}  # epoch -> [seconds waited, training batches] (benchmarks/demo_wait.py)
     pin = "on"  # off: the training batches are not pinned; copy: pinned by a second copy (--pin)
 
     def __init__(self, data, *args, **kwargs):
@@ -81,9 +82,13 @@ class TimedLoader(WindowLoader):
             except StopIteration:
                 return
             if self.shuffle:  # training batches only (validation reads in order)
-                TimedLoader.waited += time.perf_counter() - t
-                TimedLoader.waits.append(time.perf_counter() - t)
+                w = time.perf_counter() - t
+                TimedLoader.waited += w
+                TimedLoader.waits.append(w)
+                epoch = TimedLoader.by_epoch.setdefault(self.epoch, [0.0, 0])
+                epoch[0], epoch[1] = epoch[0] + w, epoch[1] + 1
             yield b
+            del b  # the loop's list holds the batch alone: it is let go where the loop lets it go
 
 
 MODES = {
@@ -123,7 +128,7 @@ class GpuBusy:
 
 
 def run_fit(train, val, spec, cfg, task, ckpt, resume=True, log=lambda m: None, busy=None):
-    TimedLoader.waited, TimedLoader.waits = 0.0, []
+    TimedLoader.waited, TimedLoader.waits, TimedLoader.by_epoch = 0.0, [], {}
     t = time.perf_counter()
     from shardline.trainer.stops import setting_hooks  # SHARDLINE_PREEMPT_AT_STEP: the preemption resume_check asks
 

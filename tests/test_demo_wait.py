@@ -58,7 +58,8 @@ def test_the_wrapped_fit_splits_each_epochs_wait_and_trains_the_same_weights(tmp
         assert 0 < step_s <= training_s, table
         assert 0 < in_next <= counted, table  # the loader's next() is timed inside the loop's own count
     # each step's batches were let go where the script times them, right after the step
-    assert all(e["let_go"] == e["batches"] == steps for e in wait.epochs.values()), dict(wait.epochs)
+    by_epoch = wait.TimedLoader.by_epoch  # epoch -> [seconds in next(), batches]
+    assert all(e["let_go"] == by_epoch[k][1] == steps for k, e in wait.epochs.items()), (dict(wait.epochs), by_epoch)
     assert "cycle collections in the fit:" in table
 
     # the batches let go after the step instead of at the next fetch: the same training, weight for weight
