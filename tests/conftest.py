@@ -221,26 +221,35 @@ def recorded_task_runs(flow_run_id, name_prefix: str = "", count: int = 1, timeo
 _e2e = {"collected": 0, "passed": 0, "skipped": []}
 
 
-# the longest files first (a full run's durations): pytest-xdist hands whole files to its workers in this
-# order, so the longest start at once and the short ones fill in behind them
+# the longest files first (a full run's durations, 2026-12-04: `--durations=0`, each file's tests summed): pytest-xdist
+# hands whole files to its workers in this order, so the longest start at once and the short ones fill in behind
+# them (the order of 2026-11-24 had test_examples and test_ddp, now the 2nd and 6th longest, 12th and 14th, and
+# test_caching_e2e, the 9th, after every listed file)
 _LONGEST_FIRST = (
     "test_remote_e2e.py",
-    "test_sweep.py",
-    "test_packaging.py",
-    "test_crash_e2e.py",
-    "test_tracker_outage.py",
-    "test_resume_kill.py",
-    "test_user_model_e2e.py",
-    "test_gpu_kit.py",
-    "test_secrets.py",
-    "test_kfold.py",
-    "test_lease.py",
     "test_examples.py",
-    "test_text_pipeline.py",
+    "test_sweep.py",
+    "test_crash_e2e.py",
+    "test_packaging.py",
     "test_ddp.py",
-    "test_dask_encode.py",
+    "test_resume_kill.py",
+    "test_gpu_kit.py",
+    "test_caching_e2e.py",
+    "test_user_model_e2e.py",
+    "test_tracker_outage.py",
+    "test_cli.py",
+    "test_time_columns.py",
     "test_cost_e2e.py",
     "test_registry.py",
+    "test_doctor.py",
+    "test_sweep_optuna.py",
+    "test_text_pipeline.py",
+    "test_secrets.py",
+    "test_s3_source.py",
+    "test_seed_scale.py",
+    "test_gc.py",
+    "test_lease.py",
+    "test_kfold.py",
 )
 
 
