@@ -7,7 +7,7 @@ by the test that started it.
 On two cores the suite is CPU-bound (pytest-xdist's workers keep both busy), so CI's time is the CPU of the
 processes the tests start: Prefect servers, `shardline` commands, flow runs, torchrun's ranks, the pytest workers
 themselves. Durations (`--durations`) cannot say which: a test's wall time includes waiting while other workers run.
-This samples /proc every 0.25 s (Linux), keeps each process's last CPU time (user + system), its command line and
+It samples the processes every 0.25 s (psutil), keeps each one's last CPU time (user + system), its command line and
 the test that was running when it started (`PYTEST_CURRENT_TEST`, inherited from the test's process), and prints
 two tables when the suite ends: the processes whose environment carries the suite's mark (what else ran on the
 machine meanwhile is one figure beside them). A process that lives under 0.25 s may be missed; its CPU is small.
@@ -27,30 +27,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-MARK = b"SHARDLINE_SUITE_CPU=1"  # in the suite's environment, so in every process it starts that keeps its environment
+MARK = "SHARDLINE_SUITE_CPU"  # set in the suite's environment, so in every process it starts that keeps its environment
 
 
 def sample(seen: dict, stop: threading.Event) -> None:
     """Until `stop`: each process's (pid, start time) -> {cpu, cmd, test, ours}, its CPU updated at every pass
     (`ours`: started by the suite; a test that gives a command an environment of its own, test_packaging's, loses
     the mark, and its processes count with the machine's others)."""
-    tick, me = os.sysconf("SC_CLK_TCK"), os.getpid()
+    import psutil
+
+    me = os.getpid()
     while not stop.is_set():
-        for d in os.listdir("/proc"):
-            if not d.isdigit() or int(d) == me:
-                continue
+        for proc in psutil.process_iter():
             try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-                fields = stat[stat.rindex(")") + 2 :].split()
-                key, cpu = (d, fields[19]), (int(fields[11]) + int(fields[12])) / tick
+                if proc.pid == me:
+                    continue
+                key = (str(proc.pid), proc.create_time())
+                times = proc.cpu_times()
+                cpu = times.user + times.system
                 if key in seen:
                     seen[key]["cpu"] = cpu
                     continue
-                cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
-                test = next((e[20:].decode(errors="replace") for e in env if e.startswith(b"PYTEST_CURRENT_TEST=")), "")
-                seen[key] = {"cpu": cpu, "cmd": cmd, "test": test.split(" ")[0], "ours": MARK in env}
-            except (OSError, ValueError, IndexError):
+                env = proc.environ()
+                test = env.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+                seen[key] = {"cpu": cpu, "cmd": " ".join(proc.cmdline()), "test": test, "ours": MARK in env}
+            except psutil.Error:
                 continue  # gone meanwhile, or not ours to read
         stop.wait(0.25)
 
@@ -90,7 +91,7 @@ def main(args: list[str]) -> int:
     sampler = threading.Thread(target=sample, args=(seen, stop), daemon=True)
     sampler.start()
     start = time.monotonic()
-    env = {**os.environ, MARK.decode().split("=")[0]: "1"}
+    env = {**os.environ, MARK: "1"}
     code = subprocess.call([str(ROOT / "scripts" / "test"), *args], cwd=ROOT, env=env)
     stop.set()
     sampler.join()
