@@ -113,7 +113,9 @@ def cluster(tmp_path_factory):
     s3.start()
     endpoint = f"http://127.0.0.1:{s3._port}"
     api = f"http://127.0.0.1:{free_port()}/api"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "AWS_", "SHARDLINE_"))}
+    # none of the test process's own settings but benchmarks/suite_cpu.py's mark: the cluster's CPU is the suite's
+    skip = ("PREFECT_", "MLFLOW_", "AWS_", "SHARDLINE_")
+    env = {k: v for k, v in os.environ.items() if k == "SHARDLINE_SUITE_CPU" or not k.startswith(skip)}
     env.update(
         PWD=str(REPO),  # prefect.yaml's pull step: {{ $PWD }}
         PREFECT_HOME=str(base / "prefect-home"),

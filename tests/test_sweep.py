@@ -319,7 +319,9 @@ def test_a_notice_to_a_sweep_stops_its_trials_at_a_checkpoint_and_exits_as_preem
     proc, log = long_sweep(data, "model.hidden=8,16")
     try:
         deadline = time.monotonic() + 300
-        while len(list((tmp_path / "store").glob("runs/*/checkpoints/ckpt-*.pt"))) < 2:  # both trials training
+        # both trials training: a checkpoint in each one's run folder (counting files, two of the first trial's passed
+        # on a slow machine before the second had one, and only one trial was there to stop)
+        while len({p.parents[1] for p in (tmp_path / "store").glob("runs/*/checkpoints/ckpt-*.pt")}) < 2:
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the trials did not checkpoint"
             time.sleep(0.2)
