@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import signal
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -1034,8 +1035,12 @@ def test_a_trial_stopped_and_resumed_reports_its_pruner_the_same_values(data, tm
 
         with pytest.raises(Crash):
             run(folder, trial, prune=report_then_die)
-    resumed = run(folder, trial)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = run(folder, trial)
     assert resumed.resumed_from is not None and resumed.steps == straight.steps
+    # an epoch reported before the stop is not reported again (Optuna warned "already reported" to the console)
+    assert not [w for w in caught if "already reported" in str(w.message)], [str(w.message) for w in caught]
 
     def values(name: str) -> dict:
         return open_study(journal, name, None).trials[0].intermediate_values

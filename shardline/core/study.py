@@ -85,12 +85,16 @@ class Pruning(BaseModel):
         study = open_study(self.journal, self.study, None, make_pruner(self.pruner, self.epochs))
         frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == self.trial)
         trial = optuna.trial.Trial(study, frozen._trial_id)
+        # a resumed trial's epochs reported before it stopped: trained again to the same value, not reported again
+        # (Optuna ignores it, with a UserWarning in the user's console)
+        reported = set(frozen.intermediate_values)
 
         def prune(epoch: int, entry: dict) -> bool:
             value = entry.get(self.select_by)
             if not isinstance(value, int | float) or not math.isfinite(value):
                 return False
-            trial.report(float(value), epoch + 1)
+            if epoch + 1 not in reported:
+                trial.report(float(value), epoch + 1)
             if trial.should_prune():
                 log(f"pruned at epoch {epoch + 1} by the sweep's {self.pruner} pruner ({self.select_by} {value:.4g})")
                 return True
