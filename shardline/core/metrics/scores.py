@@ -312,6 +312,8 @@ class ClassificationScores:
 
     def metrics(self) -> dict[str, float]:
         """What ``classification_metrics`` reports for every sample counted so far."""
+        if self.n == 0:  # before torchmetrics' compute, which would warn of no update first
+            raise _empty()
         label = label_scores(self.confusion)
         return {
             "accuracy": label["accuracy"],
