@@ -23,11 +23,21 @@ def shardline(*args, cwd=None, timeout=600, env=None):
 
 
 def test_help_everywhere():
-    commands = ["demo", "run", "sweep", "predict", "check-config", "rehearse", "doctor", "gc", "sync"]
+    import typer
+
+    from shardline.app.cli import app
+
+    commands = typer.main.get_command(app).commands
+    assert {"demo", "run", "node", "sweep", "predict", "generate", "rehearse", "cost", "doctor", "gc"} <= set(commands)
     for cmd in ([], *([c] for c in commands)):
         out = shardline(*cmd, "--help")
         assert out.returncode == 0, out.stderr
         assert "Usage" in out.stdout
+    # each command's line in `shardline --help` is its docstring's first paragraph, laid out as written: one line of
+    # source, else the list shows a break in mid-sentence
+    for name, command in commands.items():
+        summary = command.help.strip().split("\n\n")[0]
+        assert "\n" not in summary and summary.endswith("."), (name, summary)
 
 
 def test_unknown_config_key_fails_before_any_work(tmp_path):

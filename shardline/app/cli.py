@@ -180,9 +180,10 @@ def node(
         None, "--endpoint", help="the rendezvous HOST:PORT; default: the launcher's (PET_RDZV_ENDPOINT, MASTER_ADDR)"
     ),
 ) -> None:
-    """One machine of a training on several, under a launcher (a TrainJob, JobSet, Slurm, SkyPilot): torch's agent
-    for the job that `shardline run` (compute.train_on: launcher) wrote, meeting the other machines at the
-    launcher's rendezvous address. The pipeline follows it in storage."""
+    """One machine of a training on several, under a launcher (a TrainJob, JobSet, Slurm, SkyPilot).
+
+    Torch's agent for the job that `shardline run` (compute.train_on: launcher) wrote, meeting the other machines
+    at the launcher's rendezvous address. The pipeline follows it in storage."""
     from shardline.core.secrets import install_log_redaction
     from shardline.launch.torchrun import launcher_endpoint, run_node, shutdown_seconds
 
@@ -453,8 +454,10 @@ def generate(
         None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./shardline-home/mlflow.db)"
     ),
 ) -> None:
-    """Print what a registered text model writes after PROMPT (for a generation target: the target it writes
-    for PROMPT as its source), with the tokenizer bundled in the model and a key/value cache."""
+    """Print what a registered text model writes after PROMPT.
+
+    For a generation target: the target it writes for PROMPT as its source. The tokenizer comes bundled in the
+    model; the decoding keeps a key/value cache."""
     import pandas as pd
 
     from shardline.app.predict_input import placeholder
