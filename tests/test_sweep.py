@@ -96,6 +96,8 @@ def test_a_grid_sweep_trains_each_trial_once_registers_the_best_and_a_rerun_trai
         assert run.data.tags["mlflow.parentRunId"] == parent and run.info.status == "FINISHED"
         assert json.loads(run.data.tags["shardline.sweep.overrides"]) == row["overrides"]
         assert run.data.params["model.hidden"] == str(row["overrides"]["model.hidden"])
+        # two trials train at once and log to one console: each training's flow run names its trial
+        assert run.data.tags["shardline.prefect.flow_run_name"].startswith(f"tiny · train {row['trial']} · ")
     parent_run = client.get_run(parent)
     assert parent_run.info.status == "FINISHED"
     key = f"trial/{result['metric']}"

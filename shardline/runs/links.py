@@ -103,16 +103,22 @@ def run_name_of(config: Any) -> str:
     return str(name or "shardline")
 
 
+TRIAL_TAG = "shardline.sweep.trial"  # a sweep trial's MLflow tag: its id (t3), also in its training's flow run name
+
+
 def flow_run_name(kind: str):
     """A `flow_run_name` callable for `@flow`: `<config name> · <kind> · <time>`, in place of Prefect's
-    random names, so the runs list says what each run trains."""
+    random names, so the runs list says what each run trains. A sweep trial's training says which trial it is
+    (`demo · train t3 · ...`): trials train at once, and their log lines share the console."""
 
     def name() -> str:
         import datetime as dt
 
         from prefect.runtime import flow_run
 
-        config = (flow_run.parameters or {}).get("config")
-        return f"{run_name_of(config)} · {kind} · {dt.datetime.now().strftime('%m-%d %H:%M')}"
+        parameters = flow_run.parameters or {}
+        trial = (parameters.get("mlflow_tags") or {}).get(TRIAL_TAG)
+        what = f"{kind} {trial}" if trial else kind
+        return f"{run_name_of(parameters.get('config'))} · {what} · {dt.datetime.now().strftime('%m-%d %H:%M')}"
 
     return name

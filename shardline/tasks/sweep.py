@@ -188,7 +188,7 @@ def trial_tags(parent_run_id: str | None, sweep_id: str, trial: Trial) -> dict[s
 def sweep_tags(parent_run_id: str | None, trial: Trial) -> dict[str, str]:
     """What a trial's run and the version registered from it say of the sweep: the trial, its overrides, the
     sweep's parent run."""
-    tags = {"shardline.sweep.trial": trial.id, "shardline.sweep.overrides": json.dumps(trial.overrides)}
+    tags = {links.TRIAL_TAG: trial.id, "shardline.sweep.overrides": json.dumps(trial.overrides)}
     if parent_run_id:
         tags[SWEEP_TAG] = parent_run_id
     return tags
