@@ -86,3 +86,43 @@ def test_fluent_tracking_uri_is_put_back(tmp_path, monkeypatch):
     with fluent_tracking_uri(f"sqlite:///{tmp_path / 'run.db'}"):
         pass
     assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+def test_a_data_set_another_run_logs_at_the_same_moment_is_still_on_this_run(tmp_path, caplog):
+    """A sweep's trials start together and log the same data set: MLflow looks for its row, finds none, and inserts
+    it; the second trial's insert then fails on the store's unique constraint (seen in a sweep's console: "MLflow
+    refused journal entry 4 ... it is skipped", and that trial's run had no data set). Here another writer inserts the
+    row right before this run's insert, in the real SQLite store, as the other trial's process did."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    store = tmp_path / "store"
+    raced = []
+
+    def the_other_trial(conn, cursor, statement, parameters, context, executemany):
+        if raced or not statement.lstrip().upper().startswith("INSERT INTO DATASETS"):
+            return
+        raced.append(statement)
+        other = sqlite3.connect(store / "mlflow.db", timeout=10)
+        for row in parameters if executemany else [parameters]:
+            other.execute(statement, [f"other-{row[0]}", *row[1:]])  # its own id, the same experiment, name, digest
+        other.commit()
+        other.close()
+
+    data_set = {"name": "demo", "digest": "5e1f0c", "source_type": "local", "source": '{"uri": "/d"}'}
+    data_set["context"] = "train"
+    tracker = Tracker(MlflowConfig(experiment="e"), str(store), run_dir=str(tmp_path / "run"))
+    run_id = tracker.start(None, "t2", {})
+    event.listen(Engine, "before_cursor_execute", the_other_trial)
+    try:
+        tracker.log_inputs([data_set])
+        assert tracker.end("FINISHED", wait=30)
+    finally:
+        event.remove(Engine, "before_cursor_execute", the_other_trial)
+    assert raced, "the other writer never ran: nothing was tested"
+    inputs = MlflowClient(tracker.uri).get_run(run_id).inputs.dataset_inputs
+    assert [(i.dataset.name, i.dataset.digest) for i in inputs] == [("demo", "5e1f0c")]
+    assert "refused" not in caplog.text

@@ -465,7 +465,15 @@ class Sender:
                 )
                 for d in entry["datasets"]
             ]
-            self.client.log_inputs(run_id, datasets=inputs)
+            try:
+                self.client.log_inputs(run_id, datasets=inputs)
+            except Exception as e:
+                if not _permanent(e):
+                    raise
+                # runs that log the same data set at once (a sweep's trials) race on its one row in MLflow's store:
+                # the run that inserts it second is refused (a unique constraint); the row is there now, and the
+                # same call again links it to this run
+                self.client.log_inputs(run_id, datasets=inputs)
         elif op == "resume":
             self.client.update_run(run_id, status="RUNNING")
         elif op == "end":
