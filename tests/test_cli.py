@@ -29,10 +29,15 @@ def test_help_everywhere():
 
     commands = typer.main.get_command(app).commands
     assert {"demo", "run", "node", "sweep", "predict", "generate", "rehearse", "cost", "doctor", "gc"} <= set(commands)
+    wide = {**os.environ, "COLUMNS": "1000"}  # a terminal wide enough for every paragraph on one line
     for cmd in ([], *([c] for c in commands)):
-        out = shardline(*cmd, "--help")
+        out = shardline(*cmd, "--help", env=wide)
         assert out.returncode == 0, out.stderr
         assert "Usage" in out.stdout
+        # each paragraph of the command's help on a line of its own: not broken again where the docstring's lines end
+        lines = [" ".join(line.split()) for line in out.stdout.splitlines()]
+        for paragraph in commands[cmd[0]].help.split("\n\n") if cmd else []:
+            assert " ".join(paragraph.split()) in lines, (cmd, paragraph, out.stdout)
     # each command's line in `shardline --help` is its docstring's first paragraph, laid out as written: one line of
     # source, else the list shows a break in mid-sentence
     for name, command in commands.items():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from shardline.app.console import unwrapped_help
 from shardline.app.ephemeral_api import own_database, start_ephemeral_api
 from shardline.app.summary import summary, sweep_summary
 
@@ -22,7 +23,6 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Raw parquet -> shards -> a trained, evaluated model in the MLflow registry, as one Prefect pipeline.",
 )
-
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 
@@ -697,5 +697,4 @@ def main() -> None:
         sys.exit(1)
 
 
-if __name__ == "__main__":
-    main()
+unwrapped_help(app)  # every command's, defined above
