@@ -153,10 +153,11 @@ def test_rehearse_in_process_preempts_resumes_and_leaves_the_real_run_alone(tmp_
     # as the demo has it: the target (the next `label`) is also an input feature (the current one); and the
     # 8 sampled files give ~9 steps of the configured batch of 32, fewer than the default 20 steps and
     # the default preemption at step 10, which then never fired
-    make_raw(tmp_path / "raw", n_seq=24, rows=20)
+    for path in make_raw(tmp_path / "raw", n_seq=24, rows=20):  # a player per sequence: new ones in each split
+        pl.read_parquet(path).with_columns(player=pl.col("seq").str.replace("s", "p")).write_parquet(path)
     cfg = tmp_path / "cfg.yaml"
     config = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))
-    config["data"]["features"]["categorical"] = ["kind", "label"]
+    config["data"]["features"]["categorical"] = ["kind", "label", "player"]
     cfg.write_text(yaml.safe_dump(config))
     out = shardline("rehearse", cfg)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
@@ -165,7 +166,10 @@ def test_rehearse_in_process_preempts_resumes_and_leaves_the_real_run_alone(tmp_
     sized = next(line for line in table if "sample: sized" in line)
     assert "20 steps of" in sized and "training.batch_size 32 ->" in sized and "preempted at step 10" in sized
     assert "attempt 1: Preempted; resumed from" in out.stdout and "ckpt-000000010.pt (at step 10)" in out.stdout
-    assert "download: the registered model predicts raw rows" in out.stdout
+    # its download predicts a raw file of players the few files' training never saw: said in its row, not warned
+    download = next(line for line in table if "download: the registered model predicts raw rows" in line)
+    assert "predict notes: column 'player' holds" in download, download
+    assert "shardline.predict" not in out.stdout + out.stderr
     assert "Traceback" not in out.stderr, out.stderr[-4000:]  # its own preemption is no error to show
     # everything it wrote is under the rehearsal prefix; the registered model is NAME-rehearsal
     assert [p.name for p in (tmp_path / "store").iterdir() if p.name != "mlflow.db"] == ["rehearsals"]
