@@ -5,6 +5,7 @@ Real pipeline runs through a real Prefect API and a real MLflow SQLite store."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 
 import polars as pl
@@ -34,6 +35,15 @@ def base(tmp_path):
     return tmp_path, cfg
 
 
+class Said(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def test_where_or_how_fast_it_trained_registers_no_new_version(base, prefect_api, monkeypatch):
     tmp_path, cfg = base
     first = run(cfg)
@@ -41,6 +51,8 @@ def test_where_or_how_fast_it_trained_registers_no_new_version(base, prefect_api
     # only where it trains and how often it checkpoints: the same weights, the same model
     cfg["training"].update(num_workers=1, checkpoint_every_steps=3, keep_checkpoints=5)
     cfg["compute"] = {"poll_seconds": 2.0, "max_preemptions": 5}
+    said = Said()  # what registration warns of (on its own logger: Prefect's set-up owns the root's)
+    logging.getLogger("shardline.register").addHandler(said)
     second = run(cfg)
     assert second["steps"]["train"] == "cached"
     assert second["registered"]["version"] == 1
@@ -52,6 +64,9 @@ def test_where_or_how_fast_it_trained_registers_no_new_version(base, prefect_api
         record.unlink()
     third = run(cfg)
     assert third["registered"]["version"] == 1 and third["registered"].get("already_registered")
+    logging.getLogger("shardline.register").removeHandler(said)
+    # no warning: nothing is wrong with the same model registered before (the task's log says "already registered")
+    assert not [r.getMessage() for r in said.records if r.levelno >= logging.WARNING]
     assert len(client.search_model_versions(f"name='{cfg['mlflow']['model_name']}'")) == 1
 
     # a run SIGKILLed between register_model and the alias leaves version 1 registered without the gate's

@@ -222,12 +222,8 @@ def _register_model(
             config, manifest, manifest_uri, snapshot, train_result, eval_result, client, uri, run_id, identity
         )
     elif "shardline.gate" in (same.tags or {}):  # the same model, registered before (only where or how fast it trained)
+        # no warning (an upgrade of Shardline, a move to another pool: nothing is wrong): `register` says it at INFO
         aliases = list(client.get_model_version(config.mlflow.model_name, same.version).aliases or [])
-        logger.warning(
-            "register: %s version %s is this model already (same weights, data and training settings): no new version",
-            config.mlflow.model_name,
-            same.version,
-        )
         return _registered(
             client,
             uri,
