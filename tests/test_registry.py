@@ -263,10 +263,18 @@ def test_a_champion_tested_on_other_data_is_rescored_on_the_candidates_test_spli
     timed(tmp_path / "raw")
     first = run(cfg)
     assert first["registered"]["alias"] == "champion"
-    make_raw(tmp_path / "raw", n_seq=6, rows=40, prefix="more", seed=5)  # new raw files: other test data
+    for path in make_raw(tmp_path / "raw", n_seq=6, rows=40, prefix="more", seed=5):  # new raw files: other data
+        # and a kind the champion never saw: its predict notes go in the gate's record, not warned as a user's input
+        pl.read_parquet(path).with_columns(pl.col("kind").replace("c", "new")).write_parquet(path)
     timed(tmp_path / "raw", "America/New_York")  # in another zone (the re-score failed on the rows' concat)
     cfg["training"]["epochs"] = 2
-    second = run(cfg)
+    said = Said()  # on Shardline's loggers' parent: a warning of `predict` would reach it
+    logging.getLogger("shardline").addHandler(said)
+    try:
+        second = run(cfg)
+    finally:
+        logging.getLogger("shardline").removeHandler(said)
+    assert not [r.getMessage() for r in said.records if r.name == "shardline.predict"]
     assert second["snapshot"]["fingerprint"] != first["snapshot"]["fingerprint"]
     client = MlflowClient(cfg["mlflow"]["tracking_uri"])
     name = cfg["mlflow"]["model_name"]
@@ -275,6 +283,8 @@ def test_a_champion_tested_on_other_data_is_rescored_on_the_candidates_test_spli
     # not the champion's recorded number (another test split): both scored on the same rows of this one
     assert compared["champion_data_fingerprint"] == first["snapshot"]["fingerprint"]
     assert compared["rows"] > 0 and 0 <= compared["champion_value"] <= 1
+    unseen = "column 'kind' holds 1 value(s) training never saw"
+    assert any(note.startswith(unseen) for note in compared["champion_notes"]), compared
     assert compared["candidate_value"] == pytest.approx(second["metrics"]["accuracy"], abs=1e-9)
     promoted = compared["candidate_value"] > compared["champion_value"]
     assert (second["registered"]["alias"] == "champion") == promoted

@@ -12,7 +12,6 @@ touched: the rehearsal has its own storage prefix, experiment and model name.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import traceback
@@ -274,7 +273,7 @@ def rehearse(config: PipelineConfig, files: int, steps: int, preempt_at: int | N
 
         from shardline.core.tracking.tracker import fluent_tracking_uri, tracking_uri
         from shardline.runs.model_files import load_checked
-        from shardline.trainer.serving import naive_utc
+        from shardline.trainer.serving import kept_notes, naive_utc
 
         sample = pl.read_parquet(storage.read_bytes(copied[0]))
         with fluent_tracking_uri(tracking_uri(cfg.mlflow, cfg.storage.root)):
@@ -283,39 +282,13 @@ def rehearse(config: PipelineConfig, files: int, steps: int, preempt_at: int | N
         schema = model.metadata.get_input_schema()
         if schema is not None:
             sample = sample.select([c for c in schema.input_names() if c in sample.columns])
-        notes = _PredictNotes()  # a few files' training has not seen every category: said in the row, not warned
-        with notes:
+        with kept_notes() as notes:  # a few files' training has not seen every category: said in the row
             preds = model.predict(naive_utc(sample.to_pandas()))
         said = f"{reg['model_uri']} downloaded; {len(preds)} prediction(s) for {sample.height} raw row(s)"
-        return len(preds) > 0, said + notes.summary()
+        if notes:
+            more = f" (and {len(notes) - 1} note(s) more)" if len(notes) > 1 else ""
+            said += f"; of the rehearsal's few files, predict notes: {notes[0]}{more}"
+        return len(preds) > 0, said
 
     stage("download: the registered model predicts raw rows", _download)
     return rows
-
-
-class _PredictNotes(logging.Handler):
-    """Within `with`: what `predict` says of its input rows (`shardline.predict`'s warnings), kept instead of
-    shown; `summary()` is one clause of them for the rehearsal's row."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.said: list[str] = []
-        self.log = logging.getLogger("shardline.predict")
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.said.append(record.getMessage().removeprefix("predict: "))
-
-    def __enter__(self):
-        self.propagate, self.log.propagate = self.log.propagate, False
-        self.log.addHandler(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.log.removeHandler(self)
-        self.log.propagate = self.propagate
-
-    def summary(self) -> str:
-        if not self.said:
-            return ""
-        more = f" (and {len(self.said) - 1} note(s) more)" if len(self.said) > 1 else ""
-        return f"; of the rehearsal's few files, predict notes: {self.said[0]}{more}"

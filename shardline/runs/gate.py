@@ -156,7 +156,7 @@ def reevaluate_champion(
     candidate's test rows: `{"champion_value", "candidate_value", "rows", "on"}`, or `{"reason"}` when it
     cannot be done."""
 
-    from shardline.trainer.serving import naive_utc
+    from shardline.trainer.serving import kept_notes, naive_utc
 
     if len(spec.targets) != 1 or spec.target_positions == "all":
         return {"reason": "re-scoring a champion on another test split covers one target, last position only"}
@@ -206,7 +206,8 @@ def reevaluate_champion(
         return {"reason": found}
     frames, n = found
     rows = pl.concat(frames, how="vertical_relaxed")
-    served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
+    with kept_notes() as notes:  # the champion on data it never saw: its notes go in the record, not the console
+        served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
     served = encoded(_align(served, rows, raw_keys), "the champion's predictions")
     sampled = pl.concat(  # the candidate's predictions of those rows only, a row group at a time
         [candidate(i, [*raw_keys, "prediction"]).join(rows.select(keys), on=keys, how="semi") for i in groups],
@@ -224,6 +225,7 @@ def reevaluate_champion(
         "on": "the candidate's test split (its rows that both models predict)"
         if n < GATE_ROWS
         else f"the candidate's test rows in its first {len(frames)} raw files (at least {GATE_ROWS:,} rows)",
+        **({"champion_notes": notes} if notes else {}),
     }
 
 
@@ -246,7 +248,7 @@ def reevaluate_ranking_champion(
     "rows", "on"}`, or `{"reason"}`."""
     from shardline.core.encoding.row_keys import RELEVANCE
     from shardline.runs.model_files import load_checked
-    from shardline.trainer.serving import naive_utc
+    from shardline.trainer.serving import kept_notes, naive_utc
 
     target, ranking = spec.targets[0], "@" in metric or metric == "mrr"
     if not ranking and (metric not in SERVED_METRICS[target.task] or len(spec.targets) != 1):
@@ -271,7 +273,8 @@ def reevaluate_ranking_champion(
         return {"reason": found}
     frames, n = found
     rows = pl.concat(frames, how="vertical_relaxed")
-    served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
+    with kept_notes() as notes:  # the champion on data it never saw: its notes go in the record, not the console
+        served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
     if score not in served.columns or any(k not in served.columns for k in keys):
         return {
             "reason": f"the champion serves no {score} with its rows' group and item (registered by an older "
@@ -300,6 +303,7 @@ def reevaluate_ranking_champion(
         "on": "the candidate's test groups (the rows both models ranked, matched on group and item)"
         if n < GATE_ROWS
         else f"the candidate's test groups in its first {len(frames)} raw files (at least {GATE_ROWS:,} rows)",
+        **({"champion_notes": notes} if notes else {}),
     }
 
 

@@ -7,7 +7,6 @@ import logging
 import math
 import tempfile
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -45,6 +44,7 @@ from shardline.trainer.serving import (
     bundle_dict,
     example_outputs,
     input_columns,
+    kept_notes,
     key_columns,
     prediction_frame,
     text_prediction_frame,
@@ -97,19 +97,6 @@ def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str
         )
     (tmp / "tokenizer.json").write_bytes(text.encode())  # its bytes as hashed: no newline translation
     return {"tokenizer": str(tmp / "tokenizer.json")}
-
-
-@contextmanager
-def _without_predict_notes():
-    """MLflow checks the input example (a few test rows) by predicting it while the model is logged: what `predict`
-    says of a user's input (a category training never saw, a sequence too short) is not said of those rows."""
-    log = logging.getLogger("shardline.predict")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def registration_identity(config: PipelineConfig, manifest: Manifest, train_result: TrainResult) -> str:
@@ -325,7 +312,7 @@ def _log_and_register(
             mlflow.log_artifact(str(tmp / "manifest.json"))
             if snapshot.rejected:
                 mlflow.log_dict({"skipped_files": [r.model_dump() for r in snapshot.rejected]}, "skipped_files.json")
-            with _without_predict_notes():
+            with kept_notes():  # MLflow predicts the input example: not the user's rows
                 info = mlflow.pyfunc.log_model(
                     name="model",
                     python_model=str(PYFUNC_CODE),

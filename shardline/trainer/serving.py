@@ -465,7 +465,7 @@ class Predictor:
         data = SplitData([arrays], spec.window, spec.horizon, positions=spec.target_positions)
         where = data.window_keys()
         for note in input_notes(prepared, arrays, spec, seq_col, forecast):
-            logging.getLogger("shardline.predict").warning("predict: %s", note)
+            logging.getLogger(PREDICT_LOG).warning("predict: %s", note)
         if not data.n_windows and df.height:
             k = spec.window + spec.horizon
             need = (
@@ -509,6 +509,34 @@ def with_rows_to_come(prepared: pl.DataFrame, spec: EncodingSpec) -> pl.DataFram
     last = real.group_by(SEQ, maintain_order=True).last().with_columns(pl.lit(True).alias(TO_COME))
     ahead = [last.with_columns(pl.col(ORDER) + step) for step in range(1, spec.horizon + 1)]
     return pl.concat([real, *ahead], how="vertical_relaxed").sort([SEQ, ORDER], maintain_order=True)
+
+
+PREDICT_LOG = "shardline.predict"  # what `predict` says of its input rows: a warning per note
+
+
+class _Kept(logging.Handler):
+    def __init__(self, notes: list[str]):
+        super().__init__(logging.WARNING)
+        self.notes = notes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.notes.append(record.getMessage().removeprefix("predict: "))
+
+
+@contextlib.contextmanager
+def kept_notes() -> Iterator[list[str]]:
+    """Within: what `predict` notes of its input rows is kept in the list it yields instead of warned, for a caller
+    that predicts rows of its own and says what matters of them itself (the champion gate re-scoring a champion on
+    new data, a rehearsal, MLflow's check of the input example while a model is logged)."""
+    log, notes = logging.getLogger(PREDICT_LOG), []
+    kept, propagate = _Kept(notes), log.propagate
+    log.addHandler(kept)
+    log.propagate = False
+    try:
+        yield notes
+    finally:
+        log.removeHandler(kept)
+        log.propagate = propagate
 
 
 def input_notes(
