@@ -88,6 +88,12 @@ def test_changed_hyperparameter_reuses_ingest_and_encode(setup, prefect_api):
     assert second["manifest"] == first["manifest"]
     assert second["registered"]["version"] == 2
 
+    # a setting only the encode reads (the window, the split's seed): the raw files are not checked again
+    cfg["data"] = {**cfg["data"], "window": 2, "split": {**cfg["data"]["split"], "seed": 2}}
+    third = run(cfg)
+    assert third["steps"] == {"ingest": "cached", **dict.fromkeys(["encode", "train", "evaluate", "register"], "ran")}
+    assert third["snapshot"]["fingerprint"] == first["snapshot"]["fingerprint"]
+
 
 def test_new_raw_file_is_ingested_encoded_and_trained_on(setup, prefect_api):
     tmp_path, cfg, first = setup

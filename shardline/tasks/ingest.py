@@ -382,9 +382,22 @@ def _note_kinds(kinds: dict[str, dict], schema: pa.Schema, data: DataConfig, uri
             kinds.setdefault(c, {}).setdefault("numbers", uri)
 
 
+# data settings the ingest never reads (only the encode does): a change to one encodes again on the same snapshot
+ENCODE_ONLY = {
+    **dict.fromkeys(("tokenizer", "window", "horizon", "target_positions", "continuous_dtype", "group_mb"), True),
+    **dict.fromkeys(("shard_compression", "files_per_group", "encode_workers"), True),
+    "split": {"seed", "fractions", "folds", "test"},  # its method, column and ranges are checked against the files
+}
+
+
+def ingest_settings(data: DataConfig) -> dict:
+    """The data settings a snapshot depends on: every one but `ENCODE_ONLY` (a new setting counts until listed)."""
+    return data.model_dump(mode="json", exclude=ENCODE_ONLY)
+
+
 def checked_record(root: str, data: DataConfig) -> str:
-    """Where the last snapshot of `data.source` under this data config is kept, for the next ingest."""
-    return layout.snapshot(root, stable_hash([data.source, data.model_dump(mode="json")]))
+    """Where the last snapshot of `data.source` under these data settings is kept, for the next ingest."""
+    return layout.snapshot(root, stable_hash([data.source, ingest_settings(data)]))
 
 
 def last_checked(root: str, data: DataConfig) -> Snapshot | None:
@@ -479,9 +492,9 @@ def _is_transient(state) -> bool:
 
 
 # What decides the snapshot: the listing under data.source (each file's path, size and etag/mtime)
-# and the data config it is checked against.
+# and the data settings it is checked against (a window or a tokenizer changed: the encode's alone).
 INGEST_CACHE = CacheRule(
     "ingest",
-    key=lambda inputs: (source_listing(inputs["data"]), inputs["data"].model_dump(mode="json")),
+    key=lambda inputs: (source_listing(inputs["data"]), ingest_settings(inputs["data"])),
     code=(__name__,),
 )
