@@ -44,11 +44,9 @@ def main() -> None:
             f"training.epochs={a.epochs}",
         ]
         # the data generation is not part of the pipeline: make the data first, time the pipeline runs only
-        from shardline.app.demo_data import generate_demo
+        from shardline.app.demo_data import demo_raw_data
 
-        raw = Path(home) / "data" / "raw"
-        generate_demo(raw, n_games=a.games, frames=a.frames, seed=0)
-        (raw / f".generated-{a.games}x{a.frames}-seed0").touch()
+        demo_raw_data(Path(home) / "data" / "raw", a.games, a.frames, 0)
         first, steps1 = timed(args)
         second, steps2 = timed(args)
     print(f"\n{a.games} games x {a.frames} frames, {a.epochs} epochs, `shardline demo` wall time, start-up included\n")

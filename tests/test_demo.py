@@ -15,6 +15,7 @@ from shardline.app.demo_data import (
     DEMO_CONTINUOUS,
     DEMO_TARGET,
     STAGES,
+    demo_raw_data,
     generate_demo,
 )
 
@@ -132,6 +133,42 @@ def test_game_does_not_depend_on_n_games(tmp_path):
     assert len(many) == 4
     for p, q in zip(few, many):
         assert p.name == q.name and p.read_bytes() == q.read_bytes()
+
+
+def test_the_demo_grown_writes_only_the_new_games_and_keeps_the_others_as_they_were(tmp_path):
+    """`shardline demo --games N` on a home that holds fewer games: the files there are left alone (their
+    mtimes are in the ingest's listing and the encode's group keys: rewritten, every group was encoded again)."""
+    raw, said = tmp_path / "raw", []
+    demo_raw_data(raw, 3, 120, 5, say=said.append)
+    first = {p.name: p.stat().st_mtime_ns for p in raw.glob("*.parquet")}
+    assert len(first) == 3 and said == [f"generating 3 demo games x 120 frames into {raw} ..."]
+
+    demo_raw_data(raw, 5, 120, 5, say=said.append)
+    grown = sorted(raw.glob("*.parquet"))
+    assert [p.name for p in grown] == [f"game-{i:05d}.parquet" for i in range(5)]
+    assert {n: t for n, t in ((p.name, p.stat().st_mtime_ns) for p in grown) if n in first} == first
+    fresh = generate_demo(tmp_path / "fresh", n_games=5, frames=120, seed=5)
+    assert [p.read_bytes() for p in grown] == [p.read_bytes() for p in fresh]  # as if made at 5 at once
+    assert said[-1] == f"demo games in {raw}: 3 kept as they were, 0 removed, 2 to generate"
+
+    demo_raw_data(raw, 5, 120, 5, say=said.append)  # the same again: nothing said, nothing written
+    assert len(said) == 2 and {p.name: p.stat().st_mtime_ns for p in grown} == {
+        p.name: p.stat().st_mtime_ns for p in raw.glob("*.parquet")
+    }
+    demo_raw_data(raw, 4, 120, 5, say=said.append)
+    assert len(list(raw.glob("*.parquet"))) == 4 and "1 removed" in said[-1]
+
+    # another seed (or other frames): another data set, every game written again
+    demo_raw_data(raw, 4, 120, 6, say=said.append)
+    assert (raw / "game-00000.parquet").read_bytes() != fresh[0].read_bytes()
+    assert [m.name for m in raw.glob(".generated-*")] == [".generated-120x-seed6"]
+
+    # a home made before the marker named frames and seed alone: its games are kept too
+    (raw / ".generated-120x-seed6").rename(raw / ".generated-4x120-seed6")
+    before = (raw / "game-00000.parquet").stat().st_mtime_ns
+    demo_raw_data(raw, 4, 120, 6, say=said.append)
+    assert (raw / "game-00000.parquet").stat().st_mtime_ns == before
+    assert [m.name for m in raw.glob(".generated-*")] == [".generated-120x-seed6"]
 
 
 def test_failed_write_leaves_nothing(tmp_path, monkeypatch):

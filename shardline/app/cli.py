@@ -132,19 +132,11 @@ def demo(
     force: str | None = typer.Option(None, "--force", metavar="STEP", help=FORCE_HELP),
 ) -> None:
     """Make the demo data set, then run the whole pipeline on it with embedded defaults (no server, CPU/GPU auto)."""
-    from shardline.app.demo_data import generate_demo
+    from shardline.app.demo_data import demo_raw_data
 
     home = home.resolve()
     raw = home / "data" / "raw"
-    marker = raw / f".generated-{games}x{frames}-seed{seed}"
-    if not marker.exists():
-        typer.echo(f"generating {games} demo games x {frames} frames into {raw} ...")
-        for old in raw.glob("*.parquet"):
-            old.unlink()
-        generate_demo(raw, n_games=games, frames=frames, seed=seed)
-        for old in raw.glob(".generated-*"):
-            old.unlink()
-        marker.touch()
+    demo_raw_data(raw, games, frames, seed, say=typer.echo)  # games added: the new files alone, the others kept
     base = {
         "data": {"source": str(raw / "*.parquet")},
         "storage": {"root": str(home / "store")},
