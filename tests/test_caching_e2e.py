@@ -46,6 +46,9 @@ def test_same_command_twice_runs_nothing(setup, prefect_api, capsys):
     assert second["registered"]["version"] == first["registered"]["version"] == 1
     # an evaluation setting this data does not use (the ranking metrics' cutoffs): no score changes, nothing reruns
     assert run({**cfg, "evaluation": {"k": [3], "max_generations": 5}})["steps"] == ALL_CACHED
+    # how often a failed training is retried or checkpointed: nothing is trained or registered again
+    retried = run({**cfg, "training": {**cfg["training"], "max_restarts": 5, "checkpoint_every_steps": 7}})
+    assert retried["steps"] == ALL_CACHED and retried["registered"]["version"] == 1
     assert second["metrics"] == first["metrics"]
     # results are persisted as JSON under the storage root, never pickled
     records = list((tmp_path / "store" / "prefect-results").iterdir())

@@ -144,6 +144,7 @@ class TrainingConfig(Strict):
         # budgets stop a run cleanly at a checkpoint; raising one resumes it in the same run folder
         "max_hours",
         "max_cost",
+        "max_restarts",  # how often a failed attempt is tried again
     )
 
     epochs: int = Field(3, ge=1)
