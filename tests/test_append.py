@@ -243,8 +243,12 @@ def test_an_ingest_after_an_append_reads_only_the_new_files_footers(tmp_path, pr
     assert [f.uri for f in second.files] == [f.uri for f in first.files] + sorted(str(p) for p in raw.glob("t-*"))
     assert second.files[:4] == first.files
 
-    # without the record (here: another data config), every footer is read: the zeroed file is refused
-    other = config(raw, root, **{"data.files_per_group": 3})
+    # without the record (here: another data setting the ingest checks), every footer is read: the zeroed file is
+    # refused (a setting only the encode reads, such as data.files_per_group, keeps the record)
+    assert checked_record(str(root), config(raw, root, **{"data.files_per_group": 3}).data) == checked_record(
+        str(root), cfg.data
+    )
+    other = config(raw, root, **{"data.on_bad_rows": "skip"})
     with pytest.raises(DataError, match=kept.name):
         ingest_only(other.data)
     # a new file that does not fit the config is read, and refused naming it
