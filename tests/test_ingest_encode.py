@@ -204,14 +204,21 @@ def test_target_with_nulls_names_file_and_column(raw_dir, tmp_path):
     df.with_columns(pl.when(pl.col("t") < 2).then(None).otherwise(pl.col("label")).alias("label")).write_parquet(
         raw_dir / "s-001.parquet"
     )
+    # a row without its sequence (or its order) has no place: said the same way
+    keyless = pl.read_parquet(raw_dir / "s-002.parquet")
+    keyless.with_columns(pl.when(pl.col("t") == 0).then(None).otherwise(pl.col("seq")).alias("seq")).write_parquet(
+        raw_dir / "s-002.parquet"
+    )
     cfg = cfg_for(raw_dir, tmp_path)
     # every file with nulls is named, with its count, from the footers: before any row is encoded
     with pytest.raises(DataError) as e:
         encode_all(cfg)
     msg = str(e.value)
-    assert "2 raw file(s) have rows without a target" in msg
-    assert "s-001.parquet: 6 null(s) in 'label'" in msg and "s-003.parquet: 3 null(s) in 'label'" in msg
+    assert "3 raw file(s) have rows without a value every row needs" in msg and "Fill or drop those rows" in msg
+    assert "s-001.parquet: 6 null(s) in 'label' (the target)" in msg and "s-003.parquet: 3 null(s) in 'label'" in msg
+    assert "s-002.parquet: 3 null(s) in 'seq' (data.sequence_key)" in msg
     assert not list(tmp_path.rglob("manifest*.json"))
+    keyless.write_parquet(raw_dir / "s-002.parquet")
 
     # a file written without statistics: the encode finds the nulls in the values, naming file and column
     df.with_columns(pl.when(pl.col("t") < 2).then(None).otherwise(pl.col("label")).alias("label")).write_parquet(

@@ -168,15 +168,19 @@ def _bound_problems(data: DataConfig, t: pa.DataType) -> list[str]:
     return problems
 
 
-def target_nulls(meta: pq.FileMetaData, data: DataConfig) -> dict[str, int]:
-    """Null counts of the target columns, from the footer's statistics (no data read); a column whose
-    row groups carry no statistics is left to the encode, which checks the values."""
+def needed_nulls(meta: pq.FileMetaData, data: DataConfig) -> dict[str, int]:
+    """Null counts of the columns every row needs (the targets, the sequence key, the order column), by
+    '<column>' (<its setting>), from the footer's statistics (no data read); a column whose row groups carry no
+    statistics is left to the encode, which checks the values."""
     out: dict[str, int] = {}
     names = [meta.schema.column(i).path for i in range(meta.num_columns)]
-    for t in data.target_list:
-        if t.column not in names or t.task == "generation":  # text: data.on_bad_rows decides, at the encode
+    # a text target: data.on_bad_rows decides, at the encode
+    needed = {t.column: "the target" for t in data.target_list if t.task != "generation"}
+    needed |= {c: f"data.{k}" for k, c in (("sequence_key", data.sequence_key), ("order_by", data.order_by)) if c}
+    for column, setting in needed.items():
+        if column not in names:  # the file sequence (no key column), or a missing column: said by the schema check
             continue
-        j = names.index(t.column)
+        j = names.index(column)
         total = 0
         for g in range(meta.num_row_groups):
             stats = meta.row_group(g).column(j).statistics
@@ -185,7 +189,7 @@ def target_nulls(meta: pq.FileMetaData, data: DataConfig) -> dict[str, int]:
                 break
             total += stats.null_count
         if total:
-            out[t.column] = total
+            out[f"'{column}' ({setting})"] = total
     return out
 
 
@@ -300,7 +304,7 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         )
     rejected: list[RejectedFile] = []
     empty: list[str] = []
-    null_targets: list[tuple[str, dict[str, int]]] = []
+    nulls_in: list[tuple[str, dict[str, int]]] = []
     kinds: dict[str, dict] = {}  # a date-time column -> {zoned or not: the first file}; a key column -> {text...}
     if known and listing and files:  # new files beside accepted ones: the kinds of one of those, as reference
         meta = next(footers([(files[0].uri, files[0].size)]))
@@ -322,9 +326,8 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         else:
             files.append(RawFile(uri=uri, size=size, version=version))
             _note_kinds(kinds, schema, data, uri)
-            nulls = target_nulls(meta, data)
-            if nulls:
-                null_targets.append((uri, nulls))
+            if nulls := needed_nulls(meta, data):
+                nulls_in.append((uri, nulls))
     if rejected and data.on_bad_file == "fail":
         raise DataError(
             f"{len(rejected)} of {len(uris)} raw file(s) do not match the config:\n{describe_rejected(rejected)}\n"
@@ -352,13 +355,14 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
                 f"column '{c}' holds date-times without a time zone in {found[False]} and with one in {found[True]}: "
                 "the same instant cannot be told from them; write every file's with a zone (or every file's without)"
             )
-    if null_targets:
+    if nulls_in:
         listing = "\n".join(
-            f"  - {uri}: " + ", ".join(f"{n} null(s) in '{c}'" for c, n in nulls.items()) for uri, nulls in null_targets
+            f"  - {uri}: " + ", ".join(f"{n} null(s) in {c}" for c, n in nulls.items()) for uri, nulls in nulls_in
         )
         raise DataError(
-            f"{len(null_targets)} raw file(s) have rows without a target:\n{listing}\n"
-            "Fill or drop those rows before training (a row without a target cannot be learned or scored)."
+            f"{len(nulls_in)} raw file(s) have rows without a value every row needs:\n{listing}\n"
+            "Fill or drop those rows before training (a row without a target cannot be learned or scored; one "
+            "without its sequence key or order has no place in a sequence)."
         )
     files.sort(key=lambda f: f.uri)
     fingerprint = Snapshot.fingerprint_of(files)

@@ -91,7 +91,7 @@ def prepare(
         if df[sequence_key].null_count():
             raise DataError(
                 f"{file_uri}: column '{sequence_key}' (data.sequence_key) has {df[sequence_key].null_count()} null "
-                "value(s); every row needs a sequence"
+                "value(s); every row needs a sequence: fill them, or drop those rows from the file"
             )
         seq = pl.col(sequence_key).cast(pl.Utf8)
     if order_by is None:
@@ -100,7 +100,7 @@ def prepare(
         if df[order_by].null_count():
             raise DataError(
                 f"{file_uri}: column '{order_by}' (data.order_by) has {df[order_by].null_count()} null value(s); "
-                "every row needs a position"
+                "every row needs a position: fill them, or drop those rows from the file"
             )
         if df.schema[order_by] == pl.Utf8:
             order = pl.lit(parse_order(df, order_by, order_format, file_uri))
