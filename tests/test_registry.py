@@ -113,6 +113,31 @@ def test_where_or_how_fast_it_trained_registers_no_new_version(base, prefect_api
     assert len(client.search_model_versions(f"name='{name}'")) == 1
 
 
+def test_the_input_example_of_a_file_of_interleaved_sequences_is_one_they_predict(tmp_path, prefect_api):
+    """A click log's file holds many users' rows in time order: the first rows of it (registration's input example)
+    held no user's window, so MLflow's check of the example warned at every registration ("Failed to validate
+    serving input example ... 0 predictions") and the registered example was input the model makes nothing of."""
+    import mlflow
+
+    make_raw(tmp_path / "parts", n_seq=9, rows=40)
+    (tmp_path / "raw").mkdir()
+    pl.concat([pl.read_parquet(p) for p in sorted((tmp_path / "parts").glob("*.parquet"))]).sort(
+        "t", "seq"
+    ).write_parquet(tmp_path / "raw" / "log.parquet")
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"), **{"training.epochs": 1})
+    said = Said()
+    logging.getLogger("mlflow").addHandler(said)
+    try:
+        registered = run(cfg)["registered"]
+    finally:
+        logging.getLogger("mlflow").removeHandler(said)
+    assert not [r.getMessage() for r in said.records if r.levelno >= logging.WARNING]
+    mlflow.set_tracking_uri(registered["tracking_uri"])
+    local = mlflow.artifacts.download_artifacts(registered["model_uri"], dst_path=str(tmp_path / "registered"))
+    example = mlflow.models.Model.load(local).load_input_example(local)
+    assert example["seq"].nunique() == 1 and len(mlflow.pyfunc.load_model(local).predict(example)) > 0
+
+
 def test_every_champion_move_is_recorded_on_the_versions(base, prefect_api):
     tmp_path, cfg = base
     first = run(cfg)

@@ -412,6 +412,11 @@ def last_checked(root: str, data: DataConfig) -> Snapshot | None:
         return None
 
 
+SAMPLE_ROWS = (
+    1000  # the raw rows (of the first file) registration's input example is taken from: the ingest checks them
+)
+
+
 def raw_sample(sample_uri: str, columns: list[str], rows: int = 5, types: dict | None = None):
     """The first `rows` rows of a raw file's `columns`, as pandas, zoned date-times as naive UTC; `types`, when
     given, gets each column's polars type as text (`Float32`, `Int16`, ...), from the same read."""
@@ -437,7 +442,7 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
     columns = list(dict.fromkeys([*data.features.all(), *data.id_columns]))
     columns += [c for c in (data.sequence_key, data.order_by) if c and c != FILE_SEQUENCE and c not in columns]
     # as many rows as registration's sample reads at most (its input example): what passes here passes there
-    sample = raw_sample(snapshot.files[0].uri, columns, rows=200)
+    sample = raw_sample(snapshot.files[0].uri, columns, rows=SAMPLE_ROWS)
 
     def refused(frame) -> Exception | None:
         try:

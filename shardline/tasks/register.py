@@ -38,7 +38,7 @@ from shardline.runs.model_code import PYFUNC_CODE, code_paths, requirements
 from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import is_fresh_run, kfold_note, model_identity, training_identity
 from shardline.tasks.caching import CacheRule
-from shardline.tasks.ingest import raw_sample
+from shardline.tasks.ingest import SAMPLE_ROWS, raw_sample
 from shardline.trainer.serving import (
     GENERATION_PARAMS,
     bundle_dict,
@@ -64,7 +64,7 @@ def _signature(spec, sample_uri: str, types: dict | None = None):
     if spec.text is not None:  # per row: its keys, prompt length, next token, probability and generated text
         # a few rows (each a generation), with text in every text column: the model refuses empty ones (as
         # training left them out)
-        sample = raw_sample(sample_uri, input_columns(spec), rows=200, types=types)
+        sample = raw_sample(sample_uri, input_columns(spec), rows=SAMPLE_ROWS, types=types)
         has_text = np.logical_and.reduce(
             [sample[c].map(lambda v: isinstance(v, str) and v != "").to_numpy(bool) for c in spec.text.columns]
         )
@@ -72,15 +72,28 @@ def _signature(spec, sample_uri: str, types: dict | None = None):
         keys = {c: sample[c].iloc[:1].to_numpy() for c in spec.id_columns} or {"row": np.zeros(1, np.int64)}
         columns = {"prompt_tokens": [1], "next_token": ["a"], "probability": [1.0], "generated": ["a"]}
         out, params = text_prediction_frame(keys, columns), GENERATION_PARAMS
-    else:  # enough rows for a window (five gave "0 predictions")
-        rows = max(5, 4 * (spec.window + spec.horizon))
-        sample = raw_sample(sample_uri, input_columns(spec), rows=rows, types=types)
+    else:  # enough rows of one sequence for a window (five gave "0 predictions")
+        rows, need = max(5, 4 * (spec.window + spec.horizon)), spec.window + spec.horizon
+        sample = example_rows(
+            raw_sample(sample_uri, input_columns(spec), SAMPLE_ROWS, types), spec.sequence_key, need, rows
+        )
         keys = {k: np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy() for k in key_columns(spec)}
         out, params = prediction_frame(spec, keys, example_outputs(spec)), None
     # the integer-columns hint: nulls in the id columns are the user's, in the others handled by the encoding
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return model_files.widened_signature(infer_signature(sample, out.to_pandas(), params=params)), sample
+
+
+def example_rows(sample, key: str | None, need: int, rows: int):
+    """The input example: the sample's first `rows` rows, or where no sequence has `need` rows among them (a file
+    of interleaved sequences, a click log's users), the rows of the first sequence that has them."""
+    head = sample.head(rows)
+    if key not in sample.columns or (head[key].value_counts() >= need).any():
+        return head
+    sizes = sample.groupby(key, sort=False).size()
+    whole = sizes.index[sizes >= need]
+    return sample[sample[key] == whole[0]].head(rows).reset_index(drop=True) if len(whole) else head
 
 
 def text_artifacts(manifest: Manifest, manifest_uri: str, tmp: Path) -> dict[str, str]:
