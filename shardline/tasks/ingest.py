@@ -169,14 +169,15 @@ def _bound_problems(data: DataConfig, t: pa.DataType) -> list[str]:
 
 
 def needed_nulls(meta: pq.FileMetaData, data: DataConfig) -> dict[str, int]:
-    """Null counts of the columns every row needs (the targets, the sequence key, the order column), by
+    """Null counts of the columns every row needs (the targets, the sequence, order, group and item keys), by
     '<column>' (<its setting>), from the footer's statistics (no data read); a column whose row groups carry no
     statistics is left to the encode, which checks the values."""
     out: dict[str, int] = {}
     names = [meta.schema.column(i).path for i in range(meta.num_columns)]
     # a text target: data.on_bad_rows decides, at the encode
     needed = {t.column: "the target" for t in data.target_list if t.task != "generation"}
-    needed |= {c: f"data.{k}" for k, c in (("sequence_key", data.sequence_key), ("order_by", data.order_by)) if c}
+    keys = ("sequence_key", "order_by", "group_key", "item_key")
+    needed |= {c: f"data.{k}" for k in keys if (c := getattr(data, k))}
     for column, setting in needed.items():
         if column not in names:  # the file sequence (no key column), or a missing column: said by the schema check
             continue
@@ -362,7 +363,7 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         raise DataError(
             f"{len(nulls_in)} raw file(s) have rows without a value every row needs:\n{listing}\n"
             "Fill or drop those rows before training (a row without a target cannot be learned or scored; one "
-            "without its sequence key or order has no place in a sequence)."
+            "without its sequence key, order, group or item has no place in the data)."
         )
     files.sort(key=lambda f: f.uri)
     fingerprint = Snapshot.fingerprint_of(files)

@@ -130,7 +130,7 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFra
         if column and df[column].null_count():
             raise DataError(
                 f"{uri}: column '{column}' (data.{key}) has {df[column].null_count()} null value(s); every row of "
-                "ranking data needs its " + key[:-4]
+                f"ranking data needs its {key[:-4]}: fill them, or drop those rows from the file"
             )
     if data.group_key:  # the relevance must be a grade: said here, naming the file, before any training
         grades(df[data.target_list[0].column], uri)
