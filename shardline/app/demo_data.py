@@ -1167,7 +1167,7 @@ def demo_raw_data(raw: Path, games: int, frames: int, seed: int, say=print) -> N
     (raw / marker).touch()  # before any game: each game file is written whole (aside, then renamed)
     for old in (m for m in markers if m.name != marker):
         old.unlink(missing_ok=True)
-    beyond = [p for p in raw.glob("game-*.parquet") if int(p.stem.removeprefix("game-")) >= games]
+    beyond = [p for p in raw.glob("game-*.parquet") if (i := p.stem[5:]).isdigit() and int(i) >= games]
     for p in beyond:
         p.unlink()
     missing = [i for i in range(games) if not (raw / f"game-{i:05d}.parquet").exists()]
