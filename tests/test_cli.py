@@ -179,6 +179,30 @@ def test_rehearse_in_process_preempts_resumes_and_leaves_the_real_run_alone(tmp_
     assert bad.returncode == 2 and "--preempt-at 5 must be below --steps 5" in bad.stderr
 
 
+def test_the_rehearsal_copies_the_first_rows_of_a_large_file_and_small_files_whole(tmp_path, monkeypatch):
+    """A click log in one 5 GB file: the rehearsal read and wrote it whole (in memory, one `read_bytes`), and its
+    tiny data set was the full data. Of a file over the bound, its first rows (about the bound of them) are copied,
+    as a parquet file of the same columns and types."""
+    import pyarrow.parquet as pq
+
+    from shardline.app import rehearse
+    from shardline.core.config import validate_config
+
+    make_raw(tmp_path / "raw", n_seq=6, rows=8000)  # s-000 and s-001: 3 sequences of 8,000 rows each
+    big = tmp_path / "raw" / "s-000.parquet"
+    pq.write_table(pq.read_table(big), big, row_group_size=2000)  # 12 row groups
+    monkeypatch.setattr(rehearse, "SAMPLE_FILE_BYTES", big.stat().st_size // 2)
+    small = tmp_path / "raw" / "s-001.parquet"
+    pl.read_parquet(small).head(100).write_parquet(small)
+    config = validate_config(tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store")))
+    copied = [Path(p) for p in rehearse.copy_sample(config, str(tmp_path / "rehearsal"), 2)]
+    assert [p.name for p in copied] == ["s-000.parquet", "s-001.parquet"]
+    part, whole = pq.read_table(copied[0]), pq.read_table(big)
+    assert part.schema == whole.schema and 0 < part.num_rows < whole.num_rows
+    assert part.equals(whole.slice(0, part.num_rows))  # its first rows, as they were
+    assert copied[1].read_bytes() == small.read_bytes()
+
+
 def test_an_error_from_the_users_own_code_says_where_it_was_raised(tmp_path):
     """A ValueError a user's model raises (its constructor, its loss) is said by its message alone, which named
     no file: the user's file and line are added; Shardline's own messages, which say what to do, are kept."""

@@ -60,8 +60,12 @@ def deployment_env(name: str) -> dict:
     return dict((dep.job_variables or {}).get("env") or {})
 
 
+SAMPLE_FILE_BYTES = 32 << 20  # a raw file larger than this is copied in part: its first rows, about this much
+
+
 def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) -> list[str]:
-    """Copy the source's files `skip` to `n_files` (in its order) under `<root>/raw/`."""
+    """Copy the source's files `skip` to `n_files` (in its order) under `<root>/raw/`; of a file larger than
+    `SAMPLE_FILE_BYTES` (a click log in one file), its first rows only: the rehearsal's data stays tiny."""
     from shardline.tasks.ingest import list_source
 
     files = list_source(config.data.source)
@@ -70,9 +74,29 @@ def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) 
     copied = []
     for uri in files[skip:n_files]:
         dest = storage.join(root, "raw", uri.rstrip("/").rsplit("/", 1)[-1])
-        storage.write_bytes(dest, storage.read_bytes(uri))
+        size = storage.size_of(uri) or 0
+        storage.write_bytes(dest, storage.read_bytes(uri) if size <= SAMPLE_FILE_BYTES else _first_rows(uri))
         copied.append(dest)
     return copied
+
+
+def _first_rows(uri: str) -> bytes:
+    """A parquet file of `uri`'s first rows, about `SAMPLE_FILE_BYTES` of them in memory, with its schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fs, path = storage.filesystem(uri)
+    batches, held = [], 0
+    with fs.open(path, "rb") as f:
+        source = pq.ParquetFile(f)
+        for batch in source.iter_batches(batch_size=4096):
+            batches.append(batch)
+            held += batch.nbytes
+            if held >= SAMPLE_FILE_BYTES:
+                break
+        out = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_batches(batches, schema=source.schema_arrow), out, compression="zstd")
+    return out.getvalue().to_pybytes()
 
 
 def steps_per_epoch(train_windows: int, batch_size: int, grad_accum: int) -> int:
