@@ -346,6 +346,28 @@ def test_the_gate_scores_served_labels_as_the_whole_table_would():
     assert got == {"accuracy": whole["accuracy"], "macro_f1": pytest.approx(whole["macro_f1"], rel=1e-12)}
 
 
+def test_the_gate_reads_a_large_raw_file_a_row_group_at_a_time_up_to_its_bound(tmp_path, monkeypatch):
+    """The champion's re-score reads the first raw files' rows up to GATE_ROWS: a click log in one large file was
+    read whole into memory (its bytes, then its columns) to keep the first 200,000 rows of it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardline.core.manifest import RawFile, Snapshot
+    from shardline.runs import gate
+
+    log = tmp_path / "log.parquet"
+    kinds = pa.array(["a", "b", "c", "a"] * 2500).dictionary_encode()  # stored as a dictionary: read as text
+    pq.write_table(pa.table({"t": range(10_000), "kind": kinds, "x": [0.5] * 10_000}), log, row_group_size=1000)
+    files = [RawFile(uri=str(log), size=log.stat().st_size, version="1")]
+    snapshot = Snapshot(source=str(log), files=files, fingerprint="f")
+    monkeypatch.setattr(gate, "GATE_ROWS", 1500)
+    frames, n = gate._first_rows(snapshot, ["t", "kind"], ["t"], lambda frame, uri: frame.filter(pl.col("t") % 2 == 0))
+    rows = pl.concat(frames)
+    assert n == rows.height == 1500 and rows["t"].to_list() == list(range(0, 3000, 2))  # 3 row groups of 10
+    assert rows.schema == {"t": pl.Int64, "kind": pl.String}
+    assert "which" in gate._first_rows(snapshot, ["t"], ["t", "label"], lambda frame, uri: frame)
+
+
 def test_the_gate_compares_the_champions_full_precision_metric_not_its_rounded_tag(tmp_path):
     """A version's `metric.accuracy` tag is for reading (0.1524); the gate compares its run's `test/accuracy`
     at full precision: 0.15242 does not beat 0.15244, though both read 0.1524. A version whose run lacks the

@@ -15,6 +15,7 @@ import io
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardline.core import storage
@@ -136,16 +137,20 @@ def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> 
 
     frames, uris, n = [], [], 0
     for f in snapshot.files:
-        raw = io.BytesIO(storage.read_bytes(f.uri))
-        missing = [c for c in check if c not in pq.read_schema(raw).names]
-        if missing:
-            return f"the champion needs column(s) {missing}, which {f.uri} does not have"
-        raw.seek(0)
-        frames.append(keep(pl.read_parquet(raw, columns=need), f.uri))
-        uris.append(f.uri)
-        n += frames[-1].height
-        if n >= GATE_ROWS:
-            break
+        fs, path = storage.filesystem(f.uri)
+        with fs.open(path, "rb") as handle:
+            source = pq.ParquetFile(handle)
+            missing = [c for c in check if c not in source.schema_arrow.names]
+            if missing:
+                return f"the champion needs column(s) {missing}, which {f.uri} does not have"
+            for g in range(source.num_row_groups):  # a row group at a time: a large file is not read whole
+                table = source.read_row_group(g, columns=need)
+                plain = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns]
+                frames.append(keep(pl.from_arrow(pa.table(plain, names=table.column_names)), f.uri))
+                uris.append(f.uri)
+                n += frames[-1].height
+                if n >= GATE_ROWS:
+                    return in_one_zone(frames, uris), n
     return in_one_zone(frames, uris), n
 
 
