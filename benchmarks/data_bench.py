@@ -64,12 +64,12 @@ def log(msg: str) -> None:
 
 
 def _write_game(args: tuple[int, int, int, str]) -> None:
-    from shardline.app.demo_data import _write_atomic, simulate_game
+    from shardline.app.demo_data import simulate_game, write_game
 
     seed, i, frames, out = args
     path = Path(out) / f"game-{i:05d}.parquet"
     if not path.exists():
-        _write_atomic(simulate_game(seed, i, frames), path)
+        write_game(simulate_game(seed, i, frames), path)
 
 
 def demo_source(games: int, frames: int, seed: int = 0) -> str:

@@ -44,7 +44,7 @@ def main() -> None:
             f"training.epochs={a.epochs}",
         ]
         # the data generation is not part of the pipeline: make the data first, time the pipeline runs only
-        from shardline.app.demo_data import demo_raw_data
+        from shardline.app.demo_home import demo_raw_data
 
         demo_raw_data(Path(home) / "data" / "raw", a.games, a.frames, 0)
         first, steps1 = timed(args)

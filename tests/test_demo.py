@@ -15,9 +15,9 @@ from shardline.app.demo_data import (
     DEMO_CONTINUOUS,
     DEMO_TARGET,
     STAGES,
-    demo_raw_data,
     generate_demo,
 )
+from shardline.app.demo_home import demo_raw_data
 
 N_GAMES, FRAMES = 3, 300
 

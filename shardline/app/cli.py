@@ -132,7 +132,7 @@ def demo(
     force: str | None = typer.Option(None, "--force", metavar="STEP", help=FORCE_HELP),
 ) -> None:
     """Make the demo data set, then run the whole pipeline on it with embedded defaults (no server, CPU/GPU auto)."""
-    from shardline.app.demo_data import demo_raw_data
+    from shardline.app.demo_home import demo_raw_data
 
     home = home.resolve()
     raw = home / "data" / "raw"

@@ -1116,7 +1116,8 @@ def _to_table(p1: _Player, p2: _Player, index: int, stage_i: int, season: int, f
     return pa.table(cols)
 
 
-def _write_atomic(table: pa.Table, path: Path) -> None:
+def write_game(table: pa.Table, path: Path) -> None:
+    """Write a game's table to `path` whole: aside, then renamed (nothing half-written is ever there)."""
     tmp = path.with_name(f".tmp-{uuid.uuid4().hex}-{path.name}")
     try:
         pq.write_table(
@@ -1149,44 +1150,9 @@ def generate_demo(out_dir: str | Path, n_games: int = 40, frames: int = 2000, se
     paths = []
     for i in range(n_games):
         path = out / f"game-{i:05d}.parquet"
-        _write_atomic(simulate_game(seed, i, frames), path)
+        write_game(simulate_game(seed, i, frames), path)
         paths.append(path)
     return sorted(paths)
-
-
-def demo_raw_data(raw: Path, games: int, frames: int, seed: int, say=print) -> None:
-    """The demo's raw files in `raw`: `games` games of `frames` frames from `seed`, writing only what is missing
-    (games added to a demo already made: those alone; fewer: the ones after removed), so the files there stay as
-    they were and the pipeline encodes only the new file groups. Other frames or another seed: every game again.
-    A marker, written before any game of it, names the frames and seed; `say` tells what is done."""
-    marker, markers = f".generated-{frames}x-seed{seed}", list(raw.glob(".generated-*"))
-    if {_made_as(m.name) for m in markers} != {(frames, seed)}:  # none yet, or another data set: every game again
-        for old in [*markers, *raw.glob("*.parquet")]:
-            old.unlink()
-    raw.mkdir(parents=True, exist_ok=True)
-    (raw / marker).touch()  # before any game: each game file is written whole (aside, then renamed)
-    for old in (m for m in markers if m.name != marker):
-        old.unlink(missing_ok=True)
-    beyond = [p for p in raw.glob("game-*.parquet") if (i := p.stem[5:]).isdigit() and int(i) >= games]
-    for p in beyond:
-        p.unlink()
-    missing = [i for i in range(games) if not (raw / f"game-{i:05d}.parquet").exists()]
-    if len(missing) == games:
-        say(f"generating {games} demo games x {frames} frames into {raw} ...")
-    elif missing or beyond:
-        kept = games - len(missing)
-        say(f"demo games in {raw}: {kept} kept as they were, {len(beyond)} removed, {len(missing)} to generate")
-    for i in missing:
-        _write_atomic(simulate_game(seed, i, frames), raw / f"game-{i:05d}.parquet")
-
-
-def _made_as(marker: str) -> tuple[int, int] | None:
-    """(frames, seed) of a demo data set's marker (`.generated-{frames}x-seed{seed}`, or an older
-    `.generated-{games}x{frames}-seed{seed}`)."""
-    import re
-
-    found = re.fullmatch(r"\.generated-(?:\d+x)?(\d+)x?-seed(\d+)", marker)
-    return (int(found[1]), int(found[2])) if found else None
 
 
 def _main(argv: list[str] | None = None) -> None:

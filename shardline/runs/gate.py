@@ -15,7 +15,6 @@ import io
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardline.core import storage
@@ -134,6 +133,7 @@ def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> 
     bounded), and how many, their date-times in one zone where the files' differ; or why not: the first file that
     lacks a column of `check`."""
     from shardline.core.encoding.write import in_one_zone
+    from shardline.trainer.serving import dictionaries_as_values
 
     frames, uris, n = [], [], 0
     for f in snapshot.files:
@@ -144,9 +144,8 @@ def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> 
             if missing:
                 return f"the champion needs column(s) {missing}, which {f.uri} does not have"
             for g in range(source.num_row_groups):  # a row group at a time: a large file is not read whole
-                table = source.read_row_group(g, columns=need)
-                plain = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns]
-                frames.append(keep(pl.from_arrow(pa.table(plain, names=table.column_names)), f.uri))
+                table = dictionaries_as_values(source.read_row_group(g, columns=need))
+                frames.append(keep(pl.from_arrow(table), f.uri))
                 uris.append(f.uri)
                 n += frames[-1].height
                 if n >= GATE_ROWS:

@@ -19,7 +19,7 @@ from shardline.core.memory import trim
 from shardline.core.secrets import redacted_errors
 from shardline.core.storage import filesystem, is_remote
 from shardline.tasks.caching import CacheRule, raw_files_key
-from shardline.trainer.serving import naive_utc
+from shardline.trainer.serving import dictionaries_as_values, naive_utc
 
 
 def _listed(source: str) -> dict[str, dict]:
@@ -413,9 +413,8 @@ def last_checked(root: str, data: DataConfig) -> Snapshot | None:
         return None
 
 
-SAMPLE_ROWS = (
-    1000  # the raw rows (of the first file) registration's input example is taken from: the ingest checks them
-)
+# the raw rows (of the first file) registration's input example is taken from: the ingest checks as many
+SAMPLE_ROWS = 1000
 
 
 def raw_sample(sample_uri: str, columns: list[str], rows: int = 5, types: dict | None = None):
@@ -431,8 +430,7 @@ def raw_sample(sample_uri: str, columns: list[str], rows: int = 5, types: dict |
     # the values' own types, not pandas' types that a file written by pandas records, nor a dictionary's
     # categorical: MLflow's signature takes neither a nullable Int64 or boolean with a null (as float64 or object
     # it does, as from any other tool) nor a category (as text it does)
-    plain = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns]
-    return naive_utc(pa.table(plain, names=table.column_names).to_pandas(ignore_metadata=True))
+    return naive_utc(dictionaries_as_values(table).to_pandas(ignore_metadata=True))
 
 
 def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:

@@ -582,3 +582,12 @@ def naive_utc(frame):
         if isinstance(out[c].dtype, pd.DatetimeTZDtype):
             out[c] = out[c].dt.tz_convert("UTC").dt.tz_localize(None)
     return out
+
+
+def dictionaries_as_values(table):
+    """A pyarrow table with its dictionary columns as their values' type (a category as its text), as every
+    other raw read has them (MLflow's signatures take text, not a category)."""
+    import pyarrow as pa
+
+    plain = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns]
+    return pa.table(plain, names=table.column_names)
