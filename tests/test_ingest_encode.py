@@ -278,6 +278,45 @@ def test_sequences_too_short_for_a_window_are_counted_per_split_and_said(raw_dir
     ]
 
 
+def test_another_window_or_horizon_encodes_nothing_and_counts_its_own_windows(raw_dir, tmp_path):
+    """A group's shards are the same bytes for any window and horizon: trying another one finds every group in the
+    group store (not one file written again) and its manifest counts that window's windows and short sequences,
+    as an encode from nothing would (it encoded every group again)."""
+    from shardline.tasks.encode import encode_dataset
+
+    df = pl.read_parquet(raw_dir / "s-001.parquet")
+    cut = df["seq"].unique().sort()[0]  # one sequence of 5 rows: in windows of 3 + 1, short for 5 + 2
+    df.filter((pl.col("seq") != cut) | (pl.col("t") < 5)).write_parquet(raw_dir / "s-001.parquet")
+
+    def encode(cfg, root):
+        snap = snapshot_source(cfg.data)
+        out = f"{root}/datasets/{dataset_id(snap, cfg.data)}"
+        uri = encode_dataset(snap, cfg.data, out, threads=1, store=f"{root}/datasets/groups")
+        keys = [group_key(g, cfg.data) for g in file_groups(snap, cfg.data)]
+        return Manifest.model_validate_json(Path(uri).read_text()), keys, out
+
+    def stored(root):
+        return {p: p.stat().st_mtime_ns for p in (Path(root) / "datasets" / "groups").rglob("*") if p.is_file()}
+
+    first, keys, _ = encode(cfg_for(raw_dir, tmp_path), tmp_path / "store")
+    before = stored(tmp_path / "store")
+    other = cfg_for(raw_dir, tmp_path, **{"data.window": 5, "data.horizon": 2})
+    second, other_keys, out = encode(other, tmp_path / "store")
+    assert other_keys == keys and stored(tmp_path / "store") == before  # every group found, nothing written
+    fresh = encode(other, tmp_path / "fresh")[0]
+
+    def counts(m):
+        return [(s.path.split("/")[-1], s.windows, s.short_segments, s.short_rows) for s in m.shards]
+
+    assert second.windows == fresh.windows != first.windows
+    assert counts(second) == counts(fresh) != counts(first)
+    assert sum(s.short_segments for s in second.shards) == 1 and not any(s.short_segments for s in first.shards)
+    assert all(s.lengths is None for s in second.shards)  # the group's record holds them, not the manifest
+    for s in second.shards:  # each as the trainer counts them, from the shard's own offsets
+        local = shared_cache().get(resolve(out, s.path), s.sha256, s.bytes, s.compression, s.raw_bytes)
+        assert len(window_starts(read_arrays(local, s.arrays)["offsets"], 5, 2)) == s.windows
+
+
 def test_rows_read_twice_are_refused_naming_the_files_and_ties_of_the_order_are_kept(raw_dir, tmp_path):
     """A copy of a raw file beside it (a backup, a day uploaded twice): each row twice, interleaved with its copy in
     every window, was trained on silently. Refused, naming the files and the first repeated row; rows that only

@@ -230,6 +230,11 @@ class ShardInfo(_Model):
     windows: int
     short_segments: int = Field(0, description="segments shorter than window + horizon rows: in no window")
     short_rows: int = Field(0, description="the rows of those segments")
+    lengths: list[list[int]] | None = Field(
+        None,
+        description="its segments' lengths as [length, count] pairs, in a group's record (not in a manifest): the "
+        "windows, short segments and rows above for any data.window and data.horizon",
+    )
     bytes: int = Field(description="size of the stored object")
     sha256: str = Field(description="checksum of the stored object")
     arrays: dict[str, ArraySpec]

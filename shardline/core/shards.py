@@ -313,6 +313,25 @@ def window_count(offsets: np.ndarray, window: int, horizon: int) -> int:
     return int(_window_counts(offsets, window, horizon).sum())
 
 
+def segment_lengths(offsets: np.ndarray) -> list[list[int]]:
+    """A shard's segment lengths as [length, count] pairs, ascending: its windows for any window and horizon
+    follow from them (`window_tally`), so its bytes need not depend on either."""
+    lengths, counts = np.unique(np.diff(np.asarray(offsets, dtype=np.int64)), return_counts=True)
+    return [[int(n), int(c)] for n, c in zip(lengths, counts)]
+
+
+def window_tally(lengths: list[list[int]], window: int, horizon: int) -> dict[str, int]:
+    """From `segment_lengths`: the windows (as `window_count`), and the segments too short for one and their rows."""
+    n = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
+    span = window + horizon
+    long, short = n[n[:, 0] >= span], n[n[:, 0] < span]
+    return {
+        "windows": int(((long[:, 0] - span + 1) * long[:, 1]).sum()),
+        "short_segments": int(short[:, 1].sum()),
+        "short_rows": int((short[:, 0] * short[:, 1]).sum()),
+    }
+
+
 def window_starts(offsets: np.ndarray, window: int, horizon: int) -> np.ndarray:
     """Start row of every window: K rows inside one segment, whose target row (start+K-1+horizon) is too."""
     offsets = np.asarray(offsets, dtype=np.int64)

@@ -46,8 +46,13 @@ from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 # `target`, `target_1`, ..., and their statistics as a list; 5: each group's shards in the group store,
 # `datasets/groups/<group key>/<split>.bin.lz4`, shared by every snapshot that holds the group; 7: ranking
 # data (`data.group_key`) keeps each row's group, item and relevance in `<split>.rows.parquet` beside its
-# shard, and its training statistics in the group's record; other data's shards are as they were)
-ENCODER_VERSION = "7"
+# shard, and its training statistics in the group's record; other data's shards are as they were; 8: a group's
+# record holds its segments' lengths, and a group of other than text data is one for any window and horizon)
+ENCODER_VERSION = "8"
+# what a group's shards are the same bytes for, except text data's (whose token layout follows the window): its
+# windows are counted from its segments' lengths where a manifest lists it (`listed`), so trying another window
+# or horizon writes a manifest and encodes nothing
+WINDOW_ONLY = ("window", "horizon", "target_positions")
 
 
 ENCODER = "shardline.core.encoding.write"  # the encode's body: reads the raw files, writes the shards
@@ -63,11 +68,14 @@ def encoder_code() -> str:
 
 
 def group_key(files: list[RawFile], data: DataConfig, tokenizer: str | None = None) -> str:
-    """A file group's content address, its folder in the group store: its files (path, size,
-    etag/mtime), the data settings that change a byte, the encoder's version and code, and for text data
-    the tokenizer's sha256 (`tokenizer`). Not its place among the groups nor the rest of the snapshot, so
-    any snapshot that holds the group finds it."""
-    key = {"files": raw_files_key(files), "data": _data_key(data), "encoder": ENCODER_VERSION, "code": encoder_code()}
+    """A file group's content address, its folder in the group store: its files (path, size, etag/mtime), the
+    data settings that change a byte (not `WINDOW_ONLY`'s, but for text data), the encoder's version and code,
+    and for text data the tokenizer's sha256 (`tokenizer`). Not its place among the groups nor the rest of the
+    snapshot, so any snapshot that holds the group finds it."""
+    settings = _data_key(data)
+    if not data.features.text:
+        settings = {k: v for k, v in settings.items() if k not in WINDOW_ONLY}
+    key = {"files": raw_files_key(files), "data": settings, "encoder": ENCODER_VERSION, "code": encoder_code()}
     text = {"tokenizer": tokenizer, "tokenizers": tokenizers_version()} if tokenizer else {}
     return stable_hash(key | text)[:24]
 

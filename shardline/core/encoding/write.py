@@ -37,7 +37,7 @@ from shardline.core.encoding.text import (
     train_bpe,
 )
 from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
-from shardline.core.shards import compress_bytes, window_count
+from shardline.core.shards import compress_bytes, segment_lengths, window_tally
 
 GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
 TOKENIZER = "tokenizer.json"  # text data: the tokenizer, beside the manifest
@@ -325,6 +325,7 @@ def _shard_info(split: str, raw, specs: dict, arrays: dict, keys: list[str], row
     """A shard's record, less what storing it tells (its sizes and checksums): named by its split (the
     group's folder is its address)."""
     codec = None if data.shard_compression == "none" else data.shard_compression
+    lengths = segment_lengths(arrays["offsets"])
     return dict(
         path=f"{split}.bin" + {"zstd": ".zst", "lz4": ".lz4", None: ""}[codec],
         compression=codec,
@@ -332,7 +333,8 @@ def _shard_info(split: str, raw, specs: dict, arrays: dict, keys: list[str], row
         split=split,
         rows=rows,
         segments=len(keys),
-        windows=window_count(arrays["offsets"], data.window, data.effective_horizon),
+        lengths=lengths,
+        **window_tally(lengths, data.window, data.effective_horizon),
         arrays=specs,
         keys_path=f"{split}.keys.parquet",
     )
@@ -405,9 +407,7 @@ def encode_group_to_shards(
             # the file's bytes were built in memory; compressed there, written once (atomically)
             raw, specs, arrays, keys, codes, _ = encoded.pop(split)  # an EncodedSplit
             info = _shard_info(split, raw, specs, arrays, keys, splits[split].end - splits[split].first, data)
-            lengths = np.diff(arrays["offsets"])
-            short = lengths < data.window + data.effective_horizon  # in no window: said in the encode's log
-            info |= {"local": codes, "short_segments": int(short.sum()), "short_rows": int(lengths[short].sum())}
+            info["local"] = codes
             rows_file = None
             if data.group_key:
                 info["rows_path"] = f"{split}.rows.parquet"
@@ -498,14 +498,16 @@ def check_folds(groups: list[EncodedGroup], data: DataConfig) -> None:
         )
 
 
-def listed(group: EncodedGroup, store: str) -> list[ShardInfo]:
+def listed(group: EncodedGroup, store: str, data: DataConfig) -> list[ShardInfo]:
     """A group's shards as a manifest lists them: their paths seen from the manifest's folder, where
-    `store` is the group store (`../groups` in the pipeline's layout)."""
+    `store` is the group store (`../groups` in the pipeline's layout), and their windows for `data`'s window
+    and horizon (a group encoded for another window is the same bytes: see `group_key`)."""
     at = f"{store.rstrip('/')}/{group.key}" if store else group.key
     return [
         s.model_copy(
-            update={"path": f"{at}/{s.path}", "keys_path": f"{at}/{s.keys_path}"}
+            update={"path": f"{at}/{s.path}", "keys_path": f"{at}/{s.keys_path}", "lengths": None}
             | ({"rows_path": f"{at}/{s.rows_path}"} if s.rows_path else {})
+            | (window_tally(s.lengths, data.window, data.effective_horizon) if s.lengths is not None else {})
         )
         for s in group.shards
     ]
@@ -523,7 +525,7 @@ def build_manifest(
     parent's: `base` is its encoding and where it came from) and list their shards, where `store` (the
     group store seen from the manifest's folder: `datasets/<id>/` beside `datasets/groups/` in the
     pipeline) says they lie; refuses a split with no window (nothing is published then)."""
-    shards = [s for g in groups for s in listed(g, store)]
+    shards = [s for g in groups for s in listed(g, store, data)]
     rows = {s: sum(g.rows.get(s, 0) for g in groups) for s in data.split.names()}
     windows = {s: sum(x.windows for x in shards if x.split == s) for s in data.split.names()}
     check_folds(groups, data)
