@@ -2,6 +2,7 @@
 
 import os
 
+import polars as pl
 import pytest
 
 from shardline.core.config import validate_config
@@ -188,6 +189,21 @@ def test_a_pipeline_on_an_s3_root_is_cached_on_another_machine_and_evaluates_wit
         (tmp_path / machine).mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine-a"))
     first = pipeline(cfg)
+    # the next day's rows in the bucket: predicted from there into it, as from and into local files
+    from typer.testing import CliRunner
+
+    from shardline.app.cli import app
+
+    make_raw(tmp_path / "day", n_seq=2, rows=30, prefix="day", seed=5)
+    s3fs.S3FileSystem().put(f"{tmp_path}/day/", "team-bucket/day/", recursive=True)
+    model = [f"models:/{cfg.mlflow.model_name}/1"]
+    tracking = ["--tracking-uri", cfg.mlflow.tracking_uri]
+    for where, out in (("s3://team-bucket/day/*.parquet", "s3://team-bucket/preds/day.parquet"),
+                       (f"{tmp_path}/day", f"{tmp_path}/preds.parquet")):  # fmt: skip
+        done = CliRunner().invoke(app, ["predict", *model, where, "--out", out, *tracking])
+        assert done.exit_code == 0 and "wrote" in done.output, done.output
+    from_s3 = pl.read_parquet(storage.read_bytes("s3://team-bucket/preds/day.parquet"))
+    assert from_s3.height > 0 and from_s3.equals(pl.read_parquet(tmp_path / "preds.parquet"))
     # "another machine": none of the first one's temporary files
     shutil.rmtree(tmp_path / "machine-a")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine-b"))

@@ -365,9 +365,11 @@ def _load_model(model_uri: str, tracking_uri: str | None):
 def predict(
     model_uri: str = typer.Argument(..., help="models:/NAME@champion, models:/NAME/3, runs:/..., or a model folder"),
     input_path: str = typer.Argument(
-        ..., metavar="INPUT.parquet", help="raw rows with the columns the model was trained on"
+        ...,
+        metavar="INPUT.parquet",
+        help="raw rows with the columns the model was trained on: a parquet file, a folder or a glob, local or s3://...",
     ),
-    out: Path = typer.Option(..., "--out", help="where to write the predictions (parquet)"),
+    out: str = typer.Option(..., "--out", help="where to write the predictions (a parquet file, local or s3://...)"),
     tracking_uri: str | None = typer.Option(
         None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./shardline-home/mlflow.db)"
     ),
@@ -376,9 +378,9 @@ def predict(
     """Write one prediction per window in INPUT, keyed by sequence key and order column so it joins back."""
     import polars as pl
 
-    if out.is_dir():
+    if os.path.isdir(out):
         _fail(f"--out {out} is a folder: name the parquet file to write", 2)
-    from shardline.app.predict_input import read_input
+    from shardline.app.predict_input import read_input, write_output
 
     model = _load_model(model_uri, tracking_uri)
     schema = model.metadata.get_input_schema()
@@ -419,13 +421,7 @@ def predict(
     for c, dtype in df.schema.items():  # the keys in the input's own types (a join needs no cast)
         if c in result.columns and result.schema[c] != dtype:
             result = result.with_columns(pl.col(c).cast(dtype))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp-{out.name}")
-    try:
-        result.write_parquet(tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_output(result, out)
     typer.echo(f"wrote {result.height} prediction(s) for {df.height} input row(s) to {out}")
 
 

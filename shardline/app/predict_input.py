@@ -3,31 +3,31 @@ the registered models a URI naming none may have meant."""
 
 from __future__ import annotations
 
-import glob
-from pathlib import Path
-
 import polars as pl
 
+from shardline.core import storage
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.write import in_one_zone
+from shardline.core.storage import list_source
 
 
 def read_input(input_path: str, required: list[str] | None = None) -> pl.DataFrame:
-    """`predict`'s rows: a parquet file, or every `*.parquet` of a folder (its subfolders too) or of a glob, read
-    one by one and put together as `shardline run` takes them: a column one file lacks is null there, numbers
-    of different types take the wider one, date-times in different zones the same instants. A file that does
-    not read, or one of several that lacks a `required` column (the model takes it), is named (ValueError)."""
-    path = Path(input_path)
-    if path.is_dir():
-        files = sorted(path.rglob("*.parquet"))
-    else:
-        files = sorted(map(Path, glob.glob(input_path))) if glob.has_magic(input_path) else [path]
+    """`predict`'s rows: a parquet file, or every `*.parquet` of a folder (its subfolders too) or of a glob, local
+    or in an object store (`s3://...`), listed and read one by one and put together as `shardline run` takes them:
+    a column one file lacks is null there, numbers of different types take the wider one, date-times in different
+    zones the same instants. A file that does not read, or one of several that lacks a `required` column (the
+    model takes it), is named (ValueError)."""
+    files = list_source(input_path)
     if not files:
         raise ValueError(f"no parquet file in {input_path}")
     frames = []
     for f in files:
         try:
-            frames.append(pl.read_parquet(f))
+            if storage.is_remote(f):
+                with storage.filesystem(f)[0].open(f, "rb") as stream:
+                    frames.append(pl.read_parquet(stream))
+            else:
+                frames.append(pl.read_parquet(f))
         except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
             raise ValueError(f"cannot read {f}: {e}") from None
         missing = [c for c in required or [] if c not in frames[-1].columns]
@@ -36,9 +36,19 @@ def read_input(input_path: str, required: list[str] | None = None) -> pl.DataFra
     if len(frames) == 1:
         return frames[0]
     try:
-        return pl.concat(in_one_zone(frames, [str(f) for f in files]), how="diagonal_relaxed")
+        return pl.concat(in_one_zone(frames, files), how="diagonal_relaxed")
     except (DataError, pl.exceptions.PolarsError) as e:
         raise ValueError(f"cannot put the files of {input_path} together: {e}") from None
+
+
+def write_output(frame: pl.DataFrame, out: str) -> None:
+    """`predict`'s predictions as the parquet file `out`, local or in an object store, written whole or not at
+    all (a local file aside, then renamed; an object in one put)."""
+    import io
+
+    buf = io.BytesIO()
+    frame.write_parquet(buf)
+    storage.write_bytes(out, buf.getbuffer())
 
 
 def placeholder(dtype) -> object:

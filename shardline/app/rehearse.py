@@ -66,7 +66,7 @@ SAMPLE_FILE_BYTES = 32 << 20  # a raw file larger than this is copied in part: i
 def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) -> list[str]:
     """Copy the source's files `skip` to `n_files` (in its order) under `<root>/raw/`; of a file larger than
     `SAMPLE_FILE_BYTES` (a click log in one file), its first rows only: the rehearsal's data stays tiny."""
-    from shardline.tasks.ingest import list_source
+    from shardline.core.storage import list_source
 
     files = list_source(config.data.source)
     if not files:
@@ -118,8 +118,8 @@ def size_batch(train_windows: int, batch_size: int, grad_accum: int, steps: int,
 
 def rehearse(config: PipelineConfig, files: int, steps: int, preempt_at: int | None, log) -> list[Check]:
     """Run the rehearsal; return its rows (every stage after a failed one is reported as not reached)."""
+    from shardline.core.storage import list_source
     from shardline.flows.pipeline import pipeline
-    from shardline.tasks.ingest import list_source
 
     preempt_at = preempt_at or max(2, steps // 2)  # `shardline rehearse` checked a given one is below steps
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())

@@ -17,36 +17,9 @@ from shardline.core.encoding.columns import DataError
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
 from shardline.core.memory import trim
 from shardline.core.secrets import redacted_errors
-from shardline.core.storage import filesystem, is_remote
+from shardline.core.storage import filesystem, is_remote, list_source, listed_files, source_uri
 from shardline.tasks.caching import CacheRule, raw_files_key
 from shardline.trainer.serving import dictionaries_as_values, naive_utc
-
-
-def _listed(source: str) -> dict[str, dict]:
-    """Every parquet file that `source` (a path, a folder, a glob or an fsspec URL) names: path -> the listing's
-    details (size, etag or mtime). One listing: on an object store a page per 1,000 objects, never a request
-    per file (fsspec's `info` of a listed file scans its folder's whole listing: 22,000 files took minutes)."""
-    fs, path = filesystem(source)
-    if any(ch in path for ch in "*?["):
-        found = fs.glob(path, detail=True)
-    elif fs.isdir(path):
-        found = {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(".parquet")}
-    elif fs.exists(path):
-        found = {path: fs.info(path)}
-    else:
-        found = {}
-    # a local symbolic link to a file lists as "other" (its size and times are its target's)
-    return {
-        p: i
-        for p, i in found.items()
-        if not os.path.basename(p).startswith((".", "_"))
-        and (i["type"] == "file" or (i.get("islink") and os.path.isfile(p)))
-    }
-
-
-def _uri(fs, source: str, path: str) -> str:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return f"{protocol}://{path}" if is_remote(source) else path
 
 
 def _no_bucket(source: str) -> str:
@@ -60,12 +33,6 @@ def _no_bucket(source: str) -> str:
     except Exception:  # noqa: BLE001 - a question for the message, not the ingest
         return ""
     return "" if there else f": its bucket '{bucket}' is not there (or these credentials cannot see it)"
-
-
-def list_source(source: str) -> list[str]:
-    """Every parquet file that `source` names, sorted."""
-    fs = filesystem(source)[0]
-    return sorted(_uri(fs, source, p) for p in _listed(source))
 
 
 _t = pa.types
@@ -239,8 +206,8 @@ def source_listing(data: DataConfig) -> list[tuple[str, int, str]]:
     if not is_remote(data.source):
         return [(uri, (st := os.stat(uri)).st_size, str(st.st_mtime_ns)) for uri in list_source(data.source)]
     fs = filesystem(data.source)[0]
-    listed = _listed(data.source)
-    return sorted((_uri(fs, data.source, p), int(i["size"]), _version(i)) for p, i in listed.items())
+    listed = listed_files(data.source)
+    return sorted((source_uri(fs, data.source, p), int(i["size"]), _version(i)) for p, i in listed.items())
 
 
 FOOTER_READ = 16 << 10  # bytes read from a file's end at first: its footer (and the length that says so), mostly
