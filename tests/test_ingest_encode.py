@@ -279,11 +279,14 @@ def test_sequences_too_short_for_a_window_are_counted_per_split_and_said(raw_dir
 
 
 def test_another_window_or_horizon_encodes_nothing_and_counts_its_own_windows(raw_dir, tmp_path):
-    """A group's shards are the same bytes for any window and horizon: trying another one finds every group in the
-    group store (not one file written again) and its manifest counts that window's windows and short sequences,
-    as an encode from nothing would (it encoded every group again)."""
+    """A group's shards are the same bytes for any window and horizon, and id columns: trying another window, or
+    keying predictions by a row id, finds every group in the group store (not one file written again) and its
+    manifest counts that window's windows and short sequences, as an encode from nothing would (it encoded every
+    group again)."""
     from shardline.tasks.encode import encode_dataset
 
+    for f in raw_dir.glob("*.parquet"):
+        pl.read_parquet(f).with_row_index("event_id").write_parquet(f)
     df = pl.read_parquet(raw_dir / "s-001.parquet")
     cut = df["seq"].unique().sort()[0]  # one sequence of 5 rows: in windows of 3 + 1, short for 5 + 2
     df.filter((pl.col("seq") != cut) | (pl.col("t") < 5)).write_parquet(raw_dir / "s-001.parquet")
@@ -300,7 +303,7 @@ def test_another_window_or_horizon_encodes_nothing_and_counts_its_own_windows(ra
 
     first, keys, _ = encode(cfg_for(raw_dir, tmp_path), tmp_path / "store")
     before = stored(tmp_path / "store")
-    other = cfg_for(raw_dir, tmp_path, **{"data.window": 5, "data.horizon": 2})
+    other = cfg_for(raw_dir, tmp_path, **{"data.window": 5, "data.horizon": 2, "data.id_columns": ["event_id"]})
     second, other_keys, out = encode(other, tmp_path / "store")
     assert other_keys == keys and stored(tmp_path / "store") == before  # every group found, nothing written
     fresh = encode(other, tmp_path / "fresh")[0]
@@ -309,6 +312,7 @@ def test_another_window_or_horizon_encodes_nothing_and_counts_its_own_windows(ra
         return [(s.path.split("/")[-1], s.windows, s.short_segments, s.short_rows) for s in m.shards]
 
     assert second.windows == fresh.windows != first.windows
+    assert second.encoding.id_columns == ["event_id"] and second.encoding == fresh.encoding
     assert counts(second) == counts(fresh) != counts(first)
     assert sum(s.short_segments for s in second.shards) == 1 and not any(s.short_segments for s in first.shards)
     assert all(s.lengths is None for s in second.shards)  # the group's record holds them, not the manifest

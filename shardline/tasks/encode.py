@@ -49,9 +49,11 @@ from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
 # shard, and its training statistics in the group's record; other data's shards are as they were; 8: a group's
 # record holds its segments' lengths, and a group of other than text data is one for any window and horizon)
 ENCODER_VERSION = "8"
-# what a group's shards are the same bytes for, except text data's (whose token layout follows the window): its
-# windows are counted from its segments' lengths where a manifest lists it (`listed`), so trying another window
-# or horizon writes a manifest and encodes nothing
+# the data settings a group's shards are the same bytes for, so that changing one writes a manifest and encodes
+# nothing: the id columns (passed through to predictions: the encode reads none) and, but for text data (whose
+# tokens are laid out for its window), the window, horizon and target positions, whose windows are counted from a
+# group's segment lengths where a manifest lists it (`listed`)
+MANIFEST_ONLY = ("id_columns",)
 WINDOW_ONLY = ("window", "horizon", "target_positions")
 
 
@@ -69,12 +71,11 @@ def encoder_code() -> str:
 
 def group_key(files: list[RawFile], data: DataConfig, tokenizer: str | None = None) -> str:
     """A file group's content address, its folder in the group store: its files (path, size, etag/mtime), the
-    data settings that change a byte (not `WINDOW_ONLY`'s, but for text data), the encoder's version and code,
-    and for text data the tokenizer's sha256 (`tokenizer`). Not its place among the groups nor the rest of the
-    snapshot, so any snapshot that holds the group finds it."""
-    settings = _data_key(data)
-    if not data.features.text:
-        settings = {k: v for k, v in settings.items() if k not in WINDOW_ONLY}
+    data settings that change a byte (not `MANIFEST_ONLY`'s, nor `WINDOW_ONLY`'s but for text data), the encoder's
+    version and code, and for text data the tokenizer's sha256 (`tokenizer`). Not its place among the groups nor
+    the rest of the snapshot, so any snapshot that holds the group finds it."""
+    left_out = MANIFEST_ONLY + (WINDOW_ONLY if not data.features.text else ())
+    settings = {k: v for k, v in _data_key(data).items() if k not in left_out}
     key = {"files": raw_files_key(files), "data": settings, "encoder": ENCODER_VERSION, "code": encoder_code()}
     text = {"tokenizer": tokenizer, "tokenizers": tokenizers_version()} if tokenizer else {}
     return stable_hash(key | text)[:24]
