@@ -204,6 +204,20 @@ def test_a_pipeline_on_an_s3_root_is_cached_on_another_machine_and_evaluates_wit
         assert done.exit_code == 0 and "wrote" in done.output, done.output
     from_s3 = pl.read_parquet(storage.read_bytes("s3://team-bucket/preds/day.parquet"))
     assert from_s3.height > 0 and from_s3.equals(pl.read_parquet(tmp_path / "preds.parquet"))
+    for where, out, said in (  # a bucket name's typo, either side: named, exit 2
+        (
+            "s3://team-bucket/day",
+            "s3://team-buket/p.parquet",
+            "--out s3://team-buket/p.parquet: its bucket 'team-buket'",
+        ),
+        (
+            "s3://team-buket/day",
+            f"{tmp_path}/p.parquet",
+            "no parquet file in s3://team-buket/day: its bucket 'team-buket'",
+        ),
+    ):
+        done = CliRunner().invoke(app, ["predict", *model, where, "--out", out, *tracking])
+        assert done.exit_code == 2 and said in done.output, done.output
     # "another machine": none of the first one's temporary files
     shutil.rmtree(tmp_path / "machine-a")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine-b"))

@@ -381,6 +381,10 @@ def predict(
     if os.path.isdir(out):
         _fail(f"--out {out} is a folder: name the parquet file to write", 2)
     from shardline.app.predict_input import read_input, write_output
+    from shardline.core.storage import no_bucket
+
+    if missing := no_bucket(out):  # said before the model loads, not after the predictions are made
+        _fail(f"--out {out}{missing}", 2)
 
     model = _load_model(model_uri, tracking_uri)
     schema = model.metadata.get_input_schema()
@@ -421,7 +425,10 @@ def predict(
     for c, dtype in df.schema.items():  # the keys in the input's own types (a join needs no cast)
         if c in result.columns and result.schema[c] != dtype:
             result = result.with_columns(pl.col(c).cast(dtype))
-    write_output(result, out)
+    try:
+        write_output(result, out)
+    except OSError as e:
+        _fail(f"cannot write --out {out}: {e}", 2)
     typer.echo(f"wrote {result.height} prediction(s) for {df.height} input row(s) to {out}")
 
 

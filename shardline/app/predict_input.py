@@ -8,7 +8,6 @@ import polars as pl
 from shardline.core import storage
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.write import in_one_zone
-from shardline.core.storage import list_source
 
 
 def read_input(input_path: str, required: list[str] | None = None) -> pl.DataFrame:
@@ -17,9 +16,9 @@ def read_input(input_path: str, required: list[str] | None = None) -> pl.DataFra
     a column one file lacks is null there, numbers of different types take the wider one, date-times in different
     zones the same instants. A file that does not read, or one of several that lacks a `required` column (the
     model takes it), is named (ValueError)."""
-    files = list_source(input_path)
+    files = storage.list_source(input_path)
     if not files:
-        raise ValueError(f"no parquet file in {input_path}")
+        raise ValueError(f"no parquet file in {input_path}{storage.no_bucket(input_path)}")
     frames = []
     for f in files:
         try:

@@ -128,6 +128,19 @@ def list_source(source: str) -> list[str]:
     return sorted(source_uri(fs, source, p) for p in listed_files(source))
 
 
+def no_bucket(source: str) -> str:
+    """What an object store's source that lists nothing may lack: its bucket (a typo reads as an empty folder)."""
+    if not is_remote(source):
+        return ""
+    fs, path = filesystem(source)
+    bucket = path.split("/", 1)[0]
+    try:
+        there = fs.exists(bucket)
+    except Exception:  # noqa: BLE001 - a question for the message, not the ingest
+        return ""
+    return "" if there else f": its bucket '{bucket}' is not there (or these credentials cannot see it)"
+
+
 def exists(uri: str) -> bool:
     if not is_remote(uri):
         return os.path.exists(local_path(uri))

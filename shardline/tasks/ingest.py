@@ -17,23 +17,9 @@ from shardline.core.encoding.columns import DataError
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
 from shardline.core.memory import trim
 from shardline.core.secrets import redacted_errors
-from shardline.core.storage import filesystem, is_remote, list_source, listed_files, source_uri
+from shardline.core.storage import filesystem, is_remote, list_source, listed_files, no_bucket, source_uri
 from shardline.tasks.caching import CacheRule, raw_files_key
 from shardline.trainer.serving import dictionaries_as_values, naive_utc
-
-
-def _no_bucket(source: str) -> str:
-    """What an object store's source that lists nothing may lack: its bucket (a typo reads as an empty folder)."""
-    if not is_remote(source):
-        return ""
-    fs, path = filesystem(source)
-    bucket = path.split("/", 1)[0]
-    try:
-        there = fs.exists(bucket)
-    except Exception:  # noqa: BLE001 - a question for the message, not the ingest
-        return ""
-    return "" if there else f": its bucket '{bucket}' is not there (or these credentials cannot see it)"
-
 
 _t = pa.types
 _NUMBER = (_t.is_integer, _t.is_floating, _t.is_decimal)
@@ -267,7 +253,7 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
     uris = [f.uri for f in files] + [uri for uri, _, _ in listing]
     if not uris:
         raise DataError(
-            f"data.source '{data.source}' matched no parquet file{_no_bucket(data.source)}; check the path or glob "
+            f"data.source '{data.source}' matched no parquet file{no_bucket(data.source)}; check the path or glob "
             "(e.g. 'data/raw/*.parquet' or 's3://bucket/raw/*.parquet')"
         )
     rejected: list[RejectedFile] = []
