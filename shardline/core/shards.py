@@ -308,11 +308,6 @@ def _window_counts(offsets: np.ndarray, window: int, horizon: int) -> np.ndarray
     return np.maximum(lengths - span + 1, 0)
 
 
-def window_count(offsets: np.ndarray, window: int, horizon: int) -> int:
-    """How many windows `window_starts` finds, without listing them."""
-    return int(_window_counts(offsets, window, horizon).sum())
-
-
 def segment_lengths(offsets: np.ndarray) -> list[list[int]]:
     """A shard's segment lengths as [length, count] pairs, ascending: its windows for any window and horizon
     follow from them (`window_tally`), so its bytes need not depend on either."""
@@ -321,7 +316,8 @@ def segment_lengths(offsets: np.ndarray) -> list[list[int]]:
 
 
 def window_tally(lengths: list[list[int]], window: int, horizon: int) -> dict[str, int]:
-    """From `segment_lengths`: the windows (as `window_count`), and the segments too short for one and their rows."""
+    """From `segment_lengths`: how many windows `window_starts` finds, and the segments too short for one and their
+    rows."""
     n = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
     span = window + horizon
     long, short = n[n[:, 0] >= span], n[n[:, 0] < span]
