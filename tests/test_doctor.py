@@ -77,8 +77,11 @@ def test_laptop_setup_passes(tmp_path):
     assert "4 parquet file(s)" in rows["data source"]
     assert rows["storage"].startswith(f"PASS {tmp_path / 'store'}: wrote, read back and deleted"), rows["storage"]
     assert not list((tmp_path / "store" / ".doctor").glob("*")) if (tmp_path / "store" / ".doctor").exists() else True
+    # a store no run has made yet: said, and not made by the check (a typo in its path would be a new empty store)
     assert f"sqlite:///{tmp_path / 'store'}/mlflow.db" in rows["mlflow tracking"]
+    assert "no database there yet: the first run creates it" in rows["mlflow tracking"]
     assert "model tiny-model has no version yet" in rows["mlflow registry"]
+    assert not (tmp_path / "store" / "mlflow.db").exists()
     assert "torch 2." in rows["torch (here)"] and "training.device=auto -> " in rows["torch (here)"]
     assert rows["gpu probe"].startswith("SKIP compute.train_on=local")
     assert "all checks passed" in out.stdout

@@ -251,6 +251,13 @@ def _mlflow_checks(config: PipelineConfig, timeout: float) -> list[Check]:
         source = "$MLFLOW_TRACKING_URI"
     else:
         source = "the default: SQLite under storage.root"
+    db = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
+    if db and not os.path.exists(db) and os.access(os.path.dirname(db) or ".", os.W_OK):  # MLflow would make it
+        return [
+            Check("mlflow tracking", True, f"{uri} ({source}): no database there yet: the first run creates it"),
+            Check("mlflow registry", True, f"a new store: model {cfg.model_name} has no version yet (the first run "
+                  "registers it and makes it @champion); if your team's runs are in a store, this URI is not it"),
+        ]  # fmt: skip
     mlflow_client_defaults()  # as the pipeline does: a dead server fails in seconds, not minutes
     from mlflow import MlflowClient
 
