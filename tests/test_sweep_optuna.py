@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 
 from shardline.core.storage import join
 from shardline.core.study import PRUNED_TAG, StorageJournal, open_study
+from shardline.core.sweep import sweep_figure
 from tests.conftest import make_raw, tiny_config
 from tests.test_s3_source import s3_endpoint  # noqa: F401 - the moto fixture
 
@@ -55,6 +56,13 @@ def test_trials_that_fall_behind_are_pruned_a_rerun_continues_the_study_and_tpe_
     assert (rows["t3"]["state"], rows["t3"]["pruned_epoch"]) == ("pruned", 1)
     assert first["best"]["trial"] in ("t1", "t2") and first["registered"]["version"] == 1
     assert "1 pruned" in first["steps"]["train"]
+    # the comparison picture tells the pruned trial (a score of fewer epochs) from the finished ones: hollow, named
+    fig = sweep_figure(first["trials"], ["training.lr"], "val_accuracy", "maximize")
+    for ax in fig.axes:
+        hollow = [c for c in ax.collections if c.get_label() == "pruned (fewer epochs)"]
+        assert len(hollow) == 1 and len(hollow[0].get_offsets()) == 1
+        assert hollow[0].get_offsets()[0][1] == rows["t3"]["score"] and len(hollow[0].get_facecolors()) == 0
+        assert "pruned (fewer epochs)" in [t.get_text() for t in ax.get_legend().get_texts()]
 
     study = study_of(first)
     states = {t.user_attrs["shardline.trial"]: t.state for t in study.trials}

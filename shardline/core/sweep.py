@@ -400,9 +400,28 @@ def cpu_share(at_once: int) -> int:
 
 
 def plot_sweep(rows: list[dict], keys: list[str], metric: str, direction: str, path: str | Path) -> Path:
-    """The score of every trial (the best one highlighted, a failed one marked), then the score against each
-    swept setting; written atomically."""
-    from shardline.core.metrics.report import _new_figure, _save_atomic
+    """`sweep_figure`, written atomically to `path`."""
+    from shardline.core.metrics.report import _save_atomic
+
+    return _save_atomic(sweep_figure(rows, keys, metric, direction), path)
+
+
+def _scores(ax, xs: list, rows: list[dict]) -> None:
+    """The trials' scores at `xs`: a filled point for a trial that trained all its epochs, a hollow one for a
+    trial its pruner stopped (a score of fewer epochs), with a legend entry for those."""
+    pruned = [r.get("state") == "pruned" for r in rows]
+    whole = [(x, r["score"]) for x, r, p in zip(xs, rows, pruned) if not p]
+    if whole:
+        ax.scatter(*zip(*whole), color="#1f77b4", zorder=3)
+    if any(pruned):
+        cut = [(x, r["score"]) for x, r, p in zip(xs, rows, pruned) if p]
+        ax.scatter(*zip(*cut), facecolors="none", edgecolors="#7f7f7f", zorder=3, label="pruned (fewer epochs)")
+
+
+def sweep_figure(rows: list[dict], keys: list[str], metric: str, direction: str):
+    """The score of every trial (the best one highlighted, a pruned one hollow, a failed one marked), then the
+    score against each swept setting."""
+    from shardline.core.metrics.report import _new_figure
 
     panels = 1 + len(keys)
     cols = min(panels, 3)
@@ -413,11 +432,12 @@ def plot_sweep(rows: list[dict], keys: list[str], metric: str, direction: str, p
     done = [r for r in rows if r.get("score") is not None]
     ax = fig.add_subplot(nrows, cols, 1)
     xs = range(len(rows))
-    ax.scatter([i for i, r in zip(xs, rows) if r in done], [r["score"] for r in done], color="#1f77b4", zorder=3)
+    _scores(ax, [i for i, r in zip(xs, rows) if r in done], done)
     if best is not None:
         ax.scatter(
             [rows.index(best)], [best["score"]], color="#2ca02c", s=90, zorder=4, label=f"best ({best['trial']})"
         )
+    if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize=7)
     for i, r in enumerate(rows):
         if r.get("score") is None:  # failed: a red cross on the axis
@@ -447,10 +467,11 @@ def plot_sweep(rows: list[dict], keys: list[str], metric: str, direction: str, p
             labels = list(dict.fromkeys(_short(v) for v in values))
             xs = [labels.index(_short(v)) for v in values]
             ax.set_xticks(range(len(labels)), labels, fontsize=8)
-        ax.scatter(xs, [r["score"] for r in done], color="#1f77b4", zorder=3)
+        _scores(ax, xs, done)
         if best is not None and best in done:
             i = done.index(best)
             ax.scatter([xs[i]], [best["score"]], color="#2ca02c", s=90, zorder=4, label=f"best ({best['trial']})")
+        if ax.get_legend_handles_labels()[1]:
             ax.legend(fontsize=7)
         if numeric and len(set(values)) > 1 and min(values) > 0 and max(values) / min(values) >= 10:
             ax.set_xscale("log")
@@ -458,7 +479,7 @@ def plot_sweep(rows: list[dict], keys: list[str], metric: str, direction: str, p
         ax.set_ylabel(metric, fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _save_atomic(fig, path)
+    return fig
 
 
 # ---------------------------------------------------------------- k-fold cross-validation
