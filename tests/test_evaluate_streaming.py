@@ -276,6 +276,35 @@ print(json.dumps({"before_kib": before, "peak_kib": peak, "test_windows": result
                   "metrics": result["metrics"]}))
 """
 
+# `shardline predict`'s own path (the registered model's `Predictor.predict_frame`) over raw rows already read
+PREDICT_CHILD = """
+import json, sys
+from pathlib import Path
+
+import polars as pl
+
+from shardline.core.config import validate_config
+from shardline.core.manifest import Manifest
+from shardline.core.storage import read_text
+from shardline.trainer.inference import load_model
+from shardline.trainer.models import model_spec_for
+from shardline.trainer.serving import Predictor, data_spec
+
+def high_water_kib():
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+
+run = json.loads(Path(sys.argv[1]).read_text())
+config = validate_config(run["config"])
+spec = Manifest.model_validate_json(read_text(run["manifest"])).encoding
+model = load_model(run["trained"]["best_checkpoint"], model_spec_for(config.model, data_spec(spec)))
+rows = pl.read_parquet(sys.argv[2])
+before = high_water_kib()
+predictions = Predictor(spec, model).predict_frame(rows)
+peak = high_water_kib()
+print(json.dumps({"before_kib": before, "peak_kib": peak, "rows": rows.height, "predictions": predictions.height}))
+"""
+
 
 def many_classes_raw(folder: Path, n_seq: int, rows: int) -> None:
     """Sequences whose `label` takes one of 400 values (skewed, as the demo's actions are)."""
@@ -342,3 +371,19 @@ def test_evaluation_memory_does_not_grow_with_the_test_split(tmp_path):
         pl.scan_parquet(tmp_path / "eval" / "test_predictions.parquet").select(pl.len()).collect().item()
         == (report["test_windows"])
     )
+
+    # `shardline predict` over every raw row (~780k windows x 401 classes): its predictions are decoded a batch at a
+    # time too (it held every window's probabilities, 1.25 GB here, and grew by 1.4 GB)
+    child = subprocess.run(
+        [sys.executable, "-c", PREDICT_CHILD, str(tmp_path / "run.json"), str(tmp_path / "raw" / "*.parquet")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    grown = (report["peak_kib"] - report["before_kib"]) * 1024
+    print(f"predict over {report['rows']} rows: peak RSS {mib(report['peak_kib'] * 1024)}, grew {mib(grown)}")
+    assert report["predictions"] == 400 * (1950 - cfg["data"]["window"] - cfg["data"].get("horizon", 1) + 1), report
+    assert grown < 0.4 * report["predictions"] * (CLASSES + 1) * 4, report  # less than the probabilities alone

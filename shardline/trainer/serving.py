@@ -179,11 +179,16 @@ def example_outputs(spec: EncodingSpec) -> dict[str, np.ndarray]:
 
 
 def prediction_frame(
-    spec: EncodingSpec, keys: dict[str, object], outputs: dict[str, np.ndarray], per_position: bool = False
+    spec: EncodingSpec,
+    keys: dict[str, object],
+    outputs: dict[str, np.ndarray],
+    per_position: bool = False,
+    decoded: bool = False,
 ) -> pl.DataFrame:
-    """Key columns beside the decoded predictions. When every position is predicted, one row per window and
-    position, with `position`: the keys are each position's own row's (`per_position`: given so, window-major),
-    or else each window's, repeated for its K positions."""
+    """Key columns beside the decoded predictions (`outputs` as `predict` gives them, or `decoded`: as
+    `decode_outputs` does). When every position is predicted, one row per window and position, with `position`:
+    the keys are each position's own row's (`per_position`: given so, window-major), or else each window's,
+    repeated for its K positions."""
     every = spec.target_positions == "all" and spec.targets
     k = spec.window if every else 1
     out: dict[str, object] = {}
@@ -193,7 +198,7 @@ def prediction_frame(
     if every:
         n = len(next(iter(keys.values()))) if keys else 0
         out["position"] = np.tile(np.arange(k, dtype=np.int64), n // k if per_position else n)
-    out.update(decode_outputs(spec, outputs))
+    out.update(outputs if decoded else decode_outputs(spec, outputs))
     return pl.DataFrame(out)
 
 
@@ -347,16 +352,25 @@ class Predictor:
     def _forecast(self, prepared: pl.DataFrame, data, where: dict, seq_col: str | None, batch_size: int):
         """`predict_frame(forecast=True)`'s: each window (one a sequence, `with_rows_to_come`) keyed by its last
         input row, `horizon` rows before the one it predicts (every position predicted: the last position's)."""
-        from shardline.trainer.inference import predict
-
         spec = self.spec
-        outputs = predict(self.model, data, batch_size=batch_size)
-        if spec.target_positions == "all" and spec.targets:
-            outputs = {k: v[:, -1] for k, v in outputs.items()}
+        columns = self._decoded(data, batch_size, last=spec.target_positions == "all")
         last = pl.Series(where["row"] - spec.horizon)
         keys = row_keys(prepared, last, spec, seq_col)
         keys["horizon"] = pl.Series("horizon", np.full(len(last), spec.horizon, np.int64))
-        return prediction_frame(spec.model_copy(update={"target_positions": "last"}), keys, outputs)
+        return prediction_frame(spec.model_copy(update={"target_positions": "last"}), keys, columns, decoded=True)
+
+    def _decoded(self, data, batch_size: int, last: bool = False) -> dict[str, np.ndarray]:
+        """Each window's prediction columns (`decode_outputs`), decoded a batch at a time: one batch's class
+        probabilities are held, never every window's ([windows, classes] float32: 6.4 GB for 4M windows of 400
+        classes). `last`: of a model that predicts every position, the last position's only."""
+        from shardline.trainer.inference import predict, predict_batches
+
+        batches = (out for _, _, out in predict_batches(self.model, data, batch_size))
+        parts = [
+            decode_outputs(self.spec, {k: v[:, -1] for k, v in out.items()} if last else out)
+            for out in (batches if data.n_windows else [predict(self.model, data)])  # none: the empty columns
+        ]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def predict_text(self, df: pl.DataFrame, batch_size: int = 256, params: dict | None = None) -> pl.DataFrame:
         """Text data: per row, its prompt's next token (greedy) and probability, from the prompt's last window
@@ -436,7 +450,7 @@ class Predictor:
         data: one per row (`predict_text`). `forecast`: instead, one per sequence, for the row `data.horizon`
         rows after its last one (which the input cannot hold yet): keyed by that last row, with `horizon`."""
         from shardline.trainer.data import SplitData
-        from shardline.trainer.inference import position_rows, predict
+        from shardline.trainer.inference import position_rows
 
         spec = self.spec
         missing = [c for c in input_columns(spec) if c not in df.columns]
@@ -484,7 +498,7 @@ class Predictor:
             return self._forecast(prepared, data, where, seq_col, batch_size)
         rows = pl.Series(position_rows(where["row"], spec.window) if every else where["row"])
         out = row_keys(prepared, rows, spec, seq_col)
-        return prediction_frame(spec, out, predict(self.model, data, batch_size=batch_size), per_position=every)
+        return prediction_frame(spec, out, self._decoded(data, batch_size), per_position=every, decoded=True)
 
 
 def row_keys(prepared: pl.DataFrame, rows: pl.Series, spec: EncodingSpec, seq_col: str | None) -> dict[str, object]:
