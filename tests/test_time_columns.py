@@ -277,3 +277,28 @@ def test_files_whose_order_is_in_different_zones_encode_as_one(tmp_path):
     with pytest.raises(DataError, match=r"column 'when' holds date-times without a time zone in .*s-001.parquet and "
                        r"with one in .*s-000.parquet"):  # fmt: skip
         snapshot_source(data, checked)
+
+
+def test_forecast_is_refused_where_no_row_comes_after_the_input():
+    """`--forecast` predicts the row past each sequence's last. Ranking data, rows without an order, a horizon of 0
+    and a model without a target have no such row: said, naming why, where it gave one prediction for the whole
+    input, keyed by its last row (seen with examples/two_tower)."""
+    import json
+
+    from shardline.core.manifest import EncodingSpec
+    from shardline.trainer.inference import load_model
+    from shardline.trainer.serving import Predictor
+    from tests.test_compat import DATA  # a model the demo trained, its checkpoint and a raw game
+
+    bundle = json.loads((DATA / "model" / "artifacts" / "bundle.json").read_text())
+    spec = EncodingSpec.model_validate(bundle["encoding"])
+    model, rows = load_model(str(DATA / "checkpoint")), pl.read_parquet(DATA / "input.parquet")
+    assert Predictor(spec, model).predict_frame(rows, forecast=True).height == 1  # one game: its next frame
+    for update, said in (
+        ({"group_key": "game_id"}, "ranking data"),
+        ({"order_by": None}, "rows without data.order_by"),
+        ({"horizon": 0}, "with data.horizon 0"),
+        ({"targets": []}, "a model without a target"),
+    ):
+        with pytest.raises(DataError, match=f"--forecast: {said}.*; predict without it"):
+            Predictor(spec.model_copy(update=update), model).predict_frame(rows, forecast=True)
