@@ -280,9 +280,10 @@ def test_files_whose_order_is_in_different_zones_encode_as_one(tmp_path):
 
 
 def test_forecast_is_refused_where_no_row_comes_after_the_input():
-    """`--forecast` predicts the row past each sequence's last. Ranking data, rows without an order, a horizon of 0
-    and a model without a target have no such row: said, naming why, where it gave one prediction for the whole
-    input, keyed by its last row (seen with examples/two_tower)."""
+    """`--forecast` predicts the row past each sequence's last. Ranking data, a horizon of 0 (rows without a
+    sequence key) and a model without a target have no such row: said, naming why, where it gave one prediction for
+    the whole input, keyed by its last row (seen with examples/two_tower). A file that is one sequence in its rows'
+    order has one."""
     import json
 
     from shardline.core.manifest import EncodingSpec
@@ -294,10 +295,11 @@ def test_forecast_is_refused_where_no_row_comes_after_the_input():
     spec = EncodingSpec.model_validate(bundle["encoding"])
     model, rows = load_model(str(DATA / "checkpoint")), pl.read_parquet(DATA / "input.parquet")
     assert Predictor(spec, model).predict_frame(rows, forecast=True).height == 1  # one game: its next frame
+    in_file_order = spec.model_copy(update={"sequence_key": "@file", "order_by": None})
+    assert Predictor(in_file_order, model).predict_frame(rows, forecast=True).height == 1
     for update, said in (
         ({"group_key": "game_id"}, "ranking data"),
-        ({"order_by": None}, "rows without data.order_by"),
-        ({"horizon": 0}, "with data.horizon 0"),
+        ({"horizon": 0}, r"with data.horizon 0 \(rows without data.sequence_key"),
         ({"targets": []}, "a model without a target"),
     ):
         with pytest.raises(DataError, match=f"--forecast: {said}.*; predict without it"):

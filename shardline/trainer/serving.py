@@ -468,15 +468,14 @@ class Predictor:
                     "`shardline generate` writes on from a text"
                 )
             return self.predict_text(df, params=params)
-        if forecast and (spec.group_key or spec.order_by is None or not spec.horizon or not spec.targets):
+        if forecast and (spec.group_key or not spec.horizon or not spec.targets):
             what = (
                 "ranking data (data.group_key) scores the rows it is given"
                 if spec.group_key
-                else "rows without data.order_by have no order, so no row comes after them"
-                if spec.order_by is None
                 else "a model without a target predicts nothing"
                 if not spec.targets
-                else "with data.horizon 0 a window predicts its own rows, none to come"
+                else "with data.horizon 0 (rows without data.sequence_key have it) a window predicts its own rows, "
+                "none to come"
             )
             raise DataError(f"--forecast: {what}; predict without it")
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
