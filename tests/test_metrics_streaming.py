@@ -3,7 +3,12 @@ functions on the same data, fed in uneven batches: counts and accuracies equal e
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -165,7 +170,7 @@ def test_a_confusion_matrix_over_hundreds_of_classes_draws_the_most_frequent_and
     top = np.lexsort((np.arange(c), -np.bincount(pred, minlength=c), -support))[:20]
     assert labels[:20] == [names[i][:23] + "\u2026" for i in top]  # long names cut, the table has them whole
     assert labels[20] == f"other ({present - 20} classes)"
-    np.testing.assert_array_equal(counts[:20, :20], scores.confusion[np.ix_(top, top)])
+    np.testing.assert_array_equal(counts[:20, :20], scores.confusion.toarray()[np.ix_(top, top)])
     assert counts[20].sum() == len(y) - support[top].sum()  # the other classes' samples, in one row
     plot = plot_confusion_counts(scores.confusion, names, tmp_path / "cm.png")
     assert plot.read_bytes()[:4] == b"\x89PNG"
@@ -184,3 +189,45 @@ def test_a_confusion_matrix_over_few_classes_draws_every_one():
     assert labels == ["c", "a", "b", "<unseen>"]  # most test samples first; predicted only: last
     assert title == "Confusion matrix (row-normalised, 4 classes)"
     assert folded.sum() == counts.sum() and (folded[0, 0], folded[1, 2], folded[2, 3]) == (7, 1, 1)
+
+
+REPO = Path(__file__).resolve().parents[1]
+MANY_CLASSES_CHILD = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # 2 GiB of address space: a [C, C] table is 7.2 GB
+import numpy as np
+from shardline.core.metrics.report import fold_confusion, plot_confusion_counts
+from shardline.core.metrics.scores import ClassificationScores, classification_metrics, per_class_scores
+c, n = 30_000, 1024
+rng = np.random.default_rng(0)
+y = np.minimum(rng.zipf(1.3, size=n), c - 1)
+logits = rng.normal(size=(n, c)).astype(np.float32)
+logits[np.arange(n), y] += 4.0  # mostly right, so the diagonal and the rest both hold counts
+probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+probs /= probs.sum(axis=1, keepdims=True)
+scores = ClassificationScores(c, np.bincount(y, minlength=c).astype(np.float64))
+for lo in range(0, n, 256):
+    scores.update(y[lo : lo + 256], probs[lo : lo + 256])
+counts, labels, _ = fold_confusion(scores.confusion, [f"item-{i}" for i in range(c)])
+plot_confusion_counts(scores.confusion, [f"item-{i}" for i in range(c)], sys.argv[1])
+print(json.dumps({"streamed": scores.metrics(), "whole": classification_metrics(y, probs), "fold": counts.tolist(),
+                  "labels": labels, "classes": len(per_class_scores(scores.confusion, [])), "n": scores.n}))
+"""
+
+
+def test_a_target_of_thirty_thousand_classes_is_scored_without_a_classes_by_classes_table(tmp_path):
+    """Next-item prediction over a click log's items: ~36,000 classes took a 10 GB confusion table (torchmetrics'
+    [C, C] int64 counts) and the evaluation was killed for memory after training. The counts are sparse now (the
+    pairs that occur): under a 2 GiB address-space limit, 30,000 classes score as the whole-array metrics do, the
+    matrix draws its top 20 and 'other', and the per-class table has a row per class."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    png = tmp_path / "cm.png"
+    child = subprocess.run([sys.executable, "-c", MANY_CLASSES_CHILD, str(png)], capture_output=True, text=True,
+                           env=env, timeout=300)  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    assert_same(report["streamed"], report["whole"])
+    assert 0.2 < report["streamed"]["accuracy"] < 0.9 and report["classes"] == 30_000
+    fold = np.array(report["fold"])
+    assert fold.shape == (21, 21) and fold.sum() == report["n"] and report["labels"][-1].startswith("other (")
+    assert png.stat().st_size > 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
@@ -116,16 +115,14 @@ def _align(frame: pl.DataFrame, like: pl.DataFrame, keys: list[str]) -> pl.DataF
 def _score(task: str, truth: pl.Series, predicted: pl.Series) -> dict[str, float]:
     if task == "regression":
         return M.regression_metrics(truth.cast(pl.Float64).to_numpy(), predicted.cast(pl.Float64).to_numpy())
-    # served labels counted into a confusion table (no rows x labels table: a test split of millions of
-    # windows over hundreds of classes would not fit)
+    # served labels counted into a sparse confusion table (no rows x labels table, no labels x labels one: a test
+    # split of millions of windows, a target of tens of thousands of classes)
     truth, predicted = truth.cast(pl.String), predicted.cast(pl.String)
     labels = pl.concat([truth, predicted]).unique().sort()
     ids = dict(zip(labels.to_list(), range(len(labels))))
     y = truth.replace_strict(ids, return_dtype=pl.Int64).to_numpy()
     pred = predicted.replace_strict(ids, return_dtype=pl.Int64).to_numpy()
-    c = len(labels)
-    confusion = np.bincount(y * c + pred, minlength=c * c).reshape(c, c)
-    return M.label_scores(confusion)
+    return M.label_scores(M.sparse_confusion(y, pred, len(labels)))
 
 
 def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> tuple[list[pl.DataFrame], int] | str:

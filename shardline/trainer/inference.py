@@ -29,14 +29,21 @@ def _output_shape(t: TargetInfo, n: int, window: int) -> tuple[int, ...]:
     return (*shape, 1) if t.kind == "regression" and t.positions != "all" else shape
 
 
+OUTPUT_VALUES = 1 << 24  # a batch's outputs at most (64 MB of float32): a target of 36,000 classes takes 466 windows
+
+
 def predict_batches(
     model: nn.Module, data: SplitData, batch_size: int = 4096
 ) -> Iterator[tuple[int, Batch, dict[str, np.ndarray]]]:
     """The split's windows in window order, a batch at a time: (its first window's number, the batch as
     stored, each target's outputs for its windows as `predict` gives them). Only one batch's outputs are held
-    at a time. A model without a target is not run: it has no outputs to give."""
+    at a time, of at most `OUTPUT_VALUES` values: fewer windows than `batch_size` for targets of many classes
+    (whose scoring copies a batch's probabilities in float64). A model without a target is not run: it has no
+    outputs to give."""
     device = next(model.parameters()).device
     spec = data_spec_of(model.shardline_spec)
+    width = sum(int(np.prod(_output_shape(t, 1, spec.window))) for t in spec.targets)
+    batch_size = max(1, min(batch_size, OUTPUT_VALUES // max(width, 1)))
     was_training = model.training
     model.eval()
     first = 0

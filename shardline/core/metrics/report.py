@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shardline.core import storage
-from shardline.core.metrics.scores import _by_support, _class_name, _same_length, _values
+from shardline.core.metrics.scores import _by_support, _class_name, _same_length, _values, margins
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -131,9 +131,7 @@ def _short(name: str) -> str:
     return name if len(name) <= CONFUSION_NAME_CHARS else name[: CONFUSION_NAME_CHARS - 1] + "\u2026"
 
 
-def fold_confusion(
-    counts: np.ndarray, class_names: list[str], top_k: int = CONFUSION_TOP_N
-) -> tuple[np.ndarray, list[str], str]:
+def fold_confusion(counts, class_names: list[str], top_k: int = CONFUSION_TOP_N) -> tuple[np.ndarray, list[str], str]:
     """What a confusion matrix of the counts ``[C, C]`` (true class by predicted class) draws: the counts of
     the classes the test split has (true or predicted), their labels and a title.
 
@@ -141,14 +139,17 @@ def fold_confusion(
     support, then one ``other (K classes)`` row and column that adds up every other class, and the title says
     "top N of M classes by test support" (``per_class_scores`` has every class). Labels are the classes'
     names cut to ``CONFUSION_NAME_CHARS`` (ids beyond ``class_names``: their number)."""
-    counts = np.asarray(counts)
+    from scipy import sparse
+
+    counts = sparse.coo_array(counts)  # dense or sparse: the (true, predicted) pairs that occur, with their counts
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
         raise ValueError(f"counts must be a square [C, C] matrix (true by predicted class), got shape {counts.shape}")
     if counts.sum() == 0:
         raise ValueError("counts holds no sample (N=0): nothing to plot")
     names = list(class_names)
 
-    seen = (counts.sum(axis=0) + counts.sum(axis=1)) > 0
+    _, true, predicted = margins(counts)
+    seen = (true + predicted) > 0
     order = _by_support(counts)
     present = order[seen[order]]
     kept = present[:top_k]
@@ -157,7 +158,7 @@ def fold_confusion(
     slot[kept] = np.arange(len(kept))
     size = len(kept) + (1 if folded else 0)
     cm = np.zeros((len(kept) + 1, len(kept) + 1), dtype=np.int64)
-    np.add.at(cm, (slot[:, None], slot[None, :]), counts.astype(np.int64, copy=False))
+    np.add.at(cm, (slot[counts.row], slot[counts.col]), counts.data.astype(np.int64, copy=False))
 
     labels = [_short(_class_name(names, c)) for c in kept.tolist()]
     if folded:
@@ -169,7 +170,7 @@ def fold_confusion(
 
 
 def plot_confusion_counts(
-    counts: np.ndarray,
+    counts,
     class_names: list[str],
     path: str | Path,
     top_k: int = CONFUSION_TOP_N,

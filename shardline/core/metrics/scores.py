@@ -1,14 +1,15 @@
 """Evaluation metrics and naive baselines.
 
-The streaming scorers count on torchmetrics (the confusion matrix, MAE, RMSE, R², imported when a
-scorer is made); the rest is numpy.
+The streaming scorers count on scipy's sparse arrays (the confusion counts: only the (true, predicted)
+pairs that occur, so a target of 30,000 classes needs no [C, C] table) and torchmetrics (MAE, RMSE, R²,
+imported when a scorer is made); the rest is numpy.
 
 Every metric is finite: empty inputs, non-finite values and labels out of range raise
 ``ValueError`` with a message naming the problem instead of returning NaN.
 
 Two forms of each metric set: ``classification_metrics`` / ``regression_metrics`` take every
 sample at once (the reference), and ``ClassificationScores`` / ``RegressionScores`` take batches
-and keep only what the metrics need (torchmetrics' states: confusion counts, sums), so scoring a
+and keep only what the metrics need (confusion counts, torchmetrics' sums), so scoring a
 test split needs memory independent of its size; both give the same numbers
 (tests/test_metrics_streaming.py).
 """
@@ -195,17 +196,30 @@ def _empty() -> ValueError:
     return ValueError("y_true is empty (N=0): cannot compute metrics on zero samples")
 
 
-def label_scores(confusion: np.ndarray) -> dict[str, float]:
-    """Accuracy and macro F1 from a confusion table (``[C, C]`` counts, true class by predicted class):
-    what predicted labels alone say (served predictions carry no probabilities)."""
-    n = int(confusion.sum())
+def sparse_confusion(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int):
+    """The confusion counts of class ids ``y_true`` against ``y_pred`` (``[C, C]``, true class by predicted
+    class) as a scipy sparse array: only the pairs that occur are stored."""
+    from scipy import sparse
+
+    ones = np.ones(len(y_true), np.int64)
+    return sparse.coo_array((ones, (y_true, y_pred)), shape=(n_classes, n_classes)).tocsr()
+
+
+def margins(confusion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(true positives, true samples, predicted samples) per class of a confusion table (``[C, C]`` counts,
+    true class by predicted class; a numpy array or a scipy sparse one), each a 1-D int64 array."""
+    flat = lambda a: np.asarray(a).reshape(-1).astype(np.int64)
+    return flat(confusion.diagonal()), flat(confusion.sum(axis=1)), flat(confusion.sum(axis=0))
+
+
+def label_scores(confusion) -> dict[str, float]:
+    """Accuracy and macro F1 from a confusion table (``[C, C]`` counts, true class by predicted class, dense
+    or sparse): what predicted labels alone say (served predictions carry no probabilities)."""
+    tp, true, predicted = margins(confusion)
+    n = int(true.sum())
     if n == 0:
         raise _empty()
-    tp = np.diag(confusion)
-    return {
-        "accuracy": float(tp.sum() / n),
-        "macro_f1": _macro_f1(tp, confusion.sum(axis=0) - tp, confusion.sum(axis=1) - tp),
-    }
+    return {"accuracy": float(tp.sum() / n), "macro_f1": _macro_f1(tp, predicted - tp, true - tp)}
 
 
 def _class_name(names: list[str], c: int) -> str:
@@ -213,21 +227,20 @@ def _class_name(names: list[str], c: int) -> str:
     return names[c] if c < len(names) else str(c)
 
 
-def _by_support(confusion: np.ndarray) -> np.ndarray:
+def _by_support(confusion) -> np.ndarray:
     """Class ids, most true samples first (then most predicted, then the lowest id)."""
-    ids = np.arange(confusion.shape[0])
-    return np.lexsort((ids, -confusion.sum(axis=0), -confusion.sum(axis=1)))
+    _, true, predicted = margins(confusion)
+    return np.lexsort((np.arange(len(true)), -predicted, -true))
 
 
-def per_class_scores(confusion: np.ndarray, class_names: list[str]) -> list[dict]:
+def per_class_scores(confusion, class_names: list[str]) -> list[dict]:
     """One row per class of a confusion table (``[C, C]`` counts, true class by predicted class), most true
     samples (support) first: ``class`` (its name), ``support``, ``predicted`` (how often it was predicted),
     ``precision``, ``recall`` and ``f1``. A score is None where it is undefined (precision of a class never
     predicted, recall of a class with no sample, F1 of a class with neither), so the mean of the F1s given
     is the macro F1 (``label_scores``)."""
-    confusion = np.asarray(confusion)
     names = list(class_names)
-    tp, support, predicted = np.diag(confusion), confusion.sum(axis=1), confusion.sum(axis=0)
+    tp, support, predicted = margins(confusion)
     rows = []
     for c in _by_support(confusion).tolist():
         t, s, p = int(tp[c]), int(support[c]), int(predicted[c])
@@ -259,10 +272,10 @@ def _regression_metrics():
 class ClassificationScores:
     """``classification_metrics`` batch by batch, and the majority baseline's, in memory independent of N.
 
-    ``update(y_true, probs)`` takes one batch (``[B]`` class ids, ``[B, C]`` probabilities) into
-    torchmetrics' confusion matrix (``[C, C]`` counts, true class by predicted class) and adds its top-5
-    hits and log losses; accuracy and macro F1 follow from the counts in float64 (torchmetrics' own
-    accuracy and F1 divide in float32: 0.374 would be logged as 0.37400001). So ``metrics()`` equals
+    ``update(y_true, probs)`` takes one batch (``[B]`` class ids, ``[B, C]`` probabilities) into the
+    confusion counts (``[C, C]``, true class by predicted class, sparse: the pairs that occur, at most one a
+    sample, so 30,000 classes need no 7 GB table) and adds its top-5 hits and log losses; accuracy and macro
+    F1 follow from the counts in float64. So ``metrics()`` equals
     ``classification_metrics`` on every batch at once: counts and accuracies exactly, the log loss to
     rounding (its terms are added in another order).
 
@@ -277,14 +290,12 @@ class ClassificationScores:
         counts = np.asarray(train_class_counts, dtype=np.float64)
         if counts.shape != (c,):
             raise ValueError(f"train_class_counts must hold one count per class ({c}), got shape {counts.shape}")
-        from torchmetrics.classification import MulticlassConfusionMatrix
-
         self.n_classes = c
         self.train_class_counts = counts
         self.n = 0
         self.top_k_hits = 0
         self.log_loss_sum = 0.0
-        self._confusion = MulticlassConfusionMatrix(c)  # int64 counts, true class by predicted class
+        self._confusion = sparse_confusion(np.zeros(0, np.int64), np.zeros(0, np.int64), c)
 
     def update(self, y_true: np.ndarray, probs: np.ndarray) -> None:
         """Count one batch: ``y_true`` ``[B]`` class ids, ``probs`` ``[B, C]`` (float32 is widened first, as
@@ -298,21 +309,20 @@ class ClassificationScores:
         if y.size == 0:
             return
         _check_probs(y, p)
-        import torch
-
-        self._confusion.update(torch.from_numpy(p), torch.from_numpy(y))
+        self._confusion = self._confusion + sparse_confusion(y, np.argmax(p, axis=1), c)
         self.top_k_hits += _top_k_hits(y, p)
         self.log_loss_sum += float(np.sum(_log_losses(y, p)))
         self.n += len(y)
 
     @property
-    def confusion(self) -> np.ndarray:
-        """``[C, C]`` counts so far (int64), true class by predicted class: torchmetrics' confusion matrix."""
-        return self._confusion.compute().numpy().astype(np.int64)
+    def confusion(self):
+        """``[C, C]`` counts so far (int64), true class by predicted class: a scipy sparse array (``.toarray()``
+        for a dense one, of C x C int64)."""
+        return self._confusion
 
     def metrics(self) -> dict[str, float]:
         """What ``classification_metrics`` reports for every sample counted so far."""
-        if self.n == 0:  # before torchmetrics' compute, which would warn of no update first
+        if self.n == 0:
             raise _empty()
         label = label_scores(self.confusion)
         return {
@@ -328,7 +338,7 @@ class ClassificationScores:
         if self.n == 0:
             raise _empty()
         dist = majority_baseline_probs(self.train_class_counts, 1)[0]  # the row every sample is given
-        true = self.confusion.sum(axis=1)  # samples per true class
+        _, true, _ = margins(self.confusion)  # samples per true class
         n, c = self.n, self.n_classes
         majority = int(np.argmax(dist))  # every sample's prediction (the lowest id on ties)
         k = min(TOP_K, c)
