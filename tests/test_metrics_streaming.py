@@ -77,6 +77,24 @@ def test_classification_scores_equal_the_whole_array_metrics(n, c, ties):
     assert_same(scores.baseline(), classification_metrics(y, majority_baseline_probs(train_counts, n)))
 
 
+def test_classification_counts_folded_in_as_they_pile_up_equal_the_whole_array_metrics(monkeypatch):
+    """The (true, predicted) pairs are added to the sparse counts a batch of pairs at a time: with that batch
+    smaller than the scorer's, every update folds, and the counts are those of every sample at once."""
+    import shardline.core.metrics.scores as scores_module
+
+    monkeypatch.setattr(scores_module, "PENDING_PAIRS", 100)
+    rng = np.random.default_rng(7)
+    n, c = 2000, 50
+    y = np.minimum(rng.zipf(1.6, size=n), c - 1).astype(np.int64)
+    probs = probabilities(rng, n, c, ties=False)
+    scores = ClassificationScores(c, np.ones(c))
+    for lo, hi in batches(n, rng):
+        scores.update(y[lo:hi], probs[lo:hi])
+        assert scores._pending_n < 100 + (hi - lo)
+    assert scores.confusion.sum() == n and scores._pending_n == 0
+    assert_same(scores.metrics(), classification_metrics(y, probs))
+
+
 def test_classification_baseline_with_tied_and_absent_classes():
     """Training counts that tie (the lowest id is the majority) and a majority class absent from the test."""
     train_counts = np.array([0, 5, 5, 0, 2, 2, 2, 0, 0], dtype=np.float64)

@@ -190,6 +190,7 @@ def majority_baseline_probs(train_class_counts: np.ndarray, n: int) -> np.ndarra
 # --------------------------------------------------------------------------- streaming: batch by batch
 
 RESIDUAL_SAMPLE = 50_000
+PENDING_PAIRS = 1 << 20  # (true, predicted) pairs a ClassificationScores buffers before adding them to its counts
 
 
 def _empty() -> ValueError:
@@ -296,6 +297,8 @@ class ClassificationScores:
         self.top_k_hits = 0
         self.log_loss_sum = 0.0
         self._confusion = sparse_confusion(np.zeros(0, np.int64), np.zeros(0, np.int64), c)
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (true, predicted) ids not yet in the counts
+        self._pending_n = 0
 
     def update(self, y_true: np.ndarray, probs: np.ndarray) -> None:
         """Count one batch: ``y_true`` ``[B]`` class ids, ``probs`` ``[B, C]`` (float32 is widened first, as
@@ -309,15 +312,25 @@ class ClassificationScores:
         if y.size == 0:
             return
         _check_probs(y, p)
-        self._confusion = self._confusion + sparse_confusion(y, np.argmax(p, axis=1), c)
+        self._pending.append((y, np.argmax(p, axis=1)))
+        self._pending_n += len(y)
+        if self._pending_n >= PENDING_PAIRS:  # folded in a million at a time: a sum per batch would cost the
+            self._fold()  # whole table's size per batch (millions of test windows in batches of a few hundred)
         self.top_k_hits += _top_k_hits(y, p)
         self.log_loss_sum += float(np.sum(_log_losses(y, p)))
         self.n += len(y)
+
+    def _fold(self) -> None:
+        if self._pending:
+            y, pred = (np.concatenate(a) for a in zip(*self._pending))
+            self._confusion = self._confusion + sparse_confusion(y, pred, self.n_classes)
+            self._pending, self._pending_n = [], 0
 
     @property
     def confusion(self):
         """``[C, C]`` counts so far (int64), true class by predicted class: a scipy sparse array (``.toarray()``
         for a dense one, of C x C int64)."""
+        self._fold()
         return self._confusion
 
     def metrics(self) -> dict[str, float]:
