@@ -304,3 +304,27 @@ def test_forecast_is_refused_where_no_row_comes_after_the_input():
     ):
         with pytest.raises(DataError, match=f"--forecast: {said}.*; predict without it"):
             Predictor(spec.model_copy(update=update), model).predict_frame(rows, forecast=True)
+
+
+def test_predict_reads_only_the_columns_the_model_takes(tmp_path):
+    """A folder of files whose other columns do not go together (a column of numbers in one file, of lists in
+    another: a wide export, a column added later) predicts from the columns the model takes: those alone are read,
+    so the rest neither fails the input ('cannot put the files ... together') nor fills the memory (the demo's
+    80 columns for a model of 8). A file that lacks a column the model takes is still named."""
+    from mlflow.types import ColSpec, Schema
+
+    from shardline.app.predict_input import read_input
+
+    schema = Schema([ColSpec("string", "seq"), ColSpec("long", "t"), ColSpec("double", "x")])
+    (tmp_path / "in").mkdir()
+    pl.DataFrame({"seq": ["a", "a"], "t": [1, 2], "x": [0.5, 1.5], "notes": [1, 2]}).write_parquet(
+        tmp_path / "in/1.parquet"
+    )
+    pl.DataFrame({"seq": ["b"], "t": [1], "x": [2.5], "notes": [[1, 2]]}).write_parquet(tmp_path / "in/2.parquet")
+    rows = read_input(str(tmp_path / "in"), schema)
+    assert rows.columns == ["seq", "t", "x"] and rows["x"].to_list() == [0.5, 1.5, 2.5]
+    with pytest.raises(ValueError, match="cannot put the files"):  # all of them, as before: the lists do not go
+        read_input(str(tmp_path / "in"))
+    pl.DataFrame({"seq": ["c"], "t": [1]}).write_parquet(tmp_path / "in/3.parquet")
+    with pytest.raises(ValueError, match=r"3.parquet \(of .*\) lacks column\(s\) \['x'\] that the model takes"):
+        read_input(str(tmp_path / "in"), schema)

@@ -389,7 +389,7 @@ def predict(
     model = _load_model(model_uri, tracking_uri)
     schema = model.metadata.get_input_schema()
     try:
-        df = read_input(input_path, schema.required_input_names() if schema is not None else None)
+        df = read_input(input_path, schema)
     except ValueError as e:
         _fail(str(e), 2)
     from shardline.trainer.serving import naive_utc

@@ -3,6 +3,8 @@ the registered models a URI naming none may have meant."""
 
 from __future__ import annotations
 
+import io
+
 import polars as pl
 
 from shardline.core import storage
@@ -10,28 +12,32 @@ from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.write import in_one_zone
 
 
-def read_input(input_path: str, required: list[str] | None = None) -> pl.DataFrame:
+def read_input(input_path: str, schema=None) -> pl.DataFrame:
     """`predict`'s rows: a parquet file, or every `*.parquet` of a folder (its subfolders too) or of a glob, local
     or in an object store (`s3://...`), listed and read one by one and put together as `shardline run` takes them:
     a column one file lacks is null there, numbers of different types take the wider one, date-times in different
-    zones the same instants. A file that does not read, or one of several that lacks a `required` column (the
-    model takes it), is named (ValueError)."""
+    zones the same instants. With the model's input `schema` (MLflow's), only the columns it takes are read (a
+    file of the demo's 80 columns, for a model of 8, is read at a tenth of its size); a file that does not read, or
+    one of several that lacks a column the model requires, is named (ValueError)."""
     files = storage.list_source(input_path)
     if not files:
         raise ValueError(f"no parquet file in {input_path}{storage.no_bucket(input_path)}")
+    wanted = schema.input_names() if schema is not None else None
+    required = schema.required_input_names() if schema is not None else []
     frames = []
     for f in files:
         try:
             if storage.is_remote(f):
                 with storage.filesystem(f)[0].open(f, "rb") as stream:
-                    frames.append(pl.read_parquet(stream))
+                    frame = _read(io.BytesIO(stream.read()), wanted)
             else:
-                frames.append(pl.read_parquet(f))
+                frame = _read(f, wanted)
         except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
             raise ValueError(f"cannot read {f}: {e}") from None
-        missing = [c for c in required or [] if c not in frames[-1].columns]
+        missing = [c for c in required if c not in frame.columns]
         if missing and len(files) > 1:
             raise ValueError(f"{f} (of {input_path}) lacks column(s) {missing} that the model takes")
+        frames.append(frame)
     if len(frames) == 1:
         return frames[0]
     try:
@@ -40,11 +46,19 @@ def read_input(input_path: str, required: list[str] | None = None) -> pl.DataFra
         raise ValueError(f"cannot put the files of {input_path} together: {e}") from None
 
 
+def _read(source, wanted: list[str] | None) -> pl.DataFrame:
+    """A parquet file (a path, or its bytes), its columns in `wanted` only (None: all of them)."""
+    if wanted is None:
+        return pl.read_parquet(source)
+    names = pl.read_parquet_schema(source).keys()
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    return pl.read_parquet(source, columns=[c for c in names if c in set(wanted)])
+
+
 def write_output(frame: pl.DataFrame, out: str) -> None:
     """`predict`'s predictions as the parquet file `out`, local or in an object store, written whole or not at
     all (a local file aside, then renamed; an object in one put)."""
-    import io
-
     buf = io.BytesIO()
     frame.write_parquet(buf)
     storage.write_bytes(out, buf.getbuffer())
