@@ -254,14 +254,14 @@ def test_a_model_without_a_target_is_scored_by_its_own_loss_and_its_predictions_
 
 CLASSES = 400
 # the process's own high-water mark of resident memory (VmHWM: reset by exec, unlike ru_maxrss, which
-# carries over the RSS of the forked parent, here pytest's)
-MEMORY_CHILD = """
+# carries over the RSS of the forked parent, here pytest's); torch imported before the count starts, so it counts
+# evaluation (or prediction) only
+CHILD_HEAD = """
 import json, sys
 from pathlib import Path
 
 from shardline.core.config import validate_config
-from shardline.tasks.evaluate import evaluate_model
-from shardline.trainer.loop import FitResult  # torch: imported before the count starts, so it counts evaluation only
+from shardline.trainer.loop import FitResult
 
 def high_water_kib():
     status = Path("/proc/self/status").read_text()
@@ -269,33 +269,31 @@ def high_water_kib():
 
 run = json.loads(Path(sys.argv[1]).read_text())
 config = validate_config(run["config"])
+"""
+MEMORY_CHILD = (
+    CHILD_HEAD
+    + """
+from shardline.tasks.evaluate import evaluate_model
+
 before = high_water_kib()
 result = evaluate_model(run["manifest"], FitResult(**run["trained"]), config, Path(sys.argv[2]))
 peak = high_water_kib()
 print(json.dumps({"before_kib": before, "peak_kib": peak, "test_windows": result["test_windows"],
                   "metrics": result["metrics"]}))
 """
-
+)
 # `shardline predict`'s own path (the registered model's `Predictor.predict_frame`) over raw rows already read
-PREDICT_CHILD = """
-import json, sys
-from pathlib import Path
-
+PREDICT_CHILD = (
+    CHILD_HEAD
+    + """
 import polars as pl
 
-from shardline.core.config import validate_config
 from shardline.core.manifest import Manifest
 from shardline.core.storage import read_text
 from shardline.trainer.inference import load_model
 from shardline.trainer.models import model_spec_for
 from shardline.trainer.serving import Predictor, data_spec
 
-def high_water_kib():
-    status = Path("/proc/self/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
-
-run = json.loads(Path(sys.argv[1]).read_text())
-config = validate_config(run["config"])
 spec = Manifest.model_validate_json(read_text(run["manifest"])).encoding
 model = load_model(run["trained"]["best_checkpoint"], model_spec_for(config.model, data_spec(spec)))
 rows = pl.read_parquet(sys.argv[2])
@@ -304,6 +302,7 @@ predictions = Predictor(spec, model).predict_frame(rows)
 peak = high_water_kib()
 print(json.dumps({"before_kib": before, "peak_kib": peak, "rows": rows.height, "predictions": predictions.height}))
 """
+)
 
 
 def many_classes_raw(folder: Path, n_seq: int, rows: int) -> None:
@@ -350,15 +349,15 @@ def test_evaluation_memory_does_not_grow_with_the_test_split(tmp_path):
     run = {"manifest": uri, "trained": dataclasses.asdict(trained), "config": cfg}
     (tmp_path / "run.json").write_text(json.dumps(run))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.run(
-        [sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "run.json"), str(tmp_path / "eval")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    report = json.loads(child.stdout.strip().splitlines()[-1])
+
+    def child(code: str, arg: Path) -> dict:
+        """`code` run in a fresh process on the run, its report."""
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run.json"), str(arg)], capture_output=True,
+                              text=True, env=env, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    report = child(MEMORY_CHILD, tmp_path / "eval")
 
     probs_bytes = report["test_windows"] * (CLASSES + 1) * 4  # what the whole-array path held first
     assert probs_bytes > 1.1e9, report
@@ -374,15 +373,7 @@ def test_evaluation_memory_does_not_grow_with_the_test_split(tmp_path):
 
     # `shardline predict` over every raw row (~780k windows x 401 classes): its predictions are decoded a batch at a
     # time too (it held every window's probabilities, 1.25 GB here, and grew by 1.4 GB)
-    child = subprocess.run(
-        [sys.executable, "-c", PREDICT_CHILD, str(tmp_path / "run.json"), str(tmp_path / "raw" / "*.parquet")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    report = json.loads(child.stdout.strip().splitlines()[-1])
+    report = child(PREDICT_CHILD, tmp_path / "raw" / "*.parquet")
     grown = (report["peak_kib"] - report["before_kib"]) * 1024
     print(f"predict over {report['rows']} rows: peak RSS {mib(report['peak_kib'] * 1024)}, grew {mib(grown)}")
     assert report["predictions"] == 400 * (1950 - cfg["data"]["window"] - cfg["data"].get("horizon", 1) + 1), report
