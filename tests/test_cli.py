@@ -107,7 +107,7 @@ def test_a_typo_in_a_column_is_caught_before_any_work_and_said_once(tmp_path):
     cfg["data"]["features"]["categorical"] = ["knid"]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
 
-    from shardline.core.config import load_config
+    from shardline.core.config import load_config, validate_config
     from shardline.core.encoding.columns import DataError
     from shardline.tasks.ingest import snapshot_source
 
@@ -121,6 +121,19 @@ def test_a_typo_in_a_column_is_caught_before_any_work_and_said_once(tmp_path):
     (tmp_path / "good.yaml").write_text(yaml.safe_dump(good))
     ok = shardline("check-config", tmp_path / "good.yaml")
     assert ok.returncode == 0 and "# the columns fit" in ok.stdout
+
+    # a column that is a folder name of a hive-style layout (day=1/...), not in the files: said so, once for them all
+    import shutil
+
+    for i, f in enumerate(sorted((tmp_path / "raw").glob("*.parquet"))):
+        (tmp_path / "hive" / f"day={i}").mkdir(parents=True)
+        shutil.copy(f, tmp_path / "hive" / f"day={i}" / "part-0.parquet")
+    hive = tiny_config(str(tmp_path / "hive"), "store")
+    hive["data"]["features"]["categorical"] = ["kind", "day"]
+    with pytest.raises(DataError) as e:
+        snapshot_source(validate_config(hive).data)
+    said = "missing column 'day' (the categorical in data.features); it is in the file's folder name (day=...: a "
+    assert str(e.value).count(said + "hive-style partition)") == 1 and "4 files (" in str(e.value), str(e.value)
 
 
 @pytest.mark.e2e

@@ -78,8 +78,8 @@ def expected_columns(data: DataConfig) -> dict[str, str]:
     return roles
 
 
-def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
-    """Reasons this file cannot be used (empty when it fits the config)."""
+def check_schema(schema: pa.Schema, data: DataConfig, uri: str = "") -> list[str]:
+    """Reasons the file `uri` cannot be used (empty when it fits the config)."""
     import difflib
 
     problems = []
@@ -88,6 +88,11 @@ def check_schema(schema: pa.Schema, data: DataConfig) -> list[str]:
         if idx < 0:
             close = difflib.get_close_matches(col, schema.names, n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            if f"/{col}=" in uri:  # the same words for every such file: their reasons are said once, grouped
+                hint = (
+                    f"; it is in the file's folder name ({col}=...: a hive-style partition), and Shardline reads "
+                    f"columns from inside the files: write '{col}' into them."
+                )
             shown = ", ".join(schema.names[:30]) + (
                 f", ... ({len(schema.names)} in all)" if len(schema.names) > 30 else ""
             )
@@ -172,7 +177,7 @@ def first_file_problems(data: DataConfig) -> tuple[str | None, list[str]]:
     fs, path = filesystem(uris[0])
     with fs.open(path, "rb") as f:
         schema = pq.read_schema(f)
-    return uris[0], check_schema(schema, data)
+    return uris[0], check_schema(schema, data, uris[0])
 
 
 def _version(info: dict) -> str:
@@ -272,7 +277,7 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
         except Exception as e:  # noqa: BLE001 - unreadable footer: a truncated or non-parquet file
             rejected.append(RejectedFile(uri=uri, reason=f"not a readable parquet file ({type(e).__name__}: {e})"))
             continue
-        problems = check_schema(schema, data)
+        problems = check_schema(schema, data, uri)
         if problems:
             rejected.append(RejectedFile(uri=uri, reason="; ".join(problems)))
         elif meta.num_rows == 0:  # nothing to train on: left out, so the data is the same data and nothing reruns
