@@ -251,3 +251,23 @@ def test_a_tokenizer_file_that_is_not_there_is_refused_before_any_work(tmp_path)
         out = shardline(command, tmp_path / "c.yaml")
         assert out.returncode == 2 and f"data.tokenizer.file '{tmp_path / 'nope.json'}' does not exist" in out.stderr
     assert not (tmp_path / "store").exists()
+
+
+def test_a_full_disk_is_said_naming_the_file_its_free_space_and_what_to_do(tmp_path):
+    """ENOSPC, however deep in the chain of errors a step raised (MLflow's copy of a model's weights into the
+    storage root, then Prefect's failed result write, then the flow's failure), is said as the file it could not
+    write, its disk's free space and what to do; any other error is not."""
+    import errno
+
+    from shardline.core.failures import out_of_space
+
+    dest = tmp_path / "store" / "mlflow-artifacts" / "weights.pt"
+    copy = OSError(errno.ENOSPC, "No space left on device", "/tmp/aside/weights.pt", None, str(dest))
+    result = OSError(errno.ENOSPC, "No space left on device")  # no file named
+    flow = RuntimeError("the register step failed")
+    result.__context__, flow.__context__ = copy, result
+    said = out_of_space(flow)
+    assert said.startswith(f"no space left on the disk of {dest} (") and " MB free): " in said, said
+    assert "shardline gc CONFIG" in said and "run the same command again" in said
+    assert out_of_space(OSError(errno.EACCES, "Permission denied", str(dest))) == ""
+    assert out_of_space(ValueError("no")) == ""

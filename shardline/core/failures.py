@@ -124,6 +124,32 @@ def raised_in_your_code(e: BaseException) -> str:
     return f" ({type(e).__name__} raised at {name}:{line}; --verbose shows the traceback)"
 
 
+def out_of_space(e: BaseException) -> str:
+    """What to do when `e`, or an error it was raised from, is a full disk (ENOSPC): the file it could not write
+    (a copy's or a rename's destination first) and the free space of its disk; else ''."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    full, path, seen = None, None, set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            full, path = full or e, path or e.filename2 or e.filename
+        e = e.__cause__ or e.__context__
+    if full is None:
+        return ""
+    where, free = (f" of {path}", "") if path else ("", "")
+    if path:
+        disk = next((p for p in Path(str(path)).parents if p.exists()), None)
+        free = f" ({shutil.disk_usage(disk).free / 1e6:,.1f} MB free)" if disk else ""
+    return (
+        f"no space left on the disk{where}{free}: free some (`shardline gc CONFIG` deletes the data sets, runs and "
+        "cached results nothing refers to) or give it more room; every write is put aside, then renamed, so what was "
+        "written before is whole: run the same command again to go on"
+    )
+
+
 # a mistake in the config or the data, and a stop that is no fault (a preemption, the budget spent)
 QUIET_ERRORS = ("DataError", "ConfigError", "ModelContractError", "EncodingMismatch", "ValueError", "Preempted")
 # ...and a store or a tracking server that answers no connection, said naming it and its setting
