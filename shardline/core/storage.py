@@ -6,6 +6,7 @@ puts are atomic per object, and a reader trusts only what a manifest (written la
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import posixpath
@@ -185,6 +186,10 @@ def write_bytes(uri: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
+    except OSError as e:  # a full disk, said with the file it could not take (a write names none)
+        if e.errno == errno.ENOSPC and not e.filename:
+            raise OSError(e.errno, e.strerror, str(target)) from e
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
