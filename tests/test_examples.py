@@ -217,6 +217,7 @@ def test_small_lm_example(tmp_path, prefect_api):
 
     import mlflow
     import pandas as pd
+    import polars as pl
 
     mlflow.set_tracking_uri(f"sqlite:///{folder / 'store' / 'mlflow.db'}")
     options = {"--max-tokens": "max_tokens", "--temperature": "temperature", "--top-k": "top_k", "--seed": "seed"}
@@ -229,6 +230,20 @@ def test_small_lm_example(tmp_path, prefect_api):
         want = model.predict(pd.DataFrame({column: [given["--prompt"]]}), params=params)["generated"][0]
         assert run_commands([command], folder) == want + "\n", command
     assert len(generating) >= 3 and any("--temperature" in c for c in generating)
+    # `shardline predict` on the text model: each row's next token, and as many new tokens as --max-tokens asks
+    # (0: none: scoring many rows need not generate 32 tokens for each)
+    model = mlflow.pyfunc.load_model("models:/small-lm@champion")
+    (column,) = model.unwrap_python_model().predictor.spec.text.columns
+    rows = pd.DataFrame({column: ["def add(a, b):", "class Point:", "return the"]})
+    pl.from_pandas(rows).write_parquet(folder / "rows.parquet")
+    tracking = f"--tracking-uri sqlite:///{folder / 'store' / 'mlflow.db'}"
+    for n in (0, 2):
+        run_commands([f"shardline predict models:/small-lm@champion rows.parquet --out p{n}.parquet --max-tokens {n} "
+                      f"{tracking}"], folder)  # fmt: skip
+        got = pl.read_parquet(folder / f"p{n}.parquet")
+        want = model.predict(rows, params={"max_tokens": n})
+        assert got["generated"].to_list() == list(want["generated"]) and got["next_token"].null_count() == 0
+    assert set(pl.read_parquet(folder / "p0.parquet")["generated"]) == {""}
 
 
 @pytest.mark.parametrize("example", ["world_model", "pretrain_finetune", "two_tower", "small_lm"])

@@ -376,6 +376,7 @@ def predict(
         None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./shardline-home/mlflow.db)"
     ),
     forecast: bool = typer.Option(False, "--forecast", help="one per sequence: the row data.horizon past its last"),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="a text model's new tokens a row (32; 0: none)"),
 ) -> None:
     """Write one prediction per window in INPUT, keyed by sequence key and order column so it joins back."""
     import polars as pl
@@ -411,7 +412,8 @@ def predict(
         from shardline.core.encoding.columns import DataError
 
         try:
-            result = predictor.predict_frame(df, forecast=forecast)
+            params = None if max_tokens is None else {"max_tokens": max_tokens}  # generation: text models only
+            result = predictor.predict_frame(df, forecast=forecast, params=params)
         except DataError as e:
             _fail(f"{input_path}: {e}", 2)
     elif forecast:
@@ -419,11 +421,9 @@ def predict(
     else:  # a model registered before its bundle kept the input's types: MLflow's schema enforcement, through
         # pandas, which takes naive date-times only: time zones go in as UTC and come back in the input's zone
         result = pl.from_pandas(model.predict(naive_utc(df.to_pandas())))
-        for c, dtype in df.schema.items():
-            if c in result.columns and isinstance(dtype, pl.Datetime) and dtype.time_zone:
-                result = result.with_columns(
-                    pl.col(c).dt.replace_time_zone("UTC").dt.convert_time_zone(dtype.time_zone)
-                )
+        for c, t in df.schema.items():
+            if c in result.columns and isinstance(t, pl.Datetime) and t.time_zone:
+                result = result.with_columns(pl.col(c).dt.replace_time_zone("UTC").dt.convert_time_zone(t.time_zone))
     for c, dtype in df.schema.items():  # the keys in the input's own types (a join needs no cast)
         if c in result.columns and result.schema[c] != dtype:
             result = result.with_columns(pl.col(c).cast(dtype))
