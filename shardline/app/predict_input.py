@@ -50,10 +50,11 @@ def _read(source, wanted: list[str] | None) -> pl.DataFrame:
     """A parquet file (a path, or its bytes), its columns in `wanted` only (None: all of them)."""
     if wanted is None:
         return pl.read_parquet(source)
-    names = pl.read_parquet_schema(source).keys()
+    taken = set(wanted)
+    names = [c for c in pl.read_parquet_schema(source) if c in taken]
     if isinstance(source, io.BytesIO):
         source.seek(0)
-    return pl.read_parquet(source, columns=[c for c in names if c in set(wanted)])
+    return pl.read_parquet(source, columns=names)
 
 
 def write_output(frame: pl.DataFrame, out: str) -> None:

@@ -139,10 +139,9 @@ def out_of_space(e: BaseException) -> str:
         e = e.__cause__ or e.__context__
     if full is None:
         return ""
-    where, free = (f" of {path}", "") if path else ("", "")
-    if path:
-        disk = next((p for p in Path(str(path)).parents if p.exists()), None)
-        free = f" ({shutil.disk_usage(disk).free / 1e6:,.1f} MB free)" if disk else ""
+    disk = next((p for p in Path(str(path)).parents if p.exists()), None) if path else None
+    free = f" ({shutil.disk_usage(disk).free / 1e6:,.1f} MB free)" if disk else ""
+    where = f" of {path}" if path else ""
     return (
         f"no space left on the disk{where}{free}: free some (`shardline gc CONFIG` deletes the data sets, runs and "
         "cached results nothing refers to) or give it more room; every write is put aside, then renamed, so what was "
