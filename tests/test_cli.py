@@ -122,18 +122,19 @@ def test_a_typo_in_a_column_is_caught_before_any_work_and_said_once(tmp_path):
     ok = shardline("check-config", tmp_path / "good.yaml")
     assert ok.returncode == 0 and "# the columns fit" in ok.stdout
 
-    # a column that is a folder name of a hive-style layout (day=1/...), not in the files: said so, once for them all
+    # a column that is a folder name of a hive-style layout (day=1/...) above data.source's folder: said so, once
     import shutil
 
     for i, f in enumerate(sorted((tmp_path / "raw").glob("*.parquet"))):
-        (tmp_path / "hive" / f"day={i}").mkdir(parents=True)
-        shutil.copy(f, tmp_path / "hive" / f"day={i}" / "part-0.parquet")
-    hive = tiny_config(str(tmp_path / "hive"), "store")
-    hive["data"]["features"]["categorical"] = ["kind", "day"]
+        (tmp_path / "hive" / "day=1" / f"part={i}").mkdir(parents=True)
+        shutil.copy(f, tmp_path / "hive" / "day=1" / f"part={i}" / "part-0.parquet")
+    hive = tiny_config(str(tmp_path / "hive" / "day=1"), "store")
+    hive["data"]["features"]["categorical"] = ["kind", "day", "part"]  # `part` is below it: read
     with pytest.raises(DataError) as e:
         snapshot_source(validate_config(hive).data)
-    said = "missing column 'day' (the categorical in data.features); it is in the file's folder name (day=...: a "
-    assert str(e.value).count(said + "hive-style partition)") == 1 and "4 files (" in str(e.value), str(e.value)
+    said = "missing column 'day' (the categorical in data.features); it is in a folder name (day=...: a "
+    assert str(e.value).count(said + "hive-style partition) above") == 1 and "4 files (" in str(e.value), str(e.value)
+    assert "'part'" not in str(e.value)
 
 
 @pytest.mark.e2e

@@ -744,3 +744,69 @@ def test_a_file_sequence_splits_the_same_wherever_the_raw_files_lie(tmp_path, se
         shards.append([(s.split, s.rows, s.sha256) for s in encode_all(cfg)[3].shards])
     assert shards[0] == shards[1]
     assert {split for split, rows, _ in shards[0] if rows} == {"train", "validation", "test"}
+
+
+@pytest.mark.parametrize("per_group", [1, 2])
+def test_hive_style_folders_are_columns_as_if_written_into_the_files(raw_dir, tmp_path, per_group):
+    """`season=2020/region=eu/part-0.parquet`: the folder names below data.source's folder are columns, typed as
+    polars types hive partitions, and encode to the very shards of the same values written into the files (one
+    file a group: read file by file; two: the group's one scan). A file holding the column itself is read from it.
+    Predict's input, registration's sample and the rehearsal's copies take them the same way."""
+    from shardline.app.predict_input import read_input
+    from shardline.app.rehearse import copy_sample
+    from shardline.core.encoding.write import _scan_local, read_group
+    from shardline.tasks.ingest import raw_sample
+
+    flat, hive = tmp_path / "flat", tmp_path / "hive"
+    flat.mkdir()
+    for j, f in enumerate(sorted(raw_dir.glob("*.parquet"))):
+        df = pl.read_parquet(f).drop("season")
+        region = ["eu", "us"][j % 2]
+        df.with_columns(pl.lit(2020 + j, pl.Int64).alias("season"), pl.lit(region).alias("region")).write_parquet(
+            flat / f"s-{j}.parquet"
+        )
+        (hive / f"season={2020 + j}" / f"region={region}").mkdir(parents=True)
+        df.write_parquet(hive / f"season={2020 + j}" / f"region={region}" / "part-0.parquet")
+    over = {
+        "data.split": {
+            "method": "range",
+            "column": "season",
+            "ranges": {"train": [None, 2021], "validation": [2022, 2022], "test": [2023, None]},
+        },
+        "data.files_per_group": per_group,
+    }
+    manifests = []
+    for source in (str(flat / "*.parquet"), str(hive)):
+        raw = tiny_config(source, str(tmp_path / f"store-{len(manifests)}"), **over)
+        raw["data"]["features"]["categorical"] = ["kind", "region"]
+        cfg = validate_config(raw)
+        manifests.append((*encode_all(cfg), cfg))
+    (_, flat_spec, flat_out, flat_m, _), (snap, spec, out, m, cfg) = manifests
+    assert m.rows == flat_m.rows == {"train": 6 * 60, "validation": 3 * 60, "test": 3 * 60}
+    assert spec == flat_spec and spec.categorical[1].values == ["eu", "us"]
+    for split in m.rows:
+        for a, b in zip(m.shards_of(split), flat_m.shards_of(split), strict=True):
+            got, want = shard_arrays(m, out, a), shard_arrays(flat_m, flat_out, b)
+            assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in got), split
+
+    # typed as polars types them; a file holding the column itself keeps its own values
+    first = snap.files[0]
+    frame = read_group([first], cfg.data)
+    assert frame.schema["season"] == pl.Int64 and frame["region"].unique().to_list() == ["eu"]
+    scanned = _scan_local([f.uri for f in snap.files], cfg.data)  # the fast path takes them too
+    assert scanned is not None and scanned["region"].to_list() == (["eu"] * 180 + ["us"] * 180) * 2
+    assert scanned["season"].to_list() == [s for s in range(2020, 2024) for _ in range(180)]
+    own = Path(first.uri)
+    pl.read_parquet(own).with_columns(pl.lit("zz").alias("region")).write_parquet(own)
+    assert read_group([first], cfg.data)["region"].unique().to_list() == ["zz"]
+    assert snapshot_source(cfg.data).files[0].uri == first.uri  # accepted by the footer check either way
+
+    # predict reads them (a folder of them, or one file below it), registration's sample too
+    got = read_input(str(hive))
+    assert got.height == 12 * 60 and sorted(got["region"].unique().to_list()) == ["eu", "us", "zz"]
+    assert got.schema["season"] == pl.Int64 and sorted(got["season"].unique().to_list()) == [2020, 2021, 2022, 2023]
+    sample = raw_sample(snap.files[1].uri, ["x", "region", "season"], rows=3, source=cfg.data.source)
+    assert sample["region"].tolist() == ["us"] * 3 and sample["season"].tolist() == [2021] * 3
+    # the rehearsal's copies keep their folders (the same file name in four folders: four files)
+    copied = copy_sample(cfg, str(tmp_path / "rehearsal"), 4)
+    assert len(set(copied)) == 4 and all("/raw/season=" in c for c in copied)

@@ -9,6 +9,7 @@ import polars as pl
 
 from shardline.core import storage
 from shardline.core.encoding.columns import DataError
+from shardline.core.encoding.folders import folder_columns, folder_values, with_columns
 from shardline.core.encoding.write import in_one_zone
 
 
@@ -32,6 +33,8 @@ def read_input(input_path: str, schema=None) -> pl.DataFrame:
                     frame = _read(io.BytesIO(stream.read()), wanted)
             else:
                 frame = _read(f, wanted)
+            # hive-style folders below the input's folder (dt=.../part-0.parquet): their columns, as `run` reads them
+            frame = with_columns(frame, folder_columns(f, input_path, wanted or folder_values(f, input_path), frame))
         except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
             raise ValueError(f"cannot read {f}: {e}") from None
         missing = [c for c in required if c not in frame.columns]

@@ -30,7 +30,7 @@ def rehearsal_config(
 
     raw = config.model_dump(mode="json", context=KEEP_SECRETS)  # a config for this process to run
     raw["name"] = f"{config.name}-rehearsal"
-    raw["data"]["source"] = storage.join(root, "raw", "*.parquet")
+    raw["data"]["source"] = storage.join(root, "raw")  # the copies keep their paths below the source's folder
     raw["storage"]["root"] = root
     raw["mlflow"]["experiment"] = f"{config.mlflow.experiment}-rehearsal"
     raw["mlflow"]["model_name"] = f"{config.mlflow.model_name}-rehearsal"
@@ -64,8 +64,10 @@ SAMPLE_FILE_BYTES = 32 << 20  # a raw file larger than this is copied in part: i
 
 
 def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) -> list[str]:
-    """Copy the source's files `skip` to `n_files` (in its order) under `<root>/raw/`; of a file larger than
-    `SAMPLE_FILE_BYTES` (a click log in one file), its first rows only: the rehearsal's data stays tiny."""
+    """Copy the source's files `skip` to `n_files` (in its order) under `<root>/raw/`, each at its path below the
+    source's folder (files of the same name in two folders, and hive-style folders' columns, kept); of a file larger
+    than `SAMPLE_FILE_BYTES` (a click log in one file), its first rows only: the rehearsal's data stays tiny."""
+    from shardline.core.encoding.write import sequence_name
     from shardline.core.storage import list_source
 
     files = list_source(config.data.source)
@@ -73,7 +75,7 @@ def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) 
         raise FileNotFoundError(f"data.source={config.data.source} matches no parquet file")
     copied = []
     for uri in files[skip:n_files]:
-        dest = storage.join(root, "raw", uri.rstrip("/").rsplit("/", 1)[-1])
+        dest = storage.join(root, "raw", sequence_name(uri, config.data))
         size = storage.size_of(uri) or 0
         storage.write_bytes(dest, storage.read_bytes(uri) if size <= SAMPLE_FILE_BYTES else _first_rows(uri))
         copied.append(dest)

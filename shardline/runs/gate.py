@@ -129,6 +129,7 @@ def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> 
     """The rows `keep(frame, uri)` picks of the first raw files (columns `need`), up to GATE_ROWS (the memory is
     bounded), and how many, their date-times in one zone where the files' differ; or why not: the first file that
     lacks a column of `check`."""
+    from shardline.core.encoding.folders import folder_columns, with_columns
     from shardline.core.encoding.write import in_one_zone
     from shardline.trainer.serving import dictionaries_as_values
 
@@ -137,12 +138,14 @@ def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> 
         fs, path = storage.filesystem(f.uri)
         with fs.open(path, "rb") as handle:
             source = pq.ParquetFile(handle)
-            missing = [c for c in check if c not in source.schema_arrow.names]
+            held = source.schema_arrow.names
+            extra = folder_columns(f.uri, snapshot.source, [*need, *check], held)  # hive-style folders' columns
+            missing = [c for c in check if c not in held and c not in extra]
             if missing:
                 return f"the champion needs column(s) {missing}, which {f.uri} does not have"
             for g in range(source.num_row_groups):  # a row group at a time: a large file is not read whole
-                table = dictionaries_as_values(source.read_row_group(g, columns=need))
-                frames.append(keep(pl.from_arrow(table), f.uri))
+                table = dictionaries_as_values(source.read_row_group(g, columns=[c for c in need if c not in extra]))
+                frames.append(keep(with_columns(pl.from_arrow(table), extra), f.uri))
                 uris.append(f.uri)
                 n += frames[-1].height
                 if n >= GATE_ROWS:

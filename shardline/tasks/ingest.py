@@ -14,6 +14,7 @@ from prefect.logging import get_run_logger
 from shardline.core import layout, storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.core.encoding.columns import DataError
+from shardline.core.encoding.folders import folder_columns
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
 from shardline.core.memory import trim
 from shardline.core.secrets import redacted_errors
@@ -90,8 +91,9 @@ def check_schema(schema: pa.Schema, data: DataConfig, uri: str = "") -> list[str
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             if f"/{col}=" in uri:  # the same words for every such file: their reasons are said once, grouped
                 hint = (
-                    f"; it is in the file's folder name ({col}=...: a hive-style partition), and Shardline reads "
-                    f"columns from inside the files: write '{col}' into them."
+                    f"; it is in a folder name ({col}=...: a hive-style partition) above the folder of data.source "
+                    f"({data.source}), and only folders below it are read as columns: name the folder that holds "
+                    f"the '{col}=...' folders (or a glob from it) as data.source."
                 )
             shown = ", ".join(schema.names[:30]) + (
                 f", ... ({len(schema.names)} in all)" if len(schema.names) > 30 else ""
@@ -107,6 +109,13 @@ def check_schema(schema: pa.Schema, data: DataConfig, uri: str = "") -> list[str
         elif kind == "split column" and pa.types.is_temporal(t):
             problems += _bound_problems(data, t)
     return problems
+
+
+def with_folders(schema: pa.Schema, uri: str, data: DataConfig) -> pa.Schema:
+    """A file's `schema` and the columns its hive-style folder names give it (shardline.core.encoding.folders)."""
+    for k, value in folder_columns(uri, data.source, expected_columns(data), schema.names).items():
+        schema = schema.append(pa.field(k, value.to_arrow().type))
+    return schema
 
 
 def _bound_problems(data: DataConfig, t: pa.DataType) -> list[str]:
@@ -176,7 +185,7 @@ def first_file_problems(data: DataConfig) -> tuple[str | None, list[str]]:
         return None, []
     fs, path = filesystem(uris[0])
     with fs.open(path, "rb") as f:
-        schema = pq.read_schema(f)
+        schema = with_folders(pq.read_schema(f), uris[0], data)
     return uris[0], check_schema(schema, data, uris[0])
 
 
@@ -268,12 +277,12 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
     if known and listing and files:  # new files beside accepted ones: the kinds of one of those, as reference
         meta = next(footers([(files[0].uri, files[0].size)]))
         if not isinstance(meta, BaseException):
-            _note_kinds(kinds, meta.schema.to_arrow_schema(), data, files[0].uri)
+            _note_kinds(kinds, with_folders(meta.schema.to_arrow_schema(), files[0].uri, data), data, files[0].uri)
     for (uri, size, version), meta in zip(listing, footers([(uri, size) for uri, size, _ in listing]), strict=True):
         try:
             if isinstance(meta, BaseException):
                 raise meta
-            schema = meta.schema.to_arrow_schema()
+            schema = with_folders(meta.schema.to_arrow_schema(), uri, data)
         except Exception as e:  # noqa: BLE001 - unreadable footer: a truncated or non-parquet file
             rejected.append(RejectedFile(uri=uri, reason=f"not a readable parquet file ({type(e).__name__}: {e})"))
             continue
@@ -375,14 +384,20 @@ def last_checked(root: str, data: DataConfig) -> Snapshot | None:
 SAMPLE_ROWS = 1000
 
 
-def raw_sample(sample_uri: str, columns: list[str], rows: int = 5, types: dict | None = None):
+def raw_sample(sample_uri: str, columns: list[str], rows: int = 5, types: dict | None = None, source: str = ""):
     """The first `rows` rows of a raw file's `columns`, as pandas, zoned date-times as naive UTC; `types`, when
-    given, gets each column's polars type as text (`Float32`, `Int16`, ...), from the same read."""
+    given, gets each column's polars type as text (`Float32`, `Int16`, ...), from the same read. With the data's
+    `source`, a column the file's hive-style folder names give it is taken from them."""
     import polars as pl
 
     fs, path = filesystem(sample_uri)
     with fs.open(path, "rb") as f:
-        table = pq.ParquetFile(f).read_row_group(0, columns=columns).slice(0, rows)
+        raw = pq.ParquetFile(f)
+        extra = folder_columns(sample_uri, source, columns, raw.schema_arrow.names) if source else {}
+        table = raw.read_row_group(0, columns=[c for c in columns if c not in extra]).slice(0, rows)
+    for k, value in extra.items():
+        table = table.append_column(k, value.new_from_index(0, table.num_rows).to_arrow())
+    table = table.select(columns)
     if types is not None:
         types.update({c: str(dtype) for c, dtype in pl.from_arrow(table.schema.empty_table()).schema.items()})
     # the values' own types, not pandas' types that a file written by pandas records, nor a dictionary's
@@ -399,7 +414,7 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
     columns = list(dict.fromkeys([*data.features.all(), *data.id_columns]))
     columns += [c for c in (data.sequence_key, data.order_by) if c and c != FILE_SEQUENCE and c not in columns]
     # as many rows as registration's sample reads at most (its input example): what passes here passes there
-    sample = raw_sample(snapshot.files[0].uri, columns, rows=SAMPLE_ROWS)
+    sample = raw_sample(snapshot.files[0].uri, columns, rows=SAMPLE_ROWS, source=snapshot.source)
 
     def refused(frame) -> Exception | None:
         try:

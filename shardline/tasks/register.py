@@ -53,7 +53,7 @@ from shardline.trainer.serving import (
 logger = logging.getLogger("shardline.register")
 
 
-def _signature(spec, sample_uri: str, types: dict | None = None):
+def _signature(spec, sample_uri: str, types: dict | None = None, source: str = ""):
     """Input schema: the raw columns the model needs (the target is not one); output: keys + prediction. `types`
     gets each input column's polars type (from the same read of the sample)."""
     import numpy as np
@@ -64,7 +64,7 @@ def _signature(spec, sample_uri: str, types: dict | None = None):
     if spec.text is not None:  # per row: its keys, prompt length, next token, probability and generated text
         # a few rows (each a generation), with text in every text column: the model refuses empty ones (as
         # training left them out)
-        sample = raw_sample(sample_uri, input_columns(spec), rows=SAMPLE_ROWS, types=types)
+        sample = raw_sample(sample_uri, input_columns(spec), rows=SAMPLE_ROWS, types=types, source=source)
         has_text = np.logical_and.reduce(
             [sample[c].map(lambda v: isinstance(v, str) and v != "").to_numpy(bool) for c in spec.text.columns]
         )
@@ -75,7 +75,7 @@ def _signature(spec, sample_uri: str, types: dict | None = None):
     else:  # enough rows of one sequence for a window (five gave "0 predictions")
         rows, need = max(5, 4 * (spec.window + spec.horizon)), spec.window + spec.horizon
         sample = example_rows(
-            raw_sample(sample_uri, input_columns(spec), SAMPLE_ROWS, types), spec.sequence_key, need, rows
+            raw_sample(sample_uri, input_columns(spec), SAMPLE_ROWS, types, source), spec.sequence_key, need, rows
         )
         keys = {k: np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy() for k in key_columns(spec)}
         out, params = prediction_frame(spec, keys, example_outputs(spec)), None
@@ -303,7 +303,7 @@ def _log_and_register(
         # each input column's type in training: the model casts wider numbers back to it (a float32 category's
         # values match as they were trained; an integer column with a null, float in pandas, reads as integers)
         types: dict[str, str] = {}
-        signature, sample = _signature(spec, snapshot.files[0].uri, types)
+        signature, sample = _signature(spec, snapshot.files[0].uri, types, snapshot.source)
         extra = {"tags": tags, "input_types": types}
         (tmp / "bundle.json").write_text(json.dumps(bundle_dict(spec, ckpt["model_spec"], extra), indent=1))
         (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

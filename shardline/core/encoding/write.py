@@ -21,6 +21,7 @@ from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare, refuse_copies
 from shardline.core.encoding.contract import contract
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
+from shardline.core.encoding.folders import folder_columns, folder_values, source_folder, typed, with_columns
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_table, training_statistics
@@ -77,14 +78,6 @@ def file_groups(snapshot: Snapshot, data: DataConfig) -> list[list[RawFile]]:
     return groups
 
 
-def source_folder(source: str) -> str:
-    """The folder `data.source` names files below: its path before the first wildcard (`raw/*.parquet`,
-    `s3://b/raw/**/*.parquet`: `raw`, `s3://b/raw`), or the folder or file it names."""
-    cut = min((source.find(ch) for ch in "*?[" if ch in source), default=-1)
-    folder = source[:cut].rsplit("/", 1)[0] if cut >= 0 else source.rstrip("/")
-    return folder if storage.is_remote(folder) else os.path.abspath(storage.local_path(folder))
-
-
 def sequence_name(uri: str, data: DataConfig) -> str:
     """A raw file's name as a sequence (`data.sequence_key: '@file'`, or no sequence key): its path below
     the source's folder (`2024/game-001.parquet`), not where the data set lies, so a row's split is the
@@ -109,15 +102,27 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFra
     """One raw file's columns the config names, with `__seq` and `__order` added (`raw`: the file's bytes,
     already fetched)."""
     columns = data.raw_columns()
+    named = folder_values(uri, data.source).keys() & set(columns)
+
+    def read(f) -> pl.DataFrame:
+        if not named:
+            return pl.read_parquet(f, columns=columns)
+        # hive-style folders: a column they give and the file lacks is taken from them (shardline.core.encoding.folders)
+        extra = folder_columns(uri, data.source, named, pl.read_parquet_schema(f))
+        if hasattr(f, "seek"):
+            f.seek(0)
+        kept = pl.read_parquet(f, columns=[c for c in columns if c not in extra])
+        return with_columns(kept, extra).select(columns)
+
     try:
         if raw is not None:
-            df = pl.read_parquet(io.BytesIO(raw), columns=columns)
+            df = read(io.BytesIO(raw))
         elif storage.is_remote(uri):
             fs, path = storage.filesystem(uri)
             with fs.open(path, "rb") as f:
-                df = pl.read_parquet(f, columns=columns)
+                df = read(f)
         else:
-            df = pl.read_parquet(storage.local_path(uri), columns=columns)
+            df = read(storage.local_path(uri))
     except Exception as e:
         raise DataError(f"{uri}: cannot read columns {columns}: {e}") from e
     for target in (t.column for t in data.target_list if t.task != "generation"):  # text: data.on_bad_rows
@@ -143,7 +148,10 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
     (An object store's group is read file by file from its fetched bytes, each file's dropped once read: one
     query over them all held the group's bytes to its end, +130 MB of peak at 2 workers for no measured speed.)"""
     paths = [storage.local_path(u) for u in uris]
-    by_file = data.sequence_key in (None, FILE_SEQUENCE) or data.order_by is None  # rows need their file's name
+    folders = [folder_values(u, data.source) for u in uris]  # hive-style folder names (core/encoding/folders.py)
+    named = set().union(*folders) & set(data.raw_columns())
+    # rows need their file's name: as their sequence, for their order, or for their folders' values
+    by_file = data.sequence_key in (None, FILE_SEQUENCE) or data.order_by is None or bool(named)
     name = pl.col("__file")
     if by_file:  # each file's sequence name (below the source's folder), by the path the scan read it from
         name = name.replace_strict({p: sequence_name(u, data) for p, u in zip(paths, uris)}, return_dtype=pl.Utf8)
@@ -151,7 +159,17 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
     try:  # `__seq` and `__order` made inside the scan's query: no second pass over the rows
         scan = pl.scan_parquet(paths, include_file_paths="__file") if by_file else pl.scan_parquet(paths)
         # the first file's footer (0.1 ms; the scan's collect_schema: 1 ms); files of other types fail the scan
-        text = data.order_by is not None and pl.read_parquet_schema(paths[0]).get(data.order_by) == pl.Utf8
+        held = pl.read_parquet_schema(paths[0])
+        text = data.order_by is not None and held.get(data.order_by) == pl.Utf8
+        for k in named - held.keys():  # a folder's value, by the path the scan read the row from
+            if any(k not in v for v in folders) or len({typed(v[k]).dtype for v in folders}) > 1:
+                return None  # not every file's folders say it, or in different types: read file by file
+            dtype = typed(folders[0][k]).dtype
+            scan = scan.with_columns(
+                pl.col("__file")
+                .replace_strict({p: typed(v[k])[0] for p, v in zip(paths, folders)}, return_dtype=dtype)
+                .alias(k)
+            )
         if data.order_by is None:
             order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
         else:  # text is parsed after the scan (a time zone in it is read only eagerly)
