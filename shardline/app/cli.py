@@ -390,13 +390,15 @@ def predict(
         _fail(f"--out {out}{missing}", 2)
 
     model = _load_model(model_uri, tracking_uri)
+    from shardline.trainer.serving import file_key, naive_utc
+
     schema = model.metadata.get_input_schema()
+    predictor = getattr(model.unwrap_python_model(), "predictor", None)
+    by_file = file_key(predictor.spec) if getattr(predictor, "input_types", None) else None  # each row's file
     try:
-        df = read_input(input_path, schema)
+        df = read_input(input_path, schema, by_file)
     except ValueError as e:
         _fail(str(e), 2)
-    from shardline.trainer.serving import naive_utc
-
     if schema is not None:  # only the columns the model takes (no "extra inputs ignored" warning for the rest)
         missing = [c for c in schema.required_input_names() if c not in df.columns]
         if missing:
@@ -405,8 +407,7 @@ def predict(
                 f"trained on ({len(schema.input_names())}: {', '.join(schema.input_names())})",
                 2,
             )
-        df = df.select([c for c in schema.input_names() if c in df.columns] or df.columns)
-    predictor = getattr(model.unwrap_python_model(), "predictor", None)
+        df = df.select([c for c in [*schema.input_names(), by_file] if c in df.columns] or df.columns)
     if getattr(predictor, "input_types", None):  # Shardline's model: the rows as read (no pandas round trip, in
         # which an integer column with a null turns float64 and MLflow refuses it), in the trained types
         from shardline.core.encoding.columns import DataError

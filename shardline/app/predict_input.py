@@ -9,17 +9,18 @@ import polars as pl
 
 from shardline.core import storage
 from shardline.core.encoding.columns import DataError
-from shardline.core.encoding.folders import folder_columns, folder_values, with_columns
+from shardline.core.encoding.folders import below, folder_columns, folder_values, with_columns
 from shardline.core.encoding.write import in_one_zone
 
 
-def read_input(input_path: str, schema=None) -> pl.DataFrame:
+def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.DataFrame:
     """`predict`'s rows: a parquet file, or every `*.parquet` of a folder (its subfolders too) or of a glob, local
     or in an object store (`s3://...`), listed and read one by one and put together as `shardline run` takes them:
     a column one file lacks is null there, numbers of different types take the wider one, date-times in different
     zones the same instants. With the model's input `schema` (MLflow's), only the columns it takes are read (a
     file of the demo's 80 columns, for a model of 8, is read at a tenth of its size); a file that does not read, or
-    one of several that lacks a column the model requires, is named (ValueError)."""
+    one of several that lacks a column the model requires, is named (ValueError). `by_file`: a column to name each
+    row's file in (its path below the input's folder), for a model whose sequence is the file (`serving.file_key`)."""
     files = storage.list_source(input_path)
     if not files:
         raise ValueError(f"no parquet file in {input_path}{storage.no_bucket(input_path)}")
@@ -35,6 +36,8 @@ def read_input(input_path: str, schema=None) -> pl.DataFrame:
                 frame = _read(f, wanted)
             # hive-style folders below the input's folder (dt=.../part-0.parquet): their columns, as `run` reads them
             frame = with_columns(frame, folder_columns(f, input_path, wanted or folder_values(f, input_path), frame))
+            if by_file:
+                frame = frame.with_columns(pl.lit(below(f, input_path), pl.String).alias(by_file))
         except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
             raise ValueError(f"cannot read {f}: {e}") from None
         missing = [c for c in required if c not in frame.columns]

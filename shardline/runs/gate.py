@@ -160,7 +160,8 @@ def reevaluate_champion(
     candidate's test rows: `{"champion_value", "candidate_value", "rows", "on"}`, or `{"reason"}` when it
     cannot be done."""
 
-    from shardline.trainer.serving import kept_notes, naive_utc
+    from shardline.core.encoding.folders import below
+    from shardline.trainer.serving import file_key, kept_notes, naive_utc
 
     if len(spec.targets) != 1 or spec.target_positions == "all":
         return {"reason": "re-scoring a champion on another test split covers one target, last position only"}
@@ -183,11 +184,15 @@ def reevaluate_champion(
     wanted = schema.input_names() if schema is not None else []
     # rows are matched on their sequence and order as the encoding holds them (the candidate's test predictions
     # do: the sequence as text, the order as int64, a date-time as its instant), not on the id columns
-    seq_key = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
+    # where the file is the sequence, its name (as the candidate's predictions give it) stands for a sequence key
+    by_file = file_key(spec)
+    seq_key = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else by_file
     raw_keys = [*([seq_key] if seq_key else []), spec.order_by]
     keys = [*([SEQ] if seq_key else []), ORDER]
 
     def encoded(frame: pl.DataFrame, where: str) -> pl.DataFrame:
+        if by_file and by_file not in frame.columns:  # a raw file's rows: its name below the source's folder
+            frame = frame.with_columns(pl.lit(below(where, snapshot.source), pl.String).alias(by_file))
         return prepare(frame, seq_key, spec.order_by, where, spec.order_format)
 
     predicted = pq.ParquetFile(io.BytesIO(storage.read_bytes(predictions_uri)))
@@ -210,8 +215,14 @@ def reevaluate_champion(
         return {"reason": found}
     frames, n = found
     rows = pl.concat(frames, how="vertical_relaxed")
+
+    def serve(part: pl.DataFrame) -> pl.DataFrame:  # a frame the model takes is one file where the file is the sequence
+        served = pl.from_pandas(model.predict(naive_utc(part.select(wanted or part.columns).to_pandas())))
+        return served.with_columns(pl.lit(part[by_file][0]).alias(by_file)) if by_file else served
+
     with kept_notes() as notes:  # the champion on data it never saw: its notes go in the record, not the console
-        served = pl.from_pandas(model.predict(naive_utc(rows.select(wanted or rows.columns).to_pandas())))
+        parts = rows.partition_by(by_file, maintain_order=True) if by_file else [rows]
+        served = pl.concat([serve(part) for part in parts], how="vertical_relaxed")
     served = encoded(_align(served, rows, raw_keys), "the champion's predictions")
     sampled = pl.concat(  # the candidate's predictions of those rows only, a row group at a time
         [candidate(i, [*raw_keys, "prediction"]).join(rows.select(keys), on=keys, how="semi") for i in groups],

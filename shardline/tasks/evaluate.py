@@ -35,7 +35,7 @@ from shardline.core.metrics.text import text_generation_scores, unigram_perplexi
 from shardline.core.secrets import redact_text, redacted_errors
 from shardline.runs.result import EvalResult, Trained, TrainResult
 from shardline.tasks.caching import CacheRule
-from shardline.trainer.serving import data_spec, decode_truth, example_outputs, prediction_frame
+from shardline.trainer.serving import data_spec, decode_truth, example_outputs, file_key, prediction_frame
 
 
 class RankingEvaluation(SplitRanking):
@@ -323,7 +323,8 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
     if spec.text is not None:
         return evaluate_text(manifest, manifest_uri, model, test, plots, out_dir, config)
     scores = [_scores(t, train_statistic(manifest, i, t)) for i, t in enumerate(spec.targets)]
-    seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else None
+    # the sequence key, or where the file is the sequence the file's name (each prediction says which file it is of)
+    seq = spec.sequence_key if spec.sequence_key and spec.sequence_key != FILE_SEQUENCE else file_key(spec)
     seq_keys = RowKeys(manifest, manifest_uri, "test", side="keys") if seq else None
     ranking = RankingEvaluation(manifest, manifest_uri, config.evaluation.k) if spec.group_key else None
     every = spec.target_positions == "all" and bool(spec.targets)  # each position keyed by its own row

@@ -84,6 +84,16 @@ def key_columns(spec: EncodingSpec) -> list[str]:
     return keys
 
 
+def file_key(spec: EncodingSpec) -> str | None:
+    """Where the file is the sequence (`data.sequence_key` '@file', or none) and a window spans rows: the column
+    that names each prediction's file, as the encode names it (its path below the source's folder): `file`, or
+    `source_file` where the data has a `file` column. A frame given to `predict` is one file; `shardline predict`
+    over several files, and evaluation, say which file each prediction is of. None for any other data."""
+    if spec.text is not None or spec.group_key or spec.sequence_key not in (None, FILE_SEQUENCE):
+        return None
+    return "source_file" if "file" in [*input_columns(spec), *key_columns(spec)] else "file"
+
+
 _INTEGERS = {"Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64"}
 _FLOATS = {"Float32", "Float64"}
 
@@ -478,11 +488,14 @@ class Predictor:
                 "none to come"
             )
             raise DataError(f"--forecast: {what}; predict without it")
+        # the sequence key; where the file is the sequence, the column naming each row's file (`file_key`: rows of
+        # several files, as `shardline predict` reads them), else the rows are one file
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
-        prepared = prepare(df, spec.sequence_key, spec.order_by, "input", spec.order_format)
+        seq_col = seq_col or (file_key(spec) if file_key(spec) in df.columns else None)
+        prepared = prepare(df, seq_col or spec.sequence_key, spec.order_by, "input", spec.order_format)
         prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # the rows as the encoding lays them out
         if spec.order_by is not None:  # a file given twice: two predictions a row, the copies in every window
-            refuse_copies(prepared, spec.sequence_key, spec.order_by, "the input")
+            refuse_copies(prepared, seq_col or spec.sequence_key, spec.order_by, "the input")
         if forecast:
             prepared = with_rows_to_come(prepared, spec)
         arrays, _ = encode_frame(prepared, spec, with_target=False, presorted=True)

@@ -26,14 +26,20 @@ def source_folder(source: str) -> str:
     return folder if storage.is_remote(folder) else os.path.abspath(storage.local_path(folder))
 
 
+def below(uri: str, source: str) -> str:
+    """The file `uri`'s path below the folder of `source` (`2024/game-001.parquet`), or its name where `source`
+    names that one file: a file's name as a sequence, the same wherever the data set lies."""
+    folder = source_folder(source)
+    path = uri if storage.is_remote(uri) else os.path.abspath(storage.local_path(uri))
+    return path[len(folder) + 1 :] if path.startswith(folder + "/") else path.rsplit("/", 1)[-1]
+
+
 def folder_values(uri: str, source: str) -> dict[str, str | None]:
     """The `key=value` folder names of the file `uri` below the folder of `source` (an inner one wins)."""
-    base = source_folder(source)
-    path = uri if storage.is_remote(uri) else os.path.abspath(storage.local_path(uri))
-    if "=" not in path or not path.startswith(base + "/"):
+    if "=" not in uri:
         return {}
     out: dict[str, str | None] = {}
-    for part in path[len(base) + 1 :].split("/")[:-1]:
+    for part in below(uri, source).split("/")[:-1]:
         key, eq, value = part.partition("=")
         if eq and key:
             out[unquote(key)] = None if value == NULL else unquote(value)

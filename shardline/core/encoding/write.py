@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,7 +20,7 @@ from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare, refuse_copies
 from shardline.core.encoding.contract import contract
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
-from shardline.core.encoding.folders import folder_columns, folder_values, source_folder, typed, with_columns
+from shardline.core.encoding.folders import below, folder_columns, folder_values, typed, with_columns
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_table, training_statistics
@@ -82,11 +81,7 @@ def sequence_name(uri: str, data: DataConfig) -> str:
     """A raw file's name as a sequence (`data.sequence_key: '@file'`, or no sequence key): its path below
     the source's folder (`2024/game-001.parquet`), not where the data set lies, so a row's split is the
     same on every machine and after the raw files move (a seeded hash of this name)."""
-    folder = source_folder(data.source)
-    path = uri if storage.is_remote(uri) else os.path.abspath(storage.local_path(uri))
-    if path.startswith(folder + "/"):
-        return path[len(folder) + 1 :]
-    return path.rsplit("/", 1)[-1]  # the source names this one file
+    return below(uri, data.source)
 
 
 def target_gaps(s: pl.Series) -> str:
