@@ -165,20 +165,31 @@ def test_run_with_a_bad_file_names_it_and_exits_nonzero(tmp_path, prefect_api):
 @pytest.mark.e2e
 def test_rehearse_in_process_preempts_resumes_and_leaves_the_real_run_alone(tmp_path):
     # as the demo has it: the target (the next `label`) is also an input feature (the current one); and the
-    # 8 sampled files give ~9 steps of the configured batch of 32, fewer than the default 20 steps and
-    # the default preemption at step 10, which then never fired
-    for path in make_raw(tmp_path / "raw", n_seq=24, rows=20):  # a player per sequence: new ones in each split
-        pl.read_parquet(path).with_columns(player=pl.col("seq").str.replace("s", "p")).write_parquet(path)
+    # sampled files give ~12 steps of the configured batch of 32, fewer than the default 20 steps and
+    # the default preemption at step 10, which then never fired. Days in hive-style folders, split by range: the
+    # first 8 files (the newest, the oldest, the middle...) have no validation day, so it copies them all
+    for i, path in enumerate(make_raw(tmp_path / "src", n_seq=36, rows=20)):  # a player per sequence: new ones
+        folder = tmp_path / "raw" / f"day={100 + i}" / f"site={'ab'[i % 2]}"  # in each split
+        folder.mkdir(parents=True)
+        pl.read_parquet(path).with_columns(player=pl.col("seq").str.replace("s", "p")).write_parquet(
+            folder / "part-0.parquet"
+        )
     cfg = tmp_path / "cfg.yaml"
-    config = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))
-    config["data"]["features"]["categorical"] = ["kind", "label", "player"]
+    config = tiny_config(str(tmp_path / "raw"), str(tmp_path / "store"))
+    config["data"]["features"]["categorical"] = ["kind", "label", "player", "site"]
+    config["data"]["split"] = {
+        "method": "range",
+        "column": "day",
+        "ranges": {"train": [None, 106], "validation": [107, 107], "test": [108, None]},
+    }
     cfg.write_text(yaml.safe_dump(config))
     out = shardline("rehearse", cfg)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     table = [line for line in out.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
     assert len(table) == 11 and all(line.startswith("PASS") for line in table), out.stdout
     sized = next(line for line in table if "sample: sized" in line)
-    assert "20 steps of" in sized and "training.batch_size 32 ->" in sized and "preempted at step 10" in sized
+    assert "12 file(s), 357 training windows: 20 steps of 18 (training.batch_size 32 -> 18" in sized, sized
+    assert "preempted at step 10" in sized
     assert "attempt 1: Preempted; resumed from" in out.stdout and "ckpt-000000010.pt (at step 10)" in out.stdout
     # its download predicts a raw file of players the few files' training never saw: said in its row, not warned
     download = next(line for line in table if "download: the registered model predicts raw rows" in line)
@@ -210,11 +221,13 @@ def test_the_rehearsal_copies_the_first_rows_of_a_large_file_and_small_files_who
     pl.read_parquet(small).head(100).write_parquet(small)
     config = validate_config(tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store")))
     copied = [Path(p) for p in rehearse.copy_sample(config, str(tmp_path / "rehearsal"), 2)]
-    assert [p.name for p in copied] == ["s-000.parquet", "s-001.parquet"]
-    part, whole = pq.read_table(copied[0]), pq.read_table(big)
+    assert [p.name for p in copied] == ["s-001.parquet", "s-000.parquet"]  # the newest first (`spread`)
+    part, whole = pq.read_table(copied[1]), pq.read_table(big)
     assert part.schema == whole.schema and 0 < part.num_rows < whole.num_rows
     assert part.equals(whole.slice(0, part.num_rows))  # its first rows, as they were
-    assert copied[1].read_bytes() == small.read_bytes()
+    assert copied[0].read_bytes() == small.read_bytes()
+    assert [rehearse.spread(n) for n in (0, 1, 3)] == [[], [0], [2, 0, 1]]  # every prefix spread over the range
+    assert rehearse.spread(10) == [9, 0, 4, 2, 6, 1, 3, 5, 7, 8]
 
 
 def test_an_error_from_the_users_own_code_says_where_it_was_raised(tmp_path):

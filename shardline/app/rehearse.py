@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections import deque
 
 from shardline.app.doctor_checks import Check
 from shardline.core import layout, storage
@@ -63,10 +64,24 @@ def deployment_env(name: str) -> dict:
 SAMPLE_FILE_BYTES = 32 << 20  # a raw file larger than this is copied in part: its first rows, about this much
 
 
+def spread(total: int) -> list[int]:
+    """0..total-1 in an order whose every prefix is spread over the whole range (the last, the first, the middle,
+    the quarters...): the first few of a source's files sorted by time cover its whole span, so a range split
+    (`data.split.method: range`, days in folders) finds rows for each of its splits; the first is the newest."""
+    order = list(dict.fromkeys([total - 1, 0])) if total > 0 else []
+    intervals = deque([(0, total - 1)])
+    while intervals:
+        lo, hi = intervals.popleft()
+        if hi - lo >= 2:
+            order.append((lo + hi) // 2)
+            intervals.extend([(lo, (lo + hi) // 2), ((lo + hi) // 2, hi)])
+    return order
+
+
 def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) -> list[str]:
-    """Copy the source's files `skip` to `n_files` (in its order) under `<root>/raw/`, each at its path below the
-    source's folder (files of the same name in two folders, and hive-style folders' columns, kept); of a file larger
-    than `SAMPLE_FILE_BYTES` (a click log in one file), its first rows only: the rehearsal's data stays tiny."""
+    """Copy the source's files `skip` to `n_files` (in `spread`'s order) under `<root>/raw/`, each at its path below
+    the source's folder (files of the same name in two folders, and hive-style folders' columns, kept); of a file
+    larger than `SAMPLE_FILE_BYTES` (a click log in one file), its first rows only: the rehearsal's data stays tiny."""
     from shardline.core.encoding.write import sequence_name
     from shardline.core.storage import list_source
 
@@ -74,7 +89,7 @@ def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) 
     if not files:
         raise FileNotFoundError(f"data.source={config.data.source} matches no parquet file")
     copied = []
-    for uri in files[skip:n_files]:
+    for uri in [files[i] for i in spread(len(files))[skip:n_files]]:
         dest = storage.join(root, "raw", sequence_name(uri, config.data))
         size = storage.size_of(uri) or 0
         storage.write_bytes(dest, storage.read_bytes(uri) if size <= SAMPLE_FILE_BYTES else _first_rows(uri))
@@ -156,13 +171,19 @@ def rehearse(config: PipelineConfig, files: int, steps: int, preempt_at: int | N
         # pipeline then finds it cached), then shrink the batch, copy more files, or, with all of them, shorten
         nonlocal cfg, steps, preempt_at
         from shardline.app.cost import encoded_data
+        from shardline.core.encoding.columns import DataError
         from shardline.core.manifest import Manifest
 
         t = config.training
         world = config.compute.nodes * config.compute.processes_per_node  # each takes an equal share of a batch
         while True:
-            windows = Manifest.model_validate_json(storage.read_text(encoded_data(cfg))).windows.get("train", 0)
-            batch = size_batch(windows, t.batch_size, t.grad_accum, steps, world)
+            try:
+                windows = Manifest.model_validate_json(storage.read_text(encoded_data(cfg))).windows.get("train", 0)
+            except DataError as e:  # a split the sample gives no row yet (a range of days): copy more files
+                if not str(e).startswith("the split leaves") or len(copied) >= available:
+                    raise
+                windows = None
+            batch = size_batch(windows, t.batch_size, t.grad_accum, steps, world) if windows is not None else None
             if batch is not None or len(copied) >= available:
                 break
             copied.extend(copy_sample(config, root, min(available, 2 * len(copied)), skip=len(copied)))
@@ -297,6 +318,7 @@ def rehearse(config: PipelineConfig, files: int, steps: int, preempt_at: int | N
     def _download():
         import polars as pl
 
+        from shardline.core.encoding.folders import folder_columns, with_columns
         from shardline.core.tracking.tracker import fluent_tracking_uri, tracking_uri
         from shardline.runs.model_files import load_checked
         from shardline.trainer.serving import kept_notes, naive_utc
@@ -307,7 +329,9 @@ def rehearse(config: PipelineConfig, files: int, steps: int, preempt_at: int | N
         # the columns the model takes, as `shardline predict` sends them (a target may be an input too)
         schema = model.metadata.get_input_schema()
         if schema is not None:
-            sample = sample.select([c for c in schema.input_names() if c in sample.columns])
+            names = schema.input_names()  # hive-style folders' columns too, as the encode read them
+            sample = with_columns(sample, folder_columns(copied[0], cfg.data.source, names, sample.columns))
+            sample = sample.select([c for c in names if c in sample.columns])
         with kept_notes() as notes:  # a few files' training has not seen every category: said in the row
             preds = model.predict(naive_utc(sample.to_pandas()))
         said = f"{reg['model_uri']} downloaded; {len(preds)} prediction(s) for {sample.height} raw row(s)"
