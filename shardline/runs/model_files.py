@@ -145,7 +145,9 @@ def widened_signature(signature):
 
     wide = {DataType.integer: DataType.long, DataType.float: DataType.double}
     inputs = [
-        ColSpec(wide.get(c.type, c.type), c.name, required=c.required) if isinstance(c, ColSpec) else c
+        ColSpec(wide.get(c.type, c.type), c.name, required=c.required)
+        if isinstance(c, ColSpec) and isinstance(c.type, DataType)  # (an object column's type: "any", unhashable)
+        else c
         for c in signature.inputs.inputs
     ]
     return ModelSignature(Schema(inputs), signature.outputs, signature.params)

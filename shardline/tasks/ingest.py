@@ -398,6 +398,9 @@ def raw_sample(sample_uri: str, columns: list[str], rows: int = 5, types: dict |
     for k, value in extra.items():
         table = table.append_column(k, value.new_from_index(0, table.num_rows).to_arrow())
     table = table.select(columns)
+    # a decimal (Spark's prices) as a float, as the encoding reads it: pandas would hold Decimal objects, which
+    # MLflow's signature takes as "any" (a served request could not send numbers for it)
+    table = table.cast(pa.schema([f.with_type(pa.float64()) if _t.is_decimal(f.type) else f for f in table.schema]))
     if types is not None:
         types.update({c: str(dtype) for c, dtype in pl.from_arrow(table.schema.empty_table()).schema.items()})
     # the values' own types, not pandas' types that a file written by pandas records, nor a dictionary's
