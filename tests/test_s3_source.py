@@ -192,10 +192,13 @@ def test_a_pipeline_on_an_s3_root_is_cached_on_another_machine_and_evaluates_wit
     # the next day's rows in the bucket: predicted from there into it, as from and into local files
     from typer.testing import CliRunner
 
+    from shardline.app import predict_input
     from shardline.app.cli import app
 
-    make_raw(tmp_path / "day", n_seq=2, rows=30, prefix="day", seed=5)
+    day = make_raw(tmp_path / "day", n_seq=9, rows=30, prefix="day", seed=5)
     s3fs.S3FileSystem().put(f"{tmp_path}/day/", "team-bucket/day/", recursive=True)
+    # fetched in concurrent batches (of two files here, then one): every file once, in the listing's order
+    monkeypatch.setattr(predict_input, "FETCH_BYTES", int(2.5 * day[0].stat().st_size))
     model = [f"models:/{cfg.mlflow.model_name}/1"]
     tracking = ["--tracking-uri", cfg.mlflow.tracking_uri]
     for where, out in (("s3://team-bucket/day/*.parquet", "s3://team-bucket/preds/day.parquet"),
