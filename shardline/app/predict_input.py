@@ -4,7 +4,6 @@ the registered models a URI naming none may have meant."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 
 import polars as pl
 
@@ -32,7 +31,7 @@ def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.D
     wanted = schema.input_names() if schema is not None else None
     required = schema.required_input_names() if schema is not None else []
     frames = []
-    for f, source in _fetched(files, sizes):
+    for f, source in storage.fetched([(f, sizes[f]) for f in files], FETCH_BYTES):
         try:
             frame = _read(source, wanted)
             # hive-style folders below the input's folder (dt=.../part-0.parquet): their columns, as `run` reads them
@@ -56,32 +55,13 @@ def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.D
 FETCH_BYTES = 64 << 20  # an object store's input files fetched in one concurrent batch, at most (the memory held)
 
 
-def _fetched(files: list[str], sizes: dict[str, int]) -> Iterator[tuple[str, object]]:
-    """Each file with what to read it from: its path, or on an object store its bytes, fetched in concurrent
-    batches of up to `FETCH_BYTES` (a file at a time waited a round trip or two each: minutes for 22,000 files)."""
-    from shardline.core.encoding.write import _fetch_remote
-
-    batch: list[str] = []
-    for i, f in enumerate(files):
-        if not storage.is_remote(f):
-            yield f, f
-            continue
-        batch.append(f)
-        if i + 1 < len(files) and sum(sizes[u] for u in batch) + sizes[files[i + 1]] <= FETCH_BYTES:
-            continue
-        got = _fetch_remote(batch) if len(batch) > 1 else {f: storage.read_bytes(f)}
-        for u in batch:
-            yield u, io.BytesIO(got.pop(u))
-        batch = []
-
-
 def _read(source, wanted: list[str] | None) -> pl.DataFrame:
     """A parquet file (a path, or its bytes), its columns in `wanted` only (None: all of them)."""
     if wanted is None:
         return pl.read_parquet(source)
     taken = set(wanted)
     names = [c for c in pl.read_parquet_schema(source) if c in taken]
-    if isinstance(source, io.BytesIO):
+    if hasattr(source, "seek"):  # (bytes fetched, or a large file opened in place)
         source.seek(0)
     return pl.read_parquet(source, columns=names)
 

@@ -134,22 +134,20 @@ def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> 
     from shardline.trainer.serving import dictionaries_as_values
 
     frames, uris, n = [], [], 0
-    for f in snapshot.files:
-        fs, path = storage.filesystem(f.uri)
-        with fs.open(path, "rb") as handle:
-            source = pq.ParquetFile(handle)
-            held = source.schema_arrow.names
-            extra = folder_columns(f.uri, snapshot.source, [*need, *check], held)  # hive-style folders' columns
-            missing = [c for c in check if c not in held and c not in extra]
-            if missing:
-                return f"the champion needs column(s) {missing}, which {f.uri} does not have"
-            for g in range(source.num_row_groups):  # a row group at a time: a large file is not read whole
-                table = dictionaries_as_values(source.read_row_group(g, columns=[c for c in need if c not in extra]))
-                frames.append(keep(with_columns(pl.from_arrow(table), extra), f.uri))
-                uris.append(f.uri)
-                n += frames[-1].height
-                if n >= GATE_ROWS:
-                    return in_one_zone(frames, uris), n
+    for uri, handle in storage.fetched([(f.uri, f.size) for f in snapshot.files]):  # concurrent batches
+        source = pq.ParquetFile(handle)
+        held = source.schema_arrow.names
+        extra = folder_columns(uri, snapshot.source, [*need, *check], held)  # hive-style folders' columns
+        missing = [c for c in check if c not in held and c not in extra]
+        if missing:
+            return f"the champion needs column(s) {missing}, which {uri} does not have"
+        for g in range(source.num_row_groups):  # a row group at a time: a large file is not read whole
+            table = dictionaries_as_values(source.read_row_group(g, columns=[c for c in need if c not in extra]))
+            frames.append(keep(with_columns(pl.from_arrow(table), extra), uri))
+            uris.append(uri)
+            n += frames[-1].height
+            if n >= GATE_ROWS:
+                return in_one_zone(frames, uris), n
     return in_one_zone(frames, uris), n
 
 

@@ -232,12 +232,7 @@ def _fetch_remote(uris: list[str]) -> dict[str, bytes]:
     read waited for a round trip); {} for local files. A group is at most `data.group_mb` of raw bytes."""
     if len(uris) < 2 or not all(storage.is_remote(u) for u in uris):
         return {}
-    fs = storage.filesystem(uris[0])[0]
-    paths = {storage.filesystem(u)[1]: u for u in uris}
-    # each file in one GET: s3fs's default (max_concurrency 10) asks each file's size first (a HEAD), to split
-    # a large file into parallel ranges; a raw file is small, and the HEAD doubled the requests and the wait
-    one_get = {"max_concurrency": 1} if hasattr(fs, "max_concurrency") else {}
-    return {paths[p]: raw for p, raw in fs.cat(list(paths), **one_get).items()}
+    return storage.fetch_many(uris)
 
 
 def stored_group(store: str, key: str) -> EncodedGroup | None:
