@@ -310,6 +310,36 @@ def test_forecast_is_refused_where_no_row_comes_after_the_input():
             Predictor(spec.model_copy(update=update), model).predict_frame(rows, forecast=True)
 
 
+def test_rows_of_several_files_are_predicted_a_file_at_a_time_where_the_file_is_the_sequence():
+    """A model whose sequence is the file (`@file`, here without an order column: rows in file order) given the
+    rows of two files, each named in `file` (as `shardline predict` reads a folder): each file's windows are its
+    own, keyed by the file and the row's number in it, the same as predicting that file alone; without `file` the
+    rows are one file."""
+    import json
+
+    from shardline.core.manifest import EncodingSpec
+    from shardline.trainer.inference import load_model
+    from shardline.trainer.serving import Predictor, file_key
+    from tests.test_compat import DATA  # a model the demo trained, its checkpoint and a raw game
+
+    bundle = json.loads((DATA / "model" / "artifacts" / "bundle.json").read_text())
+    in_files = {"sequence_key": "@file", "order_by": None}
+    spec = EncodingSpec.model_validate(bundle["encoding"]).model_copy(update=in_files)
+    predictor, rows = Predictor(spec, load_model(str(DATA / "checkpoint"))), pl.read_parquet(DATA / "input.parquet")
+    assert file_key(spec) == "file"
+    half = rows.height // 2
+    a, b = rows.head(half), rows.tail(rows.height - half)
+    both = pl.concat([a.with_columns(file=pl.lit("a.parquet")), b.with_columns(file=pl.lit("b.parquet"))])
+    got = predictor.predict_frame(both)
+    k = spec.window + spec.horizon - 1  # rows of a file with no prediction: its first window's history
+    assert got.columns[:2] == ["file", "row"] and got.height == rows.height - 2 * k
+    for name, part in (("a.parquet", a), ("b.parquet", b)):
+        alone = predictor.predict_frame(part)
+        mine = got.filter(pl.col("file") == name).drop("file")
+        assert mine.equals(alone) and mine["row"][0] == k  # numbered in its own file
+    assert predictor.predict_frame(rows).height == rows.height - k  # no `file`: one file
+
+
 def test_predict_reads_only_the_columns_the_model_takes(tmp_path):
     """A folder of files whose other columns do not go together (a column of numbers in one file, of lists in
     another: a wide export, a column added later) predicts from the columns the model takes: those alone are read,

@@ -493,6 +493,8 @@ class Predictor:
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
         seq_col = seq_col or (file_key(spec) if file_key(spec) in df.columns else None)
         prepared = prepare(df, seq_col or spec.sequence_key, spec.order_by, "input", spec.order_format)
+        if seq_col and seq_col == file_key(spec) and spec.order_by is None:  # a row's number in its own file
+            prepared = prepared.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).over(SEQ).alias(ORDER))
         prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # the rows as the encoding lays them out
         if spec.order_by is not None:  # a file given twice: two predictions a row, the copies in every window
             refuse_copies(prepared, seq_col or spec.sequence_key, spec.order_by, "the input")
