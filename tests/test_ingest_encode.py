@@ -805,6 +805,11 @@ def test_hive_style_folders_are_columns_as_if_written_into_the_files(raw_dir, tm
     got = read_input(str(hive))
     assert got.height == 12 * 60 and sorted(got["region"].unique().to_list()) == ["eu", "us", "zz"]
     assert got.schema["season"] == pl.Int64 and sorted(got["season"].unique().to_list()) == [2020, 2021, 2022, 2023]
+    from mlflow.types import ColSpec, Schema
+
+    schema = Schema([ColSpec("double", "x"), ColSpec("string", "region"), ColSpec("long", "season")])
+    one = read_input(snap.files[1].uri, schema)  # one file named inside the layout: the folders above it count
+    assert one["region"].unique().to_list() == ["us"] and one["season"].unique().to_list() == [2021]
     sample = raw_sample(snap.files[1].uri, ["x", "region", "season"], rows=3, source=cfg.data.source)
     assert sample["region"].tolist() == ["us"] * 3 and sample["season"].tolist() == [2021] * 3
     # the rehearsal's copies keep their folders (the same file name in four folders: four files)

@@ -34,8 +34,8 @@ def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.D
     for f, source in storage.fetched([(f, sizes[f]) for f in files], FETCH_BYTES):
         try:
             frame = _read(source, wanted)
-            # hive-style folders below the input's folder (dt=.../part-0.parquet): their columns, as `run` reads them
-            frame = with_columns(frame, folder_columns(f, input_path, wanted or folder_values(f, input_path), frame))
+            # hive-style folders (dt=.../part-0.parquet) in the file's path, INPUT's folder or above it: their columns
+            frame = with_columns(frame, folder_columns(f, None, wanted or folder_values(f, input_path), frame))
             if by_file:
                 frame = frame.with_columns(pl.lit(below(f, input_path), pl.String).alias(by_file))
         except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which

@@ -34,12 +34,13 @@ def below(uri: str, source: str) -> str:
     return path[len(folder) + 1 :] if path.startswith(folder + "/") else path.rsplit("/", 1)[-1]
 
 
-def folder_values(uri: str, source: str) -> dict[str, str | None]:
-    """The `key=value` folder names of the file `uri` below the folder of `source` (an inner one wins)."""
+def folder_values(uri: str, source: str | None) -> dict[str, str | None]:
+    """The `key=value` folder names of the file `uri` below the folder of `source` (an inner one wins); None: of
+    its whole path (`shardline predict`'s input, which may name a folder or a file inside the layout)."""
     if "=" not in uri:
         return {}
     out: dict[str, str | None] = {}
-    for part in below(uri, source).split("/")[:-1]:
+    for part in (below(uri, source) if source is not None else uri).split("/")[:-1]:
         key, eq, value = part.partition("=")
         if eq and key:
             out[unquote(key)] = None if value == NULL else unquote(value)
@@ -55,7 +56,9 @@ def typed(value: str | None) -> pl.Series:
     return pl.read_csv(io.BytesIO(f'v\n"{quoted}"\n'.encode()), try_parse_dates=True)["v"]
 
 
-def folder_columns(uri: str, source: str, wanted: Collection[str], held: Collection[str]) -> dict[str, pl.Series]:
+def folder_columns(
+    uri: str, source: str | None, wanted: Collection[str], held: Collection[str]
+) -> dict[str, pl.Series]:
     """The columns of `wanted` that the folder names of `uri` give and its file does not hold (`held`)."""
     return {k: typed(v) for k, v in folder_values(uri, source).items() if k in wanted and k not in held}
 
