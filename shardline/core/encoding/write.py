@@ -152,7 +152,9 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
         name = name.replace_strict({p: sequence_name(u, data) for p, u in zip(paths, uris)}, return_dtype=pl.Utf8)
     seq = name if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
     try:  # `__seq` and `__order` made inside the scan's query: no second pass over the rows
-        scan = pl.scan_parquet(paths, include_file_paths="__file") if by_file else pl.scan_parquet(paths)
+        # a column the config does not name, in some files only (one added later: a data lake's schema evolution),
+        # is left unread (it failed the scan: the group was read file by file, 7x slower on small files)
+        scan = pl.scan_parquet(paths, extra_columns="ignore", include_file_paths="__file" if by_file else None)
         # the first file's footer (0.1 ms; the scan's collect_schema: 1 ms); files of other types fail the scan
         held = pl.read_parquet_schema(paths[0])
         text = data.order_by is not None and held.get(data.order_by) == pl.Utf8
