@@ -746,20 +746,23 @@ def test_a_file_sequence_splits_the_same_wherever_the_raw_files_lie(tmp_path, se
     assert {split for split, rows, _ in shards[0] if rows} == {"train", "validation", "test"}
 
 
-def test_files_that_gained_a_column_are_still_read_in_one_scan(raw_dir, tmp_path):
-    """A data lake's schema evolution: the later files hold a column the config does not name. A group of them is
-    still read in one scan, the same rows as file by file (the scan failed on the column the first file lacks, and
-    the group was read file by file: 7x slower on 100 small files)."""
+def test_files_that_gained_a_column_or_a_wider_type_are_still_read_in_one_scan(raw_dir, tmp_path):
+    """A data lake's schema evolution: the later files hold a column the config does not name, and wider types
+    (a float64 feature that was float32, an int64 order that was int32). A group of them is still read in one scan,
+    the same rows as file by file (the scan failed, and the group was read file by file: 7x slower on 100 small
+    files)."""
     from shardline.core.encoding.write import _scan_local, read_raw
 
     paths = sorted(raw_dir.glob("*.parquet"))
     for p in paths[2:]:
-        pl.read_parquet(p).with_columns(pl.lit(1.5).alias("new_metric")).write_parquet(p)
+        later = pl.read_parquet(p).with_columns(pl.lit(1.5).alias("new_metric"))
+        later.with_columns(pl.col("x").cast(pl.Float64), pl.col("t").cast(pl.Int64)).write_parquet(p)
     cfg = cfg_for(raw_dir, tmp_path)
     for uris in ([str(p) for p in paths], [str(p) for p in paths[::-1]]):  # the new column's files last, or first
         scanned = _scan_local(uris, cfg.data)
         assert scanned is not None and "new_metric" not in scanned.columns
-        assert scanned.equals(pl.concat([read_raw(u, cfg.data) for u in uris]))
+        by_file = pl.concat([read_raw(u, cfg.data) for u in uris], how="vertical_relaxed")
+        assert scanned.equals(by_file) and scanned.schema["x"] == pl.Float64 and scanned.schema["t"] == pl.Int64
 
 
 @pytest.mark.parametrize("per_group", [1, 2])

@@ -137,6 +137,10 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFra
     return prepare(df, data.sequence_key, data.order_by, uri, data.order_format, file_name=sequence_name(uri, data))
 
 
+# numbers of one column in other types in other files, read as the files put together take them (a wider type)
+WIDEN = pl.ScanCastOptions(integer_cast=["upcast", "allow-float"], float_cast="upcast")
+
+
 def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
     """Several local files in one multi-threaded polars scan (the fast path); None when they do not
     scan as one table (different column types...): then each file is read alone, naming the bad one.
@@ -152,26 +156,43 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
         name = name.replace_strict({p: sequence_name(u, data) for p, u in zip(paths, uris)}, return_dtype=pl.Utf8)
     seq = name if data.sequence_key in (None, FILE_SEQUENCE) else pl.col(data.sequence_key).cast(pl.Utf8)
     try:  # `__seq` and `__order` made inside the scan's query: no second pass over the rows
-        # a column the config does not name, in some files only (one added later: a data lake's schema evolution),
-        # is left unread (it failed the scan: the group was read file by file, 7x slower on small files)
-        scan = pl.scan_parquet(paths, extra_columns="ignore", include_file_paths="__file" if by_file else None)
         # the first file's footer (0.1 ms; the scan's collect_schema: 1 ms); files of other types fail the scan
         held = pl.read_parquet_schema(paths[0])
         text = data.order_by is not None and held.get(data.order_by) == pl.Utf8
+        from_folders = []
         for k in named - held.keys():  # a folder's value, by the path the scan read the row from
             if any(k not in v for v in folders) or len({typed(v[k]).dtype for v in folders}) > 1:
                 return None  # not every file's folders say it, or in different types: read file by file
-            dtype = typed(folders[0][k]).dtype
-            scan = scan.with_columns(
-                pl.col("__file")
-                .replace_strict({p: typed(v[k])[0] for p, v in zip(paths, folders)}, return_dtype=dtype)
-                .alias(k)
+            mapping = {p: typed(v[k])[0] for p, v in zip(paths, folders)}
+            from_folders.append(
+                pl.col("__file").replace_strict(mapping, return_dtype=typed(folders[0][k]).dtype).alias(k)
             )
         if data.order_by is None:
             order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
         else:  # text is parsed after the scan (a time zone in it is read only eagerly)
             order = pl.lit(0, dtype=pl.Int64) if text else order_expr(data.order_by)
-        df = scan.select([*data.raw_columns(), seq.alias(SEQ), order.alias(ORDER)]).collect()
+
+        def scanned(**widen) -> pl.DataFrame:
+            # a column the config does not name, in some files only (one added later: a data lake's schema
+            # evolution), is left unread (it failed the scan: the group was read file by file, 7x slower)
+            scan = pl.scan_parquet(
+                paths, extra_columns="ignore", include_file_paths="__file" if by_file else None, **widen
+            )
+            return (
+                scan.with_columns(from_folders)
+                .select([*data.raw_columns(), seq.alias(SEQ), order.alias(ORDER)])
+                .collect()
+            )
+
+        try:
+            df = scanned()
+        except pl.exceptions.PolarsError:  # a column of other types in other files (an integer column with a null,
+            # which pandas writes as floats; a type widened later): read in the type the files put together take
+            wanted = set(data.raw_columns()) - set(named)
+            empty = [
+                pl.DataFrame(schema={c: t for c, t in pl.read_parquet_schema(p).items() if c in wanted}) for p in paths
+            ]
+            df = scanned(schema=pl.concat(empty, how="vertical_relaxed").schema, cast_options=WIDEN)
         if text:
             df = df.with_columns(parse_order(df, data.order_by, data.order_format, ", ".join(uris)).alias(ORDER))
     except Exception:  # noqa: BLE001 - files that do not scan as one table: read one by one, naming the bad one
