@@ -21,8 +21,18 @@ from tests.test_s3_source import s3_endpoint  # noqa: F401 - fixture: a real (mo
 SENDER = "shardline-mlflow-sender"
 
 
+_EARLIER: set[threading.Thread] = set()  # sender threads alive when the test began (a failed test's, left behind)
+
+
 def senders() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == SENDER and t.is_alive()]
+    """This test's MLflow sender threads still running."""
+    return [t for t in threading.enumerate() if t.name == SENDER and t.is_alive() and t not in _EARLIER]
+
+
+@pytest.fixture(autouse=True)
+def _earlier_senders():
+    _EARLIER.clear()
+    _EARLIER.update(t for t in threading.enumerate() if t.name == SENDER)
 
 
 @pytest.fixture
@@ -57,8 +67,10 @@ def test_a_server_that_is_down_costs_logging_nothing_and_loses_nothing(tmp_path,
         tracker.log_metrics({"train/loss": 1.0 / (step + 1), "train/lr": 0.01}, step)
         slowest = max(slowest, time.perf_counter() - t)
     took = time.perf_counter() - t0
-    # a local file append each, never a network wait (bounds generous for a shared 2-core machine)
-    assert took < 2.0 and slowest < 0.2, (took, slowest)
+    # a local file append each, never a network wait: one would take MLflow's request timeout (5 s, above). The
+    # bounds leave room for a thread the loaded 2-core machine did not run for a while (0.49 s seen, once, in a
+    # full suite: 0.2 s failed it)
+    assert took < 4.0 and slowest < 2.5, (took, slowest)
     journal = tmp_path / "run" / "mlflow-journal.jsonl"
     assert sum('"op": "metrics"' in line for line in journal.read_text().splitlines()) == 1000
 
