@@ -490,10 +490,11 @@ class Predictor:
             raise DataError(f"--forecast: {what}; predict without it")
         # the sequence key; where the file is the sequence, the column naming each row's file (`file_key`: rows of
         # several files, as `shardline predict` reads them), else the rows are one file
+        by_file = file_key(spec)
         seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
-        seq_col = seq_col or (file_key(spec) if file_key(spec) in df.columns else None)
+        seq_col = seq_col or (by_file if by_file in df.columns else None)
         prepared = prepare(df, seq_col or spec.sequence_key, spec.order_by, "input", spec.order_format)
-        if seq_col and seq_col == file_key(spec) and spec.order_by is None:  # a row's number in its own file
+        if seq_col and seq_col == by_file and spec.order_by is None:  # a row's number in its own file
             prepared = prepared.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).over(SEQ).alias(ORDER))
         prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # the rows as the encoding lays them out
         if spec.order_by is not None:  # a file given twice: two predictions a row, the copies in every window
