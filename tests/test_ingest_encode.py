@@ -834,3 +834,25 @@ def test_hive_style_folders_are_columns_as_if_written_into_the_files(raw_dir, tm
     # the rehearsal's copies keep their folders (the same file name in four folders: four files)
     copied = copy_sample(cfg, str(tmp_path / "rehearsal"), 4)
     assert len(set(copied)) == 4 and all("/raw/season=" in c for c in copied)
+
+
+def test_a_null_folder_beside_numbers_is_a_null_of_their_type(raw_dir, tmp_path):
+    """`zone=__HIVE_DEFAULT_PARTITION__` (Spark's and Hive's null) beside `zone=1`, `zone=2`: the folder is a null
+    integer, not text that the ingest refused as a category written two ways; both read paths give the same."""
+    from shardline.core.encoding.write import _scan_local, read_group
+
+    hive = tmp_path / "hive"
+    zones = ["1", "2", "__HIVE_DEFAULT_PARTITION__", "3"]
+    for j, f in enumerate(sorted(raw_dir.glob("*.parquet"))):
+        (hive / f"zone={zones[j]}").mkdir(parents=True)
+        pl.read_parquet(f).write_parquet(hive / f"zone={zones[j]}" / "part-0.parquet")
+    raw = tiny_config(str(hive), str(tmp_path / "store"))
+    raw["data"]["features"]["categorical"] = ["kind", "zone"]
+    cfg = validate_config(raw)
+    snap, spec, _, m = encode_all(cfg)  # the ingest's footer checks, then the encode
+    assert sorted(spec.categorical[1].values) == ["1", "2", "3"] and sum(m.rows.values()) == 4 * 180
+    uris = [f.uri for f in snap.files]
+    scanned = _scan_local(uris, cfg.data)
+    one_by_one = pl.concat([read_group([f], cfg.data) for f in snap.files], how="vertical_relaxed")
+    assert scanned is not None and scanned.schema["zone"] == one_by_one.schema["zone"] == pl.Int64
+    assert scanned["zone"].to_list() == one_by_one["zone"].to_list() == [z for z in (1, 2, 3, None) for _ in range(180)]  # by path

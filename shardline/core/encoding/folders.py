@@ -49,9 +49,10 @@ def folder_values(uri: str, source: str | None) -> dict[str, str | None]:
 
 @functools.lru_cache(maxsize=4096)
 def typed(value: str | None) -> pl.Series:
-    """A folder's value as a one-value series of the type polars gives it as a hive partition."""
+    """A folder's value as a one-value series of the type polars gives it as a hive partition (a null one: of no
+    type, so that it joins the other folders' values in theirs)."""
     if value is None:
-        return pl.Series("v", [None], dtype=pl.String)
+        return pl.Series("v", [None], dtype=pl.Null)
     quoted = value.replace('"', '""')
     return pl.read_csv(io.BytesIO(f'v\n"{quoted}"\n'.encode()), try_parse_dates=True)["v"]
 

@@ -161,12 +161,11 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
         text = data.order_by is not None and held.get(data.order_by) == pl.Utf8
         from_folders = []
         for k in named - held.keys():  # a folder's value, by the path the scan read the row from
-            if any(k not in v for v in folders) or len({typed(v[k]).dtype for v in folders}) > 1:
+            types = {typed(v[k]).dtype for v in folders if k in v} - {pl.Null}  # a null one fits any
+            if any(k not in v for v in folders) or len(types) > 1:
                 return None  # not every file's folders say it, or in different types: read file by file
             mapping = {p: typed(v[k])[0] for p, v in zip(paths, folders)}
-            from_folders.append(
-                pl.col("__file").replace_strict(mapping, return_dtype=typed(folders[0][k]).dtype).alias(k)
-            )
+            from_folders.append(pl.col("__file").replace_strict(mapping, return_dtype=next(iter(types), pl.String)).alias(k))
         if data.order_by is None:
             order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
         else:  # text is parsed after the scan (a time zone in it is read only eagerly)
