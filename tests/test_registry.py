@@ -324,12 +324,15 @@ def test_a_champion_tested_on_other_data_is_rescored_on_the_candidates_test_spli
     assert third["registered"]["alias"] == "challenger"
 
 
-def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, prefect_api):
+@pytest.mark.parametrize("order", ["t", None])
+def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, prefect_api, order):
     """`data.sequence_key: '@file'`: each file is a sequence, and its rows' order values repeat from file to file.
     Evaluation's predictions name their file; `shardline predict` over a folder predicts each file as a sequence
     of its own, as it predicts that file alone (it made the folder one sequence: windows across two files, the
     files' rows of one order interleaved); the champion gate re-scores the champion on the candidate's test files,
-    a file at a time (it matched rows on their order alone, in every file, test split or not)."""
+    a file at a time (it matched rows on their order alone, in every file, test split or not). Without an order
+    column (the rows in the file's order), each row is its number in its file, the gate's too (it refused: the
+    champion kept forever)."""
     from typer.testing import CliRunner
 
     from shardline.app.cli import app
@@ -338,14 +341,16 @@ def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, 
 
     def files(prefix: str, n: int, seed: int) -> None:  # one sequence a file, `t` from 0 in each
         for path in make_raw(tmp_path / "files", n_seq=3 * n, rows=40, prefix=prefix, seed=seed):
-            pl.read_parquet(path).filter(pl.col("seq") == pl.col("seq").first()).drop("seq").write_parquet(path)
+            rows = pl.read_parquet(path).filter(pl.col("seq") == pl.col("seq").first()).sort("t")
+            rows.drop("seq" if order else ["seq", "t"]).write_parquet(path)
 
     files("f", 10, 0)
-    cfg["data"].update(source=str(tmp_path / "files"), sequence_key="@file")
+    cfg["data"].update(source=str(tmp_path / "files"), sequence_key="@file", order_by=order)
+    key = order or "row"
     cfg["data"]["split"]["seed"] = 3  # 2 of the 10 files in test; 3 of the 15 after the new ones
     first = run(cfg)
     evaluated = pl.read_parquet(f"{first['train']['run_dir']}/eval/test_predictions.parquet")
-    assert evaluated.columns[:2] == ["file", "t"] and evaluated["file"].n_unique() >= 1
+    assert evaluated.columns[:2] == ["file", key] and evaluated["file"].n_unique() >= 1
     assert evaluated.group_by("file").len()["len"].to_list() == [37] * evaluated["file"].n_unique()  # 40 - K
 
     model, store = f"models:/{cfg['mlflow']['model_name']}@champion", cfg["mlflow"]["tracking_uri"]
@@ -356,7 +361,7 @@ def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, 
         return pl.read_parquet(out)
 
     folder = predict(tmp_path / "files", str(tmp_path / "all.parquet"))
-    assert folder.columns[:2] == ["file", "t"] and folder.height == 10 * 37
+    assert folder.columns[:2] == ["file", key] and folder.height == 10 * 37
     alone = predict(tmp_path / "files" / "f-003.parquet", str(tmp_path / "one.parquet"))
     assert alone["file"].unique().to_list() == ["f-003.parquet"]
     assert folder.filter(pl.col("file") == "f-003.parquet").equals(alone)
@@ -369,6 +374,7 @@ def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, 
     version = client.get_model_version(cfg["mlflow"]["model_name"], str(second["registered"]["version"]))
     compared = json.loads(version.tags["shardline.gate"])["compared"]
     assert compared["rows"] == candidate.height, compared  # each test row once, matched in its own file
+    assert candidate[key].to_list() == [i for _ in range(candidate["file"].n_unique()) for i in range(3, 40)]
     assert compared["candidate_value"] == pytest.approx(second["metrics"]["accuracy"], abs=1e-9)
 
 

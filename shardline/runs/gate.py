@@ -125,10 +125,12 @@ def _score(task: str, truth: pl.Series, predicted: pl.Series) -> dict[str, float
     return M.label_scores(M.sparse_confusion(y, pred, len(labels)))
 
 
-def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> tuple[list[pl.DataFrame], int] | str:
-    """The rows `keep(frame, uri)` picks of the first raw files (columns `need`), up to GATE_ROWS (the memory is
-    bounded), and how many, their date-times in one zone where the files' differ; or why not: the first file that
-    lacks a column of `check`."""
+def _first_rows(
+    snapshot: Snapshot, need: list[str], check: list[str], keep, numbered: str = ""
+) -> tuple[list[pl.DataFrame], int] | str:
+    """The rows `keep(frame, uri)` picks of the first raw files (columns `need`; `numbered`: a column of each row's
+    number in its file), up to GATE_ROWS (the memory is bounded), and how many, their date-times in one zone where
+    the files' differ; or why not: the first file that lacks a column of `check`."""
     from shardline.core.encoding.folders import folder_columns, with_columns
     from shardline.core.encoding.write import in_one_zone
     from shardline.trainer.serving import dictionaries_as_values
@@ -141,9 +143,14 @@ def _first_rows(snapshot: Snapshot, need: list[str], check: list[str], keep) -> 
         missing = [c for c in check if c not in held and c not in extra]
         if missing:
             return f"the champion needs column(s) {missing}, which {uri} does not have"
+        start = 0
         for g in range(source.num_row_groups):  # a row group at a time: a large file is not read whole
             table = dictionaries_as_values(source.read_row_group(g, columns=[c for c in need if c not in extra]))
-            frames.append(keep(with_columns(pl.from_arrow(table), extra), uri))
+            frame = with_columns(pl.from_arrow(table), extra)
+            if numbered:  # as the encode numbers the rows of data without an order column
+                frame = frame.with_columns(pl.int_range(start, start + frame.height, dtype=pl.Int64).alias(numbered))
+                start += frame.height
+            frames.append(keep(frame, uri))
             uris.append(uri)
             n += frames[-1].height
             if n >= GATE_ROWS:
@@ -173,8 +180,10 @@ def reevaluate_champion(
             "reason": f"{metric} {needs}, which a served prediction does not give; the champion can be re-scored on "
             f"{', '.join(SERVED_METRICS[target.task])} (mlflow.promotion_metric)"
         }
-    if spec.order_by is None:
-        return {"reason": "the data has no sequence key or order column to match the champion's rows with"}
+    by_file = file_key(spec)  # where the file is the sequence, the column of its name (as the predictions give it)
+    order = spec.order_by or ("row" if by_file else None)  # without an order column: each row's number in its file
+    if order is None:
+        return {"reason": "the data has no order column (data.order_by) to match the champion's rows with"}
     from shardline.runs.model_files import load_checked
 
     model = load_checked(model_uri)  # only with the files it was registered with
@@ -183,15 +192,14 @@ def reevaluate_champion(
     # rows are matched on their sequence and order as the encoding holds them (the candidate's test predictions
     # do: the sequence as text, the order as int64, a date-time as its instant), not on the id columns
     # where the file is the sequence, its name (as the candidate's predictions give it) stands for a sequence key
-    by_file = file_key(spec)
     seq_key = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else by_file
-    raw_keys = [*([seq_key] if seq_key else []), spec.order_by]
+    raw_keys = [*([seq_key] if seq_key else []), order]
     keys = [*([SEQ] if seq_key else []), ORDER]
 
     def encoded(frame: pl.DataFrame, where: str) -> pl.DataFrame:
         if by_file and by_file not in frame.columns:  # a raw file's rows: its name below the source's folder
             frame = frame.with_columns(pl.lit(below(where, snapshot.source), pl.String).alias(by_file))
-        return prepare(frame, seq_key, spec.order_by, where, spec.order_format)
+        return prepare(frame, seq_key, order, where, spec.order_format)
 
     predicted = pq.ParquetFile(io.BytesIO(storage.read_bytes(predictions_uri)))
     if any(c not in predicted.schema_arrow.names for c in [*raw_keys, "prediction"]):
@@ -208,6 +216,7 @@ def reevaluate_champion(
     found = _first_rows(
         snapshot, need, [*wanted, target.column],
         lambda frame, uri: encoded(frame, uri).filter(pl.col(keys[0]).is_in(test_keys.implode())),
+        numbered="" if spec.order_by else order,
     )  # fmt: skip
     if isinstance(found, str):
         return {"reason": found}
