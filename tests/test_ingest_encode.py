@@ -1,4 +1,5 @@
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,26 @@ def test_symbolic_links_to_raw_files_are_listed_as_their_files(raw_dir, tmp_path
     direct = snapshot_source(cfg_for(raw_dir, tmp_path).data)
     assert [f.uri.rsplit("/", 1)[1] for f in snap.files] == [f"s-{i:03d}.parquet" for i in range(4)]
     assert [f.size for f in snap.files] == [f.size for f in direct.files]
+
+
+@pytest.mark.parametrize("dtype", [pl.Array(pl.Float32, 2), pl.List(pl.Float32)])
+def test_a_vector_column_named_as_a_feature_says_how_to_make_it_columns(raw_dir, tmp_path, dtype):
+    """An embedding or a sensor's axes as one list column named under data.features: the error says to write a
+    column an element, with the polars code that does it, and that code makes files the config takes."""
+    for f in raw_dir.glob("*.parquet"):
+        df = pl.read_parquet(f)
+        df.with_columns(pl.concat_list(pl.col("x"), -pl.col("x")).cast(dtype).alias("vec")).write_parquet(f)
+    with pytest.raises(DataError) as e:
+        snapshot_source(cfg_for(raw_dir, tmp_path, **{"data.features.continuous": ["vec", "y"]}).data)
+    msg = str(e.value)
+    assert "column 'vec' has type" in msg and "write each element as a column of its own" in msg
+    code = re.search(r"\(polars: (.*)\)$", msg, re.M).group(1).replace("range(N)", "range(2)")
+    for f in raw_dir.glob("*.parquet"):
+        eval(code, {"pl": pl, "df": pl.read_parquet(f)}).write_parquet(f)  # the hint, as a user runs it
+    snap = snapshot_source(cfg_for(raw_dir, tmp_path, **{"data.features.continuous": ["vec_0", "vec_1", "y"]}).data)
+    assert len(snap.files) == 4 and pl.read_parquet(snap.files[0].uri)["vec_1"].to_list()[:3] == pytest.approx(
+        (-pl.read_parquet(snap.files[0].uri)["x"]).to_list()[:3]
+    )
 
 
 def test_missing_column_and_wrong_dtype_are_named(raw_dir, tmp_path):

@@ -79,6 +79,19 @@ def expected_columns(data: DataConfig) -> dict[str, str]:
     return roles
 
 
+def _list_hint(col: str, t: pa.DataType) -> str:
+    """What to do with a list or struct column (a vector a row: an embedding, a sensor's axes): a column an element."""
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        ns, n = ("arr", t.list_size) if pa.types.is_fixed_size_list(t) else ("list", "N")
+        return (
+            f"; a feature is one value a row: write each element as a column of its own and name those (polars: "
+            f"df.with_columns(pl.col('{col}').{ns}.get(i).alias(f'{col}_{{i}}') for i in range({n})))"
+        )
+    if pa.types.is_struct(t):
+        return f"; a feature is one value a row: name its fields as columns (polars: df.unnest('{col}'))"
+    return ""
+
+
 def check_schema(schema: pa.Schema, data: DataConfig, uri: str = "") -> list[str]:
     """Reasons the file `uri` cannot be used (empty when it fits the config)."""
     import difflib
@@ -107,7 +120,7 @@ def check_schema(schema: pa.Schema, data: DataConfig, uri: str = "") -> list[str
         if pa.types.is_null(t):  # only nulls (a hive-style folder's null value): a column of any type; rows that
             continue  # need a value (keys, targets) are counted by the encode
         if not any(is_type(t.value_type if pa.types.is_dictionary(t) else t) for is_type in types):
-            problems.append(f"column '{col}' has type {t}, but as the {kind} it must be {allowed}")
+            problems.append(f"column '{col}' has type {t}, but as the {kind} it must be {allowed}{_list_hint(col, t)}")
         elif kind == "split column" and pa.types.is_temporal(t):
             problems += _bound_problems(data, t)
     return problems
