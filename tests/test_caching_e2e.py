@@ -73,6 +73,15 @@ def test_same_command_twice_runs_nothing(setup, prefect_api, capsys):
     said = capsys.readouterr().out
     assert f"Registered {config.mlflow.model_name} version 1 (it holds no alias now)" in said
     assert f"shardline predict models:/{config.mlflow.model_name}/1 INPUT.parquet" in said
+    # a model no better than its baseline on the promotion metric is said to be (this one learned: nothing said)
+    from shardline.tasks.evaluate import no_better_than_baseline
+
+    assert "no better than its baseline" not in said and third["weak"] == ""
+    assert first["metrics"]["accuracy"] > first["baseline"]["accuracy"]
+    weak = no_better_than_baseline(config, first["baseline"], first["metrics"])  # the two the other way round
+    assert weak.startswith(f"the model is no better than its baseline on accuracy ({first['baseline']['accuracy']:.4g}")
+    summary({**third, "weak": weak})
+    assert f"note: {weak}" in capsys.readouterr().out
     client.set_registered_model_alias(config.mlflow.model_name, "champion", "1")
     assert run(cfg)["registered"]["alias"] == "champion"
 

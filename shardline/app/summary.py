@@ -33,6 +33,8 @@ def summary(result: dict) -> None:
         f"against {baseline}:\n"
     )
     typer.echo(result["table"])
+    if result.get("weak"):
+        typer.secho(f"\nnote: {result['weak']}", fg=typer.colors.YELLOW)
     if tr.get("cost"):
         from shardline.core.cost.ledger import describe
 

@@ -21,7 +21,7 @@ from shardline.runs.parent import parent_encoding, pinned, resolve_parent, with_
 from shardline.runs.result import Parent
 from shardline.tasks.caching import STEPS, cached, run_cached
 from shardline.tasks.encode import encode
-from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate
+from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate, no_better_than_baseline
 from shardline.tasks.ingest import INGEST_CACHE, ingest
 from shardline.tasks.register import REGISTER_CACHE, register, with_alias_now
 from shardline.tasks.train import TRAIN_CACHE, train_step
@@ -148,5 +148,6 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
         "baseline": scores.baseline,
         "baseline_name": baseline_name(config),
         "table": scores.table,
+        "weak": no_better_than_baseline(config, scores.metrics, scores.baseline),  # '' when it beats the baseline
         "registered": registered.model_dump(),
     }

@@ -438,7 +438,22 @@ def evaluate(manifest_uri: str, train_result: TrainResult, config: PipelineConfi
             r["baseline"] + (f" of {config.data.item_key}" if r["baseline"] == "popularity" else ""),
         )
     log.info("evaluate: %d test windows\n%s", result["test_windows"], result["table"])
+    if weak := no_better_than_baseline(config, result["metrics"], result["baseline"]):
+        log.warning("evaluate: %s", weak)
     return EvalResult(**result)
+
+
+def no_better_than_baseline(config: PipelineConfig, metrics: dict, baseline: dict) -> str:
+    """Words for a model that does not beat the baseline on the promotion metric ('' when it does, or has none)."""
+    name, direction = config.mlflow.promotion_metric, config.mlflow.promotion_direction
+    model, base = metrics.get(name), baseline.get(name)
+    if model is None or base is None or (model > base if direction == "maximize" else model < base):
+        return ""
+    return (
+        f"the model is no better than its baseline on {name} ({model:.4g} against {base:.4g}): it learned nothing the "
+        "test split rewards. Check that the features bear on the target, the window (data.window) and the "
+        "training's length (training.epochs, training.lr)"
+    )
 
 
 def evaluation_settings(config: PipelineConfig) -> dict:
