@@ -79,6 +79,31 @@ def test_appended_files_leave_every_full_group_as_it_was():
     assert len(file_groups(snap(20), data)) >= 3
 
 
+@pytest.mark.parametrize("sequence_key", ["@file", "seq"])
+def test_a_new_day_in_device_folders_is_appended_where_each_file_is_a_sequence(sequence_key):
+    """`device=7/dt=2026-01-02/part-0.parquet`, a file a device and day: the files sorted by path put each new day
+    among the old ones, and every group after the first device's was encoded again. Where each file is a
+    sequence, the files are taken by their dates first: a new day leaves every full group as it was. Where a
+    sequence key spans files, the order stays the paths' (it decides which rows share a group and a window)."""
+
+    def snap(days: int) -> Snapshot:
+        uris = [f"/raw/device={d}/dt=2026-01-{day:02d}/part-0.parquet" for d in range(12) for day in range(1, days + 1)]
+        return Snapshot(
+            source="/raw", files=[RawFile(uri=u, size=100, version="1") for u in sorted(uris)], fingerprint="x"
+        )
+
+    data = config(Path("/raw"), "/store", **{"data.sequence_key": sequence_key, "data.files_per_group": 5}).data
+    before, after = file_groups(snap(9), data), file_groups(snap(10), data)
+    kept = sum(a == b for a, b in zip(before, after))
+    if sequence_key == "@file":
+        assert kept == len(before) - 1 and len(after) == len(before) + 2  # 108 files, then 120: 22 groups, then 24
+        day10 = sorted(f"/raw/device={d}/dt=2026-01-10/part-0.parquet" for d in range(12))
+        assert [f.uri for g in after[-3:] for f in g][-12:] == day10  # the new day's files come last
+    else:
+        assert kept == 1  # the first device's 9 days and the second's first: one group alike
+        assert [f.uri for g in after for f in g] == [f.uri for f in snap(10).files]
+
+
 def test_appending_encodes_only_the_new_groups_in_a_flow(tmp_path, prefect_api):
     """Through a real Prefect flow: after encoding 4 files (2 groups), 2 appended files make one new group;
     the 2 old groups come back from the cache, their shards untouched (bytes and mtimes), and the new

@@ -57,6 +57,13 @@ def typed(value: str | None) -> pl.Series:
     return pl.read_csv(io.BytesIO(f'v\n"{quoted}"\n'.encode()), try_parse_dates=True)["v"]
 
 
+def time_folders(uri: str, source: str) -> tuple[str, ...]:
+    """The values of the file's date or date-time folders below the source's folder (`dt=2026-01-02`), outermost
+    first: files sorted by them, then by path, put a new day's files after the old ones in any layout
+    (`device=7/dt=...` as `dt=.../device=7`)."""
+    return tuple(v for v in folder_values(uri, source).values() if v is not None and typed(v).dtype.is_temporal())
+
+
 def folder_columns(
     uri: str, source: str | None, wanted: Collection[str], held: Collection[str]
 ) -> dict[str, pl.Series]:

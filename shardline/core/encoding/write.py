@@ -20,7 +20,7 @@ from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare, refuse_copies
 from shardline.core.encoding.contract import contract
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
-from shardline.core.encoding.folders import below, folder_columns, folder_values, typed, with_columns
+from shardline.core.encoding.folders import below, folder_columns, folder_values, time_folders, typed, with_columns
 from shardline.core.encoding.group import encode_splits, one_torch_thread
 from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_table, training_statistics
@@ -61,8 +61,11 @@ def file_groups(snapshot: Snapshot, data: DataConfig) -> list[list[RawFile]]:
     before it and its own, never by the files after it: files appended at the end leave every group
     but the last as it was (the last one, until full, takes the first new files), and their stored
     shards are reused (`group_key`). A file inserted earlier in the order moves the boundaries after
-    it: those groups are encoded again."""
+    it: those groups are encoded again. Where each file is a sequence, files in date folders are taken by
+    their dates first (`device=7/dt=2026-01-02/...`: a new day's files come after every old one, as appended)."""
     files = snapshot.files
+    if data.sequence_key in (None, FILE_SEQUENCE):
+        files = sorted(files, key=lambda f: (time_folders(f.uri, data.source), f.uri))
     if data.files_per_group:
         n = data.files_per_group
         return [files[i : i + n] for i in range(0, len(files), n)]
@@ -165,7 +168,9 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
             if any(k not in v for v in folders) or len(types) > 1:
                 return None  # not every file's folders say it, or in different types: read file by file
             mapping = {p: typed(v[k])[0] for p, v in zip(paths, folders)}
-            from_folders.append(pl.col("__file").replace_strict(mapping, return_dtype=next(iter(types), pl.String)).alias(k))
+            from_folders.append(
+                pl.col("__file").replace_strict(mapping, return_dtype=next(iter(types), pl.String)).alias(k)
+            )
         if data.order_by is None:
             order = pl.int_range(0, pl.len(), dtype=pl.Int64).over("__file")
         else:  # text is parsed after the scan (a time zone in it is read only eagerly)
