@@ -18,6 +18,7 @@ import polars as pl
 from shardline.core.config import FILE_SEQUENCE
 from shardline.core.encoding.columns import ORDER, SEQ, DataError, prepare, refuse_copies
 from shardline.core.encoding.frame import encode_frame
+from shardline.core.encoding.splits import sequence_runs
 from shardline.core.manifest import EncodingSpec
 
 if TYPE_CHECKING:
@@ -496,7 +497,8 @@ class Predictor:
         prepared = prepare(df, seq_col or spec.sequence_key, spec.order_by, "input", spec.order_format)
         if seq_col and seq_col == by_file and spec.order_by is None:  # a row's number in its own file
             prepared = prepared.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).over(SEQ).alias(ORDER))
-        prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # the rows as the encoding lays them out
+        if sequence_runs(prepared) is None:  # the rows as the encoding lays them out (a sort copies every column:
+            prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # rows already so are kept as they are)
         if spec.order_by is not None:  # a file given twice: two predictions a row, the copies in every window
             refuse_copies(prepared, seq_col or spec.sequence_key, spec.order_by, "the input")
         if forecast:

@@ -151,7 +151,7 @@ def bound_value(bound, dtype: pl.DataType, key: str):
     return value
 
 
-def _runs(df: pl.DataFrame) -> tuple[np.ndarray, list[str]] | None:
+def sequence_runs(df: pl.DataFrame) -> tuple[np.ndarray, list[str]] | None:
     """(first row of each run of equal `__seq`, the run's key) when each sequence is one run whose
     `__order` never goes down, i.e. the rows are already grouped and ordered; else None."""
     n = df.height
@@ -186,10 +186,10 @@ def split_rows(df: pl.DataFrame, data: DataConfig) -> tuple[pl.DataFrame, dict[s
     if data.split.method in ("hash", "kfold") and data.sequence_key is not None:
         if ROW in df.columns:  # a sequence's rows go where its key draws: their places do not count
             df = df.drop(ROW)  # (a drop is a query of its own: ~2 ms on a group's 75 columns)
-        runs = _runs(df)
+        runs = sequence_runs(df)
         if runs is None:
             df = df.sort([SEQ, ORDER], maintain_order=True)
-            runs = _runs(df)
+            runs = sequence_runs(df)
         starts, keys = runs
         labels = sequence_splits(keys, data.split)
         ends = np.append(starts[1:], df.height).astype(np.int64)
@@ -215,10 +215,10 @@ def split_rows(df: pl.DataFrame, data: DataConfig) -> tuple[pl.DataFrame, dict[s
             part = labelled.filter(pl.col(SPLIT) == name).drop(SPLIT)
             if not part.height:
                 continue
-            runs = _runs(part)
+            runs = sequence_runs(part)
             if runs is None:
                 part = part.sort([SEQ, ORDER], maintain_order=True)
-                runs = _runs(part)
+                runs = sequence_runs(part)
             pieces.append(part)
             splits[name] = SplitRows(at, at + part.height, *runs)
             at += part.height
