@@ -877,3 +877,16 @@ def test_a_null_folder_beside_numbers_is_a_null_of_their_type(raw_dir, tmp_path)
     one_by_one = pl.concat([read_group([f], cfg.data) for f in snap.files], how="vertical_relaxed")
     assert scanned is not None and scanned.schema["zone"] == one_by_one.schema["zone"] == pl.Int64
     assert scanned["zone"].to_list() == one_by_one["zone"].to_list() == [z for z in (1, 2, 3, None) for _ in range(180)]  # by path
+
+
+def test_a_file_whose_footer_reads_and_data_does_not_is_said_to_be_damaged(raw_dir, tmp_path):
+    """A file damaged inside (its footer intact) passes the ingest's footer checks, which data.on_bad_file goes by;
+    the encode's error says the file is damaged and what to do, not only polars' words."""
+    path = raw_dir / "s-002.parquet"
+    body = bytearray(path.read_bytes())
+    body[200:1200] = bytes(b ^ 0x5A for b in body[200:1200])
+    path.write_bytes(bytes(body))
+    cfg = cfg_for(raw_dir, tmp_path, **{"data.on_bad_file": "skip", "data.files_per_group": 1})
+    assert len(snapshot_source(cfg.data).files) == 4  # the footer reads
+    with pytest.raises(DataError, match=r"s-002\.parquet: cannot read columns .* the file is damaged"):
+        encode_all(cfg)

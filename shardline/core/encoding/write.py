@@ -122,7 +122,16 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFra
         else:
             df = read(storage.local_path(uri))
     except Exception as e:
-        raise DataError(f"{uri}: cannot read columns {columns}: {e}") from e
+        damaged = isinstance(e, pl.exceptions.PolarsError) and not isinstance(e, OSError)  # not a network error
+        raise DataError(
+            f"{uri}: cannot read columns {columns}: {e}"
+            + (
+                ". Its footer reads (the ingest checks footers, and data.on_bad_file goes by them) but its data "
+                "does not: the file is damaged (an interrupted copy?). Replace it, or remove it, and run again"
+                if damaged
+                else ""
+            )
+        ) from e
     for target in (t.column for t in data.target_list if t.task != "generation"):  # text: data.on_bad_rows
         if gaps := target_gaps(df[target]):
             raise DataError(
