@@ -1,5 +1,4 @@
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -76,22 +75,52 @@ def test_symbolic_links_to_raw_files_are_listed_as_their_files(raw_dir, tmp_path
 
 
 @pytest.mark.parametrize("dtype", [pl.Array(pl.Float32, 2), pl.List(pl.Float32)])
-def test_a_vector_column_named_as_a_feature_says_how_to_make_it_columns(raw_dir, tmp_path, dtype):
-    """An embedding or a sensor's axes as one list column named under data.features: the error says to write a
-    column an element, with the polars code that does it, and that code makes files the config takes."""
-    for f in raw_dir.glob("*.parquet"):
+@pytest.mark.parametrize("per_group", [1, 2])  # each file read alone; the files in one scan
+def test_the_elements_of_a_list_column_are_features(raw_dir, tmp_path, dtype, per_group):
+    """An embedding or a sensor's axes as one list (or fixed-size array) column: `vec[0:2]` under
+    data.features.continuous makes each element a feature, encoded to the very shards of the same values written
+    as columns of their own; an element past a row's list is missing (as a null). Named whole, the error says how
+    to name its elements; an element past a fixed-size array's end, or of a column of no numbers, is said."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for f in sorted(raw_dir.glob("*.parquet")):
         df = pl.read_parquet(f)
-        df.with_columns(pl.concat_list(pl.col("x"), -pl.col("x")).cast(dtype).alias("vec")).write_parquet(f)
-    with pytest.raises(DataError) as e:
-        snapshot_source(cfg_for(raw_dir, tmp_path, **{"data.features.continuous": ["vec", "y"]}).data)
-    msg = str(e.value)
-    assert "column 'vec' has type" in msg and "write each element as a column of its own" in msg
-    code = re.search(r"\(polars: (.*)\)$", msg, re.M).group(1).replace("range(N)", "range(2)")
-    for f in raw_dir.glob("*.parquet"):
-        eval(code, {"pl": pl, "df": pl.read_parquet(f)}).write_parquet(f)  # the hint, as a user runs it
-    snap = snapshot_source(cfg_for(raw_dir, tmp_path, **{"data.features.continuous": ["vec_0", "vec_1", "y"]}).data)
-    assert len(snap.files) == 4 and pl.read_parquet(snap.files[0].uri)["vec_1"].to_list()[:3] == pytest.approx(
-        (-pl.read_parquet(snap.files[0].uri)["x"]).to_list()[:3]
+        short = pl.col("t") == 7  # a row whose list holds one element (a list column's rows may differ)
+        second = pl.when(short & (dtype == pl.List(pl.Float32))).then(None).otherwise(-pl.col("x"))
+        df.with_columns(pl.col("x").alias("vec_0"), second.alias("vec_1")).write_parquet(flat / f.name)
+        vec = pl.concat_list(pl.col("x"), -pl.col("x"))
+        if dtype == pl.List(pl.Float32):
+            vec = pl.when(short).then(pl.concat_list(pl.col("x"))).otherwise(vec)
+        df.with_columns(vec.cast(dtype).alias("vec")).write_parquet(f)
+    over = {"data.features.continuous": ["vec[0:2]", "y"], "data.files_per_group": per_group}
+    cfg = cfg_for(raw_dir, tmp_path, **over)
+    assert cfg.data.features.continuous == ["vec[0]", "vec[1]", "y"]
+    flat_over = {**over, "data.features.continuous": ["vec_0", "vec_1", "y"]}
+    flat_cfg = validate_config(tiny_config(str(flat / "*.parquet"), str(tmp_path / "store-flat"), **flat_over))
+    (_, spec, out, m), (_, flat_spec, flat_out, flat_m) = encode_all(cfg), encode_all(flat_cfg)
+    assert [c.name for c in spec.continuous] == ["vec[0]", "vec[1]", "y"]
+    assert [(c.mean, c.std) for c in spec.continuous] == [(c.mean, c.std) for c in flat_spec.continuous]
+    for split in m.rows:
+        for a, b in zip(m.shards_of(split), flat_m.shards_of(split), strict=True):
+            got, want = shard_arrays(m, out, a), shard_arrays(flat_m, flat_out, b)
+            assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in got), split
+
+    def refused(continuous: list[str]) -> str:
+        with pytest.raises(DataError) as e:
+            snapshot_source(cfg_for(raw_dir, tmp_path, **{"data.features.continuous": continuous}).data)
+        return str(e.value)
+
+    assert "column 'vec' has type" in refused(["vec", "y"]) and "name them: vec[0:" in refused(["vec", "y"])
+    if dtype == pl.Array(pl.Float32, 2):
+        said = refused(["vec[0:3]"])
+        assert (
+            "'vec[2]' is past the end of column 'vec', which holds 2 elements a row (vec[0:2] names them all)" in said
+        )
+    assert "'kind[0]' names an element of column 'kind', which holds" in refused(["kind[0:1]"])
+    for f in raw_dir.glob("*.parquet"):  # a column named like an element is not read as one
+        pl.read_parquet(f).rename({"vec": "vec[0]"}).write_parquet(f)
+    assert "the file's column named 'vec[0]' is not read: a name ending in [N] names a list's element" in refused(
+        ["vec[0]"]
     )
 
 
@@ -876,7 +905,9 @@ def test_a_null_folder_beside_numbers_is_a_null_of_their_type(raw_dir, tmp_path)
     scanned = _scan_local(uris, cfg.data)
     one_by_one = pl.concat([read_group([f], cfg.data) for f in snap.files], how="vertical_relaxed")
     assert scanned is not None and scanned.schema["zone"] == one_by_one.schema["zone"] == pl.Int64
-    assert scanned["zone"].to_list() == one_by_one["zone"].to_list() == [z for z in (1, 2, 3, None) for _ in range(180)]  # by path
+    assert (
+        scanned["zone"].to_list() == one_by_one["zone"].to_list() == [z for z in (1, 2, 3, None) for _ in range(180)]
+    )  # by path
 
 
 def test_a_file_whose_footer_reads_and_data_does_not_is_said_to_be_damaged(raw_dir, tmp_path):

@@ -84,8 +84,10 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     make_raw(raw_dir, n_seq=12, rows=60)
     with_time(raw_dir, (START + pl.duration(seconds=pl.col("t") * 30)).dt.convert_time_zone("Europe/Paris"))
     for path in raw_dir.glob("*.parquet"):  # a decimal feature, as Spark writes prices: registration failed on it
-        pl.read_parquet(path).with_columns(pl.col("y").round(4).cast(pl.Decimal(18, 4))).write_parquet(path)
+        vec = pl.concat_list(pl.col("x"), pl.col("x") * 2).cast(pl.Array(pl.Float32, 2)).alias("vec")  # an embedding
+        pl.read_parquet(path).with_columns(pl.col("y").round(4).cast(pl.Decimal(18, 4)), vec).write_parquet(path)
     cfg = tiny_config(str(raw_dir / "*.parquet"), str(tmp_path / "store"))
+    cfg["data"]["features"]["continuous"] = ["x", "y", "vec[0:2]"]  # its elements, each a feature
     cfg["data"]["order_by"] = "when"
     cfg["data"]["id_columns"] = ["user"]
     cfg["data"]["features"]["categorical"] = ["kind", "season"]  # an int16 category
@@ -114,7 +116,9 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     # the numbers in other types than training read, as pandas and other tools write them: float64 for float32,
     # int64 for int16, and an integer column with a null (float64 in pandas): the same predictions, from the
     # command and from MLflow's own pyfunc API (whose signature takes the wider types)
-    wide = rows.drop("label").with_columns(pl.col("x", "y").cast(pl.Float64), pl.col("season").cast(pl.Int64))
+    wide = rows.drop("label").with_columns(
+        pl.col("x", "y").cast(pl.Float64), pl.col("season").cast(pl.Int64), pl.col("vec").cast(pl.List(pl.Float64))
+    )
     with_null = wide.with_columns(pl.when(pl.col("t") == 5).then(None).otherwise(pl.col("season")).alias("season"))
     with_null.with_columns(pl.col("season").cast(pl.Float64)).write_parquet(tmp_path / "wide.parquet")
     done = subprocess.run([*cmd, str(tmp_path / "wide.parquet"), "--out", str(tmp_path / "w.parquet"), *uri],
@@ -127,7 +131,8 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
 
     mlflow.set_tracking_uri(result["registered"]["tracking_uri"])
     served_model = mlflow.pyfunc.load_model("models:/tiny-model@champion")
-    assert served_model.metadata.get_input_schema().input_types_dict()["y"].name == "double"  # a decimal: a number
+    inputs = served_model.metadata.get_input_schema().input_types_dict()
+    assert inputs["y"].name == "double" and str(inputs["vec"]) == "Array(double)"  # a decimal: a number
     served = served_model.predict(naive_utc(wide.to_pandas()))
     assert served["prediction"].tolist() == preds["prediction"].to_list()
     # a folder of files that differ as `shardline run` allows: a wider number type, a column one file lacks, another

@@ -141,13 +141,17 @@ def widened_signature(signature):
     trained on float32 and int16 columns takes pandas' own float64 and int64 too (the model casts them back to
     the training's types: `input_types` in its bundle)."""
     from mlflow.models import ModelSignature
-    from mlflow.types.schema import ColSpec, DataType, Schema
+    from mlflow.types.schema import Array, ColSpec, DataType, Schema
 
     wide = {DataType.integer: DataType.long, DataType.float: DataType.double}
+
+    def widened(t):  # (an object column's type: "any", unhashable); a list column's elements too (`vec[0:4]`)
+        if isinstance(t, Array) and isinstance(t.dtype, DataType):
+            return Array(wide.get(t.dtype, t.dtype))
+        return wide.get(t, t) if isinstance(t, DataType) else t
+
     inputs = [
-        ColSpec(wide.get(c.type, c.type), c.name, required=c.required)
-        if isinstance(c, ColSpec) and isinstance(c.type, DataType)  # (an object column's type: "any", unhashable)
-        else c
+        ColSpec(widened(c.type), c.name, required=c.required) if isinstance(c, ColSpec) else c
         for c in signature.inputs.inputs
     ]
     return ModelSignature(Schema(inputs), signature.outputs, signature.params)

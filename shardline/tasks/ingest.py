@@ -13,6 +13,7 @@ from prefect.logging import get_run_logger
 
 from shardline.core import layout, storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
+from shardline.core.config.data import element_of, read_names
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.folders import folder_columns
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
@@ -79,14 +80,27 @@ def expected_columns(data: DataConfig) -> dict[str, str]:
     return roles
 
 
-def _list_hint(col: str, t: pa.DataType) -> str:
-    """What to do with a list or struct column (a vector a row: an embedding, a sensor's axes): a column an element."""
-    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
-        ns, n = ("arr", t.list_size) if pa.types.is_fixed_size_list(t) else ("list", "N")
+def _element_problem(name: str, element: tuple[str, int], t: pa.DataType) -> str:
+    """Why `name` (`vec[3]`: a continuous feature, an element of the column `vec` of type `t`) cannot be read ('' when
+    it can): the column holds no list of numbers, or a fixed-size array too short for it."""
+    column, i = element
+    if not (pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return f"'{name}' names an element of column '{column}', which holds {t}, not a list of numbers"
+    if not any(is_type(t.value_type) for is_type in _NUMBER):
+        return f"'{name}' names an element of column '{column}', whose elements are {t.value_type}, not numbers"
+    if pa.types.is_fixed_size_list(t) and i >= t.list_size:
         return (
-            f"; a feature is one value a row: write each element as a column of its own and name those (polars: "
-            f"df.with_columns(pl.col('{col}').{ns}.get(i).alias(f'{col}_{{i}}') for i in range({n})))"
+            f"'{name}' is past the end of column '{column}', which holds {t.list_size} elements a row "
+            f"({column}[0:{t.list_size}] names them all)"
         )
+    return ""
+
+
+def _list_hint(col: str, t: pa.DataType) -> str:
+    """What to do with a list or struct column (a vector a row: an embedding, a sensor's axes)."""
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        n = t.list_size if pa.types.is_fixed_size_list(t) else "N"
+        return f"; to take its elements as features, name them: {col}[0:{n}] (elements 0 to {n} - 1)"
     if pa.types.is_struct(t):
         return f"; a feature is one value a row: name its fields as columns (polars: df.unnest('{col}'))"
     return ""
@@ -99,6 +113,14 @@ def check_schema(schema: pa.Schema, data: DataConfig, uri: str = "") -> list[str
     problems = []
     for col, kind in expected_columns(data).items():
         idx = schema.get_field_index(col)
+        if kind == "continuous" and (e := element_of(col)):  # `vec[3]`: element 3 of the list column `vec`
+            said = _element_problem(col, e, schema.field(e[0]).type) if e[0] in schema.names else (
+                f"missing column '{e[0]}', whose element '{col}' is a feature (data.features.continuous)"
+                + (f"; the file's column named '{col}' is not read: a name ending in [N] names a list's element, "
+                   "so rename the column" if idx >= 0 else "")
+            )  # fmt: skip
+            problems += [said] if said and said not in problems else []
+            continue
         if idx < 0:
             close = difflib.get_close_matches(col, schema.names, n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -429,7 +451,8 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
     MLflow infers from a sample of the raw columns the model takes, checked against that sample."""
     from mlflow.models import infer_signature
 
-    columns = list(dict.fromkeys([*data.features.all(), *data.id_columns]))
+    f = data.features  # the columns (a list column for its elements: `vec[0:4]`) the model takes
+    columns = list(dict.fromkeys([*read_names(f.continuous), *f.boolean, *f.categorical, *f.text, *data.id_columns]))
     columns += [c for c in (data.sequence_key, data.order_by) if c and c != FILE_SEQUENCE and c not in columns]
     # as many rows as registration's sample reads at most (its input example): what passes here passes there
     sample = raw_sample(snapshot.files[0].uri, columns, rows=SAMPLE_ROWS, source=snapshot.source)

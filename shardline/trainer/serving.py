@@ -16,7 +16,8 @@ import numpy as np
 import polars as pl
 
 from shardline.core.config import FILE_SEQUENCE
-from shardline.core.encoding.columns import ORDER, SEQ, DataError, prepare, refuse_copies
+from shardline.core.config.data import read_names
+from shardline.core.encoding.columns import ORDER, SEQ, DataError, prepare, refuse_copies, with_elements
 from shardline.core.encoding.frame import encode_frame
 from shardline.core.encoding.splits import sequence_runs
 from shardline.core.manifest import EncodingSpec
@@ -60,7 +61,7 @@ def data_spec(spec: EncodingSpec) -> DataSpec:
 
 def input_columns(spec: EncodingSpec) -> list[str]:
     """Raw columns a prediction needs (the target is not one of them), and the id columns it passes through."""
-    cols = [c.name for c in spec.continuous] + list(spec.boolean) + [v.name for v in spec.categorical]
+    cols = read_names([c.name for c in spec.continuous]) + list(spec.boolean) + [v.name for v in spec.categorical]
     cols += list(spec.text.columns) if spec.text is not None else []
     for c in (spec.sequence_key, spec.order_by, *spec.id_columns, *_ranked_by(spec)):
         if c and c != FILE_SEQUENCE and c not in cols:
@@ -472,6 +473,7 @@ class Predictor:
             )
         if self.input_types:
             df = _conformed(df, self.input_types)
+        df = with_elements(df, [c.name for c in spec.continuous])  # `vec[3]`: element 3 of the list column `vec`
         if spec.text is not None:
             if forecast:
                 raise DataError(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -31,8 +33,27 @@ def training_splits(split: SplitConfig, fold: int | None) -> tuple[list[str], li
     return [f for f in folds if f != fold_split(fold)], [fold_split(fold)]
 
 
+ELEMENT = re.compile(r"^(.+)\[(\d+)\]$")  # `vec[3]`: element 3 of the list or array column `vec`
+ELEMENTS = re.compile(r"^(.+)\[(\d+):(\d+)\]$")  # `vec[0:64]`: its elements 0 to 63, each a feature
+
+
+def element_of(name: str) -> tuple[str, int] | None:
+    """(the list or array column, the index) a continuous feature `vec[3]` names; None for a column's own name."""
+    m = ELEMENT.match(name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def read_names(names: list[str]) -> list[str]:
+    """The columns a file is read for `names`: an element's list column in its place, once."""
+    return list(dict.fromkeys(e[0] if (e := element_of(n)) else n for n in names))
+
+
 class Features(Strict):
-    continuous: list[str] = Field(default_factory=list, description="numeric columns, standardised")
+    continuous: list[str] = Field(
+        default_factory=list,
+        description="numeric columns, standardised; `vec[0:64]` names elements 0-63 of a list or array column "
+        "(an embedding, a sensor's axes), each a feature of its own",
+    )
     boolean: list[str] = Field(default_factory=list, description="true/false columns")
     categorical: list[str] = Field(default_factory=list, description="columns with a vocabulary")
     text: list[str] = Field(
@@ -40,6 +61,25 @@ class Features(Strict):
         description="string columns tokenized into one token stream per sequence (data.tokenizer); not mixed with "
         "the other roles",
     )
+
+    @field_validator("continuous", mode="before")
+    @classmethod
+    def _elements(cls, raw: Any) -> Any:
+        if not isinstance(raw, list):
+            return raw
+        out = []
+        for name in raw:
+            m = ELEMENTS.match(name) if isinstance(name, str) else None
+            if m is None:
+                out.append(name)
+                continue
+            first, end = int(m.group(2)), int(m.group(3))
+            if end <= first:
+                raise ValueError(
+                    f"'{name}': elements {first} up to (not including) {end} are none; write {m.group(1)}[0:N]"
+                )
+            out += [f"{m.group(1)}[{i}]" for i in range(first, end)]
+        return out
 
     def all(self) -> list[str]:
         return [*self.continuous, *self.boolean, *self.categorical, *self.text]
@@ -408,8 +448,9 @@ class DataConfig(Strict):
         return 1 if self.sequence_key is not None or self.features.text else 0
 
     def raw_columns(self) -> list[str]:
-        """Every column the raw files must hold."""
-        cols = list(self.features.all())
+        """Every column the raw files are read for (an element's list column in its place: `read_names`)."""
+        f = self.features
+        cols = list(dict.fromkeys([*read_names(f.continuous), *f.boolean, *f.categorical, *f.text]))
         for c in (
             *(t.column for t in self.target_list),
             self.order_by,

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 
 from shardline.core.config import FILE_SEQUENCE
+from shardline.core.config.data import element_of
 
 SEQ = "__seq"
 ORDER = "__order"
@@ -28,6 +29,29 @@ def as_number(column: str, dtype: pl.DataType) -> pl.Expr:
     elif isinstance(dtype, pl.Duration):
         col = col.dt.total_microseconds()
     return col.cast(pl.Float64)
+
+
+def element_exprs(names: list[str], schema: dict[str, pl.DataType]) -> list[pl.Expr]:
+    """The continuous features `names` that are elements of a list or array column of `schema` (`vec[3]`), as
+    expressions of those columns (an element past a row's list, or of a null list, is null: a missing value)."""
+    exprs = []
+    for name in names:
+        if name in schema or (e := element_of(name)) is None or e[0] not in schema:
+            continue
+        col = pl.col(e[0])
+        ns = col.arr if isinstance(schema[e[0]], pl.Array) else col.list
+        exprs.append(ns.get(e[1], null_on_oob=True).alias(name))
+    return exprs
+
+
+def with_elements(frame: pl.DataFrame, names: list[str]) -> pl.DataFrame:
+    """`frame` with the elements `names` name as columns (`element_exprs`), their list columns dropped where no
+    other name needs them."""
+    exprs = element_exprs(names, frame.schema)
+    if not exprs:
+        return frame
+    lists = {element_of(n)[0] for n in names if n not in frame.columns and element_of(n)} - set(names)
+    return frame.with_columns(exprs).drop(lists)
 
 
 def order_expr(column: str) -> pl.Expr:

@@ -17,7 +17,16 @@ import polars as pl
 
 from shardline.core import layout, storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
-from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare, refuse_copies
+from shardline.core.encoding.columns import (
+    ORDER,
+    SEQ,
+    DataError,
+    order_expr,
+    parse_order,
+    prepare,
+    refuse_copies,
+    with_elements,
+)
 from shardline.core.encoding.contract import contract
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.folders import below, folder_columns, folder_values, time_folders, typed, with_columns
@@ -132,6 +141,7 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFra
                 else ""
             )
         ) from e
+    df = with_elements(df, data.features.continuous)  # `vec[3]`: element 3 of the list column `vec`
     for target in (t.column for t in data.target_list if t.task != "generation"):  # text: data.on_bad_rows
         if gaps := target_gaps(df[target]):
             raise DataError(
@@ -221,7 +231,7 @@ def _scan_local(uris: list[str], data: DataConfig) -> pl.DataFrame | None:
             grades(df[data.target_list[0].column], "")
         except DataError:
             return None  # read file by file: the error names the file and the value
-    return df
+    return with_elements(df, data.features.continuous)  # `vec[3]`: element 3 of the list column `vec`
 
 
 def read_group(
