@@ -95,6 +95,7 @@ def test_the_elements_of_a_list_column_are_features(raw_dir, tmp_path, dtype, pe
     over = {"data.features.continuous": ["vec[0:2]", "y"], "data.files_per_group": per_group}
     cfg = cfg_for(raw_dir, tmp_path, **over)
     assert cfg.data.features.continuous == ["vec[0]", "vec[1]", "y"]
+    assert cfg.model_dump(mode="json")["data"]["features"]["continuous"] == ["vec[0:2]", "y"]  # params, cache keys
     flat_over = {**over, "data.features.continuous": ["vec_0", "vec_1", "y"]}
     flat_cfg = validate_config(tiny_config(str(flat / "*.parquet"), str(tmp_path / "store-flat"), **flat_over))
     (_, spec, out, m), (_, flat_spec, flat_out, flat_m) = encode_all(cfg), encode_all(flat_cfg)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import (
     Field,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -79,6 +80,24 @@ class Features(Strict):
                     f"'{name}': elements {first} up to (not including) {end} are none; write {m.group(1)}[0:N]"
                 )
             out += [f"{m.group(1)}[{i}]" for i in range(first, end)]
+        return out
+
+    @field_serializer("continuous")
+    def _compact(self, names: list[str]) -> list[str]:
+        """Runs of a list column's elements written back as they are named (`vec[0:64]`): the config as the run's
+        params, a flow run's parameters and the cache keys' dumps (the same names, read back)."""
+        out: list[str] = []
+        run: list[tuple[str, int]] = []
+        for name in [*names, ""]:
+            e = element_of(name)
+            if run and (e is None or e[0] != run[0][0] or e[1] != run[-1][1] + 1):
+                base, first, last = run[0][0], run[0][1], run[-1][1]
+                out.append(f"{base}[{first}:{last + 1}]" if last > first else f"{base}[{first}]")
+                run = []
+            if e is not None:
+                run.append(e)
+            elif name:
+                out.append(name)
         return out
 
     def all(self) -> list[str]:
