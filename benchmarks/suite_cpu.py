@@ -45,12 +45,14 @@ def sample(seen: dict, stop: threading.Event) -> None:
                 key = (str(proc.pid), proc.create_time())
                 times = proc.cpu_times()
                 cpu = times.user + times.system
-                if key in seen:
+                cmd = " ".join(proc.cmdline())
+                if key in seen and (seen[key]["ours"] or seen[key]["cmd"] == cmd):
                     seen[key]["cpu"] = cpu
                     continue
+                # first seen; or seen between its fork and its exec, with its parent's command and environment
                 env = proc.environ()
                 test = env.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-                seen[key] = {"cpu": cpu, "cmd": " ".join(proc.cmdline()), "test": test, "ours": MARK in env}
+                seen[key] = {"cpu": cpu, "cmd": cmd, "test": test, "ours": MARK in env}
             except psutil.Error:
                 continue  # gone meanwhile, or not ours to read
         stop.wait(0.25)

@@ -30,7 +30,12 @@ def test_a_busy_child_is_found_with_its_cpu_and_its_test_and_an_unmarked_one_is_
     stop = threading.Event()
     sampler = threading.Thread(target=suite_cpu.sample, args=(seen, stop), daemon=True)
     sampler.start()
-    children = [subprocess.Popen([sys.executable, "-c", busy], env=env) for env in (marked, unmarked)]
+    # each child waits between its fork and its exec, when it still has the test's own command and environment:
+    # a sampler that saw it then marked it as not the suite's (flaky on a loaded machine)
+    children = [
+        subprocess.Popen([sys.executable, "-c", busy], env=env, preexec_fn=lambda: time.sleep(0.5))
+        for env in (marked, unmarked)
+    ]
     for child in children:
         child.wait(timeout=60)
     time.sleep(0.3)
