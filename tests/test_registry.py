@@ -325,7 +325,7 @@ def test_a_champion_tested_on_other_data_is_rescored_on_the_candidates_test_spli
 
 
 @pytest.mark.parametrize("order", ["t", None])
-def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, prefect_api, order):
+def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, prefect_api, order, monkeypatch):
     """`data.sequence_key: '@file'`: each file is a sequence, and its rows' order values repeat from file to file.
     Evaluation's predictions name their file; `shardline predict` over a folder predicts each file as a sequence
     of its own, as it predicts that file alone (it made the folder one sequence: windows across two files, the
@@ -365,6 +365,20 @@ def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, 
     alone = predict(tmp_path / "files" / "f-003.parquet", str(tmp_path / "one.parquet"))
     assert alone["file"].unique().to_list() == ["f-003.parquet"]
     assert folder.filter(pl.col("file") == "f-003.parquet").equals(alone)
+    # a large input is predicted whole files at a time, as it is all at once; a chunk of files too short for a
+    # window (here one of 2 rows alone) gives no prediction, as in the whole input
+    import shardline.app.predict_input as P
+
+    pl.read_parquet(tmp_path / "files" / "f-000.parquet").head(2).write_parquet(tmp_path / "short.parquet")
+    (tmp_path / "short.parquet").rename(tmp_path / "files" / "z-short.parquet")
+    monkeypatch.setattr(P, "PREDICT_ROWS", 40)  # each file a chunk
+    chunks, whole = [], P._predicted
+    monkeypatch.setattr(
+        P, "_predicted", lambda model, predictor, df, *a: chunks.append(df.height) or whole(model, predictor, df, *a)
+    )
+    assert predict(tmp_path / "files", str(tmp_path / "chunked.parquet")).equals(folder)
+    assert chunks == [40] * 10 + [2]
+    (tmp_path / "files" / "z-short.parquet").unlink()
 
     files("g", 5, 7)  # new files: another test split, on which the gate re-scores the champion
     cfg["training"]["epochs"] = 2

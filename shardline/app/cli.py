@@ -379,60 +379,25 @@ def predict(
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="a text model's new tokens a row (32; 0: none)"),
 ) -> None:
     """Write one prediction per window in INPUT, keyed by sequence key and order column so it joins back."""
-    import polars as pl
 
     if os.path.isdir(out):
         _fail(f"--out {out} is a folder: name the parquet file to write", 2)
-    from shardline.app.predict_input import read_input, write_output
+    from shardline.app.predict_input import InputError, predicted, write_output
     from shardline.core.storage import no_bucket
 
     if missing := no_bucket(out):  # said before the model loads, not after the predictions are made
         _fail(f"--out {out}{missing}", 2)
 
     model = _load_model(model_uri, tracking_uri)
-    from shardline.trainer.serving import file_key, naive_utc
-
-    schema = model.metadata.get_input_schema()
-    predictor = getattr(model.unwrap_python_model(), "predictor", None)
-    by_file = file_key(predictor.spec) if getattr(predictor, "input_types", None) else None  # each row's file
-    try:
-        df = read_input(input_path, schema, by_file)
-    except ValueError as e:
+    try:  # whole files at a time where each file is a sequence (shardline/app/predict_input.py)
+        result, rows = predicted(model, input_path, model_uri, forecast, max_tokens)
+    except InputError as e:
         _fail(str(e), 2)
-    if schema is not None:  # only the columns the model takes (no "extra inputs ignored" warning for the rest)
-        missing = [c for c in schema.required_input_names() if c not in df.columns]
-        if missing:
-            _fail(
-                f"{input_path} lacks column(s) {missing} that {model_uri} takes: its rows need every column it was "
-                f"trained on ({len(schema.input_names())}: {', '.join(schema.input_names())})",
-                2,
-            )
-        df = df.select([c for c in [*schema.input_names(), by_file] if c in df.columns] or df.columns)
-    if getattr(predictor, "input_types", None):  # Shardline's model: the rows as read (no pandas round trip, in
-        # which an integer column with a null turns float64 and MLflow refuses it), in the trained types
-        from shardline.core.encoding.columns import DataError
-
-        try:
-            params = None if max_tokens is None else {"max_tokens": max_tokens}  # generation: text models only
-            result = predictor.predict_frame(df, forecast=forecast, params=params)
-        except DataError as e:
-            _fail(f"{input_path}: {e}", 2)
-    elif forecast:
-        _fail(f"--forecast: {model_uri} was registered by an older Shardline; register it again to forecast", 2)
-    else:  # a model registered before its bundle kept the input's types: MLflow's schema enforcement, through
-        # pandas, which takes naive date-times only: time zones go in as UTC and come back in the input's zone
-        result = pl.from_pandas(model.predict(naive_utc(df.to_pandas())))
-        for c, t in df.schema.items():
-            if c in result.columns and isinstance(t, pl.Datetime) and t.time_zone:
-                result = result.with_columns(pl.col(c).dt.replace_time_zone("UTC").dt.convert_time_zone(t.time_zone))
-    for c, dtype in df.schema.items():  # the keys in the input's own types (a join needs no cast)
-        if c in result.columns and result.schema[c] != dtype:
-            result = result.with_columns(pl.col(c).cast(dtype))
     try:
         write_output(result, out)
     except OSError as e:
         _fail(f"cannot write --out {out}: {e}", 2)
-    typer.echo(f"wrote {result.height} prediction(s) for {df.height} input row(s) to {out}")
+    typer.echo(f"wrote {result.height} prediction(s) for {rows} input row(s) to {out}")
 
 
 @app.command()

@@ -4,6 +4,7 @@ the registered models a URI naming none may have meant."""
 from __future__ import annotations
 
 import io
+import os
 
 import polars as pl
 
@@ -22,6 +23,12 @@ def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.D
     a file that does not read, or one of several that lacks a column the model requires, is named (ValueError).
     `by_file`: a column to name each row's file in (its path below the input's folder), for a model whose sequence
     is the file (`serving.file_key`)."""
+    return next(read_chunks(input_path, schema, by_file, rows=None))
+
+
+def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: int | None = None):
+    """`read_input`'s rows, whole files at a time, each chunk at least `rows` rows but for the last (None: one
+    chunk): for a model whose sequence is the file, each chunk is predicted as the whole input would be."""
     listed = storage.listed_files(input_path)
     fs = storage.filesystem(input_path)[0]
     sizes = {storage.source_uri(fs, input_path, p): int(info.get("size") or 0) for p, info in listed.items()}
@@ -30,7 +37,7 @@ def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.D
         raise ValueError(f"no parquet file in {input_path}{storage.no_bucket(input_path)}")
     wanted = schema.input_names() if schema is not None else None
     required = schema.required_input_names() if schema is not None else []
-    frames = []
+    frames, names = [], []
     for f, source in storage.fetched([(f, sizes[f]) for f in files], FETCH_BYTES):
         try:
             frame = _read(source, wanted)
@@ -44,12 +51,103 @@ def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.D
         if missing and len(files) > 1:
             raise ValueError(f"{f} (of {input_path}) lacks column(s) {missing} that the model takes")
         frames.append(frame)
+        names.append(f)
+        if rows is not None and sum(x.height for x in frames) >= rows and f != files[-1]:
+            yield _together(frames, names, input_path)
+            frames, names = [], []
+    yield _together(frames, names, input_path)
+
+
+def _together(frames: list[pl.DataFrame], files: list[str], input_path: str) -> pl.DataFrame:
     if len(frames) == 1:
         return frames[0]
     try:
         return pl.concat(in_one_zone(frames, files), how="diagonal_relaxed")
     except (DataError, pl.exceptions.PolarsError) as e:
         raise ValueError(f"cannot put the files of {input_path} together: {e}") from None
+
+
+class InputError(ValueError):
+    """Input `predict` cannot take: the command's message, exit code 2."""
+
+
+# rows predicted at once where each file is a sequence (whole files a chunk): the memory of a large input is this
+# many rows' (~200 bytes a row as they are predicted), its predictions apart
+PREDICT_ROWS = int(os.environ.get("SHARDLINE_PREDICT_ROWS", 200_000))
+
+
+def predicted(
+    model, input_path: str, model_uri: str, forecast: bool, max_tokens: int | None
+) -> tuple[pl.DataFrame, int]:
+    """`shardline predict`'s predictions of the rows of `input_path` by the loaded `model`, and the input's row
+    count. A model whose sequence is the file predicts whole files a chunk (`PREDICT_ROWS`), as it would them all
+    at once; its notes on the input's rows then name each chunk's files."""
+    import logging
+
+    from shardline.trainer.serving import PREDICT_LOG, file_key, kept_notes
+
+    schema = model.metadata.get_input_schema()
+    predictor = getattr(model.unwrap_python_model(), "predictor", None)
+    by_file = file_key(predictor.spec) if getattr(predictor, "input_types", None) else None  # each row's file
+    chunks = read_chunks(input_path, schema, by_file, PREDICT_ROWS if by_file else None)
+    results, rows, empty, chunked = [], 0, None, False
+    while True:
+        try:
+            df = next(chunks, None)
+        except ValueError as e:  # a file that does not read, or lacks a column (named)
+            raise InputError(str(e)) from None
+        if df is None:
+            break
+        rows += df.height
+        chunked = chunked or df.height >= PREDICT_ROWS
+        with kept_notes() as notes:
+            try:
+                results.append(_predicted(model, predictor, df, by_file, forecast, max_tokens, (input_path, model_uri)))
+            except DataError as e:
+                if not (by_file and str(e).startswith("0 predictions")):
+                    raise InputError(f"{input_path}: {e}") from None
+                empty = empty or e  # a chunk's files too short for a window: said if every file is
+        files = sorted(df[by_file].unique().to_list()) if chunked and by_file in df.columns else []
+        for note in notes:  # (as `predict_frame` says them; a chunk's name the files it read)
+            where = f"files {files[0]} to {files[-1]}: " if files else ""
+            logging.getLogger(PREDICT_LOG).warning("predict: %s%s", where, note)
+    if not results:
+        raise InputError(f"{input_path}: {empty}")
+    return (results[0] if len(results) == 1 else pl.concat(results, how="diagonal_relaxed")), rows
+
+
+def _predicted(model, predictor, df: pl.DataFrame, by_file, forecast, max_tokens, names: tuple) -> pl.DataFrame:
+    """One chunk's predictions (`predicted`), their keys in the input's own types (a join needs no cast); `names`:
+    the input's and the model's, for the messages."""
+    from shardline.trainer.serving import naive_utc
+
+    (input_path, model_uri), schema = names, model.metadata.get_input_schema()
+    if schema is not None:  # only the columns the model takes (no "extra inputs ignored" warning for the rest)
+        missing = [c for c in schema.required_input_names() if c not in df.columns]
+        if missing:
+            names = schema.input_names()
+            raise InputError(
+                f"{input_path} lacks column(s) {missing} that {model_uri} takes: its rows need every column it was "
+                "trained on "
+                f"({len(names)}: {', '.join(names)})"
+            )
+        df = df.select([c for c in [*schema.input_names(), by_file] if c in df.columns] or df.columns)
+    if getattr(predictor, "input_types", None):  # Shardline's model: the rows as read (no pandas round trip, in
+        # which an integer column with a null turns float64 and MLflow refuses it), in the trained types
+        params = None if max_tokens is None else {"max_tokens": max_tokens}  # generation: text models only
+        result = predictor.predict_frame(df, forecast=forecast, params=params)
+    elif forecast:
+        raise InputError(f"--forecast: {model_uri} was registered by an older Shardline; register it again to forecast")
+    else:  # a model registered before its bundle kept the input's types: MLflow's schema enforcement, through
+        # pandas, which takes naive date-times only: time zones go in as UTC and come back in the input's zone
+        result = pl.from_pandas(model.predict(naive_utc(df.to_pandas())))
+        for c, t in df.schema.items():
+            if c in result.columns and isinstance(t, pl.Datetime) and t.time_zone:
+                result = result.with_columns(pl.col(c).dt.replace_time_zone("UTC").dt.convert_time_zone(t.time_zone))
+    for c, dtype in df.schema.items():
+        if c in result.columns and result.schema[c] != dtype:
+            result = result.with_columns(pl.col(c).cast(dtype))
+    return result
 
 
 FETCH_BYTES = 64 << 20  # an object store's input files fetched in one concurrent batch, at most (the memory held)
