@@ -125,11 +125,10 @@ def _predicted(model, predictor, df: pl.DataFrame, by_file, forecast, max_tokens
     if schema is not None:  # only the columns the model takes (no "extra inputs ignored" warning for the rest)
         missing = [c for c in schema.required_input_names() if c not in df.columns]
         if missing:
-            names = schema.input_names()
+            taken = schema.input_names()
             raise InputError(
                 f"{input_path} lacks column(s) {missing} that {model_uri} takes: its rows need every column it was "
-                "trained on "
-                f"({len(names)}: {', '.join(names)})"
+                f"trained on ({len(taken)}: {', '.join(taken)})"
             )
         df = df.select([c for c in [*schema.input_names(), by_file] if c in df.columns] or df.columns)
     if getattr(predictor, "input_types", None):  # Shardline's model: the rows as read (no pandas round trip, in
