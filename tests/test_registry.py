@@ -371,7 +371,7 @@ def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, 
 
     pl.read_parquet(tmp_path / "files" / "f-000.parquet").head(2).write_parquet(tmp_path / "short.parquet")
     (tmp_path / "short.parquet").rename(tmp_path / "files" / "z-short.parquet")
-    monkeypatch.setattr(P, "PREDICT_ROWS", 40)  # each file a chunk
+    monkeypatch.setenv("SHARDLINE_PREDICT_ROWS", "40")  # each file a chunk
     chunks, whole = [], P._predicted
     monkeypatch.setattr(
         P, "_predicted", lambda model, predictor, df, *a: chunks.append(df.height) or whole(model, predictor, df, *a)

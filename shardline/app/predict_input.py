@@ -4,7 +4,6 @@ the registered models a URI naming none may have meant."""
 from __future__ import annotations
 
 import io
-import os
 
 import polars as pl
 
@@ -71,16 +70,19 @@ class InputError(ValueError):
     """Input `predict` cannot take: the command's message, exit code 2."""
 
 
-# rows predicted at once where each file is a sequence (whole files a chunk): the memory of a large input is this
-# many rows' (~200 bytes a row as they are predicted), its predictions apart
-PREDICT_ROWS = int(os.environ.get("SHARDLINE_PREDICT_ROWS", 200_000))
+def predict_rows() -> int:
+    """Rows predicted at once where each file is a sequence (whole files a chunk): the memory of a large input is
+    this many rows' (~200 bytes a row as they are predicted), its predictions apart (`SHARDLINE_PREDICT_ROWS`)."""
+    from shardline.core.config import settings
+
+    return int(settings.number("SHARDLINE_PREDICT_ROWS"))
 
 
 def predicted(
     model, input_path: str, model_uri: str, forecast: bool, max_tokens: int | None
 ) -> tuple[pl.DataFrame, int]:
     """`shardline predict`'s predictions of the rows of `input_path` by the loaded `model`, and the input's row
-    count. A model whose sequence is the file predicts whole files a chunk (`PREDICT_ROWS`), as it would them all
+    count. A model whose sequence is the file predicts whole files a chunk (`predict_rows`), as it would them all
     at once; its notes on the input's rows then name each chunk's files."""
     import logging
 
@@ -89,7 +91,8 @@ def predicted(
     schema = model.metadata.get_input_schema()
     predictor = getattr(model.unwrap_python_model(), "predictor", None)
     by_file = file_key(predictor.spec) if getattr(predictor, "input_types", None) else None  # each row's file
-    chunks = read_chunks(input_path, schema, by_file, PREDICT_ROWS if by_file else None)
+    limit = predict_rows()
+    chunks = read_chunks(input_path, schema, by_file, limit if by_file else None)
     results, rows, empty, chunked = [], 0, None, False
     while True:
         try:
@@ -99,7 +102,7 @@ def predicted(
         if df is None:
             break
         rows += df.height
-        chunked = chunked or df.height >= PREDICT_ROWS
+        chunked = chunked or df.height >= limit
         with kept_notes() as notes:
             try:
                 results.append(_predicted(model, predictor, df, by_file, forecast, max_tokens, (input_path, model_uri)))

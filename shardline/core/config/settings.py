@@ -18,7 +18,7 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str  # seconds, MB, GB (numbers); step, pid (whole numbers); path, text
+    kind: str  # seconds, MB, GB (numbers); step, pid, rows (whole numbers); path, text
     default: float | str | None
     meaning: str
     zero: str = ""  # what 0 means, for a number that takes it
@@ -48,6 +48,13 @@ SETTINGS: dict[str, Setting] = {
             128,
             "pages of memory-mapped split packs a process keeps mapped, counted in its RSS",
             zero="no bound: every page read stays mapped",
+        ),
+        Setting(
+            "SHARDLINE_PREDICT_ROWS",
+            "rows",
+            200_000,
+            "rows `shardline predict` takes at once where each file is a sequence (whole files: at least this many)",
+            positive=True,
         ),
         Setting("SHARDLINE_PROGRESS_SECONDS", "seconds", 5, "how often a training's Prefect live view changes"),
         Setting(
@@ -119,7 +126,7 @@ def number(name: str) -> float | None:
     s, value = SETTINGS[name], _raw(name)
     if value is None:
         return None if s.default is None else float(s.default)
-    whole = s.kind in ("step", "pid")
+    whole = s.kind in ("step", "pid", "rows")
     example = f"e.g. {s.default:g}" if isinstance(s.default, (int, float)) and s.default else "e.g. 10"
     zero = f"; 0: {s.zero}" if s.zero else ""
     try:
