@@ -382,7 +382,7 @@ def predict(
 
     if os.path.isdir(out):
         _fail(f"--out {out} is a folder: name the parquet file to write", 2)
-    from shardline.app.predict_input import InputError, predicted, write_output
+    from shardline.app.predict_input import InputError, write_predictions
     from shardline.core.storage import no_bucket
 
     if missing := no_bucket(out):  # said before the model loads, not after the predictions are made
@@ -390,14 +390,10 @@ def predict(
 
     model = _load_model(model_uri, tracking_uri)
     try:  # whole files at a time where each file is a sequence (shardline/app/predict_input.py)
-        result, rows = predicted(model, input_path, model_uri, forecast, max_tokens)
-    except InputError as e:
+        n, rows = write_predictions(model, input_path, model_uri, forecast, max_tokens, out)
+    except InputError as e:  # the input, or --out (named)
         _fail(str(e), 2)
-    try:
-        write_output(result, out)
-    except OSError as e:
-        _fail(f"cannot write --out {out}: {e}", 2)
-    typer.echo(f"wrote {result.height} prediction(s) for {rows} input row(s) to {out}")
+    typer.echo(f"wrote {n} prediction(s) for {rows} input row(s) to {out}")
 
 
 @app.command()

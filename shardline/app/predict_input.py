@@ -4,6 +4,7 @@ the registered models a URI naming none may have meant."""
 from __future__ import annotations
 
 import io
+import os
 
 import polars as pl
 
@@ -78,13 +79,16 @@ def predict_rows() -> int:
     return int(settings.number("SHARDLINE_PREDICT_ROWS"))
 
 
-def predicted(
-    model, input_path: str, model_uri: str, forecast: bool, max_tokens: int | None
-) -> tuple[pl.DataFrame, int]:
-    """`shardline predict`'s predictions of the rows of `input_path` by the loaded `model`, and the input's row
-    count. A model whose sequence is the file predicts whole files a chunk (`predict_rows`), as it would them all
-    at once; its notes on the input's rows then name each chunk's files."""
+def write_predictions(
+    model, input_path: str, model_uri: str, forecast: bool, max_tokens: int | None, out: str
+) -> tuple[int, int]:
+    """`shardline predict`: the predictions of the rows of `input_path` by the loaded `model`, written to `out` (whole
+    or not at all); how many, and the input's row count. A model whose sequence is the file predicts whole files a
+    chunk (`predict_rows`), as it would them all at once: each chunk's predictions go to a scratch file as they
+    come, then into `out` in one streamed pass, so the memory is a chunk's whatever the input's size. Its notes on
+    the input's rows then name each chunk's files."""
     import logging
+    import tempfile
 
     from shardline.trainer.serving import PREDICT_LOG, file_key, kept_notes
 
@@ -93,35 +97,79 @@ def predicted(
     by_file = file_key(predictor.spec) if getattr(predictor, "input_types", None) else None  # each row's file
     limit = predict_rows()
     chunks = read_chunks(input_path, schema, by_file, limit if by_file else None)
-    results, rows, empty, chunked = [], 0, None, False
-    while True:
-        try:
-            df = next(chunks, None)
-        except ValueError as e:  # a file that does not read, or lacks a column (named)
-            raise InputError(str(e)) from None
-        if df is None:
-            break
-        rows += df.height
-        chunked = chunked or df.height >= limit
-        with kept_notes() as notes:
+    with tempfile.TemporaryDirectory(prefix="shardline-predict-") as scratch:
+        results, rows, n, empty, chunked = [], 0, 0, None, False
+        while True:
             try:
-                results.append(_predicted(model, predictor, df, by_file, forecast, max_tokens, (input_path, model_uri)))
-            except DataError as e:
-                if not (by_file and str(e).startswith("0 predictions")):
-                    raise InputError(f"{input_path}: {e}") from None
-                empty = empty or e  # a chunk's files too short for a window: said if every file is
-        files = sorted(df[by_file].unique().to_list()) if chunked and by_file in df.columns else []
-        for note in notes:  # (as `predict_frame` says them; a chunk's name the files it read)
-            where = f"files {files[0]} to {files[-1]}: " if files else ""
-            logging.getLogger(PREDICT_LOG).warning("predict: %s%s", where, note)
-    if not results:
-        raise InputError(f"{input_path}: {empty}")
-    return (results[0] if len(results) == 1 else pl.concat(results, how="diagonal_relaxed")), rows
+                df = next(chunks, None)
+            except ValueError as e:  # a file that does not read, or lacks a column (named)
+                raise InputError(str(e)) from None
+            if df is None:
+                break
+            rows += df.height
+            chunked = chunked or df.height >= limit
+            with kept_notes() as notes:
+                try:
+                    result = _predicted(model, predictor, df, by_file, forecast, max_tokens, (input_path, model_uri))
+                except DataError as e:
+                    if not (by_file and str(e).startswith("0 predictions")):
+                        raise InputError(f"{input_path}: {e}") from None
+                    empty = empty or e  # a chunk's files too short for a window: said if every file is
+                    result = None
+            files = sorted(df[by_file].unique().to_list()) if chunked and by_file in df.columns else []
+            for note in notes:  # (as `predict_frame` says them; a chunk's name the files it read)
+                where = f"files {files[0]} to {files[-1]}: " if files else ""
+                logging.getLogger(PREDICT_LOG).warning("predict: %s%s", where, note)
+            if result is not None:
+                n += result.height
+                results.append(result if not chunked else _aside(result, scratch, len(results), out))
+        if not results:
+            raise InputError(f"{input_path}: {empty}")
+        try:
+            if not chunked:
+                write_output(results[0], out)
+            else:  # the chunks' key types put together as the files' are (an int32 order in one, int64 in another)
+                whole = pl.concat([pl.scan_parquet(f) for f in results], how="diagonal_relaxed")
+                whole.sink_parquet(f"{scratch}/predictions.parquet")
+                _put(f"{scratch}/predictions.parquet", out)
+        except OSError as e:
+            raise InputError(f"cannot write --out {out}: {e}") from None
+    return n, rows
+
+
+def _aside(frame: pl.DataFrame, folder: str, i: int, out: str) -> str:
+    path = f"{folder}/chunk-{i:06d}.parquet"
+    try:
+        frame.write_parquet(path)
+    except OSError as e:  # a full disk where the scratch files go
+        raise InputError(f"cannot write --out {out}: its predictions so far in {folder}: {e}") from None
+    return path
+
+
+def _put(path: str, out: str) -> None:
+    """The file `path` as `out`, local or in an object store, whole or not at all (a local file aside, then renamed;
+    an object in one upload), never read into memory."""
+    import shutil
+    import uuid
+
+    if storage.is_remote(out):
+        fs, key = storage.filesystem(out)
+        fs.put_file(path, key)
+        return
+    target = os.path.abspath(storage.local_path(out))
+    os.makedirs(os.path.dirname(target), exist_ok=True)  # as `write_output` makes it
+    aside = os.path.join(os.path.dirname(target), f".{uuid.uuid4().hex}-{os.path.basename(target)}")
+    try:
+        shutil.copyfile(path, aside)
+        os.replace(aside, target)
+    finally:
+        if os.path.exists(aside):
+            os.unlink(aside)
 
 
 def _predicted(model, predictor, df: pl.DataFrame, by_file, forecast, max_tokens, names: tuple) -> pl.DataFrame:
-    """One chunk's predictions (`predicted`), their keys in the input's own types (a join needs no cast); `names`:
-    the input's and the model's, for the messages."""
+    """One chunk's predictions (`write_predictions`), their keys in the input's own types (a join needs no cast);
+    `names`: the input's and the model's, for the messages."""
     from shardline.trainer.serving import naive_utc
 
     (input_path, model_uri), schema = names, model.metadata.get_input_schema()
