@@ -160,7 +160,10 @@ def _put(path: str, out: str) -> None:
     os.makedirs(os.path.dirname(target), exist_ok=True)  # as `write_output` makes it
     aside = os.path.join(os.path.dirname(target), f".{uuid.uuid4().hex}-{os.path.basename(target)}")
     try:
-        shutil.copyfile(path, aside)
+        with open(path, "rb") as src, open(aside, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            os.fsync(dst.fileno())
         os.replace(aside, target)
     finally:
         if os.path.exists(aside):
