@@ -4,7 +4,6 @@ the registered models a URI naming none may have meant."""
 from __future__ import annotations
 
 import io
-import os
 
 import polars as pl
 
@@ -131,7 +130,7 @@ def write_predictions(
             else:  # the chunks' key types put together as the files' are (an int32 order in one, int64 in another)
                 whole = pl.concat([pl.scan_parquet(f) for f in results], how="diagonal_relaxed")
                 whole.sink_parquet(f"{scratch}/predictions.parquet")
-                _put(f"{scratch}/predictions.parquet", out)
+                storage.write_file(out, f"{scratch}/predictions.parquet")
         except OSError as e:
             raise InputError(f"cannot write --out {out}: {e}") from None
     return n, rows
@@ -144,30 +143,6 @@ def _aside(frame: pl.DataFrame, folder: str, i: int, out: str) -> str:
     except OSError as e:  # a full disk where the scratch files go
         raise InputError(f"cannot write --out {out}: its predictions so far in {folder}: {e}") from None
     return path
-
-
-def _put(path: str, out: str) -> None:
-    """The file `path` as `out`, local or in an object store, whole or not at all (a local file aside, then renamed;
-    an object in one upload), never read into memory."""
-    import shutil
-    import uuid
-
-    if storage.is_remote(out):
-        fs, key = storage.filesystem(out)
-        fs.put_file(path, key)
-        return
-    target = os.path.abspath(storage.local_path(out))
-    os.makedirs(os.path.dirname(target), exist_ok=True)  # as `write_output` makes it
-    aside = os.path.join(os.path.dirname(target), f".{uuid.uuid4().hex}-{os.path.basename(target)}")
-    try:
-        with open(path, "rb") as src, open(aside, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(aside, target)
-    finally:
-        if os.path.exists(aside):
-            os.unlink(aside)
 
 
 def _predicted(model, predictor, df: pl.DataFrame, by_file, forecast, max_tokens, names: tuple) -> pl.DataFrame:

@@ -223,12 +223,26 @@ def write_bytes(uri: str, data: bytes) -> None:
         fs, path = filesystem(uri)
         fs.pipe_file(path, bytes(data) if isinstance(data, memoryview) else data)
         return
-    target = Path(local_path(uri))
+    _replace(Path(local_path(uri)), lambda f: f.write(data))
+
+
+def write_file(uri: str, source: str) -> None:
+    """The local file `source` as `uri`, as `write_bytes` writes (whole or not at all), never read into memory."""
+    if is_remote(uri):
+        fs, path = filesystem(uri)
+        fs.put_file(source, path)
+        return
+    with open(source, "rb") as src:
+        _replace(Path(local_path(uri)), lambda f: shutil.copyfileobj(src, f, 1 << 20))
+
+
+def _replace(target: Path, write: Callable) -> None:
+    """`target` written by `write(file)` aside, synced, then renamed into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{TMP_MARK}{uuid.uuid4().hex}-{target.name}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
