@@ -564,7 +564,7 @@ def run(args) -> None:
         scales = sorted({min(max(1, s), len(files)) for s in args.scales})
         mem_over = list(args.set)
         if not cfg.data.files_per_group:
-            from shardline.core.encoding.write import SHARE, SMALLEST
+            from shardline.core.encoding.groups import SHARE, SMALLEST
 
             # groups of group_mb / SMALLEST, 4 at the smallest scale; larger scales keep that size (a
             # group grows to 1 / SHARE of the data before it, which stays under it at 4x the files)

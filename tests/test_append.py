@@ -280,3 +280,92 @@ def test_an_ingest_after_an_append_reads_only_the_new_files_footers(tmp_path, pr
     pl.DataFrame({"other": [1, 2]}).write_parquet(raw / "u-000.parquet")
     with pytest.raises(DataError, match="u-000.parquet"):
         ingest_only(cfg.data)
+
+
+def window_rows(uri: str) -> dict[str, dict[tuple[str, int], tuple]]:
+    """Per split, each window by its sequence's key and its target row's order: its features and targets."""
+    from shardline.trainer.data import open_split
+
+    manifest = read_manifest(uri)
+    folder = uri.rsplit("/", 1)[0]
+    out = {}
+    for split in SPLITS:
+        data = open_split(manifest, uri, split)
+        batch, at = data.batch(np.arange(data.n_windows)), data.window_keys()
+        names = [
+            pl.read_parquet(storage.read_bytes(storage.resolve(folder, s.keys_path)))["sequence"].to_list()
+            for s in manifest.shards_of(split)
+        ]
+        out[split] = {
+            (names[s][g], int(o)): (batch.cont[i].numpy(), batch.cat[i].numpy(), int(batch.targets[0][i]))
+            for i, (s, g, o) in enumerate(zip(at["shard"], at["segment"], at["order"]))
+        }
+    return out
+
+
+def assert_same_windows(uri_a: str, uri_b: str) -> dict:
+    """Both data sets hold the same windows (each by its sequence and order; the same features up to the rounding
+    of group-local codes, the same targets), in whatever order their groups put them; the first's `window_rows`."""
+    wa, wb = window_rows(uri_a), window_rows(uri_b)
+    for split in SPLITS:
+        assert wa[split].keys() == wb[split].keys() and wa[split], split
+        for k, (cont, cat, target) in wa[split].items():
+            cont_b, cat_b, target_b = wb[split][k]
+            assert np.allclose(cont, cont_b, atol=1e-5) and np.array_equal(cat, cat_b) and target == target_b, k
+    return wa
+
+
+def test_a_file_larger_than_a_group_is_encoded_in_parts(tmp_path, monkeypatch):
+    """A click log or a sensor dump written as one large file held it all in memory at once (~17x its bytes: a
+    444 MB file took 5.8 GB). A file of more than 1.5x `data.group_mb` with a key column is cut into parts, each
+    its own group of the rows whose key falls in it: the same windows as the file encoded whole (every sequence
+    whole in one part), the parts' files gone once read; a part with no sequence is a group without rows; an
+    error in a part names the file."""
+    import shardline.core.encoding.groups as groups_module
+    from shardline.core.encoding.columns import DataError
+    from shardline.core.manifest import FilePart
+
+    monkeypatch.setattr(groups_module, "BATCH_ROWS", 500)  # several batches and flushes in a small file
+    monkeypatch.setattr(groups_module, "HELD_ROWS", 1500)
+    made = make_raw(tmp_path / "made", n_seq=30, rows=200)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    big = raw / "big.parquet"
+    pl.concat([pl.read_parquet(p) for p in made]).write_parquet(big, row_group_size=700)
+    size = big.stat().st_size
+
+    def encoded(name: str, group_mb: float) -> tuple[str, list]:
+        data = config(raw, tmp_path / name, **{"data.files_per_group": None, "data.group_mb": group_mb}).data
+        snap = snapshot_source(data)
+        return encode_dataset(snap, data, str(tmp_path / name / "out")), file_groups(snap, data)
+
+    whole_uri, whole = encoded("whole", 10 * size / 1e6)
+    parts_uri, parts = encoded("parts", size / 4 / 1e6)
+    assert len(whole) == 1 and not isinstance(whole[0][0], FilePart)
+    assert [(g[0].part, g[0].parts, len(g)) for g in parts] == [(j, 4, 1) for j in range(4)]
+    a, b = read_manifest(whole_uri), read_manifest(parts_uri)
+    assert a.rows == b.rows and a.windows == b.windows and len(b.shards) > len(a.shards)
+    assert [v.values for v in a.encoding.categorical] == [v.values for v in b.encoding.categorical]
+    assert [c.mean for c in a.encoding.continuous] == pytest.approx([c.mean for c in b.encoding.continuous])
+    wa = assert_same_windows(whole_uri, parts_uri)
+    cut = storage.cache_dir() / "parts"
+    assert not [p for p in cut.rglob("*") if p.suffix != ".lock"]  # each part's file removed as it was read
+
+    # three sequences (one a split) in eight parts: five parts or more hold none, and are groups of no rows
+    three = [min(wa[split])[0] for split in SPLITS]
+    pl.read_parquet(big).filter(pl.col("seq").is_in(three)).write_parquet(big)
+    few_uri, few = encoded("few", big.stat().st_size / 8 / 1e6)
+    assert len(few) == 8 and sum(sum(g.rows.values()) == 0 for g in read_groups(tmp_path / "few")) >= 5
+    assert read_manifest(few_uri).rows == dict.fromkeys(SPLITS, 200)
+
+    # an error found in a part's rows (a row written twice) names the file
+    frame = pl.concat([pl.read_parquet(p) for p in made])
+    pl.concat([frame, frame.slice(1000, 1)]).write_parquet(big)
+    with pytest.raises(DataError, match=r"big\.parquet"):
+        encoded("bad", size / 4 / 1e6)
+
+
+def read_groups(root: Path) -> list:
+    from shardline.core.manifest import EncodedGroup
+
+    return [EncodedGroup.model_validate_json(p.read_text()) for p in (root / "out" / "groups").glob("*/group.json")]

@@ -329,3 +329,34 @@ def test_files_are_fetched_in_batches_in_order_and_a_large_one_is_read_in_place(
     for uri, source in storage.fetched(files, limit=700):  # each read where it is yielded
         read[uri] = source.read() if hasattr(source, "read") else open(source, "rb").read()
     assert read == {**blobs, str(tmp_path / "local.bin"): b"here"}
+
+
+def test_a_large_file_on_s3_is_encoded_in_parts_from_ranged_reads(tmp_path, s3_endpoint):
+    """A file of more than 1.5x `data.group_mb` on S3 is cut into parts from ranged reads of the object (no
+    download held whole): the same windows as the same file encoded whole from a local disk."""
+    import s3fs
+
+    from shardline.core import storage
+    from shardline.core.manifest import Manifest
+    from shardline.tasks.encode import encode_dataset
+    from shardline.tasks.ingest import snapshot_source
+    from tests.test_append import assert_same_windows
+
+    made = make_raw(tmp_path / "made", n_seq=24, rows=100)
+    (tmp_path / "raw").mkdir()
+    big = tmp_path / "raw" / "big.parquet"
+    pl.concat([pl.read_parquet(p) for p in made]).write_parquet(big, row_group_size=300)
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("parts-bucket")
+    fs.put_file(str(big), "parts-bucket/raw/big.parquet")
+    uris = {}
+    for name, source, group_mb in (
+        ("local", str(big), 100),
+        ("s3", "s3://parts-bucket/raw/*.parquet", big.stat().st_size / 3 / 1e6),
+    ):
+        over = {"data.files_per_group": None, "data.group_mb": group_mb}
+        cfg = validate_config(tiny_config(source, str(tmp_path / name), **over))
+        uris[name] = encode_dataset(snapshot_source(cfg.data), cfg.data, str(tmp_path / name / "out"))
+    parts = Manifest.model_validate_json(storage.read_text(uris["s3"]))
+    assert len({s.path.split("/")[-2] for s in parts.shards}) == 3  # three groups: the file's three parts
+    assert_same_windows(uris["local"], uris["s3"])

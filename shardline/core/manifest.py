@@ -28,6 +28,14 @@ class RawFile(_Model):
     version: str = Field(description="etag (object stores) or mtime_ns (local disks)")
 
 
+class FilePart(RawFile):
+    """Part `part` (0-based) of `parts` of a raw file too large for one group: the rows whose key falls in it
+    (shardline/core/encoding/groups.py). Only a group holds one; a snapshot lists whole files."""
+
+    part: int
+    parts: int
+
+
 class RejectedFile(_Model):
     uri: str
     reason: str

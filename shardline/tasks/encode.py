@@ -35,7 +35,7 @@ from shardline.core.encoding.write import (
     verify_manifest,
 )
 from shardline.core.failures import retry_on_infrastructure
-from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, Snapshot
+from shardline.core.manifest import EncodedGroup, EncodingSpec, FilePart, Manifest, RawFile, Snapshot
 from shardline.core.memory import return_freed_memory, trim
 from shardline.core.secrets import redacted_errors
 from shardline.core.version import code_version_of
@@ -77,6 +77,8 @@ def group_key(files: list[RawFile], data: DataConfig, tokenizer: str | None = No
     left_out = MANIFEST_ONLY + (WINDOW_ONLY if not data.features.text else ())
     settings = {k: v for k, v in _data_key(data).items() if k not in left_out}
     key = {"files": raw_files_key(files), "data": settings, "encoder": ENCODER_VERSION, "code": encoder_code()}
+    if isinstance(files[0], FilePart):  # part of a file: which one of how many
+        key["part"] = [files[0].part, files[0].parts]
     text = {"tokenizer": tokenizer, "tokenizers": tokenizers_version()} if tokenizer else {}
     return stable_hash(key | text)[:24]
 
@@ -132,11 +134,13 @@ def encode_group(
     result = stored or encode_group_to_shards(files, data, store, key, tokenizer=tokenizer)
     trim()  # the group's frames and buffers, freed: the holes they left in the heaps go back to the system
     get_run_logger().info(
-        "encode: group %d/%d %s: %d file(s), %d rows in %.1fs",
+        "encode: group %d/%d %s: %s, %d rows in %.1fs",
         group + 1,
         n_groups,
         "found in the group store" if stored else "done",
-        len(files),
+        f"part {files[0].part + 1}/{files[0].parts} of {files[0].uri}"
+        if isinstance(files[0], FilePart)
+        else f"{len(files)} file(s)",
         sum(result.rows.values()),
         time.perf_counter() - t0,
     )

@@ -284,7 +284,8 @@ class DataConfig(Strict):
         gt=0,
         description="raw MB read by one mapped encode task; each task writes one shard per split, so this sets the "
         "shard size (about 1-3x it times the split's fraction) and bounds the task's memory (about 17x it for "
-        "zlib parquet of numbers: the decoded rows, then the shards' buffers)",
+        "zlib parquet of numbers: the decoded rows, then the shards' buffers); a larger file with a sequence or "
+        "group key column is encoded in parts of about this size",
     )
     shard_compression: Literal["lz4", "zstd", "none"] = Field(
         "lz4",

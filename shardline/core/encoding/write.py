@@ -29,8 +29,9 @@ from shardline.core.encoding.columns import (
 )
 from shardline.core.encoding.contract import contract
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
-from shardline.core.encoding.folders import below, folder_columns, folder_values, time_folders, typed, with_columns
+from shardline.core.encoding.folders import below, folder_columns, folder_values, typed, with_columns
 from shardline.core.encoding.group import encode_splits, one_torch_thread
+from shardline.core.encoding.groups import file_groups, read_part
 from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_table, training_statistics
 from shardline.core.encoding.splits import ROW, split_rows
@@ -45,48 +46,11 @@ from shardline.core.encoding.text import (
     text_spec,
     train_bpe,
 )
-from shardline.core.manifest import EncodedGroup, EncodingSpec, Manifest, RawFile, ShardInfo, Snapshot
+from shardline.core.manifest import EncodedGroup, EncodingSpec, FilePart, Manifest, RawFile, ShardInfo, Snapshot
 from shardline.core.shards import compress_bytes, segment_lengths, window_tally
 
 GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
 TOKENIZER = "tokenizer.json"  # text data: the tokenizer, beside the manifest
-
-SMALLEST = 1.5  # a group holds at least group_mb / SMALLEST of raw bytes (8 MB at the default 12),
-SHARE = 16  # and about 1 / SHARE of the raw bytes before it, up to group_mb
-
-
-def group_budget(before: float, data: DataConfig) -> float:
-    """The raw bytes a group is filled to, given the raw bytes of the groups before it. A small data set is
-    cut into groups of two thirds of `group_mb` (which encode at once); a large one's grow to `group_mb`.
-    Never the data set's size (see `file_groups`): the last group, which appended files fill up (and encode
-    again), holds at most a sixteenth of the data before it (or group_mb / SMALLEST)."""
-    mb = data.group_mb * 1e6
-    return min(mb, max(mb / SMALLEST, before / SHARE))
-
-
-def file_groups(snapshot: Snapshot, data: DataConfig) -> list[list[RawFile]]:
-    """Consecutive runs of the snapshot's files (sorted by URI): `files_per_group` files each when set,
-    else each group filled until it holds `group_budget` raw bytes. A group is decided by the files
-    before it and its own, never by the files after it: files appended at the end leave every group
-    but the last as it was (the last one, until full, takes the first new files), and their stored
-    shards are reused (`group_key`). A file inserted earlier in the order moves the boundaries after
-    it: those groups are encoded again. Where each file is a sequence, files in date folders are taken by
-    their dates first (`device=7/dt=2026-01-02/...`: a new day's files come after every old one, as appended)."""
-    files = snapshot.files
-    if data.sequence_key in (None, FILE_SEQUENCE):
-        files = sorted(files, key=lambda f: (time_folders(f.uri, data.source), f.uri))
-    if data.files_per_group:
-        n = data.files_per_group
-        return [files[i : i + n] for i in range(0, len(files), n)]
-    groups: list[list[RawFile]] = []
-    before = size = 0
-    for f in files:
-        if not groups or size >= group_budget(before, data):
-            groups.append([])
-            before, size = before + size, 0
-        groups[-1].append(f)
-        size += f.size
-    return groups
 
 
 def sequence_name(uri: str, data: DataConfig) -> str:
@@ -243,6 +207,8 @@ def read_group(
     else read one by one, `each` (a file's rows and its URI -> its rows) applied to each before they are
     put together."""
     uris = [f.uri for f in files]
+    if isinstance(files[0], FilePart):  # a part of a file too large for one group: its own rows, cut on this machine
+        return (each or (lambda frame, _: frame))(read_raw(uris[0], data, read_part(files[0], data)), uris[0])
     df = _scan_local(uris, data) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
         each = each or (lambda frame, _: frame)
