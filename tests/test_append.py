@@ -325,8 +325,7 @@ def test_a_file_larger_than_a_group_is_encoded_in_parts(tmp_path, monkeypatch):
     from shardline.core.encoding.columns import DataError
     from shardline.core.manifest import FilePart
 
-    monkeypatch.setattr(groups_module, "BATCH_ROWS", 500)  # several batches and flushes in a small file
-    monkeypatch.setattr(groups_module, "HELD_ROWS", 1500)
+    monkeypatch.setattr(groups_module, "HELD_ROWS", 1500)  # several flushes in a small file
     made = make_raw(tmp_path / "made", n_seq=30, rows=200)
     raw = tmp_path / "raw"
     raw.mkdir()

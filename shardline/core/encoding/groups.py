@@ -6,16 +6,18 @@ file, where its rows carry a key that keeps its rows together (`data.group_key`,
 encoded as `parts` groups of its own, each the rows whose key falls in it (a stable hash of the key, as the split
 draws a sequence's): every sequence or ranking group whole in one part, the same rows in the same order as the file
 gives them. On the machine that encodes a part, the file is read once (pyarrow, a batch of rows at a time) into one
-local parquet file per part (`SHARDLINE_CACHE/parts/`); each part's group reads its file and removes it (what an
+local Arrow file per part (`SHARDLINE_CACHE/parts/`); each part's group reads its file and removes it (what an
 encode stopped by an error left there goes a day later)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,8 +34,7 @@ from shardline.core.manifest import FilePart, RawFile, Snapshot
 
 SMALLEST = 1.5  # a group holds at least group_mb / SMALLEST of raw bytes (8 MB at the default 12),
 SHARE = 16  # and about 1 / SHARE of the raw bytes before it, up to group_mb
-BATCH_ROWS = 65_536  # a large file is read this many rows at a time,
-HELD_ROWS = 1 << 17  # and its parts' rows are written out whenever this many are held
+HELD_ROWS = 1 << 17  # a large file's parts' rows are written out whenever this many are held
 
 
 def group_budget(before: float, data: DataConfig) -> float:
@@ -93,24 +94,25 @@ def file_groups(snapshot: Snapshot, data: DataConfig) -> list[list[RawFile]]:
     return groups
 
 
-def read_part(f: FilePart, data: DataConfig) -> bytes:
-    """The parquet bytes of part `f.part` of the file: its rows whose key falls in that part, in the file's order,
-    the config's columns that the file holds. The file is cut into its parts on this machine the first time one is
-    asked for (a lock keeps the other parts' tasks waiting, not cutting it again); each part's file is removed as it
-    is read (a retried part cuts the file again), and the folder with its last part."""
+def read_part(f: FilePart, data: DataConfig) -> pl.DataFrame:
+    """Part `f.part` of the file: its rows whose key falls in that part, in the file's order, the config's columns
+    that the file holds (as read_raw reads them, less the folders' and the elements'). The file is cut into its
+    parts on this machine the first time one is asked for (a lock keeps the other parts' tasks waiting, not cutting
+    it again); each part's file is removed as it is read (a retried part cuts the file again), and the folder with
+    its last part."""
     folder = storage.cache_dir() / "parts" / stable_hash([f.uri, f.size, f.version, part_key(data), f.parts])[:24]
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _locked(folder.with_suffix(".lock")):
-        path = folder / f"{f.part}.parquet"
+        path = folder / f"{f.part}.arrow"
         if not path.exists():
             shutil.rmtree(folder, ignore_errors=True)
             _sweep(folder.parent)
             _cut(f, data, folder)
-        raw = path.read_bytes()
+        frame = pl.read_ipc(path)
         path.unlink()
         if not any(folder.iterdir()):
             folder.rmdir()
-    return raw
+    return frame
 
 
 def _sweep(parts: Path, days: float = 1.0) -> None:
@@ -134,8 +136,10 @@ def _locked(path: Path):
 
 
 def _cut(f: FilePart, data: DataConfig, folder: Path) -> None:
-    """Write the file's rows into `folder/<part>.parquet`, one file per part (each with the columns' schema, rows or
-    none), a batch of rows at a time: at most HELD_ROWS rows are held, whatever the file's size."""
+    """Write the file's rows into `folder/<part>.arrow`, one file per part (each with the columns' schema, rows or
+    none), a batch of rows at a time: at most HELD_ROWS rows are held, whatever the file's size. Arrow IPC files,
+    uncompressed (about twice the file's bytes on the local disk, for the time the parts are encoded): cut and read
+    back 15 % faster than as LZ4 parquet, 30 % faster than LZ4 IPC (the cut is what the file's other parts wait for)."""
     key, wanted = part_key(data), set(data.raw_columns())
     aside = folder.with_name(f"{folder.name}{storage.TMP_MARK}{uuid.uuid4().hex[:8]}")
     aside.mkdir()
@@ -143,30 +147,28 @@ def _cut(f: FilePart, data: DataConfig, folder: Path) -> None:
         with _opened(f.uri) as source:
             pf = pq.ParquetFile(source)
             schema = pa.schema([field for field in pf.schema_arrow if field.name in wanted])
-            # written fast (no dictionary, no statistics: half the time), read once, on this machine
-            writers = [
-                pq.ParquetWriter(p, schema, compression="lz4", use_dictionary=False, write_statistics=False)
-                for p in (aside / f"{j}.parquet" for j in range(f.parts))
-            ]
+            writers = [pa.ipc.new_file(aside / f"{j}.arrow", schema) for j in range(f.parts)]
             held: list[list[pa.Table]] = [[] for _ in range(f.parts)]
             count = 0
-            # a row group at a time: over the whole file, pyarrow's read-ahead held all of it (229 MB of 199)
-            batches = (
-                batch
-                for g in range(pf.num_row_groups)
-                for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=schema.names)
-            )
-            for batch in batches:
-                rows = pa.Table.from_batches([batch], schema)
-                part = _parts(pl.from_arrow(rows.column(key)), f.parts)
-                order = np.argsort(part, kind="stable")
-                bounds = np.searchsorted(part[order], np.arange(f.parts + 1))
-                for j in range(f.parts):
-                    if bounds[j] < bounds[j + 1]:
-                        held[j].append(rows.take(order[bounds[j] : bounds[j + 1]]))
-                count += rows.num_rows
-                if count >= HELD_ROWS:
-                    count = _flush(writers, held)
+            # a row group at a time (over the whole file, pyarrow's read-ahead held all of it: 229 MB of 199), the
+            # next one read while this one is cut
+            with ThreadPoolExecutor(1) as ahead:
+                read = functools.partial(pf.read_row_group, columns=schema.names)
+                coming = ahead.submit(read, 0) if pf.num_row_groups else None
+                for g in range(pf.num_row_groups):
+                    rows = coming.result()
+                    if g + 1 < pf.num_row_groups:
+                        coming = ahead.submit(read, g + 1)
+                    part = _parts(pl.from_arrow(rows.column(key)), f.parts)
+                    order = np.argsort(part, kind="stable")
+                    bounds = np.searchsorted(part[order], np.arange(f.parts + 1))
+                    rows = rows.take(order)  # by part, each part's rows in the file's order; a slice each
+                    for j in range(f.parts):
+                        if bounds[j] < bounds[j + 1]:
+                            held[j].append(rows.slice(bounds[j], bounds[j + 1] - bounds[j]))
+                    count += rows.num_rows
+                    if count >= HELD_ROWS:
+                        count = _flush(writers, held)
             _flush(writers, held)
             for w in writers:
                 w.close()
@@ -183,10 +185,10 @@ def _parts(keys: pl.Series, parts: int) -> np.ndarray:
     return text.replace_strict(distinct, drawn, return_dtype=pl.Int64).to_numpy()
 
 
-def _flush(writers: list[pq.ParquetWriter], held: list[list[pa.Table]]) -> int:
+def _flush(writers: list, held: list[list[pa.Table]]) -> int:
     for w, tables in zip(writers, held):
         if tables:
-            w.write_table(pa.concat_tables(tables))
+            w.write_table(pa.concat_tables(tables).combine_chunks())
             tables.clear()
     return 0
 

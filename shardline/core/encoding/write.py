@@ -69,13 +69,16 @@ def target_gaps(s: pl.Series) -> str:
     return " and ".join(f"{n} {what} value(s)" for what, n in found.items() if n)
 
 
-def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFrame:
+def read_raw(uri: str, data: DataConfig, raw: bytes | pl.DataFrame | None = None) -> pl.DataFrame:
     """One raw file's columns the config names, with `__seq` and `__order` added (`raw`: the file's bytes,
-    already fetched)."""
+    already fetched, or its rows: a part of it, `groups.read_part`)."""
     columns = data.raw_columns()
     named = folder_values(uri, data.source).keys() & set(columns)
 
     def read(f) -> pl.DataFrame:
+        if isinstance(f, pl.DataFrame):
+            extra = folder_columns(uri, data.source, named, f.schema) if named else {}
+            return with_columns(f.select(c for c in columns if c not in extra), extra).select(columns)
         if not named:
             return pl.read_parquet(f, columns=columns)
         # hive-style folders: a column they give and the file lacks is taken from them (shardline.core.encoding.folders)
@@ -87,7 +90,7 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | None = None) -> pl.DataFra
 
     try:
         if raw is not None:
-            df = read(io.BytesIO(raw))
+            df = read(raw if isinstance(raw, pl.DataFrame) else io.BytesIO(raw))
         elif storage.is_remote(uri):
             fs, path = storage.filesystem(uri)
             with fs.open(path, "rb") as f:
