@@ -362,6 +362,13 @@ def test_a_file_larger_than_a_group_is_encoded_in_parts(tmp_path, monkeypatch):
     pl.concat([frame, frame.slice(1000, 1)]).write_parquet(big)
     with pytest.raises(DataError, match=r"big\.parquet"):
         encoded("bad", size / 4 / 1e6)
+    # a file whose footer reads but whose pages do not: refused as damaged, naming it
+    frame.write_parquet(big, row_group_size=700, compression="zstd")
+    damaged = bytearray(big.read_bytes())
+    damaged[len(damaged) // 3 : len(damaged) // 3 + 2000] = bytes(2000)
+    big.write_bytes(bytes(damaged))
+    with pytest.raises(DataError, match=r"big\.parquet: cannot read it to encode it in parts: .*damaged"):
+        encoded("damaged", size / 4 / 1e6)
 
 
 def read_groups(root: Path) -> list:

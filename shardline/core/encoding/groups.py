@@ -5,7 +5,7 @@ set's size; a file larger than that bound (a click log exported as one 2 GB file
 file, where its rows carry a key that keeps its rows together (`data.group_key`, else `data.sequence_key`), is
 encoded as `parts` groups of its own, each the rows whose key falls in it (a stable hash of the key, as the split
 draws a sequence's): every sequence or ranking group whole in one part, the same rows in the same order as the file
-gives them. On the machine that encodes a part, the file is read once (pyarrow, a batch of rows at a time) into one
+gives them. On the machine that encodes a part, the file is read once (pyarrow, a row group at a time) into one
 local Arrow file per part (`SHARDLINE_CACHE/parts/`); each part's group reads its file and removes it (what an
 encode stopped by an error left there goes a day later)."""
 
@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from shardline.core import storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
+from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.folders import folder_values, time_folders
 from shardline.core.encoding.splits import _key64
 from shardline.core.manifest import FilePart, RawFile, Snapshot
@@ -137,9 +138,10 @@ def _locked(path: Path):
 
 def _cut(f: FilePart, data: DataConfig, folder: Path) -> None:
     """Write the file's rows into `folder/<part>.arrow`, one file per part (each with the columns' schema, rows or
-    none), a batch of rows at a time: at most HELD_ROWS rows are held, whatever the file's size. Arrow IPC files,
-    uncompressed (about twice the file's bytes on the local disk, for the time the parts are encoded): cut and read
-    back 15 % faster than as LZ4 parquet, 30 % faster than LZ4 IPC (the cut is what the file's other parts wait for)."""
+    none), a row group at a time: at most HELD_ROWS rows (and a row group) are held, whatever the file's size. Arrow
+    IPC files, uncompressed (about twice the file's bytes on the local disk, for the time the parts are encoded): cut
+    and read back 15 % faster than as LZ4 parquet, 30 % faster than LZ4 IPC (the cut is what the file's other parts
+    wait for)."""
     key, wanted = part_key(data), set(data.raw_columns())
     aside = folder.with_name(f"{folder.name}{storage.TMP_MARK}{uuid.uuid4().hex[:8]}")
     aside.mkdir()
@@ -173,6 +175,13 @@ def _cut(f: FilePart, data: DataConfig, folder: Path) -> None:
             for w in writers:
                 w.close()
         aside.rename(folder)
+    except (OSError, pa.ArrowException) as e:  # its footer read (the ingest checked it), its data does not
+        said = f"{f.uri}: cannot read it to encode it in parts: {e}"
+        if storage.is_remote(f.uri) and isinstance(e, OSError):  # perhaps the network: retried, as any read is
+            raise OSError(said) from e
+        raise DataError(
+            f"{said}. The file is damaged (an interrupted copy?): replace it, or remove it, and run again"
+        ) from e
     finally:
         shutil.rmtree(aside, ignore_errors=True)
 
