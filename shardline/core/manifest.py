@@ -5,7 +5,9 @@ All are small pydantic models that serialise to JSON; bulk data stays in files u
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
@@ -183,10 +185,27 @@ class LocalVocab(_Model):
     start: int | None = None
     size: int = Field(description="ids besides 0")
     values: list[str] | None = None
+    ints: str | None = Field(
+        None, description="sorted distinct integers, packed: base64 of the zlib of their int64 differences"
+    )
+
+    @classmethod
+    def of_ints(cls, values) -> LocalVocab:
+        """The vocabulary of sorted distinct integers (a numpy array), packed: a group of a click log's user ids
+        held 8,914 of them, 80 KB of JSON as text and 3.5 KB packed (its manifest: 62 MB, 29 MB of it these)."""
+        import numpy as np
+
+        deltas = np.diff(np.asarray(values, dtype=np.int64), prepend=0).astype("<i8")
+        return cls(size=len(deltas), ints=base64.b64encode(zlib.compress(deltas.tobytes(), 6)).decode())
 
     def texts(self) -> list[str]:
         if self.start is not None:
             return [str(self.start + i) for i in range(self.size)]
+        if self.ints is not None:
+            import numpy as np
+
+            deltas = np.frombuffer(zlib.decompress(base64.b64decode(self.ints)), dtype="<i8")
+            return [str(v) for v in np.cumsum(deltas).tolist()]
         return list(self.values or [])
 
 

@@ -87,7 +87,7 @@ def _local_ids(s: pl.Series, lo, hi) -> tuple[LocalVocab, np.ndarray, int]:
             present[0] = False
             ids = np.cumsum(present, dtype=np.int64)
             values = np.flatnonzero(present) + (lo - 1)
-            return LocalVocab(size=len(values), values=[str(v) for v in values.tolist()]), ids[at], 0
+            return LocalVocab.of_ints(values), ids[at], 0
     if s.dtype == pl.Utf8:  # the sorted values' positions (an Enum's codes), id = position + 1
         runs = s.rle()  # text columns mostly hold runs (a stage, a team per sequence): code each run once
         if 2 * len(runs) > len(s):
@@ -102,7 +102,12 @@ def _local_ids(s: pl.Series, lo, hi) -> tuple[LocalVocab, np.ndarray, int]:
     ids = s.replace_strict(
         uniq, pl.Series(np.arange(1, len(uniq) + 1, dtype=np.int64)), default=0, return_dtype=pl.Int64
     )
-    return LocalVocab(size=len(uniq), values=uniq.cast(pl.Utf8).to_list()), ids.fill_null(0).to_numpy(), 0
+    voc = (
+        LocalVocab.of_ints(uniq.to_numpy())
+        if uniq.dtype.is_integer() and (uniq.dtype != pl.UInt64 or not len(uniq) or uniq.max() < 1 << 63)
+        else LocalVocab(size=len(uniq), values=uniq.cast(pl.Utf8).to_list())
+    )
+    return voc, ids.fill_null(0).to_numpy(), 0
 
 
 def _counts_of(ids: np.ndarray, voc: LocalVocab) -> dict[str, int]:
