@@ -4,6 +4,7 @@ the registered models a URI naming none may have meant."""
 from __future__ import annotations
 
 import io
+import re
 
 import polars as pl
 
@@ -25,9 +26,11 @@ def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.D
     return next(read_chunks(input_path, schema, by_file, rows=None))
 
 
-def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: int | None = None):
+def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: int | None = None, within=False):
     """`read_input`'s rows, whole files at a time, each chunk at least `rows` rows but for the last (None: one
-    chunk): for a model whose sequence is the file, each chunk is predicted as the whole input would be."""
+    chunk): for a model whose sequence is the file, each chunk is predicted as the whole input would be. `within`
+    (a model of one row a window, which predicts each row on its own): a file of more than `rows` rows is read
+    `rows` at a time too (polars reads only the row groups of each)."""
     listed = storage.listed_files(input_path)
     fs = storage.filesystem(input_path)[0]
     sizes = {storage.source_uri(fs, input_path, p): int(info.get("size") or 0) for p, info in listed.items()}
@@ -38,23 +41,46 @@ def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: 
     required = schema.required_input_names() if schema is not None else []
     frames, names = [], []
     for f, source in storage.fetched([(f, sizes[f]) for f in files], FETCH_BYTES):
-        try:
-            frame = _read(source, wanted)
-            # hive-style folders (dt=.../part-0.parquet) in the file's path, INPUT's folder or above it: their columns
-            frame = with_columns(frame, folder_columns(f, None, wanted or folder_values(f, input_path), frame))
-            if by_file:
-                frame = frame.with_columns(pl.lit(below(f, input_path), pl.String).alias(by_file))
-        except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
-            raise ValueError(f"cannot read {f}: {e}") from None
-        missing = [c for c in required if c not in frame.columns]
-        if missing and len(files) > 1:
-            raise ValueError(f"{f} (of {input_path}) lacks column(s) {missing} that the model takes")
-        frames.append(frame)
-        names.append(f)
-        if rows is not None and sum(x.height for x in frames) >= rows and f != files[-1]:
-            yield _together(frames, names, input_path)
-            frames, names = [], []
-    yield _together(frames, names, input_path)
+        pieces = _pieces(source, wanted, rows if within else None)
+        while True:
+            try:
+                frame = next(pieces, None)
+                if frame is None:
+                    break
+                # hive-style folders (dt=.../part-0.parquet) in the file's path, INPUT's folder or above it: columns
+                frame = with_columns(frame, folder_columns(f, None, wanted or folder_values(f, input_path), frame))
+                if by_file:
+                    frame = frame.with_columns(pl.lit(below(f, input_path), pl.String).alias(by_file))
+            except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
+                raise ValueError(f"cannot read {f}: {e}") from None
+            missing = [c for c in required if c not in frame.columns]
+            if missing and len(files) > 1:
+                raise ValueError(f"{f} (of {input_path}) lacks column(s) {missing} that the model takes")
+            frames.append(frame)
+            names.append(f)
+            if rows is not None and sum(x.height for x in frames) >= rows:
+                yield _together(frames, names, input_path)
+                frames, names = [], []
+    if frames:  # (every file gives a frame, of no rows if it has none)
+        yield _together(frames, names, input_path)
+
+
+def _pieces(source, wanted: list[str] | None, rows: int | None):
+    """A parquet file's rows (its columns in `wanted`): whole (`rows` None), else `rows` at a time."""
+    if rows is None:
+        yield _read(source, wanted)
+        return
+
+    def scan() -> pl.LazyFrame:
+        if hasattr(source, "seek"):
+            source.seek(0)
+        return pl.scan_parquet(source)
+
+    taken = None if wanted is None else [c for c in scan().collect_schema().names() if c in set(wanted)]
+    total = scan().select(pl.len()).collect().item()
+    for start in range(0, max(total, 1), rows):
+        piece = scan().slice(start, rows)
+        yield (piece if taken is None else piece.select(taken)).collect()
 
 
 def _together(frames: list[pl.DataFrame], files: list[str], input_path: str) -> pl.DataFrame:
@@ -70,9 +96,17 @@ class InputError(ValueError):
     """Input `predict` cannot take: the command's message, exit code 2."""
 
 
+def row_wise(predictor) -> bool:
+    """A Shardline model that predicts each row from that row alone (a window of one row, no sequence, no order,
+    not text: a ranker's scores, a tabular classifier), so any cut of the rows gives the same predictions."""
+    spec = getattr(predictor, "spec", None) if getattr(predictor, "input_types", None) else None
+    return bool(spec) and spec.window == 1 and spec.text is None and not spec.sequence_key and not spec.order_by
+
+
 def predict_rows() -> int:
-    """Rows predicted at once where each file is a sequence (whole files a chunk): the memory of a large input is
-    this many rows' (~200 bytes a row as they are predicted), its predictions apart (`SHARDLINE_PREDICT_ROWS`)."""
+    """Rows predicted at once where each file is a sequence (whole files a chunk) or each row is predicted alone (a
+    large file cut too): the memory of a large input is this many rows' (~200-500 bytes a row as they are
+    predicted), its predictions apart (`SHARDLINE_PREDICT_ROWS`)."""
     from shardline.core.config import settings
 
     return int(settings.number("SHARDLINE_PREDICT_ROWS"))
@@ -94,10 +128,11 @@ def write_predictions(
     schema = model.metadata.get_input_schema()
     predictor = getattr(model.unwrap_python_model(), "predictor", None)
     by_file = file_key(predictor.spec) if getattr(predictor, "input_types", None) else None  # each row's file
+    within = row_wise(predictor)  # rows predicted one by one: a large file a chunk of rows at a time
     limit = predict_rows()
-    chunks = read_chunks(input_path, schema, by_file, limit if by_file else None)
+    chunks = read_chunks(input_path, schema, by_file, limit if by_file or within else None, within=within)
     with tempfile.TemporaryDirectory(prefix="shardline-predict-") as scratch:
-        results, rows, n, empty, chunked = [], 0, 0, None, False
+        results, rows, n, empty, chunked, said = [], 0, 0, None, False, {}
         while True:
             try:
                 df = next(chunks, None)
@@ -105,7 +140,7 @@ def write_predictions(
                 raise InputError(str(e)) from None
             if df is None:
                 break
-            rows += df.height
+            start, rows = rows, rows + df.height
             chunked = chunked or df.height >= limit
             with kept_notes() as notes:
                 try:
@@ -116,14 +151,21 @@ def write_predictions(
                     empty = empty or e  # a chunk's files too short for a window: said if every file is
                     result = None
             files = sorted(df[by_file].unique().to_list()) if chunked and by_file in df.columns else []
-            for note in notes:  # (as `predict_frame` says them; a chunk's name the files it read)
+            for note in notes:  # (as `predict_frame` says them; a chunk's name the files it read, or its rows)
+                if within and chunked and _said(note, said):
+                    continue
                 where = f"files {files[0]} to {files[-1]}: " if files else ""
+                where = f"rows {start + 1:,} to {rows:,}: " if within and chunked else where
                 logging.getLogger(PREDICT_LOG).warning("predict: %s%s", where, note)
+            if result is not None and within and start and "row" in result.columns:  # its place in the input
+                result = result.with_columns(pl.col("row") + start)
             if result is not None:
                 n += result.height
                 results.append(result if not chunked else _aside(result, scratch, len(results), out))
         if not results:
             raise InputError(f"{input_path}: {empty}")
+        if again := sum(said.values()):
+            logging.getLogger(PREDICT_LOG).warning("predict: (notes as those above, of later rows: %d more)", again)
         try:
             if not chunked:
                 write_output(results[0], out)
@@ -134,6 +176,16 @@ def write_predictions(
         except OSError as e:
             raise InputError(f"cannot write --out {out}: {e}") from None
     return n, rows
+
+
+def _said(note: str, said: dict[str, int]) -> bool:
+    """Whether a note of its kind (its words, whatever its counts) was said for earlier rows: counted in `said`."""
+    kind = re.sub(r"[\d,.]+", "#", note)
+    if kind in said:
+        said[kind] += 1
+        return True
+    said[kind] = 0
+    return False
 
 
 def _aside(frame: pl.DataFrame, folder: str, i: int, out: str) -> str:

@@ -53,7 +53,8 @@ SETTINGS: dict[str, Setting] = {
             "SHARDLINE_PREDICT_ROWS",
             "rows",
             200_000,
-            "rows `shardline predict` takes at once where each file is a sequence (whole files: at least this many)",
+            "rows `shardline predict` takes at once where each file is a sequence (whole files: at least this many) "
+            "or each row is predicted alone (a large file cut too)",
             positive=True,
         ),
         Setting("SHARDLINE_PROGRESS_SECONDS", "seconds", 5, "how often a training's Prefect live view changes"),
