@@ -796,6 +796,17 @@ def test_a_group_of_integer_ids_keeps_its_vocabulary_packed(span):
     assert again.texts() == voc.texts() and len(voc.model_dump_json()) < len(as_texts.model_dump_json()) / 2
     assert LocalVocab.of_ints(np.array([-(2**62), 2**62])).texts() == [str(-(2**62)), str(2**62)]  # wraps back
     assert LocalVocab(size=2, values=["7", "9"]).texts() == ["7", "9"]
+    # the group's value counts of them are packed too (~150 bytes a value as a dict), and add up as the texts' did
+    from shardline.core.encoding.fit import merged_counts
+    from shardline.core.encoding.group import _counts_of
+
+    counted = _counts_of(ids.astype(np.int64), voc)
+    truth = column.drop_nulls().cast(pl.Utf8).value_counts()
+    want = dict(zip(truth[truth.columns[0]].to_list(), truth["count"].to_list()))
+    assert set(counted) == {"ints", "counts"} and len(json.dumps(counted)) < len(json.dumps(want)) / 2
+    assert merged_counts([counted, counted, {"5": 1}]) == {k: 2 * n + (k == "5") for k, n in want.items()} | (
+        {} if "5" in want else {"5": 1}
+    )
 
 
 @pytest.mark.parametrize("sequence_key,window", [("@file", 3), (None, 1)], ids=["by-file", "no-sequence"])

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from shardline.core.config import DataConfig
-from shardline.core.manifest import ContinuousStat, EncodingSpec, TargetSpec, Vocabulary
+from shardline.core.manifest import ContinuousStat, EncodingSpec, TargetSpec, Vocabulary, unpack_ints
 
 
 def moments(n: int, mean: float, m2: float) -> dict[str, float]:
@@ -36,11 +36,28 @@ def empty_stats(data: DataConfig) -> dict[str, Any]:
     }
 
 
-def merged_counts(parts: Iterable[dict[str, int]]) -> Counter:
-    """Value counts added up over parts (a value counted 0 is kept, as `Counter.update` keeps it)."""
+def packed(part: dict) -> bool:
+    """Whether a group's value counts are integers packed (`group._counts_of`), not {value as text: count}."""
+    return isinstance(part.get("ints"), str) and isinstance(part.get("counts"), str)
+
+
+def merged_counts(parts: Iterable[dict]) -> Counter:
+    """Value counts added up over parts, {value as text: count} (a value counted 0 is kept, as `Counter.update`
+    keeps it); packed parts are added up as arrays first."""
+    import numpy as np
+
     counts: Counter = Counter()
+    values, held = [], []
     for p in parts:
-        counts.update(p)
+        if packed(p):
+            values.append(unpack_ints(p["ints"]))
+            held.append(unpack_ints(p["counts"], deltas=False))
+        else:
+            counts.update(p)
+    if values:
+        distinct, at = np.unique(np.concatenate(values), return_inverse=True)
+        sums = np.bincount(at, weights=np.concatenate(held), minlength=len(distinct)).astype(np.int64)
+        counts.update(dict(zip(map(str, distinct.tolist()), sums.tolist(), strict=True)))
     return counts
 
 

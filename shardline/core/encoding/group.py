@@ -16,7 +16,7 @@ from shardline.core.config import DataConfig
 from shardline.core.encoding.columns import ORDER, as_number
 from shardline.core.encoding.fit import moments as stat_moments
 from shardline.core.encoding.splits import SplitRows
-from shardline.core.manifest import ArraySpec, LocalCodes, LocalVocab, target_array
+from shardline.core.manifest import ArraySpec, LocalCodes, LocalVocab, pack_ints, target_array
 from shardline.core.shards import allocate
 
 
@@ -110,15 +110,21 @@ def _local_ids(s: pl.Series, lo, hi) -> tuple[LocalVocab, np.ndarray, int]:
     return voc, ids.fill_null(0).to_numpy(), 0
 
 
-def _counts_of(ids: np.ndarray, voc: LocalVocab) -> dict[str, int]:
+def _counts_of(ids: np.ndarray, voc: LocalVocab) -> dict:
+    """How many rows hold each value: {value as text: count}, or for a packed vocabulary of integers the values
+    counted and their counts, packed (`fit.merged_counts` reads both): a group of a click log held 35,000 item ids
+    counted, ~5 MB as a dict until the manifest is written, 0.1 MB packed."""
     if ids.dtype == np.uint8:  # torch counts bytes without widening them first (2x numpy's bincount)
         import torch
 
         counts = torch.bincount(torch.from_numpy(ids), minlength=voc.size + 1).numpy()[1:]
     else:
         counts = np.bincount(ids, minlength=voc.size + 1)[1:]
+    present = np.flatnonzero(counts)
+    if voc.ints is not None:
+        return {"ints": pack_ints(voc.integers()[present]), "counts": pack_ints(counts[present], deltas=False)}
     texts = voc.texts()
-    return {texts[i]: int(counts[i]) for i in np.flatnonzero(counts)}
+    return {texts[i]: int(counts[i]) for i in present}
 
 
 def _column_moments(x, nan: bool, torch) -> tuple[int, float, float]:
