@@ -684,3 +684,56 @@ def test_a_text_fine_tune_whose_tokenizer_file_is_missing_is_refused_naming_it_b
     with pytest.raises(DataError, match=rf"data.tokenizer.file '{missing}' does not exist"):
         with_parent_tokenizer(config, Parent(uri="models:/lm/1"), lm)
     assert not (Path(config.storage.root) / "tokenizers").exists()
+
+
+def all_streams(manifest: Manifest, uri: str, split: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """`streams` over every shard of the split."""
+    out = {}
+    folder = uri.rsplit("/", 1)[0]
+    view = open_split(manifest, uri, split)
+    for s, info in enumerate(manifest.shards_of(split)):
+        arrays = view.view(s).arrays
+        keys = pl.read_parquet(io.BytesIO(storage.read_bytes(storage.resolve(folder, info.keys_path))))["sequence"]
+        offsets = np.asarray(arrays["offsets"])
+        for i, key in enumerate(keys.to_list()):
+            out[key] = (
+                np.asarray(arrays["cat"][offsets[i] : offsets[i + 1], 0]).tolist(),
+                np.asarray(arrays["target"][offsets[i] : offsets[i + 1]]).tolist(),
+            )
+    return out
+
+
+def test_a_large_text_file_is_encoded_in_parts_of_its_rows(tmp_path):
+    """A corpus as one large parquet file (a dataset hub's shard: 300-500 MB) was one group, ~26x its bytes at once.
+    Where each row is a document, the file is cut into parts by ranges of its rows, which keep their place in the
+    file: the same tokenizer, each document in the same split with the same name and tokens, as the file whole; the
+    rows left out (`data.on_bad_rows: skip`) add up over the parts."""
+    from shardline.core.encoding.write import file_groups
+    from shardline.core.manifest import FilePart
+
+    bodies = sentences(3000, 5)
+    bodies[10], bodies[2500] = "", None
+    write(tmp_path, pl.DataFrame({"body": bodies}, schema={"body": pl.String}))
+    big = tmp_path / "raw" / "a.parquet"
+    pl.read_parquet(big).write_parquet(big, row_group_size=250)
+    size = big.stat().st_size
+    got = {}
+    for name, group_mb in (("whole", 10 * size / 1e6), ("parts", size / 5 / 1e6)):
+        raw = text_config(tmp_path, on_bad_rows="skip", group_mb=group_mb)
+        data = validate_config(raw).data
+        groups = file_groups(snapshot_source(data), data)
+        manifest, uri = encode(tmp_path, raw, name)
+        records = [
+            EncodedGroup.model_validate_json(p.read_text()) for p in (tmp_path / name).glob("groups/*/group.json")
+        ]
+        skipped = log_skipped_rows(records, SimpleNamespace(warning=lambda *_: None))
+        got[name] = (groups, manifest, uri, skipped)
+    (whole, a, uri_a, skipped_a), (parts, b, uri_b, skipped_b) = got["whole"], got["parts"]
+    assert len(whole) == 1 and [(g[0].part, g[0].parts) for g in parts] == [(j, 5) for j in range(5)]
+    assert all(isinstance(g[0], FilePart) for g in parts)
+    assert tokenizer_of(uri_a) == tokenizer_of(uri_b)
+    assert a.rows == b.rows and a.windows == b.windows and len(b.shards) > len(a.shards)
+    assert skipped_a == skipped_b == {str(big): {"body": 2}}
+    for split in ("train", "validation", "test"):
+        sa, sb = all_streams(a, uri_a, split), all_streams(b, uri_b, split)
+        assert sa == sb and len(sa) > 100, split

@@ -150,7 +150,11 @@ def encode_group(
 def log_skipped_rows(groups: list[EncodedGroup], log) -> dict[str, dict[str, int]]:
     """Text data with `data.on_bad_rows: skip`: the rows left out for a null or empty text, said per file and
     column in the encode's log; returns them."""
-    skipped = {uri: cols for g in groups for uri, cols in (g.train.get("skipped") or {}).items()}
+    skipped: dict[str, dict[str, int]] = {}
+    for g in groups:  # a file's rows in several groups (parts of a large file): added up
+        for uri, cols in (g.train.get("skipped") or {}).items():
+            for c, n in cols.items():
+                skipped.setdefault(uri, {})[c] = skipped.get(uri, {}).get(c, 0) + n
     if skipped:
         total = sum(n for cols in skipped.values() for n in cols.values())
         listing = "; ".join(

@@ -7,7 +7,9 @@ encoded as `parts` groups of its own, each the rows whose key falls in it (a sta
 draws a sequence's): every sequence or ranking group whole in one part, the same rows in the same order as the file
 gives them. On the machine that encodes a part, the file is read once (pyarrow, a row group at a time) into one
 local Arrow file per part (`SHARDLINE_CACHE/parts/`); each part's group reads its file and removes it (what an
-encode stopped by an error left there goes a day later)."""
+encode stopped by an error left there goes a day later). Text whose every row is a document is cut by ranges of
+rows instead, each part read from the row groups that hold it (`read_rows`): a row keeps its place in its file,
+from which its split and its stream's name come."""
 
 from __future__ import annotations
 
@@ -49,17 +51,23 @@ def group_budget(before: float, data: DataConfig) -> float:
 
 def part_key(data: DataConfig) -> str | None:
     """The column whose values keep rows together when a file is cut into parts: the ranking group's, else the
-    sequence key's; None where there is none (each file a sequence, or text: such a file stays whole)."""
+    sequence key's; None where there is none (each file a sequence; text, cut by rows where it is cut: `row_parts`)."""
     if data.features.text or data.files_per_group:
         return None
     return data.group_key or (data.sequence_key if data.sequence_key != FILE_SEQUENCE else None)
 
 
+def row_parts(data: DataConfig) -> bool:
+    """Text whose every row is a document of its own (no sequence key, no ranking group): a file is cut into parts
+    by ranges of its rows (a row's split and its stream's name come from its place in its file, which a part keeps)."""
+    return bool(data.features.text) and data.sequence_key is None and not data.group_key and not data.files_per_group
+
+
 def parts_of(f: RawFile, data: DataConfig) -> int:
     """How many parts the file `f` is encoded in: about one per `group_mb` of its bytes where it has a key column of
-    its own (not a folder's value, which is one value for the whole file), else 1."""
+    its own (not a folder's value, which is one value for the whole file) or is text of one document a row, else 1."""
     key = part_key(data)
-    if key is None or key in folder_values(f.uri, data.source):
+    if (key is None and not row_parts(data)) or (key is not None and key in folder_values(f.uri, data.source)):
         return 1
     return max(1, round(f.size / (data.group_mb * 1e6)))
 
@@ -93,6 +101,30 @@ def file_groups(snapshot: Snapshot, data: DataConfig) -> list[list[RawFile]]:
         groups[-1].append(f)
         size += f.size
     return groups
+
+
+def read_rows(f: FilePart, data: DataConfig) -> tuple[pl.DataFrame, int]:
+    """Part `f.part` of a file cut by rows (`row_parts`): its rows `first` to `first + n` (the file's rows in `parts`
+    even ranges), the config's columns that the file holds, read from the row groups that hold them (on S3 in ranged
+    reads); and `first`."""
+    wanted = set(data.raw_columns())
+    try:
+        with _opened(f.uri) as source:
+            pf = pq.ParquetFile(source)
+            meta = pf.metadata
+            step = -(-meta.num_rows // f.parts)
+            first, end = min(f.part * step, meta.num_rows), min((f.part + 1) * step, meta.num_rows)
+            starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+            held = [g for g in range(meta.num_row_groups) if starts[g] < end and starts[g + 1] > first]
+            names = [c for c in pf.schema_arrow.names if c in wanted]
+            table = pf.read_row_groups(held, columns=names) if held else pf.schema_arrow.empty_table().select(names)
+    except (OSError, pa.ArrowException) as e:
+        said = f"{f.uri}: cannot read it to encode it in parts: {e}"
+        if storage.is_remote(f.uri) and isinstance(e, OSError):  # perhaps the network: retried, as any read is
+            raise OSError(said) from e
+        raise DataError(f"{said}. The file is damaged (an interrupted copy?): replace it, or remove it") from e
+    skip = first - (int(starts[held[0]]) if held else first)
+    return pl.from_arrow(table.slice(skip, end - first)), first
 
 
 def read_part(f: FilePart, data: DataConfig) -> pl.DataFrame:

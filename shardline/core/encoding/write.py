@@ -31,7 +31,7 @@ from shardline.core.encoding.contract import contract
 from shardline.core.encoding.fit import empty_stats, fit_spec, target_statistics
 from shardline.core.encoding.folders import below, folder_columns, folder_values, typed, with_columns
 from shardline.core.encoding.group import encode_splits, one_torch_thread
-from shardline.core.encoding.groups import file_groups, read_part
+from shardline.core.encoding.groups import file_groups, part_key, read_part, read_rows
 from shardline.core.encoding.reuse import check_parent_tokenizer, reuse_encoding
 from shardline.core.encoding.row_keys import GROUP, grades, item_counts, rows_table, training_statistics
 from shardline.core.encoding.splits import ROW, split_rows
@@ -210,8 +210,8 @@ def read_group(
     else read one by one, `each` (a file's rows and its URI -> its rows) applied to each before they are
     put together."""
     uris = [f.uri for f in files]
-    if isinstance(files[0], FilePart):  # a part of a file too large for one group: its own rows, cut on this machine
-        return (each or (lambda frame, _: frame))(read_raw(uris[0], data, read_part(files[0], data)), uris[0])
+    if isinstance(files[0], FilePart):  # a part of a file too large for one group
+        return (each or (lambda frame, _: frame))(read_file_part(files[0], data), uris[0])
     df = _scan_local(uris, data) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
         each = each or (lambda frame, _: frame)
@@ -219,6 +219,17 @@ def read_group(
         frames = [each(read_raw(u, data, fetched.pop(u, None)), u) for u in uris]
         df = pl.concat(in_one_zone(frames, uris), how="vertical_relaxed")
     return df
+
+
+def read_file_part(f: FilePart, data: DataConfig) -> pl.DataFrame:
+    """A part's rows, as `read_raw` reads a file's: by its keys (cut on this machine), or by a range of its rows, which
+    keep their place in the file (`__row`, and their order where no column gives one)."""
+    if part_key(data):
+        return read_raw(f.uri, data, read_part(f, data))
+    rows, first = read_rows(f, data)
+    placed = pl.int_range(0, pl.len(), dtype=pl.UInt64) + first
+    shifted = [pl.col(ORDER) + first] if data.order_by is None else []
+    return read_raw(f.uri, data, rows).with_columns(placed.alias(ROW), *shifted)
 
 
 def in_one_zone(frames: list[pl.DataFrame], uris: list[str]) -> list[pl.DataFrame]:
@@ -305,6 +316,9 @@ def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFram
     # a categorical text column is text (cast to String); another type is refused naming its file: each file
     # checked before the group's files are put together (one scan: they share their types, said together)
     df = as_text(read_group(files, data, each=lambda frame, uri: as_text(frame, data, uri)), data, ", ".join(uris))
+    if isinstance(files[0], FilePart):  # a part of a file: its rows carry their place in it already
+        part, dropped = clean_rows(df, data, uris[0])
+        return part, ({uris[0]: dropped} if dropped else {})
     _, bad = clean_rows(df, data.model_copy(update={"on_bad_rows": "skip"}), "")
     if not bad:
         return df, {}
