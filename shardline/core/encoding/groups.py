@@ -14,7 +14,6 @@ from which its split and its stream's name come."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import shutil
 import time
@@ -27,6 +26,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from filelock import FileLock
 
 from shardline.core import storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
@@ -135,7 +135,7 @@ def read_part(f: FilePart, data: DataConfig) -> pl.DataFrame:
     its last part."""
     folder = storage.cache_dir() / "parts" / stable_hash([f.uri, f.size, f.version, part_key(data), f.parts])[:24]
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.with_suffix(".lock")):
+    with FileLock(folder.with_suffix(".lock")):  # threads and processes of this machine
         path = folder / f"{f.part}.arrow"
         if not path.exists():
             shutil.rmtree(folder, ignore_errors=True)
@@ -156,16 +156,6 @@ def _sweep(parts: Path, days: float = 1.0) -> None:
         with contextlib.suppress(OSError):
             if p.stat().st_mtime < old:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
-
-
-@contextmanager
-def _locked(path: Path):
-    with open(path, "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def _cut(f: FilePart, data: DataConfig, folder: Path) -> None:
