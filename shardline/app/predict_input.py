@@ -66,9 +66,26 @@ def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: 
 
 
 def _pieces(source, wanted: list[str] | None, rows: int | None):
-    """A parquet file's rows (its columns in `wanted`): whole (`rows` None), else `rows` at a time."""
+    """A parquet file's rows (its columns in `wanted`): whole (`rows` None), else `rows` at a time. A large file of an
+    object store, opened where it is, is read a row group at a time (pyarrow's ranged reads: polars would fetch all
+    of it for each piece)."""
     if rows is None:
         yield _read(source, wanted)
+        return
+    if not isinstance(source, (str, io.BytesIO)):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(source)
+        taken = [c for c in pf.schema_arrow.names if wanted is None or c in set(wanted)]
+        held: list = []
+        for g in range(pf.num_row_groups):
+            held.append(pf.read_row_group(g, columns=taken))
+            if sum(t.num_rows for t in held) >= rows or g == pf.num_row_groups - 1:
+                yield pl.from_arrow(pa.concat_tables(held))
+                held = []
+        if not pf.num_row_groups:
+            yield pl.from_arrow(pf.schema_arrow.empty_table().select(taken))
         return
 
     def scan() -> pl.LazyFrame:
