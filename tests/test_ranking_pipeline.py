@@ -22,6 +22,7 @@ from shardline.tasks.encode import encode_dataset
 from shardline.tasks.evaluate import evaluate_model
 from shardline.tasks.ingest import snapshot_source
 from tests.test_evaluate_streaming import train_run
+from tests.test_s3_source import s3_endpoint  # noqa: F401 - the moto server fixture
 
 KS = [5, 10]
 
@@ -123,6 +124,7 @@ def validation_ranked(manifest_uri: str, checkpoint: str, batch_size: int) -> di
 
 
 @pytest.mark.e2e
+@pytest.mark.usefixtures("s3_endpoint")  # a moto server: predict from a bucket
 def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promotes_on_ndcg(
     tmp_path, prefect_api, monkeypatch
 ):
@@ -196,8 +198,8 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
     import shardline.app.predict_input as P
     from shardline.app.cli import app
 
-    def cli_predict(out: str) -> pl.DataFrame:
-        args = ["predict", "models:/rank-model@champion", str(tmp_path / "raw"), "--out", out]
+    def cli_predict(out: str, source: str = str(tmp_path / "raw")) -> pl.DataFrame:
+        args = ["predict", "models:/rank-model@champion", source, "--out", out]
         said = CliRunner().invoke(app, [*args, "--tracking-uri", registered["tracking_uri"]])
         assert said.exit_code == 0, said.output
         return pl.read_parquet(out)
@@ -212,6 +214,18 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
     )
     assert cli_predict(str(tmp_path / "chunked.parquet")).equals(at_once)
     assert len(chunks) >= 4 and sum(chunks) == raw.height and max(chunks) < 2 * limit, chunks
+    # the same files in a bucket, each opened where it is (larger than a fetch): read a row group at a time
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("rank-bucket")
+    for path in sorted((tmp_path / "raw").glob("*.parquet")):
+        pl.read_parquet(path).write_parquet(tmp_path / "rg.parquet", row_group_size=limit // 3)
+        fs.put_file(str(tmp_path / "rg.parquet"), f"rank-bucket/raw/{path.name}")
+    monkeypatch.setattr(P, "FETCH_BYTES", 0)
+    chunks.clear()
+    assert cli_predict(str(tmp_path / "from-s3.parquet"), "s3://rank-bucket/raw").equals(at_once)
+    assert len(chunks) >= 4 and sum(chunks) == raw.height, chunks
     monkeypatch.undo()
 
     # validation ranks the validation split's groups every epoch, and nDCG@10 (the promotion metric's
