@@ -119,10 +119,7 @@ def read_rows(f: FilePart, data: DataConfig) -> tuple[pl.DataFrame, int]:
             names = [c for c in pf.schema_arrow.names if c in wanted]
             table = pf.read_row_groups(held, columns=names) if held else pf.schema_arrow.empty_table().select(names)
     except (OSError, pa.ArrowException) as e:
-        said = f"{f.uri}: cannot read it to encode it in parts: {e}"
-        if storage.is_remote(f.uri) and isinstance(e, OSError):  # perhaps the network: retried, as any read is
-            raise OSError(said) from e
-        raise DataError(f"{said}. The file is damaged (an interrupted copy?): replace it, or remove it") from e
+        raise _unreadable(f, e) from e
     skip = first - (int(starts[held[0]]) if held else first)
     return pl.from_arrow(table.slice(skip, end - first)), first
 
@@ -198,14 +195,18 @@ def _cut(f: FilePart, data: DataConfig, folder: Path) -> None:
                 w.close()
         aside.rename(folder)
     except (OSError, pa.ArrowException) as e:  # its footer read (the ingest checked it), its data does not
-        said = f"{f.uri}: cannot read it to encode it in parts: {e}"
-        if storage.is_remote(f.uri) and isinstance(e, OSError):  # perhaps the network: retried, as any read is
-            raise OSError(said) from e
-        raise DataError(
-            f"{said}. The file is damaged (an interrupted copy?): replace it, or remove it, and run again"
-        ) from e
+        raise _unreadable(f, e) from e
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def _unreadable(f: FilePart, e: Exception) -> Exception:
+    """The error for a large file whose footer read (the ingest checked it) but whose rows do not, naming it: on an
+    object store an OSError (perhaps the network: retried, as any read is), else a DataError (the file is damaged)."""
+    said = f"{f.uri}: cannot read it to encode it in parts: {e}"
+    if storage.is_remote(f.uri) and isinstance(e, OSError):
+        return OSError(said)
+    return DataError(f"{said}. The file is damaged (an interrupted copy?): replace it, or remove it, and run again")
 
 
 def _parts(keys: pl.Series, parts: int) -> np.ndarray:
