@@ -814,7 +814,7 @@ def test_a_file_sequence_splits_the_same_wherever_the_raw_files_lie(tmp_path, se
     """With a file as the sequence (`@file`, or no sequence key), a row's split is a seeded hash of the
     file's name below the source's folder (`2024/s-000.parquet`), not of where the files lie: the same
     files in another folder (another machine's mount, a copy) give the same shards, row for row."""
-    from shardline.core.encoding.write import sequence_name
+    from shardline.core.encoding.read import sequence_name
 
     shards = []
     for where in ("a/raw", "b/elsewhere/raw"):
@@ -838,7 +838,7 @@ def test_files_that_gained_a_column_or_a_wider_type_are_still_read_in_one_scan(r
     (a float64 feature that was float32, an int64 order that was int32). A group of them is still read in one scan,
     the same rows as file by file (the scan failed, and the group was read file by file: 7x slower on 100 small
     files)."""
-    from shardline.core.encoding.write import _scan_local, read_raw
+    from shardline.core.encoding.read import _scan_local, read_raw
 
     paths = sorted(raw_dir.glob("*.parquet"))
     for p in paths[2:]:
@@ -860,7 +860,7 @@ def test_hive_style_folders_are_columns_as_if_written_into_the_files(raw_dir, tm
     Predict's input, registration's sample and the rehearsal's copies take them the same way."""
     from shardline.app.predict_input import read_input
     from shardline.app.rehearse import copy_sample
-    from shardline.core.encoding.write import _scan_local, read_group
+    from shardline.core.encoding.read import _scan_local, read_group
     from shardline.tasks.ingest import raw_sample
 
     flat, hive = tmp_path / "flat", tmp_path / "hive"
@@ -926,7 +926,7 @@ def test_hive_style_folders_are_columns_as_if_written_into_the_files(raw_dir, tm
 def test_a_null_folder_beside_numbers_is_a_null_of_their_type(raw_dir, tmp_path):
     """`zone=__HIVE_DEFAULT_PARTITION__` (Spark's and Hive's null) beside `zone=1`, `zone=2`: the folder is a null
     integer, not text that the ingest refused as a category written two ways; both read paths give the same."""
-    from shardline.core.encoding.write import _scan_local, read_group
+    from shardline.core.encoding.read import _scan_local, read_group
 
     hive = tmp_path / "hive"
     zones = ["1", "2", "__HIVE_DEFAULT_PARTITION__", "3"]

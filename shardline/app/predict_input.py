@@ -11,7 +11,7 @@ import polars as pl
 from shardline.core import storage
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.folders import below, folder_columns, folder_values, with_columns
-from shardline.core.encoding.write import in_one_zone
+from shardline.core.encoding.read import in_one_zone
 
 
 def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.DataFrame:

@@ -82,7 +82,7 @@ def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) 
     """Copy the source's files `skip` to `n_files` (in `spread`'s order) under `<root>/raw/`, each at its path below
     the source's folder (files of the same name in two folders, and hive-style folders' columns, kept); of a file
     larger than `SAMPLE_FILE_BYTES` (a click log in one file), its first rows only: the rehearsal's data stays tiny."""
-    from shardline.core.encoding.write import sequence_name
+    from shardline.core.encoding.read import sequence_name
     from shardline.core.storage import list_source
 
     files = list_source(config.data.source)

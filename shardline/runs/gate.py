@@ -132,7 +132,7 @@ def _first_rows(
     number in its file), up to GATE_ROWS (the memory is bounded), and how many, their date-times in one zone where
     the files' differ; or why not: the first file that lacks a column of `check`."""
     from shardline.core.encoding.folders import folder_columns, with_columns
-    from shardline.core.encoding.write import in_one_zone
+    from shardline.core.encoding.read import in_one_zone
     from shardline.trainer.serving import dictionaries_as_values
 
     frames, uris, n = [], [], 0
