@@ -5,6 +5,7 @@ from-scratch encode of the same files gives."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -369,6 +370,13 @@ def test_a_file_larger_than_a_group_is_encoded_in_parts(tmp_path, monkeypatch):
     big.write_bytes(bytes(damaged))
     with pytest.raises(DataError, match=r"big\.parquet: cannot read it to encode it in parts: .*damaged"):
         encoded("damaged", size / 4 / 1e6)
+    # with data.on_bad_file: skip, its parts are groups of no rows and the file is listed once; the others encode
+    for p in made[:6]:
+        shutil.copy(p, raw / p.name)
+    data = config(raw, tmp_path / "skip", **{"data.on_bad_file": "skip", "data.group_mb": size / 4 / 1e6}).data
+    skipped = read_manifest(encode_dataset(snapshot_source(data), data, str(tmp_path / "skip" / "out")))
+    assert [(r.uri.rsplit("/", 1)[-1], r.reason.split(":")[0]) for r in skipped.skipped] == [("big.parquet", "damaged")]
+    assert sum(skipped.rows.values()) == 6 * 3 * 200
 
 
 def read_groups(root: Path) -> list:

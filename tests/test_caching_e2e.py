@@ -116,6 +116,29 @@ def test_new_raw_file_is_ingested_encoded_and_trained_on(setup, prefect_api):
     assert second["manifest"] != first["manifest"]
 
 
+def test_a_new_file_damaged_inside_is_left_out_and_listed_with_skip_and_refused_without(setup, prefect_api):
+    """A file copied in whose footer reads but whose data does not (its pages damaged): with data.on_bad_file: skip the
+    run trains without it and lists it (the summary, the MLflow run's skipped_files.json); without skip the run stops,
+    naming it, before any work (it is the first file: the ingest samples its rows)."""
+    from mlflow import MlflowClient
+
+    from shardline.core.encoding.columns import DataError
+
+    tmp_path, cfg, first = setup
+    new = make_raw(tmp_path / "raw", n_seq=3, rows=50, prefix="new", seed=9)[0]
+    body = bytearray(new.read_bytes())
+    body[200:1200] = bytes(b ^ 0x5A for b in body[200:1200])
+    new.write_bytes(bytes(body))
+    second = run({**cfg, "data": {**cfg["data"], "on_bad_file": "skip"}})
+    assert second["steps"]["encode"] == "ran" and second["snapshot"]["files"] == first["snapshot"]["files"]
+    assert [(r["uri"], r["reason"].split(":")[0]) for r in second["snapshot"]["skipped"]] == [(str(new), "damaged")]
+    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
+    listed = client.download_artifacts(second["registered"]["run_id"], "skipped_files.json", str(tmp_path / "dl"))
+    assert [r["uri"] for r in json.loads(Path(listed).read_text())["skipped_files"]] == [str(new)]
+    with pytest.raises(DataError, match=r"(?s)new-000\.parquet: cannot read its first rows: .*damaged"):
+        run(cfg)
+
+
 def test_deleted_shard_is_rebuilt(setup, prefect_api):
     tmp_path, cfg, first = setup
     shard = shard_files(first["manifest"])[0]

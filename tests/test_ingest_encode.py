@@ -947,14 +947,59 @@ def test_a_null_folder_beside_numbers_is_a_null_of_their_type(raw_dir, tmp_path)
     )  # by path
 
 
-def test_a_file_whose_footer_reads_and_data_does_not_is_said_to_be_damaged(raw_dir, tmp_path):
-    """A file damaged inside (its footer intact) passes the ingest's footer checks, which data.on_bad_file goes by;
-    the encode's error says the file is damaged and what to do, not only polars' words."""
-    path = raw_dir / "s-002.parquet"
-    body = bytearray(path.read_bytes())
-    body[200:1200] = bytes(b ^ 0x5A for b in body[200:1200])
-    path.write_bytes(bytes(body))
-    cfg = cfg_for(raw_dir, tmp_path, **{"data.on_bad_file": "skip", "data.files_per_group": 1})
-    assert len(snapshot_source(cfg.data).files) == 4  # the footer reads
-    with pytest.raises(DataError, match=r"s-002\.parquet: cannot read columns .* the file is damaged"):
-        encode_all(cfg)
+def test_a_file_damaged_inside_is_refused_or_with_skip_left_out_and_listed(tmp_path):
+    """A file damaged inside (its footer intact) passes the ingest's footer checks. With data.on_bad_file: fail the
+    encode refuses it, saying it is damaged and what to do; with skip it is left out (the group's other files
+    encoded, a group of it alone empty) and listed in the manifest, and the run's snapshot lists it among the skipped
+    files; a data set encoded so is refused by a run that says fail (a data set's address does not hold
+    on_bad_file). A damaged first file, whose rows the ingest samples, is said there or passed over alike."""
+    from shardline.core.encoding.columns import DamagedFile
+    from shardline.core.storage import write_text
+    from shardline.tasks.encode import without_damaged
+    from shardline.tasks.ingest import check_registrable
+
+    raw_dir = tmp_path / "raw"
+    make_raw(raw_dir, n_seq=30)  # 10 files of 3 sequences
+    whole = sum(encode_all(cfg_for(raw_dir, tmp_path / "whole"))[3].rows.values())
+    for name in ("s-002.parquet", "s-000.parquet"):
+        path = raw_dir / name
+        body = bytearray(path.read_bytes())
+        body[200:1200] = bytes(b ^ 0x5A for b in body[200:1200])
+        path.write_bytes(bytes(body))
+    fail = cfg_for(raw_dir, tmp_path, **{"data.files_per_group": 1})
+    snap = snapshot_source(fail.data)
+    assert len(snap.files) == 10  # the footers read
+    with pytest.raises(
+        DamagedFile, match=r"(?s)s-002\.parquet: cannot read columns .* damaged .* data.on_bad_file: skip"
+    ):
+        encode_group_to_shards(snap.files[2:3], fail.data, str(tmp_path / "groups"), "g")
+    with pytest.raises(DamagedFile, match=r"(?s)s-000\.parquet: cannot read its first rows: .* damaged"):
+        check_registrable(fail.data, snap)
+
+    for per_group in (1, None):  # each file a group (one of nothing), and the ten in one group (the scan fails)
+        skip = cfg_for(
+            raw_dir, tmp_path / f"skip{per_group}", **{"data.on_bad_file": "skip", "data.files_per_group": per_group}
+        )
+        check_registrable(skip.data, snap)  # its sample from the first file that reads
+        snap, _, out_dir, manifest = encode_all(skip)
+        assert [(r.uri.rsplit("/", 1)[-1], r.reason.split(":")[0]) for r in manifest.skipped] == [
+            ("s-000.parquet", "damaged"),
+            ("s-002.parquet", "damaged"),
+        ]
+        assert sum(manifest.rows.values()) == whole - 2 * 3 * 60  # the others' rows, all of them
+        uri = f"{out_dir}/manifest.json"
+        write_text(uri, manifest.model_dump_json())
+        seen = without_damaged(snap, uri, skip.data)
+        assert [f.uri for f in seen.files] == [f.uri for f in snap.files if f.uri not in {r.uri for r in seen.rejected}]
+        assert len(seen.files) == 8
+        assert [r.uri for r in seen.rejected] == [r.uri for r in manifest.skipped]
+        with pytest.raises(
+            DataError, match=r"(?s)2 raw file\(s\) are damaged inside .*s-000\.parquet.*on_bad_file: skip"
+        ):
+            without_damaged(snap, uri, fail.data)
+    # a manifest that left nothing out keeps the hash it had before manifests could list skipped files
+    clean = Manifest.model_validate_json(manifest.model_dump_json()).model_copy(update={"skipped": []})
+    from shardline.core.config import stable_hash
+
+    before = {"skipped", "tokenizer", "token_counts"}  # none of them in a manifest of numbers, then
+    assert clean.hash() == stable_hash(clean.model_dump(mode="json", exclude=before)) != manifest.hash()

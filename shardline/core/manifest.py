@@ -345,6 +345,9 @@ class EncodedGroup(_Shards):
         description="count/mean/M2 per continuous column, value counts per categorical column and of the target"
     )
     rows: dict[str, int]
+    damaged: list[RejectedFile] = Field(
+        default_factory=list, description="its files damaged inside, left out (data.on_bad_file: skip)"
+    )
 
 
 class Manifest(_Shards):
@@ -368,6 +371,10 @@ class Manifest(_Shards):
         description="ranking data with data.item_key: relevant rows (grade > 0) per item in the training split, "
         "keyed by the item as text: the popularity baseline's scores",
     )
+    skipped: list[RejectedFile] = Field(
+        default_factory=list,
+        description="raw files of the snapshot left out by the encode: damaged inside (data.on_bad_file: skip)",
+    )
     tokenizer: str | None = Field(None, description="text data: the tokenizer.json, relative to the manifest's folder")
     token_counts: list[int] | None = Field(
         None,
@@ -381,5 +388,6 @@ class Manifest(_Shards):
         return [s for s in self.shards if s.split in wanted]
 
     def hash(self) -> str:
-        text = {"tokenizer", "token_counts"} if self.tokenizer is None and self.token_counts is None else None
-        return stable_hash(self.model_dump(mode="json", exclude=text))  # earlier manifests keep their hash
+        text = {"tokenizer", "token_counts"} if self.tokenizer is None and self.token_counts is None else set()
+        gone = set() if self.skipped else {"skipped"}
+        return stable_hash(self.model_dump(mode="json", exclude=text | gone))  # earlier manifests keep their hash

@@ -20,7 +20,7 @@ from shardline.runs import links
 from shardline.runs.parent import parent_encoding, pinned, resolve_parent, with_parent_tokenizer
 from shardline.runs.result import Parent
 from shardline.tasks.caching import STEPS, cached, run_cached
-from shardline.tasks.encode import encode
+from shardline.tasks.encode import encode, without_damaged
 from shardline.tasks.evaluate import EVALUATE_CACHE, evaluate, no_better_than_baseline
 from shardline.tasks.ingest import INGEST_CACHE, ingest
 from shardline.tasks.register import REGISTER_CACHE, register, with_alias_now
@@ -71,6 +71,7 @@ def encoded_data(config: PipelineConfig, refresh: frozenset[str] = frozenset(), 
     manifest_uri, ran["encode"] = encode(  # on the flow's threads, or a Dask cluster (compute.task_runner)
         snapshot, data, root, refresh="encode" in refresh, base=base, runner=encode_runner(config)
     )
+    snapshot = without_damaged(snapshot, manifest_uri, data)  # files the encode found damaged inside
     return snapshot, manifest_uri, storage.sha256_uri(manifest_uri), ran
 
 

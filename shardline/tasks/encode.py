@@ -20,6 +20,7 @@ from prefect.utilities.annotations import quote
 
 from shardline.core import layout, storage
 from shardline.core.config import DataConfig, stable_hash
+from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.contract import contract
 from shardline.core.encoding.text import sha256_text
 from shardline.core.encoding.write import (
@@ -40,6 +41,7 @@ from shardline.core.memory import return_freed_memory, trim
 from shardline.core.secrets import redacted_errors
 from shardline.core.version import code_version_of
 from shardline.tasks.caching import CacheRule, cached, raw_files_key, run_cached
+from shardline.tasks.ingest import describe_rejected
 
 # bump when the shard layout or the encoding rules change (2: narrow target, order once per segment;
 # 3: one pass, own codes per shard; since 2026-11-23 one set per group, same layout; 4: several targets,
@@ -242,6 +244,12 @@ def write_manifest(
 ) -> str:
     """`publish_manifest`, said in the encode's log."""
     uri, manifest = publish_manifest(snapshot, groups, data, out_dir, store, base)
+    if manifest.skipped:
+        get_run_logger().warning(
+            "encode: %d raw file(s) damaged inside left out (data.on_bad_file: skip):\n%s",
+            len(manifest.skipped),
+            describe_rejected(manifest.skipped),
+        )
     log_skipped_rows(groups, get_run_logger())
     log_short_sequences(manifest, data, get_run_logger())
     get_run_logger().info(
@@ -252,6 +260,24 @@ def write_manifest(
         sum(s.bytes for s in manifest.shards) / 1e6,
     )
     return uri
+
+
+def without_damaged(snapshot: Snapshot, manifest_uri: str, data: DataConfig) -> Snapshot:
+    """The snapshot as its encoded data set holds it: the raw files the encode found damaged inside and left out
+    (`data.on_bad_file: skip`) moved from its files to its rejected ones, which the run's summary and the registered
+    version list (and the champion's gate never reads); with `fail`, an error naming them (the data set was encoded
+    by a run that skipped them: a data set's address does not hold `on_bad_file`)."""
+    skipped = Manifest.model_validate_json(storage.read_text(manifest_uri)).skipped
+    if not skipped:
+        return snapshot
+    if data.on_bad_file == "fail":
+        raise DataError(
+            f"{len(skipped)} raw file(s) are damaged inside (their footers read, their data does not):\n"
+            f"{describe_rejected(skipped)}\nReplace or remove them, or set data.on_bad_file: skip to train without them"
+        )
+    gone = {r.uri for r in skipped}
+    kept = [f for f in snapshot.files if f.uri not in gone]
+    return snapshot.model_copy(update={"files": kept, "rejected": [*snapshot.rejected, *skipped]})
 
 
 def _data_key(data: DataConfig) -> dict:

@@ -14,7 +14,7 @@ from prefect.logging import get_run_logger
 from shardline.core import layout, storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.core.config.data import element_of, read_names
-from shardline.core.encoding.columns import DataError
+from shardline.core.encoding.columns import DamagedFile, DataError, unreadable
 from shardline.core.encoding.folders import folder_columns
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
 from shardline.core.memory import trim
@@ -455,7 +455,15 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
     columns = list(dict.fromkeys([*read_names(f.continuous), *f.boolean, *f.categorical, *f.text, *data.id_columns]))
     columns += [c for c in (data.sequence_key, data.order_by) if c and c != FILE_SEQUENCE and c not in columns]
     # as many rows as registration's sample reads at most (its input example): what passes here passes there
-    sample = raw_sample(snapshot.files[0].uri, columns, rows=SAMPLE_ROWS, source=snapshot.source)
+    # the first file whose rows read (one damaged inside is the encode's to leave out, with data.on_bad_file: skip)
+    for raw in snapshot.files:
+        try:
+            sample = raw_sample(raw.uri, columns, rows=SAMPLE_ROWS, source=snapshot.source)
+            break
+        except (OSError, pa.ArrowException) as e:
+            problem = unreadable(raw.uri, "read its first rows", e, is_remote(raw.uri))
+            if not isinstance(problem, DamagedFile) or data.on_bad_file != "skip" or raw is snapshot.files[-1]:
+                raise problem from e
 
     def refused(frame) -> Exception | None:
         try:
@@ -470,9 +478,7 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
 
     if (e := refused(sample)) is not None:
         bad = [c for c in columns if refused(sample[[c]]) is not None] or columns
-        raise DataError(
-            f"{snapshot.files[0].uri}: the registered model could not take column(s) {bad} as input ({e})"
-        ) from None
+        raise DataError(f"{raw.uri}: the registered model could not take column(s) {bad} as input ({e})") from None
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=lambda t, r, s: _is_transient(s))

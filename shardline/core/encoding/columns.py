@@ -18,6 +18,30 @@ class DataError(ValueError):
     """Raw data that does not fit the config; the message names the file and the column."""
 
 
+class DamagedFile(DataError):
+    """A raw file whose footer reads (the ingest checked it) but whose data does not: `data.on_bad_file: skip` leaves
+    it out at the encode, `fail` stops there. `cause`: what the reader said, for the run's list of skipped files."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
+def unreadable(uri: str, what: str, error: Exception, remote: bool) -> Exception:
+    """The error for a raw file whose footer read (the ingest checked it) but whose rows do not (pyarrow's OSError or
+    ArrowException), naming it and what could not be done (`what`): on an object store an OSError (perhaps the
+    network: retried, as any read is), else a `DamagedFile`."""
+    e = " ".join(str(error).split())  # pyarrow's words hold line breaks
+    said = f"{uri}: cannot {what}: {e}"
+    if remote and isinstance(error, OSError):
+        return OSError(said)
+    return DamagedFile(
+        f"{said}. The file is damaged (an interrupted copy?): replace it, or remove it, or set data.on_bad_file: skip "
+        "to train without it",
+        f"damaged: its footer reads, its data does not ({e})",
+    )
+
+
 def as_number(column: str, dtype: pl.DataType) -> pl.Expr:
     """A continuous feature as float64: numbers as they are; a date-time as its instant in microseconds
     since 1970 UTC (whatever its unit or zone, so training and serving agree), a date as days, a duration

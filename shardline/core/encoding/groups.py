@@ -30,7 +30,7 @@ from filelock import FileLock
 
 from shardline.core import storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
-from shardline.core.encoding.columns import DataError
+from shardline.core.encoding.columns import unreadable
 from shardline.core.encoding.folders import folder_values, time_folders
 from shardline.core.encoding.splits import _key64
 from shardline.core.manifest import FilePart, RawFile, Snapshot
@@ -201,12 +201,7 @@ def _cut(f: FilePart, data: DataConfig, folder: Path) -> None:
 
 
 def _unreadable(f: FilePart, e: Exception) -> Exception:
-    """The error for a large file whose footer read (the ingest checked it) but whose rows do not, naming it: on an
-    object store an OSError (perhaps the network: retried, as any read is), else a DataError (the file is damaged)."""
-    said = f"{f.uri}: cannot read it to encode it in parts: {e}"
-    if storage.is_remote(f.uri) and isinstance(e, OSError):
-        return OSError(said)
-    return DataError(f"{said}. The file is damaged (an interrupted copy?): replace it, or remove it, and run again")
+    return unreadable(f.uri, "read it to encode it in parts", e, storage.is_remote(f.uri))
 
 
 def _parts(keys: pl.Series, parts: int) -> np.ndarray:

@@ -11,12 +11,21 @@ import polars as pl
 
 from shardline.core import storage
 from shardline.core.config import FILE_SEQUENCE, DataConfig
-from shardline.core.encoding.columns import ORDER, SEQ, DataError, order_expr, parse_order, prepare, with_elements
+from shardline.core.encoding.columns import (
+    ORDER,
+    SEQ,
+    DamagedFile,
+    DataError,
+    order_expr,
+    parse_order,
+    prepare,
+    with_elements,
+)
 from shardline.core.encoding.folders import below, folder_columns, folder_values, typed, with_columns
 from shardline.core.encoding.groups import part_key, read_part, read_rows
 from shardline.core.encoding.row_keys import grades
 from shardline.core.encoding.splits import ROW
-from shardline.core.manifest import FilePart, RawFile
+from shardline.core.manifest import FilePart, RawFile, RejectedFile
 
 
 def sequence_name(uri: str, data: DataConfig) -> str:
@@ -64,16 +73,14 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | pl.DataFrame | None = None
         else:
             df = read(storage.local_path(uri))
     except Exception as e:
-        damaged = isinstance(e, pl.exceptions.PolarsError) and not isinstance(e, OSError)  # not a network error
-        raise DataError(
-            f"{uri}: cannot read columns {columns}: {e}"
-            + (
-                ". Its footer reads (the ingest checks footers, and data.on_bad_file goes by them) but its data "
-                "does not: the file is damaged (an interrupted copy?). Replace it, or remove it, and run again"
-                if damaged
-                else ""
-            )
-        ) from e
+        said = f"{uri}: cannot read columns {columns}: {e}"
+        if isinstance(e, pl.exceptions.PolarsError) and not isinstance(e, OSError):  # not a network error
+            raise DamagedFile(
+                f"{said}. Its footer reads (the ingest checks footers) but its data does not: the file is damaged (an "
+                "interrupted copy?). Replace it, or remove it, or set data.on_bad_file: skip to train without it",
+                f"damaged: its footer reads, its data does not ({' '.join(str(e).split())})",
+            ) from e
+        raise DataError(said) from e
     df = with_elements(df, data.features.continuous)  # `vec[3]`: element 3 of the list column `vec`
     for target in (t.column for t in data.target_list if t.task != "generation"):  # text: data.on_bad_rows
         if gaps := target_gaps(df[target]):
@@ -171,20 +178,49 @@ def read_group(
     files: list[RawFile],
     data: DataConfig,
     each: Callable[[pl.DataFrame, str], pl.DataFrame] | None = None,
+    damaged: list[RejectedFile] | None = None,
 ) -> pl.DataFrame:
     """A file group's rows, the files in one scan when they scan as one table (same columns and types),
     else read one by one, `each` (a file's rows and its URI -> its rows) applied to each before they are
-    put together."""
+    put together. A file damaged inside is refused, or with `data.on_bad_file: skip` left out and noted in
+    `damaged` (none of its rows: `_or_nothing`)."""
     uris = [f.uri for f in files]
+    each = each or (lambda frame, _: frame)
     if isinstance(files[0], FilePart):  # a part of a file too large for one group
-        return (each or (lambda frame, _: frame))(read_file_part(files[0], data), uris[0])
+        return each(_or_nothing(files[0], data, damaged, lambda: read_file_part(files[0], data)), uris[0])
     df = _scan_local(uris, data) if len(uris) > 1 and not any(storage.is_remote(u) for u in uris) else None
     if df is None:
-        each = each or (lambda frame, _: frame)
         fetched = _fetch_remote(uris)
-        frames = [each(read_raw(u, data, fetched.pop(u, None)), u) for u in uris]
+        frames = [
+            each(_or_nothing(f, data, damaged, lambda u=f.uri: read_raw(u, data, fetched.pop(u, None))), f.uri)
+            for f in files
+        ]
         df = pl.concat(in_one_zone(frames, uris), how="vertical_relaxed")
     return df
+
+
+def _or_nothing(
+    f: RawFile, data: DataConfig, damaged: list[RejectedFile] | None, read: Callable[[], pl.DataFrame]
+) -> pl.DataFrame:
+    """`read()`, the rows of `f` (a file or a part of one); where it is damaged inside and `data.on_bad_file` is
+    `skip`, none of its rows, with the columns a read of it gives (its footer's types), and `f` noted in `damaged`."""
+    try:
+        return read()
+    except DamagedFile as e:
+        if data.on_bad_file != "skip":
+            raise
+        if damaged is not None:
+            damaged.append(RejectedFile(uri=f.uri, reason=e.cause))
+    if storage.is_remote(f.uri):
+        fs, path = storage.filesystem(f.uri)
+        with fs.open(path, "rb") as handle:
+            schema = pl.read_parquet_schema(handle)
+    else:
+        schema = pl.read_parquet_schema(storage.local_path(f.uri))
+    rows = read_raw(f.uri, data, pl.DataFrame(schema=schema))
+    if isinstance(f, FilePart) and not part_key(data):  # a part of rows carries their place in their file
+        rows = rows.with_columns(pl.Series(ROW, [], pl.UInt64))
+    return rows
 
 
 def read_file_part(f: FilePart, data: DataConfig) -> pl.DataFrame:

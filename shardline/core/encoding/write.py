@@ -40,7 +40,16 @@ from shardline.core.encoding.text import (
     text_spec,
     train_bpe,
 )
-from shardline.core.manifest import EncodedGroup, EncodingSpec, FilePart, Manifest, RawFile, ShardInfo, Snapshot
+from shardline.core.manifest import (
+    EncodedGroup,
+    EncodingSpec,
+    FilePart,
+    Manifest,
+    RawFile,
+    RejectedFile,
+    ShardInfo,
+    Snapshot,
+)
 from shardline.core.shards import compress_bytes, segment_lengths, window_tally
 
 GROUP_RECORD = "group.json"  # a group's `EncodedGroup`, written in its folder after its shards
@@ -93,7 +102,9 @@ def stored_groups(store: str, keys: list[str]) -> dict[str, EncodedGroup]:
     return found
 
 
-def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFrame, dict[str, dict[str, int]]]:
+def read_text_group(
+    files: list[RawFile], data: DataConfig, damaged: list[RejectedFile] | None = None
+) -> tuple[pl.DataFrame, dict[str, dict[str, int]]]:
     """A text data set's file group, its rows with a null or empty text left out (`data.on_bad_rows: skip`,
     counted per file and column) or refused naming the file, the column and the count (`error`). When rows
     are left out, the others carry their place in their file as read (`__row`): a row's split is drawn from
@@ -101,7 +112,8 @@ def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFram
     uris = [f.uri for f in files]
     # a categorical text column is text (cast to String); another type is refused naming its file: each file
     # checked before the group's files are put together (one scan: they share their types, said together)
-    df = as_text(read_group(files, data, each=lambda frame, uri: as_text(frame, data, uri)), data, ", ".join(uris))
+    damaged = [] if damaged is None else damaged  # left out (data.on_bad_file: skip): not read again below
+    df = as_text(read_group(files, data, lambda frame, uri: as_text(frame, data, uri), damaged), data, ", ".join(uris))
     if isinstance(files[0], FilePart):  # a part of a file: its rows carry their place in it already
         part, dropped = clean_rows(df, data, uris[0])
         return part, ({uris[0]: dropped} if dropped else {})
@@ -110,7 +122,7 @@ def read_text_group(files: list[RawFile], data: DataConfig) -> tuple[pl.DataFram
         return df, {}
     del df  # the files are read again one by one: the group is not held twice
     parts, skipped = [], {}
-    for uri in uris:  # said per file: re-read one by one (only a group that has bad rows)
+    for uri in [u for u in uris if u not in {r.uri for r in damaged}]:  # said per file: re-read one by one
         raw = as_text(read_raw(uri, data), data, uri)
         raw = raw.with_columns(pl.int_range(0, pl.len(), dtype=pl.UInt64).alias(ROW))
         part, dropped = clean_rows(raw, data, uri)
@@ -127,7 +139,8 @@ def encode_text_group(
     like any group's: each shard atomically, the group's record last. Its training statistics are the
     target token counts (the unigram baseline) and the rows left out (`skipped`, per file and column)."""
     out_dir = storage.join(store, key)
-    frame, skipped = read_text_group(files, data)
+    damaged: list[RejectedFile] = []
+    frame, skipped = read_text_group(files, data, damaged)
     frame, splits = split_rows(frame, data)
     encoded = encode_text_splits(frame, splits, data, storage.read_text(tokenizer[0]))
     del frame
@@ -141,7 +154,7 @@ def encode_text_group(
             train["rows"] += stats["rows"]
         info = _shard_info(split, raw, specs, arrays, keys, len(arrays["target"]), data)
         infos.append(ShardInfo(**info, **_store(raw, info, out_dir, keys)))
-    return _write_group(out_dir, key, infos, train, splits, data)
+    return _write_group(out_dir, key, infos, train, splits, data, damaged)
 
 
 def _shard_info(split: str, raw, specs: dict, arrays: dict, keys: list[str], rows: int, data: DataConfig) -> dict:
@@ -164,11 +177,17 @@ def _shard_info(split: str, raw, specs: dict, arrays: dict, keys: list[str], row
 
 
 def _write_group(
-    out_dir: str, key: str, infos: list[ShardInfo], train: dict, splits: dict, data: DataConfig
+    out_dir: str,
+    key: str,
+    infos: list[ShardInfo],
+    train: dict,
+    splits: dict,
+    data: DataConfig,
+    damaged: list[RejectedFile],
 ) -> EncodedGroup:
     """The group's record, written last in its folder: once it is there, the group is whole."""
     rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
-    group = EncodedGroup(key=key, shards=infos, train=train, rows=rows)
+    group = EncodedGroup(key=key, shards=infos, train=train, rows=rows, damaged=damaged)
     storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())
     return group
 
@@ -210,7 +229,8 @@ def encode_group_to_shards(
     if data.features.text:
         return encode_text_group(files, data, store, tokenizer, key)
     out_dir = storage.join(store, key)
-    frame, splits = split_rows(read_group(files, data), data)
+    damaged: list[RejectedFile] = []  # files damaged inside, left out (data.on_bad_file: skip)
+    frame, splits = split_rows(read_group(files, data, damaged=damaged), data)
     if data.order_by is not None:  # each sequence's rows in order: a row that repeats the one before it whole
         names = [f.uri.rsplit("/", 1)[-1] for f in files]
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
@@ -238,7 +258,7 @@ def encode_group_to_shards(
             pending.append((info, writer.submit(_store, raw, info, out_dir, keys, rows_file)))
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data)
+    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data, damaged)
 
 
 def _store(raw, info: dict, out_dir: str, keys: list[str], rows: memoryview | None = None) -> dict:
@@ -370,6 +390,7 @@ def build_manifest(
             "item_counts": item_counts([g.train.get("ranking") for g in groups]) if data.item_key else None,
         }
     return Manifest(
+        skipped=list({r.uri: r for g in groups for r in g.damaged}.values()),  # a file's parts name it once
         encoding=spec,
         encoding_hash=spec.hash(),
         contract_hash=stable_hash(contract(data)),
