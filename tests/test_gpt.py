@@ -180,6 +180,36 @@ def test_sampling_with_a_seed_repeats_and_top_k_is_respected(varied):
         generate(varied, [], 3)
 
 
+def test_prompts_generated_together_give_what_each_gives_alone(varied):
+    """`generate_rows` (what predict and the evaluation call) runs the prompts of one length together, a batch a step:
+    each row's tokens are those it gets alone, greedy or drawn with a seed, stopped at its own end-of-text, in
+    batches of a few; far fewer forward passes than one prompt at a time."""
+    from shardline.trainer.generate import generate_rows
+
+    prompts = [[5], [3, 4, 5], [7, 8, 9], [9, 1, 2], list(range(1, 30)), list(range(2, 18)), [11, 12, 13, 14, 15, 16]]
+    calls = []
+    hook = varied.wte.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
+    try:
+        for kwargs in (
+            {"temperature": 0},
+            {"temperature": 1.5, "seed": 7},
+            {"temperature": 2.0, "top_k": 5, "seed": 1},
+        ):
+            alone = [generate(varied, p, 20, **kwargs) for p in prompts]
+            calls.clear()
+            assert generate_rows(varied, prompts, 20, batch_size=2, **kwargs) == alone, kwargs
+            assert max(calls) == 2 and len(calls) <= 5 * 20  # 5 batches (lengths 1, 3 [x3], 16 [x2], 6), 20 steps each
+            assert len({t for a in alone for t in a}) > 5
+        stop = alone[1][4]  # an end-of-text id: each row stops before its own first one
+        cut = [a[: a.index(stop)] if stop in a else a for a in alone]
+        assert generate_rows(varied, prompts, 20, eos_id=stop, batch_size=3, **kwargs) == cut != alone
+        assert generate_rows(varied, prompts, 0) == [[]] * len(prompts)
+    finally:
+        hook.remove()
+    with pytest.raises(ValueError, match=r"prompt token id\(s\) \[50\]"):
+        generate_rows(varied, [[1], [1, 50]], 3)
+
+
 def test_text_metrics_by_hand():
     assert perplexity(0.0) == 1.0 and math.isclose(perplexity(math.log(7)), 7.0)
     assert perplexity(1e6) == math.inf

@@ -61,6 +61,56 @@ def generate(model: nn.Module, prompt_ids, max_new_tokens: int, *args, **kwargs)
     return list(generate_stream(model, prompt_ids, max_new_tokens, *args, **kwargs))
 
 
+def _spec_and_window(model: nn.Module) -> tuple:
+    if not hasattr(model, "shardline_spec"):
+        raise ValueError(
+            f"{type(model).__name__} has no shardline_spec: build it with model_from_spec, or load it with load_model"
+        )
+    spec = data_spec_of(model.shardline_spec)
+    return spec, check_token_spec(spec, family=type(model).__name__)
+
+
+def _draws(
+    model: nn.Module, rows: list[list[int]], temperature: float, top_k: int | None, seed: int | None, use_cache: bool
+) -> Iterator[list[int]]:
+    """Each step's next token of every row, forever (the caller stops): `rows` are prompts of one length, at most the
+    model's window K, generated together (one forward of the batch a step, a key/value cache of the batch), each row
+    drawn as it would be alone: its own generator seeded with `seed`, the greedy choice of its own logits. The model
+    is the caller's to put in eval mode."""
+    spec = data_spec_of(model.shardline_spec)
+    target, window = spec.targets[0].name, spec.window
+    device = next(model.parameters()).device
+    generators: list[torch.Generator | None] = [None] * len(rows)
+    if seed is not None:
+        generators = [torch.Generator(device=device) for _ in rows]
+        for g in generators:
+            g.manual_seed(int(seed))
+    tokens = torch.tensor(rows, device=device)  # [B, L]: the last K tokens of each row
+    cached = use_cache and callable(getattr(model, "new_cache", None))
+    with torch.inference_mode():
+        cache, filled = (model.new_cache(len(rows)), 0) if cached else (None, 0)
+    while True:
+        with torch.inference_mode():
+            if cached and filled and filled < window:  # the one new token, at the next position
+                logits = model.logits(tokens[:, -1:], cache, filled)
+                filled += 1
+            elif cached:  # the first step, or the context outgrew the cache: the last K tokens from position 0
+                logits = model.logits(tokens, cache, 0)
+                filled = tokens.shape[1]
+            else:
+                cont = torch.zeros((*tokens.shape, 0), device=device)
+                logits = as_outputs(model(cont, tokens[..., None]), spec)[target]
+            last = logits[:, -1]
+            if temperature == 0:  # greedy: next_token's choice, for every row at once
+                best = last.float().clone()
+                best[:, 0] = float("-inf")
+                drawn = best.argmax(dim=-1).tolist()
+            else:
+                drawn = [next_token(last[i], temperature, top_k, g) for i, g in enumerate(generators)]
+        tokens = torch.cat([tokens, torch.tensor(drawn, device=device)[:, None]], dim=1)[:, -window:]
+        yield drawn
+
+
 def generate_stream(
     model: nn.Module,
     prompt_ids,
@@ -78,49 +128,62 @@ def generate_stream(
     `top_k` samples among the k most likely tokens only. `use_cache=False` recomputes the whole context for every
     token (the reference the cache must agree with). Each step runs in inference mode; the caller's code between
     tokens does not."""
-    if not hasattr(model, "shardline_spec"):
-        raise ValueError(
-            f"{type(model).__name__} has no shardline_spec: build it with model_from_spec, or load it with load_model"
-        )
-    spec = data_spec_of(model.shardline_spec)
-    vocab = check_token_spec(spec, family=type(model).__name__)
+    spec, vocab = _spec_and_window(model)
     prompt = _check_args(prompt_ids, max_new_tokens, temperature, top_k, vocab)
-    target, window = spec.targets[0].name, spec.window
-    device = next(model.parameters()).device
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(int(seed))
+    stops = {*stop_ids, *([] if eos_id is None else [eos_id])}
     was_training = model.training
     model.eval()
-    tokens, n = prompt[-window:], 0
-    stops = {*stop_ids, *([] if eos_id is None else [eos_id])}
-    cached = use_cache and callable(getattr(model, "new_cache", None))
     try:
-        with torch.inference_mode():
-            cache, filled = (model.new_cache(1), 0) if cached else (None, 0)
-        while n < max_new_tokens:
-            with torch.inference_mode():
-                if cached and filled and filled < window:  # the one new token, at the next position
-                    ids = torch.tensor([tokens[-1:]], device=device)
-                    logits = model.logits(ids, cache, filled)
-                    filled += 1
-                elif cached:  # the first step, or the context outgrew the cache: the last K tokens from position 0
-                    ids = torch.tensor([tokens[-window:]], device=device)
-                    logits = model.logits(ids, cache, 0)
-                    filled = ids.shape[1]
-                else:
-                    ids = torch.tensor([tokens[-window:]], device=device)
-                    cont = torch.zeros((*ids.shape, 0), device=device)
-                    logits = as_outputs(model(cont, ids[..., None]), spec)[target]
-                token = next_token(logits[0, -1], temperature, top_k, generator)
-            if token in stops:
-                break
-            n += 1
-            tokens.append(token)
-            yield token
+        if max_new_tokens:
+            for n, (token,) in enumerate(_draws(model, [prompt[-spec.window :]], temperature, top_k, seed, use_cache)):
+                if token in stops:
+                    break
+                yield token
+                if n + 1 == max_new_tokens:
+                    break
     finally:
         model.train(was_training)
+
+
+def generate_rows(
+    model: nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    stop_ids: tuple[int, ...] = (),
+    batch_size: int = 32,
+) -> list[list[int]]:
+    """`generate` of each prompt (its arguments), the prompts of one length (after keeping their last K tokens)
+    generated `batch_size` at a time: the same tokens as one prompt at a time (each row greedy on its own logits,
+    or drawn by its own generator), at a fraction of the time (a step of 32 rows costs a few single rows')."""
+    spec, vocab = _spec_and_window(model)
+    rows = [_check_args(p, max_new_tokens, temperature, top_k, vocab)[-spec.window :] for p in prompts]
+    stops = {*stop_ids, *([] if eos_id is None else [eos_id])}
+    out: list[list[int]] = [[] for _ in rows]
+    by_length: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_length.setdefault(len(r), []).append(i)
+    was_training = model.training
+    model.eval()
+    try:
+        for same in by_length.values():
+            for lo in range(0, len(same) if max_new_tokens else 0, batch_size):
+                batch = same[lo : lo + batch_size]
+                live = set(range(len(batch)))
+                for n, drawn in enumerate(_draws(model, [rows[i] for i in batch], temperature, top_k, seed, True)):
+                    for j in sorted(live):
+                        if drawn[j] in stops:
+                            live.discard(j)
+                        else:
+                            out[batch[j]].append(drawn[j])
+                    if not live or n + 1 == max_new_tokens:
+                        break
+    finally:
+        model.train(was_training)
+    return out
 
 
 def continuations(
@@ -133,15 +196,14 @@ def continuations(
     seed: int | None = None,
     stop_at_sep: bool = False,
 ) -> list[str]:
-    """Each prompt's continuation as text (`generate` one prompt at a time, decoded with the tokenizer the
-    model was trained with): up to `<eos>`, or, for a generation target (`stop_at_sep`), up to the `<sep>`
-    that ends a target in a sequence of several rows. `seed` seeds each prompt's draws alike, so a row's
-    continuation does not depend on the rows beside it."""
+    """Each prompt's continuation as text (`generate_rows`: prompts of one length together, each drawn as alone),
+    decoded with the tokenizer the model was trained with: up to `<eos>`, or, for a generation target
+    (`stop_at_sep`), up to the `<sep>` that ends a target in a sequence of several rows. `seed` seeds each prompt's
+    draws alike, so a row's continuation does not depend on the rows beside it."""
     from shardline.core.encoding.text import EOS_ID, SEP_ID, decode
 
     stops = (SEP_ID,) if stop_at_sep else ()  # a target ends at its <sep>: nothing after it is generated
-    out = []
-    for ids in prompts:
-        new = generate(model, ids or [SEP_ID], max_new_tokens, temperature, top_k, seed, eos_id=EOS_ID, stop_ids=stops)
-        out.append(decode(tokenizer_json, new))
-    return out
+    new = generate_rows(
+        model, [ids or [SEP_ID] for ids in prompts], max_new_tokens, temperature, top_k, seed, EOS_ID, stops
+    )
+    return [decode(tokenizer_json, ids) for ids in new]
