@@ -1003,3 +1003,29 @@ def test_a_file_damaged_inside_is_refused_or_with_skip_left_out_and_listed(tmp_p
 
     before = {"skipped", "tokenizer", "token_counts"}  # none of them in a manifest of numbers, then
     assert clean.hash() == stable_hash(clean.model_dump(mode="json", exclude=before)) != manifest.hash()
+
+
+def test_a_jobs_unfinished_output_and_markers_below_the_source_are_not_data(tmp_path):
+    """A Spark job's output folder: its part files are the data; `_SUCCESS`, `.crc` files, a `_temporary/` folder of
+    a job still writing (half-written parts) and a `.staging/` copy are not (as pyarrow's and Spark's readers take
+    them). They made the ingest stop on the half-written part. A source that names such a folder itself reads it."""
+    from shardline.core.storage import list_source
+
+    out = tmp_path / "lake" / "_exports" / "out"  # a folder above the source's named so is no concern
+    made = make_raw(tmp_path / "made", n_seq=9)
+    for i, p in enumerate(made):
+        (out / "day=1").mkdir(parents=True, exist_ok=True)
+        (out / "day=1" / f"part-{i:05d}.snappy.parquet").write_bytes(p.read_bytes())
+        (out / "day=1" / f".part-{i:05d}.snappy.parquet.crc").write_bytes(b"crc")
+    (out / "_SUCCESS").write_bytes(b"")
+    (out / "_temporary" / "0" / "task_1").mkdir(parents=True)
+    (out / "_temporary" / "0" / "task_1" / "part-00009.snappy.parquet").write_bytes(made[0].read_bytes()[:300])
+    (out / ".staging").mkdir()
+    (out / ".staging" / "part-00010.parquet").write_bytes(made[1].read_bytes())
+    parts = [str(out / "day=1" / f"part-{i:05d}.snappy.parquet") for i in range(3)]
+    for source in (out, f"{out}/**/*.parquet", f"{out}/day=1"):
+        assert list_source(str(source)) == parts, source
+        cfg = cfg_for(out, tmp_path / "store", **{"data.source": str(source), "data.on_bad_file": "fail"})
+        assert [f.uri for f in snapshot_source(cfg.data).files] == parts  # nothing half-written stops the ingest
+    assert list_source(f"{out}/_temporary/**/*.parquet") == [str(out / "_temporary/0/task_1/part-00009.snappy.parquet")]
+    assert list_source(f"{out}/.staging") == [str(out / ".staging" / "part-00010.parquet")]

@@ -101,20 +101,31 @@ def listed_files(source: str) -> dict[str, dict]:
     details (size, etag or mtime). One listing: on an object store a page per 1,000 objects, never a request
     per file (fsspec's `info` of a listed file scans its folder's whole listing: 22,000 files took minutes)."""
     fs, path = filesystem(source)
+    root, named = path, set()  # the folder searched below, and the names the source writes out itself
     if any(ch in path for ch in "*?["):
         found = fs.glob(path, detail=True)
+        parts = path.split("/")
+        fixed = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
+        root, named = "/".join(parts[:fixed]), set(parts[fixed:])
     elif fs.isdir(path):
         found = {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(".parquet")}
     elif fs.exists(path):
         found = {path: fs.info(path)}
     else:
         found = {}
+
+    def hidden(p: str) -> bool:
+        """A file or a folder below the source's folder named `.x` or `_x` (not by the source itself): a job's
+        unfinished output (Spark's `_temporary/`, a `.staging/` copy) or a marker (`_SUCCESS`), never data,
+        as pyarrow's and Spark's own readers take it."""
+        below = p[len(root) :].strip("/").split("/") if p.startswith(root) else [os.path.basename(p)]
+        return any(part.startswith((".", "_")) and part not in named for part in [*below[:-1], os.path.basename(p)])
+
     # a local symbolic link to a file lists as "other" (its size and times are its target's)
     return {
         p: i
         for p, i in found.items()
-        if not os.path.basename(p).startswith((".", "_"))
-        and (i["type"] == "file" or (i.get("islink") and os.path.isfile(p)))
+        if not hidden(p) and (i["type"] == "file" or (i.get("islink") and os.path.isfile(p)))
     }
 
 
