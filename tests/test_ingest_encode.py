@@ -1029,3 +1029,11 @@ def test_a_jobs_unfinished_output_and_markers_below_the_source_are_not_data(tmp_
         assert [f.uri for f in snapshot_source(cfg.data).files] == parts  # nothing half-written stops the ingest
     assert list_source(f"{out}/_temporary/**/*.parquet") == [str(out / "_temporary/0/task_1/part-00009.snappy.parquet")]
     assert list_source(f"{out}/.staging") == [str(out / ".staging" / "part-00010.parquet")]
+    # a Delta Lake table's folder holds every version's files: refused, saying why and what to do
+    (out / "day=1" / "_delta_log").mkdir()
+    (out / "day=1" / "_delta_log" / "00000000000000000000.json").write_text("{}")
+    for source in (f"{out}/day=1", f"{out}/day=1/*.parquet"):
+        with pytest.raises(ValueError, match=r"day=1.*Delta Lake table .* stale and repeated rows.*data.source"):
+            list_source(source)
+    with pytest.raises(ValueError, match=r"day=1: this folder is a Delta Lake table"):
+        list_source(str(out))  # a table below the source's folder too

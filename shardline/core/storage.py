@@ -107,12 +107,24 @@ def listed_files(source: str) -> dict[str, dict]:
         parts = path.split("/")
         fixed = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
         root, named = "/".join(parts[:fixed]), set(parts[fixed:])
+        tables = [root] if found and fs.isdir(f"{root.rstrip('/')}/_delta_log") else []
     elif fs.isdir(path):
-        found = {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(".parquet")}
+        everything = fs.find(path, detail=True)
+        found = {p: i for p, i in everything.items() if p.endswith(".parquet")}
+        tables = sorted({p.split("/_delta_log/")[0] for p in everything if "/_delta_log/" in p})
     elif fs.exists(path):
-        found = {path: fs.info(path)}
+        found, tables = {path: fs.info(path)}, []
     else:
-        found = {}
+        found, tables = {}, []
+    if tables:
+        table = source_uri(fs, source, tables[0])
+        raise ValueError(
+            f"{table}: this folder is a Delta Lake table (it holds a _delta_log folder). Its parquet files are those "
+            "of every version of the table, rows since deleted or rewritten included, and only its log says which are "
+            "the current version's: reading them all would train on stale and repeated rows. Write the version you "
+            "want out as parquet (deltalake: DeltaTable(path).to_pyarrow_dataset(), then "
+            "pyarrow.dataset.write_dataset) and point data.source at that folder"
+        )
 
     def hidden(p: str) -> bool:
         """A file or a folder below the source's folder named `.x` or `_x` (not by the source itself): a job's
