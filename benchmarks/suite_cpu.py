@@ -46,7 +46,8 @@ def sample(seen: dict, stop: threading.Event) -> None:
                 times = proc.cpu_times()
                 cpu = times.user + times.system
                 cmd = " ".join(proc.cmdline())
-                if key in seen and (seen[key]["ours"] or seen[key]["cmd"] == cmd):
+                # (an empty command line: read in its exec, or gone and not yet waited for: read again)
+                if key in seen and ((seen[key]["ours"] and seen[key]["cmd"]) or seen[key]["cmd"] == cmd):
                     seen[key]["cpu"] = cpu
                     continue
                 # first seen; or seen between its fork and its exec, with its parent's command and environment
