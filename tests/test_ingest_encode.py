@@ -473,6 +473,23 @@ def test_range_split_on_dates_and_tz_aware_datetimes_with_yaml_date_bounds(raw_d
         encode_all(bad)
 
 
+def test_a_day_as_a_range_splits_upper_bound_covers_the_whole_day_of_a_date_time_column(raw_dir, tmp_path):
+    """`validation: [2022-06-01, 2022-06-01]` over events stamped through the day: the whole day, as a user means it
+    (a week `[.., 2022-06-07]` ends at the 7th's last instant, not its first). It held only the day's midnight, and
+    the rest of the day fell in no split: out of the data, without a word. A bound with a time is that instant."""
+    for path in raw_dir.glob("*.parquet"):
+        df = pl.read_parquet(path)
+        day = pl.datetime(pl.col("season").cast(pl.Int32), 6, 1, time_zone="Europe/Paris")
+        df.with_columns((day + pl.duration(minutes=pl.col("t") * 20)).alias("stamp")).write_parquet(path)
+    ranges = {"train": [None, "2021-06-01"], "validation": ["2022-06-01", "2022-06-01"], "test": ["2023-06-01", None]}
+    split = {"method": "range", "column": "stamp", "ranges": ranges}
+    manifest = encode_all(cfg_for(raw_dir, tmp_path / "days", **{"data.split": split}))[3]
+    assert manifest.rows == {"train": 6 * 60, "validation": 3 * 60, "test": 3 * 60}  # 60 rows a day: every one
+    ranges["validation"] = ["2022-06-01", "2022-06-01T10:00:00"]  # an instant: 00:00 to 10:00, its 31 rows a sequence
+    manifest = encode_all(cfg_for(raw_dir, tmp_path / "instant", **{"data.split": split}))[3]
+    assert manifest.rows == {"train": 6 * 60, "validation": 3 * 31, "test": 3 * 60}
+
+
 @pytest.mark.parametrize("codec", ["lz4", "zstd"])
 def test_stored_shards_hold_exactly_the_compressed_bytes(raw_dir, tmp_path, codec):
     """A compressed shard's file is the codec's output and nothing more: the manifest's `bytes`,

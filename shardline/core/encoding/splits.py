@@ -12,6 +12,7 @@ sequence key, each group's (by its key, as the hash split draws it)."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 from typing import NamedTuple
 
@@ -99,7 +100,9 @@ def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
             cond = pl.lit(True)
             if lo is not None:
                 cond = cond & (col >= lo)
-            if hi is not None:
+            if hi is not None and whole_day(split.ranges[name][1], dtype):  # [.., 2026-03-07]: through the 7th
+                cond = cond & (col < hi + datetime.timedelta(days=1))
+            elif hi is not None:
                 cond = cond & (col <= hi)
             expr = pl.when(cond).then(pl.lit(name)).otherwise(expr)
         return df.with_columns(expr.alias(SPLIT)).filter(pl.col(SPLIT).is_not_null())
@@ -119,6 +122,20 @@ def label_rows(df: pl.DataFrame, data: DataConfig) -> pl.DataFrame:
     u = _unit(base ^ row)
     names = np.array(SPLITS, dtype=object)[_split_index(u, split)]
     return df.with_columns(pl.Series(SPLIT, names.tolist(), dtype=pl.Utf8))
+
+
+def whole_day(bound, dtype: pl.DataType) -> bool:
+    """Whether a range split's upper bound is a day (a YAML date, or ISO-8601 text of a date alone) over a date-time
+    column: it then covers that whole day, as a user writing `[2026-03-01, 2026-03-07]` for a week means, not its
+    first instant (which left the 7th's rows in no split, so out of the data)."""
+    if not isinstance(dtype, pl.Datetime):
+        return False
+    if isinstance(bound, datetime.date):
+        return not isinstance(bound, datetime.datetime)
+    try:
+        return isinstance(bound, str) and len(bound.strip()) == 10 and bool(datetime.date.fromisoformat(bound.strip()))
+    except ValueError:
+        return False
 
 
 def bound_value(bound, dtype: pl.DataType, key: str):
