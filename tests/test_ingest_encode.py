@@ -488,6 +488,9 @@ def test_a_day_as_a_range_splits_upper_bound_covers_the_whole_day_of_a_date_time
     ranges["validation"] = ["2022-06-01", "2022-06-01T10:00:00"]  # an instant: 00:00 to 10:00, its 31 rows a sequence
     manifest = encode_all(cfg_for(raw_dir, tmp_path / "instant", **{"data.split": split}))[3]
     assert manifest.rows == {"train": 6 * 60, "validation": 3 * 31, "test": 3 * 60}
+    # the rows in no range are counted in the groups' records (the encode's log says how many were left out)
+    records = [json.loads(p.read_text()) for p in (tmp_path / "instant").rglob("group.json")]
+    assert sum(r["outside"] for r in records) == 3 * 29 and len(records) == 2
 
 
 @pytest.mark.parametrize("codec", ["lz4", "zstd"])

@@ -348,6 +348,7 @@ class EncodedGroup(_Shards):
     damaged: list[RejectedFile] = Field(
         default_factory=list, description="its files damaged inside, left out (data.on_bad_file: skip)"
     )
+    outside: int = Field(0, description="its rows in no range of data.split.ranges: left out")
 
 
 class Manifest(_Shards):

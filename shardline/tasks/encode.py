@@ -251,6 +251,16 @@ def write_manifest(
             describe_rejected(manifest.skipped),
         )
     log_skipped_rows(groups, get_run_logger())
+    if outside := sum(g.outside for g in groups):  # a range split's rows in no range: out of the data set
+        read = outside + sum(manifest.rows.values())
+        get_run_logger().info(
+            "encode: %d of the %d rows read (%.1f %%) fall in no range of data.split.ranges (column '%s') and are "
+            "left out",
+            outside,
+            read,
+            100 * outside / read,
+            data.split.column,
+        )
     log_short_sequences(manifest, data, get_run_logger())
     get_run_logger().info(
         "encode: manifest %s: rows %s, windows %s, %.1f MB of shards",

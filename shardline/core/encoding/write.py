@@ -141,6 +141,7 @@ def encode_text_group(
     out_dir = storage.join(store, key)
     damaged: list[RejectedFile] = []
     frame, skipped = read_text_group(files, data, damaged)
+    read = frame.height
     frame, splits = split_rows(frame, data)
     encoded = encode_text_splits(frame, splits, data, storage.read_text(tokenizer[0]))
     del frame
@@ -154,7 +155,7 @@ def encode_text_group(
             train["rows"] += stats["rows"]
         info = _shard_info(split, raw, specs, arrays, keys, len(arrays["target"]), data)
         infos.append(ShardInfo(**info, **_store(raw, info, out_dir, keys)))
-    return _write_group(out_dir, key, infos, train, splits, data, damaged)
+    return _write_group(out_dir, key, infos, train, splits, data, damaged, read)
 
 
 def _shard_info(split: str, raw, specs: dict, arrays: dict, keys: list[str], rows: int, data: DataConfig) -> dict:
@@ -184,10 +185,13 @@ def _write_group(
     splits: dict,
     data: DataConfig,
     damaged: list[RejectedFile],
+    read: int,
 ) -> EncodedGroup:
-    """The group's record, written last in its folder: once it is there, the group is whole."""
+    """The group's record, written last in its folder: once it is there, the group is whole. `read`: the rows read,
+    those in no split's range included."""
     rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
-    group = EncodedGroup(key=key, shards=infos, train=train, rows=rows, damaged=damaged)
+    outside = read - sum(rows.values())
+    group = EncodedGroup(key=key, shards=infos, train=train, rows=rows, damaged=damaged, outside=outside)
     storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())
     return group
 
@@ -230,7 +234,9 @@ def encode_group_to_shards(
         return encode_text_group(files, data, store, tokenizer, key)
     out_dir = storage.join(store, key)
     damaged: list[RejectedFile] = []  # files damaged inside, left out (data.on_bad_file: skip)
-    frame, splits = split_rows(read_group(files, data, damaged=damaged), data)
+    held = [read_group(files, data, damaged=damaged)]
+    read = held[0].height
+    frame, splits = split_rows(held.pop(), data)  # held by nothing else: the rows in no range go once dropped
     if data.order_by is not None:  # each sequence's rows in order: a row that repeats the one before it whole
         names = [f.uri.rsplit("/", 1)[-1] for f in files]
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
@@ -258,7 +264,7 @@ def encode_group_to_shards(
             pending.append((info, writer.submit(_store, raw, info, out_dir, keys, rows_file)))
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data, damaged)
+    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data, damaged, read)
 
 
 def _store(raw, info: dict, out_dir: str, keys: list[str], rows: memoryview | None = None) -> dict:
