@@ -1057,3 +1057,18 @@ def test_a_jobs_unfinished_output_and_markers_below_the_source_are_not_data(tmp_
             list_source(source)
     with pytest.raises(ValueError, match=r"day=1: this folder is a Delta Lake table"):
         list_source(str(out))  # a table below the source's folder too
+
+
+def test_csv_exports_given_as_the_source_are_said_to_be_no_parquet_and_how_to_make_them_so(tmp_path):
+    """A folder of CSV exports matched "no parquet file", and a CSV beside parquet files was "not a readable parquet
+    file (ArrowInvalid: ... magic bytes ...)": both now say what the files are and how to write them as parquet."""
+    made = make_raw(tmp_path / "raw", n_seq=6)
+    csvs = tmp_path / "csv"
+    csvs.mkdir()
+    for p in made:
+        pl.read_parquet(p).write_csv(csvs / p.with_suffix(".csv").name)
+    with pytest.raises(DataError, match=r"matched no parquet file: it holds 2 \.csv file\(s\); .*pl\.scan_csv\(path\)"):
+        snapshot_source(cfg_for(csvs, tmp_path, **{"data.source": str(csvs)}).data)
+    (tmp_path / "raw" / "extra.csv").write_bytes((csvs / "s-000.csv").read_bytes())
+    with pytest.raises(DataError, match=r"(?s)extra\.csv: a \.csv file, not parquet\. Shardline reads parquet"):
+        snapshot_source(cfg_for(tmp_path / "raw", tmp_path, **{"data.source": str(tmp_path / "raw" / "*")}).data)

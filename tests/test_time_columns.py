@@ -369,5 +369,5 @@ def test_predict_reads_only_the_columns_the_model_takes(tmp_path):
         read_input(str(tmp_path / "in"), schema)
     # a CSV export given for the input: said to be no parquet, and how to make it one
     pl.DataFrame({"seq": ["c"], "t": [1], "x": [2.5]}).write_csv(tmp_path / "in.csv")
-    with pytest.raises(ValueError, match=r"in\.csv: .*predict reads parquet.*pl\.read_csv\(\.\.\.\)\.write_parquet"):
+    with pytest.raises(ValueError, match=r"in\.csv: .*reads parquet.*pl\.scan_csv\(path\)\.sink_parquet"):
         read_input(str(tmp_path / "in.csv"), schema)

@@ -52,13 +52,9 @@ def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: 
                 if by_file:
                     frame = frame.with_columns(pl.lit(below(f, input_path), pl.String).alias(by_file))
             except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
-                kind = f.rsplit(".", 1)[-1].lower() if "." in f.rsplit("/", 1)[-1] else ""
-                hint = (
-                    f": predict reads parquet, as the training did; write it as parquet first, its columns in the "
-                    f"types the training's files held (polars: pl.read_{'ndjson' if kind == 'jsonl' else kind}(...)"
-                    ".write_parquet(...))"
-                    if kind in ("csv", "json", "jsonl", "ndjson")
-                    else ""
+                kind = f.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower()
+                hint = f". {storage.as_parquet_hint(kind)}, its columns typed as in training" * (
+                    kind in storage.TABLE_TEXT
                 )
                 raise ValueError(f"cannot read {f}: {e}{hint}") from None
             missing = [c for c in required if c not in frame.columns]

@@ -152,6 +152,36 @@ def list_source(source: str) -> list[str]:
     return sorted(source_uri(fs, source, p) for p in listed_files(source))
 
 
+TABLE_TEXT = ("csv", "tsv", "json", "jsonl", "ndjson")  # tables written as text: read by polars, not by us
+
+
+def as_parquet_hint(kind: str) -> str:
+    """What to do with a table of another format (`kind`: a file name's extension) where parquet is read."""
+    reader = {"tsv": "csv", "jsonl": "ndjson"}.get(kind, kind)
+    return f"Shardline reads parquet: write them as parquet first (polars: pl.scan_{reader}(path).sink_parquet(out))"
+
+
+def other_tables(source: str) -> str:
+    """Where a folder `source` holds no parquet file: what it holds instead, when that is tables written as text
+    (`: it holds 12 .csv file(s); ...`), else ''."""
+    try:
+        fs, path = filesystem(source)
+        if any(ch in path for ch in "*?[") or not fs.isdir(path):
+            return ""
+        kinds: dict[str, int] = {}
+        for p in fs.find(path):
+            name = os.path.basename(p)
+            kind = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+            if kind in TABLE_TEXT and not name.startswith((".", "_")):
+                kinds[kind] = kinds.get(kind, 0) + 1
+    except Exception:  # noqa: BLE001 - a question for the message, not the ingest
+        return ""
+    if not kinds:
+        return ""
+    held = ", ".join(f"{n} .{kind} file(s)" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return f": it holds {held}; {as_parquet_hint(max(kinds, key=kinds.get))}"
+
+
 def no_bucket(source: str) -> str:
     """What an object store's source that lists nothing may lack: its bucket (a typo reads as an empty folder)."""
     if not is_remote(source):

@@ -19,7 +19,17 @@ from shardline.core.encoding.folders import folder_columns
 from shardline.core.manifest import RawFile, RejectedFile, Snapshot
 from shardline.core.memory import trim
 from shardline.core.secrets import redacted_errors
-from shardline.core.storage import filesystem, is_remote, list_source, listed_files, no_bucket, source_uri
+from shardline.core.storage import (
+    TABLE_TEXT,
+    as_parquet_hint,
+    filesystem,
+    is_remote,
+    list_source,
+    listed_files,
+    no_bucket,
+    other_tables,
+    source_uri,
+)
 from shardline.tasks.caching import CacheRule, raw_files_key
 from shardline.trainer.serving import dictionaries_as_values, naive_utc
 
@@ -303,9 +313,10 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
     listing = [entry for entry in listing if entry not in known]
     uris = [f.uri for f in files] + [uri for uri, _, _ in listing]
     if not uris:
+        instead = no_bucket(data.source) or other_tables(data.source)
         raise DataError(
-            f"data.source '{data.source}' matched no parquet file{no_bucket(data.source)}; check the path or glob "
-            "(e.g. 'data/raw/*.parquet' or 's3://bucket/raw/*.parquet')"
+            f"data.source '{data.source}' matched no parquet file{instead}; check the path or glob (e.g. "
+            "'data/raw/*.parquet' or 's3://bucket/raw/*.parquet')"
         )
     rejected: list[RejectedFile] = []
     empty: list[str] = []
@@ -321,7 +332,11 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
                 raise meta
             schema = with_folders(meta.schema.to_arrow_schema(), uri, data)
         except Exception as e:  # noqa: BLE001 - unreadable footer: a truncated or non-parquet file
-            rejected.append(RejectedFile(uri=uri, reason=f"not a readable parquet file ({type(e).__name__}: {e})"))
+            kind = uri.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower()
+            reason = f"not a readable parquet file ({type(e).__name__}: {e})"
+            if kind in TABLE_TEXT:  # a CSV export beside the parquet files, or instead of them
+                reason = f"a .{kind} file, not parquet. {as_parquet_hint(kind)}"
+            rejected.append(RejectedFile(uri=uri, reason=reason))
             continue
         problems = check_schema(schema, data, uri)
         if problems:
