@@ -379,6 +379,34 @@ def test_a_file_larger_than_a_group_is_encoded_in_parts(tmp_path, monkeypatch):
     assert sum(skipped.rows.values()) == 6 * 3 * 200
 
 
+def test_a_file_of_plain_rows_larger_than_a_group_is_encoded_in_parts_of_its_rows(tmp_path):
+    """Plain rows (no sequence key, a window of one: a tabular export as one large file) were one group whatever the
+    file's size. They are cut by ranges of rows, as a corpus of documents is: each row keeps its place in its file, so
+    its split and its order are the file whole's, and the same windows come out."""
+    from shardline.core.manifest import FilePart
+
+    made = make_raw(tmp_path / "made", n_seq=30, rows=200)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    big = raw / "big.parquet"
+    pl.concat([pl.read_parquet(p) for p in made]).write_parquet(big, row_group_size=700)
+    size = big.stat().st_size
+    plain = {"data.sequence_key": None, "data.order_by": None, "data.window": 1, "data.files_per_group": None}
+
+    def encoded(name: str, group_mb: float) -> tuple[str, list]:
+        data = config(raw, tmp_path / name, **plain, **{"data.group_mb": group_mb}).data
+        snap = snapshot_source(data)
+        return encode_dataset(snap, data, str(tmp_path / name / "out")), file_groups(snap, data)
+
+    whole_uri, whole = encoded("whole", 10 * size / 1e6)
+    parts_uri, parts = encoded("parts", size / 4 / 1e6)
+    assert len(whole) == 1 and not isinstance(whole[0][0], FilePart)
+    assert [(g[0].part, g[0].parts, len(g)) for g in parts] == [(j, 4, 1) for j in range(4)]
+    a, b = read_manifest(whole_uri), read_manifest(parts_uri)
+    assert a.rows == b.rows and a.windows == b.windows and sum(a.rows.values()) == 30 * 200
+    assert assert_same_windows(whole_uri, parts_uri)
+
+
 def read_groups(root: Path) -> list:
     from shardline.core.manifest import EncodedGroup
 

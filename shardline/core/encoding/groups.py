@@ -7,9 +7,10 @@ encoded as `parts` groups of its own, each the rows whose key falls in it (a sta
 draws a sequence's): every sequence or ranking group whole in one part, the same rows in the same order as the file
 gives them. On the machine that encodes a part, the file is read once (pyarrow, a row group at a time) into one
 local Arrow file per part (`SHARDLINE_CACHE/parts/`); each part's group reads its file and removes it (what an
-encode stopped by an error left there goes a day later). Text whose every row is a document is cut by ranges of
-rows instead, each part read from the row groups that hold it (`read_rows`): a row keeps its place in its file,
-from which its split and its stream's name come."""
+encode stopped by an error left there goes a day later). Plain rows (no sequence key: a window of one) and text whose
+every row is a document are cut by ranges of rows instead, each part read from the row groups that hold it
+(`read_rows`): a row keeps its place in its file, from which its split, its order and a document's stream's name
+come."""
 
 from __future__ import annotations
 
@@ -51,16 +52,17 @@ def group_budget(before: float, data: DataConfig) -> float:
 
 def part_key(data: DataConfig) -> str | None:
     """The column whose values keep rows together when a file is cut into parts: the ranking group's, else the
-    sequence key's; None where there is none (each file a sequence; text, cut by rows where it is cut: `row_parts`)."""
+    sequence key's; None where there is none (each file a sequence; plain rows and text, cut by rows: `row_parts`)."""
     if data.features.text or data.files_per_group:
         return None
     return data.group_key or (data.sequence_key if data.sequence_key != FILE_SEQUENCE else None)
 
 
 def row_parts(data: DataConfig) -> bool:
-    """Text whose every row is a document of its own (no sequence key, no ranking group): a file is cut into parts
-    by ranges of its rows (a row's split and its stream's name come from its place in its file, which a part keeps)."""
-    return bool(data.features.text) and data.sequence_key is None and not data.group_key and not data.files_per_group
+    """Rows each of their own (no sequence key, no ranking group: plain rows, a window of one, or text whose every row
+    is a document): a file is cut into parts by ranges of its rows (a row's split, its order and a document's stream's
+    name come from its place in its file, which a part keeps)."""
+    return data.sequence_key is None and not data.group_key and not data.files_per_group
 
 
 def parts_of(f: RawFile, data: DataConfig) -> int:
