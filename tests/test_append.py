@@ -316,6 +316,29 @@ def assert_same_windows(uri_a: str, uri_b: str) -> dict:
     return wa
 
 
+def one_large_file(tmp_path: Path) -> tuple[list[Path], Path, Path]:
+    """30 sequences of 200 rows made as files (`made/`) and written as one file, `raw/big.parquet` (row groups of
+    700 rows): (the made files, the folder, the file)."""
+    made = make_raw(tmp_path / "made", n_seq=30, rows=200)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    big = raw / "big.parquet"
+    pl.concat([pl.read_parquet(p) for p in made]).write_parquet(big, row_group_size=700)
+    return made, raw, big
+
+
+def encoder(raw: Path, tmp_path: Path, **over):
+    """`encoded(name, group_mb)`: the folder `raw` encoded (groups by size, `over` on the config) into `tmp_path/name`:
+    the manifest's URI and the file groups."""
+
+    def encoded(name: str, group_mb: float) -> tuple[str, list]:
+        data = config(raw, tmp_path / name, **{"data.files_per_group": None, "data.group_mb": group_mb, **over}).data
+        snap = snapshot_source(data)
+        return encode_dataset(snap, data, str(tmp_path / name / "out")), file_groups(snap, data)
+
+    return encoded
+
+
 def test_a_file_larger_than_a_group_is_encoded_in_parts(tmp_path, monkeypatch):
     """A click log or a sensor dump written as one large file held it all in memory at once (~17x its bytes: a
     444 MB file took 5.8 GB). A file of more than 1.5x `data.group_mb` with a key column is cut into parts, each
@@ -327,18 +350,9 @@ def test_a_file_larger_than_a_group_is_encoded_in_parts(tmp_path, monkeypatch):
     from shardline.core.manifest import FilePart
 
     monkeypatch.setattr(groups_module, "HELD_ROWS", 1500)  # several flushes in a small file
-    made = make_raw(tmp_path / "made", n_seq=30, rows=200)
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    big = raw / "big.parquet"
-    pl.concat([pl.read_parquet(p) for p in made]).write_parquet(big, row_group_size=700)
+    made, raw, big = one_large_file(tmp_path)
     size = big.stat().st_size
-
-    def encoded(name: str, group_mb: float) -> tuple[str, list]:
-        data = config(raw, tmp_path / name, **{"data.files_per_group": None, "data.group_mb": group_mb}).data
-        snap = snapshot_source(data)
-        return encode_dataset(snap, data, str(tmp_path / name / "out")), file_groups(snap, data)
-
+    encoded = encoder(raw, tmp_path)
     whole_uri, whole = encoded("whole", 10 * size / 1e6)
     parts_uri, parts = encoded("parts", size / 4 / 1e6)
     assert len(whole) == 1 and not isinstance(whole[0][0], FilePart)
@@ -385,19 +399,9 @@ def test_a_file_of_plain_rows_larger_than_a_group_is_encoded_in_parts_of_its_row
     its split and its order are the file whole's, and the same windows come out."""
     from shardline.core.manifest import FilePart
 
-    made = make_raw(tmp_path / "made", n_seq=30, rows=200)
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    big = raw / "big.parquet"
-    pl.concat([pl.read_parquet(p) for p in made]).write_parquet(big, row_group_size=700)
+    _, raw, big = one_large_file(tmp_path)
     size = big.stat().st_size
-    plain = {"data.sequence_key": None, "data.order_by": None, "data.window": 1, "data.files_per_group": None}
-
-    def encoded(name: str, group_mb: float) -> tuple[str, list]:
-        data = config(raw, tmp_path / name, **plain, **{"data.group_mb": group_mb}).data
-        snap = snapshot_source(data)
-        return encode_dataset(snap, data, str(tmp_path / name / "out")), file_groups(snap, data)
-
+    encoded = encoder(raw, tmp_path, **{"data.sequence_key": None, "data.order_by": None, "data.window": 1})
     whole_uri, whole = encoded("whole", 10 * size / 1e6)
     parts_uri, parts = encoded("parts", size / 4 / 1e6)
     assert len(whole) == 1 and not isinstance(whole[0][0], FilePart)
