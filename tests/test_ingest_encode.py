@@ -125,6 +125,21 @@ def test_the_elements_of_a_list_column_are_features(raw_dir, tmp_path, dtype, pe
     )
 
 
+def test_a_structs_field_named_as_a_feature_is_said_to_be_a_field_and_how_to_make_it_a_column(raw_dir, tmp_path):
+    """Event logs nest their values (`pos: {x, y}`); a config naming `pos.x` was told "missing column 'pos.x'; did you
+    mean 'pos'?". It is told that `pos` is a struct whose fields are not read as columns, and how to unnest it."""
+    for f in raw_dir.glob("*.parquet"):
+        frame = pl.read_parquet(f)
+        frame.with_columns(pl.struct("x", "y").alias("pos")).drop("x", "y").write_parquet(f)
+    with pytest.raises(DataError) as e:
+        snapshot_source(cfg_for(raw_dir, tmp_path, **{"data.features.continuous": ["pos.x", "pos.z"]}).data)
+    said = str(e.value)
+    assert "missing column 'pos.x' (the continuous in data.features); 'pos' is a struct (x, y)" in said
+    assert "write its field 'x' as columns (polars: df.unnest('pos'), which names them 'x', 'y')." in said
+    assert "missing column 'pos.z' (the continuous in data.features); 'pos' is a struct (x, y)" in said  # no such field
+    assert "write (it has no field 'z') those you want as columns (polars: df.unnest('pos')" in said
+
+
 def test_missing_column_and_wrong_dtype_are_named(raw_dir, tmp_path):
     pl.read_parquet(raw_dir / "s-000.parquet").drop("kind").write_parquet(raw_dir / "s-000.parquet")
     df = pl.read_parquet(raw_dir / "s-001.parquet")

@@ -134,6 +134,15 @@ def check_schema(schema: pa.Schema, data: DataConfig, uri: str = "") -> list[str
         if idx < 0:
             close = difflib.get_close_matches(col, schema.names, n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            head, _, field = col.rpartition(".")
+            if head in schema.names and pa.types.is_struct(t := schema.field(head).type):  # `pos.x` of a struct `pos`
+                fields = [t.field(i).name for i in range(t.num_fields)]
+                which = f"its field '{field}'" if field in fields else f"(it has no field '{field}') those you want"
+                hint = (
+                    f"; '{head}' is a struct ({', '.join(fields)}), and a struct's fields are not read as columns: "
+                    f"write {which} as columns (polars: df.unnest('{head}'), which names them "
+                    f"{', '.join(map(repr, fields))})."
+                )
             if f"/{col}=" in uri:  # the same words for every such file: their reasons are said once, grouped
                 hint = (
                     f"; it is in a folder name ({col}=...: a hive-style partition) above the folder of data.source "
