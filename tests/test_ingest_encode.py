@@ -1,4 +1,5 @@
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -1064,6 +1065,13 @@ def test_a_jobs_unfinished_output_and_markers_below_the_source_are_not_data(tmp_
         assert [f.uri for f in snapshot_source(cfg.data).files] == parts  # nothing half-written stops the ingest
     assert list_source(f"{out}/_temporary/**/*.parquet") == [str(out / "_temporary/0/task_1/part-00009.snappy.parquet")]
     assert list_source(f"{out}/.staging") == [str(out / ".staging" / "part-00010.parquet")]
+    # a Hive or Athena table's files have no extension: a folder's listing takes them, and .parq/.pq, as parquet
+    (out / "day=2").mkdir()
+    for name in ("000000_0", "20260101_120000_00012_abcde_1f2e", "part-1.parq", "notes.txt"):
+        (out / "day=2" / name).write_bytes(made[2].read_bytes())
+    taken = [str(out / "day=2" / n) for n in ("000000_0", "20260101_120000_00012_abcde_1f2e", "part-1.parq")]
+    assert list_source(f"{out}/day=2") == taken and list_source(str(out)) == parts + taken
+    shutil.rmtree(out / "day=2")
     # a Delta Lake table's folder holds every version's files: refused, saying why and what to do
     (out / "day=1" / "_delta_log").mkdir()
     (out / "day=1" / "_delta_log" / "00000000000000000000.json").write_text("{}")

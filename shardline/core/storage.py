@@ -96,6 +96,13 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return url_to_fs(uri)
 
 
+def parquet_name(path: str) -> bool:
+    """A file a folder's listing takes as parquet: `.parquet` (`.parq`, `.pq`), or a name without an extension, as
+    Hive (`000000_0`), Trino and Athena (`20260101_120000_00012_x_<uuid>`) write their tables' files."""
+    name = os.path.basename(path)
+    return "." not in name or name.rsplit(".", 1)[1].lower() in ("parquet", "parq", "pq")
+
+
 def listed_files(source: str) -> dict[str, dict]:
     """Every parquet file that `source` (a path, a folder, a glob or an fsspec URL) names: path -> the listing's
     details (size, etag or mtime). One listing: on an object store a page per 1,000 objects, never a request
@@ -110,7 +117,7 @@ def listed_files(source: str) -> dict[str, dict]:
         tables = [root] if found and fs.isdir(f"{root.rstrip('/')}/_delta_log") else []
     elif fs.isdir(path):
         everything = fs.find(path, detail=True)
-        found = {p: i for p, i in everything.items() if p.endswith(".parquet")}
+        found = {p: i for p, i in everything.items() if parquet_name(p)}
         tables = sorted({p.split("/_delta_log/")[0] for p in everything if "/_delta_log/" in p})
     elif fs.exists(path):
         found, tables = {path: fs.info(path)}, []
