@@ -52,7 +52,7 @@ def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: 
                 if by_file:
                     frame = frame.with_columns(pl.lit(below(f, input_path), pl.String).alias(by_file))
             except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
-                kind = f.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower()
+                kind = storage.extension(f)
                 hint = f". {storage.as_parquet_hint(kind)}, its columns typed as in training" * (
                     kind in storage.TABLE_TEXT
                 )

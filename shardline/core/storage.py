@@ -96,11 +96,16 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return url_to_fs(uri)
 
 
+def extension(path: str) -> str:
+    """A file name's extension, lower case, without its dot ('' for a name without one)."""
+    name = os.path.basename(path)
+    return name.rsplit(".", 1)[1].lower() if "." in name else ""
+
+
 def parquet_name(path: str) -> bool:
     """A file a folder's listing takes as parquet: `.parquet` (`.parq`, `.pq`), or a name without an extension, as
     Hive (`000000_0`), Trino and Athena (`20260101_120000_00012_x_<uuid>`) write their tables' files."""
-    name = os.path.basename(path)
-    return "." not in name or name.rsplit(".", 1)[1].lower() in ("parquet", "parq", "pq")
+    return extension(path) in ("", "parquet", "parq", "pq")
 
 
 def listed_files(source: str) -> dict[str, dict]:
@@ -177,9 +182,7 @@ def other_tables(source: str) -> str:
             return ""
         kinds: dict[str, int] = {}
         for p in fs.find(path):
-            name = os.path.basename(p)
-            kind = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-            if kind in TABLE_TEXT and not name.startswith((".", "_")):
+            if (kind := extension(p)) in TABLE_TEXT and not os.path.basename(p).startswith((".", "_")):
                 kinds[kind] = kinds.get(kind, 0) + 1
     except Exception:  # noqa: BLE001 - a question for the message, not the ingest
         return ""

@@ -22,6 +22,7 @@ from shardline.core.secrets import redacted_errors
 from shardline.core.storage import (
     TABLE_TEXT,
     as_parquet_hint,
+    extension,
     filesystem,
     is_remote,
     list_source,
@@ -341,7 +342,7 @@ def snapshot_source(data: DataConfig, checked: Snapshot | None = None) -> Snapsh
                 raise meta
             schema = with_folders(meta.schema.to_arrow_schema(), uri, data)
         except Exception as e:  # noqa: BLE001 - unreadable footer: a truncated or non-parquet file
-            kind = uri.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower()
+            kind = extension(uri)
             reason = f"not a readable parquet file ({type(e).__name__}: {e})"
             if kind in TABLE_TEXT:  # a CSV export beside the parquet files, or instead of them
                 reason = f"a .{kind} file, not parquet. {as_parquet_hint(kind)}"

@@ -61,7 +61,8 @@ def generate(model: nn.Module, prompt_ids, max_new_tokens: int, *args, **kwargs)
     return list(generate_stream(model, prompt_ids, max_new_tokens, *args, **kwargs))
 
 
-def _spec_and_window(model: nn.Module) -> tuple:
+def _token_spec(model: nn.Module) -> tuple:
+    """The model's data spec and its vocabulary's size, or an error saying why it cannot generate."""
     if not hasattr(model, "shardline_spec"):
         raise ValueError(
             f"{type(model).__name__} has no shardline_spec: build it with model_from_spec, or load it with load_model"
@@ -128,7 +129,7 @@ def generate_stream(
     `top_k` samples among the k most likely tokens only. `use_cache=False` recomputes the whole context for every
     token (the reference the cache must agree with). Each step runs in inference mode; the caller's code between
     tokens does not."""
-    spec, vocab = _spec_and_window(model)
+    spec, vocab = _token_spec(model)
     prompt = _check_args(prompt_ids, max_new_tokens, temperature, top_k, vocab)
     stops = {*stop_ids, *([] if eos_id is None else [eos_id])}
     was_training = model.training
@@ -159,7 +160,7 @@ def generate_rows(
     """`generate` of each prompt (its arguments), the prompts of one length (after keeping their last K tokens)
     generated `batch_size` at a time: the same tokens as one prompt at a time (each row greedy on its own logits,
     or drawn by its own generator), at a fraction of the time (a step of 32 rows costs a few single rows')."""
-    spec, vocab = _spec_and_window(model)
+    spec, vocab = _token_spec(model)
     rows = [_check_args(p, max_new_tokens, temperature, top_k, vocab)[-spec.window :] for p in prompts]
     stops = {*stop_ids, *([] if eos_id is None else [eos_id])}
     out: list[list[int]] = [[] for _ in rows]

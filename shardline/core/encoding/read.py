@@ -19,6 +19,7 @@ from shardline.core.encoding.columns import (
     order_expr,
     parse_order,
     prepare,
+    unreadable,
     with_elements,
 )
 from shardline.core.encoding.folders import below, folder_columns, folder_values, typed, with_columns
@@ -73,14 +74,9 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | pl.DataFrame | None = None
         else:
             df = read(storage.local_path(uri))
     except Exception as e:
-        said = f"{uri}: cannot read columns {columns}: {e}"
         if isinstance(e, pl.exceptions.PolarsError) and not isinstance(e, OSError):  # not a network error
-            raise DamagedFile(
-                f"{said}. Its footer reads (the ingest checks footers) but its data does not: the file is damaged (an "
-                "interrupted copy?). Replace it, or remove it, or set data.on_bad_file: skip to train without it",
-                f"damaged: its footer reads, its data does not ({' '.join(str(e).split())})",
-            ) from e
-        raise DataError(said) from e
+            raise unreadable(uri, f"read columns {columns}", e, remote=False) from e
+        raise DataError(f"{uri}: cannot read columns {columns}: {e}") from e
     df = with_elements(df, data.features.continuous)  # `vec[3]`: element 3 of the list column `vec`
     for target in (t.column for t in data.target_list if t.task != "generation"):  # text: data.on_bad_rows
         if gaps := target_gaps(df[target]):
