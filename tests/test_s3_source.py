@@ -360,3 +360,42 @@ def test_a_large_file_on_s3_is_encoded_in_parts_from_ranged_reads(tmp_path, s3_e
     parts = Manifest.model_validate_json(storage.read_text(uris["s3"]))
     assert len({s.path.split("/")[-2] for s in parts.shards}) == 3  # three groups: the file's three parts
     assert_same_windows(uris["local"], uris["s3"])
+
+
+def test_a_file_damaged_inside_on_s3_is_told_from_the_network(tmp_path, s3_endpoint):
+    """On an object store, a file whose footer reads but whose pages do not is damaged, not a network error: with
+    data.on_bad_file: skip the ingest samples the next file and the encode leaves it out (a group of it alone, and
+    among others), listing it; with fail both say it is damaged, naming it. A read that fails for the network is
+    still an OSError (retried by the step), never taken for a damaged file."""
+    import s3fs
+
+    from shardline.core.encoding.columns import DamagedFile
+    from shardline.core.encoding.read import read_group, read_raw
+    from shardline.tasks.ingest import check_registrable, snapshot_source
+
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("damaged-bucket")
+    for p in make_raw(tmp_path / "raw", n_seq=30):  # 10 files of 3 sequences
+        body = bytearray(p.read_bytes())
+        if p.name in ("s-000.parquet", "s-002.parquet"):
+            body[200:1200] = bytes(b ^ 0x5A for b in body[200:1200])
+        fs.pipe_file(f"damaged-bucket/games/{p.name}", bytes(body))
+    source = "s3://damaged-bucket/games/*.parquet"
+    fail = validate_config(tiny_config(source, str(tmp_path / "store"), **{"data.files_per_group": 1}))
+    snap = snapshot_source(fail.data)
+    first = r"(?s)s3://damaged-bucket/games/s-000\.parquet: cannot read its first rows.* damaged"
+    with pytest.raises(DamagedFile, match=first):
+        check_registrable(fail.data, snap)
+    with pytest.raises(DamagedFile, match=r"(?s)s-002\.parquet: cannot read columns .* damaged"):
+        read_raw(snap.files[2].uri, fail.data)
+    for per_group in (1, None):
+        over = {"data.on_bad_file": "skip", "data.files_per_group": per_group}
+        skip = validate_config(tiny_config(source, str(tmp_path / f"skip{per_group}"), **over))
+        check_registrable(skip.data, snap)  # its sample from s-001
+        manifest = encode_all(skip)[3]
+        assert [r.uri.rsplit("/", 1)[-1] for r in manifest.skipped] == ["s-000.parquet", "s-002.parquet"]
+    fs.rm("damaged-bucket/games/s-001.parquet")  # gone since the listing: the store's error, not a damaged file
+    skip = validate_config(tiny_config(source, str(tmp_path / "gone"), **{"data.on_bad_file": "skip"}))
+    with pytest.raises(OSError) as gone:
+        read_group(snap.files[1:2], skip.data, damaged=[])
+    assert not isinstance(gone.value, DamagedFile)

@@ -449,14 +449,22 @@ SAMPLE_ROWS = 1000
 def raw_sample(sample_uri: str, columns: list[str], rows: int = 5, types: dict | None = None, source: str = ""):
     """The first `rows` rows of a raw file's `columns`, as pandas, zoned date-times as naive UTC; `types`, when
     given, gets each column's polars type as text (`Float32`, `Int16`, ...), from the same read. With the data's
-    `source`, a column the file's hive-style folder names give it is taken from them."""
+    `source`, a column the file's hive-style folder names give it is taken from them. A file whose rows do not read
+    is a `DamagedFile`; on an object store, one of up to 64 MB is fetched whole first, so that a failure to read it
+    from memory is the file's, and a larger one's failure is an OSError, which may be the network's (retried)."""
+    import io
+
     import polars as pl
 
     fs, path = filesystem(sample_uri)
-    with fs.open(path, "rb") as f:
-        raw = pq.ParquetFile(f)
-        extra = folder_columns(sample_uri, source, columns, raw.schema_arrow.names) if source else {}
-        table = raw.read_row_group(0, columns=[c for c in columns if c not in extra]).slice(0, rows)
+    whole = is_remote(sample_uri) and fs.size(path) <= 64 << 20
+    with io.BytesIO(fs.cat_file(path)) if whole else fs.open(path, "rb") as f:
+        try:
+            raw = pq.ParquetFile(f)
+            extra = folder_columns(sample_uri, source, columns, raw.schema_arrow.names) if source else {}
+            table = raw.read_row_group(0, columns=[c for c in columns if c not in extra]).slice(0, rows)
+        except (OSError, pa.ArrowException) as e:
+            raise unreadable(sample_uri, "read its first rows", e, is_remote(sample_uri) and not whole) from e
     for k, value in extra.items():
         table = table.append_column(k, value.new_from_index(0, table.num_rows).to_arrow())
     table = table.select(columns)
@@ -485,10 +493,9 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
         try:
             sample = raw_sample(raw.uri, columns, rows=SAMPLE_ROWS, source=snapshot.source)
             break
-        except (OSError, pa.ArrowException) as e:
-            problem = unreadable(raw.uri, "read its first rows", e, is_remote(raw.uri))
-            if not isinstance(problem, DamagedFile) or data.on_bad_file != "skip" or raw is snapshot.files[-1]:
-                raise problem from e
+        except DamagedFile:
+            if data.on_bad_file != "skip" or raw is snapshot.files[-1]:
+                raise
 
     def refused(frame) -> Exception | None:
         try:

@@ -74,7 +74,10 @@ def read_raw(uri: str, data: DataConfig, raw: bytes | pl.DataFrame | None = None
         else:
             df = read(storage.local_path(uri))
     except Exception as e:
-        if isinstance(e, pl.exceptions.PolarsError) and not isinstance(e, OSError):  # not a network error
+        # not the network's: polars' own error, or any reading of bytes already fetched
+        if (isinstance(e, pl.exceptions.PolarsError) and not isinstance(e, OSError)) or (
+            isinstance(raw, bytes) and isinstance(e, (OSError, pl.exceptions.PolarsError))
+        ):
             raise unreadable(uri, f"read columns {columns}", e, remote=False) from e
         raise DataError(f"{uri}: cannot read columns {columns}: {e}") from e
     df = with_elements(df, data.features.continuous)  # `vec[3]`: element 3 of the list column `vec`
@@ -253,7 +256,8 @@ def in_one_zone(frames: list[pl.DataFrame], uris: list[str]) -> list[pl.DataFram
 
 def _fetch_remote(uris: list[str]) -> dict[str, bytes]:
     """The bytes of a group's files on an object store, fetched in one concurrent batch (a file at a time, each
-    read waited for a round trip); {} for local files. A group is at most `data.group_mb` of raw bytes."""
-    if len(uris) < 2 or not all(storage.is_remote(u) for u in uris):
+    read waited for a round trip); {} for local files. A group is at most `data.group_mb` of raw bytes. Read from
+    memory, a file that fails is damaged, never taken for the network's failure (nor the other way round)."""
+    if not all(storage.is_remote(u) for u in uris):
         return {}
     return storage.fetch_many(uris)
