@@ -526,3 +526,51 @@ def test_the_model_report_rounds_for_reading_says_a_tie_and_which_epoch_was_eval
         "kept as **challenger**: champion v1 has accuracy 0.6123, this version 0.5000 (both scored on this test split)"
         in (model_report(rescored, train, scores, snapshot))
     )
+
+
+CONSTANT = """
+import torch
+from torch import nn
+
+
+class Constant(nn.Module):  # the same class for every window, whatever it sees: no better than the majority class
+    def __init__(self, spec):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.n = spec.targets[0].n_classes
+
+    def forward(self, cont, cat):
+        out = torch.zeros(cont.shape[0], self.n) + self.w * 0
+        out[:, -1] = 5.0
+        return out
+"""
+
+
+def test_a_first_model_no_better_than_the_baseline_is_no_champion(base, prefect_api):
+    """No champion yet: a version that does not beat the test split's trivial baseline on the promotion metric is
+    registered as a challenger (said, with how to promote it anyway), not served as @champion; the first that beats
+    it is the champion."""
+    tmp_path, cfg = base
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "constant.py").write_text(CONSTANT)
+    weak = {**cfg, "model": {"entrypoint": "models.constant:Constant", "code_dir": str(tmp_path)}}
+    said = Said()
+    logging.getLogger("shardline").addHandler(said)
+    try:
+        first = run(weak)
+    finally:
+        logging.getLogger("shardline").removeHandler(said)
+    client = MlflowClient(f"sqlite:///{tmp_path}/store/mlflow.db")
+    name = cfg["mlflow"]["model_name"]
+    assert first["registered"]["alias"] == "challenger" and first["weak"]
+    assert "champion" not in client.get_registered_model(name).aliases
+    gate = json.loads(client.get_model_version(name, "1").tags["shardline.gate"])
+    assert gate["decision"] == "challenger" and gate["champion"] is None
+    assert gate["compared"]["baseline_value"] >= gate["value"]
+    assert "does not beat the baseline" in client.get_model_version(name, "1").description
+    warned = " ".join(r.getMessage() for r in said.records)
+    assert "does not beat the baseline on test accuracy" in warned and "set_registered_model_alias" in warned
+
+    second = run({**cfg, "training": {**cfg["training"], "epochs": 4}})  # the built-in mlp learns the label
+    assert second["registered"]["alias"] == "champion" and not second["weak"]
+    assert client.get_registered_model(name).aliases == {"champion": 2, "challenger": 1}

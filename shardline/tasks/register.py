@@ -418,6 +418,22 @@ def _gate(
         )
     elif "champion_value" in compared:
         promote = better(compared["candidate_value"], compared["champion_value"], config.mlflow.promotion_direction)
+    floor = eval_result.baseline.get(metric_name) if previous is None else None
+    if floor is not None and not better(new_value, float(floor), config.mlflow.promotion_direction):
+        promote = False  # no champion yet: the first is one that beats the trivial baseline
+        compared = {"baseline_value": float(floor), "on": "the test split's baseline"}
+        logger.warning(
+            "register: v%s does not beat the baseline on test %s (%s against %s): it is a challenger and %s has no "
+            "champion yet (to promote it anyway: MlflowClient(%r).set_registered_model_alias(%r, 'champion', %s))",
+            version,
+            metric_name,
+            R.format_number(new_value),
+            R.format_number(float(floor)),
+            name,
+            redact_text(uri),
+            name,
+            version,
+        )
     alias = "champion" if promote else "challenger"
     describe(client, name, version, run_id, config, train_result, eval_result, alias, previous, compared, uri)
     import datetime as dt
@@ -538,6 +554,9 @@ def gate_verdict(alias: str, prev: dict | None, compared: dict | None, metric: s
     """What the gate decided, with the numbers it compared (the champion re-scored on this test split where it
     was tested on other data: its recorded number was not compared), in markdown."""
     if prev is None:
+        if compared and "baseline_value" in compared:
+            new_text, old_text = _readable(value, compared["baseline_value"])
+            return f"kept as **challenger**: {metric} {new_text} does not beat the baseline's {old_text} (no champion)"
         return "the first **champion**"
     champion = f"champion v{prev['version']}"
     compared = compared or {}
