@@ -262,6 +262,60 @@ def test_a_loss_that_is_not_a_finite_scalar_names_the_step(data, project, tmp_pa
         )
 
 
+@pytest.mark.parametrize(
+    "metrics, over, expect",
+    [
+        (  # it replaced the validation's own accuracy, by which the best epoch was then chosen
+            "{'accuracy': torch.tensor(0.99)}",
+            {},
+            r"Measured.metrics returned 'accuracy', the name of a metric Shardline computes itself \(val_accuracy\)",
+        ),
+        ("{'loss': torch.tensor(123.0)}", {}, r"Measured.metrics returned 'loss', .*\(val_loss\).*'my_loss'"),
+        (  # a value per window: it failed after the first epoch, on the last, shorter batch, naming nothing
+            "{'per_window': (outputs['target'].argmax(-1) == targets['target']).float()}",
+            {},
+            r"Measured.metrics returned 'per_window' of shape \[32\]; each value must be a scalar",
+        ),
+        ("{'hit': 'yes'}", {}, r"Measured.metrics returned 'hit' as a str; each value must be a scalar"),
+        (  # the model's own loss is not given the weights: they changed nothing, and trained again for it
+            None,
+            {"loss_weights": {"target": 2.0}},
+            r"training.loss_weights \{'target': 2.0\} weighs the targets of the default loss, which Measured.loss",
+        ),
+    ],
+    ids=["accuracy", "loss", "per-window", "not-a-number", "loss-weights-with-own-loss"],
+)
+def test_a_models_own_metrics_and_loss_are_checked_before_a_step(data, project, tmp_path, metrics, over, expect):  # noqa: F811
+    hook = (
+        f"def metrics(self, outputs, cont, cat, targets):\n                return {metrics}"
+        if metrics
+        else "def loss(self, outputs, cont, cat, targets):\n                return outputs['target'].sum() * 0.0"
+    )
+    write_module(
+        project,
+        "measured",
+        f"""
+        import torch
+        from models.world import WindowGRU
+
+        class Measured(WindowGRU):
+            {hook}
+        """,
+    )
+    with pytest.raises(ModelContractError, match=expect):
+        fit(
+            data["classification"],
+            data["classification-val"],
+            user_spec(project, "models.measured:Measured"),
+            train_cfg(**over),
+            "classification",
+            str(tmp_path / "ckpt"),
+            callbacks=Callbacks(log=quiet),
+        )
+    ckpt = tmp_path / "ckpt"
+    assert not ckpt.exists() or not list(ckpt.glob("ckpt-*"))  # no step was taken, nothing written
+
+
 def test_entrypoints_that_do_not_build_a_module_say_why(project):
     write_module(
         project,

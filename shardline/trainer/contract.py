@@ -20,6 +20,7 @@ import inspect
 import math
 import sys
 import types
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -411,6 +412,29 @@ def check_loss(loss: Any, step: int, model: nn.Module, outputs: dict[str, torch.
     raise ModelContractError(
         f"{whose} is {value} at step {step}, on the first batch, before any update (not the learning rate): {cause}"
     )
+
+
+def check_own_metrics(values: Any, model: nn.Module, taken: set[str] | dict) -> None:
+    """What a model's own `metrics` returns: a dict of scalars, each named apart from the metrics Shardline computes
+    (`taken`: the validation's, `val_<name>`), which it would replace: the best epoch is chosen by them."""
+    whose = f"{type(model).__name__}.metrics"
+    if not isinstance(values, Mapping):
+        raise ModelContractError(f"{whose} returned a {type(values).__name__}; it must return a dict of name -> scalar")
+    for key, value in values.items():
+        if f"val_{key}" in taken:
+            raise ModelContractError(
+                f"{whose} returned '{key}', the name of a metric Shardline computes itself (val_{key}), which it would "
+                f"replace: give yours another name (e.g. 'my_{key.replace('/', '_')}')"
+            )
+        try:
+            size = torch.as_tensor(value).numel()
+        except (TypeError, ValueError, RuntimeError):
+            size = None
+        if size != 1:
+            what = f"of shape {list(value.shape)}" if hasattr(value, "shape") else f"as a {type(value).__name__}"
+            raise ModelContractError(
+                f"{whose} returned '{key}' {what}; each value must be a scalar (a mean over the batch's windows)"
+            )
 
 
 # ---------------------------------------------------------------- starting from another model's weights

@@ -169,6 +169,7 @@ def fit(
             return finished
     model, run_meta = _build_model(plan, cfg, opt, found is None, run_meta, log, train)
     step = Step(model, cfg, plan.data, device, plan.precision, ranks, plan.total_steps, log)
+    step.metric_names = set(plan.known)
     loader = _loader(train, cfg, plan)
     _notes(plan, cfg, log)
     state = TrainState()
@@ -482,6 +483,12 @@ def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool,
             "(data.targets is empty): define the model's own loss, or declare a target"
         )
     check_selection(model, plan.select_by, plan.direction, plan.known)
+    if cfg.loss_weights and own_hook(model, "loss") is not None:  # the weights are the default loss's
+        raise ModelContractError(
+            f"training.loss_weights {dict(cfg.loss_weights)} weighs the targets of the default loss, which "
+            f"{type(model).__name__}.loss replaces (it is not given them): remove training.loss_weights, or weigh the "
+            "targets in your loss (model.params can carry the weights)"
+        )
     matched = None
     if opt.init_weights is not None and fresh:  # a resumed run has its own weights in its checkpoint
         matched = load_matching(model, opt.init_weights, opt.init_source)

@@ -17,7 +17,9 @@ from shardline.trainer.contract import (
     batch_targets,
     check_loss,
     check_outputs,
+    check_own_metrics,
     model_loss,
+    own_hook,
     own_optimizer,
 )
 from shardline.trainer.device import autocast, needs_grad_scaler
@@ -68,6 +70,7 @@ class Step:
     ):
         self.model, self.cfg, self.spec, self.device, self.ranks, self.log = model, cfg, spec, device, ranks, log
         self.total = total  # optimizer steps in the run, for the schedule
+        self.metric_names: set[str] = set()  # the validation's own metrics: a model's own may not take them
         # training.compile: the step's forward compiled; the module itself (its state_dict) is what is saved
         self.forward = torch.compile(model) if cfg.compile else model
         # the model's own optimizer and scheduler (configure_optimizers), else AdamW on training.lr's schedule
@@ -198,6 +201,9 @@ class Step:
                 outputs = as_outputs(self.forward(b.cont, b.cat), self.spec)
                 if not self.checked:  # the contract, on the run's first batch: before any step is taken
                     check_outputs(outputs, self.spec, len(b))
+                    if (own := own_hook(self.model, "metrics")) is not None:
+                        with torch.no_grad():
+                            check_own_metrics(own(outputs, b.cont, b.cat, targets), self.model, self.metric_names)
                 loss = model_loss(self.model, outputs, b.cont, b.cat, targets, self.spec, self.cfg.loss_weights)
             if not self.checked:
                 check_loss(loss, self.number, self.model, outputs)

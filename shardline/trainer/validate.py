@@ -27,6 +27,7 @@ from shardline.trainer.contract import (
     as_outputs,
     batch_targets,
     check_outputs,
+    check_own_metrics,
     default_loss,
     model_loss,
     own_hook,
@@ -123,7 +124,14 @@ def evaluate(
                 sums[t.name] += (out.reshape(y.shape) - y).abs().sum().double()
             counts[t.name] += y.numel()
         if own_metrics is not None:
-            for key, value in dict(own_metrics(outputs, b.cont, b.cat, targets)).items():
+            given = own_metrics(outputs, b.cont, b.cat, targets)
+            if first == 0:  # none of the validation's own names: those are added below
+                taken = {"val_loss", "val_perplexity", *names.values()}
+                if ranking is not None:
+                    ranked = validation_ranking_names(spec.targets[0].name, len(spec.targets) > 1, ranking.ks)
+                    taken |= set(ranked.values())
+                check_own_metrics(given, model, taken)
+            for key, value in given.items():
                 extra[key] = extra.get(key, 0.0) + torch.as_tensor(value, device=device).double().detach() * len(b)
         if ranking is not None:  # the relevance target's outputs as evaluation scores them
             t = spec.targets[0]
