@@ -570,6 +570,22 @@ def test_a_first_model_no_better_than_the_baseline_is_no_champion(base, prefect_
     assert "does not beat the baseline" in client.get_model_version(name, "1").description
     warned = " ".join(r.getMessage() for r in said.records)
     assert "does not beat the baseline on test accuracy" in warned and "set_registered_model_alias" in warned
+    # predicting with the champion says what the model has instead, as a bad command line
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shardline = str(Path(sys.executable).parent / "shardline")
+    raw = str(next((tmp_path / "raw").glob("*.parquet")))
+    uri = ["--tracking-uri", first["registered"]["tracking_uri"]]
+    done = subprocess.run(
+        [shardline, "predict", f"models:/{name}@champion", raw, "--out", str(tmp_path / "p.parquet"), *uri],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"alias champion not found; {name} has version(s) 1 (@challenger), none @champion" in done.stderr
 
     second = run({**cfg, "training": {**cfg["training"], "epochs": 4}})  # the built-in mlp learns the label
     assert second["registered"]["alias"] == "champion" and not second["weak"]

@@ -356,11 +356,10 @@ def _load_model(model_uri: str, tracking_uri: str | None):
         # a registered version only with the files it was registered with; a path or run is the user's own choice
         return load_checked(model_uri) if model_uri.startswith("models:/") else load_pyfunc(model_uri)
     except Exception as e:  # noqa: BLE001 - any load failure: reported with the model URI
-        missing = getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"  # a URI naming nothing: the command
-        _fail(
-            f"cannot load model {model_uri} from {uri}: {e}{registered_like(model_uri) if missing else ''}",
-            2 if missing else 1,
-        )
+        code = getattr(e, "error_code", None)  # a URI naming nothing (MLflow says an alias it lacks otherwise)
+        missing = code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "alias" in str(e))
+        hint = registered_like(model_uri) if missing else ""
+        _fail(f"cannot load model {model_uri} from {uri}: {str(e).rstrip('.')}{hint}", 2 if missing else 1)
 
 
 @app.command()

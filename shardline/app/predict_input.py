@@ -303,5 +303,26 @@ def registered_like(model_uri: str) -> str:
         names = [m.name for m in mlflow.search_registered_models(max_results=1000)]
     except Exception:  # noqa: BLE001 - only a hint
         return ""
+    if name in names:  # the model is there: its alias or version is not
+        return _versions_of(name)
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5) or sorted(names)[:5]
-    return f"; the store has {', '.join(close)}" if close and name not in names else ""
+    return f"; the store has {', '.join(close)}" if close else ""
+
+
+def _versions_of(name: str) -> str:
+    """'; NAME has versions 3 (@champion), 2, 1 (@challenger)': its newest five, each with its aliases."""
+    from mlflow import MlflowClient
+
+    try:
+        client = MlflowClient()
+        aliases = client.get_registered_model(name).aliases
+        versions = sorted((int(v.version) for v in client.search_model_versions(f"name='{name}'")), reverse=True)
+    except Exception:  # noqa: BLE001 - only a hint
+        return ""
+    held: dict[int, list[str]] = {}
+    for alias, version in aliases.items():
+        held.setdefault(int(version), []).append(f"@{alias}")
+    shown = ", ".join(f"{v} ({' '.join(sorted(held[v]))})" if v in held else str(v) for v in versions[:5])
+    more = f", ... ({len(versions)} in all)" if len(versions) > 5 else ""
+    champion = "" if "champion" in aliases else ", none @champion (the first to beat its test baseline becomes it)"
+    return f"; {name} has version(s) {shown}{more}{champion}: name one as models:/{name}/N or by an alias it has"
