@@ -79,13 +79,24 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     assert hashlib.sha256(bundled.encode()).hexdigest() == manifest.encoding.text.tokenizer_sha256
     rows = pl.DataFrame({"doc": ["x", "y"], "line": [0, 0], "body": ["the quick brown", "a lazy"]}).to_pandas()
     out = model.predict(rows)
-    assert list(out.columns) == ["row", "prompt_tokens", "next_token", "probability", "generated"]
+    assert list(out.columns) == ["doc", "line", "prompt_tokens", "next_token", "probability", "generated"]
     assert out["prompt_tokens"].min() >= 2 and out["next_token"].str.len().min() >= 1
     assert ((out["probability"] > 0) & (out["probability"] <= 1)).all()
-    # greedy by default: the continuation starts with the most likely next token; params are the signature's
-    assert all(g.startswith(t) for g, t in zip(out["generated"], out["next_token"]))
+    # greedy by default: the continuation starts with the most likely next token; params are the signature's (the
+    # end of a row or of the text is said as `<sep>` or `<eos>`: no text of its own)
+    texts = [t not in ("<sep>", "<eos>") for t in out["next_token"]]
+    assert all(g.startswith(t) for g, t, text in zip(out["generated"], out["next_token"], texts) if text)
     short = model.predict(rows, params={"max_tokens": 1})["generated"]
-    assert list(short) == list(out["next_token"])
+    assert [g for g, text in zip(short, texts) if text] == [t for t, text in zip(out["next_token"], texts) if text]
+    # rows of one sequence: a row's prompt is its sequence's rows up to it, each ended by <sep>, as training read
+    # them (it was the row alone); each prediction keyed by the sequence and the order, in that order
+    chat = pl.DataFrame({"doc": ["x", "y", "x"], "line": [1, 0, 0], "body": ["a lazy", "a lazy", "the quick brown"]})
+    said = model.predict(chat.to_pandas())
+    assert list(zip(said["doc"], said["line"])) == [("x", 0), ("x", 1), ("y", 0)]
+    alone = dict(zip(out["doc"], out["prompt_tokens"]))  # x: "the quick brown", y: "a lazy"
+    assert list(said["prompt_tokens"]) == [alone["x"], alone["x"] + 1 + alone["y"], alone["y"]]
+    assert said["probability"][2] == pytest.approx(out["probability"][1], rel=1e-5)  # "a lazy" alone, as before
+    assert said["probability"][1] != pytest.approx(said["probability"][2], rel=1e-5)  # "a lazy" after its history
     drawn = [
         model.predict(rows, params={"temperature": 1.5, "seed": s, "max_tokens": 12})["generated"] for s in (1, 1, 2)
     ]
@@ -273,3 +284,53 @@ def test_the_champion_gate_rescores_a_text_champion_on_new_data_and_never_compar
     assert third["registered"]["alias"] == "challenger"
     after = mlflow.MlflowClient(second["registered"]["tracking_uri"]).get_model_version_by_alias("lm", "champion")
     assert after.version == champion.version
+
+
+@pytest.mark.e2e
+def test_a_text_model_whose_files_are_its_sequences_predicts_each_row_after_its_files_rows(tmp_path, prefect_api):
+    """`data.sequence_key: '@file'` text (a book a file, a line a row): `shardline predict` over a folder prompts
+    each row with its file's lines up to it, as training read them, and keys each prediction by its file and line
+    (each row was prompted alone, and the predictions said neither)."""
+    from shardline.flows.pipeline import pipeline
+
+    lines = sentences(240, 5, 3, 8)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "new").mkdir()
+    for i in range(12):  # 12 books of 20 lines, written out of order
+        part = pl.DataFrame({"line_no": list(range(20))[::-1], "text": lines[i * 20 : i * 20 + 20][::-1]})
+        part.write_parquet(tmp_path / "raw" / f"book{i:02d}.parquet")
+    for i in range(2):
+        part = pl.DataFrame({"line_no": [2, 0, 1], "text": ["a lazy", "the quick brown", "a lazy"]})
+        part.write_parquet(tmp_path / "new" / f"b{i}.parquet")
+    root = tmp_path / "store"
+    config = {
+        "name": "books",
+        "data": {
+            "source": str(tmp_path / "raw"),
+            "sequence_key": "@file",
+            "order_by": "line_no",
+            "features": {"text": ["text"]},
+            "tokenizer": {"kind": "bpe", "vocab_size": 300},
+            "window": 8,
+            "split": {"method": "hash", "seed": 0, "fractions": {"train": 0.6, "validation": 0.2, "test": 0.2}},
+        },
+        "model": {"family": "transformer", "hidden": 16, "layers": 1, "heads": 2, "dropout": 0.0},
+        "training": {"epochs": 1, "batch_size": 64, "lr": 0.01, "warmup_steps": 2},
+        "storage": {"root": str(root)},
+        "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "books", "model_name": "books"},
+    }
+    registered = pipeline(validate_config(config))["registered"]
+    out = tmp_path / "predictions.parquet"
+    command = [sys.executable, "-m", "shardline", "predict", f"models:/books/{registered['version']}"]
+    command += [str(tmp_path / "new"), "--out", str(out), "--max-tokens", "2"]
+    command += ["--tracking-uri", registered["tracking_uri"]]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = pl.read_parquet(out)
+    assert said.columns[:3] == ["file", "line_no", "prompt_tokens"]
+    assert said["file"].to_list() == ["b0.parquet"] * 3 + ["b1.parquet"] * 3
+    assert said["line_no"].to_list() == [0, 1, 2] * 2
+    first, second, third = said["prompt_tokens"][:3]
+    assert second > first and third == second + 1 + (second - first - 1)  # "a lazy" twice, <sep> after each line
+    assert said["prompt_tokens"][3:].to_list() == said["prompt_tokens"][:3].to_list()  # each file on its own

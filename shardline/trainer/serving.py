@@ -91,7 +91,9 @@ def file_key(spec: EncodingSpec) -> str | None:
     that names each prediction's file, as the encode names it (its path below the source's folder): `file`, or
     `source_file` where the data has a `file` column. A frame given to `predict` is one file; `shardline predict`
     over several files, and evaluation, say which file each prediction is of. None for any other data."""
-    if spec.text is not None or spec.group_key or spec.sequence_key not in (None, FILE_SEQUENCE):
+    if spec.group_key or spec.sequence_key not in (None, FILE_SEQUENCE):
+        return None
+    if spec.text is not None and spec.sequence_key is None:  # each row a document of its own
         return None
     return "source_file" if "file" in [*input_columns(spec), *key_columns(spec)] else "file"
 
@@ -391,12 +393,20 @@ class Predictor:
         `<sep>` or `<eos>`)."""
         import torch
 
-        from shardline.core.encoding.text import decode
+        from shardline.core.encoding.text import EOS_ID, SEP_ID, decode
         from shardline.trainer.generate import continuations
 
         gen = generation_params(params)
 
-        k, ids = self.spec.window, self.prompts(df)
+        k = self.spec.window
+        if self.spec.sequence_key is not None:  # a row's prompt: its sequence's rows up to it, as training read them
+            df, seq_col = self._in_sequences(df)
+            ids, lengths = in_streams(self.prompts(df), df[SEQ].to_numpy(), k)
+            keys = row_keys(df, pl.Series(np.arange(df.height)), self.spec, seq_col)
+        else:
+            ids = self.prompts(df)
+            lengths = [len(p) for p in ids]
+            keys = {c: df[c] for c in self.spec.id_columns if c in df.columns} or {"row": np.arange(df.height)}
         window = np.zeros((len(ids), k), np.int64)  # right-padded with <pad>: a causal model never sees it
         last = np.zeros(len(ids), np.int64)
         for i, p in enumerate(ids):
@@ -414,7 +424,6 @@ class Predictor:
                 p = torch.softmax(out, dim=-1)
                 best[lo : lo + len(cat)] = p.argmax(dim=-1).numpy()
                 prob[lo : lo + len(cat)] = p.max(dim=-1).values.numpy()
-        keys = {c: df[c] for c in self.spec.id_columns if c in df.columns} or {"row": np.arange(df.height)}
         generated = continuations(
             self.model,
             self.tokenizer,
@@ -425,7 +434,9 @@ class Predictor:
             gen["seed"],
             stop_at_sep=self.spec.text.target_column is not None,
         )
-        columns = {"prompt_tokens": [len(p) for p in ids], "next_token": [decode(self.tokenizer, [b]) for b in best]}
+        # the end of a row or of the text said as such: decoded, a special token is no text at all
+        named = {SEP_ID: "<sep>", EOS_ID: "<eos>"}
+        columns = {"prompt_tokens": lengths, "next_token": [named.get(b) or decode(self.tokenizer, [b]) for b in best]}
         return text_prediction_frame(keys, {**columns, "probability": prob, "generated": generated})
 
     def stream_text(self, df: pl.DataFrame, params: dict | None = None) -> Iterator[str]:
@@ -454,6 +465,23 @@ class Predictor:
         text = decode(self.tokenizer, new)
         if text != shown and text.startswith(shown):  # the rest: a last character's bytes, or the whole text
             yield text[len(shown) :]
+
+    def _in_sequences(self, df: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
+        """The rows as the encoding lays them out: by sequence (the sequence key; where the file is the sequence,
+        the column naming each row's file, `file_key`: rows of several files, as `shardline predict` reads them; else
+        the rows are one file), each in its order; and the sequence's column (None: one file)."""
+        spec = self.spec
+        by_file = file_key(spec)
+        seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
+        seq_col = seq_col or (by_file if by_file in df.columns else None)
+        prepared = prepare(df, seq_col or spec.sequence_key, spec.order_by, "input", spec.order_format)
+        if seq_col and seq_col == by_file and spec.order_by is None:  # a row's number in its own file
+            prepared = prepared.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).over(SEQ).alias(ORDER))
+        if sequence_runs(prepared) is None:  # the rows as the encoding lays them out (a sort copies every column:
+            prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # rows already so are kept as they are)
+        if spec.order_by is not None:  # a file given twice: two predictions a row, the copies in every window
+            refuse_copies(prepared, seq_col or spec.sequence_key, spec.order_by, "the input")
+        return prepared, seq_col
 
     def predict_frame(
         self, df: pl.DataFrame, batch_size: int = 4096, params: dict | None = None, forecast: bool = False
@@ -493,16 +521,7 @@ class Predictor:
             raise DataError(f"--forecast: {what}; predict without it")
         # the sequence key; where the file is the sequence, the column naming each row's file (`file_key`: rows of
         # several files, as `shardline predict` reads them), else the rows are one file
-        by_file = file_key(spec)
-        seq_col = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else None
-        seq_col = seq_col or (by_file if by_file in df.columns else None)
-        prepared = prepare(df, seq_col or spec.sequence_key, spec.order_by, "input", spec.order_format)
-        if seq_col and seq_col == by_file and spec.order_by is None:  # a row's number in its own file
-            prepared = prepared.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).over(SEQ).alias(ORDER))
-        if sequence_runs(prepared) is None:  # the rows as the encoding lays them out (a sort copies every column:
-            prepared = prepared.sort([SEQ, ORDER], maintain_order=True)  # rows already so are kept as they are)
-        if spec.order_by is not None:  # a file given twice: two predictions a row, the copies in every window
-            refuse_copies(prepared, seq_col or spec.sequence_key, spec.order_by, "the input")
+        prepared, seq_col = self._in_sequences(df)
         if forecast:
             prepared = with_rows_to_come(prepared, spec)
         arrays, _ = encode_frame(prepared, spec, with_target=False, presorted=True)
@@ -529,6 +548,25 @@ class Predictor:
         rows = pl.Series(position_rows(where["row"], spec.window) if every else where["row"])
         out = row_keys(prepared, rows, spec, seq_col)
         return prediction_frame(spec, out, self._decoded(data, batch_size), per_position=every, decoded=True)
+
+
+def in_streams(rows: list[list[int]], sequences: np.ndarray, k: int) -> tuple[list[list[int]], list[int]]:
+    """Text of sequences: each row's prompt as its sequence's stream up to and with that row (the rows before it
+    each ended by `<sep>`, as the encoding lays a sequence out), its last `k` tokens (what the model reads); and
+    each prompt's whole length. `rows`: each row's own token ids, in the sequences' order (`sequences`: each row's)."""
+    from shardline.core.encoding.text import SEP_ID
+
+    prompts, lengths = [], []
+    held: list[int] = []
+    n = 0
+    for i, ids in enumerate(rows):
+        if i and sequences[i] == sequences[i - 1]:
+            held, n = [*held, SEP_ID, *ids][-k:], n + 1 + len(ids)
+        else:
+            held, n = list(ids[-k:]), len(ids)
+        prompts.append(held)
+        lengths.append(n)
+    return prompts, lengths
 
 
 def row_keys(prepared: pl.DataFrame, rows: pl.Series, spec: EncodingSpec, seq_col: str | None) -> dict[str, object]:
