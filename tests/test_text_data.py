@@ -737,3 +737,27 @@ def test_a_large_text_file_is_encoded_in_parts_of_its_rows(tmp_path):
     for split in ("train", "validation", "test"):
         sa, sb = all_streams(a, uri_a, split), all_streams(b, uri_b, split)
         assert sa == sb and len(sa) > 100, split
+
+
+def test_a_tokenizer_file_that_reads_the_special_strings_as_its_ids_or_cannot_read_a_text_is_said(tmp_path):
+    """A vocabulary holding `<pad>`, `<sep>`, `<eos>` as words (split on whitespace) read a text holding them as the
+    special ids, which the docs say is never done: refused naming the file. One without an unknown token stopped the
+    encode on a character it lacked with the library's bare error: said naming the column and the text."""
+    from tokenizers import pre_tokenizers
+
+    write(tmp_path, pl.DataFrame({"body": ["a cat sat", "the <eos> of it", "dog 🐱"]}))
+    vocab = {"<pad>": 0, "<sep>": 1, "<eos>": 2, "[UNK]": 3, **{w: 4 + i for i, w in enumerate(["a", "cat", "sat"])}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (tmp_path / "words.json").write_text(words.to_str())
+    with pytest.raises(DataError) as e:
+        encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(tmp_path / "words.json")}), out="words")
+    said = str(e.value)
+    assert f"data.tokenizer.file '{tmp_path / 'words.json'}'" in said
+    assert "tokenizes to the special id(s) <pad>=[0], <sep>=[1], <eos>=[2]" in said and "added special tokens" in said
+
+    no_unknown = Tokenizer(models.WordLevel({"<pad>": 0, "<sep>": 1, "<eos>": 2, "a": 3, "cat": 4, "sat": 5}))
+    no_unknown.pre_tokenizer = pre_tokenizers.Whitespace()  # `<eos>` is three pieces: no word of its own
+    (tmp_path / "closed.json").write_text(no_unknown.to_str())
+    with pytest.raises(DataError, match=r"cannot tokenize body's text 'the <eos> of it' \(.*\): a tokenizer without"):
+        encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(tmp_path / "closed.json")}), out="closed")

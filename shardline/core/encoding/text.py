@@ -89,6 +89,17 @@ def check_tokenizer(text: str, where: str) -> None:
             + " (None: missing). Add them as its first added tokens (tokenizers: add_special_tokens before "
             "training), or use data.tokenizer: {kind: bpe, vocab_size: N}"
         )
+    # the literal strings are text (`tokenizer`): a vocabulary that holds them as words would read them as the ids
+    literal = {s: _ids_or_none(tokenizer(text), s) for s in SPECIALS}
+    as_special = {s: ids for s, ids in literal.items() if set(ids) & {0, 1, 2}}
+    if as_special:
+        raise DataError(
+            f"{where}: the text {' '.join(as_special)} tokenizes to the special id(s) "
+            + ", ".join(f"{s}={ids}" for s, ids in as_special.items())
+            + ": they are words of its vocabulary, so a text holding them would read as the end of a row or of the "
+            "text (or, <pad>, as nothing). Make them added special tokens only (tokenizers: special_tokens, not words "
+            "of the model's vocabulary), or use data.tokenizer: {kind: bpe, vocab_size: N}"
+        )
     # the model has one embedding row per id, 0 .. vocabulary size - 1: an id past it has no row
     size = int(tok.get_vocab_size(with_added_tokens=True))
     top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
@@ -98,6 +109,14 @@ def check_tokenizer(text: str, where: str) -> None:
             f"contiguous (the model has one embedding row per id, 0..{size - 1:,}); re-number the vocabulary "
             "0..N-1 (keeping <pad>=0, <sep>=1, <eos>=2), or use data.tokenizer: {kind: bpe, vocab_size: N}"
         )
+
+
+def _ids_or_none(tok, text: str) -> list[int]:
+    """`text`'s ids, or none where the tokenizer cannot read it (a vocabulary without an unknown token)."""
+    try:
+        return tok.encode(text, add_special_tokens=False).ids
+    except Exception:  # noqa: BLE001 - a text it cannot read holds no special id either
+        return []
 
 
 def _parse(text: str, where: str):
@@ -258,13 +277,32 @@ def _batches(texts: pl.Series) -> list[tuple[int, int]]:
     return out
 
 
+def encoded(tok, texts: list[str], column: str) -> list[list[int]]:
+    """Each text's token ids; a text the tokenizer cannot read (a vocabulary without an unknown token: a character it
+    has no token for) is a `DataError` naming the column and quoting the text, not the library's bare error."""
+    try:
+        return [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+    except Exception as e:  # the tokenizers library's own error: which text, said below
+        for text in texts:
+            try:
+                tok.encode(text, add_special_tokens=False)
+            except Exception:  # noqa: BLE001 - the first text it cannot read
+                raise DataError(
+                    f"the tokenizer cannot tokenize {column}'s text {text[:60]!r}{'...' if len(text) > 60 else ''} "
+                    f"({' '.join(str(e).split())}): a tokenizer without an unknown token reads only what its "
+                    "vocabulary holds; give it one (its model's unk_token, in its vocabulary), or use data.tokenizer: "
+                    "{kind: bpe, vocab_size: N} (byte-level: every text reads)"
+                ) from None
+        raise
+
+
 def _ids(tok, texts: pl.Series, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """(every text's token ids laid end to end, each text's count) of a text column, tokenized a batch at a
     time (`_batches`), each batch's ids stored as `dtype` before the next."""
     flats, counts = [], []
     for a, b in _batches(texts):
         batch = texts[a:b].to_list()
-        ids = [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
+        ids = encoded(tok, batch, texts.name)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flats.append(np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum())))
         counts.append(lengths)
@@ -439,7 +477,7 @@ def prompt_ids(tokenizer_json: str, texts: list[list[str]], generation: bool) ->
     per column) joined with <sep>, and, when a generation target follows (`generation`), a <sep> after them
     (the model continues with the target's tokens). What a generation step starts from."""
     tok = tokenizer(tokenizer_json)
-    cols = [[e.ids for e in tok.encode_batch_fast(col, add_special_tokens=False)] for col in texts]
+    cols = [encoded(tok, col, f"text column {j + 1}") for j, col in enumerate(texts)]
     out = []
     for row in zip(*cols):
         ids: list[int] = []
