@@ -115,6 +115,7 @@ def test_what_it_refuses_names_what_it_needs():
         ({"temperature": float("inf")}, r"temperature=inf must be 0 \(greedy\) or a finite number"),
         ({"temperature": -1}, r"temperature=-1.0 must be 0 \(greedy\) or a finite number"),
         ({"beams": 4}, r"unknown generation param\(s\) \['beams'\]"),
+        ({"seed": 1 << 64}, r"seed=18446744073709551616 must be a whole number below 2\*\*64"),  # torch's overflow
     ):
         with pytest.raises(DataError, match=said):
             generation_params(params)

@@ -236,6 +236,7 @@ def generation_params(params: dict | None) -> dict:
         ("max_tokens", p["max_tokens"] >= 0, "0 or more"),
         ("temperature", 0 <= p["temperature"] < math.inf, "0 (greedy) or a finite number above it"),
         ("top_k", p["top_k"] >= 0, "0 (every token) or more"),
+        ("seed", -(1 << 63) <= p["seed"] < 1 << 64, "a whole number below 2**64 (what torch's generator takes)"),
     ):
         if not ok:
             raise DataError(f"generation param {name}={p[name]} must be {want}")
