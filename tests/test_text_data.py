@@ -272,6 +272,9 @@ def test_bad_text_input_is_refused_or_skipped_with_what_to_do(tmp_path):
     write(tmp_path, pl.DataFrame({"body": [1, 2, 3]}))
     with pytest.raises(DataError, match="column 'body' has type int64, but as the text it must be a string"):
         snapshot_source(validate_config(raw).data)
+    write(tmp_path, pl.DataFrame({"body": [["a", "b"], ["c"], ["d"]]}))  # a text's pieces: joined, not elements
+    with pytest.raises(DataError, match=r"join a row's pieces into one string \(polars: pl.col\('body'\).list.join"):
+        snapshot_source(validate_config(raw).data)
     write(tmp_path, pl.DataFrame({"body": sentences(30, 9)}))
 
     # a tokenizer file that is not there, does not parse, or lacks the special ids: refused naming the path

@@ -107,9 +107,12 @@ def _element_problem(name: str, element: tuple[str, int], t: pa.DataType) -> str
     return ""
 
 
-def _list_hint(col: str, t: pa.DataType) -> str:
-    """What to do with a list or struct column (a vector a row: an embedding, a sensor's axes)."""
-    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+def _list_hint(col: str, t: pa.DataType, kind: str) -> str:
+    """What to do with a list or struct column (a vector a row: an embedding, a sensor's axes; a text's pieces)."""
+    listed = pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+    if listed and kind == "text":  # elements are numbers' features only: a text column is one string a row
+        return f"; join a row's pieces into one string (polars: pl.col('{col}').list.join(' '))"
+    if listed:
         n = t.list_size if pa.types.is_fixed_size_list(t) else "N"
         return f"; to take its elements as features, name them: {col}[0:{n}] (elements 0 to {n} - 1)"
     if pa.types.is_struct(t):
@@ -162,7 +165,8 @@ def check_schema(schema: pa.Schema, data: DataConfig, uri: str = "") -> list[str
         if pa.types.is_null(t):  # only nulls (a hive-style folder's null value): a column of any type; rows that
             continue  # need a value (keys, targets) are counted by the encode
         if not any(is_type(t.value_type if pa.types.is_dictionary(t) else t) for is_type in types):
-            problems.append(f"column '{col}' has type {t}, but as the {kind} it must be {allowed}{_list_hint(col, t)}")
+            hint = _list_hint(col, t, kind)
+            problems.append(f"column '{col}' has type {t}, but as the {kind} it must be {allowed}{hint}")
         elif kind == "split column" and pa.types.is_temporal(t):
             problems += _bound_problems(data, t)
     return problems
