@@ -327,6 +327,13 @@ def check_splits(windows: dict[str, int], data: DataConfig, rows: dict | None = 
             f"; {s}: {rows[s]:,} row(s) in {sequences[s]:,} sequence(s)" for s in empty if rows and sequences
         )
         horizon = data.effective_horizon
+        if data.features.text:  # every text sequence gives a window (padded): none means no sequence reached it
+            what = "every document (or sequence of rows) gives one"
+            skipped = " (rows of no text left out: data.on_bad_rows)" if data.on_bad_rows == "skip" else ""
+            raise DataError(
+                f"the split leaves {', '.join(empty)} with no window (windows per split: {windows}{held}; {what}, "
+                f"so no sequence of text{skipped} fell in it; {how}); widen that split or add data"
+            )
         raise DataError(
             f"the split leaves {', '.join(empty)} with no window (windows per split: {windows}{held}; a window "
             f"takes data.window={data.window} + data.horizon={horizon} = {data.window + horizon} row(s) of one "
