@@ -362,3 +362,16 @@ def test_generation_test_pairs_are_each_sequences_source_and_target():
     pairs = test_pairs(data, 10, SEP_ID, EOS_ID)
     assert pairs == [(s + [SEP_ID], t) for s, t in zip(sources, targets)]
     assert test_pairs(data, 2, SEP_ID, EOS_ID) == pairs[:2]
+
+
+def test_a_text_cut_by_its_token_budget_inside_a_character_ends_before_it():
+    """A character of several bytes takes several byte-level tokens: a continuation whose max_tokens ran out inside
+    one ended in U+FFFD; it ends before that character (a text that ended whole keeps what it decodes to)."""
+    from shardline.core.encoding.text import decode, tokenizer, train_bpe
+    from shardline.trainer.generate import cut_whole
+
+    tok = train_bpe(["hello there"] * 20, 270)
+    ids = tokenizer(tok).encode("hi 雪", add_special_tokens=False).ids  # 雪: three bytes, three tokens here
+    assert decode(tok, ids) == "hi 雪" and decode(tok, ids[:-1]).endswith("\ufffd")
+    assert cut_whole(decode(tok, ids[:-1]), cut=True) == "hi "
+    assert cut_whole(decode(tok, ids), cut=True) == "hi 雪" and cut_whole("x\ufffd", cut=False) == "x\ufffd"

@@ -207,4 +207,11 @@ def continuations(
     new = generate_rows(
         model, [ids or [SEP_ID] for ids in prompts], max_new_tokens, temperature, top_k, seed, EOS_ID, stops
     )
-    return [decode(tokenizer_json, ids) for ids in new]
+    # a text cut by max_new_tokens in a character of several bytes ends in U+FFFD for its bytes so far: left out
+    return [cut_whole(decode(tokenizer_json, ids), len(ids) >= max_new_tokens) for ids in new]
+
+
+def cut_whole(text: str, cut: bool) -> str:
+    """`text`, without the replacement characters a character's first bytes decode to when the tokens ran out
+    (`cut`) inside it."""
+    return text.rstrip("\ufffd") if cut else text

@@ -446,7 +446,7 @@ class Predictor:
         given once the text so far reads whole (a character of several bytes may take several tokens); a
         tokenizer whose decoder may rewrite earlier text (not byte-level) gives it in one piece at the end."""
         from shardline.core.encoding.text import EOS_ID, SEP_ID, decode, tokenizer
-        from shardline.trainer.generate import generate_stream
+        from shardline.trainer.generate import cut_whole, generate_stream
 
         gen = generation_params(params)
         ids = self.prompts(df.head(1))[0]
@@ -463,7 +463,7 @@ class Predictor:
             if text.startswith(shown) and not text.endswith("\ufffd") and len(text) > len(shown):
                 yield text[len(shown) :]
                 shown = text
-        text = decode(self.tokenizer, new)
+        text = cut_whole(decode(self.tokenizer, new), len(new) >= gen["max_tokens"])
         if text != shown and text.startswith(shown):  # the rest: a last character's bytes, or the whole text
             yield text[len(shown) :]
 
