@@ -350,6 +350,25 @@ def test_entrypoints_that_do_not_build_a_module_say_why(project):
     with pytest.raises(ModelContractError, match=r"must accept the data spec first, then model.params"):
         model_from_spec(model_spec_for(ModelConfig(entrypoint="models.odd:no_spec", code_dir=str(project)),
                                        data_spec))  # fmt: skip
+    # a forward that needs more than (cont, cat): said when the model is built, not as a bare TypeError at a step
+    write_module(
+        project,
+        "masked",
+        """
+        from models.world import WindowGRU
+
+        class NeedsMask(WindowGRU):
+            def forward(self, cont, cat, mask):
+                return super().forward(cont, cat)
+        """,
+    )
+    needs = ModelConfig(entrypoint="models.masked:NeedsMask", code_dir=str(project))
+    with pytest.raises(ModelContractError, match=r"NeedsMask.forward\(cont, cat, mask\) cannot be called as forward"):
+        model_from_spec(model_spec_for(needs, data_spec))
+    # a misspelt param: the one it takes that is closest, said
+    typo = ModelConfig(entrypoint="models.world:WindowGRU", code_dir=str(project), params={"hiddn": 8})
+    with pytest.raises(ModelContractError, match=r"'hiddn'; did you mean model.params.hidden \(for hiddn\)\?"):
+        model_from_spec(model_spec_for(typo, data_spec))
     # a call that fits, and a TypeError inside it (YAML reads 1e-1 as text): where, and the text, not the call
     with pytest.raises(ModelContractError, match=r"raised TypeError at .*odd.py:8: .*; model.params.dropout is the "
                        r"text '1e-1' \(YAML reads"):  # fmt: skip

@@ -176,6 +176,26 @@ def _reads_as_number(text: str) -> bool:
     return True
 
 
+def _closest_params(factory, params: dict) -> str:
+    """'; did you mean model.params.hidden (for hiddn)?' for each param the factory does not take that is close to
+    one it does ('' where none is, or it takes any keyword)."""
+    import difflib
+
+    try:
+        taken = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return ""
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values()):
+        return ""
+    names = [n for n, p in list(taken.items())[1:] if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    said = [
+        f"model.params.{close[0]} (for {k})"
+        for k in params
+        if k not in taken and (close := difflib.get_close_matches(k, names, n=1, cutoff=0.6))
+    ]
+    return f"; did you mean {', '.join(said)}?" if said else ""
+
+
 def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: str | None = None) -> nn.Module:
     """`Name(spec, **params)`, checked to be a torch module."""
     factory = import_entrypoint(entrypoint, code_dir)
@@ -189,7 +209,8 @@ def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: st
             inspect.signature(factory).bind(spec, **params)
         except TypeError:  # the call itself does not fit what it takes
             raise ModelContractError(
-                f"{called} failed: {e}; it must accept the data spec first, then model.params"
+                f"{called} failed: {e}{_closest_params(factory, params)}; it must accept the data spec first, then "
+                "model.params"
             ) from e
         except ValueError:  # no signature to read (a builtin): said as the call's failure
             pass
@@ -207,6 +228,15 @@ def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: st
         raise ModelContractError(
             f"model.entrypoint='{entrypoint}' returned a {type(model).__name__}, not a torch.nn.Module"
         )
+    try:  # Shardline calls forward(cont, cat): a forward that needs more fails on the first batch, said here
+        inspect.signature(model.forward).bind(None, None)
+    except TypeError as e:
+        raise ModelContractError(
+            f"model.entrypoint='{entrypoint}': {type(model).__name__}.forward{inspect.signature(model.forward)} cannot "
+            f"be called as forward(cont, cat) ({e}); take exactly those two (give anything else a default)"
+        ) from None
+    except ValueError:  # no signature to read
+        pass
     return model
 
 
