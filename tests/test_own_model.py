@@ -152,3 +152,23 @@ def test_the_packages_a_model_imports_are_found_in_its_source_and_a_bare_require
             validate_config({**cfg, "model": {**cfg["model"], "requirements": [bad]}})
     good = validate_config({**cfg, "model": {**cfg["model"], "requirements": ["roman==5.2", "einops>=0.8"]}})
     assert good.model.requirements == ["roman==5.2", "einops>=0.8"]
+
+
+def test_a_package_the_model_imports_only_if_it_is_there_is_no_requirement_nor_a_warning(tmp_path, caplog):
+    """`try: import einops except ImportError: ...`: where it is not installed the model trained without it, so the
+    registered model neither installs it nor warns that it does not (it warned to add it to model.requirements)."""
+    import logging
+
+    from shardline.core.config import ModelConfig
+    from shardline.runs.model_code import requirements
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "net.py").write_text(
+        "import numpy\ntry:\n    import not_installed_anywhere_xyz\nexcept ImportError:\n    pass\n"
+    )
+    model = ModelConfig(entrypoint="models.net:Net", code_dir=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="shardline.register"):
+        pinned = requirements(model)
+    assert any(p.startswith("numpy==") for p in pinned) and not any("not_installed" in p for p in pinned)
+    assert "not_installed_anywhere_xyz" not in caplog.text

@@ -33,6 +33,8 @@ def requirements(model: ModelConfig) -> list[str]:
             dists = provided.get(name)
             if dists:
                 packages.extend(dists)
+            elif importlib.util.find_spec(name) is None:  # not installed, yet it trained: an optional import
+                continue
             else:  # importable when it trained, but no installed distribution provides it
                 logger.warning(
                     "register: the model's code imports %s, which no installed package provides: the registered "
