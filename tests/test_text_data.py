@@ -766,3 +766,19 @@ def test_a_tokenizer_file_that_reads_the_special_strings_as_its_ids_or_cannot_re
     (tmp_path / "closed.json").write_text(no_unknown.to_str())
     with pytest.raises(DataError, match=r"cannot tokenize body's text 'the <eos> of it' \(.*\): a tokenizer without"):
         encode(tmp_path, text_config(tmp_path, tokenizer={"file": str(tmp_path / "closed.json")}), out="closed")
+
+
+def test_a_text_column_of_bytes_that_are_not_utf8_is_said_so_naming_the_file(tmp_path):
+    """A string column holding bytes that are not UTF-8 (written by a tool that does not check): said as such, naming
+    the file and the column, before any work (it read as 'the registered model could not take column(s)')."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardline.tasks.ingest import check_registrable, snapshot_source
+
+    (tmp_path / "raw").mkdir()
+    body = pa.array([t.encode() for t in sentences(30, 3)] + [b"bad \xff\xfe text"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"body": body}), tmp_path / "raw" / "a.parquet")
+    data = validate_config(text_config(tmp_path)).data
+    with pytest.raises(DataError, match=r"a\.parquet: column\(s\) \['body'\] hold bytes that are not UTF-8 text"):
+        check_registrable(data, snapshot_source(data))

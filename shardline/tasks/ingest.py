@@ -514,6 +514,11 @@ def check_registrable(data: DataConfig, snapshot: Snapshot) -> None:
 
     if (e := refused(sample)) is not None:
         bad = [c for c in columns if refused(sample[[c]]) is not None] or columns
+        if isinstance(e, UnicodeDecodeError) or "codec can't decode" in str(e):  # a string column of bytes
+            raise DataError(
+                f"{raw.uri}: column(s) {bad} hold bytes that are not UTF-8 text in its first {len(sample):,} rows "
+                f"({e}); write the text as UTF-8 (or the bytes as a binary column, which is no feature)"
+            ) from None
         raise DataError(f"{raw.uri}: the registered model could not take column(s) {bad} as input ({e})") from None
 
 
