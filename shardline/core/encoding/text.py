@@ -82,24 +82,22 @@ def check_tokenizer(text: str, where: str) -> None:
     names `where` (its path) and what to do."""
     tok = _parse(text, where)
     wrong = {s: tok.token_to_id(s) for s in SPECIALS if tok.token_to_id(s) != SPECIALS.index(s)}
-    if wrong:
-        raise DataError(
-            f"{where}: the tokenizer must define the special tokens <pad>=0, <sep>=1, <eos>=2; it has "
-            + ", ".join(f"{s}={i}" for s, i in wrong.items())
-            + " (None: missing). Add them as its first added tokens (tokenizers: add_special_tokens before "
-            "training), or use data.tokenizer: {kind: bpe, vocab_size: N}"
-        )
     # the literal strings are text (`tokenizer`): a vocabulary that holds them as words would read them as the ids
-    literal = {s: _ids_or_none(tokenizer(text), s) for s in SPECIALS}
+    literal = {s: _ids_or_none(tokenizer(text), s) for s in SPECIALS} if not wrong else {}
     as_special = {s: ids for s, ids in literal.items() if set(ids) & {0, 1, 2}}
-    if as_special:
-        raise DataError(
-            f"{where}: the text {' '.join(as_special)} tokenizes to the special id(s) "
-            + ", ".join(f"{s}={ids}" for s, ids in as_special.items())
-            + ": they are words of its vocabulary, so a text holding them would read as the end of a row or of the "
-            "text (or, <pad>, as nothing). Make them added special tokens only (tokenizers: special_tokens, not words "
-            "of the model's vocabulary), or use data.tokenizer: {kind: bpe, vocab_size: N}"
-        )
+    for found, said, advice in (
+        (wrong, "the tokenizer must define the special tokens <pad>=0, <sep>=1, <eos>=2; it has", (
+            " (None: missing). Add them as its first added tokens (tokenizers: add_special_tokens before training)"
+        )),
+        (as_special, f"the text {' '.join(as_special)} tokenizes to the special id(s)", (
+            ": they are words of its vocabulary, so a text holding them would read as the end of a row or of the text "
+            "(or, <pad>, as nothing). Make them added special tokens only (tokenizers: special_tokens, not words of "
+            "the model's vocabulary)"
+        )),
+    ):  # fmt: skip
+        if found:
+            listed = ", ".join(f"{s}={i}" for s, i in found.items())
+            raise DataError(f"{where}: {said} {listed}{advice}, or use data.tokenizer: {{kind: bpe, vocab_size: N}}")
     # the model has one embedding row per id, 0 .. vocabulary size - 1: an id past it has no row
     size = int(tok.get_vocab_size(with_added_tokens=True))
     top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
