@@ -35,7 +35,9 @@ def test_pip_install_dot_into_a_fresh_environment_runs_the_demo(tmp_path):
         command = [str(venv / "bin" / "shardline"), *map(str, args)]
         return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
 
-    demo_command = ["demo", "--home", home, "--games", "8", "--frames", "200", "--set", "training.epochs=1"]
+    # a demo that learns enough to beat its baseline in one epoch (the first champion must), in the same time
+    demo_command = ["demo", "--home", home, "--games", "16", "--frames", "400", "--set", "training.epochs=1"]
+    demo_command += ["--set", "training.warmup_steps=2"]
     demo = shardline(*demo_command)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "Registered shardline-demo version 1 as @champion" in demo.stdout
