@@ -126,7 +126,7 @@ def evaluate(
         if own_metrics is not None:
             given = own_metrics(outputs, b.cont, b.cat, targets)
             if first == 0:  # none of the validation's own names: those are added below
-                taken = {"val_loss", "val_perplexity", *names.values()}
+                taken = {"val_loss", *names.values(), *(["val_perplexity"] if ignore is not None else [])}
                 if ranking is not None:
                     ranked = validation_ranking_names(spec.targets[0].name, len(spec.targets) > 1, ranking.ks)
                     taken |= set(ranked.values())
