@@ -375,3 +375,15 @@ def test_a_text_cut_by_its_token_budget_inside_a_character_ends_before_it():
     assert decode(tok, ids) == "hi 雪" and decode(tok, ids[:-1]).endswith("\ufffd")
     assert cut_whole(decode(tok, ids[:-1]), cut=True) == "hi "
     assert cut_whole(decode(tok, ids), cut=True) == "hi 雪" and cut_whole("x\ufffd", cut=False) == "x\ufffd"
+
+
+def test_a_continuation_that_runs_into_the_next_row_reads_as_lines():
+    """A model of rows (a chat, a book's lines) writes a row's end, `<sep>`, and goes on: decoded for `generated`, the
+    rows are lines (special tokens are no text: they ran together, 'it's谢谢你')."""
+    from shardline.core.encoding.text import EOS_ID, SEP_ID, decode, tokenizer, train_bpe
+
+    tok = train_bpe(["hello there", "thank you"] * 20, 270)
+    a, b = (tokenizer(tok).encode(t, add_special_tokens=False).ids for t in ("hello there", "thank you"))
+    assert decode(tok, [*a, SEP_ID, *b, SEP_ID], rows=True) == "hello there\nthank you\n"
+    assert decode(tok, [*a, SEP_ID, *b]) == "hello therethank you"  # a source or reference as it was, rows off
+    assert decode(tok, [*a, EOS_ID], rows=True) == "hello there"

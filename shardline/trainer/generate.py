@@ -208,7 +208,7 @@ def continuations(
         model, [ids or [SEP_ID] for ids in prompts], max_new_tokens, temperature, top_k, seed, EOS_ID, stops
     )
     # a text cut by max_new_tokens in a character of several bytes ends in U+FFFD for its bytes so far: left out
-    return [cut_whole(decode(tokenizer_json, ids), len(ids) >= max_new_tokens) for ids in new]
+    return [cut_whole(decode(tokenizer_json, ids, rows=True), len(ids) >= max_new_tokens) for ids in new]
 
 
 def cut_whole(text: str, cut: bool) -> str:

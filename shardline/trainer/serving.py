@@ -459,11 +459,11 @@ class Predictor:
         new, shown = [], ""
         for token in stream:
             new.append(token)
-            text = decode(self.tokenizer, new) if as_it_goes else ""
+            text = decode(self.tokenizer, new, rows=True) if as_it_goes else ""
             if text.startswith(shown) and not text.endswith("\ufffd") and len(text) > len(shown):
                 yield text[len(shown) :]
                 shown = text
-        text = cut_whole(decode(self.tokenizer, new), len(new) >= gen["max_tokens"])
+        text = cut_whole(decode(self.tokenizer, new, rows=True), len(new) >= gen["max_tokens"])
         if text != shown and text.startswith(shown):  # the rest: a last character's bytes, or the whole text
             yield text[len(shown) :]
 

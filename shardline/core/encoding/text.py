@@ -465,9 +465,14 @@ def text_spec(data: DataConfig, tokenizer_json: str) -> EncodingSpec:
     )
 
 
-def decode(tokenizer_json: str, ids: Iterable[int]) -> str:
-    """Token ids back to text (special tokens left out)."""
-    return tokenizer(tokenizer_json).decode([int(i) for i in ids])
+def decode(tokenizer_json: str, ids: Iterable[int], rows: bool = False) -> str:
+    """Token ids back to text (special tokens left out; with `rows`, a `<sep>`, which ends a row of a sequence or a
+    text column, as a line break: a continuation that runs on into the next row reads as two lines, not one word)."""
+    tok, ids = tokenizer(tokenizer_json), [int(i) for i in ids]
+    if not rows or SEP_ID not in ids:
+        return tok.decode(ids)
+    cuts = [-1, *(j for j, i in enumerate(ids) if i == SEP_ID), len(ids)]
+    return "\n".join(tok.decode(ids[a + 1 : b]) for a, b in zip(cuts, cuts[1:]))
 
 
 def prompt_ids(tokenizer_json: str, texts: list[list[str]], generation: bool) -> list[list[int]]:
