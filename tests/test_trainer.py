@@ -1081,7 +1081,9 @@ def test_a_joined_splits_window_index_takes_memory_per_sequence_not_per_window_a
     finally:
         tracemalloc.stop()
     joined = sum(a.nbytes for a in d._joined.arrays.values())  # the shards' rows end to end
-    assert (peak - before - joined) / d.n_windows < 0.1, (peak - before - joined) / d.n_windows
+    # a start per window was 8 bytes a window; below 1, whatever another thread of this process (a test before's
+    # Prefect or MLflow worker) allocates meanwhile: tracemalloc counts every thread's (0.34 seen once, on CI's load)
+    assert (peak - before - joined) / d.n_windows < 1.0, (peak - before - joined) / d.n_windows
     listed = [window_starts(a["offsets"], 8, 1) for a in shards]
     bases = np.cumsum([0] + [len(a["cont"]) for a in shards[:-1]])
     assert np.array_equal(np.asarray(d._joined.starts), np.concatenate([x + b for x, b in zip(listed, bases)]))
