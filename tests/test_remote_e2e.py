@@ -22,6 +22,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -592,3 +593,22 @@ def test_doctor_names_a_pool_without_a_live_worker_and_does_not_wait_for_the_pro
         "`prefect worker start --pool idle-pool` on each GPU machine"
     ), rows["train pool"]
     assert rows["gpu probe"] == "SKIP needs a live worker on idle-pool (see above)"
+
+
+def test_the_nightly_retrain_turned_on_as_the_docs_say_is_scheduled(cluster):
+    """prefect.yaml's nightly retrain of the pipeline deployment, resumed with `prefect deployment schedule resume`
+    (docs/team-setup.md): Prefect's scheduler makes its runs. With SQLAlchemy 2.1 the scheduler failed on every
+    loop ("Can't evaluate bulk DML statement") and no run was ever made, while the schedule showed as active."""
+    deployment = httpx.get(f"{cluster.api}/deployments/name/pipeline/pipeline", timeout=30).json()
+    (nightly,) = [s for s in deployment["schedules"] if s["schedule"].get("cron") == "0 3 * * *"]
+    assert not nightly["active"]
+    cluster.prefect("deployment", "schedule", "resume", "pipeline/pipeline", nightly["id"])
+    try:
+        scheduled = {"deployment_id": {"any_": [deployment["id"]]}, "state": {"type": {"any_": ["SCHEDULED"]}}}
+        runs = wait_until(lambda: cluster.flow_runs(**scheduled), 60, "the nightly retrain's scheduled runs")
+        assert all(r["expected_start_time"][11:16] == "03:00" for r in runs), [r["expected_start_time"] for r in runs]
+    finally:
+        cluster.prefect("deployment", "schedule", "pause", "pipeline/pipeline", nightly["id"])
+        for r in cluster.flow_runs(**scheduled):
+            httpx.delete(f"{cluster.api}/flow_runs/{r['id']}", timeout=30)
+    assert "bulk DML" not in (cluster.logs / "server.log").read_text()
