@@ -590,3 +590,29 @@ def test_a_first_model_no_better_than_the_baseline_is_no_champion(base, prefect_
     second = run({**cfg, "training": {**cfg["training"], "epochs": 4}})  # the built-in mlp learns the label
     assert second["registered"]["alias"] == "champion" and not second["weak"]
     assert client.get_registered_model(name).aliases == {"champion": 2, "challenger": 1}
+
+
+def test_a_version_of_another_target_or_horizon_is_never_compared_with_the_champion(base, prefect_api):
+    """A teammate's config that predicts another column (or the same one further ahead) under the same model name:
+    its score answers another question. It was compared with the champion's all the same (recorded, or the champion
+    re-scored against the other column's labels) and took @champion, so `models:/NAME@champion` served another
+    target's predictions. Now the champion stays, and the new version is a challenger with the reason said."""
+    tmp_path, cfg = base
+    first = run(cfg)
+    assert first["registered"]["alias"] == "champion"
+    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
+    name = cfg["mlflow"]["model_name"]
+    for change, theirs in [
+        ({"target": {"column": "kind", "task": "classification"}}, "kind (classification), 1 row(s) ahead"),
+        ({"horizon": 2}, "label (classification), 2 row(s) ahead"),
+    ]:
+        other = run({**cfg, "data": {**cfg["data"], **change}})
+        version = str(other["registered"]["version"])
+        assert other["registered"]["alias"] == "challenger", change
+        gate = json.loads(client.get_model_version(name, version).tags["shardline.gate"])
+        assert gate["compared"]["reason"].startswith(
+            f"the champion predicts label (classification), 1 row(s) ahead; this version {theirs}: they answer "
+            "different questions"
+        ), gate["compared"]
+        assert "set mlflow.model_name" in gate["compared"]["reason"]
+        assert client.get_registered_model(name).aliases["champion"] == 1

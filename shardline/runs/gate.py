@@ -29,6 +29,33 @@ GATE_ROWS = 200_000
 
 
 TOKENIZER_TAG = "shardline.tokenizer_sha256"  # a text model's: its perplexity counts the tokens of this tokenizer
+PREDICTS_TAG = "shardline.predicts"  # what a version predicts (`predicts`): versions that differ in it do not compare
+
+
+def predicts(spec: EncodingSpec) -> str:
+    """What a model predicts, as the gate compares it (JSON): its targets (column and task), how many rows ahead
+    (the horizon), a ranking model's groups, a text model's target. Two versions that differ in it answer
+    different questions: their scores say nothing of each other."""
+    import json
+
+    what: dict = {"targets": [[t.column, t.task] for t in spec.targets], "horizon": spec.horizon}
+    if spec.group_key:
+        what["group_key"] = spec.group_key
+    if spec.text is not None:
+        what["text"] = spec.text.target_name
+    return json.dumps(what, sort_keys=True)
+
+
+def _said(predicted: str) -> str:
+    """`predicts`' JSON, for reading: `p1_action (classification), 1 row ahead`."""
+    import json
+
+    what = json.loads(predicted)
+    said = ", ".join(f"{c} ({task})" for c, task in what["targets"]) or what.get("text") or "its own loss's targets"
+    said += f", {what['horizon']} row(s) ahead" if what["horizon"] else ", the row itself"
+    return said + (f", ranked by {what['group_key']}" if what.get("group_key") else "")
+
+
 TEXT_SCORES = ("perplexity", "loss", "accuracy")  # what a text champion is re-scored on (no generations)
 
 
@@ -74,6 +101,7 @@ def champion_gate(client, name: str, metric: str, direction: str, new_value: flo
         "value": recorded_value(client, current, metric),
         "data_fingerprint": current.tags.get("shardline.data_fingerprint"),
         "tokenizer": current.tags.get(TOKENIZER_TAG),
+        "predicts": current.tags.get(PREDICTS_TAG),
     }
     return info["value"] is None or better(new_value, info["value"], direction), info
 
@@ -351,7 +379,15 @@ def compare_with_champion(
     champion = f"models:/{name}/{previous['version']}" if previous else None
     text = manifest.encoding.text
     tokens = text.tokenizer_sha256 if text is not None else None
-    if previous and tokens and previous.get("tokenizer") and previous["tokenizer"] != tokens:
+    mine = predicts(manifest.encoding)
+    if previous and previous.get("predicts") and previous["predicts"] != mine:
+        # another target (or horizon): its score, recorded or re-scored on this test split, answers another question
+        compared = {
+            "reason": f"the champion predicts {_said(previous['predicts'])}; this version {_said(mine)}: they "
+            f"answer different questions, so their {metric_name} do not compare. A model of another target belongs "
+            "under a name of its own: set mlflow.model_name"
+        }
+    elif previous and tokens and previous.get("tokenizer") and previous["tokenizer"] != tokens:
         # a text champion of another tokenizer: its perplexity counts other tokens, on any data
         compared = {
             "reason": f"the champion reads another tokenizer ({previous['tokenizer'][:12]}, this version "

@@ -33,7 +33,7 @@ from shardline.core.tracking.tracker import (
 )
 from shardline.core.version import code_version, user_code_version
 from shardline.runs import links, model_files
-from shardline.runs.gate import TOKENIZER_TAG, better, champion_gate, compare_with_champion
+from shardline.runs.gate import PREDICTS_TAG, TOKENIZER_TAG, better, champion_gate, compare_with_champion, predicts
 from shardline.runs.model_code import PYFUNC_CODE, code_paths, requirements
 from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import is_fresh_run, kfold_note, model_identity, training_identity
@@ -275,6 +275,7 @@ def _log_and_register(
         "shardline.code_version": code_version(),
         "shardline.encoding_hash": manifest.encoding_hash,
         **({TOKENIZER_TAG: spec.text.tokenizer_sha256} if spec.text is not None else {}),
+        PREDICTS_TAG: predicts(spec),
     }
     parent = train_result.parent
     if parent:  # fine-tuned from another model: its lineage
