@@ -87,7 +87,7 @@ def test_a_server_that_is_down_costs_logging_nothing_and_loses_nothing(tmp_path,
     assert steps_of(client, run_id, "train/lr") == list(range(1000))
 
 
-def test_a_server_killed_mid_run_loses_nothing_and_sync_sends_the_rest_once(tmp_path, server, caplog):
+def test_a_server_killed_mid_run_loses_nothing_and_sync_sends_the_rest_once(tmp_path, server, caplog, monkeypatch):
     from shardline.app.cli import app
     from tests.cluster import wait_until
 
@@ -112,9 +112,24 @@ def test_a_server_killed_mid_run_loses_nothing_and_sync_sends_the_rest_once(tmp_
     assert not tracker.end("FINISHED", wait=1)  # kept in the journal, said in one line
     assert not senders()
     kept = [r.getMessage() for r in caplog.records if "did not take everything" in r.getMessage()]
-    assert len(kept) == 1 and f"shardline sync {run_dir}" in kept[0] and "end status FINISHED" in kept[0], kept
+    sync = f"shardline sync {run_dir} --tracking-uri {server.uri}"
+    assert len(kept) == 1 and sync in kept[0] and "end status FINISHED" in kept[0], kept
 
     server.start()
+    # the server the run's folder names (shared storage: anyone who can write there can change it) is not where
+    # this machine's MLflow credentials go unless this machine says so: refused, naming it, nothing sent
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    record = run_dir / "mlflow-run.json"
+    planted = json.loads(record.read_text())
+    for uri in (server.uri, "http://127.0.0.1:9"):
+        record.write_text(json.dumps({**planted, "tracking_uri": uri}))
+        refused = CliRunner().invoke(app, ["sync", str(run_dir)])
+        assert refused.exit_code == 2, refused.output
+        assert f"names the MLflow server {uri}, which is not this machine's MLFLOW_TRACKING_URI" in refused.output
+        assert "--tracking-uri URI" in refused.output
+    record.write_text(json.dumps(planted))
+    assert steps_of(client, run_id, "loss") == list(range(100))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)  # this machine's own server: taken
     first = CliRunner().invoke(app, ["sync", str(run_dir)])
     assert first.exit_code == 0, first.output
     assert "sent 50 metric value(s) and 0 param(s)" in first.output and "run status: FINISHED" in first.output

@@ -553,7 +553,9 @@ def cost_command(
 def sync(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="a training run's folder: <storage.root>/runs/<id>"),
     tracking_uri: str | None = typer.Option(
-        None, help="MLflow tracking URI (default: the one in RUN_DIR/mlflow-run.json, else the run's config)"
+        None,
+        help="MLflow tracking URI (default: RUN_DIR/mlflow-run.json's, else the run's config's, where it is a local "
+        "store or this machine's MLFLOW_TRACKING_URI)",
     ),
 ) -> None:
     """Send what a training run's MLflow journal still holds (MLflow was away when its process ended).
@@ -565,7 +567,7 @@ def sync(
 
     try:
         report = sync_run(run_dir, tracking_uri)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, PermissionError) as e:
         _fail(str(e), 2)
     except Exception as e:  # noqa: BLE001 - MLflow away or refusing: said, and the journal keeps everything
         if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":  # it answered: the run is not in that store

@@ -268,13 +268,15 @@ class Tracker:
             what = f"{left['metrics']} metric value(s), {left['params']} param(s)"
             if left["status"]:
                 what += f" and the run's end status {left['status']}"
+            server = "://" in self.uri and self.uri.split("://", 1)[0].lower() not in ("sqlite", "file")
             log.warning(
-                "MLflow at %s did not take everything in %g s: %s are kept in %s; send them with `shardline sync %s`",
+                "MLflow at %s did not take everything in %g s: %s are kept in %s; send them with `shardline sync %s%s`",
                 redact_text(self.uri),
                 wait,
                 what,
                 self.journal.where(),
                 self.run_dir,
+                f" --tracking-uri {redact_text(self.uri)}" if server else "",
             )
         return done
 
@@ -296,7 +298,10 @@ def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> 
     against the server first. The tracking URI: `uri`, else `mlflow-run.json`'s, else the run's config."""
     recorded = read_run_file(run_dir)
     try:
+        given = uri
         uri = unmasked(uri or recorded.get("tracking_uri") or _configured_uri(run_dir))  # this machine's credentials
+        if given is None:  # read from the run's folder, shared storage: it must not choose where credentials go
+            uri = trusted_uri(uri, run_dir)
     except ValueError:
         if Journal.exists_for(run_dir):  # a journal but no store named: say that; neither: say there is no journal
             raise
@@ -328,6 +333,24 @@ def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> 
         params=sender.counts["params"],
         left=journal.left()["entries"],
         status=status,
+    )
+
+
+def trusted_uri(uri: str, run_dir: str) -> str:
+    """A tracking URI read from a run's folder (its `mlflow-run.json` or config), which anyone who can write to the
+    storage root can change: MLflow sends this machine's credentials (MLFLOW_TRACKING_USERNAME / PASSWORD / TOKEN)
+    to the server it names. A local store (sqlite, a folder) is taken; a server only where it is this machine's own
+    MLFLOW_TRACKING_URI; any other is refused, naming it, for `--tracking-uri` to confirm."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else "file"
+    if scheme in ("sqlite", "file"):
+        return uri
+    mine = os.environ.get("MLFLOW_TRACKING_URI")
+    if mine and without_userinfo(mine).rstrip("/") == without_userinfo(uri).rstrip("/"):
+        return mine
+    raise PermissionError(
+        f"{run_dir} names the MLflow server {redact_text(without_userinfo(uri))}, which is not this machine's "
+        "MLFLOW_TRACKING_URI: a file in shared storage does not choose where your MLflow credentials are sent. If "
+        "it is your server, pass it: --tracking-uri URI (or set MLFLOW_TRACKING_URI)"
     )
 
 
