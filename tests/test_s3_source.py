@@ -399,3 +399,33 @@ def test_a_file_damaged_inside_on_s3_is_told_from_the_network(tmp_path, s3_endpo
     with pytest.raises(OSError) as gone:
         read_group(snap.files[1:2], skip.data, damaged=[])
     assert not isinstance(gone.value, DamagedFile)
+
+
+def test_a_storage_root_in_a_bucket_that_is_not_there_is_said_and_no_bucket_is_made(tmp_path, s3_endpoint):
+    """A typo in storage.root's bucket: said before any work, naming it, the same on every try. It failed after
+    three tries of a task with botocore's "The specified bucket does not exist", and Prefect, persisting the failed
+    task's result through s3fs, made the bucket: the same command then ran, in a bucket of the typo's name."""
+    import s3fs
+    import yaml
+
+    from tests.test_cli import shardline
+
+    make_raw(tmp_path / "raw", n_seq=6, rows=30)
+    cfg = tiny_config(
+        str(tmp_path / "raw" / "*.parquet"),
+        "s3://typo-bucket/shardline",
+        **{"mlflow.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "training.epochs": 1},
+    )
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "ph")}
+    for _ in range(2):
+        out = shardline("run", tmp_path / "c.yaml", env=env, cwd=tmp_path)
+        said = out.stdout + out.stderr
+        assert out.returncode == 1, said[-3000:]
+        assert (
+            "error: storage.root s3://typo-bucket/shardline: its bucket 'typo-bucket' is not there (or these "
+            "credentials cannot see it): create it (`aws s3 mb`) or fix storage.root; nothing was run"
+        ) in out.stderr, said[-3000:]
+        assert "Traceback" not in said
+        s3fs.S3FileSystem.clear_instance_cache()
+        assert not s3fs.S3FileSystem().exists("typo-bucket")
