@@ -230,3 +230,43 @@ def test_dask_settings_that_cannot_work_are_named(tmp_path, compute, said):
         load_config(write(tmp_path / "c.yaml", raw))
     raw["compute"] = {"task_runner": "dask", "dask_workers": 2}  # a local cluster of two processes
     assert load_config(write(tmp_path / "c.yaml", raw)).compute.dask_workers == 2
+
+
+def test_a_config_given_inline_as_yaml_text_is_read_as_one_and_never_quoted(tmp_path, monkeypatch):
+    """prefect.yaml's `config` parameter may be "the config inline": its YAML text (what a user pastes into
+    `prefect deployment run ... -p config=...` or the UI) was taken for a file's path. The run failed with
+    "config file not found: <the whole text>", its URL's password unmasked (the path collapsed `//`), and the flow
+    run was named after the text. Now it is a config, `extends:` read from the working folder (a worker's: the
+    project), and the run is named by its `name`; text that is no config is refused without quoting it."""
+    from shardline.core.sweep import raw_config, read_space
+    from shardline.flows.pipeline import resolve_config
+    from shardline.runs.links import run_name_of
+
+    base = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    monkeypatch.chdir(tmp_path)
+    text = (
+        "extends: base.yaml\nname: nightly\n"
+        "mlflow: {tracking_uri: 'http://bob:TrackPw987@127.0.0.1:5902', model_name: nightly-model}\n"
+    )
+    config = resolve_config(text)
+    assert (config.name, config.mlflow.model_name, config.data.window) == ("nightly", "nightly-model", 3)
+    assert config.storage.root == str(tmp_path / "store")
+    assert raw_config(text)["name"] == "nightly"  # a sweep's base config, the same way
+    assert run_name_of(text) == "nightly" and run_name_of("configs/retrain.yaml") == "retrain"
+    assert read_space("training.lr: [0.01, 0.001]\n") == read_space_file(tmp_path, "training.lr: [0.01, 0.001]\n")
+    for bad, said in [
+        ("mlflow: {tracking_uri: 'http://bob:TrackPw987@h'\n  bad: [", "the config given inline is not valid YAML at"),
+        ("- a: 1\n- b: 2\n", "the config given inline must be a mapping of sections"),
+    ]:
+        with pytest.raises(ConfigError, match=said) as e:
+            resolve_config(bad)
+        assert "TrackPw987" not in str(e.value) and "bad:" not in str(e.value)
+        assert run_name_of(bad) == "shardline"
+
+
+def read_space_file(folder, text: str):
+    from shardline.core.sweep import read_space
+
+    (folder / "space.yaml").write_text(text)
+    return read_space(str(folder / "space.yaml"))

@@ -67,6 +67,15 @@ def test_secrets_are_found_by_name_and_place_not_by_equal_text(monkeypatch):
     assert redact_text("https://acct.blob.core.windows.net/c/b?sv=2024&sig=AbC%3D") == (
         "https://acct.blob.core.windows.net/c/b?sv=2024&sig=***"
     )
+    # a URL that went through a path (`//` collapsed): its password was left in the error
+    assert redact_text("not found: /w/tracking_uri: http:/bob:TrackPw987@127.0.0.1:5902") == (
+        "not found: /w/tracking_uri: http:/***@127.0.0.1:5902"
+    )
+    assert redact_text("file:/tmp/runs/a@b.parquet") == "file:/tmp/runs/a@b.parquet"
+    # an exception's class is no setting: its message stays readable (it read "NoCredentialsError: *** to locate")
+    assert redact_text("NoCredentialsError: Unable to locate credentials") == (
+        "NoCredentialsError: Unable to locate credentials"
+    )
 
 
 def test_a_config_serialized_as_json_has_its_secrets_masked_unless_asked(tmp_path):

@@ -45,7 +45,9 @@ _SIGNED_QUERY = re.compile(
     r"(?P<value>[^&#\s'\"]+)",
     re.IGNORECASE,
 )
-URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
+# `scheme://user:pass@`, and `scheme:/user:pass@`, a URL that went through a path (`Path` collapses `//`)
+URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})(?P<userinfo>[^/@\s'\"]+)@")
+_ERROR_CLASS = re.compile(r"[a-z](Error|Exception|Warning)$")  # an exception's class before its message
 _ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>['\"]?\s*[:=]\s*['\"]?)(?P<value>[^\s'\",;}\]&]+)")
 MIN_ENV_SECRET = 16
 # the shell's own variables whose names read as credentials: the working directories (`pwd`) and ssh-agent's socket
@@ -86,7 +88,7 @@ def _assignments(text: str) -> str:
     (`failed: DB_PASS=...`) is looked into."""
 
     def one(m: re.Match) -> str:
-        if is_secret_name(m["name"]):
+        if is_secret_name(m["name"]) and not _ERROR_CLASS.search(m["name"]):  # `NoCredentialsError: Unable to ...`
             return f"{m['name']}{m['sep']}{MASK}" if m["value"] != MASK else m[0]
         return f"{m['name']}{m['sep']}{_assignments(m['value'])}"
 

@@ -32,6 +32,7 @@ from shardline.core.config import (
     stable_hash,
     validate_config,
 )
+from shardline.core.config.load import inline_config, is_inline
 from shardline.core.secrets import KEEP_SECRETS
 
 
@@ -136,6 +137,11 @@ def _range_problem(e: ValidationError) -> str:
 
 
 def read_space(path: str | Path) -> Space:
+    if isinstance(path, str) and is_inline(path):  # the space's YAML text (a deployment's parameter)
+        try:
+            return parse_space(yaml.safe_load(path), "the space given inline")
+        except yaml.YAMLError:
+            raise SweepError("the search space given inline is not valid YAML") from None
     path = Path(path)
     if not path.exists():
         raise SweepError(f"search space file not found: {path}")
@@ -260,6 +266,8 @@ def raw_config(config: PipelineConfig | dict | str) -> dict:
     """The mapping trials are made from: a YAML file's (after `extends`), a dict as given, or a validated
     config's, secrets kept (it stays in this process) and without the defaults its validation derived from
     the targets (the promotion metric), so a trial with other targets derives its own."""
+    if isinstance(config, str) and is_inline(config):  # the config's YAML text (a deployment's parameter)
+        return inline_config(config)
     if isinstance(config, str | Path):
         return read_yaml(Path(config))
     if isinstance(config, dict):

@@ -10,6 +10,7 @@ from prefect import flow
 
 from shardline.core import storage
 from shardline.core.config import ConfigError, PipelineConfig, load_config, validate_config
+from shardline.core.config.load import inline_config, is_inline
 from shardline.core.encoding.reuse import check_columns
 from shardline.core.failures import retry_on_infrastructure
 from shardline.core.memory import return_freed_memory, trim
@@ -39,9 +40,10 @@ def resolve_config(config: PipelineConfig | dict | str) -> PipelineConfig:
     """A deployment's `config` parameter: a path to a YAML file (on the worker), or the config inline."""
     if isinstance(config, PipelineConfig):
         return config
-    if isinstance(config, str):
+    if isinstance(config, str) and not is_inline(config):
         return load_config(config)
-    return validate_config(config, "the 'config' parameter")
+    raw = inline_config(config) if isinstance(config, str) else config
+    return validate_config(raw, "the 'config' parameter")
 
 
 def baseline_name(config: PipelineConfig) -> str:

@@ -98,7 +98,16 @@ def run_name_of(config: Any) -> str:
     name = getattr(config, "name", None)
     if name is None and isinstance(config, dict):
         name = config.get("name")
-    if name is None and isinstance(config, str | Path):
+    from shardline.core.config.load import is_inline
+
+    if name is None and isinstance(config, str) and is_inline(config):  # its YAML text: its name, never the text
+        import yaml
+
+        try:
+            name = (yaml.safe_load(config) or {}).get("name")
+        except (yaml.YAMLError, AttributeError):
+            name = None
+    elif name is None and isinstance(config, str | Path):
         name = Path(str(config)).stem
     return str(name or "shardline")
 

@@ -33,6 +33,30 @@ def _deep_merge(base: dict, over: dict, top: bool = True) -> dict:
     return out
 
 
+def is_inline(config: str) -> bool:
+    """Whether a `config` parameter (a deployment's, a sweep's) is the config's YAML text rather than a path."""
+    text = config.strip()
+    return "\n" in text or ": " in text or text.startswith("{")
+
+
+def inline_config(text: str) -> dict:
+    """A config given as YAML text: parsed, its `extends:` (and relative paths) taken from the working folder (a
+    worker's: the project folder prefect.yaml pulls). Errors never quote the text: it may hold credentials."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        raise ConfigError(f"the config given inline is not valid YAML{at}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"the config given inline must be a mapping of sections (data, model, ...), not {type(raw).__name__}"
+        )
+    parent, folder = raw.pop("extends", None), Path.cwd()
+    raw = _rebase_paths(raw, folder)
+    return _deep_merge(read_yaml(folder / parent), raw) if parent else raw
+
+
 def read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     path = path.resolve()
     if path in chain:
