@@ -163,6 +163,14 @@ def test_a_trial_that_fails_is_reported_and_the_best_of_the_rest_is_registered(d
     assert diverged["cost"]["runs"] == 2
     assert diverged["cost"]["gpu_hours"] == pytest.approx(ok["cost"]["gpu_hours"] + bad["cost"]["gpu_hours"])
 
+    # a data setting that does not encode (a window longer than every sequence) fails its trials, not the sweep:
+    # it stopped the sweep before any trial trained, naming no trial
+    windows = run_sweep(cfg, {"data.window": [3, 600]}, at_once=2)
+    ok, bad = windows["trials"]
+    assert ok["state"] == "cached" and bad["state"] == "failed" and bad["score"] is None, windows["trials"]
+    assert "with no window" in bad["error"] and "data.window=600" in bad["error"], bad["error"]
+    assert windows["best"]["trial"] == ok["trial"] and windows["registered"]["alias"] in ("champion", "challenger")
+
 
 def test_a_sweep_whose_trials_all_stop_at_their_budget_exits_as_a_budget_stop(data, prefect_api):
     """Every trial stopped at `training.max_hours`: not a failure (exit 1 with three tracebacks) but `run`'s budget

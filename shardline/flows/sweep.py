@@ -18,6 +18,7 @@ from prefect.logging import get_run_logger
 from shardline.core import layout
 from shardline.core.config import PipelineConfig, validate_config
 from shardline.core.cost.ledger import add_up
+from shardline.core.encoding.columns import DataError
 from shardline.core.failures import BudgetExceeded
 from shardline.core.memory import return_freed_memory
 from shardline.core.secrets import install_log_redaction, redacted_errors
@@ -101,9 +102,18 @@ def sweep(
     def with_data(pairs):  # one ingest and encode per data setting; the encode's own cache shares the rest
         for trial, config_ in pairs:
             if (key := data_key(config_)) not in data:
-                *data[key], did = encoded_data(config_)
-                ran.update({step: ran[step] or did[step] for step in ran})
+                try:
+                    *data[key], did = encoded_data(config_)
+                except DataError as e:  # this setting's data (a window longer than the sequences): its trials fail
+                    data[key], did = e, {}
+                    log.warning("sweep: %s: the data does not encode, its trial(s) fail: %s", setting(config_), e)
+                ran.update({step: ran[step] or did.get(step, False) for step in ran})
             yield trial, config_
+
+    def setting(config_) -> str:  # the data keys a trial sets, for reading
+        trial = next((t for t, c in zip(plan.trials, plan.configs) if c is config_), None)
+        keys = {k: v for k, v in (trial.overrides if trial else {}).items() if k.startswith("data.")}
+        return ", ".join(f"{k}={v}" for k, v in keys.items()) or "the base config"
 
     for _ in with_data([(None, c) for c in plan.configs or [base]]):
         pass

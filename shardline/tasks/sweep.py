@@ -415,6 +415,12 @@ def train_trials(
                 break
             trial, config = pair
             order.append(pair)
+            if isinstance(data[data_key(config)], Exception):  # its data did not encode (flows/sweep.py): failed
+                futures[trial.id] = data[data_key(config)]
+                if study is not None:
+                    study.pruning(trial)  # its place in the study, told failed
+                    study.tell(trial, *trial_outcome(trial, config, futures[trial.id]))
+                continue
             _, manifest_uri, manifest_hash = data[data_key(config)]
             step = cached(train_step, TRAIN_CACHE, config.storage.root).with_options(
                 retries=config.training.max_restarts,
@@ -436,7 +442,8 @@ def train_trials(
         raise
     outcomes = [trial_outcome(trial, config, futures[trial.id]) for trial, config in order]
     for (row, result), (trial, config) in zip(outcomes, order, strict=True):
-        if row.get("error"):  # a failed or budget-stopped trial paid for what it trained: its run folder's ledger
+        if row.get("error") and not isinstance(futures[trial.id], Exception):  # a failed or budget-stopped trial
+            # paid for what it trained: its run folder's ledger
             folder = _run_folder(config, data[data_key(config)][1])
             attempts = read_ledger(folder)["attempts"] if folder else []
             row["cost"] = summarize(attempts) if attempts else None
@@ -661,9 +668,11 @@ def trial_outcome(trial: Trial, config: PipelineConfig, future) -> tuple[dict, T
     """A trial's row (its overrides, the validation metric that picked its checkpoint, its best value and which
     way is better, as the trial's config says: `training.select_direction`; whether it trained, came from the
     cache or failed and why; its MLflow run) and its training result."""
+    row = {"trial": trial.id, "overrides": trial.overrides, "score": None, "error": None}
+    if isinstance(future, Exception):  # no training: the trial's data did not encode
+        return {**row, "state": "failed", "error": redact_text(" ".join(str(future).split()))}, None
     future.wait()
     state = future.state
-    row = {"trial": trial.id, "overrides": trial.overrides, "score": None, "error": None}
     if not state.is_completed():
         error = future.result(raise_on_failure=False)
         text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else state.message
