@@ -22,6 +22,7 @@ from shardline.core.config import settings
 
 PARENT_ENV = "SHARDLINE_PARENT_PID"
 POLL_SECONDS = 1.0
+_gone = threading.Event()  # set once the watched process is gone
 
 log = logging.getLogger("shardline.parent_watch")
 
@@ -51,10 +52,36 @@ def stop_when_parent_exits() -> bool:
         while not gone():
             time.sleep(POLL_SECONDS)
         log.warning("the process that started this one (pid %d) is gone: stopping at a checkpoint", parent.pid)
+        _gone.set()
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="shardline-parent-watch", daemon=True).start()
     return True
+
+
+def exit_if_orphaned(code: int) -> None:
+    """Where a watched process's flow has done its work (stopped at a checkpoint, or finished): once the process
+    that started it is gone and the Prefect API it reports to with it (a command's temporary API), exit with `code`
+    now. Prefect would retry the dead API for minutes (its client's retries, each request's, then its log
+    handler's), the process holding its memory meanwhile and its console filling with tracebacks of it."""
+    if not _gone.is_set():
+        return
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    try:
+        answered = bool(api) and httpx.get(f"{str(api).rstrip('/')}/health", timeout=3).status_code < 500
+    except httpx.HTTPError:
+        answered = False
+    if answered:  # a server of its own: the flow run's end is reported as any other's
+        return
+    log.warning("the Prefect API went with it: this process ends here (exit status %d)", code)
+    for handler in logging.getLogger().handlers + logging.getLogger("shardline").handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _parent_of(pid: int) -> int | None:

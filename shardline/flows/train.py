@@ -10,9 +10,15 @@ pipeline's subflow; a local sweep runs it in a child process per trial. The run 
 from prefect import flow
 
 from shardline.core.config import PipelineConfig
-from shardline.core.failures import InfrastructureFailure, is_infrastructure_failure, quiet_as_parent
+from shardline.core.failures import (
+    PREEMPTED_EXIT_CODE,
+    InfrastructureFailure,
+    Preempted,
+    is_infrastructure_failure,
+    quiet_as_parent,
+)
 from shardline.core.memory import return_freed_memory
-from shardline.core.parent_watch import stop_when_parent_exits
+from shardline.core.parent_watch import exit_if_orphaned, stop_when_parent_exits
 from shardline.core.secrets import install_log_redaction, redacted_errors
 from shardline.core.study import Pruning
 from shardline.runs import links
@@ -52,8 +58,11 @@ def train(
 
     try:
         with kept_while_starting():  # a notice before the training's first step stops it there, at a checkpoint
-            return run_training(manifest_uri, config, run_folder, mlflow_tags, parent, pruning)
+            result = run_training(manifest_uri, config, run_folder, mlflow_tags, parent, pruning)
+        exit_if_orphaned(0)  # its result is in its run folder, for the sweep's rerun
+        return result
     except Exception as e:
+        exit_if_orphaned(PREEMPTED_EXIT_CODE if isinstance(e, Preempted) else 1)  # at its checkpoint, said to MLflow
         if watched and not isinstance(e, InfrastructureFailure) and is_infrastructure_failure(e):
             # by type, here where the error is: a dispatched run's watchdog sees only the flow run's state
             raise InfrastructureFailure(f"{type(e).__name__}: {e}") from e
