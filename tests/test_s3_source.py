@@ -429,3 +429,48 @@ def test_a_storage_root_in_a_bucket_that_is_not_there_is_said_and_no_bucket_is_m
         assert "Traceback" not in said
         s3fs.S3FileSystem.clear_instance_cache()
         assert not s3fs.S3FileSystem().exists("typo-bucket")
+
+
+def test_an_object_store_that_takes_the_connection_and_never_answers_is_an_error_said_not_a_silent_wait(tmp_path):
+    """A stalled store (a server stopped, a black-holed route behind a proxy): the connection is taken, the answer
+    never comes. With botocore's 60 s read timeout under s3fs's 5 tries of botocore's attempts, one request waited
+    about 30 minutes without a line; now each attempt waits SHARDLINE_STORE_READ_SECONDS, the step is retried a
+    line at a time, and the error names the endpoint."""
+    import socket
+    import threading
+
+    import yaml
+
+    from tests.test_cli import shardline
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def take() -> None:  # accept every connection, answer none
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=take, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    cfg = tiny_config("s3://raw-bucket/games/*.parquet", str(tmp_path / "store"))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    env |= {"AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1", "PREFECT_HOME": str(tmp_path / "ph")}
+    env |= {"SHARDLINE_STORE_READ_SECONDS": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
+    try:
+        out = shardline("run", tmp_path / "c.yaml", env=env, cwd=tmp_path)
+    finally:
+        listener.close()
+        for s in held:
+            s.close()
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said[-3000:]
+    assert (
+        f"error: the object store at {endpoint} (AWS_ENDPOINT_URL) took the connection and did not answer any attempt "
+        "in SHARDLINE_STORE_READ_SECONDS"
+    ) in out.stderr, said[-3000:]
+    assert "Retry 2/2 will start" in said  # the ingest's retries, each in a line
+    assert "Traceback" not in said and "ReadTimeoutError" not in said, said[-3000:]

@@ -21,6 +21,9 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from shardline.core.config import settings
+from shardline.core.unreachable import bounded_waits
+
+bounded_waits()  # a store that never answers is an error in minutes, not half an hour of silence
 
 TMP_MARK = ".tmp-"
 
@@ -72,9 +75,8 @@ def delete(uri: str) -> None:
 
 
 def resolve(folder: str, relative: str) -> str:
-    """`relative` (a manifest's shard path: `g00000-train.bin.lz4`, or `../groups/<key>/train.bin.lz4`
-    for a shard in the group store) under `folder`, with `..` resolved in the text: an object store
-    takes `a/../b` as a key of its own, not as `b`."""
+    """`relative` (a manifest's shard path: `g00000-train.bin.lz4`, or `../groups/<key>/train.bin.lz4` for a shard
+    in the group store) under `folder`, `..` resolved in the text: a store takes `a/../b` as a key of its own."""
     scheme, path = _split_scheme(join(folder, relative))
     root = "/" if path.startswith("/") else ""
     path = posixpath.normpath(path.lstrip("/") or ".")

@@ -43,6 +43,14 @@ SETTINGS: dict[str, Setting] = {
             positive=True,
         ),
         Setting(
+            "SHARDLINE_STORE_READ_SECONDS",
+            "seconds",
+            20,
+            "how long an object store's request waits for its answer (botocore's read timeout) before it is tried "
+            "again; a store that takes the connection and never answers fails after AWS_MAX_ATTEMPTS x 2 of these",
+            positive=True,
+        ),
+        Setting(
             "SHARDLINE_RESIDENT_MB",
             "MB",
             128,
