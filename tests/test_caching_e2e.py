@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from shardline.core.config import validate_config
+from shardline.core.storage import ChecksumMismatch
 from tests.conftest import make_raw, tiny_config
 
 pytestmark = pytest.mark.e2e
@@ -349,13 +350,20 @@ def test_a_cached_rerun_lists_shards_and_reading_them_checks_their_bytes(setup, 
     second = run(cfg)
     assert second["steps"]["encode"] == "ran" and shards[0].read_bytes() == original
 
-    for shard in shards:  # the same size, other bytes: not hashed by the cached rerun
-        shard.write_bytes(bytes(len(shard.read_bytes())))
+    train = next(s for s in shards if s.name.startswith("train"))
+    kept = train.read_bytes()
+    train.write_bytes(bytes(len(kept)))  # the same size, other bytes: not hashed by the cached rerun
     third = run(cfg)
     assert third["steps"] == ALL_CACHED
     monkeypatch.setenv("SHARDLINE_CACHE", str(tmp_path / "fresh-cache"))  # a machine that has not read them yet
-    with pytest.raises(OSError, match=r"\.bin\.lz4: checksum mismatch"):  # training reads them: refused, named
+    # training reads it: refused, named, not retried (the same bytes fail the same way), and deleted, so that the
+    # same command again encodes its group anew (it said "re-run the encode step", which found the group stored
+    # and failed the same way: only --force encode mended it, registering a new version)
+    with pytest.raises(ChecksumMismatch, match=r"\.bin\.lz4: checksum mismatch .*; deleted: run the same command"):
         run(cfg, force="train")
+    assert not train.exists()
+    fourth = run(cfg)
+    assert fourth["steps"] == {**ALL_CACHED, "encode": "ran"} and train.read_bytes() == kept
 
 
 def test_two_commands_starting_on_a_new_prefect_database_both_save_their_results_block(tmp_path, prefect_api):

@@ -1045,7 +1045,7 @@ def test_a_jobs_unfinished_output_and_markers_below_the_source_are_not_data(tmp_
     """A Spark job's output folder: its part files are the data; `_SUCCESS`, `.crc` files, a `_temporary/` folder of
     a job still writing (half-written parts) and a `.staging/` copy are not (as pyarrow's and Spark's readers take
     them). They made the ingest stop on the half-written part. A source that names such a folder itself reads it."""
-    from shardline.core.storage import list_source
+    from shardline.core.listing import list_source
 
     out = tmp_path / "lake" / "_exports" / "out"  # a folder above the source's named so is no concern
     made = make_raw(tmp_path / "made", n_seq=9)

@@ -382,7 +382,7 @@ def predict(
     if os.path.isdir(out):
         _fail(f"--out {out} is a folder: name the parquet file to write", 2)
     from shardline.app.predict_input import InputError, write_predictions
-    from shardline.core.storage import no_bucket
+    from shardline.core.listing import no_bucket
 
     if missing := no_bucket(out):  # said before the model loads, not after the predictions are made
         _fail(f"--out {out}{missing}", 2)

@@ -211,7 +211,7 @@ def _storage_check(config: PipelineConfig, timeout: float) -> Check:
 
 
 def _data_check(config: PipelineConfig, timeout: float) -> Check:
-    from shardline.core.storage import list_source
+    from shardline.core.listing import list_source
 
     source = config.data.source
     try:

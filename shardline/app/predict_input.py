@@ -8,7 +8,7 @@ import re
 
 import polars as pl
 
-from shardline.core import storage
+from shardline.core import listing, storage
 from shardline.core.encoding.columns import DataError
 from shardline.core.encoding.folders import below, folder_columns, folder_values, with_columns
 from shardline.core.encoding.read import in_one_zone
@@ -31,12 +31,12 @@ def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: 
     chunk): for a model whose sequence is the file, each chunk is predicted as the whole input would be. `within`
     (a model of one row a window, which predicts each row on its own): a file of more than `rows` rows is read
     `rows` at a time too (polars reads only the row groups of each)."""
-    listed = storage.listed_files(input_path)
+    listed = listing.listed_files(input_path)
     fs = storage.filesystem(input_path)[0]
-    sizes = {storage.source_uri(fs, input_path, p): int(info.get("size") or 0) for p, info in listed.items()}
+    sizes = {listing.source_uri(fs, input_path, p): int(info.get("size") or 0) for p, info in listed.items()}
     files = sorted(sizes)
     if not files:
-        raise ValueError(f"no parquet file in {input_path}{storage.no_bucket(input_path)}")
+        raise ValueError(f"no parquet file in {input_path}{listing.no_bucket(input_path)}")
     wanted = schema.input_names() if schema is not None else None
     required = schema.required_input_names() if schema is not None else []
     frames, names = [], []
@@ -53,8 +53,8 @@ def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: 
                     frame = frame.with_columns(pl.lit(below(f, input_path), pl.String).alias(by_file))
             except Exception as e:  # noqa: BLE001 - any reader error is about the user's file: say which
                 kind = storage.extension(f)
-                hint = f". {storage.as_parquet_hint(kind)}, its columns typed as in training" * (
-                    kind in storage.TABLE_TEXT
+                hint = f". {listing.as_parquet_hint(kind)}, its columns typed as in training" * (
+                    kind in listing.TABLE_TEXT
                 )
                 raise ValueError(f"cannot read {f}: {e}{hint}") from None
             missing = [c for c in required if c not in frame.columns]

@@ -83,7 +83,7 @@ def copy_sample(config: PipelineConfig, root: str, n_files: int, skip: int = 0) 
     the source's folder (files of the same name in two folders, and hive-style folders' columns, kept); of a file
     larger than `SAMPLE_FILE_BYTES` (a click log in one file), its first rows only: the rehearsal's data stays tiny."""
     from shardline.core.encoding.read import sequence_name
-    from shardline.core.storage import list_source
+    from shardline.core.listing import list_source
 
     files = list_source(config.data.source)
     if not files:
@@ -135,7 +135,7 @@ def size_batch(train_windows: int, batch_size: int, grad_accum: int, steps: int,
 
 def rehearse(config: PipelineConfig, files: int, steps: int, preempt_at: int | None, log) -> list[Check]:
     """Run the rehearsal; return its rows (every stage after a failed one is reported as not reached)."""
-    from shardline.core.storage import list_source
+    from shardline.core.listing import list_source
     from shardline.flows.pipeline import pipeline
 
     preempt_at = preempt_at or max(2, steps // 2)  # `shardline rehearse` checked a given one is below steps

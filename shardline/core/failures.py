@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from shardline.core.storage import CacheFull
+from shardline.core.storage import CacheFull, ChecksumMismatch
 
 # errors of the machine or the network, worth a retry that resumes from the newest checkpoint, by type
 # (never by the text of a message): I/O and network failures, a lost GPU or interconnect
@@ -18,6 +18,7 @@ INFRASTRUCTURE_ERRORS = (ConnectionError, TimeoutError, OSError)
 # same way; its message names SHARDLINE_CACHE_MAX_GB and the size), or a code, config or data error
 NOT_INFRASTRUCTURE = (
     CacheFull,
+    ChecksumMismatch,
     FileNotFoundError,
     PermissionError,
     IsADirectoryError,

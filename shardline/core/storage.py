@@ -6,6 +6,7 @@ puts are atomic per object, and a reader trusts only what a manifest (written la
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -102,109 +103,6 @@ def extension(path: str) -> str:
     """A file name's extension, lower case, without its dot ('' for a name without one)."""
     name = os.path.basename(path)
     return name.rsplit(".", 1)[1].lower() if "." in name else ""
-
-
-def parquet_name(path: str) -> bool:
-    """A file a folder's listing takes as parquet: `.parquet` (`.parq`, `.pq`), or a name without an extension, as
-    Hive (`000000_0`), Trino and Athena (`20260101_120000_00012_x_<uuid>`) write their tables' files."""
-    return extension(path) in ("", "parquet", "parq", "pq")
-
-
-def listed_files(source: str) -> dict[str, dict]:
-    """Every parquet file that `source` (a path, a folder, a glob or an fsspec URL) names: path -> the listing's
-    details (size, etag or mtime). One listing: on an object store a page per 1,000 objects, never a request
-    per file (fsspec's `info` of a listed file scans its folder's whole listing: 22,000 files took minutes)."""
-    fs, path = filesystem(source)
-    root, named = path, set()  # the folder searched below, and the names the source writes out itself
-    if any(ch in path for ch in "*?["):
-        found = fs.glob(path, detail=True)
-        parts = path.split("/")
-        fixed = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
-        root, named = "/".join(parts[:fixed]), set(parts[fixed:])
-        tables = [root] if found and fs.isdir(f"{root.rstrip('/')}/_delta_log") else []
-    elif fs.isdir(path):
-        everything = fs.find(path, detail=True)
-        found = {p: i for p, i in everything.items() if parquet_name(p)}
-        tables = sorted({p.split("/_delta_log/")[0] for p in everything if "/_delta_log/" in p})
-    elif fs.exists(path):
-        found, tables = {path: fs.info(path)}, []
-    else:
-        found, tables = {}, []
-    if tables:
-        table = source_uri(fs, source, tables[0])
-        raise ValueError(
-            f"{table}: this folder is a Delta Lake table (it holds a _delta_log folder). Its parquet files are those "
-            "of every version of the table, rows since deleted or rewritten included, and only its log says which are "
-            "the current version's: reading them all would train on stale and repeated rows. Write the version you "
-            "want out as parquet (deltalake: DeltaTable(path).to_pyarrow_dataset(), then "
-            "pyarrow.dataset.write_dataset) and point data.source at that folder"
-        )
-
-    def hidden(p: str) -> bool:
-        """A file or a folder below the source's folder named `.x` or `_x` (not by the source itself): a job's
-        unfinished output (Spark's `_temporary/`, a `.staging/` copy) or a marker (`_SUCCESS`), never data,
-        as pyarrow's and Spark's own readers take it."""
-        below = p[len(root) :].strip("/").split("/") if p.startswith(root) else [os.path.basename(p)]
-        return any(part.startswith((".", "_")) and part not in named for part in [*below[:-1], os.path.basename(p)])
-
-    # a local symbolic link to a file lists as "other" (its size and times are its target's)
-    return {
-        p: i
-        for p, i in found.items()
-        if not hidden(p) and (i["type"] == "file" or (i.get("islink") and os.path.isfile(p)))
-    }
-
-
-def source_uri(fs, source: str, path: str) -> str:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return f"{protocol}://{path}" if is_remote(source) else path
-
-
-def list_source(source: str) -> list[str]:
-    """Every parquet file that `source` names, sorted."""
-    fs = filesystem(source)[0]
-    return sorted(source_uri(fs, source, p) for p in listed_files(source))
-
-
-TABLE_TEXT = ("csv", "tsv", "json", "jsonl", "ndjson")  # tables written as text: read by polars, not by us
-
-
-def as_parquet_hint(kind: str) -> str:
-    """What to do with a table of another format (`kind`: a file name's extension) where parquet is read."""
-    reader = {"tsv": "csv", "jsonl": "ndjson"}.get(kind, kind)
-    return f"Shardline reads parquet: write them as parquet first (polars: pl.scan_{reader}(path).sink_parquet(out))"
-
-
-def other_tables(source: str) -> str:
-    """Where a folder `source` holds no parquet file: what it holds instead, when that is tables written as text
-    (`: it holds 12 .csv file(s); ...`), else ''."""
-    try:
-        fs, path = filesystem(source)
-        if any(ch in path for ch in "*?[") or not fs.isdir(path):
-            return ""
-        kinds: dict[str, int] = {}
-        for p in fs.find(path):
-            if (kind := extension(p)) in TABLE_TEXT and not os.path.basename(p).startswith((".", "_")):
-                kinds[kind] = kinds.get(kind, 0) + 1
-    except Exception:  # noqa: BLE001 - a question for the message, not the ingest
-        return ""
-    if not kinds:
-        return ""
-    held = ", ".join(f"{n} .{kind} file(s)" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
-    return f": it holds {held}; {as_parquet_hint(max(kinds, key=kinds.get))}"
-
-
-def no_bucket(source: str) -> str:
-    """What an object store's source that lists nothing may lack: its bucket (a typo reads as an empty folder)."""
-    if not is_remote(source):
-        return ""
-    fs, path = filesystem(source)
-    bucket = path.split("/", 1)[0]
-    try:
-        there = fs.exists(bucket)
-    except Exception:  # noqa: BLE001 - a question for the message, not the ingest
-        return ""
-    return "" if there else f": its bucket '{bucket}' is not there (or these credentials cannot see it)"
 
 
 def exists(uri: str) -> bool:
@@ -336,11 +234,18 @@ def sha256_uri(uri: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+class ChecksumMismatch(OSError):
+    """Stored bytes that are not the ones written (damaged, or changed by hand): the same on every try."""
+
+
 def _check_sha256(uri: str, sha256: str, got: str) -> None:
+    """A data set's shard that fails it is deleted (derived data: the next encode encodes its group anew)."""
     if got != sha256:
-        raise OSError(
-            f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); re-run the encode step"
-        )
+        if derived := "/datasets/" in uri:  # layout.DATASETS
+            with contextlib.suppress(OSError):
+                delete(uri)
+        what = "deleted: run the same command again and its group is encoded anew" if derived else "refused"
+        raise ChecksumMismatch(f"{uri}: checksum mismatch (manifest says {sha256[:12]}, object has {got[:12]}); {what}")
 
 
 def cache_dir() -> Path:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from shardline.core import storage
+from shardline.core import listing, storage
 from shardline.core.config import ConfigError, PipelineConfig, load_config, validate_config
 from shardline.core.config.load import inline_config, is_inline
 from shardline.core.encoding.reuse import check_columns
@@ -59,7 +59,7 @@ def encoded_data(config: PipelineConfig, refresh: frozenset[str] = frozenset(), 
     two steps ran rather than came from the cache). `refresh`: the steps `--force` recomputes; `parent`: the
     fine-tune parent the flow resolved (else resolved here from training.init_from)."""
     root = config.storage.root
-    if missing := storage.no_bucket(root):  # before any write: a write there (Prefect's results) made the bucket
+    if missing := listing.no_bucket(root):  # before any write: a write there (Prefect's results) made the bucket
         raise ConfigError(f"storage.root {root}{missing}: create it (`aws s3 mb`) or fix storage.root; nothing was run")
     ran: dict[str, bool] = {}
     snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data, root)

@@ -16,20 +16,22 @@ from shardline.core.config import FILE_SEQUENCE, DataConfig, stable_hash
 from shardline.core.config.data import element_of, read_names
 from shardline.core.encoding.columns import DamagedFile, DataError, unreadable
 from shardline.core.encoding.folders import folder_columns
-from shardline.core.manifest import RawFile, RejectedFile, Snapshot
-from shardline.core.memory import trim
-from shardline.core.secrets import redacted_errors
-from shardline.core.storage import (
+from shardline.core.listing import (
     TABLE_TEXT,
     as_parquet_hint,
-    extension,
-    filesystem,
-    is_remote,
     list_source,
     listed_files,
     no_bucket,
     other_tables,
     source_uri,
+)
+from shardline.core.manifest import RawFile, RejectedFile, Snapshot
+from shardline.core.memory import trim
+from shardline.core.secrets import redacted_errors
+from shardline.core.storage import (
+    extension,
+    filesystem,
+    is_remote,
 )
 from shardline.tasks.caching import CacheRule, raw_files_key
 from shardline.trainer.serving import dictionaries_as_values, naive_utc
