@@ -366,6 +366,28 @@ def test_a_cached_rerun_lists_shards_and_reading_them_checks_their_bytes(setup, 
     assert fourth["steps"] == {**ALL_CACHED, "encode": "ran"} and train.read_bytes() == kept
 
 
+def test_a_manifest_whose_encoding_was_edited_is_written_anew_and_never_trained_on(setup, prefect_api):
+    """A data set's manifest edited in the storage root (a continuous column's mean, the same size): the cached
+    encode took it, and the model trained on the altered scaling and was registered, with no word. Its
+    `encoding_hash` now says it is not the encoding it was written with: the encode writes it anew from the groups,
+    and training refuses such a manifest wherever it reads one."""
+    from shardline.runs.training_run import load_manifest
+
+    tmp_path, cfg, first = setup
+    path = Path(first["manifest"].removeprefix("file://"))
+    original = path.read_text()
+    manifest = json.loads(original)
+    manifest["encoding"]["continuous"][0]["mean"] += 5.0
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(
+        ValueError, match=r"its encoding is not the one it was written with .* changed after the encode"
+    ):
+        load_manifest(str(path), validate_config(cfg))
+    second = run(cfg, force="train")
+    assert second["steps"]["encode"] == "ran" and json.loads(path.read_text()) == json.loads(original)
+    assert second["metrics"] == first["metrics"]  # trained on the encoding the data has
+
+
 def test_two_commands_starting_on_a_new_prefect_database_both_save_their_results_block(tmp_path, prefect_api):
     """Saving the results block registers its block type: Prefect reads it by slug, and creates it when the read
     finds nothing. Two commands starting at once on a new database both read nothing, and the second create is a

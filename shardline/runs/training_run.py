@@ -158,6 +158,12 @@ def kfold_tags(config: PipelineConfig) -> dict[str, str]:
 def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
     """Read the manifest and refuse it when its encoding disagrees with the config."""
     manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+    if manifest.encoding.hash() != manifest.encoding_hash:  # a scaling or a vocabulary edited after it was written
+        raise ValueError(
+            f"{manifest_uri}: its encoding is not the one it was written with (encoding_hash "
+            f"{manifest.encoding_hash[:12]}, the encoding's {manifest.encoding.hash()[:12]}): it was changed after the "
+            "encode; run the pipeline again and the encode step writes it anew"
+        )
     expected = contract(config.data)
     tok = config.data.tokenizer
     if config.training.init_from and config.data.features.text and (tok is None or tok.file is None):

@@ -453,6 +453,8 @@ def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
         manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
     except Exception:  # noqa: BLE001 - an unreadable manifest is no manifest
         return None
+    if manifest.encoding.hash() != manifest.encoding_hash:  # its encoding changed after it was written (by hand)
+        return None
     folder = manifest_uri.rsplit("/", 1)[0]
     for s in manifest.shards:
         for rel, digest in ((s.path, s.sha256), (s.keys_path, s.keys_sha256), (s.rows_path, s.rows_sha256)):
