@@ -145,9 +145,9 @@ def test_extends_and_set_overrides(tmp_path):
     # the resolved config is what is hashed: an override changes the hash
     assert cfg.hash() != load_config(tmp_path / "gpu.yaml").hash()
     # an empty mapping clears an inherited one (it merged into it: a child could not take the parent's away)
-    write(tmp_path / "weighted.yaml", {"extends": "base.yaml", "model": {"params": {"bias": False}}})
+    write(tmp_path / "weighted.yaml", {"extends": "base.yaml", "model": {"params": {"dropout": 0.2}}})
     write(tmp_path / "plain.yaml", {"extends": "weighted.yaml", "model": {"params": {}}, "training": {}})
-    assert load_config(tmp_path / "weighted.yaml").model.params == {"bias": False}
+    assert load_config(tmp_path / "weighted.yaml").model.params == {"dropout": 0.2}
     plain = load_config(tmp_path / "plain.yaml")
     assert plain.model.params == {} and plain.training.lr == 0.01  # a whole section written {} keeps the parent's
 
@@ -270,3 +270,19 @@ def read_space_file(folder, text: str):
 
     (folder / "space.yaml").write_text(text)
     return read_space(str(folder / "space.yaml"))
+
+
+def test_a_built_in_familys_params_are_checked_and_another_model_does_not_inherit_its_parents(tmp_path):
+    """`model.params.width` on the built-in mlp passed check-config and failed after the ingest and the encode with a
+    bare TypeError; and a config extending another but naming its own model took the other model's params too
+    (`unexpected keyword argument 'layers'`, from the parent file): a new model starts from its own params."""
+    write(tmp_path / "base.yaml", tiny_config("raw", "store"))
+    with pytest.raises(ConfigError, match=r"model.params \['hiden'\] are not settings of the built-in mlp family, "
+                       r"which takes \['hidden', 'layers', 'dropout', 'embedding_dim'\]; did you mean "
+                       r"model.params.hidden for hiden\?"):  # fmt: skip
+        load_config(tmp_path / "base.yaml", ["model.params.hiden=1"])
+    write(tmp_path / "pre.yaml", {"extends": "base.yaml", "model": {"entrypoint": "m:Pre", "params": {"layers": 2}}})
+    write(tmp_path / "mine.yaml", {"extends": "pre.yaml", "model": {"entrypoint": "m:Mine", "params": {"hidden": 32}}})
+    write(tmp_path / "more.yaml", {"extends": "pre.yaml", "model": {"params": {"hidden": 32}}})
+    assert load_config(tmp_path / "mine.yaml").model.params == {"hidden": 32}  # its own model: its own params
+    assert load_config(tmp_path / "more.yaml").model.params == {"layers": 2, "hidden": 32}  # the same model: merged

@@ -137,23 +137,23 @@ def test_a_grid_sweep_trains_each_trial_once_registers_the_best_and_a_rerun_trai
 
 
 def test_a_trial_that_fails_is_reported_and_the_best_of_the_rest_is_registered(data, prefect_api):
-    """The built-in MLP takes no `bogus` argument: that trial fails when its model is built."""
+    """The built-in MLP's dropout of 2 is no probability: that trial fails when its model is built."""
     tmp_path, cfg = data
-    result = run_sweep(cfg, {"model.params": [{}, {"bogus": 1}]}, at_once=2)
+    result = run_sweep(cfg, {"model.params": [{}, {"dropout": 2.0}]}, at_once=2)
 
     ok, bad = result["trials"]
     assert ok["state"] == "ran" and bad["state"] == "failed"
-    assert "bogus" in bad["error"] and bad["score"] is None
+    assert "dropout probability" in bad["error"] and bad["score"] is None
     assert result["best"]["trial"] == ok["trial"] and result["steps"]["train"] == "1 ran, 1 failed"
     reg = result["registered"]
     assert reg["run_id"] == ok["mlflow_run_id"] and reg["alias"] == "champion"
     client = MlflowClient(reg["tracking_uri"])
     parent = client.get_run(result["parent_run_id"])
     assert parent.info.status == "FINISHED"
-    assert "bogus" in json.loads(parent.data.tags["shardline.sweep.failed"])[bad["trial"]]
+    assert "dropout probability" in json.loads(parent.data.tags["shardline.sweep.failed"])[bad["trial"]]
     failed_run = next(r for r in runs_of(client) if r.data.tags.get("shardline.sweep.trial") == bad["trial"])
     assert failed_run.info.status == "FAILED" and failed_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-    assert "failed: " in sweep_artifact() and "bogus" in sweep_artifact()
+    assert "failed: " in sweep_artifact() and "dropout probability" in sweep_artifact()
     assert result["cost"]["runs"] == 2  # the failed trial held its machine until it failed: that is paid for too
 
     # a trial that fails after training a while (it diverges) paid for those steps: they count in the sweep's cost

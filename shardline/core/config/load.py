@@ -54,7 +54,7 @@ def inline_config(text: str) -> dict:
         )
     parent, folder = raw.pop("extends", None), Path.cwd()
     raw = _rebase_paths(raw, folder)
-    return _deep_merge(read_yaml(folder / parent), raw) if parent else raw
+    return _deep_merge(_own_model(read_yaml(folder / parent), raw), raw) if parent else raw
 
 
 def read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
@@ -80,7 +80,18 @@ def read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if parent is None:
         return _rebase_paths(raw, folder)
     base = read_yaml((path.parent / parent), (*chain, path))
-    return _deep_merge(base, _rebase_paths(raw, folder))
+    return _deep_merge(_own_model(base, raw), _rebase_paths(raw, folder))
+
+
+def _own_model(base: dict, raw: dict) -> dict:
+    """`base` (an `extends:` parent) without its `model.params` where `raw` names another model (another entrypoint
+    or family): they were that model's keyword arguments, not this one's."""
+    mine, theirs = raw.get("model"), base.get("model")
+    if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+        return base
+    if any(k in mine and mine[k] != theirs.get(k) for k in ("entrypoint", "family")):
+        return {**base, "model": {k: v for k, v in theirs.items() if k != "params"}}
+    return base
 
 
 def _rebase_paths(raw: dict, folder: Path) -> dict:

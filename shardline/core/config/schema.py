@@ -27,6 +27,11 @@ from shardline.core.secrets import redact
 
 # the gpt family's settings under model.params (nanoGPT's names) -> the model.* key it overrides
 GPT_PARAMS = {"d_model": "hidden", "n_layer": "layers", "n_head": "heads", "dropout": "dropout", "bias": None}
+# what model.params may set of the frame families' classes (shardline/trainer/models.py: WindowMLP, WindowTransformer)
+FAMILY_PARAMS = {
+    "mlp": ("hidden", "layers", "dropout", "embedding_dim"),
+    "transformer": ("hidden", "layers", "heads", "dropout", "embedding_dim"),
+}
 
 
 class ModelConfig(Strict):
@@ -89,6 +94,15 @@ class ModelConfig(Strict):
             )
         if self.family == "gpt":
             self.gpt_params()  # checked here: an error names the key
+        elif unknown := [k for k in self.params if k not in FAMILY_PARAMS[self.family]]:
+            import difflib
+
+            close = {k: difflib.get_close_matches(k, FAMILY_PARAMS[self.family], n=1) for k in unknown}
+            hint = "".join(f"; did you mean model.params.{c[0]} for {k}?" for k, c in close.items() if c)
+            raise ValueError(
+                f"model.params {unknown} are not settings of the built-in {self.family} family, which takes "
+                f"{list(FAMILY_PARAMS[self.family])}{hint} (your own model's: set model.entrypoint)"
+            )
         return self
 
     def gpt_params(self) -> dict:
