@@ -474,3 +474,24 @@ def test_an_object_store_that_takes_the_connection_and_never_answers_is_an_error
     ) in out.stderr, said[-3000:]
     assert "Retry 2/2 will start" in said  # the ingest's retries, each in a line
     assert "Traceback" not in said and "ReadTimeoutError" not in said, said[-3000:]
+
+
+def test_an_object_another_machine_wrote_after_this_one_listed_its_folder_is_there(tmp_path, s3_endpoint):
+    """s3fs answers `exists` and `info` from a folder's listing it cached: a teammate's run that wrote a group's
+    keys file after this process had listed the group's folder left this one reading it as gone (its evaluate
+    failed with a bare FileNotFoundError of a file that was there)."""
+    import s3fs
+
+    from shardline.core import storage
+
+    s3fs.S3FileSystem().mkdir("listed-bucket")
+    storage.write_bytes("s3://listed-bucket/groups/g1/train.bin", b"x")
+    assert storage.names("s3://listed-bucket/groups/g1") == ["train.bin"]
+    fs, _ = storage.filesystem("s3://listed-bucket/groups/g1")
+    fs.ls("listed-bucket/groups/g1")  # this process's cached listing of the folder
+    elsewhere = s3fs.S3FileSystem(skip_instance_cache=True)  # another machine
+    elsewhere.pipe("listed-bucket/groups/g1/test.keys.parquet", b"abc")
+    assert storage.exists("s3://listed-bucket/groups/g1/test.keys.parquet")
+    assert storage.size_of("s3://listed-bucket/groups/g1/test.keys.parquet") == 3
+    assert not storage.exists("s3://listed-bucket/groups/g1/none.parquet")
+    assert storage.size_of("s3://listed-bucket/groups/g1/none.parquet") is None

@@ -106,21 +106,28 @@ def extension(path: str) -> str:
 
 
 def exists(uri: str) -> bool:
+    """Whether `uri` is there. On an object store a "no" from a listing this process cached is asked again: another
+    machine (a teammate's run encoding the same groups) may have written it since (it read a group's files as gone)."""
     if not is_remote(uri):
         return os.path.exists(local_path(uri))
     fs, path = filesystem(uri)
+    if fs.exists(path):
+        return True
+    fs.invalidate_cache(path)
     return fs.exists(path)
 
 
 def size_of(uri: str) -> int | None:
-    """The object's size in bytes (a listing, no read), or None when it is not there."""
-    try:
-        if not is_remote(uri):
-            return os.path.getsize(local_path(uri))
-        fs, path = filesystem(uri)
-        return int(fs.info(path)["size"])
-    except (FileNotFoundError, KeyError):
-        return None
+    """The object's size in bytes (a listing, no read), or None when it is not there (asked again, as `exists`)."""
+    if not is_remote(uri):
+        return os.path.getsize(local_path(uri)) if os.path.exists(local_path(uri)) else None
+    fs, path = filesystem(uri)
+    for _ in range(2):
+        try:
+            return int(fs.info(path)["size"])
+        except (FileNotFoundError, KeyError):
+            fs.invalidate_cache(path)
+    return None
 
 
 def read_bytes(uri: str) -> bytes:
