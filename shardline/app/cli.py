@@ -102,7 +102,10 @@ def _flow_run(verbose: bool, again: str, errors: tuple[type[Exception], ...] = (
             _fail(f"{e}", failures.BUDGET_EXIT_CODE)
         if full := failures.out_of_space(e):  # a full disk: which, and what to do
             _fail(full)
-        quiet = (DataError, ValueError, FileNotFoundError, StorageUnreachable, TrackingUnreachable, *errors)
+        from shardline.core.storage import ChecksumMismatch
+
+        said = (DataError, ValueError, FileNotFoundError, PermissionError, ChecksumMismatch, StorageUnreachable)
+        quiet = (*said, TrackingUnreachable, *errors)
         if isinstance(e, quiet) or failures.raised_in_your_code(e):  # or a bug in the user's own model code
             _fail(f"{e}{failures.raised_in_your_code(e)}")
         raise
