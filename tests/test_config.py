@@ -254,6 +254,9 @@ def test_a_config_given_inline_as_yaml_text_is_read_as_one_and_never_quoted(tmp_
     assert config.storage.root == str(tmp_path / "store")
     assert raw_config(text)["name"] == "nightly"  # a sweep's base config, the same way
     assert run_name_of(text) == "nightly" and run_name_of("configs/retrain.yaml") == "retrain"
+    # a file's `name`, as the training runs it starts are named (a sweep's flow run was named after the file)
+    (tmp_path / "team-sw.yaml").write_text(text)
+    assert run_name_of(str(tmp_path / "team-sw.yaml")) == "nightly"
     assert read_space("training.lr: [0.01, 0.001]\n") == read_space_file(tmp_path, "training.lr: [0.01, 0.001]\n")
     for bad, said in [
         ("mlflow: {tracking_uri: 'http://bob:TrackPw987@h'\n  bad: [", "the config given inline is not valid YAML at"),

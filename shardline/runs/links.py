@@ -93,22 +93,22 @@ def tag_flow_run(tags: list[str], flow_run_id: str | None = None, name: str | No
 
 
 def run_name_of(config: Any) -> str:
-    """What a pipeline or training run is about: its config's name (a config object, its dict, or the
-    file's stem when it is a path)."""
+    """What a pipeline or training run is about: its config's name (a config object, its dict, its YAML text or
+    file's `name`, as the runs it starts say it), else the file's stem."""
+    import yaml
+
+    from shardline.core.config.load import is_inline
+
     name = getattr(config, "name", None)
     if name is None and isinstance(config, dict):
         name = config.get("name")
-    from shardline.core.config.load import is_inline
-
-    if name is None and isinstance(config, str) and is_inline(config):  # its YAML text: its name, never the text
-        import yaml
-
-        try:
-            name = (yaml.safe_load(config) or {}).get("name")
-        except (yaml.YAMLError, AttributeError):
+    inline = isinstance(config, str) and is_inline(config)
+    if name is None and isinstance(config, str | Path):
+        try:  # its YAML text (never the text itself: it may hold credentials), or the file's
+            name = (yaml.safe_load(config if inline else Path(config).read_text()) or {}).get("name")
+        except (OSError, yaml.YAMLError, AttributeError):
             name = None
-    elif name is None and isinstance(config, str | Path):
-        name = Path(str(config)).stem
+        name = name or (None if inline else Path(str(config)).stem)
     return str(name or "shardline")
 
 
