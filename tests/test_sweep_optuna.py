@@ -148,3 +148,20 @@ def test_the_study_journal_on_s3(s3_endpoint):  # noqa: F811
     study.tell(trial, 0.7)
     again = open_study("s3://study-bucket/sweeps/x/optuna", "x", None)
     assert [(t.value, t.intermediate_values) for t in again.trials] == [(0.7, {1: 0.5})]
+
+
+def test_a_log_axis_over_a_decade_or_two_labels_its_decades_only():
+    """A rate swept from 1e-3 to 3e-2: the log axis labelled every minor tick too, and they ran into each other
+    ("2×10⁻³4×10⁻³6×10⁻³")."""
+    rates = [0.0012, 0.002, 0.004, 0.008, 0.02, 0.03]
+    rows = [
+        {"trial": f"t{i}", "overrides": {"training.lr": lr}, "score": 0.5 + i / 100, "state": "ran"}
+        | {"direction": "maximize", "metric": "val_accuracy"}
+        for i, lr in enumerate(rates)
+    ]
+    fig = sweep_figure(rows, ["training.lr"], "val_accuracy", "maximize")
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.xaxis.get_minorticklabels() if t.get_text()] == []
+    assert len([t for t in ax.xaxis.get_majorticklabels() if t.get_text()]) >= 2

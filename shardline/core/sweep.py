@@ -429,6 +429,8 @@ def _scores(ax, xs: list, rows: list[dict]) -> None:
 def sweep_figure(rows: list[dict], keys: list[str], metric: str, direction: str):
     """The score of every trial (the best one highlighted, a pruned one hollow, a failed one marked), then the
     score against each swept setting."""
+    from matplotlib.ticker import NullFormatter
+
     from shardline.core.metrics.report import _new_figure
 
     panels = 1 + len(keys)
@@ -483,6 +485,7 @@ def sweep_figure(rows: list[dict], keys: list[str], metric: str, direction: str)
             ax.legend(fontsize=7)
         if numeric and len(set(values)) > 1 and min(values) > 0 and max(values) / min(values) >= 10:
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # over a decade or two they ran into each other
         ax.set_xlabel(key, fontsize=8)
         ax.set_ylabel(metric, fontsize=8)
         ax.grid(alpha=0.3)
