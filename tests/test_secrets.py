@@ -72,6 +72,7 @@ def test_secrets_are_found_by_name_and_place_not_by_equal_text(monkeypatch):
         "not found: /w/tracking_uri: http:/***@127.0.0.1:5902"
     )
     assert redact_text("file:/tmp/runs/a@b.parquet") == "file:/tmp/runs/a@b.parquet"
+    assert redact_text("models:/no-such-model@champion") == "models:/no-such-model@champion"  # a model's URI
     # an exception's class is no setting: its message stays readable (it read "NoCredentialsError: *** to locate")
     assert redact_text("NoCredentialsError: Unable to locate credentials") == (
         "NoCredentialsError: Unable to locate credentials"

@@ -351,6 +351,17 @@ class EncodedGroup(_Shards):
     outside: int = Field(0, description="its rows in no range of data.split.ranges: left out")
 
 
+def edited_encoding(text: str) -> bool:
+    """Whether a manifest's encoding (its JSON `text`) is not the one its `encoding_hash` was computed on: changed
+    after it was written (by hand). Hashed as stored (a `text` of none left out, as `EncodingSpec.hash` leaves it), so
+    a manifest written before later fields of the encoding reads as it was written."""
+    import json
+
+    raw = json.loads(text)
+    encoding = {k: v for k, v in (raw.get("encoding") or {}).items() if not (k == "text" and v is None)}
+    return stable_hash(encoding) != raw.get("encoding_hash")
+
+
 class Manifest(_Shards):
     version: int = MANIFEST_VERSION
     encoding: EncodingSpec

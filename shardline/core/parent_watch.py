@@ -59,24 +59,14 @@ def stop_when_parent_exits() -> bool:
     return True
 
 
-def exit_if_orphaned(code: int) -> None:
-    """Where a watched process's flow has done its work (stopped at a checkpoint, or finished): once the process
-    that started it is gone and the Prefect API it reports to with it (a command's temporary API), exit with `code`
-    now. Prefect would retry the dead API for minutes (its client's retries, each request's, then its log
-    handler's), the process holding its memory meanwhile and its console filling with tracebacks of it."""
-    if not _gone.is_set():
-        return
-    import httpx
-    from prefect.settings import PREFECT_API_URL
+def parent_gone() -> bool:
+    """Whether the process this one watches (`stop_when_parent_exits`) is gone."""
+    return _gone.is_set()
 
-    api = PREFECT_API_URL.value()
-    try:
-        answered = bool(api) and httpx.get(f"{str(api).rstrip('/')}/health", timeout=3).status_code < 500
-    except httpx.HTTPError:
-        answered = False
-    if answered:  # a server of its own: the flow run's end is reported as any other's
-        return
-    log.warning("the Prefect API went with it: this process ends here (exit status %d)", code)
+
+def exit_now(code: int) -> None:
+    """End this process with `code` at once, its console's lines written out: where what it would do on its way
+    out can no longer be done (a watched process's flow reporting to the Prefect API that went with its parent)."""
     for handler in logging.getLogger().handlers + logging.getLogger("shardline").handlers:
         handler.flush()
     sys.stdout.flush()

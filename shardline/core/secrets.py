@@ -45,8 +45,9 @@ _SIGNED_QUERY = re.compile(
     r"(?P<value>[^&#\s'\"]+)",
     re.IGNORECASE,
 )
-# `scheme://user:pass@`, and `scheme:/user:pass@`, a URL that went through a path (`Path` collapses `//`)
-URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})(?P<userinfo>[^/@\s'\"]+)@")
+# `scheme://user:pass@`, and `http:/user:pass@`, a server's URL that went through a path (`Path` collapses `//`);
+# not `models:/name@alias`, an MLflow model's URI
+URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://|\bhttps?:/)(?P<userinfo>[^/@\s'\"]+)@")
 _ERROR_CLASS = re.compile(r"[a-z](Error|Exception|Warning)$")  # an exception's class before its message
 _ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>['\"]?\s*[:=]\s*['\"]?)(?P<value>[^\s'\",;}\]&]+)")
 MIN_ENV_SECRET = 16

@@ -22,7 +22,22 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from shardline.core.config import settings
-from shardline.core.unreachable import bounded_waits
+
+CONNECT_SECONDS = 10  # botocore's default: 60; its read timeout (60) is SHARDLINE_STORE_READ_SECONDS (20)
+S3FS_TRIES = 2  # s3fs's own tries of a request (5 by default), each of botocore's attempts (AWS_MAX_ATTEMPTS)
+
+
+def bounded_waits() -> None:
+    """An object store that takes the connection and never answers (a stalled server, a black-holed route) is an
+    error in a few minutes, said and retried by the step: with botocore's 60 s timeouts under s3fs's 5 tries of
+    botocore's 5 attempts, one request waited about 30 minutes in silence. Where the user's fsspec config
+    (FSSPEC_CONFIG_DIR) sets the S3 filesystem's `config_kwargs`, those stand."""
+    import fsspec.config
+
+    read = settings.number("SHARDLINE_STORE_READ_SECONDS")
+    options = fsspec.config.conf.setdefault("s3", {})
+    options.setdefault("config_kwargs", {"connect_timeout": CONNECT_SECONDS, "read_timeout": read})
+
 
 bounded_waits()  # a store that never answers is an error in minutes, not half an hour of silence
 
@@ -96,7 +111,10 @@ def relative_to(uri: str, folder: str) -> str:
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    return url_to_fs(uri)
+    fs, path = url_to_fs(uri)
+    if getattr(fs, "retries", 0) > S3FS_TRIES and "s3" in fs.protocol:  # s3fs's own tries: see `bounded_waits`
+        fs.retries = S3FS_TRIES
+    return fs, path
 
 
 def extension(path: str) -> str:

@@ -1,6 +1,6 @@
 """An object store that answers no connection, said as what to check: its endpoint and the variable that sets it
 (botocore's own account is a URL with a query and a traceback per retry). Nothing here imports botocore or the
-rest of Shardline but its settings: every task's error boundary (`shardline.core.secrets.redacted_errors`) uses it."""
+rest of Shardline: every task's error boundary (`shardline.core.secrets.redacted_errors`) uses it."""
 
 from __future__ import annotations
 
@@ -22,27 +22,6 @@ class StorageUnreachable(ConnectionError):
 
 # botocore's errors for a connection never made, or made and never answered (by name: nothing here imports botocore)
 NO_CONNECTION = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError")
-CONNECT_SECONDS = 10  # botocore's default: 60; its read timeout (60) is SHARDLINE_STORE_READ_SECONDS (20)
-S3FS_TRIES = 2  # s3fs's own tries of a request (5 by default), each of botocore's attempts (AWS_MAX_ATTEMPTS)
-
-
-def bounded_waits() -> None:
-    """An object store that takes the connection and never answers (a stalled server, a black-holed route) is an
-    error in a few minutes, said and retried by the step: with botocore's 60 s timeouts under s3fs's 5 tries of
-    botocore's 5 attempts, one request waited about 30 minutes in silence. Where the user's fsspec config
-    (FSSPEC_CONFIG_DIR) sets the S3 filesystem's `config_kwargs`, those stand."""
-    import fsspec.config
-
-    from shardline.core.config import settings
-
-    read = settings.number("SHARDLINE_STORE_READ_SECONDS")
-    options = fsspec.config.conf.setdefault("s3", {})
-    options.setdefault("config_kwargs", {"connect_timeout": CONNECT_SECONDS, "read_timeout": read})
-    try:
-        import s3fs
-    except ImportError:  # no S3 here
-        return
-    s3fs.S3FileSystem.retries = min(s3fs.S3FileSystem.retries, S3FS_TRIES)
 
 
 def unreachable(e: BaseException) -> StorageUnreachable | None:

@@ -7,6 +7,8 @@ pipeline's subflow; a local sweep runs it in a child process per trial. The run 
 # (the module's `train` is the Flow, not the function), and Prefect validates the parameters from its
 # annotations there: they must be the classes themselves, not names the child cannot resolve
 
+import logging
+
 from prefect import flow
 
 from shardline.core.config import PipelineConfig
@@ -18,7 +20,7 @@ from shardline.core.failures import (
     quiet_as_parent,
 )
 from shardline.core.memory import return_freed_memory
-from shardline.core.parent_watch import exit_if_orphaned, stop_when_parent_exits
+from shardline.core.parent_watch import exit_now, parent_gone, stop_when_parent_exits
 from shardline.core.secrets import install_log_redaction, redacted_errors
 from shardline.core.study import Pruning
 from shardline.runs import links
@@ -79,3 +81,26 @@ def train_node(job: str, endpoint: str, shutdown_seconds: int = 300) -> str:
     from shardline.launch.torchrun import run_node
 
     return run_node(job, endpoint, shutdown_seconds)
+
+
+def exit_if_orphaned(code: int) -> None:
+    """Where a sweep's trial has done its work (stopped at a checkpoint, or finished) and the sweep that started it is
+    gone, with the Prefect API it reports to (the command's temporary one): exit with `code` now. Prefect would retry
+    the dead API for minutes (its client's retries, each request's, then its log handler's), the process holding its
+    memory meanwhile and its console filling with tracebacks of it. A server of its own answers: the flow run's end
+    is reported as any other's."""
+    if not parent_gone():
+        return
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    try:
+        answered = bool(api) and httpx.get(f"{str(api).rstrip('/')}/health", timeout=3).status_code < 500
+    except httpx.HTTPError:
+        answered = False
+    if not answered:
+        logging.getLogger("shardline.parent_watch").warning(
+            "the Prefect API went with it: this process ends here (exit status %d)", code
+        )
+        exit_now(code)

@@ -18,7 +18,7 @@ import yaml
 from shardline.core import layout, storage
 from shardline.core.config import ModelConfig, PipelineConfig, settings, stable_hash, training_splits
 from shardline.core.encoding.contract import contract, contract_differences, contract_of
-from shardline.core.manifest import Manifest
+from shardline.core.manifest import Manifest, edited_encoding
 from shardline.core.metrics.split_ranking import SplitRanking
 from shardline.core.secrets import redact_text
 from shardline.core.study import PRUNED_TAG, Pruning
@@ -157,12 +157,13 @@ def kfold_tags(config: PipelineConfig) -> dict[str, str]:
 
 def load_manifest(manifest_uri: str, config: PipelineConfig) -> Manifest:
     """Read the manifest and refuse it when its encoding disagrees with the config."""
-    manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
-    if manifest.encoding.hash() != manifest.encoding_hash:  # a scaling or a vocabulary edited after it was written
+    text = storage.read_text(manifest_uri)
+    manifest = Manifest.model_validate_json(text)
+    if edited_encoding(text):  # a scaling or a vocabulary edited after it was written
         raise ValueError(
-            f"{manifest_uri}: its encoding is not the one it was written with (encoding_hash "
-            f"{manifest.encoding_hash[:12]}, the encoding's {manifest.encoding.hash()[:12]}): it was changed after the "
-            "encode; run the pipeline again and the encode step writes it anew"
+            f"{manifest_uri}: its encoding is not the one it was written with (its encoding_hash "
+            f"{manifest.encoding_hash[:12]}): it was changed after the encode; run the pipeline again and the encode "
+            "step writes it anew"
         )
     expected = contract(config.data)
     tok = config.data.tokenizer

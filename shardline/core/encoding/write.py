@@ -49,6 +49,7 @@ from shardline.core.manifest import (
     RejectedFile,
     ShardInfo,
     Snapshot,
+    edited_encoding,
 )
 from shardline.core.shards import compress_bytes, segment_lengths, window_tally
 
@@ -450,10 +451,11 @@ def verify_manifest(manifest_uri: str, deep: bool = False) -> Manifest | None:
     if not storage.exists(manifest_uri):
         return None
     try:
-        manifest = Manifest.model_validate_json(storage.read_text(manifest_uri))
+        text = storage.read_text(manifest_uri)
+        manifest = Manifest.model_validate_json(text)
     except Exception:  # noqa: BLE001 - an unreadable manifest is no manifest
         return None
-    if manifest.encoding.hash() != manifest.encoding_hash:  # its encoding changed after it was written (by hand)
+    if edited_encoding(text):  # its encoding changed after it was written (by hand)
         return None
     folder = manifest_uri.rsplit("/", 1)[0]
     for s in manifest.shards:
