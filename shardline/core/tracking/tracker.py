@@ -268,7 +268,7 @@ class Tracker:
             what = f"{left['metrics']} metric value(s), {left['params']} param(s)"
             if left["status"]:
                 what += f" and the run's end status {left['status']}"
-            server = "://" in self.uri and self.uri.split("://", 1)[0].lower() not in ("sqlite", "file")
+            server = not local_store(self.uri)
             log.warning(
                 "MLflow at %s did not take everything in %g s: %s are kept in %s; send them with `shardline sync %s%s`",
                 redact_text(self.uri),
@@ -336,13 +336,17 @@ def sync_run(run_dir: str, uri: str | None = None, missing_ok: bool = False) -> 
     )
 
 
+def local_store(uri: str) -> bool:
+    """Whether a tracking URI is a store on this machine (sqlite, a folder), not a server credentials go to."""
+    return "://" not in uri or uri.split("://", 1)[0].lower() in ("sqlite", "file")
+
+
 def trusted_uri(uri: str, run_dir: str) -> str:
     """A tracking URI read from a run's folder (its `mlflow-run.json` or config), which anyone who can write to the
     storage root can change: MLflow sends this machine's credentials (MLFLOW_TRACKING_USERNAME / PASSWORD / TOKEN)
     to the server it names. A local store (sqlite, a folder) is taken; a server only where it is this machine's own
     MLFLOW_TRACKING_URI; any other is refused, naming it, for `--tracking-uri` to confirm."""
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else "file"
-    if scheme in ("sqlite", "file"):
+    if local_store(uri):
         return uri
     mine = os.environ.get("MLFLOW_TRACKING_URI")
     if mine and without_userinfo(mine).rstrip("/") == without_userinfo(uri).rstrip("/"):
