@@ -239,7 +239,8 @@ def sampled(cmd: list[str], env: dict, cwd: Path, stop=None, watch: dict[str, in
             procs = tree_rss(proc.pid)
             samples.append((time.time(), sum(p[1] for p in procs.values())))
             for pid, (line, rss, _) in procs.items():
-                name = line.replace(b"\0", b" ").decode(errors="replace")[:120]
+                # a process that has exited and not yet been reaped reads an empty command line: its name stays
+                name = line.replace(b"\0", b" ").decode(errors="replace")[:120].strip() or peaks.get(pid, ("",))[0]
                 peaks[pid] = (name, max(rss, peaks.get(pid, ("", 0.0))[1]))
             if len(samples) % 20 == 1:
                 used = {f"{pid} {peaks[pid][0][:70].strip()}": cpu_seconds(pid) for pid in procs}

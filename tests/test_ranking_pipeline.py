@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import polars as pl
 import pytest
 
@@ -189,6 +190,19 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
     )
     assert both.height == predictions.height
     np.testing.assert_allclose(both["served"], both["ranking_score"], rtol=1e-5)
+    # a filtered pandas frame (its index not 0..n-1), shuffled: each score comes back under its own row's label, so
+    # the usual `frame.assign(score=...)` puts it beside that row (they came back numbered 0..n-1: NaN or another
+    # row's score)
+    frame = raw.drop("click", "grade").to_pandas()
+    picked = frame[frame["query"].isin(sorted(set(frame["query"]))[1::2])].sample(frac=1.0, random_state=0)
+    assert not picked.index.equals(pd.RangeIndex(len(picked)))
+    scored = picked.assign(score=model.predict(picked)["ranking_score"])
+    assert scored["score"].notna().all()
+    mine = pl.from_pandas(scored[["query", "item", "score"]]).join(
+        served.select("query", "item", "ranking_score"), on=["query", "item"]
+    )
+    assert mine.height == len(picked)
+    np.testing.assert_allclose(mine["score"], mine["ranking_score"], rtol=1e-5)
 
     # `shardline predict` scores each row from that row alone (a window of one row), so a file of more rows than
     # SHARDLINE_PREDICT_ROWS is read and predicted that many at a time (a 12M-row click log took 5.7 GB at once,

@@ -570,6 +570,11 @@ def in_streams(rows: list[list[int]], sequences: np.ndarray, k: int) -> tuple[li
     return prompts, lengths
 
 
+# a column the MLflow model adds to its input: each row's place in the caller's frame, carried to the predictions of
+# that row, which then take the frame's index labels (`shardline/runs/pyfunc_model.py`)
+INPUT_ROW = "__input_row"
+
+
 def row_keys(prepared: pl.DataFrame, rows: pl.Series, spec: EncodingSpec, seq_col: str | None) -> dict[str, object]:
     """The key columns of the input `rows` (of `prepared`), in the input's own types (a join needs no cast): the
     sequence key, the id columns, ranking data's group and item, and the order (else the row number, `row`)."""
@@ -577,6 +582,8 @@ def row_keys(prepared: pl.DataFrame, rows: pl.Series, spec: EncodingSpec, seq_co
     for c in (seq_col, *spec.id_columns, *_ranked_by(spec)):
         if c and c not in out:
             out[c] = prepared[c].gather(rows)
+    if INPUT_ROW in prepared.columns:  # the pyfunc model's: each prediction's input row, for the frame's index
+        out[INPUT_ROW] = prepared[INPUT_ROW].gather(rows)
     out[spec.order_by or "row"] = prepared[spec.order_by or ORDER].gather(rows).alias(spec.order_by or "row")
     return out
 
