@@ -277,7 +277,11 @@ def test_the_pipeline_ranks_test_groups_as_shardline_core_ranking_does_and_promo
     assert second["registered"]["alias"] == ("champion" if wins else "challenger")
     # the version's description gives the numbers the gate compared, not the champion's recorded one
     described = client.get_model_version("rank-model", str(second["registered"]["version"])).description
-    assert "(both scored on this test split)" in described and "had ndcg@10" not in described, described
+    said = (
+        "both scored on the candidate's test groups, the rows both models ranked, matched on group and item "
+        f"({again.height:,} rows)"
+    )
+    assert said in described and "had ndcg@10" not in described, described
     # a promotion metric of the served prediction (accuracy) is compared on the same rows, against the raw target
     from shardline.runs.gate import reevaluate_ranking_champion
 

@@ -523,8 +523,17 @@ def test_the_model_report_rounds_for_reading_says_a_tie_and_which_epoch_was_eval
     # the champion was tested on other data: the numbers the gate compared are those of this test split
     rescored = {**reg, "compared": {"candidate_value": 0.5, "champion_value": 0.61234567, "rows": 9}}
     assert (
-        "kept as **challenger**: champion v1 has accuracy 0.6123, this version 0.5000 (both scored on this test split)"
-        in (model_report(rescored, train, scores, snapshot))
+        "kept as **challenger**: champion v1 has accuracy 0.6123, this version 0.5000, both scored on this test split "
+        "(9 rows)" in (model_report(rescored, train, scores, snapshot))
+    )
+    # on a part of a large test split (the first rows the gate reads): said, as the candidate's figure there is not
+    # its own evaluation's (the log said "both scored on this test split" beside two different figures)
+    part = (
+        "the candidate's test rows in its first 3 raw files, the first 200,000 rows or more, not its whole test split"
+    )
+    rescored["compared"] |= {"on": part, "rows": 201_234}
+    assert f"this version 0.5000, both scored on {part} (201,234 rows)" in model_report(
+        rescored, train, scores, snapshot
     )
 
 

@@ -272,9 +272,10 @@ def reevaluate_champion(
         "champion_value": _score(target.task, joined["__truth"], joined["__champion"])[metric],
         "candidate_value": _score(target.task, joined["__truth"], joined["prediction"])[metric],
         "rows": joined.height,
-        "on": "the candidate's test split (its rows that both models predict)"
+        "on": "the candidate's test split, its rows that both models predict"
         if n < GATE_ROWS
-        else f"the candidate's test rows in its first {len(frames)} raw files (at least {GATE_ROWS:,} rows)",
+        else f"the candidate's test rows in its first {len(frames)} raw files, the first {GATE_ROWS:,} rows or more, "
+        "not its whole test split",
         **({"champion_notes": notes} if notes else {}),
     }
 
@@ -350,9 +351,10 @@ def reevaluate_ranking_champion(
         "champion_value": values[0],
         "candidate_value": values[1],
         "rows": joined.height,
-        "on": "the candidate's test groups (the rows both models ranked, matched on group and item)"
+        "on": "the candidate's test groups, the rows both models ranked, matched on group and item"
         if n < GATE_ROWS
-        else f"the candidate's test groups in its first {len(frames)} raw files (at least {GATE_ROWS:,} rows)",
+        else f"the candidate's test groups in its first {len(frames)} raw files, the first {GATE_ROWS:,} rows or "
+        "more, not its whole test split",
         **({"champion_notes": notes} if notes else {}),
     }
 

@@ -568,11 +568,14 @@ def gate_verdict(alias: str, prev: dict | None, compared: dict | None, metric: s
     if old is None:
         return f"@{alias} ({champion} has no {metric})"
     new_text, old_text = _readable(new, old)
-    on = " (both scored on this test split)" if rescored else ""
+    # where both were scored: which rows (the candidate's figure here is on those rows: on a part of a large test
+    # split, not the figure of its own evaluation), and how many
+    rows = f" ({compared['rows']:,} rows)" if rescored and compared.get("rows") else ""
+    on = f", both scored on {compared.get('on', 'this test split')}{rows}" if rescored else ""
     if alias == "champion":
         return f"promoted to **champion**: {metric} {new_text} (previous {champion}: {old_text}){on}"
     if new == old:
-        return f"tied with {champion} at {old_text}: kept as **challenger** (a tie keeps the champion){on}"
+        return f"tied with {champion} at {old_text}{on}: kept as **challenger** (a tie keeps the champion)"
     return f"kept as **challenger**: {champion} has {metric} {old_text}, this version {new_text}{on}"
 
 
