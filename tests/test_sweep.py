@@ -429,6 +429,30 @@ def test_a_raised_budget_is_the_same_sweep_and_mistakes_in_a_space_are_said_befo
         plan_sweep(raw, parse_space({"training.lr": ["1e-2", 0.01]}))
 
 
+def test_a_sweep_over_the_tokenizer_compared_by_a_score_over_tokens_is_refused_before_any_work(tmp_path):
+    """Trials of other tokenizers count other tokens: their perplexities do not compare (the sweep picked the larger
+    vocabulary's trial by val_perplexity, and the champion gate then refused to compare the two). Refused, naming
+    the key and the score; the model and training settings of a text model are swept as before."""
+    raw = {
+        "data": {
+            "source": str(tmp_path / "raw" / "*.parquet"),
+            "features": {"text": ["body"]},
+            "tokenizer": {"kind": "bpe", "vocab_size": 300},
+            "window": 8,
+        },
+        "model": {"family": "transformer", "hidden": 16, "layers": 1, "heads": 2},
+        "storage": {"root": str(tmp_path / "store")},
+    }
+    said = r"varies data.tokenizer.vocab_size, and the trials are compared by val_perplexity, a score over tokens"
+    with pytest.raises(SweepError, match=said):
+        plan_sweep(raw, parse_space({"data.tokenizer.vocab_size": [300, 350], "data.window": [8, 16]}))
+    with pytest.raises(SweepError, match=r"varies data.tokenizer, and the trials are compared by val_loss"):
+        by_loss = {**raw, "training": {"select_by": "val_loss"}}
+        vocabularies = [{"kind": "bpe", "vocab_size": v} for v in (300, 400)]
+        plan_sweep(by_loss, parse_space({"data.tokenizer": vocabularies}), 2, 0, "tpe")
+    assert len(plan_sweep(raw, parse_space({"data.window": [8, 16], "training.lr": [0.01, 0.001]})).trials) == 4
+
+
 def test_a_trial_from_the_cache_gives_the_study_its_epochs_so_the_pruner_sees_the_whole_history(tmp_path):
     """A trial whose training came from the cache (a smaller --tpe's, another sweep's) reported no epoch to this
     study: told, it brings its epochs' values from its result first, so that the median pruner judges a new trial

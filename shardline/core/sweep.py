@@ -295,6 +295,7 @@ def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0
     every trial's config. `trials`: draw that many at random; None: the grid. `sampler="tpe"`: `trials` proposed
     one by one by Optuna's TPE sampler from the finished ones (each checked as it is proposed)."""
     base = validate_config(raw, "(the sweep's base config)")
+    _check_comparable(base, space)
     if sampler == "tpe":
         if trials is None:
             raise SweepError("--tpe N: say how many trials Optuna proposes")
@@ -313,6 +314,27 @@ def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0
     configs = [trial_config(raw, t) for t in chosen]
     _check_distinct(chosen, configs)
     return Plan(base, space, "grid" if trials is None else "random", None if trials is None else seed, chosen, configs)
+
+
+# a text model's validation scores, each counted over the tokenizer's own tokens
+TOKEN_SCORES = ("val_loss", "val_perplexity", "val_accuracy")
+
+
+def _check_comparable(base: PipelineConfig, space: Space) -> None:
+    """Trials of text data with other tokenizers, compared by a score over tokens, are refused before any work: each
+    tokenizer cuts the same text into other tokens (a larger vocabulary, fewer and rarer ones), so their loss,
+    perplexity and next-token accuracy measure different things (the sweep picked the tokenizer whose tokens were
+    easiest to guess, and the champion gate then refused to compare the same two models)."""
+    varied = [k for k in space if k == "data.tokenizer" or k.startswith("data.tokenizer.")]
+    metric = base.training.select_by or "val_loss"
+    if varied and base.data.features.text and metric in TOKEN_SCORES:
+        raise SweepError(
+            f"the search space varies {', '.join(varied)}, and the trials are compared by {metric}, a score over "
+            "tokens: trials of different tokenizers count different tokens, so their "
+            f"{', '.join(TOKEN_SCORES)} do not compare. Keep the tokenizer one for the whole sweep (sweep the "
+            "model and training settings), or compare by a score of your model's own that counts no tokens "
+            "(training.select_by: val_<name>, from its metrics())"
+        )
 
 
 def _check_ranges_take_a_value(raw: dict, space: Space) -> None:
