@@ -49,7 +49,15 @@ def _dask_runner(config: PipelineConfig) -> Iterator[tuple[Any, int]]:
         n = compute.dask_workers or encode_workers(config.data)
         runner = DaskTaskRunner(
             cluster_class="distributed.LocalCluster",
-            cluster_kwargs={"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None},
+            # no dashboard; the scheduler's HTTP server (health checks) starts all the same, at port 8787 unless told:
+            # on a port of its own on this machine's loopback, as the scheduler and the workers are
+            cluster_kwargs={
+                "n_workers": n,
+                "threads_per_worker": 1,
+                "processes": True,
+                "dashboard_address": None,
+                "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
+            },
         )
         where = f"a local Dask cluster of {n} worker process(es)"
     with get_client(sync_client=True) as client:
