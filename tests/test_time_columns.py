@@ -135,6 +135,16 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     assert inputs["y"].name == "double" and str(inputs["vec"]) == "Array(double)"  # a decimal: a number
     served = served_model.predict(naive_utc(wide.to_pandas()))
     assert served["prediction"].tolist() == preds["prediction"].to_list()
+    # rows without the id column (data.id_columns: passed through, never a feature), as a service scores them before
+    # they have one: the same predictions, without it (it was required, as if the model had been trained on it)
+    assert "user" not in served_model.metadata.get_input_schema().required_input_names()
+    anonymous = served_model.predict(naive_utc(wide.drop("user").to_pandas()))
+    assert "user" not in anonymous.columns and anonymous["prediction"].tolist() == preds["prediction"].to_list()
+    rows.drop("label", "user").write_parquet(tmp_path / "no-user.parquet")
+    done = subprocess.run([*cmd, str(tmp_path / "no-user.parquet"), "--out", str(tmp_path / "u.parquet"), *uri],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert pl.read_parquet(tmp_path / "u.parquet").equals(pl.read_parquet(out).drop("user"))
     # a folder of files that differ as `shardline run` allows: a wider number type, a column one file lacks, another
     # zone (read as one table, they failed on polars' schema check); a file that is not parquet beside them
     (tmp_path / "mixed").mkdir()

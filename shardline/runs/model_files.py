@@ -136,10 +136,11 @@ def _load_checked(model_uri: str, folder: Path):
     return load_pyfunc(str(local))
 
 
-def widened_signature(signature):
+def widened_signature(signature, optional: list[str] = ()):
     """Integer inputs as long and floating ones as double: MLflow upcasts narrower numbers to them, so a model
     trained on float32 and int16 columns takes pandas' own float64 and int64 too (the model casts them back to
-    the training's types: `input_types` in its bundle)."""
+    the training's types: `input_types` in its bundle). The `optional` inputs (id columns that only pass through)
+    are not required."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, DataType, Schema
 
@@ -151,7 +152,9 @@ def widened_signature(signature):
         return wide.get(t, t) if isinstance(t, DataType) else t
 
     inputs = [
-        ColSpec(widened(c.type), c.name, required=c.required) if isinstance(c, ColSpec) else c
+        ColSpec(widened(c.type), c.name, required=c.required and c.name not in optional)
+        if isinstance(c, ColSpec)
+        else c
         for c in signature.inputs.inputs
     ]
     return ModelSignature(Schema(inputs), signature.outputs, signature.params)

@@ -46,6 +46,7 @@ from shardline.trainer.serving import (
     input_columns,
     kept_notes,
     key_columns,
+    optional_columns,
     prediction_frame,
     text_prediction_frame,
 )
@@ -82,7 +83,8 @@ def _signature(spec, sample_uri: str, types: dict | None = None, source: str = "
     # the integer-columns hint: nulls in the id columns are the user's, in the others handled by the encoding
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return model_files.widened_signature(infer_signature(sample, out.to_pandas(), params=params)), sample
+        signature = infer_signature(sample, out.to_pandas(), params=params)
+        return model_files.widened_signature(signature, optional_columns(spec)), sample
 
 
 def example_rows(sample, key: str | None, need: int, rows: int):

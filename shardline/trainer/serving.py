@@ -69,6 +69,13 @@ def input_columns(spec: EncodingSpec) -> list[str]:
     return cols
 
 
+def optional_columns(spec: EncodingSpec) -> list[str]:
+    """The id columns (`data.id_columns`) that only pass through to the predictions: an input may lack them (rows
+    scored before they have a row id), and its predictions then go without them."""
+    needed = input_columns(spec.model_copy(update={"id_columns": []}))
+    return [c for c in spec.id_columns if c not in needed]
+
+
 def _ranked_by(spec: EncodingSpec) -> list[str]:
     """Ranking data: the group and item columns, passed through to each prediction (rows are ranked within
     their group by `ranking_score`)."""
@@ -494,7 +501,8 @@ class Predictor:
         from shardline.trainer.inference import position_rows
 
         spec = self.spec
-        missing = [c for c in input_columns(spec) if c not in df.columns]
+        optional = optional_columns(spec)
+        missing = [c for c in input_columns(spec) if c not in df.columns and c not in optional]
         if missing:
             raise DataError(
                 f"the input lacks column(s) {missing} that the model was trained on; add them (the model's "
@@ -580,7 +588,7 @@ def row_keys(prepared: pl.DataFrame, rows: pl.Series, spec: EncodingSpec, seq_co
     sequence key, the id columns, ranking data's group and item, and the order (else the row number, `row`)."""
     out: dict[str, object] = {}
     for c in (seq_col, *spec.id_columns, *_ranked_by(spec)):
-        if c and c not in out:
+        if c and c not in out and c in prepared.columns:  # an id column the input lacks: none (`optional_columns`)
             out[c] = prepared[c].gather(rows)
     if INPUT_ROW in prepared.columns:  # the pyfunc model's: each prediction's input row, for the frame's index
         out[INPUT_ROW] = prepared[INPUT_ROW].gather(rows)
