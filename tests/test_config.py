@@ -289,3 +289,15 @@ def test_a_built_in_familys_params_are_checked_and_another_model_does_not_inheri
     write(tmp_path / "more.yaml", {"extends": "pre.yaml", "model": {"params": {"hidden": 32}}})
     assert load_config(tmp_path / "mine.yaml").model.params == {"hidden": 32}  # its own model: its own params
     assert load_config(tmp_path / "more.yaml").model.params == {"layers": 2, "hidden": 32}  # the same model: merged
+
+
+def test_a_tokenizer_given_its_vocabulary_size_alone_is_a_bpe(tmp_path):
+    """`--set data.tokenizer.vocab_size=500` on a config without a tokenizer (a fine-tune that takes its parent's)
+    was refused as neither a bpe nor a file: a vocabulary size is a BPE's. Neither, or both, is still refused."""
+    from shardline.core.config.data import TokenizerConfig
+
+    assert TokenizerConfig(vocab_size=500) == TokenizerConfig(kind="bpe", vocab_size=500)
+    with pytest.raises(ValueError, match=r"either \{kind: bpe, vocab_size: N\}"):
+        TokenizerConfig()
+    with pytest.raises(ValueError, match="vocab_size is a bpe setting: a tokenizer file has its own vocabulary"):
+        TokenizerConfig(vocab_size=500, file=str(tmp_path / "tokenizer.json"))

@@ -124,6 +124,8 @@ class TokenizerConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _file_hash(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and raw.get("vocab_size") is not None and raw.get("kind") is raw.get("file") is None:
+            raw = {**raw, "kind": "bpe"}  # a vocabulary size is a BPE's (`--set data.tokenizer.vocab_size=500`)
         if isinstance(raw, dict) and isinstance(raw.get("file"), str) and not raw.get("sha256"):
             path = Path(raw["file"])
             if path.is_file():  # a missing file is said, naming it, by the encode (before any work)
