@@ -1095,3 +1095,53 @@ def test_csv_exports_given_as_the_source_are_said_to_be_no_parquet_and_how_to_ma
     (tmp_path / "raw" / "extra.csv").write_bytes((csvs / "s-000.csv").read_bytes())
     with pytest.raises(DataError, match=r"(?s)extra\.csv: a \.csv file, not parquet\. Shardline reads parquet"):
         snapshot_source(cfg_for(tmp_path / "raw", tmp_path, **{"data.source": str(tmp_path / "raw" / "*")}).data)
+
+
+def test_a_label_only_validation_or_test_rows_hold_is_said_naming_the_value_and_its_file(raw_dir, tmp_path):
+    """A class no training row has (a typo in a label, a grade outside the data's own) is never predicted and its rows
+    are scored as `<unseen>`: said in the encode's log with the value and the file (it went unsaid: one click of 3
+    among 0/1 clicks counted in the test split's nDCG with a gain of 7)."""
+    from shardline.core.config.data import SplitConfig
+    from shardline.core.encoding.splits import sequence_splits
+    from shardline.tasks.encode import log_unseen_classes
+
+    def said(cfg) -> tuple[dict, list[str]]:
+        snap, _, _, manifest = encode_all(cfg)
+        groups = [g for g in manifest_groups(cfg)]
+        logged: list[str] = []
+        found = log_unseen_classes(manifest, groups, snap, cfg.data, SimpleLog(logged))
+        return found, logged
+
+    cfg = cfg_for(raw_dir, tmp_path)
+    assert said(cfg) == ({}, [])  # every label of the test rows is one training has
+    split: SplitConfig = cfg.data.split
+    path = sorted(raw_dir.glob("*.parquet"))[1]
+    frame = pl.read_parquet(path)
+    seqs = sorted(set(frame["seq"]))
+    test_seq = next(s for s, i in zip(seqs, sequence_splits(seqs, split)) if i == 2)
+    frame.with_columns(
+        pl.when((pl.col("seq") == test_seq) & (pl.col("t") == 7)).then(pl.lit("zz")).otherwise("label").alias("label")
+    ).write_parquet(path)
+    found, logged = said(cfg_for(raw_dir, tmp_path))
+    assert found == {"label": ["zz"]}
+    assert len(logged) == 1 and "'label' holds 1 value(s) no row of the training split has" in logged[0]
+    assert f"validation or test rows: zz ({path.name})" in logged[0] and "'<unseen>'" in logged[0]
+    assert logged[0].startswith("info:")  # a class target's long tail is as likely: information; a grade: a warning
+
+
+class SimpleLog:
+    def __init__(self, out: list[str]):
+        self.out = out
+
+    def warning(self, msg, *args):
+        self.out.append("warning: " + msg % args)
+
+    def info(self, msg, *args):
+        self.out.append("info: " + msg % args)
+
+
+def manifest_groups(cfg):
+    from shardline.core.manifest import EncodedGroup
+
+    store = Path(cfg.storage.root) / "datasets" / "groups"
+    return [EncodedGroup.model_validate_json(p.read_text()) for p in sorted(store.glob("*/group.json"))]

@@ -36,7 +36,7 @@ from shardline.core.encoding.write import (
     verify_manifest,
 )
 from shardline.core.failures import retry_on_infrastructure
-from shardline.core.manifest import EncodedGroup, EncodingSpec, FilePart, Manifest, RawFile, Snapshot
+from shardline.core.manifest import EncodedGroup, EncodingSpec, FilePart, LocalVocab, Manifest, RawFile, Snapshot
 from shardline.core.memory import return_freed_memory, trim
 from shardline.core.secrets import redacted_errors
 from shardline.core.version import code_version_of
@@ -187,6 +187,91 @@ def log_short_sequences(manifest: Manifest, data: DataConfig, log) -> None:
         )
 
 
+UNSEEN_SHOWN = 5  # values `log_unseen_classes` names
+UNSEEN_FILES = 3  # files named for each of them
+UNSEEN_READS = 40  # raw files it reads a column of again, at most, to find them (a click log's 22,000 are not)
+
+
+def log_unseen_classes(
+    manifest: Manifest, groups: list[EncodedGroup], snapshot: Snapshot, data: DataConfig, log, parent: bool = False
+) -> dict[str, list[str]]:
+    """A class target's values that the model has no class for (no training row it was fitted on has them: only
+    validation and test rows do), said per target, the first few with files that hold them: the model never
+    predicts them, and evaluation scores their rows as the class `<unseen>`. Ranking data's relevance grades: a
+    warning (a grade outside the data's own, a click of 3 among 0/1 clicks, counted in nDCG with a gain of 7, went
+    unsaid); other targets: a rare class in a long tail is as likely, said as information. `parent`: the encoding is
+    a parent model's (its classes). Returns {column: the values}."""
+    targets = [(i, t) for i, t in enumerate(manifest.encoding.targets) if t.task == "classification"]
+    if not targets or data.features.text:
+        return {}
+    unseen: dict[int, dict[str, list[str | None]]] = {}  # target -> value -> the groups holding it
+    for g in groups:
+        local = next((s.local for s in g.shards if s.local is not None), None)
+        for i, t in targets:
+            voc = local.targets[i] if local is not None and i < len(local.targets) else None
+            if isinstance(voc, LocalVocab):
+                known = set(t.classes or [])
+                for v in (v for v in voc.texts() if v not in known):
+                    unseen.setdefault(i, {}).setdefault(v, []).append(g.key)
+    files = {group_key(fs, data): [f.uri for f in fs] for fs in file_groups(snapshot, data)} if unseen else {}
+    reads = [UNSEEN_READS]
+    whose = "the training split of the parent model (training.init_from)" if parent else "the training split"
+    for i, values in unseen.items():
+        column = manifest.encoding.targets[i].column
+        first = sorted(values, key=_natural)[:UNSEEN_SHOWN]
+        # the files of a few such values (a typo, a grade out of range) are looked for; a long tail's are not
+        few = len(values) <= UNSEEN_SHOWN or data.group_key is not None
+        uris = [u for v in first for key in values[v] for u in files.get(key, [])] if few else []
+        held = _files_holding(uris, column, first, reads)
+        shown = [f"{v} ({', '.join(u.rsplit('/', 1)[-1] for u in held[v])})" if held.get(v) else v for v in first]
+        said = (
+            f"encode: '{column}' holds {len(values)} value(s) no row of {whose} has, in its "
+            f"{'rows' if parent else 'validation or test rows'}: {'; '.join(shown)}"
+            f"{' ...' if len(values) > UNSEEN_SHOWN else ''}. The model never predicts them, and evaluation scores "
+            "those rows as the class '<unseen>'"
+        )
+        if data.group_key:
+            log.warning("%s; if they are mistakes, fix those files", said)
+        else:
+            log.info("%s", said)
+    return {manifest.encoding.targets[i].column: sorted(values, key=_natural) for i, values in unseen.items()}
+
+
+def _natural(value: str) -> tuple:
+    """Numbers in their order (2 before 10), then text."""
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def _files_holding(uris: list[str], column: str, values: list[str], reads: list[int]) -> dict[str, list[str]]:
+    """For each of `values`, the first `UNSEEN_FILES` of the files `uris` whose `column` holds it (as text): that
+    column read again, a file at a time, while `reads` (a budget shared by the targets said) lasts. A file that
+    cannot be read now is named for each."""
+    import polars as pl
+
+    out: dict[str, list[str]] = {}
+    for uri in dict.fromkeys(uris):  # a part of a large file: its file once
+        if reads[0] <= 0 or all(len(out.get(v, [])) >= UNSEEN_FILES for v in values):
+            break
+        reads[0] -= 1
+        try:
+            if storage.is_remote(uri):
+                fs, path = storage.filesystem(uri)
+                with fs.open(path, "rb") as f:
+                    held = pl.read_parquet(f, columns=[column])[column]
+            else:
+                held = pl.read_parquet(storage.local_path(uri), columns=[column])[column]
+            there = set(held.cast(pl.Utf8).unique().drop_nulls().to_list()) & set(values)
+        except Exception:  # noqa: BLE001 - named, unread
+            there = set(values)
+        for v in there:
+            if len(out.setdefault(v, [])) < UNSEEN_FILES:
+                out[v].append(uri)
+    return out
+
+
 @task(name="fit-tokenizer")
 @redacted_errors
 def fit_tokenizer_task(snapshot: Snapshot, data: DataConfig, out_dir: str) -> tuple[str, str]:
@@ -262,6 +347,7 @@ def write_manifest(
             data.split.column,
         )
     log_short_sequences(manifest, data, get_run_logger())
+    log_unseen_classes(manifest, groups, snapshot, data, get_run_logger(), parent=base is not None)
     get_run_logger().info(
         "encode: manifest %s: rows %s, windows %s, %.1f MB of shards",
         uri,

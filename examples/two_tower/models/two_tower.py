@@ -46,8 +46,14 @@ class Tower(nn.Module):
 class TwoTower(nn.Module):
     def __init__(self, spec, query: list[str], item: list[str], dim: int = 32, hidden: int = 64, embedding: int = 16):
         super().__init__()
-        if len(spec.targets) != 1 or spec.targets[0].kind != "classification" or spec.targets[0].n_classes != 3:
+        if len(spec.targets) != 1 or spec.targets[0].kind != "classification":
             raise ValueError("TwoTower ranks by one 0/1 click target (data.target, task: classification)")
+        if spec.targets[0].n_classes != 3:  # <unseen>, 0 and 1
+            raise ValueError(
+                f"TwoTower ranks by one 0/1 click target, and the training split's '{spec.targets[0].name}' holds "
+                f"{spec.targets[0].n_classes - 1} distinct value(s): keep its clicks 0 and 1 (a grade above 1 needs "
+                "a model that scores grades)"
+            )
         self.target = spec.targets[0].name
         self.query = Tower(spec, query, dim, hidden, embedding)
         self.item = Tower(spec, item, dim + 1, hidden, embedding)  # its last number: the item's bias
