@@ -409,6 +409,19 @@ def test_a_text_fine_tune_takes_its_parent_s_tokenizer_and_refuses_another_befor
     assert validate_config({**raw, "training": {"init_from": "models:/lm/1"}}).data.tokenizer is None
     with pytest.raises(ConfigError, match="a fine-tune \\(training.init_from a text model\\) uses its parent's"):
         validate_config(raw)
+    # its learned positions cover the parent's window: another data.window is refused before any work (it was said
+    # once ingest and encode had run, as the weights were loaded)
+    from shardline.runs.parent import check_window
+
+    for family, table in (("gpt", "wpe.weight"), ("transformer", "position.weight")):
+        wider = validate_config(
+            {**raw, "data": {**raw["data"], "window": 16}, "model": {"family": family, "hidden": 16, "heads": 2},
+             "training": {"init_from": "models:/lm/1"}}
+        )  # fmt: skip
+        said = rf"models:/lm/1: its learned positions \({table}\) cover a context of 8 positions, this model's 16"
+        with pytest.raises(EncodingMismatch, match=said):
+            check_window(wider, lm, "models:/lm/1")
+        check_window(wider, lm.model_copy(update={"window": 16}), "models:/lm/1")  # the parent's window: taken
 
 
 def test_a_tokenizer_file_saved_with_truncation_and_padding_still_tokenizes_every_text_whole(tmp_path):

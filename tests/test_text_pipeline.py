@@ -95,8 +95,9 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     assert list(zip(said["doc"], said["line"])) == [("x", 0), ("x", 1), ("y", 0)]
     alone = dict(zip(out["doc"], out["prompt_tokens"]))  # x: "the quick brown", y: "a lazy"
     assert list(said["prompt_tokens"]) == [alone["x"], alone["x"] + 1 + alone["y"], alone["y"]]
-    assert said["probability"][2] == pytest.approx(out["probability"][1], rel=1e-5)  # "a lazy" alone, as before
-    assert said["probability"][1] != pytest.approx(said["probability"][2], rel=1e-5)  # "a lazy" after its history
+    assert list(said.index) == [2, 0, 1]  # each prediction under its input row's label (the rows come out in order)
+    assert said["probability"][1] == pytest.approx(out["probability"][1], rel=1e-5)  # "a lazy" alone, as before
+    assert said["probability"][0] != pytest.approx(said["probability"][1], rel=1e-5)  # "a lazy" after its history
     drawn = [
         model.predict(rows, params={"temperature": 1.5, "seed": s, "max_tokens": 12})["generated"] for s in (1, 1, 2)
     ]
@@ -136,27 +137,36 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     texts = sentences(300, 21, 3, 10)
     pairs = pl.DataFrame({"text": texts, "title": [t.split()[0] for t in texts]})
     pairs.write_parquet(tmp_path / "pairs" / "titles.parquet")
-    tuned = validate_config(
-        {
-            "name": "titler",
-            "data": {
-                "source": str(tmp_path / "pairs" / "*.parquet"),
-                "features": {"text": ["text"]},
-                "target": {"column": "title", "task": "generation"},
-                "window": 8,
-            },
-            "model": {"family": "transformer", "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.0},
-            "training": {
-                "epochs": 1,
-                "batch_size": 64,
-                "lr": 0.01,
-                "warmup_steps": 2,
-                "init_from": "models:/text-lm@champion",
-            },
-            "storage": {"root": str(root)},
-            "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "text", "model_name": "titler"},
-        }
-    )
+    tuned_raw = {
+        "name": "titler",
+        "data": {
+            "source": str(tmp_path / "pairs" / "*.parquet"),
+            "features": {"text": ["text"]},
+            "target": {"column": "title", "task": "generation"},
+            "window": 8,
+        },
+        "model": {"family": "transformer", "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.0},
+        "training": {
+            "epochs": 1,
+            "batch_size": 64,
+            "lr": 0.01,
+            "warmup_steps": 2,
+            "init_from": "models:/text-lm@champion",
+        },
+        "storage": {"root": str(root)},
+        "mlflow": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "text", "model_name": "titler"},
+    }
+    tuned = validate_config(tuned_raw)
+    # another data.window than the parent's learned positions cover: exit 2 before any work, as a config's mistake
+    # (it was said after the ingest and the encode, exit 1)
+    import yaml
+
+    wider = tmp_path / "wider.yaml"
+    wider.write_text(yaml.safe_dump({**tuned_raw, "data": {**tuned_raw["data"], "window": 16}}))
+    refused = subprocess.run([sys.executable, "-m", "shardline", "run", str(wider)], env=env, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "cover a context of 8 positions, this model's 16 (data.window)" in refused.stderr
     titled = pipeline(tuned)
     tuned_manifest = Manifest.model_validate_json(storage.read_text(titled["manifest"]))
     sha = manifest.encoding.text.tokenizer_sha256

@@ -167,7 +167,28 @@ def run(
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
     config = _load(config_path, list(set_))
+    _check_parent(config)
     summary(_run_pipeline(config, force, verbose))
+
+
+def _check_parent(config) -> None:
+    """A fine-tune whose parent (training.init_from) does not fit the config, its columns or its learned positions'
+    window: exit 2 naming the fix, as a config's mistake (the flow checks it again before any work, for a
+    deployment's run). Anything else (a registry out of reach, a parent not found) is the flow's to say."""
+    if not config.training.init_from:
+        return
+    from shardline.core.encoding.reuse import EncodingMismatch, check_columns
+    from shardline.runs.parent import check_window, parent_encoding, resolve_parent
+
+    try:
+        parent = resolve_parent(config)
+        encoding = parent_encoding(config, parent)
+        check_columns(config.data.features.model_dump(), encoding, parent.uri)
+        check_window(config, encoding, parent.uri)
+    except EncodingMismatch as e:
+        _fail(str(e), 2)
+    except Exception:  # noqa: BLE001 - said by the flow, with its retries and context
+        return
 
 
 @app.command()

@@ -18,7 +18,7 @@ from shardline.core.secrets import install_log_redaction, redacted_errors
 from shardline.flows.runners import encode_runner
 from shardline.flows.train import train
 from shardline.runs import links
-from shardline.runs.parent import parent_encoding, pinned, resolve_parent, with_parent_tokenizer
+from shardline.runs.parent import check_window, parent_encoding, pinned, resolve_parent, with_parent_tokenizer
 from shardline.runs.result import Parent
 from shardline.tasks.caching import STEPS, cached, run_cached
 from shardline.tasks.encode import encode, without_damaged
@@ -61,17 +61,17 @@ def encoded_data(config: PipelineConfig, refresh: frozenset[str] = frozenset(), 
     root = config.storage.root
     if missing := listing.no_bucket(root):  # before any write: a write there (Prefect's results) made the bucket
         raise ConfigError(f"storage.root {root}{missing}: create it (`aws s3 mb`) or fix storage.root; nothing was run")
-    ran: dict[str, bool] = {}
-    snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data, root)
-
     # fine-tuning: the data is encoded the way the model it starts from was trained (its scalings, vocabularies)
     parent = parent or resolve_parent(config)  # None without training.init_from
     base = (parent_encoding(config, parent), parent.uri) if parent else None
     data = config.data
-    if base is not None:  # a column the parent was not trained on: said before any work
+    if base is not None:  # a column the parent was not trained on, another window of its positions: before any work
         check_columns(config.data.features.model_dump(), *base)
+        check_window(config, *base)
         if base[0].text is not None:  # a text model's token ids mean words by its tokenizer: the parent's
             data = with_parent_tokenizer(config, parent, base[0])
+    ran: dict[str, bool] = {}
+    snapshot, ran["ingest"] = run_cached(ingest, INGEST_CACHE, root, "ingest" in refresh, config.data, root)
     manifest_uri, ran["encode"] = encode(  # on the flow's threads, or a Dask cluster (compute.task_runner)
         snapshot, data, root, refresh="encode" in refresh, base=base, runner=encode_runner(config)
     )

@@ -99,6 +99,27 @@ def parent_encoding(config: PipelineConfig, parent: Parent) -> EncodingSpec:
     return EncodingSpec.model_validate(bundle["encoding"])
 
 
+def check_window(config: PipelineConfig, encoding: EncodingSpec, source: str) -> None:
+    """A fine-tune of a text model by a built-in family with learned positions (one row per position of the window)
+    on another `data.window` than its parent's: refused before any work, as loading the weights would refuse it after
+    the encode (`trainer.contract.load_matching`, which also covers tabular data and a model of the user's own)."""
+    from shardline.core.encoding.reuse import EncodingMismatch
+
+    table = {"gpt": "wpe.weight", "transformer": "position.weight"}.get(config.model.family)
+    if (
+        config.model.entrypoint is None
+        and table
+        and encoding.text is not None
+        and encoding.window != config.data.window
+    ):
+        raise EncodingMismatch(
+            f"training.init_from={source}: its learned positions ({table}) cover a context of {encoding.window} "
+            f"positions, this model's {config.data.window} (data.window); re-initialising them would silently "
+            f"discard what the parent learned: set data.window to {encoding.window}, the parent's, or drop "
+            "training.init_from"
+        )
+
+
 def parent_tokenizer(config: PipelineConfig, parent: Parent, encoding: EncodingSpec) -> str:
     """A text parent's tokenizer.json (the text): a registered model's bundled one, or the one beside the
     manifest a checkpoint's run trained on; checked against the sha256 its encoding records."""
