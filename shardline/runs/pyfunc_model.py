@@ -21,7 +21,8 @@ class ShardlineModel(mlflow.pyfunc.PythonModel):
 
         rows = pl.from_pandas(model_input).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(INPUT_ROW))
         out = self.predictor.predict_frame(rows, params=params).to_pandas()
-        out.index = model_input.index[out.pop(INPUT_ROW).to_numpy()]
+        if INPUT_ROW in out.columns:  # every prediction keyed to its row (`serving.row_keys`)
+            out.index = model_input.index[out.pop(INPUT_ROW).to_numpy()]
         return out
 
 

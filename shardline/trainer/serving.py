@@ -415,6 +415,8 @@ class Predictor:
             ids = self.prompts(df)
             lengths = [len(p) for p in ids]
             keys = {c: df[c] for c in self.spec.id_columns if c in df.columns} or {"row": np.arange(df.height)}
+            if INPUT_ROW in df.columns:  # the pyfunc model's (`row_keys`): each row in the input's order
+                keys[INPUT_ROW] = df[INPUT_ROW]
         window = np.zeros((len(ids), k), np.int64)  # right-padded with <pad>: a causal model never sees it
         last = np.zeros(len(ids), np.int64)
         for i, p in enumerate(ids):
