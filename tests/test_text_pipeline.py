@@ -129,6 +129,8 @@ def test_a_text_column_pretrains_beats_the_unigram_baseline_and_registers_with_i
     assert "".join(pieces) == drawn and len(pieces) > 3, pieces
     bad = subprocess.run([*command, "--temperature", "-1"], cwd=elsewhere, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "temperature=-1.0 must be 0 (greedy) or a finite" in bad.stderr + bad.stdout
+    nothing = subprocess.run([*command[:5], "--prompt", ""], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert nothing.returncode == 2 and "--prompt is empty: give the text the model continues" in nothing.stderr
 
     # a fine-tune of the registered LM on other data with other column names: a titler (a generation target)
     # starts from its weights and reads its token ids, tokenized with the parent's tokenizer (data.tokenizer

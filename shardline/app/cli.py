@@ -444,6 +444,8 @@ def generate(
 
     from shardline.app.predict_input import placeholder
 
+    if any(not p for p in prompt):  # before the model loads (it said "column 'text' has 1 null or empty text(s)")
+        _fail("--prompt is empty: give the text the model continues", 2)
     model = _load_model(model_uri, tracking_uri)
     python_model = model.unwrap_python_model() if hasattr(model, "unwrap_python_model") else None
     spec = getattr(getattr(python_model, "predictor", None), "spec", None)
