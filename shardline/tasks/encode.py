@@ -213,7 +213,7 @@ def log_unseen_classes(
                 known = set(t.classes or [])
                 for v in (v for v in voc.texts() if v not in known):
                     unseen.setdefault(i, {}).setdefault(v, []).append(g.key)
-    files = {group_key(fs, data): [f.uri for f in fs] for fs in file_groups(snapshot, data)} if unseen else {}
+    files: dict[str | None, list[str]] = {}  # each group's files, listed once a value's files are looked for
     reads = [UNSEEN_READS]
     whose = "the training split of the parent model (training.init_from)" if parent else "the training split"
     for i, values in unseen.items():
@@ -221,6 +221,8 @@ def log_unseen_classes(
         first = sorted(values, key=_natural)[:UNSEEN_SHOWN]
         # the files of a few such values (a typo, a grade out of range) are looked for; a long tail's are not
         few = len(values) <= UNSEEN_SHOWN or data.group_key is not None
+        if few and not files:
+            files = {group_key(fs, data): [f.uri for f in fs] for fs in file_groups(snapshot, data)}
         uris = [u for v in first for key in values[v] for u in files.get(key, [])] if few else []
         held = _files_holding(uris, column, first, reads)
         shown = [f"{v} ({', '.join(u.rsplit('/', 1)[-1] for u in held[v])})" if held.get(v) else v for v in first]
