@@ -101,7 +101,7 @@ def test_what_it_refuses_names_what_it_needs():
 
     # generation settings of a registered text model (its predict params, `shardline generate`'s options)
     from shardline.core.encoding.columns import DataError
-    from shardline.trainer.serving import generation_params
+    from shardline.trainer.serving_text import generation_params
 
     assert generation_params({"max_tokens": 4.0, "temperature": 0.5}) == {
         "max_tokens": 4,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -625,6 +626,35 @@ def test_a_text_model_serves_categorical_text_and_refuses_other_types_naming_the
     # a text model has no rows to come to forecast: said, not ignored (`shardline generate` writes on)
     with pytest.raises(DataError, match=r"--forecast: a text model predicts each row's next token"):
         predictor.predict_frame(rows, forecast=True)
+
+
+def test_a_text_row_without_text_has_no_prediction_and_a_warning_names_it(tmp_path, caplog):
+    from shardline.core.config import ModelConfig
+    from shardline.trainer.models import model_from_spec, model_spec_for
+    from shardline.trainer.serving import Predictor, data_spec
+
+    write(tmp_path, pl.DataFrame({"body": sentences(60, 7)}))
+    manifest, uri = encode(tmp_path, text_config(tmp_path))
+    torch.manual_seed(0)
+    model = model_from_spec(
+        model_spec_for(ModelConfig(family="transformer", hidden=16, layers=1, heads=2), data_spec(manifest.encoding))
+    ).eval()
+    predictor = Predictor(manifest.encoding, model, tokenizer_of(uri))
+    rows = pl.DataFrame({"body": ["the quick brown", None, "a lazy", ""]})
+    with caplog.at_level(logging.WARNING, logger="shardline.predict"):
+        out = predictor.predict_frame(rows, params={"max_tokens": 3})
+    # one file of a batch with a blank row is predicted, not refused: each row with text as it is alone, under its
+    # own row number; the others named in a warning (training refused or left out such rows: data.on_bad_rows)
+    assert out["row"].to_list() == [0, 2]
+    alone = predictor.predict_frame(rows[[0, 2]], params={"max_tokens": 3})
+    assert out.drop("row").equals(alone.drop("row"))
+    said = [r.getMessage() for r in caplog.records if r.name == "shardline.predict"]
+    assert said == [
+        "predict: column 'body' has 2 null or empty text(s) (row(s) [1, 3]): those rows have no prediction (the "
+        "model was trained on none); 2 of 4 predicted"
+    ], said
+    with pytest.raises(DataError, match=r"column 'body' has 2 null or empty text\(s\) \(row\(s\) \[0, 1\]\): give"):
+        predictor.predict_frame(pl.DataFrame({"body": ["", None]}, schema={"body": pl.String}))
 
 
 def crlf_model_files(tmp_path: Path) -> tuple[Manifest, str, dict[str, str]]:

@@ -40,7 +40,6 @@ from shardline.runs.training_run import is_fresh_run, kfold_note, model_identity
 from shardline.tasks.caching import CacheRule
 from shardline.tasks.ingest import SAMPLE_ROWS, raw_sample
 from shardline.trainer.serving import (
-    GENERATION_PARAMS,
     bundle_dict,
     example_outputs,
     input_columns,
@@ -48,8 +47,8 @@ from shardline.trainer.serving import (
     key_columns,
     optional_columns,
     prediction_frame,
-    text_prediction_frame,
 )
+from shardline.trainer.serving_text import GENERATION_PARAMS, text_prediction_frame
 
 logger = logging.getLogger("shardline.register")
 

@@ -7,7 +7,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +20,13 @@ from shardline.core.encoding.columns import ORDER, SEQ, DataError, prepare, refu
 from shardline.core.encoding.frame import encode_frame
 from shardline.core.encoding.splits import sequence_runs
 from shardline.core.manifest import EncodingSpec
+from shardline.trainer.serving_text import (
+    check_text_types,
+    generation_params,
+    in_streams,
+    text_prediction_frame,
+    with_text,
+)
 
 if TYPE_CHECKING:
     from shardline.trainer.contract import DataSpec
@@ -168,22 +174,6 @@ def decode_truth(spec: EncodingSpec, targets: list) -> dict[str, object]:
     return cols
 
 
-TEXT_OUTPUTS = {"prompt_tokens": pl.Int64, "next_token": pl.String, "probability": pl.Float32, "generated": pl.String}
-# a text model's `predict` params (MLflow's `predict(data, params=...)`, declared in the signature): what
-# `generated` is; temperature 0 is greedy, top_k 0 samples among every token
-GENERATION_PARAMS = {"max_tokens": 32, "temperature": 0.0, "top_k": 0, "seed": 0}
-
-
-def text_prediction_frame(keys: dict[str, object], columns: dict[str, object]) -> pl.DataFrame:
-    """Text data's predictions, one row per input row: its keys, then `prompt_tokens` (the row's prompt, as
-    training laid it out), `next_token` (the most likely next token, as text), its `probability`, and
-    `generated` (the text the model writes after the prompt: for a generation target, the row's target)."""
-    out = {name: v if isinstance(v, pl.Series) else pl.Series(name, v) for name, v in keys.items()}
-    for name, dtype in TEXT_OUTPUTS.items():
-        out[name] = pl.Series(name, columns[name], dtype=dtype)
-    return pl.DataFrame(out)
-
-
 def example_outputs(spec: EncodingSpec) -> dict[str, np.ndarray]:
     """What `predict` returns for one window (zeros, class 1 most likely): to show the predictions' columns
     and types (the registered model's signature) without a model."""
@@ -221,33 +211,6 @@ def prediction_frame(
         out["position"] = np.tile(np.arange(k, dtype=np.int64), n // k if per_position else n)
     out.update(outputs if decoded else decode_outputs(spec, outputs))
     return pl.DataFrame(out)
-
-
-def generation_params(params: dict | None) -> dict:
-    """GENERATION_PARAMS with `params` over them, checked: a clear error naming the param that cannot work."""
-    unknown = sorted(set(params or {}) - set(GENERATION_PARAMS))
-    if unknown:
-        raise DataError(f"unknown generation param(s) {unknown}: a text model takes {list(GENERATION_PARAMS)}")
-    given = {k: v for k, v in (params or {}).items() if v is not None}
-    for name, v in given.items():  # a whole number where one is meant: 2.7 tokens, or True, is a mistake
-        if isinstance(GENERATION_PARAMS[name], int) and (
-            isinstance(v, bool) or (isinstance(v, float) and not v.is_integer())
-        ):
-            raise DataError(f"generation param {name}={v!r} must be a whole number")
-    p = {**GENERATION_PARAMS, **given}
-    try:
-        p = {k: type(GENERATION_PARAMS[k])(v) for k, v in p.items()}
-    except (TypeError, ValueError, OverflowError) as e:
-        raise DataError(f"generation params {params}: {e}") from None
-    for name, ok, want in (
-        ("max_tokens", p["max_tokens"] >= 0, "0 or more"),
-        ("temperature", 0 <= p["temperature"] < math.inf, "0 (greedy) or a finite number above it"),
-        ("top_k", p["top_k"] >= 0, "0 (every token) or more"),
-        ("seed", -(1 << 63) <= p["seed"] < 1 << 64, "a whole number below 2**64 (what torch's generator takes)"),
-    ):
-        if not ok:
-            raise DataError(f"generation param {name}={p[name]} must be {want}")
-    return p
 
 
 def _conformed(df: pl.DataFrame, types: dict[str, str]) -> pl.DataFrame:
@@ -347,15 +310,10 @@ class Predictor:
     def prompts(self, df: pl.DataFrame) -> list[list[int]]:
         """Text data: each row's prompt as token ids (its text columns joined with <sep>, then a <sep> when the
         model writes a generation target after them), tokenized with the bundled tokenizer."""
-        from shardline.core.encoding.text import prompt_ids, reads_as_text
+        from shardline.core.encoding.text import prompt_ids
 
         t = self.spec.text
-        wrong = {c: df.schema[c] for c in t.columns if not reads_as_text(df.schema[c])}
-        if wrong:  # a list or a number is not text: said naming the column, not as polars' cast error
-            raise DataError(
-                ", ".join(f"input column '{c}' is {dtype}, not text" for c, dtype in wrong.items())
-                + f"; the model reads strings in its text columns {list(t.columns)}"
-            )
+        check_text_types(self.spec, df)
         texts = [df[c].cast(pl.Utf8).fill_null("").to_list() for c in t.columns]
         empty = {c: [i for i, v in enumerate(col) if not v] for c, col in zip(t.columns, texts)}
         if any(empty.values()):  # training refused such rows (data.on_bad_rows): a prompt of nothing is no input
@@ -407,6 +365,9 @@ class Predictor:
         gen = generation_params(params)
 
         k = self.spec.window
+        df, kept, note = with_text(self.spec, df)  # a row without text: no prediction (the note says which)
+        if note:
+            logging.getLogger(PREDICT_LOG).warning("predict: %s", note)
         if self.spec.sequence_key is not None:  # a row's prompt: its sequence's rows up to it, as training read them
             df, seq_col = self._in_sequences(df)
             ids, lengths = in_streams(self.prompts(df), df[SEQ].to_numpy(), k)
@@ -414,7 +375,9 @@ class Predictor:
         else:
             ids = self.prompts(df)
             lengths = [len(p) for p in ids]
-            keys = {c: df[c] for c in self.spec.id_columns if c in df.columns} or {"row": np.arange(df.height)}
+            keys = {c: df[c] for c in self.spec.id_columns if c in df.columns} or {
+                "row": np.arange(df.height) if kept is None else kept
+            }
             if INPUT_ROW in df.columns:  # the pyfunc model's (`row_keys`): each row in the input's order
                 keys[INPUT_ROW] = df[INPUT_ROW]
         window = np.zeros((len(ids), k), np.int64)  # right-padded with <pad>: a causal model never sees it
@@ -559,25 +522,6 @@ class Predictor:
         rows = pl.Series(position_rows(where["row"], spec.window) if every else where["row"])
         out = row_keys(prepared, rows, spec, seq_col)
         return prediction_frame(spec, out, self._decoded(data, batch_size), per_position=every, decoded=True)
-
-
-def in_streams(rows: list[list[int]], sequences: np.ndarray, k: int) -> tuple[list[list[int]], list[int]]:
-    """Text of sequences: each row's prompt as its sequence's stream up to and with that row (the rows before it
-    each ended by `<sep>`, as the encoding lays a sequence out), its last `k` tokens (what the model reads); and
-    each prompt's whole length. `rows`: each row's own token ids, in the sequences' order (`sequences`: each row's)."""
-    from shardline.core.encoding.text import SEP_ID
-
-    prompts, lengths = [], []
-    held: list[int] = []
-    n = 0
-    for i, ids in enumerate(rows):
-        if i and sequences[i] == sequences[i - 1]:
-            held, n = [*held, SEP_ID, *ids][-k:], n + 1 + len(ids)
-        else:
-            held, n = list(ids[-k:]), len(ids)
-        prompts.append(held)
-        lengths.append(n)
-    return prompts, lengths
 
 
 # a column the MLflow model adds to its input: each row's place in the caller's frame, carried to the predictions of
