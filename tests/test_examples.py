@@ -214,6 +214,8 @@ def test_small_lm_example(tmp_path, prefect_api):
     summarizer = client.get_model_version_by_alias("docstring-summarizer", "champion")
     metrics = client.get_run(summarizer.run_id).data.metrics
     assert 0 <= metrics["test/exact_match"] <= metrics["test/token_f1"] <= 1
+    # beside the baseline that answers every body with the training summaries' commonest
+    assert 0 <= metrics["test/exact_match_baseline"] <= metrics["test/token_f1_baseline"] <= 1
     files = {a.path for a in client.list_artifacts(summarizer.run_id, "evaluation")}
     assert "evaluation/generations.csv" in files
     # each `shardline generate`, a fresh process, prints what the registered model's predict writes for that

@@ -180,6 +180,34 @@ def test_generation_targets_are_the_summary_tokens_and_the_loss_ignores_the_rest
     )
 
 
+def test_the_generation_baseline_answers_the_training_targets_commonest_and_scores_it_on_the_test_rows(tmp_path):
+    from shardline.core.metrics.text import text_generation_scores
+    from shardline.tasks.evaluate import majority_answer, test_pairs
+
+    # a "generation" that is a label: most training rows say "yes"; a model must say more than that to beat it
+    answers = ["yes please", "no", "yes please", "maybe so", "yes please", "no"] * 20
+    write(tmp_path, pl.DataFrame({"article": sentences(120, 4, 4, 12), "summary": answers}))
+    raw = text_config(
+        tmp_path, features={"text": ["article"]}, target={"column": "summary", "task": "generation"}, window=12
+    )
+    manifest, uri = encode(tmp_path, raw)
+    config = validate_config(raw)
+    tok = tokenizer_of(uri)
+    train = [decode(tok, r) for _, r in test_pairs(open_split(manifest, uri, "train"), 10**6, SEP_ID, EOS_ID)]
+    commonest = max(set(train), key=train.count)
+    assert commonest == "yes please" and train.count("no") < train.count(commonest)
+    assert decode(tok, majority_answer(manifest, uri, config, SEP_ID, EOS_ID)) == commonest
+    # the baseline's scores are that answer's on the test rows: exact where a test row says it, half a match on none
+    refs = [decode(tok, r) for _, r in test_pairs(open_split(manifest, uri, "test"), 10**6, SEP_ID, EOS_ID)]
+    said = text_generation_scores([commonest] * len(refs), refs)
+    assert said["exact_match"] == refs.count("yes please") / len(refs)
+    assert 0 < said["exact_match"] < 1 and said["token_f1"] == said["exact_match"]
+    # a pass stops opening shards once it has what it asked for
+    opened = []
+    data = open_split(manifest, uri, "train")
+    assert data.each_shard(lambda v, s: opened.append(s), until=lambda: True) == [] and opened == []
+
+
 def test_the_tokenizer_is_byte_identical_on_re_encode_and_trained_on_the_train_split_only(tmp_path):
     bodies = sentences(80, 6)
     write(tmp_path, pl.DataFrame({"body": bodies}))

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -191,10 +192,11 @@ GENERATION_MARGIN = 8  # new tokens beyond the longest reference, by default
 GENERATION_CAP = 256  # ... and never more than this many
 
 
-def test_pairs(test, limit: int, sep_id: int, eos_id: int) -> list[tuple[list[int], list[int]]]:
-    """A generation target's (prompt, reference) token ids, per test sequence in the shards' order, the first
-    `limit`: the prompt is the sequence's tokens before its first target token (the source, `<sep>`
-    included), the reference its target tokens from there up to the `<sep>` or `<eos>` that ends them."""
+def test_pairs(test, limit: int, sep_id: int, eos_id: int, prompts: bool = True) -> list[tuple[list[int], list[int]]]:
+    """A generation target's (prompt, reference) token ids, per sequence of the split `test` in the shards' order,
+    the first `limit`: the prompt is the sequence's tokens before its first target token (the source, `<sep>`
+    included; without `prompts`, none), the reference its target tokens from there up to the `<sep>` or `<eos>`
+    that ends them."""
     from shardline.trainer.data import target_names
 
     pairs: list[tuple[list[int], list[int]]] = []
@@ -217,28 +219,48 @@ def test_pairs(test, limit: int, sep_id: int, eos_id: int) -> list[tuple[list[in
                 if t in (sep_id, eos_id) or not target[first + len(ref)]:
                     break
                 ref.append(int(t))
-            pairs.append((tokens[lo:first].astype(np.int64).tolist(), ref))
+            pairs.append((tokens[lo:first].astype(np.int64).tolist() if prompts else [], ref))
 
-    test.each_shard(per_shard)
+    test.each_shard(per_shard, until=lambda: len(pairs) >= limit)
     return pairs
 
 
-def generation_scores(model, manifest: Manifest, manifest_uri: str, test, config, out_dir: Path) -> tuple[dict, str]:
+MAJORITY_PAIRS = 20_000  # the training sequences whose targets the generation baseline's answer is the commonest of
+
+
+def majority_answer(manifest: Manifest, manifest_uri: str, config, sep_id: int, eos_id: int) -> list[int] | None:
+    """The commonest target among the first MAJORITY_PAIRS sequences of the splits training fitted on, as token ids:
+    the answer the generation baseline gives every test row, as the majority class is a classifier's (a tie goes to
+    the one seen first); None where they hold no target."""
+    from shardline.trainer.data import open_split
+
+    fit = [s for s in config.data.split.fit_splits() if manifest.shards_of(s)]
+    if not fit:
+        return None
+    train = open_split(manifest, manifest_uri, fit[0] if len(fit) == 1 else fit)
+    counts = Counter(tuple(r) for _, r in test_pairs(train, MAJORITY_PAIRS, sep_id, eos_id, prompts=False))
+    return list(counts.most_common(1)[0][0]) if counts else None
+
+
+def generation_scores(
+    model, manifest: Manifest, manifest_uri: str, test, config, out_dir: Path
+) -> tuple[dict, dict, str]:
     """A generation target's exact match and token F1 (`text_generation_scores`) of greedy generations on the
     first `evaluation.max_generations` test sequences, each prompted with its source and `<sep>` (as
     training laid it out) and given `evaluation.max_new_tokens` new tokens (default: the longest reference
     plus GENERATION_MARGIN, at most GENERATION_CAP); every generation written to generations.csv (source,
-    reference, output). Returns the metrics and a few examples as markdown; ({}, "") for pre-training."""
+    reference, output). Returns the metrics, the baseline's (the training targets' commonest answer given to
+    every row: `majority_answer`) and a few examples as markdown; ({}, {}, "") for pre-training."""
     from shardline.core.encoding.text import EOS_ID, SEP_ID, decode
     from shardline.trainer.generate import continuations
 
     text = manifest.encoding.text
     limit = config.evaluation.max_generations
     if text.target_column is None or limit == 0:
-        return {}, ""
+        return {}, {}, ""
     pairs = test_pairs(test, limit, SEP_ID, EOS_ID)
     if not pairs:
-        return {}, ""
+        return {}, {}, ""
     tokenizer = storage.read_text(
         storage.resolve(manifest_uri.rsplit("/", 1)[0], manifest.tokenizer or "tokenizer.json")
     )
@@ -250,13 +272,18 @@ def generation_scores(model, manifest: Manifest, manifest_uri: str, test, config
     frame = pl.DataFrame({"source": sources, "reference": references, "output": outputs})
     frame.write_csv(out_dir / GENERATIONS_FILE)
     scores = text_generation_scores(outputs, references)
+    answer = majority_answer(manifest, manifest_uri, config, SEP_ID, EOS_ID)
+    answer = None if answer is None else decode(tokenizer, answer)
+    baseline = {} if answer is None else text_generation_scores([answer] * len(references), references)
     cut = lambda t, n=120: (t[:n] + "…" if len(t) > n else t).replace("|", "\\|").replace("\n", " ")
     rows = [f"| {cut(s)} | {cut(r)} | {cut(o)} |" for s, r, o in frame.head(3).iter_rows()]
     examples = (
         f"Greedy generations on {len(pairs)} test sequences (up to {max_new} new tokens; all in {GENERATIONS_FILE}), "
         "the first three:\n\n| source | reference | output |\n| --- | --- | --- |\n" + "\n".join(rows)
     )
-    return scores, examples
+    if answer is not None:
+        examples += f'\n\nThe baseline answers every one with the training targets\' commonest: "{cut(answer)}".'
+    return scores, baseline, examples
 
 
 def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: list, out_dir: Path, config) -> dict:
@@ -279,8 +306,9 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
     perplexity = scores["val_perplexity"]
     metrics = {"perplexity": perplexity, "loss": math.log(perplexity), "accuracy": scores["val_accuracy"]}
     baseline = {"perplexity": baseline_ppl, "loss": math.log(baseline_ppl)}
-    generated, examples = generation_scores(model, manifest, manifest_uri, test, config, out_dir)
+    generated, generated_baseline, examples = generation_scores(model, manifest, manifest_uri, test, config, out_dir)
     metrics.update(generated)
+    baseline.update(generated_baseline)
     directions = {k: "maximize" if k in ("accuracy", "exact_match", "token_f1") else "minimize" for k in metrics}
     table = R.format_metrics_table(metrics, baseline, directions)
     files = [str(p) for p in plots] + ([str(out_dir / GENERATIONS_FILE)] if generated else [])

@@ -524,14 +524,17 @@ class SplitData:
         else:
             self.each_shard(check)
 
-    def each_shard(self, fn) -> list:
+    def each_shard(self, fn, until=None) -> list:
         """[fn(view, shard index) for every shard, in order], one shard at a time: a streamed shard is
         released before the next is opened (which is read ahead meanwhile when the cache has room), so a
-        pass over a split many times the cache holds one or two of its shards."""
+        pass over a split many times the cache holds one or two of its shards. `until`: a function of
+        nothing; once it is true, no further shard is opened."""
         out = []
         held = self.open_shards  # a loader's, if one is under way: left as they are
         try:
             for s in range(self.n_shards):
+                if until is not None and until():
+                    break
                 v = self.view(s)
                 if s + 1 < self.n_shards:
                     self.prefetch(s + 1)
