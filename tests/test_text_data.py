@@ -630,7 +630,8 @@ def test_texts_tokenized_in_small_batches_give_byte_identical_shards(tmp_path, m
         assert shards(f"b{texts}-{size}") == whole
 
 
-def test_a_text_model_serves_categorical_text_and_refuses_other_types_naming_the_column(tmp_path):
+def small_text_predictor(tmp_path: Path):
+    """A predictor of an untrained small transformer over 60 sentences' tokens (the serving path, no training)."""
     from shardline.core.config import ModelConfig
     from shardline.trainer.models import model_from_spec, model_spec_for
     from shardline.trainer.serving import Predictor, data_spec
@@ -641,7 +642,11 @@ def test_a_text_model_serves_categorical_text_and_refuses_other_types_naming_the
     model = model_from_spec(
         model_spec_for(ModelConfig(family="transformer", hidden=16, layers=1, heads=2), data_spec(manifest.encoding))
     ).eval()
-    predictor = Predictor(manifest.encoding, model, tokenizer_of(uri))
+    return Predictor(manifest.encoding, model, tokenizer_of(uri))
+
+
+def test_a_text_model_serves_categorical_text_and_refuses_other_types_naming_the_column(tmp_path):
+    predictor = small_text_predictor(tmp_path)
     rows = pl.DataFrame({"body": ["the quick brown", "a lazy"]})
     plain = predictor.predict_frame(rows, params={"max_tokens": 3})
     categorical = predictor.predict_frame(
@@ -657,17 +662,7 @@ def test_a_text_model_serves_categorical_text_and_refuses_other_types_naming_the
 
 
 def test_a_text_row_without_text_has_no_prediction_and_a_warning_names_it(tmp_path, caplog):
-    from shardline.core.config import ModelConfig
-    from shardline.trainer.models import model_from_spec, model_spec_for
-    from shardline.trainer.serving import Predictor, data_spec
-
-    write(tmp_path, pl.DataFrame({"body": sentences(60, 7)}))
-    manifest, uri = encode(tmp_path, text_config(tmp_path))
-    torch.manual_seed(0)
-    model = model_from_spec(
-        model_spec_for(ModelConfig(family="transformer", hidden=16, layers=1, heads=2), data_spec(manifest.encoding))
-    ).eval()
-    predictor = Predictor(manifest.encoding, model, tokenizer_of(uri))
+    predictor = small_text_predictor(tmp_path)
     rows = pl.DataFrame({"body": ["the quick brown", None, "a lazy", ""]})
     with caplog.at_level(logging.WARNING, logger="shardline.predict"):
         out = predictor.predict_frame(rows, params={"max_tokens": 3})
