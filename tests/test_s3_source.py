@@ -218,9 +218,18 @@ def test_a_pipeline_on_an_s3_root_is_cached_on_another_machine_and_evaluates_wit
             f"{tmp_path}/p.parquet",
             "no parquet file in s3://team-buket/day: its bucket 'team-buket'",
         ),
+        # --out one of the input's files, by any path to it: refused before a row is read, the file left as it was
+        (
+            "s3://team-bucket/day/*.parquet",
+            f"s3://team-bucket/day/{day[0].name}",
+            f"is s3://team-bucket/day/{day[0].name}, a file of the input: the predictions would replace its rows",
+        ),
+        (f"{tmp_path}/day", f"{tmp_path}/preds/../day/{day[1].name}", f"is {day[1]}, a file of the input"),
     ):
         done = CliRunner().invoke(app, ["predict", *model, where, "--out", out, *tracking])
         assert done.exit_code == 2 and said in done.output, done.output
+    assert storage.read_bytes(f"s3://team-bucket/day/{day[0].name}") == day[0].read_bytes()
+    assert pl.read_parquet(day[1]).columns == pl.read_parquet(day[2]).columns  # still the raw rows
     # "another machine": none of the first one's temporary files
     shutil.rmtree(tmp_path / "machine-a")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine-b"))

@@ -26,17 +26,29 @@ def read_input(input_path: str, schema=None, by_file: str | None = None) -> pl.D
     return next(read_chunks(input_path, schema, by_file, rows=None))
 
 
-def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: int | None = None, within=False):
+def read_chunks(
+    input_path: str,
+    schema=None,
+    by_file: str | None = None,
+    rows: int | None = None,
+    within=False,
+    out: str | None = None,
+):
     """`read_input`'s rows, whole files at a time, each chunk at least `rows` rows but for the last (None: one
     chunk): for a model whose sequence is the file, each chunk is predicted as the whole input would be. `within`
     (a model of one row a window, which predicts each row on its own): a file of more than `rows` rows is read
-    `rows` at a time too (polars reads only the row groups of each)."""
+    `rows` at a time too (polars reads only the row groups of each). `out`: where the predictions go, refused
+    (ValueError) before any row is read when it is one of the input's files."""
     listed = listing.listed_files(input_path)
     fs = storage.filesystem(input_path)[0]
     sizes = {listing.source_uri(fs, input_path, p): int(info.get("size") or 0) for p, info in listed.items()}
     files = sorted(sizes)
     if not files:
         raise ValueError(f"no parquet file in {input_path}{listing.no_bucket(input_path)}")
+    if out is not None and (same := _one_of(out, files)):
+        raise ValueError(
+            f"--out {out} is {same}, a file of the input: the predictions would replace its rows; name another file"
+        )
     wanted = schema.input_names() if schema is not None else None
     required = schema.required_input_names() if schema is not None else []
     frames, names = [], []
@@ -67,6 +79,20 @@ def read_chunks(input_path: str, schema=None, by_file: str | None = None, rows: 
                 frames, names = [], []
     if frames:  # (every file gives a frame, of no rows if it has none)
         yield _together(frames, names, input_path)
+
+
+def _one_of(out: str, files: list[str]) -> str | None:
+    """The input file that `out` names (the same local file by any path to it, or the same object), else None."""
+    import os
+
+    if storage.is_remote(out):
+        fs, path = storage.filesystem(out)
+        same = listing.source_uri(fs, out, path)
+        return same if same in files else None
+    mine = os.path.realpath(storage.local_path(out))
+    return next(
+        (f for f in files if not storage.is_remote(f) and os.path.realpath(storage.local_path(f)) == mine), None
+    )
 
 
 def _pieces(source, wanted: list[str] | None, rows: int | None):
@@ -151,7 +177,7 @@ def write_predictions(
     by_file = file_key(predictor.spec) if getattr(predictor, "input_types", None) else None  # each row's file
     within = row_wise(predictor)  # rows predicted one by one: a large file a chunk of rows at a time
     limit = predict_rows()
-    chunks = read_chunks(input_path, schema, by_file, limit if by_file or within else None, within=within)
+    chunks = read_chunks(input_path, schema, by_file, limit if by_file or within else None, within=within, out=out)
     with tempfile.TemporaryDirectory(prefix="shardline-predict-") as scratch:
         results, rows, n, empty, chunked, said = [], 0, 0, None, False, {}
         while True:
