@@ -220,6 +220,8 @@ def test_the_shipped_demo_config_s_paths_are_the_extending_config_s_not_the_inst
     [
         ({"dask_address": "tcp://h:8786"}, "compute.dask_address is set but compute.task_runner is 'threads'"),
         ({"task_runner": "dask", "dask_address": "h:8786"}, "write it as tcp://host:8786"),
+        # a dashboard's address is no scheduler's: refused here (Dask took a minute to say it, then a traceback)
+        ({"task_runner": "dask", "dask_address": "http://h:8787"}, "not a Dask scheduler's address"),
         ({"task_runner": "dask", "dask_address": "tcp://h:8786", "dask_workers": 2}, "remove compute.dask_workers"),
     ],
 )

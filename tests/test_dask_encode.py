@@ -97,3 +97,44 @@ def test_dask_encode_writes_the_thread_pool_shards_on_two_worker_processes(tmp_p
     # that ran four groups holds under 1 GB (about 0.5 GB of it is prefect, polars and torch, imported)
     for w in before:
         assert after[w]["rss"] < 1e9, f"{w}: {after[w]['rss'] / 1e6:.0f} MB resident after encoding"
+
+
+def test_a_cluster_without_workers_fails_the_encode_in_time_and_a_scheduler_address_is_checked(tmp_path, prefect_api):
+    """Every worker lost: Dask's own `no-workers-timeout` fails the groups instead of a wait without end. A local
+    cluster is started with it; a scheduler of the user's without it is warned of, naming the setting; an address
+    where no scheduler answers is said naming compute.dask_address, not with Dask's traceback."""
+    import dask
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    from shardline.flows.runners import NO_WORKERS_SETTING, _dask_runner, _no_workers_timeout
+
+    raw = tmp_path / "raw"
+    make_raw(raw, n_seq=3, rows=20)
+
+    def config(**compute):
+        raw_config = tiny_config(str(raw / "*.parquet"), str(tmp_path / "store"))
+        return validate_config({**raw_config, "compute": {"task_runner": "dask", **compute}})
+
+    @flow(name="dask-no-workers")
+    def timeout_of(cfg):
+        with _dask_runner(cfg) as (runner, _):
+            return runner.client.run_on_scheduler(_no_workers_timeout)
+
+    def said(state) -> list[str]:
+        APILogHandler().flush()
+        with get_client(sync_client=True) as client:
+            runs = LogFilterFlowRunId(any_=[state.state_details.flow_run_id])
+            return [log.message for log in client.read_logs(log_filter=LogFilter(flow_run_id=runs))]
+
+    assert timeout_of(config(dask_workers=1)) == 300  # the local cluster's: 5 minutes
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as c:
+        state = timeout_of(config(dask_address=c.scheduler_address), return_state=True)
+        assert state.result() is None
+        warned = [m for m in said(state) if NO_WORKERS_SETTING in m]
+        assert warned and "DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT=5minutes" in warned[0], said(state)
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        with pytest.raises(RuntimeError, match=r"compute.dask_address tcp://127.0.0.1:9: no Dask scheduler answers"):
+            timeout_of(config(dask_address="tcp://127.0.0.1:9"))

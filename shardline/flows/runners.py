@@ -38,6 +38,7 @@ def encode_runner(config: PipelineConfig) -> Callable[[], AbstractContextManager
 def _dask_runner(config: PipelineConfig) -> Iterator[tuple[Any, int]]:
     """prefect-dask's runner on the configured cluster, started (inside a flow run), and its worker threads."""
     compute = config.compute
+    import dask
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_dask import DaskTaskRunner
@@ -64,6 +65,19 @@ def _dask_runner(config: PipelineConfig) -> Iterator[tuple[Any, int]]:
         api = str(client.api_url).rstrip("/")  # the ephemeral API's too: a worker must not start its own
     # the workers' task runs report to this API (the settings travel with each task's context)
     with temporary_settings(updates={PREFECT_API_URL: api}), spawning_this_shardline(), runner:
+        # the runner's client, made on first use, starts the local cluster or connects to the user's: a local
+        # cluster whose every worker is gone fails its groups after NO_WORKERS (Dask's own timeout, which its
+        # scheduler reads as it starts), not never
+        with dask.config.set({NO_WORKERS_SETTING: None if compute.dask_address else NO_WORKERS}):
+            try:
+                runner.client  # noqa: B018 - made here, on purpose
+            except OSError as e:  # no scheduler answers: said naming the setting, without Dask's traceback
+                if not compute.dask_address:
+                    raise
+                raise RuntimeError(
+                    f"compute.dask_address {compute.dask_address}: no Dask scheduler answers there ({e}); start one "
+                    "(`dask scheduler`) or correct the address"
+                ) from None
         if compute.dask_address:  # a cluster whose workers are still starting: wait a little for one
             try:
                 runner.client.wait_for_workers(1, timeout=60)
@@ -73,4 +87,25 @@ def _dask_runner(config: PipelineConfig) -> Iterator[tuple[Any, int]]:
         if slots < 1:
             raise RuntimeError(f"{where} has no worker: start one (dask worker {compute.dask_address}) and run again")
         get_run_logger().info("encode: file groups run on %s (%d worker thread(s))", where, slots)
+        if compute.dask_address and runner.client.run_on_scheduler(_no_workers_timeout) is None:
+            get_run_logger().warning(
+                "encode: the Dask scheduler at %s has no %s: should every worker be lost, the encode waits for one "
+                "without end; start the scheduler with DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT=%s (its groups "
+                "then fail after that long without a worker, and the run with them)",
+                compute.dask_address,
+                NO_WORKERS_SETTING,
+                NO_WORKERS.replace(" ", ""),
+            )
         yield runner, slots
+
+
+NO_WORKERS_SETTING = "distributed.scheduler.no-workers-timeout"
+NO_WORKERS = (
+    "5 minutes"  # a local cluster's nannies restart a lost worker in seconds: this long without any, none comes
+)
+
+
+def _no_workers_timeout(dask_scheduler=None):
+    """On the scheduler (`Client.run_on_scheduler`): how long a task waits with no worker before it fails (None:
+    without end)."""
+    return dask_scheduler.no_workers_timeout

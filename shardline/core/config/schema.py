@@ -321,6 +321,9 @@ class MlflowConfig(Strict):
     promotion_direction: Literal["maximize", "minimize"] | None = None
 
 
+DASK_SCHEMES = ("tcp", "tls", "ucx", "ws", "wss", "inproc")  # the comms a Dask scheduler listens on
+
+
 class ComputeConfig(Strict):
     """Where training runs. Nothing here changes what is trained: switching it never retrains."""
 
@@ -446,9 +449,12 @@ class ComputeConfig(Strict):
                 "compute.dask_workers sizes a local cluster; with compute.dask_address (an existing "
                 "cluster) its workers are what that cluster has: remove compute.dask_workers"
             )
-        if self.dask_address is not None and "://" not in self.dask_address:
+        scheme = (self.dask_address or "").partition("://")[0] if "://" in (self.dask_address or "") else None
+        if self.dask_address is not None and scheme not in DASK_SCHEMES:
             raise ValueError(
-                f"compute.dask_address '{self.dask_address}' is not a scheduler address; write it as tcp://host:8786"
+                f"compute.dask_address '{self.dask_address}' is not a Dask scheduler's address (a scheme of "
+                f"{', '.join(DASK_SCHEMES)}); write it as tcp://host:8786 (the port `dask scheduler` prints, not "
+                "its dashboard's)"
             )
         return self
 
