@@ -365,6 +365,18 @@ def test_a_file_as_the_sequence_is_kept_apart_in_predictions_and_the_gate(base, 
     alone = predict(tmp_path / "files" / "f-003.parquet", str(tmp_path / "one.parquet"))
     assert alone["file"].unique().to_list() == ["f-003.parquet"]
     assert folder.filter(pl.col("file") == "f-003.parquet").equals(alone)
+    if order:  # three files' rows as one frame (one file to the model): their windows mix them, which a warning says
+        import mlflow
+
+        from shardline.trainer.serving import kept_notes
+
+        mlflow.set_tracking_uri(store)
+        served = mlflow.pyfunc.load_model(model)
+        three = pl.concat([pl.read_parquet(tmp_path / "files" / f"f-00{i}.parquet") for i in range(3)])
+        for rows, warned in ((three.head(40), False), (three, True)):
+            with kept_notes() as said:  # what predict warns of its input
+                served.predict(rows.to_pandas())
+            assert any("100% of the rows share their 't' value" in m for m in said) == warned, said
     # a large input is predicted whole files at a time, as it is all at once; a chunk of files too short for a
     # window (here one of 2 rows alone) gives no prediction, as in the whole input
     import shardline.app.predict_input as P

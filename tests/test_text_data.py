@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -661,19 +660,20 @@ def test_a_text_model_serves_categorical_text_and_refuses_other_types_naming_the
         predictor.predict_frame(rows, forecast=True)
 
 
-def test_a_text_row_without_text_has_no_prediction_and_a_warning_names_it(tmp_path, caplog):
+def test_a_text_row_without_text_has_no_prediction_and_a_warning_names_it(tmp_path):
+    from shardline.trainer.serving import kept_notes
+
     predictor = small_text_predictor(tmp_path)
     rows = pl.DataFrame({"body": ["the quick brown", None, "a lazy", ""]})
-    with caplog.at_level(logging.WARNING, logger="shardline.predict"):
+    with kept_notes() as said:  # what predict warns of its input
         out = predictor.predict_frame(rows, params={"max_tokens": 3})
     # one file of a batch with a blank row is predicted, not refused: each row with text as it is alone, under its
     # own row number; the others named in a warning (training refused or left out such rows: data.on_bad_rows)
     assert out["row"].to_list() == [0, 2]
     alone = predictor.predict_frame(rows[[0, 2]], params={"max_tokens": 3})
     assert out.drop("row").equals(alone.drop("row"))
-    said = [r.getMessage() for r in caplog.records if r.name == "shardline.predict"]
     assert said == [
-        "predict: column 'body' has 2 null or empty text(s) (row(s) [1, 3]): those rows have no prediction (the "
+        "column 'body' has 2 null or empty text(s) (row(s) [1, 3]): those rows have no prediction (the "
         "model was trained on none); 2 of 4 predicted"
     ], said
     with pytest.raises(DataError, match=r"column 'body' has 2 null or empty text\(s\) \(row\(s\) \[0, 1\]\): give"):

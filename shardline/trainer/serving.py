@@ -583,6 +583,9 @@ def kept_notes() -> Iterator[list[str]]:
         log.propagate = propagate
 
 
+TIED = 0.5  # the share of a file's rows that tie on the order column, above which it is said (a few ties are data's)
+
+
 def input_notes(
     prepared: pl.DataFrame, arrays: dict, spec: EncodingSpec, seq_col: str | None, forecast: bool = False
 ) -> list[str]:
@@ -605,6 +608,17 @@ def input_notes(
             f"{len(names)} sequence(s) have fewer than {need} and get no prediction: {shown}; pass their history too"
         )
     real = ~prepared[TO_COME].to_numpy() if TO_COME in prepared.columns else True  # not a forecast's copies
+    if spec.order_by and spec.sequence_key in (None, FILE_SEQUENCE) and prepared.height and not forecast:
+        # where the file is the sequence, a file whose rows mostly share their order values holds several sequences
+        # (a file of 40 games: frame 0 forty times): its windows mix them, with nothing else to say so
+        tied = float(prepared.select(pl.struct(SEQ, ORDER).is_duplicated().mean()).item())
+        if tied > TIED:
+            notes.append(
+                f"{tied:.0%} of the rows share their '{spec.order_by}' value with another row of their file: does a "
+                "file hold several sequences? The model reads each file as one sequence (data.sequence_key: "
+                "'@file'), so its windows mix them; give each sequence its own file, or train with "
+                "data.sequence_key naming the column that tells them apart"
+            )
     for j, v in enumerate(spec.categorical):
         unseen = (arrays["cat"][:, j] == 0) & prepared[v.name].is_not_null().to_numpy() & real
         if unseen.any():
