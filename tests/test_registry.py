@@ -159,6 +159,22 @@ def test_every_champion_move_is_recorded_on_the_versions(base, prefect_api):
         assert json.loads(v1.tags["shardline.alias.champion.to"])["version"] == "2"
     else:
         assert "shardline.alias.champion.from" not in v2.tags and gate2["decision"] == "challenger"
+    assert gate2["compared"] == {"on": "the recorded test metrics (the same test split)"}  # the same test windows
+
+    # the same raw files split otherwise: other test windows (a split of one easy file scored 0.98 against 0.88 on
+    # ten and took @champion as "the same data"): the champion is re-scored on this test split, not its number used
+    cfg["data"]["split"]["seed"] = 7
+    third = run(cfg)
+    assert third["snapshot"]["fingerprint"] == first["snapshot"]["fingerprint"]
+    gate3 = json.loads(client.get_model_version(name, str(third["registered"]["version"])).tags["shardline.gate"])
+    champion = (
+        client.get_model_version_by_alias(name, "champion") if third["registered"]["alias"] != "champion" else None
+    )
+    compared = gate3["compared"]
+    assert compared["champion_test_split"] == gate3["champion"]["test_split"] != gate3["test_split"], gate3
+    assert compared["rows"] > 0 and 0 <= compared["champion_value"] <= 1 and "recorded" not in compared["on"]
+    assert compared["candidate_value"] == pytest.approx(third["metrics"]["accuracy"], abs=1e-9)
+    assert champion is None or str(champion.version) == gate3["champion"]["version"]
 
 
 def test_registrations_killed_after_log_model_or_past_their_lease_leave_one_model_and_a_champion(
@@ -510,7 +526,7 @@ def test_the_model_report_rounds_for_reading_says_a_tie_and_which_epoch_was_eval
         "tracking_uri": "sqlite:///x.db",
         "promotion_metric": "accuracy",
         "value": value,
-        "compared": {"on": "the recorded test metrics (the same data)"},
+        "compared": {"on": "the recorded test metrics (the same test split)"},
     }
     history = [{"epoch": e, "val_loss": loss} for e, loss in enumerate([0.9, 0.41, 0.41, 0.6])]
     train = {"device": "cpu", "precision": "fp32", "steps": 40, "history": history}

@@ -17,7 +17,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from shardline.core import storage
-from shardline.core.config import FILE_SEQUENCE, metric_key
+from shardline.core.config import FILE_SEQUENCE, metric_key, stable_hash
 from shardline.core.encoding.columns import ORDER, SEQ, prepare
 from shardline.core.manifest import EncodingSpec, Manifest, Snapshot
 from shardline.core.metrics import scores as M
@@ -30,6 +30,7 @@ GATE_ROWS = 200_000
 
 TOKENIZER_TAG = "shardline.tokenizer_sha256"  # a text model's: its perplexity counts the tokens of this tokenizer
 PREDICTS_TAG = "shardline.predicts"  # what a version predicts (`predicts`): versions that differ in it do not compare
+TEST_SPLIT_TAG = "shardline.test_split"  # the test windows a version was scored on (`test_split_id`)
 
 
 def predicts(spec: EncodingSpec) -> str:
@@ -44,6 +45,22 @@ def predicts(spec: EncodingSpec) -> str:
     if spec.text is not None:
         what["text"] = spec.text.target_name
     return json.dumps(what, sort_keys=True)
+
+
+def test_split_id(manifest: Manifest) -> str:
+    """The test windows a version's recorded metrics were computed on: its test shards (their rows, by checksum) and
+    how windows are cut from them (window, horizon, which positions are scored). The same raw files split otherwise
+    (another seed, other fractions or ranges) or windowed otherwise are other test windows: the same data fingerprint,
+    yet recorded metrics that do not compare (a test split of one easy file scored 0.98 against 0.88 on ten)."""
+    spec = manifest.encoding
+    return stable_hash(
+        {
+            "shards": [s.sha256 for s in manifest.shards_of("test")],
+            "window": spec.window,
+            "horizon": spec.horizon,
+            "positions": spec.target_positions,
+        }
+    )
 
 
 def _said(predicted: str) -> str:
@@ -102,6 +119,7 @@ def champion_gate(client, name: str, metric: str, direction: str, new_value: flo
         "data_fingerprint": current.tags.get("shardline.data_fingerprint"),
         "tokenizer": current.tags.get(TOKENIZER_TAG),
         "predicts": current.tags.get(PREDICTS_TAG),
+        "test_split": current.tags.get(TEST_SPLIT_TAG),
     }
     return info["value"] is None or better(new_value, info["value"], direction), info
 
@@ -371,13 +389,15 @@ def compare_with_champion(
     uri: str,
 ) -> dict:
     """How the candidate (`manifest`'s data, its evaluation's `files`, `new_value`) is compared with the champion
-    `previous` (`champion_gate`'s): by the recorded metrics (the same data, the same tokenizer); re-scored on the
-    candidate's test split (other data: `{"champion_value", "candidate_value", ...}`); or not at all
-    (`{"reason"}`: a text champion of another tokenizer, or one that cannot be re-scored)."""
+    `previous` (`champion_gate`'s): by the recorded metrics (the same test windows, `test_split_id`, and the same
+    tokenizer); re-scored on the candidate's test split (other test windows, or a champion that does not say which
+    it was scored on: `{"champion_value", "candidate_value", ...}`); or not at all (`{"reason"}`: a text champion of
+    another tokenizer, or one that cannot be re-scored)."""
     from shardline.core.secrets import redact_text
     from shardline.core.tracking.tracker import fluent_tracking_uri
 
-    compared: dict = {"on": "the recorded test metrics (the same data)"}
+    compared: dict = {"on": "the recorded test metrics (the same test split)"}
+    split = test_split_id(manifest)
     champion = f"models:/{name}/{previous['version']}" if previous else None
     text = manifest.encoding.text
     tokens = text.tokenizer_sha256 if text is not None else None
@@ -395,8 +415,9 @@ def compare_with_champion(
             "reason": f"the champion reads another tokenizer ({previous['tokenizer'][:12]}, this version "
             f"{tokens[:12]}): their {metric_name} count other tokens and do not compare"
         }
-    elif previous and previous.get("data_fingerprint") and previous["data_fingerprint"] != manifest.data_fingerprint:
-        # the champion was tested on other data: its number is not compared; it is re-scored on this test split
+    elif previous and previous.get("test_split") != split:
+        # the champion was tested on other windows (other data, or the same split otherwise), or does not say which:
+        # its number is not compared; it is re-scored on this test split
         preds = next((f for f in files if str(f).endswith("test_predictions.parquet")), None)
         try:
             with fluent_tracking_uri(uri):
@@ -411,5 +432,6 @@ def compare_with_champion(
                     compared = {"reason": "the candidate's test predictions are not in its evaluation"}
         except Exception as e:  # noqa: BLE001 - said, and the champion kept
             compared = {"reason": f"re-scoring the champion failed: {type(e).__name__}: {redact_text(str(e))}"}
-        compared["champion_data_fingerprint"] = previous["data_fingerprint"]
+        compared["champion_data_fingerprint"] = previous.get("data_fingerprint")
+        compared["champion_test_split"] = previous.get("test_split")
     return compared

@@ -33,7 +33,16 @@ from shardline.core.tracking.tracker import (
 )
 from shardline.core.version import code_version, user_code_version
 from shardline.runs import links, model_files
-from shardline.runs.gate import PREDICTS_TAG, TOKENIZER_TAG, better, champion_gate, compare_with_champion, predicts
+from shardline.runs.gate import (
+    PREDICTS_TAG,
+    TEST_SPLIT_TAG,
+    TOKENIZER_TAG,
+    better,
+    champion_gate,
+    compare_with_champion,
+    predicts,
+    test_split_id,
+)
 from shardline.runs.model_code import PYFUNC_CODE, code_paths, requirements
 from shardline.runs.result import EvalResult, Registered, TrainResult
 from shardline.runs.training_run import is_fresh_run, kfold_note, model_identity, training_identity
@@ -277,6 +286,7 @@ def _log_and_register(
         "shardline.encoding_hash": manifest.encoding_hash,
         **({TOKENIZER_TAG: spec.text.tokenizer_sha256} if spec.text is not None else {}),
         PREDICTS_TAG: predicts(spec),
+        TEST_SPLIT_TAG: test_split_id(manifest),
     }
     parent = train_result.parent
     if parent:  # fine-tuned from another model: its lineage
@@ -448,6 +458,7 @@ def _gate(
         "direction": config.mlflow.promotion_direction,
         "value": new_value,
         "data_fingerprint": manifest.data_fingerprint,
+        "test_split": test_split_id(manifest),
         "champion": previous,
         "compared": compared,
         "decision": alias,
