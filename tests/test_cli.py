@@ -285,3 +285,32 @@ def test_a_full_disk_is_said_naming_the_file_its_free_space_and_what_to_do(tmp_p
     assert "shardline gc CONFIG" in said and "run the same command again" in said
     assert out_of_space(OSError(errno.EACCES, "Permission denied", str(dest))) == ""
     assert out_of_space(ValueError("no")) == ""
+
+
+def test_ctrl_c_inside_the_import_machinery_is_raised_again_once_the_import_is_through():
+    """A Ctrl-C that lands in importlib's own code (CPython 3.11: right after it takes the global import lock, before
+    the `try` that releases it) left the lock held: the run's other threads waited on their next import forever and
+    the command hung. The command's handler raises it a moment later instead; anywhere else, at once."""
+    import signal
+    import sys
+    import time
+
+    from shardline.app.console import interrupt
+
+    scope: dict = {}
+    exec(
+        compile("def inside():\n    import sys\n    return sys._getframe()\n", "<frozen importlib._bootstrap>", "exec"),
+        scope,
+    )
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        interrupt(signal.SIGINT, scope["inside"]())  # as if it came inside an import: not raised there...
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):  # ...but a moment later, here
+            while time.monotonic() < start + 10:
+                time.sleep(0.01)
+        assert time.monotonic() - start < 5
+        with pytest.raises(KeyboardInterrupt):
+            interrupt(signal.SIGINT, sys._getframe())
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -77,7 +77,7 @@ def _flow_run(verbose: bool, again: str, errors: tuple[type[Exception], ...] = (
     before the training could take it: what to do `again`)."""
     from prefect.exceptions import TerminationSignal
 
-    from shardline.app.console import quiet_console
+    from shardline.app.console import interrupt, quiet_console
     from shardline.core import failures
     from shardline.core.encoding.columns import DataError
     from shardline.core.tracking.tracker import TrackingUnreachable
@@ -87,6 +87,7 @@ def _flow_run(verbose: bool, again: str, errors: tuple[type[Exception], ...] = (
         raise TerminationSignal(signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
+    interrupted = signal.signal(signal.SIGINT, interrupt)  # Ctrl-C, but never inside an import (it hung the run)
     try:
         start_ephemeral_api()
         with quiet_console(verbose):
@@ -111,6 +112,7 @@ def _flow_run(verbose: bool, again: str, errors: tuple[type[Exception], ...] = (
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, interrupted)
 
 
 def _run_pipeline(config, force: str | None = None, verbose: bool = False) -> dict:
