@@ -304,6 +304,11 @@ def test_a_champion_tested_on_other_data_is_rescored_on_the_candidates_test_spli
     timed(tmp_path / "raw")
     first = run(cfg)
     assert first["registered"]["alias"] == "champion"
+    # evaluation's predictions keyed in the raw types (the date-time with its zone: it was int64), so they join back
+    predicted = pl.read_parquet(f"{first['train']['run_dir']}/eval/test_predictions.parquet")
+    raw = pl.concat([pl.read_parquet(p) for p in sorted((tmp_path / "raw").glob("*.parquet"))])
+    assert predicted.schema["when"] == raw.schema["when"] and predicted.schema["seq"] == raw.schema["seq"]
+    assert predicted.join(raw, on=["seq", "when"]).height == predicted.height
     for path in make_raw(tmp_path / "raw", n_seq=6, rows=40, prefix="more", seed=5):  # new raw files: other data
         # and a kind the champion never saw: its predict notes go in the gate's record, not warned as a user's input
         pl.read_parquet(path).with_columns(pl.col("kind").replace("c", "new")).write_parquet(path)

@@ -104,7 +104,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     trim()
 
     scores, ran["evaluate"] = run_cached(
-        evaluate, EVALUATE_CACHE, root, "evaluate" in refresh, manifest_uri, trained, config
+        evaluate, EVALUATE_CACHE, root, "evaluate" in refresh, manifest_uri, trained, config, _sample(snapshot)
     )
 
     registered, ran["register"] = run_cached(
@@ -156,3 +156,8 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
         "weak": no_better_than_baseline(config, scores.metrics, scores.baseline),  # '' when it beats the baseline
         "registered": registered.model_dump(),
     }
+
+
+def _sample(snapshot) -> str | None:
+    """A raw file of the data (the first): the types its key columns come in, for the predictions evaluation keys."""
+    return snapshot.files[0].uri if snapshot.files else None

@@ -235,8 +235,9 @@ def reevaluate_champion(
     model = load_checked(model_uri)  # only with the files it was registered with
     schema = model.metadata.get_input_schema()
     wanted = schema.input_names() if schema is not None else []
-    # rows are matched on their sequence and order as the encoding holds them (the candidate's test predictions
-    # do: the sequence as text, the order as int64, a date-time as its instant), not on the id columns
+    # rows are matched on their sequence and order as the encoding holds them (the sequence as text, the order as
+    # int64, a date-time as its instant; the candidate's test predictions hold them in the raw types), not on the id
+    # columns
     # where the file is the sequence, its name (as the candidate's predictions give it) stands for a sequence key
     seq_key = spec.sequence_key if spec.sequence_key not in (None, FILE_SEQUENCE) else by_file
     raw_keys = [*([seq_key] if seq_key else []), order]
@@ -255,7 +256,8 @@ def reevaluate_champion(
 
     def candidate(i: int, columns: list[str]) -> pl.DataFrame:
         frame = pl.from_arrow(predicted.read_row_group(i, columns=columns))
-        return frame.rename(dict(zip(raw_keys, keys))).with_columns(pl.col(ORDER).cast(pl.Int64))
+        frame = frame.rename(dict(zip(raw_keys, keys))).with_columns(pl.col(ORDER).to_physical().cast(pl.Int64))
+        return frame.with_columns(pl.col(SEQ).cast(pl.Utf8)) if SEQ in frame.columns else frame
 
     test_keys = pl.concat([candidate(i, raw_keys)[keys[0]].unique() for i in groups]).unique()
     need = list(dict.fromkeys([*wanted, *raw_keys, target.column]))

@@ -322,7 +322,9 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
     }
 
 
-def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineConfig, out_dir: Path) -> dict:
+def evaluate_model(
+    manifest_uri: str, train_result: Trained, config: PipelineConfig, out_dir: Path, sample_uri: str | None = None
+) -> dict:
     """The best checkpoint on the test split: per target its metrics, a trivial baseline's (the training
     split's majority class or mean) and a plot (a class target also its per-class table, per_class.csv),
     named `metric` for one target and `target/metric` for several (files `target_...`); a model without a
@@ -330,7 +332,8 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
 
     One pass over the test split, a batch at a time: each batch's outputs are counted into the metrics
     and written to test_predictions.parquet, then dropped, so the memory it needs does not grow with the
-    test split (a test split's class probabilities are windows x classes floats)."""
+    test split (a test split's class probabilities are windows x classes floats). Its key columns take their types
+    in a raw file's schema (`sample_uri`: one of the data's files), so the predictions join back to the raw rows."""
     from shardline.trainer.data import open_split
     from shardline.trainer.inference import load_model, predict_batches, window_keys_of
     from shardline.trainer.models import model_spec_for
@@ -357,13 +360,16 @@ def evaluate_model(manifest_uri: str, train_result: Trained, config: PipelineCon
     ranking = RankingEvaluation(manifest, manifest_uri, config.evaluation.k) if spec.group_key else None
     every = spec.target_positions == "all" and bool(spec.targets)  # each position keyed by its own row
 
+    raw = raw_types(sample_uri, [seq, spec.order_by])
+
     def key_columns(where: dict) -> dict:
-        """The windows' key columns: the sequence key (when the data has one), then the order."""
-        columns = {spec.order_by or "row": where["order"]}
+        """The windows' key columns: the sequence key (when the data has one), then the order, in the raw types."""
+        order = spec.order_by or "row"
+        columns = {order: as_raw(pl.Series(order, where["order"]), raw.get(spec.order_by))}
         if seq_keys is None:
             return columns
         keys = seq_keys(where["shard"], where["segment"])["sequence"] if len(where["shard"]) else []
-        return {seq: pl.Series(seq, keys, pl.String), **columns}
+        return {seq: as_raw(pl.Series(seq, keys, pl.String), raw.get(seq)), **columns}
 
     with predictions_file(out_dir / "test_predictions.parquet") as write:
         for first, batch, outputs in predict_batches(model, test):
@@ -440,17 +446,45 @@ def per_class_artifacts(files: list, folder: str) -> None:
         )
 
 
+def raw_types(sample_uri: str | None, columns: list[str | None]) -> dict[str, pl.DataType]:
+    """The types of `columns` in the raw file `sample_uri`'s schema (its footer only), those it holds; {} without
+    one."""
+    if sample_uri is None:
+        return {}
+    fs, path = storage.filesystem(sample_uri)
+    try:
+        with fs.open(path, "rb") as f:
+            schema = pl.from_arrow(pq.read_schema(f).empty_table()).schema
+    except Exception:  # noqa: BLE001 - a file gone or damaged since the encode: the keys keep the encoding's types
+        return {}
+    return {c: schema[c] for c in columns if c and c in schema}
+
+
+def as_raw(values: pl.Series, dtype: pl.DataType | None) -> pl.Series:
+    """Key values as the encoding keeps them (an order as int64 instants, a sequence key as text) in their raw type
+    `dtype`: dates and date-times (time zone included) and integers; any other type (text an order was parsed
+    from) as they are."""
+    if dtype is None or dtype == values.dtype:
+        return values
+    if dtype.is_temporal() or dtype.is_integer():
+        return values.cast(pl.Int64 if values.dtype == pl.String else values.dtype).cast(dtype)
+    return values
+
+
 @task(name="evaluate")
 @redacted_errors
-def evaluate(manifest_uri: str, train_result: TrainResult, config: PipelineConfig) -> EvalResult:
-    """Score the best checkpoint on the test split against the trivial baseline; write plots, tables and predictions."""
+def evaluate(
+    manifest_uri: str, train_result: TrainResult, config: PipelineConfig, sample_uri: str | None = None
+) -> EvalResult:
+    """Score the best checkpoint on the test split against the trivial baseline; write plots, tables and predictions
+    (keyed in the raw types of the raw file `sample_uri`)."""
     log = get_run_logger()
     folder = storage.join(train_result.run_dir, "eval")
     remote = storage.is_remote(train_result.run_dir)
     # a remote run folder: written aside, then kept beside the checkpoints in the storage root (the result points there)
     with tempfile.TemporaryDirectory(prefix="shardline-eval-") as tmp:
         out_dir = Path(tmp if remote else storage.local_path(folder))
-        result = evaluate_model(manifest_uri, train_result, config, out_dir)
+        result = evaluate_model(manifest_uri, train_result, config, out_dir, sample_uri)
         per_class_artifacts(result["files"], folder)
         for i, f in enumerate(result["files"] if remote else []):
             result["files"][i] = storage.join(folder, Path(f).name)
