@@ -172,3 +172,33 @@ def test_a_package_the_model_imports_only_if_it_is_there_is_no_requirement_nor_a
         pinned = requirements(model)
     assert any(p.startswith("numpy==") for p in pinned) and not any("not_installed" in p for p in pinned)
     assert "not_installed_anywhere_xyz" not in caplog.text
+
+
+def test_a_model_param_the_model_does_not_take_is_refused_before_any_work(tmp_path):
+    """`model.params.n_layers` for a model whose __init__ takes `layers`: check-config passed it and `shardline run`
+    failed after the ingest and the encode, with exit 1. Now both exit 2 at once, naming the param and the closest."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.conftest import tiny_config
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "net.py").write_text(
+        "from torch import nn\n\n\nclass Net(nn.Module):\n"
+        "    def __init__(self, spec, hidden=8, layers=1):\n        super().__init__()\n"
+        "    def forward(self, cont, cat):\n        return {}\n"
+    )
+    cfg = tiny_config(str(tmp_path / "raw" / "*.parquet"), str(tmp_path / "store"))
+    cfg["model"] = {"entrypoint": "models.net:Net", "params": {"hidden": 16, "layerz": 2}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    for command in ("check-config", "run"):
+        done = subprocess.run(
+            [sys.executable, "-m", "shardline", command, str(tmp_path / "c.yaml")],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "cannot be called as Net(spec, **model.params=" in done.stderr, done.stderr
+        assert "did you mean model.params.layers (for layerz)?" in done.stderr, done.stderr
+    assert not (tmp_path / "store").exists()  # no work done

@@ -58,10 +58,10 @@ def _load(path: Path | None, overrides: list[str], base: dict | None = None):
         except DataError as e:
             _fail(str(e), 2)
     if config.model.entrypoint:
-        from shardline.trainer.contract import ModelContractError, import_entrypoint
+        from shardline.trainer.contract import ModelContractError, check_params
 
         try:
-            import_entrypoint(config.model.entrypoint, config.model.code_dir)
+            check_params(config.model.entrypoint, config.model.params, config.model.code_dir)
         except ModelContractError as e:
             _fail(str(e), 2)
     return config

@@ -196,6 +196,22 @@ def _closest_params(factory, params: dict) -> str:
     return f"; did you mean {', '.join(said)}?" if said else ""
 
 
+def check_params(entrypoint: str, params: dict, code_dir: str | None = None) -> None:
+    """Before any work: the entrypoint imports and takes the data spec and `model.params` as its signature says (a
+    parameter it does not take was said only once the training built the model, after the ingest and the encode)."""
+    factory = import_entrypoint(entrypoint, code_dir)
+    try:
+        inspect.signature(factory).bind(None, **params)
+    except TypeError as e:
+        name = entrypoint.rpartition(":")[2]
+        raise ModelContractError(
+            f"model.entrypoint='{entrypoint}' cannot be called as {name}(spec, **model.params={params}): "
+            f"{e}{_closest_params(factory, params)}; it must accept the data spec first, then model.params"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): the call says it
+        pass
+
+
 def build_user_model(entrypoint: str, params: dict, spec: DataSpec, code_dir: str | None = None) -> nn.Module:
     """`Name(spec, **params)`, checked to be a torch module."""
     factory = import_entrypoint(entrypoint, code_dir)
