@@ -550,6 +550,34 @@ def test_fine_tuning_refuses_unmatched_prefixes_and_weights_that_fit_nothing(dat
             callbacks=Callbacks(log=quiet),
             options=FitOptions(init_weights=parent, init_source="parent"),
         )
+    # a model that freezes a part of itself for the parent to fill: what the parent did not fill is said, not an
+    # error (a frozen random layer may be meant), and trains no more than it would have
+    write_module(
+        project,
+        "selffrozen",
+        """
+        from models.world import WindowGRU
+
+        class SelfFrozen(WindowGRU):
+            def __init__(self, spec, **params):
+                super().__init__(spec, **params)
+                self.gru.requires_grad_(False)
+        """,
+    )
+    lines: list[str] = []
+    fit(
+        data["classification"],
+        data["classification-val"],
+        user_spec(project, "models.selffrozen:SelfFrozen"),
+        train_cfg(max_steps_per_epoch=2),
+        "classification",
+        str(tmp_path / "d"),
+        callbacks=Callbacks(log=lines.append),
+        options=FitOptions(init_weights=parent, init_source="parent"),
+    )
+    said = [line for line in lines if line.startswith("warning: SelfFrozen freezes")]
+    assert said and "1 parameter tensor(s) itself that init_from parent did not load" in said[0], lines
+    assert "gru.weight_hh_l0; they stay at their random start" in said[0]
 
 
 def test_two_projects_with_a_models_package_each_train_their_own_in_one_process(tmp_path):

@@ -501,8 +501,17 @@ def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool,
             f"init_from {opt.init_source}: loaded {len(matched['loaded'])} tensor(s), {len(matched['new'])} new "
             f"({listed(matched['new'])}), {len(matched['skipped'])} skipped ({listed(matched['skipped'])})"
         )
+    own = [n for n, p in model.named_parameters() if not p.requires_grad]  # frozen by the model itself
     frozen, norms = freeze(model, list(cfg.freeze)) if cfg.freeze else ([], [])
     unloaded = sorted(set(frozen) - set(matched["loaded"])) if matched is not None and fresh else []
+    if matched is not None and fresh and (random := sorted(set(own) - set(matched["loaded"]) - set(frozen))):
+        # a model that freezes a part of itself (requires_grad_(False) in its __init__) for the parent's weights
+        # to fill: those init_from did not fill stay at their random start (a frozen random layer may be meant)
+        log(
+            f"warning: {type(model).__name__} freezes {len(random)} parameter tensor(s) itself that init_from "
+            f"{opt.init_source} did not load (new, or of another shape): {', '.join(random[:8])}"
+            f"{', ...' if len(random) > 8 else ''}; they stay at their random start, never trained"
+        )
     if unloaded:  # frozen at their random start: never trained, never loaded
         raise ModelContractError(
             f"training.freeze {list(cfg.freeze)} freezes {len(unloaded)} tensor(s) that init_from "
