@@ -268,6 +268,11 @@ def test_a_config_given_inline_as_yaml_text_is_read_as_one_and_never_quoted(tmp_
             resolve_config(bad)
         assert "TrackPw987" not in str(e.value) and "bad:" not in str(e.value)
         assert run_name_of(bad) == "shardline"
+    # a file's: named, with where and what, never its line (it may hold a secret), nor yaml's "<unicode string>"
+    (tmp_path / "broken.yaml").write_text("mlflow: {tracking_uri: 'http://bob:TrackPw987@h'\n  bad: [")
+    with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML at line 2, column \d+: ") as e:
+        load_config(tmp_path / "broken.yaml")
+    assert "TrackPw987" not in str(e.value) and "unicode string" not in str(e.value), str(e.value)
 
 
 def read_space_file(folder, text: str):

@@ -66,8 +66,11 @@ def read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"config file not found: {path}{where}")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    except yaml.YAMLError as e:  # where and what, never the line itself (it may hold a secret); yaml said
+        where = getattr(e, "problem_mark", None)  # '"<unicode string>", line 3' and quoted the line
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        what = "; ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x)
+        raise ConfigError(f"{path}: not valid YAML{at}" + (f": {what}" if what else "")) from None
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{path}: the top level must be a mapping of sections (data, model, ...), got {type(raw).__name__}"
