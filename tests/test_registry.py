@@ -494,6 +494,7 @@ def test_the_gate_compares_the_champions_full_precision_metric_not_its_rounded_t
     champion("rounded", 0.15244, format_number(0.15244))
     assert client.get_model_version("rounded", "1").tags["metric.accuracy"] == "0.1524"
     record = {"version": "1", "value": 0.15244, "data_fingerprint": None, "tokenizer": None, "predicts": None}
+    record["test_split"] = None
     assert champion_gate(client, "rounded", "accuracy", "maximize", 0.15242) == (False, record)
     assert champion_gate(client, "rounded", "accuracy", "maximize", 0.15246) == (True, record)
     assert champion_gate(client, "rounded", "accuracy", "minimize", 0.15242) == (True, record)

@@ -158,6 +158,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     }
 
 
-def _sample(snapshot) -> str | None:
-    """A raw file of the data (the first): the types its key columns come in, for the predictions evaluation keys."""
-    return snapshot.files[0].uri if snapshot.files else None
+def _sample(snapshot) -> tuple[str, int] | None:
+    """A raw file of the data (the first; its URI and size): the types its key columns come in, for the predictions
+    evaluation keys."""
+    return (snapshot.files[0].uri, snapshot.files[0].size) if snapshot.files else None

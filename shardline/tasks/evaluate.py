@@ -323,7 +323,11 @@ def evaluate_text(manifest: Manifest, manifest_uri: str, model, test, plots: lis
 
 
 def evaluate_model(
-    manifest_uri: str, train_result: Trained, config: PipelineConfig, out_dir: Path, sample_uri: str | None = None
+    manifest_uri: str,
+    train_result: Trained,
+    config: PipelineConfig,
+    out_dir: Path,
+    sample: tuple[str, int] | None = None,
 ) -> dict:
     """The best checkpoint on the test split: per target its metrics, a trivial baseline's (the training
     split's majority class or mean) and a plot (a class target also its per-class table, per_class.csv),
@@ -333,7 +337,8 @@ def evaluate_model(
     One pass over the test split, a batch at a time: each batch's outputs are counted into the metrics
     and written to test_predictions.parquet, then dropped, so the memory it needs does not grow with the
     test split (a test split's class probabilities are windows x classes floats). Its key columns take their types
-    in a raw file's schema (`sample_uri`: one of the data's files), so the predictions join back to the raw rows."""
+    in a raw file's schema (`sample`: one of the data's files, its URI and size), so the predictions join back to the
+    raw rows."""
     from shardline.trainer.data import open_split
     from shardline.trainer.inference import load_model, predict_batches, window_keys_of
     from shardline.trainer.models import model_spec_for
@@ -360,7 +365,7 @@ def evaluate_model(
     ranking = RankingEvaluation(manifest, manifest_uri, config.evaluation.k) if spec.group_key else None
     every = spec.target_positions == "all" and bool(spec.targets)  # each position keyed by its own row
 
-    raw = raw_types(sample_uri, [seq, spec.order_by])
+    raw = raw_types(sample, [seq, spec.order_by])
 
     def key_columns(where: dict) -> dict:
         """The windows' key columns: the sequence key (when the data has one), then the order, in the raw types."""
@@ -446,17 +451,17 @@ def per_class_artifacts(files: list, folder: str) -> None:
         )
 
 
-def raw_types(sample_uri: str | None, columns: list[str | None]) -> dict[str, pl.DataType]:
-    """The types of `columns` in the raw file `sample_uri`'s schema (its footer only), those it holds; {} without
-    one."""
-    if sample_uri is None:
+def raw_types(sample: tuple[str, int] | None, columns: list[str | None]) -> dict[str, pl.DataType]:
+    """The types of `columns` in the schema of the raw file `sample` (its URI and size), those it holds, from a
+    ranged read of its footer (the ingest's: an object store's file is not fetched whole); {} without one."""
+    from shardline.tasks.ingest import footers
+
+    if sample is None:
         return {}
-    fs, path = storage.filesystem(sample_uri)
-    try:
-        with fs.open(path, "rb") as f:
-            schema = pl.from_arrow(pq.read_schema(f).empty_table()).schema
-    except Exception:  # noqa: BLE001 - a file gone or damaged since the encode: the keys keep the encoding's types
+    meta = next(footers([tuple(sample)]))
+    if isinstance(meta, BaseException):  # a file gone or damaged since the encode: the keys keep the encoding's types
         return {}
+    schema = pl.from_arrow(meta.schema.to_arrow_schema().empty_table()).schema
     return {c: schema[c] for c in columns if c and c in schema}
 
 
@@ -474,17 +479,17 @@ def as_raw(values: pl.Series, dtype: pl.DataType | None) -> pl.Series:
 @task(name="evaluate")
 @redacted_errors
 def evaluate(
-    manifest_uri: str, train_result: TrainResult, config: PipelineConfig, sample_uri: str | None = None
+    manifest_uri: str, train_result: TrainResult, config: PipelineConfig, sample: tuple[str, int] | None = None
 ) -> EvalResult:
     """Score the best checkpoint on the test split against the trivial baseline; write plots, tables and predictions
-    (keyed in the raw types of the raw file `sample_uri`)."""
+    (keyed in the raw types of the raw file `sample`: its URI and size)."""
     log = get_run_logger()
     folder = storage.join(train_result.run_dir, "eval")
     remote = storage.is_remote(train_result.run_dir)
     # a remote run folder: written aside, then kept beside the checkpoints in the storage root (the result points there)
     with tempfile.TemporaryDirectory(prefix="shardline-eval-") as tmp:
         out_dir = Path(tmp if remote else storage.local_path(folder))
-        result = evaluate_model(manifest_uri, train_result, config, out_dir, sample_uri)
+        result = evaluate_model(manifest_uri, train_result, config, out_dir, sample)
         per_class_artifacts(result["files"], folder)
         for i, f in enumerate(result["files"] if remote else []):
             result["files"][i] = storage.join(folder, Path(f).name)
