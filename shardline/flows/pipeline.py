@@ -104,7 +104,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     trim()
 
     scores, ran["evaluate"] = run_cached(
-        evaluate, EVALUATE_CACHE, root, "evaluate" in refresh, manifest_uri, trained, config, _sample(snapshot)
+        evaluate, EVALUATE_CACHE, root, "evaluate" in refresh, manifest_uri, trained, config, sample_file(snapshot)
     )
 
     registered, ran["register"] = run_cached(
@@ -158,7 +158,7 @@ def pipeline(config: PipelineConfig | str, force: str | None = None) -> dict:
     }
 
 
-def _sample(snapshot) -> tuple[str, int] | None:
+def sample_file(snapshot) -> tuple[str, int] | None:
     """A raw file of the data (the first; its URI and size): the types its key columns come in, for the predictions
     evaluation keys."""
     return (snapshot.files[0].uri, snapshot.files[0].size) if snapshot.files else None

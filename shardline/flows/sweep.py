@@ -38,7 +38,7 @@ from shardline.core.sweep import (
     trial_config,
     with_folds,
 )
-from shardline.flows.pipeline import _sample, baseline_name, encoded_data
+from shardline.flows.pipeline import baseline_name, encoded_data, sample_file
 from shardline.flows.train import train
 from shardline.runs import links
 from shardline.runs.parent import pinned, resolve_parent
@@ -191,7 +191,7 @@ def sweep(
             trial, config_, trained = plan.trials[i], plan.configs[i], outcomes[i][1]
         snapshot, manifest_uri, _ = data[data_key(config_)]
         scores, ran["evaluate"] = run_cached(
-            evaluate, EVALUATE_CACHE, root, False, manifest_uri, trained, config_, _sample(snapshot)
+            evaluate, EVALUATE_CACHE, root, False, manifest_uri, trained, config_, sample_file(snapshot)
         )
         registered, ran["register"] = run_cached(
             register, REGISTER_CACHE, root, False, config_, snapshot, manifest_uri, trained, scores
