@@ -318,6 +318,7 @@ def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0
 
 # a text model's validation scores, each counted over the tokenizer's own tokens
 TOKEN_SCORES = ("val_loss", "val_perplexity", "val_accuracy")
+OTHER_ROWS = ("split", "source", "target", "targets")  # data.* keys whose trials are validated on other rows or targets
 
 
 def _check_comparable(base: PipelineConfig, space: Space) -> None:
@@ -325,8 +326,17 @@ def _check_comparable(base: PipelineConfig, space: Space) -> None:
     tokenizer cuts the same text into other tokens (a larger vocabulary, fewer and rarer ones), so their loss,
     perplexity and next-token accuracy measure different things (the sweep picked the tokenizer whose tokens were
     easiest to guess, and the champion gate then refused to compare the same two models)."""
-    varied = [k for k in space if k == "data.tokenizer" or k.startswith("data.tokenizer.")]
     metric = base.training.select_by or "val_loss"
+    rows = [k for k in space if k.split(".")[:1] == ["data"] and k.split(".")[1:2] and k.split(".")[1] in OTHER_ROWS]
+    if rows:  # each trial scored on other rows, or on another target: the luckiest split won, not the best model
+        raise SweepError(
+            f"the search space varies {', '.join(rows)}: each trial would be validated on other rows (or another "
+            f"target), so their {metric} do not compare and the sweep would pick the trial of the easiest "
+            "validation rows, not the best model. Keep the data's split, source and target one for the whole sweep "
+            "(sweep the model, the training, the window), and for a score that does not hang on one split, "
+            "cross-validate: k-fold data (data.split.method: kfold) with --folds"
+        )
+    varied = [k for k in space if k == "data.tokenizer" or k.startswith("data.tokenizer.")]
     if varied and base.data.features.text and metric in TOKEN_SCORES:
         raise SweepError(
             f"the search space varies {', '.join(varied)}, and the trials are compared by {metric}, a score over "
