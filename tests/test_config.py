@@ -1,8 +1,12 @@
+from pathlib import Path
+
 import pytest
 import yaml
 
 from shardline.core.config import ConfigError, load_config
 from tests.conftest import tiny_config
+
+DEMO = Path(__file__).resolve().parents[1] / "shardline" / "configs" / "demo.yaml"
 
 
 def write(path, data):
@@ -308,3 +312,16 @@ def test_a_tokenizer_given_its_vocabulary_size_alone_is_a_bpe(tmp_path):
         TokenizerConfig()
     with pytest.raises(ValueError, match="vocab_size is a bpe setting: a tokenizer file has its own vocabulary"):
         TokenizerConfig(vocab_size=500, file=str(tmp_path / "tokenizer.json"))
+
+
+def test_a_yes_or_no_where_a_number_is_meant_is_refused_naming_the_key():
+    """pydantic reads `true` as 1: `--grid model.hidden=true,16` trained a model of one hidden unit without a word.
+    Refused now, in any section, naming the key; a number and a real yes/no setting are as before."""
+    for override, said in (
+        ("model.hidden=true", r"model: hidden: true is a yes or no, where a number is meant"),
+        ("training.lr=false", r"training: lr: false is a yes or no, where a number is meant"),
+    ):
+        with pytest.raises(ConfigError, match=said):
+            load_config(DEMO, [override])
+    config = load_config(DEMO, ["model.hidden=16", "training.deterministic=true"])
+    assert config.model.hidden == 16 and config.training.deterministic is True

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    model_validator,
 )
 
 FILE_SEQUENCE = "@file"  # sequence_key value meaning "each raw file is one sequence"
@@ -21,6 +22,21 @@ class ConfigError(ValueError):
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_yes_or_no_for_a_number(cls, data: Any) -> Any:
+        """`true` where a number is meant is refused, naming the key: pydantic reads it as 1 (a sweep's
+        `--grid model.hidden=true,16` trained a model of one hidden unit, without a word)."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name) if isinstance(name, str) else None
+                if field is None or not isinstance(value, bool):
+                    continue
+                types = set(get_args(field.annotation)) or {field.annotation}
+                if bool not in types and types & {int, float}:
+                    raise ValueError(f"{name}: {str(value).lower()} is a yes or no, where a number is meant")
+        return data
 
 
 def stable_hash(obj: Any) -> str:
