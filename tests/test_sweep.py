@@ -427,6 +427,9 @@ def test_a_raised_budget_is_the_same_sweep_and_mistakes_in_a_space_are_said_befo
     plan_sweep(raw, parse_space({"model.hidden": {"low": -5, "high": 8, "int": True}}), 4, 0, "tpe")  # 2..8 are taken
     with pytest.raises(SweepError, match=r"t1 and t2 are one trial: training.lr='1e-2' and 0.01 are the same value"):
         plan_sweep(raw, parse_space({"training.lr": ["1e-2", 0.01]}))
+    # equal in Python, written otherwise: said naming the key (the list of keys was empty), without the YAML hint
+    with pytest.raises(SweepError, match=r"one trial: model.hidden=16 and 16.0 are the same value to the config$"):
+        plan_sweep(raw, parse_space({"model.hidden": [16, 16.0]}))
 
 
 def test_a_sweep_over_the_tokenizer_compared_by_a_score_over_tokens_is_refused_before_any_work(tmp_path):

@@ -389,12 +389,14 @@ def _check_distinct(trials: list[Trial], configs: list[PipelineConfig]) -> None:
         key, values = what_is_trained(config), config.model_dump(mode="json")
         if key in seen:
             first, first_values = seen[key]
-            differ = [k for k in trial.overrides if first.overrides.get(k) != trial.overrides[k]]
+            # as written (16 and 16.0 are equal in Python, and were said as no key at all)
+            differ = [k for k in trial.overrides if repr(first.overrides.get(k)) != repr(trial.overrides[k])]
             if all(_at(first_values, k) == _at(values, k) for k in differ):  # the config reads both as one value
                 said = ", ".join(f"{k}={first.overrides[k]!r} and {trial.overrides[k]!r}" for k in differ)
+                text = any(isinstance(t.overrides[k], str) for t in (first, trial) for k in differ)
                 raise SweepError(
-                    f"trials {first.id} and {trial.id} are one trial: {said} are the same value to the config "
-                    "(YAML reads 1e-2 as text: write 0.01 or 1.0e-2)"
+                    f"trials {first.id} and {trial.id} are one trial: {said} are the same value to the config"
+                    + (" (YAML reads 1e-2 as text: write 0.01 or 1.0e-2)" if text else "")
                 )
             raise SweepError(
                 f"trials {first.id} ({first.label}) and {trial.id} ({trial.label}) train the same model: "
