@@ -327,7 +327,7 @@ def _check_comparable(base: PipelineConfig, space: Space) -> None:
     perplexity and next-token accuracy measure different things (the sweep picked the tokenizer whose tokens were
     easiest to guess, and the champion gate then refused to compare the same two models)."""
     metric = base.training.select_by or "val_loss"
-    rows = [k for k in space if k.split(".")[:1] == ["data"] and k.split(".")[1:2] and k.split(".")[1] in OTHER_ROWS]
+    rows = [k for k in space if k.split(".")[:2] in [["data", r] for r in OTHER_ROWS]]
     if rows:  # each trial scored on other rows, or on another target: the luckiest split won, not the best model
         raise SweepError(
             f"the search space varies {', '.join(rows)}: each trial would be validated on other rows (or another "
