@@ -382,7 +382,11 @@ def test_bad_sweeps_are_refused_before_any_work(tmp_path):
     )
     assert "--random N draws from a search space: add --space" in refused("--random", "3")
     assert "is the sweep's, not a trial's" in refused("--grid", "storage.root=a,b")
-    assert "do not change what is trained" in refused("--grid", "training.num_workers=0,2")
+    assert "training.num_workers does not change what is trained" in refused("--grid", "training.num_workers=0,2")
+    # precision changes the numbers: not "only where or how fast", but a setting a run resumes across
+    precision = refused("--grid", "training.precision=fp32,bf16")
+    assert "training.precision is a setting a run resumes across" in precision and "--force train" in precision
+    assert "how fast" not in precision
     assert not (tmp_path / "store").exists()  # nothing started
 
 

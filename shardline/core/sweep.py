@@ -398,10 +398,18 @@ def _check_distinct(trials: list[Trial], configs: list[PipelineConfig]) -> None:
                     f"trials {first.id} and {trial.id} are one trial: {said} are the same value to the config"
                     + (" (YAML reads 1e-2 as text: write 0.01 or 1.0e-2)" if text else "")
                 )
+            said = f"trials {first.id} ({first.label}) and {trial.id} ({trial.label}) train the same model: "
+            if "training.precision" in differ:  # it changes the numbers, so "only where or how fast" was untrue
+                raise SweepError(
+                    said + "training.precision is a setting a run resumes across (a run started in bf16 on a GPU "
+                    "resumes in fp32 on a CPU), so it is not part of what a run is: trials that differ only in it are "
+                    "one run. To compare precisions, train each with `shardline run CONFIG --set "
+                    "training.precision=VALUE --force train`"
+                )
             raise SweepError(
-                f"trials {first.id} ({first.label}) and {trial.id} ({trial.label}) train the same model: "
-                f"{', '.join(differ) or 'their settings'} do not change what is trained (only where or how fast). "
-                "Sweep over settings that change the model, the data or the training"
+                said + f"{', '.join(differ) or 'their settings'} {'does' if len(differ) == 1 else 'do'} not change "
+                "what is trained (only where or how fast). Sweep over settings that change the model, the data or "
+                "the training"
             )
         seen[key] = (trial, values)
 
