@@ -512,6 +512,38 @@ def test_a_trial_from_the_cache_gives_the_study_its_epochs_so_the_pruner_sees_th
     assert [t.state for t in by_number.values()] == [TrialState.COMPLETE, TrialState.COMPLETE]
 
 
+def test_grid_and_random_trials_hold_their_values_in_the_study_as_optuna_reads_them(tmp_path):
+    """Optuna's own views of a sweep's study (`trials_dataframe`, the parameter importances) read each trial's
+    params: a grid's and a random sweep's trials held none (params {}), so the study said nothing of what they
+    tried. Each now holds the values it trains. A waiting trial that a sweep killed mid-ask left with other
+    values is told failed, not taken for the next trial."""
+    from optuna.trial import TrialState
+
+    from shardline.tasks.sweep import SweepStudy
+
+    raw = tiny_config("raw/*.parquet", str(tmp_path / "store"))
+    grid = plan_sweep(raw, parse_space({"model.hidden": [8, 16], "model.params": [{}, {"dropout": 0.5}]}))
+    space = {
+        "training.lr": {"low": 1e-4, "high": 1e-1, "log": True},
+        "training.batch_size": {"low": 8, "high": 64, "int": True},
+    }
+    drawn = plan_sweep(raw, parse_space(space), 3, 7)
+    for name, plan in (("grid", grid), ("random", drawn)):
+        study = SweepStudy(plan, str(tmp_path / name), None, raw)
+        if name == "random":
+            study.study.enqueue_trial({"training.lr": 0.05, "training.batch_size": 9})  # a killed sweep's
+        for trial in plan.trials:
+            study.pruning(trial)
+        frame = study.study.trials_dataframe()
+        live = frame[frame.state != "FAIL"]
+        assert len(live) == len(plan.trials) and (frame.state == "FAIL").sum() == (name == "random")
+        for trial, number in ((t, study.numbers[t.id]) for t in plan.trials):
+            held = study.study.trials[number].params
+            expected = {k: (v if not isinstance(v, dict) else json.dumps(v)) for k, v in trial.overrides.items()}
+            assert held == expected, (name, trial.id, held, expected)
+        assert study.study.trials[study.numbers[plan.trials[0].id]].state == TrialState.RUNNING
+
+
 def test_tpe_proposes_new_trials_after_an_interrupted_sweep_and_never_one_the_config_refuses_or_has(
     tmp_path, prefect_api
 ):

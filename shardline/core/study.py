@@ -172,3 +172,45 @@ def distributions(space: dict) -> dict:
         else:
             out[key] = FloatDistribution(values.low, values.high, log=values.log)
     return out
+
+
+def planned_params(space: dict, overrides: dict) -> tuple[dict, dict]:
+    """A planned trial's values (a grid's or a random sweep's) as Optuna's params, and distributions that hold
+    them: its study trial then carries the values it trains, as Optuna's own views read them (`trials_dataframe`,
+    the parameter importances). A drawn value rounded just past its range's end widens that trial's range to it."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    params, held = {}, {}
+    for key, dist in distributions(space).items():
+        if key not in overrides:
+            continue
+        value = _choice(overrides[key])
+        if isinstance(dist, CategoricalDistribution):
+            if value not in dist.choices:
+                continue
+        elif isinstance(value, bool) or not isinstance(
+            value, int if isinstance(dist, IntDistribution) else int | float
+        ):
+            continue
+        elif not dist.low <= value <= dist.high:
+            dist = type(dist)(min(dist.low, value), max(dist.high, value), log=dist.log)
+        params[key], held[key] = value, dist
+    return params, held
+
+
+def ask_planned(study, space: dict, overrides: dict):
+    """A study trial for a planned trial (a grid's, a random sweep's), holding its values as Optuna's params
+    (`planned_params`). A waiting trial left by a sweep killed between the two calls here, holding other values,
+    is told failed."""
+    from optuna.trial import TrialState
+
+    params, dists = planned_params(space, overrides)
+    if not params:
+        return study.ask()
+    study.enqueue_trial(params, skip_if_exists=False)
+    for _ in range(64):
+        asked = study.ask(dists)
+        if asked.params == params:
+            return asked
+        study.tell(asked, state=TrialState.FAIL)
+    return study.ask()

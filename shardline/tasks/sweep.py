@@ -39,7 +39,7 @@ from shardline.core.failures import (
 )
 from shardline.core.parent_watch import PARENT_ENV
 from shardline.core.secrets import redact_text, redacted_errors
-from shardline.core.study import PRUNERS, TRIAL_ATTR, Pruning, distributions, from_choice
+from shardline.core.study import PRUNERS, TRIAL_ATTR, Pruning, ask_planned, distributions, from_choice
 from shardline.core.sweep import Plan, SweepError, Trial, best_of, data_key, is_cross_validation, plot_sweep
 from shardline.core.tracking.tracker import Tracker, run_page, tracking_uri
 from shardline.core.version import spawning_this_shardline
@@ -274,7 +274,7 @@ class SweepStudy:
         if trial.id not in self.numbers:
             known = self._known().get(trial.id)
             if known is None:
-                known = self.study.ask()
+                known = ask_planned(self.study, self.plan.space, trial.overrides)
                 known.set_user_attr(TRIAL_ATTR, trial.id)
                 known.set_user_attr("overrides", json.dumps(trial.overrides))
             self.numbers[trial.id] = known.number
