@@ -136,11 +136,23 @@ def _load_checked(model_uri: str, folder: Path):
     return load_pyfunc(str(local))
 
 
-def widened_signature(signature, optional: list[str] = ()):
+def integer_example(sample, integers: set[str]):
+    """The input example with each of `integers` (the raw files' integer columns) as pandas' int64, as the signature
+    declares them (`widened_signature`): pandas reads a column with a null as floats. A null of the example is given
+    the column's smallest value there (MLflow's long takes no missing value: `shardline predict` does)."""
+    out = sample.copy()
+    for c in integers:
+        if out[c].dtype.kind not in "iu":
+            out[c] = out[c].fillna(out[c].min() if out[c].notna().any() else 0).astype("int64")
+    return out
+
+
+def widened_signature(signature, optional: list[str] = (), integers: set[str] = frozenset()):
     """Integer inputs as long and floating ones as double: MLflow upcasts narrower numbers to them, so a model
     trained on float32 and int16 columns takes pandas' own float64 and int64 too (the model casts them back to
-    the training's types: `input_types` in its bundle). The `optional` inputs (id columns that only pass through)
-    are not required."""
+    the training's types: `input_types` in its bundle). The `integers` (columns of an integer type in the raw files)
+    are long though their sample's nulls made them floats in pandas: a double took no int64 user ids, and ids past
+    2**53 lose digits as floats. The `optional` inputs (id columns that only pass through) are not required."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, DataType, Schema
 
@@ -152,7 +164,11 @@ def widened_signature(signature, optional: list[str] = ()):
         return wide.get(t, t) if isinstance(t, DataType) else t
 
     inputs = [
-        ColSpec(widened(c.type), c.name, required=c.required and c.name not in optional)
+        ColSpec(
+            DataType.long if c.name in integers else widened(c.type),
+            c.name,
+            required=c.required and c.name not in optional,
+        )
         if isinstance(c, ColSpec)
         else c
         for c in signature.inputs.inputs

@@ -88,11 +88,13 @@ def _signature(spec, sample_uri: str, types: dict | None = None, source: str = "
         )
         keys = {k: np.zeros(1, np.int64) if k == "row" else sample[k].iloc[:1].to_numpy() for k in key_columns(spec)}
         out, params = prediction_frame(spec, keys, example_outputs(spec)), None
+    integers = {c for c, t in (types or {}).items() if t.startswith(("Int", "UInt")) and c in sample}
+    sample = model_files.integer_example(sample, integers)
     # the integer-columns hint: nulls in the id columns are the user's, in the others handled by the encoding
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         signature = infer_signature(sample, out.to_pandas(), params=params)
-        return model_files.widened_signature(signature, optional_columns(spec)), sample
+        return model_files.widened_signature(signature, optional_columns(spec), integers), sample
 
 
 def example_rows(sample, key: str | None, need: int, rows: int):
