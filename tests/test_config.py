@@ -325,3 +325,15 @@ def test_a_yes_or_no_where_a_number_is_meant_is_refused_naming_the_key():
             load_config(DEMO, [override])
     config = load_config(DEMO, ["model.hidden=16", "training.deterministic=true"])
     assert config.model.hidden == 16 and config.training.deterministic is True
+
+
+def test_a_freeze_without_a_parent_is_refused(tmp_path):
+    """`training.freeze` without `training.init_from` (the fine-tune example with its parent set to null) trained
+    a frozen random backbone and registered it as champion. Refused before any work, saying what to set; with a
+    parent it is a fine-tune."""
+    raw = tiny_config("raw", "store")
+    raw["training"]["freeze"] = ["backbone."]
+    with pytest.raises(ConfigError, match=r"training.freeze \['backbone.'\] without training.init_from: .*random"):
+        load_config(write(tmp_path / "c.yaml", raw))
+    parent = load_config(tmp_path / "c.yaml", ["training.init_from=models:/pretrained@champion"])
+    assert parent.training.freeze == ["backbone."]

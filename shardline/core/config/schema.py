@@ -485,6 +485,13 @@ class PipelineConfig(Strict):
                 f"(compute.nodes={self.compute.nodes} x compute.processes_per_node="
                 f"{self.compute.processes_per_node}); use a multiple of {size}"
             )
+        if self.training.freeze and not self.training.init_from:  # it trained and registered a frozen random backbone
+            raise ValueError(
+                f"training.freeze {list(self.training.freeze)} without training.init_from: those tensors would keep "
+                "the random weights the model is built with, never trained. Set training.init_from to the model whose "
+                "weights they keep (models:/name@alias, or a run's checkpoints), or leave training.freeze out (a model "
+                "that loads weights of its own freezes them itself: requires_grad_(False) in its __init__)"
+            )
         if self.data.features.text and self.data.tokenizer is None and not self.training.init_from:
             raise ValueError(
                 "data.features.text needs data.tokenizer: {kind: bpe, vocab_size: 8192} (trained on the training "
