@@ -448,3 +448,30 @@ def test_ranking_settings_and_promotion_metrics_are_checked_with_the_config(tmp_
         check(sequence_key="user", order_by="at", window=3, horizon=1)
     with pytest.raises(ConfigError, match="evaluation.k holds \\[0\\]"):
         validate_config({**ranking_config(tmp_path), "evaluation": {"k": [0, 5]}})
+
+
+def test_a_range_split_that_cuts_queries_counts_them_and_one_by_a_value_each_query_holds_cuts_none(tmp_path):
+    """A date range over ranking data is by value: a session across a bound was ranked in halves (its test rows
+    without its others), silently. The encode counts such groups (said in its log with what to split by); a range
+    over a value each query holds once (its start) keeps every query whole."""
+    import json
+
+    from shardline.core.config import validate_config
+    from shardline.tasks.encode import encode_dataset
+    from shardline.tasks.ingest import snapshot_source
+
+    raw = make_clicks(tmp_path / "raw", groups=40, files=1)  # 12 rows a query, in query order
+    raw.with_columns(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("t"),
+        (pl.col("query").str.slice(1).cast(pl.Int64) * 12).alias("start"),
+    ).write_parquet(tmp_path / "raw" / "clicks-0.parquet")
+    for column, cut in (("t", 2), ("start", 0)):  # bounds 290 and 390 fall inside queries 24 and 32
+        ranges = {"train": [None, 290], "validation": [291, 390], "test": [391, None]}
+        config = validate_config(
+            ranking_config(tmp_path, split={"method": "range", "column": column, "ranges": ranges})
+        )
+        out = tmp_path / f"enc-{column}"
+        manifest = json.loads(Path(encode_dataset(snapshot_source(config.data), config.data, str(out))).read_text())
+        records = [json.loads(p.read_text()) for p in (out / "groups").glob("*/group.json")]
+        assert sum(r["cut"] for r in records) == cut, column
+        assert sum(manifest["rows"].values()) == raw.height

@@ -349,6 +349,7 @@ class EncodedGroup(_Shards):
         default_factory=list, description="its files damaged inside, left out (data.on_bad_file: skip)"
     )
     outside: int = Field(0, description="its rows in no range of data.split.ranges: left out")
+    cut: int = Field(0, description="ranking groups (data.group_key) a range split put in more than one split")
 
 
 def edited_encoding(text: str) -> bool:

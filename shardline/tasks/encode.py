@@ -348,6 +348,15 @@ def write_manifest(
             100 * outside / read,
             data.split.column,
         )
+    if cut := sum(g.cut for g in groups):  # a test query ranked without its rows in train: metrics of half-queries
+        get_run_logger().warning(
+            "encode: data.split.ranges over '%s' put %d group(s) of data.group_key '%s' in more than one split: each "
+            "split ranks only its part of them. Split by a column each group holds one value of (its first time, "
+            "as a session's start), or by hash (data.split.method: hash keeps every group whole)",
+            data.split.column,
+            cut,
+            data.group_key,
+        )
     log_short_sequences(manifest, data, get_run_logger())
     log_unseen_classes(manifest, groups, snapshot, data, get_run_logger(), parent=base is not None)
     get_run_logger().info(

@@ -187,12 +187,13 @@ def _write_group(
     data: DataConfig,
     damaged: list[RejectedFile],
     read: int,
+    cut: int = 0,
 ) -> EncodedGroup:
     """The group's record, written last in its folder: once it is there, the group is whole. `read`: the rows read,
     those in no split's range included."""
     rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
     outside = read - sum(rows.values())
-    group = EncodedGroup(key=key, shards=infos, train=train, rows=rows, damaged=damaged, outside=outside)
+    group = EncodedGroup(key=key, shards=infos, train=train, rows=rows, damaged=damaged, outside=outside, cut=cut)
     storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())
     return group
 
@@ -243,6 +244,7 @@ def encode_group_to_shards(
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         refuse_copies(frame, data.sequence_key, data.order_by, f"raw file(s) {shown}")
     ranked = ranking_rows(frame, splits, data)
+    cut = cut_groups(frame, splits, data)
     with one_torch_thread():
         encoded = encode_splits(frame, splits, data)
     del frame
@@ -265,7 +267,7 @@ def encode_group_to_shards(
             pending.append((info, writer.submit(_store, raw, info, out_dir, keys, rows_file)))
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data, damaged, read)
+    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data, damaged, read, cut)
 
 
 def _store(raw, info: dict, out_dir: str, keys: list[str], rows: memoryview | None = None) -> dict:
@@ -281,6 +283,20 @@ def _store(raw, info: dict, out_dir: str, keys: list[str], rows: memoryview | No
         out["rows_sha256"] = hashlib.sha256(rows).hexdigest()
         storage.write_bytes(storage.join(out_dir, info["rows_path"]), rows)
     return out
+
+
+def cut_groups(frame: pl.DataFrame, splits: dict, data: DataConfig) -> int:
+    """How many ranking groups (`data.group_key`) a range split put in more than one split (a session across the
+    bound of a date range): each split then ranks only its part of them. The hash split keeps groups whole: 0."""
+    if data.group_key is None or data.split.method != "range" or len(splits) < 2:
+        return 0
+    which = np.concatenate([np.full(r.end - r.first, i, np.int8) for i, r in enumerate(splits.values())])
+    spread = (
+        frame.select(pl.col(data.group_key), pl.Series("__in", which))
+        .group_by(data.group_key)
+        .agg(pl.col("__in").n_unique())
+    )
+    return int((spread["__in"] > 1).sum())
 
 
 def ranking_rows(frame: pl.DataFrame, splits: dict, data: DataConfig) -> dict[str, pl.DataFrame]:
