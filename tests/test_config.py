@@ -337,3 +337,15 @@ def test_a_freeze_without_a_parent_is_refused(tmp_path):
         load_config(write(tmp_path / "c.yaml", raw))
     parent = load_config(tmp_path / "c.yaml", ["training.init_from=models:/pretrained@champion"])
     assert parent.training.freeze == ["backbone."]
+
+
+def test_a_checkpoint_parent_is_found_beside_the_config_file_and_a_registered_one_is_left_as_it_is(tmp_path):
+    """`training.init_from` a run's checkpoints by a relative path is relative to the config file, as data.source
+    and storage.root are (it was the working folder's, and the version's parent tags named it so)."""
+    raw = tiny_config("raw", "store")
+    raw["training"]["init_from"] = "store/runs/abc/checkpoints"
+    (tmp_path / "project").mkdir()
+    cfg = load_config(write(tmp_path / "project" / "c.yaml", raw))
+    assert cfg.training.init_from == str((tmp_path / "project" / "store/runs/abc/checkpoints").resolve())
+    for parent in ("models:/pretrained@champion", "s3://bucket/runs/abc/checkpoints"):
+        assert load_config(tmp_path / "project" / "c.yaml", [f"training.init_from={parent}"]).training.init_from == parent

@@ -44,6 +44,8 @@ def resolve_parent(config: PipelineConfig) -> Parent | None:
         )
     from shardline.trainer.checkpoint import best_checkpoint, latest_checkpoint
 
+    if not storage.is_remote(uri) and not Path(storage.local_path(uri)).is_absolute():  # a --set path, from here
+        uri = str(Path(storage.local_path(uri)).resolve())  # its tags name it from anywhere
     if uri.endswith(".pt"):
         found = (uri, {"sha256": storage.sha256_uri(uri)}) if storage.exists(uri) else None
     else:

@@ -107,9 +107,10 @@ def _rebase_paths(raw: dict, folder: Path) -> dict:
     file = tok.get("file") if isinstance(tok, dict) else None
     if isinstance(file, str) and "://" not in file and not Path(file).is_absolute():  # a URL is where it says
         raw["data"] = {**data, "tokenizer": {**tok, "file": str((folder / tok["file"]).resolve())}}
-    for section, key in (("data", "source"), ("storage", "root"), ("model", "code_dir")):
+    # a checkpoint parent too (its tags named `store/runs/...`, which meant something only from that folder)
+    for section, key in (("data", "source"), ("storage", "root"), ("model", "code_dir"), ("training", "init_from")):
         val = (raw.get(section) or {}).get(key) if isinstance(raw.get(section), dict) else None
-        if isinstance(val, str) and "://" not in val and not Path(val).is_absolute():
+        if isinstance(val, str) and ":/" not in val and not Path(val).is_absolute():  # models:/, runs:/, s3://
             raw[section] = dict(raw[section])
             raw[section][key] = str((folder / val).resolve())
     return raw
