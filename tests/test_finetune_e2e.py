@@ -89,3 +89,40 @@ def test_a_fine_tune_encodes_new_data_with_its_parents_encoding(tmp_path, prefec
     cfg["data"]["features"]["continuous"] = ["y", "x"]
     with pytest.raises(ValueError, match=r"is \['y', 'x'\], the encoding of .* has \['x', 'y'\] \(another order\)"):
         pipeline(validate_config(cfg))
+
+
+def test_new_categories_in_a_fine_tunes_data_are_said_with_their_share_of_its_training_rows(tmp_path):
+    """A fine-tune keeps its parent's vocabularies: new items in its data are all one unknown id, which it cannot
+    learn apart. Said at the encode, per column, with how many training rows they take (it was silent)."""
+    import polars as pl
+
+    from shardline.core.encoding.write import stored_group
+    from shardline.tasks.encode import encode_dataset, log_unknown_to_parent
+    from shardline.tasks.ingest import snapshot_source
+
+    make_raw(tmp_path / "raw", n_seq=6, rows=40)
+    make_raw(tmp_path / "new", n_seq=6, rows=40, seed=5, prefix="n")
+    for path in (tmp_path / "new").glob("*.parquet"):  # a kind the parent never had, in every other row
+        frame = pl.read_parquet(path)
+        frame.with_columns(
+            pl.when(pl.int_range(pl.len()) % 2 == 0).then(pl.lit("new")).otherwise("kind").alias("kind")
+        ).write_parquet(path)
+    encoded = {}
+    for name in ("raw", "new"):
+        data = validate_config(tiny_config(str(tmp_path / name / "*.parquet"), str(tmp_path / "store"))).data
+        out = tmp_path / f"enc-{name}"
+        uri = encode_dataset(snapshot_source(data), data, str(out))
+        groups = [stored_group(str(out / "groups"), p.name) for p in (out / "groups").iterdir()]
+        encoded[name] = (Manifest.model_validate_json(storage.read_text(uri)), groups)
+
+    class Said(list):  # what the encode's log is given
+        def warning(self, text, *args):
+            self.append(text % args)
+
+    said = log = Said()
+    parent, (_, new_groups) = encoded["raw"][0], encoded["new"]
+    assert log_unknown_to_parent(parent, new_groups, log) == {
+        "kind": pytest.approx(encoded["new"][0].rows["train"] / 2, rel=0.2)
+    }
+    assert len(said) == 1 and "'kind' holds 1 value(s)" in said[0] and "never saw, e.g. new:" in said[0], said
+    assert log_unknown_to_parent(parent, encoded["raw"][1], log) == {}  # its own data: nothing new

@@ -192,6 +192,34 @@ UNSEEN_FILES = 3  # files named for each of them
 UNSEEN_READS = 40  # raw files it reads a column of again, at most, to find them (a click log's 22,000 are not)
 
 
+def log_unknown_to_parent(manifest: Manifest, groups: list[EncodedGroup], log) -> dict[str, int]:
+    """A fine-tune's data keeps its parent's encoding: a category value the parent's training never had (a new item)
+    is coded as unknown, as a null is, and the fine-tune cannot learn an id of its own for it. Said per column with
+    the share of the training rows it takes. Returns {column: such rows}."""
+    from shardline.core.encoding.fit import merged_counts
+
+    said = {}
+    for vocab in manifest.encoding.categorical:
+        counts = merged_counts(g.train.get("categorical", {}).get(vocab.name, {}) for g in groups)
+        known = set(vocab.values)
+        new = {v: n for v, n in counts.items() if n and v not in known}
+        if new:
+            rows, total = sum(new.values()), sum(counts.values())
+            log.warning(
+                "encode: '%s' holds %d value(s) in %s of its %s training rows with a value (%.1f %%) that the parent "
+                "model (training.init_from) never saw, e.g. %s: they are coded as unknown (as a null), one id for all "
+                "of them; to learn ids of their own, train without training.init_from",
+                vocab.name,
+                len(new),
+                f"{rows:,}",
+                f"{total:,}",
+                100 * rows / max(total, 1),
+                ", ".join(sorted(new, key=lambda v: -new[v])[:5]),
+            )
+            said[vocab.name] = rows
+    return said
+
+
 def log_unseen_classes(
     manifest: Manifest, groups: list[EncodedGroup], snapshot: Snapshot, data: DataConfig, log, parent: bool = False
 ) -> dict[str, list[str]]:
@@ -359,6 +387,8 @@ def write_manifest(
         )
     log_short_sequences(manifest, data, get_run_logger())
     log_unseen_classes(manifest, groups, snapshot, data, get_run_logger(), parent=base is not None)
+    if base is not None:
+        log_unknown_to_parent(manifest, groups, get_run_logger())
     get_run_logger().info(
         "encode: manifest %s: rows %s, windows %s, %.1f MB of shards",
         uri,

@@ -624,8 +624,8 @@ def input_notes(
         if unseen.any():
             values = prepared[v.name].filter(pl.Series(unseen))
             notes.append(
-                f"column '{v.name}' holds {values.n_unique()} value(s) training never saw, in {len(values)} row(s) "
-                f"(the first: {values[0]!r}): read as unknown, as a null is"
+                f"column '{v.name}' holds {values.n_unique()} value(s) training never saw (a fine-tune's: its "
+                f"parent's), in {len(values)} row(s) (the first: {values[0]!r}): read as unknown, as a null is"
             )
     return notes
 
