@@ -374,7 +374,11 @@ def _run_training(
         )
     else:
         body = partial(fit, train_data, val_data)
-    callbacks = Callbacks(log.info, on_step, on_epoch, on_checkpoint, on_progress, **setting_hooks(log.info))
+
+    def said(text: str) -> None:  # the trainer's own warnings ("warning: ...") at the log's warning level
+        (log.warning if text.startswith("warning: ") else log.info)(text.removeprefix("warning: "))
+
+    callbacks = Callbacks(said, on_step, on_epoch, on_checkpoint, on_progress, **setting_hooks(log.info))
     if pruning is not None:  # a sweep's trial: each epoch reported to its study, whose pruner may stop it
         callbacks = dataclasses.replace(callbacks, prune=pruning.callback(log.info))
     options = FitOptions(

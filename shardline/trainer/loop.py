@@ -497,9 +497,13 @@ def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool,
         def listed(names: list[str]) -> str:
             return ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "") or "none"
 
+        # a tensor of another shape than the parent's (a wider layer, a longer window) starts at random: a warning
+        other = "; the skipped ones have another shape than the parent's and start at random"
         log(
-            f"init_from {opt.init_source}: loaded {len(matched['loaded'])} tensor(s), {len(matched['new'])} new "
+            ("warning: " if matched["skipped"] else "")
+            + f"init_from {opt.init_source}: loaded {len(matched['loaded'])} tensor(s), {len(matched['new'])} new "
             f"({listed(matched['new'])}), {len(matched['skipped'])} skipped ({listed(matched['skipped'])})"
+            + (other if matched["skipped"] else "")
         )
     own = [n for n, p in model.named_parameters() if not p.requires_grad]  # frozen by the model itself
     frozen, norms = freeze(model, list(cfg.freeze)) if cfg.freeze else ([], [])
