@@ -336,6 +336,14 @@ def _check_comparable(base: PipelineConfig, space: Space) -> None:
             "(sweep the model, the training, the window), and for a score that does not hang on one split, "
             "cross-validate: k-fold data (data.split.method: kfold) with --folds"
         )
+    if base.data.split.method == "kfold" and base.training.fold is None and FOLD_KEY not in space:
+        # each trial validated on a fold it trains on: the trial that fits its own rows best won
+        raise SweepError(
+            f"k-fold data with {FOLD_KEY}: null validates each trial on rows it also trains on (in-sample), so "
+            f"the sweep would pick the trial that fits its training rows best, not the best model. Add --folds "
+            f"(each setting cross-validated on every fold, compared by the mean), or set {FOLD_KEY}: 0 to validate "
+            "every trial on one held-out fold"
+        )
     varied = [k for k in space if k == "data.tokenizer" or k.startswith("data.tokenizer.")]
     if varied and base.data.features.text and metric in TOKEN_SCORES:
         raise SweepError(
