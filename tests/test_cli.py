@@ -78,6 +78,21 @@ def test_check_config_prints_the_resolved_config(tmp_path):
     assert resolved["data"]["source"] == str(tmp_path / "raw" / "*.parquet")
 
 
+def test_a_parent_that_is_not_there_is_the_configs_mistake_said_before_any_work(tmp_path):
+    """`training.init_from` naming no registered version, or no checkpoint, exits 2 before any work, as another
+    mistake in the config does (check-config passed it, and the run failed with exit 1)."""
+    make_raw(tmp_path / "raw")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config("raw/*.parquet", "store")))
+    for parent, said in (
+        ("models:/pretrained@champion", "training.init_from=models:/pretrained@champion: no such registered"),
+        ("store/runs/none/checkpoints", "no checkpoint there; give a registered model"),
+    ):
+        for command in ("check-config", "run"):
+            out = shardline(command, tmp_path / "c.yaml", "--set", f"training.init_from={parent}", cwd=tmp_path)
+            assert out.returncode == 2 and said in out.stderr, (command, out.stderr[-2000:])
+            assert not (tmp_path / "store" / "datasets").exists()  # nothing ingested or encoded
+
+
 def test_a_typo_in_a_column_is_caught_before_any_work_and_said_once(tmp_path):
     """check-config reads one file's footer: a column that is not there is named, with the closest
     columns the file has; the run says it once for all the files, not once per file."""

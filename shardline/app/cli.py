@@ -40,8 +40,9 @@ def _fail(msg: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _load(path: Path | None, overrides: list[str], base: dict | None = None):
-    """The validated config, or exit 2 naming what to fix: a bad key, or a model entrypoint that does not import."""
+def _load(path: Path | None, overrides: list[str], base: dict | None = None, parent: bool = False):
+    """The validated config, or exit 2 naming what to fix: a bad key, a model entrypoint that does not import, or
+    (`parent`: a command that trains) a training.init_from that names no model or checkpoint."""
     from shardline.core.config import ConfigError, load_config
 
     try:
@@ -63,6 +64,13 @@ def _load(path: Path | None, overrides: list[str], base: dict | None = None):
         try:
             check_params(config.model.entrypoint, config.model.params, config.model.code_dir)
         except ModelContractError as e:
+            _fail(str(e), 2)
+    if parent and config.training.init_from:  # a parent that is not there is the config's mistake: before any work
+        from shardline.runs.parent import resolve_parent
+
+        try:
+            resolve_parent(config)
+        except ValueError as e:
             _fail(str(e), 2)
     return config
 
@@ -168,7 +176,7 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks of errors in the config or the data"),
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
-    config = _load(config_path, list(set_))
+    config = _load(config_path, list(set_), parent=True)
     _check_parent(config)
     summary(_run_pipeline(config, force, verbose))
 
@@ -176,7 +184,7 @@ def run(
 def _check_parent(config) -> None:
     """A fine-tune whose parent (training.init_from) does not fit the config, its columns or its learned positions'
     window: exit 2 naming the fix, as a config's mistake (the flow checks it again before any work, for a
-    deployment's run). Anything else (a registry out of reach, a parent not found) is the flow's to say."""
+    deployment's run). Anything else (a registry out of reach) is the flow's to say."""
     if not config.training.init_from:
         return
     from shardline.core.encoding.reuse import EncodingMismatch, check_columns
@@ -248,7 +256,7 @@ def _sweep_plan(
         plan = plan_sweep(raw, swept, tpe if tpe is not None else n, seed, "tpe" if tpe is not None else None)
     except ConfigError as e:
         _fail(str(e), 2)
-    _load(config_path, list(set_))  # the user's model imports (the same check as `run`)
+    _load(config_path, list(set_), parent=True)  # the user's model imports (the same check as `run`)
     given = dict(space) if grid or not space_path else yaml.safe_load(space_path.read_text())
     return plan, given
 
@@ -336,7 +344,7 @@ def check_config(
     """Validate a config and print it resolved (after `extends:` and `--set`), without running anything."""
     import yaml
 
-    config = _load(config_path, list(set_))
+    config = _load(config_path, list(set_), parent=True)
     typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     typer.echo(f"# config hash {config.hash()[:16]}")
     _check_first_file(config)
