@@ -175,6 +175,29 @@ def test_replay_of_entries_in_doubt_checks_the_server_first(tmp_path):
     assert len(client.search_runs([client.get_experiment_by_name("e").experiment_id])) == 1
 
 
+def test_points_of_their_own_at_a_repeated_step_all_reach_mlflow_once_each(tmp_path):
+    """Two interruptions resumed from one checkpoint: each is a point of `preemption/*` at that step. A resumed run's
+    sender looks at what MLflow has and took a second point at a step as a replay: the second interruption was
+    lost. Points logged as each their own all land, and an entry in doubt sent again is still one point."""
+    cfg, root, run_dir = MlflowConfig(experiment="e"), str(tmp_path / "store"), tmp_path / "run"
+    run_id = None
+    for value in (29.0, 39.0):  # two attempts, each resumed at step 59
+        tracker = Tracker(cfg, root, run_dir=str(run_dir))
+        run_id = tracker.start(run_id, "r", {})
+        tracker.log_metrics({"preemption/steps_redone": value}, 59, each=True)
+        tracker.log_metrics({"loss": 1.0}, 59)  # a replayed step: once
+        assert tracker.end("KILLED")
+        time.sleep(0.01)  # another millisecond
+    journal = run_dir / "mlflow-journal.jsonl"
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    journal.write_text("".join(json.dumps({k: v for k, v in x.items() if k != "sent"}) + "\n" for x in lines))
+    sync_run(str(run_dir))  # every entry in doubt, sent again
+    client = MlflowClient(Tracker(cfg, root, run_dir=str(run_dir)).uri)
+    points = client.get_metric_history(run_id, "preemption/steps_redone")
+    assert sorted((m.step, m.value) for m in points) == [(59, 29.0), (59, 39.0)]
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [59]
+
+
 class _Refusing(BaseHTTPRequestHandler):
     def _refuse(self):
         self.send_response(503)

@@ -53,7 +53,8 @@ def progress(tracker: Tracker, ledger, step: int, log) -> None:
     cut = ledger.progress(step)
     if cut is None:
         return
-    tracker.log_metrics({f"preemption/{k}": v for k, v in cut.items() if k != "after"}, ledger.entry["first_step"])
+    points = {f"preemption/{k}": v for k, v in cut.items() if k != "after"}
+    tracker.log_metrics(points, ledger.entry["first_step"], each=True)  # two resumed at one checkpoint: two points
     # after a kill nothing records its last steps: its last ledger record is up to SHARDLINE_COST_LEDGER_SECONDS
     # older, so what was redone is a lower bound (it said "0 step(s) redone" where 9 were)
     at_least = "" if cut["after"] == "preempted" else "at least "

@@ -514,19 +514,30 @@ class Sender:
     def _metrics(self, run_id: str, group: list[dict]) -> None:
         from mlflow.entities import Metric
 
-        batch = [Metric(k, float(v), e["ts"], e["step"]) for e in group for k, v in e["metrics"].items()]
+        # a point is its step (a resumed run's replay of a step MLflow has is not sent again), or where the entry says
+        # each call is its own (`Tracker.log_metrics(each=True)`: two interruptions resumed at one step), its step and
+        # its time (an entry in doubt sent again is still one point)
+        points = [
+            (Metric(k, float(v), e["ts"], e["step"]), bool(e.get("each")))
+            for e in group
+            for k, v in e["metrics"].items()
+        ]
         if self.check:
-            for key in {m.key for m in batch} - self.known.keys():
-                self.known[key] = {m.step for m in self.client.get_metric_history(run_id, key)}
-            fresh = [m for m in batch if m.step not in self.known[m.key]]
-            self.counts["skipped"] += len(batch) - len(fresh)
-            batch = fresh
+            for key in {m.key for m, _ in points} - self.known.keys():
+                history = self.client.get_metric_history(run_id, key)
+                self.known[key] = {m.step for m in history} | {(m.step, m.timestamp) for m in history}
+            fresh = [
+                (m, each) for m, each in points if ((m.step, m.timestamp) if each else m.step) not in self.known[m.key]
+            ]
+            self.counts["skipped"] += len(points) - len(fresh)
+            points = fresh
+        batch = [m for m, _ in points]
         if batch:
             self.client.log_batch(run_id, metrics=batch, synchronous=True)
         self.counts["metrics"] += len(batch)
         if self.check:
             for m in batch:
-                self.known[m.key].add(m.step)
+                self.known[m.key] |= {m.step, (m.step, m.timestamp)}
 
     def _params(self, run_id: str, params: dict[str, str]) -> None:
         from mlflow.entities import Param

@@ -210,10 +210,13 @@ class Tracker:
         except OSError as e:
             log.warning("could not write %s (%s)", storage.join(self.run_dir, RUN_FILE), redact_text(str(e)))
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+    def log_metrics(self, metrics: dict[str, float], step: int, each: bool = False) -> None:
+        """`metrics` at `step`. A resumed run's step that MLflow has already is a replay, not sent again; `each`:
+        every call is a point of its own, at a step that may repeat (two interruptions resumed at one checkpoint)."""
         values = {k: float(v) for k, v in metrics.items() if v is not None}
         if values:
-            self.journal.append({"op": "metrics", "step": int(step), "ts": int(time.time() * 1000), "metrics": values})
+            entry = {"op": "metrics", "step": int(step), "ts": int(time.time() * 1000), "metrics": values}
+            self.journal.append({**entry, "each": True} if each else entry)
 
     def log_params(self, params: dict[str, Any]) -> None:
         # MLflow keeps a param's first value: a resumed run's are sent only where the run has none
