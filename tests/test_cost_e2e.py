@@ -48,9 +48,10 @@ def ledger_of(root: Path) -> tuple[Path, dict]:
     return found.parent, json.loads(found.read_text())
 
 
-def stop_run(cfg_path: Path, root: Path, sig: int, ready) -> int:
+def stop_run(cfg_path: Path, root: Path, sig: int, ready, again: float | None = None) -> int:
     """`shardline run` in a process of its own (on the tests' Prefect API), sent `sig` (SIGKILL: the machine is
-    gone; SIGTERM: a spot notice) once its attempt's entry in the run's ledger satisfies `ready`; its exit status."""
+    gone; SIGTERM: a spot notice) once its attempt's entry in the run's ledger satisfies `ready` (and once more
+    `again` seconds later: a second Ctrl-C); its exit status."""
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -76,6 +77,9 @@ def stop_run(cfg_path: Path, root: Path, sig: int, ready) -> int:
                     break
             time.sleep(0.02)
         os.killpg(proc.pid, sig)
+        if again is not None:
+            time.sleep(again)
+            os.killpg(proc.pid, sig)
         return proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
@@ -387,3 +391,37 @@ def test_max_hours_stops_a_run_with_status_76_and_a_higher_limit_resumes_it_to_t
     ]
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[1])
+
+
+def test_a_second_ctrl_c_is_an_interruption_its_resume_counts_and_the_run_is_killed_not_running(
+    tmp_path, prefect_api, monkeypatch
+):
+    """Ctrl-C twice, a moment apart: the second stops the training at once, past its checkpoint. It was recorded as
+    a failure (no interruption counted on the resume, its redone steps unbilled), and a Ctrl-C while the run was
+    being closed left the MLflow run RUNNING. It is a kill: the attempt `killed`, its MLflow run KILLED, and the
+    resume counts the steps it redid."""
+    from shardline.core.tracking.tracker import read_run_file
+    from shardline.flows.pipeline import pipeline
+
+    make_raw(tmp_path / "raw")
+    root = tmp_path / "store"
+    cfg = tiny_config(
+        str(tmp_path / "raw" / "*.parquet"),
+        str(root),
+        **{"training.batch_size": 16, "training.checkpoint_every_steps": 10},
+    )
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.setenv("SHARDLINE_TEST_STEP_DELAY", "0.2")
+    monkeypatch.setenv("SHARDLINE_PROGRESS_SECONDS", "0")
+    monkeypatch.setenv(cost_ledger.LEDGER_ENV, "0")
+    assert stop_run(tmp_path / "cfg.yaml", root, signal.SIGINT, past_a_checkpoint, again=0.01) == 130
+    folder, ledger = ledger_of(root)
+    stopped = ledger["attempts"][-1]
+    assert stopped["outcome"] == "killed", stopped
+    client = MlflowClient(cfg["mlflow"]["tracking_uri"])
+    assert client.get_run(read_run_file(str(folder))["run_id"]).info.status == "KILLED"
+    monkeypatch.setenv("SHARDLINE_TEST_STEP_DELAY", "0")
+    pipeline(validate_config(cfg))
+    resumed = ledger_of(root)[1]["attempts"][-1]
+    assert resumed["interruption"]["after"] == "killed"
+    assert resumed["interruption"]["steps_redone"] == stopped["last_step"] - resumed["first_step"] >= 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import signal
 import socket
 import time
 import uuid
@@ -30,6 +31,7 @@ from shardline.runs.parent import init_weights, parent_encoding, resolve_parent
 from shardline.runs.result import RESULT_FILE, Parent, TrainResult
 from shardline.runs.training_view import LiveView, run_logger
 from shardline.trainer.progress import BAR_SECONDS, DataWaitWatch, TerminalProgress
+from shardline.trainer.stops import kept_while_starting
 
 
 def model_identity(model: ModelConfig) -> dict:
@@ -395,20 +397,29 @@ def _run_training(
     try:
         task = spec.target.task if spec.target else None
         result = body(mspec, config.training, task, ckpt_dir, callbacks, options)
+    # each ending below is written whole: a Ctrl-C while it is (a second one, a moment after the first) waits for it
+    # (it left the MLflow run RUNNING, with no end in its journal for `shardline sync`)
     except Preempted as stopped:
-        training_cost.close_cost(tracker, ledger, "preempted", checkpoint_step(stopped.checkpoint), log)
-        # resumed later into the same run, which sends what is left: a spot notice leaves no time to wait
-        tracker.end("KILLED", wait=min(5.0, tracker.flush_s))
+        with kept_while_starting(signal.SIGINT):
+            training_cost.close_cost(tracker, ledger, "preempted", checkpoint_step(stopped.checkpoint), log)
+            # resumed later into the same run, which sends what is left: a spot notice leaves no time to wait
+            tracker.end("KILLED", wait=min(5.0, tracker.flush_s))
         raise
     except BudgetExceeded as stopped:
-        training_cost.close_cost(
-            tracker, ledger, "budget", checkpoint_step(stopped.checkpoint) if stopped.checkpoint else None, log
-        )
-        tracker.end("KILLED")  # resumed into the same run when the limit is raised
+        with kept_while_starting(signal.SIGINT):
+            at = checkpoint_step(stopped.checkpoint) if stopped.checkpoint else None
+            training_cost.close_cost(tracker, ledger, "budget", at, log)
+            tracker.end("KILLED")  # resumed into the same run when the limit is raised
+        raise
+    except KeyboardInterrupt:  # a second Ctrl-C stops at once, past the checkpoint: an interruption, as a kill is
+        with kept_while_starting(signal.SIGINT):
+            training_cost.close_cost(tracker, ledger, "killed", None, log)
+            tracker.end("KILLED", wait=min(5.0, tracker.flush_s))
         raise
     except BaseException:
-        training_cost.close_cost(tracker, ledger, "failed", None, log)
-        tracker.end("FAILED")
+        with kept_while_starting(signal.SIGINT):
+            training_cost.close_cost(tracker, ledger, "failed", None, log)
+            tracker.end("FAILED")
         raise
     finally:  # streamed shards still held go back to the cache now, not when the splits are collected
         system.stop()
