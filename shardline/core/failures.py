@@ -153,7 +153,7 @@ def out_of_space(e: BaseException) -> str:
 # a mistake in the config or the data, and a stop that is no fault (a preemption, the budget spent)
 QUIET_ERRORS = ("DataError", "ConfigError", "ModelContractError", "EncodingMismatch", "ValueError", "Preempted")
 # ...and a store or a tracking server that answers no connection, said naming it and its setting
-QUIET_ERRORS += ("BudgetExceeded", "StorageUnreachable", "TrackingUnreachable", "SweepFailed")
+QUIET_ERRORS += ("BudgetExceeded", "StorageUnreachable", "StorageRefused", "TrackingUnreachable", "SweepFailed")
 
 
 class QuietUserErrors(logging.Filter):

@@ -99,13 +99,33 @@ def other_tables(source: str) -> str:
 
 
 def no_bucket(source: str) -> str:
-    """What an object store's source that lists nothing may lack: its bucket (a typo reads as an empty folder)."""
+    """What an object store's source that lists nothing may lack: its bucket (a typo reads as an empty folder). An
+    endpoint that does not answer, credentials refused or none found are raised as what they are, each naming what
+    to check: `exists` said each of them as a bucket to create (after 7 minutes of silence, for a stalled one)."""
     if not is_remote(source):
         return ""
+    from shardline.core.unreachable import StorageRefused, unreachable
+
     fs, path = filesystem(source)
     bucket = path.split("/", 1)[0]
+    fs.invalidate_cache(bucket)
     try:
-        there = fs.exists(bucket)
-    except Exception:  # noqa: BLE001 - a question for the message, not the ingest
-        return ""
-    return "" if there else f": its bucket '{bucket}' is not there (or these credentials cannot see it)"
+        fs.ls(bucket, detail=False)
+    except FileNotFoundError:
+        return f": its bucket '{bucket}' is not there"
+    except PermissionError as e:
+        said = " ".join(str(e).split())[:200]
+        raise StorageRefused(
+            f"{source}: the object store refused these credentials on bucket '{bucket}' ({said}): check "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), and that they may list the bucket"
+        ) from None
+    except Exception as e:
+        if (cut := unreachable(e)) is not None:
+            raise cut from None
+        if type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            raise StorageRefused(
+                f"{source}: no S3 credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+                "AWS_PROFILE, or give the machine a role)"
+            ) from None
+        raise
+    return ""

@@ -20,6 +20,10 @@ class StorageUnreachable(ConnectionError):
     infrastructure failure (retried), said naming the endpoint and the variable that sets it."""
 
 
+class StorageRefused(PermissionError):
+    """The object store answered and refused these credentials, or none were found: said naming what to set."""
+
+
 # botocore's errors for a connection never made, or made and never answered (by name: nothing here imports botocore)
 NO_CONNECTION = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError")
 
