@@ -110,7 +110,14 @@ def no_bucket(source: str) -> str:
     bucket = path.split("/", 1)[0]
     fs.invalidate_cache(bucket)
     try:
-        fs.ls(bucket, detail=False)
+        try:
+            fs.ls(bucket, detail=False)
+        except PermissionError:  # a policy may let these credentials list their own prefix of the bucket only
+            fs.invalidate_cache(path)
+            try:
+                fs.ls(path.rstrip("/"), detail=False)
+            except FileNotFoundError:  # nothing under it yet: the bucket is there
+                pass
     except FileNotFoundError:
         return f": its bucket '{bucket}' is not there"
     except PermissionError as e:
