@@ -411,7 +411,9 @@ def _run_training(
             training_cost.close_cost(tracker, ledger, "budget", at, log)
             tracker.end("KILLED")  # resumed into the same run when the limit is raised
         raise
-    except KeyboardInterrupt:  # a second Ctrl-C stops at once, past the checkpoint: an interruption, as a kill is
+    # a second Ctrl-C stops at once, past the checkpoint: an interruption, as a kill is; so is an exit asked from
+    # outside (the Prefect worker that ran this one killed: "Execution was aborted by Python system exit call")
+    except (KeyboardInterrupt, SystemExit):
         with kept_while_starting(signal.SIGINT):
             training_cost.close_cost(tracker, ledger, "killed", None, log)
             tracker.end("KILLED", wait=min(5.0, tracker.flush_s))
