@@ -300,6 +300,11 @@ def test_a_full_disk_is_said_naming_the_file_its_free_space_and_what_to_do(tmp_p
     assert "shardline gc CONFIG" in said and "run the same command again" in said
     assert out_of_space(OSError(errno.EACCES, "Permission denied", str(dest))) == ""
     assert out_of_space(ValueError("no")) == ""
+    # and not retried: a full disk stays full (each of 2 retries trained again to the same write, and failed there)
+    from shardline.core.failures import is_infrastructure_failure
+
+    assert not is_infrastructure_failure(flow) and not is_infrastructure_failure(copy)
+    assert is_infrastructure_failure(OSError(errno.EIO, "Input/output error", str(dest)))
 
 
 def test_ctrl_c_inside_the_import_machinery_is_raised_again_once_the_import_is_through():

@@ -95,6 +95,8 @@ def is_infrastructure_failure(exc: BaseException) -> bool:
     names, as a training rank's error is classified (`infrastructure_by_names`)."""
     if isinstance(exc, Preempted | BudgetExceeded):  # asked to stop, or out of budget: stopping is the answer
         return False
+    if out_of_space(exc):  # a full disk stays full: each retry trained again to the same write, and failed there
+        return False
     return infrastructure_by_names([c.__name__ for c in type(exc).__mro__])
 
 
