@@ -230,6 +230,10 @@ def test_registrations_killed_after_log_model_or_past_their_lease_leave_one_mode
     assert again["registered"]["version"] == 1 and again["registered"]["alias"] == "champion"
     assert len(client.search_logged_models(experiments)) == 1
     assert len(client.search_model_versions(f"name='{name}'")) == 1
+    # three registrations of one run: its test metrics logged once (each killed one's were logged again)
+    run_id = again["registered"]["run_id"]
+    tested = [k for k in client.get_run(run_id).data.metrics if k.startswith("test/")]
+    assert tested and all(len(client.get_metric_history(run_id, k)) == 1 for k in tested)
 
 
 def test_two_registrations_at_once_decide_one_after_the_other(base, prefect_api):

@@ -323,10 +323,12 @@ def _log_and_register(
         (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=1))
         # MLflow loads the model to check its input example as it logs it: its code folders go last on sys.path
+        have = client.get_run(run_id).data.metrics  # a registration interrupted after them logged them twice
         with mlflow.start_run(run_id=run_id), model_files.code_paths_last():
             # each baseline beside the metric it is the baseline of (one chart section, adjacent names)
-            mlflow.log_metrics({f"test/{metric_key(k)}": v for k, v in eval_result.metrics.items()})
-            mlflow.log_metrics({f"test/{metric_key(k)}_baseline": v for k, v in eval_result.baseline.items()})
+            for suffix, values in (("", eval_result.metrics), ("_baseline", eval_result.baseline)):
+                named = {f"test/{metric_key(k)}{suffix}": v for k, v in values.items()}
+                mlflow.log_metrics({k: v for k, v in named.items() if have.get(k) != v})
             mlflow.set_tags({**tags, **links.mlflow_tags("shardline.prefect.register")})
             for f in eval_result.files:  # local files, or the storage root's copies (a remote root)
                 if storage.is_remote(f):
