@@ -168,6 +168,18 @@ def test_dry_run_lists_the_unreferenced_and_deletes_nothing(store):
         assert path in out.out
     # why the rest is kept: A's first run is the champion's, the second a registered version and the newest
     assert f"runs/{store.runs[0].name}" in out.out and "registered: gc-model v1 @champion" in out.out
+    # an MLflow server that is down: said in seconds (MLflow's own retries took about 4 minutes), nothing deleted
+    from tests.net import free_port
+    from tests.test_cli import shardline
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}  # a fresh shell's
+    t0 = time.monotonic()
+    down = shardline(
+        "gc", store.tmp / "a.yaml", "--set", f"mlflow.tracking_uri=http://127.0.0.1:{free_port()}", env=env, timeout=120
+    )
+    assert down.returncode == 1 and "cannot read the model registry" in down.stderr, down.stderr[-2000:]
+    assert time.monotonic() - t0 < 60
+    assert files_of(store.root, store.tmp / "raw-a", store.tmp / "raw-b") == before
 
 
 @pytest.mark.e2e

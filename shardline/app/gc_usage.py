@@ -218,9 +218,10 @@ def registered_versions(config: PipelineConfig) -> list[dict]:
     from mlflow import MlflowClient
     from mlflow.utils import get_results_from_paginated_fn as every_page
 
-    from shardline.core.tracking.tracker import tracking_uri
+    from shardline.core.tracking.tracker import mlflow_client_defaults, tracking_uri
 
     uri = tracking_uri(config.mlflow, config.storage.root)
+    mlflow_client_defaults(uri)  # as the pipeline does: a server that is down is said in seconds (it was 4 minutes)
     try:
         client = MlflowClient(uri)
         aliases: dict[tuple[str, str], list[str]] = {}
