@@ -263,8 +263,8 @@ def test_the_log_of_a_resume_after_a_kill_says_the_steps_redone_are_a_lower_boun
     from shardline.runs.training_cost import progress
 
     class Logged:  # the MLflow run's side (the tracker), kept here: the test is about the log line
-        def log_metrics(self, metrics, step):
-            self.logged = (metrics, step)
+        def log_metrics(self, metrics, step, each=False):
+            self.logged = (metrics, step, each)
 
     monkeypatch.setenv(cost_ledger.LEDGER_ENV, "3600")
     run, clock, said = str(tmp_path / "run"), Clock(), []
@@ -352,6 +352,8 @@ def test_a_budget_stop_saves_a_checkpoint_and_raising_the_budget_resumes_exactly
             options=FitOptions(deadline=spent),
         )
     assert again.value.checkpoint == stopped.value.checkpoint and list_checkpoints(folder) == saved
+    # ...and said so: it saved nothing (it said "checkpoint saved at" the one it had resumed)
+    assert f"before its first step; its newest checkpoint is {stopped.value.checkpoint}" in str(again.value)
     # a higher budget (a far deadline) resumes from the checkpoint to the uninterrupted run's weights, to the bit
     result = fit(
         *args,

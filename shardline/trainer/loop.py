@@ -185,7 +185,7 @@ def fit(
     stop_at = opt.deadline.at if opt.deadline is not None else math.inf  # one clock compare a step
     # spent before this attempt trained a step: nothing new to save
     if opt.deadline is not None and _any_rank(plan, None, time.monotonic() >= stop_at)[1]:
-        raise opt.deadline.exceeded(found[0] if found else None)
+        raise opt.deadline.exceeded(found[0] if found else None, saved=False)
     step_loss = None
     with deterministic(device, cfg.deterministic), stop_on_signals(log) as stop, saver:
         for epoch in range(first_epoch, cfg.epochs):

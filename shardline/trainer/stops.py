@@ -29,8 +29,17 @@ class Deadline:
     reason: Callable[[], str]
     limit: str = "max_cost"
 
-    def exceeded(self, checkpoint: str | None) -> BudgetExceeded:
-        where = f"checkpoint saved at {checkpoint}" if checkpoint else "no checkpoint yet"
+    def exceeded(self, checkpoint: str | None, saved: bool = True) -> BudgetExceeded:
+        """`saved`: this attempt saved `checkpoint`; else it stopped before its first step, at the one it resumed."""
+        where = (
+            (
+                f"checkpoint saved at {checkpoint}"
+                if saved
+                else f"before its first step; its newest checkpoint is {checkpoint}"
+            )
+            if checkpoint
+            else "no checkpoint yet"
+        )
         return BudgetExceeded(
             f"training stopped at its budget: {self.reason()}; {where}: raise training.{self.limit} and run again "
             "to resume",
