@@ -334,3 +334,29 @@ def test_ctrl_c_inside_the_import_machinery_is_raised_again_once_the_import_is_t
             interrupt(signal.SIGINT, sys._getframe())
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_storage_root_this_user_may_not_write_is_said_naming_the_folder_and_what_to_do(tmp_path):
+    """A read-only root (an immutable folder, a read-only mount): the error named the file written aside
+    (`.tmp-7a39...-ckpt-000000059.pt`) and nothing to do. It names the folder and what to change."""
+    import shutil
+
+    from shardline.core import storage
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+    elif shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(folder)]).returncode:
+        pytest.skip("as root, only an immutable folder refuses a write, and chattr is not here")
+    try:
+        with pytest.raises(PermissionError) as refused:
+            storage.write_bytes(str(folder / "ckpt-000000059.pt"), b"weights")
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(folder)])
+        folder.chmod(0o755)
+    said = str(refused.value)
+    assert f"this user may not write {folder}" in said and "set storage.root to a folder it may write" in said
+    assert ".tmp-" not in said and said.endswith("ckpt-000000059.pt'")
+    assert list(folder.iterdir()) == []

@@ -237,6 +237,13 @@ def _replace(target: Path, write: Callable) -> None:
     except OSError as e:  # a full disk, said with the file it could not take (a write names none)
         if e.errno == errno.ENOSPC and not e.filename:
             raise OSError(e.errno, e.strerror, str(target)) from e
+        if isinstance(e, PermissionError):  # it named the file written aside (.tmp-...), and nothing to do
+            raise PermissionError(
+                e.errno,
+                f"{e.strerror}: this user may not write {target.parent} (its permissions, a read-only disk or an "
+                "immutable folder); make it writable, or set storage.root to a folder it may write",
+                str(target),
+            ) from e
         raise
     finally:
         tmp.unlink(missing_ok=True)
