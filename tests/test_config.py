@@ -348,4 +348,5 @@ def test_a_checkpoint_parent_is_found_beside_the_config_file_and_a_registered_on
     cfg = load_config(write(tmp_path / "project" / "c.yaml", raw))
     assert cfg.training.init_from == str((tmp_path / "project" / "store/runs/abc/checkpoints").resolve())
     for parent in ("models:/pretrained@champion", "s3://bucket/runs/abc/checkpoints"):
-        assert load_config(tmp_path / "project" / "c.yaml", [f"training.init_from={parent}"]).training.init_from == parent
+        given = load_config(tmp_path / "project" / "c.yaml", [f"training.init_from={parent}"])
+        assert given.training.init_from == parent

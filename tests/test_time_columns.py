@@ -196,7 +196,10 @@ def test_a_time_zone_aware_order_registers_and_predicts_in_the_inputs_types(tmp_
     assert "1 sequence(s) have fewer than 4 rows (data.window=3 + data.horizon=1) and get no prediction: 's002'" in (
         noted.stderr
     ), noted.stderr[-3000:]
-    assert "column 'kind' holds 1 value(s) training never saw (a fine-tune's: its parent's), in 2 row(s) (the first: 'zzz')" in noted.stderr
+    assert (
+        "column 'kind' holds 1 value(s) training never saw (a fine-tune's: its parent's), in 2 row(s) "
+        "(the first: 'zzz')" in noted.stderr
+    )
     by_hand = pl.read_parquet(tmp_path / "n.parquet").sort("when")
     assert by_hand.height == preds.height + 1  # and the stand-in row's
     forecast = [str(tmp_path / "mixed-lengths.parquet"), "--forecast", "--out", str(tmp_path / "f.parquet"), *uri]
