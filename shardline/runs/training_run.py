@@ -31,7 +31,6 @@ from shardline.runs.parent import init_weights, parent_encoding, resolve_parent
 from shardline.runs.result import RESULT_FILE, Parent, TrainResult
 from shardline.runs.training_view import LiveView, run_logger
 from shardline.trainer.progress import BAR_SECONDS, DataWaitWatch, TerminalProgress
-from shardline.trainer.stops import kept_while_starting
 
 
 def model_identity(model: ModelConfig) -> dict:
@@ -394,6 +393,8 @@ def _run_training(
         # ranking data: the validation split's groups ranked each epoch (val_ndcg_at_10, ...)
         ranking=SplitRanking.of_validation(manifest, manifest_uri, validates_on, config.evaluation.k),
     )
+    from shardline.trainer.stops import kept_while_starting  # (torch: not imported with the pipeline)
+
     try:
         task = spec.target.task if spec.target else None
         result = body(mspec, config.training, task, ckpt_dir, callbacks, options)
