@@ -46,7 +46,7 @@ def _fail(msg: str, code: int = 1) -> None:
 
 def _load(path: Path | None, overrides: list[str], base: dict | None = None, parent: bool = False):
     """The validated config, or exit 2 naming what to fix: a bad key, a model entrypoint that does not import, or
-    (`parent`: a command that trains) a training.init_from that names no model or checkpoint."""
+    (`parent`: a command that trains) a training.init_from that names no model or checkpoint, or does not fit."""
     from shardline.core.config import ConfigError, load_config
 
     try:
@@ -69,13 +69,8 @@ def _load(path: Path | None, overrides: list[str], base: dict | None = None, par
             check_params(config.model.entrypoint, config.model.params, config.model.code_dir)
         except ModelContractError as e:
             _fail(str(e), 2)
-    if parent and config.training.init_from:  # a parent that is not there is the config's mistake: before any work
-        from shardline.runs.parent import resolve_parent
-
-        try:
-            resolve_parent(config)
-        except ValueError as e:
-            _fail(str(e), 2)
+    if parent:
+        _check_parent(config)
     return config
 
 
@@ -181,14 +176,13 @@ def run(
 ) -> None:
     """Run the pipeline on your own data, as the config file describes."""
     config = _load(config_path, list(set_), parent=True)
-    _check_parent(config)
     summary(_run_pipeline(config, force, verbose))
 
 
 def _check_parent(config) -> None:
-    """A fine-tune whose parent (training.init_from) does not fit the config, its columns or its learned positions'
-    window: exit 2 naming the fix, as a config's mistake (the flow checks it again before any work, for a
-    deployment's run). Anything else (a registry out of reach) is the flow's to say."""
+    """A fine-tune whose parent (training.init_from) is not there, or does not fit the config, its columns or its
+    learned positions' window: exit 2 naming the fix, as a config's mistake (the flow checks it again before any
+    work, for a deployment's run). Anything else (a registry out of reach) is the flow's to say."""
     if not config.training.init_from:
         return
     from shardline.core.encoding.reuse import EncodingMismatch, check_columns
@@ -196,6 +190,11 @@ def _check_parent(config) -> None:
 
     try:
         parent = resolve_parent(config)
+    except ValueError as e:  # names no registered version or checkpoint
+        _fail(str(e), 2)
+    except Exception:  # noqa: BLE001 - said by the flow, with its retries and context
+        return
+    try:
         encoding = parent_encoding(config, parent)
         check_columns(config.data.features.model_dump(), encoding, parent.uri)
         check_window(config, encoding, parent.uri)
