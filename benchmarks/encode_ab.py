@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/encode_ab.py HEAD~1              # this tree against the previous commit
     .venv/bin/python benchmarks/encode_ab.py 537ad57 --rounds 30
     .venv/bin/python benchmarks/encode_ab.py HEAD --quick       # smoke run: 40 games x 500 frames, 2 rounds
+    .venv/bin/python benchmarks/encode_ab.py HEAD --set data.group_mb=13.5   # both sides with this override
 
 The other commit is checked out into a temporary git worktree (removed afterwards). One child
 process per side imports its own tree's `shardline.tasks.encode` and waits for orders; the parent runs
@@ -35,23 +36,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, os, shutil, sys, tempfile, time
-root, data_root = sys.argv[1], sys.argv[2]
+root, data_root, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.path[:0] = [root, os.path.join(root, "benchmarks")]
 os.environ.setdefault("POLARS_MAX_THREADS", "2")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 import polars as pl
-try:  # the layered package (since 2026-11-23)
+# the layered package (since 2026-11-23), chosen by the tree's folders: an editable install of another
+# tree would answer the import of a module this tree lacks
+if os.path.isdir(os.path.join(root, "shardline", "tasks")):
     import shardline.tasks.encode as enc_mod
     from shardline.core.config import load_config
     from shardline.tasks.ingest import snapshot_source
-except ImportError:  # a commit from before the layers: top-level tasks/, the core in shardline/
+else:  # a commit from before the layers: top-level tasks/, the core in shardline/
     import tasks.encode as enc_mod
     from shardline.config import load_config
     from tasks.ingest import snapshot_source
 encode_dataset = enc_mod.encode_dataset
 cfg = load_config(
     os.path.join(root, "shardline/configs/demo.yaml"),
-    [f"data.source={data_root}/*.parquet", "data.continuous_dtype=float16"],
+    [f"data.source={data_root}/*.parquet", "data.continuous_dtype=float16", *overrides],
 )
 snap = snapshot_source(cfg.data)
 files, cols = [f.uri for f in snap.files], cfg.data.raw_columns()
@@ -67,9 +70,9 @@ for line in sys.stdin:
 """
 
 
-def start(root: Path, data_root: str) -> subprocess.Popen:
+def start(root: Path, data_root: str, overrides: list[str]) -> subprocess.Popen:
     p = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(root), data_root],
+        [sys.executable, "-c", CHILD, str(root), data_root, *overrides],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -99,6 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sequences", type=int, default=400, help="demo games (default 400)")
     ap.add_argument("--frames", type=int, default=2000, help="frames per demo game (default 2000)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 40 games x 500 frames, 2 rounds")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override for both sides (repeatable)"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.sequences, args.frames, args.rounds = 40, 500, 2
@@ -117,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run(
             ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(other), args.against], check=True
         )
-        sides["this tree"] = start(ROOT, str(data_root))
-        sides[args.against] = start(other, str(data_root))
+        sides["this tree"] = start(ROOT, str(data_root), args.set)
+        sides[args.against] = start(other, str(data_root), args.set)
         ratios: dict[str, list[float]] = {k: [] for k in sides}
         times: dict[str, list[float]] = {k: [] for k in sides}
         names = list(sides)
