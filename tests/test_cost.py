@@ -234,6 +234,12 @@ def test_a_resume_records_what_its_preemption_or_kill_cost_at_its_first_new_step
     assert (cut["steps_redone"], cut["gpu_seconds_redone"], cut["recovery_seconds"]) == (0, 0.0, 60.0)
     s = cost_ledger.summarize([killed, {**resumed, "interruption": cut}])
     assert (s["preemptions"], s["steps_redone"], s["recovery_seconds"]) == (1, 0, 60.0)
+    assert "; 1 preemption(s): 0 step(s), 0 GPU-seconds redone" in cost_ledger.describe(s)
+    # after a kill the summary's line says what was redone as the lower bound it is, as the resume's log does
+    k = cost_ledger.summarize([killed, {**resumed, "interruption": cost_ledger.interruption(killed, resumed)}])
+    assert "; 1 preemption(s), 1 of them kill(s): at least 4 step(s), at least 140 GPU-seconds redone" in (
+        cost_ledger.describe(k)
+    ), cost_ledger.describe(k)
 
     # the ledger records it at the resumed attempt's first step past its checkpoint, written at once, once
     monkeypatch.setenv(cost_ledger.LEDGER_ENV, "3600")

@@ -168,6 +168,7 @@ def summarize(attempts: list[dict]) -> dict | None:
         "usd_wasted": None if all_unpriced else usd_wasted,
         "unpriced_attempts": unpriced,
         "preemptions": len(cuts),  # those resumed to a first new step; their costs summed:
+        "kills": sum(c["after"] == "killed" for c in cuts),  # of them, kills: the steps redone a lower bound
         **{k: sum(c[k] for c in cuts) for k in PREEMPTION_KEYS},
         "gpu": last["gpu"],
         "gpus": last["gpus"],
@@ -361,9 +362,13 @@ def describe(summary: dict) -> str:
     )
     gpu = summary["gpu"] if summary["gpu"] != CPU else "CPU (no GPU)"
     cuts = summary.get("preemptions")
+    # after a kill no record holds its last steps (`interruption`): what was redone is a lower bound
+    least = "at least " if summary.get("kills") else ""
+    kills = f", {summary['kills']} of them kill(s)" if summary.get("kills") else ""
     redone = (
-        f"; {cuts} preemption(s): {summary['steps_redone']} step(s), {summary['gpu_seconds_redone']:.3g} GPU-seconds "
-        f"redone, {summary['recovery_seconds']:.3g} s to the first new step"
+        f"; {cuts} preemption(s){kills}: {least}{summary['steps_redone']} step(s), {least}"
+        f"{summary['gpu_seconds_redone']:.3g} GPU-seconds redone, {summary['recovery_seconds']:.3g} s to the first "
+        "new step"
         if cuts
         else ""
     )
