@@ -110,3 +110,32 @@ def test_a_users_model_version_covers_its_packages_init_and_data_files_and_nothi
         second = now()
         assert (second != first) is retrains, path
         first = second
+
+
+def test_a_module_the_model_imports_by_name_at_run_time_is_its_code_too(tmp_path):
+    """A core the config picks (`importlib.import_module`): a module named in a string is followed as an import is;
+    where the name is computed, every module of the model's packages counts (an edit to the core a run used
+    trained nothing again: the run was taken from the cache)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "__init__.py").write_text("")
+    (models / "blocks.py").write_text("A = 0.5\n")
+    (models / "other.py").write_text("X = 1\n")
+    world = models / "world.py"
+    world.write_text("import importlib\nMiniSSM = importlib.import_module('models.blocks')\n")
+
+    def now() -> str:
+        return version.user_code_version("models.world:WorldModel", str(tmp_path))
+
+    first = now()
+    (models / "blocks.py").write_text("A = 0.1\n")
+    assert now() != first  # named in a string: followed
+    first = now()
+    (models / "other.py").write_text("X = 2\n")
+    assert now() == first  # not imported
+    world.write_text("from importlib import import_module\ncore = lambda name: import_module(f'models.{name}')\n")
+    first = now()
+    (models / "other.py").write_text("X = 3\n")
+    assert now() != first  # a computed name: any module of the package may be the one
+    assert "models.other" in version.user_code("models.world:WorldModel", str(tmp_path))
+    assert version.user_packages("models.world:WorldModel", str(tmp_path)) == set()  # no package to install

@@ -155,6 +155,48 @@ def test_outputs_that_break_the_contract_fail_on_the_first_batch(data, project, 
     assert not ckpt.exists() or not list(ckpt.glob("ckpt-*"))  # no step was taken, nothing written
 
 
+@pytest.mark.parametrize(
+    "init, expect",
+    [
+        ("pass", r"Still: nothing to train: it has no trainable parameters \(nn.Parameter"),
+        (
+            "self.w = nn.Parameter(torch.zeros(4)); self.w.requires_grad_(False)",
+            r"Still: nothing to train: it has no trainable parameters \(it freezes its own 1\)",
+        ),
+    ],
+    ids=["no-parameters", "all-frozen-by-itself"],
+)
+def test_a_model_with_nothing_to_train_is_refused_before_its_first_step(data, project, tmp_path, init, expect):  # noqa: F811
+    """A model of fixed outputs, or one that freezes all of itself: torch's "element 0 of tensors does not require
+    grad" at the first backward, 190 lines of traceback, said as what it is instead."""
+    write_module(
+        project,
+        "still",
+        f"""
+        import torch
+        from torch import nn
+
+        class Still(nn.Module):
+            def __init__(self, spec):
+                super().__init__()
+                {init}
+
+            def forward(self, cont, cat):
+                return {{"target": torch.zeros(cont.shape[0], 4)}}
+        """,
+    )
+    with pytest.raises(ModelContractError, match=expect):
+        fit(
+            data["classification"],
+            data["classification-val"],
+            user_spec(project, "models.still:Still"),
+            train_cfg(),
+            "classification",
+            str(tmp_path / "ckpt"),
+            callbacks=Callbacks(log=quiet),
+        )
+
+
 def test_attributes_named_loss_or_metrics_are_the_models_own_not_hooks(data, project, tmp_path):  # noqa: F811
     """`self.loss = nn.CrossEntropyLoss()` and `self.metrics = nn.ModuleDict()`, as models are written: the
     default loss and metrics are used (they were called as the model's hooks: a TypeError, then, after a whole

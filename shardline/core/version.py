@@ -57,9 +57,14 @@ def _module_path(name: str, root: Path, packages: tuple[str, ...] | None) -> Pat
     return None
 
 
+DYNAMIC = "<dynamic>"  # in `imports_of`: the file imports a module whose name is computed at run time
+
+
 def imports_of(path: Path, module: str) -> set[str]:
-    """Every module an import statement in `path` (module `module`) names, wherever the statement is. Parsed
-    once per version of the file in a process (the step keys' closures share most of their files)."""
+    """Every module an import statement in `path` (module `module`) names, wherever the statement is, and those an
+    `importlib.import_module` or `__import__` call names in a string; `DYNAMIC` where such a call's name is computed
+    (a model whose config picks its core: `import_module(f"models.{name}")`). Parsed once per version of the file in a
+    process (the step keys' closures share most of their files)."""
     st = path.stat()
     return set(_imports_of(path, module, st.st_mtime_ns, st.st_size))
 
@@ -80,7 +85,22 @@ def _imports_of(path: Path, module: str, mtime_ns: int, size: int) -> frozenset[
                 base = ".".join([*anchor, base] if base else anchor)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and _imports_by_name(node.func) and node.args:
+            name = node.args[0]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                level = len(name.value) - len(name.value.lstrip("."))  # import_module(".blocks", __package__)
+                anchor = package.split(".")[: len(package.split(".")) - level + 1] if level else []
+                found.add(".".join([*anchor, name.value[level:]] if anchor else [name.value[level:]]))
+            else:
+                found.add(DYNAMIC)
     return frozenset(found)
+
+
+def _imports_by_name(func: ast.expr) -> bool:
+    """`importlib.import_module`, `import_module` or `__import__`: a call that imports the module its argument names."""
+    if isinstance(func, ast.Attribute):
+        return func.attr == "import_module"
+    return isinstance(func, ast.Name) and func.id in ("import_module", "__import__")
 
 
 def _closure(module: str, root: Path, packages: tuple[str, ...] | None) -> dict[str, Path]:
@@ -104,12 +124,24 @@ def module_closure(module: str) -> tuple[Path, ...]:
 
 def user_code(entrypoint: str, code_dir: str | None) -> dict[str, Path]:
     """The user's source files a model entrypoint ("package.module:Name") depends on: its module and every
-    module under `code_dir` (default the working directory) it imports, directly or not, by module name.
-    Not cached: the user edits these files between runs of one process."""
+    module under `code_dir` (default the working directory) it imports, directly or not, by module name (an
+    `importlib.import_module("models.blocks")` included; where one such name is computed, every module of the
+    packages they lie in). Not cached: the user edits these files between runs of one process."""
     root = Path(code_dir or Path.cwd()).resolve()
     module = entrypoint.partition(":")[0]
     parts = module.split(".")  # importing a.b.c runs a/__init__.py and a/b/__init__.py first
-    return {k: v for i in range(1, len(parts) + 1) for k, v in _closure(".".join(parts[:i]), root, None).items()}
+    code = {k: v for i in range(1, len(parts) + 1) for k, v in _closure(".".join(parts[:i]), root, None).items()}
+    if any(DYNAMIC in imports_of(path, name) for name, path in code.items()):
+        # a module imported by a name computed at run time could be any of its packages' modules: all of them count
+        for top in {root / name.partition(".")[0] for name in code}:
+            for path in sorted(top.rglob("*.py")) if top.is_dir() else []:
+                rel = path.relative_to(root)
+                if any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+                    continue
+                name = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+                for k, v in _closure(name, root, None).items():
+                    code.setdefault(k, v)
+    return code
 
 
 def user_packages(entrypoint: str, code_dir: str | None) -> set[str]:
@@ -118,7 +150,8 @@ def user_packages(entrypoint: str, code_dir: str | None) -> set[str]:
     code = user_code(entrypoint, code_dir)
     own = {name.partition(".")[0] for name in code}
     found = {name.partition(".")[0] for module, path in code.items() for name in imports_of(path, module)}
-    return {n for n in found if n and n not in own and n not in sys.stdlib_module_names and n != "shardline"}
+    found = {n for n in found if n.isidentifier()}  # not `DYNAMIC`
+    return {n for n in found if n not in own and n not in sys.stdlib_module_names and n != "shardline"}
 
 
 def user_code_version(entrypoint: str, code_dir: str | None) -> str:

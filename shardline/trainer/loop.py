@@ -523,6 +523,17 @@ def _build_model(plan: _Plan, cfg: TrainingConfig, opt: FitOptions, fresh: bool,
             f"{', ...' if len(unloaded) > 8 else ''}; they would stay at their random start. Freeze only what "
             "the parent gives (narrow training.freeze), or give them the parent's shapes"
         )
+    if not any(p.requires_grad for p in model.parameters()):  # the first backward would say "does not require grad"
+        what = (
+            f"training.freeze {list(cfg.freeze)} freezes every one of its {len(frozen)} parameter tensor(s)"
+            if frozen
+            else "it has no trainable parameters"
+            + (f" (it freezes its own {len(own)})" if own else " (nn.Parameter, or a layer such as nn.Linear)")
+        )
+        raise ModelContractError(
+            f"{type(model).__name__}: nothing to train: {what}. Leave some parameters trainable (narrow "
+            "training.freeze), or give the model a layer to train"
+        )
     if frozen:
         kept = f"; {len(norms)} norm layer(s) kept in eval mode (running statistics as loaded)" if norms else ""
         log(f"training.freeze {list(cfg.freeze)}: {len(frozen)} parameter tensor(s) frozen{kept}")
