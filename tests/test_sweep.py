@@ -434,6 +434,13 @@ def test_a_raised_budget_is_the_same_sweep_and_mistakes_in_a_space_are_said_befo
     # equal in Python, written otherwise: said naming the key (the list of keys was empty), without the YAML hint
     with pytest.raises(SweepError, match=r"one trial: model.hidden=16 and 16.0 are the same value to the config$"):
         plan_sweep(raw, parse_space({"model.hidden": [16, 16.0]}))
+    # a pruner judges a trial at an epoch before its last: with one epoch, --prune did nothing, silently
+    from shardline.tasks.sweep import check_pruning
+
+    one = {**raw, "training": {**raw["training"], "epochs": 1}}
+    with pytest.raises(SweepError, match=r"--prune median: every trial trains 1 epoch.*training.epochs"):
+        check_pruning(plan_sweep(one, grid), "median")
+    check_pruning(plan_sweep(one, parse_space({"training.epochs": [1, 3]})), "median")  # some trials train 3
 
 
 def test_a_sweep_over_the_tokenizer_compared_by_a_score_over_tokens_is_refused_before_any_work(tmp_path):

@@ -38,6 +38,26 @@ def data(tmp_path):
     return tmp_path, cfg
 
 
+def test_a_pruned_sweep_stopped_at_its_budget_finishes_when_the_limit_is_raised(data, prefect_api):
+    """Trials stopped at `training.max_hours` stay running in the study: the rerun with a raised limit (as the stop
+    says to do) resumes them and reports their epochs to the pruner. They were told failed at the stop; the resumed
+    trial's first report then raised Optuna's UpdateFinishedTrialError, on every rerun, and a trial that finished
+    stayed failed in the study."""
+    from shardline.core.failures import BudgetExceeded
+
+    tmp_path, cfg = data
+    space = {"training.lr": [0.05, 0.03]}
+    cfg["training"]["max_hours"] = 1e-7  # stopped at once, each trial
+    with pytest.raises(BudgetExceeded, match="every trial stopped at its budget"):
+        run_sweep(cfg, space, at_once=1, prune="median")
+    cfg["training"]["max_hours"] = 1.0
+    raised = run_sweep(cfg, space, at_once=1, prune="median")
+    assert [r["state"] for r in raised["trials"]] == ["ran", "ran"], raised["trials"]
+    study = study_of(raised)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert [list(t.intermediate_values) for t in study.trials] == [[1], [1]]  # reported (not the last epoch)
+
+
 def test_trials_that_fall_behind_are_pruned_a_rerun_continues_the_study_and_tpe_proposes(data, prefect_api):
     """Median pruning, one trial at a time, two epochs each: the two first trials (good learning rates) finish;
     the third, with a learning rate that learns nothing, falls below the median at its first epoch and stops

@@ -91,8 +91,8 @@ class Pruning(BaseModel):
 
         def prune(epoch: int, entry: dict) -> bool:
             value = entry.get(self.select_by)
-            if not isinstance(value, int | float) or not math.isfinite(value):
-                return False
+            if not isinstance(value, int | float) or not math.isfinite(value) or frozen.state.is_finished():
+                return False  # a trial told failed at its budget by an earlier version: Optuna takes no report
             if epoch + 1 not in reported:
                 trial.report(float(value), epoch + 1)
             if trial.should_prune():

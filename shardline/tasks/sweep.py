@@ -240,6 +240,9 @@ def check_pruning(plan: Plan, prune: str | None) -> None:
             "--prune: a pruned trial trains in one process (compute.processes_per_node: 1, compute.nodes: 1); "
             f"this sweep trains in {several[0].compute.processes_per_node * several[0].compute.nodes}"
         )
+    if all(c.training.epochs < 2 for c in [plan.base, *plan.configs]):  # a trial is judged at an epoch before its last
+        raise SweepError(f"--prune {prune}: every trial trains 1 epoch; a trial is pruned at an epoch before its last: "
+                         "nothing would be. Train 2 epochs or more (training.epochs) or leave out --prune")  # fmt: skip
 
 
 class SweepStudy:
@@ -366,6 +369,8 @@ class SweepStudy:
         import optuna
         from optuna.trial import TrialState
 
+        if row.get("state") == "budget":  # stays running in the study: the rerun that raises the limit resumes it
+            return
         number = self.numbers[trial.id]  # given when the trial was submitted (`pruning`)
         frozen = next(t for t in self.study.get_trials(deepcopy=False) if t.number == number)
         if result is not None and frozen.state == TrialState.RUNNING and not frozen.intermediate_values:
@@ -677,7 +682,8 @@ def trial_outcome(trial: Trial, config: PipelineConfig, future) -> tuple[dict, T
         error = future.result(raise_on_failure=False)
         text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else state.message
         text = str(text).rsplit(CHILD_ERROR, 1)[-1]  # a trial's own error, not the wrappers around it
-        row.update(state="failed", error=redact_text(" ".join(str(text).split())))
+        text = " ".join(str(text).split())  # stopped at its budget: resumable, raising the limit finishes it
+        row.update(state="budget" if text.startswith("BudgetExceeded: ") else "failed", error=redact_text(text))
         return row, None
     result = future.result()
     row.update(
