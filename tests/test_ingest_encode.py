@@ -1129,6 +1129,35 @@ def test_a_label_only_validation_or_test_rows_hold_is_said_naming_the_value_and_
     assert logged[0].startswith("info:")  # a class target's long tail is as likely: information; a grade: a warning
 
 
+def test_integer_classes_between_those_the_data_holds_are_not_said_unseen(raw_dir, tmp_path):
+    """An integer class target of values 0, 2 and 6 is coded by its range in each group: 1 and 3-5 were said to be
+    values "no row of the training split has, in its validation or test rows", which no row held. Only a value the
+    other splits' rows hold is said: a 4 in a test row."""
+    from shardline.core.config.data import SplitConfig
+    from shardline.core.encoding.splits import sequence_splits
+    from shardline.tasks.encode import log_unseen_classes
+
+    def said(cfg) -> tuple[dict, list[str]]:
+        snap, _, _, manifest = encode_all(cfg)
+        logged: list[str] = []
+        return log_unseen_classes(manifest, manifest_groups(cfg), snap, cfg.data, SimpleLog(logged)), logged
+
+    as_int = pl.col("label").replace_strict({"a": 0, "b": 2, "c": 6}, return_dtype=pl.Int16)
+    for path in sorted(raw_dir.glob("*.parquet")):
+        pl.read_parquet(path).with_columns(as_int).write_parquet(path)
+    cfg = cfg_for(raw_dir, tmp_path)
+    assert said(cfg) == ({}, [])
+    split: SplitConfig = cfg.data.split
+    path = sorted(raw_dir.glob("*.parquet"))[1]
+    frame = pl.read_parquet(path)
+    seqs = sorted(set(frame["seq"]))
+    test_seq = next(s for s, i in zip(seqs, sequence_splits(seqs, split)) if i == 2)
+    one = (pl.col("seq") == test_seq) & (pl.col("t") == 7)
+    frame.with_columns(pl.when(one).then(pl.lit(4, pl.Int16)).otherwise("label").alias("label")).write_parquet(path)
+    found, logged = said(cfg_for(raw_dir, tmp_path))
+    assert found == {"label": ["4"]} and f"validation or test rows: 4 ({path.name})" in logged[0], logged
+
+
 class SimpleLog:
     def __init__(self, out: list[str]):
         self.out = out

@@ -350,6 +350,11 @@ class EncodedGroup(_Shards):
     )
     outside: int = Field(0, description="its rows in no range of data.split.ranges: left out")
     cut: int = Field(0, description="ranking groups (data.group_key) a range split put in more than one split")
+    unfitted: dict[int, list[str]] | None = Field(
+        None,
+        description="per class target (its index): the values its other splits' rows hold and its training rows do "
+        "not (None: a group stored by an earlier encoder, whose ids of an integer range may name absent values)",
+    )
 
 
 def edited_encoding(text: str) -> bool:

@@ -229,6 +229,8 @@ def log_unseen_classes(
     warning (a grade outside the data's own, a click of 3 among 0/1 clicks, counted in nDCG with a gain of 7, went
     unsaid); other targets: a rare class in a long tail is as likely, said as information. `parent`: the encoding is
     a parent model's (its classes). Returns {column: the values}."""
+    from shardline.core.encoding.fit import merged_counts
+
     targets = [(i, t) for i, t in enumerate(manifest.encoding.targets) if t.task == "classification"]
     if not targets or data.features.text:
         return {}
@@ -239,7 +241,11 @@ def log_unseen_classes(
             voc = local.targets[i] if local is not None and i < len(local.targets) else None
             if isinstance(voc, LocalVocab):
                 known = set(t.classes or [])
-                for v in (v for v in voc.texts() if v not in known):
+                held = voc.texts() if g.unfitted is None else g.unfitted.get(i, [])  # None: an earlier encoder's
+                if parent and g.unfitted is not None:  # the parent's classes: those of this data's training rows too
+                    fitted = (g.train.get("targets") or [])[i : i + 1]
+                    held = [*held, *merged_counts(f.get("counts", {}) for f in fitted)]
+                for v in (v for v in held if v not in known):
                     unseen.setdefault(i, {}).setdefault(v, []).append(g.key)
     files: dict[str | None, list[str]] = {}  # each group's files, listed once a value's files are looked for
     reads = [UNSEEN_READS]

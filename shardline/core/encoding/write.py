@@ -44,12 +44,14 @@ from shardline.core.manifest import (
     EncodedGroup,
     EncodingSpec,
     FilePart,
+    LocalVocab,
     Manifest,
     RawFile,
     RejectedFile,
     ShardInfo,
     Snapshot,
     edited_encoding,
+    target_array,
 )
 from shardline.core.shards import compress_bytes, segment_lengths, window_tally
 
@@ -188,12 +190,15 @@ def _write_group(
     damaged: list[RejectedFile],
     read: int,
     cut: int = 0,
+    unfitted: dict[int, list[str]] | None = None,
 ) -> EncodedGroup:
     """The group's record, written last in its folder: once it is there, the group is whole. `read`: the rows read,
     those in no split's range included."""
     rows = {s: (splits[s].end - splits[s].first) if s in splits else 0 for s in data.split.names()}
     outside = read - sum(rows.values())
-    group = EncodedGroup(key=key, shards=infos, train=train, rows=rows, damaged=damaged, outside=outside, cut=cut)
+    group = EncodedGroup(
+        key=key, shards=infos, train=train, rows=rows, damaged=damaged, outside=outside, cut=cut, unfitted=unfitted
+    )
     storage.write_text(storage.join(out_dir, GROUP_RECORD), group.model_dump_json())
     return group
 
@@ -249,6 +254,7 @@ def encode_group_to_shards(
         encoded = encode_splits(frame, splits, data)
     del frame
     train = next((encoded[s].stats for s in data.split.fit_splits() if s in encoded), None)
+    unfitted = classes_outside_training(encoded, data)
     if data.group_key:  # the training rows: the train split, or (k-fold) every fold
         fitted = [ranked[s] for s in data.split.fit_splits() if ranked.get(s) is not None]
         rows = pl.concat(fitted) if fitted else None
@@ -267,7 +273,28 @@ def encode_group_to_shards(
             pending.append((info, writer.submit(_store, raw, info, out_dir, keys, rows_file)))
             del raw, arrays
         infos = [ShardInfo(**info, **fut.result()) for info, fut in pending]
-    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data, damaged, read, cut)
+    return _write_group(out_dir, key, infos, train or empty_stats(data), splits, data, damaged, read, cut, unfitted)
+
+
+def classes_outside_training(encoded: dict, data: DataConfig) -> dict[int, list[str]]:
+    """Per class target (its index) coded in the group's own ids: the values that rows of its other splits hold and
+    its training rows (every fold, k-fold) do not, from the ids in its shards (an integer range's ids name every
+    integer between its least and its greatest, held or not: 3 and 4 of a column of 0, 1, 2, 5 and 6)."""
+    fit = set(data.split.fit_splits())
+    codes = next(iter(encoded.values())).codes if encoded else None
+    out: dict[int, list[str]] = {}
+    for i, t in enumerate(data.target_list):
+        voc = codes.targets[i] if codes is not None and i < len(codes.targets) else None
+        if t.task != "classification" or not isinstance(voc, LocalVocab):
+            continue
+
+        seen = {True: np.zeros(voc.size + 1, bool), False: np.zeros(voc.size + 1, bool)}  # in training rows or not
+        for name, split in encoded.items():  # which ids (1..; 0 is null) each side's rows hold
+            seen[name in fit][np.asarray(split.arrays[target_array(i)], dtype=np.intp)] = True
+        others = seen[False][1:] & ~seen[True][1:]
+        texts = voc.texts()
+        out[i] = [texts[j] for j in np.flatnonzero(others)]
+    return out
 
 
 def _store(raw, info: dict, out_dir: str, keys: list[str], rows: memoryview | None = None) -> dict:
