@@ -510,9 +510,15 @@ class Predictor:
                 if forecast
                 else (f"{k} rows (data.window={spec.window} rows of history + data.horizon={spec.horizon})")
             )
+            ahead = (
+                ""
+                if forecast or spec.group_key or not spec.horizon or not spec.targets
+                else f"; or, to predict the row {spec.horizon} after each sequence's last from its last "
+                f"{spec.window} rows, pass --forecast"
+            )
             raise DataError(
                 f"0 predictions: every sequence in the input has fewer than {need}; pass the history too (several "
-                "files, or a glob or a folder of them, to `shardline predict`)"
+                f"files, or a glob or a folder of them, to `shardline predict`){ahead}"
             )
         # each prediction keyed by the row it is for (every position predicted: each position's own row), in the
         # input's own types (a join needs no cast)
@@ -624,8 +630,9 @@ def input_notes(
         if unseen.any():
             values = prepared[v.name].filter(pl.Series(unseen))
             notes.append(
-                f"column '{v.name}' holds {values.n_unique()} value(s) training never saw (a fine-tune's: its "
-                f"parent's), in {len(values)} row(s) (the first: {values[0]!r}): read as unknown, as a null is"
+                f"column '{v.name}' holds {values.n_unique()} value(s) training never saw, in {len(values)} row(s) "
+                f"(the first value: {values[0]!r}): read as unknown, as a null is (a fine-tune knows its parent's "
+                "values)"
             )
     return notes
 
