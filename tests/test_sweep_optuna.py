@@ -38,7 +38,9 @@ def data(tmp_path):
     return tmp_path, cfg
 
 
-def test_a_pruned_sweep_stopped_at_its_budget_finishes_when_the_limit_is_raised(data, prefect_api):
+def test_a_pruned_sweep_stopped_at_its_budget_finishes_when_the_limit_is_raised_and_new_data_is_a_new_sweep(
+    data, prefect_api
+):
     """Trials stopped at `training.max_hours` stay running in the study: the rerun with a raised limit (as the stop
     says to do) resumes them and reports their epochs to the pruner. They were told failed at the stop; the resumed
     trial's first report then raised Optuna's UpdateFinishedTrialError, on every rerun, and a trial that finished
@@ -56,6 +58,13 @@ def test_a_pruned_sweep_stopped_at_its_budget_finishes_when_the_limit_is_raised(
     study = study_of(raised)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert [list(t.intermediate_values) for t in study.trials] == [[1], [1]]  # reported (not the last epoch)
+
+    # new raw files: another sweep (its own study and parent run), not the old data's trials scored against the new
+    make_raw(tmp_path / "raw", n_seq=3, rows=50, seed=1, prefix="n")
+    more = run_sweep(cfg, space, at_once=1, prune="median")
+    assert more["sweep_id"] != raised["sweep_id"] and more["parent_run_id"] != raised["parent_run_id"]
+    assert [r["state"] for r in more["trials"]] == ["ran", "ran"] and len(study_of(more).trials) == 2
+    assert len(study_of(raised).trials) == 2  # the old data's study as it was
 
 
 def test_trials_that_fall_behind_are_pruned_a_rerun_continues_the_study_and_tpe_proposes(data, prefect_api):

@@ -236,10 +236,13 @@ class Plan:
 
     size: int = 0  # tpe: how many trials Optuna proposes (they are asked one by one, not planned)
     pruner: str | None = None  # --prune: another sweep than the same trials unpruned (its own study and parent)
+    data: str | None = None  # the raw files' fingerprint, once ingested: new files are another sweep
 
     @property
     def id(self) -> str:
         pruned = {"pruner": self.pruner} if self.pruner else {}
+        if self.data:  # trials on other data: not scored against this study's, nor in its parent run
+            pruned["data"] = self.data
         if self.mode == "tpe":  # its trials are Optuna's answers: the sweep is its space, seed and size
             tpe = [self.describe_space(), self.seed, self.size]
             return stable_hash({"base": self.base_identity(), "tpe": tpe, **pruned})[:16]

@@ -95,8 +95,6 @@ def sweep(
     base = plan.base
     root = base.storage.root
     n = plan.size or len(plan.trials)
-    log.info("sweep %s: %d %s trial(s) over %s", plan.id, n, plan.mode, ", ".join(plan.keys))
-
     data, ran = {}, {"ingest": False, "encode": False}
 
     def with_data(pairs):  # one ingest and encode per data setting; the encode's own cache shares the rest
@@ -117,7 +115,10 @@ def sweep(
 
     for _ in with_data([(None, c) for c in plan.configs or [base]]):
         pass
-
+    # the sweep is its trials on these raw files: files added or changed are another sweep (its own study and parent
+    # run), not trials scored and pruned against the old data's
+    plan.data = next((d[0].fingerprint for d in data.values() if not isinstance(d, Exception)), None)
+    log.info("sweep %s: %d %s trial(s) over %s", plan.id, n, plan.mode, ", ".join(plan.keys))
     folder = layout.sweep(root, plan.id)
     study = SweepStudy(plan, folder, prune, raw)
     remote = base.compute.train_on == "deployment"
