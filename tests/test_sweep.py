@@ -465,6 +465,14 @@ def test_a_sweep_over_the_tokenizer_compared_by_a_score_over_tokens_is_refused_b
         vocabularies = [{"kind": "bpe", "vocab_size": v} for v in (300, 400)]
         plan_sweep(by_loss, parse_space({"data.tokenizer": vocabularies}), 2, 0, "tpe")
     assert len(plan_sweep(raw, parse_space({"data.window": [8, 16], "training.lr": [0.01, 0.001]})).trials) == 4
+    # a value another setting overrides (gpt's params.d_model wins over model.hidden), or the columns the predictions
+    # carry: both trials trained one model (the same score), and one of them was called the best
+    gpt = {**raw, "model": {"family": "gpt", "hidden": 16, "layers": 1, "heads": 2, "params": {"d_model": 32}}}
+    with pytest.raises(SweepError, match=r"model.hidden does not change what is trained .*params.d_model wins"):
+        plan_sweep(gpt, parse_space({"model.hidden": [16, 64]}))
+    with pytest.raises(SweepError, match=r"data.id_columns does not change what is trained"):
+        plan_sweep(raw, parse_space({"data.id_columns": [[], ["doc_id"]]}))
+    assert len(plan_sweep(gpt, parse_space({"model.params.d_model": [32, 64]})).trials) == 2
 
 
 def test_a_sweep_over_the_split_source_or_target_is_refused_before_any_work(tmp_path):

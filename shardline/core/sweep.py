@@ -386,8 +386,13 @@ def _check_ranges_take_a_value(raw: dict, space: Space) -> None:
 def what_is_trained(config: PipelineConfig) -> str:
     """What decides a trial's model, from its config: its data settings, its model and its training
     settings (the settings that only change where or how fast it trains are left out)."""
-    data = config.data.model_dump(mode="json", exclude={"on_bad_file", "group_mb", "files_per_group", "encode_workers"})
+    # id_columns: carried to the predictions, never a feature
+    kept = {"on_bad_file", "group_mb", "files_per_group", "encode_workers", "id_columns"}
+    data = config.data.model_dump(mode="json", exclude=kept)
     model = config.model.model_dump(mode="json", exclude={"code_dir"})
+    if config.model.entrypoint is None and config.model.family == "gpt":  # params.d_model wins over hidden, ...
+        model = {k: v for k, v in model.items() if k not in ("hidden", "layers", "heads", "dropout", "params")}
+        model["gpt"] = config.model.gpt_params()
     training = config.training.model_dump(mode="json", exclude=set(config.training.RESUMABLE_CHANGES))
     return stable_hash([data, model, training])
 
@@ -419,8 +424,9 @@ def _check_distinct(trials: list[Trial], configs: list[PipelineConfig]) -> None:
                 )
             raise SweepError(
                 said + f"{', '.join(differ) or 'their settings'} {'does' if len(differ) == 1 else 'do'} not change "
-                "what is trained (only where or how fast). Sweep over settings that change the model, the data or "
-                "the training"
+                "what is trained (only where or how fast, what the predictions carry, or a value another setting "
+                "overrides: model.params.d_model wins over model.hidden). Sweep over settings that change the "
+                "model, the data or the training"
             )
         seen[key] = (trial, values)
 
