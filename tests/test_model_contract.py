@@ -426,8 +426,13 @@ def test_an_import_error_inside_the_users_module_names_its_file_and_line(tmp_pat
     with pytest.raises(ModelContractError, match=r"importing brokenpkg.net failed \(.*net.py:3\): ZeroDivisionError"):
         import_entrypoint("brokenpkg.net:Net", str(folder))
     (folder / "brokenpkg" / "other.py").write_text("import not_a_real_package_xyz\n")
-    with pytest.raises(ModelContractError, match=r"importing brokenpkg.other failed: .*not_a_real_package_xyz"):
+    with pytest.raises(ModelContractError, match=r"brokenpkg.other failed \(.*other.py:1\): .*_xyz.*install that"):
         import_entrypoint("brokenpkg.other:Net", str(folder))
+    # a module of the user's own package that is not there: no package to install (it said "install that package")
+    (folder / "brokenpkg" / "uses.py").write_text("import torch\nfrom brokenpkg.helpers import Thing\n")
+    with pytest.raises(ModelContractError, match=r"failed \(.*uses.py:2\): .*'brokenpkg.helpers'; no such file in "
+                       r"your package .*brokenpkg: add it or fix the import"):  # fmt: skip
+        import_entrypoint("brokenpkg.uses:Net", str(folder))
 
 
 def test_the_documented_example_model_trains_as_written(data, tmp_path):  # noqa: F811
@@ -657,3 +662,25 @@ def test_a_transformer_fine_tune_of_another_window_is_refused_not_re_initialised
     with pytest.raises(ModelContractError, match=rf"\(position.weight\) cover a context of {K + 4} .*data.window"):
         load_matching(child, transformer(K + 4).state_dict(), "models:/world/3")
     assert "position.weight" in load_matching(child, transformer(K).state_dict(), "models:/world/3")["loaded"]
+
+
+def test_a_loss_that_turns_nan_after_updates_names_the_learning_rate_the_model_uses():
+    """A loss gone NaN at step 101 of a model that sets its own optimizer's rates said "lower training.lr", which that
+    model does not read: it names the rate where it is set, and the model's outputs as the other cause."""
+    import torch
+    from torch import nn
+
+    from shardline.trainer.contract import check_loss
+
+    class Plain(nn.Linear):
+        pass
+
+    class OwnRates(nn.Linear):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    nan = torch.tensor(float("nan"))
+    with pytest.raises(ModelContractError, match=r"at step 101: .*Lower training.lr, clip gradients .*forward"):
+        check_loss(nan, 101, Plain(2, 2))
+    with pytest.raises(ModelContractError, match=r"Lower the learning rate its configure_optimizers sets"):
+        check_loss(nan, 101, OwnRates(2, 2))

@@ -139,9 +139,17 @@ def import_entrypoint(entrypoint: str, code_dir: str | None = None):
                 f"model.entrypoint='{entrypoint}': no module '{e.name}' in {where} (model.code_dir, default the "
                 "config file's folder, and the working directory); check the module path, or set model.code_dir"
             ) from None
+        # the import that failed: the last frame in the user's own files, not importlib's
+        mine = [f for f in inspect.trace() if code_dir and Path(f.filename).resolve().is_relative_to(Path(code_dir))]
+        at = f" ({mine[-1].filename}:{mine[-1].lineno})" if mine else ""
+        top = Path(code_dir or ".") / (e.name or "").split(".")[0]
+        fix = (  # a module of the user's own package: no package to install
+            f"no such file in your package {top}: add it or fix the import"
+            if e.name and (top.is_dir() or top.with_suffix(".py").is_file())
+            else "install that package or fix the import"
+        )
         raise ModelContractError(
-            f"model.entrypoint='{entrypoint}': importing {module_name} failed: {type(e).__name__}: {e}; "
-            "install that package or fix the import"
+            f"model.entrypoint='{entrypoint}': importing {module_name} failed{at}: {type(e).__name__}: {e}; {fix}"
         ) from e
     except Exception as e:
         frame = inspect.trace()[-1] if inspect.trace() else None
@@ -444,10 +452,16 @@ def check_loss(loss: Any, step: int, model: nn.Module, outputs: dict[str, torch.
     value = float(loss.detach())
     if math.isfinite(value):
         return
-    if outputs is None:
+    if outputs is None:  # after updates: the training diverged, or the model's forward made it
+        rate = (
+            "the learning rate its configure_optimizers sets"
+            if own_hook(model, "configure_optimizers")
+            else ("training.lr")
+        )
         raise ModelContractError(
-            f"{whose} is {value} at step {step}: lower training.lr, check the inputs, or clip gradients "
-            "(training.grad_clip)"
+            f"{whose} is {value} at step {step}: the training diverged, or the model's outputs hold inf or NaN. "
+            f"Lower {rate}, clip gradients (training.grad_clip), or check the model's forward (an overflow, a log "
+            "or a division of 0) and the inputs"
         )
     bad = [name for name, out in outputs.items() if not bool(torch.isfinite(out.detach()).all())]
     cause = (
