@@ -106,6 +106,8 @@ def test_several_targets_name_their_metrics(tmp_path):
         load_config(tmp_path / "c.yaml", ["mlflow.promotion_metric=x/accuracy"])  # x is a regression
     with pytest.raises(ConfigError, match=r"training.loss_weights names \['z'\].*\['label', 'x'\]"):
         load_config(tmp_path / "c.yaml", ["training.loss_weights={z: 1}"])
+    with pytest.raises(ConfigError, match=r"training.loss_weights \{'x': -1.0\}: a weight must be a number >= 0"):
+        load_config(tmp_path / "c.yaml", ["training.loss_weights={x: -1}"])  # it maximised that target's loss
     # one target: its name in the metric is optional
     one = load_config(
         write(tmp_path / "one.yaml", tiny_config("raw", "store")), ["mlflow.promotion_metric=label/log_loss"]

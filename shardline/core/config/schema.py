@@ -3,6 +3,7 @@ whole `PipelineConfig`: everything a run does is decided by one."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -567,6 +568,9 @@ class PipelineConfig(Strict):
                 f"training.loss_weights names {unknown}, which are not targets; the targets are "
                 f"{[t.column for t in targets]}"
             )
+        bad = {k: w for k, w in self.training.loss_weights.items() if not (math.isfinite(w) and w >= 0)}
+        if bad:  # a negative weight maximises its target's loss
+            raise ValueError(f"training.loss_weights {bad}: a weight must be a number >= 0 (0 leaves a target out)")
         return self
 
     def _check_gpt_data(self) -> None:
