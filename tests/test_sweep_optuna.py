@@ -58,6 +58,9 @@ def test_a_pruned_sweep_stopped_at_its_budget_finishes_when_the_limit_is_raised_
     study = study_of(raised)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert [list(t.intermediate_values) for t in study.trials] == [[1], [1]]  # reported (not the last epoch)
+    client = MlflowClient(cfg["mlflow"]["tracking_uri"])  # each trial's run named by its trial, not by time alone
+    names = [client.get_run(r["mlflow_run_id"]).info.run_name for r in raised["trials"]]
+    assert all(f"-{t}-2" in n for n, t in zip(names, ("t1", "t2"), strict=True)), names  # name-t1-2026...
 
     # new raw files: another sweep (its own study and parent run), not the old data's trials scored against the new
     make_raw(tmp_path / "raw", n_seq=3, rows=50, seed=1, prefix="n")

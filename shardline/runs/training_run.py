@@ -293,7 +293,10 @@ def _run_training(
     # `mlflow-run.json` name it, and every call is journaled there before MLflow sees it
     tracker = Tracker(config.mlflow, config.storage.root, run_dir=folder)
     run_id = tracker.start(
-        run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+        # a sweep's trial by its id (t3) too: MLflow's list of a sweep's runs tells them apart
+        run_name="-".join(
+            filter(None, [config.name, (mlflow_tags or {}).get(links.TRIAL_TAG), time.strftime("%Y%m%d-%H%M%S")])
+        ),
         tags={
             "shardline.config_hash": config.hash(),
             "shardline.data_fingerprint": manifest.data_fingerprint,
