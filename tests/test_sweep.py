@@ -429,6 +429,9 @@ def test_a_raised_budget_is_the_same_sweep_and_mistakes_in_a_space_are_said_befo
     with pytest.raises(SweepError, match=r"model.hidden: the config takes no value of its range \(tried -5, -2, 0\)"):
         plan_sweep(raw, parse_space({"model.hidden": {"low": -5, "high": 0, "int": True}}), 4, 0, "tpe")
     plan_sweep(raw, parse_space({"model.hidden": {"low": -5, "high": 8, "int": True}}), 4, 0, "tpe")  # 2..8 are taken
+    # more proposals than the lists hold: Optuna proposed the same two again and again (38 warnings), then ended
+    with pytest.raises(SweepError, match=r"--tpe 4: the search space's lists hold 2 trial\(s\) in all; sweep them"):
+        plan_sweep(raw, parse_space({"model.hidden": [8, 16]}), 4, 0, "tpe")
     with pytest.raises(SweepError, match=r"t1 and t2 are one trial: training.lr='1e-2' and 0.01 are the same value"):
         plan_sweep(raw, parse_space({"training.lr": ["1e-2", 0.01]}))
     # equal in Python, written otherwise: said naming the key (the list of keys was empty), without the YAML hint

@@ -306,6 +306,12 @@ def plan_sweep(raw: dict, space: Space, trials: int | None = None, seed: int = 0
             raise SweepError(f"a tpe sweep cannot cross-validate ({FOLD_KEY} in the space, or --folds): sweep a grid")
         check_keys(list(space), "the search space")
         _check_ranges_take_a_value(raw, space)
+        points = math.prod(len(v) for v in space.values()) if all(isinstance(v, list) for v in space.values()) else 0
+        if points and trials > points:  # Optuna would propose the same few again and again (38 warnings for 2)
+            raise SweepError(
+                f"--tpe {trials}: the search space's lists hold {points} trial(s) in all; sweep them as a grid "
+                "(--space without --tpe), or give a range ({low, high}) to search"
+            )
         return Plan(base, space, "tpe", seed, [], [], size=trials)
     if trials is not None and FOLD_KEY in space:
         # a random draw would pick one fold per setting, not every fold: no mean over the folds to compare
