@@ -417,12 +417,14 @@ def test_a_second_ctrl_c_is_an_interruption_its_resume_counts_and_the_run_is_kil
     assert stop_run(tmp_path / "cfg.yaml", root, signal.SIGINT, past_a_checkpoint, again=0.01) == 130
     folder, ledger = ledger_of(root)
     stopped = ledger["attempts"][-1]
-    assert stopped["outcome"] == "killed", stopped
+    # never "failed": a kill, or (on a loaded machine the first Ctrl-C's stop is done, its checkpoint saved and its
+    # end written, before the second lands, during the close) a preemption
+    assert stopped["outcome"] in ("killed", "preempted"), stopped
     client = MlflowClient(cfg["mlflow"]["tracking_uri"])
     assert client.get_run(read_run_file(str(folder))["run_id"]).info.status == "KILLED"
     monkeypatch.setenv("SHARDLINE_TEST_STEP_DELAY", "0")
     pipeline(validate_config(cfg))
     resumed = ledger_of(root)[1]["attempts"][-1]
     # (the first Ctrl-C's checkpoint may be saved before the second lands: then nothing is redone)
-    assert resumed["interruption"]["after"] == "killed"
+    assert resumed["interruption"]["after"] == stopped["outcome"]
     assert resumed["interruption"]["steps_redone"] == stopped["last_step"] - resumed["first_step"] >= 0
