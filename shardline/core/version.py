@@ -79,21 +79,26 @@ def _imports_of(path: Path, module: str, mtime_ns: int, size: int) -> frozenset[
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _absolute(node.module or "", node.level, package)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Call) and _imports_by_name(node.func) and node.args:
             name = node.args[0]
-            if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                level = len(name.value) - len(name.value.lstrip("."))  # import_module(".blocks", __package__)
-                anchor = package.split(".")[: len(package.split(".")) - level + 1] if level else []
-                found.add(".".join([*anchor, name.value[level:]] if anchor else [name.value[level:]]))
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):  # import_module(".blocks", __package__)
+                bare = name.value.lstrip(".")
+                found.add(_absolute(bare, len(name.value) - len(bare), package))
             else:
                 found.add(DYNAMIC)
     return frozenset(found)
+
+
+def _absolute(name: str, level: int, package: str) -> str:
+    """A module name as imported from `package`: `name` itself, or with `level` leading dots, below the package
+    `level` - 1 levels up."""
+    if not level:
+        return name
+    anchor = package.split(".")[: len(package.split(".")) - level + 1]
+    return ".".join([*anchor, name] if name else anchor)
 
 
 def _imports_by_name(func: ast.expr) -> bool:

@@ -453,11 +453,8 @@ def check_loss(loss: Any, step: int, model: nn.Module, outputs: dict[str, torch.
     if math.isfinite(value):
         return
     if outputs is None:  # after updates: the training diverged, or the model's forward made it
-        rate = (
-            "the learning rate its configure_optimizers sets"
-            if own_hook(model, "configure_optimizers")
-            else ("training.lr")
-        )
+        own_rates = own_hook(model, "configure_optimizers") is not None
+        rate = "the learning rate its configure_optimizers sets" if own_rates else "training.lr"
         raise ModelContractError(
             f"{whose} is {value} at step {step}: the training diverged, or the model's outputs hold inf or NaN. "
             f"Lower {rate}, clip gradients (training.grad_clip), or check the model's forward (an overflow, a log "

@@ -483,7 +483,7 @@ class Predictor:
                     "`shardline generate` writes on from a text"
                 )
             return self.predict_text(df, params=params)
-        if forecast and (spec.group_key or not spec.horizon or not spec.targets):
+        if forecast and not rows_to_come(spec):
             what = (
                 "ranking data (data.group_key) scores the rows it is given"
                 if spec.group_key
@@ -512,7 +512,7 @@ class Predictor:
             )
             ahead = (
                 ""
-                if forecast or spec.group_key or not spec.horizon or not spec.targets
+                if forecast or not rows_to_come(spec)
                 else f"; or, to predict the row {spec.horizon} after each sequence's last from its last "
                 f"{spec.window} rows, pass --forecast"
             )
@@ -590,6 +590,12 @@ def kept_notes() -> Iterator[list[str]]:
 
 
 TIED = 0.5  # the share of a file's rows that tie on the order column, above which it is said (a few ties are data's)
+
+
+def rows_to_come(spec) -> bool:
+    """Whether a row comes after the input for `--forecast` to predict: not for ranking data (it scores the rows it is
+    given), a model without a target, or `data.horizon` 0 (a window predicts its own rows)."""
+    return not spec.group_key and bool(spec.horizon) and bool(spec.targets)
 
 
 def input_notes(

@@ -287,13 +287,12 @@ def classes_outside_training(encoded: dict, data: DataConfig) -> dict[int, list[
         voc = codes.targets[i] if codes is not None and i < len(codes.targets) else None
         if t.task != "classification" or not isinstance(voc, LocalVocab):
             continue
-
         seen = {True: np.zeros(voc.size + 1, bool), False: np.zeros(voc.size + 1, bool)}  # in training rows or not
         for name, split in encoded.items():  # which ids (1..; 0 is null) each side's rows hold
             seen[name in fit][np.asarray(split.arrays[target_array(i)], dtype=np.intp)] = True
-        others = seen[False][1:] & ~seen[True][1:]
-        texts = voc.texts()
-        out[i] = [texts[j] for j in np.flatnonzero(others)]
+        others = np.flatnonzero(seen[False][1:] & ~seen[True][1:])
+        texts = voc.texts() if len(others) else []  # (a vocabulary of 36,000 item ids: not built for nothing)
+        out[i] = [texts[j] for j in others]
     return out
 
 
